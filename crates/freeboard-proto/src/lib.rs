@@ -1,0 +1,35 @@
+//! A sans-IO RFC 6455 WebSocket engine.
+//!
+//! `freeboard-proto` owns no socket, no clock, no random number generator and no heap: bytes
+//! and time go in, bytes, events and deadlines come out. The same code runs a 100,000-connection
+//! server and a microcontroller on bare metal (`#![no_std]`, no `alloc`, no `unsafe`).
+//!
+//! - [`handshake`] — the opening handshake, server and client side, over `httparse`.
+//! - [`frame`] — the frame header as a typed view over raw bytes.
+//! - [`mask`] — payload masking at memory speed, continuing across partial chunks.
+//! - [`utf8`] — streaming UTF-8 validation that fails as soon as a prefix cannot be valid.
+//! - [`close`] — close codes and the close frame payload.
+//! - [`Connection`] — the per-connection state machine tying them together.
+//!
+//! Every error a peer can cause knows what goes on the wire: [`ProtocolError::close_code`] for
+//! frames, [`handshake::HandshakeError::status`] for the opening handshake. Misuse of the API is
+//! the separate [`UsageError`], which untrusted input can never produce.
+#![no_std]
+#![forbid(unsafe_code)]
+
+pub mod close;
+mod config;
+mod connection;
+mod error;
+pub mod frame;
+pub mod handshake;
+pub mod mask;
+mod timer;
+pub mod utf8;
+
+pub use close::CloseCode;
+pub use config::{Config, ConfigBuilder};
+pub use connection::{Connection, Event, Input, MessageKind, Payload, Role, State};
+pub use error::{InsufficientSize, ProtocolError, UsageError};
+pub use frame::{FrameHeader, OpCode};
+pub use timer::{Instant, Timer};
