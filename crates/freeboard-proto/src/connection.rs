@@ -90,11 +90,12 @@ pub enum Event<'a> {
 /// The RFC 6455 state of one connection, after the opening handshake.
 ///
 /// Feed it with [`handle_input`](Self::handle_input) after each read — repeatedly, until it has
-/// consumed the whole buffer, calling [`poll_event`](Self::poll_event) after each call — and
-/// with [`handle_eof`](Self::handle_eof) at end of stream and
+/// consumed the whole buffer — and with [`handle_eof`](Self::handle_eof) at end of stream and
 /// [`handle_timeout`](Self::handle_timeout) when [`poll_timeout`](Self::poll_timeout)'s
-/// deadline passes. Write what [`poll_transmit`](Self::poll_transmit) gives until it gives
-/// `None`, after input and after timeouts. Send data by writing a header with
+/// deadline passes. After each of these calls, drain [`poll_event`](Self::poll_event) and
+/// [`poll_transmit`](Self::poll_transmit) (into a cork buffer: nothing needs to reach the
+/// socket yet). The connection owes at most one pong at a time, so a caller that reads
+/// several pings before draining answers only the last (§5.5.3 allows it). Send data by writing a header with
 /// [`send_header`](Self::send_header) followed by the payload (masked with
 /// [`apply_mask`](crate::mask::apply_mask) on the client), or a whole frame with
 /// [`send_frame`](Self::send_frame).
@@ -281,14 +282,14 @@ impl Connection {
         }
         consumed += take;
         let frame_fin = frame.read + take as u64 == frame.len;
-        if take == 0 && !frame_fin {
-            return Ok(Input { consumed, payload: None });
-        }
         self.rx.frame = if frame_fin {
             None
         } else {
             Some(FrameProgress { read: frame.read + take as u64, ..frame })
         };
+        if take == 0 && !frame_fin {
+            return Ok(Input { consumed, payload: None });
+        }
         if frame.opcode.is_control() {
             let control = &mut self.rx.control;
             let at = usize::from(control.len);

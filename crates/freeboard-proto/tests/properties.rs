@@ -1,0 +1,117 @@
+//! Property tests: split invariance, round trips, the fast paths against their references.
+
+use freeboard_proto::mask::{apply_mask, apply_mask_reference};
+use freeboard_proto::utf8::Utf8Validator;
+use freeboard_proto::{Config, FrameHeader, MessageKind, OpCode, Role};
+use freeboard_test::{Chunker, Endpoint, Pair, Side};
+use proptest::prelude::*;
+
+/// One step of a sender's script.
+#[derive(Debug, Clone)]
+enum Op {
+    Message(bool, Vec<u8>),
+    Fragmented(Vec<Vec<u8>>),
+    Ping(Vec<u8>),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let text = any::<String>().prop_map(String::into_bytes);
+    let bytes = prop::collection::vec(any::<u8>(), 0..300);
+    prop_oneof![
+        (any::<bool>(), prop_oneof![text, bytes.clone()]).prop_map(|(b, p)| Op::Message(b, p)),
+        prop::collection::vec(bytes.clone(), 1..5).prop_map(|parts| Op::Fragmented(parts)),
+        prop::collection::vec(0u8..128, 0..40).prop_map(Op::Ping),
+    ]
+}
+
+fn run(ops: &[Op], from: Side, chunker: Chunker) -> Pair {
+    let mut pair = Pair::new(Config::default());
+    pair.chunker = chunker;
+    for op in ops {
+        match op {
+            Op::Message(binary, payload) => {
+                let kind = if *binary || std::str::from_utf8(payload).is_err() {
+                    MessageKind::Binary
+                } else {
+                    MessageKind::Text
+                };
+                pair.send_message(from, kind, payload);
+            }
+            Op::Fragmented(parts) => {
+                for (i, part) in parts.iter().enumerate() {
+                    let opcode = if i == 0 { OpCode::Binary } else { OpCode::Continuation };
+                    pair.send(from, opcode, i + 1 == parts.len(), part).unwrap();
+                }
+            }
+            Op::Ping(payload) => pair.ping(from, payload).unwrap(),
+        }
+    }
+    pair.drive();
+    pair
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 256 }))]
+
+    /// One byte at a time, random cuts, and all at once give the same records (both directions).
+    #[test]
+    fn split_invariance(ops in prop::collection::vec(op(), 0..12), cuts in prop::collection::vec(0usize..40, 1..8)) {
+        for from in [Side::Client, Side::Server] {
+            let whole = run(&ops, from, Chunker::Whole);
+            let bytes = run(&ops, from, Chunker::Max(1));
+            let random = run(&ops, from, Chunker::Pattern(cuts.clone()));
+            let to = from.peer();
+            prop_assert_eq!(whole.records(to), bytes.records(to));
+            prop_assert_eq!(whole.records(to), random.records(to));
+            prop_assert_eq!(whole.records(to).len(), ops.len());
+        }
+    }
+
+    /// Arbitrary bytes, valid or not, give the same records however they are cut.
+    #[test]
+    fn split_invariance_on_arbitrary_input(bytes in prop::collection::vec(any::<u8>(), 0..400), cut in 1usize..17, server in any::<bool>()) {
+        let role = if server { Role::Server } else { Role::Client };
+        let mut whole = Endpoint::new(role, Config::default());
+        whole.feed(Default::default(), &bytes, &Chunker::Whole);
+        let mut cut_up = Endpoint::new(role, Config::default());
+        cut_up.feed(Default::default(), &bytes, &Chunker::Max(cut));
+        prop_assert_eq!(whole.records, cut_up.records);
+    }
+
+    #[test]
+    fn header_round_trip(fin: bool, rsv in 0u8..8, op in 0usize..6, mask: Option<[u8; 4]>, len in prop_oneof![0u64..200, 0u64..70_000, 0u64..(1 << 63)]) {
+        let opcode = [OpCode::Continuation, OpCode::Text, OpCode::Binary, OpCode::Close, OpCode::Ping, OpCode::Pong][op];
+        let (fin, len) = if opcode.is_control() { (true, len % 126) } else { (fin, len) };
+        let header = FrameHeader { fin, rsv, opcode, mask, payload_len: len };
+        let mut out = [0u8; 14];
+        let n = header.encode(&mut out).unwrap();
+        prop_assert_eq!(FrameHeader::parse(&out[..n]).unwrap(), Some((header, n)));
+        prop_assert_eq!(FrameHeader::parse(&out[..n - 1]).unwrap(), None);
+    }
+
+    #[test]
+    fn mask_matches_reference(data in prop::collection::vec(any::<u8>(), 0..200), key: [u8; 4], offset in 0usize..8, start in 0usize..8) {
+        let start = start.min(data.len());
+        let mut fast = data.clone();
+        let mut slow = data;
+        apply_mask(&mut fast[start..], key, offset);
+        apply_mask_reference(&mut slow[start..], key, offset);
+        prop_assert_eq!(fast, slow);
+    }
+
+    /// The streaming validator agrees with `core::str::from_utf8` at every split point.
+    #[test]
+    fn utf8_matches_core(s: String, corrupt in prop::option::of((any::<prop::sample::Index>(), any::<u8>()))) {
+        let mut bytes = s.into_bytes();
+        if let (Some((at, byte)), false) = (corrupt, bytes.is_empty()) {
+            let at = at.index(bytes.len());
+            bytes[at] = byte;
+        }
+        let expected = std::str::from_utf8(&bytes).is_ok();
+        for split in 0..=bytes.len() {
+            let mut v = Utf8Validator::new();
+            let ok = v.feed(&bytes[..split], false).and_then(|_| v.feed(&bytes[split..], true)).is_ok();
+            prop_assert_eq!(ok, expected, "split {}", split);
+        }
+    }
+}
