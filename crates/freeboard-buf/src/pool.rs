@@ -1,0 +1,998 @@
+//! The chunk pool: fixed-size chunks carved from one region, handed out as `u32` indices.
+
+use core::fmt;
+use core::mem::size_of;
+
+use crate::backpressure::SlowConsumerPolicy;
+use crate::budget::{Budget, BudgetExceeded};
+use crate::storage::Storage;
+
+/// The chunk size used by [`PoolConfig::new`]: 4 KiB, a page, and the buffer size that kept
+/// allocation success at 98 % in the ESP32 measurements quoted in the design.
+pub const DEFAULT_CHUNK_SIZE: usize = 4096;
+
+/// Segment slots per chunk used by [`PoolConfig::new`]. Each queued message needs at least one
+/// segment and each reference to a shared frame needs one per chunk of the frame, so workloads
+/// with many small messages or wide broadcasts may want more.
+pub const DEFAULT_SEGMENTS_PER_CHUNK: usize = 8;
+
+/// The largest chunk size a pool accepts (offsets are stored in `u32`).
+pub const MAX_CHUNK_SIZE: usize = 1 << 30;
+
+/// The most chunks one pool can hold: chunk indices are 30 bits, the top two bits of a segment's
+/// chunk field carry message flags.
+pub const MAX_CHUNKS: usize = (1 << 30) - 1;
+
+/// The most segment slots one pool can hold (`u32::MAX` marks the end of a list).
+const MAX_SEGMENTS: usize = u32::MAX as usize - 1;
+
+/// End of a free list or of a chain.
+pub(crate) const NIL: u32 = u32::MAX;
+
+const CHUNK_MASK: u32 = (1 << 30) - 1;
+/// Set on the first segment of a message that no byte has been consumed from yet.
+const MESSAGE_START: u32 = 1 << 31;
+/// Set on the first segment of a control message (ping, pong, close): never dropped by a policy.
+const CONTROL: u32 = 1 << 30;
+
+/// A pool of fixed-size chunks carved from one region, owned by one event loop.
+///
+/// The pool draws its whole footprint from its [`Budget`] once, at construction — either one
+/// allocation per region ([`Pool::new`], feature `alloc`) or slices lent by the caller
+/// ([`Pool::from_slices`], for `no_std` without an allocator) — and never allocates again.
+/// Chunks are handed out as [`ChunkId`] indices; [`alloc`](Self::alloc) and
+/// [`release`](Self::release) are O(1) pops and pushes of an intrusive free list, and exhaustion
+/// is an [`PoolError`] value, never a panic, a wait or a growth.
+///
+/// A chunk is reference-counted with a plain `u32` (the pool is used from one thread through
+/// `&mut Pool`), and its bytes below its *fill* mark are never written again, which is what lets
+/// many [`ChunkChain`](crate::ChunkChain)s reference one chunk at different offsets.
+///
+/// ```
+/// use freeboard_buf::{Budget, Pool, PoolConfig, PoolError};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut pool = Pool::new(Budget::new(64 << 10), PoolConfig::new().with_chunk_count(2))?;
+/// let a = pool.alloc()?;
+/// pool.append(&a, b"broadcast me");
+/// let b = pool.share(&a)?; // a second reference, no copy
+/// let c = pool.alloc()?;
+/// assert_eq!(pool.alloc().unwrap_err(), PoolError::ChunksExhausted);
+/// assert_eq!(pool.bytes(&b), b"broadcast me");
+/// pool.release(a);
+/// pool.release(b);
+/// pool.release(c);
+/// assert_eq!(pool.chunks_in_use(), 0);
+/// assert_eq!(pool.counters().allocation_failures, 1);
+/// # Ok(()) }
+/// ```
+///
+/// Without an allocator the caller lends the regions, sized with [`Pool::footprint`]:
+///
+/// ```
+/// use freeboard_buf::{Budget, ChunkSlot, Pool, SegmentSlot};
+///
+/// let mut data = [0u8; 8 * 256];
+/// let mut chunks = [ChunkSlot::EMPTY; 8];
+/// let mut segments = [SegmentSlot::EMPTY; 32];
+/// let budget = Budget::new(Pool::footprint(256, 8, 32));
+/// let pool = Pool::from_slices(budget, 256, &mut data, &mut chunks, &mut segments).unwrap();
+/// assert_eq!(pool.chunks_total(), 8);
+/// assert_eq!(pool.budget().available(), 0);
+/// ```
+pub struct Pool<'a> {
+    /// Invariant: `data.len() == chunk_size * chunks.len()`; chunk `i` is
+    /// `data[i * chunk_size..(i + 1) * chunk_size]`.
+    data: Storage<'a, u8>,
+    chunks: Storage<'a, ChunkSlot>,
+    segments: Storage<'a, SegmentSlot>,
+    /// Invariant: `1 <= chunk_size <= MAX_CHUNK_SIZE`.
+    chunk_size: u32,
+    /// Head of the free-chunk list, linked through `ChunkSlot::link`; `NIL` when exhausted.
+    free_chunk: u32,
+    /// Head of the free-segment list, linked through `SegmentSlot::next`; `NIL` when exhausted.
+    free_segment: u32,
+    /// Invariant: equals the number of chunks with `refs > 0`.
+    chunks_in_use: usize,
+    chunks_high_water: usize,
+    /// Invariant: equals the number of segment slots off the free list.
+    segments_in_use: usize,
+    segments_high_water: usize,
+    /// Invariant: `budget.drawn() >= footprint`; the pool's footprint stays drawn for its life.
+    budget: Budget,
+    footprint: usize,
+    allocation_failures: u64,
+    dropped: [DropTally; SlowConsumerPolicy::ALL.len()],
+    would_block: u64,
+    slow_consumer_closes: u64,
+    discarded: DropTally,
+}
+
+impl<'a> Pool<'a> {
+    /// Bytes a pool of `chunks` chunks of `chunk_size` bytes and `segments` segment slots draws
+    /// from its budget: the data plus 8 bytes per chunk and 16 per segment of metadata.
+    /// Saturates at `usize::MAX` (which no budget covers).
+    pub const fn footprint(chunk_size: usize, chunks: usize, segments: usize) -> usize {
+        let per_chunk = chunk_size.saturating_add(size_of::<ChunkSlot>());
+        per_chunk
+            .saturating_mul(chunks)
+            .saturating_add(segments.saturating_mul(size_of::<SegmentSlot>()))
+    }
+
+    /// Builds a pool over regions lent by the caller (no allocator needed): `data` holds
+    /// `chunks.len()` chunks of `chunk_size` bytes, `segments` bounds how many segments all
+    /// chains of this pool can hold together. The footprint of the three slices is drawn from
+    /// `budget`. Slot contents are overwritten, so any initial value will do
+    /// ([`ChunkSlot::EMPTY`], [`SegmentSlot::EMPTY`]).
+    pub fn from_slices(
+        mut budget: Budget,
+        chunk_size: usize,
+        data: &'a mut [u8],
+        chunks: &'a mut [ChunkSlot],
+        segments: &'a mut [SegmentSlot],
+    ) -> Result<Self, ConfigError> {
+        check_shape(chunk_size, chunks.len(), segments.len())?;
+        let expected = chunk_size * chunks.len();
+        if data.len() != expected {
+            return Err(ConfigError::RegionMismatch { expected, actual: data.len() });
+        }
+        let footprint = Self::footprint(chunk_size, chunks.len(), segments.len());
+        budget.try_draw(footprint)?;
+        Ok(Self::build(
+            budget,
+            footprint,
+            chunk_size,
+            Storage::Borrowed(data),
+            Storage::Borrowed(chunks),
+            Storage::Borrowed(segments),
+        ))
+    }
+
+    fn build(
+        budget: Budget,
+        footprint: usize,
+        chunk_size: usize,
+        data: Storage<'a, u8>,
+        mut chunks: Storage<'a, ChunkSlot>,
+        mut segments: Storage<'a, SegmentSlot>,
+    ) -> Self {
+        // Link every slot into its free list, lowest index first, so a fresh pool hands out
+        // chunk 0, 1, 2... and untouched pages of an owned region stay untouched.
+        let n = chunks.len();
+        for (i, slot) in chunks.iter_mut().enumerate() {
+            *slot = ChunkSlot { refs: 0, link: if i + 1 < n { (i + 1) as u32 } else { NIL } };
+        }
+        let n = segments.len();
+        for (i, slot) in segments.iter_mut().enumerate() {
+            *slot = SegmentSlot {
+                next: if i + 1 < n { (i + 1) as u32 } else { NIL },
+                ..SegmentSlot::EMPTY
+            };
+        }
+        Pool {
+            free_chunk: if chunks.is_empty() { NIL } else { 0 },
+            free_segment: if segments.is_empty() { NIL } else { 0 },
+            data,
+            chunks,
+            segments,
+            chunk_size: chunk_size as u32,
+            chunks_in_use: 0,
+            chunks_high_water: 0,
+            segments_in_use: 0,
+            segments_high_water: 0,
+            budget,
+            footprint,
+            allocation_failures: 0,
+            dropped: [DropTally::ZERO; SlowConsumerPolicy::ALL.len()],
+            would_block: 0,
+            slow_consumer_closes: 0,
+            discarded: DropTally::ZERO,
+        }
+    }
+
+    /// Bytes per chunk.
+    pub fn chunk_size(&self) -> usize {
+        self.chunk_size as usize
+    }
+
+    /// Number of chunks in the pool.
+    pub fn chunks_total(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Chunks referenced by at least one handle or segment.
+    pub fn chunks_in_use(&self) -> usize {
+        self.chunks_in_use
+    }
+
+    /// Chunks ready to be allocated.
+    pub fn chunks_free(&self) -> usize {
+        self.chunks.len() - self.chunks_in_use
+    }
+
+    /// Number of segment slots in the pool.
+    pub fn segments_total(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Segment slots linked into chains.
+    pub fn segments_in_use(&self) -> usize {
+        self.segments_in_use
+    }
+
+    /// Bytes this pool drew from its budget (data and metadata).
+    pub fn footprint_bytes(&self) -> usize {
+        self.footprint
+    }
+
+    /// The budget the pool was drawn from; what is left is available to other consumers.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// The budget, for other consumers of the same event loop to draw from and give back to.
+    pub fn budget_mut(&mut self) -> &mut Budget {
+        &mut self.budget
+    }
+
+    /// Takes a free chunk (empty, reference count 1). O(1); never touches the global allocator.
+    pub fn alloc(&mut self) -> Result<ChunkId, PoolError> {
+        self.alloc_chunk_index().map(ChunkId)
+    }
+
+    /// Takes one more reference to `chunk`, e.g. one per queue that will send it.
+    pub fn share(&mut self, chunk: &ChunkId) -> Result<ChunkId, PoolError> {
+        self.add_ref(chunk.0)?;
+        Ok(ChunkId(chunk.0))
+    }
+
+    /// Gives back one reference; the chunk returns to the pool with its last reference. O(1).
+    pub fn release(&mut self, chunk: ChunkId) {
+        self.release_ref(chunk.0);
+    }
+
+    /// References to `chunk` (handles plus chain segments).
+    pub fn refs(&self, chunk: &ChunkId) -> u32 {
+        self.chunks[chunk.0 as usize].refs
+    }
+
+    /// The bytes written to `chunk` so far. They are never written again while it is in use.
+    pub fn bytes(&self, chunk: &ChunkId) -> &[u8] {
+        let fill = self.fill(chunk.0);
+        self.chunk_bytes(chunk.0, 0, fill)
+    }
+
+    /// The unwritten rest of `chunk`, e.g. to `read` a socket into; follow with
+    /// [`commit`](Self::commit) before anything else writes to the pool.
+    pub fn spare_mut(&mut self, chunk: &ChunkId) -> &mut [u8] {
+        let fill = self.fill(chunk.0);
+        let size = self.chunk_size;
+        self.chunk_bytes_mut(chunk.0, fill, size)
+    }
+
+    /// Marks `n` bytes of [`spare_mut`](Self::spare_mut) as written; returns the bytes
+    /// committed (at most the spare room).
+    pub fn commit(&mut self, chunk: &ChunkId, n: usize) -> usize {
+        let fill = self.fill(chunk.0);
+        let n = n.min((self.chunk_size - fill) as usize);
+        self.chunks[chunk.0 as usize].link = fill + n as u32;
+        n
+    }
+
+    /// Copies as much of `bytes` as fits after the written part of `chunk`; returns the count.
+    pub fn append(&mut self, chunk: &ChunkId, bytes: &[u8]) -> usize {
+        self.write_at_fill(chunk.0, bytes).1
+    }
+
+    /// A snapshot of the pool's counters.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            budget_limit: self.budget.limit(),
+            budget_drawn: self.budget.drawn(),
+            budget_high_water: self.budget.high_water(),
+            chunk_size: self.chunk_size(),
+            chunks_total: self.chunks_total(),
+            chunks_in_use: self.chunks_in_use,
+            chunks_high_water: self.chunks_high_water,
+            segments_total: self.segments_total(),
+            segments_in_use: self.segments_in_use,
+            segments_high_water: self.segments_high_water,
+            allocation_failures: self.allocation_failures,
+            would_block: self.would_block,
+            slow_consumer_closes: self.slow_consumer_closes,
+            discarded: self.discarded,
+            dropped: self.dropped,
+        }
+    }
+
+    /// `1 − largest_free_block / total_free`, always 0 for a pool (see
+    /// [`Counters::fragmentation_index`]).
+    pub fn fragmentation_index(&self) -> f64 {
+        self.counters().fragmentation_index()
+    }
+
+    // ---- crate-internal operations used by chains and queues ----
+
+    pub(crate) fn alloc_chunk_index(&mut self) -> Result<u32, PoolError> {
+        let idx = self.free_chunk;
+        if idx == NIL {
+            self.allocation_failures += 1;
+            return Err(PoolError::ChunksExhausted);
+        }
+        let slot = &mut self.chunks[idx as usize];
+        self.free_chunk = slot.link;
+        *slot = ChunkSlot { refs: 1, link: 0 };
+        self.chunks_in_use += 1;
+        self.chunks_high_water = self.chunks_high_water.max(self.chunks_in_use);
+        Ok(idx)
+    }
+
+    pub(crate) fn add_ref(&mut self, chunk: u32) -> Result<(), PoolError> {
+        let slot = &mut self.chunks[chunk as usize];
+        debug_assert!(slot.refs > 0, "reference to free chunk {chunk}");
+        slot.refs = slot.refs.checked_add(1).ok_or(PoolError::TooManyReferences)?;
+        Ok(())
+    }
+
+    pub(crate) fn release_ref(&mut self, chunk: u32) {
+        let slot = &mut self.chunks[chunk as usize];
+        debug_assert!(slot.refs > 0, "double release of chunk {chunk}");
+        if slot.refs == 0 {
+            return; // a caller bug; refusing keeps the free list intact
+        }
+        slot.refs -= 1;
+        if slot.refs == 0 {
+            slot.link = self.free_chunk;
+            self.free_chunk = chunk;
+            self.chunks_in_use -= 1;
+        }
+    }
+
+    /// End of the written bytes of an in-use chunk.
+    #[inline]
+    pub(crate) fn fill(&self, chunk: u32) -> u32 {
+        self.chunks[chunk as usize].link
+    }
+
+    /// Lowers the fill mark again; only for undoing a write nobody references yet.
+    pub(crate) fn rewind_fill(&mut self, chunk: u32, fill: u32) {
+        let slot = &mut self.chunks[chunk as usize];
+        debug_assert!(fill <= slot.link);
+        slot.link = fill;
+    }
+
+    /// Copies as much of `bytes` as fits at the fill mark; returns `(start, copied)`.
+    pub(crate) fn write_at_fill(&mut self, chunk: u32, bytes: &[u8]) -> (u32, usize) {
+        let fill = self.fill(chunk);
+        let n = bytes.len().min((self.chunk_size - fill) as usize);
+        self.chunk_bytes_mut(chunk, fill, fill + n as u32).copy_from_slice(&bytes[..n]);
+        self.chunks[chunk as usize].link = fill + n as u32;
+        (fill, n)
+    }
+
+    #[inline]
+    pub(crate) fn chunk_bytes(&self, chunk: u32, start: u32, end: u32) -> &[u8] {
+        let base = chunk as usize * self.chunk_size as usize;
+        &self.data[base + start as usize..base + end as usize]
+    }
+
+    #[inline]
+    fn chunk_bytes_mut(&mut self, chunk: u32, start: u32, end: u32) -> &mut [u8] {
+        let base = chunk as usize * self.chunk_size as usize;
+        &mut self.data[base + start as usize..base + end as usize]
+    }
+
+    /// Takes a segment slot for `chunk[start..end]` and a reference to the chunk.
+    pub(crate) fn alloc_segment(
+        &mut self,
+        chunk: u32,
+        start: u32,
+        end: u32,
+    ) -> Result<u32, PoolError> {
+        let idx = self.free_segment;
+        if idx == NIL {
+            self.allocation_failures += 1;
+            return Err(PoolError::SegmentsExhausted);
+        }
+        self.add_ref(chunk)?;
+        let slot = &mut self.segments[idx as usize];
+        self.free_segment = slot.next;
+        *slot = SegmentSlot { chunk, start, end, next: NIL };
+        self.segments_in_use += 1;
+        self.segments_high_water = self.segments_high_water.max(self.segments_in_use);
+        Ok(idx)
+    }
+
+    /// Takes a segment slot for a chunk just allocated, inheriting its first reference.
+    pub(crate) fn alloc_segment_owning(
+        &mut self,
+        chunk: u32,
+        start: u32,
+        end: u32,
+    ) -> Result<u32, PoolError> {
+        let idx = self.free_segment;
+        if idx == NIL {
+            self.allocation_failures += 1;
+            return Err(PoolError::SegmentsExhausted);
+        }
+        let slot = &mut self.segments[idx as usize];
+        self.free_segment = slot.next;
+        *slot = SegmentSlot { chunk, start, end, next: NIL };
+        self.segments_in_use += 1;
+        self.segments_high_water = self.segments_high_water.max(self.segments_in_use);
+        Ok(idx)
+    }
+
+    /// Returns a segment slot and its chunk reference; returns the slot's `next`.
+    pub(crate) fn free_segment(&mut self, idx: u32) -> u32 {
+        let slot = &mut self.segments[idx as usize];
+        let next = slot.next;
+        let chunk = slot.chunk & CHUNK_MASK;
+        slot.next = self.free_segment;
+        self.free_segment = idx;
+        self.segments_in_use -= 1;
+        self.release_ref(chunk);
+        next
+    }
+
+    #[inline]
+    pub(crate) fn segment(&self, idx: u32) -> SegmentSlot {
+        self.segments[idx as usize]
+    }
+
+    #[inline]
+    pub(crate) fn segment_mut(&mut self, idx: u32) -> &mut SegmentSlot {
+        &mut self.segments[idx as usize]
+    }
+
+    #[inline]
+    pub(crate) fn segment_bytes(&self, seg: &SegmentSlot) -> &[u8] {
+        self.chunk_bytes(seg.chunk(), seg.start, seg.end)
+    }
+
+    pub(crate) fn record_drop(&mut self, policy: SlowConsumerPolicy, messages: u32, bytes: usize) {
+        self.dropped[policy as usize].add(messages, bytes);
+    }
+
+    pub(crate) fn record_would_block(&mut self) {
+        self.would_block += 1;
+    }
+
+    pub(crate) fn record_close(&mut self) {
+        self.slow_consumer_closes += 1;
+    }
+
+    pub(crate) fn record_discard(&mut self, messages: u32, bytes: usize) {
+        self.discarded.add(messages, bytes);
+    }
+}
+
+#[cfg(feature = "alloc")]
+impl Pool<'static> {
+    /// Builds a pool with one allocation per region (data, chunk slots, segment slots), sized
+    /// by `config` and drawn from `budget`. Nothing is allocated after this returns. The data
+    /// region is zero-allocated, so pages of chunks never used are never touched.
+    pub fn new(mut budget: Budget, config: PoolConfig) -> Result<Self, ConfigError> {
+        use alloc::vec;
+
+        let chunk_size = config.chunk_size;
+        if chunk_size == 0 || chunk_size > MAX_CHUNK_SIZE {
+            return Err(ConfigError::ChunkSize { chunk_size });
+        }
+        let chunks = match config.chunk_count {
+            Some(n) => n,
+            None => {
+                let per_chunk = Self::footprint(chunk_size, 1, config.segments_per_chunk);
+                (budget.available() / per_chunk).min(MAX_CHUNKS)
+            }
+        };
+        let segments = chunks.saturating_mul(config.segments_per_chunk);
+        check_shape(chunk_size, chunks, segments)?;
+        let footprint = Self::footprint(chunk_size, chunks, segments);
+        budget.try_draw(footprint)?;
+        let data = vec![0u8; chunk_size * chunks].into_boxed_slice();
+        let chunk_slots = vec![ChunkSlot::EMPTY; chunks].into_boxed_slice();
+        let segment_slots = vec![SegmentSlot::EMPTY; segments].into_boxed_slice();
+        Ok(Self::build(
+            budget,
+            footprint,
+            chunk_size,
+            Storage::Owned(data),
+            Storage::Owned(chunk_slots),
+            Storage::Owned(segment_slots),
+        ))
+    }
+}
+
+impl fmt::Debug for Pool<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("chunk_size", &self.chunk_size)
+            .field("chunks_total", &self.chunks.len())
+            .field("chunks_in_use", &self.chunks_in_use)
+            .field("segments_total", &self.segments.len())
+            .field("segments_in_use", &self.segments_in_use)
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_shape(chunk_size: usize, chunks: usize, segments: usize) -> Result<(), ConfigError> {
+    if chunk_size == 0 || chunk_size > MAX_CHUNK_SIZE {
+        return Err(ConfigError::ChunkSize { chunk_size });
+    }
+    if chunks == 0 {
+        return Err(ConfigError::NoChunks);
+    }
+    if chunks > MAX_CHUNKS || chunk_size.checked_mul(chunks).is_none() {
+        return Err(ConfigError::TooManyChunks { chunks });
+    }
+    if segments == 0 || segments > MAX_SEGMENTS {
+        return Err(ConfigError::Segments { segments });
+    }
+    Ok(())
+}
+
+/// How to size a [`Pool`] built with [`Pool::new`].
+///
+/// ```
+/// use freeboard_buf::{Budget, Pool, PoolConfig};
+///
+/// // 16 chunks of 1 KiB, 4 segment slots per chunk.
+/// let config = PoolConfig::new().with_chunk_size(1024).with_chunk_count(16).with_segments_per_chunk(4);
+/// let pool = Pool::new(Budget::new(1 << 20), config).unwrap();
+/// assert_eq!(pool.footprint_bytes(), Pool::footprint(1024, 16, 64));
+///
+/// // Without a chunk count the pool takes as many chunks as its budget covers.
+/// let pool = Pool::new(Budget::new(1 << 20), PoolConfig::new()).unwrap();
+/// assert_eq!(pool.chunks_total(), (1 << 20) / (4096 + 8 + 8 * 16));
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Bytes per chunk, 1..=[`MAX_CHUNK_SIZE`]; default [`DEFAULT_CHUNK_SIZE`].
+    pub chunk_size: usize,
+    /// Chunks in the pool; `None` (the default) takes as many as the budget covers.
+    pub chunk_count: Option<usize>,
+    /// Segment slots per chunk; default [`DEFAULT_SEGMENTS_PER_CHUNK`].
+    pub segments_per_chunk: usize,
+}
+
+impl PoolConfig {
+    /// 4 KiB chunks, as many as the budget covers, 8 segment slots per chunk.
+    pub const fn new() -> Self {
+        Self {
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            chunk_count: None,
+            segments_per_chunk: DEFAULT_SEGMENTS_PER_CHUNK,
+        }
+    }
+
+    /// Sets the chunk size in bytes.
+    pub const fn with_chunk_size(mut self, chunk_size: usize) -> Self {
+        self.chunk_size = chunk_size;
+        self
+    }
+
+    /// Sets the number of chunks (instead of filling the budget).
+    pub const fn with_chunk_count(mut self, chunks: usize) -> Self {
+        self.chunk_count = Some(chunks);
+        self
+    }
+
+    /// Sets the number of segment slots per chunk.
+    pub const fn with_segments_per_chunk(mut self, segments: usize) -> Self {
+        self.segments_per_chunk = segments;
+        self
+    }
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One reference to a pool chunk: a `u32` index, deliberately neither `Copy` nor `Clone`.
+///
+/// Each `ChunkId` value *is* one counted reference, so it can only be duplicated through
+/// [`Pool::share`] and is consumed by [`Pool::release`]; a released handle cannot be used again.
+/// Dropping one without releasing it leaks the chunk (visible in
+/// [`Pool::chunks_in_use`]), because releasing needs `&mut Pool`.
+///
+/// ```
+/// use freeboard_buf::{Budget, Pool, PoolConfig};
+///
+/// let mut pool = Pool::new(Budget::new(1 << 16), PoolConfig::new().with_chunk_count(1)).unwrap();
+/// let id = pool.alloc().unwrap();
+/// assert_eq!(id.index(), 0);
+/// pool.release(id);
+/// ```
+#[must_use = "a ChunkId holds a reference; give it back with Pool::release"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct ChunkId(u32);
+
+impl ChunkId {
+    /// The chunk's index in its pool.
+    pub fn index(&self) -> u32 {
+        self.0
+    }
+}
+
+/// Metadata of one chunk (8 bytes), lent to [`Pool::from_slices`].
+///
+/// ```
+/// use freeboard_buf::ChunkSlot;
+///
+/// let slots = [ChunkSlot::EMPTY; 16];
+/// assert_eq!(core::mem::size_of_val(&slots), 16 * 8);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkSlot {
+    /// Invariant: 0 iff the chunk is on the free list; otherwise the number of `ChunkId` handles
+    /// plus chain segments that reference it.
+    refs: u32,
+    /// In use: the fill mark — bytes `[0, link)` are written and never written again.
+    /// Free: the next free chunk, or `NIL`.
+    link: u32,
+}
+
+impl ChunkSlot {
+    /// An unused slot, for initialising arrays.
+    pub const EMPTY: Self = Self { refs: 0, link: NIL };
+}
+
+/// Metadata of one segment (16 bytes), lent to [`Pool::from_slices`]. A segment is a byte range
+/// of one chunk linked into a chain.
+///
+/// ```
+/// use freeboard_buf::SegmentSlot;
+///
+/// let slots = [SegmentSlot::EMPTY; 64];
+/// assert_eq!(core::mem::size_of_val(&slots), 64 * 16);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentSlot {
+    /// Bits 0..30: chunk index; bit 31: `MESSAGE_START`; bit 30: `CONTROL`.
+    chunk: u32,
+    /// Invariant: `start < end <= fill(chunk)` while linked in a chain.
+    pub(crate) start: u32,
+    pub(crate) end: u32,
+    /// Next segment of the chain or of the free list; `NIL` ends either.
+    pub(crate) next: u32,
+}
+
+impl SegmentSlot {
+    /// An unused slot, for initialising arrays.
+    pub const EMPTY: Self = Self { chunk: 0, start: 0, end: 0, next: NIL };
+
+    #[inline]
+    pub(crate) fn chunk(&self) -> u32 {
+        self.chunk & CHUNK_MASK
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        (self.end - self.start) as usize
+    }
+
+    /// The first segment of a message none of whose bytes has been consumed.
+    #[inline]
+    pub(crate) fn starts_message(&self) -> bool {
+        self.chunk & MESSAGE_START != 0
+    }
+
+    /// The first segment of a control message.
+    #[inline]
+    pub(crate) fn is_control(&self) -> bool {
+        self.chunk & CONTROL != 0
+    }
+
+    pub(crate) fn mark_message_start(&mut self, control: bool) {
+        self.chunk |= MESSAGE_START | if control { CONTROL } else { 0 };
+    }
+
+    pub(crate) fn clear_message_start(&mut self) {
+        self.chunk &= !MESSAGE_START;
+    }
+}
+
+/// Why the pool could not serve a request. Every failure is also counted in
+/// [`Counters::allocation_failures`].
+///
+/// ```
+/// use freeboard_buf::PoolError;
+///
+/// assert_eq!(PoolError::ChunksExhausted.to_string(), "chunk pool exhausted");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolError {
+    /// Every chunk is in use.
+    ChunksExhausted,
+    /// Every segment slot is in use.
+    SegmentsExhausted,
+    /// A chunk's reference count would overflow `u32`.
+    TooManyReferences,
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PoolError::ChunksExhausted => "chunk pool exhausted",
+            PoolError::SegmentsExhausted => "segment slots exhausted",
+            PoolError::TooManyReferences => "chunk reference count overflow",
+        })
+    }
+}
+
+impl core::error::Error for PoolError {}
+
+/// A pool that cannot be built as asked.
+///
+/// ```
+/// use freeboard_buf::{Budget, ConfigError, Pool, PoolConfig};
+///
+/// let err = Pool::new(Budget::new(100), PoolConfig::new().with_chunk_count(1)).unwrap_err();
+/// assert!(matches!(err, ConfigError::Budget(_)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The chunk size is 0 or above [`MAX_CHUNK_SIZE`].
+    ChunkSize {
+        /// The size asked for.
+        chunk_size: usize,
+    },
+    /// The pool would hold no chunk (the budget does not cover one).
+    NoChunks,
+    /// More than [`MAX_CHUNKS`] chunks, or a data region larger than the address space.
+    TooManyChunks {
+        /// The count asked for.
+        chunks: usize,
+    },
+    /// No segment slot, or more than `u32::MAX - 1`.
+    Segments {
+        /// The count asked for.
+        segments: usize,
+    },
+    /// The data slice is not `chunk_size × chunks` bytes long.
+    RegionMismatch {
+        /// `chunk_size × chunks`.
+        expected: usize,
+        /// The slice's length.
+        actual: usize,
+    },
+    /// The budget does not cover the pool's footprint.
+    Budget(BudgetExceeded),
+}
+
+impl From<BudgetExceeded> for ConfigError {
+    fn from(e: BudgetExceeded) -> Self {
+        ConfigError::Budget(e)
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::ChunkSize { chunk_size } => {
+                write!(f, "chunk size {chunk_size} outside 1..={MAX_CHUNK_SIZE}")
+            }
+            ConfigError::NoChunks => f.write_str("the pool would hold no chunk"),
+            ConfigError::TooManyChunks { chunks } => write!(f, "too many chunks: {chunks}"),
+            ConfigError::Segments { segments } => write!(f, "invalid segment count: {segments}"),
+            ConfigError::RegionMismatch { expected, actual } => {
+                write!(f, "data region is {actual} bytes, expected {expected}")
+            }
+            ConfigError::Budget(e) => write!(f, "pool footprint: {e}"),
+        }
+    }
+}
+
+impl core::error::Error for ConfigError {}
+
+/// Messages and bytes removed by a policy or a discard.
+///
+/// ```
+/// use freeboard_buf::DropTally;
+///
+/// assert_eq!(DropTally::ZERO, DropTally { messages: 0, bytes: 0 });
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DropTally {
+    /// Whole messages removed.
+    pub messages: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+impl DropTally {
+    /// Nothing dropped.
+    pub const ZERO: Self = Self { messages: 0, bytes: 0 };
+
+    fn add(&mut self, messages: u32, bytes: usize) {
+        self.messages += u64::from(messages);
+        self.bytes += bytes as u64;
+    }
+}
+
+/// A snapshot of a pool's counters, for `/metrics` and bench reports.
+///
+/// ```
+/// use freeboard_buf::{Budget, Pool, PoolConfig, SlowConsumerPolicy};
+///
+/// let pool = Pool::new(Budget::new(1 << 20), PoolConfig::new()).unwrap();
+/// let c = pool.counters();
+/// assert_eq!(c.chunks_in_use, 0);
+/// assert!(c.budget_drawn <= c.budget_limit);
+/// assert_eq!(c.dropped(SlowConsumerPolicy::DropOldest).messages, 0);
+/// assert_eq!(c.fragmentation_index(), 0.0);
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Counters {
+    /// The budget's limit in bytes.
+    pub budget_limit: usize,
+    /// Bytes drawn from the budget (the pool's footprint plus other consumers).
+    pub budget_drawn: usize,
+    /// Most bytes ever drawn from the budget at once.
+    pub budget_high_water: usize,
+    /// Bytes per chunk.
+    pub chunk_size: usize,
+    /// Chunks in the pool.
+    pub chunks_total: usize,
+    /// Chunks referenced now.
+    pub chunks_in_use: usize,
+    /// Most chunks ever referenced at once.
+    pub chunks_high_water: usize,
+    /// Segment slots in the pool.
+    pub segments_total: usize,
+    /// Segment slots in chains now.
+    pub segments_in_use: usize,
+    /// Most segment slots ever in use at once.
+    pub segments_high_water: usize,
+    /// Allocation attempts refused because chunks or segments ran out (each refusal counts,
+    /// including retries a policy makes after dropping a message).
+    pub allocation_failures: u64,
+    /// Pushes refused with [`PushOutcome::WouldBlock`](crate::PushOutcome::WouldBlock).
+    pub would_block: u64,
+    /// Pushes answered with [`PushOutcome::MustClose`](crate::PushOutcome::MustClose).
+    pub slow_consumer_closes: u64,
+    /// Messages removed by [`SendQueue::discard_unsent`](crate::SendQueue::discard_unsent) and
+    /// [`SendQueue::clear`](crate::SendQueue::clear).
+    pub discarded: DropTally,
+    dropped: [DropTally; SlowConsumerPolicy::ALL.len()],
+}
+
+impl Counters {
+    /// Messages dropped by queues running `policy`.
+    pub fn dropped(&self, policy: SlowConsumerPolicy) -> DropTally {
+        self.dropped[policy as usize]
+    }
+
+    /// Messages dropped by all policies together.
+    pub fn dropped_total(&self) -> DropTally {
+        self.dropped.iter().fold(DropTally::ZERO, |acc, t| DropTally {
+            messages: acc.messages + t.messages,
+            bytes: acc.bytes + t.bytes,
+        })
+    }
+
+    /// `1 − largest_free_block / total_free`, for reports that put the pool beside heap-based
+    /// designs. Always 0 for a pool: no request needs more than one chunk to be contiguous (a
+    /// larger message is a chain of chunks), and every free chunk can serve any request, so the
+    /// largest usable free block is all the free memory. 0 also when nothing is free.
+    pub fn fragmentation_index(&self) -> f64 {
+        let free = (self.chunks_total - self.chunks_in_use) * self.chunk_size;
+        fragmentation_index(free, free)
+    }
+}
+
+/// `1 − largest_free_block / total_free`: 0 when all free memory is one usable block (or when
+/// nothing is free), approaching 1 as free memory shatters into pieces too small to use.
+///
+/// ```
+/// use freeboard_buf::fragmentation_index;
+///
+/// assert_eq!(fragmentation_index(4096, 4096), 0.0);
+/// assert_eq!(fragmentation_index(1024, 4096), 0.75);
+/// assert_eq!(fragmentation_index(0, 0), 0.0);
+/// ```
+pub fn fragmentation_index(largest_free_block: usize, total_free: usize) -> f64 {
+    if total_free == 0 {
+        return 0.0;
+    }
+    1.0 - largest_free_block as f64 / total_free as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small_pool<'a>(
+        data: &'a mut [u8],
+        chunks: &'a mut [ChunkSlot],
+        segments: &'a mut [SegmentSlot],
+    ) -> Pool<'a> {
+        let size = data.len() / chunks.len();
+        let budget = Budget::new(Pool::footprint(size, chunks.len(), segments.len()));
+        Pool::from_slices(budget, size, data, chunks, segments).unwrap()
+    }
+
+    #[test]
+    fn metadata_sizes() {
+        assert_eq!(size_of::<ChunkSlot>(), 8);
+        assert_eq!(size_of::<SegmentSlot>(), 16);
+    }
+
+    #[test]
+    fn alloc_until_exhausted_then_reuse_lifo() {
+        let (mut d, mut c, mut s) = ([0u8; 64], [ChunkSlot::EMPTY; 4], [SegmentSlot::EMPTY; 4]);
+        let mut pool = small_pool(&mut d, &mut c, &mut s);
+        let ids: [ChunkId; 4] = core::array::from_fn(|_| pool.alloc().unwrap());
+        assert_eq!(pool.alloc(), Err(PoolError::ChunksExhausted));
+        assert_eq!(pool.chunks_in_use(), 4);
+        let [a, b, c2, d2] = ids;
+        let b_index = b.index();
+        pool.release(b);
+        let again = pool.alloc().unwrap();
+        assert_eq!(again.index(), b_index, "the most recently freed chunk comes back first");
+        for id in [a, c2, d2, again] {
+            pool.release(id);
+        }
+        let counters = pool.counters();
+        assert_eq!((counters.chunks_in_use, counters.chunks_high_water), (0, 4));
+        assert_eq!(counters.allocation_failures, 1);
+    }
+
+    #[test]
+    fn shared_chunk_returns_with_last_reference() {
+        let (mut d, mut c, mut s) = ([0u8; 32], [ChunkSlot::EMPTY; 2], [SegmentSlot::EMPTY; 2]);
+        let mut pool = small_pool(&mut d, &mut c, &mut s);
+        let a = pool.alloc().unwrap();
+        assert_eq!(pool.append(&a, b"0123456789abcdefXYZ"), 16);
+        let b = pool.share(&a).unwrap();
+        assert_eq!(pool.refs(&a), 2);
+        pool.release(a);
+        assert_eq!(pool.chunks_in_use(), 1);
+        assert_eq!(pool.bytes(&b), b"0123456789abcdef");
+        pool.release(b);
+        assert_eq!(pool.chunks_in_use(), 0);
+    }
+
+    #[test]
+    fn spare_and_commit() {
+        let (mut d, mut c, mut s) = ([0u8; 16], [ChunkSlot::EMPTY; 1], [SegmentSlot::EMPTY; 1]);
+        let mut pool = small_pool(&mut d, &mut c, &mut s);
+        let a = pool.alloc().unwrap();
+        pool.spare_mut(&a)[..3].copy_from_slice(b"abc");
+        assert_eq!(pool.commit(&a, 3), 3);
+        assert_eq!(pool.spare_mut(&a).len(), 13);
+        assert_eq!(pool.commit(&a, 100), 13);
+        assert_eq!(&pool.bytes(&a)[..3], b"abc");
+        pool.release(a);
+    }
+
+    #[test]
+    fn config_errors() {
+        let (mut d, mut c, mut s) = ([0u8; 10], [ChunkSlot::EMPTY; 2], [SegmentSlot::EMPTY; 2]);
+        let err = Pool::from_slices(Budget::new(1000), 4, &mut d, &mut c, &mut s).unwrap_err();
+        assert_eq!(err, ConfigError::RegionMismatch { expected: 8, actual: 10 });
+        let (mut d, mut c, mut s) = ([0u8; 8], [ChunkSlot::EMPTY; 2], [SegmentSlot::EMPTY; 2]);
+        let err = Pool::from_slices(Budget::new(10), 4, &mut d, &mut c, &mut s).unwrap_err();
+        assert!(matches!(err, ConfigError::Budget(_)));
+        let (mut d, mut c, mut s) = ([0u8; 0], [ChunkSlot::EMPTY; 0], [SegmentSlot::EMPTY; 2]);
+        let err = Pool::from_slices(Budget::new(1000), 4, &mut d, &mut c, &mut s).unwrap_err();
+        assert_eq!(err, ConfigError::NoChunks);
+    }
+
+    #[test]
+    fn fragmentation_is_zero() {
+        assert_eq!(fragmentation_index(0, 0), 0.0);
+        let (mut d, mut c, mut s) = ([0u8; 16], [ChunkSlot::EMPTY; 1], [SegmentSlot::EMPTY; 1]);
+        let mut pool = small_pool(&mut d, &mut c, &mut s);
+        assert_eq!(pool.fragmentation_index(), 0.0);
+        let a = pool.alloc().unwrap();
+        assert_eq!(pool.fragmentation_index(), 0.0, "nothing free");
+        pool.release(a);
+    }
+}

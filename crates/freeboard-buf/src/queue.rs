@@ -1,0 +1,458 @@
+//! The per-connection send queue: a chunk chain that knows where messages begin.
+
+use crate::backpressure::{SlowConsumerPolicy, Watermarks, Writability};
+use crate::chain::{ChunkChain, Frame, Part, Segments};
+use crate::pool::{Pool, PoolError};
+
+/// The largest control frame on the wire: 2 header bytes, a 4-byte mask and 125 payload bytes
+/// (RFC 6455 §5.5: "All control frames MUST have a payload length of 125 bytes or less").
+/// [`SendQueue::push_control`] may exceed the cap by at most this much.
+pub const MAX_CONTROL_FRAME: usize = 2 + 4 + 125;
+
+/// A connection's outgoing bytes, queued as whole messages, with watermarks and a
+/// slow-consumer policy.
+///
+/// Each push is one message (typically a frame header and its payload, copied or referenced)
+/// and is stored all or nothing. The queue remembers where each message starts — a flag on the
+/// message's first segment, so boundaries cost no extra memory — which lets policies drop
+/// *whole* messages, and never one whose first byte has already been handed to the socket: a
+/// torn frame would corrupt the stream.
+///
+/// Call order per loop turn: `push_*` as messages are produced; [`slices`](Self::slices) or
+/// [`io_slices`](Self::io_slices) for one `writev`; [`consume`](Self::consume) with the bytes
+/// the socket took. Each of these returns the [`Writability`] transition it caused, if any.
+///
+/// 64 bytes on 64-bit targets; an empty queue holds no chunk and no segment.
+///
+/// ```
+/// use freeboard_buf::{Budget, Pool, PoolConfig, PushOutcome, SendQueue, SlowConsumerPolicy,
+///     Watermarks, Writability};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new())?;
+/// let marks = Watermarks::new(4, 8, 14)?;
+/// let mut queue = SendQueue::new(marks, SlowConsumerPolicy::DropOldest);
+///
+/// assert_eq!(queue.push_message(&mut pool, &[b"aaaa"]).outcome, PushOutcome::Queued);
+/// let _ = queue.consume(&mut pool, 1); // "a" is on the wire: message 1 is in flight
+/// let pushed = queue.push_message(&mut pool, &[b"bbbbb"]);
+/// assert_eq!(pushed.outcome, PushOutcome::Queued);
+/// let pushed = queue.push_message(&mut pool, &[b"ccccc"]);
+/// assert_eq!(pushed.outcome, PushOutcome::QueuedAboveHigh);
+/// assert_eq!(pushed.writability, Some(Writability::NotWritable));
+///
+/// // 15 bytes would pass the cap of 14: the oldest *unsent* message goes, the one in flight stays.
+/// let pushed = queue.push_message(&mut pool, &[b"dd"]);
+/// assert_eq!(pushed.outcome, PushOutcome::Dropped { newest: false, messages: 1, bytes: 5 });
+///
+/// let mut out = [0u8; 32];
+/// let n = queue.copy_to(&pool, &mut out);
+/// assert_eq!(&out[..n], b"aaacccccdd");
+/// let _ = queue.clear(&mut pool);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SendQueue {
+    /// Invariant: every message starts at a segment boundary; the first segment of a message
+    /// carries the start flag until its first byte is consumed.
+    chain: ChunkChain,
+    /// Invariant: `watermarks.is_writable()` reflects `chain.len()` as of the last operation.
+    watermarks: Watermarks,
+    policy: SlowConsumerPolicy,
+    /// Invariant: the number of messages with at least one byte in `chain`.
+    messages: u32,
+}
+
+impl SendQueue {
+    /// An empty queue.
+    pub const fn new(watermarks: Watermarks, policy: SlowConsumerPolicy) -> Self {
+        Self { chain: ChunkChain::new(), watermarks, policy, messages: 0 }
+    }
+
+    /// Unsent bytes (WebSocket's `bufferedAmount`). O(1).
+    pub const fn len(&self) -> usize {
+        self.chain.len()
+    }
+
+    /// Whether nothing is queued.
+    pub const fn is_empty(&self) -> bool {
+        self.chain.is_empty()
+    }
+
+    /// Messages with at least one unsent byte, including one in flight.
+    pub const fn messages(&self) -> u32 {
+        self.messages
+    }
+
+    /// Whether producers may keep writing (see [`Watermarks`]).
+    pub const fn is_writable(&self) -> bool {
+        self.watermarks.is_writable()
+    }
+
+    /// The queue's watermarks.
+    pub const fn watermarks(&self) -> &Watermarks {
+        &self.watermarks
+    }
+
+    /// The queue's slow-consumer policy.
+    pub const fn policy(&self) -> SlowConsumerPolicy {
+        self.policy
+    }
+
+    /// Whether the first message has started to go out (so no policy may drop it).
+    pub fn has_message_in_flight(&self, pool: &Pool<'_>) -> bool {
+        self.chain.head_in_flight(pool)
+    }
+
+    /// Queues one message made of `parts`, copied (e.g. `&[header, payload]`).
+    pub fn push_message(&mut self, pool: &mut Pool<'_>, parts: &[&[u8]]) -> Pushed {
+        let len = parts.iter().map(|p| p.len()).sum();
+        self.push_with(pool, len, |chain, pool| {
+            let mut first = true;
+            for part in parts.iter().filter(|p| !p.is_empty()) {
+                chain.copy_in(pool, part, first)?;
+                first = false;
+            }
+            Ok(())
+        })
+    }
+
+    /// Queues a shared frame by reference (zero-copy broadcast).
+    pub fn push_frame(&mut self, pool: &mut Pool<'_>, frame: &Frame) -> Pushed {
+        self.push_with(pool, frame.len(), |chain, pool| chain.link_frame(pool, frame))
+    }
+
+    /// Queues one message made of copied bytes and referenced frames, in order.
+    pub fn push_parts(&mut self, pool: &mut Pool<'_>, parts: &[Part<'_>]) -> Pushed {
+        let len = parts.iter().map(Part::len).sum();
+        self.push_with(pool, len, |chain, pool| {
+            let mut first = true;
+            for part in parts.iter().filter(|p| !p.is_empty()) {
+                match part {
+                    Part::Bytes(bytes) => chain.copy_in(pool, bytes, first)?,
+                    Part::Frame(frame) => chain.link_frame(pool, frame)?,
+                }
+                first = false;
+            }
+            Ok(())
+        })
+    }
+
+    /// Queues a control frame (ping, pong, close) of `parts`, bypassing the policy: it may take
+    /// the queue past its cap by at most [`MAX_CONTROL_FRAME`] bytes, and no policy drops it
+    /// later. This is how the close frame after [`PushOutcome::MustClose`] gets out. Fails
+    /// with the [`Limit`] that stopped it; nothing is queued then.
+    pub fn push_control(
+        &mut self,
+        pool: &mut Pool<'_>,
+        parts: &[&[u8]],
+    ) -> Result<Option<Writability>, Limit> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > MAX_CONTROL_FRAME || self.len() + len > self.watermarks.cap() + MAX_CONTROL_FRAME {
+            return Err(Limit::Cap);
+        }
+        if len > 0 {
+            self.store(pool, true, |chain, pool| {
+                let mut first = true;
+                for part in parts.iter().filter(|p| !p.is_empty()) {
+                    chain.copy_in(pool, part, first)?;
+                    first = false;
+                }
+                Ok(())
+            })
+            .map_err(|_| Limit::Pool)?;
+        }
+        Ok(self.watermarks.observe(self.len()))
+    }
+
+    /// Fills `out` with the unsent bytes, one slice per segment, for a vectored write; returns
+    /// the number of slices filled.
+    pub fn slices<'p>(&self, pool: &'p Pool<'_>, out: &mut [&'p [u8]]) -> usize {
+        self.chain.slices(pool, out)
+    }
+
+    /// [`slices`](Self::slices) as `std::io::IoSlice`s for `write_vectored`.
+    #[cfg(feature = "std")]
+    pub fn io_slices<'p>(&self, pool: &'p Pool<'_>, out: &mut [std::io::IoSlice<'p>]) -> usize {
+        self.chain.io_slices(pool, out)
+    }
+
+    /// The unsent bytes in order, one slice per segment.
+    pub fn segments<'p>(&self, pool: &'p Pool<'_>) -> Segments<'p> {
+        self.chain.segments(pool)
+    }
+
+    /// Copies the first unsent bytes into `out` (e.g. a cork buffer); returns the count. Call
+    /// [`consume`](Self::consume) for what was handed to the socket.
+    pub fn copy_to(&self, pool: &Pool<'_>, out: &mut [u8]) -> usize {
+        self.chain.copy_to(pool, out)
+    }
+
+    /// Removes the `n` bytes the socket took (at most [`len`](Self::len)). A message whose
+    /// first byte goes is in flight from then on and is never dropped.
+    pub fn consume(&mut self, pool: &mut Pool<'_>, n: usize) -> Option<Writability> {
+        let (_, completed) = self.chain.consume_messages(pool, n);
+        self.messages -= completed;
+        self.watermarks.observe(self.len())
+    }
+
+    /// Drops every message that has not started to go out, except control messages (before
+    /// queueing a close frame, say). Counted in [`Counters::discarded`](crate::Counters).
+    pub fn discard_unsent(&mut self, pool: &mut Pool<'_>) -> Discarded {
+        let (messages, bytes) = self.drop_unsent(pool, usize::MAX);
+        pool.record_discard(messages, bytes);
+        Discarded { messages, bytes, writability: self.watermarks.observe(self.len()) }
+    }
+
+    /// Releases everything, a message in flight included (the connection is gone). Counted in
+    /// [`Counters::discarded`](crate::Counters).
+    pub fn clear(&mut self, pool: &mut Pool<'_>) -> Discarded {
+        let (messages, bytes) = (self.messages, self.len());
+        self.chain.clear(pool);
+        self.messages = 0;
+        pool.record_discard(messages, bytes);
+        Discarded { messages, bytes, writability: self.watermarks.observe(0) }
+    }
+
+    /// Applies the policy to a message of `len` bytes that `append` would add.
+    fn push_with(
+        &mut self,
+        pool: &mut Pool<'_>,
+        len: usize,
+        append: impl Fn(&mut ChunkChain, &mut Pool<'_>) -> Result<(), PoolError>,
+    ) -> Pushed {
+        let outcome = if len == 0 {
+            self.queued() // nothing to store; an empty message would have no segment to mark
+        } else {
+            self.apply_policy(pool, len, append)
+        };
+        Pushed { outcome, writability: self.watermarks.observe(self.len()) }
+    }
+
+    fn apply_policy(
+        &mut self,
+        pool: &mut Pool<'_>,
+        len: usize,
+        append: impl Fn(&mut ChunkChain, &mut Pool<'_>) -> Result<(), PoolError>,
+    ) -> PushOutcome {
+        let cap = self.watermarks.cap();
+        let fits = |queue: &Self| queue.len().saturating_add(len) <= cap;
+        let policy = self.policy;
+        let newest = PushOutcome::Dropped { newest: true, messages: 1, bytes: len };
+        match policy {
+            SlowConsumerPolicy::Block => {
+                if len > cap {
+                    // Waiting cannot help a message larger than the cap.
+                    pool.record_drop(policy, 1, len);
+                    return newest;
+                }
+                let limit = if !fits(self) {
+                    Limit::Cap
+                } else if self.store(pool, false, append).is_err() {
+                    Limit::Pool
+                } else {
+                    return self.queued();
+                };
+                pool.record_would_block();
+                PushOutcome::WouldBlock { limit }
+            }
+            SlowConsumerPolicy::DropNewest => {
+                if fits(self) && self.store(pool, false, &append).is_ok() {
+                    return self.queued();
+                }
+                pool.record_drop(policy, 1, len);
+                newest
+            }
+            SlowConsumerPolicy::DropOldest | SlowConsumerPolicy::Conflate => {
+                let keep = self.chain.undroppable_bytes(pool);
+                if keep.saturating_add(len) > cap {
+                    // Even dropping every unsent message would not make room: drop the new one
+                    // and keep the older ones.
+                    pool.record_drop(policy, 1, len);
+                    return newest;
+                }
+                let (mut messages, mut bytes) = if policy == SlowConsumerPolicy::Conflate {
+                    self.drop_unsent(pool, usize::MAX)
+                } else {
+                    self.drop_unsent(pool, (self.len() + len).saturating_sub(cap))
+                };
+                let outcome = loop {
+                    if self.store(pool, false, &append).is_ok() {
+                        break if messages == 0 {
+                            self.queued()
+                        } else {
+                            PushOutcome::Dropped { newest: false, messages, bytes }
+                        };
+                    }
+                    // The pool is exhausted: an older message may be holding what we need.
+                    match self.drop_unsent(pool, 1) {
+                        (0, _) => {
+                            break PushOutcome::Dropped {
+                                newest: true,
+                                messages: messages + 1,
+                                bytes: bytes + len,
+                            };
+                        }
+                        (m, b) => {
+                            messages += m;
+                            bytes += b;
+                        }
+                    }
+                };
+                if let PushOutcome::Dropped { messages, bytes, .. } = outcome {
+                    pool.record_drop(policy, messages, bytes);
+                }
+                outcome
+            }
+            SlowConsumerPolicy::Close => {
+                let limit = if !fits(self) {
+                    Limit::Cap
+                } else if self.store(pool, false, append).is_err() {
+                    Limit::Pool
+                } else {
+                    return self.queued();
+                };
+                pool.record_close();
+                PushOutcome::MustClose { limit }
+            }
+        }
+    }
+
+    /// Stores one message all or nothing and flags its first segment.
+    fn store(
+        &mut self,
+        pool: &mut Pool<'_>,
+        control: bool,
+        append: impl Fn(&mut ChunkChain, &mut Pool<'_>) -> Result<(), PoolError>,
+    ) -> Result<(), PoolError> {
+        let mark = self.chain.mark(pool);
+        if let Err(e) = append(&mut self.chain, pool) {
+            self.chain.rollback(pool, mark);
+            return Err(e);
+        }
+        let first = self.chain.first_after(pool, &mark);
+        pool.segment_mut(first).mark_message_start(control);
+        self.messages += 1;
+        Ok(())
+    }
+
+    /// Drops the oldest droppable messages until at least `bytes_wanted` bytes are freed (one
+    /// message for `1`, all of them for `usize::MAX`); returns `(messages, bytes)` dropped.
+    fn drop_unsent(&mut self, pool: &mut Pool<'_>, bytes_wanted: usize) -> (u32, usize) {
+        let (mut messages, mut bytes) = (0, 0);
+        while bytes < bytes_wanted {
+            let Some((prev, first)) = self.chain.find_droppable(pool) else { break };
+            bytes += self.chain.unlink_message(pool, prev, first);
+            messages += 1;
+        }
+        self.messages -= messages;
+        (messages, bytes)
+    }
+
+    fn queued(&self) -> PushOutcome {
+        if self.len() > self.watermarks.high() {
+            PushOutcome::QueuedAboveHigh
+        } else {
+            PushOutcome::Queued
+        }
+    }
+}
+
+/// What a push did, and the writability transition it caused.
+///
+/// ```
+/// use freeboard_buf::{Budget, Pool, PoolConfig, PushOutcome, Pushed, SendQueue};
+///
+/// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new()).unwrap();
+/// let mut queue = SendQueue::default();
+/// let pushed: Pushed = queue.push_message(&mut pool, &[b"hi"]);
+/// assert_eq!(pushed, Pushed { outcome: PushOutcome::Queued, writability: None });
+/// let _ = queue.clear(&mut pool);
+/// ```
+#[must_use = "a push may have been refused or may require closing the connection"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pushed {
+    /// What happened to the message.
+    pub outcome: PushOutcome,
+    /// `Some` if the queue's writability changed.
+    pub writability: Option<Writability>,
+}
+
+/// What happened to a pushed message.
+///
+/// ```
+/// use freeboard_buf::{Limit, PushOutcome};
+///
+/// fn must_stop_reading(outcome: PushOutcome) -> bool {
+///     matches!(outcome, PushOutcome::QueuedAboveHigh | PushOutcome::WouldBlock { .. })
+/// }
+/// assert!(must_stop_reading(PushOutcome::WouldBlock { limit: Limit::Cap }));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushOutcome {
+    /// Stored; the queue is at or below its high watermark.
+    Queued,
+    /// Stored; the queue is above its high watermark, producers should pause.
+    QueuedAboveHigh,
+    /// Whole messages were dropped to apply the policy. `newest` says whether the new message
+    /// is among them (it was not stored); otherwise it was stored and older unsent messages
+    /// made room or were conflated. `messages` and `bytes` count everything dropped, the new
+    /// message included.
+    Dropped {
+        /// Whether the new message was dropped.
+        newest: bool,
+        /// Messages dropped.
+        messages: u32,
+        /// Their bytes.
+        bytes: usize,
+    },
+    /// [`SlowConsumerPolicy::Block`]: not stored. Keep the message, stop reading its producer,
+    /// and retry after [`Writability::Writable`] (limit `Cap`) or on a later loop turn (limit
+    /// `Pool`: the pool is shared, so there is no per-queue event for it).
+    WouldBlock {
+        /// What stopped the message.
+        limit: Limit,
+    },
+    /// [`SlowConsumerPolicy::Close`]: not stored. Close the connection with 1008 (policy
+    /// violation), e.g. with [`SendQueue::discard_unsent`] then [`SendQueue::push_control`].
+    MustClose {
+        /// What stopped the message.
+        limit: Limit,
+    },
+}
+
+/// The limit a message ran into.
+///
+/// ```
+/// use freeboard_buf::Limit;
+///
+/// assert_ne!(Limit::Cap, Limit::Pool);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The queue's hard cap.
+    Cap,
+    /// The pool ran out of chunks or segment slots.
+    Pool,
+}
+
+/// What [`SendQueue::discard_unsent`] or [`SendQueue::clear`] removed.
+///
+/// ```
+/// use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue};
+///
+/// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new()).unwrap();
+/// let mut queue = SendQueue::default();
+/// let _ = queue.push_message(&mut pool, &[b"stale"]);
+/// let gone = queue.discard_unsent(&mut pool);
+/// assert_eq!((gone.messages, gone.bytes), (1, 5));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Discarded {
+    /// Messages removed.
+    pub messages: u32,
+    /// Their bytes.
+    pub bytes: usize,
+    /// `Some` if the queue's writability changed.
+    pub writability: Option<Writability>,
+}
