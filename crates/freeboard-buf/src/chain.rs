@@ -357,6 +357,16 @@ impl ChunkChain {
         bytes
     }
 
+    #[cfg(test)]
+    pub(crate) fn head_index(&self) -> u32 {
+        self.head
+    }
+
+    #[cfg(test)]
+    pub(crate) fn tail_index(&self) -> u32 {
+        self.tail
+    }
+
     /// Whether the head message has started to go out.
     pub(crate) fn head_in_flight(&self, pool: &Pool<'_>) -> bool {
         self.head != NIL && !pool.segment(self.head).starts_message()
@@ -449,14 +459,34 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// Copies `parts` (e.g. a frame header and its payload) into fresh pool chunks.
+    #[cfg(test)]
+    pub(crate) fn chain(&self) -> &ChunkChain {
+        &self.chain
+    }
+
+    /// Copies `parts` (e.g. a frame header and its payload) into pool chunks. A frame that fits
+    /// in the room left after the previous frame is packed behind it, in one segment, so small
+    /// broadcasts share chunks; otherwise it starts a fresh chunk.
     pub fn from_parts(pool: &mut Pool<'_>, parts: &[&[u8]]) -> Result<Self, PoolError> {
+        let len = parts.iter().map(|p| p.len()).sum();
         let mut chain = ChunkChain::new();
-        for part in parts {
-            if let Err(e) = chain.copy_in(pool, part, false) {
-                chain.clear(pool);
-                return Err(e);
+        if let Some((chunk, fill)) = pool.frame_room(len).filter(|_| len > 0) {
+            let seg = pool.alloc_segment(chunk, fill, fill)?;
+            for part in parts {
+                pool.write_at_fill(chunk, part);
             }
+            pool.segment_mut(seg).end = fill + len as u32;
+            chain.link_back(pool, seg);
+        } else {
+            for part in parts {
+                if let Err(e) = chain.copy_in(pool, part, false) {
+                    chain.clear(pool);
+                    return Err(e);
+                }
+            }
+        }
+        if chain.tail != NIL {
+            pool.set_frame_hint(pool.segment(chain.tail).chunk());
         }
         Ok(Frame { chain })
     }

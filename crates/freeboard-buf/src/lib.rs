@@ -56,13 +56,15 @@
 
 #[cfg(feature = "alloc")]
 extern crate alloc;
-#[cfg(feature = "std")]
+#[cfg(any(feature = "std", test))]
 extern crate std;
 
 mod backpressure;
 mod budget;
 mod chain;
 mod pool;
+#[cfg(all(test, feature = "std"))]
+mod proptests;
 mod queue;
 mod ring;
 #[cfg(all(feature = "alloc", target_has_atomic = "ptr"))]

@@ -92,6 +92,9 @@ pub struct Pool<'a> {
     free_chunk: u32,
     /// Head of the free-segment list, linked through `SegmentSlot::next`; `NIL` when exhausted.
     free_segment: u32,
+    /// The chunk the last frame ended in, so small frames pack into one chunk. A hint, not a
+    /// reference: used only while that chunk is still in use by someone.
+    frame_hint: u32,
     /// Invariant: equals the number of chunks with `refs > 0`.
     chunks_in_use: usize,
     chunks_high_water: usize,
@@ -172,6 +175,7 @@ impl<'a> Pool<'a> {
         Pool {
             free_chunk: if chunks.is_empty() { NIL } else { 0 },
             free_segment: if segments.is_empty() { NIL } else { 0 },
+            frame_hint: NIL,
             data,
             chunks,
             segments,
@@ -348,6 +352,20 @@ impl<'a> Pool<'a> {
         }
     }
 
+    /// The chunk the last frame ended in and its fill mark, if that chunk is still in use and
+    /// has `len` bytes of room. Writing past the fill mark of any in-use chunk is safe: nothing
+    /// references those bytes.
+    pub(crate) fn frame_room(&self, len: usize) -> Option<(u32, u32)> {
+        let slot = self.chunks.get(self.frame_hint as usize).filter(|slot| slot.refs > 0)?;
+        // `link` is the fill mark only while the chunk is in use (the free-list link otherwise).
+        let room = (self.chunk_size - slot.link) as usize;
+        (len <= room).then_some((self.frame_hint, slot.link))
+    }
+
+    pub(crate) fn set_frame_hint(&mut self, chunk: u32) {
+        self.frame_hint = chunk;
+    }
+
     /// End of the written bytes of an in-use chunk.
     #[inline]
     pub(crate) fn fill(&self, chunk: u32) -> u32 {
@@ -464,6 +482,66 @@ impl<'a> Pool<'a> {
 
     pub(crate) fn record_discard(&mut self, messages: u32, bytes: usize) {
         self.discarded.add(messages, bytes);
+    }
+}
+
+#[cfg(test)]
+impl Pool<'_> {
+    /// Checks the pool's bookkeeping against the chains and handles that reference it: every
+    /// reference count, both free lists and the in-use counters. Panics on a mismatch.
+    pub(crate) fn audit<'c>(
+        &self,
+        chains: impl IntoIterator<Item = &'c crate::ChunkChain>,
+        handles: &[&ChunkId],
+    ) {
+        extern crate std;
+        use std::vec;
+
+        let mut refs = vec![0u32; self.chunks.len()];
+        let mut linked = 0;
+        for chain in chains {
+            let mut len = 0;
+            let mut last = NIL;
+            let mut cur = chain.head_index();
+            while cur != NIL {
+                let seg = self.segment(cur);
+                assert!(seg.start < seg.end, "empty segment {cur}");
+                assert!(seg.end <= self.fill(seg.chunk()), "segment {cur} past its chunk's fill");
+                refs[seg.chunk() as usize] += 1;
+                len += seg.len();
+                linked += 1;
+                last = cur;
+                cur = seg.next;
+            }
+            assert_eq!(chain.len(), len, "chain length");
+            assert_eq!(chain.tail_index(), last, "chain tail");
+        }
+        for handle in handles {
+            refs[handle.0 as usize] += 1;
+        }
+        for (i, slot) in self.chunks.iter().enumerate() {
+            assert_eq!(slot.refs, refs[i], "reference count of chunk {i}");
+            if slot.refs > 0 {
+                assert!(slot.link <= self.chunk_size, "fill of chunk {i}");
+            }
+        }
+        assert_eq!(self.chunks_in_use, refs.iter().filter(|&&r| r > 0).count());
+        let (mut free, mut cur) = (0, self.free_chunk);
+        while cur != NIL {
+            assert_eq!(self.chunks[cur as usize].refs, 0, "chunk {cur} on the free list is in use");
+            free += 1;
+            cur = self.chunks[cur as usize].link;
+        }
+        assert_eq!(free, self.chunks.len() - self.chunks_in_use, "free chunk list length");
+        assert_eq!(self.segments_in_use, linked, "segments in use");
+        let (mut free, mut cur) = (0, self.free_segment);
+        while cur != NIL {
+            free += 1;
+            cur = self.segments[cur as usize].next;
+        }
+        assert_eq!(free, self.segments.len() - linked, "free segment list length");
+        assert!(self.budget.drawn() <= self.budget.limit(), "budget exceeded");
+        assert!(self.chunks_high_water >= self.chunks_in_use);
     }
 }
 

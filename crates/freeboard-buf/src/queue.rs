@@ -214,6 +214,11 @@ impl SendQueue {
         Discarded { messages, bytes, writability: self.watermarks.observe(0) }
     }
 
+    #[cfg(test)]
+    pub(crate) fn chain(&self) -> &ChunkChain {
+        &self.chain
+    }
+
     /// Applies the policy to a message of `len` bytes that `append` would add.
     fn push_with(
         &mut self,
