@@ -14,8 +14,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let marks = Watermarks::new(8 << 10, 16 << 10, 64 << 10)?;
     let mut subscribers: Vec<SendQueue> = (0..1000)
         .map(|i| {
-            let policy =
-                if i % 2 == 0 { SlowConsumerPolicy::DropOldest } else { SlowConsumerPolicy::Conflate };
+            let policy = if i % 2 == 0 {
+                SlowConsumerPolicy::DropOldest
+            } else {
+                SlowConsumerPolicy::Conflate
+            };
             SendQueue::new(marks, policy)
         })
         .collect();
@@ -27,7 +30,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let frame = Frame::from_parts(&mut pool, &[&header, &payload])?;
         for queue in &mut subscribers {
             match queue.push_frame(&mut pool, &frame).outcome {
-                PushOutcome::Queued | PushOutcome::QueuedAboveHigh | PushOutcome::Dropped { .. } => {}
+                PushOutcome::Queued
+                | PushOutcome::QueuedAboveHigh
+                | PushOutcome::Dropped { .. } => {}
                 other => unreachable!("drop policies never answer {other:?}"),
             }
         }
@@ -42,7 +47,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let c = pool.counters();
             println!(
                 "tick {tick:3}: chunks {}/{} in use (high water {}), segments {}/{}",
-                c.chunks_in_use, c.chunks_total, c.chunks_high_water, c.segments_in_use, c.segments_total
+                c.chunks_in_use,
+                c.chunks_total,
+                c.chunks_high_water,
+                c.segments_in_use,
+                c.segments_total
             );
         }
     }
@@ -55,7 +64,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{policy}: dropped {} messages, {} bytes", d.messages, d.bytes);
         }
     }
-    println!("allocation failures: {}, fragmentation index: {}", c.allocation_failures, c.fragmentation_index());
+    println!(
+        "allocation failures: {}, fragmentation index: {}",
+        c.allocation_failures,
+        c.fragmentation_index()
+    );
     for queue in &mut subscribers {
         let _ = queue.clear(&mut pool);
     }

@@ -17,18 +17,20 @@
 //! another event loop travels as a [`SharedFrame`] (`Arc<[u8]>`) and is framed once more into
 //! that loop's pool.
 //!
-//! Idle chains hold no chunks and no segments: a [`ChunkChain`] is 16 bytes, a [`SendQueue`] 64
-//! bytes on 64-bit targets.
+//! Idle chains hold no chunks and no segments. Metadata costs (64-bit targets; 32-bit in
+//! brackets where it differs):
 //!
 //! | metadata | bytes | lives in |
 //! |---|---|---|
-//! | per chunk ([`ChunkSlot`]) | 8 | pool |
-//! | per segment ([`SegmentSlot`]) | 16 | pool |
-//! | per chain ([`ChunkChain`]) | 16 | owner |
-//! | per send queue ([`SendQueue`]) | 64 | owner |
+//! | per chunk ([`ChunkSlot`]: reference count, fill mark / free link) | 8 | pool |
+//! | per segment ([`SegmentSlot`]: chunk + flags, start, end, next) | 16 | pool |
+//! | per chain ([`ChunkChain`]: head, tail, length) | 16 (12) | owner |
+//! | per send queue ([`SendQueue`]: chain, watermarks, policy, message count) | 56 (36) | owner |
 //!
-//! With the default 4 KiB chunk and 8 segments per chunk the pool's metadata is
-//! (8 + 8 × 16) / 4096 = 3.3 % of its data.
+//! A chain uses one segment per chunk it spans; a send queue at least one per queued message
+//! (message boundaries are flags on segments, so they cost nothing more); a shared frame one per
+//! chunk per queue that references it. With the default 4 KiB chunk and 8 segment slots per
+//! chunk, the pool's metadata is (8 + 8 × 16) / 4096 = 3.3 % of its data.
 //!
 //! # Example
 //!

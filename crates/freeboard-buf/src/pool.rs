@@ -1000,6 +1000,11 @@ mod tests {
     fn metadata_sizes() {
         assert_eq!(size_of::<ChunkSlot>(), 8);
         assert_eq!(size_of::<SegmentSlot>(), 16);
+        if cfg!(target_pointer_width = "64") {
+            assert_eq!(size_of::<crate::ChunkChain>(), 16);
+            assert_eq!(size_of::<crate::SendQueue>(), 56);
+            assert_eq!(size_of::<crate::Frame>(), 16);
+        }
     }
 
     #[test]

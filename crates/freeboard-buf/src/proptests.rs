@@ -357,7 +357,9 @@ impl ModelQueue {
                     match self.drop_oldest() {
                         Some(n) => freed += n,
                         None => {
-                            return Err(TestCaseError::fail("dropped a message that was in flight"));
+                            return Err(TestCaseError::fail(
+                                "dropped a message that was in flight",
+                            ));
                         }
                     }
                 }
@@ -668,4 +670,156 @@ fn check_outcome(
         }
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watermarks on their own, and the ring buffer against a `VecDeque`.
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn watermark_events_alternate_and_match_the_level(
+        marks in watermarks(),
+        levels in prop::collection::vec(0..320usize, 0..200),
+    ) {
+        let mut marks = marks;
+        let mut writable = true;
+        for level in levels {
+            match marks.observe(level) {
+                Some(Writability::NotWritable) => {
+                    prop_assert!(writable && level > marks.high());
+                    writable = false;
+                }
+                Some(Writability::Writable) => {
+                    prop_assert!(!writable && level <= marks.low());
+                    writable = true;
+                }
+                None => {}
+            }
+            prop_assert_eq!(marks.is_writable(), writable);
+            prop_assert!(level <= marks.high() || !writable);
+            prop_assert!(level > marks.low() || writable);
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum RingOp {
+    EnqueueOne(u8),
+    DequeueOne,
+    EnqueueSlice(Vec<u8>),
+    DequeueSlice(usize),
+    EnqueueMany(usize, u8),
+    DequeueMany(usize),
+    WriteUnallocated(Vec<u8>, Vec<u8>),
+    ReadAllocated(usize, usize),
+    DequeueAllocated(usize),
+    Clear,
+}
+
+fn ring_op() -> impl Strategy<Value = RingOp> {
+    let bytes = || prop::collection::vec(any::<u8>(), 0..12);
+    prop_oneof![
+        any::<u8>().prop_map(RingOp::EnqueueOne),
+        Just(RingOp::DequeueOne),
+        bytes().prop_map(RingOp::EnqueueSlice),
+        (0..12usize).prop_map(RingOp::DequeueSlice),
+        (0..12usize, any::<u8>()).prop_map(|(n, v)| RingOp::EnqueueMany(n, v)),
+        (0..12usize).prop_map(RingOp::DequeueMany),
+        (bytes(), bytes()).prop_map(|(a, b)| RingOp::WriteUnallocated(a, b)),
+        (0..12usize, 0..12usize).prop_map(|(o, n)| RingOp::ReadAllocated(o, n)),
+        (0..12usize).prop_map(RingOp::DequeueAllocated),
+        Just(RingOp::Clear),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn ring_buffer_matches_a_vecdeque(
+        capacity in 0..10usize,
+        ops in prop::collection::vec(ring_op(), 0..max_ops()),
+    ) {
+        let mut storage = vec![0u8; capacity];
+        let mut ring = RingBuffer::new(&mut storage[..]);
+        let mut model: VecDeque<u8> = VecDeque::new();
+        for op in ops {
+            let window = capacity - model.len();
+            match op {
+                RingOp::EnqueueOne(v) => match ring.enqueue_one() {
+                    Ok(slot) => {
+                        *slot = v;
+                        model.push_back(v);
+                    }
+                    Err(Full) => prop_assert_eq!(window, 0),
+                },
+                RingOp::DequeueOne => match ring.dequeue_one() {
+                    Ok(v) => prop_assert_eq!(Some(*v), model.pop_front()),
+                    Err(Empty) => prop_assert!(model.is_empty()),
+                },
+                RingOp::EnqueueSlice(data) => {
+                    let n = ring.enqueue_slice(&data);
+                    prop_assert_eq!(n, data.len().min(window));
+                    model.extend(&data[..n]);
+                }
+                RingOp::DequeueSlice(n) => {
+                    let mut out = vec![0u8; n];
+                    let got = ring.dequeue_slice(&mut out);
+                    prop_assert_eq!(got, n.min(model.len()));
+                    let expected: Vec<u8> = model.drain(..got).collect();
+                    prop_assert_eq!(&out[..got], &expected[..]);
+                }
+                RingOp::EnqueueMany(n, v) => {
+                    let contiguous = ring.contiguous_window();
+                    let slice = ring.enqueue_many(n);
+                    prop_assert_eq!(slice.len(), n.min(contiguous));
+                    slice.fill(v);
+                    let len = slice.len();
+                    model.extend(core::iter::repeat_n(v, len));
+                }
+                RingOp::DequeueMany(n) => {
+                    let slice = ring.dequeue_many(n);
+                    prop_assert!(slice.len() <= n);
+                    let expected: Vec<u8> = model.drain(..slice.len()).collect();
+                    prop_assert_eq!(&slice[..], &expected[..]);
+                    prop_assert!(!slice.is_empty() || n == 0 || model.is_empty());
+                }
+                RingOp::WriteUnallocated(a, b) => {
+                    let wa = ring.write_unallocated(0, &a);
+                    let wb = ring.write_unallocated(wa, &b);
+                    prop_assert_eq!(wa, a.len().min(window));
+                    prop_assert_eq!(wb, b.len().min(window - wa));
+                    prop_assert_eq!(ring.enqueue_unallocated(wa + wb), wa + wb);
+                    model.extend(&a[..wa]);
+                    model.extend(&b[..wb]);
+                }
+                RingOp::ReadAllocated(offset, n) => {
+                    let mut out = vec![0u8; n];
+                    let got = ring.read_allocated(offset, &mut out);
+                    let expected: Vec<u8> = model.iter().skip(offset).take(n).copied().collect();
+                    prop_assert_eq!(&out[..got], &expected[..]);
+                }
+                RingOp::DequeueAllocated(n) => {
+                    let n = n.min(model.len());
+                    prop_assert_eq!(ring.dequeue_allocated(n), n);
+                    model.drain(..n);
+                }
+                RingOp::Clear => {
+                    ring.clear();
+                    model.clear();
+                }
+            }
+            prop_assert_eq!(ring.len(), model.len());
+            prop_assert_eq!(ring.window(), capacity - model.len());
+            prop_assert_eq!(ring.is_full(), model.len() == capacity);
+            prop_assert!(ring.contiguous_window() <= ring.window() || ring.is_empty());
+            prop_assert!(ring.contiguous_window() > 0 || ring.is_full());
+            let all: Vec<u8> = model.iter().copied().collect();
+            let mut peek = vec![0u8; all.len()];
+            prop_assert_eq!(ring.read_allocated(0, &mut peek), all.len());
+            prop_assert_eq!(peek, all);
+        }
+    }
 }

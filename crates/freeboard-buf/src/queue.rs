@@ -22,7 +22,7 @@ pub const MAX_CONTROL_FRAME: usize = 2 + 4 + 125;
 /// [`io_slices`](Self::io_slices) for one `writev`; [`consume`](Self::consume) with the bytes
 /// the socket took. Each of these returns the [`Writability`] transition it caused, if any.
 ///
-/// 64 bytes on 64-bit targets; an empty queue holds no chunk and no segment.
+/// 56 bytes on 64-bit targets; an empty queue holds no chunk and no segment.
 ///
 /// ```
 /// use freeboard_buf::{Budget, Pool, PoolConfig, PushOutcome, SendQueue, SlowConsumerPolicy,

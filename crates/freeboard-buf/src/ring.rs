@@ -78,7 +78,11 @@ impl<'a, T> RingBuffer<'a, T> {
             return self.capacity();
         }
         let write_at = self.index(self.length);
-        if write_at >= self.read_at { self.capacity() - write_at } else { self.read_at - write_at }
+        if write_at > self.read_at {
+            self.capacity() - write_at
+        } else {
+            self.read_at - write_at // 0 when full
+        }
     }
 
     /// Empties the ring (elements are left in storage, not dropped).
