@@ -1,0 +1,290 @@
+//! `freeboard`: the WebSocket server (and, later, its load generator and client).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use freeboard::config::parse_policy;
+use freeboard::{Echo, Router, Server, ServerConfig};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+/// A WebSocket server whose memory is bounded and whose backpressure works.
+#[derive(Parser)]
+#[command(name = "freeboard", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the echo server: `/` and `/echo` echo text as text and binary as binary;
+    /// `/healthz` and `/metrics` (Prometheus) answer plain HTTP. Logs go to stderr, filtered
+    /// by RUST_LOG (default `info`). SIGTERM/SIGINT shut down gracefully (close 1001, drain);
+    /// a second signal exits at once.
+    Serve(ServeArgs),
+}
+
+/// Flags override the config file, which overrides the defaults.
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML file with any of the settings below (snake_case keys, durations in seconds,
+    /// sizes in bytes, e.g. `max_message_size = 1048576`, `idle_timeout = 0` for no pings).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:9001].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Event loops (threads), each with its own SO_REUSEPORT listener [default: available cores].
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Memory budget in bytes for all buffers, split between the loops; suffixes K, M, G
+    /// (powers of 1024) [default: 1G].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    memory: Option<usize>,
+    /// Largest message accepted; larger ones close the connection with 1009 [default: 16M].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    max_message_size: Option<usize>,
+    /// Open connections across all loops; beyond it upgrades get 503 [default: 100000].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Connections per client IP; beyond it upgrades get 429 with Retry-After [default: 1000].
+    #[arg(long, value_name = "N")]
+    max_connections_per_ip: Option<usize>,
+    /// Seconds without input before a keep-alive ping [default: 30].
+    #[arg(long, value_name = "SECS")]
+    idle_timeout: Option<f64>,
+    /// Seconds a keep-alive ping may stay unanswered [default: 10].
+    #[arg(long, value_name = "SECS")]
+    pong_timeout: Option<f64>,
+    /// Turn automatic keep-alive pings off (the Autobahn run needs this).
+    #[arg(long)]
+    no_auto_ping: bool,
+    /// Seconds from accept to a complete upgrade request (slowloris) [default: 10].
+    #[arg(long, value_name = "SECS")]
+    handshake_timeout: Option<f64>,
+    /// Seconds to wait for the peer's close frame after ours [default: 5].
+    #[arg(long, value_name = "SECS")]
+    close_timeout: Option<f64>,
+    /// Seconds shutdown waits for close handshakes [default: 5].
+    #[arg(long, value_name = "SECS")]
+    drain_timeout: Option<f64>,
+    /// Send queue high watermark: above it a connection is not writable and its reads pause
+    /// [default: 64K].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    send_high: Option<usize>,
+    /// Send queue low watermark: writable again at or below it [default: 32K].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    send_low: Option<usize>,
+    /// Send queue hard cap; at it the slow-consumer policy decides [default: 16M + 64K].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    send_cap: Option<usize>,
+    /// Slow-consumer policy at the cap: block, drop-newest, drop-oldest, conflate, close
+    /// (1008) [default: close].
+    #[arg(long, value_name = "POLICY")]
+    slow_consumer: Option<String>,
+    /// Free pool bytes an upgrade needs, else 503 [default: 64K].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    connection_reserve: Option<usize>,
+    /// Pool chunk size [default: 4K].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    chunk_size: Option<usize>,
+    /// Per-loop shared read buffer [default: 64K].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    read_buffer: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => match serve(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("freeboard serve: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn serve(args: ServeArgs) -> Result<(), String> {
+    let config = server_config(&args)?;
+    let server = Server::bind(config, || Router::new().route("/", Echo).route("/echo", Echo))
+        .map_err(|e| e.to_string())?;
+    let addr = server.local_addr();
+    println!("freeboard listening on ws://{addr}/");
+    tracing::info!(%addr, "listening");
+    let handle = server.handle();
+    let mut signals = Signals::new([SIGTERM, SIGINT]).map_err(|e| e.to_string())?;
+    std::thread::spawn(move || {
+        let mut signals = signals.forever();
+        if signals.next().is_some() {
+            tracing::info!("shutting down: closing connections with 1001");
+            handle.shutdown();
+        }
+        if signals.next().is_some() {
+            tracing::warn!("second signal: exiting now");
+            std::process::exit(130);
+        }
+    });
+    server.run().map_err(|e| e.to_string())
+}
+
+fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            toml::from_str::<ServerConfig>(&text).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => ServerConfig::default(),
+    };
+    let secs = |s: f64| Duration::try_from_secs_f64(s).map_err(|e| e.to_string());
+    if let Some(v) = args.listen {
+        config.listen = v;
+    }
+    if let Some(v) = args.threads {
+        config.threads = v;
+    }
+    if let Some(v) = args.memory {
+        config.memory = v;
+    }
+    if let Some(v) = args.max_message_size {
+        config.max_message_size = v as u64;
+        if args.send_cap.is_none() {
+            config.send_cap = config.send_cap.max(v + (64 << 10));
+        }
+    }
+    if let Some(v) = args.max_connections {
+        config.max_connections = v;
+    }
+    if let Some(v) = args.max_connections_per_ip {
+        config.max_connections_per_ip = v;
+    }
+    if let Some(v) = args.idle_timeout {
+        config.idle_timeout = if v == 0.0 { None } else { Some(secs(v)?) };
+    }
+    if args.no_auto_ping {
+        config.idle_timeout = None;
+    }
+    if let Some(v) = args.pong_timeout {
+        config.pong_timeout = secs(v)?;
+    }
+    if let Some(v) = args.handshake_timeout {
+        config.handshake_timeout = secs(v)?;
+    }
+    if let Some(v) = args.close_timeout {
+        config.close_timeout = secs(v)?;
+    }
+    if let Some(v) = args.drain_timeout {
+        config.drain_timeout = secs(v)?;
+    }
+    if let Some(v) = args.send_high {
+        config.send_high = v;
+    }
+    if let Some(v) = args.send_low {
+        config.send_low = v;
+    }
+    if let Some(v) = args.send_cap {
+        config.send_cap = v;
+    }
+    if let Some(v) = &args.slow_consumer {
+        config.slow_consumer = parse_policy(v)?;
+    }
+    if let Some(v) = args.connection_reserve {
+        config.connection_reserve = v;
+    }
+    if let Some(v) = args.chunk_size {
+        config.chunk_size = v;
+    }
+    if let Some(v) = args.read_buffer {
+        config.read_buffer = v;
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+/// `4096`, `64K`, `16M`, `1G` (powers of 1024).
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, shift) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    let n: usize = digits.trim().parse().map_err(|_| format!("not a size: {s:?}"))?;
+    n.checked_shl(shift).filter(|v| v >> shift == n).ok_or_else(|| format!("size too large: {s:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("16m"), Ok(16 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn flags_override_the_config_file() {
+        let dir = std::env::temp_dir().join(format!("freeboard-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(
+            &file,
+            "max_connections = 7\nthreads = 1\nidle_timeout = 0\nslow_consumer = \"drop-oldest\"\n",
+        )
+        .unwrap();
+        let cli = Cli::parse_from([
+            "freeboard",
+            "serve",
+            "--config",
+            file.to_str().unwrap(),
+            "--threads",
+            "2",
+        ]);
+        let Command::Serve(args) = cli.command;
+        let config = server_config(&args).unwrap();
+        assert_eq!(config.max_connections, 7);
+        assert_eq!(config.threads, 2);
+        assert_eq!(config.idle_timeout, None);
+        assert_eq!(config.slow_consumer, freeboard::SlowConsumerPolicy::DropOldest);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn help_documents_the_knobs() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let help = cmd.find_subcommand_mut("serve").unwrap().render_long_help().to_string();
+        for flag in [
+            "--listen",
+            "--threads",
+            "--memory",
+            "--max-message-size",
+            "--max-connections",
+            "--idle-timeout",
+            "--handshake-timeout",
+            "--config",
+            "--no-auto-ping",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from --help");
+        }
+        assert!(help.contains("127.0.0.1:9001"));
+    }
+}

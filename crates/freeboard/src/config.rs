@@ -1,0 +1,186 @@
+//! Server configuration: one `#[non_exhaustive]` struct with explicit limits.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use freeboard_buf::SlowConsumerPolicy;
+use serde::Deserialize;
+
+/// Everything `freeboard serve` can be told, with the defaults documented on each field.
+///
+/// Deserializes from TOML (durations in seconds as floats, sizes in bytes); missing fields
+/// keep their defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// Address to listen on. Default `127.0.0.1:9001`.
+    pub listen: SocketAddr,
+    /// Event loops (threads), each with its own `SO_REUSEPORT` listener. Default: the number
+    /// of available cores.
+    pub threads: usize,
+    /// The memory budget in bytes for all buffers (pool chunks, message assembly, read
+    /// buffers), split evenly between the event loops. Default 1 GiB; untouched pages cost
+    /// no RSS.
+    pub memory: usize,
+    /// Pool chunk size in bytes. Default 4096.
+    pub chunk_size: usize,
+    /// Per-loop shared read buffer in bytes. Default 64 KiB.
+    pub read_buffer: usize,
+    /// Largest message accepted (all its frames together); beyond it the connection is closed
+    /// with 1009. Default 16 MiB.
+    pub max_message_size: u64,
+    /// Open connections (WebSocket and HTTP) across all loops; beyond it upgrades get 503.
+    /// Default 100,000.
+    pub max_connections: usize,
+    /// Connections from one IP address; beyond it upgrades get 429 with `Retry-After`.
+    /// Default 1,000.
+    pub max_connections_per_ip: usize,
+    /// Seconds a client is told to wait in `Retry-After` (429). Default 1.
+    #[serde(with = "secs")]
+    pub retry_after: Duration,
+    /// Time from accept to a complete upgrade request; slower clients are dropped
+    /// (slowloris). Default 10 s.
+    #[serde(with = "secs")]
+    pub handshake_timeout: Duration,
+    /// Send a ping after this long without input; `None` disables automatic pings.
+    /// Default 30 s.
+    #[serde(with = "opt_secs")]
+    pub idle_timeout: Option<Duration>,
+    /// How long a ping may stay unanswered before the connection is dropped. Default 10 s.
+    #[serde(with = "secs")]
+    pub pong_timeout: Duration,
+    /// How long to wait for the peer's close frame after ours. Default 5 s.
+    #[serde(with = "secs")]
+    pub close_timeout: Duration,
+    /// On shutdown, how long to wait for close handshakes before exiting. Default 5 s.
+    #[serde(with = "secs")]
+    pub drain_timeout: Duration,
+    /// Send queue low watermark (writable again at or below). Default 32 KiB.
+    pub send_low: usize,
+    /// Send queue high watermark (not writable above). Default 64 KiB.
+    pub send_high: usize,
+    /// Send queue hard cap; at it the slow-consumer policy decides. Default: 16 MiB + 64 KiB,
+    /// enough to echo one message of the default maximum size.
+    pub send_cap: usize,
+    /// What happens to a message that would pass the cap: `block`, `drop-newest`,
+    /// `drop-oldest`, `conflate` or `close` (1008). Default `close`.
+    #[serde(with = "policy")]
+    pub slow_consumer: SlowConsumerPolicy,
+    /// Pool bytes that must be free for an upgrade to be accepted (else 503). Default 64 KiB.
+    pub connection_reserve: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9001)),
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory: 1 << 30,
+            chunk_size: freeboard_buf::DEFAULT_CHUNK_SIZE,
+            read_buffer: 64 << 10,
+            max_message_size: 16 << 20,
+            max_connections: 100_000,
+            max_connections_per_ip: 1_000,
+            retry_after: Duration::from_secs(1),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Some(Duration::from_secs(30)),
+            pong_timeout: Duration::from_secs(10),
+            close_timeout: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(5),
+            send_low: 32 << 10,
+            send_high: 64 << 10,
+            send_cap: (16 << 20) + (64 << 10),
+            slow_consumer: SlowConsumerPolicy::Close,
+            connection_reserve: 64 << 10,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The default configuration.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Checks that the limits fit together; the error says which does not.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.threads == 0 {
+            return Err("threads must be at least 1".into());
+        }
+        if !(self.send_low <= self.send_high && self.send_high <= self.send_cap) {
+            return Err("send watermarks must satisfy send_low <= send_high <= send_cap".into());
+        }
+        if self.read_buffer < 1024 {
+            return Err("read_buffer must be at least 1024 bytes".into());
+        }
+        if self.chunk_size == 0 || self.chunk_size > freeboard_buf::MAX_CHUNK_SIZE {
+            return Err("chunk_size out of range".into());
+        }
+        let per_loop = self.memory / self.threads;
+        if per_loop < self.read_buffer + 16 * self.chunk_size {
+            return Err(format!(
+                "memory {} is too small for {} loops: each needs its read buffer and 16 chunks",
+                self.memory, self.threads
+            ));
+        }
+        Ok(())
+    }
+
+    /// The protocol core's per-connection configuration derived from this one.
+    pub fn protocol(&self) -> freeboard_proto::Config {
+        freeboard_proto::Config::builder()
+            .max_message_size(self.max_message_size)
+            .max_frame_size(self.max_message_size)
+            .ping_interval(self.idle_timeout)
+            .pong_timeout(self.pong_timeout)
+            .close_timeout(self.close_timeout)
+            .build()
+    }
+}
+
+/// Parses a slow-consumer policy by its name (`drop-oldest`, …).
+pub fn parse_policy(name: &str) -> Result<SlowConsumerPolicy, String> {
+    SlowConsumerPolicy::ALL
+        .into_iter()
+        .find(|p| p.name() == name)
+        .ok_or_else(|| format!("unknown slow-consumer policy {name:?}"))
+}
+
+mod secs {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let secs = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
+    }
+}
+
+mod opt_secs {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    /// `0` turns the timer off.
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        let secs = f64::deserialize(d)?;
+        if secs == 0.0 {
+            return Ok(None);
+        }
+        Duration::try_from_secs_f64(secs).map(Some).map_err(serde::de::Error::custom)
+    }
+}
+
+mod policy {
+    use freeboard_buf::SlowConsumerPolicy;
+    use serde::{Deserialize, Deserializer};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<SlowConsumerPolicy, D::Error> {
+        let name = String::deserialize(d)?;
+        super::parse_policy(&name).map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,813 @@
+//! One event loop: a mio `Poll`, its `SO_REUSEPORT` listener, a slab of connections, one
+//! shared read buffer, a timer table and a chunk pool.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use freeboard_buf::{Budget, ChunkChain, Pool, PoolConfig, SendQueue, Watermarks, Writability};
+use freeboard_proto::handshake::{self, EMPTY_HEADER, HandshakeError, Request};
+use freeboard_proto::{CloseCode, Connection, Event, Instant, Role, State};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+
+use crate::handler::{Conn, ConnId, Message, Router, Upgrade, queue_control};
+use crate::metrics::LoopLabel;
+use crate::server::Shared;
+
+const LISTENER: Token = Token(usize::MAX - 1);
+pub(crate) const WAKER: Token = Token(usize::MAX - 2);
+/// Slices per `writev`: 256 segments cover 1 MiB of 4 KiB chunks.
+const IOV: usize = 256;
+/// How long a closed connection waits for the peer's EOF after our FIN.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Where a connection stands.
+enum Phase {
+    /// Waiting for a complete upgrade request until `deadline`.
+    Handshake { deadline: Instant },
+    /// A WebSocket connection on route `route`.
+    Open {
+        ws: Box<Connection>,
+        route: usize,
+        /// Reading stopped because the send queue is above its high watermark.
+        paused: bool,
+        /// `on_close` has run.
+        close_reported: bool,
+    },
+    /// A final HTTP response or close frame is leaving; then our FIN.
+    Draining { deadline: Instant },
+    /// Our FIN is sent; reading until the peer's EOF so unread bytes cannot turn our close
+    /// into a reset.
+    Linger { deadline: Instant },
+}
+
+struct Entry {
+    serial: u64,
+    stream: TcpStream,
+    peer: SocketAddr,
+    phase: Phase,
+    queue: SendQueue,
+    /// Partial request head or partial message; empty (no chunk) when idle.
+    partial: ChunkChain,
+    /// The deadline this entry has in the timer heap, if any.
+    armed: Option<Instant>,
+    dirty: bool,
+}
+
+pub(crate) struct EventLoop {
+    index: u32,
+    poll: Poll,
+    listener: Option<TcpListener>,
+    shared: Arc<Shared>,
+    router: Router,
+    conns: Slab<Entry>,
+    pool: Pool<'static>,
+    /// The shared read buffer: every socket of this loop is read into it.
+    read_buf: Box<[u8]>,
+    /// Messages that arrived in pieces are copied here, contiguous, for the handler.
+    assembly: Vec<u8>,
+    /// Invariant: `assembly.capacity()` bytes are drawn from the pool's budget.
+    assembly_drawn: usize,
+    timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    dirty: Vec<usize>,
+    resume: Vec<usize>,
+    serial: u64,
+    proto: freeboard_proto::Config,
+    drain_deadline: Option<Instant>,
+    last_failures: u64,
+}
+
+impl EventLoop {
+    pub(crate) fn new(
+        index: u32,
+        poll: Poll,
+        mut listener: TcpListener,
+        shared: Arc<Shared>,
+    ) -> io::Result<Self> {
+        let config = &shared.config;
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        let per_loop = config.memory / config.threads;
+        let assembly_reserve =
+            usize::try_from(config.max_message_size).unwrap_or(usize::MAX).min(per_loop / 4);
+        let pool_bytes = per_loop - config.read_buffer - assembly_reserve;
+        let chunks = pool_bytes
+            / Pool::footprint(config.chunk_size, 1, freeboard_buf::DEFAULT_SEGMENTS_PER_CHUNK);
+        let pool_config =
+            PoolConfig::new().with_chunk_size(config.chunk_size).with_chunk_count(chunks);
+        let mut pool = Pool::new(Budget::new(per_loop), pool_config).map_err(io::Error::other)?;
+        pool.budget_mut().try_draw(config.read_buffer).map_err(io::Error::other)?;
+        let router = (shared.factory)();
+        Ok(Self {
+            index,
+            poll,
+            listener: Some(listener),
+            proto: config.protocol(),
+            read_buf: vec![0u8; config.read_buffer].into_boxed_slice(),
+            shared,
+            router,
+            conns: Slab::with_capacity(1024),
+            pool,
+            assembly: Vec::new(),
+            assembly_drawn: 0,
+            timers: BinaryHeap::with_capacity(1024),
+            dirty: Vec::with_capacity(1024),
+            resume: Vec::with_capacity(64),
+            serial: 0,
+            drain_deadline: None,
+            last_failures: 0,
+        })
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_millis(self.shared.start.elapsed().as_millis() as u64)
+    }
+
+    /// Runs until shutdown has drained every connection (or the drain deadline passed).
+    pub(crate) fn run(mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        let label = LoopLabel { event_loop: self.index };
+        let m = &self.shared.metrics;
+        m.chunks_total.get_or_create(&label).set(self.pool.chunks_total() as i64);
+        m.budget_bytes.get_or_create(&label).set(self.pool.budget().limit() as i64);
+        loop {
+            let now = self.now();
+            if self.shared.shutdown.load(Ordering::Acquire) && self.drain_deadline.is_none() {
+                self.begin_shutdown(now);
+            }
+            if let Some(deadline) = self.drain_deadline
+                && (self.conns.is_empty() || now >= deadline)
+            {
+                break;
+            }
+            let timeout =
+                if self.resume.is_empty() { self.poll_timeout(now) } else { Some(Duration::ZERO) };
+            match self.poll.poll(&mut events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            let now = self.now();
+            self.expire_timers(now);
+            for token in std::mem::take(&mut self.resume) {
+                self.read(token, now);
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept(now),
+                    WAKER => {}
+                    Token(token) => {
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            self.read(token, now);
+                        }
+                        if event.is_writable() {
+                            self.mark(token);
+                        }
+                    }
+                }
+            }
+            self.end_turn(now);
+        }
+        for (_, mut entry) in std::mem::take(&mut self.conns) {
+            let _ = entry.queue.clear(&mut self.pool);
+            entry.partial.clear(&mut self.pool);
+            self.shared.release(entry.peer);
+            if let Phase::Open { .. } = entry.phase {
+                self.shared.metrics.connections.dec();
+            }
+        }
+        self.publish_gauges();
+        Ok(())
+    }
+
+    fn poll_timeout(&mut self, now: Instant) -> Option<Duration> {
+        let next = self.timers.peek().map(|Reverse((at, _, _))| *at);
+        let next = match (next, self.drain_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // Round up so a deadline is never polled for just before it is due.
+        next.map(|at| at.saturating_duration_since(now) + Duration::from_millis(1))
+    }
+
+    fn begin_shutdown(&mut self, now: Instant) {
+        if let Some(mut listener) = self.listener.take() {
+            let _ = self.poll.registry().deregister(&mut listener);
+        }
+        self.drain_deadline = Some(now + self.shared.config.drain_timeout);
+        let tokens: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
+        for token in tokens {
+            let entry = &mut self.conns[token];
+            match &mut entry.phase {
+                Phase::Handshake { .. } => {
+                    self.remove(token);
+                    continue;
+                }
+                Phase::Open { ws, .. } => {
+                    let _ = ws.close(now, CloseCode::GOING_AWAY, "server shutting down");
+                    queue_control(ws, &mut entry.queue, &mut self.pool);
+                }
+                Phase::Draining { .. } | Phase::Linger { .. } => {}
+            }
+            self.mark(token);
+        }
+    }
+
+    fn accept(&mut self, now: Instant) {
+        loop {
+            let Some(listener) = &self.listener else { return };
+            let (mut stream, peer) = match listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: the next connection retriggers the listener.
+                    tracing::warn!(error = %e, "accept failed");
+                    return;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let entry = self.conns.vacant_entry();
+            let token = entry.key();
+            if self
+                .poll
+                .registry()
+                .register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE)
+                .is_err()
+            {
+                continue;
+            }
+            self.shared.metrics.accepted.inc();
+            self.shared.admit(peer);
+            self.serial += 1;
+            let config = &self.shared.config;
+            // NOTE(unwrap): validated in `ServerConfig::validate`.
+            let marks =
+                Watermarks::new(config.send_low, config.send_high, config.send_cap).unwrap();
+            entry.insert(Entry {
+                serial: self.serial,
+                stream,
+                peer,
+                phase: Phase::Handshake { deadline: now + config.handshake_timeout },
+                queue: SendQueue::new(marks, config.slow_consumer),
+                partial: ChunkChain::new(),
+                armed: None,
+                dirty: false,
+            });
+            self.mark(token);
+        }
+    }
+
+    fn mark(&mut self, token: usize) {
+        if let Some(entry) = self.conns.get_mut(token)
+            && !entry.dirty
+        {
+            entry.dirty = true;
+            self.dirty.push(token);
+        }
+    }
+
+    fn read(&mut self, token: usize, now: Instant) {
+        let Some(entry) = self.conns.get(token) else { return };
+        match entry.phase {
+            Phase::Handshake { .. } => self.read_handshake(token, now),
+            Phase::Open { .. } => self.read_open(token, now),
+            Phase::Draining { .. } | Phase::Linger { .. } => self.read_discard(token),
+        }
+        self.mark(token);
+    }
+
+    /// Reads and discards what the peer sends after our final response or close frame. At
+    /// EOF a lingering connection goes; a draining one goes once its output is out.
+    fn read_discard(&mut self, token: usize) {
+        let entry = &mut self.conns[token];
+        let eof = loop {
+            match entry.stream.read(&mut self.read_buf) {
+                Ok(0) => break true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break true,
+            }
+        };
+        if eof && matches!(entry.phase, Phase::Linger { .. }) {
+            self.remove(token);
+        }
+    }
+
+    fn read_handshake(&mut self, token: usize, now: Instant) {
+        let mut buf = std::mem::take(&mut self.read_buf);
+        let entry = &mut self.conns[token];
+        let mut have = entry.partial.copy_to(&self.pool, &mut buf);
+        entry.partial.clear(&mut self.pool);
+        let mut eof = false;
+        while have < buf.len() {
+            match entry.stream.read(&mut buf[have..]) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => have += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    eof = true;
+                    break;
+                }
+            }
+        }
+        self.shared.metrics.bytes_in.inc_by(have as u64);
+        let head = self.handshake(token, now, &mut buf[..have], eof);
+        self.read_buf = buf;
+        if head && !eof {
+            self.read_open(token, now);
+        }
+    }
+
+    /// Handles the request bytes in `buf`. Returns whether the connection is now open.
+    fn handshake(&mut self, token: usize, now: Instant, buf: &mut [u8], eof: bool) -> bool {
+        const MAX_HEAD: usize = handshake::DEFAULT_MAX_HEAD_LEN;
+        let mut headers = [EMPTY_HEADER; 64];
+        let mut req = httparse::Request::new(&mut headers);
+        let parsed = req.parse(buf);
+        let (path, upgrade) = match parsed {
+            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD && !eof => {
+                let entry = &mut self.conns[token];
+                if entry.partial.append(&mut self.pool, buf).is_err() {
+                    self.remove(token);
+                }
+                return false;
+            }
+            Ok(httparse::Status::Partial) if eof => {
+                self.remove(token);
+                return false;
+            }
+            Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => (
+                req.path.unwrap_or("/"),
+                req.headers.iter().any(|h| h.name.eq_ignore_ascii_case("upgrade")),
+            ),
+            Ok(_) | Err(httparse::Error::TooManyHeaders) => {
+                return self.refuse_error(token, now, HandshakeError::HeadTooLarge);
+            }
+            Err(_) => return self.refuse_error(token, now, HandshakeError::Malformed),
+        };
+        let route = self.router.find(path);
+        if !upgrade {
+            let target = path.split('?').next().unwrap_or(path);
+            match (target, route) {
+                ("/healthz", _) => {
+                    self.respond(token, now, 200, "text/plain", b"ok\n");
+                }
+                ("/metrics", _) => {
+                    let text = self.shared.metrics.encode();
+                    self.respond(
+                        token,
+                        now,
+                        200,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                        text.as_bytes(),
+                    )
+                }
+                (_, Some(_)) => {
+                    self.refuse_error(token, now, HandshakeError::UpgradeRequired);
+                }
+                (_, None) => {
+                    self.refuse(token, now, 404, "", "no such route");
+                }
+            }
+            return false;
+        }
+        let Some(route) = route else {
+            self.refuse(token, now, 404, "", "no such route");
+            return false;
+        };
+        let mut headers = [EMPTY_HEADER; 64];
+        let (request, len) = match Request::parse(buf, &mut headers, MAX_HEAD) {
+            Ok(Some(parsed)) => parsed,
+            Ok(None) => unreachable!("httparse found the head complete"),
+            Err(e) => return self.refuse_error(token, now, e),
+        };
+        let config = &self.shared.config;
+        let peer = self.conns[token].peer;
+        if self.shared.per_ip(peer) > config.max_connections_per_ip {
+            let retry = format!("Retry-After: {}\r\n", config.retry_after.as_secs().max(1));
+            self.refuse(token, now, 429, &retry, "too many connections from this address");
+            return false;
+        }
+        if self.shared.open.load(Ordering::Relaxed) > config.max_connections
+            || self.drain_deadline.is_some()
+        {
+            self.refuse(token, now, 503, "Retry-After: 1\r\n", "server at its connection limit");
+            return false;
+        }
+        if self.pool.chunks_free() * self.pool.chunk_size() < config.connection_reserve {
+            self.refuse(token, now, 503, "Retry-After: 1\r\n", "server memory budget exhausted");
+            return false;
+        }
+        let mut response = [0u8; 1024];
+        let n = match self.router.handler(route).on_upgrade(&request) {
+            Upgrade::Accept { protocol } => match request.accept(protocol, None, &mut response) {
+                Ok(n) => n,
+                Err(_) => return self.refuse(token, now, 500, "", "response too large"),
+            },
+            Upgrade::Reject(status) => return self.refuse(token, now, status, "", "refused"),
+        };
+        let entry = &mut self.conns[token];
+        let pushed = entry.queue.push_message(&mut self.pool, &[&response[..n]]);
+        if !matches!(
+            pushed.outcome,
+            freeboard_buf::PushOutcome::Queued | freeboard_buf::PushOutcome::QueuedAboveHigh
+        ) {
+            self.remove(token);
+            return false;
+        }
+        entry.phase = Phase::Open {
+            ws: Box::new(Connection::new(Role::Server, self.proto, now)),
+            route,
+            paused: false,
+            close_reported: false,
+        };
+        self.shared.metrics.connections.inc();
+        self.call(token, now, |handler, conn| handler.on_open(conn));
+        if len < buf.len() {
+            self.receive(token, now, &mut buf[len..]);
+        }
+        true
+    }
+
+    fn refuse_error(&mut self, token: usize, now: Instant, error: HandshakeError) -> bool {
+        let mut out = [0u8; 512];
+        // NOTE(unwrap): every refusal fits in 512 bytes.
+        let n = error.write_response(&mut out).unwrap();
+        self.send_final(token, now, error.status(), &out[..n]);
+        false
+    }
+
+    fn refuse(&mut self, token: usize, now: Instant, status: u16, extra: &str, body: &str) -> bool {
+        let mut out = [0u8; 512];
+        let n = handshake::write_refusal(status, extra, body, &mut out).unwrap_or(0);
+        self.send_final(token, now, status, &out[..n]);
+        false
+    }
+
+    fn respond(
+        &mut self,
+        token: usize,
+        now: Instant,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+    ) {
+        let head = format!(
+            "HTTP/1.1 {status} OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let entry = &mut self.conns[token];
+        let _ = entry.queue.push_message(&mut self.pool, &[head.as_bytes(), body]);
+        entry.phase = Phase::Draining { deadline: now + LINGER };
+    }
+
+    fn send_final(&mut self, token: usize, now: Instant, status: u16, response: &[u8]) {
+        self.shared.metrics.refuse(status);
+        tracing::debug!(status, peer = %self.conns[token].peer, "upgrade refused");
+        let entry = &mut self.conns[token];
+        let _ = entry.queue.push_message(&mut self.pool, &[response]);
+        entry.phase = Phase::Draining { deadline: now + LINGER };
+    }
+
+    fn read_open(&mut self, token: usize, now: Instant) {
+        let mut buf = std::mem::take(&mut self.read_buf);
+        while let Some(entry) = self.conns.get_mut(token) {
+            let Phase::Open { ws, paused, .. } = &mut entry.phase else { break };
+            if *paused || ws.state() == State::Closed {
+                break;
+            }
+            match entry.stream.read(&mut buf) {
+                Ok(0) => {
+                    ws.handle_eof();
+                    self.after_input(token);
+                    break;
+                }
+                Ok(n) => {
+                    self.shared.metrics.bytes_in.inc_by(n as u64);
+                    self.receive(token, now, &mut buf[..n]);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    ws.handle_eof();
+                    self.after_input(token);
+                    break;
+                }
+            }
+        }
+        self.read_buf = buf;
+    }
+
+    /// Feeds one read to the core: complete messages go to the handler in place, pieces are
+    /// assembled in pool chunks.
+    fn receive(&mut self, token: usize, now: Instant, buf: &mut [u8]) {
+        let mut at = 0;
+        while at < buf.len() {
+            let entry = &mut self.conns[token];
+            let Phase::Open { ws, .. } = &mut entry.phase else { return };
+            let input = match ws.handle_input(now, &mut buf[at..]) {
+                Ok(input) => input,
+                Err(e) => {
+                    tracing::debug!(error = %e, peer = %entry.peer, "protocol error");
+                    self.after_input(token);
+                    return;
+                }
+            };
+            at += input.consumed;
+            if let Some(piece) = input.payload {
+                if piece.message_start && piece.message_fin {
+                    self.shared.metrics.messages_in.inc();
+                    let message = Message { kind: piece.kind, data: piece.data };
+                    self.call(token, now, |handler, conn| handler.on_message(conn, message));
+                } else if entry.partial.append(&mut self.pool, piece.data).is_err() {
+                    entry.partial.clear(&mut self.pool);
+                    let _ =
+                        ws.close(now, CloseCode::TRY_AGAIN_LATER, "server memory budget exhausted");
+                } else if piece.message_fin {
+                    self.deliver_assembled(token, now, piece.kind);
+                }
+            }
+            self.after_input(token);
+            let entry = &self.conns[token];
+            match &entry.phase {
+                Phase::Open { ws, paused, .. } if ws.state() != State::Closed && !*paused => {}
+                _ => return,
+            }
+        }
+    }
+
+    fn deliver_assembled(
+        &mut self,
+        token: usize,
+        now: Instant,
+        kind: freeboard_proto::MessageKind,
+    ) {
+        let entry = &mut self.conns[token];
+        let len = entry.partial.len();
+        if len > self.assembly.capacity() {
+            let more = len - self.assembly_drawn;
+            if self.pool.budget_mut().try_draw(more).is_err() {
+                entry.partial.clear(&mut self.pool);
+                if let Phase::Open { ws, .. } = &mut entry.phase {
+                    let _ =
+                        ws.close(now, CloseCode::TRY_AGAIN_LATER, "server memory budget exhausted");
+                }
+                return;
+            }
+            self.assembly_drawn = len;
+            self.assembly.reserve_exact(len);
+        }
+        self.assembly.clear();
+        for segment in entry.partial.segments(&self.pool) {
+            self.assembly.extend_from_slice(segment);
+        }
+        entry.partial.clear(&mut self.pool);
+        self.shared.metrics.messages_in.inc();
+        let assembly = std::mem::take(&mut self.assembly);
+        self.call(token, now, |handler, conn| {
+            handler.on_message(conn, Message { kind, data: &assembly })
+        });
+        self.assembly = assembly;
+    }
+
+    /// Queues what the core owes and reports its events to the handler.
+    fn after_input(&mut self, token: usize) {
+        let entry = &mut self.conns[token];
+        let Phase::Open { ws, route, close_reported, .. } = &mut entry.phase else { return };
+        queue_control(ws, &mut entry.queue, &mut self.pool);
+        while let Some(event) = ws.poll_event() {
+            if let Event::Closed { code, reason, clean } = event {
+                tracing::debug!(code = code.0, reason, clean, peer = %entry.peer, "closed");
+                self.shared.metrics.close(close_label(code));
+                *close_reported = true;
+                let id = ConnId { event_loop: self.index, serial: entry.serial };
+                self.router.handler(*route).on_close(id, code, reason);
+            }
+        }
+        if !entry.queue.is_writable()
+            && let Phase::Open { paused, .. } = &mut entry.phase
+        {
+            *paused = true;
+        }
+    }
+
+    /// Runs `f` with the route's handler and a handle on the connection, then reports the
+    /// writability change the handler's sends caused.
+    fn call(
+        &mut self,
+        token: usize,
+        now: Instant,
+        f: impl FnOnce(&mut dyn crate::Handler, &mut Conn<'_>),
+    ) {
+        let entry = &mut self.conns[token];
+        let Phase::Open { ws, route, .. } = &mut entry.phase else { return };
+        let mut writability = None;
+        let route = *route;
+        let mut conn = Conn {
+            id: ConnId { event_loop: self.index, serial: entry.serial },
+            peer: entry.peer,
+            ws,
+            queue: &mut entry.queue,
+            pool: &mut self.pool,
+            metrics: &self.shared.metrics,
+            now,
+            writability: &mut writability,
+        };
+        f(self.router.handler(route), &mut conn);
+        if let Some(change) = writability {
+            self.writability_changed(token, now, change);
+        }
+        self.mark(token);
+    }
+
+    fn writability_changed(&mut self, token: usize, now: Instant, change: Writability) {
+        match change {
+            Writability::NotWritable => {
+                if let Phase::Open { paused, .. } = &mut self.conns[token].phase {
+                    *paused = true;
+                }
+                self.call(token, now, |handler, conn| handler.on_not_writable(conn));
+            }
+            Writability::Writable => {
+                if let Phase::Open { paused, .. } = &mut self.conns[token].phase
+                    && std::mem::replace(paused, false)
+                {
+                    self.resume.push(token);
+                }
+                self.call(token, now, |handler, conn| handler.on_writable(conn));
+            }
+        }
+    }
+
+    fn expire_timers(&mut self, now: Instant) {
+        while let Some(&Reverse((at, token, serial))) = self.timers.peek() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(entry) = self.conns.get_mut(token) else { continue };
+            if entry.serial != serial || entry.armed != Some(at) {
+                continue; // stale: the entry re-armed or the slot was reused
+            }
+            entry.armed = None;
+            match &mut entry.phase {
+                Phase::Handshake { deadline } if *deadline <= now => {
+                    self.shared.metrics.handshake_timeouts.inc();
+                    tracing::debug!(peer = %entry.peer, "handshake timeout");
+                    self.remove(token);
+                    continue;
+                }
+                Phase::Draining { deadline } | Phase::Linger { deadline } if *deadline <= now => {
+                    self.remove(token);
+                    continue;
+                }
+                Phase::Open { ws, .. } => {
+                    ws.handle_timeout(now);
+                    self.after_input(token);
+                }
+                _ => {}
+            }
+            self.mark(token);
+        }
+    }
+
+    /// Flushes every connection touched this turn (one `writev` each), moves finished ones
+    /// along, re-arms timers.
+    fn end_turn(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.dirty.len() {
+            let token = self.dirty[i];
+            i += 1;
+            if let Some(entry) = self.conns.get_mut(token) {
+                entry.dirty = false;
+                self.flush(token, now);
+            }
+        }
+        self.dirty.clear();
+        self.publish_gauges();
+    }
+
+    fn flush(&mut self, token: usize, now: Instant) {
+        let entry = &mut self.conns[token];
+        let mut change = None;
+        while !entry.queue.is_empty() {
+            let mut iov = [IoSlice::new(&[]); IOV];
+            let n = entry.queue.io_slices(&self.pool, &mut iov);
+            let offered: usize = iov[..n].iter().map(|s| s.len()).sum();
+            match entry.stream.write_vectored(&iov[..n]) {
+                Ok(written) => {
+                    self.shared.metrics.bytes_out.inc_by(written as u64);
+                    if let Some(c) = entry.queue.consume(&mut self.pool, written) {
+                        change = Some(c);
+                    }
+                    if written < offered {
+                        break; // the socket is full: WRITABLE will bring us back
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    let _ = entry.queue.clear(&mut self.pool);
+                    if let Phase::Open { ws, .. } = &mut entry.phase {
+                        ws.handle_eof();
+                    }
+                    self.after_input(token);
+                    self.remove(token);
+                    return;
+                }
+            }
+        }
+        if let Some(change) = change {
+            self.writability_changed(token, now, change);
+        }
+        let entry = &mut self.conns[token];
+        let done = match &entry.phase {
+            Phase::Open { ws, .. } => ws.state() == State::Closed,
+            Phase::Draining { .. } => true,
+            _ => false,
+        };
+        if done && entry.queue.is_empty() {
+            if let Phase::Open { close_reported, .. } = &mut entry.phase {
+                if !*close_reported {
+                    // Drain the Closed event the core still holds.
+                    self.after_input(token);
+                }
+                self.shared.metrics.connections.dec();
+            }
+            let entry = &mut self.conns[token];
+            entry.partial.clear(&mut self.pool);
+            // The server closes the TCP connection first (§7.1.1).
+            let _ = entry.stream.shutdown(Shutdown::Write);
+            entry.phase = Phase::Linger { deadline: now + LINGER };
+            self.read_discard(token);
+        }
+        if let Some(entry) = self.conns.get_mut(token) {
+            let deadline = match &entry.phase {
+                Phase::Handshake { deadline } => Some(*deadline),
+                Phase::Open { ws, .. } => ws.poll_timeout(),
+                Phase::Draining { deadline } | Phase::Linger { deadline } => Some(*deadline),
+            };
+            if let Some(at) = deadline
+                && entry.armed.is_none_or(|armed| at < armed)
+            {
+                entry.armed = Some(at);
+                self.timers.push(Reverse((at, token, entry.serial)));
+            }
+        }
+    }
+
+    fn remove(&mut self, token: usize) {
+        let mut entry = self.conns.remove(token);
+        let _ = entry.queue.clear(&mut self.pool);
+        entry.partial.clear(&mut self.pool);
+        self.shared.release(entry.peer);
+        if let Phase::Open { route, close_reported, .. } = entry.phase {
+            self.shared.metrics.connections.dec();
+            if !close_reported {
+                self.shared.metrics.close(close_label(CloseCode::ABNORMAL));
+                let id = ConnId { event_loop: self.index, serial: entry.serial };
+                self.router.handler(route).on_close(id, CloseCode::ABNORMAL, "");
+            }
+        }
+        // Dropping the stream closes the socket and removes it from the poll.
+    }
+
+    fn publish_gauges(&mut self) {
+        let label = LoopLabel { event_loop: self.index };
+        let m = &self.shared.metrics;
+        let c = self.pool.counters();
+        m.chunks_in_use.get_or_create(&label).set(c.chunks_in_use as i64);
+        m.chunks_high_water.get_or_create(&label).set(c.chunks_high_water as i64);
+        if c.allocation_failures != self.last_failures {
+            self.last_failures = c.allocation_failures;
+            m.allocation_failures.get_or_create(&label).set(c.allocation_failures as i64);
+        }
+    }
+}
+
+/// The `closes` metric label for a close code.
+fn close_label(code: CloseCode) -> &'static str {
+    match code {
+        CloseCode::NORMAL => "normal",
+        CloseCode::GOING_AWAY => "going_away",
+        CloseCode::PROTOCOL_ERROR => "protocol_error",
+        CloseCode::NO_STATUS => "no_status",
+        CloseCode::ABNORMAL => "abnormal",
+        CloseCode::INVALID_PAYLOAD => "invalid_payload",
+        CloseCode::POLICY_VIOLATION => "policy_violation",
+        CloseCode::MESSAGE_TOO_BIG => "message_too_big",
+        CloseCode::TRY_AGAIN_LATER => "try_again_later",
+        _ => "other",
+    }
+}

@@ -1,0 +1,286 @@
+//! The application's side: handlers, the connection handle they get, routing.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use freeboard_buf::{Pool, PushOutcome, SendQueue, SlowConsumerPolicy, Writability};
+use freeboard_proto::handshake::Request;
+use freeboard_proto::{CloseCode, Connection, Instant, MessageKind, OpCode};
+
+use crate::metrics::Metrics;
+
+/// An application endpoint: what happens on one route.
+///
+/// Every method runs on the event loop of the connection; none may block. Each loop owns its
+/// own handler instances (built by the [`Router`] factory), so `&mut self` needs no locking.
+pub trait Handler: 'static {
+    /// Decides whether to accept an upgrade request (auth, origin, subprotocol). Default:
+    /// accept without a subprotocol.
+    fn on_upgrade(&mut self, request: &Request<'_, '_>) -> Upgrade {
+        let _ = request;
+        Upgrade::Accept { protocol: None }
+    }
+
+    /// The connection is open; the `101` response is queued ahead of anything sent here.
+    fn on_open(&mut self, conn: &mut Conn<'_>) {
+        let _ = conn;
+    }
+
+    /// A whole data message arrived.
+    fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>);
+
+    /// The connection's send queue drained to its low watermark after being above its high
+    /// watermark: producers may resume.
+    fn on_writable(&mut self, conn: &mut Conn<'_>) {
+        let _ = conn;
+    }
+
+    /// The connection's send queue rose above its high watermark: producers should pause.
+    fn on_not_writable(&mut self, conn: &mut Conn<'_>) {
+        let _ = conn;
+    }
+
+    /// The connection closed with `code` and `reason` (1006 when the transport ended first).
+    fn on_close(&mut self, id: ConnId, code: CloseCode, reason: &str) {
+        let _ = (id, code, reason);
+    }
+}
+
+/// The answer to an upgrade request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upgrade {
+    /// Switch protocols, optionally naming the chosen subprotocol.
+    Accept {
+        /// The subprotocol, from [`Request::select_protocol`].
+        protocol: Option<&'static str>,
+    },
+    /// Refuse with this HTTP status.
+    Reject(u16),
+}
+
+/// A whole data message, borrowed: from the loop's read buffer when it arrived in one read
+/// (no copy), else from the loop's assembly buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Message<'a> {
+    /// Text (validated UTF-8) or binary.
+    pub kind: MessageKind,
+    /// The payload.
+    pub data: &'a [u8],
+}
+
+impl Message<'_> {
+    /// The payload as text, if the message is text.
+    pub fn as_text(&self) -> Option<&str> {
+        match self.kind {
+            // NOTE: the core validated the UTF-8 already; this check is cheap insurance.
+            MessageKind::Text => std::str::from_utf8(self.data).ok(),
+            MessageKind::Binary => None,
+        }
+    }
+}
+
+/// A connection's identity on its loop: the loop's index and a serial number, never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId {
+    /// The event loop.
+    pub event_loop: u32,
+    /// The connection's serial number on that loop.
+    pub serial: u64,
+}
+
+/// What happened to a message given to [`Conn::send`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendResult {
+    /// Queued; the queue is at or under its high watermark.
+    Queued,
+    /// Queued; the queue is above its high watermark — pause until
+    /// [`Handler::on_writable`].
+    QueuedAboveHigh,
+    /// The slow-consumer policy dropped `messages` messages (`bytes` bytes); `newest` says
+    /// whether this one is among them.
+    Dropped {
+        /// Whether the message just sent was dropped.
+        newest: bool,
+        /// Messages dropped.
+        messages: u32,
+        /// Their bytes.
+        bytes: usize,
+    },
+    /// [`SlowConsumerPolicy::Block`]: not queued; retry after [`Handler::on_writable`].
+    Blocked,
+    /// Not queued: the connection is closing or closed (possibly just now, 1008, by the
+    /// `close` policy).
+    Closed,
+}
+
+/// The handle a handler gets on one connection.
+pub struct Conn<'a> {
+    pub(crate) id: ConnId,
+    pub(crate) peer: SocketAddr,
+    pub(crate) ws: &'a mut Connection,
+    pub(crate) queue: &'a mut SendQueue,
+    pub(crate) pool: &'a mut Pool<'static>,
+    pub(crate) metrics: &'a Metrics,
+    pub(crate) now: Instant,
+    /// Writability transitions caused by sends, reported after the handler returns.
+    pub(crate) writability: &'a mut Option<Writability>,
+}
+
+impl Conn<'_> {
+    /// This connection's id.
+    pub fn id(&self) -> ConnId {
+        self.id
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Queues one message; it leaves with the connection's other output in one `writev` at
+    /// the end of the loop turn. The result says what the slow-consumer policy did.
+    pub fn send(&mut self, kind: MessageKind, data: &[u8]) -> SendResult {
+        let opcode = match kind {
+            MessageKind::Text => OpCode::Text,
+            MessageKind::Binary => OpCode::Binary,
+        };
+        let mut header = [0u8; 14];
+        let Ok(n) = self.ws.send_header(opcode, true, data.len() as u64, None, &mut header) else {
+            return SendResult::Closed;
+        };
+        let pushed = self.queue.push_message(self.pool, &[&header[..n], data]);
+        note(self.writability, pushed.writability);
+        match pushed.outcome {
+            PushOutcome::Queued => {
+                self.metrics.messages_out.inc();
+                SendResult::Queued
+            }
+            PushOutcome::QueuedAboveHigh => {
+                self.metrics.messages_out.inc();
+                SendResult::QueuedAboveHigh
+            }
+            PushOutcome::Dropped { newest, messages, bytes } => {
+                if !newest {
+                    self.metrics.messages_out.inc();
+                }
+                let policy = self.queue.policy().name().to_owned();
+                self.metrics
+                    .drops
+                    .get_or_create(&crate::metrics::Reason { reason: policy })
+                    .inc_by(u64::from(messages));
+                SendResult::Dropped { newest, messages, bytes }
+            }
+            PushOutcome::WouldBlock { .. } => SendResult::Blocked,
+            PushOutcome::MustClose { .. } => {
+                let gone = self.queue.discard_unsent(self.pool);
+                note(self.writability, gone.writability);
+                self.close(CloseCode::POLICY_VIOLATION, "slow consumer");
+                SendResult::Closed
+            }
+        }
+    }
+
+    /// Sends a text message.
+    pub fn send_text(&mut self, text: &str) -> SendResult {
+        self.send(MessageKind::Text, text.as_bytes())
+    }
+
+    /// Starts the close handshake with `code` and `reason` (at most 123 bytes). Does nothing
+    /// if it has started already.
+    pub fn close(&mut self, code: CloseCode, reason: &str) {
+        let reason = truncate(reason, 123);
+        let _ = self.ws.close(self.now, code, reason);
+        queue_control(self.ws, self.queue, self.pool);
+    }
+
+    /// Unsent bytes in the connection's queue (`bufferedAmount`). O(1).
+    pub fn buffered_amount(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether the queue is at or under its high watermark.
+    pub fn is_writable(&self) -> bool {
+        self.queue.is_writable()
+    }
+
+    /// The endpoint's slow-consumer policy.
+    pub fn policy(&self) -> SlowConsumerPolicy {
+        self.queue.policy()
+    }
+}
+
+/// Moves every control frame the core owes (pong, ping, close) into the send queue. A
+/// control frame that finds no room ends the connection's output: the core is told the
+/// transport is gone.
+pub(crate) fn queue_control(ws: &mut Connection, queue: &mut SendQueue, pool: &mut Pool<'static>) {
+    let mut out = [0u8; freeboard_buf::MAX_CONTROL_FRAME];
+    while let Ok(Some(n)) = ws.poll_transmit(None, &mut out) {
+        if queue.push_control(pool, &[&out[..n]]).is_err() {
+            ws.handle_eof();
+        }
+    }
+}
+
+fn note(slot: &mut Option<Writability>, change: Option<Writability>) {
+    if change.is_some() {
+        *slot = change;
+    }
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Routes upgrade requests by path (the part before `?`) to handlers.
+pub struct Router {
+    routes: Vec<(String, Box<dyn Handler>)>,
+}
+
+impl Router {
+    /// A router without routes.
+    pub fn new() -> Self {
+        Self { routes: Vec::new() }
+    }
+
+    /// Adds `handler` at `path` (exact match).
+    pub fn route(mut self, path: &str, handler: impl Handler) -> Self {
+        self.routes.push((path.to_owned(), Box::new(handler)));
+        self
+    }
+
+    /// The index of the route for `target` (path and query).
+    pub(crate) fn find(&self, target: &str) -> Option<usize> {
+        let path = target.split('?').next().unwrap_or(target);
+        self.routes.iter().position(|(p, _)| p == path)
+    }
+
+    pub(crate) fn handler(&mut self, route: usize) -> &mut dyn Handler {
+        &mut *self.routes[route].1
+    }
+}
+
+impl Default for Router {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Builds one [`Router`] per event loop.
+pub type RouterFactory = Arc<dyn Fn() -> Router + Send + Sync>;
+
+/// Echoes every message: text as text, binary as binary.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Echo;
+
+impl Handler for Echo {
+    fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
+        let _ = conn.send(message.kind, message.data);
+    }
+}

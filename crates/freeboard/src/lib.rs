@@ -1,0 +1,38 @@
+//! freeboard's runtime: a WebSocket server on mio whose memory is bounded and whose
+//! backpressure works.
+//!
+//! One event loop per thread, each with its own `SO_REUSEPORT` listener, a slab of
+//! connections, one shared read buffer and a chunk [`Pool`](freeboard_buf::Pool) drawn from
+//! the memory budget. Frames are parsed in place by `freeboard-proto`; a message that arrives
+//! whole in one read reaches the [`Handler`] as a borrowed slice, pieces of other messages are
+//! kept in pool chunks. Everything a connection sends in one loop turn leaves in one `writev`.
+//!
+//! ```no_run
+//! use freeboard::{Conn, Handler, Message, Router, Server, ServerConfig};
+//!
+//! struct Shout;
+//! impl Handler for Shout {
+//!     fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
+//!         if let Some(text) = message.as_text() {
+//!             let _ = conn.send_text(&text.to_uppercase());
+//!         }
+//!     }
+//! }
+//!
+//! let server = Server::bind(ServerConfig::default(), || Router::new().route("/shout", Shout))?;
+//! server.run()?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+pub mod config;
+mod event_loop;
+pub mod handler;
+pub mod metrics;
+mod server;
+
+pub use config::ServerConfig;
+pub use freeboard_buf::SlowConsumerPolicy;
+pub use freeboard_proto::{CloseCode, MessageKind};
+pub use handler::{Conn, ConnId, Echo, Handler, Message, Router, SendResult, Upgrade};
+pub use metrics::Metrics;
+pub use server::{RunningServer, Server, ServerHandle};

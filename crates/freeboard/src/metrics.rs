@@ -1,0 +1,183 @@
+//! Counters and gauges exported on `/metrics` in the Prometheus text format.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels naming why something happened (a close reason, a refusal status, a policy).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    /// The reason.
+    pub reason: String,
+}
+
+/// Labels carrying an HTTP status.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Status {
+    /// The status code.
+    pub status: u16,
+}
+
+/// Labels naming one event loop.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoopLabel {
+    /// The loop's index.
+    pub event_loop: u32,
+}
+
+/// The server's metrics, shared by every event loop (all atomics).
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Open WebSocket connections.
+    pub connections: Gauge,
+    /// Accepted TCP connections.
+    pub accepted: Counter,
+    /// Data messages received.
+    pub messages_in: Counter,
+    /// Data messages queued for sending.
+    pub messages_out: Counter,
+    /// Bytes read from sockets.
+    pub bytes_in: Counter,
+    /// Bytes written to sockets.
+    pub bytes_out: Counter,
+    /// WebSocket connections closed, by reason (`normal`, `going_away`, `protocol_error`,
+    /// `message_too_big`, `invalid_payload`, `policy`, `abnormal`, `try_again_later`, …).
+    pub closes: Family<Reason, Counter>,
+    /// Requests refused, by HTTP status.
+    pub refusals: Family<Status, Counter>,
+    /// Messages dropped by slow-consumer policies, by policy.
+    pub drops: Family<Reason, Counter>,
+    /// Handshakes that timed out.
+    pub handshake_timeouts: Counter,
+    /// Pool chunks in use, per loop.
+    pub chunks_in_use: Family<LoopLabel, Gauge>,
+    /// Pool chunks in total, per loop.
+    pub chunks_total: Family<LoopLabel, Gauge>,
+    /// Most chunks ever in use, per loop.
+    pub chunks_high_water: Family<LoopLabel, Gauge>,
+    /// Budget bytes, per loop.
+    pub budget_bytes: Family<LoopLabel, Gauge>,
+    /// Chunk allocation failures, per loop (monotonic).
+    pub allocation_failures: Family<LoopLabel, Gauge>,
+    /// Bytes buffered in send queues, per loop.
+    pub bytes_buffered: Family<LoopLabel, Gauge>,
+    loops: AtomicU32,
+}
+
+impl Metrics {
+    /// Registers every metric under the `freeboard_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("freeboard");
+        let m = Self {
+            registry: Registry::default(),
+            connections: Gauge::default(),
+            accepted: Counter::default(),
+            messages_in: Counter::default(),
+            messages_out: Counter::default(),
+            bytes_in: Counter::default(),
+            bytes_out: Counter::default(),
+            closes: Family::default(),
+            refusals: Family::default(),
+            drops: Family::default(),
+            handshake_timeouts: Counter::default(),
+            chunks_in_use: Family::default(),
+            chunks_total: Family::default(),
+            chunks_high_water: Family::default(),
+            budget_bytes: Family::default(),
+            allocation_failures: Family::default(),
+            bytes_buffered: Family::default(),
+            loops: AtomicU32::new(0),
+        };
+        registry.register("connections", "Open WebSocket connections", m.connections.clone());
+        registry.register("accepted", "Accepted TCP connections", m.accepted.clone());
+        registry.register("messages_in", "Data messages received", m.messages_in.clone());
+        registry.register(
+            "messages_out",
+            "Data messages queued for sending",
+            m.messages_out.clone(),
+        );
+        registry.register("bytes_in", "Bytes read from sockets", m.bytes_in.clone());
+        registry.register("bytes_out", "Bytes written to sockets", m.bytes_out.clone());
+        registry.register("closes", "WebSocket connections closed, by reason", m.closes.clone());
+        registry.register("refusals", "HTTP requests refused, by status", m.refusals.clone());
+        registry.register("drops", "Messages dropped by slow-consumer policy", m.drops.clone());
+        registry.register(
+            "handshake_timeouts",
+            "Connections dropped before completing the upgrade request",
+            m.handshake_timeouts.clone(),
+        );
+        registry.register("pool_chunks_in_use", "Pool chunks in use", m.chunks_in_use.clone());
+        registry.register("pool_chunks_total", "Pool chunks in total", m.chunks_total.clone());
+        registry.register(
+            "pool_chunks_high_water",
+            "Most pool chunks ever in use at once",
+            m.chunks_high_water.clone(),
+        );
+        registry.register("budget_bytes", "Memory budget per event loop", m.budget_bytes.clone());
+        registry.register(
+            "pool_allocation_failures",
+            "Chunk allocations refused because the pool was exhausted",
+            m.allocation_failures.clone(),
+        );
+        registry.register(
+            "bytes_buffered",
+            "Bytes waiting in send queues",
+            m.bytes_buffered.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // NOTE(unwrap): writing to a String cannot fail.
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).unwrap();
+        out
+    }
+
+    /// Counts a close by reason.
+    pub fn close(&self, reason: &str) {
+        self.closes.get_or_create(&Reason { reason: reason.to_owned() }).inc();
+    }
+
+    /// Counts a refusal by status.
+    pub fn refuse(&self, status: u16) {
+        self.refusals.get_or_create(&Status { status }).inc();
+    }
+
+    /// The value of `refusals{status}`.
+    pub fn refusals_for(&self, status: u16) -> u64 {
+        self.refusals.get_or_create(&Status { status }).get()
+    }
+
+    /// The value of `closes{reason}`.
+    pub fn closes_for(&self, reason: &str) -> u64 {
+        self.closes.get_or_create(&Reason { reason: reason.to_owned() }).get()
+    }
+
+    /// Pool chunks in use, summed over the loops.
+    pub fn total_chunks_in_use(&self) -> i64 {
+        (0..self.loops())
+            .map(|i| self.chunks_in_use.get_or_create(&LoopLabel { event_loop: i }).get())
+            .sum()
+    }
+
+    pub(crate) fn set_loops(&self, n: u32) {
+        self.loops.store(n, Ordering::Relaxed);
+    }
+
+    fn loops(&self) -> u32 {
+        self.loops.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
