@@ -1,0 +1,165 @@
+//! A blocking loopback WebSocket client for the server's integration tests.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use freeboard::{Echo, Router, RunningServer, Server, ServerConfig};
+
+pub const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+
+/// A config for tests: one loop, an ephemeral port, a small budget, no pings.
+pub fn config() -> ServerConfig {
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    config.memory = 64 << 20;
+    config.max_message_size = 1 << 20;
+    config.send_cap = 2 << 20;
+    config.idle_timeout = None;
+    config.drain_timeout = Duration::from_secs(5);
+    config.close_timeout = Duration::from_secs(1);
+    config
+}
+
+pub fn start(config: ServerConfig) -> RunningServer {
+    Server::bind(config, || Router::new().route("/", Echo).route("/echo", Echo)).unwrap().spawn()
+}
+
+/// Sends `request` and reads the response head (and body for refusals) until the server
+/// closes or the head ends; returns it as text.
+pub fn http(addr: SocketAddr, request: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub fn upgrade_request(path: &str) -> String {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: {KEY}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+}
+
+/// A client connection after a successful (or refused) upgrade.
+pub struct Client {
+    pub stream: TcpStream,
+    /// Bytes read past what was consumed.
+    buf: Vec<u8>,
+}
+
+impl Client {
+    /// Connects and upgrades; returns the client and the response status.
+    pub fn connect(addr: SocketAddr, path: &str) -> (Self, u16, String) {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream.write_all(upgrade_request(path).as_bytes()).unwrap();
+        let mut client = Self { stream, buf: Vec::new() };
+        let head = client.read_head();
+        let status = head[9..12].parse().unwrap();
+        (client, status, head)
+    }
+
+    /// A client over a raw stream, before or without any handshake.
+    pub fn raw(stream: TcpStream) -> Self {
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Self { stream, buf: Vec::new() }
+    }
+
+    pub fn open(addr: SocketAddr) -> Self {
+        let (client, status, head) = Self::connect(addr, "/");
+        assert_eq!(status, 101, "{head}");
+        client
+    }
+
+    fn read_head(&mut self) -> String {
+        loop {
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&self.buf[..end + 4]).into_owned();
+                self.buf.drain(..end + 4);
+                return head;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).unwrap();
+            assert!(n > 0, "connection closed before the response head");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Sends one masked frame.
+    pub fn send(&mut self, first_byte: u8, payload: &[u8]) {
+        let frame = freeboard_test::frame(first_byte, payload, freeboard_test::TEST_MASK);
+        self.stream.write_all(&frame).unwrap();
+    }
+
+    fn fill(&mut self, n: usize) -> bool {
+        while self.buf.len() < n {
+            let mut chunk = [0u8; 65536];
+            match self.stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return false,
+                Ok(k) => self.buf.extend_from_slice(&chunk[..k]),
+            }
+        }
+        true
+    }
+
+    /// Reads one frame: `(opcode, payload)`, or `None` at EOF.
+    pub fn recv(&mut self) -> Option<(u8, Vec<u8>)> {
+        if !self.fill(2) {
+            return None;
+        }
+        let opcode = self.buf[0] & 0x0f;
+        let (len, at) = match self.buf[1] & 0x7f {
+            126 => {
+                self.fill(4);
+                (u16::from_be_bytes([self.buf[2], self.buf[3]]) as usize, 4)
+            }
+            127 => {
+                self.fill(10);
+                (u64::from_be_bytes(self.buf[2..10].try_into().unwrap()) as usize, 10)
+            }
+            n => (n as usize, 2),
+        };
+        if !self.fill(at + len) {
+            return None;
+        }
+        let payload = self.buf[at..at + len].to_vec();
+        self.buf.drain(..at + len);
+        Some((opcode, payload))
+    }
+
+    /// Reads frames until a close frame; returns its code.
+    pub fn recv_close(&mut self) -> Option<u16> {
+        loop {
+            let (opcode, payload) = self.recv()?;
+            if opcode == 0x8 {
+                return Some(u16::from_be_bytes([payload[0], payload[1]]));
+            }
+        }
+    }
+
+    /// Whether the server has closed the TCP connection (read returns 0).
+    pub fn sees_eof(&mut self) -> bool {
+        let mut chunk = [0u8; 1024];
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// The value of a metric line `name{labels} value` in `/metrics` text, 0 if absent.
+pub fn metric(addr: SocketAddr, series: &str) -> f64 {
+    let text = http(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}

@@ -1,0 +1,166 @@
+//! The server on real loopback sockets: echo, HTTP routes, limits, shutdown.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{Client, config, http, metric, start, upgrade_request};
+
+#[test]
+fn echoes_text_and_binary_whole_and_fragmented() {
+    let server = start(config());
+    let addr = server.local_addr();
+    let mut c = Client::open(addr);
+    c.send(0x81, b"hello");
+    assert_eq!(c.recv(), Some((0x1, b"hello".to_vec())));
+    c.send(0x82, &[0, 1, 2, 255]);
+    assert_eq!(c.recv(), Some((0x2, vec![0, 1, 2, 255])));
+    // A message in three frames, the last one large: assembled in pool chunks.
+    let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+    c.send(0x02, b"ab");
+    c.send(0x00, b"cd");
+    c.send(0x80, &big);
+    let (op, data) = c.recv().unwrap();
+    assert_eq!(op, 0x2);
+    assert_eq!(&data[..4], b"abcd");
+    assert_eq!(&data[4..], &big[..]);
+    c.send(0x89, b"p"); // ping
+    assert_eq!(c.recv(), Some((0xa, b"p".to_vec())));
+    c.send(0x88, &1000u16.to_be_bytes());
+    assert_eq!(c.recv_close(), Some(1000));
+    assert!(c.sees_eof());
+    assert!(metric(addr, "freeboard_messages_in_total") >= 3.0);
+    assert_eq!(metric(addr, "freeboard_closes_total{reason=\"normal\"}"), 1.0);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn http_routes_answer_plain_requests() {
+    let server = start(config());
+    let addr = server.local_addr();
+    assert!(http(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").starts_with("HTTP/1.1 200"));
+    let metrics = http(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(metrics.contains("freeboard_pool_chunks_in_use"), "{metrics}");
+    assert!(http(addr, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n").starts_with("HTTP/1.1 426"));
+    assert!(http(addr, "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").starts_with("HTTP/1.1 404"));
+    assert!(http(addr, &upgrade_request("/nope")).starts_with("HTTP/1.1 404"));
+    assert_eq!(metric(addr, "freeboard_refusals_total{status=\"426\"}"), 1.0);
+    assert_eq!(metric(addr, "freeboard_refusals_total{status=\"404\"}"), 2.0);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn max_connections_answers_503() {
+    let mut cfg = config();
+    cfg.max_connections = 2;
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let _a = Client::open(addr);
+    let _b = Client::open(addr);
+    let (_c, status, head) = Client::connect(addr, "/");
+    assert_eq!(status, 503, "{head}");
+    assert_eq!(server.metrics().refusals_for(503), 1);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn per_ip_limit_answers_429_with_retry_after() {
+    let mut cfg = config();
+    cfg.max_connections_per_ip = 1;
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let _a = Client::open(addr);
+    let (_b, status, head) = Client::connect(addr, "/");
+    assert_eq!(status, 429);
+    assert!(head.contains("Retry-After: 1\r\n"), "{head}");
+    assert_eq!(server.metrics().refusals_for(429), 1);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn handshake_timeout_drops_slow_clients() {
+    let mut cfg = config();
+    cfg.handshake_timeout = Duration::from_millis(200);
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap(); // never finished
+    let mut c = Client::raw(s);
+    assert!(c.sees_eof());
+    assert_eq!(server.metrics().handshake_timeouts.get(), 1);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn oversized_head_answers_431() {
+    let server = start(config());
+    let addr = server.local_addr();
+    let request = format!("GET / HTTP/1.1\r\nHost: x\r\nX-Filler: {}\r\n\r\n", "a".repeat(9000));
+    assert!(http(addr, &request).starts_with("HTTP/1.1 431"));
+    assert_eq!(server.metrics().refusals_for(431), 1);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn oversized_message_closes_with_1009() {
+    let mut cfg = config();
+    cfg.max_message_size = 1024;
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let mut c = Client::open(addr);
+    c.send(0x82, &[7u8; 2000]);
+    assert_eq!(c.recv_close(), Some(1009));
+    assert!(c.sees_eof());
+    assert_eq!(server.metrics().closes_for("message_too_big"), 1);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn budget_admission_answers_503_while_the_pool_is_short() {
+    let mut cfg = config();
+    cfg.memory = 2 << 20; // ~350 chunks after the read buffer and the assembly reserve
+    cfg.max_message_size = 1 << 20;
+    cfg.connection_reserve = 768 << 10;
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let mut holder = Client::open(addr);
+    // Half a message of 1 MiB announced, 900 KiB sent: its pieces hold pool chunks.
+    let payload = vec![1u8; 900 << 10];
+    let mut frame = freeboard_test::frame(0x82, &vec![0u8; 1 << 20], freeboard_test::TEST_MASK);
+    frame.truncate(14 + payload.len());
+    holder.stream.write_all(&frame).unwrap();
+    // Wait until the server has taken the bytes in (the pool gauge moves).
+    while common::metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") < 200.0 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (_c, status, _) = Client::connect(addr, "/");
+    assert_eq!(status, 503);
+    assert_eq!(server.metrics().refusals_for(503), 1);
+    drop(holder);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn shutdown_closes_every_connection_with_1001() {
+    let server = start(config());
+    let addr = server.local_addr();
+    let mut clients: Vec<Client> = (0..5).map(|_| Client::open(addr)).collect();
+    let handle = server.handle();
+    let joiner = std::thread::spawn(move || server.join());
+    handle.shutdown();
+    for c in &mut clients {
+        assert_eq!(c.recv_close(), Some(1001));
+        c.send(0x88, &1001u16.to_be_bytes());
+    }
+    joiner.join().unwrap().unwrap();
+}
