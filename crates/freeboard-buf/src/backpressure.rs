@@ -68,6 +68,7 @@ impl Watermarks {
     }
 
     /// Records the queue's new level; returns the transition if this level crossed a mark.
+    #[inline]
     pub fn observe(&mut self, level: usize) -> Option<Writability> {
         if self.writable && level > self.high {
             self.writable = false;

@@ -1,6 +1,6 @@
 //! Byte queues made of chunk segments, and frames shared between them by reference.
 
-use crate::pool::{NIL, Pool, PoolError};
+use crate::pool::{NIL, Pool, PoolError, Slab, View};
 
 /// A FIFO byte queue made of pool chunks: the unsent bytes of a connection, a message being
 /// assembled, a frame being built.
@@ -66,9 +66,11 @@ impl ChunkChain {
 
     /// Copies `bytes` to the back of the chain. All or nothing: on error the chain and the pool
     /// are as before.
+    #[inline]
     pub fn append(&mut self, pool: &mut Pool<'_>, bytes: &[u8]) -> Result<(), PoolError> {
-        let mark = self.mark(pool);
-        self.copy_in(pool, bytes, false).inspect_err(|_| self.rollback(pool, mark))
+        let mut slab = pool.slab();
+        let mark = self.mark(slab.view());
+        self.copy_in(&mut slab, bytes, false).inspect_err(|_| self.rollback(&mut slab, mark))
     }
 
     /// Appends the written bytes of `chunk` by reference (no copy; the chain takes its own
@@ -78,31 +80,35 @@ impl ChunkChain {
         pool: &mut Pool<'_>,
         chunk: &crate::ChunkId,
     ) -> Result<(), PoolError> {
-        let end = pool.fill(chunk.index());
+        let mut slab = pool.slab();
+        let end = slab.fill(chunk.index());
         if end == 0 {
             return Ok(());
         }
-        let seg = pool.alloc_segment(chunk.index(), 0, end)?;
-        self.link_back(pool, seg);
+        let seg = slab.alloc_segment(chunk.index(), 0, end)?;
+        self.link_back(&mut slab, seg);
         Ok(())
     }
 
     /// Appends `frame` by reference: one segment per chunk of the frame, no copy. All or
     /// nothing.
     pub fn append_frame(&mut self, pool: &mut Pool<'_>, frame: &Frame) -> Result<(), PoolError> {
-        let mark = self.mark(pool);
-        self.link_frame(pool, frame).inspect_err(|_| self.rollback(pool, mark))
+        let mut slab = pool.slab();
+        let mark = self.mark(slab.view());
+        self.link_frame(&mut slab, frame).inspect_err(|_| self.rollback(&mut slab, mark))
     }
 
     /// Removes up to `n` bytes from the front (the socket wrote them); chunks whose last
     /// reference goes return to the pool. Returns the bytes removed.
+    #[inline]
     pub fn consume(&mut self, pool: &mut Pool<'_>, n: usize) -> usize {
-        self.consume_messages(pool, n).0
+        self.consume_messages(&mut pool.slab(), n).0
     }
 
     /// Fills `out` with the chain's bytes in order, one slice per segment, for a vectored write;
     /// returns how many slices were filled. Fewer than all the bytes are described if `out` is
     /// shorter than the segment count.
+    #[inline]
     pub fn slices<'p>(&self, pool: &'p Pool<'_>, out: &mut [&'p [u8]]) -> usize {
         let mut n = 0;
         for (slot, bytes) in out.iter_mut().zip(self.segments(pool)) {
@@ -124,8 +130,9 @@ impl ChunkChain {
     }
 
     /// The chain's bytes in order, one slice per segment.
+    #[inline]
     pub fn segments<'p>(&self, pool: &'p Pool<'_>) -> Segments<'p> {
-        Segments { pool, next: self.head }
+        Segments { view: pool.view(), next: self.head }
     }
 
     /// Copies the first bytes of the chain into `out` without consuming them; returns the count.
@@ -144,24 +151,29 @@ impl ChunkChain {
 
     /// Releases every segment and chunk reference; the chain is empty afterwards.
     pub fn clear(&mut self, pool: &mut Pool<'_>) {
-        let mut cur = self.head;
-        while cur != NIL {
-            cur = pool.free_segment(cur);
-        }
-        *self = Self::new();
+        self.release_all(&mut pool.slab());
     }
 
     // ---- crate-internal: rollback marks, message boundaries ----
 
-    pub(crate) fn mark(&self, pool: &Pool<'_>) -> Mark {
+    pub(crate) fn release_all(&mut self, slab: &mut Slab<'_>) {
+        let mut cur = self.head;
+        while cur != NIL {
+            cur = slab.free_segment(cur);
+        }
+        *self = Self::new();
+    }
+
+    #[inline]
+    pub(crate) fn mark(&self, view: View<'_>) -> Mark {
         if self.tail == NIL {
             return Mark { tail: NIL, tail_end: 0, tail_fill: 0, len: self.len };
         }
-        let seg = pool.segment(self.tail);
+        let seg = view.segment(self.tail);
         Mark {
             tail: self.tail,
             tail_end: seg.end,
-            tail_fill: pool.fill(seg.chunk()),
+            tail_fill: view.fill(seg.chunk()),
             len: self.len,
         }
     }
@@ -169,74 +181,75 @@ impl ChunkChain {
     /// Undoes everything appended since `mark`: segments after it go back to the slab, the old
     /// tail segment and its chunk's fill mark return to their old ends (the bytes written past
     /// them were referenced only by what is being undone).
-    pub(crate) fn rollback(&mut self, pool: &mut Pool<'_>, mark: Mark) {
-        let mut cur = if mark.tail == NIL { self.head } else { pool.segment(mark.tail).next };
+    pub(crate) fn rollback(&mut self, slab: &mut Slab<'_>, mark: Mark) {
+        let mut cur = if mark.tail == NIL { self.head } else { slab.segment(mark.tail).next };
         while cur != NIL {
-            cur = pool.free_segment(cur);
+            cur = slab.free_segment(cur);
         }
         if mark.tail == NIL {
             *self = Self::new();
         } else {
-            let seg = pool.segment_mut(mark.tail);
+            let seg = slab.segment_mut(mark.tail);
             seg.end = mark.tail_end;
             seg.next = NIL;
             let chunk = seg.chunk();
-            pool.rewind_fill(chunk, mark.tail_fill);
+            slab.rewind_fill(chunk, mark.tail_fill);
             self.tail = mark.tail;
             self.len = mark.len;
         }
     }
 
     /// The first segment added after `mark`.
-    pub(crate) fn first_after(&self, pool: &Pool<'_>, mark: &Mark) -> u32 {
-        if mark.tail == NIL { self.head } else { pool.segment(mark.tail).next }
+    #[inline]
+    pub(crate) fn first_after(&self, view: View<'_>, mark: &Mark) -> u32 {
+        if mark.tail == NIL { self.head } else { view.segment(mark.tail).next }
     }
 
     /// Copies `bytes` in, starting a new segment for the first byte if `new_segment` (a message
     /// boundary must be a segment boundary). Not atomic: callers roll back on error.
     pub(crate) fn copy_in(
         &mut self,
-        pool: &mut Pool<'_>,
+        slab: &mut Slab<'_>,
         mut bytes: &[u8],
         mut new_segment: bool,
     ) -> Result<(), PoolError> {
         while !bytes.is_empty() {
             if self.tail != NIL {
-                let seg = pool.segment(self.tail);
+                let seg = slab.segment(self.tail);
                 let chunk = seg.chunk();
-                let fill = pool.fill(chunk);
-                if (fill as usize) < pool.chunk_size() {
+                let fill = slab.fill(chunk);
+                if (fill as usize) < slab.chunk_size() {
                     if !new_segment && seg.end == fill {
                         // Grow the tail segment in place: the common case for a stream.
-                        let (_, n) = pool.write_at_fill(chunk, bytes);
-                        pool.segment_mut(self.tail).end += n as u32;
+                        let (_, n) = slab.write_at_fill(chunk, bytes);
+                        slab.segment_mut(self.tail).end += n as u32;
                         self.len += n;
                         bytes = &bytes[n..];
                     } else {
                         // Room left in the tail chunk, but after someone else's bytes (or at a
                         // message boundary): a new segment in the same chunk.
-                        let n = bytes.len().min(pool.chunk_size() - fill as usize);
-                        let seg = pool.alloc_segment(chunk, fill, fill)?;
-                        let (start, n) = pool.write_at_fill(chunk, &bytes[..n]);
-                        pool.segment_mut(seg).end = start + n as u32;
-                        self.link_back(pool, seg);
+                        let n = bytes.len().min(slab.chunk_size() - fill as usize);
+                        let seg = slab.alloc_segment(chunk, fill, fill)?;
+                        let (start, n) = slab.write_at_fill(chunk, &bytes[..n]);
+                        slab.segment_mut(seg).end = start + n as u32;
+                        self.link_back(slab, seg);
                         bytes = &bytes[n..];
                         new_segment = false;
                     }
                     continue;
                 }
             }
-            let chunk = pool.alloc_chunk_index()?;
-            let seg = match pool.alloc_segment_owning(chunk, 0, 0) {
+            let chunk = slab.alloc_chunk()?;
+            let seg = match slab.alloc_segment_owning(chunk, 0, 0) {
                 Ok(seg) => seg,
                 Err(e) => {
-                    pool.release_ref(chunk);
+                    slab.release_ref(chunk);
                     return Err(e);
                 }
             };
-            let (_, n) = pool.write_at_fill(chunk, bytes);
-            pool.segment_mut(seg).end = n as u32;
-            self.link_back(pool, seg);
+            let (_, n) = slab.write_at_fill(chunk, bytes);
+            slab.segment_mut(seg).end = n as u32;
+            self.link_back(slab, seg);
             bytes = &bytes[n..];
             new_segment = false;
         }
@@ -244,27 +257,29 @@ impl ChunkChain {
     }
 
     /// Links one new segment per segment of `frame`. Not atomic: callers roll back on error.
+    #[inline]
     pub(crate) fn link_frame(
         &mut self,
-        pool: &mut Pool<'_>,
+        slab: &mut Slab<'_>,
         frame: &Frame,
     ) -> Result<(), PoolError> {
         let mut cur = frame.chain.head;
         while cur != NIL {
-            let src = pool.segment(cur);
-            let seg = pool.alloc_segment(src.chunk(), src.start, src.end)?;
-            self.link_back(pool, seg);
+            let src = slab.segment(cur);
+            let seg = slab.alloc_segment(src.chunk(), src.start, src.end)?;
+            self.link_back(slab, seg);
             cur = src.next;
         }
         Ok(())
     }
 
-    fn link_back(&mut self, pool: &mut Pool<'_>, seg: u32) {
-        let len = pool.segment(seg).len();
+    #[inline]
+    fn link_back(&mut self, slab: &mut Slab<'_>, seg: u32) {
+        let len = slab.segment(seg).len();
         if self.tail == NIL {
             self.head = seg;
         } else {
-            pool.segment_mut(self.tail).next = seg;
+            slab.segment_mut(self.tail).next = seg;
         }
         self.tail = seg;
         self.len += len;
@@ -274,12 +289,13 @@ impl ChunkChain {
     /// when its last segment is consumed, i.e. the next head starts a message or nothing is
     /// left. The first segment of a message loses its start flag once any of its bytes goes:
     /// the message is then in flight and no policy may drop it.
-    pub(crate) fn consume_messages(&mut self, pool: &mut Pool<'_>, n: usize) -> (usize, u32) {
+    #[inline]
+    pub(crate) fn consume_messages(&mut self, slab: &mut Slab<'_>, n: usize) -> (usize, u32) {
         let total = n.min(self.len);
         let mut left = total;
         let mut completed = 0;
         while left > 0 {
-            let seg = pool.segment_mut(self.head);
+            let seg = slab.segment_mut(self.head);
             let seg_len = seg.len();
             if left < seg_len {
                 seg.start += left as u32;
@@ -287,8 +303,8 @@ impl ChunkChain {
                 break;
             }
             left -= seg_len;
-            self.head = pool.free_segment(self.head);
-            if self.head == NIL || pool.segment(self.head).starts_message() {
+            self.head = slab.free_segment(self.head);
+            if self.head == NIL || slab.segment(self.head).starts_message() {
                 completed += 1;
             }
         }
@@ -301,11 +317,11 @@ impl ChunkChain {
 
     /// Finds the oldest message a policy may drop — not in flight, not a control message —
     /// and returns `(segment before it or NIL, its first segment)`.
-    pub(crate) fn find_droppable(&self, pool: &Pool<'_>) -> Option<(u32, u32)> {
+    pub(crate) fn find_droppable(&self, view: View<'_>) -> Option<(u32, u32)> {
         let mut prev = NIL;
         let mut cur = self.head;
         while cur != NIL {
-            let seg = pool.segment(cur);
+            let seg = view.segment(cur);
             if seg.starts_message() && !seg.is_control() {
                 return Some((prev, cur));
             }
@@ -317,20 +333,20 @@ impl ChunkChain {
 
     /// Unlinks the whole message whose first segment is `first` (`prev` links to it); returns
     /// its bytes.
-    pub(crate) fn unlink_message(&mut self, pool: &mut Pool<'_>, prev: u32, first: u32) -> usize {
+    pub(crate) fn unlink_message(&mut self, slab: &mut Slab<'_>, prev: u32, first: u32) -> usize {
         let mut bytes = 0;
         let mut cur = first;
         loop {
-            bytes += pool.segment(cur).len();
-            cur = pool.free_segment(cur);
-            if cur == NIL || pool.segment(cur).starts_message() {
+            bytes += slab.segment(cur).len();
+            cur = slab.free_segment(cur);
+            if cur == NIL || slab.segment(cur).starts_message() {
                 break;
             }
         }
         if prev == NIL {
             self.head = cur;
         } else {
-            pool.segment_mut(prev).next = cur;
+            slab.segment_mut(prev).next = cur;
         }
         if cur == NIL {
             self.tail = prev;
@@ -340,12 +356,12 @@ impl ChunkChain {
     }
 
     /// Bytes a policy may not drop: the rest of a message in flight and control messages.
-    pub(crate) fn undroppable_bytes(&self, pool: &Pool<'_>) -> usize {
+    pub(crate) fn undroppable_bytes(&self, view: View<'_>) -> usize {
         let mut bytes = 0;
         let mut keep = true; // the head message is kept unless it has not started
         let mut cur = self.head;
         while cur != NIL {
-            let seg = pool.segment(cur);
+            let seg = view.segment(cur);
             if seg.starts_message() {
                 keep = seg.is_control();
             }
@@ -368,8 +384,8 @@ impl ChunkChain {
     }
 
     /// Whether the head message has started to go out.
-    pub(crate) fn head_in_flight(&self, pool: &Pool<'_>) -> bool {
-        self.head != NIL && !pool.segment(self.head).starts_message()
+    pub(crate) fn head_in_flight(&self, view: View<'_>) -> bool {
+        self.head != NIL && !view.segment(self.head).starts_message()
     }
 }
 
@@ -403,20 +419,21 @@ pub(crate) struct Mark {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Segments<'p> {
-    pool: &'p Pool<'p>,
+    view: View<'p>,
     next: u32,
 }
 
 impl<'p> Iterator for Segments<'p> {
     type Item = &'p [u8];
 
+    #[inline]
     fn next(&mut self) -> Option<&'p [u8]> {
         if self.next == NIL {
             return None;
         }
-        let seg = self.pool.segment(self.next);
+        let seg = self.view.segment(self.next);
         self.next = seg.next;
-        Some(self.pool.segment_bytes(&seg))
+        Some(self.view.segment_bytes(&seg))
     }
 }
 
@@ -469,24 +486,26 @@ impl Frame {
     /// broadcasts share chunks; otherwise it starts a fresh chunk.
     pub fn from_parts(pool: &mut Pool<'_>, parts: &[&[u8]]) -> Result<Self, PoolError> {
         let len = parts.iter().map(|p| p.len()).sum();
+        let mut slab = pool.slab();
         let mut chain = ChunkChain::new();
-        if let Some((chunk, fill)) = pool.frame_room(len).filter(|_| len > 0) {
-            let seg = pool.alloc_segment(chunk, fill, fill)?;
+        if let Some((chunk, fill)) = slab.frame_room(len).filter(|_| len > 0) {
+            let seg = slab.alloc_segment(chunk, fill, fill)?;
             for part in parts {
-                pool.write_at_fill(chunk, part);
+                slab.write_at_fill(chunk, part);
             }
-            pool.segment_mut(seg).end = fill + len as u32;
-            chain.link_back(pool, seg);
+            slab.segment_mut(seg).end = fill + len as u32;
+            chain.link_back(&mut slab, seg);
         } else {
             for part in parts {
-                if let Err(e) = chain.copy_in(pool, part, false) {
-                    chain.clear(pool);
+                if let Err(e) = chain.copy_in(&mut slab, part, false) {
+                    chain.release_all(&mut slab);
                     return Err(e);
                 }
             }
         }
         if chain.tail != NIL {
-            pool.set_frame_hint(pool.segment(chain.tail).chunk());
+            let chunk = slab.segment(chain.tail).chunk();
+            slab.set_frame_hint(chunk);
         }
         Ok(Frame { chain })
     }
@@ -509,6 +528,7 @@ impl Frame {
     }
 
     /// The frame's bytes in order, one slice per chunk.
+    #[inline]
     pub fn segments<'p>(&self, pool: &'p Pool<'_>) -> Segments<'p> {
         self.chain.segments(pool)
     }

@@ -86,25 +86,12 @@ pub struct Pool<'a> {
     data: Storage<'a, u8>,
     chunks: Storage<'a, ChunkSlot>,
     segments: Storage<'a, SegmentSlot>,
-    /// Invariant: `1 <= chunk_size <= MAX_CHUNK_SIZE`.
-    chunk_size: u32,
-    /// Head of the free-chunk list, linked through `ChunkSlot::link`; `NIL` when exhausted.
-    free_chunk: u32,
-    /// Head of the free-segment list, linked through `SegmentSlot::next`; `NIL` when exhausted.
-    free_segment: u32,
-    /// The chunk the last frame ended in, so small frames pack into one chunk. A hint, not a
-    /// reference: used only while that chunk is still in use by someone.
-    frame_hint: u32,
-    /// Invariant: equals the number of chunks with `refs > 0`.
-    chunks_in_use: usize,
-    chunks_high_water: usize,
-    /// Invariant: equals the number of segment slots off the free list.
-    segments_in_use: usize,
-    segments_high_water: usize,
+    /// Free lists, in-use counts and the chunk size: everything an operation needs besides
+    /// the three regions.
+    state: State,
     /// Invariant: `budget.drawn() >= footprint`; the pool's footprint stays drawn for its life.
     budget: Budget,
     footprint: usize,
-    allocation_failures: u64,
     dropped: [DropTally; SlowConsumerPolicy::ALL.len()],
     would_block: u64,
     slow_consumer_closes: u64,
@@ -173,20 +160,22 @@ impl<'a> Pool<'a> {
             };
         }
         Pool {
-            free_chunk: if chunks.is_empty() { NIL } else { 0 },
-            free_segment: if segments.is_empty() { NIL } else { 0 },
-            frame_hint: NIL,
+            state: State {
+                chunk_size: chunk_size as u32,
+                free_chunk: if chunks.is_empty() { NIL } else { 0 },
+                free_segment: if segments.is_empty() { NIL } else { 0 },
+                frame_hint: NIL,
+                chunks_in_use: 0,
+                chunks_high_water: 0,
+                segments_in_use: 0,
+                segments_high_water: 0,
+                allocation_failures: 0,
+            },
             data,
             chunks,
             segments,
-            chunk_size: chunk_size as u32,
-            chunks_in_use: 0,
-            chunks_high_water: 0,
-            segments_in_use: 0,
-            segments_high_water: 0,
             budget,
             footprint,
-            allocation_failures: 0,
             dropped: [DropTally::ZERO; SlowConsumerPolicy::ALL.len()],
             would_block: 0,
             slow_consumer_closes: 0,
@@ -195,8 +184,9 @@ impl<'a> Pool<'a> {
     }
 
     /// Bytes per chunk.
+    #[inline]
     pub fn chunk_size(&self) -> usize {
-        self.chunk_size as usize
+        self.state.chunk_size as usize
     }
 
     /// Number of chunks in the pool.
@@ -205,13 +195,15 @@ impl<'a> Pool<'a> {
     }
 
     /// Chunks referenced by at least one handle or segment.
+    #[inline]
     pub fn chunks_in_use(&self) -> usize {
-        self.chunks_in_use
+        self.state.chunks_in_use
     }
 
     /// Chunks ready to be allocated.
+    #[inline]
     pub fn chunks_free(&self) -> usize {
-        self.chunks.len() - self.chunks_in_use
+        self.chunks.len() - self.state.chunks_in_use
     }
 
     /// Number of segment slots in the pool.
@@ -221,7 +213,7 @@ impl<'a> Pool<'a> {
 
     /// Segment slots linked into chains.
     pub fn segments_in_use(&self) -> usize {
-        self.segments_in_use
+        self.state.segments_in_use
     }
 
     /// Bytes this pool drew from its budget (data and metadata).
@@ -240,52 +232,59 @@ impl<'a> Pool<'a> {
     }
 
     /// Takes a free chunk (empty, reference count 1). O(1); never touches the global allocator.
+    #[inline]
     pub fn alloc(&mut self) -> Result<ChunkId, PoolError> {
-        self.alloc_chunk_index().map(ChunkId)
+        self.slab().alloc_chunk().map(ChunkId)
     }
 
     /// Takes one more reference to `chunk`, e.g. one per queue that will send it.
+    #[inline]
     pub fn share(&mut self, chunk: &ChunkId) -> Result<ChunkId, PoolError> {
-        self.add_ref(chunk.0)?;
+        self.slab().add_ref(chunk.0)?;
         Ok(ChunkId(chunk.0))
     }
 
     /// Gives back one reference; the chunk returns to the pool with its last reference. O(1).
+    #[inline]
     pub fn release(&mut self, chunk: ChunkId) {
-        self.release_ref(chunk.0);
+        self.slab().release_ref(chunk.0);
     }
 
     /// References to `chunk` (handles plus chain segments).
+    #[inline]
     pub fn refs(&self, chunk: &ChunkId) -> u32 {
         self.chunks[chunk.0 as usize].refs
     }
 
     /// The bytes written to `chunk` so far. They are never written again while it is in use.
+    #[inline]
     pub fn bytes(&self, chunk: &ChunkId) -> &[u8] {
-        let fill = self.fill(chunk.0);
-        self.chunk_bytes(chunk.0, 0, fill)
+        let view = self.view();
+        view.chunk_bytes(chunk.0, 0, view.fill(chunk.0))
     }
 
     /// The unwritten rest of `chunk`, e.g. to `read` a socket into; follow with
     /// [`commit`](Self::commit) before anything else writes to the pool.
     pub fn spare_mut(&mut self, chunk: &ChunkId) -> &mut [u8] {
-        let fill = self.fill(chunk.0);
-        let size = self.chunk_size;
-        self.chunk_bytes_mut(chunk.0, fill, size)
+        let slab = self.slab();
+        let fill = slab.fill(chunk.0);
+        let size = slab.state.chunk_size;
+        slab.into_chunk_bytes_mut(chunk.0, fill, size)
     }
 
     /// Marks `n` bytes of [`spare_mut`](Self::spare_mut) as written; returns the bytes
     /// committed (at most the spare room).
     pub fn commit(&mut self, chunk: &ChunkId, n: usize) -> usize {
-        let fill = self.fill(chunk.0);
-        let n = n.min((self.chunk_size - fill) as usize);
-        self.chunks[chunk.0 as usize].link = fill + n as u32;
+        let slab = self.slab();
+        let fill = slab.fill(chunk.0);
+        let n = n.min((slab.state.chunk_size - fill) as usize);
+        slab.chunks[chunk.0 as usize].link = fill + n as u32;
         n
     }
 
     /// Copies as much of `bytes` as fits after the written part of `chunk`; returns the count.
     pub fn append(&mut self, chunk: &ChunkId, bytes: &[u8]) -> usize {
-        self.write_at_fill(chunk.0, bytes).1
+        self.slab().write_at_fill(chunk.0, bytes).1
     }
 
     /// A snapshot of the pool's counters.
@@ -296,12 +295,12 @@ impl<'a> Pool<'a> {
             budget_high_water: self.budget.high_water(),
             chunk_size: self.chunk_size(),
             chunks_total: self.chunks_total(),
-            chunks_in_use: self.chunks_in_use,
-            chunks_high_water: self.chunks_high_water,
+            chunks_in_use: self.state.chunks_in_use,
+            chunks_high_water: self.state.chunks_high_water,
             segments_total: self.segments_total(),
-            segments_in_use: self.segments_in_use,
-            segments_high_water: self.segments_high_water,
-            allocation_failures: self.allocation_failures,
+            segments_in_use: self.state.segments_in_use,
+            segments_high_water: self.state.segments_high_water,
+            allocation_failures: self.state.allocation_failures,
             would_block: self.would_block,
             slow_consumer_closes: self.slow_consumer_closes,
             discarded: self.discarded,
@@ -315,157 +314,28 @@ impl<'a> Pool<'a> {
         self.counters().fragmentation_index()
     }
 
-    // ---- crate-internal operations used by chains and queues ----
+    // ---- crate-internal ----
 
-    pub(crate) fn alloc_chunk_index(&mut self) -> Result<u32, PoolError> {
-        let idx = self.free_chunk;
-        if idx == NIL {
-            self.allocation_failures += 1;
-            return Err(PoolError::ChunksExhausted);
-        }
-        let slot = &mut self.chunks[idx as usize];
-        self.free_chunk = slot.link;
-        *slot = ChunkSlot { refs: 1, link: 0 };
-        self.chunks_in_use += 1;
-        self.chunks_high_water = self.chunks_high_water.max(self.chunks_in_use);
-        Ok(idx)
-    }
-
-    pub(crate) fn add_ref(&mut self, chunk: u32) -> Result<(), PoolError> {
-        let slot = &mut self.chunks[chunk as usize];
-        debug_assert!(slot.refs > 0, "reference to free chunk {chunk}");
-        slot.refs = slot.refs.checked_add(1).ok_or(PoolError::TooManyReferences)?;
-        Ok(())
-    }
-
-    pub(crate) fn release_ref(&mut self, chunk: u32) {
-        let slot = &mut self.chunks[chunk as usize];
-        debug_assert!(slot.refs > 0, "double release of chunk {chunk}");
-        if slot.refs == 0 {
-            return; // a caller bug; refusing keeps the free list intact
-        }
-        slot.refs -= 1;
-        if slot.refs == 0 {
-            slot.link = self.free_chunk;
-            self.free_chunk = chunk;
-            self.chunks_in_use -= 1;
+    /// The regions as plain slices plus the bookkeeping, borrowed once per operation.
+    #[inline]
+    pub(crate) fn slab(&mut self) -> Slab<'_> {
+        Slab {
+            data: &mut self.data,
+            chunks: &mut self.chunks,
+            segments: &mut self.segments,
+            state: &mut self.state,
         }
     }
 
-    /// The chunk the last frame ended in and its fill mark, if that chunk is still in use and
-    /// has `len` bytes of room. Writing past the fill mark of any in-use chunk is safe: nothing
-    /// references those bytes.
-    pub(crate) fn frame_room(&self, len: usize) -> Option<(u32, u32)> {
-        let slot = self.chunks.get(self.frame_hint as usize).filter(|slot| slot.refs > 0)?;
-        // `link` is the fill mark only while the chunk is in use (the free-list link otherwise).
-        let room = (self.chunk_size - slot.link) as usize;
-        (len <= room).then_some((self.frame_hint, slot.link))
-    }
-
-    pub(crate) fn set_frame_hint(&mut self, chunk: u32) {
-        self.frame_hint = chunk;
-    }
-
-    /// End of the written bytes of an in-use chunk.
+    /// A read-only [`slab`](Self::slab).
     #[inline]
-    pub(crate) fn fill(&self, chunk: u32) -> u32 {
-        self.chunks[chunk as usize].link
-    }
-
-    /// Lowers the fill mark again; only for undoing a write nobody references yet.
-    pub(crate) fn rewind_fill(&mut self, chunk: u32, fill: u32) {
-        let slot = &mut self.chunks[chunk as usize];
-        debug_assert!(fill <= slot.link);
-        slot.link = fill;
-    }
-
-    /// Copies as much of `bytes` as fits at the fill mark; returns `(start, copied)`.
-    pub(crate) fn write_at_fill(&mut self, chunk: u32, bytes: &[u8]) -> (u32, usize) {
-        let fill = self.fill(chunk);
-        let n = bytes.len().min((self.chunk_size - fill) as usize);
-        self.chunk_bytes_mut(chunk, fill, fill + n as u32).copy_from_slice(&bytes[..n]);
-        self.chunks[chunk as usize].link = fill + n as u32;
-        (fill, n)
-    }
-
-    #[inline]
-    pub(crate) fn chunk_bytes(&self, chunk: u32, start: u32, end: u32) -> &[u8] {
-        let base = chunk as usize * self.chunk_size as usize;
-        &self.data[base + start as usize..base + end as usize]
-    }
-
-    #[inline]
-    fn chunk_bytes_mut(&mut self, chunk: u32, start: u32, end: u32) -> &mut [u8] {
-        let base = chunk as usize * self.chunk_size as usize;
-        &mut self.data[base + start as usize..base + end as usize]
-    }
-
-    /// Takes a segment slot for `chunk[start..end]` and a reference to the chunk.
-    pub(crate) fn alloc_segment(
-        &mut self,
-        chunk: u32,
-        start: u32,
-        end: u32,
-    ) -> Result<u32, PoolError> {
-        let idx = self.free_segment;
-        if idx == NIL {
-            self.allocation_failures += 1;
-            return Err(PoolError::SegmentsExhausted);
+    pub(crate) fn view(&self) -> View<'_> {
+        View {
+            data: &self.data,
+            chunks: &self.chunks,
+            segments: &self.segments,
+            chunk_size: self.state.chunk_size,
         }
-        self.add_ref(chunk)?;
-        let slot = &mut self.segments[idx as usize];
-        self.free_segment = slot.next;
-        *slot = SegmentSlot { chunk, start, end, next: NIL };
-        self.segments_in_use += 1;
-        self.segments_high_water = self.segments_high_water.max(self.segments_in_use);
-        Ok(idx)
-    }
-
-    /// Takes a segment slot for a chunk just allocated, inheriting its first reference.
-    pub(crate) fn alloc_segment_owning(
-        &mut self,
-        chunk: u32,
-        start: u32,
-        end: u32,
-    ) -> Result<u32, PoolError> {
-        let idx = self.free_segment;
-        if idx == NIL {
-            self.allocation_failures += 1;
-            return Err(PoolError::SegmentsExhausted);
-        }
-        let slot = &mut self.segments[idx as usize];
-        self.free_segment = slot.next;
-        *slot = SegmentSlot { chunk, start, end, next: NIL };
-        self.segments_in_use += 1;
-        self.segments_high_water = self.segments_high_water.max(self.segments_in_use);
-        Ok(idx)
-    }
-
-    /// Returns a segment slot and its chunk reference; returns the slot's `next`.
-    pub(crate) fn free_segment(&mut self, idx: u32) -> u32 {
-        let slot = &mut self.segments[idx as usize];
-        let next = slot.next;
-        let chunk = slot.chunk & CHUNK_MASK;
-        slot.next = self.free_segment;
-        self.free_segment = idx;
-        self.segments_in_use -= 1;
-        self.release_ref(chunk);
-        next
-    }
-
-    #[inline]
-    pub(crate) fn segment(&self, idx: u32) -> SegmentSlot {
-        self.segments[idx as usize]
-    }
-
-    #[inline]
-    pub(crate) fn segment_mut(&mut self, idx: u32) -> &mut SegmentSlot {
-        &mut self.segments[idx as usize]
-    }
-
-    #[inline]
-    pub(crate) fn segment_bytes(&self, seg: &SegmentSlot) -> &[u8] {
-        self.chunk_bytes(seg.chunk(), seg.start, seg.end)
     }
 
     pub(crate) fn record_drop(&mut self, policy: SlowConsumerPolicy, messages: u32, bytes: usize) {
@@ -482,6 +352,246 @@ impl<'a> Pool<'a> {
 
     pub(crate) fn record_discard(&mut self, messages: u32, bytes: usize) {
         self.discarded.add(messages, bytes);
+    }
+}
+
+/// Bookkeeping of a [`Pool`] apart from its regions.
+#[derive(Debug)]
+pub(crate) struct State {
+    /// Invariant: `1 <= chunk_size <= MAX_CHUNK_SIZE`.
+    chunk_size: u32,
+    /// Head of the free-chunk list, linked through `ChunkSlot::link`; `NIL` when exhausted.
+    free_chunk: u32,
+    /// Head of the free-segment list, linked through `SegmentSlot::next`; `NIL` when exhausted.
+    free_segment: u32,
+    /// The chunk the last frame ended in, so small frames pack into one chunk. A hint, not a
+    /// reference: used only while that chunk is still in use by someone.
+    frame_hint: u32,
+    /// Invariant: equals the number of chunks with `refs > 0`.
+    chunks_in_use: usize,
+    chunks_high_water: usize,
+    /// Invariant: equals the number of segment slots off the free list.
+    segments_in_use: usize,
+    segments_high_water: usize,
+    allocation_failures: u64,
+}
+
+/// A pool borrowed for one operation: the regions as plain slices (the `Storage` enum is
+/// matched once, not at every access) and the bookkeeping.
+pub(crate) struct Slab<'p> {
+    data: &'p mut [u8],
+    chunks: &'p mut [ChunkSlot],
+    segments: &'p mut [SegmentSlot],
+    state: &'p mut State,
+}
+
+impl<'p> Slab<'p> {
+    #[inline]
+    pub(crate) fn view(&self) -> View<'_> {
+        View {
+            data: self.data,
+            chunks: self.chunks,
+            segments: self.segments,
+            chunk_size: self.state.chunk_size,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn chunk_size(&self) -> usize {
+        self.state.chunk_size as usize
+    }
+
+    fn into_chunk_bytes_mut(self, chunk: u32, start: u32, end: u32) -> &'p mut [u8] {
+        let base = chunk as usize * self.state.chunk_size as usize;
+        &mut self.data[base + start as usize..base + end as usize]
+    }
+
+    #[inline]
+    pub(crate) fn alloc_chunk(&mut self) -> Result<u32, PoolError> {
+        let idx = self.state.free_chunk;
+        if idx == NIL {
+            self.state.allocation_failures += 1;
+            return Err(PoolError::ChunksExhausted);
+        }
+        let slot = &mut self.chunks[idx as usize];
+        self.state.free_chunk = slot.link;
+        *slot = ChunkSlot { refs: 1, link: 0 };
+        self.state.chunks_in_use += 1;
+        self.state.chunks_high_water = self.state.chunks_high_water.max(self.state.chunks_in_use);
+        Ok(idx)
+    }
+
+    #[inline]
+    pub(crate) fn add_ref(&mut self, chunk: u32) -> Result<(), PoolError> {
+        let slot = &mut self.chunks[chunk as usize];
+        debug_assert!(slot.refs > 0, "reference to free chunk {chunk}");
+        slot.refs = slot.refs.checked_add(1).ok_or(PoolError::TooManyReferences)?;
+        Ok(())
+    }
+
+    #[inline]
+    pub(crate) fn release_ref(&mut self, chunk: u32) {
+        let slot = &mut self.chunks[chunk as usize];
+        debug_assert!(slot.refs > 0, "double release of chunk {chunk}");
+        if slot.refs == 0 {
+            return; // a caller bug; refusing keeps the free list intact
+        }
+        slot.refs -= 1;
+        if slot.refs == 0 {
+            slot.link = self.state.free_chunk;
+            self.state.free_chunk = chunk;
+            self.state.chunks_in_use -= 1;
+        }
+    }
+
+    /// The chunk the last frame ended in and its fill mark, if that chunk is still in use and
+    /// has `len` bytes of room. Writing past the fill mark of any in-use chunk is safe: nothing
+    /// references those bytes.
+    pub(crate) fn frame_room(&self, len: usize) -> Option<(u32, u32)> {
+        let slot = self.chunks.get(self.state.frame_hint as usize).filter(|slot| slot.refs > 0)?;
+        // `link` is the fill mark only while the chunk is in use (the free-list link otherwise).
+        let room = (self.state.chunk_size - slot.link) as usize;
+        (len <= room).then_some((self.state.frame_hint, slot.link))
+    }
+
+    pub(crate) fn set_frame_hint(&mut self, chunk: u32) {
+        self.state.frame_hint = chunk;
+    }
+
+    /// End of the written bytes of an in-use chunk.
+    #[inline]
+    pub(crate) fn fill(&self, chunk: u32) -> u32 {
+        self.chunks[chunk as usize].link
+    }
+
+    /// Lowers the fill mark again; only for undoing a write nobody references yet.
+    pub(crate) fn rewind_fill(&mut self, chunk: u32, fill: u32) {
+        let slot = &mut self.chunks[chunk as usize];
+        debug_assert!(fill <= slot.link);
+        slot.link = fill;
+    }
+
+    /// Copies as much of `bytes` as fits at the fill mark; returns `(start, copied)`.
+    #[inline]
+    pub(crate) fn write_at_fill(&mut self, chunk: u32, bytes: &[u8]) -> (u32, usize) {
+        let fill = self.fill(chunk);
+        let n = bytes.len().min((self.state.chunk_size - fill) as usize);
+        self.chunk_bytes_mut(chunk, fill, fill + n as u32).copy_from_slice(&bytes[..n]);
+        self.chunks[chunk as usize].link = fill + n as u32;
+        (fill, n)
+    }
+
+    #[inline]
+    fn chunk_bytes_mut(&mut self, chunk: u32, start: u32, end: u32) -> &mut [u8] {
+        let base = chunk as usize * self.state.chunk_size as usize;
+        &mut self.data[base + start as usize..base + end as usize]
+    }
+
+    /// Takes a segment slot for `chunk[start..end]` and a reference to the chunk.
+    #[inline]
+    pub(crate) fn alloc_segment(
+        &mut self,
+        chunk: u32,
+        start: u32,
+        end: u32,
+    ) -> Result<u32, PoolError> {
+        let idx = self.state.free_segment;
+        if idx == NIL {
+            self.state.allocation_failures += 1;
+            return Err(PoolError::SegmentsExhausted);
+        }
+        self.add_ref(chunk)?;
+        let slot = &mut self.segments[idx as usize];
+        self.state.free_segment = slot.next;
+        *slot = SegmentSlot { chunk, start, end, next: NIL };
+        self.state.segments_in_use += 1;
+        self.state.segments_high_water =
+            self.state.segments_high_water.max(self.state.segments_in_use);
+        Ok(idx)
+    }
+
+    /// Takes a segment slot for a chunk just allocated, inheriting its first reference.
+    #[inline]
+    pub(crate) fn alloc_segment_owning(
+        &mut self,
+        chunk: u32,
+        start: u32,
+        end: u32,
+    ) -> Result<u32, PoolError> {
+        let idx = self.state.free_segment;
+        if idx == NIL {
+            self.state.allocation_failures += 1;
+            return Err(PoolError::SegmentsExhausted);
+        }
+        let slot = &mut self.segments[idx as usize];
+        self.state.free_segment = slot.next;
+        *slot = SegmentSlot { chunk, start, end, next: NIL };
+        self.state.segments_in_use += 1;
+        self.state.segments_high_water =
+            self.state.segments_high_water.max(self.state.segments_in_use);
+        Ok(idx)
+    }
+
+    /// Returns a segment slot and its chunk reference; returns the slot's `next`.
+    #[inline]
+    pub(crate) fn free_segment(&mut self, idx: u32) -> u32 {
+        let slot = &mut self.segments[idx as usize];
+        let next = slot.next;
+        let chunk = slot.chunk & CHUNK_MASK;
+        slot.next = self.state.free_segment;
+        self.state.free_segment = idx;
+        self.state.segments_in_use -= 1;
+        self.release_ref(chunk);
+        next
+    }
+
+    #[inline]
+    pub(crate) fn segment(&self, idx: u32) -> SegmentSlot {
+        self.segments[idx as usize]
+    }
+
+    #[inline]
+    pub(crate) fn segment_mut(&mut self, idx: u32) -> &mut SegmentSlot {
+        &mut self.segments[idx as usize]
+    }
+}
+
+/// A pool borrowed read-only: the regions as plain slices.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'p> {
+    data: &'p [u8],
+    chunks: &'p [ChunkSlot],
+    segments: &'p [SegmentSlot],
+    chunk_size: u32,
+}
+
+impl fmt::Debug for View<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("View").field("chunks", &self.chunks.len()).finish_non_exhaustive()
+    }
+}
+
+impl<'p> View<'p> {
+    /// End of the written bytes of an in-use chunk.
+    #[inline]
+    pub(crate) fn fill(&self, chunk: u32) -> u32 {
+        self.chunks[chunk as usize].link
+    }
+
+    #[inline]
+    pub(crate) fn chunk_bytes(&self, chunk: u32, start: u32, end: u32) -> &'p [u8] {
+        let base = chunk as usize * self.chunk_size as usize;
+        &self.data[base + start as usize..base + end as usize]
+    }
+
+    #[inline]
+    pub(crate) fn segment(&self, idx: u32) -> SegmentSlot {
+        self.segments[idx as usize]
+    }
+
+    #[inline]
+    pub(crate) fn segment_bytes(&self, seg: &SegmentSlot) -> &'p [u8] {
+        self.chunk_bytes(seg.chunk(), seg.start, seg.end)
     }
 }
 
@@ -504,9 +614,12 @@ impl Pool<'_> {
             let mut last = NIL;
             let mut cur = chain.head_index();
             while cur != NIL {
-                let seg = self.segment(cur);
+                let seg = self.view().segment(cur);
                 assert!(seg.start < seg.end, "empty segment {cur}");
-                assert!(seg.end <= self.fill(seg.chunk()), "segment {cur} past its chunk's fill");
+                assert!(
+                    seg.end <= self.view().fill(seg.chunk()),
+                    "segment {cur} past its chunk's fill"
+                );
                 refs[seg.chunk() as usize] += 1;
                 len += seg.len();
                 linked += 1;
@@ -522,26 +635,26 @@ impl Pool<'_> {
         for (i, slot) in self.chunks.iter().enumerate() {
             assert_eq!(slot.refs, refs[i], "reference count of chunk {i}");
             if slot.refs > 0 {
-                assert!(slot.link <= self.chunk_size, "fill of chunk {i}");
+                assert!(slot.link <= self.state.chunk_size, "fill of chunk {i}");
             }
         }
-        assert_eq!(self.chunks_in_use, refs.iter().filter(|&&r| r > 0).count());
-        let (mut free, mut cur) = (0, self.free_chunk);
+        assert_eq!(self.state.chunks_in_use, refs.iter().filter(|&&r| r > 0).count());
+        let (mut free, mut cur) = (0, self.state.free_chunk);
         while cur != NIL {
             assert_eq!(self.chunks[cur as usize].refs, 0, "chunk {cur} on the free list is in use");
             free += 1;
             cur = self.chunks[cur as usize].link;
         }
-        assert_eq!(free, self.chunks.len() - self.chunks_in_use, "free chunk list length");
-        assert_eq!(self.segments_in_use, linked, "segments in use");
-        let (mut free, mut cur) = (0, self.free_segment);
+        assert_eq!(free, self.chunks.len() - self.state.chunks_in_use, "free chunk list length");
+        assert_eq!(self.state.segments_in_use, linked, "segments in use");
+        let (mut free, mut cur) = (0, self.state.free_segment);
         while cur != NIL {
             free += 1;
             cur = self.segments[cur as usize].next;
         }
         assert_eq!(free, self.segments.len() - linked, "free segment list length");
         assert!(self.budget.drawn() <= self.budget.limit(), "budget exceeded");
-        assert!(self.chunks_high_water >= self.chunks_in_use);
+        assert!(self.state.chunks_high_water >= self.state.chunks_in_use);
     }
 }
 
@@ -585,11 +698,11 @@ impl Pool<'static> {
 impl fmt::Debug for Pool<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pool")
-            .field("chunk_size", &self.chunk_size)
+            .field("chunk_size", &self.state.chunk_size)
             .field("chunks_total", &self.chunks.len())
-            .field("chunks_in_use", &self.chunks_in_use)
+            .field("chunks_in_use", &self.state.chunks_in_use)
             .field("segments_total", &self.segments.len())
-            .field("segments_in_use", &self.segments_in_use)
+            .field("segments_in_use", &self.state.segments_in_use)
             .field("budget", &self.budget)
             .finish_non_exhaustive()
     }

@@ -2,7 +2,7 @@
 
 use crate::backpressure::{SlowConsumerPolicy, Watermarks, Writability};
 use crate::chain::{ChunkChain, Frame, Part, Segments};
-use crate::pool::{Pool, PoolError};
+use crate::pool::{Pool, PoolError, Slab};
 
 /// The largest control frame on the wire: 2 header bytes, a 4-byte mask and 125 payload bytes
 /// (RFC 6455 §5.5: "All control frames MUST have a payload length of 125 bytes or less").
@@ -101,10 +101,11 @@ impl SendQueue {
 
     /// Whether the first message has started to go out (so no policy may drop it).
     pub fn has_message_in_flight(&self, pool: &Pool<'_>) -> bool {
-        self.chain.head_in_flight(pool)
+        self.chain.head_in_flight(pool.view())
     }
 
     /// Queues one message made of `parts`, copied (e.g. `&[header, payload]`).
+    #[inline]
     pub fn push_message(&mut self, pool: &mut Pool<'_>, parts: &[&[u8]]) -> Pushed {
         let len = parts.iter().map(|p| p.len()).sum();
         self.push_with(pool, len, |chain, pool| {
@@ -118,6 +119,7 @@ impl SendQueue {
     }
 
     /// Queues a shared frame by reference (zero-copy broadcast).
+    #[inline]
     pub fn push_frame(&mut self, pool: &mut Pool<'_>, frame: &Frame) -> Pushed {
         self.push_with(pool, frame.len(), |chain, pool| chain.link_frame(pool, frame))
     }
@@ -167,6 +169,7 @@ impl SendQueue {
 
     /// Fills `out` with the unsent bytes, one slice per segment, for a vectored write; returns
     /// the number of slices filled.
+    #[inline]
     pub fn slices<'p>(&self, pool: &'p Pool<'_>, out: &mut [&'p [u8]]) -> usize {
         self.chain.slices(pool, out)
     }
@@ -178,6 +181,7 @@ impl SendQueue {
     }
 
     /// The unsent bytes in order, one slice per segment.
+    #[inline]
     pub fn segments<'p>(&self, pool: &'p Pool<'_>) -> Segments<'p> {
         self.chain.segments(pool)
     }
@@ -190,8 +194,9 @@ impl SendQueue {
 
     /// Removes the `n` bytes the socket took (at most [`len`](Self::len)). A message whose
     /// first byte goes is in flight from then on and is never dropped.
+    #[inline]
     pub fn consume(&mut self, pool: &mut Pool<'_>, n: usize) -> Option<Writability> {
-        let (_, completed) = self.chain.consume_messages(pool, n);
+        let (_, completed) = self.chain.consume_messages(&mut pool.slab(), n);
         self.messages -= completed;
         self.watermarks.observe(self.len())
     }
@@ -220,123 +225,144 @@ impl SendQueue {
     }
 
     /// Applies the policy to a message of `len` bytes that `append` would add.
+    #[inline]
     fn push_with(
         &mut self,
         pool: &mut Pool<'_>,
         len: usize,
-        append: impl Fn(&mut ChunkChain, &mut Pool<'_>) -> Result<(), PoolError>,
+        append: impl Fn(&mut ChunkChain, &mut Slab<'_>) -> Result<(), PoolError>,
     ) -> Pushed {
         let outcome = if len == 0 {
             self.queued() // nothing to store; an empty message would have no segment to mark
+        } else if self.policy != SlowConsumerPolicy::Conflate
+            && self.len().saturating_add(len) <= self.watermarks.cap()
+        {
+            // The common case: under the cap there is nothing to decide.
+            match self.store(pool, false, &append) {
+                Ok(()) => self.queued(),
+                Err(_) => self.pool_exhausted(pool, len, 0, 0, append),
+            }
         } else {
             self.apply_policy(pool, len, append)
         };
         Pushed { outcome, writability: self.watermarks.observe(self.len()) }
     }
 
+    /// A message that would take the queue past its cap, or any message under `Conflate`.
     fn apply_policy(
         &mut self,
         pool: &mut Pool<'_>,
         len: usize,
-        append: impl Fn(&mut ChunkChain, &mut Pool<'_>) -> Result<(), PoolError>,
+        append: impl Fn(&mut ChunkChain, &mut Slab<'_>) -> Result<(), PoolError>,
     ) -> PushOutcome {
         let cap = self.watermarks.cap();
-        let fits = |queue: &Self| queue.len().saturating_add(len) <= cap;
         let policy = self.policy;
         let newest = PushOutcome::Dropped { newest: true, messages: 1, bytes: len };
         match policy {
-            SlowConsumerPolicy::Block => {
-                if len > cap {
-                    // Waiting cannot help a message larger than the cap.
-                    pool.record_drop(policy, 1, len);
-                    return newest;
-                }
-                let limit = if !fits(self) {
-                    Limit::Cap
-                } else if self.store(pool, false, append).is_err() {
-                    Limit::Pool
-                } else {
-                    return self.queued();
-                };
-                pool.record_would_block();
-                PushOutcome::WouldBlock { limit }
-            }
-            SlowConsumerPolicy::DropNewest => {
-                if fits(self) && self.store(pool, false, &append).is_ok() {
-                    return self.queued();
-                }
+            SlowConsumerPolicy::Block | SlowConsumerPolicy::DropNewest if len > cap => {
+                // Waiting cannot help a message larger than the cap.
                 pool.record_drop(policy, 1, len);
                 newest
             }
+            SlowConsumerPolicy::Block => {
+                pool.record_would_block();
+                PushOutcome::WouldBlock { limit: Limit::Cap }
+            }
+            SlowConsumerPolicy::DropNewest => {
+                pool.record_drop(policy, 1, len);
+                newest
+            }
+            SlowConsumerPolicy::Close => {
+                pool.record_close();
+                PushOutcome::MustClose { limit: Limit::Cap }
+            }
             SlowConsumerPolicy::DropOldest | SlowConsumerPolicy::Conflate => {
-                let keep = self.chain.undroppable_bytes(pool);
-                if keep.saturating_add(len) > cap {
+                if self.chain.undroppable_bytes(pool.view()).saturating_add(len) > cap {
                     // Even dropping every unsent message would not make room: drop the new one
                     // and keep the older ones.
                     pool.record_drop(policy, 1, len);
                     return newest;
                 }
-                let (mut messages, mut bytes) = if policy == SlowConsumerPolicy::Conflate {
-                    self.drop_unsent(pool, usize::MAX)
+                let wanted = if policy == SlowConsumerPolicy::Conflate {
+                    usize::MAX
                 } else {
-                    self.drop_unsent(pool, (self.len() + len).saturating_sub(cap))
+                    (self.len() + len).saturating_sub(cap)
                 };
-                let outcome = loop {
-                    if self.store(pool, false, &append).is_ok() {
-                        break if messages == 0 {
-                            self.queued()
-                        } else {
-                            PushOutcome::Dropped { newest: false, messages, bytes }
-                        };
-                    }
-                    // The pool is exhausted: an older message may be holding what we need.
-                    match self.drop_unsent(pool, 1) {
-                        (0, _) => {
-                            break PushOutcome::Dropped {
-                                newest: true,
-                                messages: messages + 1,
-                                bytes: bytes + len,
-                            };
-                        }
-                        (m, b) => {
-                            messages += m;
-                            bytes += b;
-                        }
-                    }
-                };
-                if let PushOutcome::Dropped { messages, bytes, .. } = outcome {
-                    pool.record_drop(policy, messages, bytes);
+                let (messages, bytes) = self.drop_unsent(pool, wanted);
+                if self.store(pool, false, &append).is_err() {
+                    return self.pool_exhausted(pool, len, messages, bytes, append);
                 }
-                outcome
+                if messages == 0 {
+                    return self.queued();
+                }
+                pool.record_drop(policy, messages, bytes);
+                PushOutcome::Dropped { newest: false, messages, bytes }
+            }
+        }
+    }
+
+    /// The pool could not store a message that fits under the cap (`messages` older ones of
+    /// `bytes` were already dropped to make room under it).
+    #[cold]
+    fn pool_exhausted(
+        &mut self,
+        pool: &mut Pool<'_>,
+        len: usize,
+        mut messages: u32,
+        mut bytes: usize,
+        append: impl Fn(&mut ChunkChain, &mut Slab<'_>) -> Result<(), PoolError>,
+    ) -> PushOutcome {
+        let policy = self.policy;
+        match policy {
+            SlowConsumerPolicy::Block => {
+                pool.record_would_block();
+                PushOutcome::WouldBlock { limit: Limit::Pool }
             }
             SlowConsumerPolicy::Close => {
-                let limit = if !fits(self) {
-                    Limit::Cap
-                } else if self.store(pool, false, append).is_err() {
-                    Limit::Pool
-                } else {
-                    return self.queued();
-                };
                 pool.record_close();
-                PushOutcome::MustClose { limit }
+                PushOutcome::MustClose { limit: Limit::Pool }
+            }
+            SlowConsumerPolicy::DropNewest => {
+                pool.record_drop(policy, 1, len);
+                PushOutcome::Dropped { newest: true, messages: 1, bytes: len }
+            }
+            SlowConsumerPolicy::DropOldest | SlowConsumerPolicy::Conflate => {
+                // An older message of this queue may hold what the new one needs.
+                let newest = loop {
+                    let (m, b) = self.drop_unsent(pool, 1);
+                    if m == 0 {
+                        messages += 1;
+                        bytes += len;
+                        break true;
+                    }
+                    messages += m;
+                    bytes += b;
+                    if self.store(pool, false, &append).is_ok() {
+                        break false;
+                    }
+                };
+                pool.record_drop(policy, messages, bytes);
+                PushOutcome::Dropped { newest, messages, bytes }
             }
         }
     }
 
     /// Stores one message all or nothing and flags its first segment.
+    #[inline]
     fn store(
         &mut self,
         pool: &mut Pool<'_>,
         control: bool,
-        append: impl Fn(&mut ChunkChain, &mut Pool<'_>) -> Result<(), PoolError>,
+        append: impl Fn(&mut ChunkChain, &mut Slab<'_>) -> Result<(), PoolError>,
     ) -> Result<(), PoolError> {
-        let mark = self.chain.mark(pool);
-        if let Err(e) = append(&mut self.chain, pool) {
-            self.chain.rollback(pool, mark);
+        let mut slab = pool.slab();
+        let mark = self.chain.mark(slab.view());
+        if let Err(e) = append(&mut self.chain, &mut slab) {
+            self.chain.rollback(&mut slab, mark);
             return Err(e);
         }
-        let first = self.chain.first_after(pool, &mark);
-        pool.segment_mut(first).mark_message_start(control);
+        let first = self.chain.first_after(slab.view(), &mark);
+        slab.segment_mut(first).mark_message_start(control);
         self.messages += 1;
         Ok(())
     }
@@ -345,15 +371,17 @@ impl SendQueue {
     /// message for `1`, all of them for `usize::MAX`); returns `(messages, bytes)` dropped.
     fn drop_unsent(&mut self, pool: &mut Pool<'_>, bytes_wanted: usize) -> (u32, usize) {
         let (mut messages, mut bytes) = (0, 0);
+        let mut slab = pool.slab();
         while bytes < bytes_wanted {
-            let Some((prev, first)) = self.chain.find_droppable(pool) else { break };
-            bytes += self.chain.unlink_message(pool, prev, first);
+            let Some((prev, first)) = self.chain.find_droppable(slab.view()) else { break };
+            bytes += self.chain.unlink_message(&mut slab, prev, first);
             messages += 1;
         }
         self.messages -= messages;
         (messages, bytes)
     }
 
+    #[inline]
     fn queued(&self) -> PushOutcome {
         if self.len() > self.watermarks.high() {
             PushOutcome::QueuedAboveHigh
