@@ -174,6 +174,7 @@ impl Conn<'_> {
             PushOutcome::MustClose { .. } => {
                 let gone = self.queue.discard_unsent(self.pool);
                 note(self.writability, gone.writability);
+                self.metrics.slow_consumer_closes.inc();
                 self.close(CloseCode::POLICY_VIOLATION, "slow consumer");
                 SendResult::Closed
             }

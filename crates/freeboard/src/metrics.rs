@@ -54,6 +54,8 @@ pub struct Metrics {
     pub drops: Family<Reason, Counter>,
     /// Handshakes that timed out.
     pub handshake_timeouts: Counter,
+    /// Connections closed with 1008 by the `close` slow-consumer policy.
+    pub slow_consumer_closes: Counter,
     /// Pool chunks in use, per loop.
     pub chunks_in_use: Family<LoopLabel, Gauge>,
     /// Pool chunks in total, per loop.
@@ -85,6 +87,7 @@ impl Metrics {
             refusals: Family::default(),
             drops: Family::default(),
             handshake_timeouts: Counter::default(),
+            slow_consumer_closes: Counter::default(),
             chunks_in_use: Family::default(),
             chunks_total: Family::default(),
             chunks_high_water: Family::default(),
@@ -110,6 +113,11 @@ impl Metrics {
             "handshake_timeouts",
             "Connections dropped before completing the upgrade request",
             m.handshake_timeouts.clone(),
+        );
+        registry.register(
+            "slow_consumer_closes",
+            "Connections closed with 1008 because their send queue reached its cap",
+            m.slow_consumer_closes.clone(),
         );
         registry.register("pool_chunks_in_use", "Pool chunks in use", m.chunks_in_use.clone());
         registry.register("pool_chunks_total", "Pool chunks in total", m.chunks_total.clone());
@@ -158,6 +166,11 @@ impl Metrics {
     /// The value of `closes{reason}`.
     pub fn closes_for(&self, reason: &str) -> u64 {
         self.closes.get_or_create(&Reason { reason: reason.to_owned() }).get()
+    }
+
+    /// The value of `drops{reason=policy}`.
+    pub fn drops_for(&self, policy: &str) -> u64 {
+        self.drops.get_or_create(&Reason { reason: policy.to_owned() }).get()
     }
 
     /// Pool chunks in use, summed over the loops.

@@ -1,0 +1,90 @@
+//! A client that never reads while the server pushes: the queue stays under its cap, the
+//! configured policy decides, other connections keep their echo, and the pool returns to idle.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use freeboard::{Conn, Echo, Handler, Message, Router, SendResult, Server, SlowConsumerPolicy};
+
+const CAP: usize = 64 << 10;
+
+/// On any message, pushes 1,000 messages of 1 KiB in one loop turn and records what `send`
+/// said and the most bytes ever buffered.
+struct Pusher {
+    log: Arc<Mutex<(Vec<SendResult>, usize)>>,
+}
+
+impl Handler for Pusher {
+    fn on_message(&mut self, conn: &mut Conn<'_>, _message: Message<'_>) {
+        let payload = [b'x'; 1024];
+        let mut log = self.log.lock().unwrap();
+        for _ in 0..1000 {
+            let result = conn.send(freeboard::MessageKind::Binary, &payload);
+            log.0.push(result);
+            log.1 = log.1.max(conn.buffered_amount());
+        }
+    }
+}
+
+fn run(policy: SlowConsumerPolicy) -> (Vec<SendResult>, usize, Arc<freeboard::Metrics>) {
+    let mut cfg = common::config();
+    cfg.send_low = 8 << 10;
+    cfg.send_high = 16 << 10;
+    cfg.send_cap = CAP;
+    cfg.slow_consumer = policy;
+    let log = Arc::new(Mutex::new((Vec::new(), 0)));
+    let shared = log.clone();
+    let server = Server::bind(cfg, move || {
+        Router::new().route("/", Echo).route("/push", Pusher { log: shared.clone() })
+    })
+    .unwrap()
+    .spawn();
+    let addr = server.local_addr();
+    let metrics = server.metrics();
+    let (mut slow, status, _) = common::Client::connect(addr, "/push");
+    assert_eq!(status, 101);
+    slow.send(0x81, b"go"); // and never read again
+    let mut other = common::Client::open(addr);
+    for i in 0..50u8 {
+        other.send(0x82, &[i; 100]);
+        assert_eq!(other.recv(), Some((0x2, vec![i; 100])));
+    }
+    while log.lock().unwrap().0.len() < 1000 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(slow);
+    drop(other);
+    while metrics.connections.get() > 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(metrics.total_chunks_in_use(), 0, "the pool returns to idle");
+    server.handle().shutdown();
+    server.join().unwrap();
+    let (results, max) = std::mem::take(&mut *log.lock().unwrap());
+    (results, max, metrics)
+}
+
+#[test]
+fn drop_newest_keeps_the_queue_under_its_cap_and_counts_drops() {
+    let (results, max, metrics) = run(SlowConsumerPolicy::DropNewest);
+    assert!(max <= CAP, "{max} bytes buffered, cap {CAP}");
+    assert_eq!(results[0], SendResult::Queued);
+    assert!(results.contains(&SendResult::QueuedAboveHigh));
+    let dropped = results
+        .iter()
+        .filter(|r| matches!(r, SendResult::Dropped { newest: true, messages: 1, .. }))
+        .count();
+    assert!(dropped > 900, "{dropped} of 1000 dropped");
+    assert_eq!(metrics.drops_for("drop-newest"), dropped as u64);
+}
+
+#[test]
+fn close_policy_closes_the_slow_consumer_with_1008() {
+    let (results, max, metrics) = run(SlowConsumerPolicy::Close);
+    assert!(max <= CAP + 131, "{max} bytes buffered, cap {CAP}");
+    let first_closed = results.iter().position(|r| *r == SendResult::Closed).unwrap();
+    assert!(results[first_closed..].iter().all(|r| *r == SendResult::Closed));
+    assert_eq!(metrics.slow_consumer_closes.get(), 1);
+}
