@@ -54,6 +54,14 @@ struct ServeArgs {
     /// Connections per client IP; beyond it upgrades get 429 with Retry-After [default: 1000].
     #[arg(long, value_name = "N")]
     max_connections_per_ip: Option<usize>,
+    /// New connections per second across the server (token bucket); beyond it upgrades get
+    /// 503 with Retry-After; 0 is off [default: 0].
+    #[arg(long, value_name = "PER_SEC")]
+    accept_rate: Option<f64>,
+    /// New connections per second from one IP (token bucket); beyond it upgrades get 429 with
+    /// Retry-After; 0 is off [default: 0].
+    #[arg(long, value_name = "PER_SEC")]
+    accept_rate_per_ip: Option<f64>,
     /// Seconds without input before a keep-alive ping [default: 30].
     #[arg(long, value_name = "SECS")]
     idle_timeout: Option<f64>,
@@ -170,6 +178,12 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
     }
     if let Some(v) = args.max_connections_per_ip {
         config.max_connections_per_ip = v;
+    }
+    if let Some(v) = args.accept_rate {
+        config.accept_rate = v;
+    }
+    if let Some(v) = args.accept_rate_per_ip {
+        config.accept_rate_per_ip = v;
     }
     if let Some(v) = args.idle_timeout {
         config.idle_timeout = if v == 0.0 { None } else { Some(secs(v)?) };

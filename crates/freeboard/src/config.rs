@@ -36,6 +36,12 @@ pub struct ServerConfig {
     /// Connections from one IP address; beyond it upgrades get 429 with `Retry-After`.
     /// Default 1,000.
     pub max_connections_per_ip: usize,
+    /// New connections per second across the server (token bucket, burst of one second's
+    /// worth); beyond it upgrades get 503 with `Retry-After`. 0 (the default) turns it off.
+    pub accept_rate: f64,
+    /// New connections per second from one IP address (token bucket, burst of one second's
+    /// worth); beyond it upgrades get 429 with `Retry-After`. 0 (the default) turns it off.
+    pub accept_rate_per_ip: f64,
     /// Seconds a client is told to wait in `Retry-After` (429). Default 1.
     #[serde(with = "secs")]
     pub retry_after: Duration,
@@ -82,6 +88,8 @@ impl Default for ServerConfig {
             max_message_size: 16 << 20,
             max_connections: 100_000,
             max_connections_per_ip: 1_000,
+            accept_rate: 0.0,
+            accept_rate_per_ip: 0.0,
             retry_after: Duration::from_secs(1),
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Some(Duration::from_secs(30)),
@@ -110,6 +118,9 @@ impl ServerConfig {
         }
         if !(self.send_low <= self.send_high && self.send_high <= self.send_cap) {
             return Err("send watermarks must satisfy send_low <= send_high <= send_cap".into());
+        }
+        if !(self.accept_rate >= 0.0 && self.accept_rate_per_ip >= 0.0) {
+            return Err("accept rates must be 0 (off) or positive".into());
         }
         if self.read_buffer < 1024 {
             return Err("read_buffer must be at least 1024 bytes".into());

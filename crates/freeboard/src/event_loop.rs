@@ -53,6 +53,8 @@ struct Entry {
     peer: SocketAddr,
     phase: Phase,
     queue: SendQueue,
+    /// The status its upgrade gets because it came faster than the accept rate allows.
+    limited: Option<u16>,
     /// Partial request head or partial message; empty (no chunk) when idle.
     partial: ChunkChain,
     /// The deadline this entry has in the timer heap, if any.
@@ -243,7 +245,7 @@ impl EventLoop {
                 continue;
             }
             self.shared.metrics.accepted.inc();
-            self.shared.admit(peer);
+            let limited = self.shared.admit(peer, now.as_millis() as f64 / 1000.0);
             self.serial += 1;
             let config = &self.shared.config;
             // NOTE(unwrap): validated in `ServerConfig::validate`.
@@ -255,6 +257,7 @@ impl EventLoop {
                 peer,
                 phase: Phase::Handshake { deadline: now + config.handshake_timeout },
                 queue: SendQueue::new(marks, config.slow_consumer),
+                limited,
                 partial: ChunkChain::new(),
                 armed: None,
                 dirty: false,
@@ -394,8 +397,14 @@ impl EventLoop {
         };
         let config = &self.shared.config;
         let peer = self.conns[token].peer;
+        let retry_after = config.retry_after.as_secs().max(1);
+        if let Some(status) = self.conns[token].limited {
+            let retry = format!("Retry-After: {retry_after}\r\n");
+            self.refuse(token, now, status, &retry, "connecting too fast: accept rate limit");
+            return false;
+        }
         if self.shared.per_ip(peer) > config.max_connections_per_ip {
-            let retry = format!("Retry-After: {}\r\n", config.retry_after.as_secs().max(1));
+            let retry = format!("Retry-After: {retry_after}\r\n");
             self.refuse(token, now, 429, &retry, "too many connections from this address");
             return false;
         }

@@ -84,6 +84,33 @@ fn per_ip_limit_answers_429_with_retry_after() {
 }
 
 #[test]
+fn accept_rate_limits_answer_429_per_ip_and_503_globally() {
+    // A rate of 0.001/s holds one token: the first connection passes, the next does not.
+    let mut cfg = config();
+    cfg.accept_rate_per_ip = 0.001;
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let _a = Client::open(addr);
+    let (_b, status, head) = Client::connect(addr, "/");
+    assert_eq!(status, 429);
+    assert!(head.contains("Retry-After: 1\r\n"), "{head}");
+    assert_eq!(server.metrics().refusals_for(429), 1);
+    server.handle().shutdown();
+    server.join().unwrap();
+
+    let mut cfg = config();
+    cfg.accept_rate = 0.001;
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let _a = Client::open(addr);
+    let (_b, status, _) = Client::connect(addr, "/");
+    assert_eq!(status, 503);
+    assert_eq!(server.metrics().refusals_for(503), 1);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
 fn handshake_timeout_drops_slow_clients() {
     let mut cfg = config();
     cfg.handshake_timeout = Duration::from_millis(200);
