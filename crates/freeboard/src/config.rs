@@ -25,7 +25,7 @@ pub struct ServerConfig {
     pub memory: usize,
     /// Pool chunk size in bytes. Default 4096.
     pub chunk_size: usize,
-    /// Per-loop shared read buffer in bytes. Default 64 KiB.
+    /// Per-loop shared read buffer in bytes, at least 16 KiB. Default 64 KiB.
     pub read_buffer: usize,
     /// Largest message accepted (all its frames together); beyond it the connection is closed
     /// with 1009. Default 16 MiB.
@@ -122,8 +122,9 @@ impl ServerConfig {
         if !(self.accept_rate >= 0.0 && self.accept_rate_per_ip >= 0.0) {
             return Err("accept rates must be 0 (off) or positive".into());
         }
-        if self.read_buffer < 1024 {
-            return Err("read_buffer must be at least 1024 bytes".into());
+        // A request head (up to 8 KiB) must fit in one read buffer.
+        if self.read_buffer < 2 * freeboard_proto::handshake::DEFAULT_MAX_HEAD_LEN {
+            return Err("read_buffer must be at least 16 KiB".into());
         }
         if self.chunk_size == 0 || self.chunk_size > freeboard_buf::MAX_CHUNK_SIZE {
             return Err("chunk_size out of range".into());

@@ -141,6 +141,7 @@ impl EventLoop {
             let now = self.now();
             if self.shared.shutdown.load(Ordering::Acquire) && self.drain_deadline.is_none() {
                 self.begin_shutdown(now);
+                self.end_turn(now); // the close frames leave now, not after the next poll
             }
             if let Some(deadline) = self.drain_deadline
                 && (self.conns.is_empty() || now >= deadline)

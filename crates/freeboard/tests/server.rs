@@ -33,6 +33,7 @@ fn echoes_text_and_binary_whole_and_fragmented() {
     assert!(c.sees_eof());
     assert!(metric(addr, "freeboard_messages_in_total") >= 3.0);
     assert_eq!(metric(addr, "freeboard_closes_total{reason=\"normal\"}"), 1.0);
+    drop(c);
     server.handle().shutdown();
     server.join().unwrap();
 }
@@ -59,11 +60,12 @@ fn max_connections_answers_503() {
     cfg.max_connections = 2;
     let server = start(cfg);
     let addr = server.local_addr();
-    let _a = Client::open(addr);
-    let _b = Client::open(addr);
-    let (_c, status, head) = Client::connect(addr, "/");
+    let a = Client::open(addr);
+    let b = Client::open(addr);
+    let (c, status, head) = Client::connect(addr, "/");
     assert_eq!(status, 503, "{head}");
     assert_eq!(server.metrics().refusals_for(503), 1);
+    drop((a, b, c));
     server.handle().shutdown();
     server.join().unwrap();
 }
@@ -74,11 +76,12 @@ fn per_ip_limit_answers_429_with_retry_after() {
     cfg.max_connections_per_ip = 1;
     let server = start(cfg);
     let addr = server.local_addr();
-    let _a = Client::open(addr);
-    let (_b, status, head) = Client::connect(addr, "/");
+    let a = Client::open(addr);
+    let (b, status, head) = Client::connect(addr, "/");
     assert_eq!(status, 429);
     assert!(head.contains("Retry-After: 1\r\n"), "{head}");
     assert_eq!(server.metrics().refusals_for(429), 1);
+    drop((a, b));
     server.handle().shutdown();
     server.join().unwrap();
 }
@@ -90,11 +93,12 @@ fn accept_rate_limits_answer_429_per_ip_and_503_globally() {
     cfg.accept_rate_per_ip = 0.001;
     let server = start(cfg);
     let addr = server.local_addr();
-    let _a = Client::open(addr);
-    let (_b, status, head) = Client::connect(addr, "/");
+    let a = Client::open(addr);
+    let (b, status, head) = Client::connect(addr, "/");
     assert_eq!(status, 429);
     assert!(head.contains("Retry-After: 1\r\n"), "{head}");
     assert_eq!(server.metrics().refusals_for(429), 1);
+    drop((a, b));
     server.handle().shutdown();
     server.join().unwrap();
 
@@ -102,10 +106,11 @@ fn accept_rate_limits_answer_429_per_ip_and_503_globally() {
     cfg.accept_rate = 0.001;
     let server = start(cfg);
     let addr = server.local_addr();
-    let _a = Client::open(addr);
-    let (_b, status, _) = Client::connect(addr, "/");
+    let a = Client::open(addr);
+    let (b, status, _) = Client::connect(addr, "/");
     assert_eq!(status, 503);
     assert_eq!(server.metrics().refusals_for(503), 1);
+    drop((a, b));
     server.handle().shutdown();
     server.join().unwrap();
 }
@@ -147,6 +152,7 @@ fn oversized_message_closes_with_1009() {
     assert_eq!(c.recv_close(), Some(1009));
     assert!(c.sees_eof());
     assert_eq!(server.metrics().closes_for("message_too_big"), 1);
+    drop(c);
     server.handle().shutdown();
     server.join().unwrap();
 }
@@ -169,10 +175,10 @@ fn budget_admission_answers_503_while_the_pool_is_short() {
     while common::metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") < 200.0 {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let (_c, status, _) = Client::connect(addr, "/");
+    let (refused, status, _) = Client::connect(addr, "/");
     assert_eq!(status, 503);
     assert_eq!(server.metrics().refusals_for(503), 1);
-    drop(holder);
+    drop((holder, refused));
     server.handle().shutdown();
     server.join().unwrap();
 }
@@ -188,6 +194,8 @@ fn shutdown_closes_every_connection_with_1001() {
     for c in &mut clients {
         assert_eq!(c.recv_close(), Some(1001));
         c.send(0x88, &1001u16.to_be_bytes());
+        assert!(c.sees_eof(), "the server closes TCP after the close handshake");
     }
+    drop(clients);
     joiner.join().unwrap().unwrap();
 }
