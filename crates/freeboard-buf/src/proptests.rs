@@ -14,14 +14,14 @@ fn config() -> ProptestConfig {
     let default = ProptestConfig::default(); // 256 cases, or PROPTEST_CASES
     ProptestConfig {
         // Miri runs each case thousands of times slower: a handful still walks every path.
-        cases: if cfg!(miri) { 4 } else { default.cases },
+        cases: if cfg!(miri) { 3 } else { default.cases },
         failure_persistence: None,
         ..default
     }
 }
 
 fn max_ops() -> usize {
-    if cfg!(miri) { 40 } else { 160 }
+    if cfg!(miri) { 24 } else { 160 }
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
