@@ -17,13 +17,15 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use crate::handler::{Conn, ConnId, Message, Router, Upgrade, queue_control};
-use crate::metrics::LoopLabel;
+use crate::metrics::{LoopLabel, LoopStats};
 use crate::server::Shared;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
 /// Slices per `writev`: 256 segments cover 1 MiB of 4 KiB chunks.
 const IOV: usize = 256;
+/// Reads of one connection per loop turn before the others get their turn.
+const READS_PER_TURN: usize = 16;
 /// How long a closed connection waits for the peer's EOF after our FIN.
 const LINGER: Duration = Duration::from_secs(2);
 
@@ -83,6 +85,7 @@ pub(crate) struct EventLoop {
     proto: freeboard_proto::Config,
     drain_deadline: Option<Instant>,
     last_failures: u64,
+    stats: LoopStats,
 }
 
 impl EventLoop {
@@ -123,6 +126,7 @@ impl EventLoop {
             serial: 0,
             drain_deadline: None,
             last_failures: 0,
+            stats: LoopStats::default(),
         })
     }
 
@@ -325,7 +329,7 @@ impl EventLoop {
                 }
             }
         }
-        self.shared.metrics.bytes_in.inc_by(have as u64);
+        self.stats.bytes_in += have as u64;
         let head = self.handshake(token, now, &mut buf[..have], eof);
         self.read_buf = buf;
         if head && !eof {
@@ -492,11 +496,18 @@ impl EventLoop {
 
     fn read_open(&mut self, token: usize, now: Instant) {
         let mut buf = std::mem::take(&mut self.read_buf);
+        let mut reads = 0;
         while let Some(entry) = self.conns.get_mut(token) {
             let Phase::Open { ws, paused, .. } = &mut entry.phase else { break };
             if *paused || ws.state() == State::Closed {
                 break;
             }
+            if reads == READS_PER_TURN {
+                // Fairness: a busy peer waits for the next turn, after everyone else.
+                self.resume.push(token);
+                break;
+            }
+            reads += 1;
             match entry.stream.read(&mut buf) {
                 Ok(0) => {
                     ws.handle_eof();
@@ -504,8 +515,13 @@ impl EventLoop {
                     break;
                 }
                 Ok(n) => {
-                    self.shared.metrics.bytes_in.inc_by(n as u64);
+                    self.stats.bytes_in += n as u64;
                     self.receive(token, now, &mut buf[..n]);
+                    if n < buf.len() {
+                        // A short read emptied the socket; epoll (edge-triggered) reports the
+                        // next arrival, so the read that would say WouldBlock is saved.
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -537,7 +553,7 @@ impl EventLoop {
             at += input.consumed;
             if let Some(piece) = input.payload {
                 if piece.message_start && piece.message_fin {
-                    self.shared.metrics.messages_in.inc();
+                    self.stats.messages_in += 1;
                     let message = Message { kind: piece.kind, data: piece.data };
                     self.call(token, now, |handler, conn| handler.on_message(conn, message));
                 } else if entry.partial.append(&mut self.pool, piece.data).is_err() {
@@ -583,7 +599,7 @@ impl EventLoop {
             self.assembly.extend_from_slice(segment);
         }
         entry.partial.clear(&mut self.pool);
-        self.shared.metrics.messages_in.inc();
+        self.stats.messages_in += 1;
         let assembly = std::mem::take(&mut self.assembly);
         self.call(token, now, |handler, conn| {
             handler.on_message(conn, Message { kind, data: &assembly })
@@ -631,6 +647,7 @@ impl EventLoop {
             queue: &mut entry.queue,
             pool: &mut self.pool,
             metrics: &self.shared.metrics,
+            stats: &mut self.stats,
             now,
             writability: &mut writability,
         };
@@ -717,7 +734,7 @@ impl EventLoop {
             let offered: usize = iov[..n].iter().map(|s| s.len()).sum();
             match entry.stream.write_vectored(&iov[..n]) {
                 Ok(written) => {
-                    self.shared.metrics.bytes_out.inc_by(written as u64);
+                    self.stats.bytes_out += written as u64;
                     if let Some(c) = entry.queue.consume(&mut self.pool, written) {
                         change = Some(c);
                     }
@@ -794,6 +811,7 @@ impl EventLoop {
     }
 
     fn publish_gauges(&mut self) {
+        self.stats.publish(&self.shared.metrics);
         let label = LoopLabel { event_loop: self.index };
         let m = &self.shared.metrics;
         let c = self.pool.counters();

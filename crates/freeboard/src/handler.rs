@@ -7,7 +7,7 @@ use freeboard_buf::{Pool, PushOutcome, SendQueue, SlowConsumerPolicy, Writabilit
 use freeboard_proto::handshake::Request;
 use freeboard_proto::{CloseCode, Connection, Instant, MessageKind, OpCode};
 
-use crate::metrics::Metrics;
+use crate::metrics::{LoopStats, Metrics};
 
 /// An application endpoint: what happens on one route.
 ///
@@ -121,6 +121,7 @@ pub struct Conn<'a> {
     pub(crate) queue: &'a mut SendQueue,
     pub(crate) pool: &'a mut Pool<'static>,
     pub(crate) metrics: &'a Metrics,
+    pub(crate) stats: &'a mut LoopStats,
     pub(crate) now: Instant,
     /// Writability transitions caused by sends, reported after the handler returns.
     pub(crate) writability: &'a mut Option<Writability>,
@@ -152,16 +153,16 @@ impl Conn<'_> {
         note(self.writability, pushed.writability);
         match pushed.outcome {
             PushOutcome::Queued => {
-                self.metrics.messages_out.inc();
+                self.stats.messages_out += 1;
                 SendResult::Queued
             }
             PushOutcome::QueuedAboveHigh => {
-                self.metrics.messages_out.inc();
+                self.stats.messages_out += 1;
                 SendResult::QueuedAboveHigh
             }
             PushOutcome::Dropped { newest, messages, bytes } => {
                 if !newest {
-                    self.metrics.messages_out.inc();
+                    self.stats.messages_out += 1;
                 }
                 let policy = self.queue.policy().name().to_owned();
                 self.metrics

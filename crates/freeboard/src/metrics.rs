@@ -29,6 +29,33 @@ pub struct LoopLabel {
     pub event_loop: u32,
 }
 
+/// Per-message counts one loop keeps in plain integers and adds to the shared [`Metrics`]
+/// once per loop turn, so the hot path touches no shared cache line.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LoopStats {
+    pub(crate) messages_in: u64,
+    pub(crate) messages_out: u64,
+    pub(crate) bytes_in: u64,
+    pub(crate) bytes_out: u64,
+}
+
+impl LoopStats {
+    /// Adds the counts to `metrics` and zeroes them.
+    pub(crate) fn publish(&mut self, metrics: &Metrics) {
+        for (counter, n) in [
+            (&metrics.messages_in, self.messages_in),
+            (&metrics.messages_out, self.messages_out),
+            (&metrics.bytes_in, self.bytes_in),
+            (&metrics.bytes_out, self.bytes_out),
+        ] {
+            if n > 0 {
+                counter.inc_by(n);
+            }
+        }
+        *self = Self::default();
+    }
+}
+
 /// The server's metrics, shared by every event loop (all atomics).
 #[derive(Debug)]
 pub struct Metrics {
