@@ -32,7 +32,13 @@ fn header_parse(c: &mut Criterion) {
     let mut group = c.benchmark_group("header_parse");
     for (name, len) in [("7-bit", 100u64), ("16-bit", 1000), ("64-bit", 1 << 20)] {
         let mut bytes = [0u8; 14];
-        let header = FrameHeader { fin: true, rsv: 0, opcode: OpCode::Binary, mask: Some(KEY), payload_len: len };
+        let header = FrameHeader {
+            fin: true,
+            rsv: 0,
+            opcode: OpCode::Binary,
+            mask: Some(KEY),
+            payload_len: len,
+        };
         let n = header.encode(&mut bytes).unwrap();
         group.bench_function(name, |b| b.iter(|| FrameHeader::parse(black_box(&bytes[..n]))));
     }
@@ -56,7 +62,9 @@ fn utf8(c: &mut Criterion) {
                 chunks.enumerate().try_for_each(|(i, chunk)| v.feed(black_box(chunk), i == last))
             })
         });
-        group.bench_function(BenchmarkId::new("core", name), |b| b.iter(|| core::str::from_utf8(black_box(text))));
+        group.bench_function(BenchmarkId::new("core", name), |b| {
+            b.iter(|| core::str::from_utf8(black_box(text)))
+        });
     }
     group.finish();
 }
@@ -67,7 +75,13 @@ fn read_frames(c: &mut Criterion) {
     let frame_count = 1000;
     let mut wire = Vec::new();
     for _ in 0..frame_count {
-        let header = FrameHeader { fin: true, rsv: 0, opcode: OpCode::Binary, mask: Some(KEY), payload_len: 64 };
+        let header = FrameHeader {
+            fin: true,
+            rsv: 0,
+            opcode: OpCode::Binary,
+            mask: Some(KEY),
+            payload_len: 64,
+        };
         let mut h = [0u8; 14];
         let n = header.encode(&mut h).unwrap();
         wire.extend_from_slice(&h[..n]);

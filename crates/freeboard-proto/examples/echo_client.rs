@@ -20,13 +20,16 @@ fn main() -> io::Result<()> {
     let mut args = std::env::args().skip(1);
     let base = args.next().unwrap_or_else(|| "ws://127.0.0.1:9001".into());
     let agent = args.next().unwrap_or_else(|| "freeboard".into());
-    let host = base.strip_prefix("ws://").ok_or_else(|| io::Error::other("the URL must start with ws://"))?;
+    let host = base
+        .strip_prefix("ws://")
+        .ok_or_else(|| io::Error::other("the URL must start with ws://"))?;
     let host = host.trim_end_matches('/');
 
     let count = case_count(host)?;
     println!("running {count} cases against ws://{host} as {agent}");
     for case in 1..=count {
-        let (stream, conn, mut first) = connect(host, &format!("/runCase?case={case}&agent={agent}"))?;
+        let (stream, conn, mut first) =
+            connect(host, &format!("/runCase?case={case}&agent={agent}"))?;
         if let Err(e) = blocking::Driver::new(stream, conn).echo(&mut first) {
             eprintln!("case {case}: {e}");
         }
@@ -45,7 +48,8 @@ fn connect(host: &str, path: &str) -> io::Result<(TcpStream, Connection, Vec<u8>
     let mut nonce = [0u8; 16];
     getrandom::fill(&mut nonce).map_err(io::Error::other)?;
     let key = generate_key(nonce);
-    let request = ClientRequest { host, path, key: &key, protocols: &[], extensions: None, headers: &[] };
+    let request =
+        ClientRequest { host, path, key: &key, protocols: &[], extensions: None, headers: &[] };
     let mut buf = vec![0u8; 8192];
     let n = request.encode(&mut buf).map_err(io::Error::other)?;
     stream.write_all(&buf[..n])?;
@@ -77,15 +81,21 @@ fn case_count(host: &str) -> io::Result<u32> {
     loop {
         let mut at = 0;
         while at < data.len() {
-            let input = conn.handle_input(Instant::default(), &mut data[at..]).map_err(io::Error::other)?;
+            let input =
+                conn.handle_input(Instant::default(), &mut data[at..]).map_err(io::Error::other)?;
             at += input.consumed;
             if let Some(piece) = input.payload {
                 text.extend_from_slice(piece.data);
                 if piece.message_fin {
-                    let count = String::from_utf8_lossy(&text).trim().parse().map_err(io::Error::other)?;
-                    conn.close(Instant::default(), freeboard_proto::CloseCode::NORMAL, "").map_err(io::Error::other)?;
+                    let count =
+                        String::from_utf8_lossy(&text).trim().parse().map_err(io::Error::other)?;
+                    conn.close(Instant::default(), freeboard_proto::CloseCode::NORMAL, "")
+                        .map_err(io::Error::other)?;
                     let mut out = [0u8; 131];
-                    while let Some(n) = conn.poll_transmit(Some(blocking::random_key()), &mut out).map_err(io::Error::other)? {
+                    while let Some(n) = conn
+                        .poll_transmit(Some(blocking::random_key()), &mut out)
+                        .map_err(io::Error::other)?
+                    {
                         stream.write_all(&out[..n])?;
                     }
                     return Ok(count);

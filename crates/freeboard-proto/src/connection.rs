@@ -733,4 +733,6 @@ fn encode_frame(
 }
 
 /// The connection state must stay small: 100,000 idle connections hold 100,000 of these.
-const _: () = assert!(core::mem::size_of::<Connection>() <= 640);
+/// 600 bytes on 64-bit targets; most of it is three 125-byte control payloads (the one being
+/// read, an owed pong, our close frame) that RFC 6455 requires to be answered whole.
+const _: () = assert!(core::mem::size_of::<Connection>() <= 600);

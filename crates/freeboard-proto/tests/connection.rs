@@ -151,7 +151,11 @@ fn keep_alive_pings_and_drops_a_silent_peer() {
         pair.now = pair.now + Duration::from_secs(30);
         let now = pair.now;
         pair.end(side).conn.handle_timeout(now);
-        assert_eq!(pair.end(side).transmit().len(), 2 + usize::from(role == Role::Client) * 4, "an empty ping");
+        assert_eq!(
+            pair.end(side).transmit().len(),
+            2 + usize::from(role == Role::Client) * 4,
+            "an empty ping"
+        );
         pair.now = pair.now + Duration::from_secs(10);
         let now = pair.now;
         pair.end(side).conn.handle_timeout(now);

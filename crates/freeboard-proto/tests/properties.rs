@@ -19,7 +19,7 @@ fn op() -> impl Strategy<Value = Op> {
     let bytes = prop::collection::vec(any::<u8>(), 0..300);
     prop_oneof![
         (any::<bool>(), prop_oneof![text, bytes.clone()]).prop_map(|(b, p)| Op::Message(b, p)),
-        prop::collection::vec(bytes.clone(), 1..5).prop_map(|parts| Op::Fragmented(parts)),
+        prop::collection::vec(bytes.clone(), 1..5).prop_map(Op::Fragmented),
         prop::collection::vec(0u8..128, 0..40).prop_map(Op::Ping),
     ]
 }

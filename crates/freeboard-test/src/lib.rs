@@ -53,9 +53,11 @@ impl Chunker {
         let len = match self {
             Chunker::Whole => available,
             Chunker::Max(max) => *max,
-            Chunker::Pattern(sizes) => {
-                sizes.iter().cycle().skip(turn).find(|&&n| n > 0).copied().unwrap_or(available)
-            }
+            // The first non-zero size from position `turn` on; all zeros mean one whole read.
+            Chunker::Pattern(sizes) => (0..sizes.len())
+                .map(|i| sizes[(turn + i) % sizes.len()])
+                .find(|&n| n > 0)
+                .unwrap_or(available),
         };
         len.clamp(1, available.max(1))
     }

@@ -38,7 +38,9 @@ impl Driver {
             match self.stream.read(&mut buf) {
                 Ok(0) => self.conn.handle_eof(),
                 Ok(n) => self.receive(&mut buf[..n], &mut message)?,
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
+                {
                     self.conn.handle_timeout(self.now());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -80,7 +82,10 @@ impl Driver {
         let opcode = if kind == MessageKind::Text { OpCode::Text } else { OpCode::Binary };
         let mask = self.mask();
         let mut header = [0u8; 14];
-        let n = self.conn.send_header(opcode, true, payload.len() as u64, mask, &mut header).map_err(io::Error::other)?;
+        let n = self
+            .conn
+            .send_header(opcode, true, payload.len() as u64, mask, &mut header)
+            .map_err(io::Error::other)?;
         if let Some(key) = mask {
             freeboard_proto::mask::apply_mask(payload, key, 0);
         }
@@ -90,7 +95,9 @@ impl Driver {
 
     fn flush_control(&mut self) -> io::Result<()> {
         let mut out = [0u8; 131];
-        while let Some(n) = self.conn.poll_transmit(self.mask(), &mut out).map_err(io::Error::other)? {
+        while let Some(n) =
+            self.conn.poll_transmit(self.mask(), &mut out).map_err(io::Error::other)?
+        {
             self.stream.write_all(&out[..n])?;
         }
         Ok(())
