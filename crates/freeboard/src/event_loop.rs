@@ -839,3 +839,19 @@ fn close_label(code: CloseCode) -> &'static str {
         _ => "other",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An idle connection costs its slab entry plus the boxed protocol state; keep both small
+    /// (10,000 idle connections should stay well under 10 MB of user-space memory).
+    #[test]
+    fn idle_connection_state_stays_small() {
+        let entry = size_of::<Entry>();
+        let proto = size_of::<Connection>();
+        assert!(entry <= 192, "Entry is {entry} bytes");
+        assert!(entry + proto <= 1024, "Entry {entry} + Connection {proto} bytes");
+        println!("Entry {entry} B, Connection {proto} B");
+    }
+}

@@ -131,6 +131,28 @@ fn handshake_timeout_drops_slow_clients() {
 }
 
 #[test]
+fn a_request_head_split_across_reads_is_kept_in_pool_chunks() {
+    let server = start(config());
+    let addr = server.local_addr();
+    let request = upgrade_request("/echo");
+    let mut s = TcpStream::connect(addr).unwrap();
+    let (first, rest) = request.as_bytes().split_at(20);
+    s.write_all(first).unwrap();
+    // Wait until the server holds the partial head (one chunk), then finish it.
+    let metrics = server.metrics();
+    common::wait_until("the partial head to hold a chunk", || metrics.total_chunks_in_use() > 0);
+    s.write_all(rest).unwrap();
+    let mut c = Client::raw(s);
+    assert!(c.read_head().starts_with("HTTP/1.1 101"));
+    c.send(0x81, b"split");
+    assert_eq!(c.recv(), Some((0x1, b"split".to_vec())));
+    common::wait_until("the head's chunk to go back", || metrics.total_chunks_in_use() == 0);
+    drop(c);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
 fn oversized_head_answers_431() {
     let server = start(config());
     let addr = server.local_addr();
@@ -172,9 +194,9 @@ fn budget_admission_answers_503_while_the_pool_is_short() {
     frame.truncate(14 + payload.len());
     holder.stream.write_all(&frame).unwrap();
     // Wait until the server has taken the bytes in (the pool gauge moves).
-    while common::metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") < 200.0 {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::wait_until("the partial message to hold chunks", || {
+        common::metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") >= 200.0
+    });
     let (refused, status, _) = Client::connect(addr, "/");
     assert_eq!(status, 503);
     assert_eq!(server.metrics().refusals_for(503), 1);

@@ -4,7 +4,6 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use freeboard::{Conn, Echo, Handler, Message, Router, SendResult, Server, SlowConsumerPolicy};
 
@@ -51,15 +50,11 @@ fn run(policy: SlowConsumerPolicy) -> (Vec<SendResult>, usize, Arc<freeboard::Me
         other.send(0x82, &[i; 100]);
         assert_eq!(other.recv(), Some((0x2, vec![i; 100])));
     }
-    while log.lock().unwrap().0.len() < 1000 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_until("the pusher to finish", || log.lock().unwrap().0.len() == 1000);
     drop(slow);
     drop(other);
-    while metrics.connections.get() > 0 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(metrics.total_chunks_in_use(), 0, "the pool returns to idle");
+    common::wait_until("connections to close", || metrics.connections.get() == 0);
+    common::wait_until("the pool to return to idle", || metrics.total_chunks_in_use() == 0);
     server.handle().shutdown();
     server.join().unwrap();
     let (results, max) = std::mem::take(&mut *log.lock().unwrap());
@@ -87,4 +82,14 @@ fn close_policy_closes_the_slow_consumer_with_1008() {
     let first_closed = results.iter().position(|r| *r == SendResult::Closed).unwrap();
     assert!(results[first_closed..].iter().all(|r| *r == SendResult::Closed));
     assert_eq!(metrics.slow_consumer_closes.get(), 1);
+}
+
+#[test]
+fn block_policy_refuses_at_the_cap_without_dropping() {
+    let (results, max, metrics) = run(SlowConsumerPolicy::Block);
+    assert!(max <= CAP, "{max} bytes buffered, cap {CAP}");
+    let blocked = results.iter().filter(|r| **r == SendResult::Blocked).count();
+    assert!(blocked > 900, "{blocked} of 1000 blocked");
+    assert!(results.iter().all(|r| !matches!(r, SendResult::Dropped { .. } | SendResult::Closed)));
+    assert_eq!(metrics.drops_for("block"), 0);
 }

@@ -76,7 +76,8 @@ impl Client {
         client
     }
 
-    fn read_head(&mut self) -> String {
+    /// Reads an HTTP response head.
+    pub fn read_head(&mut self) -> String {
         loop {
             if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
                 let head = String::from_utf8_lossy(&self.buf[..end + 4]).into_owned();
@@ -162,4 +163,14 @@ pub fn metric(addr: SocketAddr, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
         .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Waits until `cond` holds (gauges are published at the end of a loop turn, just after the
+/// bytes a client may already have read); fails after 10 s.
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
