@@ -20,7 +20,7 @@ pub const MAX_CONTROL_FRAME: usize = 2 + 4 + 125;
 ///
 /// Call order per loop turn: `push_*` as messages are produced; [`slices`](Self::slices) or
 /// [`io_slices`](Self::io_slices) for one `writev`; [`consume`](Self::consume) with the bytes
-/// the socket took. Each of these returns the [`Writability`] transition it caused, if any.
+/// the socket took. Pushes and `consume` return the [`Writability`] transition they caused.
 ///
 /// 56 bytes on 64-bit targets; an empty queue holds no chunk and no segment.
 ///
