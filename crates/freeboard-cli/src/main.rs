@@ -282,6 +282,14 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_is_the_defaults() {
+        let text = include_str!("../serve.example.toml");
+        let parsed: ServerConfig = toml::from_str(text).unwrap();
+        let defaults = ServerConfig::default();
+        assert_eq!(format!("{parsed:?}"), format!("{defaults:?}"));
+    }
+
+    #[test]
     fn help_documents_the_knobs() {
         use clap::CommandFactory;
         let mut cmd = Cli::command();

@@ -330,9 +330,15 @@ impl EventLoop {
             }
         }
         self.stats.bytes_in += have as u64;
-        let head = self.handshake(token, now, &mut buf[..have], eof);
+        let open = self.handshake(token, now, &mut buf[..have], eof);
         self.read_buf = buf;
-        if head && !eof {
+        if open && eof {
+            // The request and the end of the stream came together: nothing more will arrive.
+            if let Phase::Open { ws, .. } = &mut self.conns[token].phase {
+                ws.handle_eof();
+            }
+            self.after_input(token);
+        } else if open {
             self.read_open(token, now);
         }
     }
