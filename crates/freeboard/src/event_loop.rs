@@ -41,6 +41,8 @@ enum Phase {
         paused: bool,
         /// `on_close` has run.
         close_reported: bool,
+        /// The message being read did not fit: its remaining pieces are dropped.
+        discarding: bool,
     },
     /// A final HTTP response or close frame is leaving; then our FIN.
     Draining { deadline: Instant },
@@ -451,6 +453,7 @@ impl EventLoop {
             route,
             paused: false,
             close_reported: false,
+            discarding: false,
         };
         self.shared.metrics.connections.inc();
         self.call(token, now, |handler, conn| handler.on_open(conn));
@@ -547,7 +550,7 @@ impl EventLoop {
         let mut at = 0;
         while at < buf.len() {
             let entry = &mut self.conns[token];
-            let Phase::Open { ws, .. } = &mut entry.phase else { return };
+            let Phase::Open { ws, discarding, .. } = &mut entry.phase else { return };
             let input = match ws.handle_input(now, &mut buf[at..]) {
                 Ok(input) => input,
                 Err(e) => {
@@ -562,8 +565,11 @@ impl EventLoop {
                     self.stats.messages_in += 1;
                     let message = Message { kind: piece.kind, data: piece.data };
                     self.call(token, now, |handler, conn| handler.on_message(conn, message));
+                } else if *discarding {
+                    *discarding = !piece.message_fin;
                 } else if entry.partial.append(&mut self.pool, piece.data).is_err() {
                     entry.partial.clear(&mut self.pool);
+                    *discarding = !piece.message_fin;
                     let _ =
                         ws.close(now, CloseCode::TRY_AGAIN_LATER, "server memory budget exhausted");
                 } else if piece.message_fin {
@@ -598,6 +604,7 @@ impl EventLoop {
                 return;
             }
             self.assembly_drawn = len;
+            self.assembly.clear();
             self.assembly.reserve_exact(len);
         }
         self.assembly.clear();

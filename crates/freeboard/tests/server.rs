@@ -221,3 +221,27 @@ fn shutdown_closes_every_connection_with_1001() {
     drop(clients);
     joiner.join().unwrap().unwrap();
 }
+
+#[test]
+fn a_message_the_pool_cannot_hold_closes_with_1013() {
+    let mut cfg = config();
+    cfg.memory = 1 << 20; // about 170 chunks: less than the message below
+    cfg.max_message_size = 1 << 20;
+    cfg.connection_reserve = 4096;
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let mut c = Client::open(addr);
+    c.send(0x02, b"start");
+    c.send(0x80, &vec![3u8; 900 << 10]);
+    // No truncated echo: the first frame back is the close.
+    let (opcode, payload) = c.recv().unwrap();
+    assert_eq!((opcode, &payload[..2]), (0x8, &1013u16.to_be_bytes()[..]));
+    c.send(0x88, &1013u16.to_be_bytes());
+    assert!(c.sees_eof());
+    let metrics = server.metrics();
+    common::wait_until("the close to be counted", || metrics.closes_for("try_again_later") == 1);
+    common::wait_until("the chunks to return", || metrics.total_chunks_in_use() == 0);
+    drop(c);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
