@@ -245,3 +245,35 @@ fn a_message_the_pool_cannot_hold_closes_with_1013() {
     server.handle().shutdown();
     server.join().unwrap();
 }
+
+#[test]
+fn idle_connections_are_pinged_and_dropped_without_a_pong() {
+    let mut cfg = config();
+    cfg.idle_timeout = Some(Duration::from_millis(100));
+    cfg.pong_timeout = Duration::from_millis(100);
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let mut answering = Client::open(addr);
+    let mut silent = Client::open(addr);
+    // The answering client gets pings and stays; three rounds prove the timer re-arms.
+    for _ in 0..3 {
+        let (opcode, payload) = answering.recv().unwrap();
+        assert_eq!(opcode, 0x9);
+        answering.send(0x8a, &payload);
+    }
+    answering.send(0x81, b"still here");
+    loop {
+        match answering.recv().unwrap() {
+            (0x9, payload) => answering.send(0x8a, &payload), // a slow machine: another round
+            reply => break assert_eq!(reply, (0x1, b"still here".to_vec())),
+        }
+    }
+    // The silent one gets a ping, ignores it, and is dropped.
+    assert_eq!(silent.recv().map(|(op, _)| op), Some(0x9));
+    assert!(silent.sees_eof());
+    let metrics = server.metrics();
+    common::wait_until("the abnormal close to be counted", || metrics.closes_for("abnormal") == 1);
+    drop((answering, silent));
+    server.handle().shutdown();
+    server.join().unwrap();
+}
