@@ -24,6 +24,8 @@ const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
 /// Slices per `writev`: 256 segments cover 1 MiB of 4 KiB chunks.
 const IOV: usize = 256;
+/// Connection slots (and timer and dirty-list entries) a loop starts with and shrinks back to.
+const INITIAL_CONNS: usize = 1024;
 /// Reads of one connection per loop turn before the others get their turn.
 const READS_PER_TURN: usize = 16;
 /// How long a closed connection waits for the peer's EOF after our FIN.
@@ -118,12 +120,12 @@ impl EventLoop {
             read_buf: vec![0u8; config.read_buffer].into_boxed_slice(),
             shared,
             router,
-            conns: Slab::with_capacity(1024),
+            conns: Slab::with_capacity(INITIAL_CONNS),
             pool,
             assembly: Vec::new(),
             assembly_drawn: 0,
-            timers: BinaryHeap::with_capacity(1024),
-            dirty: Vec::with_capacity(1024),
+            timers: BinaryHeap::with_capacity(INITIAL_CONNS),
+            dirty: Vec::with_capacity(INITIAL_CONNS),
             resume: Vec::with_capacity(64),
             serial: 0,
             drain_deadline: None,
@@ -735,6 +737,13 @@ impl EventLoop {
             }
         }
         self.dirty.clear();
+        if self.conns.is_empty() && self.conns.capacity() > INITIAL_CONNS {
+            // A burst of connections is over: give its memory back rather than keep the peak.
+            self.conns = Slab::with_capacity(INITIAL_CONNS);
+            self.timers.clear();
+            self.timers.shrink_to(INITIAL_CONNS);
+            self.dirty.shrink_to(INITIAL_CONNS);
+        }
         self.publish_gauges();
     }
 
