@@ -110,12 +110,11 @@ pub struct Connection {
     rx: Receiver,
     /// Invariant: `Some` while a data message we send is unfinished.
     tx_message: Option<MessageKind>,
-    /// A pong owed to the peer (automatic pongs).
-    pong: Option<ControlPayload>,
+    /// The control frame we owe the peer: a pong (automatic pongs) or our close frame. Never
+    /// both: once closing we owe no pongs (§5.5.1), so a close replaces an owed pong.
+    owed: Option<(OpCode, ControlPayload)>,
     /// A keep-alive ping is due.
     ping_due: bool,
-    /// Our close frame, until it is transmitted.
-    close_out: Option<ControlPayload>,
     /// What [`Event::Closed`] reports, once the state is `Closed`.
     closed: Option<CloseRecord>,
     /// Invariant: at most one informational event waits; `Closed` is reported separately.
@@ -210,9 +209,8 @@ impl Connection {
                 control: ControlPayload::EMPTY,
             },
             tx_message: None,
-            pong: None,
+            owed: None,
             ping_due: false,
-            close_out: None,
             closed: None,
             event: None,
             closed_event_due: false,
@@ -372,20 +370,17 @@ impl Connection {
         out: &mut [u8],
     ) -> Result<Option<usize>, UsageError> {
         self.check_mask(mask)?;
-        let (opcode, payload) = if let Some(pong) = &self.pong {
-            (OpCode::Pong, pong.as_slice())
-        } else if self.ping_due {
-            (OpCode::Ping, &[][..])
-        } else if let Some(close) = &self.close_out {
-            (OpCode::Close, close.as_slice())
-        } else {
-            return Ok(None);
+        let (opcode, payload) = match &self.owed {
+            Some((OpCode::Pong, pong)) => (OpCode::Pong, pong.as_slice()),
+            _ if self.ping_due => (OpCode::Ping, &[][..]),
+            Some((opcode, payload)) => (*opcode, payload.as_slice()),
+            None => return Ok(None),
         };
         let n = encode_frame(opcode, true, payload, mask, out)?;
-        match opcode {
-            OpCode::Pong => self.pong = None,
-            OpCode::Ping => self.ping_due = false,
-            _ => self.close_out = None,
+        if opcode == OpCode::Ping {
+            self.ping_due = false;
+        } else {
+            self.owed = None;
         }
         Ok(Some(n))
     }
@@ -456,7 +451,7 @@ impl Connection {
             return Err(UsageError::ControlPayloadTooLong);
         }
         if self.state == State::Open {
-            self.close_out = Some(ControlPayload::close(code, reason.as_bytes()));
+            self.owed = Some((OpCode::Close, ControlPayload::close(code, reason.as_bytes())));
             self.state = State::CloseSent;
             self.tx_message = None;
             self.timers.stop_all();
@@ -622,7 +617,7 @@ impl Connection {
                 // response ... with identical Application data". One owed pong is enough: §5.5.3
                 // allows answering only the most recent ping.
                 if self.config.auto_pong && self.state == State::Open {
-                    self.pong = Some(self.rx.control.clone());
+                    self.owed = Some((OpCode::Pong, self.rx.control.clone()));
                 }
                 self.event = Some(PendingEvent::Ping);
             }
@@ -640,7 +635,7 @@ impl Connection {
                     } else {
                         &code.0.to_be_bytes()[..]
                     };
-                    self.close_out = Some(ControlPayload::from_slice(echo));
+                    self.owed = Some((OpCode::Close, ControlPayload::from_slice(echo)));
                 }
                 self.finish(code, Reason::Received, true);
             }
@@ -652,10 +647,9 @@ impl Connection {
     /// Fails the connection for a protocol error (§7.1.7) and hands the error back.
     fn fail(&mut self, error: ProtocolError) -> ProtocolError {
         if self.state == State::Open {
-            self.close_out =
-                Some(ControlPayload::close(error.close_code(), error.reason().as_bytes()));
+            let payload = ControlPayload::close(error.close_code(), error.reason().as_bytes());
+            self.owed = Some((OpCode::Close, payload));
         }
-        self.pong = None;
         self.finish(error.close_code(), Reason::Static(error.reason()), false);
         error
     }
@@ -733,6 +727,6 @@ fn encode_frame(
 }
 
 /// The connection state must stay small: 100,000 idle connections hold 100,000 of these.
-/// 600 bytes on 64-bit targets; most of it is three 125-byte control payloads (the one being
-/// read, an owed pong, our close frame) that RFC 6455 requires to be answered whole.
-const _: () = assert!(core::mem::size_of::<Connection>() <= 600);
+/// 472 bytes on 64-bit targets; most of it is two 125-byte control payloads (the one being
+/// read, and the pong or close frame we owe) that RFC 6455 requires to be answered whole.
+const _: () = assert!(core::mem::size_of::<Connection>() <= 472);
