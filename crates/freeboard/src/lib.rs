@@ -24,6 +24,7 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
+pub mod client;
 pub mod config;
 mod event_loop;
 pub mod handler;

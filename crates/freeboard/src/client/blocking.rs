@@ -1,0 +1,703 @@
+//! The blocking client: one connection, one thread, no runtime.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::mem;
+use std::net::Shutdown;
+use std::time::{Duration, Instant as StdInstant};
+
+use freeboard_buf::{
+    Budget, ChunkChain, Pool, PoolConfig, PushOutcome, Pushed, SendQueue, Writability,
+};
+use freeboard_proto::mask::apply_mask;
+use freeboard_proto::{
+    CloseCode, Config, Connection, Event as ProtoEvent, Instant, MessageKind, OpCode, Role, State,
+};
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+
+use super::handshake::{self, Opened};
+use super::{ClientConfig, ClientError, ReadyState, Target};
+
+/// The most a reused masking buffer keeps between sends.
+const SCRATCH_KEEP: usize = 64 << 10;
+/// Slices per `writev`.
+const IOV: usize = 64;
+/// How long the client waits for the server to close TCP after the close handshake (§7.1.1:
+/// the server closes first).
+const LINGER: Duration = Duration::from_secs(1);
+const SOCKET: Token = Token(0);
+
+/// A blocking WebSocket client over one TCP connection.
+///
+/// Call order: [`send`](Self::send) (and friends) whenever; [`recv`](Self::recv) to get the
+/// next message or the close event — it also writes what is queued, answers pings and runs
+/// the timers, so a client that only sends must call [`flush`](Self::flush) (or `recv`) now
+/// and then. [`close`](Self::close), then `recv` until [`Event::Closed`].
+pub struct Client {
+    stream: TcpStream,
+    poll: Poll,
+    events: Events,
+    conn: Connection,
+    start: StdInstant,
+    protocol: Option<String>,
+    masks: MaskSource,
+    pool: Pool<'static>,
+    queue: SendQueue,
+    /// An owned message being written straight from its buffer.
+    /// Invariant: when `Some`, its bytes go out before any in `queue`.
+    direct: Option<Direct>,
+    /// A reused buffer for masked copies of borrowed payloads.
+    scratch: Vec<u8>,
+    write_through: bool,
+    close_timeout: Duration,
+    /// Invariant: `rbuf[rpos..rlen]` are read bytes the core has not consumed yet.
+    rbuf: Box<[u8]>,
+    rpos: usize,
+    rlen: usize,
+    /// The message being reassembled.
+    assembly: ChunkChain,
+    /// The rest of the current message is skipped (it did not fit in the pool).
+    skipping: bool,
+    /// The last message handed out by `recv`, released at the next call.
+    delivered: ChunkChain,
+    /// Edge-triggered readiness not yet used up.
+    readable: bool,
+    writable: bool,
+    /// The close event, once the core reported it.
+    closed: Option<CloseEvent>,
+    close_reported: bool,
+}
+
+/// What [`Client::recv`] returns.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A whole message.
+    Message(Message<'a>),
+    /// The connection closed; no further events follow.
+    Closed(CloseEvent),
+}
+
+/// The browser's `CloseEvent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloseEvent {
+    /// The close code: the server's for a clean close (1005 if its frame had none), ours for a
+    /// connection we failed (1002, 1007, 1009…), 1006 when the transport ended first.
+    pub code: u16,
+    /// The close reason.
+    pub reason: String,
+    /// Whether both close frames were exchanged.
+    pub was_clean: bool,
+}
+
+/// A received message, reassembled in pool chunks and borrowed until the next `recv`.
+#[derive(Debug)]
+pub struct Message<'a> {
+    kind: MessageKind,
+    chain: &'a ChunkChain,
+    pool: &'a Pool<'static>,
+}
+
+/// An owned frame going straight from its buffer to the socket.
+struct Direct {
+    header: [u8; 14],
+    header_len: u8,
+    /// Invariant: `sent <= header_len + payload.len()`.
+    sent: usize,
+    /// The masked payload.
+    payload: Vec<u8>,
+    /// The buffer is the masking scratch and goes back to it.
+    from_scratch: bool,
+}
+
+/// Masking keys from the OS random source, fetched 64 at a time; each is used once.
+struct MaskSource {
+    keys: [u8; 256],
+    /// Invariant: `at <= keys.len()`, a multiple of 4.
+    at: usize,
+}
+
+impl Client {
+    /// Connects to `url` and completes the opening handshake.
+    pub fn connect(url: &str, config: ClientConfig) -> Result<Self, ClientError> {
+        let target = Target::parse(url)?;
+        Self::connect_to(&target, config)
+    }
+
+    /// Connects to a parsed target.
+    pub fn connect_to(target: &Target, config: ClientConfig) -> Result<Self, ClientError> {
+        if target.is_secure() {
+            return Err(ClientError::TlsNotSupported);
+        }
+        let pool_config = PoolConfig::new().with_chunk_size(config.chunk_size);
+        let pool = Pool::new(Budget::new(config.memory), pool_config)
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        let Opened { stream, protocol, leftover } = handshake::open(target, &config)?;
+        stream.set_nonblocking(true)?;
+        let mut stream = TcpStream::from_std(stream);
+        let poll = Poll::new()?;
+        poll.registry().register(&mut stream, SOCKET, Interest::READABLE | Interest::WRITABLE)?;
+
+        let core = Config::builder()
+            .max_message_size(config.max_message_size as u64)
+            .close_timeout(config.close_timeout)
+            .pong_timeout(config.pong_timeout)
+            .ping_interval(config.ping_interval)
+            .build();
+        let conn = Connection::new(Role::Client, core, Instant::default());
+        let mut rbuf = vec![0u8; config.read_buffer.max(leftover.len()).max(1024)];
+        rbuf[..leftover.len()].copy_from_slice(&leftover);
+        Ok(Self {
+            stream,
+            poll,
+            events: Events::with_capacity(4),
+            conn,
+            start: StdInstant::now(),
+            protocol,
+            masks: MaskSource::new(),
+            pool,
+            queue: SendQueue::new(config.watermarks, config.policy),
+            direct: None,
+            scratch: Vec::new(),
+            write_through: config.write_through,
+            close_timeout: config.close_timeout,
+            rbuf: rbuf.into_boxed_slice(),
+            rpos: 0,
+            rlen: leftover.len(),
+            assembly: ChunkChain::new(),
+            skipping: false,
+            delivered: ChunkChain::new(),
+            readable: true,
+            writable: true,
+            closed: None,
+            close_reported: false,
+        })
+    }
+
+    /// The browser's `readyState`.
+    pub fn ready_state(&self) -> ReadyState {
+        match self.conn.state() {
+            State::Open => ReadyState::Open,
+            State::CloseSent => ReadyState::Closing,
+            State::Closed if self.close_reported => ReadyState::Closed,
+            State::Closed => ReadyState::Closing,
+        }
+    }
+
+    /// The subprotocol the server chose, if any.
+    pub fn protocol(&self) -> Option<&str> {
+        self.protocol.as_deref()
+    }
+
+    /// Bytes sent but not yet handed to the socket (`bufferedAmount`). O(1).
+    pub fn buffered_amount(&self) -> usize {
+        let direct = self.direct.as_ref().map_or(0, |d| d.len() - d.sent);
+        self.queue.len() + direct
+    }
+
+    /// Whether the send queue is at or below its low watermark again after passing the high
+    /// one (Netty's `isWritable`).
+    pub fn is_writable(&self) -> bool {
+        self.queue.is_writable()
+    }
+
+    /// The pool that holds queued and reassembled bytes (its counters show drops, refusals
+    /// and the high-water mark).
+    pub fn pool(&self) -> &Pool<'static> {
+        &self.pool
+    }
+
+    /// Sends a text message; see [`send`](Self::send).
+    pub fn send_text(&mut self, text: &str) -> Result<Pushed, ClientError> {
+        self.send(MessageKind::Text, text.as_bytes())
+    }
+
+    /// Sends a binary message; see [`send`](Self::send).
+    pub fn send_binary(&mut self, data: &[u8]) -> Result<Pushed, ClientError> {
+        self.send(MessageKind::Binary, data)
+    }
+
+    /// Queues a message copied from a borrowed slice and returns at once with what happened
+    /// to it. The payload is copied once into a reused buffer and masked there; it goes
+    /// straight to the socket if nothing is queued ahead of it, else it is copied into pool
+    /// chunks under the watermarks and policy.
+    ///
+    /// A `Text` payload must be UTF-8; it is the caller's promise (use
+    /// [`send_text`](Self::send_text) to have the compiler check it).
+    pub fn send(&mut self, kind: MessageKind, payload: &[u8]) -> Result<Pushed, ClientError> {
+        self.check_open()?;
+        let mut buffer = mem::take(&mut self.scratch);
+        buffer.clear();
+        buffer.extend_from_slice(payload);
+        self.send_masked(kind, buffer, true)
+    }
+
+    /// Queues a message that moves `payload` without copying it when it can go straight to
+    /// the socket (nothing queued ahead of it): it is masked in place and written from its
+    /// own buffer. Otherwise it is copied into pool chunks like [`send`](Self::send). If the
+    /// policy refuses it, the buffer is dropped.
+    pub fn send_owned(
+        &mut self,
+        kind: MessageKind,
+        payload: Vec<u8>,
+    ) -> Result<Pushed, ClientError> {
+        self.check_open()?;
+        self.send_masked(kind, payload, false)
+    }
+
+    /// Writes what is queued, waiting until the socket has taken all of it (or `timeout`
+    /// passes: then `Ok(false)`). Reads meanwhile, so pings are answered; received messages
+    /// stay buffered for [`recv`](Self::recv).
+    pub fn flush(&mut self, timeout: Option<Duration>) -> Result<bool, ClientError> {
+        let deadline = timeout.map(|t| StdInstant::now() + t);
+        loop {
+            self.write_queued()?;
+            if self.buffered_amount() == 0 {
+                return Ok(true);
+            }
+            let timeout = match deadline {
+                Some(at) => match at.checked_duration_since(StdInstant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Ok(false),
+                },
+                None => None,
+            };
+            self.wait(timeout)?;
+        }
+    }
+
+    /// Starts the close handshake with `code` (1000, or 3000–4999 for applications) and
+    /// `reason` (at most 123 bytes). Unsent messages stay queued ahead of the close frame.
+    /// Returns at once; [`recv`](Self::recv) reports the close event.
+    pub fn close(&mut self, code: u16, reason: &str) -> Result<(), ClientError> {
+        if self.conn.state() != State::Open {
+            return Err(ClientError::NotOpen(self.ready_state()));
+        }
+        let now = self.now();
+        self.conn.close(now, CloseCode(code), reason).map_err(|e| {
+            ClientError::Io(io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+        })?;
+        self.drain_core()?;
+        self.write_queued()
+    }
+
+    /// Waits for the next message or the close event.
+    pub fn recv(&mut self) -> Result<Event<'_>, ClientError> {
+        match self.recv_timeout(None)? {
+            Some(event) => Ok(event),
+            None => unreachable!("recv without a timeout returns an event"),
+        }
+    }
+
+    /// Waits at most `timeout` (`None`: forever) for the next message or the close event;
+    /// `Ok(None)` when the time ran out.
+    pub fn recv_timeout(
+        &mut self,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Event<'_>>, ClientError> {
+        if self.close_reported {
+            return Err(ClientError::AlreadyClosed);
+        }
+        self.delivered.clear(&mut self.pool);
+        let deadline = timeout.map(|t| StdInstant::now() + t);
+        let ready = loop {
+            if let Some(kind) = self.parse_buffered()? {
+                break Some(kind);
+            }
+            if self.closed.is_some() {
+                break None;
+            }
+            self.write_queued()?;
+            if self.readable {
+                self.read()?;
+                continue;
+            }
+            let timeout = match deadline {
+                Some(at) => match at.checked_duration_since(StdInstant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Ok(None),
+                },
+                None => None,
+            };
+            self.wait(timeout)?;
+        };
+        Ok(Some(match ready {
+            Some(kind) => {
+                Event::Message(Message { kind, chain: &self.delivered, pool: &self.pool })
+            }
+            None => Event::Closed(self.finish()),
+        }))
+    }
+
+    fn check_open(&self) -> Result<(), ClientError> {
+        match self.conn.state() {
+            State::Open => Ok(()),
+            _ => Err(ClientError::NotOpen(self.ready_state())),
+        }
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_millis(self.start.elapsed().as_millis() as u64)
+    }
+
+    /// Frames `payload` (masked in place) and sends it straight or queues a copy.
+    fn send_masked(
+        &mut self,
+        kind: MessageKind,
+        mut payload: Vec<u8>,
+        from_scratch: bool,
+    ) -> Result<Pushed, ClientError> {
+        let opcode = if kind == MessageKind::Text { OpCode::Text } else { OpCode::Binary };
+        let mask = self.masks.next();
+        let mut header = [0u8; 14];
+        let header_len = self
+            .conn
+            .send_header(opcode, true, payload.len() as u64, Some(mask), &mut header)
+            .map_err(|e| ClientError::Io(io::Error::other(e.to_string())))?;
+        apply_mask(&mut payload, mask, 0);
+        if self.write_through && self.direct.is_none() && self.queue.is_empty() {
+            self.direct = Some(Direct {
+                header,
+                header_len: header_len as u8,
+                sent: 0,
+                payload,
+                from_scratch,
+            });
+            self.write_queued()?;
+            return Ok(Pushed { outcome: PushOutcome::Queued, writability: None });
+        }
+        let pushed = self.queue.push_message(&mut self.pool, &[&header[..header_len], &payload]);
+        if from_scratch {
+            self.recycle(payload);
+        }
+        match pushed.outcome {
+            PushOutcome::MustClose { .. } => {
+                // The slow-consumer policy says the connection cannot keep up: 1008.
+                let _ = self.queue.discard_unsent(&mut self.pool);
+                let now = self.now();
+                let _ = self.conn.close(now, CloseCode::POLICY_VIOLATION, "send queue full");
+                self.drain_core()?;
+                self.write_queued()?;
+            }
+            _ if !self.write_through && self.queue.len() <= self.queue.watermarks().high() => {}
+            _ => self.write_queued()?,
+        }
+        Ok(pushed)
+    }
+
+    /// Keeps the masking buffer for the next borrowed send, unless it grew large.
+    fn recycle(&mut self, buffer: Vec<u8>) {
+        if buffer.capacity() <= SCRATCH_KEEP && buffer.capacity() > self.scratch.capacity() {
+            self.scratch = buffer;
+        }
+    }
+
+    /// Writes as much as the socket takes now, without waiting.
+    fn write_queued(&mut self) -> Result<(), ClientError> {
+        while self.writable {
+            let result = if let Some(direct) = &self.direct {
+                let header = &direct.header[..direct.header_len as usize];
+                let iov = if direct.sent < header.len() {
+                    [IoSlice::new(&header[direct.sent..]), IoSlice::new(&direct.payload)]
+                } else {
+                    [IoSlice::new(&direct.payload[direct.sent - header.len()..]), IoSlice::new(&[])]
+                };
+                self.stream.write_vectored(&iov)
+            } else if !self.queue.is_empty() {
+                let mut iov = [IoSlice::new(&[]); IOV];
+                let n = self.queue.io_slices(&self.pool, &mut iov);
+                self.stream.write_vectored(&iov[..n])
+            } else {
+                return Ok(());
+            };
+            match result {
+                Ok(n) => self.consume_written(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable = false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.transport_failed(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn consume_written(&mut self, mut n: usize) {
+        if let Some(direct) = &mut self.direct {
+            let take = n.min(direct.len() - direct.sent);
+            direct.sent += take;
+            n -= take;
+            if direct.sent == direct.len() {
+                // NOTE(unwrap): checked `Some` just above.
+                let done = self.direct.take().unwrap();
+                if done.from_scratch {
+                    self.recycle(done.payload);
+                }
+            }
+        }
+        if n > 0 {
+            let _: Option<Writability> = self.queue.consume(&mut self.pool, n);
+        }
+    }
+
+    /// The socket failed: the connection is over (1006).
+    fn transport_failed(&mut self, e: io::Error) -> ClientError {
+        self.conn.handle_eof();
+        let _ = self.drain_core();
+        self.rpos = self.rlen;
+        ClientError::Io(e)
+    }
+
+    /// One non-blocking read into the (empty) read buffer.
+    fn read(&mut self) -> Result<(), ClientError> {
+        debug_assert_eq!(self.rpos, self.rlen);
+        match self.stream.read(&mut self.rbuf) {
+            Ok(0) => {
+                self.readable = false;
+                self.conn.handle_eof();
+                self.drain_core()?;
+            }
+            Ok(n) => (self.rpos, self.rlen) = (0, n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.readable = false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                self.readable = false;
+                self.conn.handle_eof();
+                self.drain_core()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for readiness or the core's next deadline, then runs the timers.
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<(), ClientError> {
+        let core = self
+            .conn
+            .poll_timeout()
+            .map(|at| Duration::from_millis(at.as_millis().saturating_sub(self.now().as_millis())));
+        let timeout = match (timeout, core) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match self.poll.poll(&mut self.events, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+        for event in &self.events {
+            if event.is_readable() || event.is_read_closed() || event.is_error() {
+                self.readable = true;
+            }
+            if event.is_writable() || event.is_write_closed() || event.is_error() {
+                self.writable = true;
+            }
+        }
+        let now = self.now();
+        self.conn.handle_timeout(now);
+        self.drain_core()
+    }
+
+    /// Feeds buffered input to the core until a message completes, the connection closes or
+    /// the input runs out. Returns the kind of a completed message, now in `delivered`.
+    fn parse_buffered(&mut self) -> Result<Option<MessageKind>, ClientError> {
+        while self.rpos < self.rlen && self.closed.is_none() {
+            let now = Instant::from_millis(self.start.elapsed().as_millis() as u64);
+            let mut completed = None;
+            match self.conn.handle_input(now, &mut self.rbuf[self.rpos..self.rlen]) {
+                Err(_) => self.rpos = self.rlen, // the core failed the connection and queued its close
+                Ok(input) => {
+                    self.rpos += input.consumed;
+                    if let Some(piece) = input.payload {
+                        if !self.skipping
+                            && self.assembly.append(&mut self.pool, piece.data).is_err()
+                        {
+                            // The pool cannot hold the message: refuse it rather than deliver it
+                            // truncated.
+                            self.skipping = true;
+                            self.assembly.clear(&mut self.pool);
+                            let _ = self.conn.close(
+                                now,
+                                CloseCode::MESSAGE_TOO_BIG,
+                                "message exceeds the client's memory budget",
+                            );
+                        }
+                        if piece.message_fin && !mem::take(&mut self.skipping) {
+                            mem::swap(&mut self.assembly, &mut self.delivered);
+                            completed = Some(piece.kind);
+                        }
+                    }
+                }
+            }
+            self.drain_core()?;
+            if completed.is_some() {
+                return Ok(completed);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Takes the core's events and queues the control frames it owes.
+    fn drain_core(&mut self) -> Result<(), ClientError> {
+        while let Some(event) = self.conn.poll_event() {
+            if let ProtoEvent::Closed { code, reason, clean } = event {
+                self.closed =
+                    Some(CloseEvent { code: code.0, reason: reason.to_owned(), was_clean: clean });
+            }
+        }
+        let mut out = [0u8; 131];
+        loop {
+            let mask = self.masks.next();
+            let Some(n) = self
+                .conn
+                .poll_transmit(Some(mask), &mut out)
+                .map_err(|e| ClientError::Io(io::Error::other(e.to_string())))?
+            else {
+                return Ok(());
+            };
+            if self.queue.push_control(&mut self.pool, &[&out[..n]]).is_err() {
+                // Control frames may pass the cap by one frame; make room by writing first.
+                self.flush_for_control()?;
+                self.queue.push_control(&mut self.pool, &[&out[..n]]).map_err(|limit| {
+                    ClientError::Io(io::Error::other(format!(
+                        "no room for a control frame ({limit:?})"
+                    )))
+                })?;
+            }
+        }
+    }
+
+    fn flush_for_control(&mut self) -> Result<(), ClientError> {
+        let deadline = StdInstant::now() + self.close_timeout;
+        while self.buffered_amount() > 0 {
+            self.write_queued()?;
+            let left = deadline.saturating_duration_since(StdInstant::now());
+            if left.is_zero() {
+                break;
+            }
+            if !self.writable {
+                self.poll.poll(&mut self.events, Some(left))?;
+                self.writable = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// After the core closed: send what is owed (our close frame), wait briefly for the server
+    /// to close TCP, and report the close event once.
+    fn finish(&mut self) -> CloseEvent {
+        self.close_reported = true;
+        let _ = self.flush(Some(self.close_timeout));
+        let deadline = StdInstant::now() + LINGER;
+        let mut sink = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut sink) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(StdInstant::now());
+                    if left.is_zero() || self.poll.poll(&mut self.events, Some(left)).is_err() {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let _ = self.stream.shutdown(Shutdown::Both);
+        let _ = self.queue.clear(&mut self.pool);
+        self.assembly.clear(&mut self.pool);
+        // NOTE(unwrap): `finish` runs only once `closed` is set.
+        self.closed.clone().unwrap()
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.queue.clear(&mut self.pool);
+        self.assembly.clear(&mut self.pool);
+        self.delivered.clear(&mut self.pool);
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("ready_state", &self.ready_state())
+            .field("buffered_amount", &self.buffered_amount())
+            .field("protocol", &self.protocol)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Message<'a> {
+    /// Text or binary.
+    pub fn kind(&self) -> MessageKind {
+        self.kind
+    }
+
+    /// The message's length in bytes.
+    pub fn len(&self) -> usize {
+        self.chain.len()
+    }
+
+    /// Whether the message is empty.
+    pub fn is_empty(&self) -> bool {
+        self.chain.is_empty()
+    }
+
+    /// The bytes in order, one slice per pool chunk (no copy).
+    pub fn segments(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.chain.segments(self.pool)
+    }
+
+    /// The bytes as one slice when they sit in one chunk (messages up to the chunk size).
+    pub fn as_slice(&self) -> Option<&'a [u8]> {
+        let mut segments = self.segments();
+        match (segments.next(), segments.next()) {
+            (None, _) => Some(&[]),
+            (Some(only), None) => Some(only),
+            _ => None,
+        }
+    }
+
+    /// A copy of the bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        self.segments().for_each(|s| out.extend_from_slice(s));
+        out
+    }
+
+    /// A copy of a text message as a `String` (`None` for binary).
+    pub fn to_text(&self) -> Option<String> {
+        if self.kind != MessageKind::Text {
+            return None;
+        }
+        // The core validated the UTF-8 of every text message (§8.1).
+        String::from_utf8(self.to_vec()).ok()
+    }
+}
+
+impl Direct {
+    fn len(&self) -> usize {
+        self.header_len as usize + self.payload.len()
+    }
+}
+
+impl MaskSource {
+    fn new() -> Self {
+        Self { keys: [0; 256], at: 256 }
+    }
+
+    /// A fresh key (§5.3: "unpredictable"), never handed out twice.
+    fn next(&mut self) -> [u8; 4] {
+        if self.at == self.keys.len() {
+            getrandom::fill(&mut self.keys).expect("the OS random source is available");
+            self.at = 0;
+        }
+        let key = [
+            self.keys[self.at],
+            self.keys[self.at + 1],
+            self.keys[self.at + 2],
+            self.keys[self.at + 3],
+        ];
+        self.at += 4;
+        key
+    }
+}

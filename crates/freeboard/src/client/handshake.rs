@@ -1,0 +1,185 @@
+//! Opening a connection: resolve, connect with a timeout, send the upgrade request, check the
+//! answer. Blocking, with deadlines; the socket turns non-blocking afterwards.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use freeboard_proto::handshake::{
+    ClientRequest, DEFAULT_MAX_HEAD_LEN, EMPTY_HEADER, HandshakeError, Response, generate_key,
+};
+
+use super::{ClientConfig, ClientError, Target};
+
+/// The longest body excerpt kept from a refusal.
+const BODY_EXCERPT: usize = 512;
+
+/// A connection whose opening handshake succeeded.
+pub(super) struct Opened {
+    pub(super) stream: TcpStream,
+    /// The subprotocol the server chose.
+    pub(super) protocol: Option<String>,
+    /// Bytes that followed the `101` head (the server's first frames).
+    pub(super) leftover: Vec<u8>,
+}
+
+/// Resolves `target`, connects to each address in turn until one accepts within the connect
+/// timeout, and completes the opening handshake within the handshake timeout.
+pub(super) fn open(target: &Target, config: &ClientConfig) -> Result<Opened, ClientError> {
+    let stream = connect_tcp(target, config.connect_timeout)?;
+    stream.set_nodelay(true)?;
+    let deadline = Instant::now() + config.handshake_timeout;
+    handshake(stream, target, config, deadline).map_err(|e| match e {
+        ClientError::Io(io) if is_timeout(&io) => {
+            ClientError::HandshakeTimeout(config.handshake_timeout)
+        }
+        other => other,
+    })
+}
+
+fn connect_tcp(target: &Target, timeout: Duration) -> Result<TcpStream, ClientError> {
+    let addrs: Vec<SocketAddr> = (target.host(), target.port())
+        .to_socket_addrs()
+        .map_err(|source| ClientError::Resolve { host: target.host().to_owned(), source })?
+        .collect();
+    let deadline = Instant::now() + timeout;
+    let mut last = None;
+    for addr in &addrs {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            last = Some((addr, io::Error::new(io::ErrorKind::TimedOut, "connect timed out")));
+            break;
+        }
+        match TcpStream::connect_timeout(addr, left) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some((addr, e)),
+        }
+    }
+    let (addr, source) = match last {
+        Some((addr, e)) => (addr.to_string(), e),
+        None => (target.host().to_owned(), io::Error::other("no address")),
+    };
+    Err(ClientError::Connect { addr, source })
+}
+
+fn handshake(
+    mut stream: TcpStream,
+    target: &Target,
+    config: &ClientConfig,
+    deadline: Instant,
+) -> Result<Opened, ClientError> {
+    let mut nonce = [0u8; 16];
+    getrandom::fill(&mut nonce).map_err(|e| ClientError::Io(io::Error::other(e)))?;
+    let key = generate_key(nonce);
+    let protocols: Vec<&str> = config.protocols.iter().map(String::as_str).collect();
+    let headers: Vec<(&str, &str)> =
+        config.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let request = ClientRequest {
+        host: target.host_header(),
+        path: target.resource(),
+        key: &key,
+        protocols: &protocols,
+        extensions: None,
+        headers: &headers,
+    };
+    let mut buf = vec![0u8; 1024];
+    let n = match request.encode(&mut buf) {
+        Ok(n) => n,
+        Err(e) => {
+            buf.resize(e.required, 0);
+            request.encode(&mut buf).map_err(|e| ClientError::Config(e.to_string()))?
+        }
+    };
+    stream.set_write_timeout(Some(remaining(deadline)?))?;
+    stream.write_all(&buf[..n])?;
+
+    let mut buf = vec![0u8; DEFAULT_MAX_HEAD_LEN];
+    let mut len = 0;
+    loop {
+        stream.set_read_timeout(Some(remaining(deadline)?))?;
+        let n = match stream.read(&mut buf[len..]) {
+            Ok(0) => {
+                return Err(ClientError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the server closed the connection during the handshake",
+                )));
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        len += n;
+        let mut header_space = [EMPTY_HEADER; 64];
+        match Response::parse(&buf[..len], &mut header_space, &request, buf.len()) {
+            Ok(None) => continue,
+            Ok(Some((response, head_len))) => {
+                let protocol = response.protocol().map(str::to_owned);
+                let leftover = buf[head_len..len].to_vec();
+                stream.set_read_timeout(None)?;
+                stream.set_write_timeout(None)?;
+                return Ok(Opened { stream, protocol, leftover });
+            }
+            Err(HandshakeError::Refused { status, head_len }) => {
+                let reason = reason_phrase(&buf[..head_len]);
+                buf.truncate(len);
+                let body = body_excerpt(&mut stream, buf, head_len, deadline);
+                return Err(ClientError::Refused { status, reason, body });
+            }
+            Err(e) => return Err(ClientError::Handshake(e)),
+        }
+    }
+}
+
+/// The reason phrase of a status line (`HTTP/1.1 404 Not Found` → `Not Found`).
+fn reason_phrase(head: &[u8]) -> String {
+    let line = head.split(|&b| b == b'\r' || b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    line.splitn(3, ' ').nth(2).unwrap_or_default().trim().to_owned()
+}
+
+/// Up to [`BODY_EXCERPT`] bytes of a refusal's body: what came with the head, plus what
+/// arrives within a short wait (the server usually closes right after it).
+fn body_excerpt(
+    stream: &mut TcpStream,
+    mut buf: Vec<u8>,
+    head_len: usize,
+    deadline: Instant,
+) -> String {
+    let length = content_length(&buf[..head_len]).unwrap_or(BODY_EXCERPT);
+    let want = head_len + length.min(BODY_EXCERPT);
+    let wait_until = deadline.min(Instant::now() + Duration::from_millis(500));
+    while buf.len() < want {
+        let Ok(left) = remaining(wait_until) else { break };
+        if stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        let mut more = [0u8; BODY_EXCERPT];
+        match stream.read(&mut more[..want - buf.len()]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&more[..n]),
+        }
+    }
+    let body = &buf[head_len..buf.len().min(want)];
+    String::from_utf8_lossy(body).into_owned()
+}
+
+/// The `Content-Length` of a response head, if it has one.
+fn content_length(head: &[u8]) -> Option<usize> {
+    let mut headers = [EMPTY_HEADER; 64];
+    let mut response = httparse::Response::new(&mut headers);
+    response.parse(head).ok()?;
+    let header = response.headers.iter().find(|h| h.name.eq_ignore_ascii_case("content-length"))?;
+    std::str::from_utf8(header.value).ok()?.trim().parse().ok()
+}
+
+fn remaining(deadline: Instant) -> Result<Duration, ClientError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(ClientError::Io(io::ErrorKind::TimedOut.into()));
+    }
+    Ok(left)
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock)
+}

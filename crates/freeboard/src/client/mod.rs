@@ -1,0 +1,315 @@
+//! The WebSocket client: the semantics browsers taught everyone, with the costs visible.
+//!
+//! [`Client::connect`] opens `ws://` URLs (IPv6 literals, default ports, path and query, custom
+//! headers, subprotocols, connect and handshake timeouts; `wss://` is refused with
+//! [`ClientError::TlsNotSupported`] until TLS arrives). A handshake refusal says what the server
+//! answered: [`ClientError::Refused`] carries the status and an excerpt of the body.
+//!
+//! Once open, the client behaves like a browser's `WebSocket`:
+//! - [`ready_state`](Client::ready_state): connecting, open, closing, closed;
+//! - [`send`](Client::send) queues and returns at once with what happened to the message (a
+//!   [`Pushed`]: queued, above the high watermark, dropped or refused by the
+//!   [`SlowConsumerPolicy`]); [`buffered_amount`](Client::buffered_amount) is O(1);
+//! - [`recv`](Client::recv) gives whole messages, reassembled into pool chunks up to
+//!   `max_message_size` (beyond it the connection closes with 1009), or the close event with
+//!   `code`, `reason` and `was_clean`;
+//! - [`close`](Client::close) starts the close handshake; `recv` then reports its end.
+//!
+//! # What a send costs
+//!
+//! Every frame gets a fresh random masking key (§5.3; drawn from the OS 64 keys at a time).
+//! [`send_owned`](Client::send_owned) masks the caller's `Vec<u8>` in place and, when nothing
+//! is queued ahead of it, hands it straight to the socket: no copy; what the socket does not
+//! take stays in that same vector until the next write. [`send`](Client::send) copies a
+//! borrowed slice once into a reused masking buffer and from there to the socket, or a second
+//! time into pool chunks when it has to wait behind queued bytes. Received messages are copied
+//! once, from the read buffer into pool chunks.
+//!
+//! # Memory
+//!
+//! All queued and reassembled bytes come from one [`Pool`](freeboard_buf::Pool) sized by
+//! [`ClientConfig::memory`]; besides it a client holds its read buffer
+//! ([`ClientConfig::read_buffer`]) and the masking buffer, which keeps at most 64 KiB between
+//! sends.
+//!
+//! ```no_run
+//! use freeboard::client::{Client, ClientConfig, Event};
+//!
+//! let mut client = Client::connect("ws://127.0.0.1:9001/echo", ClientConfig::default())?;
+//! let pushed = client.send_text("hello")?;
+//! println!("{:?}, {} bytes buffered", pushed.outcome, client.buffered_amount());
+//! if let Event::Message(message) = client.recv()? {
+//!     println!("{}", message.to_text().unwrap_or_default());
+//! }
+//! client.close(1000, "bye")?;
+//! while let Event::Message(_) = client.recv()? {}
+//! # Ok::<(), freeboard::client::ClientError>(())
+//! ```
+
+mod blocking;
+mod handshake;
+mod target;
+
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+pub use blocking::{Client, CloseEvent, Event, Message};
+pub use freeboard_buf::{Limit, PushOutcome, Pushed, SlowConsumerPolicy, Watermarks, Writability};
+pub use freeboard_proto::MessageKind;
+use freeboard_proto::handshake::HandshakeError;
+pub use target::Target;
+
+/// Everything a client can be told, with defaults for a script talking to one server.
+///
+/// ```
+/// use std::time::Duration;
+/// use freeboard::client::{ClientConfig, SlowConsumerPolicy};
+///
+/// let config = ClientConfig::default()
+///     .header("Authorization", "Bearer t0k3n")
+///     .subprotocol("jsonrpc")
+///     .connect_timeout(Duration::from_secs(2))
+///     .policy(SlowConsumerPolicy::DropOldest);
+/// assert_eq!(config.protocols, ["jsonrpc"]);
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClientConfig {
+    /// Time allowed to open the TCP connection (each resolved address in turn). Default 10 s.
+    pub connect_timeout: Duration,
+    /// Time allowed from connected to a checked `101` response. Default 10 s.
+    pub handshake_timeout: Duration,
+    /// Extra request headers (`Origin`, `Authorization`, …).
+    pub headers: Vec<(String, String)>,
+    /// Subprotocols to offer, most preferred first.
+    pub protocols: Vec<String>,
+    /// Byte budget for the chunk pool that holds queued and reassembled bytes. Default 32 MiB
+    /// (zero-allocated: pages never used are never touched).
+    pub memory: usize,
+    /// Bytes per pool chunk. Default 4 KiB.
+    pub chunk_size: usize,
+    /// The largest message received; a larger one closes the connection with 1009.
+    /// Default 16 MiB.
+    pub max_message_size: usize,
+    /// Send-queue watermarks and hard cap. Default 32 KiB / 64 KiB / 256 KiB.
+    pub watermarks: Watermarks,
+    /// What happens to a message that would pass the cap. Default
+    /// [`SlowConsumerPolicy::Block`]: the send is refused with `WouldBlock`; call
+    /// [`Client::flush`] and retry.
+    pub policy: SlowConsumerPolicy,
+    /// Write each message to the socket as it is sent (`true`, the default). When `false`,
+    /// messages are corked: they leave, in one `writev`, at the next [`Client::flush`],
+    /// [`Client::recv`] or [`Client::close`], or as soon as the queue passes its high watermark.
+    pub write_through: bool,
+    /// The read buffer, allocated once. Default 64 KiB.
+    pub read_buffer: usize,
+    /// How long to wait for the server's close frame after ours. Default 5 s.
+    pub close_timeout: Duration,
+    /// Send a ping after this long without input. Default off.
+    pub ping_interval: Option<Duration>,
+    /// How long such a ping may stay unanswered. Default 10 s.
+    pub pong_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            headers: Vec::new(),
+            protocols: Vec::new(),
+            memory: 32 << 20,
+            chunk_size: freeboard_buf::DEFAULT_CHUNK_SIZE,
+            max_message_size: 16 << 20,
+            watermarks: Watermarks::DEFAULT,
+            policy: SlowConsumerPolicy::Block,
+            write_through: true,
+            read_buffer: 64 << 10,
+            close_timeout: Duration::from_secs(5),
+            ping_interval: None,
+            pong_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Adds a request header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Offers a subprotocol (call again for more, most preferred first).
+    pub fn subprotocol(mut self, protocol: impl Into<String>) -> Self {
+        self.protocols.push(protocol.into());
+        self
+    }
+
+    /// Sets [`connect_timeout`](Self::connect_timeout).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets [`handshake_timeout`](Self::handshake_timeout).
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Sets [`memory`](Self::memory).
+    pub fn memory(mut self, bytes: usize) -> Self {
+        self.memory = bytes;
+        self
+    }
+
+    /// Sets [`max_message_size`](Self::max_message_size).
+    pub fn max_message_size(mut self, bytes: usize) -> Self {
+        self.max_message_size = bytes;
+        self
+    }
+
+    /// Sets [`watermarks`](Self::watermarks).
+    pub fn watermarks(mut self, watermarks: Watermarks) -> Self {
+        self.watermarks = watermarks;
+        self
+    }
+
+    /// Sets [`policy`](Self::policy).
+    pub fn policy(mut self, policy: SlowConsumerPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets [`write_through`](Self::write_through).
+    pub fn write_through(mut self, on: bool) -> Self {
+        self.write_through = on;
+        self
+    }
+
+    /// Sets [`close_timeout`](Self::close_timeout).
+    pub fn close_timeout(mut self, timeout: Duration) -> Self {
+        self.close_timeout = timeout;
+        self
+    }
+}
+
+/// Where the connection stands (the browser's `readyState`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadyState {
+    /// The TCP connection or the opening handshake is under way.
+    Connecting,
+    /// Messages flow both ways.
+    Open,
+    /// Our close frame is queued or sent; the server's has not arrived.
+    Closing,
+    /// The close handshake is over, failed or timed out.
+    Closed,
+}
+
+/// Why a client could not connect, or could not go on.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The URL is not a usable `ws://` URL.
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// `wss://`: TLS is not supported yet.
+    TlsNotSupported,
+    /// The host name did not resolve.
+    Resolve {
+        /// The host.
+        host: String,
+        /// The resolver's error.
+        source: io::Error,
+    },
+    /// No address accepted the TCP connection.
+    Connect {
+        /// The last address tried.
+        addr: String,
+        /// Its error (`TimedOut` when the connect timeout passed).
+        source: io::Error,
+    },
+    /// The server did not complete the opening handshake in time.
+    HandshakeTimeout(Duration),
+    /// The server answered the upgrade with another status than 101.
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// The status line's reason phrase.
+        reason: String,
+        /// The start of the response body (at most 512 bytes, lossily decoded).
+        body: String,
+    },
+    /// The server's `101` response failed a check of RFC 6455 §4.1 (accept key, subprotocol,
+    /// extension, upgrade headers), or was not HTTP.
+    Handshake(HandshakeError),
+    /// The socket failed.
+    Io(io::Error),
+    /// A send or close on a connection that is not open; the message was not queued.
+    NotOpen(ReadyState),
+    /// `recv` after the close event was reported.
+    AlreadyClosed,
+    /// The configuration cannot work (e.g. the memory budget is too small for one chunk).
+    Config(String),
+}
+
+impl ClientError {
+    /// Whether the error happened before the connection opened (URL, resolve, connect,
+    /// handshake).
+    pub fn is_connect_failure(&self) -> bool {
+        !matches!(self, Self::Io(_) | Self::NotOpen(_) | Self::AlreadyClosed)
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidUrl { url, why } => write!(f, "invalid WebSocket URL {url:?}: {why}"),
+            Self::TlsNotSupported => {
+                f.write_str("wss:// URLs need TLS, which is not yet supported")
+            }
+            Self::Resolve { host, source } => write!(f, "cannot resolve {host}: {source}"),
+            Self::Connect { addr, source } => write!(f, "cannot connect to {addr}: {source}"),
+            Self::HandshakeTimeout(after) => {
+                write!(f, "no WebSocket handshake response within {after:?}")
+            }
+            Self::Refused { status, reason, body } => {
+                write!(f, "server refused the WebSocket upgrade: {status} {reason}")?;
+                let body = body.trim();
+                if !body.is_empty() {
+                    write!(f, ": {body}")?;
+                }
+                Ok(())
+            }
+            Self::Handshake(e) => write!(f, "bad WebSocket handshake response: {e}"),
+            Self::Io(e) => write!(f, "socket error: {e}"),
+            Self::NotOpen(state) => write!(f, "the connection is not open ({state:?})"),
+            Self::AlreadyClosed => f.write_str("the connection is closed"),
+            Self::Config(why) => write!(f, "invalid client configuration: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Resolve { source, .. } | Self::Connect { source, .. } | Self::Io(source) => {
+                Some(source)
+            }
+            Self::Handshake(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<io::Error> for ClientError {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
+}

@@ -1,0 +1,276 @@
+//! The blocking client against freeboard's own echo server and a few hand-written fakes, on
+//! loopback.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use freeboard::client::{
+    Client, ClientConfig, ClientError, Event, MessageKind, PushOutcome, ReadyState,
+    SlowConsumerPolicy, Watermarks,
+};
+use freeboard::{Echo, Router, RunningServer, Server, ServerConfig};
+
+fn echo_server() -> RunningServer {
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    config.memory = 128 << 20;
+    config.max_message_size = 16 << 20;
+    config.send_cap = 64 << 20;
+    config.idle_timeout = None;
+    Server::bind(config, || Router::new().route("/", Echo).route("/echo", Echo)).unwrap().spawn()
+}
+
+fn url(addr: SocketAddr, path: &str) -> String {
+    format!("ws://{addr}{path}")
+}
+
+fn next_message(client: &mut Client) -> (MessageKind, Vec<u8>) {
+    match client.recv().unwrap() {
+        Event::Message(m) => (m.kind(), m.to_vec()),
+        Event::Closed(c) => panic!("closed: {c:?}"),
+    }
+}
+
+fn close_cleanly(mut client: Client) {
+    client.close(1000, "done").unwrap();
+    assert_eq!(client.ready_state(), ReadyState::Closing);
+    loop {
+        match client.recv().unwrap() {
+            Event::Message(_) => continue,
+            Event::Closed(close) => {
+                assert_eq!((close.code, close.was_clean), (1000, true), "{close:?}");
+                break;
+            }
+        }
+    }
+    assert_eq!(client.ready_state(), ReadyState::Closed);
+    assert!(matches!(client.recv(), Err(ClientError::AlreadyClosed)));
+}
+
+#[test]
+fn echoes_text_and_binary_of_every_size_borrowed_and_owned() {
+    let server = echo_server();
+    let mut client =
+        Client::connect(&url(server.local_addr(), "/echo?x=1"), ClientConfig::default()).unwrap();
+    assert_eq!(client.ready_state(), ReadyState::Open);
+    for size in [0, 1, 125, 126, 4095, 4096, 65535, 65536, 1 << 20, 16 << 20] {
+        let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let pushed = client.send_binary(&payload).unwrap();
+        assert_eq!(pushed.outcome, PushOutcome::Queued);
+        assert_eq!(next_message(&mut client), (MessageKind::Binary, payload.clone()), "{size}");
+
+        let pushed = client.send_owned(MessageKind::Binary, payload.clone()).unwrap();
+        assert_eq!(pushed.outcome, PushOutcome::Queued);
+        assert_eq!(next_message(&mut client).1.len(), size);
+
+        let text = "é".repeat(size / 2);
+        let _ = client.send_text(&text).unwrap();
+        assert_eq!(next_message(&mut client), (MessageKind::Text, text.into_bytes()));
+    }
+    assert_eq!(client.buffered_amount(), 0);
+    close_cleanly(client);
+    server.handle().shutdown();
+}
+
+#[test]
+fn a_thousand_requests_in_flight_are_all_answered_and_matched() {
+    let server = echo_server();
+    let mut client =
+        Client::connect(&url(server.local_addr(), "/"), ClientConfig::default()).unwrap();
+    for id in 0..1000 {
+        let request = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"echo","params":[{id}]}}"#);
+        let pushed = client.send_text(&request).unwrap();
+        assert!(matches!(pushed.outcome, PushOutcome::Queued | PushOutcome::QueuedAboveHigh));
+    }
+    let mut seen = vec![false; 1000];
+    for _ in 0..1000 {
+        let (_, bytes) = next_message(&mut client);
+        let text = String::from_utf8(bytes).unwrap();
+        let id: usize =
+            text.split(r#""id":"#).nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+        assert!(!seen[id], "id {id} answered twice");
+        seen[id] = true;
+    }
+    assert!(seen.iter().all(|&s| s));
+    close_cleanly(client);
+    server.handle().shutdown();
+}
+
+#[test]
+fn buffered_amount_counts_what_the_socket_has_not_taken_and_block_refuses_past_the_cap() {
+    // A server that completes the handshake and then never reads.
+    let (addr, _server) = fake_server(|mut s, request| {
+        s.write_all(&switching_protocols(&request, None)).unwrap();
+        thread::sleep(Duration::from_secs(3));
+    });
+    let marks = Watermarks::new(64 << 10, 128 << 10, 256 << 10).unwrap();
+    let config = ClientConfig::default().watermarks(marks).policy(SlowConsumerPolicy::Block);
+    let mut client = Client::connect(&url(addr, "/"), config).unwrap();
+    let payload = vec![7u8; 16 << 10];
+    let mut refused = false;
+    for _ in 0..10_000 {
+        let pushed = client.send_binary(&payload).unwrap();
+        if let PushOutcome::WouldBlock { .. } = pushed.outcome {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "the socket buffers should fill and the cap refuse");
+    assert!(client.buffered_amount() > 128 << 10);
+    assert!(!client.is_writable());
+    assert!(client.pool().chunks_in_use() > 0);
+}
+
+#[test]
+fn a_message_over_max_message_size_closes_with_1009() {
+    let server = echo_server();
+    let config = ClientConfig::default().max_message_size(1000);
+    let mut client = Client::connect(&url(server.local_addr(), "/"), config).unwrap();
+    let _ = client.send_binary(&[1u8; 1001]).unwrap();
+    match client.recv().unwrap() {
+        Event::Closed(close) => assert_eq!(close.code, 1009, "{close:?}"),
+        Event::Message(m) => panic!("delivered {} bytes", m.len()),
+    }
+    server.handle().shutdown();
+}
+
+#[test]
+fn a_refusal_reports_status_and_body() {
+    let (addr, _server) = fake_server(|mut s, _| {
+        let body = "no such endpoint: try /echo";
+        let response = format!(
+            "HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(response.as_bytes()).unwrap();
+        thread::sleep(Duration::from_secs(3)); // the body must be read without waiting for EOF
+    });
+    let started = Instant::now();
+    let err = Client::connect(&url(addr, "/nope"), ClientConfig::default()).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    match &err {
+        ClientError::Refused { status, reason, body } => {
+            assert_eq!((*status, reason.as_str()), (404, "Not Found"));
+            assert_eq!(body, "no such endpoint: try /echo");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "server refused the WebSocket upgrade: 404 Not Found: no such endpoint: try /echo"
+    );
+}
+
+#[test]
+fn headers_subprotocols_and_ipv6_reach_the_server() {
+    let Ok(listener) = TcpListener::bind("[::1]:0") else {
+        eprintln!("no IPv6 loopback here; skipped");
+        return;
+    };
+    let addr = listener.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let request = read_head(&s);
+        let mut s = s;
+        s.write_all(&switching_protocols(&request, Some("v2.rpc"))).unwrap();
+        // One text message, then a close frame.
+        s.write_all(b"\x81\x02hi\x88\x02\x03\xe8").unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        request
+    });
+    let config = ClientConfig::default()
+        .header("Authorization", "Bearer abc")
+        .subprotocol("v1.rpc")
+        .subprotocol("v2.rpc");
+    let mut client =
+        Client::connect(&format!("ws://[::1]:{}/rpc?k=v", addr.port()), config).unwrap();
+    assert_eq!(client.protocol(), Some("v2.rpc"));
+    assert_eq!(next_message(&mut client), (MessageKind::Text, b"hi".to_vec()));
+    match client.recv().unwrap() {
+        Event::Closed(close) => assert_eq!((close.code, close.was_clean), (1000, true)),
+        Event::Message(_) => panic!("one message only"),
+    }
+    drop(client);
+    let request = server.join().unwrap();
+    assert!(request.starts_with("GET /rpc?k=v HTTP/1.1\r\n"), "{request}");
+    assert!(request.contains(&format!("Host: [::1]:{}\r\n", addr.port())), "{request}");
+    assert!(request.contains("Authorization: Bearer abc\r\n"), "{request}");
+    assert!(request.contains("Sec-WebSocket-Protocol: v1.rpc, v2.rpc\r\n"), "{request}");
+}
+
+#[test]
+fn connect_and_handshake_time_out() {
+    // A listener that accepts (the kernel does) but never answers.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = ClientConfig::default().handshake_timeout(Duration::from_millis(200));
+    let started = Instant::now();
+    let err = Client::connect(&url(listener.local_addr().unwrap(), "/"), config).unwrap_err();
+    assert!(matches!(err, ClientError::HandshakeTimeout(_)), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    // Nobody listening: refused at once.
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let err =
+        Client::connect(&format!("ws://127.0.0.1:{port}/"), ClientConfig::default()).unwrap_err();
+    assert!(matches!(err, ClientError::Connect { .. }), "{err:?}");
+    assert!(err.is_connect_failure());
+
+    let err = Client::connect("wss://127.0.0.1/", ClientConfig::default()).unwrap_err();
+    assert_eq!(err.to_string(), "wss:// URLs need TLS, which is not yet supported");
+}
+
+#[test]
+fn sends_after_close_are_refused() {
+    let server = echo_server();
+    let mut client =
+        Client::connect(&url(server.local_addr(), "/"), ClientConfig::default()).unwrap();
+    client.close(4000, "bye").unwrap();
+    assert!(matches!(client.send_text("late"), Err(ClientError::NotOpen(ReadyState::Closing))));
+    match client.recv().unwrap() {
+        Event::Closed(close) => assert_eq!((close.code, close.was_clean), (4000, true)),
+        Event::Message(_) => panic!(),
+    }
+    server.handle().shutdown();
+}
+
+/// Accepts one connection on an ephemeral port, reads the request head and hands both to
+/// `serve`.
+fn fake_server(
+    serve: impl FnOnce(std::net::TcpStream, String) + Send + 'static,
+) -> (SocketAddr, thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let handle = thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let request = read_head(&s);
+        serve(s, request);
+    });
+    (addr, handle)
+}
+
+fn read_head(mut s: &std::net::TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+fn switching_protocols(request: &str, protocol: Option<&str>) -> Vec<u8> {
+    let key = request.lines().find_map(|l| l.strip_prefix("Sec-WebSocket-Key: ")).unwrap().trim();
+    let accept = freeboard_proto::handshake::accept_key(key.as_bytes());
+    let protocol = protocol.map(|p| format!("Sec-WebSocket-Protocol: {p}\r\n")).unwrap_or_default();
+    format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Accept: {}\r\n{protocol}\r\n",
+        std::str::from_utf8(&accept).unwrap()
+    )
+    .into_bytes()
+}
