@@ -1,0 +1,26 @@
+//! The load generator and experiments behind `freeboard bench`.
+//!
+//! Every figure freeboard publishes comes from here, measured side by side with peer servers
+//! in the same run. The load generator speaks RFC 6455 through `freeboard-proto` only, from one
+//! thread driving many non-blocking connections on `mio`, so it can be pointed at any
+//! WebSocket echo server (`ws://host:port/path`) or at a raw TCP echo (`tcp://host:port`,
+//! which sends the client's frames back verbatim; see [`Target`]).
+//!
+//! - [`load`]: the client side — connect, handshake, keep W messages in flight per client,
+//!   record latency in an HDR histogram, count what came back.
+//! - [`connections`]: many idle connections and the server memory they cost.
+//! - [`process`]: the numbers a reader needs to trust a run: CPU time of both sides, RSS,
+//!   CPU pinning, the file-descriptor limit.
+//! - [`peers`]: the servers measured side by side (freeboard, a raw TCP echo, tokio-tungstenite,
+//!   fastwebsockets), built on first use into a cache folder and started one after the other.
+//! - [`report`]: medians with min and max over repeats, as a Markdown table, JSON and CSV.
+
+pub mod connections;
+pub mod load;
+pub mod peers;
+pub mod process;
+pub mod report;
+pub mod suite;
+mod target;
+
+pub use target::Target;

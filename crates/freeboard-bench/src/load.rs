@@ -1,0 +1,384 @@
+//! The load generator: many connections from one thread, each keeping a fixed number of
+//! messages in flight, timed with an HDR histogram.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::TcpStream as StdStream;
+use std::time::{Duration, Instant};
+
+use freeboard_proto::handshake::{ClientRequest, EMPTY_HEADER, Response, generate_key};
+use freeboard_proto::{Config, Connection, Instant as ProtoInstant, OpCode, Role, State};
+use hdrhistogram::Histogram;
+use mio::{Events, Interest, Poll, Token};
+
+use crate::Target;
+use crate::process::{Sample, own_cpu_time};
+
+/// One load run: `clients` connections, each with `in_flight` binary messages of `size`
+/// bytes outstanding, until each has sent `messages` or `duration` has passed.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// Concurrent connections.
+    pub clients: usize,
+    /// Messages each client keeps outstanding (1: ping-pong).
+    pub in_flight: usize,
+    /// Payload bytes per message.
+    pub size: usize,
+    /// Messages per client; `None` runs for `duration`.
+    pub messages: Option<u64>,
+    /// Longest run; the messages still in flight then are awaited, none are sent after it.
+    pub duration: Duration,
+    /// The server process, to sample its CPU time and RSS around the run.
+    pub server_pid: Option<u32>,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Measured {
+    /// Connections that completed the handshake.
+    pub connected: usize,
+    /// Connections that could not connect, or that failed or closed during the run.
+    pub failed: usize,
+    /// Messages sent, all clients.
+    pub sent: u64,
+    /// Messages echoed back.
+    pub received: u64,
+    /// Echoes whose length differed from what was sent.
+    pub mismatched: u64,
+    /// From the first send to the last echo, seconds.
+    pub seconds: f64,
+    /// Echoes per second.
+    pub msgs_per_sec: f64,
+    /// Payload MiB echoed per second (one direction).
+    pub mib_per_sec: f64,
+    /// Round-trip latency percentiles in microseconds: 50, 99, 99.9 and the maximum.
+    pub latency_us: [f64; 4],
+    /// The load generator's own CPU time over wall time (1.0 = one core busy).
+    pub client_cpu: f64,
+    /// Server CPU time per echoed message in microseconds, when its PID is known.
+    pub server_cpu_us_per_msg: Option<f64>,
+    /// Server RSS at the end of the run, KiB.
+    pub server_rss_kib: Option<u64>,
+}
+
+/// How long a run waits for the echoes still in flight when it ends.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// Runs `load` against `target`; `tick` gets the number of echoes so far, now and then.
+pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Result<Measured> {
+    let mut rng = Rng::seeded();
+    let size = load.size;
+    // One masked frame, sent by every client again and again: the server unmasks each copy,
+    // so its work is the same as with fresh keys, and the client spends no time masking.
+    let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    let mut frame = vec![0u8; size + 14];
+    let mut tx = Connection::new(Role::Client, Config::default(), ProtoInstant::default());
+    let n = tx
+        .send_frame(OpCode::Binary, true, &payload, Some(rng.mask()), &mut frame)
+        .map_err(io::Error::other)?;
+    frame.truncate(n);
+
+    let mut poll = Poll::new()?;
+    let mut clients = Vec::with_capacity(load.clients);
+    let mut failed = 0;
+    for _ in 0..load.clients {
+        match open(target, Duration::from_secs(5), &mut rng) {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(true)?;
+                let mut stream = mio::net::TcpStream::from_std(stream);
+                let token = Token(clients.len());
+                poll.registry().register(
+                    &mut stream,
+                    token,
+                    Interest::READABLE | Interest::WRITABLE,
+                )?;
+                // A raw echo returns our own masked frames: read them as a server would.
+                let role = if target.raw { Role::Server } else { Role::Client };
+                let config = Config::builder().max_message_size(size.max(1 << 16) as u64).build();
+                clients.push(Client {
+                    stream,
+                    rx: Connection::new(role, config, ProtoInstant::default()),
+                    out: Vec::with_capacity(frame.len() * load.in_flight),
+                    out_at: 0,
+                    sent_at: VecDeque::with_capacity(load.in_flight),
+                    sent: 0,
+                    received: 0,
+                    partial: 0,
+                    failed: false,
+                });
+            }
+            Err(_) => failed += 1,
+        }
+    }
+
+    let mut hist = Histogram::<u64>::new(3).map_err(io::Error::other)?;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut events = Events::with_capacity(1024);
+    let limit = load.messages.unwrap_or(u64::MAX);
+    let server_before = load.server_pid.and_then(|pid| Sample::of(pid).ok());
+    let cpu_before = own_cpu_time();
+    let start = Instant::now();
+    let deadline = start + load.duration;
+    let mut last_echo = start;
+    let mut received = 0u64;
+    let mut mismatched = 0u64;
+    let mut next_tick = start;
+    for client in &mut clients {
+        client.fill(&frame, load.in_flight, limit, start);
+        client.flush();
+    }
+    loop {
+        let now = Instant::now();
+        let stopping = now >= deadline;
+        let busy = clients.iter().any(|c| !c.failed && (!c.sent_at.is_empty() || c.sent < limit));
+        if !busy || (stopping && clients.iter().all(|c| c.failed || c.sent_at.is_empty())) {
+            break;
+        }
+        if now >= deadline + DRAIN {
+            break; // echoes lost: sent != received tells
+        }
+        if now >= next_tick {
+            tick(received);
+            next_tick = now + Duration::from_millis(100);
+        }
+        poll.poll(&mut events, Some(Duration::from_millis(10)))?;
+        for event in events.iter() {
+            let Some(client) = clients.get_mut(event.token().0) else { continue };
+            if client.failed {
+                continue;
+            }
+            if event.is_readable() || event.is_read_closed() || event.is_error() {
+                let got = client.read(&mut buf, size, &mut hist, &mut mismatched);
+                if got > 0 {
+                    received += got;
+                    last_echo = Instant::now();
+                }
+            }
+            if !client.failed {
+                let stop = Instant::now() >= deadline;
+                if !stop {
+                    client.fill(&frame, load.in_flight, limit, Instant::now());
+                }
+                client.flush();
+            }
+        }
+    }
+    let cpu = own_cpu_time().saturating_sub(cpu_before);
+    let server_after = load.server_pid.and_then(|pid| Sample::of(pid).ok());
+    for client in &mut clients {
+        client.close(&mut rng);
+    }
+    let seconds = last_echo.duration_since(start).as_secs_f64().max(1e-9);
+    let sent = clients.iter().map(|c| c.sent).sum();
+    let server_cpu_us_per_msg = match (server_before, server_after) {
+        (Some(b), Some(a)) if received > 0 => {
+            Some(a.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e6 / received as f64)
+        }
+        _ => None,
+    };
+    let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    Ok(Measured {
+        connected: clients.len(),
+        failed: failed + clients.iter().filter(|c| c.failed).count(),
+        sent,
+        received,
+        mismatched,
+        seconds,
+        msgs_per_sec: received as f64 / seconds,
+        mib_per_sec: received as f64 * size as f64 / seconds / (1024.0 * 1024.0),
+        latency_us: [us(0.5), us(0.99), us(0.999), hist.max() as f64 / 1000.0],
+        client_cpu: cpu.as_secs_f64() / start.elapsed().as_secs_f64(),
+        server_cpu_us_per_msg,
+        server_rss_kib: server_after.map(|s| s.rss_kib),
+    })
+}
+
+/// Connects to `target` and completes the opening handshake (none for a raw TCP echo).
+/// Returns the blocking stream and any bytes that arrived after the server's head.
+pub fn open(target: &Target, timeout: Duration, rng: &mut Rng) -> io::Result<(StdStream, Vec<u8>)> {
+    let mut stream = StdStream::connect_timeout(&target.addr, timeout)?;
+    stream.set_nodelay(true)?;
+    if target.raw {
+        return Ok((stream, Vec::new()));
+    }
+    stream.set_read_timeout(Some(timeout))?;
+    let key = generate_key(rng.nonce());
+    let request = ClientRequest {
+        host: &target.host,
+        path: &target.path,
+        key: &key,
+        protocols: &[],
+        extensions: None,
+        headers: &[],
+    };
+    let mut buf = vec![0u8; 4096];
+    let n = request.encode(&mut buf).map_err(io::Error::other)?;
+    stream.write_all(&buf[..n])?;
+    let mut len = 0;
+    loop {
+        let n = stream.read(&mut buf[len..])?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        len += n;
+        let mut headers = [EMPTY_HEADER; 32];
+        match Response::parse(&buf[..len], &mut headers, &request, buf.len()) {
+            Ok(None) => continue,
+            Ok(Some((_, head_len))) => {
+                stream.set_read_timeout(None)?;
+                return Ok((stream, buf[head_len..len].to_vec()));
+            }
+            Err(e) => return Err(io::Error::other(format!("{target}: {e}"))),
+        }
+    }
+}
+
+/// One connection of the load generator.
+struct Client {
+    stream: mio::net::TcpStream,
+    /// Parses the echoes.
+    rx: Connection,
+    /// Frames not yet written. Invariant: `out_at <= out.len()`.
+    out: Vec<u8>,
+    out_at: usize,
+    /// When each outstanding message was queued, oldest first (echoes come back in order).
+    sent_at: VecDeque<Instant>,
+    sent: u64,
+    received: u64,
+    /// Payload bytes of the message being received.
+    partial: usize,
+    failed: bool,
+}
+
+impl Client {
+    /// Queues messages until `in_flight` are outstanding or `limit` have been sent.
+    fn fill(&mut self, frame: &[u8], in_flight: usize, limit: u64, now: Instant) {
+        if self.out_at == self.out.len() {
+            self.out.clear();
+            self.out_at = 0;
+        }
+        while self.sent_at.len() < in_flight && self.sent < limit {
+            self.out.extend_from_slice(frame);
+            self.sent_at.push_back(now);
+            self.sent += 1;
+        }
+    }
+
+    /// Writes what is queued until the socket takes no more.
+    fn flush(&mut self) {
+        while self.out_at < self.out.len() {
+            match self.stream.write(&self.out[self.out_at..]) {
+                Ok(n) => self.out_at += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.failed = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads until the socket is empty; returns the number of complete echoes.
+    fn read(
+        &mut self,
+        buf: &mut [u8],
+        size: usize,
+        hist: &mut Histogram<u64>,
+        mismatched: &mut u64,
+    ) -> u64 {
+        let before = self.received;
+        loop {
+            let n = match self.stream.read(buf) {
+                Ok(0) => {
+                    self.failed = true;
+                    break;
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.failed = true;
+                    break;
+                }
+            };
+            let now = Instant::now();
+            let mut at = 0;
+            while at < n {
+                let Ok(input) = self.rx.handle_input(ProtoInstant::default(), &mut buf[at..n])
+                else {
+                    self.failed = true;
+                    break;
+                };
+                at += input.consumed;
+                if let Some(piece) = input.payload {
+                    self.partial += piece.data.len();
+                    if piece.message_fin {
+                        if self.partial != size {
+                            *mismatched += 1;
+                        }
+                        self.partial = 0;
+                        self.received += 1;
+                        if let Some(t) = self.sent_at.pop_front() {
+                            let _ = hist.record(now.duration_since(t).as_nanos() as u64);
+                        }
+                    }
+                }
+                while self.rx.poll_event().is_some() {}
+            }
+            if self.failed || self.rx.state() == State::Closed {
+                self.failed = true;
+                break;
+            }
+        }
+        self.received - before
+    }
+
+    /// Sends a close frame (best effort) and lets the socket go.
+    fn close(&mut self, rng: &mut Rng) {
+        if self.failed {
+            return;
+        }
+        let mut out = [0u8; 8];
+        let mut tx = Connection::new(Role::Client, Config::default(), ProtoInstant::default());
+        let _ = tx.close(ProtoInstant::default(), freeboard_proto::CloseCode::NORMAL, "");
+        if let Ok(Some(n)) = tx.poll_transmit(Some(rng.mask()), &mut out) {
+            let _ = self.stream.write(&out[..n]);
+        }
+    }
+}
+
+/// A small xorshift generator for handshake nonces and masking keys. Benchmark traffic needs
+/// keys that vary, not keys an attacker cannot predict.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded from the clock and the process id.
+    pub fn seeded() -> Self {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Self(t ^ (u64::from(std::process::id()) << 32) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A masking key.
+    pub fn mask(&mut self) -> [u8; 4] {
+        (self.next() as u32).to_ne_bytes()
+    }
+
+    /// A handshake nonce.
+    pub fn nonce(&mut self) -> [u8; 16] {
+        let mut n = [0u8; 16];
+        n[..8].copy_from_slice(&self.next().to_ne_bytes());
+        n[8..].copy_from_slice(&self.next().to_ne_bytes());
+        n
+    }
+}

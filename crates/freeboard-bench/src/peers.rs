@@ -1,0 +1,141 @@
+//! The servers measured side by side: freeboard itself and echo servers built from the
+//! registries, each a small program under `peers/` built on first use into a cache folder.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::Target;
+
+/// A server to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// `freeboard serve`, one event loop.
+    Freeboard,
+    /// An epoll (mio) TCP echo with no WebSocket work: the physical limit.
+    RawTcp,
+    /// tokio-tungstenite on a current-thread runtime.
+    TokioTungstenite,
+    /// fastwebsockets on a current-thread runtime.
+    Fastwebsockets,
+}
+
+impl Peer {
+    /// Every peer, in the order a run visits them.
+    pub const ALL: [Peer; 4] =
+        [Peer::Freeboard, Peer::RawTcp, Peer::TokioTungstenite, Peer::Fastwebsockets];
+
+    /// The name in tables and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Freeboard => "freeboard",
+            Peer::RawTcp => "raw-tcp-echo",
+            Peer::TokioTungstenite => "tokio-tungstenite",
+            Peer::Fastwebsockets => "fastwebsockets",
+        }
+    }
+
+    /// The peer called `name`.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|p| p.name() == name).ok_or_else(|| {
+            let names: Vec<_> = Self::ALL.iter().map(|p| p.name()).collect();
+            format!("unknown peer {name:?}; known: {}", names.join(", "))
+        })
+    }
+}
+
+/// Where the peers' sources, their build cache and the freeboard binary are.
+#[derive(Debug, Clone)]
+pub struct Peers {
+    /// The `peers/` folder: one Cargo project per peer, named as the peer.
+    pub sources: PathBuf,
+    /// Build outputs (`cargo --target-dir`); git-ignored.
+    pub cache: PathBuf,
+    /// The `freeboard` binary that runs `serve`.
+    pub freeboard: PathBuf,
+}
+
+/// A peer server running on loopback; killed when dropped.
+#[derive(Debug)]
+pub struct Running {
+    child: Child,
+    /// Where to point the load generator.
+    pub target: Target,
+    /// Its process id, to sample CPU time and RSS.
+    pub pid: u32,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Peers {
+    /// The layout of this repository: `peers/` next to `crates/`, the cache in
+    /// `target/peers`, and `freeboard` given by the caller (usually the running binary).
+    pub fn in_repository(freeboard: PathBuf) -> Self {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        Self { sources: root.join("peers"), cache: root.join("target/peers"), freeboard }
+    }
+
+    /// Builds `peer` if it needs building (a no-op once fresh) and returns its binary.
+    pub fn build(&self, peer: Peer) -> io::Result<PathBuf> {
+        if peer == Peer::Freeboard {
+            return Ok(self.freeboard.clone());
+        }
+        let manifest = self.sources.join(peer.name()).join("Cargo.toml");
+        let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args(["build", "--release", "--quiet", "--manifest-path"])
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(&self.cache)
+            .stdout(Stdio::null())
+            .status()?;
+        if !status.success() {
+            return Err(io::Error::other(format!("building {} failed", manifest.display())));
+        }
+        Ok(self.cache.join("release").join(peer.name()))
+    }
+
+    /// Starts `peer` on a free loopback port, pinned to `cpu` if given, and waits until it
+    /// accepts connections.
+    pub fn start(&self, peer: Peer, cpu: Option<usize>) -> io::Result<Running> {
+        let binary = self.build(peer)?;
+        let addr = free_port()?;
+        let mut command = Command::new(&binary);
+        if peer == Peer::Freeboard {
+            command.args(["serve", "--threads", "1", "--no-auto-ping"]);
+            command.args(["--max-connections", "1000000", "--max-connections-per-ip", "1000000"]);
+            command.arg("--listen");
+        }
+        command.arg(addr.to_string()).env("RUST_LOG", "warn").stdout(Stdio::null());
+        if let Some(cpu) = cpu {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the child between fork and exec and only calls
+            // `sched_setaffinity`, which is async-signal-safe and allocates nothing.
+            unsafe {
+                command.pre_exec(move || crate::process::pin(0, cpu));
+            }
+        }
+        let child = command.spawn()?;
+        let pid = child.id();
+        let running = Running { child, target: Target::at(addr, "/", peer == Peer::RawTcp), pid };
+        let start = Instant::now();
+        while TcpStream::connect(addr).is_err() {
+            if start.elapsed() > Duration::from_secs(10) {
+                return Err(io::Error::other(format!("{} did not start listening", peer.name())));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(running)
+    }
+}
+
+/// A loopback address with a port nobody uses right now.
+fn free_port() -> io::Result<SocketAddr> {
+    TcpListener::bind("127.0.0.1:0")?.local_addr()
+}

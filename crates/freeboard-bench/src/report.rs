@@ -1,0 +1,292 @@
+//! Results over repeats — median, min and max of each figure — and their renderings:
+//! a Markdown table, JSON and CSV.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::connections::Step;
+use crate::load::Measured;
+
+/// The median of a figure over repeated runs, with its range.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    /// The middle run (the mean of the two middle ones for an even count).
+    pub median: f64,
+    /// The lowest run.
+    pub min: f64,
+    /// The highest run.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `values`; all zero when there are none.
+    pub fn of(values: impl IntoIterator<Item = f64>) -> Self {
+        let mut v: Vec<f64> = values.into_iter().collect();
+        if v.is_empty() {
+            return Self::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        Self { median, min: v[0], max: v[n - 1] }
+    }
+}
+
+/// One load experiment (echo or pipeline) against one server, over its repeats.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoadRow {
+    /// `echo` or `pipeline`.
+    pub experiment: String,
+    /// The server's name (a peer's, or the URL).
+    pub server: String,
+    /// Concurrent connections.
+    pub clients: usize,
+    /// Messages in flight per connection.
+    pub in_flight: usize,
+    /// Payload bytes.
+    pub size: usize,
+    /// Every run, in order.
+    pub runs: Vec<Measured>,
+    /// Echoes per second.
+    pub msgs_per_sec: Spread,
+    /// Payload MiB per second, one direction.
+    pub mib_per_sec: Spread,
+    /// Round-trip latency, µs.
+    pub p50_us: Spread,
+    /// Round-trip latency, µs.
+    pub p99_us: Spread,
+    /// Round-trip latency, µs.
+    pub p999_us: Spread,
+    /// Load generator CPU over wall time.
+    pub client_cpu: Spread,
+    /// Server CPU µs per message, when the server's PID was known.
+    pub server_cpu_us_per_msg: Option<Spread>,
+    /// Largest server RSS seen at the end of a run, KiB.
+    pub server_rss_kib: Option<u64>,
+}
+
+impl LoadRow {
+    /// Summarises `runs` of one experiment.
+    pub fn new(
+        experiment: &str,
+        server: &str,
+        (clients, in_flight, size): (usize, usize, usize),
+        runs: Vec<Measured>,
+    ) -> Self {
+        let spread = |f: fn(&Measured) -> f64| Spread::of(runs.iter().map(f));
+        let server_cpu = runs.iter().filter_map(|r| r.server_cpu_us_per_msg).collect::<Vec<_>>();
+        Self {
+            experiment: experiment.into(),
+            server: server.into(),
+            clients,
+            in_flight,
+            size,
+            msgs_per_sec: spread(|r| r.msgs_per_sec),
+            mib_per_sec: spread(|r| r.mib_per_sec),
+            p50_us: spread(|r| r.latency_us[0]),
+            p99_us: spread(|r| r.latency_us[1]),
+            p999_us: spread(|r| r.latency_us[2]),
+            client_cpu: spread(|r| r.client_cpu),
+            server_cpu_us_per_msg: (!server_cpu.is_empty()).then(|| Spread::of(server_cpu)),
+            server_rss_kib: runs.iter().filter_map(|r| r.server_rss_kib).max(),
+            runs,
+        }
+    }
+
+    /// Messages sent and received over all runs, and connections failed.
+    pub fn totals(&self) -> (u64, u64, usize, u64) {
+        self.runs.iter().fold((0, 0, 0, 0), |(s, r, f, m), run| {
+            (s + run.sent, r + run.received, f + run.failed, m + run.mismatched)
+        })
+    }
+}
+
+/// The connections experiment against one server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConnectionsRow {
+    /// The server's name.
+    pub server: String,
+    /// One step per connection count.
+    pub steps: Vec<Step>,
+    /// Server RSS after each connect/close cycle at the largest count, KiB (the first entry
+    /// is the baseline before the first cycle).
+    pub cycle_rss_kib: Vec<u64>,
+}
+
+/// Everything one `freeboard bench` invocation measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Report {
+    /// The command line that produced it.
+    pub command: String,
+    /// One-minute load average before and after the runs.
+    pub load_average: (Option<f64>, Option<f64>),
+    /// Server and client CPUs, when pinned.
+    pub pinned: Option<(usize, usize)>,
+    /// Echo and pipeline results.
+    pub loads: Vec<LoadRow>,
+    /// Connections results.
+    pub connections: Vec<ConnectionsRow>,
+}
+
+/// The servers a load row is compared with, when they ran in the same report.
+const BASELINES: [&str; 3] = ["raw-tcp-echo", "fastwebsockets", "tokio-tungstenite"];
+
+impl Report {
+    /// The Markdown tables: echo, pipeline (with ratios to the baselines present), connections.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "`{}`", self.command);
+        let la = |v: Option<f64>| v.map_or("?".into(), |v| format!("{v:.2}"));
+        let _ = write!(
+            s,
+            "\nload average {} before, {} after",
+            la(self.load_average.0),
+            la(self.load_average.1)
+        );
+        match self.pinned {
+            Some((server, client)) => {
+                let _ = writeln!(s, "; server pinned to CPU {server}, client to CPU {client}");
+            }
+            None => s.push_str("; not pinned\n"),
+        }
+        for experiment in ["echo", "pipeline"] {
+            let rows: Vec<&LoadRow> =
+                self.loads.iter().filter(|r| r.experiment == experiment).collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let baselines: Vec<&str> =
+                BASELINES.into_iter().filter(|b| rows.iter().any(|r| r.server == *b)).collect();
+            let _ = writeln!(s, "\n### {experiment} (median of runs, [min–max])\n");
+            s.push_str("| server | clients | in flight | size B | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | server CPU µs/msg | server RSS KiB | client CPU |");
+            for b in &baselines {
+                let _ = write!(s, " × {b} |");
+            }
+            s.push_str(" sent/received/failed |\n|");
+            for _ in 0..(13 + baselines.len()) {
+                s.push_str("---|");
+            }
+            s.push('\n');
+            for r in &rows {
+                let cpu = r.server_cpu_us_per_msg.map_or("–".into(), |c| spread(c, 2, 1.0));
+                let rss = r.server_rss_kib.map_or("–".into(), |v| v.to_string());
+                let _ = write!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} % |",
+                    r.server,
+                    r.clients,
+                    r.in_flight,
+                    r.size,
+                    spread(r.msgs_per_sec, 0, 1.0),
+                    spread(r.mib_per_sec, 1, 1.0),
+                    spread(r.p50_us, 0, 1.0),
+                    spread(r.p99_us, 0, 1.0),
+                    spread(r.p999_us, 0, 1.0),
+                    cpu,
+                    rss,
+                    r.client_cpu.median * 100.0,
+                );
+                for b in &baselines {
+                    let base = rows.iter().find(|o| {
+                        o.server == *b
+                            && (o.clients, o.in_flight, o.size) == (r.clients, r.in_flight, r.size)
+                    });
+                    match base {
+                        Some(o) if o.msgs_per_sec.median > 0.0 => {
+                            let _ = write!(
+                                s,
+                                " {:.2} |",
+                                r.msgs_per_sec.median / o.msgs_per_sec.median
+                            );
+                        }
+                        _ => s.push_str(" – |"),
+                    }
+                }
+                let (sent, received, failed, _) = r.totals();
+                let _ = writeln!(s, " {sent}/{received}/{failed} |");
+            }
+        }
+        for c in &self.connections {
+            let _ = writeln!(s, "\n### connections: {}\n", c.server);
+            s.push_str("| connections | connected | failed | connect ms | µs each | RSS before KiB | RSS open KiB | RSS closed KiB | KiB/conn |\n|---|---|---|---|---|---|---|---|---|\n");
+            let opt = |v: Option<u64>| v.map_or("–".into(), |v| v.to_string());
+            for st in &c.steps {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {:.0} | {:.0} | {} | {} | {} | {} |",
+                    st.count,
+                    st.connected,
+                    st.failed,
+                    st.connect_ms,
+                    st.connect_us_each,
+                    opt(st.rss_before_kib),
+                    opt(st.rss_open_kib),
+                    opt(st.rss_closed_kib),
+                    st.kib_per_conn.map_or("–".into(), |v| format!("{v:.2}")),
+                );
+            }
+            if !c.cycle_rss_kib.is_empty() {
+                let cycles: Vec<String> = c.cycle_rss_kib.iter().map(u64::to_string).collect();
+                let _ = writeln!(
+                    s,
+                    "\nRSS KiB at baseline and after each connect/close cycle: {}",
+                    cycles.join(" → ")
+                );
+            }
+        }
+        s
+    }
+
+    /// One CSV line per load run (every repeat, not only the medians).
+    pub fn csv(&self) -> String {
+        let mut s = String::from(
+            "experiment,server,clients,in_flight,size,run,sent,received,failed,seconds,msgs_per_sec,mib_per_sec,p50_us,p99_us,p999_us,max_us,client_cpu,server_cpu_us_per_msg,server_rss_kib\n",
+        );
+        for r in &self.loads {
+            for (i, m) in r.runs.iter().enumerate() {
+                let _ = writeln!(
+                    s,
+                    "{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{:.1},{:.1},{:.1},{:.1},{:.3},{},{}",
+                    r.experiment,
+                    r.server,
+                    r.clients,
+                    r.in_flight,
+                    r.size,
+                    i + 1,
+                    m.sent,
+                    m.received,
+                    m.failed,
+                    m.seconds,
+                    m.msgs_per_sec,
+                    m.mib_per_sec,
+                    m.latency_us[0],
+                    m.latency_us[1],
+                    m.latency_us[2],
+                    m.latency_us[3],
+                    m.client_cpu,
+                    m.server_cpu_us_per_msg.map_or(String::new(), |v| format!("{v:.3}")),
+                    m.server_rss_kib.map_or(String::new(), |v| v.to_string()),
+                );
+            }
+        }
+        s
+    }
+}
+
+/// `median [min–max]`, each scaled by `scale`, with `digits` decimals.
+fn spread(s: Spread, digits: usize, scale: f64) -> String {
+    format!("{:.d$} [{:.d$}–{:.d$}]", s.median * scale, s.min * scale, s.max * scale, d = digits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_median_min_max() {
+        assert_eq!(Spread::of([3.0, 1.0, 2.0]), Spread { median: 2.0, min: 1.0, max: 3.0 });
+        assert_eq!(Spread::of([4.0, 1.0]).median, 2.5);
+        assert_eq!(Spread::of([]), Spread::default());
+    }
+}
