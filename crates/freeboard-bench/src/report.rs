@@ -133,6 +133,17 @@ pub struct Report {
 const BASELINES: [&str; 3] = ["raw-tcp-echo", "fastwebsockets", "tokio-tungstenite"];
 
 impl Report {
+    /// The report as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        // NOTE(unwrap): every field serialises (no maps with non-string keys).
+        serde_json::to_string_pretty(self).expect("a report serialises")
+    }
+
+    /// A report saved with [`to_json`](Self::to_json).
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        serde_json::from_str(text).map_err(|e| e.to_string())
+    }
+
     /// The Markdown tables: echo, pipeline (with ratios to the baselines present), connections.
     pub fn markdown(&self) -> String {
         let mut s = String::new();

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod bench;
+
 use clap::{Args, Parser, Subcommand};
 use freeboard::config::parse_policy;
 use freeboard::{Echo, Router, Server, ServerConfig};
@@ -26,6 +28,11 @@ enum Command {
     /// by RUST_LOG (default `info`). SIGTERM/SIGINT shut down gracefully (close 1001, drain);
     /// a second signal exits at once.
     Serve(ServeArgs),
+    /// Measure an echo server, or freeboard and peer servers side by side (`--peers`).
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
 }
 
 /// Flags override the config file, which overrides the defaults.
@@ -119,6 +126,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("freeboard serve: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Bench { command } => match bench::run(command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("freeboard bench: {e}");
                 ExitCode::FAILURE
             }
         },
@@ -272,7 +286,7 @@ mod tests {
             "--threads",
             "2",
         ]);
-        let Command::Serve(args) = cli.command;
+        let Command::Serve(args) = cli.command else { panic!("parsed as serve") };
         let config = server_config(&args).unwrap();
         assert_eq!(config.max_connections, 7);
         assert_eq!(config.threads, 2);

@@ -2,7 +2,7 @@
 //! answered by hand (fastwebsockets' own `upgrade` needs hyper); the frames are its business.
 
 use base64::Engine;
-use fastwebsockets::{OpCode, Role, WebSocket};
+use fastwebsockets::{Frame, OpCode, Role, WebSocket};
 use sha1::{Digest, Sha1};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -54,7 +54,11 @@ async fn serve(mut stream: TcpStream) -> Result<(), Box<dyn std::error::Error>> 
         let frame = ws.read_frame().await?;
         match frame.opcode {
             OpCode::Close => break,
-            OpCode::Text | OpCode::Binary => ws.write_frame(frame).await?,
+            // A frame as read still carries the client's mask bit: answer with an unmasked
+            // frame over the same (already unmasked) payload.
+            OpCode::Text | OpCode::Binary => {
+                ws.write_frame(Frame::new(true, frame.opcode, None, frame.payload)).await?
+            }
             _ => {}
         }
     }
