@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 mod bench;
+mod client;
 
 use clap::{Args, Parser, Subcommand};
 use freeboard::config::parse_policy;
@@ -28,6 +29,10 @@ enum Command {
     /// by RUST_LOG (default `info`). SIGTERM/SIGINT shut down gracefully (close 1001, drain);
     /// a second signal exits at once.
     Serve(ServeArgs),
+    /// Connect to a WebSocket server: stdin lines are sent as messages, received messages
+    /// are written to stdout, one per line.
+    #[command(after_help = client::EXIT_CODES)]
+    Client(client::ClientArgs),
     /// Measure an echo server, or freeboard and peer servers side by side (`--peers`).
     Bench {
         #[command(subcommand)]
@@ -122,6 +127,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Client(args) => client::run(args),
         Command::Serve(args) => match serve(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -1,0 +1,214 @@
+//! `freeboard client URL`: stdin lines become messages, received messages go to stdout.
+
+use std::io::{self, BufRead, Write};
+use std::process::ExitCode;
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use freeboard::client::{Client, ClientConfig, ClientError, Event, MessageKind, PushOutcome};
+
+/// Exit statuses, as documented in `--help`.
+const EXIT_CLEAN: u8 = 0;
+const EXIT_CONNECT: u8 = 1;
+const EXIT_ABNORMAL: u8 = 3;
+const EXIT_ERROR_CODE: u8 = 4;
+const EXIT_LOCAL_IO: u8 = 5;
+
+/// The help text's exit-status table.
+pub(crate) const EXIT_CODES: &str = "\
+Exit status:
+  0  the connection closed cleanly with 1000 (normal), 1001 (going away) or 1005 (no code)
+  1  could not connect: bad URL, wss:// (TLS not yet supported), DNS, TCP, timeout, or the
+     server refused the upgrade (its status and body are printed)
+  2  usage error
+  3  the connection ended abnormally: no close handshake (1006), socket error, timeout
+  4  the connection closed with another code (e.g. 1002, 1008, 1009, 1011, 4000): printed
+  5  reading stdin or writing stdout failed";
+
+/// Options of `freeboard client`.
+#[derive(Args)]
+pub(crate) struct ClientArgs {
+    /// The server: ws://host[:port][/path][?query]; IPv6 as ws://[::1]:9001/.
+    #[arg(value_name = "URL")]
+    url: String,
+    /// Send each stdin line as a binary message (default: text; lines must be UTF-8).
+    #[arg(long)]
+    binary: bool,
+    /// An extra request header, e.g. --header 'Authorization: Bearer t0k3n' (repeatable).
+    #[arg(long = "header", value_name = "NAME:VALUE", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+    /// A subprotocol to offer, most preferred first (repeatable).
+    #[arg(long = "subprotocol", value_name = "NAME")]
+    subprotocols: Vec<String>,
+    /// Close (1000) after receiving N messages; without it, close when stdin ends.
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+    /// Wait MS milliseconds between two messages sent.
+    #[arg(long, value_name = "MS")]
+    interval: Option<u64>,
+    /// Seconds allowed for the TCP connection, then again for the opening handshake.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    timeout: f64,
+    /// Largest message received; a larger one closes the connection with 1009.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    max_message_size: usize,
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s.split_once(':').ok_or("expected NAME:VALUE")?;
+    let name = name.trim();
+    if name.is_empty() || name.bytes().any(|b| !b.is_ascii_graphic()) {
+        return Err(format!("invalid header name {name:?}"));
+    }
+    Ok((name.to_owned(), value.trim().to_owned()))
+}
+
+/// Runs the client; the exit status says how the connection ended.
+pub(crate) fn run(args: ClientArgs) -> ExitCode {
+    match session(&args) {
+        Ok(status) => ExitCode::from(status),
+        Err(e) => {
+            eprintln!("freeboard client: {e}");
+            let status = match e {
+                ClientError::Io(_) => EXIT_ABNORMAL,
+                e if e.is_connect_failure() => EXIT_CONNECT,
+                _ => EXIT_ABNORMAL,
+            };
+            ExitCode::from(status)
+        }
+    }
+}
+
+fn session(args: &ClientArgs) -> Result<u8, ClientError> {
+    let timeout = Duration::try_from_secs_f64(args.timeout)
+        .map_err(|e| ClientError::Config(format!("--timeout: {e}")))?;
+    let mut config = ClientConfig::default()
+        .connect_timeout(timeout)
+        .handshake_timeout(timeout)
+        .max_message_size(args.max_message_size)
+        .memory((args.max_message_size * 2).max(32 << 20));
+    config.headers = args.headers.clone();
+    config.protocols = args.subprotocols.clone();
+    let mut client = Client::connect(&args.url, config)?;
+
+    let lines = spawn_stdin_reader();
+    let interval = Duration::from_millis(args.interval.unwrap_or(0));
+    let kind = if args.binary { MessageKind::Binary } else { MessageKind::Text };
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    let mut next_send = Instant::now();
+    let mut received = 0u64;
+    let mut stdin_open = true;
+    let mut closing = false;
+    loop {
+        // Send what stdin has, paced by --interval.
+        while stdin_open && !closing && Instant::now() >= next_send {
+            match lines.try_recv() {
+                Ok(Ok(line)) => {
+                    if !send_line(&mut client, kind, line)? {
+                        continue;
+                    }
+                    next_send = Instant::now() + interval;
+                }
+                Ok(Err(e)) => {
+                    eprintln!("freeboard client: reading stdin: {e}");
+                    return Ok(EXIT_LOCAL_IO);
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => stdin_open = false,
+            }
+        }
+        if !stdin_open && !closing && args.count.is_none() {
+            client.close(1000, "")?;
+            closing = true;
+        }
+        // Wait for the server, a little at a time while stdin may bring more.
+        let wait = if closing || !stdin_open {
+            None
+        } else {
+            Some(next_send.saturating_duration_since(Instant::now()).max(Duration::from_millis(5)))
+        };
+        match client.recv_timeout(wait)? {
+            None => {}
+            Some(Event::Message(message)) => {
+                let written = message
+                    .segments()
+                    .try_for_each(|s| out.write_all(s))
+                    .and_then(|()| out.write_all(b"\n"))
+                    .and_then(|()| out.flush());
+                if let Err(e) = written {
+                    eprintln!("freeboard client: writing stdout: {e}");
+                    return Ok(EXIT_LOCAL_IO);
+                }
+                received += 1;
+                if args.count.is_some_and(|n| received >= n) && !closing {
+                    client.close(1000, "")?;
+                    closing = true;
+                }
+            }
+            Some(Event::Closed(close)) => {
+                let normal = matches!(close.code, 1000 | 1001 | 1005);
+                if close.was_clean && normal {
+                    return Ok(EXIT_CLEAN);
+                }
+                eprintln!(
+                    "freeboard client: closed {} with {} {:?}",
+                    if close.was_clean { "cleanly" } else { "abnormally" },
+                    close.code,
+                    close.reason
+                );
+                return Ok(if close.was_clean { EXIT_ERROR_CODE } else { EXIT_ABNORMAL });
+            }
+        }
+    }
+}
+
+/// Sends one stdin line; `false` if it was skipped (not UTF-8 in text mode).
+fn send_line(client: &mut Client, kind: MessageKind, line: Vec<u8>) -> Result<bool, ClientError> {
+    if kind == MessageKind::Text && std::str::from_utf8(&line).is_err() {
+        eprintln!("freeboard client: skipped a line that is not UTF-8 (use --binary)");
+        return Ok(false);
+    }
+    let mut pushed = client.send(kind, &line)?;
+    while let PushOutcome::WouldBlock { .. } = pushed.outcome {
+        // The send queue is full: wait until the socket takes some of it, then retry.
+        client.flush(Some(Duration::from_millis(100)))?;
+        pushed = client.send(kind, &line)?;
+    }
+    if let PushOutcome::Dropped { .. } = pushed.outcome {
+        eprintln!("freeboard client: a message larger than the send queue's cap was dropped");
+    }
+    Ok(true)
+}
+
+/// Reads stdin lines (without their `\n` or `\r\n`) on a thread; the channel closes at EOF.
+fn spawn_stdin_reader() -> Receiver<io::Result<Vec<u8>>> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut stdin = io::stdin().lock();
+        loop {
+            let mut line = Vec::new();
+            match stdin.read_until(b'\n', &mut line) {
+                Ok(0) => return,
+                Ok(_) => {
+                    if line.ends_with(b"\n") {
+                        line.pop();
+                        if line.ends_with(b"\r") {
+                            line.pop();
+                        }
+                    }
+                    if tx.send(Ok(line)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
