@@ -193,15 +193,21 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
     })
 }
 
-/// Connects to `target` and completes the opening handshake (none for a raw TCP echo).
+/// Connects to `target` and completes the opening handshake (for a raw TCP echo: one byte
+/// sent and echoed).
 /// Returns the blocking stream and any bytes that arrived after the server's head.
 pub fn open(target: &Target, timeout: Duration, rng: &mut Rng) -> io::Result<(StdStream, Vec<u8>)> {
     let mut stream = StdStream::connect_timeout(&target.addr, timeout)?;
     stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(timeout))?;
     if target.raw {
+        // One echoed byte stands in for the 101: it proves the server has accepted the
+        // connection, so opening many connections is paced by the server as with a handshake.
+        stream.write_all(&[0])?;
+        stream.read_exact(&mut [0])?;
+        stream.set_read_timeout(None)?;
         return Ok((stream, Vec::new()));
     }
-    stream.set_read_timeout(Some(timeout))?;
     let key = generate_key(rng.nonce());
     let request = ClientRequest {
         host: &target.host,

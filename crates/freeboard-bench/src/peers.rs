@@ -16,9 +16,9 @@ pub enum Peer {
     Freeboard,
     /// An epoll (mio) TCP echo with no WebSocket work: the physical limit.
     RawTcp,
-    /// tokio-tungstenite on a current-thread runtime.
+    /// tokio-tungstenite on a one-worker multi-thread runtime.
     TokioTungstenite,
-    /// fastwebsockets on a current-thread runtime.
+    /// fastwebsockets on a one-worker multi-thread runtime.
     Fastwebsockets,
 }
 

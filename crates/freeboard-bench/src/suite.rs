@@ -63,6 +63,9 @@ pub fn connections(
     counts: &[usize],
     cycles: usize,
 ) -> io::Result<ConnectionsRow> {
+    // A first connection may initialise the server's lazily built state (a pool, a slab):
+    // that is not the cost of a connection.
+    connections::step(&subject.target, 1, None)?;
     let mut steps = Vec::new();
     for &count in counts {
         let bar = spinner(format!("{} connections: {count}", subject.name));

@@ -6,7 +6,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 /// A server to measure: a WebSocket URL (`ws://host:port/path`) or a raw TCP echo
 /// (`tcp://host:port`).
 ///
-/// Against a raw TCP echo the client skips the opening handshake and sends the very same
+/// Against a raw TCP echo the client replaces the opening handshake with one byte that comes
+/// back (so the server has accepted the connection, as after a 101) and then sends the very same
 /// masked frames; the echo returns them byte for byte, and the client parses them as a server
 /// would (masked frames, unmasked in place). Both sides therefore do the same work per message
 /// as against a WebSocket server, and the raw echo shows what the kernel and loopback cost

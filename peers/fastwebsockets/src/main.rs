@@ -1,4 +1,4 @@
-//! fastwebsockets' echo server example on a current-thread runtime. The HTTP upgrade is
+//! fastwebsockets' echo server example on a one-worker multi-thread runtime. The HTTP upgrade is
 //! answered by hand (fastwebsockets' own `upgrade` needs hyper); the frames are its business.
 
 use base64::Engine;
@@ -7,7 +7,7 @@ use sha1::{Digest, Sha1};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-#[tokio::main(flavor = "current_thread")]
+#[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> std::io::Result<()> {
     let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:9004".into());
     let listener = TcpListener::bind(&addr).await?;

@@ -1,9 +1,9 @@
-//! tokio-tungstenite's echo server example on a current-thread runtime.
+//! tokio-tungstenite's echo server example on a one-worker multi-thread runtime.
 
 use futures_util::{StreamExt, TryStreamExt, future};
 use tokio::net::TcpListener;
 
-#[tokio::main(flavor = "current_thread")]
+#[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> std::io::Result<()> {
     let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:9003".into());
     let listener = TcpListener::bind(&addr).await?;
