@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use freeboard_buf::SlowConsumerPolicy;
+use freeboard_buf::{SlowConsumerPolicy, Watermarks};
 use serde::Deserialize;
 
 /// Everything `freeboard serve` can be told, with the defaults documented on each field.
@@ -75,6 +75,89 @@ pub struct ServerConfig {
     pub slow_consumer: SlowConsumerPolicy,
     /// Pool bytes that must be free for an upgrade to be accepted (else 503). Default 64 KiB.
     pub connection_reserve: usize,
+    /// Pub/sub: the topic endpoints, their send queues and who may publish (the `[topics]`
+    /// table in TOML).
+    pub topics: TopicsConfig,
+}
+
+/// Pub/sub settings: the `/topic/{name}` endpoints of `freeboard serve`, `POST /topic/{name}`,
+/// and the limits of every topic route.
+#[derive(Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TopicsConfig {
+    /// Path prefix of the topic endpoints: a WebSocket upgrade at `{path}{name}` subscribes to
+    /// `name`, a `POST {path}{name}` publishes its body. Must start and end with `/`.
+    /// Default `/topic/`.
+    pub path: String,
+    /// Whether messages clients send on a topic connection are published to its topic (else
+    /// they are answered with close 1008). Default `false`.
+    pub client_publish: bool,
+    /// Whether `POST {path}{name}` publishes its body (text if it is UTF-8 and the
+    /// `Content-Type` is `text/*`, else binary). Default `true`.
+    pub http_publish: bool,
+    /// Bearer token `POST` must carry (`Authorization: Bearer <token>`; 401 without, 403 if
+    /// wrong). Default: none, anyone may publish.
+    pub publish_token: Option<String>,
+    /// The topic routes' slow-consumer policy. Default `conflate`: a subscriber that falls
+    /// behind gets the newest message, not a backlog.
+    #[serde(with = "policy")]
+    pub slow_consumer: SlowConsumerPolicy,
+    /// A subscriber's send queue low watermark. Default 32 KiB.
+    pub send_low: usize,
+    /// A subscriber's send queue high watermark. Default 64 KiB.
+    pub send_high: usize,
+    /// A subscriber's send queue hard cap; a published message larger than it is dropped for
+    /// that subscriber (counted). Default 1 MiB.
+    pub send_cap: usize,
+    /// Topics one connection may subscribe to. Default 64.
+    pub max_topics_per_connection: usize,
+    /// Publications from other threads a loop's inbox holds before further ones are dropped
+    /// (counted in `topic_drops{reason="inbox_full"}`). Default 4096.
+    pub inbox: usize,
+}
+
+impl Default for TopicsConfig {
+    fn default() -> Self {
+        Self {
+            path: "/topic/".into(),
+            client_publish: false,
+            http_publish: true,
+            publish_token: None,
+            slow_consumer: SlowConsumerPolicy::Conflate,
+            send_low: 32 << 10,
+            send_high: 64 << 10,
+            send_cap: 1 << 20,
+            max_topics_per_connection: 64,
+            inbox: 4096,
+        }
+    }
+}
+
+impl TopicsConfig {
+    /// The send-queue watermarks of topic routes.
+    pub fn watermarks(&self) -> Result<Watermarks, String> {
+        Watermarks::new(self.send_low, self.send_high, self.send_cap).map_err(|_| {
+            "topic send watermarks must satisfy send_low <= send_high <= send_cap".to_string()
+        })
+    }
+}
+
+impl std::fmt::Debug for TopicsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopicsConfig")
+            .field("path", &self.path)
+            .field("client_publish", &self.client_publish)
+            .field("http_publish", &self.http_publish)
+            .field("publish_token", &self.publish_token.as_ref().map(|_| "<redacted>"))
+            .field("slow_consumer", &self.slow_consumer)
+            .field("send_low", &self.send_low)
+            .field("send_high", &self.send_high)
+            .field("send_cap", &self.send_cap)
+            .field("max_topics_per_connection", &self.max_topics_per_connection)
+            .field("inbox", &self.inbox)
+            .finish()
+    }
 }
 
 impl Default for ServerConfig {
@@ -101,6 +184,7 @@ impl Default for ServerConfig {
             send_cap: (16 << 20) + (64 << 10),
             slow_consumer: SlowConsumerPolicy::Close,
             connection_reserve: 64 << 10,
+            topics: TopicsConfig::default(),
         }
     }
 }
@@ -128,6 +212,17 @@ impl ServerConfig {
         }
         if self.chunk_size == 0 || self.chunk_size > freeboard_buf::MAX_CHUNK_SIZE {
             return Err("chunk_size out of range".into());
+        }
+        let topics = &self.topics;
+        topics.watermarks()?;
+        let path = &topics.path;
+        if !(path.is_empty() || path.starts_with('/') && path.ends_with('/')) {
+            return Err("topics.path must start and end with '/'".into());
+        }
+        if topics.inbox == 0 || topics.max_topics_per_connection == 0 {
+            return Err(
+                "topics.inbox and topics.max_topics_per_connection must be at least 1".into()
+            );
         }
         let per_loop = self.memory / self.threads;
         if per_loop < self.read_buffer + 16 * self.chunk_size {

@@ -7,11 +7,15 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use freeboard_buf::{Budget, ChunkChain, Pool, PoolConfig, SendQueue, Watermarks, Writability};
+use freeboard_buf::{
+    Budget, ChunkChain, Frame, Pool, PoolConfig, PushOutcome, SendQueue, SlowConsumerPolicy,
+    Watermarks, Writability,
+};
 use freeboard_proto::handshake::{self, EMPTY_HEADER, HandshakeError, Request};
-use freeboard_proto::{CloseCode, Connection, Event, Instant, Role, State};
+use freeboard_proto::{CloseCode, Connection, Event, Instant, MessageKind, Role, State};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
@@ -19,6 +23,7 @@ use slab::Slab;
 use crate::handler::{Conn, ConnId, Message, Router, Upgrade, queue_control};
 use crate::metrics::{LoopLabel, LoopStats};
 use crate::server::Shared;
+use crate::topics::{LocalTopics, Publication};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
@@ -51,6 +56,17 @@ enum Phase {
     /// Our FIN is sent; reading until the peer's EOF so unread bytes cannot turn our close
     /// into a reset.
     Linger { deadline: Instant },
+    /// Reading the body of `POST {topics.path}{name}` into `partial`.
+    Body(Box<PostBody>),
+}
+
+/// A `POST` publish whose body is still arriving.
+struct PostBody {
+    deadline: Instant,
+    topic: Box<str>,
+    kind: MessageKind,
+    /// Body bytes still to read.
+    remaining: usize,
 }
 
 struct Entry {
@@ -90,6 +106,17 @@ pub(crate) struct EventLoop {
     drain_deadline: Option<Instant>,
     last_failures: u64,
     stats: LoopStats,
+    topics: LocalTopics,
+    /// Publications from other threads.
+    inbox: Receiver<Publication>,
+    /// Publishes from this loop's handlers, fanned out once the handler returns.
+    outbox: Vec<(Arc<str>, Frame)>,
+    /// The outbox's spare allocation, and whether it is being fanned out (so a publish made
+    /// during a fan-out waits its turn and one publisher's messages stay in order).
+    outbox_spare: Vec<(Arc<str>, Frame)>,
+    fanning_out: bool,
+    /// Writability changes a fan-out caused, reported once it is done.
+    changes: Vec<(usize, Writability)>,
 }
 
 impl EventLoop {
@@ -112,6 +139,11 @@ impl EventLoop {
         let mut pool = Pool::new(Budget::new(per_loop), pool_config).map_err(io::Error::other)?;
         pool.budget_mut().try_draw(config.read_buffer).map_err(io::Error::other)?;
         let router = (shared.factory)();
+        let inbox = shared
+            .hub
+            .take_receiver(index)
+            .ok_or_else(|| io::Error::other("event loop started twice"))?;
+        let topics = LocalTopics::new(index, config.topics.max_topics_per_connection);
         Ok(Self {
             index,
             poll,
@@ -131,6 +163,12 @@ impl EventLoop {
             drain_deadline: None,
             last_failures: 0,
             stats: LoopStats::default(),
+            topics,
+            inbox,
+            outbox: Vec::new(),
+            outbox_spare: Vec::new(),
+            fanning_out: false,
+            changes: Vec::new(),
         })
     }
 
@@ -182,9 +220,11 @@ impl EventLoop {
                     }
                 }
             }
+            self.drain_inbox(now);
             self.end_turn(now);
         }
-        for (_, mut entry) in std::mem::take(&mut self.conns) {
+        for (token, mut entry) in std::mem::take(&mut self.conns) {
+            self.topics.drop_conn(&self.shared.hub, token);
             let _ = entry.queue.clear(&mut self.pool);
             entry.partial.clear(&mut self.pool);
             self.shared.release(entry.peer);
@@ -215,7 +255,7 @@ impl EventLoop {
         for token in tokens {
             let entry = &mut self.conns[token];
             match &mut entry.phase {
-                Phase::Handshake { .. } => {
+                Phase::Handshake { .. } | Phase::Body(_) => {
                     self.remove(token);
                     continue;
                 }
@@ -290,6 +330,7 @@ impl EventLoop {
             Phase::Handshake { .. } => self.read_handshake(token, now),
             Phase::Open { .. } => self.read_open(token, now),
             Phase::Draining { .. } | Phase::Linger { .. } => self.read_discard(token),
+            Phase::Body(_) => self.read_body(token, now),
         }
         self.mark(token);
     }
@@ -336,7 +377,9 @@ impl EventLoop {
         self.stats.bytes_in += have as u64;
         let open = self.handshake(token, now, &mut buf[..have], eof);
         self.read_buf = buf;
-        if open && eof {
+        if let Some(Entry { phase: Phase::Body(_), .. }) = self.conns.get(token) {
+            self.read_body(token, now);
+        } else if open && eof {
             // The request and the end of the stream came together: nothing more will arrive.
             if let Phase::Open { ws, .. } = &mut self.conns[token].phase {
                 ws.handle_eof();
@@ -353,7 +396,7 @@ impl EventLoop {
         let mut headers = [EMPTY_HEADER; 64];
         let mut req = httparse::Request::new(&mut headers);
         let parsed = req.parse(buf);
-        let (path, upgrade) = match parsed {
+        let (path, upgrade, head_len) = match parsed {
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD && !eof => {
                 let entry = &mut self.conns[token];
                 if entry.partial.append(&mut self.pool, buf).is_err() {
@@ -368,6 +411,7 @@ impl EventLoop {
             Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => (
                 req.path.unwrap_or("/"),
                 req.headers.iter().any(|h| h.name.eq_ignore_ascii_case("upgrade")),
+                len,
             ),
             Ok(_) | Err(httparse::Error::TooManyHeaders) => {
                 return self.refuse_error(token, now, HandshakeError::HeadTooLarge);
@@ -377,6 +421,16 @@ impl EventLoop {
         let route = self.router.find(path);
         if !upgrade {
             let target = path.split('?').next().unwrap_or(path);
+            let topics = &self.shared.config.topics;
+            if req.method == Some("POST")
+                && topics.http_publish
+                && !topics.path.is_empty()
+                && let Some(topic) = target.strip_prefix(topics.path.as_str())
+            {
+                let topic = topic.to_owned();
+                self.http_publish(token, now, &topic, req.headers, &buf[head_len..]);
+                return false;
+            }
             match (target, route) {
                 ("/healthz", _) => {
                     self.respond(token, now, 200, "text/plain", b"ok\n");
@@ -404,6 +458,7 @@ impl EventLoop {
             self.refuse(token, now, 404, "", "no such route");
             return false;
         };
+        let options = *self.router.options(route);
         let mut headers = [EMPTY_HEADER; 64];
         let (request, len) = match Request::parse(buf, &mut headers, MAX_HEAD) {
             Ok(Some(parsed)) => parsed,
@@ -442,6 +497,13 @@ impl EventLoop {
             Upgrade::Reject(status) => return self.refuse(token, now, status, "", "refused"),
         };
         let entry = &mut self.conns[token];
+        if options.slow_consumer.is_some() || options.watermarks.is_some() {
+            // NOTE: nothing has been queued before the 101 response, so the queue is empty.
+            debug_assert!(entry.queue.is_empty());
+            let marks = options.watermarks.unwrap_or(*entry.queue.watermarks());
+            let policy = options.slow_consumer.unwrap_or(entry.queue.policy());
+            entry.queue = SendQueue::new(marks, policy);
+        }
         let pushed = entry.queue.push_message(&mut self.pool, &[&response[..n]]);
         if !matches!(
             pushed.outcome,
@@ -458,7 +520,7 @@ impl EventLoop {
             discarding: false,
         };
         self.shared.metrics.connections.inc();
-        self.call(token, now, |handler, conn| handler.on_open(conn));
+        self.call_with(token, now, path, |handler, conn| handler.on_open(conn));
         if len < buf.len() {
             self.receive(token, now, &mut buf[len..]);
         }
@@ -593,17 +655,30 @@ impl EventLoop {
         now: Instant,
         kind: freeboard_proto::MessageKind,
     ) {
+        if !self.assemble(token) {
+            if let Phase::Open { ws, .. } = &mut self.conns[token].phase {
+                let _ = ws.close(now, CloseCode::TRY_AGAIN_LATER, "server memory budget exhausted");
+            }
+            return;
+        }
+        self.stats.messages_in += 1;
+        let assembly = std::mem::take(&mut self.assembly);
+        self.call(token, now, |handler, conn| {
+            handler.on_message(conn, Message { kind, data: &assembly })
+        });
+        self.assembly = assembly;
+    }
+
+    /// Moves the connection's `partial` chain into the contiguous assembly buffer, drawing
+    /// any growth from the budget; `false` (and `partial` dropped) if the budget is short.
+    fn assemble(&mut self, token: usize) -> bool {
         let entry = &mut self.conns[token];
         let len = entry.partial.len();
         if len > self.assembly.capacity() {
             let more = len - self.assembly_drawn;
             if self.pool.budget_mut().try_draw(more).is_err() {
                 entry.partial.clear(&mut self.pool);
-                if let Phase::Open { ws, .. } = &mut entry.phase {
-                    let _ =
-                        ws.close(now, CloseCode::TRY_AGAIN_LATER, "server memory budget exhausted");
-                }
-                return;
+                return false;
             }
             self.assembly_drawn = len;
             self.assembly.clear();
@@ -614,12 +689,160 @@ impl EventLoop {
             self.assembly.extend_from_slice(segment);
         }
         entry.partial.clear(&mut self.pool);
-        self.stats.messages_in += 1;
-        let assembly = std::mem::take(&mut self.assembly);
-        self.call(token, now, |handler, conn| {
-            handler.on_message(conn, Message { kind, data: &assembly })
-        });
-        self.assembly = assembly;
+        true
+    }
+
+    /// `POST {topics.path}{topic}`: checks the bearer token, the name and the length, then
+    /// publishes the body, now (`body` holds it all) or once it has arrived.
+    fn http_publish(
+        &mut self,
+        token: usize,
+        now: Instant,
+        topic: &str,
+        headers: &[httparse::Header<'_>],
+        body: &[u8],
+    ) {
+        let header = |name: &str| {
+            headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value)
+        };
+        let config = &self.shared.config;
+        if let Some(expected) = &config.topics.publish_token {
+            let given = header("authorization").and_then(|v| {
+                let v = std::str::from_utf8(v).ok()?.trim();
+                v.get(..7).filter(|s| s.eq_ignore_ascii_case("bearer ")).map(|_| v[7..].trim())
+            });
+            match given {
+                None => {
+                    let challenge = "WWW-Authenticate: Bearer\r\n";
+                    self.refuse(token, now, 401, challenge, "a bearer token is required");
+                    return;
+                }
+                Some(given) if !constant_time_eq(given.as_bytes(), expected.as_bytes()) => {
+                    self.refuse(token, now, 403, "", "wrong publish token");
+                    return;
+                }
+                Some(_) => {}
+            }
+        }
+        if !crate::topics::valid_topic(topic) {
+            self.refuse(token, now, 400, "", "invalid topic name");
+            return;
+        }
+        if header("transfer-encoding").is_some() {
+            self.refuse(token, now, 411, "", "a Content-Length is required");
+            return;
+        }
+        let Some(len) = header("content-length")
+            .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok())
+        else {
+            self.refuse(token, now, 411, "", "a Content-Length is required");
+            return;
+        };
+        if len > config.max_message_size {
+            self.refuse(token, now, 413, "", "body larger than max_message_size");
+            return;
+        }
+        let len = len as usize; // NOTE: at most max_message_size, which fits memory
+        let text = header("content-type")
+            .is_some_and(|v| v.len() >= 5 && v[..5].eq_ignore_ascii_case(b"text/"));
+        let kind = if text { MessageKind::Text } else { MessageKind::Binary };
+        if body.len() >= len {
+            self.finish_publish(token, now, topic, kind, &body[..len]);
+            return;
+        }
+        let entry = &mut self.conns[token];
+        if entry.partial.append(&mut self.pool, body).is_err() {
+            entry.partial.clear(&mut self.pool);
+            self.refuse(token, now, 503, "Retry-After: 1\r\n", "server memory budget exhausted");
+            return;
+        }
+        let deadline = match entry.phase {
+            Phase::Handshake { deadline } => deadline,
+            _ => now + self.shared.config.handshake_timeout,
+        };
+        entry.phase = Phase::Body(Box::new(PostBody {
+            deadline,
+            topic: topic.into(),
+            kind,
+            remaining: len - body.len(),
+        }));
+    }
+
+    /// Reads more of a `POST` body into `partial`; publishes it once complete.
+    fn read_body(&mut self, token: usize, now: Instant) {
+        let mut buf = std::mem::take(&mut self.read_buf);
+        loop {
+            let entry = &mut self.conns[token];
+            let Phase::Body(post) = &mut entry.phase else { break };
+            let want = post.remaining.min(buf.len());
+            match entry.stream.read(&mut buf[..want]) {
+                Ok(0) => {
+                    self.remove(token);
+                    break;
+                }
+                Ok(n) => {
+                    self.stats.bytes_in += n as u64;
+                    post.remaining -= n;
+                    let done = post.remaining == 0;
+                    if entry.partial.append(&mut self.pool, &buf[..n]).is_err() {
+                        entry.partial.clear(&mut self.pool);
+                        let retry = "Retry-After: 1\r\n";
+                        self.refuse(token, now, 503, retry, "server memory budget exhausted");
+                        break;
+                    }
+                    if done {
+                        let Phase::Body(post) =
+                            std::mem::replace(&mut entry.phase, Phase::Draining { deadline: now })
+                        else {
+                            unreachable!("matched above")
+                        };
+                        if !self.assemble(token) {
+                            let retry = "Retry-After: 1\r\n";
+                            self.refuse(token, now, 503, retry, "server memory budget exhausted");
+                            break;
+                        }
+                        let assembly = std::mem::take(&mut self.assembly);
+                        self.finish_publish(token, now, &post.topic, post.kind, &assembly);
+                        self.assembly = assembly;
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.remove(token);
+                    break;
+                }
+            }
+        }
+        self.read_buf = buf;
+    }
+
+    /// Publishes a whole `POST` body and answers `200` with what it reached.
+    fn finish_publish(
+        &mut self,
+        token: usize,
+        now: Instant,
+        topic: &str,
+        kind: MessageKind,
+        body: &[u8],
+    ) {
+        if kind == MessageKind::Text && std::str::from_utf8(body).is_err() {
+            self.refuse(token, now, 400, "", "a text/* body must be UTF-8");
+            return;
+        }
+        let published = self.topics.publish(
+            &self.shared.hub,
+            &mut self.pool,
+            &mut self.outbox,
+            topic,
+            kind,
+            body,
+        );
+        self.fan_out_outbox(now);
+        let answer =
+            format!("{{\"loops\":{},\"dropped\":{}}}\n", published.loops, published.dropped);
+        self.respond(token, now, 200, "application/json", answer.as_bytes());
     }
 
     /// Queues what the core owes and reports its events to the handler.
@@ -651,6 +874,18 @@ impl EventLoop {
         now: Instant,
         f: impl FnOnce(&mut dyn crate::Handler, &mut Conn<'_>),
     ) {
+        self.call_with(token, now, "", f);
+    }
+
+    /// [`call`](Self::call), showing the handler the request `target` (for `on_open`); then
+    /// fans out what the handler published.
+    fn call_with(
+        &mut self,
+        token: usize,
+        now: Instant,
+        target: &str,
+        f: impl FnOnce(&mut dyn crate::Handler, &mut Conn<'_>),
+    ) {
         let entry = &mut self.conns[token];
         let Phase::Open { ws, route, .. } = &mut entry.phase else { return };
         let mut writability = None;
@@ -665,12 +900,111 @@ impl EventLoop {
             stats: &mut self.stats,
             now,
             writability: &mut writability,
+            token,
+            target,
+            topics: &mut self.topics,
+            hub: &self.shared.hub,
+            outbox: &mut self.outbox,
         };
         f(self.router.handler(route), &mut conn);
         if let Some(change) = writability {
             self.writability_changed(token, now, change);
         }
         self.mark(token);
+        if !self.outbox.is_empty() {
+            self.fan_out_outbox(now);
+        }
+    }
+
+    /// Fans out this loop's own publishes, in publish order.
+    fn fan_out_outbox(&mut self, now: Instant) {
+        if self.fanning_out {
+            return; // the outer call picks them up after the publishes before them
+        }
+        self.fanning_out = true;
+        while !self.outbox.is_empty() {
+            let mut batch = std::mem::take(&mut self.outbox_spare);
+            std::mem::swap(&mut batch, &mut self.outbox);
+            for (topic, frame) in batch.drain(..) {
+                self.fan_out(now, &topic, &frame);
+                frame.release(&mut self.pool);
+            }
+            self.outbox_spare = batch;
+        }
+        self.fanning_out = false;
+    }
+
+    /// Takes the publications other threads sent, each copied once into this loop's pool and
+    /// fanned out by reference.
+    fn drain_inbox(&mut self, now: Instant) {
+        self.shared.hub.begin_drain(self.index);
+        while let Ok(publication) = self.inbox.try_recv() {
+            if self.topics.subscribers(&publication.topic).is_none() {
+                continue; // the last subscriber left after the publisher looked
+            }
+            match publication.frame.to_frame(&mut self.pool) {
+                Ok(frame) => {
+                    self.fan_out(now, &publication.topic, &frame);
+                    frame.release(&mut self.pool);
+                }
+                Err(_) => self.shared.metrics.topic_drop("pool"),
+            }
+        }
+    }
+
+    /// Queues `frame` by reference to every open subscriber of `topic` on this loop; each
+    /// subscriber's policy decides alone what happens when its queue is full.
+    fn fan_out(&mut self, now: Instant, topic: &str, frame: &Frame) {
+        let Some(subscribers) = self.topics.subscribers(topic) else { return };
+        let mut changes = std::mem::take(&mut self.changes);
+        for (_, &token) in subscribers {
+            // NOTE: a connection's subscriptions go before its slab entry does.
+            let entry = &mut self.conns[token];
+            let Phase::Open { ws, .. } = &mut entry.phase else { continue };
+            if ws.state() != State::Open {
+                continue;
+            }
+            let pushed = entry.queue.push_frame(&mut self.pool, frame);
+            let mut change = pushed.writability;
+            match pushed.outcome {
+                PushOutcome::Queued | PushOutcome::QueuedAboveHigh => {
+                    self.stats.deliveries += 1;
+                    self.stats.messages_out += 1;
+                }
+                PushOutcome::Dropped { newest, messages, .. } => {
+                    if !newest {
+                        self.stats.deliveries += 1;
+                        self.stats.messages_out += 1;
+                    }
+                    let policy = entry.queue.policy() as usize;
+                    self.stats.topic_policy_drops[policy] += u64::from(messages);
+                }
+                PushOutcome::WouldBlock { .. } => {
+                    // A publisher cannot be paused for one subscriber: the message is dropped.
+                    self.stats.topic_policy_drops[SlowConsumerPolicy::Block as usize] += 1;
+                }
+                PushOutcome::MustClose { .. } => {
+                    let gone = entry.queue.discard_unsent(&mut self.pool);
+                    change = gone.writability.or(change);
+                    self.shared.metrics.slow_consumer_closes.inc();
+                    let _ = ws.close(now, CloseCode::POLICY_VIOLATION, "slow consumer");
+                    queue_control(ws, &mut entry.queue, &mut self.pool);
+                }
+            }
+            if let Some(change) = change {
+                changes.push((token, change));
+            }
+            if !entry.dirty {
+                entry.dirty = true;
+                self.dirty.push(token);
+            }
+        }
+        for (token, change) in changes.drain(..) {
+            if self.conns.contains(token) {
+                self.writability_changed(token, now, change);
+            }
+        }
+        self.changes = changes;
     }
 
     fn writability_changed(&mut self, token: usize, now: Instant, change: Writability) {
@@ -711,6 +1045,11 @@ impl EventLoop {
                     continue;
                 }
                 Phase::Draining { deadline } | Phase::Linger { deadline } if *deadline <= now => {
+                    self.remove(token);
+                    continue;
+                }
+                Phase::Body(post) if post.deadline <= now => {
+                    self.shared.metrics.handshake_timeouts.inc();
                     self.remove(token);
                     continue;
                 }
@@ -794,6 +1133,7 @@ impl EventLoop {
                 }
                 self.shared.metrics.connections.dec();
             }
+            self.topics.drop_conn(&self.shared.hub, token);
             let entry = &mut self.conns[token];
             entry.partial.clear(&mut self.pool);
             // The server closes the TCP connection first (§7.1.1).
@@ -806,6 +1146,7 @@ impl EventLoop {
                 Phase::Handshake { deadline } => Some(*deadline),
                 Phase::Open { ws, .. } => ws.poll_timeout(),
                 Phase::Draining { deadline } | Phase::Linger { deadline } => Some(*deadline),
+                Phase::Body(post) => Some(post.deadline),
             };
             if let Some(at) = deadline
                 && entry.armed.is_none_or(|armed| at < armed)
@@ -817,6 +1158,7 @@ impl EventLoop {
     }
 
     fn remove(&mut self, token: usize) {
+        self.topics.drop_conn(&self.shared.hub, token);
         let mut entry = self.conns.remove(token);
         let _ = entry.queue.clear(&mut self.pool);
         entry.partial.clear(&mut self.pool);
@@ -844,6 +1186,11 @@ impl EventLoop {
             m.allocation_failures.get_or_create(&label).set(c.allocation_failures as i64);
         }
     }
+}
+
+/// Compares secrets in time that depends on their lengths only.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The `closes` metric label for a close code.

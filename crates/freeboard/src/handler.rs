@@ -3,11 +3,14 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use freeboard_buf::{Pool, PushOutcome, SendQueue, SlowConsumerPolicy, Writability};
+use freeboard_buf::{
+    Frame, Pool, PushOutcome, SendQueue, SlowConsumerPolicy, Watermarks, Writability,
+};
 use freeboard_proto::handshake::Request;
 use freeboard_proto::{CloseCode, Connection, Instant, MessageKind, OpCode};
 
 use crate::metrics::{LoopStats, Metrics};
+use crate::topics::{Hub, LocalTopics, Published, SubscribeError};
 
 /// An application endpoint: what happens on one route.
 ///
@@ -125,6 +128,14 @@ pub struct Conn<'a> {
     pub(crate) now: Instant,
     /// Writability transitions caused by sends, reported after the handler returns.
     pub(crate) writability: &'a mut Option<Writability>,
+    /// The connection's slab key on its loop.
+    pub(crate) token: usize,
+    /// The request target during `on_open`, else empty.
+    pub(crate) target: &'a str,
+    pub(crate) topics: &'a mut LocalTopics,
+    pub(crate) hub: &'a Hub,
+    /// Local publishes, fanned out by the loop once the handler returns.
+    pub(crate) outbox: &'a mut Vec<(Arc<str>, Frame)>,
 }
 
 impl Conn<'_> {
@@ -209,6 +220,38 @@ impl Conn<'_> {
     pub fn policy(&self) -> SlowConsumerPolicy {
         self.queue.policy()
     }
+
+    /// The upgrade request's target (path and query) during [`Handler::on_open`]; empty in
+    /// the other callbacks (it is not kept per connection).
+    pub fn target(&self) -> &str {
+        self.target
+    }
+
+    /// Subscribes this connection to `topic` (O(1) in the topic's subscribers); `Ok(false)`
+    /// if it already was. Messages published to the topic from then on are queued to it by
+    /// reference, under its endpoint's slow-consumer policy. The subscription ends with
+    /// [`unsubscribe`](Self::unsubscribe) or when the connection closes.
+    pub fn subscribe(&mut self, topic: &str) -> Result<bool, SubscribeError> {
+        self.topics.subscribe(self.hub, self.token, topic)
+    }
+
+    /// Unsubscribes this connection from `topic`; whether it was subscribed.
+    pub fn unsubscribe(&mut self, topic: &str) -> bool {
+        self.topics.unsubscribe(self.hub, self.token, topic)
+    }
+
+    /// The topics this connection is subscribed to.
+    pub fn topics(&self) -> impl Iterator<Item = &str> {
+        self.topics.topics_of(self.token)
+    }
+
+    /// Publishes one message to every subscriber of `topic` on every loop (this connection
+    /// too, if it is subscribed). It is framed once for this loop's subscribers, who get it
+    /// right after this handler returns, and once for all other loops that have subscribers.
+    /// With no subscriber anywhere it costs no pool memory.
+    pub fn publish(&mut self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
+        self.topics.publish(self.hub, self.pool, self.outbox, topic, kind, payload)
+    }
 }
 
 /// Moves every control frame the core owes (pong, ping, close) into the send queue. A
@@ -242,7 +285,13 @@ fn truncate(s: &str, max: usize) -> &str {
 
 /// Routes upgrade requests by path (the part before `?`) to handlers.
 pub struct Router {
-    routes: Vec<(String, Box<dyn Handler>)>,
+    routes: Vec<Route>,
+}
+
+struct Route {
+    path: String,
+    options: RouteOptions,
+    handler: Box<dyn Handler>,
 }
 
 impl Router {
@@ -251,20 +300,77 @@ impl Router {
         Self { routes: Vec::new() }
     }
 
-    /// Adds `handler` at `path` (exact match).
-    pub fn route(mut self, path: &str, handler: impl Handler) -> Self {
-        self.routes.push((path.to_owned(), Box::new(handler)));
+    /// Adds `handler` at `path` (exact match), with the server's send-queue settings.
+    pub fn route(self, path: &str, handler: impl Handler) -> Self {
+        self.route_with(path, handler, RouteOptions::new())
+    }
+
+    /// Adds `handler` at `path` with its own options (a prefix match, a slow-consumer policy,
+    /// watermarks). Exact routes win over prefix routes; among prefixes the first added wins.
+    pub fn route_with(mut self, path: &str, handler: impl Handler, options: RouteOptions) -> Self {
+        self.routes.push(Route { path: path.to_owned(), options, handler: Box::new(handler) });
         self
     }
 
     /// The index of the route for `target` (path and query).
     pub(crate) fn find(&self, target: &str) -> Option<usize> {
         let path = target.split('?').next().unwrap_or(target);
-        self.routes.iter().position(|(p, _)| p == path)
+        self.routes.iter().position(|r| !r.options.prefix && r.path == path).or_else(|| {
+            self.routes.iter().position(|r| r.options.prefix && path.starts_with(&r.path))
+        })
     }
 
     pub(crate) fn handler(&mut self, route: usize) -> &mut dyn Handler {
-        &mut *self.routes[route].1
+        &mut *self.routes[route].handler
+    }
+
+    pub(crate) fn options(&self, route: usize) -> &RouteOptions {
+        &self.routes[route].options
+    }
+}
+
+/// How a route matches and the send-queue settings its connections get instead of the
+/// server's.
+///
+/// ```
+/// use freeboard::{RouteOptions, SlowConsumerPolicy};
+///
+/// let options = RouteOptions::new().prefix().slow_consumer(SlowConsumerPolicy::Conflate);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RouteOptions {
+    /// The route's path is a prefix: `/topic/` matches `/topic/scores`.
+    pub prefix: bool,
+    /// The slow-consumer policy of the route's connections.
+    pub slow_consumer: Option<SlowConsumerPolicy>,
+    /// The send-queue watermarks and cap of the route's connections.
+    pub watermarks: Option<Watermarks>,
+}
+
+impl RouteOptions {
+    /// An exact route with the server's send-queue settings.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Matches every path that starts with the route's.
+    pub fn prefix(mut self) -> Self {
+        self.prefix = true;
+        self
+    }
+
+    /// The route's slow-consumer policy.
+    pub fn slow_consumer(mut self, policy: SlowConsumerPolicy) -> Self {
+        self.slow_consumer = Some(policy);
+        self
+    }
+
+    /// The route's send-queue watermarks and cap.
+    pub fn watermarks(mut self, marks: Watermarks) -> Self {
+        self.watermarks = Some(marks);
+        self
     }
 }
 

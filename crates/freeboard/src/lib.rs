@@ -30,10 +30,15 @@ mod event_loop;
 pub mod handler;
 pub mod metrics;
 mod server;
+pub mod topics;
 
 pub use config::ServerConfig;
 pub use freeboard_buf::SlowConsumerPolicy;
+pub use freeboard_buf::Watermarks;
 pub use freeboard_proto::{CloseCode, MessageKind};
-pub use handler::{Conn, ConnId, Echo, Handler, Message, Router, SendResult, Upgrade};
+pub use handler::{
+    Conn, ConnId, Echo, Handler, Message, RouteOptions, Router, SendResult, Upgrade,
+};
 pub use metrics::Metrics;
 pub use server::{RunningServer, Server, ServerHandle};
+pub use topics::{Published, TopicRoute};

@@ -37,6 +37,10 @@ pub(crate) struct LoopStats {
     pub(crate) messages_out: u64,
     pub(crate) bytes_in: u64,
     pub(crate) bytes_out: u64,
+    /// Published messages queued to subscribers.
+    pub(crate) deliveries: u64,
+    /// Published messages dropped for subscribers, by policy (index: `policy as usize`).
+    pub(crate) topic_policy_drops: [u64; 5],
 }
 
 impl LoopStats {
@@ -50,6 +54,16 @@ impl LoopStats {
         ] {
             if n > 0 {
                 counter.inc_by(n);
+            }
+        }
+        if self.deliveries > 0 {
+            metrics.deliveries.inc_by(self.deliveries);
+        }
+        for (policy, n) in
+            freeboard_buf::SlowConsumerPolicy::ALL.iter().zip(self.topic_policy_drops)
+        {
+            if n > 0 {
+                metrics.drops.get_or_create(&Reason { reason: policy.name().to_owned() }).inc_by(n);
             }
         }
         *self = Self::default();
@@ -95,6 +109,15 @@ pub struct Metrics {
     pub allocation_failures: Family<LoopLabel, Gauge>,
     /// Bytes buffered in send queues, per loop.
     pub bytes_buffered: Family<LoopLabel, Gauge>,
+    /// Topic subscriptions (connection × topic) open.
+    pub subscriptions: Gauge,
+    /// Messages published (from handlers, handles and HTTP), whether or not anyone listened.
+    pub publishes: Counter,
+    /// Published messages queued to subscribers (one per subscriber).
+    pub deliveries: Counter,
+    /// Publications a whole loop could not take, by reason (`inbox_full`, `pool`); drops
+    /// for one subscriber are counted in `drops` by policy.
+    pub topic_drops: Family<Reason, Counter>,
     loops: AtomicU32,
 }
 
@@ -121,6 +144,10 @@ impl Metrics {
             budget_bytes: Family::default(),
             allocation_failures: Family::default(),
             bytes_buffered: Family::default(),
+            subscriptions: Gauge::default(),
+            publishes: Counter::default(),
+            deliveries: Counter::default(),
+            topic_drops: Family::default(),
             loops: AtomicU32::new(0),
         };
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
@@ -164,6 +191,22 @@ impl Metrics {
             "Bytes waiting in send queues",
             m.bytes_buffered.clone(),
         );
+        registry.register(
+            "topic_subscriptions",
+            "Topic subscriptions open (connection x topic)",
+            m.subscriptions.clone(),
+        );
+        registry.register("topic_publishes", "Messages published to topics", m.publishes.clone());
+        registry.register(
+            "topic_deliveries",
+            "Published messages queued to subscribers",
+            m.deliveries.clone(),
+        );
+        registry.register(
+            "topic_drops",
+            "Publications a whole event loop could not take, by reason",
+            m.topic_drops.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -198,6 +241,11 @@ impl Metrics {
     /// The value of `drops{reason=policy}`.
     pub fn drops_for(&self, policy: &str) -> u64 {
         self.drops.get_or_create(&Reason { reason: policy.to_owned() }).get()
+    }
+
+    /// The value of `topic_drops{reason}`.
+    pub fn topic_drops_for(&self, reason: &str) -> u64 {
+        self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).get()
     }
 
     /// Pool chunks in use, summed over the loops.

@@ -14,6 +14,8 @@ use crate::config::ServerConfig;
 use crate::event_loop::{EventLoop, WAKER};
 use crate::handler::{Router, RouterFactory};
 use crate::metrics::Metrics;
+use crate::topics::{Hub, Published};
+use freeboard_proto::MessageKind;
 
 /// State every event loop of a server shares: configuration, metrics, connection counts.
 pub(crate) struct Shared {
@@ -26,6 +28,8 @@ pub(crate) struct Shared {
     /// Per-address counts and accept-rate buckets, and the global bucket.
     admission: Mutex<Admission>,
     pub(crate) shutdown: AtomicBool,
+    /// Topics across loops: which loops subscribe to what, and their inboxes.
+    pub(crate) hub: Hub,
 }
 
 impl Shared {
@@ -154,7 +158,19 @@ impl Server {
         config.validate().map_err(io::Error::other)?;
         let metrics = Arc::new(Metrics::new());
         metrics.set_loops(config.threads as u32);
+        let mut addr = config.listen;
+        let mut loops = Vec::new();
+        let mut wakers = Vec::new();
+        for _ in 0..config.threads {
+            let listener = reuseport_listener(addr)?;
+            addr = listener.local_addr()?;
+            let poll = Poll::new()?;
+            wakers.push(Arc::new(Waker::new(poll.registry(), WAKER)?));
+            let listener = mio::net::TcpListener::from_std(listener);
+            loops.push((poll, listener));
+        }
         let shared = Arc::new(Shared {
+            hub: Hub::new(&wakers, config.topics.inbox, metrics.clone()),
             metrics,
             factory: Arc::new(routes),
             start: std::time::Instant::now(),
@@ -167,17 +183,6 @@ impl Server {
             shutdown: AtomicBool::new(false),
             config,
         });
-        let mut addr = shared.config.listen;
-        let mut loops = Vec::new();
-        let mut wakers = Vec::new();
-        for _ in 0..shared.config.threads {
-            let listener = reuseport_listener(addr)?;
-            addr = listener.local_addr()?;
-            let poll = Poll::new()?;
-            wakers.push(Arc::new(Waker::new(poll.registry(), WAKER)?));
-            let listener = mio::net::TcpListener::from_std(listener);
-            loops.push((poll, listener));
-        }
         Ok(Self { shared, seeds: loops, wakers, local_addr: addr })
     }
 
@@ -191,7 +196,8 @@ impl Server {
         self.shared.metrics.clone()
     }
 
-    /// A handle that can stop the server from another thread (or a signal handler thread).
+    /// A handle that can publish to topics and stop the server from another thread (or a
+    /// signal handler thread).
     pub fn handle(&self) -> ServerHandle {
         ServerHandle { shared: self.shared.clone(), wakers: self.wakers.clone() }
     }
@@ -260,8 +266,8 @@ impl RunningServer {
     }
 }
 
-/// Stops a server: no more accepts, close 1001 to every connection, exit once they are
-/// closed or the drain deadline passes.
+/// Publishes to a server's topics from any thread, and stops the server: no more accepts,
+/// close 1001 to every connection, exit once they are closed or the drain deadline passes.
 #[derive(Clone)]
 pub struct ServerHandle {
     shared: Arc<Shared>,
@@ -275,6 +281,35 @@ impl ServerHandle {
         for waker in &self.wakers {
             let _ = waker.wake();
         }
+    }
+
+    /// Publishes one message to every subscriber of `topic`, on every loop: framed once into a
+    /// shared frame, sent to each loop that has subscribers (and only those), copied once
+    /// into each such loop's pool and queued to its subscribers by reference. Messages
+    /// published through one handle (or from one thread) reach each subscriber in order.
+    /// Never blocks: a loop whose inbox is full misses the message (counted, and reported in
+    /// [`Published::dropped`]).
+    ///
+    /// ```no_run
+    /// use freeboard::{MessageKind, Router, Server, ServerConfig, TopicRoute};
+    ///
+    /// let server = Server::bind(ServerConfig::default(), || {
+    ///     Router::new().route_with("/topic/", TopicRoute::new("/topic/", false),
+    ///         freeboard::RouteOptions::new().prefix())
+    /// })?
+    /// .spawn();
+    /// let scores = server.handle();
+    /// std::thread::spawn(move || {
+    ///     scores.publish("scores", MessageKind::Text, b"{\"home\":1,\"away\":0}");
+    /// });
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
+        self.shared.metrics.publishes.inc();
+        let (head, n) = crate::topics::header(kind, payload.len());
+        let mut published = Published::default();
+        self.shared.hub.publish_remote(topic, &[&head[..n], payload], None, &mut published);
+        published
     }
 }
 

@@ -1,0 +1,509 @@
+//! Pub/sub topics with zero-copy fan-out.
+//!
+//! A connection subscribes with [`Conn::subscribe`](crate::Conn::subscribe); a message is
+//! published with [`Conn::publish`](crate::Conn::publish) from a handler or with
+//! [`ServerHandle::publish`](crate::ServerHandle::publish) from any thread.
+//!
+//! # How a publish travels
+//!
+//! - **On the publisher's loop** the message is framed once into the loop's pool (a
+//!   [`Frame`]) and every local subscriber's send queue gets a reference to it (~25 ns each,
+//!   no copy), right after the handler returns.
+//! - **To other loops** it is framed once more into one [`SharedFrame`] (`Arc<[u8]>`), sent
+//!   over each loop's bounded inbox (a channel plus a mio `Waker`, woken once per batch), and
+//!   copied into that loop's pool once, then fanned out by reference. Only loops that have a
+//!   subscriber to the topic get it.
+//! - **With no subscriber anywhere** a publish costs a hash look-up and no pool memory.
+//!
+//! Each subscriber sees one publisher's messages on a topic in publish order: a loop fans out
+//! its own publishes in order, and each inbox is FIFO. A slow subscriber never delays the
+//! others: its queue's [`SlowConsumerPolicy`](crate::SlowConsumerPolicy) decides alone, and every
+//! drop is counted (`drops{reason=<policy>}`; `topic_drops{reason=inbox_full|pool}` for a
+//! publish a whole loop could not take). Under `block` a subscriber's publisher cannot be
+//! paused, so a refused message counts as a `block` drop.
+//!
+//! # Costs
+//!
+//! Subscribe and unsubscribe are O(1) in the number of subscribers (a slab per topic and a
+//! list per connection, linear only in that connection's own topics, at most
+//! [`TopicsConfig::max_topics_per_connection`](crate::config::TopicsConfig)). A connection's
+//! subscriptions go when it closes. A loop's inbox holds at most
+//! [`TopicsConfig::inbox`](crate::config::TopicsConfig) publications; its `SharedFrame`s are
+//! the one allocation outside the pool's budget, bounded by that count times
+//! `max_message_size`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, RwLock};
+
+use freeboard_buf::{Frame, Pool, SharedFrame};
+use freeboard_proto::frame::FrameHeader;
+use freeboard_proto::handshake::Request;
+use freeboard_proto::{CloseCode, MessageKind, OpCode};
+use mio::Waker;
+use slab::Slab;
+
+use crate::config::TopicsConfig;
+use crate::handler::{Conn, Handler, Message, RouteOptions, Router, Upgrade};
+use crate::metrics::{Metrics, Reason};
+
+/// The longest topic name, in bytes.
+pub const MAX_TOPIC_LEN: usize = 128;
+
+/// What a publish reached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Published {
+    /// Event loops that took the message for their subscribers (the publisher's own loop
+    /// included when it has subscribers).
+    pub loops: u32,
+    /// Event loops with subscribers that could not take it (inbox full, or no pool chunk for
+    /// the frame); counted in `topic_drops`.
+    pub dropped: u32,
+}
+
+/// Why [`Conn::subscribe`](crate::Conn::subscribe) refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubscribeError {
+    /// The name is empty, longer than [`MAX_TOPIC_LEN`], or not made of `A-Z a-z 0-9 - . _ ~ :`.
+    InvalidName,
+    /// The connection has as many topics as
+    /// [`TopicsConfig::max_topics_per_connection`](crate::config::TopicsConfig) allows.
+    TooManyTopics,
+}
+
+impl std::fmt::Display for SubscribeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SubscribeError::InvalidName => "invalid topic name",
+            SubscribeError::TooManyTopics => "too many topics for one connection",
+        })
+    }
+}
+
+impl std::error::Error for SubscribeError {}
+
+/// Whether `name` can name a topic: 1 to [`MAX_TOPIC_LEN`] bytes of `A-Z a-z 0-9 - . _ ~ :`
+/// (characters that need no escaping in a URL path or query).
+pub fn valid_topic(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_TOPIC_LEN
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~:".contains(&b))
+}
+
+/// The topics named by a request target under `prefix`: `/topic/{name}?also=a&also=b` gives
+/// `name`, `a`, `b` (other query keys are ignored). `None` if the path is not under the prefix
+/// or a name is invalid.
+pub fn topics_in_target<'t>(prefix: &str, target: &'t str) -> Option<Vec<&'t str>> {
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let first = path.strip_prefix(prefix)?;
+    let also = query.split('&').filter_map(|pair| pair.strip_prefix("also="));
+    let names: Vec<&str> = std::iter::once(first).chain(also).collect();
+    names.iter().all(|n| valid_topic(n)).then_some(names)
+}
+
+/// A server-to-client frame header for a whole message of `len` bytes.
+pub(crate) fn header(kind: MessageKind, len: usize) -> ([u8; 14], usize) {
+    let opcode = match kind {
+        MessageKind::Text => OpCode::Text,
+        MessageKind::Binary => OpCode::Binary,
+    };
+    let mut out = [0u8; 14];
+    let header = FrameHeader { fin: true, rsv: 0, opcode, mask: None, payload_len: len as u64 };
+    // NOTE(unwrap): an unmasked header is at most 10 bytes.
+    let n = header.encode(&mut out).unwrap();
+    (out, n)
+}
+
+/// A publication on its way to another loop.
+pub(crate) struct Publication {
+    pub(crate) topic: Arc<str>,
+    pub(crate) frame: SharedFrame,
+}
+
+/// One loop's inbox, as other threads see it.
+struct Inbox {
+    tx: SyncSender<Publication>,
+    waker: Arc<Waker>,
+    /// Set by a publisher after sending, cleared by the loop before draining: one wake per
+    /// batch instead of one `eventfd` write per publish.
+    pending: AtomicBool,
+}
+
+/// The topic state every loop shares: which loops have subscribers to which topic, and each
+/// loop's inbox.
+pub(crate) struct Hub {
+    /// Invariant: a topic is here iff some loop has a subscriber to it; its set names exactly
+    /// those loops.
+    loops_by_topic: RwLock<HashMap<Arc<str>, LoopSet>>,
+    inboxes: Vec<Inbox>,
+    receivers: Mutex<Vec<Option<Receiver<Publication>>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Hub {
+    pub(crate) fn new(wakers: &[Arc<Waker>], capacity: usize, metrics: Arc<Metrics>) -> Self {
+        let (inboxes, receivers) = wakers
+            .iter()
+            .map(|waker| {
+                let (tx, rx) = std::sync::mpsc::sync_channel(capacity);
+                (Inbox { tx, waker: waker.clone(), pending: AtomicBool::new(false) }, Some(rx))
+            })
+            .unzip();
+        Self {
+            loops_by_topic: RwLock::new(HashMap::new()),
+            inboxes,
+            receivers: Mutex::new(receivers),
+            metrics,
+        }
+    }
+
+    /// Loop `index`'s end of its inbox (once).
+    pub(crate) fn take_receiver(&self, index: u32) -> Option<Receiver<Publication>> {
+        let mut receivers = self.receivers.lock().unwrap_or_else(|e| e.into_inner());
+        receivers.get_mut(index as usize)?.take()
+    }
+
+    /// Clears loop `index`'s pending flag; call before draining its inbox.
+    pub(crate) fn begin_drain(&self, index: u32) {
+        self.inboxes[index as usize].pending.store(false, Ordering::Release);
+    }
+
+    /// Sends the message to every loop but `except` that has a subscriber to `topic`, framed
+    /// once for all of them.
+    pub(crate) fn publish_remote(
+        &self,
+        topic: &str,
+        parts: &[&[u8]],
+        except: Option<u32>,
+        published: &mut Published,
+    ) {
+        let map = self.loops_by_topic.read().unwrap_or_else(|e| e.into_inner());
+        let Some((name, loops)) = map.get_key_value(topic) else { return };
+        let mut frame = None;
+        for index in loops.iter().filter(|&i| Some(i) != except) {
+            let frame = frame.get_or_insert_with(|| SharedFrame::from_parts(parts));
+            let inbox = &self.inboxes[index as usize];
+            let publication = Publication { topic: name.clone(), frame: frame.clone() };
+            match inbox.tx.try_send(publication) {
+                Ok(()) => {
+                    published.loops += 1;
+                    if !inbox.pending.swap(true, Ordering::AcqRel) {
+                        let _ = inbox.waker.wake();
+                    }
+                }
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                    published.dropped += 1;
+                    self.metrics.topic_drop("inbox_full");
+                }
+            }
+        }
+    }
+
+    fn add_loop(&self, topic: &Arc<str>, index: u32) {
+        let mut map = self.loops_by_topic.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(topic.clone()).or_default().insert(index);
+    }
+
+    fn remove_loop(&self, topic: &str, index: u32) {
+        let mut map = self.loops_by_topic.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(loops) = map.get_mut(topic) {
+            loops.remove(index);
+            if loops.is_empty() {
+                map.remove(topic);
+            }
+        }
+    }
+}
+
+/// A set of loop indices, one bit each.
+#[derive(Debug, Default)]
+struct LoopSet(Vec<u64>);
+
+impl LoopSet {
+    fn insert(&mut self, i: u32) {
+        let (word, bit) = (i as usize / 64, i % 64);
+        if self.0.len() <= word {
+            self.0.resize(word + 1, 0);
+        }
+        self.0[word] |= 1 << bit;
+    }
+
+    fn remove(&mut self, i: u32) {
+        if let Some(word) = self.0.get_mut(i as usize / 64) {
+            *word &= !(1 << (i % 64));
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(|w| *w == 0)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter().enumerate().flat_map(|(w, bits)| {
+            (0..64).filter(move |b| bits & (1 << b) != 0).map(move |b| (w * 64 + b) as u32)
+        })
+    }
+}
+
+/// One loop's topics: subscribers by topic, topics by connection.
+pub(crate) struct LocalTopics {
+    index: u32,
+    /// Invariant: names exactly the topics in `topics`, each of which has a subscriber.
+    by_name: HashMap<Arc<str>, usize>,
+    topics: Slab<Topic>,
+    /// Per connection token with subscriptions: `(topic, key in the topic's subscribers)`.
+    by_conn: HashMap<usize, Vec<(usize, usize)>>,
+    max_per_conn: usize,
+}
+
+struct Topic {
+    name: Arc<str>,
+    /// Connection tokens.
+    subscribers: Slab<usize>,
+}
+
+impl LocalTopics {
+    pub(crate) fn new(index: u32, max_per_conn: usize) -> Self {
+        Self {
+            index,
+            by_name: HashMap::new(),
+            topics: Slab::new(),
+            by_conn: HashMap::new(),
+            max_per_conn,
+        }
+    }
+
+    /// Subscribes connection `token`; `Ok(false)` if it already was.
+    pub(crate) fn subscribe(
+        &mut self,
+        hub: &Hub,
+        token: usize,
+        name: &str,
+    ) -> Result<bool, SubscribeError> {
+        if !valid_topic(name) {
+            return Err(SubscribeError::InvalidName);
+        }
+        let existing = self.by_name.get(name).copied();
+        let mine = self.by_conn.get(&token).map_or(&[][..], Vec::as_slice);
+        if let Some(topic) = existing
+            && mine.iter().any(|(t, _)| *t == topic)
+        {
+            return Ok(false);
+        }
+        if mine.len() >= self.max_per_conn {
+            return Err(SubscribeError::TooManyTopics);
+        }
+        let topic = match existing {
+            Some(topic) => topic,
+            None => {
+                let name: Arc<str> = Arc::from(name);
+                hub.add_loop(&name, self.index);
+                let topic =
+                    self.topics.insert(Topic { name: name.clone(), subscribers: Slab::new() });
+                self.by_name.insert(name, topic);
+                topic
+            }
+        };
+        let key = self.topics[topic].subscribers.insert(token);
+        self.by_conn.entry(token).or_default().push((topic, key));
+        hub.metrics.subscriptions.inc();
+        Ok(true)
+    }
+
+    /// Unsubscribes connection `token`; whether it was subscribed.
+    pub(crate) fn unsubscribe(&mut self, hub: &Hub, token: usize, name: &str) -> bool {
+        let Some(&topic) = self.by_name.get(name) else { return false };
+        let Some(mine) = self.by_conn.get_mut(&token) else { return false };
+        let Some(at) = mine.iter().position(|(t, _)| *t == topic) else { return false };
+        let (_, key) = mine.swap_remove(at);
+        if mine.is_empty() {
+            self.by_conn.remove(&token);
+        }
+        self.leave(hub, topic, key);
+        true
+    }
+
+    /// Drops every subscription of connection `token` (it is closing).
+    pub(crate) fn drop_conn(&mut self, hub: &Hub, token: usize) {
+        let Some(mine) = self.by_conn.remove(&token) else { return };
+        for (topic, key) in mine {
+            self.leave(hub, topic, key);
+        }
+    }
+
+    /// The topics connection `token` is subscribed to, in subscription order until an
+    /// unsubscribe.
+    pub(crate) fn topics_of(&self, token: usize) -> impl Iterator<Item = &str> {
+        let mine = self.by_conn.get(&token).map_or(&[][..], Vec::as_slice);
+        mine.iter().map(|(t, _)| &*self.topics[*t].name)
+    }
+
+    /// The local subscribers of `name`, as connection tokens.
+    pub(crate) fn subscribers(&self, name: &str) -> Option<&Slab<usize>> {
+        self.by_name.get(name).map(|&t| &self.topics[t].subscribers)
+    }
+
+    /// Publishes from this loop: framed once into `pool` for local subscribers (queued in
+    /// `outbox` for the loop to fan out after the handler returns), once as a
+    /// [`SharedFrame`] for other loops with subscribers.
+    pub(crate) fn publish(
+        &mut self,
+        hub: &Hub,
+        pool: &mut Pool<'static>,
+        outbox: &mut Vec<(Arc<str>, Frame)>,
+        topic: &str,
+        kind: MessageKind,
+        payload: &[u8],
+    ) -> Published {
+        hub.metrics.publishes.inc();
+        let (head, n) = header(kind, payload.len());
+        let parts = [&head[..n], payload];
+        let mut published = Published::default();
+        if let Some(&t) = self.by_name.get(topic) {
+            match Frame::from_parts(pool, &parts) {
+                Ok(frame) => {
+                    outbox.push((self.topics[t].name.clone(), frame));
+                    published.loops += 1;
+                }
+                Err(_) => {
+                    published.dropped += 1;
+                    hub.metrics.topic_drop("pool");
+                }
+            }
+        }
+        hub.publish_remote(topic, &parts, Some(self.index), &mut published);
+        published
+    }
+
+    fn leave(&mut self, hub: &Hub, topic: usize, key: usize) {
+        hub.metrics.subscriptions.dec();
+        let t = &mut self.topics[topic];
+        t.subscribers.remove(key);
+        if t.subscribers.is_empty() {
+            let t = self.topics.remove(topic);
+            self.by_name.remove(&t.name);
+            hub.remove_loop(&t.name, self.index);
+        }
+    }
+}
+
+/// The `/topic/{name}` endpoint of `freeboard serve`: the upgrade subscribes the connection to
+/// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`);
+/// messages the client sends are published to `name` if client publishing is allowed, else
+/// answered with close 1008.
+///
+/// Mount it with [`Router::route_with`](crate::Router::route_with) under a prefix, with the
+/// topic routes' slow-consumer policy (see [`TopicsConfig`](crate::config::TopicsConfig)).
+#[derive(Debug, Clone)]
+pub struct TopicRoute {
+    prefix: String,
+    client_publish: bool,
+}
+
+impl TopicRoute {
+    /// A topic endpoint under `prefix` (e.g. `/topic/`).
+    pub fn new(prefix: &str, client_publish: bool) -> Self {
+        Self { prefix: prefix.to_owned(), client_publish }
+    }
+}
+
+impl Handler for TopicRoute {
+    fn on_upgrade(&mut self, request: &Request<'_, '_>) -> Upgrade {
+        match topics_in_target(&self.prefix, request.path()) {
+            Some(_) => Upgrade::Accept { protocol: None },
+            None => Upgrade::Reject(400),
+        }
+    }
+
+    fn on_open(&mut self, conn: &mut Conn<'_>) {
+        let target = conn.target().to_owned();
+        for name in topics_in_target(&self.prefix, &target).unwrap_or_default() {
+            if conn.subscribe(name).is_err() {
+                conn.close(CloseCode::POLICY_VIOLATION, "too many topics");
+                return;
+            }
+        }
+    }
+
+    fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
+        if !self.client_publish {
+            conn.close(CloseCode::POLICY_VIOLATION, "publishing is not allowed here");
+            return;
+        }
+        let Some(topic) = conn.topics().next().map(str::to_owned) else { return };
+        let _ = conn.publish(&topic, message.kind, message.data);
+    }
+}
+
+impl Router {
+    /// Mounts a [`TopicRoute`] at `config.path` (a prefix route) with the topic routes'
+    /// slow-consumer policy and send-queue limits. Does nothing if the path is empty.
+    ///
+    /// ```
+    /// use freeboard::{Echo, Router, ServerConfig};
+    ///
+    /// let config = ServerConfig::default();
+    /// let topics = config.topics.clone();
+    /// let routes = move || Router::new().route("/", Echo).topics(&topics);
+    /// # let _ = routes;
+    /// ```
+    pub fn topics(self, config: &TopicsConfig) -> Self {
+        let Ok(marks) = config.watermarks() else { return self };
+        if config.path.is_empty() {
+            return self;
+        }
+        let options =
+            RouteOptions::new().prefix().slow_consumer(config.slow_consumer).watermarks(marks);
+        self.route_with(&config.path, TopicRoute::new(&config.path, config.client_publish), options)
+    }
+}
+
+impl Metrics {
+    /// Counts a publish a whole loop could not take.
+    pub(crate) fn topic_drop(&self, reason: &str) {
+        self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_name_their_topics() {
+        assert_eq!(topics_in_target("/topic/", "/topic/scores"), Some(vec!["scores"]));
+        assert_eq!(
+            topics_in_target("/topic/", "/topic/a?also=b&x=1&also=c"),
+            Some(vec!["a", "b", "c"])
+        );
+        assert_eq!(topics_in_target("/topic/", "/topic/"), None);
+        assert_eq!(topics_in_target("/topic/", "/topic/a/b"), None);
+        assert_eq!(topics_in_target("/topic/", "/topic/a?also="), None);
+        assert_eq!(topics_in_target("/topic/", "/other/a"), None);
+    }
+
+    #[test]
+    fn loop_sets_hold_any_index() {
+        let mut set = LoopSet::default();
+        for i in [0, 3, 63, 64, 130] {
+            set.insert(i);
+        }
+        set.remove(3);
+        assert_eq!(set.iter().collect::<Vec<_>>(), vec![0, 63, 64, 130]);
+        for i in [0, 63, 64, 130] {
+            set.remove(i);
+        }
+        assert!(set.is_empty());
+    }
+
+    #[test]
+    fn headers_are_minimal_and_unmasked() {
+        assert_eq!(
+            header(MessageKind::Text, 5),
+            ([0x81, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], 2)
+        );
+        assert_eq!(header(MessageKind::Binary, 1024).1, 4);
+        assert_eq!(header(MessageKind::Binary, 1 << 20).1, 10);
+    }
+}

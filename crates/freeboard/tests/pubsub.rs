@@ -1,0 +1,337 @@
+//! Pub/sub on loopback: fan-out across loops in order, slow subscribers under their policy,
+//! HTTP publish and its token, and what a publish to nobody costs.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+
+use freeboard::config::TopicsConfig;
+use freeboard::{
+    Conn, Handler, Message, MessageKind, Published, RouteOptions, Router, RunningServer, Server,
+    ServerConfig, SlowConsumerPolicy, TopicRoute, Watermarks,
+};
+
+fn start(
+    config: ServerConfig,
+    routes: impl Fn() -> Router + Send + Sync + 'static,
+) -> RunningServer {
+    Server::bind(config, routes).unwrap().spawn()
+}
+
+fn topics(policy: SlowConsumerPolicy, cap: usize) -> TopicsConfig {
+    let mut topics = TopicsConfig::default();
+    topics.slow_consumer = policy;
+    topics.send_low = cap / 4;
+    topics.send_high = cap / 2;
+    topics.send_cap = cap;
+    topics.client_publish = true;
+    topics
+}
+
+fn stop(server: RunningServer) {
+    let metrics = server.metrics();
+    common::wait_until("connections to close", || metrics.connections.get() == 0);
+    common::wait_until("subscriptions to end", || metrics.subscriptions.get() == 0);
+    common::wait_until("the pool to return to idle", || metrics.total_chunks_in_use() == 0);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+/// `(publisher, sequence)` from a payload `"{publisher}:{sequence}"`.
+fn parse(payload: &[u8]) -> (String, u64) {
+    let text = std::str::from_utf8(payload).unwrap();
+    let (who, seq) = text.split_once(':').unwrap();
+    (who.to_owned(), seq.trim_end_matches('x').parse().unwrap())
+}
+
+#[test]
+fn every_subscriber_on_every_loop_gets_every_message_in_order() {
+    const SUBSCRIBERS: usize = 12;
+    const PER_THREAD: u64 = 500;
+    const FROM_CLIENT: u64 = 200;
+    let mut config = common::config();
+    config.threads = 3;
+    config.topics = topics(SlowConsumerPolicy::DropOldest, 4 << 20);
+    let t = config.topics.clone();
+    let server = start(config, move || Router::new().topics(&t));
+    let addr = server.local_addr();
+    let metrics = server.metrics();
+    let mut subscribers: Vec<_> = (0..SUBSCRIBERS)
+        .map(|_| {
+            let (client, status, head) = common::Client::connect(addr, "/topic/news");
+            assert_eq!(status, 101, "{head}");
+            client
+        })
+        .collect();
+    let (mut publisher, status, _) = common::Client::connect(addr, "/topic/news");
+    assert_eq!(status, 101);
+    common::wait_until("every subscription", || {
+        metrics.subscriptions.get() == SUBSCRIBERS as i64 + 1
+    });
+
+    let threads: Vec<_> = (0..2)
+        .map(|i| {
+            let handle = server.handle();
+            std::thread::spawn(move || {
+                for seq in 0..PER_THREAD {
+                    let published =
+                        handle.publish("news", MessageKind::Text, format!("t{i}:{seq}").as_bytes());
+                    assert_eq!(published.dropped, 0);
+                }
+            })
+        })
+        .collect();
+    for seq in 0..FROM_CLIENT {
+        publisher.send(0x81, format!("c:{seq}").as_bytes());
+    }
+    for thread in threads {
+        thread.join().unwrap();
+    }
+
+    let total = 2 * PER_THREAD + FROM_CLIENT;
+    subscribers.push(publisher); // it is subscribed too
+    for client in &mut subscribers {
+        let mut next = std::collections::HashMap::new();
+        for _ in 0..total {
+            let (opcode, payload) = client.recv().expect("a published message");
+            assert_eq!(opcode, 0x1);
+            let (who, seq) = parse(&payload);
+            let expected = next.entry(who.clone()).or_insert(0u64);
+            assert_eq!(seq, *expected, "publisher {who} out of order or lost");
+            *expected += 1;
+        }
+    }
+    assert_eq!(metrics.drops_for("drop-oldest"), 0);
+    assert_eq!(metrics.publishes.get(), total);
+    common::wait_until("deliveries counted", || {
+        metrics.deliveries.get() == total * (SUBSCRIBERS as u64 + 1)
+    });
+    drop(subscribers);
+    stop(server);
+}
+
+/// One fast subscriber on `/fast/` (a large cap) and one that never reads on `/topic/` (a
+/// 64 KiB cap under `policy`); 20,000 messages of 1 KiB published from a handle.
+fn never_reading(
+    policy: SlowConsumerPolicy,
+) -> (common::Client, Arc<freeboard::Metrics>, RunningServer) {
+    const CAP: usize = 64 << 10;
+    const MESSAGES: u64 = 20_000;
+    let mut config = common::config();
+    config.topics = topics(policy, CAP);
+    let t = config.topics.clone();
+    let server = start(config, move || {
+        let fast = RouteOptions::new()
+            .prefix()
+            .slow_consumer(SlowConsumerPolicy::Close)
+            .watermarks(Watermarks::new(1 << 20, 2 << 20, 16 << 20).unwrap());
+        Router::new().topics(&t).route_with("/fast/", TopicRoute::new("/fast/", false), fast)
+    });
+    let addr = server.local_addr();
+    let metrics = server.metrics();
+    let (slow, status, _) = common::Client::connect(addr, "/topic/t");
+    assert_eq!(status, 101);
+    let (mut fast, status, _) = common::Client::connect(addr, "/fast/t");
+    assert_eq!(status, 101);
+    common::wait_until("both subscriptions", || metrics.subscriptions.get() == 2);
+    let handle = server.handle();
+    for batch in 0..MESSAGES / 500 {
+        for seq in batch * 500..(batch + 1) * 500 {
+            let mut payload = format!("h:{seq}").into_bytes();
+            payload.resize(1024, b'x');
+            assert_eq!(handle.publish("t", MessageKind::Text, &payload).dropped, 0);
+        }
+        for seq in batch * 500..(batch + 1) * 500 {
+            let (_, payload) = fast.recv().expect("the fast subscriber gets every message");
+            assert_eq!(parse(&payload).1, seq);
+        }
+    }
+    // With the fast subscriber drained, the pool holds only the slow one's queue (at most its
+    // cap, in chunks packed with up to three 1 KiB frames), a close frame and a handshake.
+    common::wait_until("the slow queue to settle", || {
+        metrics.total_chunks_in_use() <= (2 * CAP / 4096 + 2) as i64
+    });
+    drop(fast);
+    (slow, metrics, server)
+}
+
+/// Reads every frame the slow subscriber got: each parses whole, sequences only increase.
+/// Returns the sequences.
+fn read_all(client: &mut common::Client, until: u64) -> Vec<u64> {
+    let mut seen: Vec<u64> = Vec::new();
+    while seen.last() != Some(&until) {
+        let (opcode, payload) = client.recv().expect("a whole frame");
+        assert_eq!((opcode, payload.len()), (0x1, 1024), "a torn or foreign frame");
+        let seq = parse(&payload).1;
+        assert!(seen.last().is_none_or(|last| *last < seq), "{seq} after {:?}", seen.last());
+        seen.push(seq);
+    }
+    seen
+}
+
+#[test]
+fn conflate_keeps_a_never_reading_subscriber_under_its_cap_and_delivers_the_newest() {
+    let (mut slow, metrics, server) = never_reading(SlowConsumerPolicy::Conflate);
+    let seen = read_all(&mut slow, 19_999);
+    assert!(seen.len() < 20_000);
+    let dropped = metrics.drops_for("conflate");
+    assert!(dropped > 0);
+    assert_eq!(seen.len() as u64 + dropped, 20_000, "every message delivered or counted");
+    drop(slow);
+    stop(server);
+}
+
+#[test]
+fn drop_oldest_never_tears_a_frame_for_a_never_reading_subscriber() {
+    let (mut slow, metrics, server) = never_reading(SlowConsumerPolicy::DropOldest);
+    let seen = read_all(&mut slow, 19_999);
+    let dropped = metrics.drops_for("drop-oldest");
+    assert!(dropped > 0);
+    assert_eq!(seen.len() as u64 + dropped, 20_000, "every message delivered or counted");
+    drop(slow);
+    stop(server);
+}
+
+#[test]
+fn close_policy_closes_a_never_reading_subscriber_with_1008() {
+    let (mut slow, metrics, server) = never_reading(SlowConsumerPolicy::Close);
+    assert_eq!(slow.recv_close(), Some(1008));
+    assert_eq!(metrics.slow_consumer_closes.get(), 1);
+    drop(slow);
+    stop(server);
+}
+
+#[test]
+fn http_publish_checks_the_bearer_token_and_the_length() {
+    let mut config = common::config();
+    config.max_message_size = 4096;
+    config.topics = topics(SlowConsumerPolicy::DropOldest, 1 << 20);
+    config.topics.publish_token = Some("s3cret".into());
+    let t = config.topics.clone();
+    let server = start(config, move || Router::new().topics(&t));
+    let addr = server.local_addr();
+    let (mut sub, status, _) = common::Client::connect(addr, "/topic/scores");
+    assert_eq!(status, 101);
+    let post = |auth: &str, body: &str| {
+        common::http(
+            addr,
+            &format!(
+                "POST /topic/scores HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: text/plain\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let answer = post("", "1-0");
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(answer.contains("WWW-Authenticate: Bearer"), "{answer}");
+    let answer = post("Authorization: Bearer wrong\r\n", "1-0");
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    let answer = post("Authorization: Bearer s3cret\r\n", "1-0");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("{\"loops\":1,\"dropped\":0}\n"), "{answer}");
+    assert_eq!(sub.recv(), Some((0x1, b"1-0".to_vec())));
+
+    // A body that arrives after the head, in pieces.
+    let mut s = TcpStream::connect(addr).unwrap();
+    let body = vec![b'b'; 3000];
+    write!(
+        s,
+        "POST /topic/scores HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    for piece in body.chunks(1000) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        s.write_all(piece).unwrap();
+    }
+    let mut answer = common::Client::raw(s);
+    assert!(answer.read_head().starts_with("HTTP/1.1 200"));
+    assert_eq!(sub.recv(), Some((0x2, body)), "no text/* type: binary");
+
+    let big = common::http(
+        addr,
+        "POST /topic/scores HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n\
+         Content-Length: 4097\r\n\r\n",
+    );
+    assert!(big.starts_with("HTTP/1.1 413"), "{big}");
+    let bad = common::http(
+        addr,
+        "POST /topic/no%20such HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n\
+         Content-Length: 0\r\n\r\n",
+    );
+    assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+    drop(sub);
+    stop(server);
+}
+
+/// Publishes every message it gets to `nobody` and to `echo`, recording what each reached.
+struct Publisher {
+    log: Arc<Mutex<Vec<Published>>>,
+}
+
+impl Handler for Publisher {
+    fn on_open(&mut self, conn: &mut Conn<'_>) {
+        assert_eq!(conn.subscribe("echo"), Ok(true));
+        assert_eq!(conn.subscribe("echo"), Ok(false));
+        assert!(conn.subscribe("no such").is_err());
+    }
+
+    fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
+        let mut log = self.log.lock().unwrap();
+        // Framed for nobody, these would all wait in the outbox until the handler returns.
+        for _ in 0..999 {
+            assert_eq!(conn.publish("nobody", message.kind, message.data), Published::default());
+        }
+        log.push(conn.publish("nobody", message.kind, message.data));
+        if message.data == b"leave" {
+            assert!(conn.unsubscribe("echo"));
+            assert_eq!(conn.topics().count(), 0);
+        }
+        log.push(conn.publish("echo", message.kind, message.data));
+    }
+}
+
+#[test]
+fn a_publish_to_nobody_costs_no_pool_chunks() {
+    let mut config = common::config();
+    config.threads = 2;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let shared = log.clone();
+    let server = start(config, move || Router::new().route("/", Publisher { log: shared.clone() }));
+    let addr = server.local_addr();
+    let metrics = server.metrics();
+    assert_eq!(
+        server.handle().publish("nobody", MessageKind::Binary, &[0; 4096]),
+        Published::default()
+    );
+    let mut client = common::Client::open(addr);
+    client.send(0x82, &[7; 3000]);
+    assert_eq!(client.recv(), Some((0x2, vec![7; 3000])), "its own publish, by reference");
+    client.send(0x81, b"leave");
+    let mut post =
+        common::http(addr, "POST /topic/nobody HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi");
+    assert!(post.ends_with("{\"loops\":0,\"dropped\":0}\n"), "{post}");
+    post.clear();
+    common::wait_until("both messages handled", || log.lock().unwrap().len() == 4);
+    assert_eq!(metrics.publishes.get(), 1 + 2 * 1001 + 1);
+    let log = log.lock().unwrap().clone();
+    let nobody = Published::default();
+    let one = Published { loops: 1, dropped: 0 };
+    assert_eq!(log, vec![nobody, one, nobody, nobody]);
+    // 2,000 publishes to nobody: had they been framed, a thousand chunks would have been in use
+    // at once. Only responses, the echo frame and the client's input ever held chunks.
+    let high_water: i64 = (0..2)
+        .map(|i| {
+            let label = freeboard::metrics::LoopLabel { event_loop: i };
+            metrics.chunks_high_water.get_or_create(&label).get()
+        })
+        .sum();
+    assert!(high_water <= 8, "{high_water} chunks at the high-water mark");
+    assert_eq!(metrics.topic_drops_for("pool"), 0);
+    drop(client);
+    stop(server);
+}
