@@ -20,6 +20,7 @@ pub mod load;
 pub mod peers;
 pub mod process;
 pub mod report;
+pub mod slow_consumer;
 pub mod suite;
 mod target;
 

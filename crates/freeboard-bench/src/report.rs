@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::connections::Step;
 use crate::load::Measured;
+use crate::slow_consumer::Outcome;
 
 /// The median of a figure over repeated runs, with its range.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -127,6 +128,9 @@ pub struct Report {
     pub loads: Vec<LoadRow>,
     /// Connections results.
     pub connections: Vec<ConnectionsRow>,
+    /// Slow-consumer results, by server.
+    #[serde(default)]
+    pub slow_consumers: Vec<(String, Outcome)>,
 }
 
 /// The servers a load row is compared with, when they ran in the same report.
@@ -243,6 +247,29 @@ impl Report {
                     s,
                     "\nRSS KiB at baseline and after each connect/close cycle: {}",
                     cycles.join(" → ")
+                );
+            }
+        }
+        if !self.slow_consumers.is_empty() {
+            s.push_str("\n### slow consumer (one client writes and never reads; an innocent client pings meanwhile)\n\n");
+            s.push_str("| server | size B | slow client | MiB written | server RSS KiB start → max → end | innocent msg/s | innocent p50 µs | p99 µs | p99.9 µs | max µs |\n|---|---|---|---|---|---|---|---|---|---|\n");
+            for (server, o) in &self.slow_consumers {
+                let rss = match (o.rss_kib.first(), o.rss_kib.iter().max(), o.rss_kib.last()) {
+                    (Some(a), Some(m), Some(z)) => format!("{a} → {m} → {z}"),
+                    _ => "–".into(),
+                };
+                let l = o.innocent.latency_us;
+                let _ = writeln!(
+                    s,
+                    "| {server} | {} | {} | {:.1} | {rss} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+                    o.size,
+                    o.verdict,
+                    o.bytes_written as f64 / (1024.0 * 1024.0),
+                    o.innocent.msgs_per_sec,
+                    l[0],
+                    l[1],
+                    l[2],
+                    l[3],
                 );
             }
         }

@@ -131,3 +131,25 @@ fn connections_open_and_close() {
     server.handle().shutdown();
     server.join().unwrap();
 }
+
+#[test]
+fn slow_consumer_leaves_the_innocent_client_its_echoes() {
+    let server = server();
+    let target = Target::parse(&format!("ws://{}/", server.local_addr())).unwrap();
+    let outcome = freeboard_bench::slow_consumer::run(
+        &target,
+        1024,
+        Duration::from_millis(1500),
+        Some(std::process::id()),
+    )
+    .unwrap();
+    let m = &outcome.innocent;
+    assert_eq!((m.failed, m.mismatched), (0, 0), "{m:?}");
+    assert_eq!(m.sent, m.received);
+    assert!(m.received > 0 && outcome.bytes_written > 0);
+    assert!(!outcome.rss_kib.is_empty());
+    let report = Report { slow_consumers: vec![("x".into(), outcome)], ..Report::default() };
+    assert!(report.markdown().contains("slow consumer"));
+    server.handle().shutdown();
+    server.join().unwrap();
+}

@@ -63,6 +63,18 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         cycles: usize,
     },
+    /// A client that writes and never reads while an innocent client pings: what the server
+    /// did with the slow one, its RSS over time, and the innocent client's latency.
+    SlowConsumer {
+        #[command(flatten)]
+        common: Common,
+        /// Payload bytes of the slow client's messages.
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Seconds.
+        #[arg(long, default_value_t = 10.0)]
+        duration: f64,
+    },
     /// Print the Markdown tables of a saved `--json` report.
     Report {
         /// The JSON file.
@@ -132,6 +144,9 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
             });
             (common, Experiment::Load("pipeline", cases))
         }
+        BenchCommand::SlowConsumer { common, size, duration } => {
+            (common, Experiment::SlowConsumer(size, Duration::from_secs_f64(duration)))
+        }
         BenchCommand::Connections { common, mut counts, max, cycles } => {
             counts.extend(max);
             (common, Experiment::Connections(counts, cycles))
@@ -166,6 +181,16 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 suite::connections(subject, counts, *cycles)
                     .map_err(|e| format!("{}: {e}", subject.name))?,
             ),
+            Experiment::SlowConsumer(size, duration) => {
+                let outcome = freeboard_bench::slow_consumer::run(
+                    &subject.target,
+                    *size,
+                    *duration,
+                    subject.pid,
+                )
+                .map_err(|e| format!("{}: {e}", subject.name))?;
+                report.slow_consumers.push((subject.name.clone(), outcome));
+            }
         }
         Ok(())
     };
@@ -210,6 +235,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
 enum Experiment {
     Load(&'static str, Vec<Load>),
     Connections(Vec<usize>, usize),
+    SlowConsumer(usize, Duration),
 }
 
 /// Every (clients, size) combination, clients outermost.
