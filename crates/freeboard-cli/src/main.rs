@@ -24,11 +24,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the echo server: `/` and `/echo` echo text as text and binary as binary;
-    /// `/healthz` and `/metrics` (Prometheus) answer plain HTTP. Logs go to stderr, filtered
-    /// by RUST_LOG (default `info`). SIGTERM/SIGINT shut down gracefully (close 1001, drain);
-    /// a second signal exits at once.
-    Serve(ServeArgs),
+    /// Run the echo and pub/sub server: `/` and `/echo` echo text as text and binary as
+    /// binary; a WebSocket at `/topic/NAME` subscribes to NAME, and to A and B with
+    /// `/topic/NAME?also=A&also=B` (names: 1-128 of A-Z a-z 0-9 - . _ ~ :); `POST /topic/NAME`
+    /// publishes its body (text for `Content-Type: text/*`, else binary; answers
+    /// `{"loops":N,"dropped":M}`); `/healthz` and `/metrics` (Prometheus) answer plain HTTP.
+    /// Logs go to stderr, filtered by RUST_LOG (default `info`). SIGTERM/SIGINT shut down
+    /// gracefully (close 1001, drain); a second signal exits at once.
+    Serve(Box<ServeArgs>),
     /// Connect to a WebSocket server: stdin lines are sent as messages, received messages
     /// are written to stdout, one per line.
     #[command(after_help = client::EXIT_CODES)]
@@ -115,6 +118,21 @@ struct ServeArgs {
     /// Per-loop shared read buffer [default: 64K].
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     read_buffer: Option<usize>,
+    /// Publish what clients send on a /topic/NAME connection to NAME (otherwise such a
+    /// message gets close 1008).
+    #[arg(long)]
+    client_publish: bool,
+    /// Bearer token `POST /topic/NAME` must carry (`Authorization: Bearer TOKEN`; 401
+    /// without, 403 if wrong); TOML `[topics] publish_token`. Default: no token needed.
+    #[arg(long, value_name = "TOKEN", env = "FREEBOARD_PUBLISH_TOKEN", hide_env_values = true)]
+    publish_token: Option<String>,
+    /// Slow-consumer policy of topic subscribers: block (counts as a drop), drop-newest,
+    /// drop-oldest, conflate, close [default: conflate].
+    #[arg(long, value_name = "POLICY")]
+    topic_slow_consumer: Option<String>,
+    /// Send queue hard cap of one topic subscriber [default: 1M].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    topic_send_cap: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -128,7 +146,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Client(args) => client::run(args),
-        Command::Serve(args) => match serve(args) {
+        Command::Serve(args) => match serve(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("freeboard serve: {e}");
@@ -147,8 +165,11 @@ fn main() -> ExitCode {
 
 fn serve(args: ServeArgs) -> Result<(), String> {
     let config = server_config(&args)?;
-    let server = Server::bind(config, || Router::new().route("/", Echo).route("/echo", Echo))
-        .map_err(|e| e.to_string())?;
+    let topics = config.topics.clone();
+    let server = Server::bind(config, move || {
+        Router::new().route("/", Echo).route("/echo", Echo).topics(&topics)
+    })
+    .map_err(|e| e.to_string())?;
     let addr = server.local_addr();
     println!("freeboard listening on ws://{addr}/");
     tracing::info!(%addr, "listening");
@@ -244,6 +265,20 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
     if let Some(v) = args.read_buffer {
         config.read_buffer = v;
     }
+    if args.client_publish {
+        config.topics.client_publish = true;
+    }
+    if let Some(v) = &args.publish_token {
+        config.topics.publish_token = Some(v.clone());
+    }
+    if let Some(v) = &args.topic_slow_consumer {
+        config.topics.slow_consumer = parse_policy(v)?;
+    }
+    if let Some(v) = args.topic_send_cap {
+        config.topics.send_cap = v;
+        config.topics.send_high = config.topics.send_high.min(v);
+        config.topics.send_low = config.topics.send_low.min(config.topics.send_high);
+    }
     config.validate()?;
     Ok(config)
 }
@@ -324,6 +359,9 @@ mod tests {
             "--handshake-timeout",
             "--config",
             "--no-auto-ping",
+            "--client-publish",
+            "--publish-token",
+            "/topic/NAME",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");
         }
