@@ -393,6 +393,10 @@ impl Client {
 
     /// Writes as much as the socket takes now, without waiting.
     fn write_queued(&mut self) -> Result<(), ClientError> {
+        if !self.writable && self.buffered_amount() > 0 {
+            // The last write hit a full socket buffer: ask (without waiting) whether it drained.
+            self.poll_readiness(Some(Duration::ZERO))?;
+        }
         while self.writable {
             let result = if let Some(direct) = &self.direct {
                 let header = &direct.header[..direct.header_len as usize];
@@ -476,6 +480,14 @@ impl Client {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        self.poll_readiness(timeout)?;
+        let now = self.now();
+        self.conn.handle_timeout(now);
+        self.drain_core()
+    }
+
+    /// Waits up to `timeout` for socket readiness and records it.
+    fn poll_readiness(&mut self, timeout: Option<Duration>) -> Result<(), ClientError> {
         match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -489,9 +501,7 @@ impl Client {
                 self.writable = true;
             }
         }
-        let now = self.now();
-        self.conn.handle_timeout(now);
-        self.drain_core()
+        Ok(())
     }
 
     /// Feeds buffered input to the core until a message completes, the connection closes or
