@@ -335,3 +335,26 @@ fn a_publish_to_nobody_costs_no_pool_chunks() {
     drop(client);
     stop(server);
 }
+
+#[test]
+fn also_subscribes_to_more_topics_and_client_publish_needs_permission() {
+    let mut config = common::config();
+    config.topics.client_publish = false;
+    let t = config.topics.clone();
+    let server = start(config, move || Router::new().topics(&t));
+    let addr = server.local_addr();
+    let metrics = server.metrics();
+    let (mut client, status, _) = common::Client::connect(addr, "/topic/a?also=b&also=c");
+    assert_eq!(status, 101);
+    common::wait_until("three subscriptions", || metrics.subscriptions.get() == 3);
+    for topic in ["c", "a", "b"] {
+        assert_eq!(server.handle().publish(topic, MessageKind::Text, topic.as_bytes()).loops, 1);
+        assert_eq!(client.recv(), Some((0x1, topic.as_bytes().to_vec())));
+    }
+    let (_, status, _) = common::Client::connect(addr, "/topic/a?also=no%20such");
+    assert_eq!(status, 400);
+    client.send(0x81, b"may I?");
+    assert_eq!(client.recv_close(), Some(1008));
+    drop(client);
+    stop(server);
+}
