@@ -212,3 +212,19 @@ fn spawn_stdin_reader() -> Receiver<io::Result<Vec<u8>>> {
     });
     rx
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_name_colon_value() {
+        assert_eq!(
+            parse_header("Authorization: Bearer a:b").unwrap(),
+            ("Authorization".to_owned(), "Bearer a:b".to_owned())
+        );
+        assert!(parse_header("no colon").is_err());
+        assert!(parse_header("bad name: x").is_err());
+        assert!(parse_header(": x").is_err());
+    }
+}

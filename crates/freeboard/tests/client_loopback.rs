@@ -125,6 +125,30 @@ fn buffered_amount_counts_what_the_socket_has_not_taken_and_block_refuses_past_t
 }
 
 #[test]
+fn drop_newest_drops_and_counts_what_does_not_fit() {
+    let (addr, _server) = fake_server(|mut s, request| {
+        s.write_all(&switching_protocols(&request, None)).unwrap();
+        thread::sleep(Duration::from_secs(3));
+    });
+    let marks = Watermarks::new(16 << 10, 32 << 10, 64 << 10).unwrap();
+    let config = ClientConfig::default().watermarks(marks).policy(SlowConsumerPolicy::DropNewest);
+    let mut client = Client::connect(&url(addr, "/"), config).unwrap();
+    let payload = vec![1u8; 8 << 10];
+    let mut dropped = 0;
+    for _ in 0..2_000 {
+        if let PushOutcome::Dropped { newest: true, messages: 1, .. } =
+            client.send_binary(&payload).unwrap().outcome
+        {
+            dropped += 1;
+        }
+    }
+    assert!(dropped > 0);
+    assert!(client.buffered_amount() <= 64 << 10);
+    let tally = client.pool().counters().dropped(SlowConsumerPolicy::DropNewest);
+    assert_eq!(tally.messages, dropped);
+}
+
+#[test]
 fn a_message_over_max_message_size_closes_with_1009() {
     let server = echo_server();
     let config = ClientConfig::default().max_message_size(1000);
