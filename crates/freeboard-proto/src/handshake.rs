@@ -427,7 +427,8 @@ impl<'h, 'b> Response<'h, 'b> {
     ) -> Result<Option<(Self, usize)>, HandshakeError> {
         let mut res = httparse::Response::new(headers);
         let len = match res.parse(buf) {
-            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Complete(len)) if len <= max_head_len => len,
+            Ok(httparse::Status::Complete(_)) => return Err(HandshakeError::HeadTooLarge),
             Ok(httparse::Status::Partial) if buf.len() >= max_head_len => {
                 return Err(HandshakeError::HeadTooLarge);
             }

@@ -22,6 +22,9 @@ mod config;
 mod connection;
 mod error;
 pub mod frame;
+/// Fuzzing entry points with their invariants; only `cargo fuzz` builds them (`cfg(fuzzing)`).
+#[cfg(fuzzing)]
+pub mod fuzzing;
 pub mod handshake;
 pub mod mask;
 mod timer;

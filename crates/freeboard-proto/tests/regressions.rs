@@ -1,0 +1,37 @@
+//! Defects found by the fuzz targets in `fuzz/`, each with the smallest input that showed it.
+
+use freeboard_proto::handshake::{ClientRequest, EMPTY_HEADER, HandshakeError, Response};
+
+/// fuzz target `handshake` (response side): a complete response head longer than
+/// `max_head_len` was accepted when it arrived in one read, although the same bytes arriving
+/// in pieces are refused with `HeadTooLarge` once `max_head_len` of them are in. The result
+/// must not depend on how the head was cut into reads (the request side already refused it).
+#[test]
+fn response_head_over_the_limit_is_refused_however_it_is_read() {
+    let key = *b"dGhlIHNhbXBsZSBub25jZQ==";
+    let request = ClientRequest {
+        host: "server.example.com",
+        path: "/chat",
+        key: &key,
+        protocols: &[],
+        extensions: None,
+        headers: &[],
+    };
+    let head = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+        Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
+    let limit = 64;
+    assert!(head.len() > limit);
+    let mut headers = [EMPTY_HEADER; 16];
+    let piecewise = Response::parse(&head[..limit], &mut headers, &request, limit).map(|_| ());
+    assert_eq!(piecewise, Err(HandshakeError::HeadTooLarge));
+    let mut headers = [EMPTY_HEADER; 16];
+    let whole = Response::parse(head, &mut headers, &request, limit).map(|_| ());
+    assert_eq!(whole, Err(HandshakeError::HeadTooLarge));
+
+    // A refusal over the limit is too large as well, not `Refused` with its status.
+    let refusal =
+        b"HTTP/1.1 403 Forbidden\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut headers = [EMPTY_HEADER; 16];
+    let whole = Response::parse(refusal, &mut headers, &request, limit).map(|_| ());
+    assert_eq!(whole, Err(HandshakeError::HeadTooLarge));
+}
