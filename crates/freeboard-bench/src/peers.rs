@@ -20,12 +20,22 @@ pub enum Peer {
     TokioTungstenite,
     /// fastwebsockets on a one-worker multi-thread runtime.
     Fastwebsockets,
+    /// Node's `ws` (single-threaded, as Node is).
+    NodeWs,
+    /// Go's gorilla/websocket with `GOMAXPROCS=1`.
+    Gorilla,
 }
 
 impl Peer {
     /// Every peer, in the order a run visits them.
-    pub const ALL: [Peer; 4] =
-        [Peer::Freeboard, Peer::RawTcp, Peer::TokioTungstenite, Peer::Fastwebsockets];
+    pub const ALL: [Peer; 6] = [
+        Peer::Freeboard,
+        Peer::RawTcp,
+        Peer::TokioTungstenite,
+        Peer::Fastwebsockets,
+        Peer::NodeWs,
+        Peer::Gorilla,
+    ];
 
     /// The name in tables and on the command line.
     pub fn name(self) -> &'static str {
@@ -34,6 +44,8 @@ impl Peer {
             Peer::RawTcp => "raw-tcp-echo",
             Peer::TokioTungstenite => "tokio-tungstenite",
             Peer::Fastwebsockets => "fastwebsockets",
+            Peer::NodeWs => "node-ws",
+            Peer::Gorilla => "gorilla",
         }
     }
 
@@ -84,8 +96,39 @@ impl Peers {
 
     /// Builds `peer` if it needs building (a no-op once fresh) and returns its binary.
     pub fn build(&self, peer: Peer) -> io::Result<PathBuf> {
-        if peer == Peer::Freeboard {
-            return Ok(self.freeboard.clone());
+        let source = self.sources.join(peer.name());
+        let output = self.cache.join(peer.name());
+        let run = |command: &mut Command| -> io::Result<()> {
+            let status = command.stdout(Stdio::null()).status()?;
+            match status.success() {
+                true => Ok(()),
+                false => Err(io::Error::other(format!("building {} failed", source.display()))),
+            }
+        };
+        match peer {
+            Peer::Freeboard => return Ok(self.freeboard.clone()),
+            Peer::NodeWs => {
+                std::fs::create_dir_all(&output)?;
+                for file in ["package.json", "package-lock.json", "server.js"] {
+                    std::fs::copy(source.join(file), output.join(file))?;
+                }
+                if !output.join("node_modules/ws").exists() {
+                    run(Command::new("npm")
+                        .args(["ci", "--no-audit", "--no-fund", "--silent"])
+                        .current_dir(&output))?;
+                }
+                return Ok(output.join("server.js"));
+            }
+            Peer::Gorilla => {
+                std::fs::create_dir_all(&self.cache)?;
+                run(Command::new("go")
+                    .args(["build", "-o"])
+                    .arg(&output)
+                    .arg(".")
+                    .current_dir(&source))?;
+                return Ok(output);
+            }
+            Peer::RawTcp | Peer::TokioTungstenite | Peer::Fastwebsockets => {}
         }
         let manifest = self.sources.join(peer.name()).join("Cargo.toml");
         let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
@@ -106,7 +149,15 @@ impl Peers {
     pub fn start(&self, peer: Peer, cpu: Option<usize>) -> io::Result<Running> {
         let binary = self.build(peer)?;
         let addr = free_port()?;
-        let mut command = Command::new(&binary);
+        let mut command = match peer {
+            Peer::NodeWs => {
+                let mut node = Command::new("node");
+                node.arg(&binary);
+                node
+            }
+            _ => Command::new(&binary),
+        };
+        command.env("GOMAXPROCS", "1");
         if peer == Peer::Freeboard {
             command.args(["serve", "--threads", "1", "--no-auto-ping"]);
             command.args(["--max-connections", "1000000", "--max-connections-per-ip", "1000000"]);

@@ -178,7 +178,7 @@ impl Report {
             for b in &baselines {
                 let _ = write!(s, " × {b} |");
             }
-            s.push_str(" sent/received/failed |\n|");
+            s.push_str(" sent/received/failed, all runs |\n|");
             for _ in 0..(13 + baselines.len()) {
                 s.push_str("---|");
             }

@@ -90,7 +90,8 @@ pub(crate) struct Common {
     url: Option<String>,
     /// Run against freeboard and the peer servers one after the other instead of URL:
     /// all of them, or a comma-separated list of freeboard, raw-tcp-echo, tokio-tungstenite,
-    /// fastwebsockets. Peers are built into target/peers on first use.
+    /// fastwebsockets, node-ws, gorilla. Peers are built into target/peers on first use
+    /// (cargo, npm, go); one that cannot be built or started is skipped with a warning.
     #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "LIST")]
     peers: Option<String>,
     /// Runs per figure; tables show the median with min and max.
@@ -203,9 +204,13 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
             let peers = Peers::in_repository(exe);
             for peer in chosen {
-                let running = peers
-                    .start(peer, pin.map(|(server, _)| server))
-                    .map_err(|e| format!("starting {}: {e}", peer.name()))?;
+                let running = match peers.start(peer, pin.map(|(server, _)| server)) {
+                    Ok(running) => running,
+                    Err(e) => {
+                        eprintln!("freeboard bench: skipping {}: {e}", peer.name());
+                        continue;
+                    }
+                };
                 let subject = Subject {
                     name: peer.name().into(),
                     target: running.target.clone(),
