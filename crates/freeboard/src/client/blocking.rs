@@ -110,7 +110,7 @@ struct Direct {
 }
 
 /// Masking keys from the OS random source, fetched 64 at a time; each is used once.
-struct MaskSource {
+pub(super) struct MaskSource {
     keys: [u8; 256],
     /// Invariant: `at <= keys.len()`, a multiple of 4.
     at: usize,
@@ -691,12 +691,12 @@ impl Direct {
 }
 
 impl MaskSource {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self { keys: [0; 256], at: 256 }
     }
 
     /// A fresh key (§5.3: "unpredictable"), never handed out twice.
-    fn next(&mut self) -> [u8; 4] {
+    pub(super) fn next(&mut self) -> [u8; 4] {
         if self.at == self.keys.len() {
             getrandom::fill(&mut self.keys).expect("the OS random source is available");
             self.at = 0;

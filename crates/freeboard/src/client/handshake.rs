@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use freeboard_proto::handshake::{
-    ClientRequest, DEFAULT_MAX_HEAD_LEN, EMPTY_HEADER, HandshakeError, Response, generate_key,
+    ClientRequest, DEFAULT_MAX_HEAD_LEN, EMPTY_HEADER, HandshakeError, Key, Response, generate_key,
 };
 
 use super::{ClientConfig, ClientError, Target};
@@ -68,16 +68,61 @@ fn handshake(
     config: &ClientConfig,
     deadline: Instant,
 ) -> Result<Opened, ClientError> {
+    let key = new_key()?;
+    let request = encode_request(target, config, &key)?;
+    stream.set_write_timeout(Some(remaining(deadline)?))?;
+    stream.write_all(&request)?;
+
+    let mut buf = vec![0u8; DEFAULT_MAX_HEAD_LEN];
+    let mut len = 0;
+    loop {
+        stream.set_read_timeout(Some(remaining(deadline)?))?;
+        let n = match stream.read(&mut buf[len..]) {
+            Ok(0) => return Err(eof_during_handshake()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        len += n;
+        match check_response(&buf[..len], config, &key) {
+            Ok(None) => continue,
+            Ok(Some((protocol, head_len))) => {
+                let leftover = buf[head_len..len].to_vec();
+                stream.set_read_timeout(None)?;
+                stream.set_write_timeout(None)?;
+                return Ok(Opened { stream, protocol, leftover });
+            }
+            Err(Refusal::Status { status, head_len }) => {
+                let reason = reason_phrase(&buf[..head_len]);
+                buf.truncate(len);
+                let body = body_excerpt(&mut stream, buf, head_len, deadline);
+                return Err(ClientError::Refused { status, reason, body });
+            }
+            Err(Refusal::Invalid(e)) => return Err(ClientError::Handshake(e)),
+        }
+    }
+}
+
+/// A fresh `Sec-WebSocket-Key` (§4.1: a "randomly selected" nonce).
+pub(super) fn new_key() -> Result<Key, ClientError> {
     let mut nonce = [0u8; 16];
     getrandom::fill(&mut nonce).map_err(|e| ClientError::Io(io::Error::other(e)))?;
-    let key = generate_key(nonce);
+    Ok(generate_key(nonce))
+}
+
+/// The upgrade request for `target`.
+pub(super) fn encode_request(
+    target: &Target,
+    config: &ClientConfig,
+    key: &Key,
+) -> Result<Vec<u8>, ClientError> {
     let protocols: Vec<&str> = config.protocols.iter().map(String::as_str).collect();
     let headers: Vec<(&str, &str)> =
         config.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let request = ClientRequest {
         host: target.host_header(),
         path: target.resource(),
-        key: &key,
+        key,
         protocols: &protocols,
         extensions: None,
         headers: &headers,
@@ -90,48 +135,57 @@ fn handshake(
             request.encode(&mut buf).map_err(|e| ClientError::Config(e.to_string()))?
         }
     };
-    stream.set_write_timeout(Some(remaining(deadline)?))?;
-    stream.write_all(&buf[..n])?;
+    buf.truncate(n);
+    Ok(buf)
+}
 
-    let mut buf = vec![0u8; DEFAULT_MAX_HEAD_LEN];
-    let mut len = 0;
-    loop {
-        stream.set_read_timeout(Some(remaining(deadline)?))?;
-        let n = match stream.read(&mut buf[len..]) {
-            Ok(0) => {
-                return Err(ClientError::Io(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the server closed the connection during the handshake",
-                )));
-            }
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e.into()),
-        };
-        len += n;
-        let mut header_space = [EMPTY_HEADER; 64];
-        match Response::parse(&buf[..len], &mut header_space, &request, buf.len()) {
-            Ok(None) => continue,
-            Ok(Some((response, head_len))) => {
-                let protocol = response.protocol().map(str::to_owned);
-                let leftover = buf[head_len..len].to_vec();
-                stream.set_read_timeout(None)?;
-                stream.set_write_timeout(None)?;
-                return Ok(Opened { stream, protocol, leftover });
-            }
-            Err(HandshakeError::Refused { status, head_len }) => {
-                let reason = reason_phrase(&buf[..head_len]);
-                buf.truncate(len);
-                let body = body_excerpt(&mut stream, buf, head_len, deadline);
-                return Err(ClientError::Refused { status, reason, body });
-            }
-            Err(e) => return Err(ClientError::Handshake(e)),
+/// Why a response is not a usable `101`.
+pub(super) enum Refusal {
+    /// Another status; the head is `head_len` bytes.
+    Status { status: u16, head_len: usize },
+    /// A `101` that fails RFC 6455 §4.1, or not HTTP.
+    Invalid(HandshakeError),
+}
+
+/// Checks the response read so far: `Ok(None)` while the head is unfinished, else the chosen
+/// subprotocol and the head's length.
+pub(super) fn check_response(
+    buf: &[u8],
+    config: &ClientConfig,
+    key: &Key,
+) -> Result<Option<(Option<String>, usize)>, Refusal> {
+    let protocols: Vec<&str> = config.protocols.iter().map(String::as_str).collect();
+    // Only the key and the offers matter for checking the response.
+    let request = ClientRequest {
+        host: "",
+        path: "/",
+        key,
+        protocols: &protocols,
+        extensions: None,
+        headers: &[],
+    };
+    let mut header_space = [EMPTY_HEADER; 64];
+    match Response::parse(buf, &mut header_space, &request, DEFAULT_MAX_HEAD_LEN) {
+        Ok(None) => Ok(None),
+        Ok(Some((response, head_len))) => {
+            Ok(Some((response.protocol().map(str::to_owned), head_len)))
         }
+        Err(HandshakeError::Refused { status, head_len }) => {
+            Err(Refusal::Status { status, head_len })
+        }
+        Err(e) => Err(Refusal::Invalid(e)),
     }
 }
 
+pub(super) fn eof_during_handshake() -> ClientError {
+    ClientError::Io(io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the server closed the connection during the handshake",
+    ))
+}
+
 /// The reason phrase of a status line (`HTTP/1.1 404 Not Found` → `Not Found`).
-fn reason_phrase(head: &[u8]) -> String {
+pub(super) fn reason_phrase(head: &[u8]) -> String {
     let line = head.split(|&b| b == b'\r' || b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     line.splitn(3, ' ').nth(2).unwrap_or_default().trim().to_owned()

@@ -47,6 +47,7 @@
 //! ```
 
 mod blocking;
+mod event_loop;
 mod handshake;
 mod target;
 
@@ -55,6 +56,7 @@ use std::io;
 use std::time::Duration;
 
 pub use blocking::{Client, CloseEvent, Event, Message};
+pub use event_loop::{ClientHandler, ClientId, ClientLoop, LoopConn};
 pub use freeboard_buf::{Limit, PushOutcome, Pushed, SlowConsumerPolicy, Watermarks, Writability};
 pub use freeboard_proto::MessageKind;
 use freeboard_proto::handshake::HandshakeError;
