@@ -3,7 +3,14 @@
 //!
 //! ```text
 //! cargo run --release -p freeboard --example broadcast_bench -- [N...] [--node] [--window=W]
+//!     [--freeboard=ADDR]
 //! ```
+//!
+//! In-process, freeboard's sockets share this process's file limit with the subscribers' (10,000
+//! subscribers need 20,000 descriptors). With `--freeboard=ADDR` it drives a separate
+//! `freeboard serve --client-publish --topic-slow-consumer drop-oldest --topic-send-cap 4M
+//! --max-connections-per-ip 100000 --threads 1` instead; the publisher then publishes from
+//! `/topic/bench` (and is a subscriber too, one it never reads).
 //!
 //! For each N and payload size (64 B, 1 KiB) the publisher keeps at most W messages (default
 //! 16) in flight (a message is complete when the last subscriber has it), so no policy drops
@@ -55,6 +62,7 @@ fn upgrade(addr: SocketAddr, path: &str) -> TcpStream {
 fn run(
     addr: SocketAddr,
     sub_path: &str,
+    pub_path: &str,
     n: usize,
     size: usize,
     window: u64,
@@ -75,7 +83,7 @@ fn run(
     let completed = Arc::new(AtomicU64::new(0));
     let publisher = {
         let completed = completed.clone();
-        let mut s = upgrade(addr, "/pub");
+        let mut s = upgrade(addr, pub_path);
         std::thread::spawn(move || {
             let mut frame = Vec::with_capacity(size + 14);
             for seq in 0..messages {
@@ -171,10 +179,15 @@ fn main() {
     topics.slow_consumer = SlowConsumerPolicy::DropOldest;
     topics.send_cap = 4 << 20;
     config.topics = topics.clone();
-    let server =
-        Server::bind(config, move || Router::new().topics(&topics).route("/pub", Publish)).unwrap();
-    let fb = server.local_addr();
-    let running = server.spawn();
+    let external: Option<SocketAddr> =
+        args.iter().find_map(|a| a.strip_prefix("--freeboard=")).map(|a| a.parse().unwrap());
+    let running = external.is_none().then(|| {
+        Server::bind(config, move || Router::new().topics(&topics).route("/pub", Publish))
+            .unwrap()
+            .spawn()
+    });
+    let fb = external.unwrap_or_else(|| running.as_ref().unwrap().local_addr());
+    let fb_pub = if external.is_some() { "/topic/bench" } else { "/pub" };
     let mut peer = node.then(|| {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../peers/node-ws-broadcast");
         let child = std::process::Command::new("node")
@@ -189,14 +202,14 @@ fn main() {
     println!("|---|---|---|---|---|---|");
     for &n in &sizes {
         for size in [64, 1024] {
-            let row = |name: &str, addr: SocketAddr, path: &str| {
-                let (rate, p50, p99) = run(addr, path, n, size, window);
+            let row = |name: &str, addr: SocketAddr, path: &str, pub_path: &str| {
+                let (rate, p50, p99) = run(addr, path, pub_path, n, size, window);
                 println!("| {n} | {size} | {name} | {rate:.0} | {p50:.2?} | {p99:.2?} |");
                 rate
             };
-            let ours = row("freeboard", fb, "/topic/bench");
+            let ours = row("freeboard", fb, "/topic/bench", fb_pub);
             if peer.is_some() {
-                let theirs = row("node ws", "127.0.0.1:9477".parse().unwrap(), "/sub");
+                let theirs = row("node ws", "127.0.0.1:9477".parse().unwrap(), "/sub", "/pub");
                 println!("| {n} | {size} | ratio | {:.2}x | | |", ours / theirs);
             }
         }
@@ -205,6 +218,8 @@ fn main() {
         let _ = child.kill();
         let _ = child.wait();
     }
-    running.handle().shutdown();
-    let _ = running.join();
+    if let Some(running) = running {
+        running.handle().shutdown();
+        let _ = running.join();
+    }
 }
