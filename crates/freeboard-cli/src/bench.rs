@@ -75,9 +75,9 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 10.0)]
         duration: f64,
     },
-    /// Print the Markdown tables of a saved `--json` report.
+    /// Print the Markdown tables of saved `--json` reports.
     Report {
-        /// The JSON file.
+        /// A JSON file, or a folder whose `*.json` files are printed in name order.
         file: PathBuf,
     },
 }
@@ -117,10 +117,23 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
     let command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let (common, experiment) = match command {
         BenchCommand::Report { file } => {
-            let text =
-                std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-            let report = Report::from_json(&text)?;
-            print!("{}", report.markdown());
+            let mut files = vec![file.clone()];
+            if file.is_dir() {
+                let entries =
+                    std::fs::read_dir(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+                files = entries
+                    .filter_map(|e| Some(e.ok()?.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                    .collect();
+                files.sort();
+            }
+            for path in files {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let report =
+                    Report::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+                print_markdown(&report);
+            }
             return Ok(());
         }
         BenchCommand::Echo { common, clients, size, messages } => {
@@ -227,7 +240,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
         (None, None) => return Err("give a server URL or --peers".into()),
     }
     report.load_average.1 = process::load_average();
-    print!("{}", report.markdown());
+    print_markdown(&report);
     if let Some(path) = &common.json {
         std::fs::write(path, report.to_json()).map_err(|e| format!("{}: {e}", path.display()))?;
     }
@@ -235,6 +248,12 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
         std::fs::write(path, report.csv()).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// Prints `report`'s tables; a closed stdout (`| head`) is not an error worth a panic.
+fn print_markdown(report: &Report) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{}", report.markdown());
 }
 
 enum Experiment {
