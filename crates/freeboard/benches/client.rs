@@ -10,6 +10,8 @@
 //! to the same servers. `freeboard` writes each message as it is sent (one `writev`, like
 //! tokio-tungstenite's `send`, which flushes); `freeboard corked` queues and writes once the
 //! queue passes its high watermark (like tungstenite's `feed` with a flush now and then).
+//! Both clients run with Nagle's algorithm off (tokio-tungstenite's default leaves it on,
+//! which lets the kernel coalesce small writes at the cost of latency).
 
 use std::hint::black_box;
 use std::io::{Read, Write};
@@ -111,8 +113,7 @@ fn receive(c: &mut Criterion) {
                 Event::Closed(close) => panic!("{close:?}"),
             })
         });
-        let mut ws =
-            rt.block_on(tokio_tungstenite::connect_async(format!("ws://{source}/"))).unwrap().0;
+        let mut ws = rt.block_on(connect_tungstenite(source)).0;
         group.bench_function("tokio-tungstenite", |b| {
             b.iter_custom(|iters| {
                 rt.block_on(async {
@@ -145,6 +146,17 @@ fn send_all(client: &mut Client, kind: MessageKind, payload: &[u8]) {
 fn connect(addr: SocketAddr, write_through: bool) -> Client {
     let config = ClientConfig::default().write_through(write_through);
     Client::connect(&format!("ws://{addr}/"), config).unwrap()
+}
+
+/// tokio-tungstenite's client with Nagle's algorithm off, as freeboard's client has it: both
+/// push every write to the wire at once.
+async fn connect_tungstenite(
+    addr: SocketAddr,
+) -> (
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    tokio_tungstenite::tungstenite::handshake::client::Response,
+) {
+    tokio_tungstenite::connect_async_with_config(format!("ws://{addr}/"), None, true).await.unwrap()
 }
 
 fn runtime() -> tokio::runtime::Runtime {
