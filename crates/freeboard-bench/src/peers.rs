@@ -67,6 +67,8 @@ pub struct Peers {
     pub cache: PathBuf,
     /// The `freeboard` binary that runs `serve`.
     pub freeboard: PathBuf,
+    /// Further arguments for `freeboard serve` (watermarks, policies, …).
+    pub serve_args: Vec<String>,
 }
 
 /// A peer server running on loopback; killed when dropped.
@@ -91,7 +93,12 @@ impl Peers {
     /// `target/peers`, and `freeboard` given by the caller (usually the running binary).
     pub fn in_repository(freeboard: PathBuf) -> Self {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        Self { sources: root.join("peers"), cache: root.join("target/peers"), freeboard }
+        Self {
+            sources: root.join("peers"),
+            cache: root.join("target/peers"),
+            freeboard,
+            serve_args: Vec::new(),
+        }
     }
 
     /// Builds `peer` if it needs building (a no-op once fresh) and returns its binary.
@@ -161,6 +168,7 @@ impl Peers {
         if peer == Peer::Freeboard {
             command.args(["serve", "--threads", "1", "--no-auto-ping"]);
             command.args(["--max-connections", "1000000", "--max-connections-per-ip", "1000000"]);
+            command.args(&self.serve_args);
             command.arg("--listen");
         }
         command.arg(addr.to_string()).env("RUST_LOG", "warn").stdout(Stdio::null());

@@ -94,6 +94,10 @@ pub(crate) struct Common {
     /// (cargo, npm, go); one that cannot be built or started is skipped with a warning.
     #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "LIST")]
     peers: Option<String>,
+    /// Further arguments for `freeboard serve` under --peers, split at spaces, e.g.
+    /// "--send-low 4K --send-high 16K" for the watermark study.
+    #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+    serve_args: Option<String>,
     /// Runs per figure; tables show the median with min and max.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
@@ -215,7 +219,13 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 list => list.split(',').map(|n| Peer::parse(n.trim())).collect::<Result<_, _>>()?,
             };
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-            let peers = Peers::in_repository(exe);
+            let mut peers = Peers::in_repository(exe);
+            peers.serve_args = common
+                .serve_args
+                .iter()
+                .flat_map(|a| a.split_whitespace())
+                .map(String::from)
+                .collect();
             for peer in chosen {
                 let running = match peers.start(peer, pin.map(|(server, _)| server)) {
                     Ok(running) => running,
