@@ -394,7 +394,7 @@ impl LocalTopics {
 /// answered with close 1008.
 ///
 /// Mount it with [`Router::route_with`](crate::Router::route_with) under a prefix, with the
-/// topic routes' slow-consumer policy (see [`TopicsConfig`](crate::config::TopicsConfig)).
+/// topic routes' slow-consumer policy (see [`TopicsConfig`]).
 #[derive(Debug, Clone)]
 pub struct TopicRoute {
     prefix: String,
