@@ -641,9 +641,10 @@ impl EventLoop {
                 }
             }
             self.after_input(token);
-            let entry = &self.conns[token];
-            match &entry.phase {
-                Phase::Open { ws, paused, .. } if ws.state() != State::Closed && !*paused => {}
+            // A pause (send queue above its high watermark) stops reading from the socket, not
+            // the parsing of bytes already read: dropping them would tear the stream.
+            match &self.conns[token].phase {
+                Phase::Open { ws, .. } if ws.state() != State::Closed => {}
                 _ => return,
             }
         }

@@ -277,3 +277,30 @@ fn idle_connections_are_pinged_and_dropped_without_a_pong() {
     server.handle().shutdown();
     server.join().unwrap();
 }
+
+/// Many messages in one read take the echo above the high watermark mid-buffer: reading from
+/// the socket pauses, but the bytes already read are still parsed, so every message comes back
+/// whole and in order (dropping them once tore the stream: close 1002 after 64 echoes).
+#[test]
+fn a_pause_above_the_high_watermark_keeps_the_bytes_already_read() {
+    let mut config = config();
+    config.send_low = 4 << 10;
+    config.send_high = 16 << 10;
+    let server = start(config);
+    let mut c = Client::open(server.local_addr());
+    let count = 300u32;
+    let frames: Vec<u8> = (0..count)
+        .flat_map(|i| freeboard_test::frame(0x82, &[i as u8; 1024], freeboard_test::TEST_MASK))
+        .collect();
+    // Written from a second thread: the server stops reading until this side reads.
+    let mut writer = c.stream.try_clone().unwrap();
+    let writing = std::thread::spawn(move || writer.write_all(&frames).unwrap());
+    for i in 0..count {
+        assert_eq!(c.recv(), Some((0x2, vec![i as u8; 1024])), "message {i}");
+    }
+    writing.join().unwrap();
+    c.send(0x88, &1000u16.to_be_bytes());
+    assert_eq!(c.recv_close(), Some(1000));
+    server.handle().shutdown();
+    server.join().unwrap();
+}
