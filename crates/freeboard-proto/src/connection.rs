@@ -443,6 +443,9 @@ impl Connection {
     /// Starts the close handshake: queues a close frame for
     /// [`poll_transmit`](Self::poll_transmit) and starts the close timer. Does nothing if the
     /// handshake has already started.
+    ///
+    /// The close frame takes the slot of an owed pong, so drain `poll_transmit` after each
+    /// input (as the type's documentation says) before closing, or that pong is not sent.
     pub fn close(&mut self, now: Instant, code: CloseCode, reason: &str) -> Result<(), UsageError> {
         if !code.is_sendable() {
             return Err(UsageError::InvalidCloseCode(code.0));
