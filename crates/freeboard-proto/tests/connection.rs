@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use freeboard_proto::{
-    CloseCode, Config, MessageKind, OpCode, ProtocolError, Role, State, UsageError,
+    CloseCode, Config, Connection, Instant, MessageKind, OpCode, Parked, ProtocolError, Role,
+    State, UsageError,
 };
 use freeboard_test::{Chunker, Endpoint, Pair, Record, Side, TEST_MASK, frame};
 
@@ -132,10 +133,13 @@ fn keep_alive_pings_and_drops_a_silent_peer() {
         .ping_interval(Some(Duration::from_secs(30)))
         .pong_timeout(Duration::from_secs(10))
         .build();
-    for side in SIDES {
+    // Parking an idle connection between reads must not change its timers.
+    for (side, park) in SIDES.into_iter().flat_map(|side| [(side, false), (side, true)]) {
         let mut pair = Pair::new(Config::default());
         let role = pair.end(side).conn.role();
         *pair.end(side) = Endpoint::new(role, config);
+        pair.client.park_when_idle = park;
+        pair.server.park_when_idle = park;
         // Traffic postpones the ping.
         pair.advance(Duration::from_secs(20));
         pair.send_message(side.peer(), MessageKind::Binary, b"tick");
@@ -163,6 +167,53 @@ fn keep_alive_pings_and_drops_a_silent_peer() {
         let event = pair.end(side).conn.poll_event().map(|e| format!("{e:?}"));
         assert!(event.unwrap().contains("pong timeout"));
     }
+}
+
+#[test]
+fn a_parked_connection_resumes_with_its_deadlines() {
+    let config = Config::builder().ping_interval(Some(Duration::from_secs(30))).build();
+    let now = Instant::from_millis(5_000);
+    for role in [Role::Server, Role::Client] {
+        let fresh = Connection::new(role, config, now);
+        let parked = Parked::new(role, &config, now);
+        assert_eq!(fresh.park(), Some(parked), "a new connection parks as Parked::new");
+        assert_eq!(parked.poll_timeout(), fresh.poll_timeout());
+        assert_eq!(parked.poll_timeout(), Some(Instant::from_millis(35_000)));
+        let mut resumed = parked.resume(config);
+        assert_eq!(resumed.role(), role);
+        assert_eq!(resumed.poll_timeout(), fresh.poll_timeout());
+        // The keep-alive fires as it would have: a ping is due and the pong deadline runs.
+        resumed.handle_timeout(Instant::from_millis(35_000));
+        assert_eq!(resumed.park(), None, "an owed ping keeps the connection awake");
+        assert_eq!(resumed.poll_timeout(), Some(Instant::from_millis(45_000)));
+    }
+    let no_keep_alive = Parked::new(Role::Server, &Config::default(), now);
+    assert_eq!(no_keep_alive.poll_timeout(), None);
+}
+
+#[test]
+fn a_connection_with_something_in_flight_does_not_park() {
+    let mut end = Endpoint::new(Role::Server, Config::default());
+    // Half a header, then half a payload, then a ping owed a pong, then closing.
+    end.feed(
+        Instant::default(),
+        &remask(&[0x82, 0x03], mask_for(Role::Server))[..1],
+        &Chunker::Whole,
+    );
+    assert_eq!(end.conn.park(), None, "half a header");
+    let mut end = Endpoint::new(Role::Server, Config::default());
+    let frame = remask(&[0x82, 0x03, 1, 2, 3], mask_for(Role::Server));
+    end.feed(Instant::default(), &frame[..4], &Chunker::Whole);
+    assert_eq!(end.conn.park(), None, "half a payload");
+    let mut end = Endpoint::new(Role::Server, Config::default());
+    let mut buf = remask(&[0x89, 0x00], mask_for(Role::Server));
+    let input = end.conn.handle_input(Instant::default(), &mut buf).unwrap();
+    assert_eq!(input.consumed, buf.len());
+    assert_eq!(end.conn.park(), None, "a ping event and its pong are waiting");
+    let mut end = Endpoint::new(Role::Server, Config::default());
+    end.conn.close(Instant::default(), CloseCode::NORMAL, "").unwrap();
+    assert_eq!(end.conn.park(), None, "closing");
+    assert!(Endpoint::new(Role::Server, Config::default()).conn.park().is_some());
 }
 
 /// Feeds raw bytes to a fresh endpoint and returns its records and its answer on the wire.

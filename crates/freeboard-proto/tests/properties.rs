@@ -25,8 +25,15 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn run(ops: &[Op], from: Side, chunker: Chunker) -> Pair {
+    run_parking(ops, from, chunker, false)
+}
+
+/// [`run`], parking both ends whenever they are idle between reads if `park`.
+fn run_parking(ops: &[Op], from: Side, chunker: Chunker, park: bool) -> Pair {
     let mut pair = Pair::new(Config::default());
     pair.chunker = chunker;
+    pair.client.park_when_idle = park;
+    pair.server.park_when_idle = park;
     for op in ops {
         match op {
             Op::Message(binary, payload) => {
@@ -60,9 +67,12 @@ proptest! {
             let whole = run(&ops, from, Chunker::Whole);
             let bytes = run(&ops, from, Chunker::Max(1));
             let random = run(&ops, from, Chunker::Pattern(cuts.clone()));
+            let parking = run_parking(&ops, from, Chunker::Pattern(cuts.clone()), true);
             let to = from.peer();
             prop_assert_eq!(whole.records(to), bytes.records(to));
             prop_assert_eq!(whole.records(to), random.records(to));
+            prop_assert_eq!(whole.records(to), parking.records(to));
+            prop_assert_eq!(whole.records(from), parking.records(from), "pongs, in both directions");
             prop_assert_eq!(whole.records(to).len(), ops.len());
         }
     }
@@ -76,6 +86,20 @@ proptest! {
         let mut cut_up = Endpoint::new(role, Config::default());
         cut_up.feed(Default::default(), &bytes, &Chunker::Max(cut));
         prop_assert_eq!(whole.records, cut_up.records);
+    }
+
+    /// Parking the connection whenever it is idle between reads changes nothing observable:
+    /// the same records and the same bytes on the wire.
+    #[test]
+    fn parking_between_reads_is_invisible(bytes in prop::collection::vec(any::<u8>(), 0..400), cut in 1usize..17, server in any::<bool>()) {
+        let role = if server { Role::Server } else { Role::Client };
+        let mut awake = Endpoint::new(role, Config::default());
+        awake.feed(Default::default(), &bytes, &Chunker::Max(cut));
+        let mut parking = Endpoint::new(role, Config::default());
+        parking.park_when_idle = true;
+        parking.feed(Default::default(), &bytes, &Chunker::Max(cut));
+        prop_assert_eq!(awake.transmit(), parking.transmit());
+        prop_assert_eq!(awake.records, parking.records);
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub struct Endpoint {
     outbox: Vec<u8>,
     /// Counter behind the deterministic masking keys of a client.
     mask_seed: u32,
+    /// Park the connection and resume it after every read that leaves it idle, the way a
+    /// server with many idle connections does: it must not change anything observable.
+    pub park_when_idle: bool,
 }
 
 impl Endpoint {
@@ -109,6 +112,7 @@ impl Endpoint {
             inbox: Vec::new(),
             outbox: Vec::new(),
             mask_seed: 0x9e37_79b9,
+            park_when_idle: false,
         }
     }
 
@@ -167,6 +171,11 @@ impl Endpoint {
             self.drain_transmit();
             assert!(progressed, "handle_input made no progress");
             at += consumed;
+        }
+        if self.park_when_idle
+            && let Some(parked) = self.conn.park()
+        {
+            self.conn = parked.resume(*self.conn.config());
         }
     }
 

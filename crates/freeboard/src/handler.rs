@@ -10,6 +10,7 @@ use freeboard_proto::handshake::Request;
 use freeboard_proto::{CloseCode, Connection, Instant, MessageKind, OpCode};
 
 use crate::metrics::{LoopStats, Metrics};
+use crate::parking::{ParkingLot, Ws};
 use crate::topics::{Hub, LocalTopics, Published, SubscribeError};
 
 /// An application endpoint: what happens on one route.
@@ -120,7 +121,8 @@ pub enum SendResult {
 pub struct Conn<'a> {
     pub(crate) id: ConnId,
     pub(crate) peer: SocketAddr,
-    pub(crate) ws: &'a mut Connection,
+    pub(crate) ws: &'a mut Ws,
+    pub(crate) lot: &'a mut ParkingLot,
     pub(crate) queue: &'a mut SendQueue,
     pub(crate) pool: &'a mut Pool<'static>,
     pub(crate) metrics: &'a Metrics,
@@ -157,7 +159,8 @@ impl Conn<'_> {
             MessageKind::Binary => OpCode::Binary,
         };
         let mut header = [0u8; 14];
-        let Ok(n) = self.ws.send_header(opcode, true, data.len() as u64, None, &mut header) else {
+        let ws = self.lot.wake(self.ws);
+        let Ok(n) = ws.send_header(opcode, true, data.len() as u64, None, &mut header) else {
             return SendResult::Closed;
         };
         let pushed = self.queue.push_message(self.pool, &[&header[..n], data]);
@@ -202,8 +205,9 @@ impl Conn<'_> {
     /// if it has started already.
     pub fn close(&mut self, code: CloseCode, reason: &str) {
         let reason = truncate(reason, 123);
-        let _ = self.ws.close(self.now, code, reason);
-        queue_control(self.ws, self.queue, self.pool);
+        let ws = self.lot.wake(self.ws);
+        let _ = ws.close(self.now, code, reason);
+        queue_control(ws, self.queue, self.pool);
     }
 
     /// Unsent bytes in the connection's queue (`bufferedAmount`). O(1).

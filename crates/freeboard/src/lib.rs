@@ -29,6 +29,7 @@ pub mod config;
 mod event_loop;
 pub mod handler;
 pub mod metrics;
+mod parking;
 mod server;
 pub mod topics;
 
