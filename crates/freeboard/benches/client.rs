@@ -62,8 +62,7 @@ fn send(c: &mut Criterion) {
             });
         }
 
-        let mut ws =
-            rt.block_on(tokio_tungstenite::connect_async(format!("ws://{sink}/"))).unwrap().0;
+        let mut ws = rt.block_on(connect_tungstenite(sink)).0;
         let bytes = Bytes::from(payload.clone());
         let text = Utf8Bytes::try_from(bytes.clone()).unwrap();
         let message = move || match kind {
