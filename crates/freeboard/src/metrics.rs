@@ -255,6 +255,13 @@ impl Metrics {
             .sum()
     }
 
+    /// Bytes waiting in send queues, summed over the loops.
+    pub fn total_bytes_buffered(&self) -> i64 {
+        (0..self.loops())
+            .map(|i| self.bytes_buffered.get_or_create(&LoopLabel { event_loop: i }).get())
+            .sum()
+    }
+
     pub(crate) fn set_loops(&self, n: u32) {
         self.loops.store(n, Ordering::Relaxed);
     }

@@ -35,6 +35,7 @@ fn stop(server: RunningServer) {
     common::wait_until("connections to close", || metrics.connections.get() == 0);
     common::wait_until("subscriptions to end", || metrics.subscriptions.get() == 0);
     common::wait_until("the pool to return to idle", || metrics.total_chunks_in_use() == 0);
+    assert_eq!(metrics.total_bytes_buffered(), 0, "closed queues are no longer counted");
     server.handle().shutdown();
     server.join().unwrap();
 }
@@ -153,6 +154,12 @@ fn never_reading(
     common::wait_until("the slow queue to settle", || {
         metrics.total_chunks_in_use() <= (2 * CAP / 4096 + 2) as i64
     });
+    if policy != SlowConsumerPolicy::Close {
+        // The slow subscriber's queue shows in the bytes_buffered gauge, never above its cap.
+        common::wait_until("bytes_buffered to count the slow queue alone", || {
+            (1..=CAP as i64 + 1024).contains(&metrics.total_bytes_buffered())
+        });
+    }
     drop(fast);
     (slow, metrics, server)
 }
