@@ -995,11 +995,11 @@ impl EventLoop {
                         self.stats.messages_out += 1;
                     }
                     let policy = entry.queue.policy() as usize;
-                    self.stats.topic_policy_drops[policy] += u64::from(messages);
+                    self.stats.policy_drops[policy] += u64::from(messages);
                 }
                 PushOutcome::WouldBlock { .. } => {
                     // A publisher cannot be paused for one subscriber: the message is dropped.
-                    self.stats.topic_policy_drops[SlowConsumerPolicy::Block as usize] += 1;
+                    self.stats.policy_drops[SlowConsumerPolicy::Block as usize] += 1;
                 }
                 PushOutcome::MustClose { .. } => {
                     let gone = entry.queue.discard_unsent(&mut self.pool);

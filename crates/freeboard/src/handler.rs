@@ -178,11 +178,7 @@ impl Conn<'_> {
                 if !newest {
                     self.stats.messages_out += 1;
                 }
-                let policy = self.queue.policy().name().to_owned();
-                self.metrics
-                    .drops
-                    .get_or_create(&crate::metrics::Reason { reason: policy })
-                    .inc_by(u64::from(messages));
+                self.stats.policy_drops[self.queue.policy() as usize] += u64::from(messages);
                 SendResult::Dropped { newest, messages, bytes }
             }
             PushOutcome::WouldBlock { .. } => SendResult::Blocked,

@@ -39,8 +39,9 @@ pub(crate) struct LoopStats {
     pub(crate) bytes_out: u64,
     /// Published messages queued to subscribers.
     pub(crate) deliveries: u64,
-    /// Published messages dropped for subscribers, by policy (index: `policy as usize`).
-    pub(crate) topic_policy_drops: [u64; 5],
+    /// Messages dropped by slow-consumer policies, counted here so a drop allocates nothing
+    /// (index: `policy as usize`).
+    pub(crate) policy_drops: [u64; 5],
 }
 
 impl LoopStats {
@@ -60,7 +61,7 @@ impl LoopStats {
             metrics.deliveries.inc_by(self.deliveries);
         }
         for (policy, n) in
-            freeboard_buf::SlowConsumerPolicy::ALL.iter().zip(self.topic_policy_drops)
+            freeboard_buf::SlowConsumerPolicy::ALL.iter().zip(self.policy_drops)
         {
             if n > 0 {
                 metrics.drops.get_or_create(&Reason { reason: policy.name().to_owned() }).inc_by(n);
