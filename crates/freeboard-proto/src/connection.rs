@@ -195,6 +195,13 @@ impl Connection {
         if let Some(interval) = config.ping_interval {
             timers.set(Timer::KeepAlive, now + interval);
         }
+        Self::open(role, config, timers)
+    }
+
+    /// An open connection with nothing in flight and `timers` running. Inlined so that
+    /// resuming a parked connection builds it in place.
+    #[inline]
+    fn open(role: Role, config: Config, timers: TimerTable) -> Self {
         Self {
             role,
             config,
@@ -787,17 +794,17 @@ impl Parked {
     }
 
     /// The full connection again, with the `config` it was parked under.
+    #[inline]
     pub fn resume(self, config: Config) -> Connection {
-        let mut ws = Connection::new(self.role, config, Instant(0));
-        ws.timers = TimerTable::default();
+        let mut timers = TimerTable::default();
         for (timer, at) in
             [(Timer::KeepAlive, self.keep_alive), (Timer::PongDeadline, self.pong_deadline)]
         {
             if at != Self::NEVER {
-                ws.timers.set(timer, Instant(at));
+                timers.set(timer, Instant(at));
             }
         }
-        ws
+        Connection::open(self.role, config, timers)
     }
 }
 

@@ -21,7 +21,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use crate::handler::{Conn, ConnId, Message, Router, Upgrade, queue_control};
-use crate::metrics::{LoopLabel, LoopStats};
+use crate::metrics::{LoopGauges, LoopLabel, LoopStats};
 use crate::parking::{ParkingLot, Ws};
 use crate::server::Shared;
 use crate::topics::{LocalTopics, Publication};
@@ -109,7 +109,7 @@ pub(crate) struct EventLoop {
     /// Where idle connections' protocol state waits.
     lot: ParkingLot,
     drain_deadline: Option<Instant>,
-    last_failures: u64,
+    gauges: LoopGauges,
     /// Bytes waiting in this loop's send queues, as of each connection's last flush.
     buffered: usize,
     stats: LoopStats,
@@ -157,6 +157,7 @@ impl EventLoop {
             listener: Some(listener),
             lot: ParkingLot::new(config.protocol()),
             read_buf: vec![0u8; config.read_buffer].into_boxed_slice(),
+            gauges: LoopGauges::new(&shared.metrics, index),
             shared,
             router,
             conns: Slab::with_capacity(INITIAL_CONNS),
@@ -168,7 +169,6 @@ impl EventLoop {
             resume: Vec::with_capacity(64),
             serial: 0,
             drain_deadline: None,
-            last_failures: 0,
             buffered: 0,
             stats: LoopStats::default(),
             topics,
@@ -1210,16 +1210,12 @@ impl EventLoop {
 
     fn publish_gauges(&mut self) {
         self.stats.publish(&self.shared.metrics);
-        let label = LoopLabel { event_loop: self.index };
-        let m = &self.shared.metrics;
         let c = self.pool.counters();
-        m.chunks_in_use.get_or_create(&label).set(c.chunks_in_use as i64);
-        m.chunks_high_water.get_or_create(&label).set(c.chunks_high_water as i64);
-        m.bytes_buffered.get_or_create(&label).set(self.buffered as i64);
-        if c.allocation_failures != self.last_failures {
-            self.last_failures = c.allocation_failures;
-            m.allocation_failures.get_or_create(&label).set(c.allocation_failures as i64);
-        }
+        let g = &self.gauges;
+        g.chunks_in_use.set(c.chunks_in_use as i64);
+        g.chunks_high_water.set(c.chunks_high_water as i64);
+        g.bytes_buffered.set(self.buffered as i64);
+        g.allocation_failures.set(c.allocation_failures as i64);
     }
 }
 

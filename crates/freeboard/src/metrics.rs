@@ -29,6 +29,28 @@ pub struct LoopLabel {
     pub event_loop: u32,
 }
 
+/// One loop's gauges, looked up once: a family lookup hashes its labels under a lock, too
+/// much for every loop turn.
+pub(crate) struct LoopGauges {
+    pub(crate) chunks_in_use: Gauge,
+    pub(crate) chunks_high_water: Gauge,
+    pub(crate) bytes_buffered: Gauge,
+    pub(crate) allocation_failures: Gauge,
+}
+
+impl LoopGauges {
+    pub(crate) fn new(metrics: &Metrics, event_loop: u32) -> Self {
+        let label = LoopLabel { event_loop };
+        let gauge = |family: &Family<LoopLabel, Gauge>| family.get_or_create(&label).clone();
+        Self {
+            chunks_in_use: gauge(&metrics.chunks_in_use),
+            chunks_high_water: gauge(&metrics.chunks_high_water),
+            bytes_buffered: gauge(&metrics.bytes_buffered),
+            allocation_failures: gauge(&metrics.allocation_failures),
+        }
+    }
+}
+
 /// Per-message counts one loop keeps in plain integers and adds to the shared [`Metrics`]
 /// once per loop turn, so the hot path touches no shared cache line.
 #[derive(Debug, Default, Clone, Copy)]
@@ -60,9 +82,7 @@ impl LoopStats {
         if self.deliveries > 0 {
             metrics.deliveries.inc_by(self.deliveries);
         }
-        for (policy, n) in
-            freeboard_buf::SlowConsumerPolicy::ALL.iter().zip(self.policy_drops)
-        {
+        for (policy, n) in freeboard_buf::SlowConsumerPolicy::ALL.iter().zip(self.policy_drops) {
             if n > 0 {
                 metrics.drops.get_or_create(&Reason { reason: policy.name().to_owned() }).inc_by(n);
             }
