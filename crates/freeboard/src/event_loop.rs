@@ -865,15 +865,16 @@ impl EventLoop {
         let entry = &mut self.conns[token];
         let Phase::Open { ws, route, close_reported, .. } = &mut entry.phase else { return };
         // A parked connection has no events and owes no frames.
-        let Some(ws) = ws.awake() else { return };
-        queue_control(ws, &mut entry.queue, &mut self.pool);
-        while let Some(event) = ws.poll_event() {
-            if let Event::Closed { code, reason, clean } = event {
-                tracing::debug!(code = code.0, reason, clean, peer = %entry.peer, "closed");
-                self.shared.metrics.close(close_label(code));
-                *close_reported = true;
-                let id = ConnId { event_loop: self.index, serial: entry.serial };
-                self.router.handler(*route).on_close(id, code, reason);
+        if let Some(ws) = ws.awake() {
+            queue_control(ws, &mut entry.queue, &mut self.pool);
+            while let Some(event) = ws.poll_event() {
+                if let Event::Closed { code, reason, clean } = event {
+                    tracing::debug!(code = code.0, reason, clean, peer = %entry.peer, "closed");
+                    self.shared.metrics.close(close_label(code));
+                    *close_reported = true;
+                    let id = ConnId { event_loop: self.index, serial: entry.serial };
+                    self.router.handler(*route).on_close(id, code, reason);
+                }
             }
         }
         if !entry.queue.is_writable()
