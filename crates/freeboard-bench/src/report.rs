@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::buffers::simulation::{SimOutcome, Workload};
+use crate::buffers::soak::SoakRun;
 use crate::connections::Step;
 use crate::load::Measured;
 use crate::slow_consumer::Outcome;
@@ -131,6 +133,12 @@ pub struct Report {
     /// Slow-consumer results, by server.
     #[serde(default)]
     pub slow_consumers: Vec<(String, Outcome)>,
+    /// The buffers study's simulation: the workload and one outcome per allocator.
+    #[serde(default)]
+    pub simulation: Option<(Workload, Vec<SimOutcome>)>,
+    /// The buffers study's real-socket soaks, one per chunk size.
+    #[serde(default)]
+    pub soaks: Vec<SoakRun>,
 }
 
 /// The servers a load row is compared with, when they ran in the same report.
@@ -273,6 +281,48 @@ impl Report {
                 );
             }
         }
+        if let Some((w, outcomes)) = &self.simulation {
+            let _ = writeln!(
+                s,
+                "\n### buffers: simulation ({:.1} h simulated, {} clients × {} FPS × {} B, budget {} KiB, seed {})\n",
+                w.seconds as f64 / 3600.0,
+                w.producers,
+                w.fps,
+                w.frame_bytes,
+                w.budget >> 10,
+                w.seed
+            );
+            s.push_str("| allocator | buffer KiB | allocation success % | frames delivered % | refused | lost while disconnected | delivered FPS per client | pattern switch ms p50 / p99 / max | switches done/started | fragmentation mean / max / end | slack % | fixed metadata KiB | peak taken KiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+            for o in outcomes {
+                let size = if o.size == 0 { "exact".into() } else { format!("{}", o.size >> 10) };
+                let l = o.pattern_latency_ms;
+                let f = o.fragmentation;
+                let _ = writeln!(
+                    s,
+                    "| {} | {size} | {:.2} | {:.2} | {} | {} | {:.2} | {:.0} / {:.0} / {:.0} | {}/{} | {:.2} / {:.2} / {:.2} | {:.1} | {:.1} | {:.0} |",
+                    o.allocator,
+                    o.success_rate() * 100.0,
+                    o.frames_delivered as f64 * 100.0 / o.frames_offered.max(1) as f64,
+                    o.frames_refused,
+                    o.frames_lost_disconnected,
+                    o.delivered_fps,
+                    l[0],
+                    l[1],
+                    l[2],
+                    o.pattern_switches.0,
+                    o.pattern_switches.1,
+                    f[0],
+                    f[1],
+                    f[2],
+                    o.overhead * 100.0,
+                    o.metadata_bytes as f64 / 1024.0,
+                    o.peak_taken as f64 / 1024.0,
+                );
+            }
+        }
+        for run in &self.soaks {
+            s.push_str(&run.markdown());
+        }
         s
     }
 
@@ -307,6 +357,43 @@ impl Report {
                     m.server_rss_kib.map_or(String::new(), |v| v.to_string()),
                 );
             }
+        }
+        s
+    }
+}
+
+impl Report {
+    /// The buffers study as CSV: one line per simulated configuration and sample, then one
+    /// per soak sample (each part with its own header line).
+    pub fn buffers_csv(&self) -> String {
+        let mut s = String::new();
+        if let Some((_, outcomes)) = &self.simulation {
+            s.push_str("allocator,size,t_s,fragmentation,taken,payload,free,largest_free\n");
+            for o in outcomes {
+                for x in &o.samples {
+                    let _ = writeln!(
+                        s,
+                        "{},{},{},{:.4},{},{},{},{}",
+                        o.allocator,
+                        o.size,
+                        x.t,
+                        x.fragmentation,
+                        x.taken,
+                        x.payload,
+                        x.free,
+                        x.largest_free
+                    );
+                }
+            }
+        }
+        for (i, run) in self.soaks.iter().enumerate() {
+            let csv = run.csv();
+            // One header line for all runs.
+            s.push_str(if i == 0 {
+                &csv
+            } else {
+                csv.split_once('\n').map_or("", |(_, rest)| rest)
+            });
         }
         s
     }

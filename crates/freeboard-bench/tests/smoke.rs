@@ -153,3 +153,71 @@ fn slow_consumer_leaves_the_innocent_client_its_echoes() {
     server.handle().shutdown();
     server.join().unwrap();
 }
+
+#[test]
+fn buffers_simulation_has_a_row_per_configuration() {
+    use freeboard_bench::buffers::simulation::{self, Allocator, Workload};
+    let workload = Workload { seconds: 10 * 60, sample_every: 30, ..Workload::default() };
+    let mut outcomes = Vec::new();
+    for size in [1024, 2048, 4096, 8192, 16384] {
+        for allocator in [Allocator::Pool { chunk: size }, Allocator::TlsfBuffer { buffer: size }] {
+            outcomes.push(simulation::simulate(&workload, allocator, &mut |_| {}).unwrap());
+        }
+    }
+    outcomes.push(simulation::simulate(&workload, Allocator::TlsfExact, &mut |_| {}).unwrap());
+    for o in &outcomes {
+        assert!(o.frames_delivered > 0 && o.delivered_fps > 0.0, "{o:?}");
+        assert_eq!(o.samples.len(), 20);
+    }
+    let report = Report { simulation: Some((workload, outcomes)), ..Report::default() };
+    let markdown = report.markdown();
+    assert_eq!(markdown.matches("| freeboard pool |").count(), 5);
+    assert_eq!(markdown.matches("| TLSF, buffer/msg |").count(), 5);
+    assert_eq!(markdown.matches("| TLSF, exact size |").count(), 1);
+    assert_eq!(report.buffers_csv().lines().count(), 1 + 11 * 20);
+    let back = Report::from_json(&report.to_json()).unwrap();
+    assert_eq!(back.markdown(), markdown);
+}
+
+#[test]
+fn buffers_soak_delivers_frames_through_a_small_budget() {
+    use freeboard_bench::buffers::soak::{self, Soak};
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    config.memory = 400 << 10;
+    config.read_buffer = 16 << 10;
+    config.max_message_size = 16 << 10;
+    config.connection_reserve = 16 << 10;
+    config.idle_timeout = None;
+    config.topics.client_publish = true;
+    let topics = config.topics.clone();
+    let server = Server::bind(config, move || Router::new().route("/", Echo).topics(&topics))
+        .unwrap()
+        .spawn();
+    let settings = Soak {
+        target: Target::parse(&format!("ws://{}/topic/led", server.local_addr())).unwrap(),
+        producers: 2,
+        fps: 60,
+        frame_bytes: 960,
+        pattern_bytes: 8 << 10,
+        pattern_every: Duration::from_millis(500),
+        stalls: true,
+        duration: Duration::from_secs(3),
+        sample: Duration::from_secs(1),
+        server_pid: Some(std::process::id()),
+    };
+    let run = soak::run(&settings, &mut |_| {}).unwrap();
+    assert_eq!(run.samples.len(), 3, "{run:?}");
+    assert!(run.totals.0 > 0 && run.totals.1 > 0, "{run:?}");
+    assert!(run.samples.iter().map(|s| s.pattern_switches).sum::<usize>() > 0, "{run:?}");
+    for s in &run.samples {
+        assert!(s.chunks_total.is_some_and(|n| n > 0), "{s:?}");
+        assert!(s.server_rss_kib.is_some());
+    }
+    let report = Report { soaks: vec![run], ..Report::default() };
+    assert!(report.markdown().contains("buffers: soak"));
+    assert_eq!(report.buffers_csv().lines().count(), 1 + 3);
+    server.handle().shutdown();
+    server.join().unwrap();
+}

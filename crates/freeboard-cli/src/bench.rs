@@ -75,11 +75,103 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 10.0)]
         duration: f64,
     },
+    /// The LED-controller study: 2 clients × 960 B frames × 60 FPS to a device with a 400 KiB
+    /// budget, for buffer (chunk) sizes of 1-16 KiB — a compressed-time simulation through
+    /// freeboard's pool and a TLSF heap, or a real-socket soak through `freeboard serve`.
+    Buffers {
+        #[command(subcommand)]
+        part: BuffersCommand,
+    },
     /// Print the Markdown tables of saved `--json` reports.
     Report {
         /// A JSON file, or a folder whose `*.json` files are printed in name order.
         file: PathBuf,
     },
+}
+
+/// The two parts of the buffers study.
+#[derive(Subcommand)]
+pub(crate) enum BuffersCommand {
+    /// Simulated hours of the device's allocation pattern (frames, driver stalls, pattern
+    /// switches, status buffers, reconnects), seeded, run through freeboard's budget and chunk
+    /// pool and through a TLSF heap (`rlsf`) of the same size — one buffer-size allocation per
+    /// message (per buffer size of a larger one), and once at exact message sizes. Prints
+    /// allocation success, delivered frames and FPS, pattern-switch latency, fragmentation
+    /// index (1 − largest free / total free, sampled) and memory overhead.
+    Simulate {
+        /// Simulated hours.
+        #[arg(long, default_value_t = 24.0)]
+        hours: f64,
+        /// Chunk (pool) and buffer (TLSF) sizes, one configuration each; suffixes K, M.
+        #[arg(long, value_delimiter = ',', default_value = "1K,2K,4K,8K,16K", value_parser = crate::parse_size)]
+        sizes: Vec<usize>,
+        /// Memory for all buffers, bytes; suffixes K, M.
+        #[arg(long, default_value = "400K", value_parser = crate::parse_size)]
+        budget: usize,
+        /// Seed of every random choice: the same seed gives the same table.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// Simulated seconds between fragmentation samples.
+        #[arg(long, default_value_t = 60)]
+        sample: u64,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// Real sockets: `freeboard serve` (started on loopback, or URL) with a small budget, N
+    /// clients publishing frames at FPS on a topic, a device client subscribed to it that
+    /// stalls now and then; every --sample: delivered FPS, server RSS, pool chunks in use,
+    /// allocation failures and drops (from /metrics), pattern-switch latency.
+    Soak {
+        /// The topic to publish on, ws://host:port/topic/NAME, of a server running with
+        /// --client-publish. Without it, `freeboard serve` is started for each --chunk-size.
+        url: Option<String>,
+        /// Pool chunk sizes, one run each (a started server only); suffixes K, M.
+        #[arg(long, value_delimiter = ',', default_value = "4K", value_parser = crate::parse_size)]
+        chunk_size: Vec<usize>,
+        /// The started server's --memory; suffixes K, M.
+        #[arg(long, default_value = "400K", value_parser = crate::parse_size)]
+        budget: usize,
+        /// Length of each run: 90s, 10m, 1h.
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        duration: Duration,
+        /// Time between samples.
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        sample: Duration,
+        /// Publishing clients.
+        #[arg(long, default_value_t = 2)]
+        clients: usize,
+        /// Frames per second per client.
+        #[arg(long, default_value_t = 60)]
+        fps: u32,
+        /// Payload bytes per frame (320 RGB LEDs).
+        #[arg(long, default_value_t = 960)]
+        frame: usize,
+        /// Time between pattern switches (clients take turns); 0s for none.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        pattern_every: Duration,
+        /// Payload bytes of a pattern message.
+        #[arg(long, default_value = "8K", value_parser = crate::parse_size)]
+        pattern_size: usize,
+        /// The device reads steadily instead of stalling now and then.
+        #[arg(long)]
+        no_stalls: bool,
+        /// PID of the server behind URL, for its RSS.
+        #[arg(long, value_name = "PID")]
+        server_pid: Option<u32>,
+        #[command(flatten)]
+        output: Output,
+    },
+}
+
+/// Where a report goes besides stdout.
+#[derive(Args)]
+pub(crate) struct Output {
+    /// Write the whole report as JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write CSV (simulation: one line per configuration and sample; soak: one per sample).
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
 }
 
 /// What every experiment takes.
@@ -140,6 +232,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
             }
             return Ok(());
         }
+        BenchCommand::Buffers { part } => return buffers(part, command_line),
         BenchCommand::Echo { common, clients, size, messages } => {
             let cases = product(&clients, &size, |clients, size| Load {
                 clients,
@@ -279,4 +372,185 @@ fn product(clients: &[usize], sizes: &[usize], case: impl Fn(usize, usize) -> Lo
         .flat_map(|&c| sizes.iter().map(move |&s| (c, s)))
         .map(|(c, s)| case(c, s))
         .collect()
+}
+
+/// `90s`, `10m`, `1h`, `1.5` (seconds).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (digits, unit) = match s.char_indices().last() {
+        Some((i, 's')) if s[..i].ends_with('m') => (&s[..i - 1], 0.001),
+        Some((i, 's')) => (&s[..i], 1.0),
+        Some((i, 'm')) => (&s[..i], 60.0),
+        Some((i, 'h')) => (&s[..i], 3600.0),
+        _ => (s, 1.0),
+    };
+    let v: f64 = digits.trim().parse().map_err(|_| format!("not a duration: {s:?}"))?;
+    Duration::try_from_secs_f64(v * unit).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// `freeboard bench buffers simulate|soak`.
+fn buffers(part: BuffersCommand, command_line: String) -> Result<(), String> {
+    use freeboard_bench::buffers::{simulation, soak};
+    use indicatif::{ProgressBar, ProgressStyle};
+
+    let mut report = Report {
+        command: command_line,
+        load_average: (process::load_average(), None),
+        ..Report::default()
+    };
+    let output = match part {
+        BuffersCommand::Simulate { hours, sizes, budget, seed, sample, output } => {
+            let workload = simulation::Workload {
+                seed,
+                seconds: (hours * 3600.0) as u64,
+                budget,
+                sample_every: sample.max(1),
+                ..simulation::Workload::default()
+            };
+            let mut allocators = Vec::new();
+            for &size in &sizes {
+                allocators.push(simulation::Allocator::Pool { chunk: size });
+                allocators.push(simulation::Allocator::TlsfBuffer { buffer: size });
+            }
+            allocators.push(simulation::Allocator::TlsfExact);
+            let style = ProgressStyle::with_template(
+                "{msg:>28} [{bar:40}] {pos}/{len} simulated s ({elapsed})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            let mut outcomes = Vec::new();
+            for allocator in allocators {
+                let bar = ProgressBar::new(workload.seconds).with_style(style.clone());
+                bar.set_message(format!("{} {}", allocator.name(), allocator.size()));
+                let outcome =
+                    simulation::simulate(&workload, allocator, &mut |t| bar.set_position(t))?;
+                bar.finish_and_clear();
+                outcomes.push(outcome);
+            }
+            report.simulation = Some((workload, outcomes));
+            output
+        }
+        BuffersCommand::Soak {
+            url,
+            chunk_size,
+            budget,
+            duration,
+            sample,
+            clients,
+            fps,
+            frame,
+            pattern_every,
+            pattern_size,
+            no_stalls,
+            server_pid,
+            output,
+        } => {
+            let settings = |target: Target, pid: Option<u32>| soak::Soak {
+                target,
+                producers: clients,
+                fps,
+                frame_bytes: frame.max(soak::HEADER),
+                pattern_bytes: pattern_size.max(soak::HEADER),
+                pattern_every,
+                stalls: !no_stalls,
+                duration,
+                sample,
+                server_pid: pid,
+            };
+            let run = |settings: &soak::Soak, name: &str| -> Result<soak::SoakRun, String> {
+                let bar = ProgressBar::new(duration.as_secs()).with_style(
+                    ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} s")
+                        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                );
+                bar.set_message(format!("soak {name}"));
+                let run = soak::run(settings, &mut |s| {
+                    bar.set_position(s.t as u64);
+                    bar.println(format!(
+                        "{name} t={:.0}s: {:.1} FPS/client, RSS {} KiB, chunks {}/{}, failures {}",
+                        s.t,
+                        s.delivered_fps,
+                        s.server_rss_kib.unwrap_or(0),
+                        s.chunks_in_use.unwrap_or(0),
+                        s.chunks_total.unwrap_or(0),
+                        s.allocation_failures.unwrap_or(0),
+                    ));
+                })
+                .map_err(|e| format!("soak {name}: {e}"))?;
+                bar.finish_and_clear();
+                Ok(run)
+            };
+            match url {
+                Some(url) => {
+                    let target = Target::parse(&url)?;
+                    let mut result = run(&settings(target, server_pid), &url)?;
+                    result.server = url;
+                    report.soaks.push(result);
+                }
+                None => {
+                    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+                    for chunk in chunk_size {
+                        let mut peers = Peers::in_repository(exe.clone());
+                        peers.serve_args = soak_serve_args(budget, chunk);
+                        let running =
+                            peers.start(Peer::Freeboard, None).map_err(|e| e.to_string())?;
+                        let target = Target::at(running.target.addr, "/topic/led", false);
+                        let name = format!("freeboard --chunk-size {}K", chunk >> 10);
+                        let mut result = run(&settings(target, Some(running.pid)), &name)?;
+                        result.server = name;
+                        result.chunk = chunk;
+                        result.budget = budget;
+                        report.soaks.push(result);
+                    }
+                }
+            }
+            output
+        }
+    };
+    report.load_average.1 = process::load_average();
+    print_markdown(&report);
+    if let Some(path) = &output.json {
+        std::fs::write(path, report.to_json()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &output.csv {
+        std::fs::write(path, report.buffers_csv())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `freeboard serve` flags of a soak: the budget and chunk size under study, a 16 KiB read
+/// buffer and message limit (a device-sized server: the default 64 KiB read buffer and
+/// 16 MiB message assembly reserve would take most of a 400 KiB budget), publishing from
+/// WebSocket clients, and no keep-alive pings.
+pub(crate) fn soak_serve_args(budget: usize, chunk: usize) -> Vec<String> {
+    [
+        "--memory",
+        &budget.to_string(),
+        "--chunk-size",
+        &chunk.to_string(),
+        "--read-buffer",
+        "16K",
+        "--max-message-size",
+        "16K",
+        "--connection-reserve",
+        "16K",
+        "--client-publish",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("soon").is_err());
+    }
 }

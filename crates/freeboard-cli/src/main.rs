@@ -284,7 +284,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
 }
 
 /// `4096`, `64K`, `16M`, `1G` (powers of 1024).
-fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let (digits, shift) = match s.chars().last() {
         Some('k' | 'K') => (&s[..s.len() - 1], 10),
