@@ -16,6 +16,7 @@
 //! - [`report`]: medians with min and max over repeats, as a Markdown table, JSON and CSV.
 
 pub mod buffers;
+pub mod charts;
 pub mod connections;
 pub mod load;
 pub mod peers;

@@ -58,6 +58,8 @@ fn echo_counts_every_message() {
     let report = Report { loads: rows, ..Report::default() };
     assert!(report.markdown().contains("| ws://"));
     assert_eq!(report.csv().lines().count(), 1 + 4 * 2);
+    let charts: Vec<_> = freeboard_bench::charts::charts(&report).iter().map(|c| c.file).collect();
+    assert_eq!(charts, ["latency_by_payload.svg", "msgs_by_clients.svg"]);
     server.handle().shutdown();
     server.join().unwrap();
 }
@@ -177,6 +179,11 @@ fn buffers_simulation_has_a_row_per_configuration() {
     assert_eq!(report.buffers_csv().lines().count(), 1 + 11 * 20);
     let back = Report::from_json(&report.to_json()).unwrap();
     assert_eq!(back.markdown(), markdown);
+    let dir = std::env::temp_dir().join(format!("freeboard-smoke-charts-{}", std::process::id()));
+    let written = freeboard_bench::charts::write(&report, &dir).unwrap();
+    let names: Vec<_> = written.iter().filter_map(|p| p.file_name()?.to_str()).collect();
+    assert_eq!(names, ["fragmentation_over_time.svg", "fps_by_buffer_size.svg"]);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -82,10 +82,14 @@ pub(crate) enum BenchCommand {
         #[command(subcommand)]
         part: BuffersCommand,
     },
-    /// Print the Markdown tables of saved `--json` reports.
+    /// Print the Markdown tables of saved `--json` reports and draw their SVG charts.
     Report {
-        /// A JSON file, or a folder whose `*.json` files are printed in name order.
+        /// A JSON file, or a folder whose `*.json` files are printed in name order (and whose
+        /// charts are written into the folder unless --charts says elsewhere).
         file: PathBuf,
+        /// Write the SVG charts of all the reports together into this folder.
+        #[arg(long, value_name = "DIR")]
+        charts: Option<PathBuf>,
     },
 }
 
@@ -172,6 +176,10 @@ pub(crate) struct Output {
     /// Write CSV (simulation: one line per configuration and sample; soak: one per sample).
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
+    /// Write SVG charts (fragmentation over time, FPS by buffer size, soak FPS over time)
+    /// into DIR.
+    #[arg(long, value_name = "DIR")]
+    charts: Option<PathBuf>,
 }
 
 /// What every experiment takes.
@@ -206,13 +214,17 @@ pub(crate) struct Common {
     /// Write one CSV line per run.
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
+    /// Write SVG charts (latency by payload, msg/s by clients, RSS by connections) into DIR.
+    #[arg(long, value_name = "DIR")]
+    charts: Option<PathBuf>,
 }
 
 /// Runs `command` and prints its Markdown tables.
 pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
     let command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let (common, experiment) = match command {
-        BenchCommand::Report { file } => {
+        BenchCommand::Report { file, charts } => {
+            let mut all = Report::default();
             let mut files = vec![file.clone()];
             if file.is_dir() {
                 let entries =
@@ -229,6 +241,14 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 let report =
                     Report::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?;
                 print_markdown(&report);
+                all.loads.extend(report.loads);
+                all.connections.extend(report.connections);
+                all.slow_consumers.extend(report.slow_consumers);
+                all.soaks.extend(report.soaks);
+                all.simulation = report.simulation.or(all.simulation);
+            }
+            if let Some(dir) = charts.or_else(|| file.is_dir().then(|| file.clone())) {
+                write_charts(&all, &dir)?;
             }
             return Ok(());
         }
@@ -349,6 +369,17 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
     }
     if let Some(path) = &common.csv {
         std::fs::write(path, report.csv()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(dir) = &common.charts {
+        write_charts(&report, dir)?;
+    }
+    Ok(())
+}
+
+/// Writes `report`'s SVG charts into `dir` and says which.
+fn write_charts(report: &Report, dir: &std::path::Path) -> Result<(), String> {
+    for path in freeboard_bench::charts::write(report, dir)? {
+        eprintln!("freeboard bench: wrote {}", path.display());
     }
     Ok(())
 }
@@ -513,6 +544,9 @@ fn buffers(part: BuffersCommand, command_line: String) -> Result<(), String> {
     if let Some(path) = &output.csv {
         std::fs::write(path, report.buffers_csv())
             .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(dir) = &output.charts {
+        write_charts(&report, dir)?;
     }
     Ok(())
 }
