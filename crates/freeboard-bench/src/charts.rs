@@ -148,6 +148,19 @@ pub fn charts(report: &Report) -> Vec<Chart> {
         log_x: false,
         series: soak,
     });
+    let mut marks: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for r in &report.watermarks {
+        let key = format!("{} {} ({} ops/iteration)", r.server, r.mode, r.ops_per_iteration);
+        marks.entry(key).or_default().push(((r.high >> 10).max(1) as f64, r.score.mean));
+    }
+    charts.push(Chart {
+        file: "watermarks.svg",
+        title: "watermarks: ops/s (mean of iterations) by high watermark (low = high / 4)".into(),
+        x: "high watermark KiB",
+        y: "ops/s",
+        log_x: true,
+        series: lines(marks),
+    });
     charts.retain(|c| c.series.iter().any(|s| !s.points.is_empty()));
     charts
 }

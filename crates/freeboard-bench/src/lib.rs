@@ -25,5 +25,6 @@ pub mod report;
 pub mod slow_consumer;
 pub mod suite;
 mod target;
+pub mod watermarks;
 
 pub use target::Target;

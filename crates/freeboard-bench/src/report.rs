@@ -10,6 +10,7 @@ use crate::buffers::soak::SoakRun;
 use crate::connections::Step;
 use crate::load::Measured;
 use crate::slow_consumer::Outcome;
+use crate::watermarks::WatermarkRow;
 
 /// The median of a figure over repeated runs, with its range.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -139,6 +140,9 @@ pub struct Report {
     /// The buffers study's real-socket soaks, one per chunk size.
     #[serde(default)]
     pub soaks: Vec<SoakRun>,
+    /// Watermark pairs under sequential and burst requests.
+    #[serde(default)]
+    pub watermarks: Vec<WatermarkRow>,
 }
 
 /// The servers a load row is compared with, when they ran in the same report.
@@ -322,6 +326,63 @@ impl Report {
         }
         for run in &self.soaks {
             s.push_str(&run.markdown());
+        }
+        if let Some(first) = self.watermarks.first() {
+            let _ = writeln!(
+                s,
+                "\n### watermarks ({} B requests; mean of measured iterations ± 99.9 % confidence interval, Student's t)\n",
+                first.size
+            );
+            s.push_str("| server | low/high KiB | mode | ops/iteration | cnt | score ops/s | error ± (99.9 %) | CI (99.9 %) | min | max | stdev | lost |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+            for r in &self.watermarks {
+                let c = r.score;
+                let (lo, hi) = c.interval();
+                let _ = writeln!(
+                    s,
+                    "| {} | {}/{} | {} | {} | {} | {:.0} | ± {:.0} | [{:.0}, {:.0}] | {:.0} | {:.0} | {:.0} | {} |",
+                    r.server,
+                    r.low >> 10,
+                    r.high >> 10,
+                    r.mode,
+                    r.ops_per_iteration,
+                    c.n,
+                    c.mean,
+                    c.error,
+                    lo,
+                    hi,
+                    c.min,
+                    c.max,
+                    c.stdev,
+                    r.lost,
+                );
+            }
+        }
+        s
+    }
+
+    /// One CSV line per watermark iteration, warm-up included (`measured` says which).
+    pub fn watermarks_csv(&self) -> String {
+        let mut s = String::from(
+            "server,low,high,mode,size,ops_per_iteration,iteration,measured,ops_per_sec\n",
+        );
+        for r in &self.watermarks {
+            let all =
+                r.warmup.iter().map(|v| (false, v)).chain(r.iterations.iter().map(|v| (true, v)));
+            for (i, (measured, v)) in all.enumerate() {
+                let _ = writeln!(
+                    s,
+                    "{},{},{},{},{},{},{},{},{:.1}",
+                    r.server,
+                    r.low,
+                    r.high,
+                    r.mode,
+                    r.size,
+                    r.ops_per_iteration,
+                    i + 1,
+                    measured,
+                    v
+                );
+            }
         }
         s
     }

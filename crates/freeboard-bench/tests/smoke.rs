@@ -228,3 +228,36 @@ fn buffers_soak_delivers_frames_through_a_small_budget() {
     server.handle().shutdown();
     server.join().unwrap();
 }
+
+#[test]
+fn watermarks_score_every_iteration() {
+    use freeboard_bench::watermarks::{self, Plan};
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    config.idle_timeout = None;
+    config.send_low = 4 << 10;
+    config.send_high = 16 << 10;
+    let server = Server::bind(config, || Router::new().route("/", Echo)).unwrap().spawn();
+    let target = Target::parse(&format!("ws://{}/", server.local_addr())).unwrap();
+    let plan = Plan { batch: 300, burst: 200, bursts: 2, size: 1024, warmup: 1, iterations: 3 };
+    let mut lines = 0;
+    let rows =
+        watermarks::run(&target, "freeboard", (4 << 10, 16 << 10), &plan, &mut |_| lines += 1)
+            .unwrap();
+    assert_eq!(lines, 2 * 4);
+    assert_eq!(rows.iter().map(|r| r.mode.as_str()).collect::<Vec<_>>(), ["sequential", "burst"]);
+    for r in &rows {
+        assert_eq!((r.warmup.len(), r.iterations.len(), r.lost), (1, 3, 0), "{r:?}");
+        let s = r.score;
+        assert!(s.n == 3 && s.min > 0.0 && s.min <= s.mean && s.mean <= s.max, "{s:?}");
+        assert!(s.error.is_finite());
+    }
+    let report = Report { watermarks: rows, ..Report::default() };
+    assert_eq!(report.markdown().matches("| freeboard | 4/16 |").count(), 2);
+    assert_eq!(report.watermarks_csv().lines().count(), 1 + 2 * 4);
+    let charts: Vec<_> = freeboard_bench::charts::charts(&report).iter().map(|c| c.file).collect();
+    assert_eq!(charts, ["watermarks.svg"]);
+    server.handle().shutdown();
+    server.join().unwrap();
+}

@@ -82,6 +82,41 @@ pub(crate) enum BenchCommand {
         #[command(subcommand)]
         part: BuffersCommand,
     },
+    /// Write-buffer watermark pairs: for each LOW/HIGH pair `freeboard serve --send-low LOW
+    /// --send-high HIGH` is started on loopback and measured with (a) sequential
+    /// request/response batches and (b) bursts of requests in flight, warm-up iterations first,
+    /// then measured iterations: ops/s mean ± 99.9 % confidence interval (Student's t), as
+    /// JMH prints.
+    Watermarks {
+        /// An echo server to measure once instead (its watermarks are whatever it runs with).
+        url: Option<String>,
+        /// LOW/HIGH pairs; suffixes K, M.
+        #[arg(long, value_delimiter = ',', default_value = "4K/16K,8K/32K,16K/64K,32K/128K", value_parser = parse_pair)]
+        pairs: Vec<(usize, usize)>,
+        /// Requests per sequential iteration (each waits for its response).
+        #[arg(long, default_value_t = 10_000)]
+        batch: u64,
+        /// Requests written per burst before reading the responses.
+        #[arg(long, default_value_t = 1_000)]
+        burst: usize,
+        /// Bursts per burst iteration.
+        #[arg(long, default_value_t = 10)]
+        bursts: usize,
+        /// Payload bytes per request.
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Warm-up iterations (not reported in the score).
+        #[arg(long, default_value_t = 3)]
+        warmup: usize,
+        /// Measured iterations.
+        #[arg(long, default_value_t = 10)]
+        iterations: usize,
+        /// Further arguments for `freeboard serve`, split at spaces.
+        #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+        serve_args: Option<String>,
+        #[command(flatten)]
+        output: Output,
+    },
     /// Print the Markdown tables of saved `--json` reports and draw their SVG charts.
     Report {
         /// A JSON file, or a folder whose `*.json` files are printed in name order (and whose
@@ -245,6 +280,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 all.connections.extend(report.connections);
                 all.slow_consumers.extend(report.slow_consumers);
                 all.soaks.extend(report.soaks);
+                all.watermarks.extend(report.watermarks);
                 all.simulation = report.simulation.or(all.simulation);
             }
             if let Some(dir) = charts.or_else(|| file.is_dir().then(|| file.clone())) {
@@ -253,6 +289,28 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
             return Ok(());
         }
         BenchCommand::Buffers { part } => return buffers(part, command_line),
+        BenchCommand::Watermarks {
+            url,
+            pairs,
+            batch,
+            burst,
+            bursts,
+            size,
+            warmup,
+            iterations,
+            serve_args,
+            output,
+        } => {
+            let plan = freeboard_bench::watermarks::Plan {
+                batch,
+                burst,
+                bursts: bursts.max(1),
+                size,
+                warmup,
+                iterations: iterations.max(1),
+            };
+            return watermarks(url, &pairs, &plan, serve_args, output, command_line);
+        }
         BenchCommand::Echo { common, clients, size, messages } => {
             let cases = product(&clients, &size, |clients, size| Load {
                 clients,
@@ -574,6 +632,87 @@ pub(crate) fn soak_serve_args(budget: usize, chunk: usize) -> Vec<String> {
     .collect()
 }
 
+/// `4K/16K`: a low and a high watermark.
+fn parse_pair(s: &str) -> Result<(usize, usize), String> {
+    let (low, high) = s.split_once('/').ok_or_else(|| format!("{s:?}: expected LOW/HIGH"))?;
+    let (low, high) = (crate::parse_size(low)?, crate::parse_size(high)?);
+    if low > high {
+        return Err(format!("{s:?}: the low watermark is above the high one"));
+    }
+    Ok((low, high))
+}
+
+/// `freeboard bench watermarks`.
+fn watermarks(
+    url: Option<String>,
+    pairs: &[(usize, usize)],
+    plan: &freeboard_bench::watermarks::Plan,
+    serve_args: Option<String>,
+    output: Output,
+    command_line: String,
+) -> Result<(), String> {
+    use freeboard_bench::watermarks;
+    use indicatif::{ProgressBar, ProgressStyle};
+
+    process::raise_fd_limit().map_err(|e| format!("raising the open-file limit: {e}"))?;
+    let mut report = Report {
+        command: command_line,
+        load_average: (process::load_average(), None),
+        ..Report::default()
+    };
+    let bar = ProgressBar::new(((plan.warmup + plan.iterations) * 2 * pairs.len().max(1)) as u64)
+        .with_style(
+            ProgressStyle::with_template("[{bar:40}] {pos}/{len} iterations {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+    let mut tick = |line: &str| {
+        bar.inc(1);
+        bar.set_message(line.to_string());
+    };
+    match url {
+        Some(url) => {
+            let target = Target::parse(&url)?;
+            let rows = watermarks::run(&target, &url, (0, 0), plan, &mut tick)
+                .map_err(|e| format!("{url}: {e}"))?;
+            report.watermarks.extend(rows);
+        }
+        None => {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            for &(low, high) in pairs {
+                let mut peers = Peers::in_repository(exe.clone());
+                peers.serve_args = vec![
+                    "--send-low".into(),
+                    low.to_string(),
+                    "--send-high".into(),
+                    high.to_string(),
+                ];
+                peers
+                    .serve_args
+                    .extend(serve_args.iter().flat_map(|a| a.split_whitespace()).map(String::from));
+                let running = peers.start(Peer::Freeboard, None).map_err(|e| e.to_string())?;
+                let rows =
+                    watermarks::run(&running.target, "freeboard", (low, high), plan, &mut tick)
+                        .map_err(|e| format!("freeboard {low}/{high}: {e}"))?;
+                report.watermarks.extend(rows);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    report.load_average.1 = process::load_average();
+    print_markdown(&report);
+    if let Some(path) = &output.json {
+        std::fs::write(path, report.to_json()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &output.csv {
+        std::fs::write(path, report.watermarks_csv())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(dir) = &output.charts {
+        write_charts(&report, dir)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -586,5 +725,12 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn pairs_parse_low_over_high() {
+        assert_eq!(parse_pair("4K/16K"), Ok((4 << 10, 16 << 10)));
+        assert!(parse_pair("16K/4K").is_err());
+        assert!(parse_pair("4K").is_err());
     }
 }
