@@ -148,6 +148,19 @@ pub fn charts(report: &Report) -> Vec<Chart> {
         log_x: false,
         series: soak,
     });
+    let mut fanout: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for r in &report.broadcasts {
+        let key = format!("{} {} B", r.server, r.size);
+        fanout.entry(key).or_default().push((r.subscribers as f64, r.deliveries_per_sec));
+    }
+    charts.push(Chart {
+        file: "broadcast_by_subscribers.svg",
+        title: "broadcast: deliveries per second by subscribers".into(),
+        x: "subscribers",
+        y: "deliveries/s",
+        log_x: true,
+        series: lines(fanout),
+    });
     let mut marks: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for r in &report.watermarks {
         let key = format!("{} {} ({} ops/iteration)", r.server, r.mode, r.ops_per_iteration);

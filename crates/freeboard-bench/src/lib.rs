@@ -15,6 +15,7 @@
 //!   fastwebsockets), built on first use into a cache folder and started one after the other.
 //! - [`report`]: medians with min and max over repeats, as a Markdown table, JSON and CSV.
 
+pub mod broadcast;
 pub mod buffers;
 pub mod charts;
 pub mod connections;

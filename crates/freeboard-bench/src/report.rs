@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::broadcast::BroadcastRow;
 use crate::buffers::simulation::{SimOutcome, Workload};
 use crate::buffers::soak::SoakRun;
 use crate::connections::Step;
@@ -143,6 +144,9 @@ pub struct Report {
     /// Watermark pairs under sequential and burst requests.
     #[serde(default)]
     pub watermarks: Vec<WatermarkRow>,
+    /// One publisher to N subscribers.
+    #[serde(default)]
+    pub broadcasts: Vec<BroadcastRow>,
 }
 
 /// The servers a load row is compared with, when they ran in the same report.
@@ -327,6 +331,38 @@ impl Report {
         for run in &self.soaks {
             s.push_str(&run.markdown());
         }
+        if let Some(first) = self.broadcasts.first() {
+            let _ = writeln!(
+                s,
+                "\n### broadcast (one publisher, up to {} messages in flight; latency: publish to the last subscriber)\n",
+                first.window
+            );
+            s.push_str("| subscribers | size B | server | messages | deliveries/s | first server ÷ this | last subscriber p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|---|---|---|\n");
+            for r in &self.broadcasts {
+                let base = self.broadcasts.iter().find(|o| {
+                    (o.subscribers, o.size, o.window) == (r.subscribers, r.size, r.window)
+                });
+                let ratio = match base {
+                    Some(o) if o.server != r.server && r.deliveries_per_sec > 0.0 => {
+                        format!("{:.2}", o.deliveries_per_sec / r.deliveries_per_sec)
+                    }
+                    _ => "–".into(),
+                };
+                let l = r.latency_ms;
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {:.0} | {ratio} | {:.2} | {:.2} | {:.2} |",
+                    r.subscribers,
+                    r.size,
+                    r.server,
+                    r.messages,
+                    r.deliveries_per_sec,
+                    l[0],
+                    l[1],
+                    l[2]
+                );
+            }
+        }
         if let Some(first) = self.watermarks.first() {
             let _ = writeln!(
                 s,
@@ -356,6 +392,30 @@ impl Report {
                     r.lost,
                 );
             }
+        }
+        s
+    }
+
+    /// One CSV line per broadcast run.
+    pub fn broadcasts_csv(&self) -> String {
+        let mut s = String::from(
+            "server,subscribers,size,window,messages,deliveries_per_sec,p50_ms,p99_ms,max_ms\n",
+        );
+        for r in &self.broadcasts {
+            let l = r.latency_ms;
+            let _ = writeln!(
+                s,
+                "{},{},{},{},{},{:.1},{:.3},{:.3},{:.3}",
+                r.server,
+                r.subscribers,
+                r.size,
+                r.window,
+                r.messages,
+                r.deliveries_per_sec,
+                l[0],
+                l[1],
+                l[2]
+            );
         }
         s
     }

@@ -261,3 +261,38 @@ fn watermarks_score_every_iteration() {
     server.handle().shutdown();
     server.join().unwrap();
 }
+
+#[test]
+fn broadcast_reaches_every_subscriber() {
+    use freeboard_bench::broadcast::{self, Broadcast};
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    config.idle_timeout = None;
+    config.topics.client_publish = true;
+    config.topics.slow_consumer = freeboard::SlowConsumerPolicy::DropOldest;
+    config.topics.send_cap = 4 << 20;
+    let topics = config.topics.clone();
+    let server = Server::bind(config, move || Router::new().topics(&topics)).unwrap().spawn();
+    let target = Target::parse(&format!("ws://{}/topic/bench", server.local_addr())).unwrap();
+    let mut rows = Vec::new();
+    for (subscribers, size) in [(5, 64), (20, 1024)] {
+        let run = Broadcast {
+            subscribe: target.clone(),
+            publish: target.clone(),
+            subscribers,
+            size,
+            window: 4,
+            messages: 100,
+        };
+        let row = broadcast::run(&run, "freeboard", &mut |_| {}).unwrap();
+        assert_eq!((row.subscribers, row.messages), (subscribers, 100), "{row:?}");
+        assert!(row.deliveries_per_sec > 0.0 && row.latency_ms[0] <= row.latency_ms[2]);
+        rows.push(row);
+    }
+    let report = Report { broadcasts: rows, ..Report::default() };
+    assert_eq!(report.markdown().matches("| freeboard |").count(), 2);
+    assert_eq!(report.broadcasts_csv().lines().count(), 3);
+    server.handle().shutdown();
+    server.join().unwrap();
+}

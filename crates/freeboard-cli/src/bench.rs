@@ -117,6 +117,33 @@ pub(crate) enum BenchCommand {
         #[command(flatten)]
         output: Output,
     },
+    /// One publisher, N subscribers on a topic: deliveries/s and the latency of the last
+    /// subscriber (p50/p99/max), against `freeboard serve` (started with --client-publish,
+    /// drop-oldest and a 4 MiB subscriber cap) and, with --peers, Node's `ws` broadcast peer
+    /// side by side.
+    Broadcast {
+        /// A topic URL to subscribe and publish to (ws://host:port/topic/NAME on a server with
+        /// --client-publish) instead of starting servers.
+        url: Option<String>,
+        /// Servers to start one after the other: freeboard, node-ws-broadcast (a comma-separated
+        /// list; without a value both).
+        #[arg(long, num_args = 0..=1, default_missing_value = "freeboard,node-ws-broadcast", value_name = "LIST")]
+        peers: Option<String>,
+        /// Subscriber counts, one run each.
+        #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+        subscribers: Vec<usize>,
+        /// Payload bytes (16-65535), one run each.
+        #[arg(long, value_delimiter = ',', default_value = "64,1024")]
+        size: Vec<usize>,
+        /// Messages in flight at most (1: each message alone).
+        #[arg(long, default_value_t = 16)]
+        window: u64,
+        /// Messages per run [default: 2,000,000 / subscribers, 100 to 2,000].
+        #[arg(long)]
+        messages: Option<u64>,
+        #[command(flatten)]
+        output: Output,
+    },
     /// Print the Markdown tables of saved `--json` reports and draw their SVG charts.
     Report {
         /// A JSON file, or a folder whose `*.json` files are printed in name order (and whose
@@ -281,6 +308,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 all.slow_consumers.extend(report.slow_consumers);
                 all.soaks.extend(report.soaks);
                 all.watermarks.extend(report.watermarks);
+                all.broadcasts.extend(report.broadcasts);
                 all.simulation = report.simulation.or(all.simulation);
             }
             if let Some(dir) = charts.or_else(|| file.is_dir().then(|| file.clone())) {
@@ -289,6 +317,11 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
             return Ok(());
         }
         BenchCommand::Buffers { part } => return buffers(part, command_line),
+        BenchCommand::Broadcast { url, peers, subscribers, size, window, messages, output } => {
+            let plan = BroadcastPlan { subscribers, sizes: size, window, messages };
+            let report = broadcast(url, peers, &plan, command_line)?;
+            return finish(&report, &output, Report::broadcasts_csv);
+        }
         BenchCommand::Watermarks {
             url,
             pairs,
@@ -709,6 +742,113 @@ fn watermarks(
     }
     if let Some(dir) = &output.charts {
         write_charts(&report, dir)?;
+    }
+    Ok(())
+}
+
+/// What `freeboard bench broadcast` runs.
+struct BroadcastPlan {
+    subscribers: Vec<usize>,
+    sizes: Vec<usize>,
+    window: u64,
+    messages: Option<u64>,
+}
+
+/// `freeboard bench broadcast`.
+fn broadcast(
+    url: Option<String>,
+    peers: Option<String>,
+    plan: &BroadcastPlan,
+    command_line: String,
+) -> Result<Report, String> {
+    use freeboard_bench::broadcast::{self, Broadcast};
+    use indicatif::{ProgressBar, ProgressStyle};
+
+    process::raise_fd_limit().map_err(|e| format!("raising the open-file limit: {e}"))?;
+    let mut report = Report {
+        command: command_line,
+        load_average: (process::load_average(), None),
+        ..Report::default()
+    };
+    let mut measure = |name: &str, subscribe: &Target, publish: &Target| -> Result<(), String> {
+        for &n in &plan.subscribers {
+            for &size in &plan.sizes {
+                let messages = plan.messages.unwrap_or_else(|| broadcast::default_messages(n));
+                let bar = ProgressBar::new(messages).with_style(
+                    ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} messages")
+                        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                );
+                bar.set_message(format!("{name}: {n} subscribers × {size} B"));
+                let run = Broadcast {
+                    subscribe: subscribe.clone(),
+                    publish: publish.clone(),
+                    subscribers: n,
+                    size,
+                    window: plan.window,
+                    messages,
+                };
+                let row = broadcast::run(&run, name, &mut |done| bar.set_position(done))
+                    .map_err(|e| format!("{name}, {n} subscribers × {size} B: {e}"))?;
+                bar.finish_and_clear();
+                report.broadcasts.push(row);
+            }
+        }
+        Ok(())
+    };
+    match (url, peers) {
+        (Some(url), None) => {
+            let target = Target::parse(&url)?;
+            measure(&url, &target, &target)?;
+        }
+        (Some(_), Some(_)) => return Err("give a topic URL or --peers, not both".into()),
+        (None, peers) => {
+            let list = peers.unwrap_or_else(|| "freeboard".into());
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let mut servers = Peers::in_repository(exe);
+            servers.serve_args = [
+                "--client-publish",
+                "--topic-slow-consumer",
+                "drop-oldest",
+                "--topic-send-cap",
+                "4M",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect();
+            for name in list.split(',').map(str::trim) {
+                let peer = Peer::parse(name)?;
+                let (sub, publ) = match peer {
+                    Peer::Freeboard => ("/topic/bench", "/topic/bench"),
+                    Peer::NodeWsBroadcast => ("/sub", "/pub"),
+                    _ => return Err(format!("{name} has no broadcast route")),
+                };
+                let running = match servers.start(peer, None) {
+                    Ok(running) => running,
+                    Err(e) => {
+                        eprintln!("freeboard bench: skipping {name}: {e}");
+                        continue;
+                    }
+                };
+                let at = |path: &str| Target::at(running.target.addr, path, false);
+                measure(name, &at(sub), &at(publ))?;
+            }
+        }
+    }
+    report.load_average.1 = process::load_average();
+    Ok(report)
+}
+
+/// Prints `report` and writes what `output` asks for (`csv` renders the CSV).
+fn finish(report: &Report, output: &Output, csv: fn(&Report) -> String) -> Result<(), String> {
+    print_markdown(report);
+    if let Some(path) = &output.json {
+        std::fs::write(path, report.to_json()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &output.csv {
+        std::fs::write(path, csv(report)).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(dir) = &output.charts {
+        write_charts(report, dir)?;
     }
     Ok(())
 }
