@@ -76,19 +76,24 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     std::thread::sleep(Duration::from_millis(200)); // subscriptions settle
     let (mut publisher, _) = open(&b.publish, Duration::from_secs(5), &mut rng)?;
     publisher.set_read_timeout(None)?;
+    // A server that stops reading the publisher fails the run instead of hanging it.
+    publisher.set_write_timeout(Some(STALL))?;
     let start = Instant::now();
     let completed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicU64::new(0));
     let (messages, window, size) = (b.messages, b.window.max(1), b.size);
     let publisher = {
         let (completed, stop) = (completed.clone(), stop.clone());
-        std::thread::spawn(move || -> io::Result<()> {
+        // The thread gives the stream back rather than closing it: the publisher never reads
+        // (on freeboard it is a subscriber too), and closing a socket with unread input sends
+        // a reset, which would make the server discard the last messages it has not read yet.
+        std::thread::spawn(move || -> io::Result<std::net::TcpStream> {
             let mut frame = Vec::with_capacity(size + 8);
             let mut payload = vec![0u8; size];
             for seq in 0..messages {
                 while seq >= completed.load(Ordering::Acquire) + window {
                     if stop.load(Ordering::Relaxed) != 0 {
-                        return Ok(());
+                        return Ok(publisher);
                     }
                     // Sleep rather than spin: on a small machine a spinning publisher would
                     // take a core from the server and the subscribers.
@@ -110,7 +115,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                 frame.extend_from_slice(&payload);
                 publisher.write_all(&frame)?;
             }
-            Ok(())
+            Ok(publisher)
         })
     };
     let n = b.subscribers;
@@ -124,7 +129,17 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     'run: while done < messages {
         poll.poll(&mut events, Some(STALL))?;
         if events.is_empty() {
-            failure = Some(format!("stalled after {done} of {messages} messages"));
+            let short: Vec<String> = counts
+                .iter()
+                .enumerate()
+                .filter(|&(_, &c)| c < n)
+                .take(5)
+                .map(|(seq, c)| format!("message {seq} reached {c}"))
+                .collect();
+            failure = Some(format!(
+                "stalled after {done} of {messages} messages ({} of {n} subscribers)",
+                short.join(", ")
+            ));
             break;
         }
         for event in events.iter() {
@@ -182,11 +197,13 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     }
     let elapsed = start.elapsed();
     stop.store(1, Ordering::Relaxed);
+    // The publisher's stream closes when this function returns, after every subscriber's
+    // last read.
     let published = publisher.join().map_err(|_| io::Error::other("the publisher panicked"))?;
     if let Some(failure) = failure {
         return Err(io::Error::other(failure));
     }
-    published?;
+    let _publisher = published?;
     latencies.sort_unstable();
     let ms = |q: f64| {
         latencies

@@ -153,6 +153,17 @@ pub struct Report {
 const BASELINES: [&str; 3] = ["raw-tcp-echo", "fastwebsockets", "tokio-tungstenite"];
 
 impl Report {
+    /// Adds `other`'s results to this report's (a later simulation replaces an earlier one).
+    pub fn merge(&mut self, other: Report) {
+        self.loads.extend(other.loads);
+        self.connections.extend(other.connections);
+        self.slow_consumers.extend(other.slow_consumers);
+        self.soaks.extend(other.soaks);
+        self.watermarks.extend(other.watermarks);
+        self.broadcasts.extend(other.broadcasts);
+        self.simulation = other.simulation.or(self.simulation.take());
+    }
+
     /// The report as pretty-printed JSON.
     pub fn to_json(&self) -> String {
         // NOTE(unwrap): every field serialises (no maps with non-string keys).

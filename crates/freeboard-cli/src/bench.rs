@@ -144,6 +144,24 @@ pub(crate) enum BenchCommand {
         #[command(flatten)]
         output: Output,
     },
+    /// The whole suite, one experiment after the other with its defaults (echo over payloads
+    /// and clients, pipeline, connections, slow consumer, broadcast, watermarks, buffers
+    /// simulation and soak), each written to OUT as NAME.json, NAME.csv and NAME.md; then
+    /// REPORT.md with every table and the SVG charts of all of them. An experiment that fails
+    /// is reported and the suite goes on (the exit status says whether any failed).
+    All {
+        /// Peers for the experiments that take them (echo, pipeline, connections, slow
+        /// consumer; broadcast adds node-ws-broadcast): all of them, or a comma-separated list.
+        /// Without it only freeboard runs.
+        #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "LIST")]
+        peers: Option<String>,
+        /// The folder for results.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Seconds instead of the defaults' minutes and hours: a smoke run of every experiment.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Print the Markdown tables of saved `--json` reports and draw their SVG charts.
     Report {
         /// A JSON file, or a folder whose `*.json` files are printed in name order (and whose
@@ -303,13 +321,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 let report =
                     Report::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?;
                 print_markdown(&report);
-                all.loads.extend(report.loads);
-                all.connections.extend(report.connections);
-                all.slow_consumers.extend(report.slow_consumers);
-                all.soaks.extend(report.soaks);
-                all.watermarks.extend(report.watermarks);
-                all.broadcasts.extend(report.broadcasts);
-                all.simulation = report.simulation.or(all.simulation);
+                all.merge(report);
             }
             if let Some(dir) = charts.or_else(|| file.is_dir().then(|| file.clone())) {
                 write_charts(&all, &dir)?;
@@ -317,6 +329,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
             return Ok(());
         }
         BenchCommand::Buffers { part } => return buffers(part, command_line),
+        BenchCommand::All { peers, out, quick } => return all(peers, &out, quick),
         BenchCommand::Broadcast { url, peers, subscribers, size, window, messages, output } => {
             let plan = BroadcastPlan { subscribers, sizes: size, window, messages };
             let report = broadcast(url, peers, &plan, command_line)?;
@@ -851,6 +864,157 @@ fn finish(report: &Report, output: &Output, csv: fn(&Report) -> String) -> Resul
         write_charts(report, dir)?;
     }
     Ok(())
+}
+
+/// The experiments of `freeboard bench all`: name and arguments, full and `--quick`.
+fn suite(peers: &str, quick: bool) -> Vec<(&'static str, Vec<String>)> {
+    let broadcast_peers = match peers {
+        "freeboard" => "freeboard".to_string(),
+        _ => "freeboard,node-ws-broadcast".to_string(),
+    };
+    let with_peers = |args: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        v.extend(["--peers".to_string(), peers.to_string()]);
+        v
+    };
+    let plain = |args: &[&str]| -> Vec<String> { args.iter().map(|a| a.to_string()).collect() };
+    let q = |full: &[&'static str], short: &[&'static str]| -> Vec<&'static str> {
+        if quick { short.to_vec() } else { full.to_vec() }
+    };
+    let mut broadcast = plain(&q(
+        &["broadcast", "--subscribers", "100,1000"],
+        &["broadcast", "--subscribers", "10", "--size", "64", "--messages", "100"],
+    ));
+    broadcast.extend(["--peers".to_string(), broadcast_peers]);
+    vec![
+        (
+            "echo",
+            with_peers(&q(
+                &["echo", "--clients", "1,4", "--size", "64,1024,16384"],
+                &[
+                    "echo",
+                    "--clients",
+                    "1,2",
+                    "--size",
+                    "64,1024",
+                    "--messages",
+                    "200",
+                    "--repeat",
+                    "1",
+                ],
+            )),
+        ),
+        (
+            "pipeline",
+            with_peers(&q(
+                &["pipeline", "--clients", "1,4,16"],
+                &["pipeline", "--clients", "1,2", "--duration", "0.5", "--repeat", "1"],
+            )),
+        ),
+        (
+            "connections",
+            with_peers(&q(
+                &["connections"],
+                &["connections", "--counts", "10,100", "--cycles", "1", "--repeat", "1"],
+            )),
+        ),
+        (
+            "slow-consumer",
+            with_peers(&q(&["slow-consumer"], &["slow-consumer", "--duration", "1"])),
+        ),
+        ("broadcast", broadcast),
+        (
+            "watermarks",
+            plain(&q(
+                &["watermarks"],
+                &[
+                    "watermarks",
+                    "--batch",
+                    "300",
+                    "--burst",
+                    "100",
+                    "--bursts",
+                    "2",
+                    "--warmup",
+                    "1",
+                    "--iterations",
+                    "3",
+                ],
+            )),
+        ),
+        (
+            "buffers-simulation",
+            plain(&q(&["buffers", "simulate"], &["buffers", "simulate", "--hours", "0.25"])),
+        ),
+        (
+            "buffers-soak",
+            plain(&q(
+                &["buffers", "soak", "--chunk-size", "1K,4K,16K"],
+                &["buffers", "soak", "--duration", "3s", "--sample", "1s", "--pattern-every", "1s"],
+            )),
+        ),
+    ]
+}
+
+/// `freeboard bench all`: every experiment as a child `freeboard bench …`, then the report.
+fn all(peers: Option<String>, out: &std::path::Path, quick: bool) -> Result<(), String> {
+    use std::process::{Command, Stdio};
+
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let peers = peers.unwrap_or_else(|| "freeboard".into());
+    let mut failed = Vec::new();
+    let mut markdown = String::new();
+    for (name, args) in suite(&peers, quick) {
+        eprintln!("freeboard bench all: {name}: freeboard bench {}", args.join(" "));
+        let file = |ext: &str| out.join(format!("{name}.{ext}"));
+        let status = Command::new(&exe)
+            .arg("bench")
+            .args(&args)
+            .arg("--json")
+            .arg(file("json"))
+            .arg("--csv")
+            .arg(file("csv"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .output();
+        match status {
+            Ok(o) if o.status.success() => {
+                let text = String::from_utf8_lossy(&o.stdout);
+                std::fs::write(file("md"), text.as_bytes())
+                    .map_err(|e| format!("{}: {e}", file("md").display()))?;
+                markdown.push_str(&format!("\n## {name}\n\n{text}"));
+            }
+            Ok(o) => {
+                eprintln!("freeboard bench all: {name} failed ({})", o.status);
+                failed.push(name);
+            }
+            Err(e) => {
+                eprintln!("freeboard bench all: {name} could not start: {e}");
+                failed.push(name);
+            }
+        }
+    }
+    let report_md = out.join("REPORT.md");
+    std::fs::write(&report_md, &markdown).map_err(|e| format!("{}: {e}", report_md.display()))?;
+    print!("{markdown}");
+    let mut everything = Report::default();
+    let mut names: Vec<_> = std::fs::read_dir(out)
+        .map_err(|e| format!("{}: {e}", out.display()))?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    names.sort();
+    for path in names {
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        everything.merge(Report::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?);
+    }
+    write_charts(&everything, out)?;
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(format!("failed: {}", failed.join(", "))),
+    }
 }
 
 #[cfg(test)]
