@@ -311,14 +311,14 @@ impl Report {
                 w.budget >> 10,
                 w.seed
             );
-            s.push_str("| allocator | buffer KiB | allocation success % | frames delivered % | refused | lost while disconnected | delivered FPS per client | pattern switch ms p50 / p99 / max | switches done/started | fragmentation mean / max / end | slack % | fixed metadata KiB | peak taken KiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+            s.push_str("| allocator | buffer KiB | allocation success % | frames delivered % | refused | lost while disconnected | delivered FPS per client | pattern switch ms p50 / p99 / max | switches done/started | fragmentation mean / max / end | slack % mean / at peak | fixed metadata KiB | peak taken KiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
             for o in outcomes {
                 let size = if o.size == 0 { "exact".into() } else { format!("{}", o.size >> 10) };
                 let l = o.pattern_latency_ms;
                 let f = o.fragmentation;
                 let _ = writeln!(
                     s,
-                    "| {} | {size} | {:.2} | {:.2} | {} | {} | {:.2} | {:.0} / {:.0} / {:.0} | {}/{} | {:.2} / {:.2} / {:.2} | {:.1} | {:.1} | {:.0} |",
+                    "| {} | {size} | {:.2} | {:.2} | {} | {} | {:.2} | {:.0} / {:.0} / {:.0} | {}/{} | {:.2} / {:.2} / {:.2} | {:.1} / {:.1} | {:.1} | {:.0} |",
                     o.allocator,
                     o.success_rate() * 100.0,
                     o.frames_delivered as f64 * 100.0 / o.frames_offered.max(1) as f64,
@@ -334,6 +334,7 @@ impl Report {
                     f[1],
                     f[2],
                     o.overhead * 100.0,
+                    o.slack_at_peak * 100.0,
                     o.metadata_bytes as f64 / 1024.0,
                     o.peak_taken as f64 / 1024.0,
                 );

@@ -367,4 +367,23 @@ mod tests {
         }
         assert!(help.contains("127.0.0.1:9001"));
     }
+
+    #[test]
+    fn every_bench_flag_has_help() {
+        use clap::CommandFactory;
+        fn visit(cmd: &clap::Command, path: &str) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id != "help" && id != "version" {
+                    assert!(arg.get_help().is_some(), "{path} --{id} has no help");
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                assert!(sub.get_about().is_some(), "{path} {} has no help", sub.get_name());
+                visit(sub, &format!("{path} {}", sub.get_name()));
+            }
+        }
+        let cmd = Cli::command();
+        visit(cmd.find_subcommand("bench").unwrap(), "freeboard bench");
+    }
 }

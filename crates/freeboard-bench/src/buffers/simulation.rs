@@ -183,6 +183,9 @@ pub struct SimOutcome {
     pub metadata_bytes: usize,
     /// Most bytes taken at a sample.
     pub peak_taken: usize,
+    /// Slack at that sample (when the heap was fullest: a driver stall).
+    #[serde(default)]
+    pub slack_at_peak: f64,
     /// Samples every `sample_every` simulated seconds.
     pub samples: Vec<SimSample>,
 }
@@ -593,7 +596,12 @@ impl<'h, H: Heap> Simulation<'h, H> {
             .map(|(taken, payload)| 1.0 - payload as f64 / taken as f64)
             .collect();
         o.overhead = slack.iter().sum::<f64>() / slack.len().max(1) as f64;
-        o.peak_taken = o.samples.iter().map(|s| s.taken).max().unwrap_or(0);
+        if let Some(peak) = o.samples.iter().max_by_key(|s| s.taken) {
+            o.peak_taken = peak.taken;
+            let taken = peak.taken.saturating_sub(o.metadata_bytes);
+            o.slack_at_peak =
+                if taken > 0 { 1.0 - peak.payload.min(taken) as f64 / taken as f64 } else { 0.0 };
+        }
         o
     }
 }
