@@ -187,9 +187,20 @@ impl Peers {
         }
         let child = command.spawn()?;
         let pid = child.id();
-        let running = Running { child, target: Target::at(addr, "/", peer == Peer::RawTcp), pid };
+        let mut running =
+            Running { child, target: Target::at(addr, "/", peer == Peer::RawTcp), pid };
         let start = Instant::now();
-        while TcpStream::connect(addr).is_err() {
+        loop {
+            // A connection to a free port in the ephemeral range can meet itself (TCP
+            // simultaneous open) and look like a listener: only a real peer counts.
+            match TcpStream::connect(addr) {
+                Ok(s) if s.local_addr().ok() != s.peer_addr().ok() => break,
+                _ => {}
+            }
+            if let Some(status) = running.child.try_wait()? {
+                let name = peer.name();
+                return Err(io::Error::other(format!("{name} exited before listening: {status}")));
+            }
             if start.elapsed() > Duration::from_secs(10) {
                 return Err(io::Error::other(format!("{} did not start listening", peer.name())));
             }

@@ -599,7 +599,12 @@ fn buffers(part: BuffersCommand, command_line: String) -> Result<(), String> {
                 bar.set_message(format!("soak {name}"));
                 let run = soak::run(settings, &mut |s| {
                     bar.set_position(s.t as u64);
-                    bar.println(format!(
+                    // A hidden bar (stderr is not a terminal) would swallow the line too.
+                    let say = |line: String| match bar.is_hidden() {
+                        true => eprintln!("{line}"),
+                        false => bar.println(line),
+                    };
+                    say(format!(
                         "{name} t={:.0}s: {:.1} FPS/client, RSS {} KiB, chunks {}/{}, failures {}",
                         s.t,
                         s.delivered_fps,
