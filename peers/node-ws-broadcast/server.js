@@ -4,10 +4,12 @@
 'use strict';
 const { WebSocketServer } = require('ws');
 
-const port = Number(process.argv[2] || 9400);
+// The argument is a port or HOST:PORT (as `freeboard bench --peers` passes it).
+const arg = process.argv[2] || '9400';
+const [host, port] = arg.includes(':') ? arg.split(':') : ['127.0.0.1', arg];
 const subscribers = new Map();
 let next = 0;
-const wss = new WebSocketServer({ port, host: '127.0.0.1', perMessageDeflate: false });
+const wss = new WebSocketServer({ port: Number(port), host, perMessageDeflate: false });
 wss.on('connection', (ws, req) => {
   if (req.url.startsWith('/pub')) {
     ws.on('message', (data, isBinary) => {
@@ -19,4 +21,4 @@ wss.on('connection', (ws, req) => {
   subscribers.set(id, ws);
   ws.on('close', () => subscribers.delete(id));
 });
-wss.on('listening', () => console.log(`node ws broadcast listening on ${port}`));
+wss.on('listening', () => console.log(`node ws broadcast listening on ${host}:${port}`));

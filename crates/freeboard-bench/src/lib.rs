@@ -15,6 +15,9 @@
 //!   fastwebsockets), built on first use into a cache folder and started one after the other.
 //! - [`report`]: medians with min and max over repeats, as a Markdown table, JSON and CSV.
 
+pub mod broadcast;
+pub mod buffers;
+pub mod charts;
 pub mod connections;
 pub mod load;
 pub mod peers;
@@ -23,5 +26,6 @@ pub mod report;
 pub mod slow_consumer;
 pub mod suite;
 mod target;
+pub mod watermarks;
 
 pub use target::Target;

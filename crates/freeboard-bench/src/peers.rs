@@ -24,6 +24,9 @@ pub enum Peer {
     NodeWs,
     /// Go's gorilla/websocket with `GOMAXPROCS=1`.
     Gorilla,
+    /// Node's `ws` as a broadcast server (`/pub` publishes to every other connection, looping
+    /// over a `Map`), for the broadcast experiment only: not in [`Peer::ALL`].
+    NodeWsBroadcast,
 }
 
 impl Peer {
@@ -46,12 +49,14 @@ impl Peer {
             Peer::Fastwebsockets => "fastwebsockets",
             Peer::NodeWs => "node-ws",
             Peer::Gorilla => "gorilla",
+            Peer::NodeWsBroadcast => "node-ws-broadcast",
         }
     }
 
     /// The peer called `name`.
     pub fn parse(name: &str) -> Result<Self, String> {
-        Self::ALL.into_iter().find(|p| p.name() == name).ok_or_else(|| {
+        let all = Self::ALL.into_iter().chain([Peer::NodeWsBroadcast]);
+        all.into_iter().find(|p| p.name() == name).ok_or_else(|| {
             let names: Vec<_> = Self::ALL.iter().map(|p| p.name()).collect();
             format!("unknown peer {name:?}; known: {}", names.join(", "))
         })
@@ -114,7 +119,7 @@ impl Peers {
         };
         match peer {
             Peer::Freeboard => return Ok(self.freeboard.clone()),
-            Peer::NodeWs => {
+            Peer::NodeWs | Peer::NodeWsBroadcast => {
                 std::fs::create_dir_all(&output)?;
                 for file in ["package.json", "package-lock.json", "server.js"] {
                     std::fs::copy(source.join(file), output.join(file))?;
@@ -157,7 +162,7 @@ impl Peers {
         let binary = self.build(peer)?;
         let addr = free_port()?;
         let mut command = match peer {
-            Peer::NodeWs => {
+            Peer::NodeWs | Peer::NodeWsBroadcast => {
                 let mut node = Command::new("node");
                 node.arg(&binary);
                 node
@@ -182,9 +187,20 @@ impl Peers {
         }
         let child = command.spawn()?;
         let pid = child.id();
-        let running = Running { child, target: Target::at(addr, "/", peer == Peer::RawTcp), pid };
+        let mut running =
+            Running { child, target: Target::at(addr, "/", peer == Peer::RawTcp), pid };
         let start = Instant::now();
-        while TcpStream::connect(addr).is_err() {
+        loop {
+            // A connection to a free port in the ephemeral range can meet itself (TCP
+            // simultaneous open) and look like a listener: only a real peer counts.
+            match TcpStream::connect(addr) {
+                Ok(s) if s.local_addr().ok() != s.peer_addr().ok() => break,
+                _ => {}
+            }
+            if let Some(status) = running.child.try_wait()? {
+                let name = peer.name();
+                return Err(io::Error::other(format!("{name} exited before listening: {status}")));
+            }
             if start.elapsed() > Duration::from_secs(10) {
                 return Err(io::Error::other(format!("{} did not start listening", peer.name())));
             }

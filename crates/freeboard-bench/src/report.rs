@@ -5,9 +5,13 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::broadcast::BroadcastRow;
+use crate::buffers::simulation::{SimOutcome, Workload};
+use crate::buffers::soak::SoakRun;
 use crate::connections::Step;
 use crate::load::Measured;
 use crate::slow_consumer::Outcome;
+use crate::watermarks::WatermarkRow;
 
 /// The median of a figure over repeated runs, with its range.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -131,12 +135,35 @@ pub struct Report {
     /// Slow-consumer results, by server.
     #[serde(default)]
     pub slow_consumers: Vec<(String, Outcome)>,
+    /// The buffers study's simulation: the workload and one outcome per allocator.
+    #[serde(default)]
+    pub simulation: Option<(Workload, Vec<SimOutcome>)>,
+    /// The buffers study's real-socket soaks, one per chunk size.
+    #[serde(default)]
+    pub soaks: Vec<SoakRun>,
+    /// Watermark pairs under sequential and burst requests.
+    #[serde(default)]
+    pub watermarks: Vec<WatermarkRow>,
+    /// One publisher to N subscribers.
+    #[serde(default)]
+    pub broadcasts: Vec<BroadcastRow>,
 }
 
 /// The servers a load row is compared with, when they ran in the same report.
 const BASELINES: [&str; 3] = ["raw-tcp-echo", "fastwebsockets", "tokio-tungstenite"];
 
 impl Report {
+    /// Adds `other`'s results to this report's (a later simulation replaces an earlier one).
+    pub fn merge(&mut self, other: Report) {
+        self.loads.extend(other.loads);
+        self.connections.extend(other.connections);
+        self.slow_consumers.extend(other.slow_consumers);
+        self.soaks.extend(other.soaks);
+        self.watermarks.extend(other.watermarks);
+        self.broadcasts.extend(other.broadcasts);
+        self.simulation = other.simulation.or(self.simulation.take());
+    }
+
     /// The report as pretty-printed JSON.
     pub fn to_json(&self) -> String {
         // NOTE(unwrap): every field serialises (no maps with non-string keys).
@@ -273,6 +300,162 @@ impl Report {
                 );
             }
         }
+        if let Some((w, outcomes)) = &self.simulation {
+            let _ = writeln!(
+                s,
+                "\n### buffers: simulation ({:.1} h simulated, {} clients × {} FPS × {} B, budget {} KiB, seed {})\n",
+                w.seconds as f64 / 3600.0,
+                w.producers,
+                w.fps,
+                w.frame_bytes,
+                w.budget >> 10,
+                w.seed
+            );
+            s.push_str("| allocator | buffer KiB | allocation success % | frames delivered % | refused | lost while disconnected | delivered FPS per client | pattern switch ms p50 / p99 / max | switches done/started | fragmentation mean / max / end | slack % mean / at peak | fixed metadata KiB | peak taken KiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+            for o in outcomes {
+                let size = if o.size == 0 { "exact".into() } else { format!("{}", o.size >> 10) };
+                let l = o.pattern_latency_ms;
+                let f = o.fragmentation;
+                let _ = writeln!(
+                    s,
+                    "| {} | {size} | {:.2} | {:.2} | {} | {} | {:.2} | {:.0} / {:.0} / {:.0} | {}/{} | {:.2} / {:.2} / {:.2} | {:.1} / {:.1} | {:.1} | {:.0} |",
+                    o.allocator,
+                    o.success_rate() * 100.0,
+                    o.frames_delivered as f64 * 100.0 / o.frames_offered.max(1) as f64,
+                    o.frames_refused,
+                    o.frames_lost_disconnected,
+                    o.delivered_fps,
+                    l[0],
+                    l[1],
+                    l[2],
+                    o.pattern_switches.0,
+                    o.pattern_switches.1,
+                    f[0],
+                    f[1],
+                    f[2],
+                    o.overhead * 100.0,
+                    o.slack_at_peak * 100.0,
+                    o.metadata_bytes as f64 / 1024.0,
+                    o.peak_taken as f64 / 1024.0,
+                );
+            }
+        }
+        for run in &self.soaks {
+            s.push_str(&run.markdown());
+        }
+        if let Some(first) = self.broadcasts.first() {
+            let _ = writeln!(
+                s,
+                "\n### broadcast (one publisher, up to {} messages in flight; latency: publish to the last subscriber)\n",
+                first.window
+            );
+            s.push_str("| subscribers | size B | server | messages | deliveries/s | first server ÷ this | last subscriber p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|---|---|---|\n");
+            for r in &self.broadcasts {
+                let base = self.broadcasts.iter().find(|o| {
+                    (o.subscribers, o.size, o.window) == (r.subscribers, r.size, r.window)
+                });
+                let ratio = match base {
+                    Some(o) if o.server != r.server && r.deliveries_per_sec > 0.0 => {
+                        format!("{:.2}", o.deliveries_per_sec / r.deliveries_per_sec)
+                    }
+                    _ => "–".into(),
+                };
+                let l = r.latency_ms;
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {:.0} | {ratio} | {:.2} | {:.2} | {:.2} |",
+                    r.subscribers,
+                    r.size,
+                    r.server,
+                    r.messages,
+                    r.deliveries_per_sec,
+                    l[0],
+                    l[1],
+                    l[2]
+                );
+            }
+        }
+        if let Some(first) = self.watermarks.first() {
+            let _ = writeln!(
+                s,
+                "\n### watermarks ({} B requests; mean of measured iterations ± 99.9 % confidence interval, Student's t)\n",
+                first.size
+            );
+            s.push_str("| server | low/high KiB | mode | ops/iteration | cnt | score ops/s | error ± (99.9 %) | CI (99.9 %) | min | max | stdev | lost |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+            for r in &self.watermarks {
+                let c = r.score;
+                let (lo, hi) = c.interval();
+                let _ = writeln!(
+                    s,
+                    "| {} | {}/{} | {} | {} | {} | {:.0} | ± {:.0} | [{:.0}, {:.0}] | {:.0} | {:.0} | {:.0} | {} |",
+                    r.server,
+                    r.low >> 10,
+                    r.high >> 10,
+                    r.mode,
+                    r.ops_per_iteration,
+                    c.n,
+                    c.mean,
+                    c.error,
+                    lo,
+                    hi,
+                    c.min,
+                    c.max,
+                    c.stdev,
+                    r.lost,
+                );
+            }
+        }
+        s
+    }
+
+    /// One CSV line per broadcast run.
+    pub fn broadcasts_csv(&self) -> String {
+        let mut s = String::from(
+            "server,subscribers,size,window,messages,deliveries_per_sec,p50_ms,p99_ms,max_ms\n",
+        );
+        for r in &self.broadcasts {
+            let l = r.latency_ms;
+            let _ = writeln!(
+                s,
+                "{},{},{},{},{},{:.1},{:.3},{:.3},{:.3}",
+                r.server,
+                r.subscribers,
+                r.size,
+                r.window,
+                r.messages,
+                r.deliveries_per_sec,
+                l[0],
+                l[1],
+                l[2]
+            );
+        }
+        s
+    }
+
+    /// One CSV line per watermark iteration, warm-up included (`measured` says which).
+    pub fn watermarks_csv(&self) -> String {
+        let mut s = String::from(
+            "server,low,high,mode,size,ops_per_iteration,iteration,measured,ops_per_sec\n",
+        );
+        for r in &self.watermarks {
+            let all =
+                r.warmup.iter().map(|v| (false, v)).chain(r.iterations.iter().map(|v| (true, v)));
+            for (i, (measured, v)) in all.enumerate() {
+                let _ = writeln!(
+                    s,
+                    "{},{},{},{},{},{},{},{},{:.1}",
+                    r.server,
+                    r.low,
+                    r.high,
+                    r.mode,
+                    r.size,
+                    r.ops_per_iteration,
+                    i + 1,
+                    measured,
+                    v
+                );
+            }
+        }
         s
     }
 
@@ -307,6 +490,43 @@ impl Report {
                     m.server_rss_kib.map_or(String::new(), |v| v.to_string()),
                 );
             }
+        }
+        s
+    }
+}
+
+impl Report {
+    /// The buffers study as CSV: one line per simulated configuration and sample, then one
+    /// per soak sample (each part with its own header line).
+    pub fn buffers_csv(&self) -> String {
+        let mut s = String::new();
+        if let Some((_, outcomes)) = &self.simulation {
+            s.push_str("allocator,size,t_s,fragmentation,taken,payload,free,largest_free\n");
+            for o in outcomes {
+                for x in &o.samples {
+                    let _ = writeln!(
+                        s,
+                        "{},{},{},{:.4},{},{},{},{}",
+                        o.allocator,
+                        o.size,
+                        x.t,
+                        x.fragmentation,
+                        x.taken,
+                        x.payload,
+                        x.free,
+                        x.largest_free
+                    );
+                }
+            }
+        }
+        for (i, run) in self.soaks.iter().enumerate() {
+            let csv = run.csv();
+            // One header line for all runs.
+            s.push_str(if i == 0 {
+                &csv
+            } else {
+                csv.split_once('\n').map_or("", |(_, rest)| rest)
+            });
         }
         s
     }

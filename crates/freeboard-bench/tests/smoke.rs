@@ -58,6 +58,8 @@ fn echo_counts_every_message() {
     let report = Report { loads: rows, ..Report::default() };
     assert!(report.markdown().contains("| ws://"));
     assert_eq!(report.csv().lines().count(), 1 + 4 * 2);
+    let charts: Vec<_> = freeboard_bench::charts::charts(&report).iter().map(|c| c.file).collect();
+    assert_eq!(charts, ["latency_by_payload.svg", "msgs_by_clients.svg"]);
     server.handle().shutdown();
     server.join().unwrap();
 }
@@ -150,6 +152,147 @@ fn slow_consumer_leaves_the_innocent_client_its_echoes() {
     assert!(!outcome.rss_kib.is_empty());
     let report = Report { slow_consumers: vec![("x".into(), outcome)], ..Report::default() };
     assert!(report.markdown().contains("slow consumer"));
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn buffers_simulation_has_a_row_per_configuration() {
+    use freeboard_bench::buffers::simulation::{self, Allocator, Workload};
+    let workload = Workload { seconds: 10 * 60, sample_every: 30, ..Workload::default() };
+    let mut outcomes = Vec::new();
+    for size in [1024, 2048, 4096, 8192, 16384] {
+        for allocator in [Allocator::Pool { chunk: size }, Allocator::TlsfBuffer { buffer: size }] {
+            outcomes.push(simulation::simulate(&workload, allocator, &mut |_| {}).unwrap());
+        }
+    }
+    outcomes.push(simulation::simulate(&workload, Allocator::TlsfExact, &mut |_| {}).unwrap());
+    for o in &outcomes {
+        assert!(o.frames_delivered > 0 && o.delivered_fps > 0.0, "{o:?}");
+        assert_eq!(o.samples.len(), 20);
+    }
+    let report = Report { simulation: Some((workload, outcomes)), ..Report::default() };
+    let markdown = report.markdown();
+    assert_eq!(markdown.matches("| freeboard pool |").count(), 5);
+    assert_eq!(markdown.matches("| TLSF, buffer/msg |").count(), 5);
+    assert_eq!(markdown.matches("| TLSF, exact size |").count(), 1);
+    assert_eq!(report.buffers_csv().lines().count(), 1 + 11 * 20);
+    let back = Report::from_json(&report.to_json()).unwrap();
+    assert_eq!(back.markdown(), markdown);
+    let dir = std::env::temp_dir().join(format!("freeboard-smoke-charts-{}", std::process::id()));
+    let written = freeboard_bench::charts::write(&report, &dir).unwrap();
+    let names: Vec<_> = written.iter().filter_map(|p| p.file_name()?.to_str()).collect();
+    assert_eq!(names, ["fragmentation_over_time.svg", "fps_by_buffer_size.svg"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn buffers_soak_delivers_frames_through_a_small_budget() {
+    use freeboard_bench::buffers::soak::{self, Soak};
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    config.memory = 400 << 10;
+    config.read_buffer = 16 << 10;
+    config.max_message_size = 16 << 10;
+    config.connection_reserve = 16 << 10;
+    config.idle_timeout = None;
+    config.topics.client_publish = true;
+    let topics = config.topics.clone();
+    let server = Server::bind(config, move || Router::new().route("/", Echo).topics(&topics))
+        .unwrap()
+        .spawn();
+    let settings = Soak {
+        target: Target::parse(&format!("ws://{}/topic/led", server.local_addr())).unwrap(),
+        producers: 2,
+        fps: 60,
+        frame_bytes: 960,
+        pattern_bytes: 8 << 10,
+        pattern_every: Duration::from_millis(500),
+        stalls: true,
+        duration: Duration::from_secs(3),
+        sample: Duration::from_secs(1),
+        server_pid: Some(std::process::id()),
+    };
+    let run = soak::run(&settings, &mut |_| {}).unwrap();
+    assert_eq!(run.samples.len(), 3, "{run:?}");
+    assert!(run.totals.0 > 0 && run.totals.1 > 0, "{run:?}");
+    assert!(run.samples.iter().map(|s| s.pattern_switches).sum::<usize>() > 0, "{run:?}");
+    for s in &run.samples {
+        assert!(s.chunks_total.is_some_and(|n| n > 0), "{s:?}");
+        assert!(s.server_rss_kib.is_some());
+    }
+    let report = Report { soaks: vec![run], ..Report::default() };
+    assert!(report.markdown().contains("buffers: soak"));
+    assert_eq!(report.buffers_csv().lines().count(), 1 + 3);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn watermarks_score_every_iteration() {
+    use freeboard_bench::watermarks::{self, Plan};
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    config.idle_timeout = None;
+    config.send_low = 4 << 10;
+    config.send_high = 16 << 10;
+    let server = Server::bind(config, || Router::new().route("/", Echo)).unwrap().spawn();
+    let target = Target::parse(&format!("ws://{}/", server.local_addr())).unwrap();
+    let plan = Plan { batch: 300, burst: 200, bursts: 2, size: 1024, warmup: 1, iterations: 3 };
+    let mut lines = 0;
+    let rows =
+        watermarks::run(&target, "freeboard", (4 << 10, 16 << 10), &plan, &mut |_| lines += 1)
+            .unwrap();
+    assert_eq!(lines, 2 * 4);
+    assert_eq!(rows.iter().map(|r| r.mode.as_str()).collect::<Vec<_>>(), ["sequential", "burst"]);
+    for r in &rows {
+        assert_eq!((r.warmup.len(), r.iterations.len(), r.lost), (1, 3, 0), "{r:?}");
+        let s = r.score;
+        assert!(s.n == 3 && s.min > 0.0 && s.min <= s.mean && s.mean <= s.max, "{s:?}");
+        assert!(s.error.is_finite());
+    }
+    let report = Report { watermarks: rows, ..Report::default() };
+    assert_eq!(report.markdown().matches("| freeboard | 4/16 |").count(), 2);
+    assert_eq!(report.watermarks_csv().lines().count(), 1 + 2 * 4);
+    let charts: Vec<_> = freeboard_bench::charts::charts(&report).iter().map(|c| c.file).collect();
+    assert_eq!(charts, ["watermarks.svg"]);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn broadcast_reaches_every_subscriber() {
+    use freeboard_bench::broadcast::{self, Broadcast};
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    config.idle_timeout = None;
+    config.topics.client_publish = true;
+    config.topics.slow_consumer = freeboard::SlowConsumerPolicy::DropOldest;
+    config.topics.send_cap = 4 << 20;
+    let topics = config.topics.clone();
+    let server = Server::bind(config, move || Router::new().topics(&topics)).unwrap().spawn();
+    let target = Target::parse(&format!("ws://{}/topic/bench", server.local_addr())).unwrap();
+    let mut rows = Vec::new();
+    for (subscribers, size) in [(5, 64), (20, 1024)] {
+        let run = Broadcast {
+            subscribe: target.clone(),
+            publish: target.clone(),
+            subscribers,
+            size,
+            window: 4,
+            messages: 100,
+        };
+        let row = broadcast::run(&run, "freeboard", &mut |_| {}).unwrap();
+        assert_eq!((row.subscribers, row.messages), (subscribers, 100), "{row:?}");
+        assert!(row.deliveries_per_sec > 0.0 && row.latency_ms[0] <= row.latency_ms[2]);
+        rows.push(row);
+    }
+    let report = Report { broadcasts: rows, ..Report::default() };
+    assert_eq!(report.markdown().matches("| freeboard |").count(), 2);
+    assert_eq!(report.broadcasts_csv().lines().count(), 3);
     server.handle().shutdown();
     server.join().unwrap();
 }

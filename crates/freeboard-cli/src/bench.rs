@@ -75,11 +75,191 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 10.0)]
         duration: f64,
     },
-    /// Print the Markdown tables of saved `--json` reports.
-    Report {
-        /// A JSON file, or a folder whose `*.json` files are printed in name order.
-        file: PathBuf,
+    /// The LED-controller study: 2 clients × 960 B frames × 60 FPS to a device with a 400 KiB
+    /// budget, for buffer (chunk) sizes of 1-16 KiB — a compressed-time simulation through
+    /// freeboard's pool and a TLSF heap, or a real-socket soak through `freeboard serve`.
+    Buffers {
+        #[command(subcommand)]
+        part: BuffersCommand,
     },
+    /// Write-buffer watermark pairs: for each LOW/HIGH pair `freeboard serve --send-low LOW
+    /// --send-high HIGH` is started on loopback and measured with (a) sequential
+    /// request/response batches and (b) bursts of requests in flight, warm-up iterations first,
+    /// then measured iterations: ops/s mean ± 99.9 % confidence interval (Student's t), as
+    /// JMH prints.
+    Watermarks {
+        /// An echo server to measure once instead (its watermarks are whatever it runs with).
+        url: Option<String>,
+        /// LOW/HIGH pairs; suffixes K, M.
+        #[arg(long, value_delimiter = ',', default_value = "4K/16K,8K/32K,16K/64K,32K/128K", value_parser = parse_pair)]
+        pairs: Vec<(usize, usize)>,
+        /// Requests per sequential iteration (each waits for its response).
+        #[arg(long, default_value_t = 10_000)]
+        batch: u64,
+        /// Requests written per burst before reading the responses.
+        #[arg(long, default_value_t = 1_000)]
+        burst: usize,
+        /// Bursts per burst iteration.
+        #[arg(long, default_value_t = 10)]
+        bursts: usize,
+        /// Payload bytes per request.
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Warm-up iterations (not reported in the score).
+        #[arg(long, default_value_t = 3)]
+        warmup: usize,
+        /// Measured iterations.
+        #[arg(long, default_value_t = 10)]
+        iterations: usize,
+        /// Further arguments for `freeboard serve`, split at spaces.
+        #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+        serve_args: Option<String>,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// One publisher, N subscribers on a topic: deliveries/s and the latency of the last
+    /// subscriber (p50/p99/max), against `freeboard serve` (started with --client-publish,
+    /// drop-oldest and a 4 MiB subscriber cap) and, with --peers, Node's `ws` broadcast peer
+    /// side by side.
+    Broadcast {
+        /// A topic URL to subscribe and publish to (ws://host:port/topic/NAME on a server with
+        /// --client-publish) instead of starting servers.
+        url: Option<String>,
+        /// Servers to start one after the other: freeboard, node-ws-broadcast (a comma-separated
+        /// list; without a value both).
+        #[arg(long, num_args = 0..=1, default_missing_value = "freeboard,node-ws-broadcast", value_name = "LIST")]
+        peers: Option<String>,
+        /// Subscriber counts, one run each.
+        #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+        subscribers: Vec<usize>,
+        /// Payload bytes (16-65535), one run each.
+        #[arg(long, value_delimiter = ',', default_value = "64,1024")]
+        size: Vec<usize>,
+        /// Messages in flight at most (1: each message alone).
+        #[arg(long, default_value_t = 16)]
+        window: u64,
+        /// Messages per run [default: 2,000,000 / subscribers, 100 to 2,000].
+        #[arg(long)]
+        messages: Option<u64>,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// The whole suite, one experiment after the other with its defaults (echo over payloads
+    /// and clients, pipeline, connections, slow consumer, broadcast, watermarks, buffers
+    /// simulation and soak), each written to OUT as NAME.json, NAME.csv and NAME.md; then
+    /// REPORT.md with every table and the SVG charts of all of them. An experiment that fails
+    /// is reported and the suite goes on (the exit status says whether any failed).
+    All {
+        /// Peers for the experiments that take them (echo, pipeline, connections, slow
+        /// consumer; broadcast adds node-ws-broadcast): all of them, or a comma-separated list.
+        /// Without it only freeboard runs.
+        #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "LIST")]
+        peers: Option<String>,
+        /// The folder for results.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Seconds instead of the defaults' minutes and hours: a smoke run of every experiment.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Print the Markdown tables of saved `--json` reports and draw their SVG charts.
+    Report {
+        /// A JSON file, or a folder whose `*.json` files are printed in name order (and whose
+        /// charts are written into the folder unless --charts says elsewhere).
+        file: PathBuf,
+        /// Write the SVG charts of all the reports together into this folder.
+        #[arg(long, value_name = "DIR")]
+        charts: Option<PathBuf>,
+    },
+}
+
+/// The two parts of the buffers study.
+#[derive(Subcommand)]
+pub(crate) enum BuffersCommand {
+    /// Simulated hours of the device's allocation pattern (frames, driver stalls, pattern
+    /// switches, status buffers, reconnects), seeded, run through freeboard's budget and chunk
+    /// pool and through a TLSF heap (`rlsf`) of the same size — one buffer-size allocation per
+    /// message (per buffer size of a larger one), and once at exact message sizes. Prints
+    /// allocation success, delivered frames and FPS, pattern-switch latency, fragmentation
+    /// index (1 − largest free / total free, sampled) and memory overhead.
+    Simulate {
+        /// Simulated hours.
+        #[arg(long, default_value_t = 24.0)]
+        hours: f64,
+        /// Chunk (pool) and buffer (TLSF) sizes, one configuration each; suffixes K, M.
+        #[arg(long, value_delimiter = ',', default_value = "1K,2K,4K,8K,16K", value_parser = crate::parse_size)]
+        sizes: Vec<usize>,
+        /// Memory for all buffers, bytes; suffixes K, M.
+        #[arg(long, default_value = "400K", value_parser = crate::parse_size)]
+        budget: usize,
+        /// Seed of every random choice: the same seed gives the same table.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// Simulated seconds between fragmentation samples.
+        #[arg(long, default_value_t = 60)]
+        sample: u64,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// Real sockets: `freeboard serve` (started on loopback, or URL) with a small budget, N
+    /// clients publishing frames at FPS on a topic, a device client subscribed to it that
+    /// stalls now and then; every --sample: delivered FPS, server RSS, pool chunks in use,
+    /// allocation failures and drops (from /metrics), pattern-switch latency.
+    Soak {
+        /// The topic to publish on, ws://host:port/topic/NAME, of a server running with
+        /// --client-publish. Without it, `freeboard serve` is started for each --chunk-size.
+        url: Option<String>,
+        /// Pool chunk sizes, one run each (a started server only); suffixes K, M.
+        #[arg(long, value_delimiter = ',', default_value = "4K", value_parser = crate::parse_size)]
+        chunk_size: Vec<usize>,
+        /// The started server's --memory; suffixes K, M.
+        #[arg(long, default_value = "400K", value_parser = crate::parse_size)]
+        budget: usize,
+        /// Length of each run: 90s, 10m, 1h.
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        duration: Duration,
+        /// Time between samples.
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        sample: Duration,
+        /// Publishing clients.
+        #[arg(long, default_value_t = 2)]
+        clients: usize,
+        /// Frames per second per client.
+        #[arg(long, default_value_t = 60)]
+        fps: u32,
+        /// Payload bytes per frame (320 RGB LEDs).
+        #[arg(long, default_value_t = 960)]
+        frame: usize,
+        /// Time between pattern switches (clients take turns); 0s for none.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        pattern_every: Duration,
+        /// Payload bytes of a pattern message.
+        #[arg(long, default_value = "8K", value_parser = crate::parse_size)]
+        pattern_size: usize,
+        /// The device reads steadily instead of stalling now and then.
+        #[arg(long)]
+        no_stalls: bool,
+        /// PID of the server behind URL, for its RSS.
+        #[arg(long, value_name = "PID")]
+        server_pid: Option<u32>,
+        #[command(flatten)]
+        output: Output,
+    },
+}
+
+/// Where a report goes besides stdout.
+#[derive(Args)]
+pub(crate) struct Output {
+    /// Write the whole report as JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write CSV (simulation: one line per configuration and sample; soak: one per sample).
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
+    /// Write SVG charts (fragmentation over time, FPS by buffer size, soak FPS over time)
+    /// into DIR.
+    #[arg(long, value_name = "DIR")]
+    charts: Option<PathBuf>,
 }
 
 /// What every experiment takes.
@@ -114,13 +294,17 @@ pub(crate) struct Common {
     /// Write one CSV line per run.
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
+    /// Write SVG charts (latency by payload, msg/s by clients, RSS by connections) into DIR.
+    #[arg(long, value_name = "DIR")]
+    charts: Option<PathBuf>,
 }
 
 /// Runs `command` and prints its Markdown tables.
 pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
     let command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let (common, experiment) = match command {
-        BenchCommand::Report { file } => {
+        BenchCommand::Report { file, charts } => {
+            let mut all = Report::default();
             let mut files = vec![file.clone()];
             if file.is_dir() {
                 let entries =
@@ -137,8 +321,41 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 let report =
                     Report::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?;
                 print_markdown(&report);
+                all.merge(report);
+            }
+            if let Some(dir) = charts.or_else(|| file.is_dir().then(|| file.clone())) {
+                write_charts(&all, &dir)?;
             }
             return Ok(());
+        }
+        BenchCommand::Buffers { part } => return buffers(part, command_line),
+        BenchCommand::All { peers, out, quick } => return all(peers, &out, quick),
+        BenchCommand::Broadcast { url, peers, subscribers, size, window, messages, output } => {
+            let plan = BroadcastPlan { subscribers, sizes: size, window, messages };
+            let report = broadcast(url, peers, &plan, command_line)?;
+            return finish(&report, &output, Report::broadcasts_csv);
+        }
+        BenchCommand::Watermarks {
+            url,
+            pairs,
+            batch,
+            burst,
+            bursts,
+            size,
+            warmup,
+            iterations,
+            serve_args,
+            output,
+        } => {
+            let plan = freeboard_bench::watermarks::Plan {
+                batch,
+                burst,
+                bursts: bursts.max(1),
+                size,
+                warmup,
+                iterations: iterations.max(1),
+            };
+            return watermarks(url, &pairs, &plan, serve_args, output, command_line);
         }
         BenchCommand::Echo { common, clients, size, messages } => {
             let cases = product(&clients, &size, |clients, size| Load {
@@ -257,6 +474,17 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
     if let Some(path) = &common.csv {
         std::fs::write(path, report.csv()).map_err(|e| format!("{}: {e}", path.display()))?;
     }
+    if let Some(dir) = &common.charts {
+        write_charts(&report, dir)?;
+    }
+    Ok(())
+}
+
+/// Writes `report`'s SVG charts into `dir` and says which.
+fn write_charts(report: &Report, dir: &std::path::Path) -> Result<(), String> {
+    for path in freeboard_bench::charts::write(report, dir)? {
+        eprintln!("freeboard bench: wrote {}", path.display());
+    }
     Ok(())
 }
 
@@ -279,4 +507,539 @@ fn product(clients: &[usize], sizes: &[usize], case: impl Fn(usize, usize) -> Lo
         .flat_map(|&c| sizes.iter().map(move |&s| (c, s)))
         .map(|(c, s)| case(c, s))
         .collect()
+}
+
+/// `90s`, `10m`, `1h`, `1.5` (seconds).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (digits, unit) = match s.char_indices().last() {
+        Some((i, 's')) if s[..i].ends_with('m') => (&s[..i - 1], 0.001),
+        Some((i, 's')) => (&s[..i], 1.0),
+        Some((i, 'm')) => (&s[..i], 60.0),
+        Some((i, 'h')) => (&s[..i], 3600.0),
+        _ => (s, 1.0),
+    };
+    let v: f64 = digits.trim().parse().map_err(|_| format!("not a duration: {s:?}"))?;
+    Duration::try_from_secs_f64(v * unit).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// `freeboard bench buffers simulate|soak`.
+fn buffers(part: BuffersCommand, command_line: String) -> Result<(), String> {
+    use freeboard_bench::buffers::{simulation, soak};
+    use indicatif::{ProgressBar, ProgressStyle};
+
+    let mut report = Report {
+        command: command_line,
+        load_average: (process::load_average(), None),
+        ..Report::default()
+    };
+    let output = match part {
+        BuffersCommand::Simulate { hours, sizes, budget, seed, sample, output } => {
+            let workload = simulation::Workload {
+                seed,
+                seconds: (hours * 3600.0) as u64,
+                budget,
+                sample_every: sample.max(1),
+                ..simulation::Workload::default()
+            };
+            let mut allocators = Vec::new();
+            for &size in &sizes {
+                allocators.push(simulation::Allocator::Pool { chunk: size });
+                allocators.push(simulation::Allocator::TlsfBuffer { buffer: size });
+            }
+            allocators.push(simulation::Allocator::TlsfExact);
+            let style = ProgressStyle::with_template(
+                "{msg:>28} [{bar:40}] {pos}/{len} simulated s ({elapsed})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            let mut outcomes = Vec::new();
+            for allocator in allocators {
+                let bar = ProgressBar::new(workload.seconds).with_style(style.clone());
+                bar.set_message(format!("{} {}", allocator.name(), allocator.size()));
+                let outcome =
+                    simulation::simulate(&workload, allocator, &mut |t| bar.set_position(t))?;
+                bar.finish_and_clear();
+                outcomes.push(outcome);
+            }
+            report.simulation = Some((workload, outcomes));
+            output
+        }
+        BuffersCommand::Soak {
+            url,
+            chunk_size,
+            budget,
+            duration,
+            sample,
+            clients,
+            fps,
+            frame,
+            pattern_every,
+            pattern_size,
+            no_stalls,
+            server_pid,
+            output,
+        } => {
+            let settings = |target: Target, pid: Option<u32>| soak::Soak {
+                target,
+                producers: clients,
+                fps,
+                frame_bytes: frame.max(soak::HEADER),
+                pattern_bytes: pattern_size.max(soak::HEADER),
+                pattern_every,
+                stalls: !no_stalls,
+                duration,
+                sample,
+                server_pid: pid,
+            };
+            let run = |settings: &soak::Soak, name: &str| -> Result<soak::SoakRun, String> {
+                let bar = ProgressBar::new(duration.as_secs()).with_style(
+                    ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} s")
+                        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                );
+                bar.set_message(format!("soak {name}"));
+                let run = soak::run(settings, &mut |s| {
+                    bar.set_position(s.t as u64);
+                    // A hidden bar (stderr is not a terminal) would swallow the line too.
+                    let say = |line: String| match bar.is_hidden() {
+                        true => eprintln!("{line}"),
+                        false => bar.println(line),
+                    };
+                    say(format!(
+                        "{name} t={:.0}s: {:.1} FPS/client, RSS {} KiB, chunks {}/{}, failures {}",
+                        s.t,
+                        s.delivered_fps,
+                        s.server_rss_kib.unwrap_or(0),
+                        s.chunks_in_use.unwrap_or(0),
+                        s.chunks_total.unwrap_or(0),
+                        s.allocation_failures.unwrap_or(0),
+                    ));
+                })
+                .map_err(|e| format!("soak {name}: {e}"))?;
+                bar.finish_and_clear();
+                Ok(run)
+            };
+            match url {
+                Some(url) => {
+                    let target = Target::parse(&url)?;
+                    let mut result = run(&settings(target, server_pid), &url)?;
+                    result.server = url;
+                    report.soaks.push(result);
+                }
+                None => {
+                    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+                    for chunk in chunk_size {
+                        let mut peers = Peers::in_repository(exe.clone());
+                        peers.serve_args = soak_serve_args(budget, chunk);
+                        let running =
+                            peers.start(Peer::Freeboard, None).map_err(|e| e.to_string())?;
+                        let target = Target::at(running.target.addr, "/topic/led", false);
+                        let name = format!("freeboard --chunk-size {}K", chunk >> 10);
+                        let mut result = run(&settings(target, Some(running.pid)), &name)?;
+                        result.server = name;
+                        result.chunk = chunk;
+                        result.budget = budget;
+                        report.soaks.push(result);
+                    }
+                }
+            }
+            output
+        }
+    };
+    report.load_average.1 = process::load_average();
+    print_markdown(&report);
+    if let Some(path) = &output.json {
+        std::fs::write(path, report.to_json()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &output.csv {
+        std::fs::write(path, report.buffers_csv())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(dir) = &output.charts {
+        write_charts(&report, dir)?;
+    }
+    Ok(())
+}
+
+/// `freeboard serve` flags of a soak: the budget and chunk size under study, a 16 KiB read
+/// buffer and message limit (a device-sized server: the default 64 KiB read buffer and
+/// 16 MiB message assembly reserve would take most of a 400 KiB budget), publishing from
+/// WebSocket clients, and no keep-alive pings.
+pub(crate) fn soak_serve_args(budget: usize, chunk: usize) -> Vec<String> {
+    [
+        "--memory",
+        &budget.to_string(),
+        "--chunk-size",
+        &chunk.to_string(),
+        "--read-buffer",
+        "16K",
+        "--max-message-size",
+        "16K",
+        "--connection-reserve",
+        "16K",
+        "--client-publish",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+/// `4K/16K`: a low and a high watermark.
+fn parse_pair(s: &str) -> Result<(usize, usize), String> {
+    let (low, high) = s.split_once('/').ok_or_else(|| format!("{s:?}: expected LOW/HIGH"))?;
+    let (low, high) = (crate::parse_size(low)?, crate::parse_size(high)?);
+    if low > high {
+        return Err(format!("{s:?}: the low watermark is above the high one"));
+    }
+    Ok((low, high))
+}
+
+/// `freeboard bench watermarks`.
+fn watermarks(
+    url: Option<String>,
+    pairs: &[(usize, usize)],
+    plan: &freeboard_bench::watermarks::Plan,
+    serve_args: Option<String>,
+    output: Output,
+    command_line: String,
+) -> Result<(), String> {
+    use freeboard_bench::watermarks;
+    use indicatif::{ProgressBar, ProgressStyle};
+
+    process::raise_fd_limit().map_err(|e| format!("raising the open-file limit: {e}"))?;
+    let mut report = Report {
+        command: command_line,
+        load_average: (process::load_average(), None),
+        ..Report::default()
+    };
+    let bar = ProgressBar::new(((plan.warmup + plan.iterations) * 2 * pairs.len().max(1)) as u64)
+        .with_style(
+            ProgressStyle::with_template("[{bar:40}] {pos}/{len} iterations {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+    let mut tick = |line: &str| {
+        bar.inc(1);
+        bar.set_message(line.to_string());
+    };
+    match url {
+        Some(url) => {
+            let target = Target::parse(&url)?;
+            let rows = watermarks::run(&target, &url, (0, 0), plan, &mut tick)
+                .map_err(|e| format!("{url}: {e}"))?;
+            report.watermarks.extend(rows);
+        }
+        None => {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            for &(low, high) in pairs {
+                let mut peers = Peers::in_repository(exe.clone());
+                peers.serve_args = vec![
+                    "--send-low".into(),
+                    low.to_string(),
+                    "--send-high".into(),
+                    high.to_string(),
+                ];
+                peers
+                    .serve_args
+                    .extend(serve_args.iter().flat_map(|a| a.split_whitespace()).map(String::from));
+                let running = peers.start(Peer::Freeboard, None).map_err(|e| e.to_string())?;
+                let rows =
+                    watermarks::run(&running.target, "freeboard", (low, high), plan, &mut tick)
+                        .map_err(|e| format!("freeboard {low}/{high}: {e}"))?;
+                report.watermarks.extend(rows);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    report.load_average.1 = process::load_average();
+    print_markdown(&report);
+    if let Some(path) = &output.json {
+        std::fs::write(path, report.to_json()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &output.csv {
+        std::fs::write(path, report.watermarks_csv())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(dir) = &output.charts {
+        write_charts(&report, dir)?;
+    }
+    Ok(())
+}
+
+/// What `freeboard bench broadcast` runs.
+struct BroadcastPlan {
+    subscribers: Vec<usize>,
+    sizes: Vec<usize>,
+    window: u64,
+    messages: Option<u64>,
+}
+
+/// `freeboard bench broadcast`.
+fn broadcast(
+    url: Option<String>,
+    peers: Option<String>,
+    plan: &BroadcastPlan,
+    command_line: String,
+) -> Result<Report, String> {
+    use freeboard_bench::broadcast::{self, Broadcast};
+    use indicatif::{ProgressBar, ProgressStyle};
+
+    process::raise_fd_limit().map_err(|e| format!("raising the open-file limit: {e}"))?;
+    let mut report = Report {
+        command: command_line,
+        load_average: (process::load_average(), None),
+        ..Report::default()
+    };
+    let mut measure = |name: &str, subscribe: &Target, publish: &Target| -> Result<(), String> {
+        for &n in &plan.subscribers {
+            for &size in &plan.sizes {
+                let messages = plan.messages.unwrap_or_else(|| broadcast::default_messages(n));
+                let bar = ProgressBar::new(messages).with_style(
+                    ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} messages")
+                        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                );
+                bar.set_message(format!("{name}: {n} subscribers × {size} B"));
+                let run = Broadcast {
+                    subscribe: subscribe.clone(),
+                    publish: publish.clone(),
+                    subscribers: n,
+                    size,
+                    window: plan.window,
+                    messages,
+                };
+                let row = broadcast::run(&run, name, &mut |done| bar.set_position(done))
+                    .map_err(|e| format!("{name}, {n} subscribers × {size} B: {e}"))?;
+                bar.finish_and_clear();
+                report.broadcasts.push(row);
+            }
+        }
+        Ok(())
+    };
+    match (url, peers) {
+        (Some(url), None) => {
+            let target = Target::parse(&url)?;
+            measure(&url, &target, &target)?;
+        }
+        (Some(_), Some(_)) => return Err("give a topic URL or --peers, not both".into()),
+        (None, peers) => {
+            let list = peers.unwrap_or_else(|| "freeboard".into());
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let mut servers = Peers::in_repository(exe);
+            servers.serve_args = [
+                "--client-publish",
+                "--topic-slow-consumer",
+                "drop-oldest",
+                "--topic-send-cap",
+                "4M",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect();
+            for name in list.split(',').map(str::trim) {
+                let peer = Peer::parse(name)?;
+                let (sub, publ) = match peer {
+                    Peer::Freeboard => ("/topic/bench", "/topic/bench"),
+                    Peer::NodeWsBroadcast => ("/sub", "/pub"),
+                    _ => return Err(format!("{name} has no broadcast route")),
+                };
+                let running = match servers.start(peer, None) {
+                    Ok(running) => running,
+                    Err(e) => {
+                        eprintln!("freeboard bench: skipping {name}: {e}");
+                        continue;
+                    }
+                };
+                let at = |path: &str| Target::at(running.target.addr, path, false);
+                measure(name, &at(sub), &at(publ))?;
+            }
+        }
+    }
+    report.load_average.1 = process::load_average();
+    Ok(report)
+}
+
+/// Prints `report` and writes what `output` asks for (`csv` renders the CSV).
+fn finish(report: &Report, output: &Output, csv: fn(&Report) -> String) -> Result<(), String> {
+    print_markdown(report);
+    if let Some(path) = &output.json {
+        std::fs::write(path, report.to_json()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &output.csv {
+        std::fs::write(path, csv(report)).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(dir) = &output.charts {
+        write_charts(report, dir)?;
+    }
+    Ok(())
+}
+
+/// The experiments of `freeboard bench all`: name and arguments, full and `--quick`.
+fn suite(peers: &str, quick: bool) -> Vec<(&'static str, Vec<String>)> {
+    let broadcast_peers = match peers {
+        "freeboard" => "freeboard".to_string(),
+        _ => "freeboard,node-ws-broadcast".to_string(),
+    };
+    let with_peers = |args: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        v.extend(["--peers".to_string(), peers.to_string()]);
+        v
+    };
+    let plain = |args: &[&str]| -> Vec<String> { args.iter().map(|a| a.to_string()).collect() };
+    let q = |full: &[&'static str], short: &[&'static str]| -> Vec<&'static str> {
+        if quick { short.to_vec() } else { full.to_vec() }
+    };
+    let mut broadcast = plain(&q(
+        &["broadcast", "--subscribers", "100,1000"],
+        &["broadcast", "--subscribers", "10", "--size", "64", "--messages", "100"],
+    ));
+    broadcast.extend(["--peers".to_string(), broadcast_peers]);
+    vec![
+        (
+            "echo",
+            with_peers(&q(
+                &["echo", "--clients", "1,4", "--size", "64,1024,16384"],
+                &[
+                    "echo",
+                    "--clients",
+                    "1,2",
+                    "--size",
+                    "64,1024",
+                    "--messages",
+                    "200",
+                    "--repeat",
+                    "1",
+                ],
+            )),
+        ),
+        (
+            "pipeline",
+            with_peers(&q(
+                &["pipeline", "--clients", "1,4,16"],
+                &["pipeline", "--clients", "1,2", "--duration", "0.5", "--repeat", "1"],
+            )),
+        ),
+        (
+            "connections",
+            with_peers(&q(
+                &["connections"],
+                &["connections", "--counts", "10,100", "--cycles", "1", "--repeat", "1"],
+            )),
+        ),
+        (
+            "slow-consumer",
+            with_peers(&q(&["slow-consumer"], &["slow-consumer", "--duration", "1"])),
+        ),
+        ("broadcast", broadcast),
+        (
+            "watermarks",
+            plain(&q(
+                &["watermarks"],
+                &[
+                    "watermarks",
+                    "--batch",
+                    "300",
+                    "--burst",
+                    "100",
+                    "--bursts",
+                    "2",
+                    "--warmup",
+                    "1",
+                    "--iterations",
+                    "3",
+                ],
+            )),
+        ),
+        (
+            "buffers-simulation",
+            plain(&q(&["buffers", "simulate"], &["buffers", "simulate", "--hours", "0.25"])),
+        ),
+        (
+            "buffers-soak",
+            plain(&q(
+                &["buffers", "soak", "--chunk-size", "1K,4K,16K"],
+                &["buffers", "soak", "--duration", "3s", "--sample", "1s", "--pattern-every", "1s"],
+            )),
+        ),
+    ]
+}
+
+/// `freeboard bench all`: every experiment as a child `freeboard bench …`, then the report.
+fn all(peers: Option<String>, out: &std::path::Path, quick: bool) -> Result<(), String> {
+    use std::process::{Command, Stdio};
+
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let peers = peers.unwrap_or_else(|| "freeboard".into());
+    let mut failed = Vec::new();
+    let mut markdown = String::new();
+    for (name, args) in suite(&peers, quick) {
+        eprintln!("freeboard bench all: {name}: freeboard bench {}", args.join(" "));
+        let file = |ext: &str| out.join(format!("{name}.{ext}"));
+        let status = Command::new(&exe)
+            .arg("bench")
+            .args(&args)
+            .arg("--json")
+            .arg(file("json"))
+            .arg("--csv")
+            .arg(file("csv"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .output();
+        match status {
+            Ok(o) if o.status.success() => {
+                let text = String::from_utf8_lossy(&o.stdout);
+                std::fs::write(file("md"), text.as_bytes())
+                    .map_err(|e| format!("{}: {e}", file("md").display()))?;
+                markdown.push_str(&format!("\n## {name}\n\n{text}"));
+            }
+            Ok(o) => {
+                eprintln!("freeboard bench all: {name} failed ({})", o.status);
+                failed.push(name);
+            }
+            Err(e) => {
+                eprintln!("freeboard bench all: {name} could not start: {e}");
+                failed.push(name);
+            }
+        }
+    }
+    let report_md = out.join("REPORT.md");
+    std::fs::write(&report_md, &markdown).map_err(|e| format!("{}: {e}", report_md.display()))?;
+    print!("{markdown}");
+    let mut everything = Report::default();
+    let mut names: Vec<_> = std::fs::read_dir(out)
+        .map_err(|e| format!("{}: {e}", out.display()))?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    names.sort();
+    for path in names {
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        everything.merge(Report::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?);
+    }
+    write_charts(&everything, out)?;
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(format!("failed: {}", failed.join(", "))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn pairs_parse_low_over_high() {
+        assert_eq!(parse_pair("4K/16K"), Ok((4 << 10, 16 << 10)));
+        assert!(parse_pair("16K/4K").is_err());
+        assert!(parse_pair("4K").is_err());
+    }
 }

@@ -284,7 +284,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
 }
 
 /// `4096`, `64K`, `16M`, `1G` (powers of 1024).
-fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let (digits, shift) = match s.chars().last() {
         Some('k' | 'K') => (&s[..s.len() - 1], 10),
@@ -366,5 +366,24 @@ mod tests {
             assert!(help.contains(flag), "{flag} missing from --help");
         }
         assert!(help.contains("127.0.0.1:9001"));
+    }
+
+    #[test]
+    fn every_bench_flag_has_help() {
+        use clap::CommandFactory;
+        fn visit(cmd: &clap::Command, path: &str) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id != "help" && id != "version" {
+                    assert!(arg.get_help().is_some(), "{path} --{id} has no help");
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                assert!(sub.get_about().is_some(), "{path} {} has no help", sub.get_name());
+                visit(sub, &format!("{path} {}", sub.get_name()));
+            }
+        }
+        let cmd = Cli::command();
+        visit(cmd.find_subcommand("bench").unwrap(), "freeboard bench");
     }
 }
