@@ -18,8 +18,8 @@ pub struct Serve {
 }
 
 impl Serve {
-    /// Starts the server with `flags` after `serve --listen 127.0.0.1:0 --threads 2
-    /// --memory 64M` (later flags override earlier ones) and waits for its "listening" line.
+    /// Starts `freeboard serve --listen 127.0.0.1:0` with `flags` (and `--threads 2` and
+    /// `--memory 64M` unless `flags` set them) and waits for its "listening" line.
     pub fn start(flags: &[&str]) -> Self {
         Self::start_with_fd_limit(flags, None)
     }
@@ -29,8 +29,13 @@ impl Serve {
     /// descriptors.
     pub fn start_with_fd_limit(flags: &[&str], limit: Option<u64>) -> Self {
         let mut command = Command::new(binary());
+        command.args(["serve", "--listen", "127.0.0.1:0"]);
+        for (flag, default) in [("--threads", "2"), ("--memory", "64M")] {
+            if !flags.contains(&flag) {
+                command.args([flag, default]);
+            }
+        }
         command
-            .args(["serve", "--listen", "127.0.0.1:0", "--threads", "2", "--memory", "64M"])
             .args(flags)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
