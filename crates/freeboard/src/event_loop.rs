@@ -35,6 +35,8 @@ const INITIAL_CONNS: usize = 1024;
 const READS_PER_TURN: usize = 16;
 /// How long a closed connection waits for the peer's EOF after our FIN.
 const LINGER: Duration = Duration::from_secs(2);
+/// The share of the pool's chunks (1 / this) that partial request heads may hold together.
+const HEAD_SHARE: usize = 4;
 
 /// Where a connection stands.
 enum Phase {
@@ -104,6 +106,11 @@ pub(crate) struct EventLoop {
     serial: u64,
     proto: freeboard_proto::Config,
     drain_deadline: Option<Instant>,
+    /// Chunks held by partial request heads (as counted by [`head_chunks`]).
+    ///
+    /// Invariant: at most `pool.chunks_total() / HEAD_SHARE`, so connections that have not
+    /// finished their request (slowloris) cannot take the memory open connections need.
+    head_chunks: usize,
     last_failures: u64,
     stats: LoopStats,
     topics: LocalTopics,
@@ -161,6 +168,7 @@ impl EventLoop {
             resume: Vec::with_capacity(64),
             serial: 0,
             drain_deadline: None,
+            head_chunks: 0,
             last_failures: 0,
             stats: LoopStats::default(),
             topics,
@@ -357,6 +365,7 @@ impl EventLoop {
         let mut buf = std::mem::take(&mut self.read_buf);
         let entry = &mut self.conns[token];
         let mut have = entry.partial.copy_to(&self.pool, &mut buf);
+        self.head_chunks -= head_chunks(have, self.pool.chunk_size());
         entry.partial.clear(&mut self.pool);
         let mut eof = false;
         while have < buf.len() {
@@ -398,10 +407,20 @@ impl EventLoop {
         let parsed = req.parse(buf);
         let (path, upgrade, head_len) = match parsed {
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD && !eof => {
+                // Partial heads are untrusted: together they may hold a share of the pool
+                // only, so slow clients cannot starve the connections already open.
+                let chunks = head_chunks(buf.len(), self.pool.chunk_size());
+                if self.head_chunks + chunks > self.pool.chunks_total() / HEAD_SHARE {
+                    let retry = "Retry-After: 1\r\n";
+                    return self.refuse(token, now, 503, retry, "too many partial requests");
+                }
                 let entry = &mut self.conns[token];
                 if entry.partial.append(&mut self.pool, buf).is_err() {
-                    self.remove(token);
+                    entry.partial.clear(&mut self.pool);
+                    let retry = "Retry-After: 1\r\n";
+                    return self.refuse(token, now, 503, retry, "server memory budget exhausted");
                 }
+                self.head_chunks += chunks;
                 return false;
             }
             Ok(httparse::Status::Partial) if eof => {
@@ -1162,6 +1181,9 @@ impl EventLoop {
         self.topics.drop_conn(&self.shared.hub, token);
         let mut entry = self.conns.remove(token);
         let _ = entry.queue.clear(&mut self.pool);
+        if let Phase::Handshake { .. } = entry.phase {
+            self.head_chunks -= head_chunks(entry.partial.len(), self.pool.chunk_size());
+        }
         entry.partial.clear(&mut self.pool);
         self.shared.release(entry.peer);
         if let Phase::Open { route, close_reported, .. } = entry.phase {
@@ -1187,6 +1209,11 @@ impl EventLoop {
             m.allocation_failures.get_or_create(&label).set(c.allocation_failures as i64);
         }
     }
+}
+
+/// The chunks a partial request head of `len` bytes is counted as holding.
+fn head_chunks(len: usize, chunk_size: usize) -> usize {
+    len.div_ceil(chunk_size)
 }
 
 /// Compares secrets in time that depends on their lengths only.
