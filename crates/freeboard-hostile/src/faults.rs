@@ -15,7 +15,7 @@ pub fn reset_mid_frame(addr: SocketAddr) {
     let mut client = WsClient::open(addr);
     let frame = freeboard_test::frame(0x82, &[7u8; 64 << 10], freeboard_test::TEST_MASK);
     client.send_raw(&frame[..frame.len() / 2]).expect("send half a frame");
-    std::thread::sleep(Duration::from_millis(100));
+    std::thread::sleep(Duration::from_millis(20));
     SockRef::from(&client.stream).set_linger(Some(Duration::ZERO)).expect("SO_LINGER 0");
     drop(client);
 }
@@ -40,13 +40,14 @@ pub fn half_close(addr: SocketAddr, messages: &[Vec<u8>]) -> (Vec<Frame>, bool) 
 
 /// Numbered binary messages of `size` bytes: message `i` is `i` (8 bytes) then a pattern.
 pub fn numbered(count: usize, size: usize) -> Vec<Vec<u8>> {
-    (0..count)
-        .map(|i| {
-            let mut m = (i as u64).to_le_bytes().to_vec();
-            m.extend((8..size.max(8)).map(|j| (j * 7 + i * 13) as u8));
-            m
-        })
-        .collect()
+    (0..count).map(|i| message(i, size)).collect()
+}
+
+/// Message `i` of [`numbered`].
+fn message(i: usize, size: usize) -> Vec<u8> {
+    let mut m = (i as u64).to_le_bytes().to_vec();
+    m.extend((8..size.max(8)).map(|j| (j * 7 + i * 13) as u8));
+    m
 }
 
 /// What a peer that stopped reading saw.
@@ -60,7 +61,7 @@ pub struct StallOutcome {
 
 /// Writes numbered `size`-byte messages (up to `max`) without reading until a write blocks
 /// for a second; calls `stalled` then (to look at the server while it holds back), and reads
-/// every echo owed.
+/// every echo owed (skipping the server's keep-alive pings).
 pub fn stop_reading(
     addr: SocketAddr,
     size: usize,
@@ -69,11 +70,10 @@ pub fn stop_reading(
 ) -> StallOutcome {
     let mut client = WsClient::open(addr);
     client.stream.set_write_timeout(Some(Duration::from_secs(1))).expect("timeout");
-    let messages = numbered(max, size);
     let mut written = 0;
     let mut pending: Option<Vec<u8>> = None;
-    for m in &messages {
-        let frame = freeboard_test::frame(0x82, m, freeboard_test::TEST_MASK);
+    for i in 0..max {
+        let frame = freeboard_test::frame(0x82, &message(i, size), freeboard_test::TEST_MASK);
         let mut at = 0;
         while at < frame.len() {
             match client.stream.write(&frame[at..]) {
@@ -100,6 +100,7 @@ pub fn stop_reading(
     let mut echoes = Vec::with_capacity(written);
     while echoes.len() < written {
         match client.recv() {
+            Ok(Some(frame)) if frame.opcode == 0x9 => {}
             Ok(Some(frame)) => echoes.push(frame),
             _ => break,
         }
@@ -113,7 +114,7 @@ pub fn stop_reading(
 /// `read`: `messages` are sent (from another thread) and the echoes collected.
 pub fn tiny_reader(addr: SocketAddr, messages: Vec<Vec<u8>>) -> Vec<Frame> {
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
-    socket.set_recv_buffer_size(1).expect("SO_RCVBUF"); // the kernel rounds up to its minimum
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF"); // the kernel doubles it
     socket.connect(&addr.into()).expect("connect");
     let mut stream: std::net::TcpStream = socket.into();
     stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
@@ -169,11 +170,11 @@ impl Read for OneByte {
     }
 }
 
-/// Sends one binary message with one `write` per byte (`TCP_NODELAY`, so the server reads
-/// it in small pieces); returns the echo.
-pub fn dribble(addr: SocketAddr, message: &[u8]) -> Option<Frame> {
+/// Sends one message (`first_byte`: FIN and opcode) with one `write` per byte
+/// (`TCP_NODELAY`, so the server reads it in small pieces); returns the echo.
+pub fn dribble(addr: SocketAddr, first_byte: u8, message: &[u8]) -> Option<Frame> {
     let mut client = WsClient::open(addr);
-    let frame = freeboard_test::frame(0x82, message, freeboard_test::TEST_MASK);
+    let frame = freeboard_test::frame(first_byte, message, freeboard_test::TEST_MASK);
     for (i, byte) in frame.iter().enumerate() {
         client.stream.write_all(std::slice::from_ref(byte)).expect("write one byte");
         if i % 1024 == 0 {

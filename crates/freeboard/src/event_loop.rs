@@ -52,6 +52,9 @@ enum Phase {
         close_reported: bool,
         /// The message being read did not fit: its remaining pieces are dropped.
         discarding: bool,
+        /// The peer's FIN has been reported (`EPOLLRDHUP`): read to the end of the stream,
+        /// since no further readiness event will come to say it is there.
+        read_closed: bool,
     },
     /// A final HTTP response or close frame is leaving; then our FIN.
     Draining { deadline: Instant },
@@ -83,6 +86,8 @@ struct Entry {
     partial: ChunkChain,
     /// The deadline this entry has in the timer heap, if any.
     armed: Option<Instant>,
+    /// The send queue's length as last added to the loop's `buffered` total.
+    reported: usize,
     dirty: bool,
 }
 
@@ -106,6 +111,11 @@ pub(crate) struct EventLoop {
     serial: u64,
     proto: freeboard_proto::Config,
     drain_deadline: Option<Instant>,
+    /// Bytes in the send queues, as of each connection's last flush (the `bytes_buffered`
+    /// gauge).
+    ///
+    /// Invariant: the sum of every entry's `reported`.
+    buffered: usize,
     /// Chunks held by partial request heads (as counted by [`head_chunks`]).
     ///
     /// Invariant: at most `pool.chunks_total() / HEAD_SHARE`, so connections that have not
@@ -168,6 +178,7 @@ impl EventLoop {
             resume: Vec::with_capacity(64),
             serial: 0,
             drain_deadline: None,
+            buffered: 0,
             head_chunks: 0,
             last_failures: 0,
             stats: LoopStats::default(),
@@ -219,6 +230,12 @@ impl EventLoop {
                     LISTENER => self.accept(now),
                     WAKER => {}
                     Token(token) => {
+                        if event.is_read_closed()
+                            && let Some(Entry { phase: Phase::Open { read_closed, .. }, .. }) =
+                                self.conns.get_mut(token)
+                        {
+                            *read_closed = true;
+                        }
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             self.read(token, now);
                         }
@@ -317,6 +334,7 @@ impl EventLoop {
                 limited,
                 partial: ChunkChain::new(),
                 armed: None,
+                reported: 0,
                 dirty: false,
             });
             self.mark(token);
@@ -537,6 +555,7 @@ impl EventLoop {
             paused: false,
             close_reported: false,
             discarding: false,
+            read_closed: false,
         };
         self.shared.metrics.connections.inc();
         self.call_with(token, now, path, |handler, conn| handler.on_open(conn));
@@ -590,7 +609,8 @@ impl EventLoop {
         let mut buf = std::mem::take(&mut self.read_buf);
         let mut reads = 0;
         while let Some(entry) = self.conns.get_mut(token) {
-            let Phase::Open { ws, paused, .. } = &mut entry.phase else { break };
+            let Phase::Open { ws, paused, read_closed, .. } = &mut entry.phase else { break };
+            let read_closed = *read_closed;
             if *paused || ws.state() == State::Closed {
                 break;
             }
@@ -609,9 +629,10 @@ impl EventLoop {
                 Ok(n) => {
                     self.stats.bytes_in += n as u64;
                     self.receive(token, now, &mut buf[..n]);
-                    if n < buf.len() {
+                    if n < buf.len() && !read_closed {
                         // A short read emptied the socket; epoll (edge-triggered) reports the
-                        // next arrival, so the read that would say WouldBlock is saved.
+                        // next arrival, so the read that would say WouldBlock is saved. Not
+                        // after the peer's FIN: nothing more arrives to report it again.
                         break;
                     }
                 }
@@ -1162,6 +1183,9 @@ impl EventLoop {
             self.read_discard(token);
         }
         if let Some(entry) = self.conns.get_mut(token) {
+            let len = entry.queue.len();
+            self.buffered = self.buffered + len - entry.reported;
+            entry.reported = len;
             let deadline = match &entry.phase {
                 Phase::Handshake { deadline } => Some(*deadline),
                 Phase::Open { ws, .. } => ws.poll_timeout(),
@@ -1180,6 +1204,7 @@ impl EventLoop {
     fn remove(&mut self, token: usize) {
         self.topics.drop_conn(&self.shared.hub, token);
         let mut entry = self.conns.remove(token);
+        self.buffered -= entry.reported;
         let _ = entry.queue.clear(&mut self.pool);
         if let Phase::Handshake { .. } = entry.phase {
             self.head_chunks -= head_chunks(entry.partial.len(), self.pool.chunk_size());
@@ -1204,6 +1229,7 @@ impl EventLoop {
         let c = self.pool.counters();
         m.chunks_in_use.get_or_create(&label).set(c.chunks_in_use as i64);
         m.chunks_high_water.get_or_create(&label).set(c.chunks_high_water as i64);
+        m.bytes_buffered.get_or_create(&label).set(self.buffered as i64);
         if c.allocation_failures != self.last_failures {
             self.last_failures = c.allocation_failures;
             m.allocation_failures.get_or_create(&label).set(c.allocation_failures as i64);
