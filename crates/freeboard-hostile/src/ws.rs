@@ -55,6 +55,36 @@ impl WsClient {
         Ok((client, status, head))
     }
 
+    /// Connects and asks to upgrade `/echo`, waiting up to `wait` for the answer: the client
+    /// and the status, or `None` if no answer came in time (the request stays pending; see
+    /// [`await_status`](Self::await_status)).
+    pub fn open_within(addr: SocketAddr, wait: Duration) -> io::Result<(Self, Option<u16>)> {
+        let mut client = Self::raw(TcpStream::connect(addr)?);
+        client.stream.write_all(upgrade_request("/echo", "").as_bytes())?;
+        let status = client.await_status(wait)?;
+        Ok((client, status))
+    }
+
+    /// Waits up to `wait` for a response head; its status, or `None` if none came in time.
+    pub fn await_status(&mut self, wait: Duration) -> io::Result<Option<u16>> {
+        self.stream.set_read_timeout(Some(wait))?;
+        let head = self.read_head();
+        self.stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        match head {
+            Ok(head) => Ok(head.get(9..12).and_then(|s| s.parse().ok())),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends one binary message and checks that its echo comes back intact.
+    pub fn echo(&mut self, payload: &[u8]) -> bool {
+        self.send(0x82, payload).is_ok()
+            && matches!(self.recv(), Ok(Some(f)) if f.opcode == 0x2 && f.payload == payload)
+    }
+
     /// Connects to `/echo` and upgrades; panics unless the answer is 101.
     pub fn open(addr: SocketAddr) -> Self {
         let (client, status, head) =

@@ -35,6 +35,9 @@ const INITIAL_CONNS: usize = 1024;
 const READS_PER_TURN: usize = 16;
 /// How long a closed connection waits for the peer's EOF after our FIN.
 const LINGER: Duration = Duration::from_secs(2);
+/// How long accepting waits after `accept` failed for want of descriptors or memory
+/// (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) before it tries again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// The share of the pool's chunks (1 / this) that partial request heads may hold together.
 const HEAD_SHARE: usize = 4;
 
@@ -111,6 +114,12 @@ pub(crate) struct EventLoop {
     serial: u64,
     proto: freeboard_proto::Config,
     drain_deadline: Option<Instant>,
+    /// When to try accepting again after `accept` failed. The connections waiting in the
+    /// backlog raise no new readiness event (epoll is edge-triggered), so without this retry
+    /// they would wait for the next connection to arrive.
+    accept_retry: Option<Instant>,
+    /// The last `accept` failed (its warning is logged once per episode).
+    accept_failing: bool,
     /// Bytes in the send queues, as of each connection's last flush (the `bytes_buffered`
     /// gauge).
     ///
@@ -178,6 +187,8 @@ impl EventLoop {
             resume: Vec::with_capacity(64),
             serial: 0,
             drain_deadline: None,
+            accept_retry: None,
+            accept_failing: false,
             buffered: 0,
             head_chunks: 0,
             last_failures: 0,
@@ -222,6 +233,10 @@ impl EventLoop {
             }
             let now = self.now();
             self.expire_timers(now);
+            if self.accept_retry.is_some_and(|at| at <= now) {
+                self.accept_retry = None;
+                self.accept(now);
+            }
             for token in std::mem::take(&mut self.resume) {
                 self.read(token, now);
             }
@@ -262,11 +277,11 @@ impl EventLoop {
     }
 
     fn poll_timeout(&mut self, now: Instant) -> Option<Duration> {
-        let next = self.timers.peek().map(|Reverse((at, _, _))| *at);
-        let next = match (next, self.drain_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next = [self.timers.peek().map(|Reverse((at, _, _))| *at), self.drain_deadline]
+            .into_iter()
+            .chain([self.accept_retry])
+            .flatten()
+            .min();
         // Round up so a deadline is never polled for just before it is due.
         next.map(|at| at.saturating_duration_since(now) + Duration::from_millis(1))
     }
@@ -297,13 +312,27 @@ impl EventLoop {
     fn accept(&mut self, now: Instant) {
         loop {
             let Some(listener) = &self.listener else { return };
-            let (mut stream, peer) = match listener.accept() {
+            let accepted = listener.accept();
+            if self.accept_failing
+                && !matches!(&accepted, Err(e) if e.kind() != io::ErrorKind::WouldBlock)
+            {
+                self.accept_failing = false;
+                tracing::info!("accepting again");
+            }
+            let (mut stream, peer) = match accepted {
                 Ok(accepted) => accepted,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
                 Err(e) => {
-                    // EMFILE and friends: the next connection retriggers the listener.
-                    tracing::warn!(error = %e, "accept failed");
+                    // EMFILE and friends: the connections stay in the backlog, and the
+                    // connections we have keep being served. Try again shortly (a descriptor
+                    // may be freed by another thread or process, not only by us).
+                    if !std::mem::replace(&mut self.accept_failing, true) {
+                        tracing::warn!(error = %e, "accept failed; retrying every 50 ms");
+                    }
+                    self.shared.metrics.accept_errors.inc();
+                    self.accept_retry = Some(now + ACCEPT_BACKOFF);
                     return;
                 }
             };
