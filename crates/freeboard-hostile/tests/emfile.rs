@@ -28,21 +28,22 @@ fn at_the_descriptor_limit_the_server_keeps_its_connections_and_accepts_again() 
     let serve = Serve::start_with_fd_limit(&["--threads", "1"], Some(FD_LIMIT));
     let before = serve.metrics();
     let watch = Watch::start(&serve);
-    // Fill the descriptor table: open connections until an upgrade goes unanswered.
+    // Fill the descriptor table: open connections until an upgrade goes unanswered with the
+    // server's table full (it may hold a descriptor or two it inherited above the limit).
     let mut open = Vec::new();
     let pending = loop {
         assert!(open.len() < FD_LIMIT as usize, "the descriptor limit was never reached");
-        let (client, status) =
+        let (mut client, status) =
             WsClient::open_within(serve.addr(), Duration::from_millis(500)).expect("connect");
-        match status {
-            Some(101) => open.push(client),
-            Some(other) => panic!("upgrade answered {other}"),
-            None => break client,
-        }
+        let status = match status {
+            None if open_fds(serve.pid()) as u64 >= FD_LIMIT - 1 => break client,
+            None => client.await_status(Duration::from_secs(10)).expect("read"), // just slow
+            answered => answered,
+        };
+        assert_eq!(status, Some(101));
+        open.push(client);
     };
-    let fds = open_fds(serve.pid());
-    println!("{} connections open, {fds} descriptors", open.len());
-    assert!(fds as u64 >= FD_LIMIT - 1, "{fds} descriptors");
+    println!("{} connections open, {} descriptors", open.len(), open_fds(serve.pid()));
     // Every connection the server has keeps working, and it does not spin.
     let ticks = cpu_ticks(serve.pid());
     std::thread::sleep(Duration::from_secs(1));
