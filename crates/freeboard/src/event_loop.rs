@@ -36,6 +36,11 @@ const INITIAL_CONNS: usize = 1024;
 const READS_PER_TURN: usize = 16;
 /// How long a closed connection waits for the peer's EOF after our FIN.
 const LINGER: Duration = Duration::from_secs(2);
+/// How long accepting waits after `accept` failed for want of descriptors or memory
+/// (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) before it tries again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// The share of the pool's chunks (1 / this) that partial request heads may hold together.
+const HEAD_SHARE: usize = 4;
 
 /// Where a connection stands.
 enum Phase {
@@ -51,6 +56,9 @@ enum Phase {
         close_reported: bool,
         /// The message being read did not fit: its remaining pieces are dropped.
         discarding: bool,
+        /// The peer's FIN has been reported (`EPOLLRDHUP`): read to the end of the stream,
+        /// since no further readiness event will come to say it is there.
+        read_closed: bool,
     },
     /// A final HTTP response or close frame is leaving; then our FIN.
     Draining { deadline: Instant },
@@ -110,8 +118,22 @@ pub(crate) struct EventLoop {
     lot: ParkingLot,
     drain_deadline: Option<Instant>,
     gauges: LoopGauges,
-    /// Bytes waiting in this loop's send queues, as of each connection's last flush.
+    /// When to try accepting again after `accept` failed. The connections waiting in the
+    /// backlog raise no new readiness event (epoll is edge-triggered), so without this retry
+    /// they would wait for the next connection to arrive.
+    accept_retry: Option<Instant>,
+    /// The last `accept` failed (its warning is logged once per episode).
+    accept_failing: bool,
+    /// Bytes in the send queues, as of each connection's last flush (the `bytes_buffered`
+    /// gauge).
+    ///
+    /// Invariant: the sum of every entry's `counted`.
     buffered: usize,
+    /// Chunks held by partial request heads (as counted by [`head_chunks`]).
+    ///
+    /// Invariant: at most `pool.chunks_total() / HEAD_SHARE`, so connections that have not
+    /// finished their request (slowloris) cannot take the memory open connections need.
+    head_chunks: usize,
     stats: LoopStats,
     topics: LocalTopics,
     /// Publications from other threads.
@@ -169,7 +191,10 @@ impl EventLoop {
             resume: Vec::with_capacity(64),
             serial: 0,
             drain_deadline: None,
+            accept_retry: None,
+            accept_failing: false,
             buffered: 0,
+            head_chunks: 0,
             stats: LoopStats::default(),
             topics,
             inbox,
@@ -211,6 +236,10 @@ impl EventLoop {
             }
             let now = self.now();
             self.expire_timers(now);
+            if self.accept_retry.is_some_and(|at| at <= now) {
+                self.accept_retry = None;
+                self.accept(now);
+            }
             for token in std::mem::take(&mut self.resume) {
                 self.read(token, now);
             }
@@ -219,6 +248,12 @@ impl EventLoop {
                     LISTENER => self.accept(now),
                     WAKER => {}
                     Token(token) => {
+                        if event.is_read_closed()
+                            && let Some(Entry { phase: Phase::Open { read_closed, .. }, .. }) =
+                                self.conns.get_mut(token)
+                        {
+                            *read_closed = true;
+                        }
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             self.read(token, now);
                         }
@@ -245,11 +280,11 @@ impl EventLoop {
     }
 
     fn poll_timeout(&mut self, now: Instant) -> Option<Duration> {
-        let next = self.timers.peek().map(|Reverse((at, _, _))| *at);
-        let next = match (next, self.drain_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next = [self.timers.peek().map(|Reverse((at, _, _))| *at), self.drain_deadline]
+            .into_iter()
+            .chain([self.accept_retry])
+            .flatten()
+            .min();
         // Round up so a deadline is never polled for just before it is due.
         next.map(|at| at.saturating_duration_since(now) + Duration::from_millis(1))
     }
@@ -281,13 +316,27 @@ impl EventLoop {
     fn accept(&mut self, now: Instant) {
         loop {
             let Some(listener) = &self.listener else { return };
-            let (mut stream, peer) = match listener.accept() {
+            let accepted = listener.accept();
+            if self.accept_failing
+                && !matches!(&accepted, Err(e) if e.kind() != io::ErrorKind::WouldBlock)
+            {
+                self.accept_failing = false;
+                tracing::info!("accepting again");
+            }
+            let (mut stream, peer) = match accepted {
                 Ok(accepted) => accepted,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
                 Err(e) => {
-                    // EMFILE and friends: the next connection retriggers the listener.
-                    tracing::warn!(error = %e, "accept failed");
+                    // EMFILE and friends: the connections stay in the backlog, and the
+                    // connections we have keep being served. Try again shortly (a descriptor
+                    // may be freed by another thread or process, not only by us).
+                    if !std::mem::replace(&mut self.accept_failing, true) {
+                        tracing::warn!(error = %e, "accept failed; retrying every 50 ms");
+                    }
+                    self.shared.metrics.accept_errors.inc();
+                    self.accept_retry = Some(now + ACCEPT_BACKOFF);
                     return;
                 }
             };
@@ -367,6 +416,7 @@ impl EventLoop {
         let mut buf = std::mem::take(&mut self.read_buf);
         let entry = &mut self.conns[token];
         let mut have = entry.partial.copy_to(&self.pool, &mut buf);
+        self.head_chunks -= head_chunks(have, self.pool.chunk_size());
         entry.partial.clear(&mut self.pool);
         let mut eof = false;
         while have < buf.len() {
@@ -408,10 +458,20 @@ impl EventLoop {
         let parsed = req.parse(buf);
         let (path, upgrade, head_len) = match parsed {
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD && !eof => {
+                // Partial heads are untrusted: together they may hold a share of the pool
+                // only, so slow clients cannot starve the connections already open.
+                let chunks = head_chunks(buf.len(), self.pool.chunk_size());
+                if self.head_chunks + chunks > self.pool.chunks_total() / HEAD_SHARE {
+                    let retry = "Retry-After: 1\r\n";
+                    return self.refuse(token, now, 503, retry, "too many partial requests");
+                }
                 let entry = &mut self.conns[token];
                 if entry.partial.append(&mut self.pool, buf).is_err() {
-                    self.remove(token);
+                    entry.partial.clear(&mut self.pool);
+                    let retry = "Retry-After: 1\r\n";
+                    return self.refuse(token, now, 503, retry, "server memory budget exhausted");
                 }
+                self.head_chunks += chunks;
                 return false;
             }
             Ok(httparse::Status::Partial) if eof => {
@@ -528,6 +588,7 @@ impl EventLoop {
             paused: false,
             close_reported: false,
             discarding: false,
+            read_closed: false,
         };
         self.shared.metrics.connections.inc();
         self.call_with(token, now, path, |handler, conn| handler.on_open(conn));
@@ -581,7 +642,8 @@ impl EventLoop {
         let mut buf = std::mem::take(&mut self.read_buf);
         let mut reads = 0;
         while let Some(entry) = self.conns.get_mut(token) {
-            let Phase::Open { ws, paused, .. } = &mut entry.phase else { break };
+            let Phase::Open { ws, paused, read_closed, .. } = &mut entry.phase else { break };
+            let read_closed = *read_closed;
             if *paused || ws.state() == State::Closed {
                 break;
             }
@@ -600,9 +662,10 @@ impl EventLoop {
                 Ok(n) => {
                     self.stats.bytes_in += n as u64;
                     self.receive(token, now, &mut buf[..n]);
-                    if n < buf.len() {
+                    if n < buf.len() && !read_closed {
                         // A short read emptied the socket; epoll (edge-triggered) reports the
-                        // next arrival, so the read that would say WouldBlock is saved.
+                        // next arrival, so the read that would say WouldBlock is saved. Not
+                        // after the peer's FIN: nothing more arrives to report it again.
                         break;
                     }
                 }
@@ -1196,6 +1259,9 @@ impl EventLoop {
         let mut entry = self.conns.remove(token);
         self.buffered -= entry.counted as usize;
         let _ = entry.queue.clear(&mut self.pool);
+        if let Phase::Handshake { .. } = entry.phase {
+            self.head_chunks -= head_chunks(entry.partial.len(), self.pool.chunk_size());
+        }
         entry.partial.clear(&mut self.pool);
         self.shared.release(entry.peer);
         if let Phase::Open { route, close_reported, .. } = entry.phase {
@@ -1218,6 +1284,11 @@ impl EventLoop {
         g.bytes_buffered.set(self.buffered as i64);
         g.allocation_failures.set(c.allocation_failures as i64);
     }
+}
+
+/// The chunks a partial request head of `len` bytes is counted as holding.
+fn head_chunks(len: usize, chunk_size: usize) -> usize {
+    len.div_ceil(chunk_size)
 }
 
 /// Compares secrets in time that depends on their lengths only.

@@ -99,6 +99,8 @@ pub struct Metrics {
     pub connections: Gauge,
     /// Accepted TCP connections.
     pub accepted: Counter,
+    /// Failed accepts (`EMFILE` and friends); the loop tries again every 50 ms.
+    pub accept_errors: Counter,
     /// Data messages received.
     pub messages_in: Counter,
     /// Data messages queued for sending.
@@ -150,6 +152,7 @@ impl Metrics {
             registry: Registry::default(),
             connections: Gauge::default(),
             accepted: Counter::default(),
+            accept_errors: Counter::default(),
             messages_in: Counter::default(),
             messages_out: Counter::default(),
             bytes_in: Counter::default(),
@@ -173,6 +176,11 @@ impl Metrics {
         };
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
         registry.register("accepted", "Accepted TCP connections", m.accepted.clone());
+        registry.register(
+            "accept_errors",
+            "Failed accepts (out of descriptors or memory), retried every 50 ms",
+            m.accept_errors.clone(),
+        );
         registry.register("messages_in", "Data messages received", m.messages_in.clone());
         registry.register(
             "messages_out",

@@ -1,0 +1,56 @@
+//! Header bombs (a huge head, too many headers) and a `permessage-deflate` offer.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use crate::ws::{WsClient, upgrade_request};
+
+/// Sends an upgrade request whose one extra header holds `size` bytes; returns the status
+/// of the answer (0 if there was none).
+pub fn huge_header(addr: SocketAddr, size: usize) -> u16 {
+    let mut request = upgrade_request("/echo", "").into_bytes();
+    request.truncate(request.len() - 2); // before the blank line
+    request.extend_from_slice(b"X-Bomb: ");
+    request.resize(request.len() + size, b'a');
+    request.extend_from_slice(b"\r\n\r\n");
+    status_of(addr, &request)
+}
+
+/// Sends an upgrade request with `count` extra headers; returns the answer's status.
+pub fn many_headers(addr: SocketAddr, count: usize) -> u16 {
+    let extra: String = (0..count).map(|i| format!("X-H{i}: v\r\n")).collect();
+    status_of(addr, upgrade_request("/echo", &extra).as_bytes())
+}
+
+/// Sends `request` (ignoring a write the server cut short) and reads the status line of the
+/// answer.
+fn status_of(addr: SocketAddr, request: &[u8]) -> u16 {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    stream.set_write_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let _ = stream.write_all(request);
+    let mut answer = [0u8; 12];
+    match stream.read_exact(&mut answer) {
+        Ok(()) => std::str::from_utf8(&answer[9..]).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
+/// Offers `permessage-deflate` (with the parameters browsers send); returns the client, the
+/// status and the response head.
+pub fn deflate_offer(addr: SocketAddr) -> (WsClient, u16, String) {
+    let offer = "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n";
+    WsClient::handshake(addr, &upgrade_request("/echo", offer)).expect("handshake")
+}
+
+/// After a `permessage-deflate` offer, sends a text frame with RSV1 set (as a compressed
+/// message would be); returns the close code the server answered with.
+pub fn compressed_frame(addr: SocketAddr) -> (String, Option<u16>) {
+    let (mut client, status, head) = deflate_offer(addr);
+    assert_eq!(status, 101, "{head}");
+    // "Hello" compressed with DEFLATE (RFC 7692 §7.2.3.1).
+    client.send(0xc1, &[0xf2, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00]).expect("send");
+    let code = client.recv_close().expect("read the close");
+    (head, code)
+}

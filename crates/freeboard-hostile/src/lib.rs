@@ -1,0 +1,34 @@
+//! Hostile clients and transport faults against a real `freeboard serve` process on loopback.
+//!
+//! Each attack family is one module; every attack returns what the attacker saw (HTTP
+//! statuses, close codes, EOFs) so a test can compare it with the defined outcome, while
+//! [`Watch`] keeps an [`Innocent`] client echoing and samples the server's RSS:
+//!
+//! - [`slowloris`]: many connections that trickle their request head.
+//! - [`headers`]: request heads that are too large or have too many headers; a
+//!   `permessage-deflate` offer.
+//! - [`frames`]: a 2^63 length, unmasked client frames, fragment bombs, invalid UTF-8 at every
+//!   split point, RSV1 without an extension.
+//! - [`floods`]: ping floods and close floods.
+//! - [`churn`]: connect / upgrade / close cycles.
+//! - [`faults`]: peers that reset mid-frame, half-close, stop reading or read one byte at a
+//!   time, and a descriptor limit the server hits.
+//!
+//! The plumbing: [`Serve`] starts the binary (built on first use) with chosen flags and kills
+//! it on drop, [`Scrape`] reads `/metrics`, [`WsClient`] is a blocking raw-frame client.
+
+pub mod churn;
+pub mod faults;
+pub mod floods;
+pub mod frames;
+pub mod headers;
+mod innocent;
+mod metrics;
+mod serve;
+pub mod slowloris;
+mod ws;
+
+pub use innocent::{EchoReport, Figures, Innocent, Watch};
+pub use metrics::Scrape;
+pub use serve::{Serve, raise_fd_limit, rss_kib};
+pub use ws::{Frame, WsClient, upgrade_request};

@@ -1,0 +1,176 @@
+//! The real `freeboard serve` process: built on first use, started on a free loopback port,
+//! killed on drop.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::metrics::Scrape;
+
+/// A running `freeboard serve --listen 127.0.0.1:0`; killed (and reaped) on drop.
+pub struct Serve {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Serve {
+    /// Starts `freeboard serve --listen 127.0.0.1:0` with `flags` (and `--threads 2` and
+    /// `--memory 64M` unless `flags` set them) and waits for its "listening" line.
+    pub fn start(flags: &[&str]) -> Self {
+        Self::start_with_fd_limit(flags, None)
+    }
+
+    /// [`start`](Self::start), with the server's `RLIMIT_NOFILE` (soft and hard) set to
+    /// `limit` before it runs, so its accepts fail with `EMFILE` once it holds that many
+    /// descriptors.
+    pub fn start_with_fd_limit(flags: &[&str], limit: Option<u64>) -> Self {
+        let mut command = Command::new(binary());
+        command.args(["serve", "--listen", "127.0.0.1:0"]);
+        for (flag, default) in [("--threads", "2"), ("--memory", "64M")] {
+            if !flags.contains(&flag) {
+                command.args([flag, default]);
+            }
+        }
+        command
+            .args(flags)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(limit) = limit {
+            // SAFETY: the closure only calls `setrlimit`, which is async-signal-safe, and
+            // touches no memory of the parent but the `rlimit` on its own stack.
+            unsafe {
+                command.pre_exec(move || {
+                    let lim = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command.spawn().expect("freeboard serve starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .expect("freeboard serve prints its address");
+        let url = line.trim().rsplit(' ').next().unwrap_or_default();
+        let addr = url
+            .strip_prefix("ws://")
+            .and_then(|a| a.trim_end_matches('/').parse().ok())
+            .unwrap_or_else(|| panic!("freeboard serve printed {line:?}"));
+        Self { child, addr }
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its resident set size in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        rss_kib(self.pid())
+    }
+
+    /// A scrape of its `/metrics`.
+    pub fn metrics(&self) -> Scrape {
+        Scrape::of(self.addr)
+    }
+
+    /// Waits up to 10 s for `cond` to hold on a fresh scrape (gauges are published at the
+    /// end of a loop turn, after the bytes a client may already have read); returns the
+    /// scrape that satisfied it.
+    pub fn wait_metrics(&self, what: &str, mut cond: impl FnMut(&Scrape) -> bool) -> Scrape {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let scrape = self.metrics();
+            if cond(&scrape) {
+                return scrape;
+            }
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Resident set size of process `pid` in KiB (`VmRSS`), 0 if it cannot be read.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+            line.trim().trim_end_matches("kB").trim().parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Raises this process's open-file soft limit to its hard limit; returns the new limit.
+pub fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: both calls get a pointer to a valid `rlimit`.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+    lim.rlim_cur
+}
+
+/// The `freeboard` binary of this build: `cargo build -p freeboard-cli` is run once per test
+/// process, in the profile and target directory the tests themselves were built in (a no-op
+/// when `cargo test --workspace` has already built it).
+fn binary() -> &'static PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        // Tests run from `<target>/<profile>/deps/<test>-<hash>`.
+        let exe = std::env::current_exe().expect("the test knows its path");
+        let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/profile");
+        let profile = profile_dir.file_name().and_then(|p| p.to_str()).unwrap_or("debug");
+        let target_dir = profile_dir.parent().expect("target directory");
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .args(["build", "--quiet", "-p", "freeboard-cli", "--bin", "freeboard"])
+            .arg("--manifest-path")
+            .arg(manifest)
+            .env("CARGO_TARGET_DIR", target_dir);
+        match profile {
+            "debug" => {}
+            "release" => {
+                build.arg("--release");
+            }
+            other => {
+                build.args(["--profile", other]);
+            }
+        }
+        let status = build.status().expect("cargo runs");
+        assert!(status.success(), "cargo build -p freeboard-cli failed");
+        let binary = profile_dir.join("freeboard");
+        assert!(binary.exists(), "{} was not built", binary.display());
+        binary
+    })
+}
