@@ -109,7 +109,8 @@ struct ServeArgs {
     /// (1008) [default: close].
     #[arg(long, value_name = "POLICY")]
     slow_consumer: Option<String>,
-    /// Free pool bytes an upgrade needs, else 503 [default: 64K].
+    /// Free pool bytes an upgrade needs, else 503; a message arriving in pieces that would
+    /// leave less than half of it free gets close 1013 [default: 64K].
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     connection_reserve: Option<usize>,
     /// Pool chunk size [default: 4K].

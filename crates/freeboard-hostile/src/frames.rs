@@ -63,6 +63,27 @@ pub fn fragment_bomb(addr: SocketAddr, fragments: usize) -> BombOutcome {
     BombOutcome { reply, message }
 }
 
+/// Sends the first `len` bytes of a binary message in fragments of 32 KiB and never its last
+/// fragment; returns the server's close code (an error if none comes within the read
+/// timeout), answered as a correct client answers it.
+pub fn unfinished(addr: SocketAddr, len: usize) -> io::Result<Option<u16>> {
+    const FRAGMENT: usize = 32 << 10;
+    let mut client = WsClient::open(addr);
+    let payload = [0x5au8; FRAGMENT];
+    let mut sent = 0;
+    while sent < len && !replied(&client) {
+        let n = FRAGMENT.min(len - sent);
+        client.send(if sent == 0 { 0x02 } else { 0x00 }, &payload[..n])?;
+        sent += n;
+    }
+    let code = client.recv_close()?;
+    if let Some(code) = code {
+        client.send(0x88, &code.to_be_bytes())?;
+        client.sees_eof();
+    }
+    Ok(code)
+}
+
 /// Whether the server has sent something (so a bomb it refused stops before the server,
 /// done waiting, resets the connection and takes its close frame with it).
 fn replied(client: &WsClient) -> bool {

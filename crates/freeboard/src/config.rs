@@ -73,7 +73,9 @@ pub struct ServerConfig {
     /// `drop-oldest`, `conflate` or `close` (1008). Default `close`.
     #[serde(with = "policy")]
     pub slow_consumer: SlowConsumerPolicy,
-    /// Pool bytes that must be free for an upgrade to be accepted (else 503). Default 64 KiB.
+    /// Pool bytes that must be free for an upgrade to be accepted (else 503). Messages that
+    /// arrive in pieces may not take the pool below half of it (else close 1013), so the open
+    /// connections keep room to send. Default 64 KiB.
     pub connection_reserve: usize,
     /// Pub/sub: the topic endpoints, their send queues and who may publish (the `[topics]`
     /// table in TOML).

@@ -707,7 +707,12 @@ impl EventLoop {
                     self.call(token, now, |handler, conn| handler.on_message(conn, message));
                 } else if *discarding {
                     *discarding = !piece.message_fin;
-                } else if entry.partial.append(&mut self.pool, piece.data).is_err() {
+                } else if self.pool.chunks_free() * self.pool.chunk_size()
+                    < piece.data.len() + self.shared.config.connection_reserve / 2
+                    || entry.partial.append(&mut self.pool, piece.data).is_err()
+                {
+                    // Unfinished messages leave half the connection reserve free, so one
+                    // sender cannot take what the open connections need to keep echoing.
                     entry.partial.clear(&mut self.pool);
                     *discarding = !piece.message_fin;
                     let _ =
