@@ -625,16 +625,31 @@ impl EventLoop {
             "HTTP/1.1 {status} OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         );
-        let entry = &mut self.conns[token];
-        let _ = entry.queue.push_message(&mut self.pool, &[head.as_bytes(), body]);
-        entry.phase = Phase::Draining { deadline: now + LINGER };
+        self.queue_final(token, now, &[head.as_bytes(), body]);
     }
 
     fn send_final(&mut self, token: usize, now: Instant, status: u16, response: &[u8]) {
         self.shared.metrics.refuse(status);
         tracing::debug!(status, peer = %self.conns[token].peer, "upgrade refused");
+        self.queue_final(token, now, &[response]);
+    }
+
+    /// Queues the HTTP response after which the connection closes. When the pool cannot hold
+    /// it (the budget is exhausted, which is when a 503 matters most), it is written straight
+    /// to the socket, whose buffer nothing else has used: the client gets its status rather
+    /// than a bare EOF.
+    fn queue_final(&mut self, token: usize, now: Instant, parts: &[&[u8]]) {
         let entry = &mut self.conns[token];
-        let _ = entry.queue.push_message(&mut self.pool, &[response]);
+        let pushed = entry.queue.push_message(&mut self.pool, parts);
+        if !matches!(pushed.outcome, PushOutcome::Queued | PushOutcome::QueuedAboveHigh)
+            && entry.queue.is_empty()
+        {
+            for part in parts {
+                if !matches!(entry.stream.write(part), Ok(n) if n == part.len()) {
+                    break;
+                }
+            }
+        }
         entry.phase = Phase::Draining { deadline: now + LINGER };
     }
 

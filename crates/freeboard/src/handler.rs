@@ -389,6 +389,11 @@ pub struct Echo;
 
 impl Handler for Echo {
     fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
-        let _ = conn.send(message.kind, message.data);
+        if conn.send(message.kind, message.data) == SendResult::Blocked {
+            // `block` holds the sender back above the high watermark; a message that still
+            // finds no room (pool exhausted, or past the cap) cannot be kept for later, so
+            // the sender hears why instead of losing its echo in silence.
+            conn.close(CloseCode::TRY_AGAIN_LATER, "send queue full");
+        }
     }
 }

@@ -304,3 +304,108 @@ fn a_pause_above_the_high_watermark_keeps_the_bytes_already_read() {
     server.handle().shutdown();
     server.join().unwrap();
 }
+
+#[test]
+fn an_exhausted_pool_still_answers_503() {
+    let mut cfg = config();
+    cfg.memory = 2 << 20; // ~350 chunks after the read buffer and the assembly reserve
+    // Watermarks and cap above the pool: the pool runs out first, and drop-newest keeps
+    // reading (and counting drops) once it has.
+    cfg.send_low = 3 << 20;
+    cfg.send_high = 3 << 20;
+    cfg.send_cap = 4 << 20;
+    cfg.slow_consumer = freeboard::SlowConsumerPolicy::DropNewest;
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let mut hog = non_reader(addr);
+    let message = vec![7u8; 1000];
+    let total = metric(addr, "freeboard_pool_chunks_total{event_loop=\"0\"}");
+    // Drop-newest keeps reading, so these writes never wait for long.
+    for _ in 0..100 {
+        for _ in 0..1_000 {
+            hog.send(0x82, &message);
+        }
+        if metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") == total {
+            break;
+        }
+    }
+    common::wait_until("the pool to run out", || {
+        metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") == total
+    });
+    let (refused, status, head) = Client::connect(addr, "/");
+    assert_eq!(status, 503, "{head}");
+    assert_eq!(server.metrics().refusals_for(503), 1);
+    drop((hog, refused));
+    let metrics = server.metrics();
+    common::wait_until("the chunks to return", || metrics.total_chunks_in_use() == 0);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn echo_under_block_closes_1013_rather_than_lose_a_message() {
+    let mut cfg = config();
+    cfg.memory = 2 << 20;
+    cfg.send_low = 3 << 20;
+    cfg.send_high = 3 << 20;
+    cfg.send_cap = 4 << 20;
+    cfg.slow_consumer = freeboard::SlowConsumerPolicy::Block;
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let mut hog = non_reader(addr);
+    let sent = 10_000u32;
+    for seq in 0..sent {
+        let mut message = vec![0u8; 1000];
+        message[..4].copy_from_slice(&seq.to_be_bytes());
+        hog.send(0x82, &message);
+    }
+    // Read at full speed now: a 4 KiB window stalls the sender on zero-window probes.
+    set_receive_buffer(&hog.stream, 4 << 20);
+    // Every echo up to where the pool ran out, in order and none missing, then the close (or,
+    // should the pool not even hold the close frame, the end of the connection).
+    let mut next = 0u32;
+    let end = loop {
+        match hog.recv() {
+            Some((0x2, payload)) => {
+                assert_eq!(payload[..4], next.to_be_bytes(), "echo {next} missing");
+                next += 1;
+            }
+            Some((0x8, payload)) => break Some(u16::from_be_bytes([payload[0], payload[1]])),
+            Some((opcode, _)) => panic!("unexpected opcode {opcode}"),
+            None => break None,
+        }
+    };
+    assert!(next < sent, "the pool was meant to run out");
+    assert!(matches!(end, Some(1013) | None), "ended with {end:?} after {next} echoes");
+    drop(hog);
+    let metrics = server.metrics();
+    common::wait_until("the chunks to return", || metrics.total_chunks_in_use() == 0);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+/// An upgraded client that will not read: a small receive buffer (no autotuning to
+/// megabytes), so what the server sends it beyond the kernel buffers (the server's send buffer
+/// grows to 4 MiB here) stays in the server's pool.
+fn non_reader(addr: std::net::SocketAddr) -> Client {
+    let stream = TcpStream::connect(addr).unwrap();
+    set_receive_buffer(&stream, 4096);
+    let mut client = Client::raw(stream);
+    client.stream.write_all(upgrade_request("/").as_bytes()).unwrap();
+    assert!(client.read_head().starts_with("HTTP/1.1 101"));
+    client
+}
+
+fn set_receive_buffer(stream: &TcpStream, size: libc::c_int) {
+    // SAFETY: a valid socket and a c_int option value of the length given.
+    let set = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(stream),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&raw const size).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0, "setsockopt(SO_RCVBUF)");
+}
