@@ -39,6 +39,10 @@ const LINGER: Duration = Duration::from_secs(2);
 /// How long accepting waits after `accept` failed for want of descriptors or memory
 /// (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) before it tries again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// Connections accepted per loop turn. A storm of connects then cannot hold up the
+/// connections already open, and peers that hung up are seen (and their per-address count
+/// released) before the next batch is admitted.
+const ACCEPT_BATCH: usize = 64;
 /// The share of the pool's chunks (1 / this) that partial request heads may hold together.
 const HEAD_SHARE: usize = 4;
 
@@ -124,6 +128,9 @@ pub(crate) struct EventLoop {
     accept_retry: Option<Instant>,
     /// The last `accept` failed (its warning is logged once per episode).
     accept_failing: bool,
+    /// The backlog may hold more connections than the last batch took: accept again after
+    /// the next (non-blocking) poll.
+    accept_more: bool,
     /// Bytes in the send queues, as of each connection's last flush (the `bytes_buffered`
     /// gauge).
     ///
@@ -193,6 +200,7 @@ impl EventLoop {
             drain_deadline: None,
             accept_retry: None,
             accept_failing: false,
+            accept_more: false,
             buffered: 0,
             head_chunks: 0,
             stats: LoopStats::default(),
@@ -227,8 +235,11 @@ impl EventLoop {
             {
                 break;
             }
-            let timeout =
-                if self.resume.is_empty() { self.poll_timeout(now) } else { Some(Duration::ZERO) };
+            let timeout = if self.resume.is_empty() && !self.accept_more {
+                self.poll_timeout(now)
+            } else {
+                Some(Duration::ZERO)
+            };
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -236,7 +247,7 @@ impl EventLoop {
             }
             let now = self.now();
             self.expire_timers(now);
-            if self.accept_retry.is_some_and(|at| at <= now) {
+            if self.accept_more || self.accept_retry.is_some_and(|at| at <= now) {
                 self.accept_retry = None;
                 self.accept(now);
             }
@@ -314,7 +325,8 @@ impl EventLoop {
     }
 
     fn accept(&mut self, now: Instant) {
-        loop {
+        self.accept_more = false;
+        for _ in 0..ACCEPT_BATCH {
             let Some(listener) = &self.listener else { return };
             let accepted = listener.accept();
             if self.accept_failing
@@ -372,6 +384,7 @@ impl EventLoop {
             });
             self.mark(token);
         }
+        self.accept_more = true;
     }
 
     fn mark(&mut self, token: usize) {
@@ -1231,22 +1244,25 @@ impl EventLoop {
             self.writability_changed(token, now, change);
         }
         let entry = &mut self.conns[token];
-        let done = match &entry.phase {
-            Phase::Open { ws, .. } => ws.state() == State::Closed,
-            Phase::Draining { .. } => true,
-            _ => false,
-        };
-        if done && entry.queue.is_empty() {
-            if let Phase::Open { close_reported, .. } = &mut entry.phase {
-                if !*close_reported {
-                    // Drain the Closed event the core still holds.
-                    self.after_input(token);
-                }
-                self.shared.metrics.connections.dec();
+        if let Phase::Open { ws, close_reported, .. } = &mut entry.phase
+            && ws.state() == State::Closed
+        {
+            if !*close_reported {
+                // Drain the Closed event the core still holds.
+                self.after_input(token);
             }
+            self.shared.metrics.connections.dec();
             self.topics.drop_conn(&self.shared.hub, token);
             let entry = &mut self.conns[token];
             entry.partial.clear(&mut self.pool);
+            // What is still queued (the close frame, and the messages before it) gets the
+            // close timeout to leave: a peer that stopped reading cannot hold the connection
+            // and its chunks for ever.
+            let deadline = now + self.shared.config.close_timeout;
+            entry.phase = Phase::Draining { deadline };
+        }
+        let entry = &mut self.conns[token];
+        if matches!(entry.phase, Phase::Draining { .. }) && entry.queue.is_empty() {
             // The server closes the TCP connection first (§7.1.1).
             let _ = entry.stream.shutdown(Shutdown::Write);
             entry.phase = Phase::Linger { deadline: now + LINGER };

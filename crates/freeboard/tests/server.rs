@@ -315,23 +315,24 @@ fn an_exhausted_pool_still_answers_503() {
     cfg.send_high = 3 << 20;
     cfg.send_cap = 4 << 20;
     cfg.slow_consumer = freeboard::SlowConsumerPolicy::DropNewest;
+    cfg.close_timeout = Duration::from_secs(10);
     let server = start(cfg);
     let addr = server.local_addr();
     let mut hog = non_reader(addr);
-    let message = vec![7u8; 1000];
+    let frame = freeboard_test::frame(0x82, &[7u8; 1000], freeboard_test::TEST_MASK);
     let total = metric(addr, "freeboard_pool_chunks_total{event_loop=\"0\"}");
-    // Drop-newest keeps reading, so these writes never wait for long.
-    for _ in 0..100 {
-        for _ in 0..1_000 {
-            hog.send(0x82, &message);
-        }
-        if metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") == total {
+    let reserve = (freeboard::ServerConfig::default().connection_reserve / 4096) as f64;
+    let short = || total - metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") < reserve;
+    // Send until the pool cannot cover a connection's reserve. Drop-newest keeps reading, so
+    // these writes never wait for long; once the pool is that short a message split across
+    // reads may be refused with 1013, so a failed write ends the sending (the connection
+    // and its queue stay until the close timeout).
+    for _ in 0..1_000 {
+        if short() || (0..100).any(|_| hog.stream.write_all(&frame).is_err()) {
             break;
         }
     }
-    common::wait_until("the pool to run out", || {
-        metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") == total
-    });
+    common::wait_until("the pool to run short", short);
     let (refused, status, head) = Client::connect(addr, "/");
     assert_eq!(status, 503, "{head}");
     assert_eq!(server.metrics().refusals_for(503), 1);
@@ -345,41 +346,66 @@ fn an_exhausted_pool_still_answers_503() {
 #[test]
 fn echo_under_block_closes_1013_rather_than_lose_a_message() {
     let mut cfg = config();
-    cfg.memory = 2 << 20;
-    cfg.send_low = 3 << 20;
-    cfg.send_high = 3 << 20;
-    cfg.send_cap = 4 << 20;
+    cfg.send_low = 8 << 10;
+    cfg.send_high = 16 << 10;
+    cfg.send_cap = 20 << 10;
     cfg.slow_consumer = freeboard::SlowConsumerPolicy::Block;
     let server = start(cfg);
-    let addr = server.local_addr();
-    let mut hog = non_reader(addr);
-    let sent = 10_000u32;
-    for seq in 0..sent {
-        let mut message = vec![0u8; 1000];
+    let mut c = Client::open(server.local_addr());
+    // 40 KiB of 100-byte messages in one write, so in one read: `block` stops reading above
+    // the high watermark, but the echoes of what was already read pass the cap. The first
+    // that finds no room cannot be kept for later, so Echo closes 1013 instead of losing it.
+    let mut burst = Vec::new();
+    for seq in 0..400u32 {
+        let mut message = [0u8; 100];
         message[..4].copy_from_slice(&seq.to_be_bytes());
-        hog.send(0x82, &message);
+        burst.extend(freeboard_test::frame(0x82, &message, freeboard_test::TEST_MASK));
     }
-    // Read at full speed now: a 4 KiB window stalls the sender on zero-window probes.
-    set_receive_buffer(&hog.stream, 4 << 20);
-    // Every echo up to where the pool ran out, in order and none missing, then the close (or,
-    // should the pool not even hold the close frame, the end of the connection).
+    c.stream.write_all(&burst).unwrap();
     let mut next = 0u32;
-    let end = loop {
-        match hog.recv() {
+    let code = loop {
+        match c.recv() {
             Some((0x2, payload)) => {
                 assert_eq!(payload[..4], next.to_be_bytes(), "echo {next} missing");
                 next += 1;
             }
-            Some((0x8, payload)) => break Some(u16::from_be_bytes([payload[0], payload[1]])),
-            Some((opcode, _)) => panic!("unexpected opcode {opcode}"),
-            None => break None,
+            Some((0x8, payload)) => break u16::from_be_bytes([payload[0], payload[1]]),
+            other => panic!("unexpected {other:?} after {next} echoes"),
         }
     };
-    assert!(next < sent, "the pool was meant to run out");
-    assert!(matches!(end, Some(1013) | None), "ended with {end:?} after {next} echoes");
-    drop(hog);
+    assert_eq!(code, 1013, "after {next} echoes");
+    assert!((150..400).contains(&next), "{next} echoes before the close");
+    drop(c);
     let metrics = server.metrics();
     common::wait_until("the chunks to return", || metrics.total_chunks_in_use() == 0);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn a_closed_connection_whose_peer_stops_reading_is_dropped_at_the_close_timeout() {
+    let mut cfg = config();
+    cfg.close_timeout = Duration::from_millis(500);
+    // Watermarks above all the hog sends: the server never stops reading it.
+    cfg.send_low = 16 << 20;
+    cfg.send_high = 16 << 20;
+    cfg.send_cap = 32 << 20;
+    let server = start(cfg);
+    let addr = server.local_addr();
+    let mut hog = non_reader(addr);
+    // Enough echoes to fill the kernel's buffers and leave some in the server's queue, then a
+    // close: the server answers it behind those echoes, which the peer never reads.
+    let message = vec![7u8; 1000];
+    for _ in 0..6_000 {
+        hog.send(0x82, &message);
+    }
+    hog.send(0x88, &1000u16.to_be_bytes());
+    let metrics = server.metrics();
+    common::wait_until("the queue to hold the echoes", || metrics.total_chunks_in_use() > 0);
+    common::wait_until("the connection to be dropped with its chunks", || {
+        metric(addr, "freeboard_connections") == 0.0 && metrics.total_chunks_in_use() == 0
+    });
+    drop(hog);
     server.handle().shutdown();
     server.join().unwrap();
 }
