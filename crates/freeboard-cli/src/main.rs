@@ -89,7 +89,9 @@ struct ServeArgs {
     /// Seconds from accept to a complete upgrade request (slowloris) [default: 10].
     #[arg(long, value_name = "SECS")]
     handshake_timeout: Option<f64>,
-    /// Seconds to wait for the peer's close frame after ours [default: 5].
+    /// Seconds to wait for the peer's close frame after ours, and for what is still queued
+    /// to leave once the connection has closed (a peer that stopped reading is then
+    /// dropped) [default: 5].
     #[arg(long, value_name = "SECS")]
     close_timeout: Option<f64>,
     /// Seconds shutdown waits for close handshakes [default: 5].
