@@ -316,12 +316,13 @@ fn an_exhausted_pool_still_answers_503() {
     cfg.send_cap = 4 << 20;
     cfg.slow_consumer = freeboard::SlowConsumerPolicy::DropNewest;
     cfg.close_timeout = Duration::from_secs(10);
+    // The chunks a new connection's reserve needs: fewer free, and its upgrade gets 503.
+    let reserve = (cfg.connection_reserve / cfg.chunk_size) as f64;
     let server = start(cfg);
     let addr = server.local_addr();
     let mut hog = non_reader(addr);
     let frame = freeboard_test::frame(0x82, &[7u8; 1000], freeboard_test::TEST_MASK);
     let total = metric(addr, "freeboard_pool_chunks_total{event_loop=\"0\"}");
-    let reserve = (freeboard::ServerConfig::default().connection_reserve / 4096) as f64;
     let short = || total - metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") < reserve;
     // Send until the pool cannot cover a connection's reserve. Drop-newest keeps reading, so
     // these writes never wait for long; once the pool is that short a message split across
@@ -337,10 +338,7 @@ fn an_exhausted_pool_still_answers_503() {
     assert_eq!(status, 503, "{head}");
     assert_eq!(server.metrics().refusals_for(503), 1);
     drop((hog, refused));
-    let metrics = server.metrics();
-    common::wait_until("the chunks to return", || metrics.total_chunks_in_use() == 0);
-    server.handle().shutdown();
-    server.join().unwrap();
+    common::stop_once_idle(server);
 }
 
 #[test]
@@ -376,10 +374,7 @@ fn echo_under_block_closes_1013_rather_than_lose_a_message() {
     assert_eq!(code, 1013, "after {next} echoes");
     assert!((150..400).contains(&next), "{next} echoes before the close");
     drop(c);
-    let metrics = server.metrics();
-    common::wait_until("the chunks to return", || metrics.total_chunks_in_use() == 0);
-    server.handle().shutdown();
-    server.join().unwrap();
+    common::stop_once_idle(server);
 }
 
 #[test]
@@ -406,8 +401,7 @@ fn a_closed_connection_whose_peer_stops_reading_is_dropped_at_the_close_timeout(
         metric(addr, "freeboard_connections") == 0.0 && metrics.total_chunks_in_use() == 0
     });
     drop(hog);
-    server.handle().shutdown();
-    server.join().unwrap();
+    common::stop_once_idle(server);
 }
 
 /// An upgraded client that will not read: a small receive buffer (no autotuning to
@@ -415,23 +409,9 @@ fn a_closed_connection_whose_peer_stops_reading_is_dropped_at_the_close_timeout(
 /// grows to 4 MiB here) stays in the server's pool.
 fn non_reader(addr: std::net::SocketAddr) -> Client {
     let stream = TcpStream::connect(addr).unwrap();
-    set_receive_buffer(&stream, 4096);
+    socket2::SockRef::from(&stream).set_recv_buffer_size(4096).expect("SO_RCVBUF");
     let mut client = Client::raw(stream);
     client.stream.write_all(upgrade_request("/").as_bytes()).unwrap();
     assert!(client.read_head().starts_with("HTTP/1.1 101"));
     client
-}
-
-fn set_receive_buffer(stream: &TcpStream, size: libc::c_int) {
-    // SAFETY: a valid socket and a c_int option value of the length given.
-    let set = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(stream),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&raw const size).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(set, 0, "setsockopt(SO_RCVBUF)");
 }

@@ -167,6 +167,14 @@ pub fn metric(addr: SocketAddr, series: &str) -> f64 {
 
 /// Waits until `cond` holds (gauges are published at the end of a loop turn, just after the
 /// bytes a client may already have read); fails after 10 s.
+/// Waits for every pool chunk to come back, then shuts the server down.
+pub fn stop_once_idle(server: RunningServer) {
+    let metrics = server.metrics();
+    wait_until("the chunks to return", || metrics.total_chunks_in_use() == 0);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !cond() {
