@@ -150,7 +150,14 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                         failure = Some("a subscriber was closed".to_string());
                         break 'run;
                     }
-                    Ok(k) => pending.extend_from_slice(&buf[..k]),
+                    Ok(k) => {
+                        pending.extend_from_slice(&buf[..k]);
+                        // A short read emptied the socket: the next arrival raises a new
+                        // edge, so the read that would say `WouldBlock` can be saved.
+                        if k < buf.len() {
+                            break;
+                        }
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => {

@@ -167,6 +167,44 @@ impl SendQueue {
         Ok(self.watermarks.observe(self.len()))
     }
 
+    /// Queues the bytes that open the stream (an HTTP `101 Switching Protocols` response)
+    /// into an empty queue, bypassing the policy: like a control frame no policy drops them
+    /// later, so the messages queued after them can never overtake them. Fails with
+    /// [`Limit::Cap`] if they are larger than the cap, [`Limit::Pool`] if the pool cannot
+    /// store them; nothing is queued then.
+    ///
+    /// ```
+    /// use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue, SlowConsumerPolicy, Watermarks};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new())?;
+    /// let mut queue = SendQueue::new(Watermarks::new(4, 8, 64)?, SlowConsumerPolicy::Conflate);
+    /// queue.push_preamble(&mut pool, b"HTTP/1.1 101 ...\r\n\r\n").unwrap();
+    /// let _ = queue.push_message(&mut pool, &[b"old"]);
+    /// let _ = queue.push_message(&mut pool, &[b"new"]); // conflates "old", not the head
+    ///
+    /// let mut out = [0u8; 64];
+    /// let n = queue.copy_to(&pool, &mut out);
+    /// assert_eq!(&out[..n], b"HTTP/1.1 101 ...\r\n\r\nnew");
+    /// let _ = queue.clear(&mut pool);
+    /// # Ok(()) }
+    /// ```
+    pub fn push_preamble(
+        &mut self,
+        pool: &mut Pool<'_>,
+        bytes: &[u8],
+    ) -> Result<Option<Writability>, Limit> {
+        debug_assert!(self.is_empty(), "a preamble goes before everything else");
+        if bytes.len() > self.watermarks.cap() {
+            return Err(Limit::Cap);
+        }
+        if !bytes.is_empty() {
+            self.store(pool, true, |chain, pool| chain.copy_in(pool, bytes, true))
+                .map_err(|_| Limit::Pool)?;
+        }
+        Ok(self.watermarks.observe(self.len()))
+    }
+
     /// Fills `out` with the unsent bytes, one slice per segment, for a vectored write; returns
     /// the number of slices filled.
     #[inline]

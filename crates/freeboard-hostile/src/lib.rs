@@ -13,6 +13,8 @@
 //! - [`churn`]: connect / upgrade / close cycles.
 //! - [`faults`]: peers that reset mid-frame, half-close, stop reading or read one byte at a
 //!   time, and a descriptor limit the server hits.
+//! - [`soak`]: echo, pub/sub and connection churn at once for a bounded time, the server's
+//!   memory sampled as it goes.
 //!
 //! The plumbing: [`Serve`] starts the binary (built on first use) with chosen flags and kills
 //! it on drop, [`Scrape`] reads `/metrics`, [`WsClient`] is a blocking raw-frame client.
@@ -26,6 +28,7 @@ mod innocent;
 mod metrics;
 mod serve;
 pub mod slowloris;
+pub mod soak;
 mod ws;
 
 pub use innocent::{EchoReport, Figures, Innocent, Watch};

@@ -100,6 +100,12 @@ impl WsClient {
         Self { stream, buf: Vec::new() }
     }
 
+    /// A second handle on the connection, to read on another thread while this one writes.
+    /// It takes the bytes already read past the last frame, so only it may read from now on.
+    pub fn reader(&mut self) -> io::Result<Self> {
+        Ok(Self { stream: self.stream.try_clone()?, buf: std::mem::take(&mut self.buf) })
+    }
+
     /// Reads an HTTP response head.
     pub fn read_head(&mut self) -> io::Result<String> {
         loop {

@@ -587,11 +587,9 @@ impl EventLoop {
             let policy = options.slow_consumer.unwrap_or(entry.queue.policy());
             entry.queue = SendQueue::new(marks, policy);
         }
-        let pushed = entry.queue.push_message(&mut self.pool, &[&response[..n]]);
-        if !matches!(
-            pushed.outcome,
-            freeboard_buf::PushOutcome::Queued | freeboard_buf::PushOutcome::QueuedAboveHigh
-        ) {
+        // Not a message: no policy may drop the 101 for a message queued after it (conflate
+        // would, for the first publication to a new subscriber).
+        if entry.queue.push_preamble(&mut self.pool, &response[..n]).is_err() {
             self.remove(token);
             return false;
         }

@@ -191,6 +191,40 @@ fn conflate_keeps_a_never_reading_subscriber_under_its_cap_and_delivers_the_newe
 }
 
 #[test]
+fn a_new_subscriber_gets_its_101_before_any_message_under_conflate() {
+    // Conflate replaces every unsent message: it once replaced the queued 101 response of a
+    // subscriber whose first publication arrived in the same turn, so the client read a
+    // frame where the response head belonged.
+    const SUBSCRIBERS: usize = 300;
+    let mut config = common::config();
+    config.threads = 2;
+    config.topics = topics(SlowConsumerPolicy::Conflate, 64 << 10);
+    let t = config.topics.clone();
+    let server = start(config, move || Router::new().topics(&t));
+    let addr = server.local_addr();
+    let stop_publishing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publisher = {
+        let (handle, stop) = (server.handle(), stop_publishing.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                handle.publish("busy", MessageKind::Binary, b"tick");
+            }
+        })
+    };
+    for i in 0..SUBSCRIBERS {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.write_all(common::upgrade_request("/topic/busy").as_bytes()).unwrap();
+        let mut client = common::Client::raw(stream);
+        let mut first = [0u8; 12];
+        std::io::Read::read_exact(&mut client.stream, &mut first).unwrap();
+        assert_eq!(&first, b"HTTP/1.1 101", "subscriber {i} read {first:?} first");
+    }
+    stop_publishing.store(true, std::sync::atomic::Ordering::Relaxed);
+    publisher.join().unwrap();
+    stop(server);
+}
+
+#[test]
 fn drop_oldest_never_tears_a_frame_for_a_never_reading_subscriber() {
     let (mut slow, metrics, server) = never_reading(SlowConsumerPolicy::DropOldest);
     let seen = read_all(&mut slow, 19_999);
