@@ -82,6 +82,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     let completed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicU64::new(0));
     let (messages, window, size) = (b.messages, b.window.max(1), b.size);
+    let raw = b.publish.raw;
     let publisher = {
         let (completed, stop) = (completed.clone(), stop.clone());
         // The thread gives the stream back rather than closing it: the publisher never reads
@@ -104,14 +105,18 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                 payload[8..16].copy_from_slice(&t.to_le_bytes());
                 frame.clear();
                 frame.push(0x82); // FIN, binary
+                // A raw fan-out passes frames on verbatim, so they go unmasked, as a server's.
+                let mask = if raw { 0 } else { 0x80 };
                 if size < 126 {
-                    frame.push(0x80 | size as u8);
+                    frame.push(mask | size as u8);
                 } else {
-                    frame.push(0x80 | 126);
+                    frame.push(mask | 126);
                     frame.extend_from_slice(&(size as u16).to_be_bytes());
                 }
-                // A zero masking key is a valid key and leaves the payload as it is.
-                frame.extend_from_slice(&[0; 4]);
+                if !raw {
+                    // A zero masking key is a valid key and leaves the payload as it is.
+                    frame.extend_from_slice(&[0; 4]);
+                }
                 frame.extend_from_slice(&payload);
                 publisher.write_all(&frame)?;
             }

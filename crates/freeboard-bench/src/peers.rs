@@ -27,6 +27,9 @@ pub enum Peer {
     /// Node's `ws` as a broadcast server (`/pub` publishes to every other connection, looping
     /// over a `Map`), for the broadcast experiment only: not in [`Peer::ALL`].
     NodeWsBroadcast,
+    /// An epoll (mio) TCP fan-out with no WebSocket work, writing what one connection sends to
+    /// every other: the physical limit of the broadcast experiment, and only there.
+    RawTcpBroadcast,
 }
 
 impl Peer {
@@ -50,12 +53,13 @@ impl Peer {
             Peer::NodeWs => "node-ws",
             Peer::Gorilla => "gorilla",
             Peer::NodeWsBroadcast => "node-ws-broadcast",
+            Peer::RawTcpBroadcast => "raw-tcp-broadcast",
         }
     }
 
     /// The peer called `name`.
     pub fn parse(name: &str) -> Result<Self, String> {
-        let all = Self::ALL.into_iter().chain([Peer::NodeWsBroadcast]);
+        let all = Self::ALL.into_iter().chain([Peer::NodeWsBroadcast, Peer::RawTcpBroadcast]);
         all.into_iter().find(|p| p.name() == name).ok_or_else(|| {
             let names: Vec<_> = Self::ALL.iter().map(|p| p.name()).collect();
             format!("unknown peer {name:?}; known: {}", names.join(", "))
@@ -140,7 +144,10 @@ impl Peers {
                     .current_dir(&source))?;
                 return Ok(output);
             }
-            Peer::RawTcp | Peer::TokioTungstenite | Peer::Fastwebsockets => {}
+            Peer::RawTcp
+            | Peer::RawTcpBroadcast
+            | Peer::TokioTungstenite
+            | Peer::Fastwebsockets => {}
         }
         let manifest = self.sources.join(peer.name()).join("Cargo.toml");
         let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
@@ -187,8 +194,11 @@ impl Peers {
         }
         let child = command.spawn()?;
         let pid = child.id();
-        let mut running =
-            Running { child, target: Target::at(addr, "/", peer == Peer::RawTcp), pid };
+        let mut running = Running {
+            child,
+            target: Target::at(addr, "/", matches!(peer, Peer::RawTcp | Peer::RawTcpBroadcast)),
+            pid,
+        };
         let start = Instant::now();
         loop {
             // A connection to a free port in the ephemeral range can meet itself (TCP

@@ -119,15 +119,16 @@ pub(crate) enum BenchCommand {
     },
     /// One publisher, N subscribers on a topic: deliveries/s and the latency of the last
     /// subscriber (p50/p99/max), against `freeboard serve` (started with --client-publish,
-    /// drop-oldest and a 4 MiB subscriber cap) and, with --peers, Node's `ws` broadcast peer
-    /// side by side.
+    /// drop-oldest and a 4 MiB subscriber cap) and, with --peers, a raw TCP fan-out (the limit)
+    /// and Node's `ws` broadcast peer side by side.
     Broadcast {
         /// A topic URL to subscribe and publish to (ws://host:port/topic/NAME on a server with
         /// --client-publish) instead of starting servers.
         url: Option<String>,
-        /// Servers to start one after the other: freeboard, node-ws-broadcast (a comma-separated
-        /// list; without a value both).
-        #[arg(long, num_args = 0..=1, default_missing_value = "freeboard,node-ws-broadcast", value_name = "LIST")]
+        /// Servers to start one after the other: freeboard, raw-tcp-broadcast (a TCP fan-out
+        /// with no WebSocket work: the limit), node-ws-broadcast (a comma-separated list;
+        /// without a value all three).
+        #[arg(long, num_args = 0..=1, default_missing_value = "freeboard,raw-tcp-broadcast,node-ws-broadcast", value_name = "LIST")]
         peers: Option<String>,
         /// Subscriber counts, one run each.
         #[arg(long, value_delimiter = ',', default_value = "100,1000")]
@@ -151,7 +152,8 @@ pub(crate) enum BenchCommand {
     /// is reported and the suite goes on (the exit status says whether any failed).
     All {
         /// Peers for the experiments that take them (echo, pipeline, connections, slow
-        /// consumer; broadcast adds node-ws-broadcast): all of them, or a comma-separated list.
+        /// consumer; broadcast runs raw-tcp-broadcast and node-ws-broadcast instead): all of
+        /// them, or a comma-separated list.
         /// Without it only freeboard runs.
         #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "LIST")]
         peers: Option<String>,
@@ -838,6 +840,7 @@ fn broadcast(
                 let (sub, publ) = match peer {
                     Peer::Freeboard => ("/topic/bench", "/topic/bench"),
                     Peer::NodeWsBroadcast => ("/sub", "/pub"),
+                    Peer::RawTcpBroadcast => ("/", "/"),
                     _ => return Err(format!("{name} has no broadcast route")),
                 };
                 let running = match servers.start(peer, None) {
@@ -847,7 +850,7 @@ fn broadcast(
                         continue;
                     }
                 };
-                let at = |path: &str| Target::at(running.target.addr, path, false);
+                let at = |path: &str| Target::at(running.target.addr, path, running.target.raw);
                 measure(name, &at(sub), &at(publ))?;
             }
         }
@@ -875,7 +878,7 @@ fn finish(report: &Report, output: &Output, csv: fn(&Report) -> String) -> Resul
 fn suite(peers: &str, quick: bool) -> Vec<(&'static str, Vec<String>)> {
     let broadcast_peers = match peers {
         "freeboard" => "freeboard".to_string(),
-        _ => "freeboard,node-ws-broadcast".to_string(),
+        _ => "freeboard,raw-tcp-broadcast,node-ws-broadcast".to_string(),
     };
     let with_peers = |args: &[&str]| -> Vec<String> {
         let mut v: Vec<String> = args.iter().map(|a| a.to_string()).collect();
