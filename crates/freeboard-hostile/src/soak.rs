@@ -360,11 +360,13 @@ fn publisher(addr: SocketAddr, id: u8, rate: u32, shared: &Shared) -> Result<(),
     let mut client = upgrade(addr, TOPIC)?;
     // Its own copies are read and checked on another thread, like any subscriber's.
     let reader = client.reader().map_err(|e| e.to_string())?;
+    let writer = Mutex::new(client);
     let mut rng = Rng::new(1000 + u64::from(id));
     let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
     let mut next = Instant::now();
     std::thread::scope(|scope| {
-        let check = scope.spawn(|| check_deliveries(reader, &format!("publisher {id}"), shared));
+        let check =
+            scope.spawn(|| check_deliveries(reader, &writer, &format!("publisher {id}"), shared));
         let mut seq = 0u64;
         let sent = loop {
             if !shared.running() {
@@ -377,14 +379,14 @@ fn publisher(addr: SocketAddr, id: u8, rate: u32, shared: &Shared) -> Result<(),
             }
             next += period;
             let message = topic_message(id, seq, 16 + rng.below(4081) as usize);
-            if let Err(e) = client.send(0x82, &message) {
+            if let Err(e) = send(&writer, 0x82, &message) {
                 break Err(format!("publisher {id}, message {seq}: {e}"));
             }
             shared.published.fetch_add(1, Ordering::Relaxed);
             seq += 1;
         };
         // The close answer is read by the checker, which ends at the close.
-        let _ = client.send(0x88, &1000u16.to_be_bytes());
+        let _ = send(&writer, 0x88, &1000u16.to_be_bytes());
         let checked = check.join().map_err(|_| "a publisher's reader panicked".to_string())?;
         sent.and(checked)
     })
@@ -395,22 +397,35 @@ fn subscriber(addr: SocketAddr, stay: Duration, shared: &Shared) -> Result<(), S
     while shared.running() {
         let mut client = upgrade(addr, TOPIC)?;
         let reader = client.reader().map_err(|e| e.to_string())?;
+        let writer = Mutex::new(client);
         std::thread::scope(|scope| {
-            let check = scope.spawn(|| check_deliveries(reader, "subscriber", shared));
+            let check = scope.spawn(|| check_deliveries(reader, &writer, "subscriber", shared));
             let leave = Instant::now() + stay;
             while shared.running() && Instant::now() < leave {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            let _ = client.send(0x88, &1000u16.to_be_bytes());
+            let _ = send(&writer, 0x88, &1000u16.to_be_bytes());
             check.join().map_err(|_| "a subscriber's reader panicked".to_string())?
         })?;
     }
     Ok(())
 }
 
+/// Sends one frame on a connection whose reader runs on another thread (and pongs through the
+/// same lock, so frames never interleave).
+fn send(writer: &Mutex<WsClient>, first_byte: u8, payload: &[u8]) -> std::io::Result<()> {
+    writer.lock().map_err(|_| std::io::Error::other("poisoned"))?.send(first_byte, payload)
+}
+
 /// Reads topic messages until the close answer: numbers only go up per publisher, payloads
-/// are intact; the numbers skipped are counted as gaps.
-fn check_deliveries(mut reader: WsClient, who: &str, shared: &Shared) -> Result<(), String> {
+/// are intact; the numbers skipped are counted as gaps. Pings get their pong, as from a
+/// browser: the server's keep-alive closes a subscriber that stays silent.
+fn check_deliveries(
+    mut reader: WsClient,
+    writer: &Mutex<WsClient>,
+    who: &str,
+    shared: &Shared,
+) -> Result<(), String> {
     let mut last: [Option<u64>; 256] = [None; 256];
     loop {
         let frame = match reader.recv() {
@@ -440,7 +455,8 @@ fn check_deliveries(mut reader: WsClient, who: &str, shared: &Shared) -> Result<
                 *prev = Some(seq);
                 shared.deliveries.fetch_add(1, Ordering::Relaxed);
             }
-            0x9 | 0xA => {}
+            0x9 => send(writer, 0x8A, &frame.payload).map_err(|e| format!("{who}: pong: {e}"))?,
+            0xA => {}
             op => return Err(format!("{who}: unexpected frame, opcode {op}")),
         }
     }
