@@ -72,6 +72,8 @@ pub struct Sample {
     pub rss_kib: u64,
     /// Pool chunks in use (all loops).
     pub chunks_in_use: u64,
+    /// The most pool chunks in use at once so far (each loop's high water, summed).
+    pub chunks_high_water: u64,
     /// Pool chunks in total (all loops).
     pub chunks_total: u64,
     /// Chunk allocations refused so far.
@@ -80,7 +82,7 @@ pub struct Sample {
     pub connections: u64,
     /// Messages dropped so far by slow-consumer policies and whole-loop topic drops.
     pub drops: u64,
-    /// Echoes, deliveries and churn cycles completed over the interval.
+    /// Echoes checked over the interval.
     pub echoes: u64,
     /// Topic messages subscribers received over the interval.
     pub deliveries: u64,
@@ -111,14 +113,15 @@ impl Outcome {
     /// The samples as CSV, one line each.
     pub fn csv(&self) -> String {
         let mut s = String::from(
-            "t_s,rss_kib,chunks_in_use,chunks_total,allocation_failures,connections,drops,echoes,deliveries,cycles\n",
+            "t_s,rss_kib,chunks_in_use,chunks_high_water,chunks_total,allocation_failures,connections,drops,echoes,deliveries,cycles\n",
         );
         for x in &self.samples {
             s += &format!(
-                "{:.0},{},{},{},{},{},{},{},{},{}\n",
+                "{:.0},{},{},{},{},{},{},{},{},{},{}\n",
                 x.t,
                 x.rss_kib,
                 x.chunks_in_use,
+                x.chunks_high_water,
                 x.chunks_total,
                 x.allocation_failures,
                 x.connections,
@@ -217,6 +220,7 @@ pub fn run(addr: SocketAddr, pid: u32, mix: &Mix) -> Outcome {
             t,
             rss_kib: rss_kib(pid),
             chunks_in_use: m.sum("pool_chunks_in_use") as u64,
+            chunks_high_water: m.sum("pool_chunks_high_water") as u64,
             chunks_total: m.sum("pool_chunks_total") as u64,
             allocation_failures: m.sum("pool_allocation_failures") as u64,
             connections: m.get("connections") as u64,
