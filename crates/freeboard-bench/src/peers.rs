@@ -60,8 +60,8 @@ impl Peer {
     /// The peer called `name`.
     pub fn parse(name: &str) -> Result<Self, String> {
         let all = Self::ALL.into_iter().chain([Peer::NodeWsBroadcast, Peer::RawTcpBroadcast]);
-        all.into_iter().find(|p| p.name() == name).ok_or_else(|| {
-            let names: Vec<_> = Self::ALL.iter().map(|p| p.name()).collect();
+        all.clone().find(|p| p.name() == name).ok_or_else(|| {
+            let names: Vec<_> = all.map(|p| p.name()).collect();
             format!("unknown peer {name:?}; known: {}", names.join(", "))
         })
     }

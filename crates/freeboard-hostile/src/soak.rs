@@ -359,23 +359,14 @@ fn topic_message(publisher: u8, seq: u64, len: usize) -> Vec<u8> {
 }
 
 /// A publisher: `rate` numbered messages a second on the topic. It is a subscriber too, and
-/// the server's policy handles what it does not read (it reads nothing).
+/// checks its own copies like any other.
 fn publisher(addr: SocketAddr, id: u8, rate: u32, shared: &Shared) -> Result<(), String> {
-    let mut client = upgrade(addr, TOPIC)?;
-    // Its own copies are read and checked on another thread, like any subscriber's.
-    let reader = client.reader().map_err(|e| e.to_string())?;
-    let writer = Mutex::new(client);
     let mut rng = Rng::new(1000 + u64::from(id));
     let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
     let mut next = Instant::now();
-    std::thread::scope(|scope| {
-        let check =
-            scope.spawn(|| check_deliveries(reader, &writer, &format!("publisher {id}"), shared));
+    on_topic(addr, &format!("publisher {id}"), shared, |writer| {
         let mut seq = 0u64;
-        let sent = loop {
-            if !shared.running() {
-                break Ok(());
-            }
+        while shared.running() {
             let now = Instant::now();
             if now < next {
                 std::thread::sleep(next - now);
@@ -383,36 +374,47 @@ fn publisher(addr: SocketAddr, id: u8, rate: u32, shared: &Shared) -> Result<(),
             }
             next += period;
             let message = topic_message(id, seq, 16 + rng.below(4081) as usize);
-            if let Err(e) = send(&writer, 0x82, &message) {
-                break Err(format!("publisher {id}, message {seq}: {e}"));
-            }
+            send(writer, 0x82, &message)
+                .map_err(|e| format!("publisher {id}, message {seq}: {e}"))?;
             shared.published.fetch_add(1, Ordering::Relaxed);
             seq += 1;
-        };
-        // The close answer is read by the checker, which ends at the close.
-        let _ = send(&writer, 0x88, &1000u16.to_be_bytes());
-        let checked = check.join().map_err(|_| "a publisher's reader panicked".to_string())?;
-        sent.and(checked)
+        }
+        Ok(())
     })
 }
 
 /// A subscriber slot: subscribes, checks what arrives for `stay`, closes, subscribes again.
 fn subscriber(addr: SocketAddr, stay: Duration, shared: &Shared) -> Result<(), String> {
     while shared.running() {
-        let mut client = upgrade(addr, TOPIC)?;
-        let reader = client.reader().map_err(|e| e.to_string())?;
-        let writer = Mutex::new(client);
-        std::thread::scope(|scope| {
-            let check = scope.spawn(|| check_deliveries(reader, &writer, "subscriber", shared));
-            let leave = Instant::now() + stay;
+        let leave = Instant::now() + stay;
+        on_topic(addr, "subscriber", shared, |_| {
             while shared.running() && Instant::now() < leave {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            let _ = send(&writer, 0x88, &1000u16.to_be_bytes());
-            check.join().map_err(|_| "a subscriber's reader panicked".to_string())?
+            Ok(())
         })?;
     }
     Ok(())
+}
+
+/// One connection to the topic: `act` writes through the lock while another thread checks
+/// every delivery (see [`check_deliveries`]); then a close 1000, whose answer ends the check.
+fn on_topic(
+    addr: SocketAddr,
+    who: &str,
+    shared: &Shared,
+    act: impl FnOnce(&Mutex<WsClient>) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut client = upgrade(addr, TOPIC)?;
+    let reader = client.reader().map_err(|e| e.to_string())?;
+    let writer = Mutex::new(client);
+    std::thread::scope(|scope| {
+        let check = scope.spawn(|| check_deliveries(reader, &writer, who, shared));
+        let acted = act(&writer);
+        let _ = send(&writer, 0x88, &1000u16.to_be_bytes());
+        let checked = check.join().map_err(|_| format!("{who}: the reader panicked"))?;
+        acted.and(checked)
+    })
 }
 
 /// Sends one frame on a connection whose reader runs on another thread (and pongs through the

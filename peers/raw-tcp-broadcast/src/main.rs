@@ -43,13 +43,10 @@ fn main() -> io::Result<()> {
                 }
                 continue;
             }
-            let key = event.token().0;
-            if let Err(dead) = serve(&mut conns, key, &mut buf) {
-                for key in dead {
-                    if conns.contains(key) {
-                        let mut conn = conns.remove(key);
-                        let _ = poll.registry().deregister(&mut conn.stream);
-                    }
+            for key in serve(&mut conns, event.token().0, &mut buf) {
+                if conns.contains(key) {
+                    let mut conn = conns.remove(key);
+                    let _ = poll.registry().deregister(&mut conn.stream);
                 }
             }
         }
@@ -58,14 +55,13 @@ fn main() -> io::Result<()> {
 
 /// Flushes what `key` has pending, then reads it dry and fans out what it sent. Returns the
 /// connections that failed.
-fn serve(conns: &mut Slab<Conn>, key: usize, buf: &mut [u8]) -> Result<(), Vec<usize>> {
+fn serve(conns: &mut Slab<Conn>, key: usize, buf: &mut [u8]) -> Vec<usize> {
     let mut dead = Vec::new();
-    let Some(conn) = conns.get_mut(key) else { return Ok(()) };
-    if flush(conn).is_err() {
-        return Err(vec![key]);
-    }
-    loop {
-        let Some(conn) = conns.get_mut(key) else { break };
+    while let Some(conn) = conns.get_mut(key) {
+        if send(conn, &[]).is_err() {
+            dead.push(key);
+            break;
+        }
         let n = match conn.stream.read(buf) {
             Ok(0) => {
                 dead.push(key);
@@ -82,37 +78,48 @@ fn serve(conns: &mut Slab<Conn>, key: usize, buf: &mut [u8]) -> Result<(), Vec<u
         let mut data = &buf[..n];
         if !conn.greeted {
             conn.greeted = true;
-            conn.pending.push(data[0]);
-            data = &data[1..];
-            if flush(conn).is_err() {
+            if send(conn, &data[..1]).is_err() {
                 dead.push(key);
                 break;
             }
+            data = &data[1..];
+        }
+        if data.is_empty() {
+            continue;
         }
         for (other, conn) in conns.iter_mut() {
-            if other == key || !conn.greeted || data.is_empty() {
-                continue;
-            }
-            conn.pending.extend_from_slice(data);
-            if flush(conn).is_err() {
+            if other != key && conn.greeted && send(conn, data).is_err() {
                 dead.push(other);
             }
         }
     }
-    if dead.is_empty() { Ok(()) } else { Err(dead) }
+    dead
 }
 
-/// Writes what `conn` has pending until the socket takes no more.
-fn flush(conn: &mut Conn) -> io::Result<()> {
+/// Writes what `conn` has pending, then `data` straight from the caller's buffer; what the
+/// socket does not take is kept for when it drains.
+fn send(conn: &mut Conn, data: &[u8]) -> io::Result<()> {
+    let taken = write_some(&mut conn.stream, &conn.pending)?;
+    conn.pending.drain(..taken);
+    if !conn.pending.is_empty() {
+        conn.pending.extend_from_slice(data);
+        return Ok(());
+    }
+    let taken = write_some(&mut conn.stream, data)?;
+    conn.pending.extend_from_slice(&data[taken..]);
+    Ok(())
+}
+
+/// Writes until the socket takes no more; returns how much it took.
+fn write_some(stream: &mut TcpStream, data: &[u8]) -> io::Result<usize> {
     let mut at = 0;
-    while at < conn.pending.len() {
-        match conn.stream.write(&conn.pending[at..]) {
+    while at < data.len() {
+        match stream.write(&data[at..]) {
             Ok(n) => at += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    conn.pending.drain(..at);
-    Ok(())
+    Ok(at)
 }

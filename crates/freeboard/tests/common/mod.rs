@@ -165,8 +165,6 @@ pub fn metric(addr: SocketAddr, series: &str) -> f64 {
         .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
-/// Waits until `cond` holds (gauges are published at the end of a loop turn, just after the
-/// bytes a client may already have read); fails after 10 s.
 /// Waits for every pool chunk to come back, then shuts the server down.
 pub fn stop_once_idle(server: RunningServer) {
     let metrics = server.metrics();
@@ -175,6 +173,8 @@ pub fn stop_once_idle(server: RunningServer) {
     server.join().unwrap();
 }
 
+/// Waits until `cond` holds (gauges are published at the end of a loop turn, just after the
+/// bytes a client may already have read); fails after 10 s.
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !cond() {
