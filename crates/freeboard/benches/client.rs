@@ -7,11 +7,14 @@
 //!
 //! Send benchmarks write to a loopback server that reads and discards; receive benchmarks read
 //! from a loopback server that writes the same pre-framed messages forever. Both clients talk
-//! to the same servers. `freeboard` writes each message as it is sent (one `writev`, like
-//! tokio-tungstenite's `send`, which flushes); `freeboard corked` queues and writes once the
-//! queue passes its high watermark (like tungstenite's `feed` with a flush now and then).
-//! Both clients run with Nagle's algorithm off (tokio-tungstenite's default leaves it on,
-//! which lets the kernel coalesce small writes at the cost of latency).
+//! to the same servers. A timed run of sends ends with a flush, so every message counted has
+//! been handed to the socket. `freeboard` is the default client: `send` queues and its writer
+//! thread writes at once, taking whatever queued meanwhile in the same write;
+//! `freeboard, caller writes` writes each message in `send` (one `writev`, like
+//! tokio-tungstenite's `send`, which flushes). tokio-tungstenite's `feed` queues without
+//! writing and its timed run ends with one flush. Both clients run with Nagle's algorithm off
+//! (tokio-tungstenite's default leaves it on, which lets the kernel coalesce small writes at
+//! the cost of latency).
 
 use std::hint::black_box;
 use std::io::{Read, Write};
@@ -39,22 +42,24 @@ fn send(c: &mut Criterion) {
 
         let mut client = connect(sink, true);
         group.bench_function("freeboard copied", |b| {
-            b.iter(|| send_all(&mut client, kind, black_box(&payload)))
+            b.iter_custom(|iters| timed_sends(&mut client, iters, kind, &payload))
         });
-        let mut corked = connect(sink, false);
-        group.bench_function("freeboard corked copied", |b| {
-            b.iter(|| send_all(&mut corked, kind, black_box(&payload)))
+        let mut caller = connect(sink, false);
+        group.bench_function("freeboard copied, caller writes", |b| {
+            b.iter_custom(|iters| timed_sends(&mut caller, iters, kind, &payload))
         });
         if size >= 8 << 10 {
-            group.bench_function("freeboard owned", |b| {
+            // Without the writer thread, so that nothing is written while the next buffer is
+            // made (untimed).
+            group.bench_function("freeboard owned, caller writes", |b| {
                 b.iter_batched(
                     || payload.clone(),
                     |owned| {
                         if let PushOutcome::WouldBlock { .. } =
-                            client.send_owned(kind, owned).unwrap().outcome
+                            caller.send_owned(kind, owned).unwrap().outcome
                         {
-                            client.flush(None).unwrap(); // counted: a refused send is retried
-                            send_all(&mut client, kind, &payload);
+                            caller.flush(None).unwrap(); // counted: a refused send is retried
+                            send_all(&mut caller, kind, &payload);
                         }
                     },
                     BatchSize::SmallInput,
@@ -93,8 +98,6 @@ fn send(c: &mut Criterion) {
             })
         });
         group.finish();
-        client.flush(None).unwrap();
-        corked.flush(None).unwrap();
     }
 }
 
@@ -130,9 +133,19 @@ fn receive(c: &mut Criterion) {
 
 fn buffered_amount(c: &mut Criterion) {
     let sink = server(None);
-    let mut client = connect(sink, false);
+    let mut client = connect(sink, true);
     let _ = client.send_binary(&[0u8; 1000]).unwrap();
     c.bench_function("buffered_amount", |b| b.iter(|| black_box(&client).buffered_amount()));
+}
+
+/// `iters` sends and a flush, timed.
+fn timed_sends(client: &mut Client, iters: u64, kind: MessageKind, payload: &[u8]) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iters {
+        send_all(client, kind, black_box(payload));
+    }
+    client.flush(None).unwrap();
+    start.elapsed()
 }
 
 /// Sends one message, waiting for the socket when the policy (`Block`) refuses it.
@@ -142,8 +155,8 @@ fn send_all(client: &mut Client, kind: MessageKind, payload: &[u8]) {
     }
 }
 
-fn connect(addr: SocketAddr, write_through: bool) -> Client {
-    let config = ClientConfig::default().write_through(write_through);
+fn connect(addr: SocketAddr, writer_thread: bool) -> Client {
+    let config = ClientConfig::default().writer_thread(writer_thread);
     Client::connect(&format!("ws://{addr}/"), config).unwrap()
 }
 

@@ -1,12 +1,14 @@
 //! The blocking client: one connection, one thread, no runtime.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, Read};
 use std::mem;
 use std::net::Shutdown;
+use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
 use freeboard_buf::{
-    Budget, ChunkChain, Pool, PoolConfig, PushOutcome, Pushed, SendQueue, Writability,
+    Budget, ChunkChain, Counters, Limit, MAX_CONTROL_FRAME, Pool, PoolConfig, PushOutcome,
+    Pushed, SendQueue,
 };
 use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{
@@ -16,12 +18,12 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use super::handshake::{self, Opened};
+use super::outbox::{Direct, Outbox, Shared, Writer};
 use super::{ClientConfig, ClientError, ReadyState, Target};
 
-/// The most a reused masking buffer keeps between sends.
-const SCRATCH_KEEP: usize = 64 << 10;
-/// Slices per `writev`.
-const IOV: usize = 64;
+/// The smallest message the send pool has a segment slot for at every byte of the cap:
+/// smaller ones may be refused by the pool (`Limit::Pool`) before the cap is reached.
+const SMALL_MESSAGE: usize = 64;
 /// How long the client waits for the server to close TCP after the close handshake (§7.1.1:
 /// the server closes first).
 const LINGER: Duration = Duration::from_secs(1);
@@ -30,9 +32,14 @@ const SOCKET: Token = Token(0);
 /// A blocking WebSocket client over one TCP connection.
 ///
 /// Call order: [`send`](Self::send) (and friends) whenever; [`recv`](Self::recv) to get the
-/// next message or the close event — it also writes what is queued, answers pings and runs
-/// the timers, so a client that only sends must call [`flush`](Self::flush) (or `recv`) now
-/// and then. [`close`](Self::close), then `recv` until [`Event::Closed`].
+/// next message or the close event — it also answers pings and runs the timers.
+/// [`close`](Self::close), then `recv` until [`Event::Closed`].
+///
+/// Who writes: by default a writer thread ([`ClientConfig::writer_thread`]), so a send only
+/// queues and the bytes leave at once without further calls; what queues while the thread is
+/// in the kernel leaves in its next write. Without the thread, each send writes on the
+/// caller's thread (one system call per message) and what the socket does not take leaves at
+/// the next send, [`flush`](Self::flush) or `recv`.
 pub struct Client {
     stream: TcpStream,
     poll: Poll,
@@ -41,14 +48,14 @@ pub struct Client {
     start: StdInstant,
     protocol: Option<String>,
     masks: MaskSource,
+    /// The send queue and its pool, shared with the writer thread.
+    out: Arc<Shared>,
+    /// `None`: the caller writes.
+    writer: Option<Writer>,
+    /// Edge-triggered write readiness not yet used up (when the caller writes).
+    writable: bool,
+    /// Holds the messages being reassembled and delivered.
     pool: Pool<'static>,
-    queue: SendQueue,
-    /// An owned message being written straight from its buffer.
-    /// Invariant: when `Some`, its bytes go out before any in `queue`.
-    direct: Option<Direct>,
-    /// A reused buffer for masked copies of borrowed payloads.
-    scratch: Vec<u8>,
-    write_through: bool,
     close_timeout: Duration,
     /// Invariant: `rbuf[rpos..rlen]` are read bytes the core has not consumed yet.
     rbuf: Box<[u8]>,
@@ -60,9 +67,8 @@ pub struct Client {
     skipping: bool,
     /// The last message handed out by `recv`, released at the next call.
     delivered: ChunkChain,
-    /// Edge-triggered readiness not yet used up.
+    /// Edge-triggered read readiness not yet used up.
     readable: bool,
-    writable: bool,
     /// The close event, once the core reported it.
     closed: Option<CloseEvent>,
     close_reported: bool,
@@ -97,18 +103,6 @@ pub struct Message<'a> {
     pool: &'a Pool<'static>,
 }
 
-/// An owned frame going straight from its buffer to the socket.
-struct Direct {
-    header: [u8; 14],
-    header_len: u8,
-    /// Invariant: `sent <= header_len + payload.len()`.
-    sent: usize,
-    /// The masked payload.
-    payload: Vec<u8>,
-    /// The buffer is the masking scratch and goes back to it.
-    from_scratch: bool,
-}
-
 /// Masking keys from the OS random source, fetched 64 at a time; each is used once.
 pub(super) struct MaskSource {
     keys: [u8; 256],
@@ -128,14 +122,21 @@ impl Client {
         if target.is_secure() {
             return Err(ClientError::TlsNotSupported);
         }
-        let pool_config = PoolConfig::new().with_chunk_size(config.chunk_size);
-        let pool = Pool::new(Budget::new(config.memory), pool_config)
-            .map_err(|e| ClientError::Config(e.to_string()))?;
+        let (send_pool, pool) = pools(&config)?;
         let Opened { stream, protocol, leftover } = handshake::open(target, &config)?;
         stream.set_nonblocking(true)?;
+        let out = Shared::new(Outbox::new(send_pool, SendQueue::new(config.watermarks, config.policy)));
+        let writer = match config.writer_thread {
+            true => Some(Writer::spawn(Arc::clone(&out), stream.try_clone()?)?),
+            false => None,
+        };
         let mut stream = TcpStream::from_std(stream);
         let poll = Poll::new()?;
-        poll.registry().register(&mut stream, SOCKET, Interest::READABLE | Interest::WRITABLE)?;
+        let interest = match writer {
+            Some(_) => Interest::READABLE,
+            None => Interest::READABLE | Interest::WRITABLE,
+        };
+        poll.registry().register(&mut stream, SOCKET, interest)?;
 
         let core = Config::builder()
             .max_message_size(config.max_message_size as u64)
@@ -154,11 +155,10 @@ impl Client {
             start: StdInstant::now(),
             protocol,
             masks: MaskSource::new(),
+            out,
+            writer,
+            writable: true,
             pool,
-            queue: SendQueue::new(config.watermarks, config.policy),
-            direct: None,
-            scratch: Vec::new(),
-            write_through: config.write_through,
             close_timeout: config.close_timeout,
             rbuf: rbuf.into_boxed_slice(),
             rpos: 0,
@@ -167,7 +167,6 @@ impl Client {
             skipping: false,
             delivered: ChunkChain::new(),
             readable: true,
-            writable: true,
             closed: None,
             close_reported: false,
         })
@@ -188,21 +187,26 @@ impl Client {
         self.protocol.as_deref()
     }
 
-    /// Bytes sent but not yet handed to the socket (`bufferedAmount`). O(1).
+    /// Bytes sent but not yet handed to the socket (`bufferedAmount`). O(1), and takes no
+    /// lock.
     pub fn buffered_amount(&self) -> usize {
-        let direct = self.direct.as_ref().map_or(0, |d| d.len() - d.sent);
-        self.queue.len() + direct
+        self.out.buffered()
     }
 
     /// Whether the send queue is at or below its low watermark again after passing the high
     /// one (Netty's `isWritable`).
     pub fn is_writable(&self) -> bool {
-        self.queue.is_writable()
+        self.out.is_writable()
     }
 
-    /// The pool that holds queued and reassembled bytes (its counters show drops, refusals
-    /// and the high-water mark).
-    pub fn pool(&self) -> &Pool<'static> {
+    /// The send pool's counters: chunks in use and their high-water mark, drops by policy,
+    /// refusals.
+    pub fn send_counters(&self) -> Counters {
+        self.out.lock().pool.counters()
+    }
+
+    /// The pool that holds received messages while they are reassembled and delivered.
+    pub fn receive_pool(&self) -> &Pool<'static> {
         &self.pool
     }
 
@@ -217,40 +221,38 @@ impl Client {
     }
 
     /// Queues a message copied from a borrowed slice and returns at once with what happened
-    /// to it. The payload is copied once into a reused buffer and masked there; it goes
-    /// straight to the socket if nothing is queued ahead of it, else it is copied into pool
-    /// chunks under the watermarks and policy.
+    /// to it. The payload is copied into a reused buffer and masked there, then copied into
+    /// pool chunks under the watermarks and policy; when the caller writes and nothing is
+    /// queued ahead of it, it goes to the socket straight from that buffer instead.
+    ///
+    /// A message larger than the queue's cap cannot wait in the queue: `send` first waits
+    /// until everything before it is handed to the socket, then it goes out from its own
+    /// buffer.
     ///
     /// A `Text` payload must be UTF-8; it is the caller's promise (use
     /// [`send_text`](Self::send_text) to have the compiler check it).
     pub fn send(&mut self, kind: MessageKind, payload: &[u8]) -> Result<Pushed, ClientError> {
-        self.check_open()?;
-        let mut buffer = mem::take(&mut self.scratch);
-        buffer.clear();
-        buffer.extend_from_slice(payload);
-        self.send_masked(kind, buffer, true)
+        self.send_masked(kind, Payload::Borrowed(payload))
     }
 
-    /// Queues a message that moves `payload` without copying it when it can go straight to
-    /// the socket (nothing queued ahead of it): it is masked in place and written from its
-    /// own buffer. Otherwise it is copied into pool chunks like [`send`](Self::send). If the
-    /// policy refuses it, the buffer is dropped.
+    /// Queues a message that moves `payload` without copying it when nothing is queued ahead
+    /// of it: it is masked in place and written from its own buffer. Otherwise it is copied
+    /// into pool chunks like [`send`](Self::send). If the policy refuses it, the buffer is
+    /// dropped.
     pub fn send_owned(
         &mut self,
         kind: MessageKind,
         payload: Vec<u8>,
     ) -> Result<Pushed, ClientError> {
-        self.check_open()?;
-        self.send_masked(kind, payload, false)
+        self.send_masked(kind, Payload::Owned(payload))
     }
 
-    /// Writes what is queued, waiting until the socket has taken all of it (or `timeout`
-    /// passes: then `Ok(false)`). Reads meanwhile, so pings are answered; received messages
-    /// stay buffered for [`recv`](Self::recv).
+    /// Waits until everything sent has been handed to the socket (or `timeout` passes: then
+    /// `Ok(false)`). Received messages stay buffered for [`recv`](Self::recv).
     pub fn flush(&mut self, timeout: Option<Duration>) -> Result<bool, ClientError> {
         let deadline = timeout.map(|t| StdInstant::now() + t);
         loop {
-            self.write_queued()?;
+            self.kick()?;
             if self.buffered_amount() == 0 {
                 return Ok(true);
             }
@@ -261,7 +263,16 @@ impl Client {
                 },
                 None => None,
             };
-            self.wait(timeout)?;
+            if self.writer.is_none() {
+                self.wait(timeout)?;
+                continue;
+            }
+            let mut out = self.out.lock();
+            if out.buffered() > 0 && out.failure().is_none() {
+                out.flushing = true;
+                out = out.wait_drained(timeout);
+                out.flushing = false;
+            }
         }
     }
 
@@ -277,7 +288,7 @@ impl Client {
             ClientError::Io(io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
         })?;
         self.drain_core()?;
-        self.write_queued()
+        self.kick()
     }
 
     /// Waits for the next message or the close event.
@@ -306,7 +317,7 @@ impl Client {
             if self.closed.is_some() {
                 break None;
             }
-            self.write_queued()?;
+            self.kick()?;
             if self.readable {
                 self.read()?;
                 continue;
@@ -339,13 +350,13 @@ impl Client {
         Instant::from_millis(self.start.elapsed().as_millis() as u64)
     }
 
-    /// Frames `payload` (masked in place) and sends it straight or queues a copy.
+    /// Frames and masks `payload`, then hands it over straight or queues a copy.
     fn send_masked(
         &mut self,
         kind: MessageKind,
-        mut payload: Vec<u8>,
-        from_scratch: bool,
+        payload: Payload<'_>,
     ) -> Result<Pushed, ClientError> {
+        self.check_open()?;
         let opcode = if kind == MessageKind::Text { OpCode::Text } else { OpCode::Binary };
         let mask = self.masks.next();
         let mut header = [0u8; 14];
@@ -353,92 +364,103 @@ impl Client {
             .conn
             .send_header(opcode, true, payload.len() as u64, Some(mask), &mut header)
             .map_err(|e| ClientError::Io(io::Error::other(e.to_string())))?;
-        apply_mask(&mut payload, mask, 0);
-        if self.write_through && self.direct.is_none() && self.queue.is_empty() {
-            self.direct = Some(Direct {
+        let mut out = self.out.lock();
+        let oversized = header_len + payload.len() > out.queue.watermarks().cap();
+        if oversized && !out.is_clear() {
+            drop(out);
+            self.flush(None)?;
+            out = self.out.lock();
+        }
+        if let Some(e) = out.failure() {
+            drop(out);
+            return Err(self.transport_failed(e));
+        }
+        let (mut buffer, from_scratch) = match payload {
+            Payload::Borrowed(bytes) => {
+                let mut buffer = mem::take(&mut out.scratch);
+                buffer.clear();
+                buffer.extend_from_slice(bytes);
+                (buffer, true)
+            }
+            Payload::Owned(buffer) => (buffer, false),
+        };
+        apply_mask(&mut buffer, mask, 0);
+        // A copy waits in the queue when a writer thread writes: the masking buffer stays here.
+        let straight = self.writer.is_none() || !from_scratch || oversized;
+        let pushed = if straight && out.is_clear() {
+            out.direct = Some(Direct {
                 header,
                 header_len: header_len as u8,
                 sent: 0,
-                payload,
+                payload: buffer,
                 from_scratch,
             });
-            self.write_queued()?;
-            return Ok(Pushed { outcome: PushOutcome::Queued, writability: None });
-        }
-        let pushed = self.queue.push_message(&mut self.pool, &[&header[..header_len], &payload]);
-        if from_scratch {
-            self.recycle(payload);
-        }
-        match pushed.outcome {
-            PushOutcome::MustClose { .. } => {
-                // The slow-consumer policy says the connection cannot keep up: 1008.
-                let _ = self.queue.discard_unsent(&mut self.pool);
-                let now = self.now();
-                let _ = self.conn.close(now, CloseCode::POLICY_VIOLATION, "send queue full");
-                self.drain_core()?;
-                self.write_queued()?;
+            Pushed { outcome: PushOutcome::Queued, writability: None }
+        } else {
+            let out = &mut *out;
+            let pushed = out.queue.push_message(&mut out.pool, &[&header[..header_len], &buffer]);
+            if from_scratch {
+                out.keep_scratch(buffer);
             }
-            _ if !self.write_through && self.queue.len() <= self.queue.watermarks().high() => {}
-            _ => self.write_queued()?,
+            pushed
+        };
+        if let PushOutcome::MustClose { .. } = pushed.outcome {
+            // The slow-consumer policy says the connection cannot keep up: 1008.
+            let outbox = &mut *out;
+            let _ = outbox.queue.discard_unsent(&mut outbox.pool);
+            drop(out);
+            let now = self.now();
+            let _ = self.conn.close(now, CloseCode::POLICY_VIOLATION, "send queue full");
+            self.drain_core()?;
+        } else if let Some(writer) = &self.writer {
+            writer.kick(&mut out);
+            return Ok(pushed);
+        } else {
+            drop(out);
         }
+        self.kick()?;
         Ok(pushed)
     }
 
-    /// Keeps the masking buffer for the next borrowed send, unless it grew large.
-    fn recycle(&mut self, buffer: Vec<u8>) {
-        if buffer.capacity() <= SCRATCH_KEEP && buffer.capacity() > self.scratch.capacity() {
-            self.scratch = buffer;
+    /// Gets queued bytes moving: wakes the writer thread, or writes on the caller's thread
+    /// what the socket takes now.
+    fn kick(&mut self) -> Result<(), ClientError> {
+        let Some(writer) = &self.writer else { return self.write_queued() };
+        let mut out = self.out.lock();
+        match out.failure() {
+            None => {
+                writer.kick(&mut out);
+                Ok(())
+            }
+            Some(e) => {
+                drop(out);
+                Err(self.transport_failed(e))
+            }
         }
     }
 
-    /// Writes as much as the socket takes now, without waiting.
+    /// Writes as much as the socket takes now, without waiting (the caller writes).
     fn write_queued(&mut self) -> Result<(), ClientError> {
         if !self.writable && self.buffered_amount() > 0 {
             // The last write hit a full socket buffer: ask (without waiting) whether it drained.
             self.poll_readiness(Some(Duration::ZERO))?;
         }
         while self.writable {
-            let result = if let Some(direct) = &self.direct {
-                let header = &direct.header[..direct.header_len as usize];
-                let iov = if direct.sent < header.len() {
-                    [IoSlice::new(&header[direct.sent..]), IoSlice::new(&direct.payload)]
-                } else {
-                    [IoSlice::new(&direct.payload[direct.sent - header.len()..]), IoSlice::new(&[])]
-                };
-                self.stream.write_vectored(&iov)
-            } else if !self.queue.is_empty() {
-                let mut iov = [IoSlice::new(&[]); IOV];
-                let n = self.queue.io_slices(&self.pool, &mut iov);
-                self.stream.write_vectored(&iov[..n])
-            } else {
-                return Ok(());
-            };
-            match result {
-                Ok(n) => self.consume_written(n),
+            let mut out = self.out.lock();
+            if out.buffered() == 0 {
+                break;
+            }
+            match out.write_to(&mut self.stream) {
+                Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable = false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.transport_failed(e)),
-            }
-        }
-        Ok(())
-    }
-
-    fn consume_written(&mut self, mut n: usize) {
-        if let Some(direct) = &mut self.direct {
-            let take = n.min(direct.len() - direct.sent);
-            direct.sent += take;
-            n -= take;
-            if direct.sent == direct.len() {
-                // NOTE(unwrap): checked `Some` just above.
-                let done = self.direct.take().unwrap();
-                if done.from_scratch {
-                    self.recycle(done.payload);
+                Err(e) => {
+                    drop(out);
+                    return Err(self.transport_failed(e));
                 }
             }
         }
-        if n > 0 {
-            let _: Option<Writability> = self.queue.consume(&mut self.pool, n);
-        }
+        Ok(())
     }
 
     /// The socket failed: the connection is over (1006).
@@ -561,10 +583,10 @@ impl Client {
             else {
                 return Ok(());
             };
-            if self.queue.push_control(&mut self.pool, &[&out[..n]]).is_err() {
+            if self.push_control(&out[..n]).is_err() {
                 // Control frames may pass the cap by one frame; make room by writing first.
-                self.flush_for_control()?;
-                self.queue.push_control(&mut self.pool, &[&out[..n]]).map_err(|limit| {
+                self.flush(Some(self.close_timeout))?;
+                self.push_control(&out[..n]).map_err(|limit| {
                     ClientError::Io(io::Error::other(format!(
                         "no room for a control frame ({limit:?})"
                     )))
@@ -573,20 +595,10 @@ impl Client {
         }
     }
 
-    fn flush_for_control(&mut self) -> Result<(), ClientError> {
-        let deadline = StdInstant::now() + self.close_timeout;
-        while self.buffered_amount() > 0 {
-            self.write_queued()?;
-            let left = deadline.saturating_duration_since(StdInstant::now());
-            if left.is_zero() {
-                break;
-            }
-            if !self.writable {
-                self.poll.poll(&mut self.events, Some(left))?;
-                self.writable = true;
-            }
-        }
-        Ok(())
+    fn push_control(&self, frame: &[u8]) -> Result<(), Limit> {
+        let mut out = self.out.lock();
+        let out = &mut *out;
+        out.queue.push_control(&mut out.pool, &[frame]).map(drop)
     }
 
     /// After the core closed: send what is owed (our close frame), wait briefly for the server
@@ -610,17 +622,27 @@ impl Client {
                 Err(_) => break,
             }
         }
+        self.writer = None; // stops the writer thread
         let _ = self.stream.shutdown(Shutdown::Both);
-        let _ = self.queue.clear(&mut self.pool);
+        self.release_queue();
         self.assembly.clear(&mut self.pool);
         // NOTE(unwrap): `finish` runs only once `closed` is set.
         self.closed.clone().unwrap()
     }
 }
 
+impl Client {
+    fn release_queue(&self) {
+        let mut out = self.out.lock();
+        let out = &mut *out;
+        let _ = out.queue.clear(&mut out.pool);
+    }
+}
+
 impl Drop for Client {
     fn drop(&mut self) {
-        let _ = self.queue.clear(&mut self.pool);
+        self.writer = None;
+        self.release_queue();
         self.assembly.clear(&mut self.pool);
         self.delivered.clear(&mut self.pool);
     }
@@ -634,6 +656,48 @@ impl std::fmt::Debug for Client {
             .field("protocol", &self.protocol)
             .finish_non_exhaustive()
     }
+}
+
+/// A payload to send: borrowed (copied) or owned (moved).
+enum Payload<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payload::Borrowed(bytes) => bytes.len(),
+            Payload::Owned(buffer) => buffer.len(),
+        }
+    }
+}
+
+/// The send pool, sized for the queue's cap (plus control frames past it, and a partly used
+/// chunk at either end), and the receive pool, which gets the rest of `config.memory`.
+fn pools(config: &ClientConfig) -> Result<(Pool<'static>, Pool<'static>), ClientError> {
+    let chunk = config.chunk_size.max(1);
+    let cap = config.watermarks.cap();
+    let chunks = (cap + 2 * MAX_CONTROL_FRAME).div_ceil(chunk) + 2;
+    let segments = (cap / SMALL_MESSAGE).max(chunks * 8);
+    let per_chunk = segments.div_ceil(chunks);
+    let send_config = PoolConfig::new()
+        .with_chunk_size(chunk)
+        .with_chunk_count(chunks)
+        .with_segments_per_chunk(per_chunk);
+    let send_bytes = Pool::footprint(chunk, chunks, chunks * per_chunk);
+    let receive_bytes = config.memory.checked_sub(send_bytes).ok_or_else(|| {
+        ClientError::Config(format!(
+            "memory ({} bytes) is less than the send queue's pool ({send_bytes} bytes for a cap \
+             of {cap})",
+            config.memory
+        ))
+    })?;
+    let invalid = |e: freeboard_buf::ConfigError| ClientError::Config(e.to_string());
+    let send = Pool::new(Budget::new(send_bytes), send_config).map_err(invalid)?;
+    let receive_config = PoolConfig::new().with_chunk_size(config.chunk_size);
+    let receive = Pool::new(Budget::new(receive_bytes), receive_config).map_err(invalid)?;
+    Ok((send, receive))
 }
 
 impl<'a> Message<'a> {
@@ -681,12 +745,6 @@ impl<'a> Message<'a> {
         }
         // The core validated the UTF-8 of every text message (§8.1).
         String::from_utf8(self.to_vec()).ok()
-    }
-}
-
-impl Direct {
-    fn len(&self) -> usize {
-        self.header_len as usize + self.payload.len()
     }
 }
 

@@ -49,6 +49,7 @@
 mod blocking;
 mod event_loop;
 mod handshake;
+mod outbox;
 mod target;
 
 use std::fmt;
@@ -86,8 +87,10 @@ pub struct ClientConfig {
     pub headers: Vec<(String, String)>,
     /// Subprotocols to offer, most preferred first.
     pub protocols: Vec<String>,
-    /// Byte budget for the chunk pool that holds queued and reassembled bytes. Default 32 MiB
-    /// (zero-allocated: pages never used are never touched).
+    /// Byte budget for the chunk pools: the send queue's, sized for the watermarks' cap
+    /// (about 340 KiB for the default 256 KiB), and the one that holds received messages
+    /// while they are reassembled, which gets the rest. Default 32 MiB (zero-allocated: pages
+    /// never used are never touched).
     pub memory: usize,
     /// Bytes per pool chunk. Default 4 KiB.
     pub chunk_size: usize,
@@ -100,10 +103,12 @@ pub struct ClientConfig {
     /// [`SlowConsumerPolicy::Block`]: the send is refused with `WouldBlock`; call
     /// [`Client::flush`] and retry.
     pub policy: SlowConsumerPolicy,
-    /// Write each message to the socket as it is sent (`true`, the default). When `false`,
-    /// messages are corked: they leave, in one `writev`, at the next [`Client::flush`],
-    /// [`Client::recv`] or [`Client::close`], or as soon as the queue passes its high watermark.
-    pub write_through: bool,
+    /// Write from a thread of the client's own (`true`, the default): [`Client::send`] only
+    /// queues, the thread writes at once, and what queues while it is in the kernel leaves in
+    /// its next write (up to 64 KiB, copied into the thread's buffer). When `false`, each
+    /// send writes on the caller's thread — one system call per message, no extra thread —
+    /// and what the socket does not take leaves at the next send, `flush` or `recv`.
+    pub writer_thread: bool,
     /// The read buffer, allocated once. Default 64 KiB.
     pub read_buffer: usize,
     /// How long to wait for the server's close frame after ours. Default 5 s.
@@ -126,7 +131,7 @@ impl Default for ClientConfig {
             max_message_size: 16 << 20,
             watermarks: Watermarks::DEFAULT,
             policy: SlowConsumerPolicy::Block,
-            write_through: true,
+            writer_thread: true,
             read_buffer: 64 << 10,
             close_timeout: Duration::from_secs(5),
             ping_interval: None,
@@ -184,9 +189,9 @@ impl ClientConfig {
         self
     }
 
-    /// Sets [`write_through`](Self::write_through).
-    pub fn write_through(mut self, on: bool) -> Self {
-        self.write_through = on;
+    /// Sets [`writer_thread`](Self::writer_thread).
+    pub fn writer_thread(mut self, on: bool) -> Self {
+        self.writer_thread = on;
         self
     }
 
