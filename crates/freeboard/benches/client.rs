@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use freeboard::client::{Client, ClientConfig, Event, MessageKind, PushOutcome};
+use freeboard::{Echo, Router, Server, ServerConfig};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::{Bytes, Message, Utf8Bytes};
 
@@ -129,6 +130,47 @@ fn receive(c: &mut Criterion) {
         });
         group.finish();
     }
+}
+
+/// One message out, its echo back: what the writer thread's wake-up adds to a round trip.
+fn round_trip(c: &mut Criterion) {
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    let echo = Server::bind(config, || Router::new().route("/", Echo)).unwrap().spawn();
+    let addr = echo.local_addr();
+    let rt = runtime();
+    let payload = vec![b'x'; 64];
+    let mut group = c.benchmark_group("round-trip/64B");
+    group.throughput(Throughput::Elements(1));
+    for (name, writer_thread) in [("freeboard", true), ("freeboard, caller writes", false)] {
+        let mut client = connect(addr, writer_thread);
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                send_all(&mut client, MessageKind::Binary, &payload);
+                match client.recv().unwrap() {
+                    Event::Message(m) => black_box(m.len()),
+                    Event::Closed(close) => panic!("{close:?}"),
+                }
+            })
+        });
+    }
+    let mut ws = rt.block_on(connect_tungstenite(addr)).0;
+    let message = Message::Binary(Bytes::from(payload.clone()));
+    group.bench_function("tokio-tungstenite", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    ws.send(message.clone()).await.unwrap();
+                    black_box(ws.next().await.unwrap().unwrap().len());
+                }
+                start.elapsed()
+            })
+        })
+    });
+    group.finish();
+    echo.handle().shutdown();
 }
 
 fn buffered_amount(c: &mut Criterion) {
@@ -248,5 +290,5 @@ fn accept(stream: &mut TcpStream) -> std::io::Result<()> {
     )
 }
 
-criterion_group!(benches, send, receive, buffered_amount);
+criterion_group!(benches, send, receive, round_trip, buffered_amount);
 criterion_main!(benches);

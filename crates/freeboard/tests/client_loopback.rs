@@ -264,6 +264,103 @@ fn sends_after_close_are_refused() {
     server.handle().shutdown();
 }
 
+#[test]
+fn queued_sends_leave_without_another_call_when_the_server_reads_again() {
+    // The server reads nothing for a while, then everything; meanwhile the client is not
+    // called at all: its writer thread must deliver what queued behind the full socket.
+    const COUNT: u32 = 32 << 10;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (addr, _server) = fake_server(move |mut s, request| {
+        s.write_all(&switching_protocols(&request, None)).unwrap();
+        thread::sleep(Duration::from_millis(500));
+        let mut s = std::io::BufReader::with_capacity(1 << 20, s);
+        for i in 0..COUNT {
+            let payload = read_client_frame(&mut s);
+            assert_eq!(payload.len(), 1024);
+            assert_eq!(payload[..4], i.to_be_bytes(), "message {i}");
+        }
+        done_tx.send(()).unwrap();
+    });
+    let marks = Watermarks::new(32 << 20, 48 << 20, 64 << 20).unwrap();
+    let config = ClientConfig::default().watermarks(marks).memory(96 << 20);
+    let mut client = Client::connect(&url(addr, "/"), config).unwrap();
+    let mut payload = vec![0u8; 1024];
+    for i in 0..COUNT {
+        payload[..4].copy_from_slice(&i.to_be_bytes());
+        let pushed = client.send_binary(&payload).unwrap();
+        assert!(matches!(pushed.outcome, PushOutcome::Queued | PushOutcome::QueuedAboveHigh));
+    }
+    assert!(client.buffered_amount() > 0, "the socket buffers should have filled");
+    done_rx.recv_timeout(Duration::from_secs(60)).expect("every message reaches the server");
+    assert_eq!(client.buffered_amount(), 0);
+}
+
+#[test]
+fn a_message_larger_than_the_cap_waits_for_the_queue_and_keeps_its_place() {
+    let server = echo_server();
+    let mut client =
+        Client::connect(&url(server.local_addr(), "/"), ClientConfig::default()).unwrap();
+    let large: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
+    for i in 0..50u8 {
+        let _ = client.send_binary(&[i; 10]).unwrap();
+    }
+    assert_eq!(client.send_binary(&large).unwrap().outcome, PushOutcome::Queued);
+    let _ = client.send_binary(b"after").unwrap();
+    for i in 0..50u8 {
+        assert_eq!(next_message(&mut client).1, [i; 10]);
+    }
+    assert_eq!(next_message(&mut client).1, large);
+    assert_eq!(next_message(&mut client).1, b"after");
+    assert_eq!(client.send_counters().dropped_total().messages, 0);
+    close_cleanly(client);
+    server.handle().shutdown();
+}
+
+#[test]
+fn a_write_failure_is_reported_by_send_and_ends_the_connection_with_1006() {
+    let (addr, server) = fake_server(|mut s, request| {
+        s.write_all(&switching_protocols(&request, None)).unwrap();
+    });
+    let mut client = Client::connect(&url(addr, "/"), ClientConfig::default()).unwrap();
+    server.join().unwrap(); // the server has closed its socket
+    let payload = [0u8; 1024];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let error = loop {
+        match client.send_binary(&payload) {
+            Err(e) => break e,
+            Ok(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(1)),
+            Ok(_) => panic!("sends to a closed socket kept succeeding"),
+        }
+    };
+    assert!(matches!(error, ClientError::Io(_) | ClientError::NotOpen(_)), "{error:?}");
+    match client.recv().unwrap() {
+        Event::Closed(close) => assert_eq!((close.code, close.was_clean), (1006, false)),
+        Event::Message(_) => panic!("no message was sent"),
+    }
+}
+
+/// Reads one masked client frame (unfragmented, payload under 64 KiB) and unmasks it.
+fn read_client_frame(s: &mut impl Read) -> Vec<u8> {
+    let mut head = [0u8; 2];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(head[0], 0x82, "a final binary frame");
+    assert_eq!(head[1] & 0x80, 0x80, "masked");
+    let len = match head[1] & 0x7f {
+        126 => {
+            let mut ext = [0u8; 2];
+            s.read_exact(&mut ext).unwrap();
+            u16::from_be_bytes(ext) as usize
+        }
+        n => n as usize,
+    };
+    let mut mask = [0u8; 4];
+    s.read_exact(&mut mask).unwrap();
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).unwrap();
+    payload.iter_mut().enumerate().for_each(|(i, b)| *b ^= mask[i % 4]);
+    payload
+}
+
 /// Accepts one connection on an ephemeral port, reads the request head and hands both to
 /// `serve`.
 fn fake_server(

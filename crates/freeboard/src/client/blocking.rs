@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
 use freeboard_buf::{
-    Budget, ChunkChain, Counters, Limit, MAX_CONTROL_FRAME, Pool, PoolConfig, PushOutcome,
-    Pushed, SendQueue,
+    Budget, ChunkChain, Counters, Limit, MAX_CONTROL_FRAME, Pool, PoolConfig, PushOutcome, Pushed,
+    SendQueue,
 };
 use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{
@@ -125,7 +125,8 @@ impl Client {
         let (send_pool, pool) = pools(&config)?;
         let Opened { stream, protocol, leftover } = handshake::open(target, &config)?;
         stream.set_nonblocking(true)?;
-        let out = Shared::new(Outbox::new(send_pool, SendQueue::new(config.watermarks, config.policy)));
+        let out =
+            Shared::new(Outbox::new(send_pool, SendQueue::new(config.watermarks, config.policy)));
         let writer = match config.writer_thread {
             true => Some(Writer::spawn(Arc::clone(&out), stream.try_clone()?)?),
             false => None,

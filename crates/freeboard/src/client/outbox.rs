@@ -210,7 +210,9 @@ impl Guard<'_> {
         let out = self.out.take().unwrap();
         let out = match timeout {
             None => shared.drained.wait(out).unwrap_or_else(PoisonError::into_inner),
-            Some(t) => shared.drained.wait_timeout(out, t).unwrap_or_else(PoisonError::into_inner).0,
+            Some(t) => {
+                shared.drained.wait_timeout(out, t).unwrap_or_else(PoisonError::into_inner).0
+            }
         };
         Guard { shared, out: Some(out) }
     }
@@ -320,8 +322,7 @@ fn write_loop(shared: &Shared, mut stream: TcpStream, mut poll: Poll) {
             }
         };
         let Some(mut job) = job else {
-            if poll.poll(&mut events, None).is_err_and(|e| e.kind() != io::ErrorKind::Interrupted)
-            {
+            if poll.poll(&mut events, None).is_err_and(|e| e.kind() != io::ErrorKind::Interrupted) {
                 return;
             }
             continue;
