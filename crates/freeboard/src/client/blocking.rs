@@ -188,8 +188,8 @@ impl Client {
         self.protocol.as_deref()
     }
 
-    /// Bytes sent but not yet handed to the socket (`bufferedAmount`). O(1), and takes no
-    /// lock.
+    /// Bytes sent but not yet handed to the socket (`bufferedAmount`), the writer thread's
+    /// buffer included. O(1), and takes no lock.
     pub fn buffered_amount(&self) -> usize {
         self.out.buffered()
     }

@@ -15,22 +15,31 @@
 //!   `code`, `reason` and `was_clean`;
 //! - [`close`](Client::close) starts the close handshake; `recv` then reports its end.
 //!
-//! # What a send costs
+//! # Who writes, and what a send costs
+//!
+//! By default a client has a writer thread ([`ClientConfig::writer_thread`]): `send` masks and
+//! copies the message into the send queue and returns; the thread writes at once, and what
+//! queued while it was in the kernel goes out in its next write (up to 64 KiB at a time), so a
+//! burst of sends costs a few system calls, not one each, and nothing waits for another call
+//! to leave. Without the thread, each `send` writes on the caller's thread: one system call
+//! per message, no thread at all; what the socket does not take then waits for the next
+//! `send`, [`flush`](Client::flush) or `recv`.
 //!
 //! Every frame gets a fresh random masking key (§5.3; drawn from the OS 64 keys at a time).
-//! [`send_owned`](Client::send_owned) masks the caller's `Vec<u8>` in place and, when nothing
-//! is queued ahead of it, hands it straight to the socket: no copy; what the socket does not
-//! take stays in that same vector until the next write. [`send`](Client::send) copies a
-//! borrowed slice once into a reused masking buffer and from there to the socket, or a second
-//! time into pool chunks when it has to wait behind queued bytes. Received messages are copied
-//! once, from the read buffer into pool chunks.
+//! [`send`](Client::send) copies a borrowed slice into a reused masking buffer, masks it there
+//! and copies it into pool chunks; when the caller writes and nothing is queued, it goes to
+//! the socket from the masking buffer instead. [`send_owned`](Client::send_owned) masks the
+//! caller's `Vec<u8>` in place and, when nothing is queued ahead of it, hands it to the socket
+//! (or the writer thread) without a copy. A message larger than the queue's cap waits in
+//! `send` until the queue is empty, then goes out from its own buffer. Received messages are
+//! copied once, from the read buffer into pool chunks.
 //!
 //! # Memory
 //!
-//! All queued and reassembled bytes come from one [`Pool`](freeboard_buf::Pool) sized by
-//! [`ClientConfig::memory`]; besides it a client holds its read buffer
-//! ([`ClientConfig::read_buffer`]) and the masking buffer, which keeps at most 64 KiB between
-//! sends.
+//! Queued bytes come from a send pool sized for the watermarks' cap, reassembled messages from
+//! a receive pool; both are drawn from [`ClientConfig::memory`]. Besides them a client holds
+//! its read buffer ([`ClientConfig::read_buffer`]), the masking buffer (at most 64 KiB kept
+//! between sends) and, with the writer thread, the thread's 64 KiB write buffer.
 //!
 //! ```no_run
 //! use freeboard::client::{Client, ClientConfig, Event};
