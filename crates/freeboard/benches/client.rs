@@ -109,13 +109,15 @@ fn receive(c: &mut Criterion) {
         group.throughput(Throughput::Elements(1));
         let source = server(Some(fragmented(1 << 10, fragments, 256)));
 
-        let mut client = connect(source, true);
-        group.bench_function("freeboard", |b| {
-            b.iter(|| match client.recv().unwrap() {
-                Event::Message(m) => black_box(m.len()),
-                Event::Closed(close) => panic!("{close:?}"),
-            })
-        });
+        for (name, writer_thread) in [("freeboard", true), ("freeboard, caller writes", false)] {
+            let mut client = connect(source, writer_thread);
+            group.bench_function(name, |b| {
+                b.iter(|| match client.recv().unwrap() {
+                    Event::Message(m) => black_box(m.len()),
+                    Event::Closed(close) => panic!("{close:?}"),
+                })
+            });
+        }
         let mut ws = rt.block_on(connect_tungstenite(source)).0;
         group.bench_function("tokio-tungstenite", |b| {
             b.iter_custom(|iters| {

@@ -260,9 +260,10 @@ impl Writer {
         Ok(Self { shared, waker, thread: Some(thread) })
     }
 
-    /// Wakes the thread if it waits for work; call after queueing, with the lock held.
+    /// Wakes the thread if it waits and there is work; call after queueing, with the lock
+    /// held.
     pub(super) fn kick(&self, out: &mut Outbox) {
-        if out.writer_idle {
+        if out.writer_idle && !out.is_clear() {
             out.writer_idle = false;
             let _ = self.waker.wake();
         }
