@@ -210,10 +210,25 @@ impl ChunkChain {
     pub(crate) fn copy_in(
         &mut self,
         slab: &mut Slab<'_>,
-        mut bytes: &[u8],
-        mut new_segment: bool,
+        bytes: &[u8],
+        new_segment: bool,
     ) -> Result<(), PoolError> {
+        self.copy_in_with(slab, bytes, new_segment, &|dst, src, _| dst.copy_from_slice(src))
+    }
+
+    /// [`copy_in`](Self::copy_in), each piece written by `fill(dst, src, offset)`, where
+    /// `offset` is the position of `src` in `all` (to mask while copying, say).
+    pub(crate) fn copy_in_with(
+        &mut self,
+        slab: &mut Slab<'_>,
+        all: &[u8],
+        mut new_segment: bool,
+        fill: &impl Fn(&mut [u8], &[u8], usize),
+    ) -> Result<(), PoolError> {
+        let mut bytes = all;
         while !bytes.is_empty() {
+            let offset = all.len() - bytes.len();
+            let write = |dst: &mut [u8], src: &[u8]| fill(dst, src, offset);
             if self.tail != NIL {
                 let seg = slab.segment(self.tail);
                 let chunk = seg.chunk();
@@ -221,7 +236,7 @@ impl ChunkChain {
                 if (fill as usize) < slab.chunk_size() {
                     if !new_segment && seg.end == fill {
                         // Grow the tail segment in place: the common case for a stream.
-                        let (_, n) = slab.write_at_fill(chunk, bytes);
+                        let (_, n) = slab.write_at_fill_with(chunk, bytes, write);
                         slab.segment_mut(self.tail).end += n as u32;
                         self.len += n;
                         bytes = &bytes[n..];
@@ -230,7 +245,7 @@ impl ChunkChain {
                         // message boundary): a new segment in the same chunk.
                         let n = bytes.len().min(slab.chunk_size() - fill as usize);
                         let seg = slab.alloc_segment(chunk, fill, fill)?;
-                        let (start, n) = slab.write_at_fill(chunk, &bytes[..n]);
+                        let (start, n) = slab.write_at_fill_with(chunk, &bytes[..n], write);
                         slab.segment_mut(seg).end = start + n as u32;
                         self.link_back(slab, seg);
                         bytes = &bytes[n..];
@@ -247,7 +262,7 @@ impl ChunkChain {
                     return Err(e);
                 }
             };
-            let (_, n) = slab.write_at_fill(chunk, bytes);
+            let (_, n) = slab.write_at_fill_with(chunk, bytes, write);
             slab.segment_mut(seg).end = n as u32;
             self.link_back(slab, seg);
             bytes = &bytes[n..];

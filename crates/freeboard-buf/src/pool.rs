@@ -474,9 +474,21 @@ impl<'p> Slab<'p> {
     /// Copies as much of `bytes` as fits at the fill mark; returns `(start, copied)`.
     #[inline]
     pub(crate) fn write_at_fill(&mut self, chunk: u32, bytes: &[u8]) -> (u32, usize) {
+        self.write_at_fill_with(chunk, bytes, |dst, src| dst.copy_from_slice(src))
+    }
+
+    /// [`write_at_fill`](Self::write_at_fill), the bytes written by `fill(dst, src)` (same
+    /// lengths).
+    #[inline]
+    pub(crate) fn write_at_fill_with(
+        &mut self,
+        chunk: u32,
+        bytes: &[u8],
+        fill_with: impl FnOnce(&mut [u8], &[u8]),
+    ) -> (u32, usize) {
         let fill = self.fill(chunk);
         let n = bytes.len().min((self.state.chunk_size - fill) as usize);
-        self.chunk_bytes_mut(chunk, fill, fill + n as u32).copy_from_slice(&bytes[..n]);
+        fill_with(self.chunk_bytes_mut(chunk, fill, fill + n as u32), &bytes[..n]);
         self.chunks[chunk as usize].link = fill + n as u32;
         (fill, n)
     }

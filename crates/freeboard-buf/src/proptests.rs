@@ -473,7 +473,19 @@ proptest! {
                     let (b, c) = rest.split_at(rest.len() / 2);
                     let expected = models[q].expected(queues[q].policy(), queues[q].watermarks(), bytes.len());
                     let level = queues[q].len();
-                    let pushed = queues[q].push_message(&mut pool, &[a, b, c]);
+                    let pushed = if split % 2 == 1 {
+                        // Masked while copied: the fill takes off a mask put on beforehand.
+                        let key = [0x3c, 0x5a, 0xa5, 0x0f];
+                        let masked: Vec<u8> =
+                            rest.iter().enumerate().map(|(i, byte)| byte ^ key[i % 4]).collect();
+                        queues[q].push_message_with(&mut pool, a, &masked, |dst, src, offset| {
+                            for (i, (d, s)) in dst.iter_mut().zip(src).enumerate() {
+                                *d = s ^ key[(offset + i) % 4];
+                            }
+                        })
+                    } else {
+                        queues[q].push_message(&mut pool, &[a, b, c])
+                    };
                     check_outcome(&queues[q], pushed.outcome, expected, tight, level, bytes.len())?;
                     models[q].apply(pushed.outcome, bytes)?;
                     models[q].observe(pushed.writability)?;

@@ -118,6 +118,47 @@ impl SendQueue {
         })
     }
 
+    /// Queues one message of `header` and `payload`, the payload written into the chunks by
+    /// `fill(dst, src, offset)` (`offset`: where `src` starts in `payload`) — to mask it while
+    /// copying, say, instead of copying twice.
+    ///
+    /// ```
+    /// use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new().with_chunk_size(4))?;
+    /// let mut queue = SendQueue::default();
+    /// let key = [1, 2, 3, 4];
+    /// let _ = queue.push_message_with(&mut pool, b"\x82\x86", b"abcdef", |dst, src, offset| {
+    ///     for (i, (d, s)) in dst.iter_mut().zip(src).enumerate() {
+    ///         *d = s ^ key[(offset + i) % 4];
+    ///     }
+    /// });
+    /// let mut out = [0u8; 8];
+    /// assert_eq!(queue.copy_to(&pool, &mut out), 8);
+    /// assert_eq!(&out[2..], [b'a' ^ 1, b'b' ^ 2, b'c' ^ 3, b'd' ^ 4, b'e' ^ 1, b'f' ^ 2]);
+    /// let _ = queue.clear(&mut pool);
+    /// # Ok(()) }
+    /// ```
+    #[inline]
+    pub fn push_message_with(
+        &mut self,
+        pool: &mut Pool<'_>,
+        header: &[u8],
+        payload: &[u8],
+        fill: impl Fn(&mut [u8], &[u8], usize),
+    ) -> Pushed {
+        self.push_with(pool, header.len() + payload.len(), |chain, pool| {
+            if !header.is_empty() {
+                chain.copy_in(pool, header, true)?;
+            }
+            if !payload.is_empty() {
+                chain.copy_in_with(pool, payload, header.is_empty(), &fill)?;
+            }
+            Ok(())
+        })
+    }
+
     /// Queues a shared frame by reference (zero-copy broadcast).
     #[inline]
     pub fn push_frame(&mut self, pool: &mut Pool<'_>, frame: &Frame) -> Pushed {

@@ -222,9 +222,9 @@ impl Client {
     }
 
     /// Queues a message copied from a borrowed slice and returns at once with what happened
-    /// to it. The payload is copied into a reused buffer and masked there, then copied into
-    /// pool chunks under the watermarks and policy; when the caller writes and nothing is
-    /// queued ahead of it, it goes to the socket straight from that buffer instead.
+    /// to it. The payload is masked as it is copied into pool chunks, under the watermarks
+    /// and policy; when the caller writes and nothing is queued ahead of it, it is copied
+    /// into a reused buffer instead, masked there and written from it.
     ///
     /// A message larger than the queue's cap cannot wait in the queue: `send` first waits
     /// until everything before it is handed to the socket, then it goes out from its own
@@ -376,19 +376,20 @@ impl Client {
             drop(out);
             return Err(self.transport_failed(e));
         }
-        let (mut buffer, from_scratch) = match payload {
-            Payload::Borrowed(bytes) => {
-                let mut buffer = mem::take(&mut out.scratch);
-                buffer.clear();
-                buffer.extend_from_slice(bytes);
-                (buffer, true)
-            }
-            Payload::Owned(buffer) => (buffer, false),
-        };
-        apply_mask(&mut buffer, mask, 0);
-        // A copy waits in the queue when a writer thread writes: the masking buffer stays here.
-        let straight = self.writer.is_none() || !from_scratch || oversized;
-        let pushed = if straight && out.is_clear() {
+        // Straight from a buffer of its own when nothing is queued: always when the caller
+        // writes; with a writer thread only an owned buffer, or a message too large to queue.
+        let owned = matches!(payload, Payload::Owned(_));
+        let pushed = if out.is_clear() && (self.writer.is_none() || owned || oversized) {
+            let (mut buffer, from_scratch) = match payload {
+                Payload::Borrowed(bytes) => {
+                    let mut buffer = mem::take(&mut out.scratch);
+                    buffer.clear();
+                    buffer.extend_from_slice(bytes);
+                    (buffer, true)
+                }
+                Payload::Owned(buffer) => (buffer, false),
+            };
+            apply_mask(&mut buffer, mask, 0);
             out.direct = Some(Direct {
                 header,
                 header_len: header_len as u8,
@@ -398,12 +399,21 @@ impl Client {
             });
             Pushed { outcome: PushOutcome::Queued, writability: None }
         } else {
+            // Masked while it is copied into the chunks.
+            let bytes = match &payload {
+                Payload::Borrowed(bytes) => bytes,
+                Payload::Owned(buffer) => buffer.as_slice(),
+            };
             let out = &mut *out;
-            let pushed = out.queue.push_message(&mut out.pool, &[&header[..header_len], &buffer]);
-            if from_scratch {
-                out.keep_scratch(buffer);
-            }
-            pushed
+            out.queue.push_message_with(
+                &mut out.pool,
+                &header[..header_len],
+                bytes,
+                |dst, src, offset| {
+                    dst.copy_from_slice(src);
+                    apply_mask(dst, mask, offset);
+                },
+            )
         };
         if let PushOutcome::MustClose { .. } = pushed.outcome {
             // The slow-consumer policy says the connection cannot keep up: 1008.

@@ -26,11 +26,11 @@
 //! `send`, [`flush`](Client::flush) or `recv`.
 //!
 //! Every frame gets a fresh random masking key (§5.3; drawn from the OS 64 keys at a time).
-//! [`send`](Client::send) copies a borrowed slice into a reused masking buffer, masks it there
-//! and copies it into pool chunks; when the caller writes and nothing is queued, it goes to
-//! the socket from the masking buffer instead. [`send_owned`](Client::send_owned) masks the
-//! caller's `Vec<u8>` in place and, when nothing is queued ahead of it, hands it to the socket
-//! (or the writer thread) without a copy. A message larger than the queue's cap waits in
+//! [`send`](Client::send) masks a borrowed slice as it copies it into pool chunks, once; when
+//! the caller writes and nothing is queued, it copies it into a reused masking buffer instead
+//! and writes from there. [`send_owned`](Client::send_owned) masks the caller's `Vec<u8>` in
+//! place and, when nothing is queued ahead of it, hands it to the socket (or the writer
+//! thread) without a copy. A message larger than the queue's cap waits in
 //! `send` until the queue is empty, then goes out from its own buffer. Received messages are
 //! copied once, from the read buffer into pool chunks.
 //!
