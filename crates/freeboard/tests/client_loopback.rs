@@ -251,6 +251,15 @@ fn connect_and_handshake_time_out() {
 }
 
 #[test]
+fn a_memory_budget_smaller_than_the_send_pool_is_refused_before_connecting() {
+    // Port 9 (discard) is never dialled: the configuration is checked first.
+    let config = ClientConfig::default().memory(100 << 10);
+    let err = Client::connect("ws://127.0.0.1:9/", config).unwrap_err();
+    assert!(matches!(err, ClientError::Config(_)), "{err:?}");
+    assert!(err.to_string().contains("less than the send queue's pool"), "{err}");
+}
+
+#[test]
 fn sends_after_close_are_refused() {
     let server = echo_server();
     let mut client =

@@ -606,6 +606,12 @@ impl Client {
         }
     }
 
+    fn release_queue(&self) {
+        let mut out = self.out.lock();
+        let out = &mut *out;
+        let _ = out.queue.clear(&mut out.pool);
+    }
+
     fn push_control(&self, frame: &[u8]) -> Result<(), Limit> {
         let mut out = self.out.lock();
         let out = &mut *out;
@@ -639,14 +645,6 @@ impl Client {
         self.assembly.clear(&mut self.pool);
         // NOTE(unwrap): `finish` runs only once `closed` is set.
         self.closed.clone().unwrap()
-    }
-}
-
-impl Client {
-    fn release_queue(&self) {
-        let mut out = self.out.lock();
-        let out = &mut *out;
-        let _ = out.queue.clear(&mut out.pool);
     }
 }
 

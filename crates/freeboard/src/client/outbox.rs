@@ -141,16 +141,14 @@ impl Outbox {
         Ok(n)
     }
 
-    /// Keeps a written direct frame's buffer if it was the masking scratch.
+    /// Keeps a written direct frame's buffer if it was the masking scratch, unless it grew
+    /// large.
     fn recycle(&mut self, done: Direct) {
-        if done.from_scratch {
-            self.keep_scratch(done.payload);
-        }
-    }
-
-    /// Keeps `buffer` as the masking scratch, unless it grew large.
-    pub(super) fn keep_scratch(&mut self, buffer: Vec<u8>) {
-        if buffer.capacity() <= SCRATCH_KEEP && buffer.capacity() > self.scratch.capacity() {
+        let buffer = done.payload;
+        if done.from_scratch
+            && buffer.capacity() <= SCRATCH_KEEP
+            && buffer.capacity() > self.scratch.capacity()
+        {
             self.scratch = buffer;
         }
     }
