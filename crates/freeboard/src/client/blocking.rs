@@ -363,10 +363,10 @@ impl Client {
         let mut header = [0u8; 14];
         let header_len = self
             .conn
-            .send_header(opcode, true, payload.len() as u64, Some(mask), &mut header)
+            .send_header(opcode, true, payload.bytes().len() as u64, Some(mask), &mut header)
             .map_err(|e| ClientError::Io(io::Error::other(e.to_string())))?;
         let mut out = self.out.lock();
-        let oversized = header_len + payload.len() > out.queue.watermarks().cap();
+        let oversized = header_len + payload.bytes().len() > out.queue.watermarks().cap();
         if oversized && !out.is_clear() {
             drop(out);
             self.flush(None)?;
@@ -400,15 +400,11 @@ impl Client {
             Pushed { outcome: PushOutcome::Queued, writability: None }
         } else {
             // Masked while it is copied into the chunks.
-            let bytes = match &payload {
-                Payload::Borrowed(bytes) => bytes,
-                Payload::Owned(buffer) => buffer.as_slice(),
-            };
             let out = &mut *out;
             out.queue.push_message_with(
                 &mut out.pool,
                 &header[..header_len],
-                bytes,
+                payload.bytes(),
                 |dst, src, offset| {
                     dst.copy_from_slice(src);
                     apply_mask(dst, mask, offset);
@@ -423,13 +419,13 @@ impl Client {
             let now = self.now();
             let _ = self.conn.close(now, CloseCode::POLICY_VIOLATION, "send queue full");
             self.drain_core()?;
+            self.kick()?;
         } else if let Some(writer) = &self.writer {
             writer.kick(&mut out);
-            return Ok(pushed);
         } else {
             drop(out);
+            self.write_queued()?;
         }
-        self.kick()?;
         Ok(pushed)
     }
 
@@ -674,10 +670,10 @@ enum Payload<'a> {
 }
 
 impl Payload<'_> {
-    fn len(&self) -> usize {
+    fn bytes(&self) -> &[u8] {
         match self {
-            Payload::Borrowed(bytes) => bytes.len(),
-            Payload::Owned(buffer) => buffer.len(),
+            Payload::Borrowed(bytes) => bytes,
+            Payload::Owned(buffer) => buffer,
         }
     }
 }

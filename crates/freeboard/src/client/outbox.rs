@@ -125,15 +125,12 @@ impl Outbox {
             return Err(io::ErrorKind::WriteZero.into());
         }
         if let Some(direct) = &mut self.direct {
-            let take = n.min(direct.unsent());
-            direct.sent += take;
+            // Only the direct frame's slices were written.
+            direct.sent += n;
             if direct.unsent() == 0 {
                 // NOTE(unwrap): checked `Some` just above.
                 let done = self.direct.take().unwrap();
                 self.recycle(done);
-            }
-            if n > take {
-                let _: Option<Writability> = self.queue.consume(&mut self.pool, n - take);
             }
         } else {
             let _: Option<Writability> = self.queue.consume(&mut self.pool, n);
@@ -331,9 +328,10 @@ fn write_loop(shared: &Shared, mut stream: TcpStream, mut poll: Poll) {
                 (_, false) => Err(io::ErrorKind::WouldBlock.into()),
                 (Job::Cork { at, len }, true) => stream.write(&cork[*at..*len]),
                 (Job::Direct(direct), true) => stream.write_vectored(&direct.slices()),
-            };
+            }
+            .and_then(|n| if n == 0 { Err(io::ErrorKind::WriteZero.into()) } else { Ok(n) });
             match result {
-                Ok(n) if n > 0 => {
+                Ok(n) => {
                     match &mut job {
                         Job::Cork { at, .. } => *at += n,
                         Job::Direct(direct) => direct.sent += n,
@@ -356,8 +354,7 @@ fn write_loop(shared: &Shared, mut stream: TcpStream, mut poll: Poll) {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                failed => {
-                    let e = failed.err().unwrap_or_else(|| io::ErrorKind::WriteZero.into());
+                Err(e) => {
                     let mut out = shared.lock();
                     out.failed = Some((e.kind(), e.to_string()));
                     out.in_flight = 0;
