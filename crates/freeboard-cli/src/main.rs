@@ -10,7 +10,7 @@ mod client;
 
 use clap::{Args, Parser, Subcommand};
 use freeboard::config::parse_policy;
-use freeboard::{Echo, Router, Server, ServerConfig};
+use freeboard::{Echo, HttpRoute, Router, Server, ServerConfig};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -170,7 +170,16 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let config = server_config(&args)?;
     let topics = config.topics.clone();
     let server = Server::bind(config, move || {
-        Router::new().route("/", Echo).route("/echo", Echo).topics(&topics)
+        let router = Router::new()
+            .route("/", Echo)
+            .route("/echo", Echo)
+            .topics(&topics)
+            .http("/healthz", HttpRoute::Health)
+            .http("/metrics", HttpRoute::Metrics);
+        match topics.http_publish && !topics.path.is_empty() {
+            true => router.http(&topics.path, HttpRoute::Publish),
+            false => router,
+        }
     })
     .map_err(|e| e.to_string())?;
     let addr = server.local_addr();

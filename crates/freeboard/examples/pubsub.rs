@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use freeboard::{Conn, Handler, Message, MessageKind, Router, Server, ServerConfig};
+use freeboard::{Conn, Handler, HttpRoute, Message, MessageKind, Router, Server, ServerConfig};
 
 /// Everyone on `/chat` hears everyone (themselves included).
 struct Chat;
@@ -36,7 +36,9 @@ impl Handler for Chat {
 fn main() -> std::io::Result<()> {
     let config = ServerConfig::default();
     let topics = config.topics.clone();
-    let server = Server::bind(config, move || Router::new().topics(&topics).route("/chat", Chat))?;
+    let server = Server::bind(config, move || {
+        Router::new().topics(&topics).http(&topics.path, HttpRoute::Publish).route("/chat", Chat)
+    })?;
     println!("ws://{}/topic/match-1 and ws://{0}/chat", server.local_addr());
     let running = server.spawn();
     let handle = running.handle();

@@ -3,14 +3,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use freeboard_buf::{
-    Frame, Pool, PushOutcome, SendQueue, SlowConsumerPolicy, Watermarks, Writability,
-};
+use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy, Watermarks};
 use freeboard_proto::handshake::Request;
-use freeboard_proto::{CloseCode, Connection, Instant, MessageKind, OpCode};
+use freeboard_proto::{CloseCode, MessageKind};
 
 use crate::metrics::{LoopStats, Metrics};
-use crate::parking::{ParkingLot, Ws};
+use crate::session::{Context, Session};
 use crate::topics::{Hub, LocalTopics, Published, SubscribeError};
 
 /// An application endpoint: what happens on one route.
@@ -92,13 +90,14 @@ pub struct ConnId {
     pub serial: u64,
 }
 
-/// What happened to a message given to [`Conn::send`].
+/// What happened to a message given to a send, on the server ([`Conn::send`]) and on the
+/// clients alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SendResult {
+pub enum SendOutcome {
     /// Queued; the queue is at or under its high watermark.
     Queued,
     /// Queued; the queue is above its high watermark — pause until
-    /// [`Handler::on_writable`].
+    /// [`Handler::on_writable`] (on a client: until `is_writable`).
     QueuedAboveHigh,
     /// The slow-consumer policy dropped `messages` messages (`bytes` bytes); `newest` says
     /// whether this one is among them.
@@ -110,26 +109,36 @@ pub enum SendResult {
         /// Their bytes.
         bytes: usize,
     },
-    /// [`SlowConsumerPolicy::Block`]: not queued; retry after [`Handler::on_writable`].
+    /// [`SlowConsumerPolicy::Block`]: not queued; retry after [`Handler::on_writable`] (on a
+    /// client: after a flush).
     Blocked,
     /// Not queued: the connection is closing or closed (possibly just now, 1008, by the
     /// `close` policy).
     Closed,
 }
 
+impl From<PushOutcome> for SendOutcome {
+    fn from(outcome: PushOutcome) -> Self {
+        match outcome {
+            PushOutcome::Queued => Self::Queued,
+            PushOutcome::QueuedAboveHigh => Self::QueuedAboveHigh,
+            PushOutcome::Dropped { newest, messages, bytes } => {
+                Self::Dropped { newest, messages, bytes }
+            }
+            PushOutcome::WouldBlock { .. } => Self::Blocked,
+            PushOutcome::MustClose { .. } => Self::Closed,
+        }
+    }
+}
+
 /// The handle a handler gets on one connection.
 pub struct Conn<'a> {
     pub(crate) id: ConnId,
     pub(crate) peer: SocketAddr,
-    pub(crate) ws: &'a mut Ws,
-    pub(crate) lot: &'a mut ParkingLot,
-    pub(crate) queue: &'a mut SendQueue,
-    pub(crate) pool: &'a mut Pool<'static>,
+    pub(crate) session: &'a mut Session,
+    pub(crate) cx: Context<'a>,
     pub(crate) metrics: &'a Metrics,
     pub(crate) stats: &'a mut LoopStats,
-    pub(crate) now: Instant,
-    /// Writability transitions caused by sends, reported after the handler returns.
-    pub(crate) writability: &'a mut Option<Writability>,
     /// The connection's slab key on its loop.
     pub(crate) token: usize,
     /// The request target during `on_open`, else empty.
@@ -138,6 +147,16 @@ pub struct Conn<'a> {
     pub(crate) hub: &'a Hub,
     /// Local publishes, fanned out by the loop once the handler returns.
     pub(crate) outbox: &'a mut Vec<(Arc<str>, Frame)>,
+}
+
+impl std::fmt::Debug for Conn<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("id", &self.id)
+            .field("peer", &self.peer)
+            .field("buffered_amount", &self.buffered_amount())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Conn<'_> {
@@ -152,73 +171,43 @@ impl Conn<'_> {
     }
 
     /// Queues one message; it leaves with the connection's other output in one `writev` at
-    /// the end of the loop turn. The result says what the slow-consumer policy did.
-    pub fn send(&mut self, kind: MessageKind, data: &[u8]) -> SendResult {
-        let opcode = match kind {
-            MessageKind::Text => OpCode::Text,
-            MessageKind::Binary => OpCode::Binary,
+    /// the end of the loop turn. The outcome says what the slow-consumer policy did.
+    pub fn send(&mut self, kind: MessageKind, data: &[u8]) -> SendOutcome {
+        let policy = self.session.queue().policy();
+        let Some(outcome) = self.session.send(&mut self.cx, kind, data) else {
+            return SendOutcome::Closed;
         };
-        let mut header = [0u8; 14];
-        let ws = self.lot.wake(self.ws);
-        let Ok(n) = ws.send_header(opcode, true, data.len() as u64, None, &mut header) else {
-            return SendResult::Closed;
-        };
-        let pushed = self.queue.push_message(self.pool, &[&header[..n], data]);
-        note(self.writability, pushed.writability);
-        match pushed.outcome {
-            PushOutcome::Queued => {
-                self.stats.messages_out += 1;
-                SendResult::Queued
-            }
-            PushOutcome::QueuedAboveHigh => {
-                self.stats.messages_out += 1;
-                SendResult::QueuedAboveHigh
-            }
-            PushOutcome::Dropped { newest, messages, bytes } => {
-                if !newest {
-                    self.stats.messages_out += 1;
-                }
-                self.stats.policy_drops[self.queue.policy() as usize] += u64::from(messages);
-                SendResult::Dropped { newest, messages, bytes }
-            }
-            PushOutcome::WouldBlock { .. } => SendResult::Blocked,
-            PushOutcome::MustClose { .. } => {
-                let gone = self.queue.discard_unsent(self.pool);
-                note(self.writability, gone.writability);
-                self.metrics.slow_consumer_closes.inc();
-                self.close(CloseCode::POLICY_VIOLATION, "slow consumer");
-                SendResult::Closed
-            }
+        self.stats.count_send(outcome, policy);
+        if let PushOutcome::MustClose { .. } = outcome {
+            self.metrics.slow_consumer_closes.inc();
         }
+        outcome.into()
     }
 
     /// Sends a text message.
-    pub fn send_text(&mut self, text: &str) -> SendResult {
+    pub fn send_text(&mut self, text: &str) -> SendOutcome {
         self.send(MessageKind::Text, text.as_bytes())
     }
 
     /// Starts the close handshake with `code` and `reason` (at most 123 bytes). Does nothing
     /// if it has started already.
     pub fn close(&mut self, code: CloseCode, reason: &str) {
-        let reason = truncate(reason, 123);
-        let ws = self.lot.wake(self.ws);
-        let _ = ws.close(self.now, code, reason);
-        queue_control(ws, self.queue, self.pool);
+        self.session.close(&mut self.cx, code, reason);
     }
 
     /// Unsent bytes in the connection's queue (`bufferedAmount`). O(1).
     pub fn buffered_amount(&self) -> usize {
-        self.queue.len()
+        self.session.buffered()
     }
 
     /// Whether the queue is at or under its high watermark.
     pub fn is_writable(&self) -> bool {
-        self.queue.is_writable()
+        self.session.queue().is_writable()
     }
 
     /// The endpoint's slow-consumer policy.
     pub fn policy(&self) -> SlowConsumerPolicy {
-        self.queue.policy()
+        self.session.queue().policy()
     }
 
     /// The upgrade request's target (path and query) during [`Handler::on_open`]; empty in
@@ -250,42 +239,42 @@ impl Conn<'_> {
     /// right after this handler returns, and once for all other loops that have subscribers.
     /// With no subscriber anywhere it costs no pool memory.
     pub fn publish(&mut self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
-        self.topics.publish(self.hub, self.pool, self.outbox, topic, kind, payload)
+        self.topics.publish(self.hub, self.cx.pool, self.outbox, topic, kind, payload)
     }
 }
 
-/// Moves every control frame the core owes (pong, ping, close) into the send queue. A
-/// control frame that finds no room ends the connection's output: the core is told the
-/// transport is gone.
-pub(crate) fn queue_control(ws: &mut Connection, queue: &mut SendQueue, pool: &mut Pool<'static>) {
-    let mut out = [0u8; freeboard_buf::MAX_CONTROL_FRAME];
-    while let Ok(Some(n)) = ws.poll_transmit(None, &mut out) {
-        if queue.push_control(pool, &[&out[..n]]).is_err() {
-            ws.handle_eof();
-        }
-    }
-}
-
-fn note(slot: &mut Option<Writability>, change: Option<Writability>) {
-    if change.is_some() {
-        *slot = change;
-    }
-}
-
-fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// Routes upgrade requests by path (the part before `?`) to handlers.
+/// Routes requests by path (the part before `?`): WebSocket upgrades to handlers, and plain
+/// HTTP requests to the [`HttpRoute`]s the application opted into. Everything else gets 404
+/// (426 for a plain request to a WebSocket route).
+///
+/// ```
+/// use freeboard::{Echo, HttpRoute, Router};
+///
+/// let router = Router::new()
+///     .route("/echo", Echo)
+///     .http("/healthz", HttpRoute::Health)
+///     .http("/metrics", HttpRoute::Metrics);
+/// # let _ = router;
+/// ```
 pub struct Router {
     routes: Vec<Route>,
+    http: Vec<(String, HttpRoute)>,
+}
+
+/// A plain HTTP endpoint the server answers itself, beside the WebSocket routes. None is
+/// served unless a [`Router`] asks for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HttpRoute {
+    /// `GET` answers `200 ok`: a liveness probe.
+    Health,
+    /// `GET` answers the server's metrics in the Prometheus text format.
+    Metrics,
+    /// A prefix: `POST {path}{topic}` publishes its body to `topic` (text when the
+    /// `Content-Type` is `text/*`, else binary), behind the bearer token of
+    /// [`TopicsConfig::publish_token`](crate::config::TopicsConfig::publish_token) when one is
+    /// set, and answers what the publish reached.
+    Publish,
 }
 
 struct Route {
@@ -297,7 +286,7 @@ struct Route {
 impl Router {
     /// A router without routes.
     pub fn new() -> Self {
-        Self { routes: Vec::new() }
+        Self { routes: Vec::new(), http: Vec::new() }
     }
 
     /// Adds `handler` at `path` (exact match), with the server's send-queue settings.
@@ -310,6 +299,21 @@ impl Router {
     pub fn route_with(mut self, path: &str, handler: impl Handler, options: RouteOptions) -> Self {
         self.routes.push(Route { path: path.to_owned(), options, handler: Box::new(handler) });
         self
+    }
+
+    /// Serves the plain HTTP endpoint `route` at `path` (exact, or a prefix for
+    /// [`HttpRoute::Publish`]).
+    pub fn http(mut self, path: &str, route: HttpRoute) -> Self {
+        self.http.push((path.to_owned(), route));
+        self
+    }
+
+    /// The plain HTTP endpoint for `path`, and the rest of the path after a prefix.
+    pub(crate) fn find_http<'p>(&self, path: &'p str) -> Option<(HttpRoute, &'p str)> {
+        self.http.iter().find_map(|(at, route)| match route {
+            HttpRoute::Publish => path.strip_prefix(at.as_str()).map(|rest| (*route, rest)),
+            _ => (path == at).then_some((*route, "")),
+        })
     }
 
     /// The index of the route for `target` (path and query).
@@ -374,6 +378,15 @@ impl RouteOptions {
     }
 }
 
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("routes", &self.routes.iter().map(|r| &r.path).collect::<Vec<_>>())
+            .field("http", &self.http)
+            .finish()
+    }
+}
+
 impl Default for Router {
     fn default() -> Self {
         Self::new()
@@ -389,7 +402,7 @@ pub struct Echo;
 
 impl Handler for Echo {
     fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
-        if conn.send(message.kind, message.data) == SendResult::Blocked {
+        if conn.send(message.kind, message.data) == SendOutcome::Blocked {
             // `block` holds the sender back above the high watermark; a message that still
             // finds no room (pool exhausted, or past the cap) cannot be kept for later, so
             // the sender hears why instead of losing its echo in silence.

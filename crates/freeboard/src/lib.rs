@@ -28,20 +28,23 @@
 
 pub mod client;
 pub mod config;
-mod event_loop;
 pub mod handler;
 pub mod metrics;
 mod parking;
 mod server;
+mod session;
+mod topic_route;
 pub mod topics;
+mod transport;
 
 pub use config::ServerConfig;
 pub use freeboard_buf::SlowConsumerPolicy;
 pub use freeboard_buf::Watermarks;
 pub use freeboard_proto::{CloseCode, MessageKind};
 pub use handler::{
-    Conn, ConnId, Echo, Handler, Message, RouteOptions, Router, SendResult, Upgrade,
+    Conn, ConnId, Echo, Handler, HttpRoute, Message, RouteOptions, Router, SendOutcome, Upgrade,
 };
 pub use metrics::Metrics;
 pub use server::{RunningServer, Server, ServerHandle};
-pub use topics::{Published, TopicRoute};
+pub use topic_route::TopicRoute;
+pub use topics::Published;

@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use freeboard_buf::{PushOutcome, SlowConsumerPolicy};
+use freeboard_proto::CloseCode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -61,12 +63,42 @@ pub(crate) struct LoopStats {
     pub(crate) bytes_out: u64,
     /// Published messages queued to subscribers.
     pub(crate) deliveries: u64,
-    /// Messages dropped by slow-consumer policies, counted here so a drop allocates nothing
-    /// (index: `policy as usize`).
-    pub(crate) policy_drops: [u64; 5],
+    /// Messages dropped by slow-consumer policies, counted here so a drop allocates nothing.
+    pub(crate) policy_drops: PolicyCounts,
+}
+
+/// One count per [`SlowConsumerPolicy`], sized by the enum.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PolicyCounts([u64; SlowConsumerPolicy::ALL.len()]);
+
+impl std::ops::Index<SlowConsumerPolicy> for PolicyCounts {
+    type Output = u64;
+    fn index(&self, policy: SlowConsumerPolicy) -> &u64 {
+        &self.0[policy as usize]
+    }
+}
+
+impl std::ops::IndexMut<SlowConsumerPolicy> for PolicyCounts {
+    fn index_mut(&mut self, policy: SlowConsumerPolicy) -> &mut u64 {
+        &mut self.0[policy as usize]
+    }
 }
 
 impl LoopStats {
+    /// Counts what a send did under `policy`; returns the messages it queued (0 or 1).
+    pub(crate) fn count_send(&mut self, outcome: PushOutcome, policy: SlowConsumerPolicy) -> u64 {
+        let queued = match outcome {
+            PushOutcome::Queued | PushOutcome::QueuedAboveHigh => 1,
+            PushOutcome::Dropped { newest, messages, .. } => {
+                self.policy_drops[policy] += u64::from(messages);
+                u64::from(!newest)
+            }
+            PushOutcome::WouldBlock { .. } | PushOutcome::MustClose { .. } => 0,
+        };
+        self.messages_out += queued;
+        queued
+    }
+
     /// Adds the counts to `metrics` and zeroes them.
     pub(crate) fn publish(&mut self, metrics: &Metrics) {
         for (counter, n) in [
@@ -82,7 +114,7 @@ impl LoopStats {
         if self.deliveries > 0 {
             metrics.deliveries.inc_by(self.deliveries);
         }
-        for (policy, n) in freeboard_buf::SlowConsumerPolicy::ALL.iter().zip(self.policy_drops) {
+        for (policy, n) in SlowConsumerPolicy::ALL.iter().zip(self.policy_drops.0) {
             if n > 0 {
                 metrics.drops.get_or_create(&Reason { reason: policy.name().to_owned() }).inc_by(n);
             }
@@ -303,5 +335,28 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl Metrics {
+    /// Counts a publish a whole loop could not take.
+    pub(crate) fn topic_drop(&self, reason: &str) {
+        self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).inc();
+    }
+}
+
+/// The `closes` metric label for a close code.
+pub(crate) fn close_label(code: CloseCode) -> &'static str {
+    match code {
+        CloseCode::NORMAL => "normal",
+        CloseCode::GOING_AWAY => "going_away",
+        CloseCode::PROTOCOL_ERROR => "protocol_error",
+        CloseCode::NO_STATUS => "no_status",
+        CloseCode::ABNORMAL => "abnormal",
+        CloseCode::INVALID_PAYLOAD => "invalid_payload",
+        CloseCode::POLICY_VIOLATION => "policy_violation",
+        CloseCode::MESSAGE_TOO_BIG => "message_too_big",
+        CloseCode::TRY_AGAIN_LATER => "try_again_later",
+        _ => "other",
     }
 }

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use freeboard::config::TopicsConfig;
 use freeboard::{
-    Conn, Handler, Message, MessageKind, Published, RouteOptions, Router, RunningServer, Server,
-    ServerConfig, SlowConsumerPolicy, TopicRoute, Watermarks,
+    Conn, Handler, HttpRoute, Message, MessageKind, Published, RouteOptions, Router, RunningServer,
+    Server, ServerConfig, SlowConsumerPolicy, TopicRoute, Watermarks,
 };
 
 fn start(
@@ -252,7 +252,7 @@ fn http_publish_checks_the_bearer_token_and_the_length() {
     config.topics = topics(SlowConsumerPolicy::DropOldest, 1 << 20);
     config.topics.publish_token = Some("s3cret".into());
     let t = config.topics.clone();
-    let server = start(config, move || Router::new().topics(&t));
+    let server = start(config, move || Router::new().topics(&t).http(&t.path, HttpRoute::Publish));
     let addr = server.local_addr();
     let (mut sub, status, _) = common::Client::connect(addr, "/topic/scores");
     assert_eq!(status, 101);
@@ -343,7 +343,11 @@ fn a_publish_to_nobody_costs_no_pool_chunks() {
     config.threads = 2;
     let log = Arc::new(Mutex::new(Vec::new()));
     let shared = log.clone();
-    let server = start(config, move || Router::new().route("/", Publisher { log: shared.clone() }));
+    let server = start(config, move || {
+        Router::new()
+            .route("/", Publisher { log: shared.clone() })
+            .http("/topic/", HttpRoute::Publish)
+    });
     let addr = server.local_addr();
     let metrics = server.metrics();
     assert_eq!(

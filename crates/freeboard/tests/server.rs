@@ -7,6 +7,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{Client, config, http, metric, start, upgrade_request};
+use freeboard::{Router, Server};
 
 #[test]
 fn echoes_text_and_binary_whole_and_fragmented() {
@@ -50,6 +51,26 @@ fn http_routes_answer_plain_requests() {
     assert!(http(addr, &upgrade_request("/nope")).starts_with("HTTP/1.1 404"));
     assert_eq!(metric(addr, "freeboard_refusals_total{status=\"426\"}"), 1.0);
     assert_eq!(metric(addr, "freeboard_refusals_total{status=\"404\"}"), 2.0);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+/// A library server serves the plain HTTP routes it asks for and nothing else: the README's
+/// example must not expose metrics or an unauthenticated publish on the internet.
+#[test]
+fn plain_http_routes_are_opt_in() {
+    let routes = || Router::new().route("/echo", freeboard::Echo);
+    let server = Server::bind(config(), routes).unwrap().spawn();
+    let addr = server.local_addr();
+    for request in [
+        "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        "POST /topic/x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi",
+    ] {
+        let answer = http(addr, request);
+        assert!(answer.starts_with("HTTP/1.1 404"), "{request:?} answered {answer:?}");
+    }
+    assert_eq!(server.metrics().refusals_for(404), 3);
     server.handle().shutdown();
     server.join().unwrap();
 }

@@ -5,14 +5,14 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use freeboard::{Conn, Echo, Handler, Message, Router, SendResult, Server, SlowConsumerPolicy};
+use freeboard::{Conn, Echo, Handler, Message, Router, SendOutcome, Server, SlowConsumerPolicy};
 
 const CAP: usize = 64 << 10;
 
 /// On any message, pushes 1,000 messages of 1 KiB in one loop turn and records what `send`
 /// said and the most bytes ever buffered.
 struct Pusher {
-    log: Arc<Mutex<(Vec<SendResult>, usize)>>,
+    log: Arc<Mutex<(Vec<SendOutcome>, usize)>>,
 }
 
 impl Handler for Pusher {
@@ -27,7 +27,7 @@ impl Handler for Pusher {
     }
 }
 
-fn run(policy: SlowConsumerPolicy) -> (Vec<SendResult>, usize, Arc<freeboard::Metrics>) {
+fn run(policy: SlowConsumerPolicy) -> (Vec<SendOutcome>, usize, Arc<freeboard::Metrics>) {
     let mut cfg = common::config();
     cfg.send_low = 8 << 10;
     cfg.send_high = 16 << 10;
@@ -65,11 +65,11 @@ fn run(policy: SlowConsumerPolicy) -> (Vec<SendResult>, usize, Arc<freeboard::Me
 fn drop_newest_keeps_the_queue_under_its_cap_and_counts_drops() {
     let (results, max, metrics) = run(SlowConsumerPolicy::DropNewest);
     assert!(max <= CAP, "{max} bytes buffered, cap {CAP}");
-    assert_eq!(results[0], SendResult::Queued);
-    assert!(results.contains(&SendResult::QueuedAboveHigh));
+    assert_eq!(results[0], SendOutcome::Queued);
+    assert!(results.contains(&SendOutcome::QueuedAboveHigh));
     let dropped = results
         .iter()
-        .filter(|r| matches!(r, SendResult::Dropped { newest: true, messages: 1, .. }))
+        .filter(|r| matches!(r, SendOutcome::Dropped { newest: true, messages: 1, .. }))
         .count();
     assert!(dropped > 900, "{dropped} of 1000 dropped");
     assert_eq!(metrics.drops_for("drop-newest"), dropped as u64);
@@ -79,8 +79,8 @@ fn drop_newest_keeps_the_queue_under_its_cap_and_counts_drops() {
 fn close_policy_closes_the_slow_consumer_with_1008() {
     let (results, max, metrics) = run(SlowConsumerPolicy::Close);
     assert!(max <= CAP + 131, "{max} bytes buffered, cap {CAP}");
-    let first_closed = results.iter().position(|r| *r == SendResult::Closed).unwrap();
-    assert!(results[first_closed..].iter().all(|r| *r == SendResult::Closed));
+    let first_closed = results.iter().position(|r| *r == SendOutcome::Closed).unwrap();
+    assert!(results[first_closed..].iter().all(|r| *r == SendOutcome::Closed));
     assert_eq!(metrics.slow_consumer_closes.get(), 1);
 }
 
@@ -88,8 +88,10 @@ fn close_policy_closes_the_slow_consumer_with_1008() {
 fn block_policy_refuses_at_the_cap_without_dropping() {
     let (results, max, metrics) = run(SlowConsumerPolicy::Block);
     assert!(max <= CAP, "{max} bytes buffered, cap {CAP}");
-    let blocked = results.iter().filter(|r| **r == SendResult::Blocked).count();
+    let blocked = results.iter().filter(|r| **r == SendOutcome::Blocked).count();
     assert!(blocked > 900, "{blocked} of 1000 blocked");
-    assert!(results.iter().all(|r| !matches!(r, SendResult::Dropped { .. } | SendResult::Closed)));
+    assert!(
+        results.iter().all(|r| !matches!(r, SendOutcome::Dropped { .. } | SendOutcome::Closed))
+    );
     assert_eq!(metrics.drops_for("block"), 0);
 }

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use freeboard::{Echo, Router, RunningServer, Server, ServerConfig};
+use freeboard::{Echo, HttpRoute, Router, RunningServer, Server, ServerConfig};
 
 pub const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 
@@ -23,8 +23,16 @@ pub fn config() -> ServerConfig {
     config
 }
 
+/// An echo server at `/` and `/echo` that also serves `/healthz` and `/metrics`.
 pub fn start(config: ServerConfig) -> RunningServer {
-    Server::bind(config, || Router::new().route("/", Echo).route("/echo", Echo)).unwrap().spawn()
+    let routes = || {
+        Router::new()
+            .route("/", Echo)
+            .route("/echo", Echo)
+            .http("/healthz", HttpRoute::Health)
+            .http("/metrics", HttpRoute::Metrics)
+    };
+    Server::bind(config, routes).unwrap().spawn()
 }
 
 /// Sends `request` and reads the response head (and body for refusals) until the server

@@ -1,0 +1,92 @@
+//! The loop's side of pub/sub: fanning out its own handlers' publishes and the publications
+//! other loops sent to its inbox, by reference, to its subscribers' sessions.
+
+use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy};
+use freeboard_proto::Instant;
+
+use super::event_loop::EventLoop;
+use crate::session::Context;
+use crate::transport::Transport;
+
+impl<T: Transport> EventLoop<T> {
+    /// Fans out this loop's own publishes, in publish order.
+    pub(super) fn fan_out_outbox(&mut self, now: Instant) {
+        if self.fanning_out {
+            return; // the outer call picks them up after the publishes before them
+        }
+        self.fanning_out = true;
+        while !self.outbox.is_empty() {
+            let mut batch = std::mem::take(&mut self.outbox_spare);
+            std::mem::swap(&mut batch, &mut self.outbox);
+            for (topic, frame) in batch.drain(..) {
+                self.fan_out(now, &topic, &frame);
+                frame.release(&mut self.pool);
+            }
+            self.outbox_spare = batch;
+        }
+        self.fanning_out = false;
+    }
+
+    /// Takes the publications other threads sent, each copied once into this loop's pool and
+    /// fanned out by reference.
+    pub(super) fn drain_inbox(&mut self, now: Instant) {
+        self.shared.hub.begin_drain(self.index);
+        while let Ok(publication) = self.inbox.try_recv() {
+            if self.topics.subscribers(&publication.topic).is_none() {
+                continue; // the last subscriber left after the publisher looked
+            }
+            match publication.frame.to_frame(&mut self.pool) {
+                Ok(frame) => {
+                    self.fan_out(now, &publication.topic, &frame);
+                    frame.release(&mut self.pool);
+                }
+                Err(_) => self.shared.metrics.topic_drop("pool"),
+            }
+        }
+    }
+
+    /// Queues `frame` by reference to every open subscriber of `topic` on this loop; each
+    /// subscriber's policy decides alone what happens when its queue is full.
+    fn fan_out(&mut self, now: Instant, topic: &str, frame: &Frame) {
+        let Some(subscribers) = self.topics.subscribers(topic) else { return };
+        let mut changes = std::mem::take(&mut self.changes);
+        for (_, &token) in subscribers {
+            // NOTE: a connection's subscriptions go before its slab entry does.
+            let entry = &mut self.conns[token];
+            let policy = entry.session.queue().policy();
+            let mut cx = Context {
+                pool: &mut self.pool,
+                lot: &mut self.lot,
+                masks: None,
+                limits: self.limits,
+                now,
+            };
+            let Some(outcome) = entry.session.send_frame(&mut cx, frame) else { continue };
+            match outcome {
+                PushOutcome::WouldBlock { .. } => {
+                    // A publisher cannot be paused for one subscriber: the message is dropped.
+                    self.stats.policy_drops[SlowConsumerPolicy::Block] += 1;
+                }
+                PushOutcome::MustClose { .. } => {
+                    self.shared.metrics.slow_consumer_closes.inc();
+                }
+                outcome => {
+                    self.stats.deliveries += self.stats.count_send(outcome, policy);
+                }
+            }
+            if let Some(change) = entry.session.take_writability() {
+                changes.push((token, change));
+            }
+            if !entry.dirty {
+                entry.dirty = true;
+                self.dirty.push(token);
+            }
+        }
+        for (token, change) in changes.drain(..) {
+            if self.conns.contains(token) {
+                self.writability_changed(token, now, change);
+            }
+        }
+        self.changes = changes;
+    }
+}

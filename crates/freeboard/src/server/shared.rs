@@ -1,0 +1,146 @@
+//! What every event loop of a server shares: configuration, metrics, admission (connection
+//! counts and accept-rate buckets), the shutdown flag and the topic hub.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::config::ServerConfig;
+use crate::handler::RouterFactory;
+use crate::metrics::Metrics;
+use crate::topics::Hub;
+
+/// State every event loop of a server shares: configuration, metrics, connection counts.
+pub(crate) struct Shared {
+    pub(crate) config: ServerConfig,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) factory: RouterFactory,
+    pub(crate) start: std::time::Instant,
+    /// TCP connections open across all loops (handshaking ones included).
+    pub(crate) open: AtomicUsize,
+    /// Per-address counts and accept-rate buckets, and the global bucket.
+    admission: Mutex<Admission>,
+    pub(crate) shutdown: AtomicBool,
+    /// Topics across loops: which loops subscribe to what, and their inboxes.
+    pub(crate) hub: Hub,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        config: ServerConfig,
+        metrics: Arc<Metrics>,
+        hub: Hub,
+        factory: RouterFactory,
+    ) -> Self {
+        Self {
+            hub,
+            metrics,
+            factory,
+            start: std::time::Instant::now(),
+            open: AtomicUsize::new(0),
+            admission: Mutex::new(Admission {
+                global: Bucket::full_at(config.accept_rate, 0.0),
+                by_ip: HashMap::new(),
+                sweep_at: 1024,
+            }),
+            shutdown: AtomicBool::new(false),
+            config,
+        }
+    }
+
+    /// Counts an accepted connection; returns the status to refuse its upgrade with if it
+    /// came faster than the accept rate allows (503 global, 429 per address).
+    pub(crate) fn admit(&self, peer: SocketAddr, now_secs: f64) -> Option<u16> {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        let config = &self.config;
+        let mut admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
+        let global_ok = admission.global.take(config.accept_rate, now_secs);
+        if admission.by_ip.len() > admission.sweep_at {
+            // Forget idle addresses whose bucket has refilled, so the map stays bounded by
+            // the addresses that are connected or recently active.
+            let (rate, at) = (config.accept_rate_per_ip, now_secs);
+            admission.by_ip.retain(|_, ip| ip.count > 0 || !ip.bucket.full(rate, at));
+            admission.sweep_at = (admission.by_ip.len() * 2).max(1024);
+        }
+        let ip = admission.by_ip.entry(peer.ip()).or_insert_with(|| PerIp {
+            count: 0,
+            bucket: Bucket::full_at(config.accept_rate_per_ip, now_secs),
+        });
+        ip.count += 1;
+        let ip_ok = ip.bucket.take(config.accept_rate_per_ip, now_secs);
+        match (global_ok, ip_ok) {
+            (_, false) => Some(429),
+            (false, _) => Some(503),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn release(&self, peer: SocketAddr) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        let mut admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ip) = admission.by_ip.get_mut(&peer.ip()) {
+            ip.count -= 1;
+            if ip.count == 0 && self.config.accept_rate_per_ip == 0.0 {
+                admission.by_ip.remove(&peer.ip());
+            }
+        }
+    }
+
+    pub(crate) fn per_ip(&self, peer: SocketAddr) -> usize {
+        let admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
+        admission.by_ip.get(&peer.ip()).map_or(0, |ip| ip.count)
+    }
+}
+
+struct Admission {
+    global: Bucket,
+    by_ip: HashMap<IpAddr, PerIp>,
+    /// Sweep idle entries when the map grows past this.
+    sweep_at: usize,
+}
+
+struct PerIp {
+    /// Open connections from the address.
+    count: usize,
+    bucket: Bucket,
+}
+
+/// A token bucket of `rate` tokens per second holding at most `max(rate, 1)`; rate 0 is off.
+#[derive(Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    /// Seconds (server clock) of the last refill.
+    at: f64,
+}
+
+impl Bucket {
+    fn full_at(rate: f64, now: f64) -> Self {
+        Self { tokens: rate.max(1.0), at: now }
+    }
+
+    fn refill(&mut self, rate: f64, now: f64) {
+        self.tokens = (self.tokens + (now - self.at) * rate).min(rate.max(1.0));
+        self.at = now;
+    }
+
+    fn full(&self, rate: f64, now: f64) -> bool {
+        let mut b = *self;
+        b.refill(rate, now);
+        b.tokens >= rate.max(1.0)
+    }
+
+    /// Takes a token if there is one (always, when the rate is 0).
+    fn take(&mut self, rate: f64, now: f64) -> bool {
+        if rate == 0.0 {
+            return true;
+        }
+        self.refill(rate, now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}

@@ -1,0 +1,591 @@
+//! The session: one WebSocket connection's message layer, sans-IO.
+//!
+//! A [`Session`] sits between the protocol core (`freeboard-proto`, which sees frames) and a
+//! driver (the server's event loop, the client loop, the blocking client), which moves bytes
+//! and time. It owns the core's state, the send queue and the reassembly of messages that
+//! arrive in pieces, and it is the only place where frames become messages and messages become
+//! frames. It never touches a socket or a clock: the driver hands it read bytes and `now`, and
+//! writes what [`io_slices`](Session::io_slices) returns.
+//!
+//! Call order for a driver, per readiness event:
+//! 1. [`receive`](Session::receive) with each read, until the buffer is used up; deliver each
+//!    [`Received`] message (an [`Assembled`](Received::Assembled) one is taken with
+//!    [`take_message`](Session::take_message));
+//! 2. [`poll_close`](Session::poll_close) after input, a timeout or a failed write, to report
+//!    the close once;
+//! 3. [`io_slices`](Session::io_slices) and [`consume`](Session::consume) to write;
+//!    [`take_writability`](Session::take_writability) to report watermark crossings;
+//! 4. [`poll_timeout`](Session::poll_timeout) for the next deadline,
+//!    [`handle_timeout`](Session::handle_timeout) when it passes.
+//!
+//! The server's sessions also live through the HTTP request before the upgrade and the
+//! close's drain and linger after it ([`Phase`]); the clients' start open.
+
+use freeboard_buf::{ChunkChain, Frame, Pool, PushOutcome, SendQueue, Writability};
+use freeboard_proto::close::MAX_REASON_LEN;
+use freeboard_proto::frame::MAX_HEADER_LEN;
+use freeboard_proto::mask::apply_mask;
+use freeboard_proto::{CloseCode, Event, Instant, MessageKind, OpCode, State};
+
+use crate::parking::{ParkingLot, Ws};
+
+/// What a session borrows from its driver for one call: the pool its chunks come from, the
+/// parking lot of idle protocol states, the masking keys (clients only) and the time.
+pub(crate) struct Context<'a> {
+    pub(crate) pool: &'a mut Pool<'static>,
+    pub(crate) lot: &'a mut ParkingLot,
+    /// `Some` for a client: every frame it sends is masked (§5.3).
+    pub(crate) masks: Option<&'a mut MaskSource>,
+    pub(crate) limits: Reassembly,
+    pub(crate) now: Instant,
+}
+
+/// How much a message that arrives in pieces may take from the pool, and what the peer hears
+/// when it cannot have it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reassembly {
+    /// Bytes the pool must keep free after each piece is stored.
+    pub(crate) keep_free: usize,
+    /// The close code for a message that does not fit.
+    pub(crate) code: CloseCode,
+    /// Its reason.
+    pub(crate) reason: &'static str,
+}
+
+impl Reassembly {
+    /// A server keeps half a connection's reserve free, so one sender cannot take what the
+    /// open connections need to go on echoing; a message that does not fit is a passing
+    /// shortage (1013).
+    pub(crate) fn server(connection_reserve: usize) -> Self {
+        Self {
+            keep_free: connection_reserve / 2,
+            code: CloseCode::TRY_AGAIN_LATER,
+            reason: "server memory budget exhausted",
+        }
+    }
+
+    /// A client's receive pool is its own: a message that does not fit is too big (1009).
+    pub(crate) const CLIENT: Self = Self {
+        keep_free: 0,
+        code: CloseCode::MESSAGE_TOO_BIG,
+        reason: "message exceeds the client's memory budget",
+    };
+}
+
+/// Where a session stands.
+pub(crate) enum Phase {
+    /// Waiting for a complete HTTP request (server) until `deadline`; its head bytes so far
+    /// wait in the session's `partial` chain.
+    Request { deadline: Instant },
+    /// Reading the body of a plain HTTP request into `partial`.
+    Body(Box<Body>),
+    /// A WebSocket connection.
+    Open(Open),
+    /// A final HTTP response or the close's last frames are leaving; then our FIN.
+    Draining { deadline: Instant },
+    /// Our FIN is sent; reading until the peer's EOF so unread bytes cannot turn our close
+    /// into a reset.
+    Linger { deadline: Instant },
+}
+
+/// The state of an open WebSocket connection.
+pub(crate) struct Open {
+    ws: Ws,
+    /// Reading stopped: the send queue is above its high watermark.
+    paused: bool,
+    /// The close has been reported ([`Session::poll_close`]).
+    close_reported: bool,
+    /// The message being read did not fit: its remaining pieces are dropped.
+    discarding: bool,
+}
+
+/// A plain HTTP request whose body is still arriving.
+pub(crate) struct Body {
+    pub(crate) deadline: Instant,
+    /// What the body is for: the route's own data.
+    pub(crate) topic: Box<str>,
+    pub(crate) kind: MessageKind,
+    /// Body bytes still to read.
+    pub(crate) remaining: usize,
+}
+
+/// A message [`Session::receive`] completed.
+#[derive(Debug)]
+pub(crate) enum Received<'b> {
+    /// It arrived whole in this read: borrowed from the read buffer, unmasked in place.
+    Whole(MessageKind, &'b [u8]),
+    /// It arrived in pieces, now in pool chunks: take it with [`Session::take_message`].
+    Assembled(MessageKind),
+}
+
+/// The close of a session: its code, its reason (copied, at most 123 bytes), and whether
+/// both close frames were exchanged.
+#[derive(Clone, Copy)]
+pub(crate) struct Closed {
+    pub(crate) code: CloseCode,
+    pub(crate) clean: bool,
+    reason: [u8; MAX_REASON_LEN],
+    /// Invariant: `reason[..reason_len]` is UTF-8.
+    reason_len: u8,
+}
+
+impl Closed {
+    fn new(code: CloseCode, reason: &str, clean: bool) -> Self {
+        let reason = truncate(reason, MAX_REASON_LEN);
+        let mut bytes = [0; MAX_REASON_LEN];
+        bytes[..reason.len()].copy_from_slice(reason.as_bytes());
+        Self { code, clean, reason: bytes, reason_len: reason.len() as u8 }
+    }
+
+    /// The close reason.
+    pub(crate) fn reason(&self) -> &str {
+        // NOTE(unwrap): cut at a character boundary of a `str` in `new`.
+        std::str::from_utf8(&self.reason[..usize::from(self.reason_len)]).unwrap_or_default()
+    }
+}
+
+/// What changed after a flush ([`Session::after_flush`]); both may happen at once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Transition {
+    /// The close handshake is over: the WebSocket part of the connection is gone (its
+    /// subscriptions and its count), its last frames are draining.
+    pub(crate) closed: bool,
+    /// Everything is out: shut down our writing side, then read until EOF.
+    pub(crate) shutdown_write: bool,
+}
+
+/// One connection's message layer; see the [module docs](self).
+pub(crate) struct Session {
+    pub(crate) phase: Phase,
+    queue: SendQueue,
+    /// A partial request head, a request body, or the message being reassembled. Empty (no
+    /// chunk) when idle.
+    partial: ChunkChain,
+    /// A watermark crossing not yet taken by the driver.
+    change: Option<Writability>,
+}
+
+impl Session {
+    /// A server session waiting for its HTTP request until `deadline`.
+    pub(crate) fn request(queue: SendQueue, deadline: Instant) -> Self {
+        Self::with_phase(Phase::Request { deadline }, queue)
+    }
+
+    /// A session whose opening handshake is done.
+    pub(crate) fn open(ws: Ws, queue: SendQueue) -> Self {
+        Self::with_phase(Phase::Open(Open::new(ws)), queue)
+    }
+
+    fn with_phase(phase: Phase, queue: SendQueue) -> Self {
+        Self { phase, queue, partial: ChunkChain::new(), change: None }
+    }
+
+    /// Moves a server session from its request to the WebSocket protocol: the `101` response
+    /// goes first as a preamble (no policy may drop it for a message queued after it), then
+    /// the connection runs with `queue`'s settings. `Err` if the pool cannot hold the response.
+    pub(crate) fn upgrade(
+        &mut self,
+        pool: &mut Pool<'static>,
+        ws: Ws,
+        queue: Option<SendQueue>,
+        response: &[u8],
+    ) -> Result<(), freeboard_buf::Limit> {
+        if let Some(queue) = queue {
+            // NOTE: nothing has been queued before the 101 response, so the queue is empty.
+            debug_assert!(self.queue.is_empty());
+            self.queue = queue;
+        }
+        self.queue.push_preamble(pool, response)?;
+        self.phase = Phase::Open(Open::new(ws));
+        Ok(())
+    }
+
+    /// The send queue (watermarks, policy, `bufferedAmount`).
+    pub(crate) fn queue(&self) -> &SendQueue {
+        &self.queue
+    }
+
+    /// The partial request head or body (server, before the upgrade).
+    pub(crate) fn partial_mut(&mut self) -> &mut ChunkChain {
+        &mut self.partial
+    }
+
+    /// The protocol state: `Open` until the close starts; a session that is not open reads
+    /// as closed.
+    pub(crate) fn state(&self) -> State {
+        match &self.phase {
+            Phase::Open(open) => open.ws.state(),
+            _ => State::Closed,
+        }
+    }
+
+    /// Whether the driver should read the socket for this session's WebSocket input: open,
+    /// not closed, not paused above the high watermark.
+    pub(crate) fn wants_input(&self) -> bool {
+        matches!(&self.phase, Phase::Open(open) if !open.paused && open.ws.state() != State::Closed)
+    }
+
+    /// Feeds read bytes to the core; returns how many it used and the message they
+    /// completed, if any. Call again with the rest until the buffer is used up or the session
+    /// closes. Control frames the core owes (pongs, close) are queued on the way.
+    pub(crate) fn receive<'b>(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &'b mut [u8],
+    ) -> (usize, Option<Received<'b>>) {
+        let Phase::Open(open) = &mut self.phase else { return (buf.len(), None) };
+        let ws = cx.lot.wake(&mut open.ws);
+        let len = buf.len();
+        let input = match ws.handle_input(cx.now, buf) {
+            Ok(input) => input,
+            Err(e) => {
+                // The core failed the connection and owes its close frame; later input is void.
+                tracing::debug!(error = %e, "protocol error");
+                self.queue_control(cx);
+                return (len, None);
+            }
+        };
+        let mut received = None;
+        if let Some(piece) = input.payload {
+            if piece.message_start && piece.message_fin {
+                received = Some(Received::Whole(piece.kind, piece.data));
+            } else if open.discarding {
+                open.discarding = !piece.message_fin;
+            } else if cx.pool.chunks_free() * cx.pool.chunk_size()
+                < piece.data.len() + cx.limits.keep_free
+                || self.partial.append(cx.pool, piece.data).is_err()
+            {
+                // Refused rather than delivered truncated.
+                self.partial.clear(cx.pool);
+                open.discarding = !piece.message_fin;
+                let _ = ws.close(cx.now, cx.limits.code, cx.limits.reason);
+            } else if piece.message_fin {
+                received = Some(Received::Assembled(piece.kind));
+            }
+        }
+        let consumed = input.consumed;
+        self.queue_control(cx);
+        (consumed, received)
+    }
+
+    /// The message [`receive`](Self::receive) reported as [`Received::Assembled`], as a chain
+    /// of pool chunks; the caller releases it.
+    pub(crate) fn take_message(&mut self) -> ChunkChain {
+        std::mem::take(&mut self.partial)
+    }
+
+    /// Reports that the peer ended the transport, or that writing to it failed: the
+    /// connection is over (1006 unless the close handshake was done).
+    pub(crate) fn handle_eof(&mut self, cx: &mut Context<'_>) {
+        if let Phase::Open(open) = &mut self.phase {
+            cx.lot.wake(&mut open.ws).handle_eof();
+        }
+    }
+
+    /// Runs the timers due at `cx.now`. Returns `true` when the session's own deadline (the
+    /// request, drain or linger phase) has passed: the driver drops the connection.
+    pub(crate) fn handle_timeout(&mut self, cx: &mut Context<'_>) -> bool {
+        match &mut self.phase {
+            Phase::Open(open) => {
+                cx.lot.wake(&mut open.ws).handle_timeout(cx.now);
+                self.queue_control(cx);
+                false
+            }
+            _ => self.poll_timeout().is_some_and(|at| at <= cx.now),
+        }
+    }
+
+    /// The next deadline: the phase's, or the core's timers when open.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::Request { deadline }
+            | Phase::Draining { deadline }
+            | Phase::Linger { deadline } => Some(*deadline),
+            Phase::Body(body) => Some(body.deadline),
+            Phase::Open(open) => open.ws.poll_timeout(),
+        }
+    }
+
+    /// The close, once, when the core reports it (`None` before, and after it was taken).
+    pub(crate) fn poll_close(&mut self) -> Option<Closed> {
+        let Phase::Open(open) = &mut self.phase else { return None };
+        // A parked connection has no events.
+        let ws = open.ws.awake()?;
+        loop {
+            // Pings and pongs are answered by the core; only the close concerns the driver.
+            if let Event::Closed { code, reason, clean } = ws.poll_event()? {
+                open.close_reported = true;
+                return Some(Closed::new(code, reason, clean));
+            }
+        }
+    }
+
+    /// Whether the close was reported; a connection dropped before that reports 1006.
+    pub(crate) fn close_reported(&self) -> bool {
+        matches!(&self.phase, Phase::Open(open) if open.close_reported)
+    }
+
+    /// Queues one data message, framed (and masked, for a client) on its way into the pool
+    /// chunks. `None` if the connection is not open; `MustClose` has closed it with 1008.
+    pub(crate) fn send(
+        &mut self,
+        cx: &mut Context<'_>,
+        kind: MessageKind,
+        data: &[u8],
+    ) -> Option<PushOutcome> {
+        let Phase::Open(open) = &mut self.phase else { return None };
+        let ws = cx.lot.wake(&mut open.ws);
+        let mask = cx.masks.as_deref_mut().map(MaskSource::next);
+        let mut header = [0u8; MAX_HEADER_LEN];
+        let n = ws.send_header(opcode(kind), true, data.len() as u64, mask, &mut header).ok()?;
+        let pushed = match mask {
+            None => self.queue.push_message(cx.pool, &[&header[..n], data]),
+            Some(mask) => {
+                self.queue.push_message_with(cx.pool, &header[..n], data, |dst, src, offset| {
+                    dst.copy_from_slice(src);
+                    apply_mask(dst, mask, offset);
+                })
+            }
+        };
+        self.settle(cx, pushed)
+    }
+
+    /// Queues a published frame by reference (server only: published frames are unmasked).
+    pub(crate) fn send_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+        frame: &Frame,
+    ) -> Option<PushOutcome> {
+        match &self.phase {
+            Phase::Open(open) if open.ws.state() == State::Open => {}
+            _ => return None,
+        }
+        let pushed = self.queue.push_frame(cx.pool, frame);
+        self.settle(cx, pushed)
+    }
+
+    /// Notes what a push did to the watermarks, and closes with 1008 when the `close` policy
+    /// says the peer cannot keep up.
+    fn settle(
+        &mut self,
+        cx: &mut Context<'_>,
+        pushed: freeboard_buf::Pushed,
+    ) -> Option<PushOutcome> {
+        self.note(pushed.writability);
+        if let PushOutcome::MustClose { .. } = pushed.outcome {
+            let gone = self.queue.discard_unsent(cx.pool);
+            self.note(gone.writability);
+            self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
+        }
+        Some(pushed.outcome)
+    }
+
+    /// Starts the close handshake with `code` and `reason` (cut to 123 bytes at a character
+    /// boundary). Does nothing if it has started already or the session is not open.
+    pub(crate) fn close(&mut self, cx: &mut Context<'_>, code: CloseCode, reason: &str) {
+        let Phase::Open(open) = &mut self.phase else { return };
+        let reason = truncate(reason, MAX_REASON_LEN);
+        let _ = cx.lot.wake(&mut open.ws).close(cx.now, code, reason);
+        self.queue_control(cx);
+    }
+
+    /// Queues a final HTTP response (or the bytes of a refusal) and moves to draining until
+    /// `deadline`. `Err` gives the bytes back when the pool cannot hold them.
+    pub(crate) fn respond_final<'p>(
+        &mut self,
+        pool: &mut Pool<'static>,
+        parts: &'p [&'p [u8]],
+        deadline: Instant,
+    ) -> Result<(), &'p [&'p [u8]]> {
+        let pushed = self.queue.push_message(pool, parts);
+        self.phase = Phase::Draining { deadline };
+        match pushed.outcome {
+            PushOutcome::Queued | PushOutcome::QueuedAboveHigh => Ok(()),
+            _ => Err(parts),
+        }
+    }
+
+    /// Moves every control frame the core owes (pong, ping, close) into the send queue. A
+    /// control frame that finds no room ends the connection's output: the core is told the
+    /// transport is gone.
+    fn queue_control(&mut self, cx: &mut Context<'_>) {
+        let Phase::Open(open) = &mut self.phase else { return };
+        let Some(ws) = open.ws.awake() else { return };
+        let mut out = [0u8; freeboard_buf::MAX_CONTROL_FRAME];
+        loop {
+            let mask = cx.masks.as_deref_mut().map(MaskSource::next);
+            let Ok(Some(n)) = ws.poll_transmit(mask, &mut out) else { return };
+            if self.queue.push_control(cx.pool, &[&out[..n]]).is_err() {
+                ws.handle_eof();
+            }
+        }
+    }
+
+    /// The queued bytes as slices for one `writev`.
+    pub(crate) fn io_slices<'p>(
+        &self,
+        pool: &'p Pool<'static>,
+        out: &mut [std::io::IoSlice<'p>],
+    ) -> usize {
+        self.queue.io_slices(pool, out)
+    }
+
+    /// Bytes queued and not yet written (`bufferedAmount`).
+    pub(crate) fn buffered(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Releases `n` written bytes.
+    pub(crate) fn consume(&mut self, pool: &mut Pool<'static>, n: usize) {
+        let change = self.queue.consume(pool, n);
+        self.note(change);
+    }
+
+    /// The last watermark crossing since the previous call. `Writable` also resumes reading.
+    pub(crate) fn take_writability(&mut self) -> Option<Writability> {
+        self.change.take()
+    }
+
+    fn note(&mut self, change: Option<Writability>) {
+        let Some(change) = change else { return };
+        self.change = Some(change);
+        if let Phase::Open(open) = &mut self.phase {
+            open.paused = change == Writability::NotWritable;
+        }
+    }
+
+    /// After a flush: a closed connection starts draining what is queued (for at most
+    /// `close_timeout`: a peer that stopped reading cannot hold its chunks for ever), and a
+    /// drained one shuts down its side (the server closes TCP first, §7.1.1) and lingers.
+    pub(crate) fn after_flush(
+        &mut self,
+        pool: &mut Pool<'static>,
+        now: Instant,
+        close_timeout: core::time::Duration,
+        linger: core::time::Duration,
+    ) -> Transition {
+        let mut transition = Transition::default();
+        if let Phase::Open(open) = &self.phase
+            && open.ws.state() == State::Closed
+        {
+            self.partial.clear(pool);
+            self.phase = Phase::Draining { deadline: now + close_timeout };
+            transition.closed = true;
+        }
+        if matches!(self.phase, Phase::Draining { .. }) && self.queue.is_empty() {
+            self.phase = Phase::Linger { deadline: now + linger };
+            transition.shutdown_write = true;
+        }
+        transition
+    }
+
+    /// Parks the protocol state if nothing is in flight (server: an idle connection keeps 24
+    /// bytes of it).
+    pub(crate) fn park(&mut self, lot: &mut ParkingLot) {
+        if let Phase::Open(open) = &mut self.phase {
+            lot.park(&mut open.ws);
+        }
+    }
+
+    /// Gives every chunk back to the pool.
+    pub(crate) fn release(&mut self, pool: &mut Pool<'static>) {
+        let _ = self.queue.clear(pool);
+        self.partial.clear(pool);
+    }
+
+    /// Drops what is queued and not yet started: the transport is gone.
+    pub(crate) fn clear_queue(&mut self, pool: &mut Pool<'static>) {
+        let _ = self.queue.clear(pool);
+    }
+}
+
+impl Open {
+    fn new(ws: Ws) -> Self {
+        Self { ws, paused: false, close_reported: false, discarding: false }
+    }
+}
+
+/// The data opcode of a message kind.
+pub(crate) fn opcode(kind: MessageKind) -> OpCode {
+    match kind {
+        MessageKind::Text => OpCode::Text,
+        MessageKind::Binary => OpCode::Binary,
+    }
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+pub(crate) fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Masking keys from the OS random source, fetched 64 at a time; each is used once.
+pub(crate) struct MaskSource {
+    keys: [u8; 256],
+    /// Invariant: `at <= keys.len()`, a multiple of 4.
+    at: usize,
+}
+
+impl MaskSource {
+    pub(crate) fn new() -> Self {
+        Self { keys: [0; 256], at: 256 }
+    }
+
+    /// A fresh key (§5.3: "unpredictable"), never handed out twice.
+    pub(crate) fn next(&mut self) -> [u8; 4] {
+        if self.at == self.keys.len() {
+            getrandom::fill(&mut self.keys).expect("the OS random source is available");
+            self.at = 0;
+        }
+        let key = [
+            self.keys[self.at],
+            self.keys[self.at + 1],
+            self.keys[self.at + 2],
+            self.keys[self.at + 3],
+        ];
+        self.at += 4;
+        key
+    }
+}
+
+/// A contiguous copy of messages that arrived in pieces, for handlers that take a slice. One
+/// per driver; its growth is drawn from the pool's budget.
+#[derive(Default)]
+pub(crate) struct Assembly {
+    bytes: Vec<u8>,
+    /// Invariant: `bytes.capacity()` bytes are drawn from the pool's budget.
+    drawn: usize,
+}
+
+impl Assembly {
+    /// Copies `chain` out of the pool (and releases it); `None` when the budget cannot cover
+    /// the copy.
+    pub(crate) fn fill(
+        &mut self,
+        pool: &mut Pool<'static>,
+        mut chain: ChunkChain,
+    ) -> Option<&[u8]> {
+        let len = chain.len();
+        if len > self.bytes.capacity() {
+            if pool.budget_mut().try_draw(len - self.drawn).is_err() {
+                chain.clear(pool);
+                return None;
+            }
+            self.drawn = len;
+            self.bytes.clear();
+            self.bytes.reserve_exact(len);
+        }
+        self.bytes.clear();
+        for segment in chain.segments(pool) {
+            self.bytes.extend_from_slice(segment);
+        }
+        chain.clear(pool);
+        Some(&self.bytes)
+    }
+}
