@@ -7,7 +7,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use freeboard::client::{Client, ClientConfig, ClientError, Event, MessageKind, PushOutcome};
+use freeboard::client::{
+    Client, ClientConfig, ClientError, CloseCode, Event, MessageKind, SendOutcome,
+};
 
 /// Exit statuses, as documented in `--help`.
 const EXIT_CLEAN: u8 = 0;
@@ -121,7 +123,7 @@ fn session(args: &ClientArgs) -> Result<u8, ClientError> {
             }
         }
         if !stdin_open && !closing && args.count.is_none() {
-            client.close(1000, "")?;
+            client.close(CloseCode::NORMAL, "")?;
             closing = true;
         }
         // Wait for the server, a little at a time while stdin may bring more.
@@ -144,12 +146,15 @@ fn session(args: &ClientArgs) -> Result<u8, ClientError> {
                 }
                 received += 1;
                 if args.count.is_some_and(|n| received >= n) && !closing {
-                    client.close(1000, "")?;
+                    client.close(CloseCode::NORMAL, "")?;
                     closing = true;
                 }
             }
             Some(Event::Closed(close)) => {
-                let normal = matches!(close.code, 1000 | 1001 | 1005);
+                let normal = matches!(
+                    close.code,
+                    CloseCode::NORMAL | CloseCode::GOING_AWAY | CloseCode::NO_STATUS
+                );
                 if close.was_clean && normal {
                     return Ok(EXIT_CLEAN);
                 }
@@ -172,12 +177,12 @@ fn send_line(client: &mut Client, kind: MessageKind, line: Vec<u8>) -> Result<bo
         return Ok(false);
     }
     let mut pushed = client.send(kind, &line)?;
-    while let PushOutcome::WouldBlock { .. } = pushed.outcome {
+    while let SendOutcome::Blocked = pushed {
         // The send queue is full: wait until the socket takes some of it, then retry.
         client.flush(Some(Duration::from_millis(100)))?;
         pushed = client.send(kind, &line)?;
     }
-    if let PushOutcome::Dropped { .. } = pushed.outcome {
+    if let SendOutcome::Dropped { .. } = pushed {
         eprintln!("freeboard client: a message larger than the send queue's cap was dropped");
     }
     Ok(true)

@@ -23,7 +23,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use freeboard::client::{Client, ClientConfig, Event, MessageKind, PushOutcome};
+use freeboard::client::{Client, ClientConfig, Event, MessageKind, SendOutcome};
 use freeboard::{Echo, Router, Server, ServerConfig};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::{Bytes, Message, Utf8Bytes};
@@ -56,9 +56,7 @@ fn send(c: &mut Criterion) {
                 b.iter_batched(
                     || payload.clone(),
                     |owned| {
-                        if let PushOutcome::WouldBlock { .. } =
-                            caller.send_owned(kind, owned).unwrap().outcome
-                        {
+                        if let SendOutcome::Blocked = caller.send_owned(kind, owned).unwrap() {
                             caller.flush(None).unwrap(); // counted: a refused send is retried
                             send_all(&mut caller, kind, &payload);
                         }
@@ -194,7 +192,7 @@ fn timed_sends(client: &mut Client, iters: u64, kind: MessageKind, payload: &[u8
 
 /// Sends one message, waiting for the socket when the policy (`Block`) refuses it.
 fn send_all(client: &mut Client, kind: MessageKind, payload: &[u8]) {
-    while let PushOutcome::WouldBlock { .. } = client.send(kind, payload).unwrap().outcome {
+    while let SendOutcome::Blocked = client.send(kind, payload).unwrap() {
         client.flush(None).unwrap();
     }
 }

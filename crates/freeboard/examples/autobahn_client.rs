@@ -12,7 +12,7 @@
 
 use std::process::ExitCode;
 
-use freeboard::client::{Client, ClientConfig, ClientError, Event, Watermarks};
+use freeboard::client::{Client, ClientConfig, ClientError, CloseCode, Event, Watermarks};
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -54,7 +54,7 @@ fn case_count(base: &str) -> Result<u32, ClientError> {
         Event::Message(m) => m.to_text().and_then(|t| t.trim().parse().ok()),
         Event::Closed(_) => None,
     };
-    let _ = client.close(1000, "");
+    let _ = client.close(CloseCode::NORMAL, "");
     while let Ok(Event::Message(_)) = client.recv() {}
     count.ok_or_else(|| ClientError::Config("the server sent no case count".into()))
 }

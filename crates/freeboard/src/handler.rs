@@ -8,7 +8,7 @@ use freeboard_proto::handshake::Request;
 use freeboard_proto::{CloseCode, MessageKind};
 
 use crate::metrics::{LoopStats, Metrics};
-use crate::session::{Context, Session};
+use crate::session::{Context, SendOutcome, Session};
 use crate::topics::{Hub, LocalTopics, Published, SubscribeError};
 
 /// An application endpoint: what happens on one route.
@@ -90,47 +90,6 @@ pub struct ConnId {
     pub serial: u64,
 }
 
-/// What happened to a message given to a send, on the server ([`Conn::send`]) and on the
-/// clients alike.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SendOutcome {
-    /// Queued; the queue is at or under its high watermark.
-    Queued,
-    /// Queued; the queue is above its high watermark — pause until
-    /// [`Handler::on_writable`] (on a client: until `is_writable`).
-    QueuedAboveHigh,
-    /// The slow-consumer policy dropped `messages` messages (`bytes` bytes); `newest` says
-    /// whether this one is among them.
-    Dropped {
-        /// Whether the message just sent was dropped.
-        newest: bool,
-        /// Messages dropped.
-        messages: u32,
-        /// Their bytes.
-        bytes: usize,
-    },
-    /// [`SlowConsumerPolicy::Block`]: not queued; retry after [`Handler::on_writable`] (on a
-    /// client: after a flush).
-    Blocked,
-    /// Not queued: the connection is closing or closed (possibly just now, 1008, by the
-    /// `close` policy).
-    Closed,
-}
-
-impl From<PushOutcome> for SendOutcome {
-    fn from(outcome: PushOutcome) -> Self {
-        match outcome {
-            PushOutcome::Queued => Self::Queued,
-            PushOutcome::QueuedAboveHigh => Self::QueuedAboveHigh,
-            PushOutcome::Dropped { newest, messages, bytes } => {
-                Self::Dropped { newest, messages, bytes }
-            }
-            PushOutcome::WouldBlock { .. } => Self::Blocked,
-            PushOutcome::MustClose { .. } => Self::Closed,
-        }
-    }
-}
-
 /// The handle a handler gets on one connection.
 pub struct Conn<'a> {
     pub(crate) id: ConnId,
@@ -192,7 +151,8 @@ impl Conn<'_> {
     /// Starts the close handshake with `code` and `reason` (at most 123 bytes). Does nothing
     /// if it has started already.
     pub fn close(&mut self, code: CloseCode, reason: &str) {
-        self.session.close(&mut self.cx, code, reason);
+        let reason = crate::session::truncate(reason, freeboard_proto::close::MAX_REASON_LEN);
+        let _ = self.session.close(&mut self.cx, code, reason);
     }
 
     /// Unsent bytes in the connection's queue (`bufferedAmount`). O(1).

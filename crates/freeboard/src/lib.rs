@@ -41,10 +41,9 @@ pub use config::ServerConfig;
 pub use freeboard_buf::SlowConsumerPolicy;
 pub use freeboard_buf::Watermarks;
 pub use freeboard_proto::{CloseCode, MessageKind};
-pub use handler::{
-    Conn, ConnId, Echo, Handler, HttpRoute, Message, RouteOptions, Router, SendOutcome, Upgrade,
-};
+pub use handler::{Conn, ConnId, Echo, Handler, HttpRoute, Message, RouteOptions, Router, Upgrade};
 pub use metrics::Metrics;
 pub use server::{RunningServer, Server, ServerHandle};
+pub use session::SendOutcome;
 pub use topic_route::TopicRoute;
 pub use topics::Published;

@@ -17,8 +17,8 @@ pub(crate) enum Ws {
 
 impl Ws {
     /// A connection whose opening handshake has just completed: parked from the start.
-    pub(crate) fn new(config: &Config, now: Instant) -> Self {
-        Ws::Parked(Parked::new(Role::Server, config, now))
+    pub(crate) fn new(role: Role, config: &Config, now: Instant) -> Self {
+        Ws::Parked(Parked::new(role, config, now))
     }
 
     pub(crate) fn state(&self) -> State {
@@ -103,13 +103,13 @@ mod tests {
     fn a_connection_parks_wakes_and_reuses_the_box() {
         let config = Config::default();
         let mut lot = ParkingLot::new(config);
-        let mut ws = Ws::new(&config, Instant::default());
+        let mut ws = Ws::new(Role::Server, &config, Instant::default());
         assert!(ws.awake().is_none(), "parked from the start");
         let first: *const Connection = lot.wake(&mut ws);
         assert_eq!(ws.state(), State::Open);
         lot.park(&mut ws);
         assert!(matches!(ws, Ws::Parked(_)));
-        let mut other = Ws::new(&config, Instant::default());
+        let mut other = Ws::new(Role::Server, &config, Instant::default());
         let second: *const Connection = lot.wake(&mut other);
         assert_eq!(first, second, "the spare box is reused");
 

@@ -21,13 +21,58 @@
 //! The server's sessions also live through the HTTP request before the upgrade and the
 //! close's drain and linger after it ([`Phase`]); the clients' start open.
 
-use freeboard_buf::{ChunkChain, Frame, Pool, PushOutcome, SendQueue, Writability};
+use freeboard_buf::{
+    ChunkChain, Frame, Limit, MAX_CONTROL_FRAME, Pool, PushOutcome, SendQueue, Writability,
+};
 use freeboard_proto::close::MAX_REASON_LEN;
 use freeboard_proto::frame::MAX_HEADER_LEN;
 use freeboard_proto::mask::apply_mask;
-use freeboard_proto::{CloseCode, Event, Instant, MessageKind, OpCode, State};
+use freeboard_proto::{
+    CloseCode, Connection, Event, Instant, MessageKind, OpCode, Payload, State, UsageError,
+};
 
 use crate::parking::{ParkingLot, Ws};
+
+/// What happened to a message given to a send, on the server ([`Conn::send`](crate::Conn::send)) and on the
+/// clients alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// Queued; the queue is at or under its high watermark.
+    Queued,
+    /// Queued; the queue is above its high watermark — pause until
+    /// [`Handler::on_writable`](crate::Handler::on_writable) (on a client: until `is_writable`).
+    QueuedAboveHigh,
+    /// The slow-consumer policy dropped `messages` messages (`bytes` bytes); `newest` says
+    /// whether this one is among them.
+    Dropped {
+        /// Whether the message just sent was dropped.
+        newest: bool,
+        /// Messages dropped.
+        messages: u32,
+        /// Their bytes.
+        bytes: usize,
+    },
+    /// [`SlowConsumerPolicy::Block`](freeboard_buf::SlowConsumerPolicy::Block): not queued; retry after [`Handler::on_writable`](crate::Handler::on_writable) (on a
+    /// client: after a flush).
+    Blocked,
+    /// Not queued: the connection is closing or closed (possibly just now, 1008, by the
+    /// `close` policy).
+    Closed,
+}
+
+impl From<PushOutcome> for SendOutcome {
+    fn from(outcome: PushOutcome) -> Self {
+        match outcome {
+            PushOutcome::Queued => Self::Queued,
+            PushOutcome::QueuedAboveHigh => Self::QueuedAboveHigh,
+            PushOutcome::Dropped { newest, messages, bytes } => {
+                Self::Dropped { newest, messages, bytes }
+            }
+            PushOutcome::WouldBlock { .. } => Self::Blocked,
+            PushOutcome::MustClose { .. } => Self::Closed,
+        }
+    }
+}
 
 /// What a session borrows from its driver for one call: the pool its chunks come from, the
 /// parking lot of idle protocol states, the masking keys (clients only) and the time.
@@ -95,8 +140,8 @@ pub(crate) struct Open {
     paused: bool,
     /// The close has been reported ([`Session::poll_close`]).
     close_reported: bool,
-    /// The message being read did not fit: its remaining pieces are dropped.
-    discarding: bool,
+    /// A watermark crossing not yet taken by the driver.
+    change: Option<Writability>,
 }
 
 /// A plain HTTP request whose body is still arriving.
@@ -130,6 +175,16 @@ pub(crate) struct Closed {
 }
 
 impl Closed {
+    /// Takes the core's events; the close, if it is among them. Pings and pongs are answered
+    /// by the core and concern no driver.
+    pub(crate) fn poll(ws: &mut Connection) -> Option<Self> {
+        loop {
+            if let Event::Closed { code, reason, clean } = ws.poll_event()? {
+                return Some(Self::new(code, reason, clean));
+            }
+        }
+    }
+
     fn new(code: CloseCode, reason: &str, clean: bool) -> Self {
         let reason = truncate(reason, MAX_REASON_LEN);
         let mut bytes = [0; MAX_REASON_LEN];
@@ -160,9 +215,7 @@ pub(crate) struct Session {
     queue: SendQueue,
     /// A partial request head, a request body, or the message being reassembled. Empty (no
     /// chunk) when idle.
-    partial: ChunkChain,
-    /// A watermark crossing not yet taken by the driver.
-    change: Option<Writability>,
+    inbound: Reassembler,
 }
 
 impl Session {
@@ -177,7 +230,7 @@ impl Session {
     }
 
     fn with_phase(phase: Phase, queue: SendQueue) -> Self {
-        Self { phase, queue, partial: ChunkChain::new(), change: None }
+        Self { phase, queue, inbound: Reassembler::default() }
     }
 
     /// Moves a server session from its request to the WebSocket protocol: the `101` response
@@ -207,7 +260,7 @@ impl Session {
 
     /// The partial request head or body (server, before the upgrade).
     pub(crate) fn partial_mut(&mut self) -> &mut ChunkChain {
-        &mut self.partial
+        &mut self.inbound.partial
     }
 
     /// The protocol state: `Open` until the close starts; a session that is not open reads
@@ -245,24 +298,9 @@ impl Session {
                 return (len, None);
             }
         };
-        let mut received = None;
-        if let Some(piece) = input.payload {
-            if piece.message_start && piece.message_fin {
-                received = Some(Received::Whole(piece.kind, piece.data));
-            } else if open.discarding {
-                open.discarding = !piece.message_fin;
-            } else if cx.pool.chunks_free() * cx.pool.chunk_size()
-                < piece.data.len() + cx.limits.keep_free
-                || self.partial.append(cx.pool, piece.data).is_err()
-            {
-                // Refused rather than delivered truncated.
-                self.partial.clear(cx.pool);
-                open.discarding = !piece.message_fin;
-                let _ = ws.close(cx.now, cx.limits.code, cx.limits.reason);
-            } else if piece.message_fin {
-                received = Some(Received::Assembled(piece.kind));
-            }
-        }
+        let received = input
+            .payload
+            .and_then(|piece| self.inbound.piece(cx.pool, &cx.limits, cx.now, ws, piece));
         let consumed = input.consumed;
         self.queue_control(cx);
         (consumed, received)
@@ -271,7 +309,7 @@ impl Session {
     /// The message [`receive`](Self::receive) reported as [`Received::Assembled`], as a chain
     /// of pool chunks; the caller releases it.
     pub(crate) fn take_message(&mut self) -> ChunkChain {
-        std::mem::take(&mut self.partial)
+        std::mem::take(&mut self.inbound.partial)
     }
 
     /// Reports that the peer ended the transport, or that writing to it failed: the
@@ -310,14 +348,9 @@ impl Session {
     pub(crate) fn poll_close(&mut self) -> Option<Closed> {
         let Phase::Open(open) = &mut self.phase else { return None };
         // A parked connection has no events.
-        let ws = open.ws.awake()?;
-        loop {
-            // Pings and pongs are answered by the core; only the close concerns the driver.
-            if let Event::Closed { code, reason, clean } = ws.poll_event()? {
-                open.close_reported = true;
-                return Some(Closed::new(code, reason, clean));
-            }
-        }
+        let closed = Closed::poll(open.ws.awake()?)?;
+        open.close_reported = true;
+        Some(closed)
     }
 
     /// Whether the close was reported; a connection dropped before that reports 1006.
@@ -336,8 +369,7 @@ impl Session {
         let Phase::Open(open) = &mut self.phase else { return None };
         let ws = cx.lot.wake(&mut open.ws);
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
-        let mut header = [0u8; MAX_HEADER_LEN];
-        let n = ws.send_header(opcode(kind), true, data.len() as u64, mask, &mut header).ok()?;
+        let (header, n) = frame_header(ws, kind, data.len(), mask).ok()?;
         let pushed = match mask {
             None => self.queue.push_message(cx.pool, &[&header[..n], data]),
             Some(mask) => {
@@ -375,18 +407,24 @@ impl Session {
         if let PushOutcome::MustClose { .. } = pushed.outcome {
             let gone = self.queue.discard_unsent(cx.pool);
             self.note(gone.writability);
-            self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
+            let _ = self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
         }
         Some(pushed.outcome)
     }
 
-    /// Starts the close handshake with `code` and `reason` (cut to 123 bytes at a character
-    /// boundary). Does nothing if it has started already or the session is not open.
-    pub(crate) fn close(&mut self, cx: &mut Context<'_>, code: CloseCode, reason: &str) {
-        let Phase::Open(open) = &mut self.phase else { return };
-        let reason = truncate(reason, MAX_REASON_LEN);
-        let _ = cx.lot.wake(&mut open.ws).close(cx.now, code, reason);
+    /// Starts the close handshake with `code` and `reason` (at most 123 bytes). Does nothing
+    /// if the session is not open; the core refuses a code that may not be sent, or a second
+    /// close.
+    pub(crate) fn close(
+        &mut self,
+        cx: &mut Context<'_>,
+        code: CloseCode,
+        reason: &str,
+    ) -> Result<(), UsageError> {
+        let Phase::Open(open) = &mut self.phase else { return Ok(()) };
+        let closed = cx.lot.wake(&mut open.ws).close(cx.now, code, reason);
         self.queue_control(cx);
+        closed
     }
 
     /// Queues a final HTTP response (or the bytes of a refusal) and moves to draining until
@@ -405,19 +443,13 @@ impl Session {
         }
     }
 
-    /// Moves every control frame the core owes (pong, ping, close) into the send queue. A
-    /// control frame that finds no room ends the connection's output: the core is told the
-    /// transport is gone.
+    /// Queues the control frames the core owes.
     fn queue_control(&mut self, cx: &mut Context<'_>) {
         let Phase::Open(open) = &mut self.phase else { return };
         let Some(ws) = open.ws.awake() else { return };
-        let mut out = [0u8; freeboard_buf::MAX_CONTROL_FRAME];
-        loop {
-            let mask = cx.masks.as_deref_mut().map(MaskSource::next);
-            let Ok(Some(n)) = ws.poll_transmit(mask, &mut out) else { return };
-            if self.queue.push_control(cx.pool, &[&out[..n]]).is_err() {
-                ws.handle_eof();
-            }
+        if queue_control(ws, &mut self.queue, cx.pool, cx.masks.as_deref_mut()).is_err() {
+            // No room even past the cap: the peer is not reading, the connection is over.
+            ws.handle_eof();
         }
     }
 
@@ -443,13 +475,16 @@ impl Session {
 
     /// The last watermark crossing since the previous call. `Writable` also resumes reading.
     pub(crate) fn take_writability(&mut self) -> Option<Writability> {
-        self.change.take()
+        match &mut self.phase {
+            Phase::Open(open) => open.change.take(),
+            _ => None,
+        }
     }
 
+    /// Records a watermark crossing (only an open connection has anyone to tell).
     fn note(&mut self, change: Option<Writability>) {
-        let Some(change) = change else { return };
-        self.change = Some(change);
-        if let Phase::Open(open) = &mut self.phase {
+        if let (Some(change), Phase::Open(open)) = (change, &mut self.phase) {
+            open.change = Some(change);
             open.paused = change == Writability::NotWritable;
         }
     }
@@ -468,7 +503,7 @@ impl Session {
         if let Phase::Open(open) = &self.phase
             && open.ws.state() == State::Closed
         {
-            self.partial.clear(pool);
+            self.inbound.partial.clear(pool);
             self.phase = Phase::Draining { deadline: now + close_timeout };
             transition.closed = true;
         }
@@ -490,7 +525,7 @@ impl Session {
     /// Gives every chunk back to the pool.
     pub(crate) fn release(&mut self, pool: &mut Pool<'static>) {
         let _ = self.queue.clear(pool);
-        self.partial.clear(pool);
+        self.inbound.partial.clear(pool);
     }
 
     /// Drops what is queued and not yet started: the transport is gone.
@@ -501,7 +536,87 @@ impl Session {
 
 impl Open {
     fn new(ws: Ws) -> Self {
-        Self { ws, paused: false, close_reported: false, discarding: false }
+        Self { ws, paused: false, close_reported: false, change: None }
+    }
+}
+
+/// The receive half of the message layer: pieces of a message that arrived over several
+/// reads or frames, kept in pool chunks under the driver's [`Reassembly`] limits.
+#[derive(Default)]
+pub(crate) struct Reassembler {
+    /// A partial request head, a request body, or the message being reassembled. Empty (no
+    /// chunk) when idle.
+    partial: ChunkChain,
+    /// The message being read did not fit: its remaining pieces are dropped.
+    discarding: bool,
+}
+
+impl Reassembler {
+    /// Takes one piece of a data message from the core. A message that does not fit closes
+    /// the connection with the limits' code rather than reach the application truncated.
+    pub(crate) fn piece<'b>(
+        &mut self,
+        pool: &mut Pool<'static>,
+        limits: &Reassembly,
+        now: Instant,
+        ws: &mut Connection,
+        piece: Payload<'b>,
+    ) -> Option<Received<'b>> {
+        if piece.message_start && piece.message_fin {
+            return Some(Received::Whole(piece.kind, piece.data));
+        }
+        if self.discarding {
+            self.discarding = !piece.message_fin;
+            return None;
+        }
+        if pool.chunks_free() * pool.chunk_size() < piece.data.len() + limits.keep_free
+            || self.partial.append(pool, piece.data).is_err()
+        {
+            self.partial.clear(pool);
+            self.discarding = !piece.message_fin;
+            let _ = ws.close(now, limits.code, limits.reason);
+            return None;
+        }
+        piece.message_fin.then_some(Received::Assembled(piece.kind))
+    }
+
+    /// The message [`piece`](Self::piece) reported as assembled; the caller releases it.
+    pub(crate) fn take(&mut self) -> ChunkChain {
+        std::mem::take(&mut self.partial)
+    }
+
+    /// Gives the chunks back.
+    pub(crate) fn clear(&mut self, pool: &mut Pool<'static>) {
+        self.partial.clear(pool);
+    }
+}
+
+/// Frames the header of a whole data message of `len` bytes, masked with `mask` (a client's).
+pub(crate) fn frame_header(
+    ws: &mut Connection,
+    kind: MessageKind,
+    len: usize,
+    mask: Option<[u8; 4]>,
+) -> Result<([u8; MAX_HEADER_LEN], usize), UsageError> {
+    let mut header = [0u8; MAX_HEADER_LEN];
+    let n = ws.send_header(opcode(kind), true, len as u64, mask, &mut header)?;
+    Ok((header, n))
+}
+
+/// Moves every control frame the core owes (pong, ping, close) into `queue`, masked when
+/// `masks` is given. Control frames may pass the queue's cap by one frame; `Err` when even
+/// that finds no room.
+pub(crate) fn queue_control(
+    ws: &mut Connection,
+    queue: &mut SendQueue,
+    pool: &mut Pool<'static>,
+    mut masks: Option<&mut MaskSource>,
+) -> Result<(), Limit> {
+    let mut out = [0u8; MAX_CONTROL_FRAME];
+    loop {
+        let mask = masks.as_deref_mut().map(MaskSource::next);
+        let Ok(Some(n)) = ws.poll_transmit(mask, &mut out) else { return Ok(()) };
+        queue.push_control(pool, &[&out[..n]])?;
     }
 }
 

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use freeboard::client::{
-    ClientConfig, ClientError, ClientHandler, ClientId, ClientLoop, CloseEvent, LoopConn,
-    MessageKind,
+    ClientConfig, ClientError, ClientHandler, ClientId, ClientLoop, CloseCode, CloseEvent,
+    LoopConn, MessageKind,
 };
 use freeboard::{Echo, Router, Server, ServerConfig};
 
@@ -32,7 +32,7 @@ impl ClientHandler for PingPong {
         let n = self.echoes.entry(conn.id()).or_default();
         *n += 1;
         if *n == ROUNDS {
-            conn.close(1000, "done").unwrap();
+            conn.close(CloseCode::NORMAL, "done").unwrap();
         } else {
             let _ = conn.send(kind, data).unwrap();
         }
@@ -74,7 +74,7 @@ fn a_thousand_connections_in_one_thread() {
     assert_eq!(handler.opened, CONNECTIONS);
     assert!(handler.echoes.values().all(|&n| n == ROUNDS));
     assert!(
-        handler.closed.iter().all(|c| c.code == 1000 && c.was_clean),
+        handler.closed.iter().all(|c| c.code == CloseCode::NORMAL && c.was_clean),
         "{:?}",
         handler.closed[0]
     );

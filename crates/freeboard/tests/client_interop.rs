@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 
-use freeboard::client::{Client, ClientConfig, Event, MessageKind, PushOutcome, Watermarks};
+use freeboard::client::{
+    Client, ClientConfig, CloseCode, Event, MessageKind, SendOutcome, Watermarks,
+};
 
 #[test]
 fn python_websockets() {
@@ -39,7 +41,7 @@ fn exercise(peer: &Peer) {
             } else {
                 client.send_owned(kind, payload.clone()).unwrap()
             };
-            assert_eq!(pushed.outcome, PushOutcome::Queued);
+            assert_eq!(pushed, SendOutcome::Queued);
             assert_eq!(next(&mut client), (kind, payload), "echo of {kind:?} {size} B");
         }
     }
@@ -61,7 +63,7 @@ fn exercise(peer: &Peer) {
     for id in 0..1000 {
         let request = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"echo","params":[{id}]}}"#);
         let pushed = client.send_text(&request).unwrap();
-        assert!(matches!(pushed.outcome, PushOutcome::Queued | PushOutcome::QueuedAboveHigh));
+        assert!(matches!(pushed, SendOutcome::Queued | SendOutcome::QueuedAboveHigh));
     }
     let mut answered = vec![false; 1000];
     let mut in_order = true;
@@ -115,12 +117,12 @@ fn next(client: &mut Client) -> (MessageKind, Vec<u8>) {
 }
 
 fn close(mut client: Client) {
-    client.close(1000, "").unwrap();
+    client.close(CloseCode::NORMAL, "").unwrap();
     loop {
         match client.recv().unwrap() {
             Event::Message(_) => {}
             Event::Closed(close) => {
-                assert_eq!((close.code, close.was_clean), (1000, true), "{close:?}");
+                assert_eq!((close.code, close.was_clean), (CloseCode::NORMAL, true), "{close:?}");
                 return;
             }
         }

@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use freeboard::client::{
-    Client, ClientConfig, ClientError, Event, MessageKind, PushOutcome, ReadyState,
+    Client, ClientConfig, ClientError, CloseCode, Event, MessageKind, ReadyState, SendOutcome,
     SlowConsumerPolicy, Watermarks,
 };
 use freeboard::{Echo, Router, RunningServer, Server, ServerConfig};
@@ -35,13 +35,13 @@ fn next_message(client: &mut Client) -> (MessageKind, Vec<u8>) {
 }
 
 fn close_cleanly(mut client: Client) {
-    client.close(1000, "done").unwrap();
+    client.close(CloseCode::NORMAL, "done").unwrap();
     assert_eq!(client.ready_state(), ReadyState::Closing);
     loop {
         match client.recv().unwrap() {
             Event::Message(_) => continue,
             Event::Closed(close) => {
-                assert_eq!((close.code, close.was_clean), (1000, true), "{close:?}");
+                assert_eq!((close.code, close.was_clean), (CloseCode::NORMAL, true), "{close:?}");
                 break;
             }
         }
@@ -60,11 +60,11 @@ fn echoes_text_and_binary_of_every_size_borrowed_and_owned() {
         let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
         let pushed = client.send_binary(&payload).unwrap();
         // A 64 KiB copy waits in the queue above its high watermark (64 KiB).
-        assert!(matches!(pushed.outcome, PushOutcome::Queued | PushOutcome::QueuedAboveHigh));
+        assert!(matches!(pushed, SendOutcome::Queued | SendOutcome::QueuedAboveHigh));
         assert_eq!(next_message(&mut client), (MessageKind::Binary, payload.clone()), "{size}");
 
         let pushed = client.send_owned(MessageKind::Binary, payload.clone()).unwrap();
-        assert_eq!(pushed.outcome, PushOutcome::Queued);
+        assert_eq!(pushed, SendOutcome::Queued);
         assert_eq!(next_message(&mut client).1.len(), size);
 
         let text = "é".repeat(size / 2);
@@ -84,7 +84,7 @@ fn a_thousand_requests_in_flight_are_all_answered_and_matched() {
     for id in 0..1000 {
         let request = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"echo","params":[{id}]}}"#);
         let pushed = client.send_text(&request).unwrap();
-        assert!(matches!(pushed.outcome, PushOutcome::Queued | PushOutcome::QueuedAboveHigh));
+        assert!(matches!(pushed, SendOutcome::Queued | SendOutcome::QueuedAboveHigh));
     }
     let mut seen = vec![false; 1000];
     for _ in 0..1000 {
@@ -114,7 +114,7 @@ fn buffered_amount_counts_what_the_socket_has_not_taken_and_block_refuses_past_t
     let mut refused = false;
     for _ in 0..10_000 {
         let pushed = client.send_binary(&payload).unwrap();
-        if let PushOutcome::WouldBlock { .. } = pushed.outcome {
+        if let SendOutcome::Blocked = pushed {
             refused = true;
             break;
         }
@@ -137,8 +137,8 @@ fn drop_newest_drops_and_counts_what_does_not_fit() {
     let payload = vec![1u8; 8 << 10];
     let mut dropped = 0;
     for _ in 0..2_000 {
-        if let PushOutcome::Dropped { newest: true, messages: 1, .. } =
-            client.send_binary(&payload).unwrap().outcome
+        if let SendOutcome::Dropped { newest: true, messages: 1, .. } =
+            client.send_binary(&payload).unwrap()
         {
             dropped += 1;
         }
@@ -157,7 +157,7 @@ fn a_message_over_max_message_size_closes_with_1009() {
     let mut client = Client::connect(&url(server.local_addr(), "/"), config).unwrap();
     let _ = client.send_binary(&[1u8; 1001]).unwrap();
     match client.recv().unwrap() {
-        Event::Closed(close) => assert_eq!(close.code, 1009, "{close:?}"),
+        Event::Closed(close) => assert_eq!(close.code, CloseCode::MESSAGE_TOO_BIG, "{close:?}"),
         Event::Message(m) => panic!("delivered {} bytes", m.len()),
     }
     server.handle().shutdown();
@@ -217,7 +217,9 @@ fn headers_subprotocols_and_ipv6_reach_the_server() {
     assert_eq!(client.protocol(), Some("v2.rpc"));
     assert_eq!(next_message(&mut client), (MessageKind::Text, b"hi".to_vec()));
     match client.recv().unwrap() {
-        Event::Closed(close) => assert_eq!((close.code, close.was_clean), (1000, true)),
+        Event::Closed(close) => {
+            assert_eq!((close.code, close.was_clean), (CloseCode::NORMAL, true))
+        }
         Event::Message(_) => panic!("one message only"),
     }
     drop(client);
@@ -264,10 +266,10 @@ fn sends_after_close_are_refused() {
     let server = echo_server();
     let mut client =
         Client::connect(&url(server.local_addr(), "/"), ClientConfig::default()).unwrap();
-    client.close(4000, "bye").unwrap();
+    client.close(CloseCode(4000), "bye").unwrap();
     assert!(matches!(client.send_text("late"), Err(ClientError::NotOpen(ReadyState::Closing))));
     match client.recv().unwrap() {
-        Event::Closed(close) => assert_eq!((close.code, close.was_clean), (4000, true)),
+        Event::Closed(close) => assert_eq!((close.code, close.was_clean), (CloseCode(4000), true)),
         Event::Message(_) => panic!(),
     }
     server.handle().shutdown();
@@ -297,7 +299,7 @@ fn queued_sends_leave_without_another_call_when_the_server_reads_again() {
     for i in 0..COUNT {
         payload[..4].copy_from_slice(&i.to_be_bytes());
         let pushed = client.send_binary(&payload).unwrap();
-        assert!(matches!(pushed.outcome, PushOutcome::Queued | PushOutcome::QueuedAboveHigh));
+        assert!(matches!(pushed, SendOutcome::Queued | SendOutcome::QueuedAboveHigh));
     }
     assert!(client.buffered_amount() > 0, "the socket buffers should have filled");
     done_rx.recv_timeout(Duration::from_secs(60)).expect("every message reaches the server");
@@ -313,7 +315,7 @@ fn a_message_larger_than_the_cap_waits_for_the_queue_and_keeps_its_place() {
     for i in 0..50u8 {
         let _ = client.send_binary(&[i; 10]).unwrap();
     }
-    assert_eq!(client.send_binary(&large).unwrap().outcome, PushOutcome::Queued);
+    assert_eq!(client.send_binary(&large).unwrap(), SendOutcome::Queued);
     let _ = client.send_binary(b"after").unwrap();
     for i in 0..50u8 {
         assert_eq!(next_message(&mut client).1, [i; 10]);
@@ -343,7 +345,9 @@ fn a_write_failure_is_reported_by_send_and_ends_the_connection_with_1006() {
     };
     assert!(matches!(error, ClientError::Io(_) | ClientError::NotOpen(_)), "{error:?}");
     match client.recv().unwrap() {
-        Event::Closed(close) => assert_eq!((close.code, close.was_clean), (1006, false)),
+        Event::Closed(close) => {
+            assert_eq!((close.code, close.was_clean), (CloseCode::ABNORMAL, false))
+        }
         Event::Message(_) => panic!("no message was sent"),
     }
 }

@@ -11,15 +11,16 @@ use freeboard_buf::{
     SendQueue,
 };
 use freeboard_proto::mask::apply_mask;
-use freeboard_proto::{
-    CloseCode, Config, Connection, Event as ProtoEvent, Instant, MessageKind, OpCode, Role, State,
-};
+use freeboard_proto::{CloseCode, Connection, Instant, MessageKind, Role, State};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use super::handshake::{self, Opened};
 use super::outbox::{Direct, Outbox, Shared, Writer};
 use super::{ClientConfig, ClientError, ReadyState, Target};
+use crate::session::{
+    Closed, MaskSource, Reassembler, Reassembly, Received, SendOutcome, frame_header, queue_control,
+};
 
 /// The smallest message the send pool has a segment slot for at every byte of the cap:
 /// smaller ones may be refused by the pool (`Limit::Pool`) before the cap is reached.
@@ -62,9 +63,7 @@ pub struct Client {
     rpos: usize,
     rlen: usize,
     /// The message being reassembled.
-    assembly: ChunkChain,
-    /// The rest of the current message is skipped (it did not fit in the pool).
-    skipping: bool,
+    inbound: Reassembler,
     /// The last message handed out by `recv`, released at the next call.
     delivered: ChunkChain,
     /// Edge-triggered read readiness not yet used up.
@@ -88,7 +87,7 @@ pub enum Event<'a> {
 pub struct CloseEvent {
     /// The close code: the server's for a clean close (1005 if its frame had none), ours for a
     /// connection we failed (1002, 1007, 1009…), 1006 when the transport ended first.
-    pub code: u16,
+    pub code: CloseCode,
     /// The close reason.
     pub reason: String,
     /// Whether both close frames were exchanged.
@@ -101,13 +100,6 @@ pub struct Message<'a> {
     kind: MessageKind,
     chain: &'a ChunkChain,
     pool: &'a Pool<'static>,
-}
-
-/// Masking keys from the OS random source, fetched 64 at a time; each is used once.
-pub(super) struct MaskSource {
-    keys: [u8; 256],
-    /// Invariant: `at <= keys.len()`, a multiple of 4.
-    at: usize,
 }
 
 impl Client {
@@ -139,13 +131,7 @@ impl Client {
         };
         poll.registry().register(&mut stream, SOCKET, interest)?;
 
-        let core = Config::builder()
-            .max_message_size(config.max_message_size as u64)
-            .close_timeout(config.close_timeout)
-            .pong_timeout(config.pong_timeout)
-            .ping_interval(config.ping_interval)
-            .build();
-        let conn = Connection::new(Role::Client, core, Instant::default());
+        let conn = Connection::new(Role::Client, config.protocol(), Instant::default());
         let mut rbuf = vec![0u8; config.read_buffer.max(leftover.len()).max(1024)];
         rbuf[..leftover.len()].copy_from_slice(&leftover);
         Ok(Self {
@@ -164,8 +150,7 @@ impl Client {
             rbuf: rbuf.into_boxed_slice(),
             rpos: 0,
             rlen: leftover.len(),
-            assembly: ChunkChain::new(),
-            skipping: false,
+            inbound: Reassembler::default(),
             delivered: ChunkChain::new(),
             readable: true,
             closed: None,
@@ -212,12 +197,12 @@ impl Client {
     }
 
     /// Sends a text message; see [`send`](Self::send).
-    pub fn send_text(&mut self, text: &str) -> Result<Pushed, ClientError> {
+    pub fn send_text(&mut self, text: &str) -> Result<SendOutcome, ClientError> {
         self.send(MessageKind::Text, text.as_bytes())
     }
 
     /// Sends a binary message; see [`send`](Self::send).
-    pub fn send_binary(&mut self, data: &[u8]) -> Result<Pushed, ClientError> {
+    pub fn send_binary(&mut self, data: &[u8]) -> Result<SendOutcome, ClientError> {
         self.send(MessageKind::Binary, data)
     }
 
@@ -232,7 +217,7 @@ impl Client {
     ///
     /// A `Text` payload must be UTF-8; it is the caller's promise (use
     /// [`send_text`](Self::send_text) to have the compiler check it).
-    pub fn send(&mut self, kind: MessageKind, payload: &[u8]) -> Result<Pushed, ClientError> {
+    pub fn send(&mut self, kind: MessageKind, payload: &[u8]) -> Result<SendOutcome, ClientError> {
         self.send_masked(kind, Payload::Borrowed(payload))
     }
 
@@ -244,7 +229,7 @@ impl Client {
         &mut self,
         kind: MessageKind,
         payload: Vec<u8>,
-    ) -> Result<Pushed, ClientError> {
+    ) -> Result<SendOutcome, ClientError> {
         self.send_masked(kind, Payload::Owned(payload))
     }
 
@@ -280,14 +265,12 @@ impl Client {
     /// Starts the close handshake with `code` (1000, or 3000–4999 for applications) and
     /// `reason` (at most 123 bytes). Unsent messages stay queued ahead of the close frame.
     /// Returns at once; [`recv`](Self::recv) reports the close event.
-    pub fn close(&mut self, code: u16, reason: &str) -> Result<(), ClientError> {
+    pub fn close(&mut self, code: CloseCode, reason: &str) -> Result<(), ClientError> {
         if self.conn.state() != State::Open {
             return Err(ClientError::NotOpen(self.ready_state()));
         }
         let now = self.now();
-        self.conn.close(now, CloseCode(code), reason).map_err(|e| {
-            ClientError::Io(io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
-        })?;
+        self.conn.close(now, code, reason).map_err(ClientError::Usage)?;
         self.drain_core()?;
         self.kick()
     }
@@ -356,15 +339,12 @@ impl Client {
         &mut self,
         kind: MessageKind,
         payload: Payload<'_>,
-    ) -> Result<Pushed, ClientError> {
+    ) -> Result<SendOutcome, ClientError> {
         self.check_open()?;
-        let opcode = if kind == MessageKind::Text { OpCode::Text } else { OpCode::Binary };
         let mask = self.masks.next();
-        let mut header = [0u8; 14];
-        let header_len = self
-            .conn
-            .send_header(opcode, true, payload.bytes().len() as u64, Some(mask), &mut header)
-            .map_err(|e| ClientError::Io(io::Error::other(e.to_string())))?;
+        let (header, header_len) =
+            frame_header(&mut self.conn, kind, payload.bytes().len(), Some(mask))
+                .map_err(ClientError::Usage)?;
         let mut out = self.out.lock();
         let oversized = header_len + payload.bytes().len() > out.queue.watermarks().cap();
         if oversized && !out.is_clear() {
@@ -426,7 +406,7 @@ impl Client {
             drop(out);
             self.write_queued()?;
         }
-        Ok(pushed)
+        Ok(pushed.outcome.into())
     }
 
     /// Gets queued bytes moving: wakes the writer thread, or writes on the caller's thread
@@ -537,31 +517,35 @@ impl Client {
     /// the input runs out. Returns the kind of a completed message, now in `delivered`.
     fn parse_buffered(&mut self) -> Result<Option<MessageKind>, ClientError> {
         while self.rpos < self.rlen && self.closed.is_none() {
-            let now = Instant::from_millis(self.start.elapsed().as_millis() as u64);
+            let now = self.now();
             let mut completed = None;
             match self.conn.handle_input(now, &mut self.rbuf[self.rpos..self.rlen]) {
                 Err(_) => self.rpos = self.rlen, // the core failed the connection and queued its close
                 Ok(input) => {
                     self.rpos += input.consumed;
-                    if let Some(piece) = input.payload {
-                        if !self.skipping
-                            && self.assembly.append(&mut self.pool, piece.data).is_err()
-                        {
-                            // The pool cannot hold the message: refuse it rather than deliver it
-                            // truncated.
-                            self.skipping = true;
-                            self.assembly.clear(&mut self.pool);
-                            let _ = self.conn.close(
-                                now,
-                                CloseCode::MESSAGE_TOO_BIG,
-                                "message exceeds the client's memory budget",
-                            );
+                    let (pool, limits) = (&mut self.pool, &Reassembly::CLIENT);
+                    completed = match input.payload.and_then(|piece| {
+                        self.inbound.piece(pool, limits, now, &mut self.conn, piece)
+                    }) {
+                        // `recv` hands out pool chunks either way: a whole message is copied
+                        // once, from the read buffer.
+                        Some(Received::Whole(kind, data)) => {
+                            match self.delivered.append(&mut self.pool, data) {
+                                Ok(()) => Some(kind),
+                                Err(_) => {
+                                    self.delivered.clear(&mut self.pool);
+                                    let limits = Reassembly::CLIENT;
+                                    let _ = self.conn.close(now, limits.code, limits.reason);
+                                    None
+                                }
+                            }
                         }
-                        if piece.message_fin && !mem::take(&mut self.skipping) {
-                            mem::swap(&mut self.assembly, &mut self.delivered);
-                            completed = Some(piece.kind);
+                        Some(Received::Assembled(kind)) => {
+                            self.delivered = self.inbound.take();
+                            Some(kind)
                         }
-                    }
+                        None => None,
+                    };
                 }
             }
             self.drain_core()?;
@@ -572,34 +556,22 @@ impl Client {
         Ok(None)
     }
 
-    /// Takes the core's events and queues the control frames it owes.
+    /// Takes the core's close event and queues the control frames it owes.
     fn drain_core(&mut self) -> Result<(), ClientError> {
-        while let Some(event) = self.conn.poll_event() {
-            if let ProtoEvent::Closed { code, reason, clean } = event {
-                self.closed =
-                    Some(CloseEvent { code: code.0, reason: reason.to_owned(), was_clean: clean });
-            }
+        if let Some(closed) = Closed::poll(&mut self.conn) {
+            let reason = closed.reason().to_owned();
+            self.closed = Some(CloseEvent { code: closed.code, reason, was_clean: closed.clean });
         }
-        let mut out = [0u8; 131];
-        loop {
-            let mask = self.masks.next();
-            let Some(n) = self
-                .conn
-                .poll_transmit(Some(mask), &mut out)
-                .map_err(|e| ClientError::Io(io::Error::other(e.to_string())))?
-            else {
-                return Ok(());
-            };
-            if self.push_control(&out[..n]).is_err() {
-                // Control frames may pass the cap by one frame; make room by writing first.
-                self.flush(Some(self.close_timeout))?;
-                self.push_control(&out[..n]).map_err(|limit| {
-                    ClientError::Io(io::Error::other(format!(
-                        "no room for a control frame ({limit:?})"
-                    )))
-                })?;
-            }
+        if self.push_control().is_err() {
+            // Control frames may pass the cap by one frame; make room by writing first.
+            self.flush(Some(self.close_timeout))?;
+            self.push_control().map_err(|limit| {
+                ClientError::Io(io::Error::other(format!(
+                    "no room for a control frame ({limit:?})"
+                )))
+            })?;
         }
+        Ok(())
     }
 
     fn release_queue(&self) {
@@ -608,10 +580,10 @@ impl Client {
         let _ = out.queue.clear(&mut out.pool);
     }
 
-    fn push_control(&self, frame: &[u8]) -> Result<(), Limit> {
+    fn push_control(&mut self) -> Result<(), Limit> {
         let mut out = self.out.lock();
         let out = &mut *out;
-        out.queue.push_control(&mut out.pool, &[frame]).map(drop)
+        queue_control(&mut self.conn, &mut out.queue, &mut out.pool, Some(&mut self.masks))
     }
 
     /// After the core closed: send what is owed (our close frame), wait briefly for the server
@@ -638,7 +610,7 @@ impl Client {
         self.writer = None; // stops the writer thread
         let _ = self.stream.shutdown(Shutdown::Both);
         self.release_queue();
-        self.assembly.clear(&mut self.pool);
+        self.inbound.clear(&mut self.pool);
         // NOTE(unwrap): `finish` runs only once `closed` is set.
         self.closed.clone().unwrap()
     }
@@ -648,7 +620,7 @@ impl Drop for Client {
     fn drop(&mut self) {
         self.writer = None;
         self.release_queue();
-        self.assembly.clear(&mut self.pool);
+        self.inbound.clear(&mut self.pool);
         self.delivered.clear(&mut self.pool);
     }
 }
@@ -750,27 +722,5 @@ impl<'a> Message<'a> {
         }
         // The core validated the UTF-8 of every text message (§8.1).
         String::from_utf8(self.to_vec()).ok()
-    }
-}
-
-impl MaskSource {
-    pub(super) fn new() -> Self {
-        Self { keys: [0; 256], at: 256 }
-    }
-
-    /// A fresh key (§5.3: "unpredictable"), never handed out twice.
-    pub(super) fn next(&mut self) -> [u8; 4] {
-        if self.at == self.keys.len() {
-            getrandom::fill(&mut self.keys).expect("the OS random source is available");
-            self.at = 0;
-        }
-        let key = [
-            self.keys[self.at],
-            self.keys[self.at + 1],
-            self.keys[self.at + 2],
-            self.keys[self.at + 3],
-        ];
-        self.at += 4;
-        key
     }
 }

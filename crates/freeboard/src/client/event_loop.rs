@@ -2,23 +2,20 @@
 //! read buffer for all of them.
 
 use std::io::{self, IoSlice, Read, Write};
-use std::mem;
 use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant as StdInstant};
 
-use freeboard_buf::{Budget, ChunkChain, Pool, PoolConfig, PushOutcome, Pushed, SendQueue};
+use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue};
 use freeboard_proto::handshake::{DEFAULT_MAX_HEAD_LEN, Key};
-use freeboard_proto::mask::apply_mask;
-use freeboard_proto::{
-    CloseCode, Config, Connection, Event as ProtoEvent, Instant, MessageKind, OpCode, Role, State,
-};
+use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use super::blocking::MaskSource;
 use super::handshake::{self, Refusal};
 use super::{ClientConfig, ClientError, CloseEvent, Target};
+use crate::parking::{ParkingLot, Ws};
+use crate::session::{Assembly, Context, MaskSource, Reassembly, Received, SendOutcome, Session};
 
 const IOV: usize = 64;
 
@@ -61,10 +58,12 @@ pub struct ClientLoop<H> {
     events: Events,
     pool: Pool<'static>,
     rbuf: Box<[u8]>,
-    message: Vec<u8>,
-    scratch: Vec<u8>,
+    /// Messages that arrived in pieces, contiguous for the handler.
+    assembly: Assembly,
     masks: MaskSource,
-    sessions: Slab<Session>,
+    /// Where idle connections' protocol state waits.
+    lot: ParkingLot,
+    sessions: Slab<Connecting>,
     config: ClientConfig,
     start: StdInstant,
     handler: H,
@@ -74,13 +73,11 @@ pub struct ClientLoop<H> {
 pub struct LoopConn<'a> {
     id: ClientId,
     open: &'a mut Open,
-    pool: &'a mut Pool<'static>,
-    scratch: &'a mut Vec<u8>,
-    masks: &'a mut MaskSource,
-    now: Instant,
+    cx: Context<'a>,
 }
 
-struct Session {
+/// One connection of the loop: its socket, and where its handshake stands.
+struct Connecting {
     stream: TcpStream,
     phase: Phase,
     readable: bool,
@@ -97,11 +94,9 @@ enum Phase {
 }
 
 struct Open {
-    conn: Connection,
+    session: Session,
     protocol: Option<String>,
-    queue: SendQueue,
-    assembly: ChunkChain,
-    skipping: bool,
+    /// The close, once the session reported it.
     closed: Option<CloseEvent>,
 }
 
@@ -119,9 +114,9 @@ impl<H: ClientHandler> ClientLoop<H> {
             events: Events::with_capacity(1024),
             pool,
             rbuf: vec![0u8; config.read_buffer.max(1024)].into_boxed_slice(),
-            message: Vec::new(),
-            scratch: Vec::new(),
+            assembly: Assembly::default(),
             masks: MaskSource::new(),
+            lot: ParkingLot::new(config.protocol()),
             sessions: Slab::new(),
             config,
             start: StdInstant::now(),
@@ -152,7 +147,7 @@ impl<H: ClientHandler> ClientLoop<H> {
             Interest::READABLE | Interest::WRITABLE,
         )?;
         let deadline = self.config.connect_timeout;
-        entry.insert(Session {
+        entry.insert(Connecting {
             stream,
             phase: Phase::Connecting { key, request, sent: 0, response: Vec::new() },
             readable: false,
@@ -192,13 +187,16 @@ impl<H: ClientHandler> ClientLoop<H> {
     pub fn conn(&mut self, id: ClientId) -> Option<LoopConn<'_>> {
         let now = self.now();
         match self.sessions.get_mut(id.0) {
-            Some(Session { phase: Phase::Open(open), .. }) => Some(LoopConn {
+            Some(Connecting { phase: Phase::Open(open), .. }) => Some(LoopConn {
                 id,
                 open,
-                pool: &mut self.pool,
-                scratch: &mut self.scratch,
-                masks: &mut self.masks,
-                now,
+                cx: Context {
+                    pool: &mut self.pool,
+                    lot: &mut self.lot,
+                    masks: Some(&mut self.masks),
+                    limits: Reassembly::CLIENT,
+                    now,
+                },
             }),
             _ => None,
         }
@@ -258,7 +256,7 @@ impl<H: ClientHandler> ClientLoop<H> {
             .filter_map(|(_, s)| match &s.phase {
                 Phase::Connecting { .. } => s.deadline.map(|d| d.saturating_duration_since(now)),
                 Phase::Open(open) => open
-                    .conn
+                    .session
                     .poll_timeout()
                     .map(|at| Duration::from_millis(at.as_millis().saturating_sub(core_now))),
             })
@@ -289,9 +287,16 @@ impl<H: ClientHandler> ClientLoop<H> {
                     }
                 }
                 Phase::Open(open) => {
-                    if open.conn.poll_timeout().is_some_and(|at| at <= core_now) {
-                        open.conn.handle_timeout(core_now);
-                        drain_core(open, &mut self.pool, &mut self.masks);
+                    if open.session.poll_timeout().is_some_and(|at| at <= core_now) {
+                        let mut cx = Context {
+                            pool: &mut self.pool,
+                            lot: &mut self.lot,
+                            masks: Some(&mut self.masks),
+                            limits: Reassembly::CLIENT,
+                            now: core_now,
+                        };
+                        open.session.handle_timeout(&mut cx);
+                        open.note_close();
                         self.finish_if_closed(id);
                     }
                 }
@@ -311,29 +316,25 @@ impl<H: ClientHandler> ClientLoop<H> {
             }
         }
         let now = self.now();
-        let Self { sessions, rbuf, pool, message, scratch, masks, handler, .. } = self;
+        let Self { sessions, rbuf, pool, assembly, masks, lot, handler, .. } = self;
         let session = &mut sessions[id];
         while session.readable {
             let Phase::Open(open) = &mut session.phase else { return };
-            if open.conn.state() == State::Closed {
+            if !open.session.wants_input() {
                 break;
             }
+            let mut parts = Parts { pool: &mut *pool, lot: &mut *lot, masks: &mut *masks, now };
             match session.stream.read(rbuf) {
-                Ok(0) => {
-                    session.readable = false;
-                    open.conn.handle_eof();
-                    drain_core(open, pool, masks);
-                }
-                Ok(n) => {
-                    let mut parts = Parts { pool, message, scratch, masks };
-                    feed(ClientId(id), open, &mut rbuf[..n], &mut parts, handler, now);
+                Ok(n) if n > 0 => {
+                    feed(ClientId(id), open, &mut rbuf[..n], parts, assembly, handler)
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => session.readable = false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
+                _ => {
+                    // The end of the stream, or a failed socket.
                     session.readable = false;
-                    open.conn.handle_eof();
-                    drain_core(open, pool, masks);
+                    open.session.handle_eof(&mut parts.cx());
+                    open.note_close();
                 }
             }
         }
@@ -384,39 +385,25 @@ impl<H: ClientHandler> ClientLoop<H> {
                 Ok(None) => unreachable!("check_response refuses heads over the limit"),
                 Ok(Some((protocol, head_len))) => {
                     let mut leftover = response.split_off(head_len);
-                    let config = Config::builder()
-                        .max_message_size(self.config.max_message_size as u64)
-                        .close_timeout(self.config.close_timeout)
-                        .pong_timeout(self.config.pong_timeout)
-                        .ping_interval(self.config.ping_interval)
-                        .build();
                     let now = Instant::from_millis(self.start.elapsed().as_millis() as u64);
                     session.deadline = None;
+                    let ws = Ws::new(Role::Client, self.lot.config(), now);
+                    let queue = SendQueue::new(self.config.watermarks, self.config.policy);
                     session.phase = Phase::Open(Open {
-                        conn: Connection::new(Role::Client, config, now),
+                        session: Session::open(ws, queue),
                         protocol,
-                        queue: SendQueue::new(self.config.watermarks, self.config.policy),
-                        assembly: ChunkChain::new(),
-                        skipping: false,
                         closed: None,
                     });
                     let Phase::Open(open) = &mut session.phase else { unreachable!() };
-                    let mut conn = LoopConn {
-                        id: ClientId(id),
-                        open,
+                    let mut parts = Parts {
                         pool: &mut self.pool,
-                        scratch: &mut self.scratch,
+                        lot: &mut self.lot,
                         masks: &mut self.masks,
                         now,
                     };
-                    self.handler.on_open(&mut conn);
-                    let mut parts = Parts {
-                        pool: &mut self.pool,
-                        message: &mut self.message,
-                        scratch: &mut self.scratch,
-                        masks: &mut self.masks,
-                    };
-                    feed(ClientId(id), open, &mut leftover, &mut parts, &mut self.handler, now);
+                    let id = ClientId(id);
+                    self.handler.on_open(&mut LoopConn { id, open, cx: parts.cx() });
+                    feed(id, open, &mut leftover, parts, &mut self.assembly, &mut self.handler);
                     return Ok(());
                 }
                 Err(Refusal::Status { status, head_len }) => {
@@ -442,7 +429,7 @@ impl<H: ClientHandler> ClientLoop<H> {
         let ids: Vec<usize> = self
             .sessions
             .iter()
-            .filter(|(_, s)| matches!(&s.phase, Phase::Open(o) if !o.queue.is_empty()))
+            .filter(|(_, s)| matches!(&s.phase, Phase::Open(o) if o.session.buffered() > 0))
             .map(|(id, _)| id)
             .collect();
         for id in ids {
@@ -454,36 +441,45 @@ impl<H: ClientHandler> ClientLoop<H> {
     fn flush(&mut self, id: usize) {
         let Some(session) = self.sessions.get_mut(id) else { return };
         let Phase::Open(open) = &mut session.phase else { return };
-        while session.writable && !open.queue.is_empty() {
+        while session.writable && open.session.buffered() > 0 {
             let mut iov = [IoSlice::new(&[]); IOV];
-            let n = open.queue.io_slices(&self.pool, &mut iov);
+            let n = open.session.io_slices(&self.pool, &mut iov);
             match session.stream.write_vectored(&iov[..n]) {
-                Ok(n) => {
-                    let _ = open.queue.consume(&mut self.pool, n);
-                }
+                Ok(n) => open.session.consume(&mut self.pool, n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => session.writable = false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
-                    open.conn.handle_eof();
-                    drain_core(open, &mut self.pool, &mut self.masks);
-                    let _ = open.queue.clear(&mut self.pool);
+                    let mut cx = Context {
+                        pool: &mut self.pool,
+                        lot: &mut self.lot,
+                        masks: Some(&mut self.masks),
+                        limits: Reassembly::CLIENT,
+                        now: Instant::from_millis(self.start.elapsed().as_millis() as u64),
+                    };
+                    open.session.handle_eof(&mut cx);
+                    open.note_close();
+                    open.session.clear_queue(&mut self.pool);
                 }
             }
         }
+        // Writability is reported by `buffered_amount`; the loop has no event for it.
+        let _ = open.session.take_writability();
+        open.session.park(&mut self.lot);
     }
 
     /// Removes a connection whose close is over and whose output has left (or cannot).
     fn finish_if_closed(&mut self, id: usize) {
         let Some(session) = self.sessions.get_mut(id) else { return };
         let Phase::Open(open) = &mut session.phase else { return };
-        if open.conn.state() != State::Closed || (!open.queue.is_empty() && session.writable) {
+        if open.session.state() != State::Closed
+            || (open.session.buffered() > 0 && session.writable)
+        {
             return;
         }
         let Some(close) = open.closed.take() else { return };
         let mut session = self.sessions.remove(id);
         if let Phase::Open(mut open) = session.phase {
-            let _ = open.queue.clear(&mut self.pool);
-            open.assembly.clear(&mut self.pool);
+            open.session.release(&mut self.pool);
         }
         let _ = self.poll.registry().deregister(&mut session.stream);
         self.handler.on_close(ClientId(id), close);
@@ -494,9 +490,18 @@ impl<H> Drop for ClientLoop<H> {
     fn drop(&mut self) {
         for (_, session) in self.sessions.iter_mut() {
             if let Phase::Open(open) = &mut session.phase {
-                let _ = open.queue.clear(&mut self.pool);
-                open.assembly.clear(&mut self.pool);
+                open.session.release(&mut self.pool);
             }
+        }
+    }
+}
+
+impl Open {
+    /// Keeps the session's close, once reported, for `on_close`.
+    fn note_close(&mut self) {
+        if let Some(closed) = self.session.poll_close() {
+            let reason = closed.reason().to_owned();
+            self.closed = Some(CloseEvent { code: closed.code, reason, was_clean: closed.clean });
         }
     }
 }
@@ -514,138 +519,89 @@ impl LoopConn<'_> {
 
     /// Bytes queued and not yet written (`bufferedAmount`). O(1).
     pub fn buffered_amount(&self) -> usize {
-        self.open.queue.len()
+        self.open.session.buffered()
     }
 
     /// Queues a message copied from `payload` (masked on the way into pool chunks); it leaves
     /// with the connection's `writev` at the end of the turn. Returns what happened to it.
-    pub fn send(&mut self, kind: MessageKind, payload: &[u8]) -> Result<Pushed, ClientError> {
-        if self.open.conn.state() != State::Open {
+    pub fn send(&mut self, kind: MessageKind, payload: &[u8]) -> Result<SendOutcome, ClientError> {
+        if self.open.session.state() != State::Open {
             return Err(ClientError::NotOpen(super::ReadyState::Closing));
         }
-        let opcode = if kind == MessageKind::Text { OpCode::Text } else { OpCode::Binary };
-        let mask = self.masks.next();
-        let mut header = [0u8; 14];
-        let n = self
-            .open
-            .conn
-            .send_header(opcode, true, payload.len() as u64, Some(mask), &mut header)
-            .map_err(|e| ClientError::Io(io::Error::other(e.to_string())))?;
-        self.scratch.clear();
-        self.scratch.extend_from_slice(payload);
-        apply_mask(self.scratch, mask, 0);
-        let pushed = self.open.queue.push_message(self.pool, &[&header[..n], self.scratch]);
-        if self.scratch.capacity() > 64 << 10 {
-            *self.scratch = Vec::new();
-        }
-        if let PushOutcome::MustClose { .. } = pushed.outcome {
-            let _ = self.open.queue.discard_unsent(self.pool);
-            let _ = self.open.conn.close(self.now, CloseCode::POLICY_VIOLATION, "send queue full");
-            drain_core(self.open, self.pool, self.masks);
-        }
-        Ok(pushed)
+        let outcome = self.open.session.send(&mut self.cx, kind, payload);
+        self.open.note_close();
+        Ok(outcome.map_or(SendOutcome::Closed, SendOutcome::from))
     }
 
     /// Sends a text message.
-    pub fn send_text(&mut self, text: &str) -> Result<Pushed, ClientError> {
+    pub fn send_text(&mut self, text: &str) -> Result<SendOutcome, ClientError> {
         self.send(MessageKind::Text, text.as_bytes())
     }
 
-    /// Starts the close handshake; the handler's `on_close` reports its end.
-    pub fn close(&mut self, code: u16, reason: &str) -> Result<(), ClientError> {
-        self.open.conn.close(self.now, CloseCode(code), reason).map_err(|e| {
-            ClientError::Io(io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
-        })?;
-        drain_core(self.open, self.pool, self.masks);
-        Ok(())
+    /// Starts the close handshake with `code` (1000, or 3000–4999 for applications) and
+    /// `reason` (at most 123 bytes); the handler's `on_close` reports its end.
+    pub fn close(&mut self, code: CloseCode, reason: &str) -> Result<(), ClientError> {
+        if self.open.session.state() != State::Open {
+            return Err(ClientError::NotOpen(super::ReadyState::Closing));
+        }
+        self.open.session.close(&mut self.cx, code, reason).map_err(ClientError::Usage)
     }
 }
 
-/// The loop's shared buffers, borrowed together while input is fed.
-struct Parts<'a> {
-    pool: &'a mut Pool<'static>,
-    message: &'a mut Vec<u8>,
-    scratch: &'a mut Vec<u8>,
-    masks: &'a mut MaskSource,
+/// What a connection borrows from its loop while input is fed; a [`Context`] per call.
+struct Parts<'p> {
+    pool: &'p mut Pool<'static>,
+    lot: &'p mut ParkingLot,
+    masks: &'p mut MaskSource,
+    now: Instant,
 }
 
-/// Feeds read bytes to a connection, calling the handler for each whole message.
+impl Parts<'_> {
+    fn cx(&mut self) -> Context<'_> {
+        Context {
+            pool: self.pool,
+            lot: self.lot,
+            masks: Some(self.masks),
+            limits: Reassembly::CLIENT,
+            now: self.now,
+        }
+    }
+}
+
+/// Feeds read bytes to a connection's session, calling the handler for each whole message.
 fn feed<H: ClientHandler>(
     id: ClientId,
     open: &mut Open,
     data: &mut [u8],
-    parts: &mut Parts<'_>,
+    mut parts: Parts<'_>,
+    assembly: &mut Assembly,
     handler: &mut H,
-    now: Instant,
 ) {
     let mut at = 0;
     while at < data.len() && open.closed.is_none() {
-        let Ok(input) = open.conn.handle_input(now, &mut data[at..]) else {
-            drain_core(open, parts.pool, parts.masks);
-            return; // the core failed the connection and queued its close frame
-        };
-        at += input.consumed;
-        if let Some(piece) = input.payload {
-            let kind = piece.kind;
-            if piece.message_start && piece.message_fin {
-                // Whole in this read: delivered from the read buffer, no copy.
-                let mut conn = LoopConn {
-                    id,
-                    open,
-                    pool: parts.pool,
-                    scratch: parts.scratch,
-                    masks: parts.masks,
-                    now,
-                };
-                handler.on_message(&mut conn, kind, piece.data);
-            } else {
-                if !open.skipping && open.assembly.append(parts.pool, piece.data).is_err() {
-                    open.skipping = true;
-                    open.assembly.clear(parts.pool);
-                    let _ = open.conn.close(
-                        now,
-                        CloseCode::MESSAGE_TOO_BIG,
-                        "message exceeds the client's memory budget",
-                    );
-                }
-                if piece.message_fin && !mem::take(&mut open.skipping) {
-                    parts.message.clear();
-                    open.assembly
-                        .segments(parts.pool)
-                        .for_each(|s| parts.message.extend_from_slice(s));
-                    open.assembly.clear(parts.pool);
-                    let mut conn = LoopConn {
-                        id,
-                        open,
-                        pool: parts.pool,
-                        scratch: parts.scratch,
-                        masks: parts.masks,
-                        now,
-                    };
-                    handler.on_message(&mut conn, kind, parts.message);
-                    if parts.message.capacity() > 1 << 20 {
-                        *parts.message = Vec::new();
+        let (used, received) = open.session.receive(&mut parts.cx(), &mut data[at..]);
+        at += used;
+        let message = match received {
+            None => None,
+            // Whole in this read: delivered from the read buffer, no copy.
+            Some(Received::Whole(kind, data)) => Some((kind, data)),
+            Some(Received::Assembled(kind)) => {
+                let chain = open.session.take_message();
+                match assembly.fill(parts.pool, chain) {
+                    Some(data) => Some((kind, data)),
+                    None => {
+                        let reason = "message exceeds the client's memory budget";
+                        let code = CloseCode::MESSAGE_TOO_BIG;
+                        let _ = open.session.close(&mut parts.cx(), code, reason);
+                        None
                     }
                 }
             }
+        };
+        if let Some((kind, data)) = message {
+            handler.on_message(&mut LoopConn { id, open, cx: parts.cx() }, kind, data);
         }
-        drain_core(open, parts.pool, parts.masks);
-    }
-}
-
-/// Takes the core's events and queues the control frames it owes.
-fn drain_core(open: &mut Open, pool: &mut Pool<'static>, masks: &mut MaskSource) {
-    while let Some(event) = open.conn.poll_event() {
-        if let ProtoEvent::Closed { code, reason, clean } = event {
-            open.closed =
-                Some(CloseEvent { code: code.0, reason: reason.to_owned(), was_clean: clean });
-        }
-    }
-    let mut out = [0u8; 131];
-    while let Ok(Some(n)) = open.conn.poll_transmit(Some(masks.next()), &mut out) {
-        // Control frames may pass the cap by one frame; beyond that the peer is not reading
-        // and the connection is failing anyway.
-        let _ = open.queue.push_control(pool, &[&out[..n]]);
+        open.note_close();
     }
 }
 

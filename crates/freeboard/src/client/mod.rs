@@ -8,7 +8,7 @@
 //! Once open, the client behaves like a browser's `WebSocket`:
 //! - [`ready_state`](Client::ready_state): connecting, open, closing, closed;
 //! - [`send`](Client::send) queues and returns at once with what happened to the message (a
-//!   [`Pushed`]: queued, above the high watermark, dropped or refused by the
+//!   [`SendOutcome`]: queued, above the high watermark, dropped or refused by the
 //!   [`SlowConsumerPolicy`]); [`buffered_amount`](Client::buffered_amount) is O(1);
 //! - [`recv`](Client::recv) gives whole messages, reassembled into pool chunks up to
 //!   `max_message_size` (beyond it the connection closes with 1009), or the close event with
@@ -42,15 +42,15 @@
 //! between sends) and, with the writer thread, the thread's 64 KiB write buffer.
 //!
 //! ```no_run
-//! use freeboard::client::{Client, ClientConfig, Event};
+//! use freeboard::client::{Client, ClientConfig, CloseCode, Event};
 //!
 //! let mut client = Client::connect("ws://127.0.0.1:9001/echo", ClientConfig::default())?;
-//! let pushed = client.send_text("hello")?;
-//! println!("{:?}, {} bytes buffered", pushed.outcome, client.buffered_amount());
+//! let outcome = client.send_text("hello")?;
+//! println!("{outcome:?}, {} bytes buffered", client.buffered_amount());
 //! if let Event::Message(message) = client.recv()? {
 //!     println!("{}", message.to_text().unwrap_or_default());
 //! }
-//! client.close(1000, "bye")?;
+//! client.close(CloseCode::NORMAL, "bye")?;
 //! while let Event::Message(_) = client.recv()? {}
 //! # Ok::<(), freeboard::client::ClientError>(())
 //! ```
@@ -65,10 +65,13 @@ use std::fmt;
 use std::io;
 use std::time::Duration;
 
+pub use crate::session::SendOutcome;
 pub use blocking::{Client, CloseEvent, Event, Message};
 pub use event_loop::{ClientHandler, ClientId, ClientLoop, LoopConn};
-pub use freeboard_buf::{Limit, PushOutcome, Pushed, SlowConsumerPolicy, Watermarks, Writability};
+pub use freeboard_buf::{Limit, SlowConsumerPolicy, Watermarks, Writability};
+pub use freeboard_proto::CloseCode;
 pub use freeboard_proto::MessageKind;
+use freeboard_proto::UsageError;
 use freeboard_proto::handshake::HandshakeError;
 pub use target::Target;
 
@@ -150,6 +153,16 @@ impl Default for ClientConfig {
 }
 
 impl ClientConfig {
+    /// The protocol core's settings.
+    pub(crate) fn protocol(&self) -> freeboard_proto::Config {
+        freeboard_proto::Config::builder()
+            .max_message_size(self.max_message_size as u64)
+            .close_timeout(self.close_timeout)
+            .pong_timeout(self.pong_timeout)
+            .ping_interval(self.ping_interval)
+            .build()
+    }
+
     /// Adds a request header.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.push((name.into(), value.into()));
@@ -271,6 +284,9 @@ pub enum ClientError {
     NotOpen(ReadyState),
     /// `recv` after the close event was reported.
     AlreadyClosed,
+    /// A call the protocol does not allow (a close code that may not be sent, a reason over
+    /// 123 bytes, a message after our close).
+    Usage(UsageError),
     /// The configuration cannot work (e.g. the memory budget is too small for one chunk).
     Config(String),
 }
@@ -279,7 +295,7 @@ impl ClientError {
     /// Whether the error happened before the connection opened (URL, resolve, connect,
     /// handshake).
     pub fn is_connect_failure(&self) -> bool {
-        !matches!(self, Self::Io(_) | Self::NotOpen(_) | Self::AlreadyClosed)
+        !matches!(self, Self::Io(_) | Self::NotOpen(_) | Self::AlreadyClosed | Self::Usage(_))
     }
 }
 
@@ -307,6 +323,7 @@ impl fmt::Display for ClientError {
             Self::Io(e) => write!(f, "socket error: {e}"),
             Self::NotOpen(state) => write!(f, "the connection is not open ({state:?})"),
             Self::AlreadyClosed => f.write_str("the connection is closed"),
+            Self::Usage(e) => write!(f, "not allowed by the protocol: {e}"),
             Self::Config(why) => write!(f, "invalid client configuration: {why}"),
         }
     }
@@ -319,6 +336,7 @@ impl std::error::Error for ClientError {
                 Some(source)
             }
             Self::Handshake(e) => Some(e),
+            Self::Usage(e) => Some(e),
             _ => None,
         }
     }

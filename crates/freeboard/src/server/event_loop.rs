@@ -276,7 +276,8 @@ impl<T: Transport> EventLoop<T> {
                 }
                 Phase::Open(_) => {
                     let (entry, mut cx) = self.split(token, now);
-                    entry.session.close(&mut cx, CloseCode::GOING_AWAY, "server shutting down");
+                    let _ =
+                        entry.session.close(&mut cx, CloseCode::GOING_AWAY, "server shutting down");
                 }
                 Phase::Draining { .. } | Phase::Linger { .. } => {}
             }
@@ -466,7 +467,8 @@ impl<T: Transport> EventLoop<T> {
                         None => {
                             let (entry, mut cx) = self.split(token, now);
                             let reason = "server memory budget exhausted";
-                            entry.session.close(&mut cx, CloseCode::TRY_AGAIN_LATER, reason);
+                            let _ =
+                                entry.session.close(&mut cx, CloseCode::TRY_AGAIN_LATER, reason);
                         }
                     }
                     self.assembly = assembly;

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use freeboard_proto::handshake::{self, EMPTY_HEADER, HandshakeError, Request};
-use freeboard_proto::{Instant, MessageKind};
+use freeboard_proto::{Instant, MessageKind, Role};
 
 use super::event_loop::{EventLoop, LINGER};
 use crate::handler::{HttpRoute, Upgrade};
@@ -160,7 +160,7 @@ impl<T: Transport> EventLoop<T> {
             let marks = options.watermarks.unwrap_or(*queue.watermarks());
             SendQueue::new(marks, options.slow_consumer.unwrap_or(queue.policy()))
         });
-        let ws = Ws::new(self.lot.config(), now);
+        let ws = Ws::new(Role::Server, self.lot.config(), now);
         if entry.session.upgrade(&mut self.pool, ws, queue, &response[..n]).is_err() {
             self.remove(token);
             return false;
