@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::Duration;
 
-use freeboard::{Echo, Router, Server, ServerConfig};
+use freeboard::{Echo, HttpRoute, Router, Server, ServerConfig};
 use freeboard_bench::Target;
 use freeboard_bench::load::{self, Load};
 use freeboard_bench::report::{LoadRow, Report};
@@ -199,9 +199,9 @@ fn buffers_soak_delivers_frames_through_a_small_budget() {
     config.idle_timeout = None;
     config.topics.client_publish = true;
     let topics = config.topics.clone();
-    let server = Server::bind(config, move || Router::new().route("/", Echo).topics(&topics))
-        .unwrap()
-        .spawn();
+    let routes =
+        move || Router::new().route("/", Echo).topics(&topics).http("/metrics", HttpRoute::Metrics);
+    let server = Server::bind(config, routes).unwrap().spawn();
     let settings = Soak {
         target: Target::parse(&format!("ws://{}/topic/led", server.local_addr())).unwrap(),
         producers: 2,

@@ -583,7 +583,9 @@ impl Client {
     fn push_control(&mut self) -> Result<(), Limit> {
         let mut out = self.out.lock();
         let out = &mut *out;
+        // Writability is published by the outbox itself.
         queue_control(&mut self.conn, &mut out.queue, &mut out.pool, Some(&mut self.masks))
+            .map(drop)
     }
 
     /// After the core closed: send what is owed (our close frame), wait briefly for the server

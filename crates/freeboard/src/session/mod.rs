@@ -21,17 +21,20 @@
 //! The server's sessions also live through the HTTP request before the upgrade and the
 //! close's drain and linger after it ([`Phase`]); the clients' start open.
 
-use freeboard_buf::{
-    ChunkChain, Frame, Limit, MAX_CONTROL_FRAME, Pool, PushOutcome, SendQueue, Writability,
-};
+use freeboard_buf::{ChunkChain, Frame, Pool, PushOutcome, SendQueue, Writability};
 use freeboard_proto::close::MAX_REASON_LEN;
-use freeboard_proto::frame::MAX_HEADER_LEN;
 use freeboard_proto::mask::apply_mask;
-use freeboard_proto::{
-    CloseCode, Connection, Event, Instant, MessageKind, OpCode, Payload, State, UsageError,
-};
+use freeboard_proto::{CloseCode, Connection, Event, Instant, MessageKind, State, UsageError};
 
 use crate::parking::{ParkingLot, Ws};
+
+mod framing;
+mod inbound;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use framing::{MaskSource, frame_header, queue_control, truncate};
+pub(crate) use inbound::{Assembly, Reassembler, Reassembly, Received};
 
 /// What happened to a message given to a send, on the server ([`Conn::send`](crate::Conn::send)) and on the
 /// clients alike.
@@ -85,38 +88,6 @@ pub(crate) struct Context<'a> {
     pub(crate) now: Instant,
 }
 
-/// How much a message that arrives in pieces may take from the pool, and what the peer hears
-/// when it cannot have it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Reassembly {
-    /// Bytes the pool must keep free after each piece is stored.
-    pub(crate) keep_free: usize,
-    /// The close code for a message that does not fit.
-    pub(crate) code: CloseCode,
-    /// Its reason.
-    pub(crate) reason: &'static str,
-}
-
-impl Reassembly {
-    /// A server keeps half a connection's reserve free, so one sender cannot take what the
-    /// open connections need to go on echoing; a message that does not fit is a passing
-    /// shortage (1013).
-    pub(crate) fn server(connection_reserve: usize) -> Self {
-        Self {
-            keep_free: connection_reserve / 2,
-            code: CloseCode::TRY_AGAIN_LATER,
-            reason: "server memory budget exhausted",
-        }
-    }
-
-    /// A client's receive pool is its own: a message that does not fit is too big (1009).
-    pub(crate) const CLIENT: Self = Self {
-        keep_free: 0,
-        code: CloseCode::MESSAGE_TOO_BIG,
-        reason: "message exceeds the client's memory budget",
-    };
-}
-
 /// Where a session stands.
 pub(crate) enum Phase {
     /// Waiting for a complete HTTP request (server) until `deadline`; its head bytes so far
@@ -152,15 +123,6 @@ pub(crate) struct Body {
     pub(crate) kind: MessageKind,
     /// Body bytes still to read.
     pub(crate) remaining: usize,
-}
-
-/// A message [`Session::receive`] completed.
-#[derive(Debug)]
-pub(crate) enum Received<'b> {
-    /// It arrived whole in this read: borrowed from the read buffer, unmasked in place.
-    Whole(MessageKind, &'b [u8]),
-    /// It arrived in pieces, now in pool chunks: take it with [`Session::take_message`].
-    Assembled(MessageKind),
 }
 
 /// The close of a session: its code, its reason (copied, at most 123 bytes), and whether
@@ -260,7 +222,7 @@ impl Session {
 
     /// The partial request head or body (server, before the upgrade).
     pub(crate) fn partial_mut(&mut self) -> &mut ChunkChain {
-        &mut self.inbound.partial
+        self.inbound.partial_mut()
     }
 
     /// The protocol state: `Open` until the close starts; a session that is not open reads
@@ -309,7 +271,7 @@ impl Session {
     /// The message [`receive`](Self::receive) reported as [`Received::Assembled`], as a chain
     /// of pool chunks; the caller releases it.
     pub(crate) fn take_message(&mut self) -> ChunkChain {
-        std::mem::take(&mut self.inbound.partial)
+        self.inbound.take()
     }
 
     /// Reports that the peer ended the transport, or that writing to it failed: the
@@ -443,13 +405,15 @@ impl Session {
         }
     }
 
-    /// Queues the control frames the core owes.
+    /// Queues the control frames the core owes. A peer that floods pings and reads nothing
+    /// pauses its own input like any other reader that falls behind.
     fn queue_control(&mut self, cx: &mut Context<'_>) {
         let Phase::Open(open) = &mut self.phase else { return };
         let Some(ws) = open.ws.awake() else { return };
-        if queue_control(ws, &mut self.queue, cx.pool, cx.masks.as_deref_mut()).is_err() {
+        match queue_control(ws, &mut self.queue, cx.pool, cx.masks.as_deref_mut()) {
+            Ok(change) => self.note(change),
             // No room even past the cap: the peer is not reading, the connection is over.
-            ws.handle_eof();
+            Err(_) => ws.handle_eof(),
         }
     }
 
@@ -503,7 +467,7 @@ impl Session {
         if let Phase::Open(open) = &self.phase
             && open.ws.state() == State::Closed
         {
-            self.inbound.partial.clear(pool);
+            self.inbound.clear(pool);
             self.phase = Phase::Draining { deadline: now + close_timeout };
             transition.closed = true;
         }
@@ -525,7 +489,7 @@ impl Session {
     /// Gives every chunk back to the pool.
     pub(crate) fn release(&mut self, pool: &mut Pool<'static>) {
         let _ = self.queue.clear(pool);
-        self.inbound.partial.clear(pool);
+        self.inbound.clear(pool);
     }
 
     /// Drops what is queued and not yet started: the transport is gone.
@@ -537,170 +501,5 @@ impl Session {
 impl Open {
     fn new(ws: Ws) -> Self {
         Self { ws, paused: false, close_reported: false, change: None }
-    }
-}
-
-/// The receive half of the message layer: pieces of a message that arrived over several
-/// reads or frames, kept in pool chunks under the driver's [`Reassembly`] limits.
-#[derive(Default)]
-pub(crate) struct Reassembler {
-    /// A partial request head, a request body, or the message being reassembled. Empty (no
-    /// chunk) when idle.
-    partial: ChunkChain,
-    /// The message being read did not fit: its remaining pieces are dropped.
-    discarding: bool,
-}
-
-impl Reassembler {
-    /// Takes one piece of a data message from the core. A message that does not fit closes
-    /// the connection with the limits' code rather than reach the application truncated.
-    pub(crate) fn piece<'b>(
-        &mut self,
-        pool: &mut Pool<'static>,
-        limits: &Reassembly,
-        now: Instant,
-        ws: &mut Connection,
-        piece: Payload<'b>,
-    ) -> Option<Received<'b>> {
-        if piece.message_start && piece.message_fin {
-            return Some(Received::Whole(piece.kind, piece.data));
-        }
-        if self.discarding {
-            self.discarding = !piece.message_fin;
-            return None;
-        }
-        if pool.chunks_free() * pool.chunk_size() < piece.data.len() + limits.keep_free
-            || self.partial.append(pool, piece.data).is_err()
-        {
-            self.partial.clear(pool);
-            self.discarding = !piece.message_fin;
-            let _ = ws.close(now, limits.code, limits.reason);
-            return None;
-        }
-        piece.message_fin.then_some(Received::Assembled(piece.kind))
-    }
-
-    /// The message [`piece`](Self::piece) reported as assembled; the caller releases it.
-    pub(crate) fn take(&mut self) -> ChunkChain {
-        std::mem::take(&mut self.partial)
-    }
-
-    /// Gives the chunks back.
-    pub(crate) fn clear(&mut self, pool: &mut Pool<'static>) {
-        self.partial.clear(pool);
-    }
-}
-
-/// Frames the header of a whole data message of `len` bytes, masked with `mask` (a client's).
-pub(crate) fn frame_header(
-    ws: &mut Connection,
-    kind: MessageKind,
-    len: usize,
-    mask: Option<[u8; 4]>,
-) -> Result<([u8; MAX_HEADER_LEN], usize), UsageError> {
-    let mut header = [0u8; MAX_HEADER_LEN];
-    let n = ws.send_header(opcode(kind), true, len as u64, mask, &mut header)?;
-    Ok((header, n))
-}
-
-/// Moves every control frame the core owes (pong, ping, close) into `queue`, masked when
-/// `masks` is given. Control frames may pass the queue's cap by one frame; `Err` when even
-/// that finds no room.
-pub(crate) fn queue_control(
-    ws: &mut Connection,
-    queue: &mut SendQueue,
-    pool: &mut Pool<'static>,
-    mut masks: Option<&mut MaskSource>,
-) -> Result<(), Limit> {
-    let mut out = [0u8; MAX_CONTROL_FRAME];
-    loop {
-        let mask = masks.as_deref_mut().map(MaskSource::next);
-        let Ok(Some(n)) = ws.poll_transmit(mask, &mut out) else { return Ok(()) };
-        queue.push_control(pool, &[&out[..n]])?;
-    }
-}
-
-/// The data opcode of a message kind.
-pub(crate) fn opcode(kind: MessageKind) -> OpCode {
-    match kind {
-        MessageKind::Text => OpCode::Text,
-        MessageKind::Binary => OpCode::Binary,
-    }
-}
-
-/// `s` cut to at most `max` bytes at a character boundary.
-pub(crate) fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// Masking keys from the OS random source, fetched 64 at a time; each is used once.
-pub(crate) struct MaskSource {
-    keys: [u8; 256],
-    /// Invariant: `at <= keys.len()`, a multiple of 4.
-    at: usize,
-}
-
-impl MaskSource {
-    pub(crate) fn new() -> Self {
-        Self { keys: [0; 256], at: 256 }
-    }
-
-    /// A fresh key (§5.3: "unpredictable"), never handed out twice.
-    pub(crate) fn next(&mut self) -> [u8; 4] {
-        if self.at == self.keys.len() {
-            getrandom::fill(&mut self.keys).expect("the OS random source is available");
-            self.at = 0;
-        }
-        let key = [
-            self.keys[self.at],
-            self.keys[self.at + 1],
-            self.keys[self.at + 2],
-            self.keys[self.at + 3],
-        ];
-        self.at += 4;
-        key
-    }
-}
-
-/// A contiguous copy of messages that arrived in pieces, for handlers that take a slice. One
-/// per driver; its growth is drawn from the pool's budget.
-#[derive(Default)]
-pub(crate) struct Assembly {
-    bytes: Vec<u8>,
-    /// Invariant: `bytes.capacity()` bytes are drawn from the pool's budget.
-    drawn: usize,
-}
-
-impl Assembly {
-    /// Copies `chain` out of the pool (and releases it); `None` when the budget cannot cover
-    /// the copy.
-    pub(crate) fn fill(
-        &mut self,
-        pool: &mut Pool<'static>,
-        mut chain: ChunkChain,
-    ) -> Option<&[u8]> {
-        let len = chain.len();
-        if len > self.bytes.capacity() {
-            if pool.budget_mut().try_draw(len - self.drawn).is_err() {
-                chain.clear(pool);
-                return None;
-            }
-            self.drawn = len;
-            self.bytes.clear();
-            self.bytes.reserve_exact(len);
-        }
-        self.bytes.clear();
-        for segment in chain.segments(pool) {
-            self.bytes.extend_from_slice(segment);
-        }
-        chain.clear(pool);
-        Some(&self.bytes)
     }
 }

@@ -1,0 +1,352 @@
+//! The session without sockets: a server session and a client session wired together through
+//! their send queues, with a virtual clock (as `freeboard-test::Pair` does for the core). Each
+//! case decides in microseconds what the loopback tests prove over real sockets.
+
+use std::time::Duration;
+
+use freeboard_buf::{
+    Budget, Pool, PoolConfig, PushOutcome, SendQueue, SlowConsumerPolicy, Watermarks, Writability,
+};
+use freeboard_proto::{CloseCode, Config, Instant, MessageKind, Role, State};
+
+use super::*;
+
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+const LINGER: Duration = Duration::from_secs(2);
+
+/// One end: its session and everything a driver would lend it.
+struct End {
+    session: Session,
+    pool: Pool<'static>,
+    lot: ParkingLot,
+    masks: Option<MaskSource>,
+    limits: Reassembly,
+    /// Whole messages delivered to the application, in order.
+    received: Vec<(MessageKind, Vec<u8>)>,
+    closed: Option<Closed>,
+}
+
+impl End {
+    fn new(role: Role, config: Config, pool_bytes: usize, queue: SendQueue) -> Self {
+        let pool_config = PoolConfig::new().with_chunk_size(1024);
+        let pool = Pool::new(Budget::new(pool_bytes), pool_config).unwrap();
+        let (masks, limits) = match role {
+            Role::Client => (Some(MaskSource::new()), Reassembly::CLIENT),
+            Role::Server => (None, Reassembly::server(4096)),
+        };
+        let ws = Ws::new(role, &config, Instant::default());
+        Self {
+            session: Session::open(ws, queue),
+            pool,
+            lot: ParkingLot::new(config),
+            masks,
+            limits,
+            received: Vec::new(),
+            closed: None,
+        }
+    }
+
+    fn cx(&mut self, now: Instant) -> (&mut Session, Context<'_>) {
+        let cx = Context {
+            pool: &mut self.pool,
+            lot: &mut self.lot,
+            masks: self.masks.as_mut(),
+            limits: self.limits,
+            now,
+        };
+        (&mut self.session, cx)
+    }
+
+    fn send(&mut self, now: Instant, kind: MessageKind, data: &[u8]) -> Option<PushOutcome> {
+        let (session, mut cx) = self.cx(now);
+        session.send(&mut cx, kind, data)
+    }
+
+    fn close(&mut self, now: Instant, code: CloseCode, reason: &str) {
+        let (session, mut cx) = self.cx(now);
+        session.close(&mut cx, code, reason).unwrap();
+    }
+
+    /// Takes up to `max` queued bytes, as a socket write would.
+    fn write(&mut self, max: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        while out.len() < max && self.session.buffered() > 0 {
+            let before = out.len();
+            let mut iov = [std::io::IoSlice::new(&[]); 64];
+            let n = self.session.io_slices(&self.pool, &mut iov);
+            for slice in &iov[..n] {
+                out.extend_from_slice(&slice[..slice.len().min(max - out.len())]);
+            }
+            let written = out.len() - before;
+            self.session.consume(&mut self.pool, written);
+        }
+        out
+    }
+
+    /// Feeds `bytes` as one read, `split` bytes at a time, delivering what completes.
+    fn read(&mut self, now: Instant, bytes: &mut [u8], split: usize) {
+        for piece in bytes.chunks_mut(split.max(1)) {
+            let mut at = 0;
+            while at < piece.len() {
+                let (session, mut cx) = self.cx(now);
+                let (used, received) = session.receive(&mut cx, &mut piece[at..]);
+                at += used;
+                match received {
+                    Some(Received::Whole(kind, data)) => self.received.push((kind, data.to_vec())),
+                    Some(Received::Assembled(kind)) => {
+                        let mut chain = self.session.take_message();
+                        let mut data = Vec::new();
+                        chain.segments(&self.pool).for_each(|s| data.extend_from_slice(s));
+                        chain.clear(&mut self.pool);
+                        self.received.push((kind, data));
+                    }
+                    None => {}
+                }
+                if let Some(closed) = self.session.poll_close() {
+                    self.closed = Some(closed);
+                }
+            }
+        }
+    }
+
+    fn timeout(&mut self, now: Instant) -> bool {
+        let (session, mut cx) = self.cx(now);
+        let expired = session.handle_timeout(&mut cx);
+        if let Some(closed) = self.session.poll_close() {
+            self.closed = Some(closed);
+        }
+        expired
+    }
+}
+
+/// A server and a client session, and the time.
+struct Pair {
+    server: End,
+    client: End,
+    now: Instant,
+}
+
+impl Pair {
+    fn new() -> Self {
+        Self::with(SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Block), 1 << 20)
+    }
+
+    /// A pair whose server sends through `queue`, with a pool of `server_pool` bytes.
+    fn with(queue: SendQueue, server_pool: usize) -> Self {
+        let config = Config::builder().close_timeout(CLOSE_TIMEOUT).build();
+        let client_queue = SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Block);
+        Self {
+            server: End::new(Role::Server, config, server_pool, queue),
+            client: End::new(Role::Client, config, 1 << 20, client_queue),
+            now: Instant::default(),
+        }
+    }
+
+    /// Moves every queued byte both ways, `split` bytes per read, until both queues are empty.
+    fn step(&mut self, split: usize) {
+        loop {
+            let mut up = self.client.write(usize::MAX);
+            let mut down = self.server.write(usize::MAX);
+            if up.is_empty() && down.is_empty() {
+                return;
+            }
+            self.server.read(self.now, &mut up, split);
+            self.client.read(self.now, &mut down, split);
+        }
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now = self.now + by;
+    }
+}
+
+#[test]
+fn messages_cross_whole_or_reassembled_at_every_split() {
+    let big: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+    for split in [1, 2, 7, 100, 4096, usize::MAX] {
+        let mut pair = Pair::new();
+        pair.client.send(pair.now, MessageKind::Text, b"hello").unwrap();
+        pair.client.send(pair.now, MessageKind::Binary, &big).unwrap();
+        pair.step(split);
+        let expected =
+            vec![(MessageKind::Text, b"hello".to_vec()), (MessageKind::Binary, big.clone())];
+        assert_eq!(pair.server.received, expected, "split {split}");
+        for (kind, data) in std::mem::take(&mut pair.server.received) {
+            pair.server.send(pair.now, kind, &data).unwrap();
+        }
+        pair.step(split);
+        assert_eq!(pair.client.received, expected, "split {split}");
+        assert_eq!(pair.server.pool.counters().chunks_in_use, 0, "split {split}");
+    }
+}
+
+#[test]
+fn the_close_handshake_reports_once_on_both_ends_and_drains_then_lingers() {
+    let mut pair = Pair::new();
+    pair.client.close(pair.now, CloseCode::NORMAL, "bye");
+    pair.step(usize::MAX);
+    let server = pair.server.closed.expect("the server saw the close");
+    let client = pair.client.closed.expect("the client saw the close");
+    assert_eq!((server.code, server.reason(), server.clean), (CloseCode::NORMAL, "bye", true));
+    assert_eq!((client.code, client.clean), (CloseCode::NORMAL, true));
+    assert!(pair.server.session.poll_close().is_none(), "reported once");
+    let flushed =
+        pair.server.session.after_flush(&mut pair.server.pool, pair.now, CLOSE_TIMEOUT, LINGER);
+    assert_eq!(flushed, Transition { closed: true, shutdown_write: true });
+    let linger_end = pair.now + LINGER;
+    assert!(!pair.server.timeout(Instant::from_millis(linger_end.as_millis() - 1)));
+    assert!(pair.server.timeout(linger_end), "lingering ends at its deadline");
+}
+
+#[test]
+fn a_peer_that_never_answers_the_close_is_failed_at_the_close_timeout() {
+    let mut pair = Pair::new();
+    pair.server.close(pair.now, CloseCode::GOING_AWAY, "shutting down");
+    assert_eq!(pair.server.session.state(), State::CloseSent);
+    assert_eq!(pair.server.session.poll_timeout(), Some(pair.now + CLOSE_TIMEOUT));
+    pair.advance(CLOSE_TIMEOUT);
+    assert!(!pair.server.timeout(pair.now));
+    let closed = pair.server.closed.expect("the close timed out");
+    assert_eq!((closed.code, closed.clean), (CloseCode::ABNORMAL, false));
+    // Its close frame never left (the peer does not read): it gets the close timeout to drain.
+    let flushed =
+        pair.server.session.after_flush(&mut pair.server.pool, pair.now, CLOSE_TIMEOUT, LINGER);
+    assert_eq!(flushed, Transition { closed: true, shutdown_write: false });
+    assert!(pair.server.timeout(pair.now + CLOSE_TIMEOUT), "the drain deadline drops it");
+}
+
+#[test]
+fn reading_pauses_above_the_high_watermark_and_resumes_at_the_low_one() {
+    let marks = Watermarks::new(2048, 4096, 64 << 10).unwrap();
+    let mut pair = Pair::with(SendQueue::new(marks, SlowConsumerPolicy::Block), 1 << 20);
+    let mut sent = 0;
+    while pair.server.session.wants_input() {
+        pair.server.send(pair.now, MessageKind::Binary, &[7; 1000]).unwrap();
+        sent += 1;
+    }
+    assert_eq!(pair.server.session.take_writability(), Some(Writability::NotWritable));
+    assert!(pair.server.session.buffered() > 4096);
+    // The client reads a little: still above the low watermark, still paused.
+    let mut some = pair.server.write(1500);
+    pair.client.read(pair.now, &mut some, usize::MAX);
+    assert_eq!(pair.server.session.take_writability(), None);
+    assert!(!pair.server.session.wants_input());
+    pair.step(usize::MAX);
+    assert_eq!(pair.server.session.take_writability(), Some(Writability::Writable));
+    assert!(pair.server.session.wants_input());
+    assert_eq!(pair.client.received.len(), sent);
+}
+
+#[test]
+fn each_slow_consumer_policy_acts_when_the_cap_is_reached() {
+    let marks = Watermarks::new(1024, 2048, 4096).unwrap();
+    for policy in SlowConsumerPolicy::ALL {
+        let mut pair = Pair::with(SendQueue::new(marks, policy), 1 << 20);
+        // 1004 bytes a frame: the third passes the high watermark, the fifth the cap.
+        let outcomes: Vec<PushOutcome> = (0..6)
+            .map_while(|_| pair.server.send(pair.now, MessageKind::Binary, &[1; 1000]))
+            .collect();
+        if policy == SlowConsumerPolicy::Conflate {
+            // The latest value wins: each push replaces the message that has not started.
+            let replaced = PushOutcome::Dropped { newest: false, messages: 1, bytes: 1004 };
+            assert_eq!(outcomes[1..], [replaced; 5]);
+            pair.step(usize::MAX);
+            assert_eq!(pair.client.received.len(), 1);
+            continue;
+        }
+        assert_eq!(
+            outcomes[..3],
+            [PushOutcome::Queued, PushOutcome::Queued, PushOutcome::QueuedAboveHigh]
+        );
+        let at_cap = outcomes[4];
+        match policy {
+            SlowConsumerPolicy::Block => {
+                assert!(matches!(at_cap, PushOutcome::WouldBlock { .. }), "{at_cap:?}")
+            }
+            SlowConsumerPolicy::DropNewest => assert!(
+                matches!(at_cap, PushOutcome::Dropped { newest: true, messages: 1, .. }),
+                "{at_cap:?}"
+            ),
+            SlowConsumerPolicy::DropOldest => {
+                assert!(matches!(at_cap, PushOutcome::Dropped { newest: false, .. }), "{at_cap:?}")
+            }
+            SlowConsumerPolicy::Conflate => unreachable!("checked above"),
+            SlowConsumerPolicy::Close => {
+                assert!(matches!(at_cap, PushOutcome::MustClose { .. }), "{at_cap:?}");
+                assert_eq!(outcomes.len(), 5, "nothing is queued once the close started");
+                pair.step(usize::MAX);
+                let closed = pair.client.closed.expect("the client hears why");
+                let why = (closed.code, closed.reason());
+                assert_eq!(why, (CloseCode::POLICY_VIOLATION, "slow consumer"));
+                // The messages that had not started were discarded, not delivered late.
+                assert!(pair.client.received.is_empty());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_message_the_server_pool_cannot_hold_is_refused_with_1013() {
+    // 16 chunks of 1 KiB; the server keeps half its 4 KiB connection reserve free.
+    let queue = SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Block);
+    let mut pair = Pair::with(queue, 16 * 1100);
+    let big = vec![3u8; 20 << 10];
+    pair.client.send(pair.now, MessageKind::Binary, &big).unwrap();
+    pair.step(1000);
+    assert!(pair.server.received.is_empty(), "nothing truncated reaches the application");
+    let closed = pair.client.closed.expect("the client hears why");
+    assert_eq!(closed.code, CloseCode::TRY_AGAIN_LATER);
+    assert_eq!(pair.server.pool.counters().chunks_in_use, 0, "its pieces went back");
+}
+
+#[test]
+fn a_message_the_client_pool_cannot_hold_is_refused_with_1009() {
+    let config = Config::builder().close_timeout(CLOSE_TIMEOUT).build();
+    let marks = Watermarks::new(1 << 20, 1 << 20, 1 << 20).unwrap();
+    let queue = || SendQueue::new(marks, SlowConsumerPolicy::Block);
+    let mut pair = Pair {
+        server: End::new(Role::Server, config, 1 << 20, queue()),
+        client: End::new(Role::Client, config, 8 * 1100, queue()),
+        now: Instant::default(),
+    };
+    pair.server.send(pair.now, MessageKind::Binary, &vec![5u8; 64 << 10]).unwrap();
+    pair.step(4096);
+    assert!(pair.client.received.is_empty());
+    let closed = pair.server.closed.expect("the server hears why");
+    assert_eq!(closed.code, CloseCode::MESSAGE_TOO_BIG);
+}
+
+#[test]
+fn the_upgrade_response_leads_and_no_policy_drops_it() {
+    let marks = Watermarks::new(64, 128, 256).unwrap();
+    let mut server = End::new(
+        Role::Server,
+        Config::default(),
+        1 << 20,
+        SendQueue::new(marks, SlowConsumerPolicy::Block),
+    );
+    let conflate = SendQueue::new(marks, SlowConsumerPolicy::Conflate);
+    server.session = Session::request(conflate, Instant::default());
+    assert!(!server.session.wants_input(), "no WebSocket input before the upgrade");
+    let response = b"HTTP/1.1 101 Switching Protocols\r\n\r\n";
+    let ws = Ws::new(Role::Server, &Config::default(), Instant::default());
+    server.session.upgrade(&mut server.pool, ws, None, response).unwrap();
+    for i in 0..3u8 {
+        server.send(Instant::default(), MessageKind::Binary, &[i; 100]).unwrap();
+    }
+    let out = server.write(usize::MAX);
+    assert!(out.starts_with(response), "the 101 stays first under conflate");
+    let (head, latest) = out[response.len()..].split_at(2);
+    assert_eq!((head, latest), (&[0x82, 100][..], &[2u8; 100][..]), "then the latest message");
+}
+
+#[test]
+fn a_request_that_never_completes_times_out() {
+    let queue = || SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Block);
+    let deadline = Instant::from_millis(10_000);
+    let mut end = End::new(Role::Server, Config::default(), 1 << 20, queue());
+    end.session = Session::request(queue(), deadline);
+    assert_eq!(end.session.poll_timeout(), Some(deadline));
+    assert!(!end.timeout(Instant::from_millis(9_999)));
+    assert!(end.timeout(deadline));
+}
