@@ -126,10 +126,10 @@ fn connections_open_and_close() {
     }
     assert_eq!(row.cycle_rss_kib.len(), 2);
     let start = std::time::Instant::now();
-    while metrics.connections.get() != 0 && start.elapsed() < Duration::from_secs(5) {
+    while metrics.connections() != 0 && start.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(metrics.connections.get(), 0);
+    assert_eq!(metrics.connections(), 0);
     server.handle().shutdown();
     server.join().unwrap();
 }

@@ -266,7 +266,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         config.send_cap = v;
     }
     if let Some(v) = &args.slow_consumer {
-        config.slow_consumer = parse_policy(v)?;
+        config.slow_consumer = parse_policy(v).map_err(|e| e.to_string())?;
     }
     if let Some(v) = args.connection_reserve {
         config.connection_reserve = v;
@@ -284,14 +284,14 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         config.topics.publish_token = Some(v.clone());
     }
     if let Some(v) = &args.topic_slow_consumer {
-        config.topics.slow_consumer = parse_policy(v)?;
+        config.topics.slow_consumer = parse_policy(v).map_err(|e| e.to_string())?;
     }
     if let Some(v) = args.topic_send_cap {
         config.topics.send_cap = v;
         config.topics.send_high = config.topics.send_high.min(v);
         config.topics.send_low = config.topics.send_low.min(config.topics.send_high);
     }
-    config.validate()?;
+    config.validate().map_err(|e| e.to_string())?;
     Ok(config)
 }
 

@@ -138,10 +138,9 @@ impl Default for TopicsConfig {
 
 impl TopicsConfig {
     /// The send-queue watermarks of topic routes.
-    pub fn watermarks(&self) -> Result<Watermarks, String> {
-        Watermarks::new(self.send_low, self.send_high, self.send_cap).map_err(|_| {
-            "topic send watermarks must satisfy send_low <= send_high <= send_cap".to_string()
-        })
+    pub fn watermarks(&self) -> Result<Watermarks, ConfigError> {
+        Watermarks::new(self.send_low, self.send_high, self.send_cap)
+            .map_err(|_| ConfigError::Watermarks { prefix: "topics." })
     }
 }
 
@@ -198,40 +197,38 @@ impl ServerConfig {
     }
 
     /// Checks that the limits fit together; the error says which does not.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.threads == 0 {
-            return Err("threads must be at least 1".into());
+            return Err(ConfigError::NoThreads);
         }
         if !(self.send_low <= self.send_high && self.send_high <= self.send_cap) {
-            return Err("send watermarks must satisfy send_low <= send_high <= send_cap".into());
+            return Err(ConfigError::Watermarks { prefix: "" });
         }
         if !(self.accept_rate >= 0.0 && self.accept_rate_per_ip >= 0.0) {
-            return Err("accept rates must be 0 (off) or positive".into());
+            return Err(ConfigError::AcceptRate);
         }
         // A request head (up to 8 KiB) must fit in one read buffer.
-        if self.read_buffer < 2 * freeboard_proto::handshake::DEFAULT_MAX_HEAD_LEN {
-            return Err("read_buffer must be at least 16 KiB".into());
+        let min = 2 * freeboard_proto::handshake::DEFAULT_MAX_HEAD_LEN;
+        if self.read_buffer < min {
+            return Err(ConfigError::ReadBuffer { given: self.read_buffer, min });
         }
         if self.chunk_size == 0 || self.chunk_size > freeboard_buf::MAX_CHUNK_SIZE {
-            return Err("chunk_size out of range".into());
+            let max = freeboard_buf::MAX_CHUNK_SIZE;
+            return Err(ConfigError::ChunkSize { given: self.chunk_size, max });
         }
         let topics = &self.topics;
         topics.watermarks()?;
         let path = &topics.path;
         if !(path.is_empty() || path.starts_with('/') && path.ends_with('/')) {
-            return Err("topics.path must start and end with '/'".into());
+            return Err(ConfigError::TopicsPath(path.clone()));
         }
         if topics.inbox == 0 || topics.max_topics_per_connection == 0 {
-            return Err(
-                "topics.inbox and topics.max_topics_per_connection must be at least 1".into()
-            );
+            return Err(ConfigError::TopicLimits);
         }
         let per_loop = self.memory / self.threads;
-        if per_loop < self.read_buffer + 16 * self.chunk_size {
-            return Err(format!(
-                "memory {} is too small for {} loops: each needs its read buffer and 16 chunks",
-                self.memory, self.threads
-            ));
+        let needed = self.read_buffer + 16 * self.chunk_size;
+        if per_loop < needed {
+            return Err(ConfigError::Memory { memory: self.memory, threads: self.threads, needed });
         }
         Ok(())
     }
@@ -249,12 +246,95 @@ impl ServerConfig {
 }
 
 /// Parses a slow-consumer policy by its name (`drop-oldest`, …).
-pub fn parse_policy(name: &str) -> Result<SlowConsumerPolicy, String> {
+pub fn parse_policy(name: &str) -> Result<SlowConsumerPolicy, ConfigError> {
     SlowConsumerPolicy::ALL
         .into_iter()
         .find(|p| p.name() == name)
-        .ok_or_else(|| format!("unknown slow-consumer policy {name:?}"))
+        .ok_or_else(|| ConfigError::UnknownPolicy(name.to_owned()))
 }
+
+/// A configuration that cannot work, and which setting says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `threads` is 0.
+    NoThreads,
+    /// `{prefix}send_low <= {prefix}send_high <= {prefix}send_cap` does not hold (the prefix
+    /// is `topics.` for the topic routes' queues).
+    Watermarks {
+        /// `""` or `"topics."`.
+        prefix: &'static str,
+    },
+    /// An accept rate is negative or not a number.
+    AcceptRate,
+    /// `read_buffer` cannot hold a request head twice over.
+    ReadBuffer {
+        /// The size given.
+        given: usize,
+        /// The smallest accepted.
+        min: usize,
+    },
+    /// `chunk_size` is 0 or over the pool's maximum.
+    ChunkSize {
+        /// The size given.
+        given: usize,
+        /// The largest accepted.
+        max: usize,
+    },
+    /// `topics.path` does not start and end with `/`.
+    TopicsPath(String),
+    /// `topics.inbox` or `topics.max_topics_per_connection` is 0.
+    TopicLimits,
+    /// `memory` does not give each loop its read buffer and 16 chunks.
+    Memory {
+        /// The budget given.
+        memory: usize,
+        /// The loops it is split between.
+        threads: usize,
+        /// Bytes each loop needs at least.
+        needed: usize,
+    },
+    /// No slow-consumer policy has this name.
+    UnknownPolicy(String),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoThreads => f.write_str("threads must be at least 1"),
+            Self::Watermarks { prefix } => write!(
+                f,
+                "send watermarks must satisfy {prefix}send_low <= {prefix}send_high <= {prefix}send_cap"
+            ),
+            Self::AcceptRate => f.write_str("accept rates must be 0 (off) or positive"),
+            Self::ReadBuffer { given, min } => {
+                write!(
+                    f,
+                    "read_buffer must be at least {min} bytes (a request head twice), not {given}"
+                )
+            }
+            Self::ChunkSize { given, max } => {
+                write!(f, "chunk_size must be 1 to {max} bytes, not {given}")
+            }
+            Self::TopicsPath(path) => {
+                write!(f, "topics.path must start and end with '/', not {path:?}")
+            }
+            Self::TopicLimits => {
+                f.write_str("topics.inbox and topics.max_topics_per_connection must be at least 1")
+            }
+            Self::Memory { memory, threads, needed } => write!(
+                f,
+                "memory {memory} is too small for {threads} loops: each needs {needed} bytes (its read buffer and 16 chunks)"
+            ),
+            Self::UnknownPolicy(name) => write!(
+                f,
+                "unknown slow-consumer policy {name:?} (one of: block, drop-newest, drop-oldest, conflate, close)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 mod secs {
     use serde::{Deserialize, Deserializer};

@@ -26,6 +26,8 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
+#![warn(missing_debug_implementations)]
+
 pub mod client;
 pub mod config;
 pub mod handler;

@@ -123,56 +123,57 @@ impl LoopStats {
     }
 }
 
-/// The server's metrics, shared by every event loop (all atomics).
+/// The server's metrics, shared by every event loop (all atomics). Read them as Prometheus
+/// text with [`encode`](Self::encode), or one by one with the accessors.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     /// Open WebSocket connections.
-    pub connections: Gauge,
+    pub(crate) connections: Gauge,
     /// Accepted TCP connections.
-    pub accepted: Counter,
+    pub(crate) accepted: Counter,
     /// Failed accepts (`EMFILE` and friends); the loop tries again every 50 ms.
-    pub accept_errors: Counter,
+    pub(crate) accept_errors: Counter,
     /// Data messages received.
-    pub messages_in: Counter,
+    pub(crate) messages_in: Counter,
     /// Data messages queued for sending.
-    pub messages_out: Counter,
+    pub(crate) messages_out: Counter,
     /// Bytes read from sockets.
-    pub bytes_in: Counter,
+    pub(crate) bytes_in: Counter,
     /// Bytes written to sockets.
-    pub bytes_out: Counter,
+    pub(crate) bytes_out: Counter,
     /// WebSocket connections closed, by reason (`normal`, `going_away`, `protocol_error`,
     /// `message_too_big`, `invalid_payload`, `policy`, `abnormal`, `try_again_later`, …).
-    pub closes: Family<Reason, Counter>,
+    pub(crate) closes: Family<Reason, Counter>,
     /// Requests refused, by HTTP status.
-    pub refusals: Family<Status, Counter>,
+    pub(crate) refusals: Family<Status, Counter>,
     /// Messages dropped by slow-consumer policies, by policy.
-    pub drops: Family<Reason, Counter>,
+    pub(crate) drops: Family<Reason, Counter>,
     /// Handshakes that timed out.
-    pub handshake_timeouts: Counter,
+    pub(crate) handshake_timeouts: Counter,
     /// Connections closed with 1008 by the `close` slow-consumer policy.
-    pub slow_consumer_closes: Counter,
+    pub(crate) slow_consumer_closes: Counter,
     /// Pool chunks in use, per loop.
-    pub chunks_in_use: Family<LoopLabel, Gauge>,
+    pub(crate) chunks_in_use: Family<LoopLabel, Gauge>,
     /// Pool chunks in total, per loop.
-    pub chunks_total: Family<LoopLabel, Gauge>,
+    pub(crate) chunks_total: Family<LoopLabel, Gauge>,
     /// Most chunks ever in use, per loop.
-    pub chunks_high_water: Family<LoopLabel, Gauge>,
+    pub(crate) chunks_high_water: Family<LoopLabel, Gauge>,
     /// Budget bytes, per loop.
-    pub budget_bytes: Family<LoopLabel, Gauge>,
+    pub(crate) budget_bytes: Family<LoopLabel, Gauge>,
     /// Chunk allocation failures, per loop (monotonic).
-    pub allocation_failures: Family<LoopLabel, Gauge>,
+    pub(crate) allocation_failures: Family<LoopLabel, Gauge>,
     /// Bytes buffered in send queues, per loop.
-    pub bytes_buffered: Family<LoopLabel, Gauge>,
+    pub(crate) bytes_buffered: Family<LoopLabel, Gauge>,
     /// Topic subscriptions (connection × topic) open.
-    pub subscriptions: Gauge,
+    pub(crate) subscriptions: Gauge,
     /// Messages published (from handlers, handles and HTTP), whether or not anyone listened.
-    pub publishes: Counter,
+    pub(crate) publishes: Counter,
     /// Published messages queued to subscribers (one per subscriber).
-    pub deliveries: Counter,
+    pub(crate) deliveries: Counter,
     /// Publications a whole loop could not take, by reason (`inbox_full`, `pool`); drops
     /// for one subscriber are counted in `drops` by policy.
-    pub topic_drops: Family<Reason, Counter>,
+    pub(crate) topic_drops: Family<Reason, Counter>,
     loops: AtomicU32,
 }
 
@@ -309,10 +310,47 @@ impl Metrics {
         self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).get()
     }
 
+    /// Open WebSocket connections.
+    pub fn connections(&self) -> i64 {
+        self.connections.get()
+    }
+
+    /// Topic subscriptions (connection × topic) open.
+    pub fn subscriptions(&self) -> i64 {
+        self.subscriptions.get()
+    }
+
+    /// Messages published, whether or not anyone listened.
+    pub fn publishes(&self) -> u64 {
+        self.publishes.get()
+    }
+
+    /// Published messages queued to subscribers (one per subscriber).
+    pub fn deliveries(&self) -> u64 {
+        self.deliveries.get()
+    }
+
+    /// Handshakes (and plain HTTP requests) that timed out.
+    pub fn handshake_timeouts(&self) -> u64 {
+        self.handshake_timeouts.get()
+    }
+
+    /// Connections closed with 1008 by the `close` slow-consumer policy.
+    pub fn slow_consumer_closes(&self) -> u64 {
+        self.slow_consumer_closes.get()
+    }
+
     /// Pool chunks in use, summed over the loops.
     pub fn total_chunks_in_use(&self) -> i64 {
         (0..self.loops())
             .map(|i| self.chunks_in_use.get_or_create(&LoopLabel { event_loop: i }).get())
+            .sum()
+    }
+
+    /// The loops' chunk high-water marks, summed.
+    pub fn total_chunks_high_water(&self) -> i64 {
+        (0..self.loops())
+            .map(|i| self.chunks_high_water.get_or_create(&LoopLabel { event_loop: i }).get())
             .sum()
     }
 

@@ -53,12 +53,12 @@ fn ten_thousand_idle_connections_hold_no_chunks() {
         assert!(head.starts_with(b"HTTP/1.1 101"));
     }
     let metrics = server.metrics();
-    assert_eq!(metrics.connections.get(), n as i64);
+    assert_eq!(metrics.connections(), n as i64);
     // The 101 responses held a chunk each until flushed: all go back, none stays.
     common::wait_until("idle connections to hold no chunk", || metrics.total_chunks_in_use() == 0);
-    assert_eq!(metrics.connections.get(), n as i64);
+    assert_eq!(metrics.connections(), n as i64);
     drop(clients);
-    common::wait_until("connections to close", || metrics.connections.get() == 0);
+    common::wait_until("connections to close", || metrics.connections() == 0);
     common::wait_until("chunks to return", || metrics.total_chunks_in_use() == 0);
     server.handle().shutdown();
     server.join().unwrap();

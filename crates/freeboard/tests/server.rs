@@ -146,7 +146,7 @@ fn handshake_timeout_drops_slow_clients() {
     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap(); // never finished
     let mut c = Client::raw(s);
     assert!(c.sees_eof());
-    assert_eq!(server.metrics().handshake_timeouts.get(), 1);
+    assert_eq!(server.metrics().handshake_timeouts(), 1);
     server.handle().shutdown();
     server.join().unwrap();
 }

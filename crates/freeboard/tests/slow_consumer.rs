@@ -53,7 +53,7 @@ fn run(policy: SlowConsumerPolicy) -> (Vec<SendOutcome>, usize, Arc<freeboard::M
     common::wait_until("the pusher to finish", || log.lock().unwrap().0.len() == 1000);
     drop(slow);
     drop(other);
-    common::wait_until("connections to close", || metrics.connections.get() == 0);
+    common::wait_until("connections to close", || metrics.connections() == 0);
     common::wait_until("the pool to return to idle", || metrics.total_chunks_in_use() == 0);
     server.handle().shutdown();
     server.join().unwrap();
@@ -81,7 +81,7 @@ fn close_policy_closes_the_slow_consumer_with_1008() {
     assert!(max <= CAP + 131, "{max} bytes buffered, cap {CAP}");
     let first_closed = results.iter().position(|r| *r == SendOutcome::Closed).unwrap();
     assert!(results[first_closed..].iter().all(|r| *r == SendOutcome::Closed));
-    assert_eq!(metrics.slow_consumer_closes.get(), 1);
+    assert_eq!(metrics.slow_consumer_closes(), 1);
 }
 
 #[test]

@@ -16,6 +16,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use super::handshake::{self, Opened};
+use super::message::{CloseEvent, Event, Message};
 use super::outbox::{Direct, Outbox, Shared, Writer};
 use super::{ClientConfig, ClientError, ReadyState, Target};
 use crate::session::{
@@ -71,35 +72,6 @@ pub struct Client {
     /// The close event, once the core reported it.
     closed: Option<CloseEvent>,
     close_reported: bool,
-}
-
-/// What [`Client::recv`] returns.
-#[derive(Debug)]
-pub enum Event<'a> {
-    /// A whole message.
-    Message(Message<'a>),
-    /// The connection closed; no further events follow.
-    Closed(CloseEvent),
-}
-
-/// The browser's `CloseEvent`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CloseEvent {
-    /// The close code: the server's for a clean close (1005 if its frame had none), ours for a
-    /// connection we failed (1002, 1007, 1009…), 1006 when the transport ended first.
-    pub code: CloseCode,
-    /// The close reason.
-    pub reason: String,
-    /// Whether both close frames were exchanged.
-    pub was_clean: bool,
-}
-
-/// A received message, reassembled in pool chunks and borrowed until the next `recv`.
-#[derive(Debug)]
-pub struct Message<'a> {
-    kind: MessageKind,
-    chain: &'a ChunkChain,
-    pool: &'a Pool<'static>,
 }
 
 impl Client {
@@ -677,52 +649,4 @@ fn pools(config: &ClientConfig) -> Result<(Pool<'static>, Pool<'static>), Client
     let receive_config = PoolConfig::new().with_chunk_size(config.chunk_size);
     let receive = Pool::new(Budget::new(receive_bytes), receive_config).map_err(invalid)?;
     Ok((send, receive))
-}
-
-impl<'a> Message<'a> {
-    /// Text or binary.
-    pub fn kind(&self) -> MessageKind {
-        self.kind
-    }
-
-    /// The message's length in bytes.
-    pub fn len(&self) -> usize {
-        self.chain.len()
-    }
-
-    /// Whether the message is empty.
-    pub fn is_empty(&self) -> bool {
-        self.chain.is_empty()
-    }
-
-    /// The bytes in order, one slice per pool chunk (no copy).
-    pub fn segments(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.chain.segments(self.pool)
-    }
-
-    /// The bytes as one slice when they sit in one chunk (messages up to the chunk size).
-    pub fn as_slice(&self) -> Option<&'a [u8]> {
-        let mut segments = self.segments();
-        match (segments.next(), segments.next()) {
-            (None, _) => Some(&[]),
-            (Some(only), None) => Some(only),
-            _ => None,
-        }
-    }
-
-    /// A copy of the bytes.
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.len());
-        self.segments().for_each(|s| out.extend_from_slice(s));
-        out
-    }
-
-    /// A copy of a text message as a `String` (`None` for binary).
-    pub fn to_text(&self) -> Option<String> {
-        if self.kind != MessageKind::Text {
-            return None;
-        }
-        // The core validated the UTF-8 of every text message (§8.1).
-        String::from_utf8(self.to_vec()).ok()
-    }
 }

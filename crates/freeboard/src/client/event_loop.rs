@@ -506,6 +506,24 @@ impl Open {
     }
 }
 
+impl<H> std::fmt::Debug for ClientLoop<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientLoop")
+            .field("connections", &self.sessions.len())
+            .field("chunks_in_use", &self.pool.counters().chunks_in_use)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for LoopConn<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoopConn")
+            .field("id", &self.id)
+            .field("buffered_amount", &self.buffered_amount())
+            .finish_non_exhaustive()
+    }
+}
+
 impl LoopConn<'_> {
     /// This connection.
     pub fn id(&self) -> ClientId {

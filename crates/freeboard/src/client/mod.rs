@@ -58,6 +58,7 @@
 mod blocking;
 mod event_loop;
 mod handshake;
+mod message;
 mod outbox;
 mod target;
 
@@ -66,13 +67,14 @@ use std::io;
 use std::time::Duration;
 
 pub use crate::session::SendOutcome;
-pub use blocking::{Client, CloseEvent, Event, Message};
+pub use blocking::Client;
 pub use event_loop::{ClientHandler, ClientId, ClientLoop, LoopConn};
 pub use freeboard_buf::{Limit, SlowConsumerPolicy, Watermarks, Writability};
 pub use freeboard_proto::CloseCode;
 pub use freeboard_proto::MessageKind;
 use freeboard_proto::UsageError;
 use freeboard_proto::handshake::HandshakeError;
+pub use message::{CloseEvent, Event, Message};
 pub use target::Target;
 
 /// Everything a client can be told, with defaults for a script talking to one server.

@@ -16,16 +16,16 @@ use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use freeboard_buf::{Budget, Frame, Pool, PoolConfig, SendQueue, Watermarks, Writability};
-use freeboard_proto::{CloseCode, Instant, MessageKind, State};
+use freeboard_proto::{CloseCode, Instant, State};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use super::shared::Shared;
-use crate::handler::{Conn, ConnId, Handler, Message, Router};
+use crate::handler::{ConnId, Router};
 use crate::metrics::{LoopGauges, LoopLabel, LoopStats, close_label};
 use crate::parking::ParkingLot;
-use crate::session::{Assembly, Context, Phase, Reassembly, Received, Session};
+use crate::session::{Assembly, Context, Phase, Reassembly, Session};
 use crate::topics::{LocalTopics, Publication};
 use crate::transport::Transport;
 
@@ -83,7 +83,7 @@ pub(crate) struct EventLoop<T> {
     pub(super) limits: Reassembly,
     timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     pub(super) dirty: Vec<usize>,
-    resume: Vec<usize>,
+    pub(super) resume: Vec<usize>,
     serial: u64,
     /// Where idle connections' protocol state waits.
     pub(super) lot: ParkingLot,
@@ -447,126 +447,6 @@ impl<T: Transport> EventLoop<T> {
         let (entry, mut cx) = self.split(token, now);
         entry.session.handle_eof(&mut cx);
         self.report_close(token);
-    }
-
-    /// Feeds one read to the session: whole messages go to the handler in place, assembled
-    /// ones from the loop's assembly buffer.
-    pub(super) fn receive(&mut self, token: usize, now: Instant, buf: &mut [u8]) {
-        let mut at = 0;
-        while at < buf.len() {
-            let (entry, mut cx) = self.split(token, now);
-            let (used, received) = entry.session.receive(&mut cx, &mut buf[at..]);
-            at += used;
-            match received {
-                Some(Received::Whole(kind, data)) => self.deliver(token, now, kind, data),
-                Some(Received::Assembled(kind)) => {
-                    let chain = self.conns[token].session.take_message();
-                    let mut assembly = std::mem::take(&mut self.assembly);
-                    match assembly.fill(&mut self.pool, chain) {
-                        Some(data) => self.deliver(token, now, kind, data),
-                        None => {
-                            let (entry, mut cx) = self.split(token, now);
-                            let reason = "server memory budget exhausted";
-                            let _ =
-                                entry.session.close(&mut cx, CloseCode::TRY_AGAIN_LATER, reason);
-                        }
-                    }
-                    self.assembly = assembly;
-                }
-                None => {}
-            }
-            self.report_close(token);
-            // A pause (send queue above its high watermark) stops reading from the socket, not
-            // the parsing of bytes already read: dropping them would tear the stream.
-            if self.conns.get(token).is_none_or(|e| e.session.state() == State::Closed) {
-                return;
-            }
-        }
-    }
-
-    fn deliver(&mut self, token: usize, now: Instant, kind: MessageKind, data: &[u8]) {
-        self.stats.messages_in += 1;
-        let message = Message { kind, data };
-        self.call(token, now, |handler, conn| handler.on_message(conn, message));
-    }
-
-    /// Reports the session's close to its handler, once.
-    pub(super) fn report_close(&mut self, token: usize) {
-        let Some(entry) = self.conns.get_mut(token) else { return };
-        let Some(closed) = entry.session.poll_close() else { return };
-        let (code, reason, clean) = (closed.code.0, closed.reason(), closed.clean);
-        tracing::debug!(code, reason, clean, peer = %entry.peer, "closed");
-        self.shared.metrics.close(close_label(closed.code));
-        let id = ConnId { event_loop: self.index, serial: entry.serial };
-        let route = entry.route as usize;
-        self.router.handler(route).on_close(id, closed.code, closed.reason());
-    }
-
-    /// Runs `f` with the route's handler and a handle on the connection, then reports the
-    /// writability change the handler's sends caused.
-    pub(super) fn call(
-        &mut self,
-        token: usize,
-        now: Instant,
-        f: impl FnOnce(&mut dyn Handler, &mut Conn<'_>),
-    ) {
-        self.call_with(token, now, "", f);
-    }
-
-    /// [`call`](Self::call), showing the handler the request `target` (for `on_open`); then
-    /// fans out what the handler published.
-    pub(super) fn call_with(
-        &mut self,
-        token: usize,
-        now: Instant,
-        target: &str,
-        f: impl FnOnce(&mut dyn Handler, &mut Conn<'_>),
-    ) {
-        let entry = &mut self.conns[token];
-        if !matches!(entry.session.phase, Phase::Open(_)) {
-            return;
-        }
-        let route = entry.route as usize;
-        let mut conn = Conn {
-            id: ConnId { event_loop: self.index, serial: entry.serial },
-            peer: entry.peer,
-            session: &mut entry.session,
-            cx: Context {
-                pool: &mut self.pool,
-                lot: &mut self.lot,
-                masks: None,
-                limits: self.limits,
-                now,
-            },
-            metrics: &self.shared.metrics,
-            stats: &mut self.stats,
-            token,
-            target,
-            topics: &mut self.topics,
-            hub: &self.shared.hub,
-            outbox: &mut self.outbox,
-        };
-        f(self.router.handler(route), &mut conn);
-        if let Some(change) = self.conns[token].session.take_writability() {
-            self.writability_changed(token, now, change);
-        }
-        self.report_close(token);
-        self.mark(token);
-        if !self.outbox.is_empty() {
-            self.fan_out_outbox(now);
-        }
-    }
-
-    pub(super) fn writability_changed(&mut self, token: usize, now: Instant, change: Writability) {
-        match change {
-            Writability::NotWritable => {
-                self.call(token, now, |handler, conn| handler.on_not_writable(conn));
-            }
-            Writability::Writable => {
-                self.resume.push(token);
-                self.call(token, now, |handler, conn| handler.on_writable(conn));
-            }
-        }
     }
 
     fn expire_timers(&mut self, now: Instant) {

@@ -12,6 +12,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 mod event_loop;
 mod fan_out;
+mod handlers;
 mod http;
 mod shared;
 
@@ -113,6 +114,15 @@ impl Server {
     }
 }
 
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("local_addr", &self.local_addr)
+            .field("loops", &self.seeds.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// A server whose loops are running.
 pub struct RunningServer {
     handle: ServerHandle,
@@ -150,12 +160,28 @@ impl RunningServer {
     }
 }
 
+impl std::fmt::Debug for RunningServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningServer")
+            .field("local_addr", &self.local_addr)
+            .field("loops", &self.threads.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// Publishes to a server's topics from any thread, and stops the server: no more accepts,
 /// close 1001 to every connection, exit once they are closed or the drain deadline passes.
 #[derive(Clone)]
 pub struct ServerHandle {
     shared: Arc<Shared>,
     wakers: Vec<Arc<Waker>>,
+}
+
+impl std::fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let stopping = self.shared.shutdown.load(Ordering::Relaxed);
+        f.debug_struct("ServerHandle").field("stopping", &stopping).finish_non_exhaustive()
+    }
 }
 
 impl ServerHandle {
