@@ -114,7 +114,7 @@ pub struct ClientConfig {
     /// Send-queue watermarks and hard cap. Default 32 KiB / 64 KiB / 256 KiB.
     pub watermarks: Watermarks,
     /// What happens to a message that would pass the cap. Default
-    /// [`SlowConsumerPolicy::Block`]: the send is refused with `WouldBlock`; call
+    /// [`SlowConsumerPolicy::Block`]: the send is refused with `SendOutcome::Blocked`; call
     /// [`Client::flush`] and retry.
     pub policy: SlowConsumerPolicy,
     /// Write from a thread of the client's own (`true`, the default): [`Client::send`] only

@@ -568,10 +568,7 @@ impl<T: Transport> EventLoop<T> {
         self.topics.drop_conn(&self.shared.hub, token);
         let mut entry = self.conns.remove(token);
         self.buffered -= entry.counted as usize;
-        if let Phase::Request { .. } = entry.session.phase {
-            self.head_chunks -=
-                super::http::head_chunks(entry.session.partial_mut().len(), self.pool.chunk_size());
-        }
+        self.forget_request(&mut entry.session);
         entry.session.release(&mut self.pool);
         self.shared.release(entry.peer);
         if let Phase::Open(_) = entry.session.phase {

@@ -10,7 +10,7 @@ use freeboard_proto::{Instant, MessageKind, Role};
 use super::event_loop::{EventLoop, LINGER};
 use crate::handler::{HttpRoute, Upgrade};
 use crate::parking::Ws;
-use crate::session::{Body, Phase};
+use crate::session::{Body, Phase, Session};
 use crate::transport::Transport;
 use freeboard_buf::SendQueue;
 
@@ -53,6 +53,14 @@ impl<T: Transport> EventLoop<T> {
             _ if open && eof => self.end_of_input(token, now),
             _ if open => self.read_open(token, now),
             _ => {}
+        }
+    }
+
+    /// Stops counting the partial request head of a session that goes.
+    pub(super) fn forget_request(&mut self, session: &mut Session) {
+        if let Phase::Request { .. } = session.phase {
+            let held = head_chunks(session.partial_mut().len(), self.pool.chunk_size());
+            self.head_chunks -= held;
         }
     }
 
@@ -380,7 +388,7 @@ impl<T: Transport> EventLoop<T> {
 }
 
 /// The chunks a partial request head of `len` bytes is counted as holding.
-pub(super) fn head_chunks(len: usize, chunk_size: usize) -> usize {
+fn head_chunks(len: usize, chunk_size: usize) -> usize {
     len.div_ceil(chunk_size)
 }
 
