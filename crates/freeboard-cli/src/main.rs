@@ -50,9 +50,14 @@ struct ServeArgs {
     /// sizes in bytes, e.g. `max_message_size = 1048576`, `idle_timeout = 0` for no pings).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:9001].
+    /// Address to listen on [default: 127.0.0.1:9001]. An address another process listens
+    /// on is refused ("address in use") unless --share-port.
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
+    /// Join the SO_REUSEPORT group of another process listening on the same address (a
+    /// rolling restart), instead of failing with "address in use"; TOML `share_port`.
+    #[arg(long)]
+    share_port: bool,
     /// Event loops (threads), each with its own SO_REUSEPORT listener [default: available cores].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -214,6 +219,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
     if let Some(v) = args.listen {
         config.listen = v;
     }
+    config.share_port |= args.share_port;
     if let Some(v) = args.threads {
         config.threads = v;
     }

@@ -16,6 +16,10 @@ use serde::Deserialize;
 pub struct ServerConfig {
     /// Address to listen on. Default `127.0.0.1:9001`.
     pub listen: SocketAddr,
+    /// Join the `SO_REUSEPORT` group of another process already listening on `listen`
+    /// (a rolling restart). Default `false`: a taken address fails `Server::bind` with
+    /// "address in use".
+    pub share_port: bool,
     /// Event loops (threads), each with its own `SO_REUSEPORT` listener. Default: the number
     /// of available cores.
     pub threads: usize,
@@ -165,6 +169,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9001)),
+            share_port: false,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory: 1 << 30,
             chunk_size: freeboard_buf::DEFAULT_CHUNK_SIZE,
@@ -296,6 +301,14 @@ pub enum ConfigError {
     },
     /// No slow-consumer policy has this name.
     UnknownPolicy(String),
+    /// `memory` is more than the machine (or the process's cgroup) has: the budget could not
+    /// be kept.
+    MemoryExceedsMachine {
+        /// The budget given.
+        memory: usize,
+        /// The machine's or the cgroup's memory.
+        machine: usize,
+    },
 }
 
 impl std::fmt::Display for ConfigError {
@@ -325,6 +338,10 @@ impl std::fmt::Display for ConfigError {
             Self::Memory { memory, threads, needed } => write!(
                 f,
                 "memory {memory} is too small for {threads} loops: each needs {needed} bytes (its read buffer and 16 chunks)"
+            ),
+            Self::MemoryExceedsMachine { memory, machine } => write!(
+                f,
+                "memory {memory} is more than this machine can give ({machine} bytes): lower it"
             ),
             Self::UnknownPolicy(name) => write!(
                 f,

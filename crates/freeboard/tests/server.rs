@@ -75,6 +75,34 @@ fn plain_http_routes_are_opt_in() {
     server.join().unwrap();
 }
 
+/// A second server on a taken address fails at once instead of silently sharing its
+/// connections; one that asks to share joins the group.
+#[test]
+fn a_taken_port_is_refused_unless_shared() {
+    let first = Server::bind(config(), || Router::new()).unwrap().spawn();
+    let mut second = config();
+    second.listen = first.local_addr();
+    let error = Server::bind(second.clone(), || Router::new()).unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse, "{error}");
+    assert!(error.to_string().contains(&first.local_addr().to_string()), "{error}");
+    second.share_port = true;
+    let joined = Server::bind(second, || Router::new()).unwrap();
+    assert_eq!(joined.local_addr(), first.local_addr());
+    drop(joined);
+    first.handle().shutdown();
+    first.join().unwrap();
+}
+
+/// A budget the machine cannot back fails before anything listens, naming the setting.
+#[test]
+fn a_budget_beyond_the_machine_is_refused() {
+    let mut cfg = config();
+    cfg.memory = 1 << 50;
+    let error = Server::bind(cfg, || Router::new()).unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput, "{error}");
+    assert!(error.to_string().starts_with("memory 1125899906842624 is more than"), "{error}");
+}
+
 #[test]
 fn max_connections_answers_503() {
     let mut cfg = config();

@@ -91,7 +91,7 @@ impl<T: Transport> EventLoop<T> {
                 return false;
             }
             Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => (
-                req.path.unwrap_or("/"),
+                handshake::origin_form(req.path.unwrap_or("/")),
                 req.headers.iter().any(|h| h.name.eq_ignore_ascii_case("upgrade")),
                 len,
             ),
@@ -268,11 +268,16 @@ impl<T: Transport> EventLoop<T> {
             self.refuse(token, now, 411, "", "a Content-Length is required");
             return;
         }
-        let Some(len) = header("content-length")
-            .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok())
-        else {
-            self.refuse(token, now, 411, "", "a Content-Length is required");
-            return;
+        let len = match content_length(headers) {
+            Ok(Some(len)) => len,
+            Ok(None) => {
+                self.refuse(token, now, 411, "", "a Content-Length is required");
+                return;
+            }
+            Err(()) => {
+                self.refuse(token, now, 400, "", "Content-Length must be one run of digits");
+                return;
+            }
         };
         if len > config.max_message_size {
             self.refuse(token, now, 413, "", "body larger than max_message_size");
@@ -390,6 +395,25 @@ impl<T: Transport> EventLoop<T> {
 /// The chunks a partial request head of `len` bytes is counted as holding.
 fn head_chunks(len: usize, chunk_size: usize) -> usize {
     len.div_ceil(chunk_size)
+}
+
+/// The body length a request declares. RFC 9112 §6.3: `Content-Length = 1*DIGIT`, and
+/// several fields (or a list) must all agree, else the message's framing is invalid.
+fn content_length(headers: &[httparse::Header<'_>]) -> Result<Option<u64>, ()> {
+    let mut length = None;
+    let fields = headers.iter().filter(|h| h.name.eq_ignore_ascii_case("content-length"));
+    for value in fields.flat_map(|h| h.value.split(|&b| b == b',')) {
+        let digits = value.trim_ascii();
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Err(());
+        }
+        let n = std::str::from_utf8(digits).ok().and_then(|d| d.parse().ok()).ok_or(())?;
+        if length.is_some_and(|l| l != n) {
+            return Err(());
+        }
+        length = Some(n);
+    }
+    Ok(length)
 }
 
 /// Compares secrets in time that depends on their lengths only.
