@@ -79,14 +79,14 @@ fn plain_http_routes_are_opt_in() {
 /// connections; one that asks to share joins the group.
 #[test]
 fn a_taken_port_is_refused_unless_shared() {
-    let first = Server::bind(config(), || Router::new()).unwrap().spawn();
+    let first = Server::bind(config(), Router::new).unwrap().spawn();
     let mut second = config();
     second.listen = first.local_addr();
-    let error = Server::bind(second.clone(), || Router::new()).unwrap_err();
+    let error = Server::bind(second.clone(), Router::new).unwrap_err();
     assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse, "{error}");
     assert!(error.to_string().contains(&first.local_addr().to_string()), "{error}");
     second.share_port = true;
-    let joined = Server::bind(second, || Router::new()).unwrap();
+    let joined = Server::bind(second, Router::new).unwrap();
     assert_eq!(joined.local_addr(), first.local_addr());
     drop(joined);
     first.handle().shutdown();
@@ -98,7 +98,7 @@ fn a_taken_port_is_refused_unless_shared() {
 fn a_budget_beyond_the_machine_is_refused() {
     let mut cfg = config();
     cfg.memory = 1 << 50;
-    let error = Server::bind(cfg, || Router::new()).unwrap_err();
+    let error = Server::bind(cfg, Router::new).unwrap_err();
     assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput, "{error}");
     assert!(error.to_string().starts_with("memory 1125899906842624 is more than"), "{error}");
 }
