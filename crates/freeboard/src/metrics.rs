@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use freeboard_buf::{PushOutcome, SlowConsumerPolicy};
+use freeboard_buf::{Limit, PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::CloseCode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -36,6 +36,8 @@ pub struct LoopLabel {
 pub(crate) struct LoopGauges {
     pub(crate) chunks_in_use: Gauge,
     pub(crate) chunks_high_water: Gauge,
+    pub(crate) slots_in_use: Gauge,
+    pub(crate) slots_high_water: Gauge,
     pub(crate) bytes_buffered: Gauge,
     pub(crate) allocation_failures: Gauge,
 }
@@ -47,6 +49,8 @@ impl LoopGauges {
         Self {
             chunks_in_use: gauge(&metrics.chunks_in_use),
             chunks_high_water: gauge(&metrics.chunks_high_water),
+            slots_in_use: gauge(&metrics.slots_in_use),
+            slots_high_water: gauge(&metrics.slots_high_water),
             bytes_buffered: gauge(&metrics.bytes_buffered),
             allocation_failures: gauge(&metrics.allocation_failures),
         }
@@ -65,7 +69,13 @@ pub(crate) struct LoopStats {
     pub(crate) deliveries: u64,
     /// Messages dropped by slow-consumer policies, counted here so a drop allocates nothing.
     pub(crate) policy_drops: PolicyCounts,
+    /// Messages refused because the pool was short through no fault of their connection.
+    pub(crate) pool_exhausted: u64,
 }
+
+/// The `drops` reason of a message refused because the pool was short through no fault of its
+/// connection (not a slow consumer: see `session/share.rs`).
+pub(crate) const POOL_EXHAUSTED: &str = "pool_exhausted";
 
 /// One count per [`SlowConsumerPolicy`], sized by the enum.
 #[derive(Debug, Default, Clone, Copy)]
@@ -93,6 +103,12 @@ impl LoopStats {
                 self.policy_drops[policy] += u64::from(messages);
                 u64::from(!newest)
             }
+            PushOutcome::WouldBlock { limit: Limit::Pool }
+                if policy != SlowConsumerPolicy::Block =>
+            {
+                self.pool_exhausted += 1;
+                0
+            }
             PushOutcome::WouldBlock { .. } | PushOutcome::MustClose { .. } => 0,
         };
         self.messages_out += queued;
@@ -114,9 +130,10 @@ impl LoopStats {
         if self.deliveries > 0 {
             metrics.deliveries.inc_by(self.deliveries);
         }
-        for (policy, n) in SlowConsumerPolicy::ALL.iter().zip(self.policy_drops.0) {
+        let drops = SlowConsumerPolicy::ALL.iter().map(|p| p.name()).zip(self.policy_drops.0);
+        for (reason, n) in drops.chain([(POOL_EXHAUSTED, self.pool_exhausted)]) {
             if n > 0 {
-                metrics.drops.get_or_create(&Reason { reason: policy.name().to_owned() }).inc_by(n);
+                metrics.drops.get_or_create(&Reason { reason: reason.to_owned() }).inc_by(n);
             }
         }
         *self = Self::default();
@@ -159,6 +176,12 @@ pub struct Metrics {
     pub(crate) chunks_total: Family<LoopLabel, Gauge>,
     /// Most chunks ever in use, per loop.
     pub(crate) chunks_high_water: Family<LoopLabel, Gauge>,
+    /// Segment slots (each queued message or piece of one holds at least one), per loop.
+    pub(crate) slots_in_use: Family<LoopLabel, Gauge>,
+    /// Segment slots in total, per loop.
+    pub(crate) slots_total: Family<LoopLabel, Gauge>,
+    /// Most segment slots ever in use at once, per loop.
+    pub(crate) slots_high_water: Family<LoopLabel, Gauge>,
     /// Budget bytes, per loop.
     pub(crate) budget_bytes: Family<LoopLabel, Gauge>,
     /// Chunk allocation failures, per loop (monotonic).
@@ -198,6 +221,9 @@ impl Metrics {
             chunks_in_use: Family::default(),
             chunks_total: Family::default(),
             chunks_high_water: Family::default(),
+            slots_in_use: Family::default(),
+            slots_total: Family::default(),
+            slots_high_water: Family::default(),
             budget_bytes: Family::default(),
             allocation_failures: Family::default(),
             bytes_buffered: Family::default(),
@@ -241,6 +267,17 @@ impl Metrics {
             "pool_chunks_high_water",
             "Most pool chunks ever in use at once",
             m.chunks_high_water.clone(),
+        );
+        registry.register(
+            "pool_slots_in_use",
+            "Pool segment slots in use (a queued message holds at least one)",
+            m.slots_in_use.clone(),
+        );
+        registry.register("pool_slots_total", "Pool segment slots in total", m.slots_total.clone());
+        registry.register(
+            "pool_slots_high_water",
+            "Most pool segment slots ever in use at once",
+            m.slots_high_water.clone(),
         );
         registry.register("budget_bytes", "Memory budget per event loop", m.budget_bytes.clone());
         registry.register(

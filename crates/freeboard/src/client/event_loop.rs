@@ -15,7 +15,9 @@ use slab::Slab;
 use super::handshake::{self, Refusal};
 use super::{ClientConfig, ClientError, CloseEvent, Target};
 use crate::parking::{ParkingLot, Ws};
-use crate::session::{Assembly, Context, MaskSource, Reassembly, Received, SendOutcome, Session};
+use crate::session::{
+    Assembly, Context, MaskSource, Reassembly, Received, SendOutcome, Session, Share,
+};
 
 const IOV: usize = 64;
 
@@ -186,6 +188,7 @@ impl<H: ClientHandler> ClientLoop<H> {
     /// the next [`turn`](Self::turn).
     pub fn conn(&mut self, id: ClientId) -> Option<LoopConn<'_>> {
         let now = self.now();
+        let share = Share::new(&self.pool, self.sessions.len());
         match self.sessions.get_mut(id.0) {
             Some(Connecting { phase: Phase::Open(open), .. }) => Some(LoopConn {
                 id,
@@ -195,6 +198,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                     lot: &mut self.lot,
                     masks: Some(&mut self.masks),
                     limits: Reassembly::CLIENT,
+                    share,
                     now,
                 },
             }),
@@ -266,6 +270,7 @@ impl<H: ClientHandler> ClientLoop<H> {
     fn run_timers(&mut self) {
         let now = StdInstant::now();
         let core_now = self.now();
+        let share = Share::new(&self.pool, self.sessions.len());
         let ids: Vec<usize> = self.sessions.iter().map(|(id, _)| id).collect();
         for id in ids {
             let session = &mut self.sessions[id];
@@ -293,6 +298,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                             lot: &mut self.lot,
                             masks: Some(&mut self.masks),
                             limits: Reassembly::CLIENT,
+                            share,
                             now: core_now,
                         };
                         open.session.handle_timeout(&mut cx);
@@ -317,13 +323,15 @@ impl<H: ClientHandler> ClientLoop<H> {
         }
         let now = self.now();
         let Self { sessions, rbuf, pool, assembly, masks, lot, handler, .. } = self;
+        let share = Share::new(pool, sessions.len());
         let session = &mut sessions[id];
         while session.readable {
             let Phase::Open(open) = &mut session.phase else { return };
             if !open.session.wants_input() {
                 break;
             }
-            let mut parts = Parts { pool: &mut *pool, lot: &mut *lot, masks: &mut *masks, now };
+            let mut parts =
+                Parts { pool: &mut *pool, lot: &mut *lot, masks: &mut *masks, share, now };
             match session.stream.read(rbuf) {
                 Ok(n) if n > 0 => {
                     feed(ClientId(id), open, &mut rbuf[..n], parts, assembly, handler)
@@ -343,6 +351,7 @@ impl<H: ClientHandler> ClientLoop<H> {
     }
 
     fn advance_handshake(&mut self, id: usize) -> Result<(), ClientError> {
+        let share = Share::new(&self.pool, self.sessions.len());
         let session = &mut self.sessions[id];
         let Phase::Connecting { key, request, sent, response } = &mut session.phase else {
             return Ok(());
@@ -399,6 +408,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                         pool: &mut self.pool,
                         lot: &mut self.lot,
                         masks: &mut self.masks,
+                        share,
                         now,
                     };
                     let id = ClientId(id);
@@ -439,6 +449,7 @@ impl<H: ClientHandler> ClientLoop<H> {
     }
 
     fn flush(&mut self, id: usize) {
+        let share = Share::new(&self.pool, self.sessions.len());
         let Some(session) = self.sessions.get_mut(id) else { return };
         let Phase::Open(open) = &mut session.phase else { return };
         while session.writable && open.session.buffered() > 0 {
@@ -454,6 +465,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                         lot: &mut self.lot,
                         masks: Some(&mut self.masks),
                         limits: Reassembly::CLIENT,
+                        share,
                         now: Instant::from_millis(self.start.elapsed().as_millis() as u64),
                     };
                     open.session.handle_eof(&mut cx);
@@ -571,6 +583,7 @@ struct Parts<'p> {
     pool: &'p mut Pool<'static>,
     lot: &'p mut ParkingLot,
     masks: &'p mut MaskSource,
+    share: Share,
     now: Instant,
 }
 
@@ -581,6 +594,7 @@ impl Parts<'_> {
             lot: self.lot,
             masks: Some(self.masks),
             limits: Reassembly::CLIENT,
+            share: self.share,
             now: self.now,
         }
     }

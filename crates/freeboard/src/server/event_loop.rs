@@ -25,7 +25,7 @@ use super::shared::Shared;
 use crate::handler::{ConnId, Router};
 use crate::metrics::{LoopGauges, LoopLabel, LoopStats, close_label};
 use crate::parking::ParkingLot;
-use crate::session::{Assembly, Context, Phase, Reassembly, Session};
+use crate::session::{Assembly, Context, Phase, Reassembly, Session, Share};
 use crate::topics::{LocalTopics, Publication};
 use crate::transport::Transport;
 
@@ -105,6 +105,8 @@ pub(crate) struct EventLoop<T> {
     buffered: usize,
     /// Chunks held by partial request heads (see [`http`](super::http)).
     pub(super) head_chunks: usize,
+    /// Chunks counted against request bodies in flight (see [`http`](super::http)).
+    pub(super) body_chunks: usize,
     pub(super) stats: LoopStats,
     pub(super) topics: LocalTopics,
     /// Publications from other threads.
@@ -167,6 +169,7 @@ impl<T: Transport> EventLoop<T> {
             accept_more: false,
             buffered: 0,
             head_chunks: 0,
+            body_chunks: 0,
             stats: LoopStats::default(),
             topics,
             inbox,
@@ -188,6 +191,7 @@ impl<T: Transport> EventLoop<T> {
         let m = &self.shared.metrics;
         m.chunks_total.get_or_create(&label).set(self.pool.chunks_total() as i64);
         m.budget_bytes.get_or_create(&label).set(self.pool.budget().limit() as i64);
+        m.slots_total.get_or_create(&label).set(self.pool.segments_total() as i64);
         loop {
             let now = self.now();
             if self.shared.shutdown.load(Ordering::Acquire) && self.drain_deadline.is_none() {
@@ -361,11 +365,13 @@ impl<T: Transport> EventLoop<T> {
 
     /// One connection's entry, and the session context borrowed from the loop beside it.
     pub(super) fn split(&mut self, token: usize, now: Instant) -> (&mut Entry<T>, Context<'_>) {
+        let share = Share::new(&self.pool, self.conns.len());
         let cx = Context {
             pool: &mut self.pool,
             lot: &mut self.lot,
             masks: None,
             limits: self.limits,
+            share,
             now,
         };
         (&mut self.conns[token], cx)
@@ -506,7 +512,7 @@ impl<T: Transport> EventLoop<T> {
         self.publish_gauges();
     }
 
-    fn flush(&mut self, token: usize, now: Instant) {
+    pub(super) fn flush(&mut self, token: usize, now: Instant) {
         let entry = &mut self.conns[token];
         while entry.session.buffered() > 0 {
             let mut iov = [IoSlice::new(&[]); IOV];
@@ -566,9 +572,9 @@ impl<T: Transport> EventLoop<T> {
 
     pub(super) fn remove(&mut self, token: usize) {
         self.topics.drop_conn(&self.shared.hub, token);
+        self.forget_request(token);
         let mut entry = self.conns.remove(token);
         self.buffered -= entry.counted as usize;
-        self.forget_request(&mut entry.session);
         entry.session.release(&mut self.pool);
         self.shared.release(entry.peer);
         if let Phase::Open(_) = entry.session.phase {
@@ -588,6 +594,8 @@ impl<T: Transport> EventLoop<T> {
         let g = &self.gauges;
         g.chunks_in_use.set(c.chunks_in_use as i64);
         g.chunks_high_water.set(c.chunks_high_water as i64);
+        g.slots_in_use.set(c.segments_in_use as i64);
+        g.slots_high_water.set(c.segments_high_water as i64);
         g.bytes_buffered.set(self.buffered as i64);
         g.allocation_failures.set(c.allocation_failures as i64);
     }

@@ -5,7 +5,7 @@ use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::Instant;
 
 use super::event_loop::EventLoop;
-use crate::session::Context;
+use crate::session::{Context, Share};
 use crate::transport::Transport;
 
 impl<T: Transport> EventLoop<T> {
@@ -50,6 +50,7 @@ impl<T: Transport> EventLoop<T> {
     fn fan_out(&mut self, now: Instant, topic: &str, frame: &Frame) {
         let Some(subscribers) = self.topics.subscribers(topic) else { return };
         let mut changes = std::mem::take(&mut self.changes);
+        let share = Share::new(&self.pool, self.conns.len());
         for (_, &token) in subscribers {
             // NOTE: a connection's subscriptions go before its slab entry does.
             let entry = &mut self.conns[token];
@@ -59,11 +60,12 @@ impl<T: Transport> EventLoop<T> {
                 lot: &mut self.lot,
                 masks: None,
                 limits: self.limits,
+                share,
                 now,
             };
             let Some(outcome) = entry.session.send_frame(&mut cx, frame) else { continue };
             match outcome {
-                PushOutcome::WouldBlock { .. } => {
+                PushOutcome::WouldBlock { .. } if policy == SlowConsumerPolicy::Block => {
                     // A publisher cannot be paused for one subscriber: the message is dropped.
                     self.stats.policy_drops[SlowConsumerPolicy::Block] += 1;
                 }

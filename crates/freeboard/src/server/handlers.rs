@@ -8,15 +8,19 @@ use freeboard_proto::{CloseCode, Instant, MessageKind, State};
 use super::event_loop::EventLoop;
 use crate::handler::{Conn, ConnId, Handler, Message};
 use crate::metrics::close_label;
-use crate::session::{Context, Phase, Received};
+use crate::session::{Context, Phase, Received, Share};
 use crate::transport::Transport;
+
+/// Queued messages after which a connection's replies are written before its read is parsed
+/// further (pipelined small messages would otherwise hold a pool slot each for the turn).
+const WRITE_THROUGH: u32 = 256;
 
 impl<T: Transport> EventLoop<T> {
     /// Feeds one read to the session: whole messages go to the handler in place, assembled
     /// ones from the loop's assembly buffer.
     pub(super) fn receive(&mut self, token: usize, now: Instant, buf: &mut [u8]) {
         let mut at = 0;
-        while at < buf.len() {
+        while at < buf.len() && self.conns.contains(token) {
             let (entry, mut cx) = self.split(token, now);
             let (used, received) = entry.session.receive(&mut cx, &mut buf[at..]);
             at += used;
@@ -41,8 +45,14 @@ impl<T: Transport> EventLoop<T> {
             self.report_close(token);
             // A pause (send queue above its high watermark) stops reading from the socket, not
             // the parsing of bytes already read: dropping them would tear the stream.
-            if self.conns.get(token).is_none_or(|e| e.session.state() == State::Closed) {
+            let Some(entry) = self.conns.get(token) else { return };
+            if entry.session.state() == State::Closed {
                 return;
+            }
+            if entry.session.queue().messages() >= WRITE_THROUGH {
+                // Many small replies from one read: write them now rather than hold a slot
+                // each until the end of the turn.
+                self.flush(token, now);
             }
         }
     }
@@ -85,6 +95,7 @@ impl<T: Transport> EventLoop<T> {
         target: &str,
         f: impl FnOnce(&mut dyn Handler, &mut Conn<'_>),
     ) {
+        let share = Share::new(&self.pool, self.conns.len());
         let entry = &mut self.conns[token];
         if !matches!(entry.session.phase, Phase::Open(_)) {
             return;
@@ -99,6 +110,7 @@ impl<T: Transport> EventLoop<T> {
                 lot: &mut self.lot,
                 masks: None,
                 limits: self.limits,
+                share,
                 now,
             },
             metrics: &self.shared.metrics,

@@ -21,7 +21,9 @@
 //! The server's sessions also live through the HTTP request before the upgrade and the
 //! close's drain and linger after it ([`Phase`]); the clients' start open.
 
-use freeboard_buf::{ChunkChain, Frame, Pool, PushOutcome, SendQueue, Writability};
+use freeboard_buf::{
+    ChunkChain, Frame, Limit, Pool, PushOutcome, Pushed, SendQueue, SlowConsumerPolicy, Writability,
+};
 use freeboard_proto::close::MAX_REASON_LEN;
 use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{CloseCode, Connection, Event, Instant, MessageKind, State, UsageError};
@@ -30,11 +32,14 @@ use crate::parking::{ParkingLot, Ws};
 
 mod framing;
 mod inbound;
+mod share;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use framing::{MaskSource, frame_header, queue_control, truncate};
 pub(crate) use inbound::{Assembly, Reassembler, Reassembly, Received};
+pub(crate) use share::Share;
+use share::Verdict;
 
 /// What happened to a message given to a send, on the server ([`Conn::send`](crate::Conn::send)) and on the
 /// clients alike.
@@ -85,6 +90,8 @@ pub(crate) struct Context<'a> {
     /// `Some` for a client: every frame it sends is masked (§5.3).
     pub(crate) masks: Option<&'a mut MaskSource>,
     pub(crate) limits: Reassembly,
+    /// What this connection may take from the pool while it is contended.
+    pub(crate) share: Share,
     pub(crate) now: Instant,
 }
 
@@ -123,6 +130,8 @@ pub(crate) struct Body {
     pub(crate) kind: MessageKind,
     /// Body bytes still to read.
     pub(crate) remaining: usize,
+    /// Pool chunks the loop counts this body as holding until it is done.
+    pub(crate) reserved: usize,
 }
 
 /// The close of a session: its code, its reason (copied, at most 123 bytes), and whether
@@ -332,16 +341,13 @@ impl Session {
         let ws = cx.lot.wake(&mut open.ws);
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
         let (header, n) = frame_header(ws, kind, data.len(), mask).ok()?;
-        let pushed = match mask {
-            None => self.queue.push_message(cx.pool, &[&header[..n], data]),
-            Some(mask) => {
-                self.queue.push_message_with(cx.pool, &header[..n], data, |dst, src, offset| {
-                    dst.copy_from_slice(src);
-                    apply_mask(dst, mask, offset);
-                })
-            }
-        };
-        self.settle(cx, pushed)
+        Some(self.push(cx, n + data.len(), |queue, pool| match mask {
+            None => queue.push_message(pool, &[&header[..n], data]),
+            Some(mask) => queue.push_message_with(pool, &header[..n], data, |dst, src, offset| {
+                dst.copy_from_slice(src);
+                apply_mask(dst, mask, offset);
+            }),
+        }))
     }
 
     /// Queues a published frame by reference (server only: published frames are unmasked).
@@ -354,24 +360,65 @@ impl Session {
             Phase::Open(open) if open.ws.state() == State::Open => {}
             _ => return None,
         }
-        let pushed = self.queue.push_frame(cx.pool, frame);
-        self.settle(cx, pushed)
+        Some(self.push(cx, frame.len(), |queue, pool| queue.push_frame(pool, frame)))
     }
 
-    /// Notes what a push did to the watermarks, and closes with 1008 when the `close` policy
-    /// says the peer cannot keep up.
-    fn settle(
+    /// Pushes a message of `bytes` as the pool's [`Share`] allows, notes what it did to the
+    /// watermarks, and closes with 1008 when the `close` policy says this peer cannot keep
+    /// up.
+    fn push(
         &mut self,
         cx: &mut Context<'_>,
-        pushed: freeboard_buf::Pushed,
-    ) -> Option<PushOutcome> {
+        bytes: usize,
+        push: impl FnOnce(&mut SendQueue, &mut Pool<'static>) -> Pushed,
+    ) -> PushOutcome {
+        let refused =
+            |limit| Pushed { outcome: PushOutcome::WouldBlock { limit }, writability: None };
+        let pushed = match cx.share.judge(cx.pool, &self.queue, bytes) {
+            Verdict::Fits => push(&mut self.queue, cx.pool),
+            Verdict::Exhausted => refused(Limit::Pool),
+            // Behind and past its share: its own policy acts, as at its cap.
+            Verdict::Culprit => match self.queue.policy() {
+                SlowConsumerPolicy::Block => refused(Limit::Pool),
+                SlowConsumerPolicy::Close => Pushed {
+                    outcome: PushOutcome::MustClose { limit: Limit::Pool },
+                    writability: None,
+                },
+                SlowConsumerPolicy::DropNewest => Pushed {
+                    outcome: PushOutcome::Dropped { newest: true, messages: 1, bytes },
+                    writability: None,
+                },
+                SlowConsumerPolicy::DropOldest | SlowConsumerPolicy::Conflate => {
+                    let gone = self.queue.discard_unsent(cx.pool);
+                    self.note(gone.writability);
+                    let pushed = push(&mut self.queue, cx.pool);
+                    let (newest, messages, dropped) = match pushed.outcome {
+                        PushOutcome::Queued | PushOutcome::QueuedAboveHigh => (false, 0, 0),
+                        _ => (true, 1, bytes),
+                    };
+                    let outcome = PushOutcome::Dropped {
+                        newest,
+                        messages: gone.messages + messages,
+                        bytes: gone.bytes + dropped,
+                    };
+                    Pushed { outcome, writability: pushed.writability }
+                }
+            },
+        };
         self.note(pushed.writability);
-        if let PushOutcome::MustClose { .. } = pushed.outcome {
-            let gone = self.queue.discard_unsent(cx.pool);
-            self.note(gone.writability);
-            let _ = self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
+        match pushed.outcome {
+            // The pool ran out under a queue that keeps up: not a slow consumer.
+            PushOutcome::MustClose { limit: Limit::Pool } if self.queue.is_writable() => {
+                PushOutcome::WouldBlock { limit: Limit::Pool }
+            }
+            PushOutcome::MustClose { limit } => {
+                let gone = self.queue.discard_unsent(cx.pool);
+                self.note(gone.writability);
+                let _ = self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
+                PushOutcome::MustClose { limit }
+            }
+            outcome => outcome,
         }
-        Some(pushed.outcome)
     }
 
     /// Starts the close handshake with `code` and `reason` (at most 123 bytes). Does nothing
