@@ -81,6 +81,9 @@ pub(crate) struct EventLoop<T> {
     /// Messages (and request bodies) that arrived in pieces, contiguous for the handler.
     pub(super) assembly: Assembly,
     pub(super) limits: Reassembly,
+    /// What one connection may take from the pool while it is contended, as of the last
+    /// turn's connection count.
+    pub(super) share: Share,
     timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     pub(super) dirty: Vec<usize>,
     pub(super) resume: Vec<usize>,
@@ -153,6 +156,7 @@ impl<T: Transport> EventLoop<T> {
             lot: ParkingLot::new(config.protocol()),
             read_buf: vec![0u8; config.read_buffer].into_boxed_slice(),
             limits: Reassembly::server(config.connection_reserve),
+            share: Share::new(&pool, 0),
             gauges: LoopGauges::new(&shared.metrics, index),
             shared,
             router,
@@ -365,13 +369,12 @@ impl<T: Transport> EventLoop<T> {
 
     /// One connection's entry, and the session context borrowed from the loop beside it.
     pub(super) fn split(&mut self, token: usize, now: Instant) -> (&mut Entry<T>, Context<'_>) {
-        let share = Share::new(&self.pool, self.conns.len());
         let cx = Context {
             pool: &mut self.pool,
             lot: &mut self.lot,
             masks: None,
             limits: self.limits,
-            share,
+            share: self.share,
             now,
         };
         (&mut self.conns[token], cx)
@@ -494,6 +497,7 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         self.dirty.clear();
+        self.share = Share::new(&self.pool, self.conns.len());
         if self.conns.is_empty() && self.conns.capacity() > INITIAL_CONNS {
             // A burst of connections is over: give its memory back rather than keep the peak.
             self.conns = Slab::with_capacity(INITIAL_CONNS);

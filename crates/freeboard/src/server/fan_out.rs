@@ -5,7 +5,7 @@ use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::Instant;
 
 use super::event_loop::EventLoop;
-use crate::session::{Context, Share};
+use crate::session::Context;
 use crate::transport::Transport;
 
 impl<T: Transport> EventLoop<T> {
@@ -50,7 +50,6 @@ impl<T: Transport> EventLoop<T> {
     fn fan_out(&mut self, now: Instant, topic: &str, frame: &Frame) {
         let Some(subscribers) = self.topics.subscribers(topic) else { return };
         let mut changes = std::mem::take(&mut self.changes);
-        let share = Share::new(&self.pool, self.conns.len());
         for (_, &token) in subscribers {
             // NOTE: a connection's subscriptions go before its slab entry does.
             let entry = &mut self.conns[token];
@@ -60,7 +59,7 @@ impl<T: Transport> EventLoop<T> {
                 lot: &mut self.lot,
                 masks: None,
                 limits: self.limits,
-                share,
+                share: self.share,
                 now,
             };
             let Some(outcome) = entry.session.send_frame(&mut cx, frame) else { continue };

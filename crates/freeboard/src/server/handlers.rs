@@ -8,7 +8,7 @@ use freeboard_proto::{CloseCode, Instant, MessageKind, State};
 use super::event_loop::EventLoop;
 use crate::handler::{Conn, ConnId, Handler, Message};
 use crate::metrics::close_label;
-use crate::session::{Context, Phase, Received, Share};
+use crate::session::{Context, Phase, Received};
 use crate::transport::Transport;
 
 /// Queued messages after which a connection's replies are written before its read is parsed
@@ -95,7 +95,6 @@ impl<T: Transport> EventLoop<T> {
         target: &str,
         f: impl FnOnce(&mut dyn Handler, &mut Conn<'_>),
     ) {
-        let share = Share::new(&self.pool, self.conns.len());
         let entry = &mut self.conns[token];
         if !matches!(entry.session.phase, Phase::Open(_)) {
             return;
@@ -110,7 +109,7 @@ impl<T: Transport> EventLoop<T> {
                 lot: &mut self.lot,
                 masks: None,
                 limits: self.limits,
-                share,
+                share: self.share,
                 now,
             },
             metrics: &self.shared.metrics,

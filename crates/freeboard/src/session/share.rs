@@ -30,6 +30,11 @@ pub(crate) struct Share {
     fair_chunks: usize,
     /// Slots such a connection may hold.
     fair_slots: usize,
+    /// Free chunks and slots below which the pool is contended.
+    contended_chunks: usize,
+    contended_slots: usize,
+    /// Messages up to this size cannot reach the floor while the pool is not contended.
+    small: usize,
 }
 
 /// What a push of a message may do.
@@ -53,21 +58,28 @@ impl Share {
             floor,
             fair_chunks: (chunks - floor) / open,
             fair_slots: slots.saturating_sub(floor) / open,
+            contended_chunks: chunks / 4,
+            contended_slots: slots / 4,
+            small: (chunks / 4).saturating_sub(floor + 1) * pool.chunk_size(),
         }
     }
 
-    /// Judges a push of `bytes` (header included) onto `queue`.
+    /// Judges a push of `bytes` (header included) onto `queue`. Costs two comparisons while
+    /// the pool is not contended.
     pub(crate) fn judge(&self, pool: &Pool<'_>, queue: &SendQueue, bytes: usize) -> Verdict {
+        let free_chunks = pool.chunks_free();
+        let free_slots = pool.segments_total() - pool.segments_in_use();
+        if free_chunks >= self.contended_chunks
+            && free_slots >= self.contended_slots
+            && bytes <= self.small
+        {
+            return Verdict::Fits;
+        }
         let chunk = pool.chunk_size();
         // A message may start a chunk and end in another: its chunks, and a slot for each.
         let need = bytes.div_ceil(chunk) + 1;
-        let free_chunks = pool.chunks_free();
-        let free_slots = pool.segments_total() - pool.segments_in_use();
         let short = free_chunks < self.floor + need || free_slots < self.floor + need;
-        let contended = short
-            || free_chunks < pool.chunks_total() / 4
-            || free_slots < pool.segments_total() / 4;
-        if !contended {
+        if !short && free_chunks >= self.contended_chunks && free_slots >= self.contended_slots {
             return Verdict::Fits;
         }
         let behind = !queue.is_writable();
