@@ -11,11 +11,16 @@ use std::time::{Duration, Instant};
 
 use freeboard_hostile::{Serve, Watch, WsClient, raise_fd_limit, upgrade_request};
 
+/// The attacks run one at a time: each measures an innocent client beside one attack, not
+/// beside the others.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Scenario 1: bodies that never finish. Each is counted whole against a quarter of its loop's
 /// pool before a byte of it is kept, so the ones beyond that share are refused at once (503)
 /// and the pool never runs dry for the open connections.
 #[test]
 fn partial_post_bodies_cannot_take_the_pool() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     raise_fd_limit();
     let serve = Serve::start(&["--memory", "16M", "--handshake-timeout", "10"]);
     let before = serve.wait_metrics("both loops", |m| m.sum("pool_chunks_total") > 2000.0);
@@ -61,6 +66,7 @@ fn partial_post_bodies_cannot_take_the_pool() {
 /// own policy (`close`, 1008) acts on them; the reading client keeps every echo.
 #[test]
 fn clients_that_never_read_cannot_close_the_ones_that_do() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     raise_fd_limit();
     let serve = Serve::start(&["--memory", "16M"]);
     let before = serve.metrics();
@@ -111,6 +117,7 @@ fn clients_that_never_read_cannot_close_the_ones_that_do() {
 /// slots never run out and no reading client is closed.
 #[test]
 fn pipelines_of_tiny_messages_do_not_exhaust_the_slots() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     raise_fd_limit();
     const MESSAGES: usize = 9_000;
     let serve = Serve::start(&["--memory", "16M", "--threads", "1"]);

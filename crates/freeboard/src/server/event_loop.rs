@@ -395,7 +395,14 @@ impl<T: Transport> EventLoop<T> {
     /// EOF a lingering connection goes; a draining one goes once its output is out.
     pub(super) fn read_discard(&mut self, token: usize) {
         let entry = &mut self.conns[token];
+        let mut reads = 0;
         let eof = loop {
+            if reads == READS_PER_TURN {
+                // A peer that keeps writing after the close waits its turn like any other.
+                self.resume.push(token);
+                break false;
+            }
+            reads += 1;
             match entry.stream.read(&mut self.read_buf) {
                 Ok(0) => break true,
                 Ok(_) => {}
