@@ -197,8 +197,11 @@ impl Frame {
 /// then frames. The reader is passed to each call, so the client keeps its socket.
 #[derive(Debug, Default)]
 pub struct Inbox {
-    /// Bytes read and not yet taken.
+    /// `buf[..len]`: bytes read and not yet taken; the rest: room for the next read, zeroed
+    /// once rather than on every read (a reader may hand out one byte at a time).
+    /// Invariant: `len <= buf.len()`.
     buf: Vec<u8>,
+    len: usize,
 }
 
 impl Inbox {
@@ -206,9 +209,10 @@ impl Inbox {
     /// stream ends (or is reset) first.
     pub fn head(&mut self, from: &mut impl Read) -> io::Result<Option<String>> {
         loop {
-            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&self.buf[..end + 4]).into_owned();
-                self.buf.drain(..end + 4);
+            let read = &self.buf[..self.len];
+            if let Some(end) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&read[..end + 4]).into_owned();
+                self.take(end + 4);
                 return Ok(Some(head));
             }
             if !self.read(from)? {
@@ -221,7 +225,7 @@ impl Inbox {
     /// ends (or is reset) first. An invalid frame is an `InvalidData` error.
     pub fn frame(&mut self, from: &mut impl Read) -> io::Result<Option<Frame>> {
         loop {
-            let parsed = parse_frame(&self.buf)
+            let parsed = parse_frame(&self.buf[..self.len])
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
             if let Some((header, payload)) = parsed {
                 let end = payload.end;
@@ -233,7 +237,7 @@ impl Inbox {
                 if let Some(key) = header.mask {
                     apply_mask(&mut frame.payload, key, 0);
                 }
-                self.buf.drain(..end);
+                self.take(end);
                 return Ok(Some(frame));
             }
             if !self.read(from)? {
@@ -244,17 +248,20 @@ impl Inbox {
 
     /// Drops whatever has been read and not taken.
     pub fn clear(&mut self) {
-        self.buf.clear();
+        self.len = 0;
     }
 
     /// One read into the buffer; `false` at the end of the stream or a reset.
     fn read(&mut self, from: &mut impl Read) -> io::Result<bool> {
-        let mut chunk = [0u8; 64 << 10];
+        const READ_SIZE: usize = 64 << 10;
+        if self.buf.len() - self.len < READ_SIZE {
+            self.buf.resize(self.len + READ_SIZE, 0);
+        }
         loop {
-            match from.read(&mut chunk) {
+            match from.read(&mut self.buf[self.len..]) {
                 Ok(0) => return Ok(false),
                 Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
+                    self.len += n;
                     return Ok(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -262,6 +269,12 @@ impl Inbox {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Drops the first `n` bytes read.
+    fn take(&mut self, n: usize) {
+        self.buf.copy_within(n..self.len, 0);
+        self.len -= n;
     }
 }
 
