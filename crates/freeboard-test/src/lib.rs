@@ -19,8 +19,8 @@ use freeboard_proto::{
 mod wire;
 
 pub use wire::{
-    Frame, Inbox, LengthField, RawHeader, TEST_KEY, TEST_MASK, close_frame, encode_frame, frame,
-    parse_frame, upgrade_request,
+    Frame, Inbox, LengthField, RawHeader, TEST_MASK, close_frame, encode_frame, frame, parse_frame,
+    upgrade_request,
 };
 
 /// What an endpoint observed, in order.

@@ -18,7 +18,7 @@ use freeboard_proto::{CloseCode, FrameHeader, InsufficientSize, OpCode, Protocol
 pub const TEST_MASK: Option<[u8; 4]> = Some([0xa1, 0xb2, 0xc3, 0xd4]);
 
 /// The `Sec-WebSocket-Key` of [`upgrade_request`] (the RFC's sample nonce).
-pub const TEST_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+const TEST_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 
 /// An upgrade request for `path` with `extra` header lines (each ending in `\r\n`), written
 /// as text so that a test can cut it or add whatever lines it likes.
@@ -63,12 +63,7 @@ impl RawHeader {
 
     /// The encoded length of this header.
     pub fn len(&self) -> usize {
-        let extended = match self.length_field {
-            LengthField::Minimal => return self.proto().len(),
-            LengthField::Bits16 => 2,
-            LengthField::Bits64 => 8,
-        };
-        2 + extended + if self.mask.is_some() { 4 } else { 0 }
+        self.proto().len()
     }
 
     /// Always false: a header is never empty. Present because `len` is.
@@ -78,45 +73,29 @@ impl RawHeader {
 
     /// Writes the header into the front of `out` and returns its length.
     pub fn encode(&self, out: &mut [u8]) -> Result<usize, InsufficientSize> {
-        let required = self.len();
-        let Some(out) = out.get_mut(..required) else {
-            return Err(InsufficientSize { required });
-        };
-        match self.length_field {
-            LengthField::Minimal => {
-                self.proto().encode(out)?;
-            }
-            wide => {
-                let mask_bit = if self.mask.is_some() { 0x80 } else { 0 };
-                let at = if wide == LengthField::Bits16 {
-                    out[1] = mask_bit | 126;
-                    // NOTE(truncation): a 16-bit field holds the low 16 bits, as asked.
-                    out[2..4].copy_from_slice(&(self.payload_len as u16).to_be_bytes());
-                    4
-                } else {
-                    out[1] = mask_bit | 127;
-                    out[2..10].copy_from_slice(&self.payload_len.to_be_bytes());
-                    10
-                };
-                if let Some(key) = self.mask {
-                    out[at..at + 4].copy_from_slice(&key);
-                }
-            }
-        }
+        let n = self.proto().encode(out)?;
         out[0] = self.first_byte;
-        Ok(required)
+        match self.length_field {
+            LengthField::Minimal => {}
+            // NOTE(truncation): a 16-bit field holds the low 16 bits, as asked.
+            LengthField::Bits16 => {
+                out[2..4].copy_from_slice(&(self.payload_len as u16).to_be_bytes())
+            }
+            LengthField::Bits64 => out[2..10].copy_from_slice(&self.payload_len.to_be_bytes()),
+        }
+        Ok(n)
     }
 
-    /// The same header for freeboard-proto's encoder, which writes the minimal length field;
-    /// its first byte is overwritten afterwards, so the opcode here does not matter.
+    /// A header that freeboard-proto's encoder writes in the same shape: the same mask, and a
+    /// length that takes the same length field (the real one is written over it, and so is
+    /// the first byte, so the opcode here does not matter).
     fn proto(&self) -> FrameHeader {
-        FrameHeader {
-            fin: false,
-            rsv: 0,
-            opcode: OpCode::Binary,
-            mask: self.mask,
-            payload_len: self.payload_len,
-        }
+        let payload_len = match self.length_field {
+            LengthField::Minimal => self.payload_len,
+            LengthField::Bits16 => 126,
+            LengthField::Bits64 => 1 << 16,
+        };
+        FrameHeader { fin: false, rsv: 0, opcode: OpCode::Binary, mask: self.mask, payload_len }
     }
 }
 
