@@ -1,7 +1,7 @@
 //! A blocking WebSocket client that sends raw frames (correct or not) and reads what comes
 //! back, frame by frame.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
@@ -114,17 +114,7 @@ impl WsClient {
     /// Reads and discards until the server ends the TCP connection; `true` if it did (EOF or
     /// reset) before the read timeout.
     pub fn sees_eof(&mut self) -> bool {
-        self.inbox.clear();
-        let mut chunk = [0u8; 4096];
-        loop {
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return true,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
-            }
-        }
+        self.inbox.sees_eof(&mut self.stream)
     }
 
     /// Sends a close frame with `code`, reads to the server's close and its EOF; returns the

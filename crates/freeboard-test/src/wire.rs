@@ -225,9 +225,17 @@ impl Inbox {
         }
     }
 
-    /// Drops whatever has been read and not taken.
-    pub fn clear(&mut self) {
-        self.len = 0;
+    /// Reads and discards until the stream ends; `true` if it ended (EOF or reset), `false` if
+    /// a read failed first (the read timeout, say).
+    pub fn sees_eof(&mut self, from: &mut impl Read) -> bool {
+        loop {
+            self.len = 0;
+            match self.read(from) {
+                Ok(true) => {}
+                Ok(false) => return true,
+                Err(_) => return false,
+            }
+        }
     }
 
     /// One read into the buffer; `false` at the end of the stream or a reset.
@@ -331,6 +339,7 @@ mod tests {
             assert_eq!((second.fin, second.opcode, second.payload), (true, 0x0, vec![7; 300]));
             assert_eq!(inbox.frame(&mut from).unwrap().unwrap().close_code(), 1000);
             assert_eq!(inbox.frame(&mut from).unwrap(), None);
+            assert!(inbox.sees_eof(&mut from));
         }
         let mut invalid: &[u8] = &[0x82, 126, 0, 5];
         let error = Inbox::default().frame(&mut invalid).unwrap_err();

@@ -110,15 +110,7 @@ impl Client {
 
     /// Whether the server has closed the TCP connection (read returns 0).
     pub fn sees_eof(&mut self) -> bool {
-        let mut chunk = [0u8; 1024];
-        loop {
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return true,
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
-            }
-        }
+        self.inbox.sees_eof(&mut self.stream)
     }
 }
 
