@@ -41,8 +41,8 @@ pub(crate) use inbound::{Assembly, Reassembler, Reassembly, Received};
 pub(crate) use share::Share;
 use share::Verdict;
 
-/// What happened to a message given to a send, on the server ([`Conn::send`](crate::Conn::send)) and on the
-/// clients alike.
+/// What happened to a message given to a send, on the server
+/// ([`Conn::send`](crate::Conn::send)) and on the clients alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOutcome {
     /// Queued; the queue is at or under its high watermark.
@@ -60,8 +60,10 @@ pub enum SendOutcome {
         /// Their bytes.
         bytes: usize,
     },
-    /// [`SlowConsumerPolicy::Block`](freeboard_buf::SlowConsumerPolicy::Block): not queued; retry after [`Handler::on_writable`](crate::Handler::on_writable) (on a
-    /// client: after a flush).
+    /// Not queued: under [`SlowConsumerPolicy::Block`] the queue is at its cap, or the pool is
+    /// short through no fault of this connection (counted as `pool_exhausted` under the other
+    /// policies). Retry after [`Handler::on_writable`](crate::Handler::on_writable) or a later
+    /// turn (on a client: after a flush).
     Blocked,
     /// Not queued: the connection is closing or closed (possibly just now, 1008, by the
     /// `close` policy).
