@@ -175,7 +175,9 @@ impl Server {
             }
             Phase::Handshake { since } => {
                 let since = *since;
-                if !socket.may_recv() || now_us > since + HANDSHAKE_TIMEOUT_US {
+                // Still SYN-RECEIVED right after the SYN: nothing to read yet.
+                let opening = socket.state() == tcp::State::SynReceived;
+                if (!opening && !socket.may_recv()) || now_us > since + HANDSHAKE_TIMEOUT_US {
                     self.slots[i].phase = Phase::Closing { since: now_us, fin_sent: false };
                 } else if socket.recv_queue() > 0 {
                     busy |= self.handshake(i, socket, now, now_us);
