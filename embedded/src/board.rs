@@ -66,6 +66,7 @@ impl<T> StaticCell<T> {
     }
 
     /// The value, once. Panics on a second call.
+    #[allow(clippy::mut_from_ref, reason = "the `taken` flag makes this the only reference")]
     pub fn take(&'static self) -> &'static mut T {
         assert!(!self.taken.replace(true), "a StaticCell is taken once");
         // SAFETY: this is the first and only call that creates a reference to the value.

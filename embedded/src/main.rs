@@ -62,7 +62,7 @@ extern "C" fn main() -> ! {
     );
     let mut device = match NetDevice::probe() {
         Ok(device) => device,
-        Err(e) => panic!("no network: {e:?}"),
+        Err(e) => panic!("{e}"),
     };
     board::enable_wakeups(device.irq());
 

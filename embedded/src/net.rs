@@ -88,12 +88,20 @@ unsafe impl Hal for DmaHal {
 }
 
 /// Why the network device could not start.
-#[derive(Debug)]
 pub enum NetError {
     /// No virtio-mmio slot holds a network device.
     NoDevice,
     /// The driver refused the device.
     Driver(virtio_drivers::Error),
+}
+
+impl core::fmt::Display for NetError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::NoDevice => f.write_str("no virtio-net device on the virtio-mmio bus"),
+            Self::Driver(e) => write!(f, "virtio-net: {e}"),
+        }
+    }
 }
 
 /// The virtio-net device with its buffer rings.

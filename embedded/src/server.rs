@@ -25,7 +25,9 @@ use core::fmt::Write as _;
 
 use freeboard_buf::{Pool, PushOutcome, SendQueue, SlowConsumerPolicy, Watermarks};
 use freeboard_proto::handshake::{self, EMPTY_HEADER, Request};
-use freeboard_proto::{CloseCode, Config, Connection, Event, Instant, MessageKind, OpCode, Role, State};
+use freeboard_proto::{
+    CloseCode, Config, Connection, Event, Instant, MessageKind, OpCode, Role, State,
+};
 use smoltcp::iface::{SocketHandle, SocketSet};
 use smoltcp::socket::tcp;
 
@@ -71,6 +73,10 @@ pub struct Stats {
 }
 
 /// What a slot is doing.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "no heap to box into; every slot must be able to hold an open connection anyway"
+)]
 enum Phase {
     /// The socket listens.
     Listening,
@@ -124,16 +130,6 @@ impl Server {
             open: 0,
             stats: Stats::default(),
         }
-    }
-
-    /// The pool (for its counters).
-    pub fn pool(&self) -> &Pool<'static> {
-        &self.pool
-    }
-
-    /// WebSocket connections open now.
-    pub fn open_connections(&self) -> u32 {
-        self.open
     }
 
     /// Runs every slot once after the interface was polled at `now_us`. Returns whether
@@ -250,7 +246,9 @@ impl Server {
                 return true;
             }
             // NOTE(unwrap_or): 512 bytes hold any 101 response without a subprotocol.
-            Ok(Some((request, head_len))) => (request.accept(None, None, &mut out).unwrap_or(0), head_len),
+            Ok(Some((request, head_len))) => {
+                (request.accept(None, None, &mut out).unwrap_or(0), head_len)
+            }
         };
         // The head leaves the ring; what follows it (early frames) stays for `receive`.
         let mut left = head_len;
@@ -287,7 +285,13 @@ impl Server {
 
     /// Feeds the socket's received bytes to the connection, echoing each data piece, queueing
     /// control frames, and moves to closing when the connection is closed.
-    fn receive(&mut self, i: usize, socket: &mut tcp::Socket<'_>, now: Instant, now_us: u64) -> bool {
+    fn receive(
+        &mut self,
+        i: usize,
+        socket: &mut tcp::Socket<'_>,
+        now: Instant,
+        now_us: u64,
+    ) -> bool {
         let slot = &mut self.slots[i];
         let Phase::Open(conn) = &mut slot.phase else { return false };
         let pool = &mut self.pool;
@@ -471,7 +475,8 @@ fn echo(
         (false, _) => OpCode::Continuation,
     };
     let mut header = [0u8; 14];
-    let Ok(n) = conn.send_header(opcode, piece.message_fin, piece.data.len() as u64, None, &mut header)
+    let Ok(n) =
+        conn.send_header(opcode, piece.message_fin, piece.data.len() as u64, None, &mut header)
     else {
         return true; // closing: data is no longer sent
     };
