@@ -72,11 +72,6 @@ impl<T> StaticCell<T> {
         // SAFETY: this is the first and only call that creates a reference to the value.
         unsafe { &mut *self.value.get() }
     }
-
-    /// The value's address (for DMA bookkeeping; creates no reference).
-    pub fn as_ptr(&'static self) -> *mut T {
-        self.value.get()
-    }
 }
 
 /// A `usize` counter in a static (single hart, no interrupt handlers).

@@ -47,8 +47,8 @@ static SOCKET_RX_RINGS: StaticCell<[[u8; SOCKET_RX]; SOCKETS]> =
     StaticCell::new([[0; SOCKET_RX]; SOCKETS]);
 static SOCKET_TX_RINGS: StaticCell<[[u8; SOCKET_TX]; SOCKETS]> =
     StaticCell::new([[0; SOCKET_TX]; SOCKETS]);
-static SOCKET_STORAGE: StaticCell<[SocketStorage<'static>; SOCKETS]> =
-    StaticCell::new([SocketStorage::EMPTY; SOCKETS]);
+static SOCKET_STORAGE: StaticCell<MaybeUninit<[SocketStorage<'static>; SOCKETS]>> =
+    StaticCell::new(MaybeUninit::uninit());
 
 #[unsafe(no_mangle)]
 extern "C" fn main() -> ! {
@@ -77,7 +77,7 @@ extern "C" fn main() -> ! {
     // NOTE(unwrap): the route table is empty.
     iface.routes_mut().add_default_ipv4_route(GATEWAY).unwrap();
 
-    let mut sockets = SocketSet::new(&mut SOCKET_STORAGE.take()[..]);
+    let mut sockets = SocketSet::new(init_slots(SOCKET_STORAGE.take(), || SocketStorage::EMPTY));
     let mut rx_rings = SOCKET_RX_RINGS.take().iter_mut();
     let mut tx_rings = SOCKET_TX_RINGS.take().iter_mut();
     let handles = [(); SOCKETS].map(|()| {
@@ -94,14 +94,30 @@ extern "C" fn main() -> ! {
         Budget::new(POOL_REGION),
         CHUNK_SIZE,
         POOL_DATA.take(),
-        init_slots(POOL_CHUNKS.take(), ChunkSlot::EMPTY),
-        init_slots(POOL_SEGMENTS.take(), SegmentSlot::EMPTY),
+        init_slots(POOL_CHUNKS.take(), || ChunkSlot::EMPTY),
+        init_slots(POOL_SEGMENTS.take(), || SegmentSlot::EMPTY),
     );
     let pool = match pool {
         Ok(pool) => pool,
         Err(e) => panic!("pool: {e:?}"),
     };
     let mut server = Server::new(handles, pool);
+    let socket_bytes = core::mem::size_of::<tcp::Socket<'static>>()
+        + core::mem::size_of::<SocketStorage<'static>>();
+    println!(
+        "freeboard-embedded: static memory per connection {} B = TCP rings {} + {} B, smoltcp \
+         socket {} B, slot {} B (freeboard Connection {} B, SendQueue {} B); pool reserve \
+         {} B ({} chunks) while open",
+        SOCKET_RX + SOCKET_TX + socket_bytes + server::SLOT_BYTES,
+        SOCKET_RX,
+        SOCKET_TX,
+        socket_bytes,
+        server::SLOT_BYTES,
+        core::mem::size_of::<freeboard_proto::Connection>(),
+        core::mem::size_of::<freeboard_buf::SendQueue>(),
+        profile::RESERVE_CHUNKS * CHUNK_SIZE,
+        profile::RESERVE_CHUNKS,
+    );
     println!(
         "freeboard-embedded: listening on {}:{} (mac {:02x?}), per-connection reserve {} chunks",
         ADDRESS,
@@ -153,16 +169,16 @@ fn now() -> Instant {
     Instant::from_micros(board::micros() as i64)
 }
 
-/// Fills a static slot array with `value` in place (so it stays in `.bss` rather than being
-/// an initialised array in `.data`) and lends it.
-fn init_slots<T: Copy, const N: usize>(
+/// Fills a static array with `value()` in place (so it stays in `.bss` rather than being an
+/// initialised array in `.data`) and lends it.
+fn init_slots<T, const N: usize>(
     cell: &'static mut MaybeUninit<[T; N]>,
-    value: T,
+    value: impl Fn() -> T,
 ) -> &'static mut [T] {
     let first = cell.as_mut_ptr().cast::<T>();
     for i in 0..N {
-        // SAFETY: `i < N`, inside the array; writing a `Copy` value needs no drop.
-        unsafe { first.add(i).write(value) };
+        // SAFETY: `i < N`, inside the array; the slot is uninitialised, so nothing is dropped.
+        unsafe { first.add(i).write(value()) };
     }
     // SAFETY: all `N` elements were initialised above.
     unsafe { cell.assume_init_mut() }

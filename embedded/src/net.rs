@@ -5,6 +5,7 @@
 //! bump allocator ([`DmaHal`]), the frames from fixed rings of receive and transmit buffers.
 //! Machine mode runs without address translation, so physical and virtual addresses are equal.
 
+use core::cell::UnsafeCell;
 use core::ptr::NonNull;
 
 use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
@@ -26,8 +27,9 @@ const TX_BUFFERS: usize = 8;
 const BUFFER_LEN: usize = 1536;
 /// The IP MTU smoltcp may use: a full Ethernet payload.
 const MTU: usize = 1500;
-/// Pages of DMA memory for the two virtqueues (each needs at most three for 16 descriptors).
-const DMA_PAGES: usize = 8;
+/// Pages of DMA memory for the two virtqueues: with 16 descriptors, one page for the driver's
+/// part (descriptors and available ring) and one for the device's (used ring) each.
+const DMA_PAGES: usize = 4;
 const PAGE_SIZE: usize = 4096;
 
 /// The virtio-mmio slots of QEMU `virt`: eight of 0x1000 bytes from 0x1000_1000; slot `i`
@@ -38,10 +40,15 @@ const VIRTIO_MMIO_SLOTS: usize = 8;
 
 type Driver = VirtIONetRaw<DmaHal, MmioTransport<'static>, QUEUE_SIZE>;
 
+/// The virtqueues' memory, handed out page by page by [`DmaHal`] (never as a reference).
 #[repr(C, align(4096))]
-struct DmaRegion([u8; DMA_PAGES * PAGE_SIZE]);
+struct DmaRegion(UnsafeCell<[u8; DMA_PAGES * PAGE_SIZE]>);
 
-static DMA: StaticCell<DmaRegion> = StaticCell::new(DmaRegion([0; DMA_PAGES * PAGE_SIZE]));
+// SAFETY: only `DmaHal::dma_alloc` touches the region, through raw pointers, each page once, on
+// the one hart.
+unsafe impl Sync for DmaRegion {}
+
+static DMA: DmaRegion = DmaRegion(UnsafeCell::new([0; DMA_PAGES * PAGE_SIZE]));
 /// Pages of [`DMA`] handed out so far (single hart, no interrupt handlers: a plain cell).
 static DMA_NEXT: board::Counter = board::Counter::new();
 
@@ -62,7 +69,7 @@ unsafe impl Hal for DmaHal {
             return (0, NonNull::dangling()); // virtio-drivers reports DmaError
         }
         DMA_NEXT.set(first + pages);
-        let base = DMA.as_ptr().cast::<u8>();
+        let base = DMA.0.get().cast::<u8>();
         // SAFETY: `first * PAGE_SIZE` is within the region (checked above).
         let ptr = unsafe { base.add(first * PAGE_SIZE) };
         // SAFETY: the pages were never handed out before, so nothing else references them.

@@ -98,6 +98,9 @@ struct Slot {
     reserved: bool,
 }
 
+/// Static bytes of one slot: its phase (with the protocol state) and send queue header.
+pub const SLOT_BYTES: usize = core::mem::size_of::<Slot>();
+
 /// The server: its slots, the pool and the counters.
 pub struct Server {
     slots: [Slot; SOCKETS],
