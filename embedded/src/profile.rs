@@ -40,8 +40,11 @@ pub const CHUNKS: usize = POOL_REGION / Pool::footprint(CHUNK_SIZE, 1, SEGMENTS_
 pub const SEGMENTS: usize = CHUNKS * SEGMENTS_PER_CHUNK;
 /// Data pieces a connection echoes per turn at most.
 pub const PIECES_PER_READ: usize = 16;
-/// The largest opening handshake head accepted (it must fit the socket's receive ring).
-pub const HEAD_LIMIT: usize = if SOCKET_RX < 2048 { SOCKET_RX } else { 2048 };
+/// The largest opening handshake head accepted. The head is read in place from the socket's
+/// receive ring, so it must fit there, and with room to spare: once the free window is smaller
+/// than half the ring, the peer's silly-window avoidance holds its remaining bytes back, so a
+/// ring only reliably fills to half before a too-long head is recognised (and answered 431).
+pub const HEAD_LIMIT: usize = if SOCKET_RX / 2 < 2048 { SOCKET_RX / 2 } else { 2048 };
 /// The most bytes a connection's send queue can hold: a read's echo on top of the high
 /// watermark, one control frame, and the 101 response (queued before any read).
 const QUEUE_WORST: usize = QUEUE_HIGH + READ_LIMIT + 131 + 256;
