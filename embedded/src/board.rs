@@ -97,6 +97,42 @@ impl Counter {
 
 static TX_DROPS: Counter = Counter::new();
 
+/// The pattern [`paint_stack`] fills the unused stack with.
+const STACK_PAINT: u32 = 0x5afe_57ac;
+
+unsafe extern "C" {
+    static _stack_bottom: u32;
+    static _stack_top: u32;
+}
+
+/// Fills the stack below the current frame (less a 1 KiB margin) with a pattern, so that
+/// [`stack_high_water`] can tell how deep it ever got. Call once, first thing in `main`.
+pub fn paint_stack() {
+    let sp: usize;
+    // SAFETY: reads the stack pointer.
+    unsafe { core::arch::asm!("mv {}, sp", out(reg) sp) };
+    let bottom = core::ptr::addr_of!(_stack_bottom) as usize;
+    let mut at = bottom;
+    while at + 4 <= sp - 1024 {
+        // SAFETY: `[bottom, sp - 1024)` is the unused part of the stack region the linker script
+        // reserves below `_stack_top`; nothing lives there yet.
+        unsafe { core::ptr::write_volatile(at as *mut u32, STACK_PAINT) };
+        at += 4;
+    }
+}
+
+/// Stack bytes used at most so far (the painted words that were overwritten).
+pub fn stack_high_water() -> usize {
+    let bottom = core::ptr::addr_of!(_stack_bottom) as usize;
+    let top = core::ptr::addr_of!(_stack_top) as usize;
+    let mut at = bottom;
+    // SAFETY: reads words of the stack region, below the live frames once past the paint.
+    while at < top && unsafe { core::ptr::read_volatile(at as *const u32) } == STACK_PAINT {
+        at += 4;
+    }
+    top - at
+}
+
 /// Counts a frame the virtio transmit queue refused (TCP retransmits it).
 pub fn count_tx_drop() {
     TX_DROPS.set(TX_DROPS.get() + 1);

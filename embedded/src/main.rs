@@ -52,6 +52,7 @@ static SOCKET_STORAGE: StaticCell<MaybeUninit<[SocketStorage<'static>; SOCKETS]>
 
 #[unsafe(no_mangle)]
 extern "C" fn main() -> ! {
+    board::paint_stack();
     println!(
         "freeboard-embedded: pool {} KiB ({} chunks of {} B, {} segments), {} sockets",
         POOL_REGION / 1024,

@@ -424,7 +424,7 @@ impl Server {
              open={} open_high_water={} messages={} bytes={} pool_chunk={} pool_chunks={} \
              pool_chunks_in_use={} pool_chunks_high_water={} pool_segments={} \
              pool_segments_high_water={} pool_allocation_failures={} pool_footprint={} \
-             reserve_chunks={} tx_drops={}",
+             reserve_chunks={} tx_drops={} stack_high_water={}",
             s.accepted,
             s.upgraded,
             s.refused_busy,
@@ -445,6 +445,7 @@ impl Server {
             self.pool.footprint_bytes(),
             RESERVE_CHUNKS,
             crate::board::tx_drops(),
+            crate::board::stack_high_water(),
         )
     }
 
