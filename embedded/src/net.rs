@@ -204,7 +204,9 @@ impl TxRing {
     /// Takes back every buffer the device has finished sending.
     fn reclaim(&mut self, driver: &mut Driver) {
         while let Some(token) = driver.poll_transmit() {
-            let slot = usize::from(self.slot_of_token[usize::from(token)]);
+            // The token comes from the device's used ring: checked, not trusted.
+            let Some(&slot) = self.slot_of_token.get(usize::from(token)) else { break };
+            let slot = usize::from(slot);
             let len = self.in_flight[slot].take().unwrap_or(0);
             // SAFETY: `token` was returned by `transmit_begin` for `buffers[slot][..len]`.
             let _ = unsafe { driver.transmit_complete(token, &self.buffers[slot][..len]) };
@@ -229,7 +231,8 @@ impl Device for NetDevice {
         self.tx.reclaim(&mut self.driver);
         let tx_slot = self.tx.free_slot()?;
         let token = self.driver.poll_receive()?;
-        let slot = usize::from(self.rx.slot_of_token[usize::from(token)]);
+        // The token comes from the device's used ring: checked, not trusted.
+        let slot = usize::from(*self.rx.slot_of_token.get(usize::from(token))?);
         let NetDevice { driver, rx, tx, .. } = self;
         // SAFETY: `token` was returned by `receive_begin` for the whole of `buffers[slot]`.
         let received = unsafe { driver.receive_complete(token, &mut rx.buffers[slot]) };
