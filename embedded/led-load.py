@@ -219,11 +219,13 @@ def main():
                "closed_clean": c.closed_clean, "error": c.error,
                "latency_ms_p50": round(percentile(c.latencies, 50), 2),
                "latency_ms_p99": round(percentile(c.latencies, 99), 2),
-               "latency_ms_max": round(max(c.latencies, default=0.0), 2)}
+               "latency_ms_max": round(max(c.latencies, default=0.0), 2),
+               "later_than_a_frame": sum(l > 1000 / args.fps for l in c.latencies)}
         summary["per_client"].append(row)
         print(f"client {c.index}: sent {c.sent}, received {c.received} intact and in order "
               f"({len(c.bad)} wrong), latency p50 {row['latency_ms_p50']} ms, p99 "
-              f"{row['latency_ms_p99']} ms, max {row['latency_ms_max']} ms, clean close: "
+              f"{row['latency_ms_p99']} ms, max {row['latency_ms_max']} ms, "
+              f"{row['later_than_a_frame']} later than a frame period, clean close: "
               f"{c.closed_clean}{', error: ' + c.error if c.error else ''}")
         for problem in c.bad[:5]:
             print(f"  {problem}")
