@@ -120,11 +120,11 @@ extern "C" fn main() -> ! {
         profile::RESERVE_CHUNKS,
     );
     println!(
-        "freeboard-embedded: listening on {}:{} (mac {:02x?}), per-connection reserve {} chunks",
+        "freeboard-embedded: listening on {}:{} (mac {:02x?}); the pool admits {} connections",
         ADDRESS,
         server::PORT,
         mac,
-        profile::RESERVE_CHUNKS
+        profile::ADMITTED
     );
 
     let mut next_stats = board::micros() + STATS_EVERY_US;

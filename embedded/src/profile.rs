@@ -3,6 +3,8 @@
 //! The default build gives the pool the seed device's 400 KiB (an ESP32-C3 has 400 KiB of
 //! SRAM); `--features pool-64k` gives it 64 KiB, with smaller chunks and fewer sockets. Each
 //! socket also has its own static TCP rings (outside the pool) of `SOCKET_RX` + `SOCKET_TX`.
+//! In the 400 KiB build the sockets are the limit (the pool would admit 31 connections); in the
+//! 64 KiB build the pool is (it admits 5 connections on 6 sockets).
 
 use freeboard_buf::Pool;
 
@@ -22,11 +24,12 @@ mod sizes {
 mod sizes {
     pub const POOL_REGION: usize = 64 * 1024;
     pub const CHUNK_SIZE: usize = 512;
-    pub const SOCKETS: usize = 4;
+    /// One more socket than the pool admits connections: the seventh upgrade is answered 503.
+    pub const SOCKETS: usize = 6;
     pub const SOCKET_RX: usize = 2048;
     pub const SOCKET_TX: usize = 2048;
-    pub const QUEUE_HIGH: usize = 4096;
-    pub const QUEUE_LOW: usize = 1024;
+    pub const QUEUE_HIGH: usize = 8192;
+    pub const QUEUE_LOW: usize = 2048;
     pub const READ_LIMIT: usize = 1024;
 }
 
@@ -52,5 +55,7 @@ const QUEUE_WORST: usize = QUEUE_HIGH + READ_LIMIT + 131 + 256;
 pub const RESERVE_CHUNKS: usize = QUEUE_WORST.div_ceil(CHUNK_SIZE) + 1;
 /// Segment slots reserved per open connection.
 pub const RESERVE_SEGMENTS: usize = RESERVE_CHUNKS * SEGMENTS_PER_CHUNK;
+/// Open connections the pool's reserves cover.
+pub const ADMITTED: usize = CHUNKS / RESERVE_CHUNKS;
 
 const _: () = assert!(SOCKET_RX >= HEAD_LIMIT && CHUNKS >= RESERVE_CHUNKS);
