@@ -65,6 +65,8 @@ pub struct ClientLoop<H> {
     masks: MaskSource,
     /// Where idle connections' protocol state waits.
     lot: ParkingLot,
+    /// What one connection may take from the pool while it is contended, as of the last turn.
+    share: Share,
     sessions: Slab<Connecting>,
     config: ClientConfig,
     start: StdInstant,
@@ -112,6 +114,7 @@ impl<H: ClientHandler> ClientLoop<H> {
         )
         .map_err(|e| ClientError::Config(e.to_string()))?;
         Ok(Self {
+            share: Share::new(&pool, 1),
             poll: Poll::new()?,
             events: Events::with_capacity(1024),
             pool,
@@ -188,7 +191,6 @@ impl<H: ClientHandler> ClientLoop<H> {
     /// the next [`turn`](Self::turn).
     pub fn conn(&mut self, id: ClientId) -> Option<LoopConn<'_>> {
         let now = self.now();
-        let share = Share::new(&self.pool, self.sessions.len());
         match self.sessions.get_mut(id.0) {
             Some(Connecting { phase: Phase::Open(open), .. }) => Some(LoopConn {
                 id,
@@ -197,8 +199,8 @@ impl<H: ClientHandler> ClientLoop<H> {
                     pool: &mut self.pool,
                     lot: &mut self.lot,
                     masks: Some(&mut self.masks),
-                    limits: Reassembly::CLIENT,
-                    share,
+                    limits: &Reassembly::CLIENT,
+                    share: &self.share,
                     now,
                 },
             }),
@@ -217,6 +219,7 @@ impl<H: ClientHandler> ClientLoop<H> {
     /// Writes pending output, waits up to `timeout` for readiness or the next deadline, and
     /// runs what became ready.
     pub fn turn(&mut self, timeout: Option<Duration>) -> Result<(), ClientError> {
+        self.share = Share::new(&self.pool, self.sessions.len());
         self.flush_all();
         let timeout = match (timeout, self.next_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -270,7 +273,6 @@ impl<H: ClientHandler> ClientLoop<H> {
     fn run_timers(&mut self) {
         let now = StdInstant::now();
         let core_now = self.now();
-        let share = Share::new(&self.pool, self.sessions.len());
         let ids: Vec<usize> = self.sessions.iter().map(|(id, _)| id).collect();
         for id in ids {
             let session = &mut self.sessions[id];
@@ -297,8 +299,8 @@ impl<H: ClientHandler> ClientLoop<H> {
                             pool: &mut self.pool,
                             lot: &mut self.lot,
                             masks: Some(&mut self.masks),
-                            limits: Reassembly::CLIENT,
-                            share,
+                            limits: &Reassembly::CLIENT,
+                            share: &self.share,
                             now: core_now,
                         };
                         open.session.handle_timeout(&mut cx);
@@ -322,8 +324,7 @@ impl<H: ClientHandler> ClientLoop<H> {
             }
         }
         let now = self.now();
-        let Self { sessions, rbuf, pool, assembly, masks, lot, handler, .. } = self;
-        let share = Share::new(pool, sessions.len());
+        let Self { sessions, rbuf, pool, assembly, masks, lot, share, handler, .. } = self;
         let session = &mut sessions[id];
         while session.readable {
             let Phase::Open(open) = &mut session.phase else { return };
@@ -351,7 +352,6 @@ impl<H: ClientHandler> ClientLoop<H> {
     }
 
     fn advance_handshake(&mut self, id: usize) -> Result<(), ClientError> {
-        let share = Share::new(&self.pool, self.sessions.len());
         let session = &mut self.sessions[id];
         let Phase::Connecting { key, request, sent, response } = &mut session.phase else {
             return Ok(());
@@ -408,7 +408,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                         pool: &mut self.pool,
                         lot: &mut self.lot,
                         masks: &mut self.masks,
-                        share,
+                        share: &self.share,
                         now,
                     };
                     let id = ClientId(id);
@@ -449,7 +449,6 @@ impl<H: ClientHandler> ClientLoop<H> {
     }
 
     fn flush(&mut self, id: usize) {
-        let share = Share::new(&self.pool, self.sessions.len());
         let Some(session) = self.sessions.get_mut(id) else { return };
         let Phase::Open(open) = &mut session.phase else { return };
         while session.writable && open.session.buffered() > 0 {
@@ -464,8 +463,8 @@ impl<H: ClientHandler> ClientLoop<H> {
                         pool: &mut self.pool,
                         lot: &mut self.lot,
                         masks: Some(&mut self.masks),
-                        limits: Reassembly::CLIENT,
-                        share,
+                        limits: &Reassembly::CLIENT,
+                        share: &self.share,
                         now: Instant::from_millis(self.start.elapsed().as_millis() as u64),
                     };
                     open.session.handle_eof(&mut cx);
@@ -583,7 +582,7 @@ struct Parts<'p> {
     pool: &'p mut Pool<'static>,
     lot: &'p mut ParkingLot,
     masks: &'p mut MaskSource,
-    share: Share,
+    share: &'p Share,
     now: Instant,
 }
 
@@ -593,7 +592,7 @@ impl Parts<'_> {
             pool: self.pool,
             lot: self.lot,
             masks: Some(self.masks),
-            limits: Reassembly::CLIENT,
+            limits: &Reassembly::CLIENT,
             share: self.share,
             now: self.now,
         }

@@ -373,8 +373,8 @@ impl<T: Transport> EventLoop<T> {
             pool: &mut self.pool,
             lot: &mut self.lot,
             masks: None,
-            limits: self.limits,
-            share: self.share,
+            limits: &self.limits,
+            share: &self.share,
             now,
         };
         (&mut self.conns[token], cx)

@@ -58,8 +58,8 @@ impl<T: Transport> EventLoop<T> {
                 pool: &mut self.pool,
                 lot: &mut self.lot,
                 masks: None,
-                limits: self.limits,
-                share: self.share,
+                limits: &self.limits,
+                share: &self.share,
                 now,
             };
             let Some(outcome) = entry.session.send_frame(&mut cx, frame) else { continue };

@@ -108,8 +108,8 @@ impl<T: Transport> EventLoop<T> {
                 pool: &mut self.pool,
                 lot: &mut self.lot,
                 masks: None,
-                limits: self.limits,
-                share: self.share,
+                limits: &self.limits,
+                share: &self.share,
                 now,
             },
             metrics: &self.shared.metrics,
@@ -124,7 +124,8 @@ impl<T: Transport> EventLoop<T> {
         if let Some(change) = self.conns[token].session.take_writability() {
             self.writability_changed(token, now, change);
         }
-        self.report_close(token);
+        // NOTE: a handler cannot finish a close (its own close waits for the peer's); the
+        // callers report a close that input or a timeout finished.
         self.mark(token);
         if !self.outbox.is_empty() {
             self.fan_out_outbox(now);

@@ -91,9 +91,9 @@ pub(crate) struct Context<'a> {
     pub(crate) lot: &'a mut ParkingLot,
     /// `Some` for a client: every frame it sends is masked (§5.3).
     pub(crate) masks: Option<&'a mut MaskSource>,
-    pub(crate) limits: Reassembly,
+    pub(crate) limits: &'a Reassembly,
     /// What this connection may take from the pool while it is contended.
-    pub(crate) share: Share,
+    pub(crate) share: &'a Share,
     pub(crate) now: Instant,
 }
 
@@ -273,7 +273,7 @@ impl Session {
         };
         let received = input
             .payload
-            .and_then(|piece| self.inbound.piece(cx.pool, &cx.limits, cx.now, ws, piece));
+            .and_then(|piece| self.inbound.piece(cx.pool, cx.limits, cx.now, ws, piece));
         let consumed = input.consumed;
         self.queue_control(cx);
         (consumed, received)
@@ -318,9 +318,13 @@ impl Session {
     }
 
     /// The close, once, when the core reports it (`None` before, and after it was taken).
+    /// Costs a state check until the connection has closed.
     pub(crate) fn poll_close(&mut self) -> Option<Closed> {
         let Phase::Open(open) = &mut self.phase else { return None };
-        // A parked connection has no events.
+        if open.close_reported || open.ws.state() != State::Closed {
+            return None;
+        }
+        // NOTE: a closed connection is awake (only quiet, open ones park).
         let closed = Closed::poll(open.ws.awake()?)?;
         open.close_reported = true;
         Some(closed)
@@ -530,9 +534,15 @@ impl Session {
     /// Parks the protocol state if nothing is in flight (server: an idle connection keeps 24
     /// bytes of it).
     pub(crate) fn park(&mut self, lot: &mut ParkingLot) {
-        if let Phase::Open(open) = &mut self.phase {
-            lot.park(&mut open.ws);
+        let Phase::Open(open) = &mut self.phase else { return };
+        if let Some(ws) = open.ws.awake()
+            && ws.state() == State::Open
+        {
+            // Pings and pongs were answered by the core; their events concern no driver, and
+            // a pending one would keep the connection awake.
+            while ws.poll_event().is_some() {}
         }
+        lot.park(&mut open.ws);
     }
 
     /// Gives every chunk back to the pool.

@@ -22,6 +22,7 @@ struct End {
     lot: ParkingLot,
     masks: Option<MaskSource>,
     limits: Reassembly,
+    share: Share,
     /// Whole messages delivered to the application, in order.
     received: Vec<(MessageKind, Vec<u8>)>,
     closed: Option<Closed>,
@@ -38,6 +39,7 @@ impl End {
         let ws = Ws::new(role, &config, Instant::default());
         Self {
             session: Session::open(ws, queue),
+            share: Share::new(&pool, 1),
             pool,
             lot: ParkingLot::new(config),
             masks,
@@ -48,13 +50,12 @@ impl End {
     }
 
     fn cx(&mut self, now: Instant) -> (&mut Session, Context<'_>) {
-        let share = Share::new(&self.pool, 1);
         let cx = Context {
             pool: &mut self.pool,
             lot: &mut self.lot,
             masks: self.masks.as_mut(),
-            limits: self.limits,
-            share,
+            limits: &self.limits,
+            share: &self.share,
             now,
         };
         (&mut self.session, cx)
