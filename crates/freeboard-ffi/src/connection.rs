@@ -183,8 +183,7 @@ pub unsafe extern "C" fn fb_connection_init(
             .auto_pong(c.auto_pong != 0)
             .close_timeout(Duration::from_millis(c.close_timeout_ms.into()))
             .ping_interval(
-                (c.ping_interval_ms != 0)
-                    .then(|| Duration::from_millis(c.ping_interval_ms.into())),
+                (c.ping_interval_ms != 0).then(|| Duration::from_millis(c.ping_interval_ms.into())),
             )
             .pong_timeout(Duration::from_millis(c.pong_timeout_ms.into()))
             .allowed_rsv(c.allowed_rsv)
@@ -322,7 +321,10 @@ pub unsafe extern "C" fn fb_connection_handle_timeout(conn: *mut FbConnection, n
 /// # Safety
 /// `conn` as for `fb_connection_state`; `at_ms` valid for writing a `uint64_t`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn fb_connection_poll_timeout(conn: *mut FbConnection, at_ms: *mut u64) -> i32 {
+pub unsafe extern "C" fn fb_connection_poll_timeout(
+    conn: *mut FbConnection,
+    at_ms: *mut u64,
+) -> i32 {
     let run = || {
         // SAFETY: as this function's contract.
         let conn = unsafe { connection(conn) }?;
@@ -341,7 +343,10 @@ pub unsafe extern "C" fn fb_connection_poll_timeout(conn: *mut FbConnection, at_
 /// # Safety
 /// `conn` as for `fb_connection_state`; `out` valid for writing an `FbEvent`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn fb_connection_poll_event(conn: *mut FbConnection, out: *mut FbEvent) -> i32 {
+pub unsafe extern "C" fn fb_connection_poll_event(
+    conn: *mut FbConnection,
+    out: *mut FbEvent,
+) -> i32 {
     let run = || {
         if out.is_null() {
             return Err(FB_ERR_NULL);
@@ -550,7 +555,12 @@ pub unsafe extern "C" fn fb_connection_close(
 /// # Safety
 /// `buf` valid for reads and writes of `len` bytes (or null with 0); `key` 4 readable bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn fb_apply_mask(buf: *mut u8, len: usize, key: *const u8, offset: usize) -> i32 {
+pub unsafe extern "C" fn fb_apply_mask(
+    buf: *mut u8,
+    len: usize,
+    key: *const u8,
+    offset: usize,
+) -> i32 {
     let run = || {
         // SAFETY: as this function's contract.
         let buf = unsafe { bytes_mut(buf, len) }?;
@@ -581,6 +591,9 @@ fn data_opcode(opcode: u8) -> Result<OpCode, i32> {
     }
 }
 
+/// The connection, output buffer and masking key of a `send` function.
+type SendArgs<'a> = (&'a mut Connection, &'a mut [u8], Option<[u8; 4]>);
+
 /// The connection, output buffer and mask of a `send` function, with `written` checked.
 ///
 /// # Safety
@@ -591,7 +604,7 @@ unsafe fn send_args<'a>(
     out: *mut u8,
     cap: usize,
     written: *mut usize,
-) -> Result<(&'a mut Connection, &'a mut [u8], Option<[u8; 4]>), i32> {
+) -> Result<SendArgs<'a>, i32> {
     if written.is_null() {
         return Err(FB_ERR_NULL);
     }
@@ -622,5 +635,3 @@ unsafe fn finish_send(
     unsafe { put(written, n) }?;
     result
 }
-
-const _: () = assert!(size_of::<FbConnection>() % align_of::<u64>() == 0);

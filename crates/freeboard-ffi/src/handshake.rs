@@ -79,9 +79,8 @@ pub unsafe extern "C" fn fb_handshake_accept(
         let outcome = match Request::parse(request, &mut headers, max_head_len) {
             Ok(None) => Ok(0),
             Ok(Some((req, head_len))) => {
-                let selected = (!protocol.is_empty())
-                    .then(|| req.select_protocol(&[protocol]))
-                    .flatten();
+                let selected =
+                    (!protocol.is_empty()).then(|| req.select_protocol(&[protocol])).flatten();
                 answer.head_len = head_len;
                 answer.path = req.path().as_ptr();
                 answer.path_len = req.path().len();
@@ -141,8 +140,14 @@ pub unsafe extern "C" fn fb_handshake_client_request(
         // SAFETY: as this function's contract.
         let out = unsafe { bytes_mut(out, cap) }?;
         let generated: Key = generate_key(nonce);
-        let request =
-            ClientRequest { host, path, key: &generated, protocols: &[], extensions: None, headers: &[] };
+        let request = ClientRequest {
+            host,
+            path,
+            key: &generated,
+            protocols: &[],
+            extensions: None,
+            headers: &[],
+        };
         let (result, n) = match request.encode(out) {
             Ok(n) => (Ok(FB_OK), n),
             Err(e) => (Err(FB_ERR_INSUFFICIENT_SIZE), e.required),
@@ -182,8 +187,14 @@ pub unsafe extern "C" fn fb_handshake_client_response(
         // SAFETY: non-null (checked), 24 readable bytes (this function's contract), align 1.
         let key: Key = unsafe { key.cast::<Key>().read() };
         // Only the key and the offers are checked against the answer.
-        let request =
-            ClientRequest { host: "", path: "/", key: &key, protocols: &[], extensions: None, headers: &[] };
+        let request = ClientRequest {
+            host: "",
+            path: "/",
+            key: &key,
+            protocols: &[],
+            extensions: None,
+            headers: &[],
+        };
         let mut headers: [Header<'_>; FB_MAX_HEADERS] = [EMPTY_HEADER; FB_MAX_HEADERS];
         let mut answer = FbHandshake {
             head_len: 0,

@@ -36,7 +36,7 @@ pub use error::*;
 pub use handshake::*;
 pub use pool::*;
 
-use core::mem::{MaybeUninit, align_of};
+use core::mem::MaybeUninit;
 
 /// A value living in a caller's opaque handle, tagged so that a zeroed handle is recognised.
 #[repr(C)]
@@ -53,15 +53,10 @@ struct Slot<T> {
 /// `handle` is null or points to storage of at least `size_of::<Slot<T>>()` bytes that is zeroed
 /// or was initialised by the kind's `_init`, and no other reference to it is live.
 unsafe fn slot_mut<'a, T>(handle: *mut u8, tag: u32) -> Result<&'a mut T, i32> {
-    if handle.is_null() {
-        return Err(FB_ERR_NULL);
-    }
-    if handle as usize % align_of::<Slot<T>>() != 0 {
-        return Err(FB_ERR_INVALID_ARGUMENT);
-    }
-    // SAFETY: non-null and aligned (checked above); the caller guarantees size and that the
-    // tag word is initialised (zeroed or written by `_init`).
-    let slot = unsafe { &mut *handle.cast::<Slot<T>>() };
+    let slot = slot_ptr::<T>(handle)?;
+    // SAFETY: non-null and aligned (slot_ptr); the caller guarantees size and that the tag word
+    // is initialised (zeroed or written by `_init`).
+    let slot = unsafe { &mut *slot };
     if slot.tag != tag {
         return Err(FB_ERR_NOT_INITIALIZED);
     }
@@ -75,15 +70,10 @@ unsafe fn slot_mut<'a, T>(handle: *mut u8, tag: u32) -> Result<&'a mut T, i32> {
 /// `handle` is null or points to writable storage of at least `size_of::<Slot<T>>()` bytes that
 /// no reference is live to.
 unsafe fn slot_init<T>(handle: *mut u8, tag: u32, value: T) -> Result<(), i32> {
-    if handle.is_null() {
-        return Err(FB_ERR_NULL);
-    }
-    if handle as usize % align_of::<Slot<T>>() != 0 {
-        return Err(FB_ERR_INVALID_ARGUMENT);
-    }
-    // SAFETY: non-null, aligned and large enough (the caller's promise); `write` does not read
-    // or drop the old contents, which may be uninitialised.
-    unsafe { handle.cast::<Slot<T>>().write(Slot { tag, value: MaybeUninit::new(value) }) };
+    let slot = slot_ptr::<T>(handle)?;
+    // SAFETY: non-null and aligned (slot_ptr), large enough (the caller's promise); `write` does
+    // not read or drop the old contents, which may be uninitialised.
+    unsafe { slot.write(Slot { tag, value: MaybeUninit::new(value) }) };
     Ok(())
 }
 
@@ -92,15 +82,23 @@ unsafe fn slot_init<T>(handle: *mut u8, tag: u32, value: T) -> Result<(), i32> {
 /// # Safety
 /// As [`slot_init`].
 unsafe fn slot_clear<T>(handle: *mut u8) -> Result<(), i32> {
-    if handle.is_null() {
+    let slot = slot_ptr::<T>(handle)?;
+    // SAFETY: non-null and aligned (slot_ptr), large enough (the caller's promise); only the tag
+    // is written.
+    unsafe { (*slot).tag = 0 };
+    Ok(())
+}
+
+/// The handle's storage as a slot: non-null and aligned, or the error code.
+fn slot_ptr<T>(handle: *mut u8) -> Result<*mut Slot<T>, i32> {
+    let slot = handle.cast::<Slot<T>>();
+    if slot.is_null() {
         return Err(FB_ERR_NULL);
     }
-    if handle as usize % align_of::<Slot<T>>() != 0 {
+    if !slot.is_aligned() {
         return Err(FB_ERR_INVALID_ARGUMENT);
     }
-    // SAFETY: non-null, aligned, large enough (the caller's promise); only the tag is written.
-    unsafe { (*handle.cast::<Slot<T>>()).tag = 0 };
-    Ok(())
+    Ok(slot)
 }
 
 /// The bytes at `ptr`, `len` long; a null `ptr` is allowed when `len` is 0.
@@ -196,20 +194,4 @@ fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
     // platform's abort() reports it (ESP-IDF prints a backtrace and reboots, Zephyr raises a
     // fatal error) where a spin loop would hang silently until a watchdog fires.
     abort()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn handle_sizes() {
-        use core::mem::size_of;
-        std::println!(
-            "connection slot {} (Connection {}), pool slot {}",
-            size_of::<Slot<freeboard_proto::Connection>>(),
-            size_of::<freeboard_proto::Connection>(),
-            size_of::<Slot<freeboard_buf::Pool<'static>>>()
-        );
-    }
 }

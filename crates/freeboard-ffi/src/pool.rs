@@ -8,8 +8,8 @@ use core::mem::{align_of, size_of};
 use freeboard_buf::{Budget, ChunkId, ChunkSlot, Pool, SegmentSlot};
 
 use crate::{
-    FB_ERR_NULL, FB_ERR_POOL_BAD_CHUNK, FB_OK, assert_handle, bytes, pool_code,
-    pool_config_code, put, slot_clear, slot_init, slot_mut, status,
+    FB_ERR_NULL, FB_ERR_POOL_BAD_CHUNK, FB_OK, assert_handle, bytes, pool_code, pool_config_code,
+    put, slot_clear, slot_init, slot_mut, status,
 };
 
 /// Bytes of an [`FbPool`] handle.
@@ -334,7 +334,7 @@ unsafe fn slots<T: Copy>(ptr: *mut T, count: usize, empty: T) -> Result<&'static
     if count.checked_mul(size_of::<T>()).is_none_or(|n| n > isize::MAX as usize) {
         return Err(crate::FB_ERR_INVALID_ARGUMENT);
     }
-    if ptr as usize % align_of::<T>() != 0 {
+    if !ptr.is_aligned() {
         return Err(crate::FB_ERR_INVALID_ARGUMENT);
     }
     for i in 0..count {
