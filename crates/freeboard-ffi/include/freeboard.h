@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 // Bytes of an [`FbConnection`] handle.
-#define FB_CONNECTION_SIZE 480
+#define FB_CONNECTION_SIZE 432
 
 // The server role: receives masked frames, sends unmasked ones (pass a null mask).
 #define FB_ROLE_SERVER 0
@@ -248,7 +248,7 @@ typedef struct FbConfig {
 // Storage for one connection: place it anywhere (static memory, a struct, the stack), then
 // `fb_connection_init`. Opaque; moving it with `memcpy` between calls is allowed.
 typedef struct FbConnection {
-  uint64_t _opaque[60];
+  uint64_t _opaque[54];
 } FbConnection;
 
 // What one `fb_connection_handle_input` call produced.

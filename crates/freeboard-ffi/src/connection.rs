@@ -18,13 +18,13 @@ use crate::{
 };
 
 /// Bytes of an [`FbConnection`] handle.
-pub const FB_CONNECTION_SIZE: usize = 480;
+pub const FB_CONNECTION_SIZE: usize = 432;
 
 /// Storage for one connection: place it anywhere (static memory, a struct, the stack), then
 /// `fb_connection_init`. Opaque; moving it with `memcpy` between calls is allowed.
 #[repr(C)]
 pub struct FbConnection {
-    _opaque: [u64; 60],
+    _opaque: [u64; 54],
 }
 assert_handle!(FbConnection, FB_CONNECTION_SIZE, Connection, slack 7);
 
