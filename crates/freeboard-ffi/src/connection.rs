@@ -5,7 +5,7 @@
 //! the deadline of `fb_connection_poll_timeout` passes, `fb_connection_handle_timeout`. After
 //! each of these, drain `fb_connection_poll_event` and `fb_connection_poll_transmit`.
 
-use core::mem::{align_of, size_of};
+use core::mem::{MaybeUninit, align_of, size_of};
 use core::time::Duration;
 
 use freeboard_proto::{
@@ -24,7 +24,9 @@ pub const FB_CONNECTION_SIZE: usize = 432;
 /// `fb_connection_init`. Opaque; moving it with `memcpy` between calls is allowed.
 #[repr(C)]
 pub struct FbConnection {
-    _opaque: [u64; 54],
+    // `MaybeUninit`: the value inside has padding bytes, so the words are not all initialised
+    // integers and a Rust move of the handle must not claim they are (C copies bytes).
+    _opaque: [MaybeUninit<u64>; 54],
 }
 assert_handle!(FbConnection, FB_CONNECTION_SIZE, Connection, slack 7);
 

@@ -3,7 +3,7 @@
 //! A pool hands out fixed-size chunks by index (`uint32_t`). Each index `fb_pool_alloc` or
 //! `fb_pool_share` returns is one counted reference, given back with `fb_pool_release`.
 
-use core::mem::{align_of, size_of};
+use core::mem::{MaybeUninit, align_of, size_of};
 
 use freeboard_buf::{Budget, ChunkId, ChunkSlot, Pool, SegmentSlot};
 
@@ -22,7 +22,9 @@ const _: () = assert!(FB_POOL_MAX_CHUNK_SIZE == freeboard_buf::MAX_CHUNK_SIZE);
 /// `fb_pool_init`). Opaque.
 #[repr(C)]
 pub struct FbPool {
-    _opaque: [u64; 35],
+    // `MaybeUninit`: the value inside has padding bytes, so the words are not all initialised
+    // integers and a Rust move of the handle must not claim they are (C copies bytes).
+    _opaque: [MaybeUninit<u64>; 35],
 }
 // 24 bytes of slack: with freeboard-buf's `alloc` feature (unified in when a host build links
 // freeboard too) each of the pool's three region handles grows by a discriminant word.
