@@ -33,6 +33,10 @@
 
 #include "freeboard.h"
 
+/* The handles' sizes are in the header, so they can live in static memory. */
+_Static_assert(sizeof(FbConnection) == FB_CONNECTION_SIZE, "FbConnection size");
+_Static_assert(sizeof(FbPool) == FB_POOL_SIZE, "FbPool size");
+
 #define MAX_CLIENTS 32
 #define RX_CAP (16 * 1024)
 #define CHUNK_SIZE (16 * 1024)
