@@ -822,7 +822,7 @@ impl Parked {
 ///
 /// | bytes | what | why it must |
 /// |---|---|---|
-/// | 126 + 127 | the control payload being read (`rx.control`) and the pong or close frame we owe (`owed`) | a control payload may be 125 bytes, split across reads; a pong echoes its ping whole (§5.5.2) and a close reason is the caller's, so both outlive the input they came in; events borrow `rx.control` while a pong is still owed from the previous ping |
+/// | 126 + 127 | the control payload being read (`rx.control`, which `poll_event` lends out) and the pong or close frame we owe (`owed`) | a control payload may be 125 bytes and arrive split across reads; the pong for a ping must carry its payload whole (§5.5.2) even when the caller reads the next control frame before draining `poll_transmit` (documented as allowed), and a close reason given to `close` must survive the peer's control frames read before it is sent: one buffer cannot serve both |
 /// | 72 | [`Config`] | [`Connection::config`] returns `&Config`, whose fields are public `u64`s and `Duration`s |
 /// | 14 + 1 | a frame header cut off by the end of an input | headers are up to 14 bytes and may arrive a byte at a time |
 /// | 16 + 16 | the frame and the message being read | a 64-bit remaining length and message length (frames and messages may exceed 4 GiB), the mask key |
