@@ -58,6 +58,9 @@
 // Enough for any frame `fb_connection_poll_transmit` writes (header plus 125 bytes).
 #define FB_MAX_CONTROL_FRAME_LEN 131
 
+// Bytes of an [`FbParked`] handle.
+#define FB_PARKED_SIZE 32
+
 // Success.
 #define FB_OK 0
 
@@ -290,6 +293,13 @@ typedef struct FbEvent {
   size_t len;
 } FbEvent;
 
+// An idle connection's state without its buffers (`fb_connection_park`): keep these for
+// many mostly idle connections and resume one into an `FbConnection` when its socket has
+// something to say. Opaque.
+typedef struct FbParked {
+  uint64_t _opaque[4];
+} FbParked;
+
 // The outcome of `fb_handshake_accept` or `fb_handshake_client_response`.
 typedef struct FbHandshake {
   // The length of the request or response head; the bytes after it are the first frames.
@@ -499,6 +509,32 @@ int32_t fb_connection_close(struct FbConnection *conn,
 // # Safety
 // `buf` valid for reads and writes of `len` bytes (or null with 0); `key` 4 readable bytes.
 int32_t fb_apply_mask(uint8_t *buf, size_t len, const uint8_t *key, size_t offset);
+
+// Stores `conn`'s state in `parked` and returns 1 if the connection has nothing in flight
+// (open, no frame or message half read or half sent, no event or control frame waiting);
+// returns 0 and leaves `parked` alone otherwise. `conn` is unchanged either way: reuse its
+// storage for another connection once parked.
+//
+// # Safety
+// `conn` as for `fb_connection_state`; `parked` null or a writable `FbParked`.
+int32_t fb_connection_park(struct FbConnection *conn, struct FbParked *parked);
+
+// Initialises `conn` with the connection parked in `parked` (which stays valid) and the
+// `config` it was parked under (null for the defaults).
+//
+// # Safety
+// `parked` null or a zeroed or parked `FbParked`; `config` null or an `FbConfig`; `conn` null
+// or a writable `FbConnection`.
+int32_t fb_connection_resume(struct FbParked *parked,
+                             const struct FbConfig *config,
+                             struct FbConnection *conn);
+
+// The next deadline of a parked connection, as `fb_connection_poll_timeout`: 1 with
+// `at_ms` set, or 0 when no timer runs. Resume it when the deadline passes.
+//
+// # Safety
+// `parked` null or a zeroed or parked `FbParked`; `at_ms` valid for writing a `uint64_t`.
+int32_t fb_parked_poll_timeout(struct FbParked *parked, uint64_t *at_ms);
 
 // The close code a peer error earns (1002, 1007 or 1009), the code to put in the close frame;
 // 0 for any other status.

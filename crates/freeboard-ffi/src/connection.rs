@@ -9,7 +9,7 @@ use core::mem::{MaybeUninit, align_of, size_of};
 use core::time::Duration;
 
 use freeboard_proto::{
-    CloseCode, Config, Connection, Event, Instant, MessageKind, OpCode, Role, State,
+    CloseCode, Config, Connection, Event, Instant, MessageKind, OpCode, Parked, Role, State,
 };
 
 use crate::{
@@ -173,24 +173,8 @@ pub unsafe extern "C" fn fb_connection_init(
         FB_ROLE_CLIENT => Role::Client,
         _ => return FB_ERR_INVALID_ARGUMENT,
     };
-    let config = if config.is_null() {
-        Config::DEFAULT
-    } else {
-        // SAFETY: non-null and pointing to an FbConfig (this function's contract); every bit
-        // pattern of its integer fields is valid.
-        let c = unsafe { config.read() };
-        Config::builder()
-            .max_message_size(c.max_message_size)
-            .max_frame_size(c.max_frame_size)
-            .auto_pong(c.auto_pong != 0)
-            .close_timeout(Duration::from_millis(c.close_timeout_ms.into()))
-            .ping_interval(
-                (c.ping_interval_ms != 0).then(|| Duration::from_millis(c.ping_interval_ms.into())),
-            )
-            .pong_timeout(Duration::from_millis(c.pong_timeout_ms.into()))
-            .allowed_rsv(c.allowed_rsv)
-            .build()
-    };
+    // SAFETY: as this function's contract.
+    let config = unsafe { config_from(config) };
     let value = Connection::new(role, config, Instant::from_millis(now_ms));
     // SAFETY: null or a writable FbConnection (this function's contract), which is large and
     // aligned enough for the slot (assert_handle!).
@@ -570,6 +554,114 @@ pub unsafe extern "C" fn fb_apply_mask(
         let key = unsafe { mask_key(key) }.ok_or(FB_ERR_NULL)?;
         freeboard_proto::mask::apply_mask(buf, key, offset % 4);
         Ok(FB_OK)
+    };
+    status(run())
+}
+
+/// The configuration `config` describes, or the defaults for null.
+///
+/// # Safety
+/// `config` is null or points to an `FbConfig`.
+unsafe fn config_from(config: *const FbConfig) -> Config {
+    if config.is_null() {
+        return Config::DEFAULT;
+    }
+    // SAFETY: non-null and pointing to an FbConfig (this function's contract); every bit
+    // pattern of its integer fields is valid.
+    let c = unsafe { config.read() };
+    Config::builder()
+        .max_message_size(c.max_message_size)
+        .max_frame_size(c.max_frame_size)
+        .auto_pong(c.auto_pong != 0)
+        .close_timeout(Duration::from_millis(c.close_timeout_ms.into()))
+        .ping_interval(
+            (c.ping_interval_ms != 0).then(|| Duration::from_millis(c.ping_interval_ms.into())),
+        )
+        .pong_timeout(Duration::from_millis(c.pong_timeout_ms.into()))
+        .allowed_rsv(c.allowed_rsv)
+        .build()
+}
+
+/// Bytes of an [`FbParked`] handle.
+pub const FB_PARKED_SIZE: usize = 32;
+
+/// An idle connection's state without its buffers (`fb_connection_park`): keep these for
+/// many mostly idle connections and resume one into an `FbConnection` when its socket has
+/// something to say. Opaque.
+#[repr(C)]
+pub struct FbParked {
+    // See FbConnection.
+    _opaque: [MaybeUninit<u64>; 4],
+}
+assert_handle!(FbParked, FB_PARKED_SIZE, Parked, slack 7);
+
+const PARKED_TAG: u32 = 0x4642_504b; // "FBPK"
+
+/// Stores `conn`'s state in `parked` and returns 1 if the connection has nothing in flight
+/// (open, no frame or message half read or half sent, no event or control frame waiting);
+/// returns 0 and leaves `parked` alone otherwise. `conn` is unchanged either way: reuse its
+/// storage for another connection once parked.
+///
+/// # Safety
+/// `conn` as for `fb_connection_state`; `parked` null or a writable `FbParked`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fb_connection_park(conn: *mut FbConnection, parked: *mut FbParked) -> i32 {
+    let run = || {
+        if parked.is_null() {
+            return Err(FB_ERR_NULL);
+        }
+        // SAFETY: as this function's contract.
+        let conn = unsafe { connection(conn) }?;
+        match conn.park() {
+            // SAFETY: non-null (checked), a writable FbParked (this function's contract).
+            Some(state) => unsafe { slot_init(parked.cast(), PARKED_TAG, state) }.map(|()| 1),
+            None => Ok(0),
+        }
+    };
+    status(run())
+}
+
+/// Initialises `conn` with the connection parked in `parked` (which stays valid) and the
+/// `config` it was parked under (null for the defaults).
+///
+/// # Safety
+/// `parked` null or a zeroed or parked `FbParked`; `config` null or an `FbConfig`; `conn` null
+/// or a writable `FbConnection`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fb_connection_resume(
+    parked: *mut FbParked,
+    config: *const FbConfig,
+    conn: *mut FbConnection,
+) -> i32 {
+    let run = || {
+        if conn.is_null() {
+            return Err(FB_ERR_NULL);
+        }
+        // SAFETY: as this function's contract.
+        let state = *unsafe { slot_mut::<Parked>(parked.cast(), PARKED_TAG) }?;
+        // SAFETY: as this function's contract.
+        let value = state.resume(unsafe { config_from(config) });
+        // SAFETY: non-null (checked), a writable FbConnection (this function's contract).
+        unsafe { slot_init(conn.cast(), TAG, value) }.map(|()| FB_OK)
+    };
+    status(run())
+}
+
+/// The next deadline of a parked connection, as `fb_connection_poll_timeout`: 1 with
+/// `at_ms` set, or 0 when no timer runs. Resume it when the deadline passes.
+///
+/// # Safety
+/// `parked` null or a zeroed or parked `FbParked`; `at_ms` valid for writing a `uint64_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fb_parked_poll_timeout(parked: *mut FbParked, at_ms: *mut u64) -> i32 {
+    let run = || {
+        // SAFETY: as this function's contract.
+        let state = unsafe { slot_mut::<Parked>(parked.cast(), PARKED_TAG) }?;
+        match state.poll_timeout() {
+            // SAFETY: as this function's contract.
+            Some(at) => unsafe { put(at_ms, at.as_millis()) }.map(|()| 1),
+            None => Ok(0),
+        }
     };
     status(run())
 }

@@ -411,3 +411,40 @@ fn pool_over_caller_regions() {
     assert_eq!((stats.chunks_total, stats.chunks_in_use, stats.allocation_failures), (3, 2, 1));
     assert_eq!(unsafe { fb_pool_deinit(&mut pool) }, FB_OK);
 }
+
+#[test]
+fn an_idle_connection_parks_in_32_bytes_and_resumes() {
+    let mut config: FbConfig = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { fb_config_default(&mut config) }, FB_OK);
+    config.ping_interval_ms = 30_000;
+    let mut conn = zeroed_connection();
+    assert_eq!(unsafe { fb_connection_init(&mut conn, FB_ROLE_SERVER, &config, 1_000) }, FB_OK);
+    let mut parked: FbParked = unsafe { std::mem::zeroed() };
+    assert_eq!(std::mem::size_of::<FbParked>(), FB_PARKED_SIZE);
+    let mut at = 0;
+    assert_eq!(unsafe { fb_parked_poll_timeout(&mut parked, &mut at) }, FB_ERR_NOT_INITIALIZED);
+
+    // Half a frame in flight: not parkable.
+    let mut half = b"\x81\x85\x01\x02".to_vec();
+    let mut got = input();
+    let rc =
+        unsafe { fb_connection_handle_input(&mut conn, 1_000, half.as_mut_ptr(), 4, &mut got) };
+    assert_eq!((rc, got.consumed), (FB_OK, 4));
+    assert_eq!(unsafe { fb_connection_park(&mut conn, &mut parked) }, 0);
+
+    // A fresh idle connection parks; its keep-alive deadline goes with it.
+    assert_eq!(unsafe { fb_connection_init(&mut conn, FB_ROLE_SERVER, &config, 1_000) }, FB_OK);
+    assert_eq!(unsafe { fb_connection_park(&mut conn, &mut parked) }, 1);
+    assert_eq!(unsafe { fb_connection_deinit(&mut conn) }, FB_OK);
+    assert_eq!(unsafe { fb_parked_poll_timeout(&mut parked, &mut at) }, 1);
+    assert_eq!(at, 31_000);
+
+    // Resumed into other storage, it reads a masked frame as before.
+    let mut other = zeroed_connection();
+    assert_eq!(unsafe { fb_connection_resume(&mut parked, &config, &mut other) }, FB_OK);
+    let mut frame = b"\x81\x82\x00\x00\x00\x00hi".to_vec();
+    let (data, status, _) = receive(&mut other, &mut frame);
+    assert_eq!((data.as_slice(), status), (&b"hi"[..], FB_OK));
+    assert_eq!(unsafe { fb_connection_poll_timeout(&mut other, &mut at) }, 1);
+    assert_eq!(at, 30_000, "input restarts the keep-alive interval from its time (0 here)");
+}
