@@ -5,6 +5,7 @@
 //!
 //! - the connection ([`FbConnection`], `fb_connection_*`): bytes and time in; payload pieces,
 //!   events, bytes to send and deadlines out — `freeboard_proto::Connection` behind a handle;
+//!   an idle one parks in an [`FbParked`] (`fb_connection_park`, `fb_connection_resume`);
 //! - the opening handshake (`fb_handshake_*`), server and client side;
 //! - the chunk pool ([`FbPool`], `fb_pool_*`) over memory the caller lends.
 //!
