@@ -190,7 +190,7 @@ static void drain_events(struct client *c) {
     }
 }
 
-/* Feeds the received bytes to the core while the send buffer has room for what comes out. */
+/* Feeds the received bytes to the core while the send queue has room for what comes out. */
 static void pump(struct client *c, uint64_t now) {
     for (;;) {
         queue_control(c);
@@ -239,6 +239,10 @@ static void handshake(struct client *c, uint64_t now) {
                                  &hs);
     if (rc == 0) {
         return; /* read more */
+    }
+    if (rc == FB_ERR_INSUFFICIENT_SIZE) {
+        drop_client(c); /* cannot happen with 512 bytes and no subprotocol; never send a part */
+        return;
     }
     if (enqueue(c, response, hs.response_len) < 0) {
         drop_client(c); /* no memory for even the answer: shed the connection */
