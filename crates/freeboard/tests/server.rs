@@ -439,8 +439,11 @@ fn a_closed_connection_whose_peer_stops_reading_is_dropped_at_the_close_timeout(
     let mut hog = non_reader(addr);
     // Enough echoes to fill the kernel's buffers and leave some in the server's queue, then a
     // close: the server answers it behind those echoes, which the peer never reads.
-    let message = vec![7u8; 1000];
-    for _ in 0..6_000 {
+    // 16 KiB messages: few, full segments. Thousands of small ones could overrun the
+    // server's receive buffer by their per-segment overhead while a loaded machine delays its
+    // reads, and the kernel's retransmission back-off (up to 120 s) would stall the test.
+    let message = vec![7u8; 16 << 10];
+    for _ in 0..375 {
         hog.send(0x82, &message);
     }
     hog.send(0x88, &1000u16.to_be_bytes());

@@ -42,11 +42,11 @@ impl<T: Transport> EventLoop<T> {
                 }
                 None => {}
             }
-            self.report_close(token);
             // A pause (send queue above its high watermark) stops reading from the socket, not
             // the parsing of bytes already read: dropping them would tear the stream.
             let Some(entry) = self.conns.get(token) else { return };
             if entry.session.state() == State::Closed {
+                self.report_close(token);
                 return;
             }
             if entry.session.queue().messages() >= WRITE_THROUGH {

@@ -271,11 +271,23 @@ impl Session {
                 return (len, None);
             }
         };
-        let received = input
-            .payload
-            .and_then(|piece| self.inbound.piece(cx.pool, cx.limits, cx.now, ws, piece));
         let consumed = input.consumed;
-        self.queue_control(cx);
+        let received = match input.payload {
+            Some(piece) => {
+                let received = self.inbound.piece(cx.pool, cx.limits, cx.now, ws, piece);
+                // A data piece makes the core owe nothing, unless the message did not fit
+                // and the session closed.
+                if ws.state() != State::Open {
+                    self.queue_control(cx);
+                }
+                received
+            }
+            None => {
+                // A control frame (or the end of one) may have to be answered.
+                self.queue_control(cx);
+                None
+            }
+        };
         (consumed, received)
     }
 
