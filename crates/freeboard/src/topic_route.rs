@@ -1,10 +1,14 @@
 //! The topic endpoint of `freeboard serve`: an application handler on the topic registry.
 
+use std::sync::Arc;
+use std::time::SystemTime;
+
 use freeboard_proto::CloseCode;
 use freeboard_proto::handshake::Request;
 
+use crate::auth::{Grant, TokenError, TokenVerifier, bearer_token};
 use crate::config::TopicsConfig;
-use crate::handler::{Conn, Handler, Message, RouteOptions, Router, Upgrade};
+use crate::handler::{Accepted, Conn, Decision, Handler, Message, RouteOptions, Router};
 use crate::topics::topics_in_target;
 
 /// The `/topic/{name}` endpoint of `freeboard serve`: the upgrade subscribes the connection to
@@ -12,26 +16,67 @@ use crate::topics::topics_in_target;
 /// messages the client sends are published to `name` if client publishing is allowed, else
 /// answered with close 1008.
 ///
+/// With a [`TokenVerifier`] the upgrade needs a bearer token (`Authorization: Bearer`, or
+/// `?access_token=` for browsers) whose `subscribe` claim grants every topic asked for (401
+/// without a valid token, 403 when a topic is not granted; counted in
+/// `freeboard_access_refusals_total{reason}`); the connection is closed with
+/// [`TOKEN_EXPIRED`](crate::auth::TOKEN_EXPIRED) when the token's `exp` passes, and a client
+/// publishes only to topics its `publish` claim grants (else close 1008).
+///
 /// Mount it with [`Router::route_with`](crate::Router::route_with) under a prefix, with the
 /// topic routes' slow-consumer policy (see [`TopicsConfig`]).
 #[derive(Debug, Clone)]
 pub struct TopicRoute {
     prefix: String,
     client_publish: bool,
+    verifier: Option<Arc<TokenVerifier>>,
 }
 
 impl TopicRoute {
-    /// A topic endpoint under `prefix` (e.g. `/topic/`).
+    /// A topic endpoint under `prefix` (e.g. `/topic/`), open to anyone.
     pub fn new(prefix: &str, client_publish: bool) -> Self {
-        Self { prefix: prefix.to_owned(), client_publish }
+        Self { prefix: prefix.to_owned(), client_publish, verifier: None }
+    }
+
+    /// Requires a token `verifier` accepts, whose claims grant the topics.
+    pub fn with_tokens(mut self, verifier: Arc<TokenVerifier>) -> Self {
+        self.verifier = Some(verifier);
+        self
+    }
+
+    fn authorize(&self, request: &Request<'_, '_>, topics: &[&str]) -> Result<Accepted, TokenError> {
+        let Some(verifier) = &self.verifier else { return Ok(Accepted::new()) };
+        let token = bearer_token(request).ok_or(TokenError::Missing)?;
+        let grant = verifier.verify(token, SystemTime::now())?;
+        if !topics.iter().all(|t| grant.may_subscribe(t)) {
+            return Err(TokenError::NotGranted);
+        }
+        Ok(Accepted::new().expires_at(grant.expires).data(grant))
     }
 }
 
 impl Handler for TopicRoute {
-    fn on_upgrade(&mut self, request: &Request<'_, '_>) -> Upgrade {
-        match topics_in_target(&self.prefix, request.path()) {
-            Some(_) => Upgrade::Accept { protocol: None },
-            None => Upgrade::Reject(400),
+    fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
+        if !self.client_publish {
+            conn.close(CloseCode::POLICY_VIOLATION, "publishing is not allowed here");
+            return;
+        }
+        let Some(topic) = conn.topics().next().map(str::to_owned) else { return };
+        if self.verifier.is_some() && !conn.data::<Grant>().is_some_and(|g| g.may_publish(&topic))
+        {
+            conn.close(CloseCode::POLICY_VIOLATION, "the token does not grant publishing here");
+            return;
+        }
+        let _ = conn.publish(&topic, message.kind, message.data);
+    }
+
+    fn decide_upgrade(&mut self, request: &Request<'_, '_>, decision: Decision) {
+        let Some(topics) = topics_in_target(&self.prefix, request.path()) else {
+            return decision.reject(400);
+        };
+        match self.authorize(request, &topics) {
+            Ok(accepted) => decision.accept(accepted),
+            Err(e) => decision.reject_because(e.status(), e.label()),
         }
     }
 
@@ -44,20 +89,14 @@ impl Handler for TopicRoute {
             }
         }
     }
-
-    fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
-        if !self.client_publish {
-            conn.close(CloseCode::POLICY_VIOLATION, "publishing is not allowed here");
-            return;
-        }
-        let Some(topic) = conn.topics().next().map(str::to_owned) else { return };
-        let _ = conn.publish(&topic, message.kind, message.data);
-    }
 }
 
 impl Router {
     /// Mounts a [`TopicRoute`] at `config.path` (a prefix route) with the topic routes'
-    /// slow-consumer policy and send-queue limits. Does nothing if the path is empty.
+    /// slow-consumer policy and send-queue limits, requiring tokens when `config` names a
+    /// JWT secret or key set. Does nothing if the path is empty (or the configuration is
+    /// invalid: [`ServerConfig::validate`](crate::ServerConfig::validate) says why, and
+    /// `Server::bind` refuses it).
     ///
     /// ```
     /// use freeboard::{Echo, Router, ServerConfig};
@@ -69,11 +108,16 @@ impl Router {
     /// ```
     pub fn topics(self, config: &TopicsConfig) -> Self {
         let Ok(marks) = config.watermarks() else { return self };
+        let Ok(verifier) = config.verifier() else { return self };
         if config.path.is_empty() {
             return self;
         }
         let options =
             RouteOptions::new().prefix().slow_consumer(config.slow_consumer).watermarks(marks);
-        self.route_with(&config.path, TopicRoute::new(&config.path, config.client_publish), options)
+        let mut route = TopicRoute::new(&config.path, config.client_publish);
+        if let Some(verifier) = verifier {
+            route = route.with_tokens(Arc::new(verifier));
+        }
+        self.route_with(&config.path, route, options)
     }
 }

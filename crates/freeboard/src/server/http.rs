@@ -2,13 +2,14 @@
 //! with their status, and the plain routes a [`Router`](crate::Router) opted into
 //! ([`HttpRoute`]: health, metrics, publish).
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
 use freeboard_proto::handshake::{self, EMPTY_HEADER, HandshakeError, Request};
 use freeboard_proto::{Instant, MessageKind, Role};
 
-use super::event_loop::{EventLoop, LINGER};
-use crate::handler::{HttpRoute, Upgrade};
+use super::event_loop::{EventLoop, LINGER, PendingUpgrade};
+use crate::handler::{Accepted, Completion, Decision, HttpRoute, RouteOptions, Verdict};
 use crate::parking::Ws;
 use crate::session::{Body, Phase, Session};
 use crate::transport::Transport;
@@ -16,7 +17,8 @@ use freeboard_buf::SendQueue;
 
 /// The share of the pool's chunks (1 / this) that partial request heads may hold together.
 const HEAD_SHARE: usize = 4;
-const RETRY_SOON: &str = "Retry-After: 1\r\n";
+pub(super) const RETRY_SOON: &str = "Retry-After: 1\r\n";
+pub(super) const BEARER_CHALLENGE: &str = "WWW-Authenticate: Bearer\r\n";
 const BUDGET_EXHAUSTED: &str = "server memory budget exhausted";
 
 impl<T: Transport> EventLoop<T> {
@@ -67,24 +69,29 @@ impl<T: Transport> EventLoop<T> {
     /// Handles the request bytes in `buf`. Returns whether the connection is now open.
     fn request(&mut self, token: usize, now: Instant, buf: &mut [u8], eof: bool) -> bool {
         const MAX_HEAD: usize = handshake::DEFAULT_MAX_HEAD_LEN;
+        let mut buf = buf;
+        if self.shared.config.proxy_protocol && !self.conns[token].attributed {
+            match crate::proxy_header::parse(buf) {
+                Ok(Some((len, source))) => {
+                    let source = source.unwrap_or(self.conns[token].peer);
+                    self.attribute(token, now, source);
+                    buf = &mut buf[len..];
+                }
+                Ok(None) if !eof && buf.len() < crate::proxy_header::MAX_LEN => {
+                    return self.keep_partial(token, now, buf);
+                }
+                _ => {
+                    self.shared.metrics.access_refusal("proxy_header");
+                    return self.refuse(token, now, 400, "", "a PROXY protocol header is required");
+                }
+            }
+        }
         let mut headers = [EMPTY_HEADER; 64];
         let mut req = httparse::Request::new(&mut headers);
         let parsed = req.parse(buf);
         let (path, upgrade, head_len) = match parsed {
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD && !eof => {
-                // Partial heads are untrusted: together they may hold a share of the pool
-                // only, so slow clients cannot starve the connections already open.
-                let chunks = head_chunks(buf.len(), self.pool.chunk_size());
-                if self.head_chunks + chunks > self.pool.chunks_total() / HEAD_SHARE {
-                    return self.refuse(token, now, 503, RETRY_SOON, "too many partial requests");
-                }
-                let partial = self.conns[token].session.partial_mut();
-                if partial.append(&mut self.pool, buf).is_err() {
-                    partial.clear(&mut self.pool);
-                    return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
-                }
-                self.head_chunks += chunks;
-                return false;
+                return self.keep_partial(token, now, buf);
             }
             Ok(httparse::Status::Partial) if eof => {
                 self.remove(token);
@@ -100,6 +107,12 @@ impl<T: Transport> EventLoop<T> {
             }
             Err(_) => return self.refuse_error(token, now, HandshakeError::Malformed),
         };
+        if !self.conns[token].attributed {
+            // From a trusted proxy: the client is the address it forwarded.
+            let peer = self.conns[token].peer;
+            let client = self.shared.proxies.client(req.headers);
+            self.attribute(token, now, client.map_or(peer, |ip| SocketAddr::new(ip, 0)));
+        }
         let route = self.router.find(path);
         if !upgrade {
             let target = path.split('?').next().unwrap_or(path);
@@ -135,6 +148,10 @@ impl<T: Transport> EventLoop<T> {
             Ok(None) => unreachable!("httparse found the head complete"),
             Err(e) => return self.refuse_error(token, now, e),
         };
+        if !self.shared.origins.allows(request.origin()) {
+            self.shared.metrics.access_refusal("origin");
+            return self.refuse(token, now, 403, "", "origin not allowed");
+        }
         let config = &self.shared.config;
         let peer = self.conns[token].peer;
         let retry_after = format!("Retry-After: {}\r\n", config.retry_after.as_secs().max(1));
@@ -154,13 +171,86 @@ impl<T: Transport> EventLoop<T> {
         if self.pool.chunks_free() * self.pool.chunk_size() < config.connection_reserve {
             return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
         }
+        let serial = self.conns[token].serial;
+        let decision = Decision::new(token, serial, peer, self.decisions.clone());
+        self.decisions.deciding.store(true, Ordering::SeqCst);
+        self.router.handler(route).decide_upgrade(&request, decision);
+        self.decisions.deciding.store(false, Ordering::SeqCst);
+        self.decisions.drain_into(&mut self.completed);
+        let mine = self.completed.iter().position(|c| c.token == token && c.serial == serial);
+        match mine.map(|i| self.completed.swap_remove(i).verdict) {
+            Some(Verdict::Reject { status, reason }) => self.refuse_upgrade(token, now, status, reason),
+            Some(Verdict::Accept(accepted)) => {
+                let key = request.accept_key();
+                if !self.open_upgraded(token, now, route, options, path, &key, accepted) {
+                    return false;
+                }
+                if len < buf.len() {
+                    self.receive(token, now, &mut buf[len..]);
+                }
+                true
+            }
+            None if len < buf.len() => {
+                // The decision comes later; the bytes after the head cannot wait for it
+                // (they would hold the loop's read buffer). §4.1: "the client MUST wait for a
+                // response from the server before sending any further data."
+                self.refuse(token, now, 400, "", "data sent before the handshake response")
+            }
+            None if !self.shared.reserve_pending() => {
+                self.shared.metrics.access_refusal("pending_full");
+                self.refuse(token, now, 503, RETRY_SOON, "too many upgrades awaiting a decision")
+            }
+            None => {
+                let accept_key = request.accept_key();
+                let target = path.into();
+                let pending = PendingUpgrade { serial, route, options, target, accept_key };
+                self.pending.insert(token, pending);
+                false
+            }
+        }
+    }
+
+    /// Refuses an upgrade its handler decided against; an application's own reason is
+    /// counted as an access refusal.
+    pub(super) fn refuse_upgrade(
+        &mut self,
+        token: usize,
+        now: Instant,
+        status: u16,
+        reason: &str,
+    ) -> bool {
+        if reason != "refused" {
+            self.shared.metrics.access_refusal(reason);
+        }
+        let challenge = if status == 401 { BEARER_CHALLENGE } else { "" };
+        self.refuse(token, now, status, challenge, reason)
+    }
+
+    /// Switches the connection to WebSocket after an accepting decision: the `101`, the
+    /// route's queue, the decision's data and expiry, `on_open`. Returns whether it is open.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn open_upgraded(
+        &mut self,
+        token: usize,
+        now: Instant,
+        route: usize,
+        options: RouteOptions,
+        target: &str,
+        accept_key: &handshake::AcceptKey,
+        accepted: Accepted,
+    ) -> bool {
+        let (protocol, data, expires) = accepted.into_parts();
+        let expires = match expires.map(|at| at.duration_since(std::time::SystemTime::now())) {
+            None => None,
+            Some(Ok(left)) => Some(now + left),
+            Some(Err(_)) => {
+                self.shared.metrics.access_refusal("token_expired");
+                return self.refuse(token, now, 401, BEARER_CHALLENGE, "authorization expired");
+            }
+        };
         let mut response = [0u8; 1024];
-        let n = match self.router.handler(route).on_upgrade(&request) {
-            Upgrade::Accept { protocol } => match request.accept(protocol, None, &mut response) {
-                Ok(n) => n,
-                Err(_) => return self.refuse(token, now, 500, "", "response too large"),
-            },
-            Upgrade::Reject(status) => return self.refuse(token, now, status, "", "refused"),
+        let Some(n) = switching_protocols(accept_key, protocol, &mut response) else {
+            return self.refuse(token, now, 500, "", "response too large");
         };
         let entry = &mut self.conns[token];
         let queue = (options.slow_consumer.is_some() || options.watermarks.is_some()).then(|| {
@@ -174,25 +264,100 @@ impl<T: Transport> EventLoop<T> {
             return false;
         }
         entry.route = route as u32;
+        let serial = entry.serial;
         self.shared.metrics.connections.inc();
-        self.call_with(token, now, path, |handler, conn| handler.on_open(conn));
-        if len < buf.len() {
-            self.receive(token, now, &mut buf[len..]);
+        if let Some(data) = data {
+            self.data.insert(token, data);
         }
+        if let Some(at) = expires {
+            self.expiries.push(std::cmp::Reverse((at, token, serial)));
+        }
+        self.call_with(token, now, target, |handler, conn| handler.on_open(conn));
         true
+    }
+
+    /// Acts on a decision completed after its `decide_upgrade` call returned. A decision for
+    /// a connection that is gone, timed out or reused its slot is ignored.
+    pub(super) fn finish_decision(&mut self, completion: Completion, now: Instant) {
+        let token = completion.token;
+        if self.pending.get(&token).is_none_or(|p| p.serial != completion.serial) {
+            return;
+        }
+        // NOTE(unwrap): looked up just above.
+        let pending = self.pending.remove(&token).unwrap();
+        self.shared.release_pending();
+        match completion.verdict {
+            Verdict::Reject { status, reason } => {
+                self.refuse_upgrade(token, now, status, reason);
+            }
+            Verdict::Accept(accepted) => {
+                let reserve = self.shared.config.connection_reserve;
+                if self.pool.chunks_free() * self.pool.chunk_size() < reserve {
+                    self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
+                } else {
+                    let PendingUpgrade { route, options, target, accept_key, .. } = pending;
+                    if self.open_upgraded(token, now, route, options, &target, &accept_key, accepted)
+                    {
+                        // What arrived while the decision was pending (edge-triggered epoll
+                        // will not report it again), the peer's EOF included.
+                        self.read_open(token, now);
+                    }
+                }
+            }
+        }
+        self.mark(token);
+    }
+
+    /// Counts the connection against its client's address (a forwarded one, or its own).
+    pub(super) fn attribute(&mut self, token: usize, now: Instant, client: SocketAddr) {
+        let entry = &mut self.conns[token];
+        if client.ip() != entry.peer.ip() {
+            self.shared.metrics.access.forwarded.inc();
+        }
+        entry.peer = client;
+        entry.attributed = true;
+        let limited = self.shared.attribute(client.ip(), now.as_millis() as f64 / 1000.0);
+        let entry = &mut self.conns[token];
+        entry.limited = entry.limited.or(limited);
+    }
+
+    /// Keeps a partial request head (or PROXY header) for the next read. Partial heads are
+    /// untrusted: together they may hold a share of the pool only, so slow clients cannot
+    /// starve the connections already open.
+    fn keep_partial(&mut self, token: usize, now: Instant, buf: &[u8]) -> bool {
+        let chunks = head_chunks(buf.len(), self.pool.chunk_size());
+        if self.head_chunks + chunks > self.pool.chunks_total() / HEAD_SHARE {
+            return self.refuse(token, now, 503, RETRY_SOON, "too many partial requests");
+        }
+        let partial = self.conns[token].session.partial_mut();
+        if partial.append(&mut self.pool, buf).is_err() {
+            partial.clear(&mut self.pool);
+            return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
+        }
+        self.head_chunks += chunks;
+        false
     }
 
     fn refuse_error(&mut self, token: usize, now: Instant, error: HandshakeError) -> bool {
         let mut out = [0u8; 512];
         // NOTE(unwrap): every refusal fits in 512 bytes.
         let n = error.write_response(&mut out).unwrap();
+        self.shared.log_refusal(error.status(), self.conns[token].peer, &error.to_string());
         self.send_final(token, now, error.status(), &out[..n]);
         false
     }
 
     /// Answers `status` with `extra` headers and a plain-text `body` saying why, then closes.
     /// Always `false` (the connection is not open), for the callers' convenience.
-    fn refuse(&mut self, token: usize, now: Instant, status: u16, extra: &str, body: &str) -> bool {
+    pub(super) fn refuse(
+        &mut self,
+        token: usize,
+        now: Instant,
+        status: u16,
+        extra: &str,
+        body: &str,
+    ) -> bool {
+        self.shared.log_refusal(status, self.conns[token].peer, body);
         let mut out = [0u8; 512];
         let n = handshake::write_refusal(status, extra, body, &mut out).unwrap_or(0);
         self.send_final(token, now, status, &out[..n]);
@@ -209,7 +374,6 @@ impl<T: Transport> EventLoop<T> {
 
     fn send_final(&mut self, token: usize, now: Instant, status: u16, response: &[u8]) {
         self.shared.metrics.refuse(status);
-        tracing::debug!(status, peer = %self.conns[token].peer, "upgrade refused");
         self.queue_final(token, now, &[response]);
     }
 
@@ -390,6 +554,27 @@ impl<T: Transport> EventLoop<T> {
             format!("{{\"loops\":{},\"dropped\":{}}}\n", published.loops, published.dropped);
         self.respond(token, now, 200, "application/json", answer.as_bytes());
     }
+}
+
+/// Writes the `101 Switching Protocols` answering a request whose key gave `accept_key`;
+/// `None` if `out` is too small.
+fn switching_protocols(
+    accept_key: &handshake::AcceptKey,
+    protocol: Option<&str>,
+    out: &mut [u8],
+) -> Option<usize> {
+    use std::io::Write;
+    let mut w = std::io::Cursor::new(out);
+    w.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n")
+        .ok()?;
+    w.write_all(b"Sec-WebSocket-Accept: ").ok()?;
+    w.write_all(accept_key).ok()?;
+    w.write_all(b"\r\n").ok()?;
+    if let Some(protocol) = protocol {
+        write!(w, "Sec-WebSocket-Protocol: {protocol}\r\n").ok()?;
+    }
+    w.write_all(b"\r\n").ok()?;
+    Some(w.position() as usize)
 }
 
 /// The chunks a partial request head of `len` bytes is counted as holding.

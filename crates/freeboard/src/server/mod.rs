@@ -10,6 +10,7 @@ use mio::net::TcpStream;
 use mio::{Poll, Waker};
 use socket2::{Domain, Protocol, Socket, Type};
 
+mod access;
 mod event_loop;
 mod fan_out;
 mod handlers;
@@ -112,10 +113,11 @@ impl Server {
             .enumerate()
             .map(|(i, (poll, listener))| {
                 let shared = self.shared.clone();
+                let waker = self.wakers[i].clone();
                 std::thread::Builder::new()
                     .name(format!("freeboard-loop-{i}"))
                     .spawn(move || {
-                        EventLoop::<TcpStream>::new(i as u32, poll, listener, shared)?.run()
+                        EventLoop::<TcpStream>::new(i as u32, poll, listener, shared, waker)?.run()
                     })
                     .expect("the OS can start a thread")
             })
