@@ -79,7 +79,8 @@ impl Origins {
 
     /// Whether the list restricts anything.
     pub fn is_restricted(&self) -> bool {
-        !self.any && !(self.exact.is_empty() && self.subdomains.is_empty())
+        let empty = self.exact.is_empty() && self.subdomains.is_empty();
+        !self.any && !empty
     }
 
     /// Whether a request with this `Origin` header (or none) may upgrade.
@@ -90,7 +91,7 @@ impl Origins {
         }
         let Ok(origin) = std::str::from_utf8(origin) else { return false };
         let origin = origin.trim().to_ascii_lowercase();
-        self.exact.iter().any(|e| *e == origin)
+        self.exact.contains(&origin)
             || self.subdomains.iter().any(|(scheme, domain)| {
                 origin.strip_prefix(scheme.as_str()).is_some_and(|host| {
                     let name = host.rsplit_once(':').map_or(host, |(name, port)| {
@@ -194,7 +195,9 @@ impl TokenError {
 impl std::fmt::Display for TokenError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Self::Missing => "a bearer token is required (Authorization: Bearer, or ?access_token=)",
+            Self::Missing => {
+                "a bearer token is required (Authorization: Bearer, or ?access_token=)"
+            }
             Self::Invalid => "invalid token",
             Self::Expired => "token expired",
             Self::NotGranted => "the token does not grant this topic",
@@ -307,9 +310,7 @@ impl TokenVerifier {
             alg @ (Algorithm::RS256 | Algorithm::ES256) => {
                 let mut candidates = self.keys.iter().filter(|(_, a, _)| *a == alg);
                 match &header.kid {
-                    Some(kid) => {
-                        candidates.find(|(id, _, _)| id.as_deref() == Some(kid.as_str()))
-                    }
+                    Some(kid) => candidates.find(|(id, _, _)| id.as_deref() == Some(kid.as_str())),
                     None => {
                         let first = candidates.next();
                         first.filter(|_| candidates.next().is_none())

@@ -96,7 +96,12 @@ impl std::fmt::Debug for Decision {
 }
 
 impl Decision {
-    pub(crate) fn new(token: usize, serial: u64, peer: SocketAddr, decisions: Arc<Decisions>) -> Self {
+    pub(crate) fn new(
+        token: usize,
+        serial: u64,
+        peer: SocketAddr,
+        decisions: Arc<Decisions>,
+    ) -> Self {
         Self { token, serial, peer, decisions, done: false }
     }
 

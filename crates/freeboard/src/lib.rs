@@ -44,10 +44,11 @@ mod transport;
 pub use config::ServerConfig;
 pub use freeboard_buf::SlowConsumerPolicy;
 pub use freeboard_buf::Watermarks;
-pub use freeboard_proto::{CloseCode, MessageKind};
 pub use freeboard_proto::handshake::Request;
+pub use freeboard_proto::{CloseCode, MessageKind};
 pub use handler::{
-    Accepted, Conn, ConnId, Decision, Echo, Handler, HttpRoute, Message, RouteOptions, Router, Upgrade,
+    Accepted, Conn, ConnId, Decision, Echo, Handler, HttpRoute, Message, RouteOptions, Router,
+    Upgrade,
 };
 pub use metrics::Metrics;
 pub use server::{RunningServer, Server, ServerHandle};

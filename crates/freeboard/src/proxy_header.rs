@@ -67,12 +67,14 @@ fn parse_v2(buf: &[u8]) -> Result<Option<(usize, Option<SocketAddr>)>, ()> {
     }
     let body = &buf[16..len];
     let source = match (version_command & 0x0f, family) {
-        (0, _) => None,                         // LOCAL: the balancer's own connection
-        (1, 0x11) if body.len() >= 12 => {     // PROXY, TCP over IPv4
+        (0, _) => None, // LOCAL: the balancer's own connection
+        (1, 0x11) if body.len() >= 12 => {
+            // PROXY, TCP over IPv4
             let ip = Ipv4Addr::new(body[0], body[1], body[2], body[3]);
             Some(SocketAddr::new(ip.into(), u16::from_be_bytes([body[8], body[9]])))
         }
-        (1, 0x21) if body.len() >= 36 => {     // PROXY, TCP over IPv6
+        (1, 0x21) if body.len() >= 36 => {
+            // PROXY, TCP over IPv6
             let mut octets = [0u8; 16];
             octets.copy_from_slice(&body[..16]);
             let port = u16::from_be_bytes([body[32], body[33]]);
@@ -94,7 +96,10 @@ mod tests {
         let addr = SocketAddr::from(([192, 0, 2, 1], 56324));
         assert_eq!(parse(line), Ok(Some((45, Some(addr)))));
         let v6 = b"PROXY TCP6 2001:db8::1 2001:db8::2 1 2\r\n";
-        assert_eq!(parse(v6).unwrap().unwrap().1.unwrap().ip(), "2001:db8::1".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            parse(v6).unwrap().unwrap().1.unwrap().ip(),
+            "2001:db8::1".parse::<IpAddr>().unwrap()
+        );
         assert_eq!(parse(b"PROXY UNKNOWN\r\n"), Ok(Some((15, None))));
         for split in 0..45 {
             assert_eq!(parse(&line[..split]), Ok(None), "split at {split}");
@@ -108,7 +113,9 @@ mod tests {
     #[test]
     fn v2_headers() {
         let mut h = V2_SIGNATURE.to_vec();
-        h.extend_from_slice(&[0x21, 0x11, 0, 12, 203, 0, 113, 9, 10, 0, 0, 1, 0x1f, 0x90, 0x01, 0xbb]);
+        h.extend_from_slice(&[
+            0x21, 0x11, 0, 12, 203, 0, 113, 9, 10, 0, 0, 1, 0x1f, 0x90, 0x01, 0xbb,
+        ]);
         let addr = SocketAddr::from(([203, 0, 113, 9], 8080));
         assert_eq!(parse(&h), Ok(Some((28, Some(addr)))));
         for split in 0..h.len() {

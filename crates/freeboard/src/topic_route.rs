@@ -44,7 +44,11 @@ impl TopicRoute {
         self
     }
 
-    fn authorize(&self, request: &Request<'_, '_>, topics: &[&str]) -> Result<Accepted, TokenError> {
+    fn authorize(
+        &self,
+        request: &Request<'_, '_>,
+        topics: &[&str],
+    ) -> Result<Accepted, TokenError> {
         let Some(verifier) = &self.verifier else { return Ok(Accepted::new()) };
         let token = bearer_token(request).ok_or(TokenError::Missing)?;
         let grant = verifier.verify(token, SystemTime::now())?;
@@ -62,8 +66,7 @@ impl Handler for TopicRoute {
             return;
         }
         let Some(topic) = conn.topics().next().map(str::to_owned) else { return };
-        if self.verifier.is_some() && !conn.data::<Grant>().is_some_and(|g| g.may_publish(&topic))
-        {
+        if self.verifier.is_some() && !conn.data::<Grant>().is_some_and(|g| g.may_publish(&topic)) {
             conn.close(CloseCode::POLICY_VIOLATION, "the token does not grant publishing here");
             return;
         }

@@ -6,8 +6,8 @@
 //! in [`http`](super::http); the fan-out of published messages in
 //! [`fan_out`](super::fan_out).
 
-use std::cmp::Reverse;
 use std::any::Any;
+use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
@@ -142,7 +142,6 @@ pub(super) struct PendingUpgrade {
     pub(super) target: Box<str>,
     pub(super) accept_key: freeboard_proto::handshake::AcceptKey,
 }
-
 
 impl<T: Transport> EventLoop<T> {
     pub(crate) fn new(
@@ -294,9 +293,9 @@ impl<T: Transport> EventLoop<T> {
             self.drain_deadline,
         ]
         .into_iter()
-            .chain([self.accept_retry])
-            .flatten()
-            .min();
+        .chain([self.accept_retry])
+        .flatten()
+        .min();
         // Round up so a deadline is never polled for just before it is due.
         next.map(|at| at.saturating_duration_since(now) + Duration::from_millis(1))
     }

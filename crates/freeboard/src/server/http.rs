@@ -179,7 +179,9 @@ impl<T: Transport> EventLoop<T> {
         self.decisions.drain_into(&mut self.completed);
         let mine = self.completed.iter().position(|c| c.token == token && c.serial == serial);
         match mine.map(|i| self.completed.swap_remove(i).verdict) {
-            Some(Verdict::Reject { status, reason }) => self.refuse_upgrade(token, now, status, reason),
+            Some(Verdict::Reject { status, reason }) => {
+                self.refuse_upgrade(token, now, status, reason)
+            }
             Some(Verdict::Accept(accepted)) => {
                 let key = request.accept_key();
                 if !self.open_upgraded(token, now, route, options, path, &key, accepted) {
@@ -296,8 +298,15 @@ impl<T: Transport> EventLoop<T> {
                     self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
                 } else {
                     let PendingUpgrade { route, options, target, accept_key, .. } = pending;
-                    if self.open_upgraded(token, now, route, options, &target, &accept_key, accepted)
-                    {
+                    if self.open_upgraded(
+                        token,
+                        now,
+                        route,
+                        options,
+                        &target,
+                        &accept_key,
+                        accepted,
+                    ) {
                         // What arrived while the decision was pending (edge-triggered epoll
                         // will not report it again), the peer's EOF included.
                         self.read_open(token, now);
@@ -565,8 +574,10 @@ fn switching_protocols(
 ) -> Option<usize> {
     use std::io::Write;
     let mut w = std::io::Cursor::new(out);
-    w.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n")
-        .ok()?;
+    w.write_all(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n",
+    )
+    .ok()?;
     w.write_all(b"Sec-WebSocket-Accept: ").ok()?;
     w.write_all(accept_key).ok()?;
     w.write_all(b"\r\n").ok()?;
