@@ -16,13 +16,16 @@ const V2_SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";
 /// connection's own address), `Err(())` when `buf` does not start with a valid header.
 #[allow(clippy::result_unit_err)]
 pub(crate) fn parse(buf: &[u8]) -> Result<Option<(usize, Option<SocketAddr>)>, ()> {
+    if buf.is_empty() {
+        return Ok(None);
+    }
     let prefix = buf.len().min(V2_SIGNATURE.len());
-    if buf[..prefix] == V2_SIGNATURE[..prefix] && !buf.is_empty() {
+    if buf[..prefix] == V2_SIGNATURE[..prefix] {
         return parse_v2(buf);
     }
     let v1 = b"PROXY ";
     let prefix = buf.len().min(v1.len());
-    if buf[..prefix] != v1[..prefix] || buf.is_empty() {
+    if buf[..prefix] != v1[..prefix] {
         return Err(());
     }
     parse_v1(buf)

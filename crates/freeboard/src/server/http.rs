@@ -80,6 +80,10 @@ impl<T: Transport> EventLoop<T> {
                 Ok(None) if !eof && buf.len() < crate::proxy_header::MAX_LEN => {
                     return self.keep_partial(token, now, buf);
                 }
+                Ok(None) if eof => {
+                    self.remove(token);
+                    return false;
+                }
                 _ => {
                     self.shared.metrics.access_refusal("proxy_header");
                     return self.refuse(token, now, 400, "", "a PROXY protocol header is required");
