@@ -168,6 +168,9 @@ struct ServeArgs {
     /// The `aud` tokens must carry.
     #[arg(long, value_name = "AUDIENCE")]
     jwt_audience: Option<String>,
+    /// An origin whose pages may publish with `POST` from a browser (CORS; repeatable).
+    #[arg(long = "publish-cors-origin", value_name = "ORIGIN")]
+    publish_cors_origins: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -345,6 +348,9 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
     }
     if let Some(v) = &args.jwt_audience {
         config.topics.jwt_audience = Some(v.clone());
+    }
+    if !args.publish_cors_origins.is_empty() {
+        config.topics.cors_origins = args.publish_cors_origins.clone();
     }
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)

@@ -151,6 +151,10 @@ pub struct TopicsConfig {
     pub jwt_issuer: Option<String>,
     /// The `aud` tokens must carry. Default: not checked.
     pub jwt_audience: Option<String>,
+    /// Origins whose pages may `POST` to the publish endpoint from a browser (CORS; same
+    /// syntax as `allowed_origins`): their requests and `OPTIONS` preflights are answered
+    /// with `Access-Control-Allow-Origin`. Default: none.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for TopicsConfig {
@@ -170,6 +174,7 @@ impl Default for TopicsConfig {
             jwks_file: None,
             jwt_issuer: None,
             jwt_audience: None,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -217,6 +222,7 @@ impl std::fmt::Debug for TopicsConfig {
             .field("jwks_file", &self.jwks_file)
             .field("jwt_issuer", &self.jwt_issuer)
             .field("jwt_audience", &self.jwt_audience)
+            .field("cors_origins", &self.cors_origins)
             .finish()
     }
 }
@@ -291,6 +297,7 @@ impl ServerConfig {
             return Err(ConfigError::TopicLimits);
         }
         crate::auth::Origins::new(&self.allowed_origins)?;
+        crate::auth::Origins::new(&topics.cors_origins)?;
         crate::auth::TrustedProxies::new(&self.trusted_proxies)?;
         topics.verifier()?;
         if self.max_pending_upgrades == 0 {

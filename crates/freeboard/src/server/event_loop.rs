@@ -129,6 +129,12 @@ pub(crate) struct EventLoop<T> {
     /// The data open connections' upgrade decisions attached, by slot: a side table, so
     /// that connections without any pay nothing in their `Entry`.
     pub(super) data: HashMap<usize, Box<dyn Any + Send>>,
+    /// Plain requests whose body is still arriving: how to answer them (keep-alive, CORS)
+    /// and a chunked body's decoder, by slot.
+    pub(super) plain: HashMap<usize, super::plain::PlainRequest>,
+    /// Set by a plain request answered with keep-alive when bytes of a pipelined request
+    /// follow it: where they start in the buffer it was given.
+    pub(super) next_request: Option<usize>,
     /// When connections' authorizations lapse: `(at, slot, serial)`.
     pub(super) expiries: BinaryHeap<Reverse<(Instant, usize, u64)>>,
 }
@@ -204,6 +210,8 @@ impl<T: Transport> EventLoop<T> {
             pending: HashMap::new(),
             data: HashMap::new(),
             expiries: BinaryHeap::new(),
+            plain: HashMap::new(),
+            next_request: None,
         })
     }
 
@@ -628,6 +636,7 @@ impl<T: Transport> EventLoop<T> {
             self.shared.release_pending();
         }
         self.data.remove(&token);
+        self.plain.remove(&token);
         if let Phase::Open(_) = entry.session.phase {
             self.shared.metrics.connections.dec();
             if !entry.session.close_reported() {

@@ -9,7 +9,8 @@ use freeboard_proto::handshake::{self, EMPTY_HEADER, HandshakeError, Request};
 use freeboard_proto::{Instant, MessageKind};
 
 use super::event_loop::{EventLoop, LINGER, PendingUpgrade};
-use crate::handler::{Decision, HttpRoute, Verdict};
+use super::plain::{Chunked, PlainRequest, Reply, has_token, header, is_text};
+use crate::handler::{Decision, Verdict};
 use crate::session::{Body, Phase, Session};
 use crate::transport::Transport;
 
@@ -45,7 +46,34 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         self.stats.bytes_in += have as u64;
-        let open = self.request(token, now, &mut buf[..have], eof);
+        let mut at = 0;
+        let mut handled = 0;
+        let open = loop {
+            let open = self.request(token, now, &mut buf[at..have], eof);
+            match self.next_request.take() {
+                // Keep-alive: the next pipelined request, up to a few per read.
+                Some(used) if handled < super::plain::PIPELINE_PER_READ => {
+                    at += used;
+                    handled += 1;
+                }
+                Some(used) => {
+                    // The rest waits for the next turn (after everyone else's).
+                    self.keep_partial(token, now, &buf[at + used..have]);
+                    self.resume.push(token);
+                    break false;
+                }
+                None => break open,
+            }
+        };
+        if have == buf.len()
+            && matches!(
+                self.conns.get(token).map(|e| &e.session.phase),
+                Some(Phase::Request { .. })
+            )
+        {
+            // The buffer filled: more may wait in the socket, and no new edge will say so.
+            self.resume.push(token);
+        }
         self.read_buf = buf;
         match self.conns.get(token).map(|e| &e.session.phase) {
             Some(Phase::Body(_)) => self.read_body(token, now),
@@ -68,12 +96,15 @@ impl<T: Transport> EventLoop<T> {
     fn request(&mut self, token: usize, now: Instant, buf: &mut [u8], eof: bool) -> bool {
         const MAX_HEAD: usize = handshake::DEFAULT_MAX_HEAD_LEN;
         let mut buf = buf;
+        // Bytes of a PROXY header before the request.
+        let mut skipped = 0;
         if self.shared.config.proxy_protocol && !self.conns[token].attributed {
             match crate::proxy_header::parse(buf) {
                 Ok(Some((len, source))) => {
                     let source = source.unwrap_or(self.conns[token].peer);
                     self.attribute(token, now, source);
                     buf = &mut buf[len..];
+                    skipped = len;
                 }
                 Ok(None) if !eof && buf.len() < crate::proxy_header::MAX_LEN => {
                     return self.keep_partial(token, now, buf);
@@ -96,6 +127,13 @@ impl<T: Transport> EventLoop<T> {
                 return self.keep_partial(token, now, buf);
             }
             Ok(httparse::Status::Partial) if eof => {
+                let entry = &mut self.conns[token];
+                if buf.is_empty() && entry.session.buffered() > 0 {
+                    // A kept-alive connection's client is done: its last response still
+                    // leaves, then our FIN.
+                    entry.session.phase = Phase::Draining { deadline: now + LINGER };
+                    return false;
+                }
                 self.remove(token);
                 return false;
             }
@@ -117,27 +155,11 @@ impl<T: Transport> EventLoop<T> {
         }
         let route = self.router.find(path);
         if !upgrade {
-            let target = path.split('?').next().unwrap_or(path);
-            match (self.router.find_http(target), route) {
-                (Some((HttpRoute::Publish, topic)), _) if req.method == Some("POST") => {
-                    let topic = topic.to_owned();
-                    self.http_publish(token, now, &topic, req.headers, &buf[head_len..]);
-                }
-                (Some((HttpRoute::Health, _)), _) => {
-                    self.respond(token, now, 200, "text/plain", b"ok\n");
-                }
-                (Some((HttpRoute::Metrics, _)), _) => {
-                    let text = self.shared.metrics.encode();
-                    let content_type = "text/plain; version=0.0.4; charset=utf-8";
-                    self.respond(token, now, 200, content_type, text.as_bytes());
-                }
-                (_, Some(_)) => {
-                    self.refuse_error(token, now, HandshakeError::UpgradeRequired);
-                }
-                (_, None) => {
-                    self.refuse(token, now, 404, "", "no such route");
-                }
-            }
+            let ws = route.is_some();
+            let used = self.plain_request(token, now, &req, path, ws, &buf[head_len..], eof);
+            // Kept alive with bytes left: they are the next request.
+            let next = used.map(|used| head_len + used).filter(|&n| n < buf.len());
+            self.next_request = next.map(|n| n + skipped);
             return false;
         }
         let Some(route) = route else {
@@ -231,7 +253,12 @@ impl<T: Transport> EventLoop<T> {
         false
     }
 
-    fn refuse_error(&mut self, token: usize, now: Instant, error: HandshakeError) -> bool {
+    pub(super) fn refuse_error(
+        &mut self,
+        token: usize,
+        now: Instant,
+        error: HandshakeError,
+    ) -> bool {
         let mut out = [0u8; 512];
         // NOTE(unwrap): every refusal fits in 512 bytes.
         let n = error.write_response(&mut out).unwrap();
@@ -257,14 +284,6 @@ impl<T: Transport> EventLoop<T> {
         false
     }
 
-    fn respond(&mut self, token: usize, now: Instant, status: u16, kind: &str, body: &[u8]) {
-        let head = format!(
-            "HTTP/1.1 {status} OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        );
-        self.queue_final(token, now, &[head.as_bytes(), body]);
-    }
-
     fn send_final(&mut self, token: usize, now: Instant, status: u16, response: &[u8]) {
         self.shared.metrics.refuse(status);
         self.queue_final(token, now, &[response]);
@@ -274,7 +293,7 @@ impl<T: Transport> EventLoop<T> {
     /// it (the budget is exhausted, which is when a 503 matters most), it is written straight
     /// to the transport, whose buffer nothing else has used: the client gets its status rather
     /// than a bare EOF.
-    fn queue_final(&mut self, token: usize, now: Instant, parts: &[&[u8]]) {
+    pub(super) fn queue_final(&mut self, token: usize, now: Instant, parts: &[&[u8]]) {
         let entry = &mut self.conns[token];
         if let Err(parts) = entry.session.respond_final(&mut self.pool, parts, now + LINGER)
             && entry.session.buffered() == 0
@@ -285,19 +304,19 @@ impl<T: Transport> EventLoop<T> {
         }
     }
 
-    /// `POST {path}{topic}`: checks the bearer token, the name and the length, then
-    /// publishes the body, now (`body` holds it all) or once it has arrived.
-    fn http_publish(
+    /// `POST {path}{topic}` (or `POST {path}` with a batch): checks the bearer token, the
+    /// name and the length, then publishes the body, now (`body` holds it all) or once it has
+    /// arrived. Returns the bytes of `body` it used when the connection was kept alive.
+    pub(super) fn http_publish(
         &mut self,
         token: usize,
         now: Instant,
         topic: &str,
         headers: &[httparse::Header<'_>],
         body: &[u8],
-    ) {
-        let header = |name: &str| {
-            headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value)
-        };
+        reply: Reply,
+    ) -> Option<usize> {
+        let header = |name: &str| header(headers, name);
         let config = &self.shared.config;
         if let Some(expected) = &config.topics.publish_token {
             let given = header("authorization").and_then(|v| {
@@ -308,67 +327,102 @@ impl<T: Transport> EventLoop<T> {
                 None => {
                     let challenge = "WWW-Authenticate: Bearer\r\n";
                     self.refuse(token, now, 401, challenge, "a bearer token is required");
-                    return;
+                    return None;
                 }
                 Some(given) if !constant_time_eq(given.as_bytes(), expected.as_bytes()) => {
                     self.refuse(token, now, 403, "", "wrong publish token");
-                    return;
+                    return None;
                 }
                 Some(_) => {}
             }
         }
-        if !crate::topics::valid_topic(topic) {
+        // An empty topic is a batch (a JSON array of `{topic, data}`).
+        if !(topic.is_empty() || crate::topics::valid_topic(topic)) {
             self.refuse(token, now, 400, "", "invalid topic name");
-            return;
+            return None;
         }
-        if header("transfer-encoding").is_some() {
-            self.refuse(token, now, 411, "", "a Content-Length is required");
-            return;
-        }
-        let len = match content_length(headers) {
-            Ok(Some(len)) => len,
-            Ok(None) => {
-                self.refuse(token, now, 411, "", "a Content-Length is required");
-                return;
+        let cors = self.cors_headers(headers, false);
+        let max = config.max_message_size;
+        let text = topic.is_empty() || header("content-type").is_some_and(is_text);
+        let kind = if text { MessageKind::Text } else { MessageKind::Binary };
+        let chunked = match header("transfer-encoding") {
+            None => None,
+            // RFC 9112 §6.1: chunked must be the final coding; with Content-Length beside it
+            // the framing is ambiguous (request smuggling), so both are refused.
+            Some(te) if has_token(te, b"chunked") && header("content-length").is_none() => {
+                Some(Chunked::new(max))
             }
-            Err(()) => {
-                self.refuse(token, now, 400, "", "Content-Length must be one run of digits");
-                return;
+            Some(te) if has_token(te, b"chunked") => {
+                self.refuse(token, now, 400, "", "Transfer-Encoding with Content-Length");
+                return None;
+            }
+            Some(_) => {
+                self.refuse(token, now, 501, "", "only the chunked transfer coding is supported");
+                return None;
             }
         };
-        if len > config.max_message_size {
-            self.refuse(token, now, 413, "", "body larger than max_message_size");
-            return;
+        let len = match (&chunked, content_length(headers)) {
+            (Some(_), _) => 0,
+            (None, Ok(Some(len))) if len > max => {
+                self.refuse(token, now, 413, "", "body larger than max_message_size");
+                return None;
+            }
+            (None, Ok(Some(len))) => len as usize, // NOTE: at most max_message_size
+            (None, Ok(None)) => {
+                self.refuse(token, now, 411, "", "a Content-Length is required");
+                return None;
+            }
+            (None, Err(())) => {
+                self.refuse(token, now, 400, "", "Content-Length must be one run of digits");
+                return None;
+            }
+        };
+        if chunked.is_none() && body.len() >= len {
+            let kept = self.finish_publish(token, now, topic, kind, &body[..len], reply, &cors);
+            return kept.then_some(len);
         }
-        let len = len as usize; // NOTE: at most max_message_size, which fits memory
-        let text = header("content-type")
-            .is_some_and(|v| v.len() >= 5 && v[..5].eq_ignore_ascii_case(b"text/"));
-        let kind = if text { MessageKind::Text } else { MessageKind::Binary };
-        if body.len() >= len {
-            self.finish_publish(token, now, topic, kind, &body[..len]);
-            return;
+        if body.is_empty() && header("expect").is_some_and(|v| has_token(v, b"100-continue")) {
+            self.continue_100(token, now);
         }
         let entry = &mut self.conns[token];
         let deadline = match entry.session.phase {
             Phase::Request { deadline } => deadline,
             _ => now + self.shared.config.handshake_timeout,
         };
-        let partial = entry.session.partial_mut();
-        if partial.append(&mut self.pool, body).is_err() {
-            partial.clear(&mut self.pool);
-            self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
-            return;
+        let is_chunked = chunked.is_some();
+        if !is_chunked {
+            let partial = entry.session.partial_mut();
+            if partial.append(&mut self.pool, body).is_err() {
+                partial.clear(&mut self.pool);
+                self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
+                return None;
+            }
         }
         entry.session.phase = Phase::Body(Box::new(Body {
             deadline,
             topic: topic.into(),
             kind,
-            remaining: len - body.len(),
+            remaining: len.saturating_sub(body.len()),
         }));
+        self.plain.insert(token, PlainRequest { reply, cors, chunked });
+        if is_chunked {
+            let used = self.feed_chunked(token, now, body)?;
+            // Done within this read: kept alive if the phase went back to requests.
+            let kept = matches!(
+                self.conns.get(token).map(|e| &e.session.phase),
+                Some(Phase::Request { .. })
+            );
+            self.resume.retain(|&t| t != token);
+            return kept.then_some(used);
+        }
+        None
     }
 
     /// Reads more of a `POST` body into the session; publishes it once complete.
     pub(super) fn read_body(&mut self, token: usize, now: Instant) {
+        if self.plain.get(&token).is_some_and(|p| p.chunked.is_some()) {
+            return self.read_chunked(token, now);
+        }
         let mut buf = std::mem::take(&mut self.read_buf);
         loop {
             let entry = &mut self.conns[token];
@@ -398,9 +452,22 @@ impl<T: Transport> EventLoop<T> {
                         };
                         let body = entry.session.take_message();
                         let mut assembly = std::mem::take(&mut self.assembly);
+                        let state = self.plain.remove(&token).unwrap_or_default();
                         match assembly.fill(&mut self.pool, body) {
                             Some(body) => {
-                                self.finish_publish(token, now, &post.topic, post.kind, body)
+                                let (topic, kind, cors) = (&post.topic, post.kind, &state.cors);
+                                if self.finish_publish(
+                                    token,
+                                    now,
+                                    topic,
+                                    kind,
+                                    body,
+                                    state.reply,
+                                    cors,
+                                ) {
+                                    // Kept alive: a pipelined request may be waiting already.
+                                    self.resume.push(token);
+                                }
                             }
                             None => {
                                 self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
@@ -419,33 +486,6 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         self.read_buf = buf;
-    }
-
-    /// Publishes a whole `POST` body and answers `200` with what it reached.
-    fn finish_publish(
-        &mut self,
-        token: usize,
-        now: Instant,
-        topic: &str,
-        kind: MessageKind,
-        body: &[u8],
-    ) {
-        if kind == MessageKind::Text && std::str::from_utf8(body).is_err() {
-            self.refuse(token, now, 400, "", "a text/* body must be UTF-8");
-            return;
-        }
-        let published = self.topics.publish(
-            &self.shared.hub,
-            &mut self.pool,
-            &mut self.outbox,
-            topic,
-            kind,
-            body,
-        );
-        self.fan_out_outbox(now);
-        let answer =
-            format!("{{\"loops\":{},\"dropped\":{}}}\n", published.loops, published.dropped);
-        self.respond(token, now, 200, "application/json", answer.as_bytes());
     }
 }
 

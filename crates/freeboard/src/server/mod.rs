@@ -15,6 +15,7 @@ mod event_loop;
 mod fan_out;
 mod handlers;
 mod http;
+mod plain;
 mod shared;
 
 use crate::config::{ConfigError, ServerConfig};

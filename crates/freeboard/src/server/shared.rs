@@ -27,6 +27,8 @@ pub(crate) struct Shared {
     pub(crate) hub: Hub,
     /// `config.allowed_origins`, parsed.
     pub(crate) origins: Origins,
+    /// `config.topics.cors_origins`, parsed (empty: no CORS).
+    cors: Origins,
     /// `config.trusted_proxies`, parsed.
     pub(crate) proxies: TrustedProxies,
     /// Upgrade decisions pending across all loops (at most `config.max_pending_upgrades`).
@@ -57,6 +59,7 @@ impl Shared {
             // NOTE(unwrap): both lists were checked by `ServerConfig::validate`.
             origins: Origins::new(&config.allowed_origins).unwrap_or_default(),
             proxies: TrustedProxies::new(&config.trusted_proxies).unwrap_or_default(),
+            cors: Origins::new(&config.topics.cors_origins).unwrap_or_default(),
             pending: AtomicUsize::new(0),
             refusal_log: RateLimitedLog::default(),
             config,
@@ -163,6 +166,12 @@ struct RateLimitedLog {
 }
 
 impl Shared {
+    /// Whether a browser page from `origin` may publish (CORS): `topics.cors_origins` lists
+    /// it (an empty list allows none).
+    pub(crate) fn cors_allows(&self, origin: &str) -> bool {
+        !self.config.topics.cors_origins.is_empty() && self.cors.allows(Some(origin.as_bytes()))
+    }
+
     /// Reserves a place for a pending upgrade decision; `false` when all are taken.
     pub(crate) fn reserve_pending(&self) -> bool {
         let max = self.config.max_pending_upgrades;
