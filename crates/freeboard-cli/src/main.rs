@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 mod bench;
@@ -168,6 +169,16 @@ struct ServeArgs {
     /// The `aud` tokens must carry.
     #[arg(long, value_name = "AUDIENCE")]
     jwt_audience: Option<String>,
+    /// A connect webhook (`http://host:port/path`) that decides every topic upgrade
+    /// (Centrifugo's proxy model); TOML `[topics] connect_webhook`.
+    #[arg(long, value_name = "URL")]
+    connect_webhook: Option<String>,
+    /// How long the connect webhook may take (then 503) [default: 2].
+    #[arg(long, value_name = "SECS")]
+    webhook_timeout: Option<f64>,
+    /// Requests to the connect webhook in flight at once [default: 16].
+    #[arg(long, value_name = "N")]
+    webhook_in_flight: Option<usize>,
     /// An origin whose pages may publish with `POST` from a browser (CORS; repeatable).
     #[arg(long = "publish-cors-origin", value_name = "ORIGIN")]
     publish_cors_origins: Vec<String>,
@@ -204,11 +215,12 @@ fn main() -> ExitCode {
 fn serve(args: ServeArgs) -> Result<(), String> {
     let config = server_config(&args)?;
     let topics = config.topics.clone();
+    let webhook = topics.webhook().map_err(|e| e.to_string())?.map(Arc::new);
     let server = Server::bind(config, move || {
         let router = Router::new()
             .route("/", Echo)
             .route("/echo", Echo)
-            .topics(&topics)
+            .topics_with(&topics, webhook.clone())
             .http("/healthz", HttpRoute::Health)
             .http("/metrics", HttpRoute::Metrics);
         match topics.http_publish && !topics.path.is_empty() {
@@ -348,6 +360,16 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
     }
     if let Some(v) = &args.jwt_audience {
         config.topics.jwt_audience = Some(v.clone());
+    }
+    if let Some(v) = &args.connect_webhook {
+        config.topics.connect_webhook = Some(v.clone());
+    }
+    if let Some(v) = args.webhook_timeout {
+        config.topics.webhook_timeout =
+            Duration::try_from_secs_f64(v).map_err(|e| format!("--webhook-timeout: {e}"))?;
+    }
+    if let Some(v) = args.webhook_in_flight {
+        config.topics.webhook_in_flight = v;
     }
     if !args.publish_cors_origins.is_empty() {
         config.topics.cors_origins = args.publish_cors_origins.clone();

@@ -155,6 +155,14 @@ pub struct TopicsConfig {
     /// syntax as `allowed_origins`): their requests and `OPTIONS` preflights are answered
     /// with `Access-Control-Allow-Origin`. Default: none.
     pub cors_origins: Vec<String>,
+    /// The connect webhook (`http://host[:port]/path`) that decides every topic upgrade; see
+    /// [`ConnectWebhook`](crate::webhook::ConnectWebhook). Default: none.
+    pub connect_webhook: Option<String>,
+    /// How long the webhook may take to answer (then 503). Default 2 s.
+    #[serde(with = "secs")]
+    pub webhook_timeout: Duration,
+    /// Requests to the webhook in flight at once (worker threads). Default 16.
+    pub webhook_in_flight: usize,
 }
 
 impl Default for TopicsConfig {
@@ -175,6 +183,9 @@ impl Default for TopicsConfig {
             jwt_issuer: None,
             jwt_audience: None,
             cors_origins: Vec::new(),
+            connect_webhook: None,
+            webhook_timeout: Duration::from_secs(2),
+            webhook_in_flight: 16,
         }
     }
 }
@@ -184,6 +195,20 @@ impl TopicsConfig {
     pub fn watermarks(&self) -> Result<Watermarks, ConfigError> {
         Watermarks::new(self.send_low, self.send_high, self.send_cap)
             .map_err(|_| ConfigError::Watermarks { prefix: "topics." })
+    }
+
+    /// Starts the connect webhook's workers, if one is configured.
+    pub fn webhook(&self) -> Result<Option<crate::webhook::ConnectWebhook>, ConfigError> {
+        self.connect_webhook
+            .as_deref()
+            .map(|url| {
+                crate::webhook::ConnectWebhook::new(
+                    url,
+                    self.webhook_timeout,
+                    self.webhook_in_flight,
+                )
+            })
+            .transpose()
     }
 
     /// The verifier of subscribers' tokens, if a secret or a key set is configured (reads
@@ -223,6 +248,9 @@ impl std::fmt::Debug for TopicsConfig {
             .field("jwt_issuer", &self.jwt_issuer)
             .field("jwt_audience", &self.jwt_audience)
             .field("cors_origins", &self.cors_origins)
+            .field("connect_webhook", &self.connect_webhook)
+            .field("webhook_timeout", &self.webhook_timeout)
+            .field("webhook_in_flight", &self.webhook_in_flight)
             .finish()
     }
 }
@@ -300,6 +328,14 @@ impl ServerConfig {
         crate::auth::Origins::new(&topics.cors_origins)?;
         crate::auth::TrustedProxies::new(&self.trusted_proxies)?;
         topics.verifier()?;
+        if let Some(url) = &topics.connect_webhook
+            && (!url.starts_with("http://")
+                || topics.webhook_in_flight == 0
+                || topics.webhook_timeout.is_zero())
+        {
+            let why = "an http:// URL, in-flight requests and a timeout above zero";
+            return Err(ConfigError::Webhook(format!("{url}: needs {why}")));
+        }
         if self.max_pending_upgrades == 0 {
             return Err(ConfigError::PendingUpgrades);
         }
@@ -385,6 +421,8 @@ pub enum ConfigError {
     JwtSecret,
     /// `max_pending_upgrades` is 0.
     PendingUpgrades,
+    /// The connect webhook's URL or limits cannot work.
+    Webhook(String),
     /// `memory` is more than the machine (or the process's cgroup) has: the budget could not
     /// be kept.
     MemoryExceedsMachine {
@@ -437,6 +475,7 @@ impl std::fmt::Display for ConfigError {
             Self::Jwks(why) => write!(f, "topics.jwks_file: {why}"),
             Self::JwtSecret => f.write_str("topics.jwt_secret must be at least 32 bytes"),
             Self::PendingUpgrades => f.write_str("max_pending_upgrades must be at least 1"),
+            Self::Webhook(why) => write!(f, "topics.connect_webhook: {why}"),
             Self::UnknownPolicy(name) => write!(
                 f,
                 "unknown slow-consumer policy {name:?} (one of: block, drop-newest, drop-oldest, conflate, close)"

@@ -40,6 +40,7 @@ mod session;
 mod topic_route;
 pub mod topics;
 mod transport;
+pub mod webhook;
 
 pub use config::ServerConfig;
 pub use freeboard_buf::SlowConsumerPolicy;

@@ -10,6 +10,7 @@ use crate::auth::{Grant, TokenError, TokenVerifier, bearer_token};
 use crate::config::TopicsConfig;
 use crate::handler::{Accepted, Conn, Decision, Handler, Message, RouteOptions, Router};
 use crate::topics::topics_in_target;
+use crate::webhook::ConnectWebhook;
 
 /// The `/topic/{name}` endpoint of `freeboard serve`: the upgrade subscribes the connection to
 /// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`);
@@ -30,17 +31,25 @@ pub struct TopicRoute {
     prefix: String,
     client_publish: bool,
     verifier: Option<Arc<TokenVerifier>>,
+    webhook: Option<Arc<ConnectWebhook>>,
 }
 
 impl TopicRoute {
     /// A topic endpoint under `prefix` (e.g. `/topic/`), open to anyone.
     pub fn new(prefix: &str, client_publish: bool) -> Self {
-        Self { prefix: prefix.to_owned(), client_publish, verifier: None }
+        Self { prefix: prefix.to_owned(), client_publish, verifier: None, webhook: None }
     }
 
     /// Requires a token `verifier` accepts, whose claims grant the topics.
     pub fn with_tokens(mut self, verifier: Arc<TokenVerifier>) -> Self {
         self.verifier = Some(verifier);
+        self
+    }
+
+    /// Asks `webhook` (after the token, if one is required) whether each upgrade may go on;
+    /// its answer grants the topics and may set an expiry.
+    pub fn with_webhook(mut self, webhook: Arc<ConnectWebhook>) -> Self {
+        self.webhook = Some(webhook);
         self
     }
 
@@ -66,7 +75,8 @@ impl Handler for TopicRoute {
             return;
         }
         let Some(topic) = conn.topics().next().map(str::to_owned) else { return };
-        if self.verifier.is_some() && !conn.data::<Grant>().is_some_and(|g| g.may_publish(&topic)) {
+        let checked = self.verifier.is_some() || self.webhook.is_some();
+        if checked && !conn.data::<Grant>().is_some_and(|g| g.may_publish(&topic)) {
             conn.close(CloseCode::POLICY_VIOLATION, "the token does not grant publishing here");
             return;
         }
@@ -77,9 +87,14 @@ impl Handler for TopicRoute {
         let Some(topics) = topics_in_target(&self.prefix, request.path()) else {
             return decision.reject(400);
         };
-        match self.authorize(request, &topics) {
-            Ok(accepted) => decision.accept(accepted),
-            Err(e) => decision.reject_because(e.status(), e.label()),
+        match (self.authorize(request, &topics), &self.webhook) {
+            (Ok(_), Some(webhook)) => {
+                let origin = request.origin().and_then(|o| std::str::from_utf8(o).ok());
+                let token = bearer_token(request);
+                webhook.ask(decision, request.path(), &topics, origin, token);
+            }
+            (Ok(accepted), None) => decision.accept(accepted),
+            (Err(e), _) => decision.reject_because(e.status(), e.label()),
         }
     }
 
@@ -110,6 +125,13 @@ impl Router {
     /// # let _ = routes;
     /// ```
     pub fn topics(self, config: &TopicsConfig) -> Self {
+        self.topics_with(config, None)
+    }
+
+    /// [`topics`](Self::topics), with a connect webhook deciding every upgrade. Build the
+    /// webhook once ([`TopicsConfig::webhook`]) and give every loop's router a clone of the
+    /// `Arc`: its workers and its bounds are the server's.
+    pub fn topics_with(self, config: &TopicsConfig, webhook: Option<Arc<ConnectWebhook>>) -> Self {
         let Ok(marks) = config.watermarks() else { return self };
         let Ok(verifier) = config.verifier() else { return self };
         if config.path.is_empty() {
@@ -120,6 +142,9 @@ impl Router {
         let mut route = TopicRoute::new(&config.path, config.client_publish);
         if let Some(verifier) = verifier {
             route = route.with_tokens(Arc::new(verifier));
+        }
+        if let Some(webhook) = webhook {
+            route = route.with_webhook(webhook);
         }
         self.route_with(&config.path, route, options)
     }
