@@ -426,3 +426,99 @@ fn the_proxy_protocol_names_the_client() {
     drop((a, b));
     stop(server);
 }
+
+/// A connect webhook on loopback that answers each request with what `answer` returns for
+/// its body (status, JSON), or never answers when it returns `None`; serves `n` requests.
+fn webhook(n: usize, answer: fn(&str) -> Option<(u16, String)>) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/connect", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().take(n) {
+            let mut stream = stream.unwrap();
+            let mut request = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // The head, then the body its Content-Length announces.
+            loop {
+                let k = std::io::Read::read(&mut stream, &mut chunk).unwrap();
+                request.extend_from_slice(&chunk[..k]);
+                let text = String::from_utf8_lossy(&request);
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .map_or(0, |v| v.parse().unwrap());
+                    if body.len() >= len {
+                        break;
+                    }
+                }
+            }
+            let text = String::from_utf8_lossy(&request).into_owned();
+            let body = text.split_once("\r\n\r\n").unwrap().1;
+            match answer(body) {
+                Some((status, json)) => {
+                    let response = format!(
+                        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+                        json.len()
+                    );
+                    stream.write_all(response.as_bytes()).unwrap();
+                }
+                None => held.push(stream),
+            }
+        }
+        std::thread::sleep(Duration::from_secs(5));
+    });
+    url
+}
+
+fn webhook_server(url: String, timeout: Duration) -> RunningServer {
+    let mut config = config();
+    config.topics.connect_webhook = Some(url);
+    config.topics.webhook_timeout = timeout;
+    config.topics.client_publish = true;
+    let topics = config.topics.clone();
+    let hook = Arc::new(topics.webhook().unwrap().unwrap());
+    let routes = move || Router::new().topics_with(&topics, Some(hook.clone()));
+    Server::bind(config, routes).unwrap().spawn()
+}
+
+/// The backend decides: it sees the client, the topics and the token, grants topics (the
+/// connection's publish rights follow its answer) or refuses.
+#[test]
+fn a_connect_webhook_grants_or_refuses() {
+    let url = webhook(3, |body| {
+        let request: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(request["client"].as_str().unwrap().split(':').next(), Some("127.0.0.1"));
+        match request["token"].as_str() {
+            Some("alice") => Some((200, r#"{"subscribe":["news*"],"publish":["news"]}"#.into())),
+            Some(_) => Some((403, "{}".into())),
+            None => Some((200, "{}".into())),
+        }
+    });
+    let server = webhook_server(url, Duration::from_secs(5));
+    let addr = server.local_addr();
+    let (mut alice, s, _) = connect_with(addr, "/topic/news", &bearer("alice"));
+    assert_eq!(s, 101);
+    assert_eq!(status(addr, "/topic/news", &bearer("mallory")), 403);
+    // Without a subscribe list every topic asked for is granted, but nothing may be published.
+    let (mut anonymous, s, _) = connect_with(addr, "/topic/news", "");
+    assert_eq!(s, 101);
+    wait_until("two subscriptions", || server.metrics().subscriptions() == 2);
+    alice.send(0x81, b"headline");
+    assert_eq!(anonymous.recv(), Some((0x1, b"headline".to_vec())));
+    anonymous.send(0x81, b"forged headline");
+    assert_eq!(anonymous.recv_close(), Some(1008));
+    assert_eq!(server.metrics().access_refusals_for("webhook_refused"), 1);
+    stop(server);
+}
+
+#[test]
+fn a_connect_webhook_that_times_out_refuses_with_503() {
+    let url = webhook(1, |_| None);
+    let server = webhook_server(url, Duration::from_millis(300));
+    let (_, s, head) = connect_with(server.local_addr(), "/topic/news", "");
+    assert_eq!(s, 503, "{head}");
+    assert_eq!(server.metrics().access_refusals_for("webhook_timeout"), 1);
+    assert_eq!(server.metrics().pending_upgrades(), 0);
+    stop(server);
+}
