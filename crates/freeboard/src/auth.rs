@@ -17,8 +17,9 @@ use serde::Deserialize;
 
 use crate::config::ConfigError;
 
-/// The close code of a connection whose authorization lapsed ([`Accepted::expires_at`]
-/// (crate::Accepted::expires_at), a token's `exp`): 4001, reason "token expired". A
+/// The close code of a connection whose authorization lapsed
+/// ([`Accepted::expires_at`](crate::Accepted::expires_at), a token's `exp`): 4001, reason
+/// "token expired". A
 /// private-use code (RFC 6455 §7.4.2), distinct from other policy closes (1008) so that a
 /// client knows to fetch a new token before it reconnects.
 pub const TOKEN_EXPIRED: freeboard_proto::CloseCode = freeboard_proto::CloseCode(4001);

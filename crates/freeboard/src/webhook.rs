@@ -1,7 +1,7 @@
 //! The connect webhook (Centrifugo's proxy model): the application's backend decides each
 //! topic upgrade. A bounded pool of worker threads posts the request's facts to the backend
 //! with a timeout; the event loops never wait for it — they hand over the
-//! [`Decision`](crate::Decision) and go on.
+//! [`Decision`] and go on.
 //!
 //! Bounds: `in_flight` requests to the backend at once (one per worker), a queue of at most
 //! [`QUEUE`] waiting upgrades (beyond it 503 at once, `reason="webhook_busy"`), each request
