@@ -339,7 +339,7 @@ impl TokenVerifier {
         let data = jsonwebtoken::decode::<Claims>(token, key, &validation)
             .map_err(|_| TokenError::Invalid)?;
         let claims = data.claims;
-        let expires = SystemTime::UNIX_EPOCH + Duration::from_secs(claims.exp);
+        let expires = unix_time(claims.exp);
         if expires + self.leeway <= now {
             return Err(TokenError::Expired);
         }
@@ -350,6 +350,12 @@ impl TokenVerifier {
             publish: claims.publish,
         })
     }
+}
+
+/// The time `secs` seconds after the Unix epoch, capped at 2106 (`u32::MAX` seconds): an
+/// `exp` of `u64::MAX`, validly signed or not, cannot overflow a clock.
+pub(crate) fn unix_time(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs.min(u64::from(u32::MAX)))
 }
 
 /// The bearer token of an upgrade request: `Authorization: Bearer TOKEN`, else the
@@ -546,6 +552,25 @@ mod tests {
         assert!(!o.allows(Some(b"null")));
         assert!(Origins::new(&["example.com"]).is_err());
         assert!(Origins::new(&["*"]).unwrap().allows(Some(b"https://evil.example")));
+    }
+
+    #[test]
+    fn a_huge_exp_is_the_far_future_not_an_overflow() {
+        let verifier = TokenVerifier::hs256(b"0123456789abcdef0123456789abcdef");
+        let claims = serde_json::json!({"exp": u64::MAX, "subscribe": ["a"]});
+        let key = jsonwebtoken::EncodingKey::from_secret(b"0123456789abcdef0123456789abcdef");
+        let token = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap();
+        let grant = verifier.verify(&token, SystemTime::now()).unwrap();
+        assert_eq!(grant.expires, unix_time(u64::from(u32::MAX)));
+        // Wrong key, expired, missing exp: refused, never a panic.
+        let other = TokenVerifier::hs256(b"another secret of 32 bytes or more!");
+        assert_eq!(other.verify(&token, SystemTime::now()), Err(TokenError::Invalid));
+        let old = serde_json::json!({"exp": 1, "subscribe": ["a"]});
+        let old = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &old, &key).unwrap();
+        assert_eq!(verifier.verify(&old, SystemTime::now()), Err(TokenError::Expired));
+        let none = serde_json::json!({"subscribe": ["a"]});
+        let none = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &none, &key).unwrap();
+        assert_eq!(verifier.verify(&none, SystemTime::now()), Err(TokenError::Invalid));
     }
 
     #[test]

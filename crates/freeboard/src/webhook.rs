@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
@@ -136,10 +136,7 @@ fn work(queue: &Mutex<Receiver<Job>>, target: &Target, timeout: Duration) {
                     continue;
                 };
                 let subscribe = answer.subscribe.unwrap_or_else(|| job.topics.clone());
-                let expires = answer
-                    .expires_at
-                    .map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s))
-                    .unwrap_or(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX)));
+                let expires = crate::auth::unix_time(answer.expires_at.unwrap_or(u64::MAX));
                 let grant = Grant { subject: None, expires, subscribe, publish: answer.publish };
                 if !job.topics.iter().all(|t| grant.may_subscribe(t)) {
                     job.decision.reject_because(403, "topic_not_granted");
