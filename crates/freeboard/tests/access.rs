@@ -486,11 +486,12 @@ fn webhook_server(url: String, timeout: Duration) -> RunningServer {
 /// connection's publish rights follow its answer) or refuses.
 #[test]
 fn a_connect_webhook_grants_or_refuses() {
-    let url = webhook(3, |body| {
+    let url = webhook(4, |body| {
         let request: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(request["client"].as_str().unwrap().split(':').next(), Some("127.0.0.1"));
         match request["token"].as_str() {
             Some("alice") => Some((200, r#"{"subscribe":["news*"],"publish":["news"]}"#.into())),
+            Some("broken") => Some((200, "not json".into())),
             Some(_) => Some((403, "{}".into())),
             None => Some((200, "{}".into())),
         }
@@ -500,6 +501,9 @@ fn a_connect_webhook_grants_or_refuses() {
     let (mut alice, s, _) = connect_with(addr, "/topic/news", &bearer("alice"));
     assert_eq!(s, 101);
     assert_eq!(status(addr, "/topic/news", &bearer("mallory")), 403);
+    // An answer that is not the JSON agreed on: 503, counted.
+    assert_eq!(status(addr, "/topic/news", &bearer("broken")), 503);
+    assert_eq!(server.metrics().access_refusals_for("webhook_error"), 1);
     // Without a subscribe list every topic asked for is granted, but nothing may be published.
     let (mut anonymous, s, _) = connect_with(addr, "/topic/news", "");
     assert_eq!(s, 101);

@@ -276,7 +276,13 @@ impl<T: Transport> EventLoop<T> {
             };
             self.stats.bytes_in += n as u64;
             if let Some(rest) = self.feed_chunked(token, now, &buf[..n]) {
-                if rest < n {
+                let kept_alive = matches!(
+                    self.conns.get(token).map(|e| &e.session.phase),
+                    Some(Phase::Request { .. })
+                );
+                // The next request's first bytes; a connection closing after its answer
+                // (or gone) has no next request.
+                if rest < n && kept_alive {
                     self.keep_partial(token, now, &buf[rest..n]);
                 }
                 break;
