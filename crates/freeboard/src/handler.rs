@@ -215,7 +215,12 @@ impl Accepted {
 /// What a [`Decision`] came to.
 pub(crate) enum Verdict {
     Accept(Accepted),
-    Reject { status: u16, reason: &'static str },
+    Reject {
+        status: u16,
+        reason: &'static str,
+    },
+    /// Not an upgrade: every loop has reported on the connection's HTTP publish.
+    Published,
 }
 
 /// A decision completed for the connection `token` (whose serial was `serial`).
@@ -246,7 +251,7 @@ impl Decisions {
         }
     }
 
-    fn push(&self, completion: Completion) {
+    pub(crate) fn push(&self, completion: Completion) {
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).push(completion);
         self.queued.fetch_add(1, Ordering::SeqCst);
         if !self.deciding.load(Ordering::SeqCst) {
@@ -416,7 +421,7 @@ impl Conn<'_> {
     /// right after this handler returns, and once for all other loops that have subscribers.
     /// With no subscriber anywhere it costs no pool memory.
     pub fn publish(&mut self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
-        self.topics.publish(self.hub, self.cx.pool, self.outbox, topic, kind, payload)
+        self.topics.publish(self.hub, self.cx.pool, self.outbox, topic, kind, payload, None)
     }
 }
 

@@ -118,7 +118,7 @@ fn post(topic: &str, headers: &str, body: &str) -> String {
 /// dropped for `dropped`.
 fn reach(messages: u32, delivered: u32, dropped: u32) -> String {
     format!(
-        "{{\"messages\":{messages},\"delivered\":{delivered},\"dropped\":{dropped},\"other_loops\":0,\"other_loops_dropped\":0}}\n"
+        "{{\"messages\":{messages},\"delivered\":{delivered},\"dropped\":{dropped},\"other_loops\":0,\"other_loops_dropped\":0,\"complete\":true}}\n"
     )
 }
 
@@ -266,5 +266,59 @@ fn json_is_text_the_answer_counts_subscribers_and_batches_publish_many() {
     let bad = common::http(addr, &post("", "", "not json"));
     assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
     drop((a, b));
+    stop(server);
+}
+
+/// With several event loops the answer waits for every loop that took a copy: it counts
+/// every subscriber, wherever it is, and pipelined publishes are still answered in order.
+#[test]
+fn the_answer_counts_the_subscribers_of_every_loop() {
+    let mut config = config();
+    config.threads = 2;
+    // Not `conflate`: the batch's two messages reach each subscriber in one turn, and the
+    // second would replace the first.
+    config.topics.slow_consumer = SlowConsumerPolicy::DropNewest;
+    let server = server(config);
+    let addr = server.local_addr();
+    let mut subscribers: Vec<Client> = (0..20)
+        .map(|_| {
+            let (c, status, _) = Client::connect(addr, "/topic/wide");
+            assert_eq!(status, 101);
+            c
+        })
+        .collect();
+    wait_until("the subscriptions", || server.metrics().subscriptions() == 20);
+    let delivered = |answer: &Response| {
+        let text = answer.text();
+        assert!(text.contains("\"complete\":true"), "{text}");
+        let n = text.split("\"delivered\":").nth(1).unwrap().split(',').next().unwrap();
+        n.parse::<u32>().unwrap()
+    };
+    let mut http = Http::connect(addr);
+    for i in 0..5 {
+        http.send(post("wide", "Content-Type: text/plain\r\n", &format!("m{i}")).as_bytes());
+        let answer = http.response(false);
+        assert_eq!(delivered(&answer), 20, "{}", answer.text());
+        // The kernel spreads 20 connections over both loops (all on one: odds of 2 in 2^20).
+        assert!(answer.text().contains("\"other_loops\":1"), "{}", answer.text());
+    }
+    // Two publishes in one write: two answers, in order, each after its own reports.
+    let two = [post("wide", "", "p1"), post("wide", "", "p2")].concat();
+    http.send(two.as_bytes());
+    assert_eq!(delivered(&http.response(false)), 20);
+    assert_eq!(delivered(&http.response(false)), 20);
+    let batch = r#"[{"topic":"wide","data":"b1"},{"topic":"wide","data":"b2"}]"#;
+    http.send(post("", "", batch).as_bytes());
+    assert_eq!(delivered(&http.response(false)), 40);
+    for s in &mut subscribers {
+        for expected in ["m0", "m1", "m2", "m3", "m4"] {
+            assert_eq!(s.recv(), Some((0x1, expected.as_bytes().to_vec())));
+        }
+        assert_eq!(s.recv(), Some((0x2, b"p1".to_vec())));
+        assert_eq!(s.recv(), Some((0x2, b"p2".to_vec())));
+        assert_eq!(s.recv(), Some((0x1, b"b1".to_vec())));
+        assert_eq!(s.recv(), Some((0x1, b"b2".to_vec())));
+    }
+    drop(subscribers);
     stop(server);
 }

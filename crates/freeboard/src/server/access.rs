@@ -23,7 +23,12 @@ impl<T: Transport> EventLoop<T> {
             return;
         }
         for completion in std::mem::take(&mut self.completed) {
-            self.finish_decision(completion, now);
+            match completion.verdict {
+                Verdict::Published => {
+                    self.answer_publish(completion.token, completion.serial, now, true);
+                }
+                _ => self.finish_decision(completion, now),
+            }
         }
     }
 
@@ -132,6 +137,7 @@ impl<T: Transport> EventLoop<T> {
             Verdict::Reject { status, reason } => {
                 self.refuse_upgrade(token, now, status, reason);
             }
+            Verdict::Published => {} // routed by `run_decisions`, never here
             Verdict::Accept(accepted) => {
                 let reserve = self.shared.config.connection_reserve;
                 if self.pool.chunks_free() * self.pool.chunk_size() < reserve {

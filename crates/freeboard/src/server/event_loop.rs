@@ -132,6 +132,8 @@ pub(crate) struct EventLoop<T> {
     /// Plain requests whose body is still arriving: how to answer them (keep-alive, CORS)
     /// and a chunked body's decoder, by slot.
     pub(super) plain: HashMap<usize, super::plain::PlainRequest>,
+    /// HTTP publishes whose answer waits for other loops' reports, by slot.
+    pub(super) awaiting: HashMap<usize, super::plain::AwaitingPublish>,
     /// Set by a plain request answered with keep-alive when bytes of a pipelined request
     /// follow it: where they start in the buffer it was given.
     pub(super) next_request: Option<usize>,
@@ -211,6 +213,7 @@ impl<T: Transport> EventLoop<T> {
             data: HashMap::new(),
             expiries: BinaryHeap::new(),
             plain: HashMap::new(),
+            awaiting: HashMap::new(),
             next_request: None,
         })
     }
@@ -423,7 +426,8 @@ impl<T: Transport> EventLoop<T> {
         match entry.session.phase {
             // Waiting for its upgrade decision: nothing is read (§4.1: the client sends
             // nothing before the response); what arrives is read once it is decided.
-            Phase::Request { .. } if self.pending.contains_key(&token) => {}
+            Phase::Request { .. }
+                if self.pending.contains_key(&token) || self.awaiting.contains_key(&token) => {}
             Phase::Request { .. } => self.read_request(token, now),
             Phase::Open(_) => self.read_open(token, now),
             Phase::Draining { .. } | Phase::Linger { .. } => self.read_discard(token),
@@ -520,6 +524,10 @@ impl<T: Transport> EventLoop<T> {
             let request = matches!(entry.session.phase, Phase::Request { .. } | Phase::Body(_));
             if request && self.pending.contains_key(&token) {
                 self.decision_timed_out(token, now);
+                continue;
+            }
+            if request && self.awaiting.contains_key(&token) {
+                self.answer_publish(token, serial, now, false);
                 continue;
             }
             let (entry, mut cx) = self.split(token, now);
@@ -637,6 +645,7 @@ impl<T: Transport> EventLoop<T> {
         }
         self.data.remove(&token);
         self.plain.remove(&token);
+        self.awaiting.remove(&token);
         if let Phase::Open(_) = entry.session.phase {
             self.shared.metrics.connections.dec();
             if !entry.session.close_reported() {

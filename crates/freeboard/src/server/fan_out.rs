@@ -49,15 +49,26 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn drain_inbox(&mut self, now: Instant) {
         self.shared.hub.begin_drain(self.index);
         while let Ok(publication) = self.inbox.try_recv() {
-            if self.topics.subscribers(&publication.topic).is_none() {
-                continue; // the last subscriber left after the publisher looked
-            }
-            match publication.frame.to_frame(&mut self.pool) {
-                Ok(frame) => {
-                    self.fan_out(now, &publication.topic, &frame);
-                    frame.release(&mut self.pool);
+            let Some(subscribers) = self.topics.subscribers(&publication.topic) else {
+                // The last subscriber left after the publisher looked.
+                if let Some(receipt) = &publication.receipt {
+                    receipt.report(0, 0);
                 }
-                Err(_) => self.shared.metrics.topic_drop("pool"),
+                continue;
+            };
+            let reach = match publication.frame.to_frame(&mut self.pool) {
+                Ok(frame) => {
+                    let reach = self.fan_out(now, &publication.topic, &frame);
+                    frame.release(&mut self.pool);
+                    reach
+                }
+                Err(_) => {
+                    self.shared.metrics.topic_drop("pool");
+                    Reach { delivered: 0, dropped: subscribers.len() as u64 }
+                }
+            };
+            if let Some(receipt) = &publication.receipt {
+                receipt.report(reach.delivered, reach.dropped);
             }
         }
     }

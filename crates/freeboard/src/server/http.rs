@@ -201,11 +201,14 @@ impl<T: Transport> EventLoop<T> {
         self.router.handler(route).decide_upgrade(&request, decision);
         self.decisions.deciding.store(false, Ordering::SeqCst);
         self.decisions.drain_into(&mut self.completed);
-        let mine = self.completed.iter().position(|c| c.token == token && c.serial == serial);
+        let mine = self.completed.iter().position(|c| {
+            c.token == token && c.serial == serial && !matches!(c.verdict, Verdict::Published)
+        });
         match mine.map(|i| self.completed.swap_remove(i).verdict) {
             Some(Verdict::Reject { status, reason }) => {
                 self.refuse_upgrade(token, now, status, reason)
             }
+            Some(Verdict::Published) => false, // excluded above
             Some(Verdict::Accept(accepted)) => {
                 let key = request.accept_key();
                 if !self.open_upgraded(token, now, route, options, path, &key, accepted) {
@@ -379,6 +382,10 @@ impl<T: Transport> EventLoop<T> {
         };
         if chunked.is_none() && body.len() >= len {
             let kept = self.finish_publish(token, now, topic, kind, &body[..len], reply, &cors);
+            if self.awaiting.contains_key(&token) && body.len() > len {
+                // A pipelined request waits for this one's answer.
+                self.keep_partial(token, now, &body[len..]);
+            }
             return kept.then_some(len);
         }
         if body.is_empty() && header("expect").is_some_and(|v| has_token(v, b"100-continue")) {
@@ -407,6 +414,13 @@ impl<T: Transport> EventLoop<T> {
         self.plain.insert(token, PlainRequest { reply, cors, chunked });
         if is_chunked {
             let used = self.feed_chunked(token, now, body)?;
+            if self.awaiting.contains_key(&token) {
+                // The answer waits for other loops; a pipelined request waits for it.
+                if used < body.len() {
+                    self.keep_partial(token, now, &body[used..]);
+                }
+                return None;
+            }
             // Done within this read: kept alive if the phase went back to requests.
             let kept = matches!(
                 self.conns.get(token).map(|e| &e.session.phase),

@@ -235,7 +235,8 @@ impl ServerHandle {
         self.shared.metrics.publishes.inc();
         let (head, n) = crate::topics::header(kind, payload.len());
         let mut published = Published::default();
-        self.shared.hub.publish_remote(topic, &[&head[..n], payload], None, &mut published);
+        let parts = [&head[..n], payload];
+        self.shared.hub.publish_remote(topic, &parts, None, &mut published, None);
         published
     }
 }

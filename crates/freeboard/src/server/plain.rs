@@ -4,6 +4,8 @@
 //! `Expect: 100-continue`, chunked request bodies, CORS for publish, publish answers that say
 //! how many subscribers a message reached and for how many it was dropped, and batch publish.
 
+use std::sync::Arc;
+
 use freeboard_proto::handshake::{HandshakeError, reason_phrase};
 use freeboard_proto::{Instant, MessageKind};
 use serde::Deserialize;
@@ -11,8 +13,9 @@ use serde::Deserialize;
 use super::event_loop::EventLoop;
 use super::fan_out::Reach;
 use super::http::{BUDGET_EXHAUSTED, RETRY_SOON};
-use crate::handler::HttpRoute;
+use crate::handler::{Completion, HttpRoute, Verdict};
 use crate::session::Phase;
+use crate::topics::Receipt;
 use crate::transport::Transport;
 
 /// Pipelined requests handled from one read before the rest waits for the next loop turn.
@@ -34,6 +37,38 @@ pub(super) struct PlainRequest {
     pub(super) cors: String,
     /// A `Transfer-Encoding: chunked` body's decoder.
     pub(super) chunked: Option<Chunked>,
+}
+
+/// What a publish reached so far: its messages, this loop's subscribers, the other loops.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct PublishAnswer {
+    messages: u32,
+    local: Reach,
+    other_loops: u32,
+    other_loops_dropped: u32,
+}
+
+impl PublishAnswer {
+    /// The JSON answer, with the other loops' `remote` (delivered, dropped) counts added.
+    fn json(&self, remote: (u64, u64), complete: bool) -> String {
+        format!(
+            "{{\"messages\":{},\"delivered\":{},\"dropped\":{},\"other_loops\":{},\"other_loops_dropped\":{},\"complete\":{complete}}}\n",
+            self.messages,
+            self.local.delivered + remote.0,
+            self.local.dropped + remote.1,
+            self.other_loops,
+            self.other_loops_dropped,
+        )
+    }
+}
+
+/// A publish whose answer waits for other loops' reports.
+pub(super) struct AwaitingPublish {
+    serial: u64,
+    answer: PublishAnswer,
+    receipt: Arc<Receipt>,
+    reply: Reply,
+    cors: String,
 }
 
 /// One item of a batch publish (`POST {publish path}` with a JSON array of these): `data` is
@@ -190,7 +225,9 @@ impl<T: Transport> EventLoop<T> {
     }
 
     /// Publishes a whole body (one message, or a batch when `topic` is empty) and answers
-    /// with its reach. Returns whether the connection was kept alive.
+    /// with its reach. With several loops the answer waits (the connection reading nothing)
+    /// until every loop handed a copy has reported, or the request timeout passes. Returns
+    /// whether the connection was kept alive with the answer sent.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn finish_publish(
         &mut self,
@@ -202,8 +239,13 @@ impl<T: Transport> EventLoop<T> {
         reply: Reply,
         cors: &str,
     ) -> bool {
-        let mut reach = Reach::default();
-        let (mut loops, mut loops_dropped, mut messages) = (0, 0, 0);
+        let receipt = (self.shared.config.threads > 1).then(|| {
+            let (decisions, serial) = (self.decisions.clone(), self.conns[token].serial);
+            Arc::new(Receipt::new(move || {
+                decisions.push(Completion { token, serial, verdict: Verdict::Published });
+            }))
+        });
+        let mut answer = PublishAnswer::default();
         let mut publish = |this: &mut Self, topic: &str, kind, payload: &[u8]| {
             let published = this.topics.publish(
                 &this.shared.hub,
@@ -212,13 +254,14 @@ impl<T: Transport> EventLoop<T> {
                 topic,
                 kind,
                 payload,
+                receipt.as_ref(),
             );
             // The outbox holds the frame for this loop's subscribers, if it has any.
             let local = u32::from(!this.outbox.is_empty());
-            reach += this.fan_out_outbox(now);
-            loops += published.loops - local;
-            loops_dropped += published.dropped;
-            messages += 1;
+            answer.local += this.fan_out_outbox(now);
+            answer.other_loops += published.loops - local;
+            answer.other_loops_dropped += published.dropped;
+            answer.messages += 1;
         };
         if topic.is_empty() {
             let Ok(items) = serde_json::from_slice::<Vec<BatchItem>>(body) else {
@@ -244,11 +287,46 @@ impl<T: Transport> EventLoop<T> {
             }
             publish(self, topic, kind, body);
         }
-        let answer = format!(
-            "{{\"messages\":{messages},\"delivered\":{},\"dropped\":{},\"other_loops\":{loops},\"other_loops_dropped\":{loops_dropped}}}\n",
-            reach.delivered, reach.dropped
-        );
-        self.reply(token, now, 200, cors, "application/json", answer.as_bytes(), reply)
+        match receipt {
+            Some(receipt) if !receipt.release() => {
+                let entry = &mut self.conns[token];
+                let deadline = now + self.shared.config.handshake_timeout;
+                entry.session.phase = Phase::Request { deadline };
+                let cors = cors.to_owned();
+                let waiting =
+                    AwaitingPublish { serial: entry.serial, answer, receipt, reply, cors };
+                self.awaiting.insert(token, waiting);
+                false
+            }
+            receipt => {
+                let remote = receipt.map_or((0, 0), |r| r.counts());
+                let json = answer.json(remote, true);
+                self.reply(token, now, 200, cors, "application/json", json.as_bytes(), reply)
+            }
+        }
+    }
+
+    /// Answers a publish that waited for other loops' reports: all of them (`complete`), or
+    /// those that came before the request timeout.
+    pub(super) fn answer_publish(
+        &mut self,
+        token: usize,
+        serial: u64,
+        now: Instant,
+        complete: bool,
+    ) {
+        if self.awaiting.get(&token).is_none_or(|w| w.serial != serial) {
+            return;
+        }
+        // NOTE(unwrap): looked up just above.
+        let waiting = self.awaiting.remove(&token).unwrap();
+        let json = waiting.answer.json(waiting.receipt.counts(), complete);
+        let (cors, reply) = (&waiting.cors, waiting.reply);
+        if self.reply(token, now, 200, cors, "application/json", json.as_bytes(), reply) {
+            // A pipelined request may be waiting in the session already.
+            self.resume.push(token);
+        }
+        self.mark(token);
     }
 
     /// Reads more of a chunked `POST` body, decoding it into the session; publishes it once
