@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 mod bench;
@@ -141,6 +142,46 @@ struct ServeArgs {
     /// Send queue hard cap of one topic subscriber [default: 1M].
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     topic_send_cap: Option<usize>,
+    /// An origin browsers may connect from (repeatable): `https://app.example.com`,
+    /// `https://*.example.com`, `*`. Others get 403. Default: any origin.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    allowed_origins: Vec<String>,
+    /// Reverse proxies whose `Forwarded` / `X-Forwarded-For` name the client (CIDR blocks,
+    /// repeatable or comma-separated), for limits, logs and metrics. Default: none.
+    #[arg(long = "trusted-proxy", value_name = "CIDR", value_delimiter = ',', num_args = 1..)]
+    trusted_proxies: Vec<String>,
+    /// Every connection starts with a PROXY protocol v1/v2 header naming the client.
+    #[arg(long)]
+    proxy_protocol: bool,
+    /// Upgrade decisions that may wait at once [default: 1024].
+    #[arg(long, value_name = "N")]
+    max_pending_upgrades: Option<usize>,
+    /// HS256 secret (32 bytes or more) of the JWTs topic connections must carry; TOML
+    /// `[topics] jwt_secret`. Default: no token needed.
+    #[arg(long, value_name = "SECRET", env = "FREEBOARD_JWT_SECRET", hide_env_values = true)]
+    jwt_secret: Option<String>,
+    /// A JWKS file of RSA / P-256 keys for RS256 / ES256 tokens; TOML `[topics] jwks_file`.
+    #[arg(long, value_name = "FILE")]
+    jwks: Option<std::path::PathBuf>,
+    /// The `iss` tokens must carry.
+    #[arg(long, value_name = "ISSUER")]
+    jwt_issuer: Option<String>,
+    /// The `aud` tokens must carry.
+    #[arg(long, value_name = "AUDIENCE")]
+    jwt_audience: Option<String>,
+    /// A connect webhook (`http://host:port/path`) that decides every topic upgrade
+    /// (Centrifugo's proxy model); TOML `[topics] connect_webhook`.
+    #[arg(long, value_name = "URL")]
+    connect_webhook: Option<String>,
+    /// How long the connect webhook may take (then 503) [default: 2].
+    #[arg(long, value_name = "SECS")]
+    webhook_timeout: Option<f64>,
+    /// Requests to the connect webhook in flight at once [default: 16].
+    #[arg(long, value_name = "N")]
+    webhook_in_flight: Option<usize>,
+    /// An origin whose pages may publish with `POST` from a browser (CORS; repeatable).
+    #[arg(long = "publish-cors-origin", value_name = "ORIGIN")]
+    publish_cors_origins: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -174,11 +215,12 @@ fn main() -> ExitCode {
 fn serve(args: ServeArgs) -> Result<(), String> {
     let config = server_config(&args)?;
     let topics = config.topics.clone();
+    let webhook = topics.webhook().map_err(|e| e.to_string())?.map(Arc::new);
     let server = Server::bind(config, move || {
         let router = Router::new()
             .route("/", Echo)
             .route("/echo", Echo)
-            .topics(&topics)
+            .topics_with(&topics, webhook.clone())
             .http("/healthz", HttpRoute::Health)
             .http("/metrics", HttpRoute::Metrics);
         match topics.http_publish && !topics.path.is_empty() {
@@ -296,6 +338,41 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         config.topics.send_cap = v;
         config.topics.send_high = config.topics.send_high.min(v);
         config.topics.send_low = config.topics.send_low.min(config.topics.send_high);
+    }
+    if !args.allowed_origins.is_empty() {
+        config.allowed_origins = args.allowed_origins.clone();
+    }
+    if !args.trusted_proxies.is_empty() {
+        config.trusted_proxies = args.trusted_proxies.clone();
+    }
+    config.proxy_protocol |= args.proxy_protocol;
+    if let Some(v) = args.max_pending_upgrades {
+        config.max_pending_upgrades = v;
+    }
+    if let Some(v) = &args.jwt_secret {
+        config.topics.jwt_secret = Some(v.clone());
+    }
+    if let Some(v) = &args.jwks {
+        config.topics.jwks_file = Some(v.clone());
+    }
+    if let Some(v) = &args.jwt_issuer {
+        config.topics.jwt_issuer = Some(v.clone());
+    }
+    if let Some(v) = &args.jwt_audience {
+        config.topics.jwt_audience = Some(v.clone());
+    }
+    if let Some(v) = &args.connect_webhook {
+        config.topics.connect_webhook = Some(v.clone());
+    }
+    if let Some(v) = args.webhook_timeout {
+        config.topics.webhook_timeout =
+            Duration::try_from_secs_f64(v).map_err(|e| format!("--webhook-timeout: {e}"))?;
+    }
+    if let Some(v) = args.webhook_in_flight {
+        config.topics.webhook_in_flight = v;
+    }
+    if !args.publish_cors_origins.is_empty() {
+        config.topics.cors_origins = args.publish_cors_origins.clone();
     }
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)

@@ -77,3 +77,30 @@ fn a_second_signal_exits_at_once() {
     let status = child.wait().unwrap();
     assert!(!status.success());
 }
+
+/// Access settings that cannot work fail before anything listens, naming the setting.
+#[test]
+fn impossible_access_settings_fail_before_listening() {
+    for (flags, says) in [
+        (&["--trusted-proxy", "10.0.0.0/33"][..], "trusted_proxies"),
+        (&["--allowed-origin", "example.com"][..], "allowed_origins"),
+        (&["--jwt-secret", "too short"][..], "jwt_secret"),
+        (&["--jwks", "/nonexistent/jwks.json"][..], "jwks_file"),
+        (&["--connect-webhook", "https://auth.example/connect"][..], "connect_webhook"),
+        (&["--max-pending-upgrades", "0"][..], "max_pending_upgrades"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_freeboard"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--threads", "1", "--memory", "16M"])
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flags:?} started");
+        assert!(
+            out.stdout.is_empty(),
+            "{flags:?} printed {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+    }
+}

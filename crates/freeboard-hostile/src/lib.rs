@@ -4,6 +4,8 @@
 //! statuses, close codes, EOFs) so a test can compare it with the defined outcome, while
 //! [`Watch`] keeps an [`Innocent`] client echoing and samples the server's RSS:
 //!
+//! - [`access`]: forged bearer tokens; upgrades piling up behind a connect webhook that
+//!   never answers.
 //! - [`slowloris`]: many connections that trickle their request head.
 //! - [`headers`]: request heads that are too large or have too many headers; a
 //!   `permessage-deflate` offer.
@@ -19,6 +21,7 @@
 //! The plumbing: [`Serve`] starts the binary (built on first use) with chosen flags and kills
 //! it on drop, [`Scrape`] reads `/metrics`, [`WsClient`] is a blocking raw-frame client.
 
+pub mod access;
 pub mod churn;
 pub mod faults;
 pub mod floods;

@@ -17,7 +17,9 @@ impl Scrape {
     pub fn of(addr: SocketAddr) -> Self {
         let mut stream = TcpStream::connect(addr).expect("connect for /metrics");
         stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").expect("send GET /metrics");
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("send GET /metrics");
         let mut text = String::new();
         stream.read_to_string(&mut text).expect("read /metrics");
         assert!(text.starts_with("HTTP/1.1 200"), "/metrics answered {text:?}");

@@ -1,6 +1,7 @@
 //! Server configuration: one `#[non_exhaustive]` struct with explicit limits.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use freeboard_buf::{SlowConsumerPolicy, Watermarks};
@@ -81,6 +82,24 @@ pub struct ServerConfig {
     /// arrive in pieces may not take the pool below half of it (else close 1013), so the open
     /// connections keep room to send. Default 64 KiB.
     pub connection_reserve: usize,
+    /// Origins browsers may open WebSockets from (`scheme://host[:port]`,
+    /// `scheme://*.domain`, `*`); any other `Origin` gets 403, counted in
+    /// `freeboard_access_refusals_total{reason="origin"}` and logged at `info` (at most one
+    /// line a second). Requests without `Origin` (non-browser clients) pass. Default: empty,
+    /// every origin is allowed.
+    pub allowed_origins: Vec<String>,
+    /// Reverse proxies (CIDR blocks) whose `Forwarded` / `X-Forwarded-For` headers name the
+    /// client: a connection from one of them is counted, limited and logged as the rightmost
+    /// untrusted address of those headers (as the proxy itself without them). Default: none.
+    pub trusted_proxies: Vec<String>,
+    /// Every connection starts with a PROXY protocol header (v1 text or v2 binary, as HAProxy
+    /// and cloud load balancers send), whose source address is the client's. A connection
+    /// without one gets 400. Default `false`.
+    pub proxy_protocol: bool,
+    /// Upgrade decisions that may be pending at once across the server
+    /// ([`Handler::decide_upgrade`](crate::Handler::decide_upgrade) completing later); beyond
+    /// it an upgrade whose decision is not made at once gets 503. Default 1,024.
+    pub max_pending_upgrades: usize,
     /// Pub/sub: the topic endpoints, their send queues and who may publish (the `[topics]`
     /// table in TOML).
     pub topics: TopicsConfig,
@@ -121,6 +140,29 @@ pub struct TopicsConfig {
     /// Publications from other threads a loop's inbox holds before further ones are dropped
     /// (counted in `topic_drops{reason="inbox_full"}`). Default 4096.
     pub inbox: usize,
+    /// HS256 secret (at least 32 bytes) of the JWTs a topic upgrade must carry
+    /// (`Authorization: Bearer`, or `?access_token=` for browsers); see
+    /// [`TokenVerifier`](crate::auth::TokenVerifier). Default: none.
+    pub jwt_secret: Option<String>,
+    /// A JWKS file (RFC 7517) of RSA and P-256 keys for RS256 / ES256 tokens. Default: none.
+    /// With neither a secret nor a key set, topics need no token.
+    pub jwks_file: Option<PathBuf>,
+    /// The `iss` tokens must carry. Default: not checked.
+    pub jwt_issuer: Option<String>,
+    /// The `aud` tokens must carry. Default: not checked.
+    pub jwt_audience: Option<String>,
+    /// Origins whose pages may `POST` to the publish endpoint from a browser (CORS; same
+    /// syntax as `allowed_origins`): their requests and `OPTIONS` preflights are answered
+    /// with `Access-Control-Allow-Origin`. Default: none.
+    pub cors_origins: Vec<String>,
+    /// The connect webhook (`http://host[:port]/path`) that decides every topic upgrade; see
+    /// [`ConnectWebhook`](crate::webhook::ConnectWebhook). Default: none.
+    pub connect_webhook: Option<String>,
+    /// How long the webhook may take to answer (then 503). Default 2 s.
+    #[serde(with = "secs")]
+    pub webhook_timeout: Duration,
+    /// Requests to the webhook in flight at once (worker threads). Default 16.
+    pub webhook_in_flight: usize,
 }
 
 impl Default for TopicsConfig {
@@ -136,6 +178,14 @@ impl Default for TopicsConfig {
             send_cap: 1 << 20,
             max_topics_per_connection: 64,
             inbox: 4096,
+            jwt_secret: None,
+            jwks_file: None,
+            jwt_issuer: None,
+            jwt_audience: None,
+            cors_origins: Vec::new(),
+            connect_webhook: None,
+            webhook_timeout: Duration::from_secs(2),
+            webhook_in_flight: 16,
         }
     }
 }
@@ -145,6 +195,38 @@ impl TopicsConfig {
     pub fn watermarks(&self) -> Result<Watermarks, ConfigError> {
         Watermarks::new(self.send_low, self.send_high, self.send_cap)
             .map_err(|_| ConfigError::Watermarks { prefix: "topics." })
+    }
+
+    /// Starts the connect webhook's workers, if one is configured.
+    pub fn webhook(&self) -> Result<Option<crate::webhook::ConnectWebhook>, ConfigError> {
+        self.connect_webhook
+            .as_deref()
+            .map(|url| {
+                crate::webhook::ConnectWebhook::new(
+                    url,
+                    self.webhook_timeout,
+                    self.webhook_in_flight,
+                )
+            })
+            .transpose()
+    }
+
+    /// The verifier of subscribers' tokens, if a secret or a key set is configured (reads
+    /// the JWKS file).
+    pub fn verifier(&self) -> Result<Option<crate::auth::TokenVerifier>, ConfigError> {
+        let verifier = crate::auth::TokenVerifier::from_config(
+            self.jwt_secret.as_deref(),
+            self.jwks_file.as_deref(),
+        )?;
+        Ok(verifier.map(|mut v| {
+            if let Some(issuer) = &self.jwt_issuer {
+                v = v.issuer(issuer);
+            }
+            if let Some(audience) = &self.jwt_audience {
+                v = v.audience(audience);
+            }
+            v
+        }))
     }
 }
 
@@ -161,6 +243,14 @@ impl std::fmt::Debug for TopicsConfig {
             .field("send_cap", &self.send_cap)
             .field("max_topics_per_connection", &self.max_topics_per_connection)
             .field("inbox", &self.inbox)
+            .field("jwt_secret", &self.jwt_secret.as_ref().map(|_| "<redacted>"))
+            .field("jwks_file", &self.jwks_file)
+            .field("jwt_issuer", &self.jwt_issuer)
+            .field("jwt_audience", &self.jwt_audience)
+            .field("cors_origins", &self.cors_origins)
+            .field("connect_webhook", &self.connect_webhook)
+            .field("webhook_timeout", &self.webhook_timeout)
+            .field("webhook_in_flight", &self.webhook_in_flight)
             .finish()
     }
 }
@@ -190,6 +280,10 @@ impl Default for ServerConfig {
             send_cap: (16 << 20) + (64 << 10),
             slow_consumer: SlowConsumerPolicy::Close,
             connection_reserve: 64 << 10,
+            allowed_origins: Vec::new(),
+            trusted_proxies: Vec::new(),
+            proxy_protocol: false,
+            max_pending_upgrades: 1024,
             topics: TopicsConfig::default(),
         }
     }
@@ -229,6 +323,21 @@ impl ServerConfig {
         }
         if topics.inbox == 0 || topics.max_topics_per_connection == 0 {
             return Err(ConfigError::TopicLimits);
+        }
+        crate::auth::Origins::new(&self.allowed_origins)?;
+        crate::auth::Origins::new(&topics.cors_origins)?;
+        crate::auth::TrustedProxies::new(&self.trusted_proxies)?;
+        topics.verifier()?;
+        if let Some(url) = &topics.connect_webhook
+            && (!url.starts_with("http://")
+                || topics.webhook_in_flight == 0
+                || topics.webhook_timeout.is_zero())
+        {
+            let why = "an http:// URL, in-flight requests and a timeout above zero";
+            return Err(ConfigError::Webhook(format!("{url}: needs {why}")));
+        }
+        if self.max_pending_upgrades == 0 {
+            return Err(ConfigError::PendingUpgrades);
         }
         let per_loop = self.memory / self.threads;
         let needed = self.read_buffer + 16 * self.chunk_size;
@@ -301,6 +410,19 @@ pub enum ConfigError {
     },
     /// No slow-consumer policy has this name.
     UnknownPolicy(String),
+    /// An `allowed_origins` entry is not `scheme://host[:port]`, `scheme://*.domain` or `*`.
+    Origin(String),
+    /// A `trusted_proxies` entry is not an address or a CIDR block.
+    TrustedProxy(String),
+    /// The JWKS file cannot be read or holds no usable key.
+    Jwks(String),
+    /// `topics.jwt_secret` is shorter than 32 bytes (RFC 7518 §3.2: an HS256 key must be at
+    /// least as long as the hash).
+    JwtSecret,
+    /// `max_pending_upgrades` is 0.
+    PendingUpgrades,
+    /// The connect webhook's URL or limits cannot work.
+    Webhook(String),
     /// `memory` is more than the machine (or the process's cgroup) has: the budget could not
     /// be kept.
     MemoryExceedsMachine {
@@ -343,6 +465,17 @@ impl std::fmt::Display for ConfigError {
                 f,
                 "memory {memory} is more than this machine can give ({machine} bytes): lower it"
             ),
+            Self::Origin(entry) => write!(
+                f,
+                "allowed_origins entry {entry:?} must be scheme://host[:port], scheme://*.domain or *"
+            ),
+            Self::TrustedProxy(entry) => {
+                write!(f, "trusted_proxies entry {entry:?} is not an address or CIDR block")
+            }
+            Self::Jwks(why) => write!(f, "topics.jwks_file: {why}"),
+            Self::JwtSecret => f.write_str("topics.jwt_secret must be at least 32 bytes"),
+            Self::PendingUpgrades => f.write_str("max_pending_upgrades must be at least 1"),
+            Self::Webhook(why) => write!(f, "topics.connect_webhook: {why}"),
             Self::UnknownPolicy(name) => write!(
                 f,
                 "unknown slow-consumer policy {name:?} (one of: block, drop-newest, drop-oldest, conflate, close)"

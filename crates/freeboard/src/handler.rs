@@ -1,7 +1,10 @@
 //! The application's side: handlers, the connection handle they get, routing.
 
+use std::any::Any;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy, Watermarks};
 use freeboard_proto::handshake::Request;
@@ -21,6 +24,21 @@ pub trait Handler: 'static {
     fn on_upgrade(&mut self, request: &Request<'_, '_>) -> Upgrade {
         let _ = request;
         Upgrade::Accept { protocol: None }
+    }
+
+    /// Decides an upgrade request, now or later: `decision` may be completed in this call or
+    /// moved to another thread or a future (a database lookup, a webhook) and completed
+    /// there, without blocking the loop. Until it is, the connection waits in the request
+    /// phase: it reads nothing, the handshake timeout keeps running (when it passes the
+    /// client gets 503 and the late decision is ignored), and at most
+    /// [`ServerConfig::max_pending_upgrades`](crate::ServerConfig::max_pending_upgrades)
+    /// connections of the server wait at once (beyond them, 503 at once). An [`Accepted`]
+    /// decision can carry per-connection data ([`Conn::data`]) and an expiry, at which the
+    /// open connection is closed with [`TOKEN_EXPIRED`](crate::auth::TOKEN_EXPIRED).
+    ///
+    /// Default: [`on_upgrade`](Self::on_upgrade)'s answer, at once.
+    fn decide_upgrade(&mut self, request: &Request<'_, '_>, decision: Decision) {
+        decision.complete(self.on_upgrade(request));
     }
 
     /// The connection is open; the `101` response is queued ahead of anything sent here.
@@ -58,6 +76,198 @@ pub enum Upgrade {
     },
     /// Refuse with this HTTP status.
     Reject(u16),
+}
+
+/// An upgrade decision the server waits for: complete it with [`accept`](Self::accept) or
+/// [`reject`](Self::reject), on the loop's thread or any other. It is `Send` and `'static`.
+/// Dropping it undecided refuses the upgrade with 500.
+pub struct Decision {
+    token: usize,
+    serial: u64,
+    peer: SocketAddr,
+    decisions: Arc<Decisions>,
+    done: bool,
+}
+
+impl std::fmt::Debug for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decision").field("peer", &self.peer).finish_non_exhaustive()
+    }
+}
+
+impl Decision {
+    pub(crate) fn new(
+        token: usize,
+        serial: u64,
+        peer: SocketAddr,
+        decisions: Arc<Decisions>,
+    ) -> Self {
+        Self { token, serial, peer, decisions, done: false }
+    }
+
+    /// The client's address (the forwarded one behind a trusted proxy).
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Accepts the upgrade.
+    pub fn accept(mut self, accepted: Accepted) {
+        self.send(Verdict::Accept(accepted));
+    }
+
+    /// Refuses the upgrade with `status` (a 4xx or 5xx).
+    pub fn reject(mut self, status: u16) {
+        self.send(Verdict::Reject { status, reason: "refused" });
+    }
+
+    /// Refuses the upgrade with `status`, counting it in
+    /// `freeboard_access_refusals_total{reason}` and saying `reason` in the response body and
+    /// the (rate-limited) log line.
+    pub fn reject_because(mut self, status: u16, reason: &'static str) {
+        self.send(Verdict::Reject { status, reason });
+    }
+
+    /// Completes the decision with a synchronous [`Upgrade`] answer.
+    pub fn complete(self, upgrade: Upgrade) {
+        match upgrade {
+            Upgrade::Accept { protocol } => self.accept(Accepted { protocol, ..Accepted::new() }),
+            Upgrade::Reject(status) => self.reject(status),
+        }
+    }
+
+    fn send(&mut self, verdict: Verdict) {
+        self.done = true;
+        self.decisions.push(Completion { token: self.token, serial: self.serial, verdict });
+    }
+}
+
+impl Drop for Decision {
+    fn drop(&mut self) {
+        if !self.done {
+            self.send(Verdict::Reject { status: 500, reason: "upgrade decision dropped" });
+        }
+    }
+}
+
+/// An accepted upgrade: the subprotocol, per-connection data for the handler, an expiry.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use freeboard::Accepted;
+///
+/// struct User { id: u64 }
+/// let accepted = Accepted::new()
+///     .data(User { id: 42 })
+///     .expires_at(SystemTime::now() + Duration::from_secs(3600));
+/// # let _ = accepted;
+/// ```
+#[derive(Default)]
+pub struct Accepted {
+    protocol: Option<&'static str>,
+    data: Option<Box<dyn Any + Send>>,
+    expires: Option<SystemTime>,
+}
+
+impl std::fmt::Debug for Accepted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Accepted")
+            .field("protocol", &self.protocol)
+            .field("data", &self.data.is_some())
+            .field("expires", &self.expires)
+            .finish()
+    }
+}
+
+impl Accepted {
+    /// Accepts without a subprotocol, data or expiry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The subprotocol, from [`Request::select_protocol`].
+    pub fn protocol(mut self, protocol: &'static str) -> Self {
+        self.protocol = Some(protocol);
+        self
+    }
+
+    /// Data the handler gets back with [`Conn::data`] on every callback of this connection.
+    /// It lives in a side table of the loop (not in the connection's slot), until the close.
+    pub fn data<T: Any + Send>(mut self, data: T) -> Self {
+        self.data = Some(Box::new(data));
+        self
+    }
+
+    /// When the connection's authorization lapses: the loop closes it then with
+    /// [`TOKEN_EXPIRED`](crate::auth::TOKEN_EXPIRED) (4001, "token expired"), counted in
+    /// `freeboard_access_token_expiries_total`. A time already past refuses the upgrade (401).
+    pub fn expires_at(mut self, at: SystemTime) -> Self {
+        self.expires = Some(at);
+        self
+    }
+
+    pub(crate) fn into_parts(
+        self,
+    ) -> (Option<&'static str>, Option<Box<dyn Any + Send>>, Option<SystemTime>) {
+        (self.protocol, self.data, self.expires)
+    }
+}
+
+/// What a [`Decision`] came to.
+pub(crate) enum Verdict {
+    Accept(Accepted),
+    Reject {
+        status: u16,
+        reason: &'static str,
+    },
+    /// Not an upgrade: every loop has reported on the connection's HTTP publish.
+    Published,
+}
+
+/// A decision completed for the connection `token` (whose serial was `serial`).
+pub(crate) struct Completion {
+    pub(crate) token: usize,
+    pub(crate) serial: u64,
+    pub(crate) verdict: Verdict,
+}
+
+/// The completed decisions of one event loop, pushed from any thread. A push from outside
+/// the loop's own call into the application wakes the loop.
+pub(crate) struct Decisions {
+    queue: Mutex<Vec<Completion>>,
+    queued: AtomicUsize,
+    /// The loop is inside `decide_upgrade`, and looks at the queue right after it returns:
+    /// no wake-up is needed.
+    pub(crate) deciding: AtomicBool,
+    waker: Arc<mio::Waker>,
+}
+
+impl Decisions {
+    pub(crate) fn new(waker: Arc<mio::Waker>) -> Self {
+        Self {
+            queue: Mutex::new(Vec::new()),
+            queued: AtomicUsize::new(0),
+            deciding: AtomicBool::new(false),
+            waker,
+        }
+    }
+
+    pub(crate) fn push(&self, completion: Completion) {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push(completion);
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        if !self.deciding.load(Ordering::SeqCst) {
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// Moves every completed decision into `out`.
+    pub(crate) fn drain_into(&self, out: &mut Vec<Completion>) {
+        if self.queued.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        self.queued.store(0, Ordering::SeqCst);
+        out.append(&mut queue);
+    }
 }
 
 /// A whole data message, borrowed: from the loop's read buffer when it arrived in one read
@@ -106,6 +316,8 @@ pub struct Conn<'a> {
     pub(crate) hub: &'a Hub,
     /// Local publishes, fanned out by the loop once the handler returns.
     pub(crate) outbox: &'a mut Vec<(Arc<str>, Frame)>,
+    /// The data its upgrade decision attached ([`Accepted::data`]).
+    pub(crate) data: Option<&'a mut Box<dyn Any + Send>>,
 }
 
 impl std::fmt::Debug for Conn<'_> {
@@ -176,6 +388,16 @@ impl Conn<'_> {
         self.target
     }
 
+    /// The data the upgrade decision attached with [`Accepted::data`], if it is a `T`.
+    pub fn data<T: Any>(&self) -> Option<&T> {
+        self.data.as_ref().and_then(|d| d.downcast_ref::<T>())
+    }
+
+    /// The attached data, mutably.
+    pub fn data_mut<T: Any>(&mut self) -> Option<&mut T> {
+        self.data.as_mut().and_then(|d| d.downcast_mut::<T>())
+    }
+
     /// Subscribes this connection to `topic` (O(1) in the topic's subscribers); `Ok(false)`
     /// if it already was. Messages published to the topic from then on are queued to it by
     /// reference, under its endpoint's slow-consumer policy. The subscription ends with
@@ -199,7 +421,7 @@ impl Conn<'_> {
     /// right after this handler returns, and once for all other loops that have subscribers.
     /// With no subscriber anywhere it costs no pool memory.
     pub fn publish(&mut self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
-        self.topics.publish(self.hub, self.cx.pool, self.outbox, topic, kind, payload)
+        self.topics.publish(self.hub, self.cx.pool, self.outbox, topic, kind, payload, None)
     }
 }
 

@@ -28,22 +28,29 @@
 
 #![warn(missing_debug_implementations)]
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod handler;
 pub mod metrics;
 mod parking;
+mod proxy_header;
 mod server;
 mod session;
 mod topic_route;
 pub mod topics;
 mod transport;
+pub mod webhook;
 
 pub use config::ServerConfig;
 pub use freeboard_buf::SlowConsumerPolicy;
 pub use freeboard_buf::Watermarks;
+pub use freeboard_proto::handshake::Request;
 pub use freeboard_proto::{CloseCode, MessageKind};
-pub use handler::{Conn, ConnId, Echo, Handler, HttpRoute, Message, RouteOptions, Router, Upgrade};
+pub use handler::{
+    Accepted, Conn, ConnId, Decision, Echo, Handler, HttpRoute, Message, RouteOptions, Router,
+    Upgrade,
+};
 pub use metrics::Metrics;
 pub use server::{RunningServer, Server, ServerHandle};
 pub use session::SendOutcome;

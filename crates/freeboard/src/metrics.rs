@@ -197,6 +197,8 @@ pub struct Metrics {
     /// Publications a whole loop could not take, by reason (`inbox_full`, `pool`); drops
     /// for one subscriber are counted in `drops` by policy.
     pub(crate) topic_drops: Family<Reason, Counter>,
+    /// Origins, tokens, proxies and pending upgrade decisions.
+    pub(crate) access: AccessMetrics,
     loops: AtomicU32,
 }
 
@@ -231,8 +233,10 @@ impl Metrics {
             publishes: Counter::default(),
             deliveries: Counter::default(),
             topic_drops: Family::default(),
+            access: AccessMetrics::default(),
             loops: AtomicU32::new(0),
         };
+        m.access.register(&mut registry);
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
         registry.register("accepted", "Accepted TCP connections", m.accepted.clone());
         registry.register(
@@ -433,5 +437,74 @@ pub(crate) fn close_label(code: CloseCode) -> &'static str {
         CloseCode::MESSAGE_TOO_BIG => "message_too_big",
         CloseCode::TRY_AGAIN_LATER => "try_again_later",
         _ => "other",
+    }
+}
+
+/// Who was let in and who was not: the metrics of origins, tokens, forwarded addresses and
+/// upgrade decisions (`freeboard_access_*`).
+#[derive(Debug, Default)]
+pub(crate) struct AccessMetrics {
+    /// Upgrades refused by an access check, by reason (`origin`, `token_missing`,
+    /// `token_invalid`, `token_expired`, `topic_not_granted`, `proxy_header`,
+    /// `decision_timeout`, `pending_full`, or an application's own reason).
+    pub(crate) refusals: Family<Reason, Counter>,
+    /// Upgrade decisions pending now.
+    pub(crate) pending_upgrades: Gauge,
+    /// Open connections closed because their authorization expired.
+    pub(crate) token_expiries: Counter,
+    /// Connections attributed to an address a trusted proxy forwarded (header or PROXY
+    /// protocol).
+    pub(crate) forwarded: Counter,
+}
+
+impl AccessMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "access_refusals",
+            "Upgrades refused by an access check (origin, token, proxy header, pending decisions), by reason",
+            self.refusals.clone(),
+        );
+        registry.register(
+            "access_pending_upgrades",
+            "Upgrade decisions pending",
+            self.pending_upgrades.clone(),
+        );
+        registry.register(
+            "access_token_expiries",
+            "Open connections closed because their token expired",
+            self.token_expiries.clone(),
+        );
+        registry.register(
+            "access_forwarded",
+            "Connections attributed to a client address forwarded by a trusted proxy",
+            self.forwarded.clone(),
+        );
+    }
+}
+
+impl Metrics {
+    /// Counts an access refusal by reason.
+    pub(crate) fn access_refusal(&self, reason: &str) {
+        self.access.refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
+    }
+
+    /// The value of `access_refusals{reason}`.
+    pub fn access_refusals_for(&self, reason: &str) -> u64 {
+        self.access.refusals.get_or_create(&Reason { reason: reason.to_owned() }).get()
+    }
+
+    /// Upgrade decisions pending now.
+    pub fn pending_upgrades(&self) -> i64 {
+        self.access.pending_upgrades.get()
+    }
+
+    /// Open connections closed because their authorization expired.
+    pub fn token_expiries(&self) -> u64 {
+        self.access.token_expiries.get()
+    }
+
+    /// Connections attributed to a forwarded client address.
+    pub fn forwarded(&self) -> u64 {
+        self.access.forwarded.get()
     }
 }

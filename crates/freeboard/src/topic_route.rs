@@ -1,16 +1,28 @@
 //! The topic endpoint of `freeboard serve`: an application handler on the topic registry.
 
+use std::sync::Arc;
+use std::time::SystemTime;
+
 use freeboard_proto::CloseCode;
 use freeboard_proto::handshake::Request;
 
+use crate::auth::{Grant, TokenError, TokenVerifier, bearer_token};
 use crate::config::TopicsConfig;
-use crate::handler::{Conn, Handler, Message, RouteOptions, Router, Upgrade};
+use crate::handler::{Accepted, Conn, Decision, Handler, Message, RouteOptions, Router};
 use crate::topics::topics_in_target;
+use crate::webhook::ConnectWebhook;
 
 /// The `/topic/{name}` endpoint of `freeboard serve`: the upgrade subscribes the connection to
 /// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`);
 /// messages the client sends are published to `name` if client publishing is allowed, else
 /// answered with close 1008.
+///
+/// With a [`TokenVerifier`] the upgrade needs a bearer token (`Authorization: Bearer`, or
+/// `?access_token=` for browsers) whose `subscribe` claim grants every topic asked for (401
+/// without a valid token, 403 when a topic is not granted; counted in
+/// `freeboard_access_refusals_total{reason}`); the connection is closed with
+/// [`TOKEN_EXPIRED`](crate::auth::TOKEN_EXPIRED) when the token's `exp` passes, and a client
+/// publishes only to topics its `publish` claim grants (else close 1008).
 ///
 /// Mount it with [`Router::route_with`](crate::Router::route_with) under a prefix, with the
 /// topic routes' slow-consumer policy (see [`TopicsConfig`]).
@@ -18,20 +30,71 @@ use crate::topics::topics_in_target;
 pub struct TopicRoute {
     prefix: String,
     client_publish: bool,
+    verifier: Option<Arc<TokenVerifier>>,
+    webhook: Option<Arc<ConnectWebhook>>,
 }
 
 impl TopicRoute {
-    /// A topic endpoint under `prefix` (e.g. `/topic/`).
+    /// A topic endpoint under `prefix` (e.g. `/topic/`), open to anyone.
     pub fn new(prefix: &str, client_publish: bool) -> Self {
-        Self { prefix: prefix.to_owned(), client_publish }
+        Self { prefix: prefix.to_owned(), client_publish, verifier: None, webhook: None }
+    }
+
+    /// Requires a token `verifier` accepts, whose claims grant the topics.
+    pub fn with_tokens(mut self, verifier: Arc<TokenVerifier>) -> Self {
+        self.verifier = Some(verifier);
+        self
+    }
+
+    /// Asks `webhook` (after the token, if one is required) whether each upgrade may go on;
+    /// its answer grants the topics and may set an expiry.
+    pub fn with_webhook(mut self, webhook: Arc<ConnectWebhook>) -> Self {
+        self.webhook = Some(webhook);
+        self
+    }
+
+    fn authorize(
+        &self,
+        request: &Request<'_, '_>,
+        topics: &[&str],
+    ) -> Result<Accepted, TokenError> {
+        let Some(verifier) = &self.verifier else { return Ok(Accepted::new()) };
+        let token = bearer_token(request).ok_or(TokenError::Missing)?;
+        let grant = verifier.verify(token, SystemTime::now())?;
+        if !topics.iter().all(|t| grant.may_subscribe(t)) {
+            return Err(TokenError::NotGranted);
+        }
+        Ok(Accepted::new().expires_at(grant.expires).data(grant))
     }
 }
 
 impl Handler for TopicRoute {
-    fn on_upgrade(&mut self, request: &Request<'_, '_>) -> Upgrade {
-        match topics_in_target(&self.prefix, request.path()) {
-            Some(_) => Upgrade::Accept { protocol: None },
-            None => Upgrade::Reject(400),
+    fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
+        if !self.client_publish {
+            conn.close(CloseCode::POLICY_VIOLATION, "publishing is not allowed here");
+            return;
+        }
+        let Some(topic) = conn.topics().next().map(str::to_owned) else { return };
+        let checked = self.verifier.is_some() || self.webhook.is_some();
+        if checked && !conn.data::<Grant>().is_some_and(|g| g.may_publish(&topic)) {
+            conn.close(CloseCode::POLICY_VIOLATION, "the token does not grant publishing here");
+            return;
+        }
+        let _ = conn.publish(&topic, message.kind, message.data);
+    }
+
+    fn decide_upgrade(&mut self, request: &Request<'_, '_>, decision: Decision) {
+        let Some(topics) = topics_in_target(&self.prefix, request.path()) else {
+            return decision.reject(400);
+        };
+        match (self.authorize(request, &topics), &self.webhook) {
+            (Ok(_), Some(webhook)) => {
+                let origin = request.origin().and_then(|o| std::str::from_utf8(o).ok());
+                let token = bearer_token(request);
+                webhook.ask(decision, request.path(), &topics, origin, token);
+            }
+            (Ok(accepted), None) => decision.accept(accepted),
+            (Err(e), _) => decision.reject_because(e.status(), e.label()),
         }
     }
 
@@ -44,20 +107,14 @@ impl Handler for TopicRoute {
             }
         }
     }
-
-    fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
-        if !self.client_publish {
-            conn.close(CloseCode::POLICY_VIOLATION, "publishing is not allowed here");
-            return;
-        }
-        let Some(topic) = conn.topics().next().map(str::to_owned) else { return };
-        let _ = conn.publish(&topic, message.kind, message.data);
-    }
 }
 
 impl Router {
     /// Mounts a [`TopicRoute`] at `config.path` (a prefix route) with the topic routes'
-    /// slow-consumer policy and send-queue limits. Does nothing if the path is empty.
+    /// slow-consumer policy and send-queue limits, requiring tokens when `config` names a
+    /// JWT secret or key set. Does nothing if the path is empty (or the configuration is
+    /// invalid: [`ServerConfig::validate`](crate::ServerConfig::validate) says why, and
+    /// `Server::bind` refuses it).
     ///
     /// ```
     /// use freeboard::{Echo, Router, ServerConfig};
@@ -68,12 +125,27 @@ impl Router {
     /// # let _ = routes;
     /// ```
     pub fn topics(self, config: &TopicsConfig) -> Self {
+        self.topics_with(config, None)
+    }
+
+    /// [`topics`](Self::topics), with a connect webhook deciding every upgrade. Build the
+    /// webhook once ([`TopicsConfig::webhook`]) and give every loop's router a clone of the
+    /// `Arc`: its workers and its bounds are the server's.
+    pub fn topics_with(self, config: &TopicsConfig, webhook: Option<Arc<ConnectWebhook>>) -> Self {
         let Ok(marks) = config.watermarks() else { return self };
+        let Ok(verifier) = config.verifier() else { return self };
         if config.path.is_empty() {
             return self;
         }
         let options =
             RouteOptions::new().prefix().slow_consumer(config.slow_consumer).watermarks(marks);
-        self.route_with(&config.path, TopicRoute::new(&config.path, config.client_publish), options)
+        let mut route = TopicRoute::new(&config.path, config.client_publish);
+        if let Some(verifier) = verifier {
+            route = route.with_tokens(Arc::new(verifier));
+        }
+        if let Some(webhook) = webhook {
+            route = route.with_webhook(webhook);
+        }
+        self.route_with(&config.path, route, options)
     }
 }

@@ -33,7 +33,7 @@
 //! `max_message_size`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -116,6 +116,50 @@ pub(crate) fn header(kind: MessageKind, len: usize) -> ([u8; 14], usize) {
 pub(crate) struct Publication {
     pub(crate) topic: Arc<str>,
     pub(crate) frame: SharedFrame,
+    /// Where the loop reports what its subscribers made of it (an HTTP publish's answer).
+    pub(crate) receipt: Option<Arc<Receipt>>,
+}
+
+/// What the other loops' subscribers made of a publish: each loop handed a copy adds its
+/// counts; the last report tells the publisher (`notify`). The publisher holds one count of
+/// `waiting` until it has handed out every copy, so an early report cannot finish it.
+pub(crate) struct Receipt {
+    delivered: AtomicU64,
+    dropped: AtomicU64,
+    waiting: AtomicU32,
+    notify: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Receipt {
+    pub(crate) fn new(notify: impl Fn() + Send + Sync + 'static) -> Self {
+        Self {
+            delivered: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            waiting: AtomicU32::new(1),
+            notify: Box::new(notify),
+        }
+    }
+
+    /// A loop reports: `delivered` subscribers took the message, it was dropped for
+    /// `dropped`. The last report notifies the publisher.
+    pub(crate) fn report(&self, delivered: u64, dropped: u64) {
+        self.delivered.fetch_add(delivered, Ordering::Relaxed);
+        self.dropped.fetch_add(dropped, Ordering::Relaxed);
+        if self.waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
+            (self.notify)();
+        }
+    }
+
+    /// The publisher has handed out every copy; whether every loop has reported already (then
+    /// nobody is notified).
+    pub(crate) fn release(&self) -> bool {
+        self.waiting.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// Subscribers reached and dropped so far.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (self.delivered.load(Ordering::Acquire), self.dropped.load(Ordering::Acquire))
+    }
 }
 
 /// One loop's inbox, as other threads see it.
@@ -174,6 +218,7 @@ impl Hub {
         parts: &[&[u8]],
         except: Option<u32>,
         published: &mut Published,
+        receipt: Option<&Arc<Receipt>>,
     ) {
         let map = self.loops_by_topic.read().unwrap_or_else(|e| e.into_inner());
         let Some((name, loops)) = map.get_key_value(topic) else { return };
@@ -181,7 +226,15 @@ impl Hub {
         for index in loops.iter().filter(|&i| Some(i) != except) {
             let frame = frame.get_or_insert_with(|| SharedFrame::from_parts(parts));
             let inbox = &self.inboxes[index as usize];
-            let publication = Publication { topic: name.clone(), frame: frame.clone() };
+            let receipt = receipt.inspect(|r| {
+                // Counted before the loop can see it, so its report cannot come first.
+                r.waiting.fetch_add(1, Ordering::AcqRel);
+            });
+            let publication = Publication {
+                topic: name.clone(),
+                frame: frame.clone(),
+                receipt: receipt.cloned(),
+            };
             match inbox.tx.try_send(publication) {
                 Ok(()) => {
                     published.loops += 1;
@@ -192,6 +245,10 @@ impl Hub {
                 Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                     published.dropped += 1;
                     self.metrics.topic_drop("inbox_full");
+                    if let Some(r) = receipt {
+                        // The publisher's hold keeps this above zero.
+                        r.waiting.fetch_sub(1, Ordering::AcqRel);
+                    }
                 }
             }
         }
@@ -343,7 +400,9 @@ impl LocalTopics {
 
     /// Publishes from this loop: framed once into `pool` for local subscribers (queued in
     /// `outbox` for the loop to fan out after the handler returns), once as a
-    /// [`SharedFrame`] for other loops with subscribers.
+    /// [`SharedFrame`] for other loops with subscribers (each reporting to `receipt`, if
+    /// given, what its subscribers made of it).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn publish(
         &mut self,
         hub: &Hub,
@@ -352,6 +411,7 @@ impl LocalTopics {
         topic: &str,
         kind: MessageKind,
         payload: &[u8],
+        receipt: Option<&Arc<Receipt>>,
     ) -> Published {
         hub.metrics.publishes.inc();
         let (head, n) = header(kind, payload.len());
@@ -369,7 +429,7 @@ impl LocalTopics {
                 }
             }
         }
-        hub.publish_remote(topic, &parts, Some(self.index), &mut published);
+        hub.publish_remote(topic, &parts, Some(self.index), &mut published, receipt);
         published
     }
 

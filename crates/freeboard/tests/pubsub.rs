@@ -271,7 +271,8 @@ fn http_publish_checks_the_bearer_token_and_the_length() {
     assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
     let answer = post("Authorization: Bearer s3cret\r\n", "1-0");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    assert!(answer.ends_with("{\"loops\":1,\"dropped\":0}\n"), "{answer}");
+    let reach = "{\"messages\":1,\"delivered\":1,\"dropped\":0,\"other_loops\":0,\"other_loops_dropped\":0,\"complete\":true}\n";
+    assert!(answer.ends_with(reach), "{answer}");
     assert_eq!(sub.recv(), Some((0x1, b"1-0".to_vec())));
 
     // A body that arrives after the head, in pieces.
@@ -390,7 +391,8 @@ fn a_publish_to_nobody_costs_no_pool_chunks() {
     client.send(0x81, b"leave");
     let mut post =
         common::http(addr, "POST /topic/nobody HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi");
-    assert!(post.ends_with("{\"loops\":0,\"dropped\":0}\n"), "{post}");
+    let reach = "{\"messages\":1,\"delivered\":0,\"dropped\":0,\"other_loops\":0,\"other_loops_dropped\":0,\"complete\":true}\n";
+    assert!(post.ends_with(reach), "{post}");
     post.clear();
     common::wait_until("both messages handled", || log.lock().unwrap().len() == 4);
     assert_eq!(metrics.publishes(), 1 + 2 * 1001 + 1);

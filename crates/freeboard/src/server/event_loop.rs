@@ -6,8 +6,9 @@
 //! in [`http`](super::http); the fan-out of published messages in
 //! [`fan_out`](super::fan_out).
 
+use std::any::Any;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use super::shared::Shared;
-use crate::handler::{ConnId, Router};
+use crate::handler::{Completion, ConnId, Decisions, RouteOptions, Router};
 use crate::metrics::{LoopGauges, LoopLabel, LoopStats, close_label};
 use crate::parking::ParkingLot;
 use crate::session::{Assembly, Context, Phase, Reassembly, Session, Share};
@@ -57,6 +58,9 @@ pub(super) struct Entry<T> {
     pub(super) route: u32,
     /// The status its upgrade gets because it came faster than the accept rate allows.
     pub(super) limited: Option<u16>,
+    /// Counted against its client's address: at accept for a direct connection; for one
+    /// through a trusted proxy or a PROXY protocol listener, once the client is known.
+    pub(super) attributed: bool,
     /// The peer's FIN has been reported (`EPOLLRDHUP`): read to the end of the stream, since
     /// no further readiness event will come to say it is there.
     read_closed: bool,
@@ -122,6 +126,34 @@ pub(crate) struct EventLoop<T> {
     pub(super) fanning_out: bool,
     /// Writability changes a fan-out caused, reported once it is done.
     pub(super) changes: Vec<(usize, Writability)>,
+    /// Upgrade decisions completed (on any thread) and not yet acted on.
+    pub(super) decisions: Arc<Decisions>,
+    pub(super) completed: Vec<Completion>,
+    /// Connections whose upgrade decision is pending, by slot.
+    pub(super) pending: HashMap<usize, PendingUpgrade>,
+    /// The data open connections' upgrade decisions attached, by slot: a side table, so
+    /// that connections without any pay nothing in their `Entry`.
+    pub(super) data: HashMap<usize, Box<dyn Any + Send>>,
+    /// Plain requests whose body is still arriving: how to answer them (keep-alive, CORS)
+    /// and a chunked body's decoder, by slot.
+    pub(super) plain: HashMap<usize, super::plain::PlainRequest>,
+    /// HTTP publishes whose answer waits for other loops' reports, by slot.
+    pub(super) awaiting: HashMap<usize, super::plain::AwaitingPublish>,
+    /// Set by a plain request answered with keep-alive when bytes of a pipelined request
+    /// follow it: where they start in the buffer it was given.
+    pub(super) next_request: Option<usize>,
+    /// When connections' authorizations lapse: `(at, slot, serial)`.
+    pub(super) expiries: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+}
+
+/// An upgrade request waiting for its decision: what the `101` and `on_open` need later.
+pub(super) struct PendingUpgrade {
+    pub(super) serial: u64,
+    pub(super) route: usize,
+    pub(super) options: RouteOptions,
+    /// The request target, for `on_open`.
+    pub(super) target: Box<str>,
+    pub(super) accept_key: freeboard_proto::handshake::AcceptKey,
 }
 
 impl<T: Transport> EventLoop<T> {
@@ -130,6 +162,7 @@ impl<T: Transport> EventLoop<T> {
         poll: Poll,
         mut listener: TcpListener,
         shared: Arc<Shared>,
+        waker: Arc<mio::Waker>,
     ) -> io::Result<Self> {
         let config = &shared.config;
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
@@ -181,6 +214,14 @@ impl<T: Transport> EventLoop<T> {
             outbox_spare: Vec::new(),
             fanning_out: false,
             changes: Vec::new(),
+            decisions: Arc::new(Decisions::new(waker)),
+            completed: Vec::new(),
+            pending: HashMap::new(),
+            data: HashMap::new(),
+            expiries: BinaryHeap::new(),
+            plain: HashMap::new(),
+            awaiting: HashMap::new(),
+            next_request: None,
         })
     }
 
@@ -246,12 +287,16 @@ impl<T: Transport> EventLoop<T> {
                 }
             }
             self.drain_inbox(now);
+            self.run_decisions(now);
             self.end_turn(now);
         }
         for (token, mut entry) in std::mem::take(&mut self.conns) {
             self.topics.drop_conn(&self.shared.hub, token);
             entry.session.release(&mut self.pool);
-            self.shared.release(entry.peer);
+            self.shared.release(entry.peer, entry.attributed);
+            if self.pending.remove(&token).is_some() {
+                self.shared.release_pending();
+            }
             if let Phase::Open(_) = entry.session.phase {
                 self.shared.metrics.connections.dec();
             }
@@ -261,11 +306,15 @@ impl<T: Transport> EventLoop<T> {
     }
 
     fn poll_timeout(&mut self, now: Instant) -> Option<Duration> {
-        let next = [self.timers.peek().map(|Reverse((at, _, _))| *at), self.drain_deadline]
-            .into_iter()
-            .chain([self.accept_retry])
-            .flatten()
-            .min();
+        let next = [
+            self.timers.peek().map(|Reverse((at, _, _))| *at),
+            self.expiries.peek().map(|Reverse((at, _, _))| *at),
+            self.drain_deadline,
+        ]
+        .into_iter()
+        .chain([self.accept_retry])
+        .flatten()
+        .min();
         // Round up so a deadline is never polled for just before it is due.
         next.map(|at| at.saturating_duration_since(now) + Duration::from_millis(1))
     }
@@ -347,6 +396,7 @@ impl<T: Transport> EventLoop<T> {
                 session: Session::request(queue, now + config.handshake_timeout),
                 route: 0,
                 limited,
+                attributed: !self.shared.forwards(peer),
                 read_closed: false,
                 armed: None,
                 dirty: false,
@@ -383,6 +433,10 @@ impl<T: Transport> EventLoop<T> {
     fn read(&mut self, token: usize, now: Instant) {
         let Some(entry) = self.conns.get(token) else { return };
         match entry.session.phase {
+            // Waiting for its upgrade decision: nothing is read (§4.1: the client sends
+            // nothing before the response); what arrives is read once it is decided.
+            Phase::Request { .. }
+                if self.pending.contains_key(&token) || self.awaiting.contains_key(&token) => {}
             Phase::Request { .. } => self.read_request(token, now),
             Phase::Open(_) => self.read_open(token, now),
             Phase::Draining { .. } | Phase::Linger { .. } => self.read_discard(token),
@@ -466,6 +520,13 @@ impl<T: Transport> EventLoop<T> {
     }
 
     fn expire_timers(&mut self, now: Instant) {
+        while let Some(&Reverse((at, token, serial))) = self.expiries.peek() {
+            if at > now {
+                break;
+            }
+            self.expiries.pop();
+            self.expire_authorization(token, serial, now);
+        }
         while let Some(&Reverse((at, token, serial))) = self.timers.peek() {
             if at > now {
                 break;
@@ -477,6 +538,14 @@ impl<T: Transport> EventLoop<T> {
             }
             entry.armed = None;
             let request = matches!(entry.session.phase, Phase::Request { .. } | Phase::Body(_));
+            if request && self.pending.contains_key(&token) {
+                self.decision_timed_out(token, now);
+                continue;
+            }
+            if request && self.awaiting.contains_key(&token) {
+                self.answer_publish(token, serial, now, false);
+                continue;
+            }
             let (entry, mut cx) = self.split(token, now);
             if entry.session.handle_timeout(&mut cx) {
                 if request {
@@ -587,7 +656,13 @@ impl<T: Transport> EventLoop<T> {
         let mut entry = self.conns.remove(token);
         self.buffered -= entry.counted as usize;
         entry.session.release(&mut self.pool);
-        self.shared.release(entry.peer);
+        self.shared.release(entry.peer, entry.attributed);
+        if self.pending.remove(&token).is_some() {
+            self.shared.release_pending();
+        }
+        self.data.remove(&token);
+        self.plain.remove(&token);
+        self.awaiting.remove(&token);
         if let Phase::Open(_) = entry.session.phase {
             self.shared.metrics.connections.dec();
             if !entry.session.close_reported() {

@@ -8,23 +8,40 @@ use super::event_loop::EventLoop;
 use crate::session::Context;
 use crate::transport::Transport;
 
+/// How many of a loop's subscribers a fan-out reached, and for how many the message was
+/// dropped (by their slow-consumer policy, or by closing them).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Reach {
+    pub(super) delivered: u64,
+    pub(super) dropped: u64,
+}
+
+impl std::ops::AddAssign for Reach {
+    fn add_assign(&mut self, other: Self) {
+        self.delivered += other.delivered;
+        self.dropped += other.dropped;
+    }
+}
+
 impl<T: Transport> EventLoop<T> {
-    /// Fans out this loop's own publishes, in publish order.
-    pub(super) fn fan_out_outbox(&mut self, now: Instant) {
+    /// Fans out this loop's own publishes, in publish order; their reach.
+    pub(super) fn fan_out_outbox(&mut self, now: Instant) -> Reach {
+        let mut reach = Reach::default();
         if self.fanning_out {
-            return; // the outer call picks them up after the publishes before them
+            return reach; // the outer call picks them up after the publishes before them
         }
         self.fanning_out = true;
         while !self.outbox.is_empty() {
             let mut batch = std::mem::take(&mut self.outbox_spare);
             std::mem::swap(&mut batch, &mut self.outbox);
             for (topic, frame) in batch.drain(..) {
-                self.fan_out(now, &topic, &frame);
+                reach += self.fan_out(now, &topic, &frame);
                 frame.release(&mut self.pool);
             }
             self.outbox_spare = batch;
         }
         self.fanning_out = false;
+        reach
     }
 
     /// Takes the publications other threads sent, each copied once into this loop's pool and
@@ -32,23 +49,35 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn drain_inbox(&mut self, now: Instant) {
         self.shared.hub.begin_drain(self.index);
         while let Ok(publication) = self.inbox.try_recv() {
-            if self.topics.subscribers(&publication.topic).is_none() {
-                continue; // the last subscriber left after the publisher looked
-            }
-            match publication.frame.to_frame(&mut self.pool) {
-                Ok(frame) => {
-                    self.fan_out(now, &publication.topic, &frame);
-                    frame.release(&mut self.pool);
+            let Some(subscribers) = self.topics.subscribers(&publication.topic) else {
+                // The last subscriber left after the publisher looked.
+                if let Some(receipt) = &publication.receipt {
+                    receipt.report(0, 0);
                 }
-                Err(_) => self.shared.metrics.topic_drop("pool"),
+                continue;
+            };
+            let reach = match publication.frame.to_frame(&mut self.pool) {
+                Ok(frame) => {
+                    let reach = self.fan_out(now, &publication.topic, &frame);
+                    frame.release(&mut self.pool);
+                    reach
+                }
+                Err(_) => {
+                    self.shared.metrics.topic_drop("pool");
+                    Reach { delivered: 0, dropped: subscribers.len() as u64 }
+                }
+            };
+            if let Some(receipt) = &publication.receipt {
+                receipt.report(reach.delivered, reach.dropped);
             }
         }
     }
 
     /// Queues `frame` by reference to every open subscriber of `topic` on this loop; each
     /// subscriber's policy decides alone what happens when its queue is full.
-    fn fan_out(&mut self, now: Instant, topic: &str, frame: &Frame) {
-        let Some(subscribers) = self.topics.subscribers(topic) else { return };
+    fn fan_out(&mut self, now: Instant, topic: &str, frame: &Frame) -> Reach {
+        let mut reach = Reach::default();
+        let Some(subscribers) = self.topics.subscribers(topic) else { return reach };
         let mut changes = std::mem::take(&mut self.changes);
         for (_, &token) in subscribers {
             // NOTE: a connection's subscriptions go before its slab entry does.
@@ -67,12 +96,17 @@ impl<T: Transport> EventLoop<T> {
                 PushOutcome::WouldBlock { .. } if policy == SlowConsumerPolicy::Block => {
                     // A publisher cannot be paused for one subscriber: the message is dropped.
                     self.stats.policy_drops[SlowConsumerPolicy::Block] += 1;
+                    reach.dropped += 1;
                 }
                 PushOutcome::MustClose { .. } => {
                     self.shared.metrics.slow_consumer_closes.inc();
+                    reach.dropped += 1;
                 }
                 outcome => {
-                    self.stats.deliveries += self.stats.count_send(outcome, policy);
+                    let queued = self.stats.count_send(outcome, policy);
+                    self.stats.deliveries += queued;
+                    reach.delivered += queued;
+                    reach.dropped += 1 - queued;
                 }
             }
             if let Some(change) = entry.session.take_writability() {
@@ -89,5 +123,6 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         self.changes = changes;
+        reach
     }
 }

@@ -119,6 +119,7 @@ impl<T: Transport> EventLoop<T> {
             topics: &mut self.topics,
             hub: &self.shared.hub,
             outbox: &mut self.outbox,
+            data: self.data.get_mut(&token),
         };
         f(self.router.handler(route), &mut conn);
         if let Some(change) = self.conns[token].session.take_writability() {

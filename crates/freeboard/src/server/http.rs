@@ -2,24 +2,25 @@
 //! with their status, and the plain routes a [`Router`](crate::Router) opted into
 //! ([`HttpRoute`]: health, metrics, publish).
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
 use freeboard_proto::handshake::{self, EMPTY_HEADER, HandshakeError, Request};
-use freeboard_proto::{Instant, MessageKind, Role};
+use freeboard_proto::{Instant, MessageKind};
 
-use super::event_loop::{EventLoop, LINGER};
-use crate::handler::{HttpRoute, Upgrade};
-use crate::parking::Ws;
+use super::event_loop::{EventLoop, LINGER, PendingUpgrade};
+use super::plain::{Chunked, PlainRequest, Reply, has_token, header, is_text};
+use crate::handler::{Decision, Verdict};
 use crate::session::{Body, Phase};
 use crate::transport::Transport;
-use freeboard_buf::SendQueue;
 
 /// The share of the pool's chunks (1 / this) that partial request heads may hold together,
 /// and that request bodies may hold together: neither can starve the open connections.
 const HEAD_SHARE: usize = 4;
 const BODY_SHARE: usize = 4;
-const RETRY_SOON: &str = "Retry-After: 1\r\n";
-const BUDGET_EXHAUSTED: &str = "server memory budget exhausted";
+pub(super) const RETRY_SOON: &str = "Retry-After: 1\r\n";
+pub(super) const BEARER_CHALLENGE: &str = "WWW-Authenticate: Bearer\r\n";
+pub(super) const BUDGET_EXHAUSTED: &str = "server memory budget exhausted";
 
 impl<T: Transport> EventLoop<T> {
     /// Reads (more of) the request head; handles it once complete.
@@ -47,7 +48,34 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         self.stats.bytes_in += have as u64;
-        let open = self.request(token, now, &mut buf[..have], eof);
+        let mut at = 0;
+        let mut handled = 0;
+        let open = loop {
+            let open = self.request(token, now, &mut buf[at..have], eof);
+            match self.next_request.take() {
+                // Keep-alive: the next pipelined request, up to a few per read.
+                Some(used) if handled < super::plain::PIPELINE_PER_READ => {
+                    at += used;
+                    handled += 1;
+                }
+                Some(used) => {
+                    // The rest waits for the next turn (after everyone else's).
+                    self.keep_partial(token, now, &buf[at + used..have]);
+                    self.resume.push(token);
+                    break false;
+                }
+                None => break open,
+            }
+        };
+        if have == buf.len()
+            && matches!(
+                self.conns.get(token).map(|e| &e.session.phase),
+                Some(Phase::Request { .. })
+            )
+        {
+            // The buffer filled: more may wait in the socket, and no new edge will say so.
+            self.resume.push(token);
+        }
         self.read_buf = buf;
         match self.conns.get(token).map(|e| &e.session.phase) {
             Some(Phase::Body(_)) => self.read_body(token, now),
@@ -56,6 +84,26 @@ impl<T: Transport> EventLoop<T> {
             _ if open => self.read_open(token, now),
             _ => {}
         }
+    }
+
+    /// Counts a growing request body's chunks against the bodies' share; `false` when it
+    /// would pass it.
+    pub(super) fn count_body(&mut self, token: usize) -> bool {
+        let chunk = self.pool.chunk_size();
+        let share = self.pool.chunks_total() / BODY_SHARE;
+        let session = &mut self.conns[token].session;
+        let held = session.partial_mut().len().div_ceil(chunk) + 1;
+        let Phase::Body(body) = &mut session.phase else { return true };
+        if held <= body.reserved {
+            return true;
+        }
+        let more = held - body.reserved;
+        if self.body_chunks + more > share {
+            return false;
+        }
+        self.body_chunks += more;
+        body.reserved = held;
+        true
     }
 
     /// Stops counting the partial request head or the request body of a session that goes
@@ -75,26 +123,45 @@ impl<T: Transport> EventLoop<T> {
     /// Handles the request bytes in `buf`. Returns whether the connection is now open.
     fn request(&mut self, token: usize, now: Instant, buf: &mut [u8], eof: bool) -> bool {
         const MAX_HEAD: usize = handshake::DEFAULT_MAX_HEAD_LEN;
+        let mut buf = buf;
+        // Bytes of a PROXY header before the request.
+        let mut skipped = 0;
+        if self.shared.config.proxy_protocol && !self.conns[token].attributed {
+            match crate::proxy_header::parse(buf) {
+                Ok(Some((len, source))) => {
+                    let source = source.unwrap_or(self.conns[token].peer);
+                    self.attribute(token, now, source);
+                    buf = &mut buf[len..];
+                    skipped = len;
+                }
+                Ok(None) if !eof && buf.len() < crate::proxy_header::MAX_LEN => {
+                    return self.keep_partial(token, now, buf);
+                }
+                Ok(None) if eof => {
+                    self.remove(token);
+                    return false;
+                }
+                _ => {
+                    self.shared.metrics.access_refusal("proxy_header");
+                    return self.refuse(token, now, 400, "", "a PROXY protocol header is required");
+                }
+            }
+        }
         let mut headers = [EMPTY_HEADER; 64];
         let mut req = httparse::Request::new(&mut headers);
         let parsed = req.parse(buf);
         let (path, upgrade, head_len) = match parsed {
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD && !eof => {
-                // Partial heads are untrusted: together they may hold a share of the pool
-                // only, so slow clients cannot starve the connections already open.
-                let chunks = head_chunks(buf.len(), self.pool.chunk_size());
-                if self.head_chunks + chunks > self.pool.chunks_total() / HEAD_SHARE {
-                    return self.refuse(token, now, 503, RETRY_SOON, "too many partial requests");
-                }
-                let partial = self.conns[token].session.partial_mut();
-                if partial.append(&mut self.pool, buf).is_err() {
-                    partial.clear(&mut self.pool);
-                    return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
-                }
-                self.head_chunks += chunks;
-                return false;
+                return self.keep_partial(token, now, buf);
             }
             Ok(httparse::Status::Partial) if eof => {
+                let entry = &mut self.conns[token];
+                if buf.is_empty() && entry.session.buffered() > 0 {
+                    // A kept-alive connection's client is done: its last response still
+                    // leaves, then our FIN.
+                    entry.session.phase = Phase::Draining { deadline: now + LINGER };
+                    return false;
+                }
                 self.remove(token);
                 return false;
             }
@@ -108,29 +175,19 @@ impl<T: Transport> EventLoop<T> {
             }
             Err(_) => return self.refuse_error(token, now, HandshakeError::Malformed),
         };
+        if !self.conns[token].attributed {
+            // From a trusted proxy: the client is the address it forwarded.
+            let peer = self.conns[token].peer;
+            let client = self.shared.proxies.client(req.headers);
+            self.attribute(token, now, client.map_or(peer, |ip| SocketAddr::new(ip, 0)));
+        }
         let route = self.router.find(path);
         if !upgrade {
-            let target = path.split('?').next().unwrap_or(path);
-            match (self.router.find_http(target), route) {
-                (Some((HttpRoute::Publish, topic)), _) if req.method == Some("POST") => {
-                    let topic = topic.to_owned();
-                    self.http_publish(token, now, &topic, req.headers, &buf[head_len..]);
-                }
-                (Some((HttpRoute::Health, _)), _) => {
-                    self.respond(token, now, 200, "text/plain", b"ok\n");
-                }
-                (Some((HttpRoute::Metrics, _)), _) => {
-                    let text = self.shared.metrics.encode();
-                    let content_type = "text/plain; version=0.0.4; charset=utf-8";
-                    self.respond(token, now, 200, content_type, text.as_bytes());
-                }
-                (_, Some(_)) => {
-                    self.refuse_error(token, now, HandshakeError::UpgradeRequired);
-                }
-                (_, None) => {
-                    self.refuse(token, now, 404, "", "no such route");
-                }
-            }
+            let ws = route.is_some();
+            let used = self.plain_request(token, now, &req, path, ws, &buf[head_len..], eof);
+            // Kept alive with bytes left: they are the next request.
+            let next = used.map(|used| head_len + used).filter(|&n| n < buf.len());
+            self.next_request = next.map(|n| n + skipped);
             return false;
         }
         let Some(route) = route else {
@@ -143,6 +200,10 @@ impl<T: Transport> EventLoop<T> {
             Ok(None) => unreachable!("httparse found the head complete"),
             Err(e) => return self.refuse_error(token, now, e),
         };
+        if !self.shared.origins.allows(request.origin()) {
+            self.shared.metrics.access_refusal("origin");
+            return self.refuse(token, now, 403, "", "origin not allowed");
+        }
         let config = &self.shared.config;
         let peer = self.conns[token].peer;
         let retry_after = format!("Retry-After: {}\r\n", config.retry_after.as_secs().max(1));
@@ -162,62 +223,100 @@ impl<T: Transport> EventLoop<T> {
         if self.pool.chunks_free() * self.pool.chunk_size() < config.connection_reserve {
             return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
         }
-        let mut response = [0u8; 1024];
-        let n = match self.router.handler(route).on_upgrade(&request) {
-            Upgrade::Accept { protocol } => match request.accept(protocol, None, &mut response) {
-                Ok(n) => n,
-                Err(_) => return self.refuse(token, now, 500, "", "response too large"),
-            },
-            Upgrade::Reject(status) => return self.refuse(token, now, status, "", "refused"),
-        };
-        let entry = &mut self.conns[token];
-        let queue = (options.slow_consumer.is_some() || options.watermarks.is_some()).then(|| {
-            let queue = entry.session.queue();
-            let marks = options.watermarks.unwrap_or(*queue.watermarks());
-            SendQueue::new(marks, options.slow_consumer.unwrap_or(queue.policy()))
+        let serial = self.conns[token].serial;
+        let decision = Decision::new(token, serial, peer, self.decisions.clone());
+        self.decisions.deciding.store(true, Ordering::SeqCst);
+        self.router.handler(route).decide_upgrade(&request, decision);
+        self.decisions.deciding.store(false, Ordering::SeqCst);
+        self.decisions.drain_into(&mut self.completed);
+        let mine = self.completed.iter().position(|c| {
+            c.token == token && c.serial == serial && !matches!(c.verdict, Verdict::Published)
         });
-        let ws = Ws::new(Role::Server, self.lot.config(), now);
-        if entry.session.upgrade(&mut self.pool, ws, queue, &response[..n]).is_err() {
-            self.remove(token);
-            return false;
+        match mine.map(|i| self.completed.swap_remove(i).verdict) {
+            Some(Verdict::Reject { status, reason }) => {
+                self.refuse_upgrade(token, now, status, reason)
+            }
+            Some(Verdict::Published) => false, // excluded above
+            Some(Verdict::Accept(accepted)) => {
+                let key = request.accept_key();
+                if !self.open_upgraded(token, now, route, options, path, &key, accepted) {
+                    return false;
+                }
+                if len < buf.len() {
+                    self.receive(token, now, &mut buf[len..]);
+                }
+                true
+            }
+            None if len < buf.len() => {
+                // The decision comes later; the bytes after the head cannot wait for it
+                // (they would hold the loop's read buffer). §4.1: "the client MUST wait for a
+                // response from the server before sending any further data."
+                self.refuse(token, now, 400, "", "data sent before the handshake response")
+            }
+            None if !self.shared.reserve_pending() => {
+                self.shared.metrics.access_refusal("pending_full");
+                self.refuse(token, now, 503, RETRY_SOON, "too many upgrades awaiting a decision")
+            }
+            None => {
+                let accept_key = request.accept_key();
+                let target = path.into();
+                let pending = PendingUpgrade { serial, route, options, target, accept_key };
+                self.pending.insert(token, pending);
+                false
+            }
         }
-        entry.route = route as u32;
-        self.shared.metrics.connections.inc();
-        self.call_with(token, now, path, |handler, conn| handler.on_open(conn));
-        if len < buf.len() {
-            self.receive(token, now, &mut buf[len..]);
-        }
-        true
     }
 
-    fn refuse_error(&mut self, token: usize, now: Instant, error: HandshakeError) -> bool {
+    /// Keeps a partial request head (or PROXY header) for the next read. Partial heads are
+    /// untrusted: together they may hold a share of the pool only, so slow clients cannot
+    /// starve the connections already open.
+    pub(super) fn keep_partial(&mut self, token: usize, now: Instant, buf: &[u8]) -> bool {
+        let chunks = head_chunks(buf.len(), self.pool.chunk_size());
+        if self.head_chunks + chunks > self.pool.chunks_total() / HEAD_SHARE {
+            return self.refuse(token, now, 503, RETRY_SOON, "too many partial requests");
+        }
+        let partial = self.conns[token].session.partial_mut();
+        if partial.append(&mut self.pool, buf).is_err() {
+            partial.clear(&mut self.pool);
+            return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
+        }
+        self.head_chunks += chunks;
+        false
+    }
+
+    pub(super) fn refuse_error(
+        &mut self,
+        token: usize,
+        now: Instant,
+        error: HandshakeError,
+    ) -> bool {
         let mut out = [0u8; 512];
         // NOTE(unwrap): every refusal fits in 512 bytes.
         let n = error.write_response(&mut out).unwrap();
+        self.shared.log_refusal(error.status(), self.conns[token].peer, &error.to_string());
         self.send_final(token, now, error.status(), &out[..n]);
         false
     }
 
     /// Answers `status` with `extra` headers and a plain-text `body` saying why, then closes.
     /// Always `false` (the connection is not open), for the callers' convenience.
-    fn refuse(&mut self, token: usize, now: Instant, status: u16, extra: &str, body: &str) -> bool {
+    pub(super) fn refuse(
+        &mut self,
+        token: usize,
+        now: Instant,
+        status: u16,
+        extra: &str,
+        body: &str,
+    ) -> bool {
+        self.shared.log_refusal(status, self.conns[token].peer, body);
         let mut out = [0u8; 512];
         let n = handshake::write_refusal(status, extra, body, &mut out).unwrap_or(0);
         self.send_final(token, now, status, &out[..n]);
         false
     }
 
-    fn respond(&mut self, token: usize, now: Instant, status: u16, kind: &str, body: &[u8]) {
-        let head = format!(
-            "HTTP/1.1 {status} OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        );
-        self.queue_final(token, now, &[head.as_bytes(), body]);
-    }
-
     fn send_final(&mut self, token: usize, now: Instant, status: u16, response: &[u8]) {
         self.shared.metrics.refuse(status);
-        tracing::debug!(status, peer = %self.conns[token].peer, "upgrade refused");
         self.queue_final(token, now, &[response]);
     }
 
@@ -225,7 +324,7 @@ impl<T: Transport> EventLoop<T> {
     /// it (the budget is exhausted, which is when a 503 matters most), it is written straight
     /// to the transport, whose buffer nothing else has used: the client gets its status rather
     /// than a bare EOF.
-    fn queue_final(&mut self, token: usize, now: Instant, parts: &[&[u8]]) {
+    pub(super) fn queue_final(&mut self, token: usize, now: Instant, parts: &[&[u8]]) {
         let entry = &mut self.conns[token];
         if let Err(parts) = entry.session.respond_final(&mut self.pool, parts, now + LINGER)
             && entry.session.buffered() == 0
@@ -236,19 +335,19 @@ impl<T: Transport> EventLoop<T> {
         }
     }
 
-    /// `POST {path}{topic}`: checks the bearer token, the name and the length, then
-    /// publishes the body, now (`body` holds it all) or once it has arrived.
-    fn http_publish(
+    /// `POST {path}{topic}` (or `POST {path}` with a batch): checks the bearer token, the
+    /// name and the length, then publishes the body, now (`body` holds it all) or once it has
+    /// arrived. Returns the bytes of `body` it used when the connection was kept alive.
+    pub(super) fn http_publish(
         &mut self,
         token: usize,
         now: Instant,
         topic: &str,
         headers: &[httparse::Header<'_>],
         body: &[u8],
-    ) {
-        let header = |name: &str| {
-            headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value)
-        };
+        reply: Reply,
+    ) -> Option<usize> {
+        let header = |name: &str| header(headers, name);
         let config = &self.shared.config;
         if let Some(expected) = &config.topics.publish_token {
             let given = header("authorization").and_then(|v| {
@@ -259,83 +358,130 @@ impl<T: Transport> EventLoop<T> {
                 None => {
                     let challenge = "WWW-Authenticate: Bearer\r\n";
                     self.refuse(token, now, 401, challenge, "a bearer token is required");
-                    return;
+                    return None;
                 }
                 Some(given) if !constant_time_eq(given.as_bytes(), expected.as_bytes()) => {
                     self.refuse(token, now, 403, "", "wrong publish token");
-                    return;
+                    return None;
                 }
                 Some(_) => {}
             }
         }
-        if !crate::topics::valid_topic(topic) {
+        // An empty topic is a batch (a JSON array of `{topic, data}`).
+        if !(topic.is_empty() || crate::topics::valid_topic(topic)) {
             self.refuse(token, now, 400, "", "invalid topic name");
-            return;
+            return None;
         }
-        if header("transfer-encoding").is_some() {
-            self.refuse(token, now, 411, "", "a Content-Length is required");
-            return;
-        }
-        let len = match content_length(headers) {
-            Ok(Some(len)) => len,
-            Ok(None) => {
-                self.refuse(token, now, 411, "", "a Content-Length is required");
-                return;
+        let cors = self.cors_headers(headers, false);
+        let max = config.max_message_size;
+        let text = topic.is_empty() || header("content-type").is_some_and(is_text);
+        let kind = if text { MessageKind::Text } else { MessageKind::Binary };
+        let chunked = match header("transfer-encoding") {
+            None => None,
+            // RFC 9112 §6.1: chunked must be the final coding; with Content-Length beside it
+            // the framing is ambiguous (request smuggling), so both are refused.
+            Some(te) if has_token(te, b"chunked") && header("content-length").is_none() => {
+                Some(Chunked::new(max))
             }
-            Err(()) => {
-                self.refuse(token, now, 400, "", "Content-Length must be one run of digits");
-                return;
+            Some(te) if has_token(te, b"chunked") => {
+                self.refuse(token, now, 400, "", "Transfer-Encoding with Content-Length");
+                return None;
+            }
+            Some(_) => {
+                self.refuse(token, now, 501, "", "only the chunked transfer coding is supported");
+                return None;
             }
         };
-        if len > config.max_message_size {
-            self.refuse(token, now, 413, "", "body larger than max_message_size");
-            return;
-        }
-        let len = len as usize; // NOTE: at most max_message_size, which fits memory
-        let text = header("content-type")
-            .is_some_and(|v| v.len() >= 5 && v[..5].eq_ignore_ascii_case(b"text/"));
-        let kind = if text { MessageKind::Text } else { MessageKind::Binary };
-        if body.len() >= len {
-            self.finish_publish(token, now, topic, kind, &body[..len]);
-            return;
+        let len = match (&chunked, content_length(headers)) {
+            (Some(_), _) => 0,
+            (None, Ok(Some(len))) if len > max => {
+                self.refuse(token, now, 413, "", "body larger than max_message_size");
+                return None;
+            }
+            (None, Ok(Some(len))) => len as usize, // NOTE: at most max_message_size
+            (None, Ok(None)) => {
+                self.refuse(token, now, 411, "", "a Content-Length is required");
+                return None;
+            }
+            (None, Err(())) => {
+                self.refuse(token, now, 400, "", "Content-Length must be one run of digits");
+                return None;
+            }
+        };
+        if chunked.is_none() && body.len() >= len {
+            let kept = self.finish_publish(token, now, topic, kind, &body[..len], reply, &cors);
+            if self.awaiting.contains_key(&token) && body.len() > len {
+                // A pipelined request waits for this one's answer.
+                self.keep_partial(token, now, &body[len..]);
+            }
+            return kept.then_some(len);
         }
         // The whole body is counted against the bodies' share before a byte of it is kept,
-        // so bodies that never finish cannot take the pool piece by piece.
+        // so bodies that never finish cannot take the pool piece by piece (a chunked one, of
+        // unknown length, is counted as it grows).
         let reserved = len.div_ceil(self.pool.chunk_size()) + 1;
         let share = self.pool.chunks_total() / BODY_SHARE;
         if reserved > share {
             let why =
                 format!("a body over {} bytes cannot be held now", share * self.pool.chunk_size());
             self.refuse(token, now, 413, "", &why);
-            return;
+            return None;
         }
         if self.body_chunks + reserved > share {
             self.refuse(token, now, 503, RETRY_SOON, "too many request bodies in flight");
-            return;
+            return None;
+        }
+        if body.is_empty() && header("expect").is_some_and(|v| has_token(v, b"100-continue")) {
+            self.continue_100(token, now);
         }
         let entry = &mut self.conns[token];
         let deadline = match entry.session.phase {
             Phase::Request { deadline } => deadline,
             _ => now + self.shared.config.handshake_timeout,
         };
-        let partial = entry.session.partial_mut();
-        if partial.append(&mut self.pool, body).is_err() {
-            partial.clear(&mut self.pool);
-            self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
-            return;
+        let is_chunked = chunked.is_some();
+        if !is_chunked {
+            let partial = entry.session.partial_mut();
+            if partial.append(&mut self.pool, body).is_err() {
+                partial.clear(&mut self.pool);
+                self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
+                return None;
+            }
         }
         self.body_chunks += reserved;
         entry.session.phase = Phase::Body(Box::new(Body {
             deadline,
             topic: topic.into(),
             kind,
-            remaining: len - body.len(),
+            remaining: len.saturating_sub(body.len()),
             reserved,
         }));
+        self.plain.insert(token, PlainRequest { reply, cors, chunked });
+        if is_chunked {
+            let used = self.feed_chunked(token, now, body)?;
+            if self.awaiting.contains_key(&token) {
+                // The answer waits for other loops; a pipelined request waits for it.
+                if used < body.len() {
+                    self.keep_partial(token, now, &body[used..]);
+                }
+                return None;
+            }
+            // Done within this read: kept alive if the phase went back to requests.
+            let kept = matches!(
+                self.conns.get(token).map(|e| &e.session.phase),
+                Some(Phase::Request { .. })
+            );
+            self.resume.retain(|&t| t != token);
+            return kept.then_some(used);
+        }
+        None
     }
 
     /// Reads more of a `POST` body into the session; publishes it once complete.
     pub(super) fn read_body(&mut self, token: usize, now: Instant) {
+        if self.plain.get(&token).is_some_and(|p| p.chunked.is_some()) {
+            return self.read_chunked(token, now);
+        }
         let mut buf = std::mem::take(&mut self.read_buf);
         loop {
             let entry = &mut self.conns[token];
@@ -370,9 +516,22 @@ impl<T: Transport> EventLoop<T> {
                         };
                         let body = entry.session.take_message();
                         let mut assembly = std::mem::take(&mut self.assembly);
+                        let state = self.plain.remove(&token).unwrap_or_default();
                         match assembly.fill(&mut self.pool, body) {
                             Some(body) => {
-                                self.finish_publish(token, now, &post.topic, post.kind, body)
+                                let (topic, kind, cors) = (&post.topic, post.kind, &state.cors);
+                                if self.finish_publish(
+                                    token,
+                                    now,
+                                    topic,
+                                    kind,
+                                    body,
+                                    state.reply,
+                                    cors,
+                                ) {
+                                    // Kept alive: a pipelined request may be waiting already.
+                                    self.resume.push(token);
+                                }
                             }
                             None => {
                                 self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
@@ -391,33 +550,6 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         self.read_buf = buf;
-    }
-
-    /// Publishes a whole `POST` body and answers `200` with what it reached.
-    fn finish_publish(
-        &mut self,
-        token: usize,
-        now: Instant,
-        topic: &str,
-        kind: MessageKind,
-        body: &[u8],
-    ) {
-        if kind == MessageKind::Text && std::str::from_utf8(body).is_err() {
-            self.refuse(token, now, 400, "", "a text/* body must be UTF-8");
-            return;
-        }
-        let published = self.topics.publish(
-            &self.shared.hub,
-            &mut self.pool,
-            &mut self.outbox,
-            topic,
-            kind,
-            body,
-        );
-        self.fan_out_outbox(now);
-        let answer =
-            format!("{{\"loops\":{},\"dropped\":{}}}\n", published.loops, published.dropped);
-        self.respond(token, now, 200, "application/json", answer.as_bytes());
     }
 }
 

@@ -10,10 +10,12 @@ use mio::net::TcpStream;
 use mio::{Poll, Waker};
 use socket2::{Domain, Protocol, Socket, Type};
 
+mod access;
 mod event_loop;
 mod fan_out;
 mod handlers;
 mod http;
+mod plain;
 mod shared;
 
 use crate::config::{ConfigError, ServerConfig};
@@ -112,10 +114,11 @@ impl Server {
             .enumerate()
             .map(|(i, (poll, listener))| {
                 let shared = self.shared.clone();
+                let waker = self.wakers[i].clone();
                 std::thread::Builder::new()
                     .name(format!("freeboard-loop-{i}"))
                     .spawn(move || {
-                        EventLoop::<TcpStream>::new(i as u32, poll, listener, shared)?.run()
+                        EventLoop::<TcpStream>::new(i as u32, poll, listener, shared, waker)?.run()
                     })
                     .expect("the OS can start a thread")
             })
@@ -232,7 +235,8 @@ impl ServerHandle {
         self.shared.metrics.publishes.inc();
         let (head, n) = crate::topics::header(kind, payload.len());
         let mut published = Published::default();
-        self.shared.hub.publish_remote(topic, &[&head[..n], payload], None, &mut published);
+        let parts = [&head[..n], payload];
+        self.shared.hub.publish_remote(topic, &parts, None, &mut published, None);
         published
     }
 }

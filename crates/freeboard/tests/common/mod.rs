@@ -34,12 +34,14 @@ pub fn start(config: ServerConfig) -> RunningServer {
     Server::bind(config, routes).unwrap().spawn()
 }
 
-/// Sends `request` and reads the response head (and body for refusals) until the server
-/// closes or the head ends; returns it as text.
+/// Sends `request`, ends its side of the connection (a one-shot client: the server answers
+/// and closes rather than keeping it alive) and reads the response until the server closes;
+/// returns it as text.
 pub fn http(addr: SocketAddr, request: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(request.as_bytes()).unwrap();
+    let _ = s.shutdown(std::net::Shutdown::Write);
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     String::from_utf8_lossy(&out).into_owned()

@@ -1,0 +1,584 @@
+//! Who may connect, from where, and to which topics: the `Origin` allow-list, bearer tokens
+//! verified as JWTs whose claims list topics ([`TokenVerifier`], [`Grant`]), and the
+//! addresses of trusted reverse proxies ([`TrustedProxies`]) whose forwarding headers name the
+//! real client.
+//!
+//! Everything here is a pure function of the request and the configuration; the event loop
+//! decides what a refusal costs (a status, a counter, a rate-limited log line).
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use freeboard_proto::handshake::Request;
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+
+use crate::config::ConfigError;
+
+/// The close code of a connection whose authorization lapsed
+/// ([`Accepted::expires_at`](crate::Accepted::expires_at), a token's `exp`): 4001, reason
+/// "token expired". A
+/// private-use code (RFC 6455 §7.4.2), distinct from other policy closes (1008) so that a
+/// client knows to fetch a new token before it reconnects.
+pub const TOKEN_EXPIRED: freeboard_proto::CloseCode = freeboard_proto::CloseCode(4001);
+
+/// The origins a browser may open WebSockets from (cross-site WebSocket hijacking defence).
+///
+/// Entries are `scheme://host[:port]` (compared case-insensitively), `scheme://*.domain`
+/// (any subdomain of `domain`, not `domain` itself) or `*` (anything). An empty list allows
+/// every origin. A request without `Origin` does not come from a browser (browsers always
+/// send it on a WebSocket upgrade) and is allowed: the list protects browser users' cookies
+/// and credentials, it does not identify clients — use tokens for that.
+///
+/// ```
+/// use freeboard::auth::Origins;
+///
+/// let origins = Origins::new(&["https://app.example.com", "https://*.example.org"]).unwrap();
+/// assert!(origins.allows(Some(b"https://APP.example.com")));
+/// assert!(origins.allows(Some(b"https://eu.example.org")));
+/// assert!(!origins.allows(Some(b"https://example.org")));
+/// assert!(!origins.allows(Some(b"https://evil.example")));
+/// assert!(origins.allows(None));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Origins {
+    any: bool,
+    /// Invariant: lowercase.
+    exact: Vec<String>,
+    /// `(scheme "://", ".domain")`, lowercase.
+    subdomains: Vec<(String, String)>,
+}
+
+impl Origins {
+    /// Parses the allow-list; an entry without `scheme://` is refused.
+    pub fn new<S: AsRef<str>>(list: &[S]) -> Result<Self, ConfigError> {
+        let mut origins = Self::default();
+        for entry in list {
+            let entry = entry.as_ref().trim().to_ascii_lowercase();
+            if entry == "*" {
+                origins.any = true;
+                continue;
+            }
+            let Some((scheme, host)) = entry.split_once("://") else {
+                return Err(ConfigError::Origin(entry));
+            };
+            if scheme.is_empty() || host.is_empty() || host.contains('/') {
+                return Err(ConfigError::Origin(entry));
+            }
+            match host.strip_prefix("*.") {
+                Some(domain) if !domain.is_empty() => {
+                    origins.subdomains.push((format!("{scheme}://"), format!(".{domain}")));
+                }
+                Some(_) => return Err(ConfigError::Origin(entry)),
+                None => origins.exact.push(entry),
+            }
+        }
+        Ok(origins)
+    }
+
+    /// Whether the list restricts anything.
+    pub fn is_restricted(&self) -> bool {
+        let empty = self.exact.is_empty() && self.subdomains.is_empty();
+        !self.any && !empty
+    }
+
+    /// Whether a request with this `Origin` header (or none) may upgrade.
+    pub fn allows(&self, origin: Option<&[u8]>) -> bool {
+        let Some(origin) = origin else { return true };
+        if !self.is_restricted() {
+            return true;
+        }
+        let Ok(origin) = std::str::from_utf8(origin) else { return false };
+        let origin = origin.trim().to_ascii_lowercase();
+        self.exact.contains(&origin)
+            || self.subdomains.iter().any(|(scheme, domain)| {
+                origin.strip_prefix(scheme.as_str()).is_some_and(|host| {
+                    let name = host.rsplit_once(':').map_or(host, |(name, port)| {
+                        if port.bytes().all(|b| b.is_ascii_digit()) { name } else { host }
+                    });
+                    name.len() > domain.len() && name.ends_with(domain.as_str())
+                })
+            })
+    }
+}
+
+/// Verifies bearer tokens as JWTs: HS256 with a shared secret, RS256 and ES256 with the keys
+/// of a JWKS document. The algorithm a token names must match the kind of key it is checked
+/// with (no `alg` confusion: an RS256 public key is never used as an HMAC secret), `exp` is
+/// required, and `iss` / `aud` are checked when configured.
+///
+/// Signature checks are the crypto crates' (`hmac`'s comparison is constant-time), so a
+/// token's bytes cannot be guessed one at a time from response times.
+pub struct TokenVerifier {
+    secret: Option<DecodingKey>,
+    /// `(kid, algorithm, key)` from the JWKS.
+    keys: Vec<(Option<String>, Algorithm, DecodingKey)>,
+    issuer: Option<String>,
+    audience: Option<String>,
+    leeway: Duration,
+}
+
+impl std::fmt::Debug for TokenVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenVerifier")
+            .field("hs256", &self.secret.is_some())
+            .field("jwks_keys", &self.keys.len())
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .finish()
+    }
+}
+
+/// What a verified token allows: its subject, its expiry, and the topics it may subscribe to
+/// and publish on (claims `subscribe` and `publish`, lists of names or patterns: `scores`,
+/// `user-42.*` for every name that starts with `user-42.`, `*` for all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The `sub` claim.
+    pub subject: Option<String>,
+    /// The `exp` claim.
+    pub expires: SystemTime,
+    /// The `subscribe` claim.
+    pub subscribe: Vec<String>,
+    /// The `publish` claim.
+    pub publish: Vec<String>,
+}
+
+impl Grant {
+    /// Whether the grant lets its holder subscribe to `topic`.
+    pub fn may_subscribe(&self, topic: &str) -> bool {
+        self.subscribe.iter().any(|p| matches_pattern(p, topic))
+    }
+
+    /// Whether the grant lets its holder publish on `topic`.
+    pub fn may_publish(&self, topic: &str) -> bool {
+        self.publish.iter().any(|p| matches_pattern(p, topic))
+    }
+}
+
+/// Why a token was not accepted. Each maps to the status an upgrade is refused with
+/// ([`status`](Self::status)) and a metric label ([`label`](Self::label)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TokenError {
+    /// No token in `Authorization: Bearer` or the `access_token` query parameter (401).
+    Missing,
+    /// Malformed, wrongly signed, an unknown key or algorithm, a wrong issuer or audience (401).
+    Invalid,
+    /// `exp` has passed (401).
+    Expired,
+    /// Valid, but it does not grant the topic asked for (403).
+    NotGranted,
+}
+
+impl TokenError {
+    /// The HTTP status an upgrade is refused with.
+    pub fn status(self) -> u16 {
+        match self {
+            Self::NotGranted => 403,
+            _ => 401,
+        }
+    }
+
+    /// The `reason` label of `freeboard_access_refusals_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Missing => "token_missing",
+            Self::Invalid => "token_invalid",
+            Self::Expired => "token_expired",
+            Self::NotGranted => "topic_not_granted",
+        }
+    }
+}
+
+impl std::fmt::Display for TokenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Missing => {
+                "a bearer token is required (Authorization: Bearer, or ?access_token=)"
+            }
+            Self::Invalid => "invalid token",
+            Self::Expired => "token expired",
+            Self::NotGranted => "the token does not grant this topic",
+        })
+    }
+}
+
+impl std::error::Error for TokenError {}
+
+#[derive(Deserialize)]
+struct Claims {
+    exp: u64,
+    #[serde(default)]
+    sub: Option<String>,
+    #[serde(default)]
+    subscribe: Vec<String>,
+    #[serde(default)]
+    publish: Vec<String>,
+}
+
+impl TokenVerifier {
+    /// A verifier of HS256 tokens signed with `secret`.
+    pub fn hs256(secret: &[u8]) -> Self {
+        Self {
+            secret: Some(DecodingKey::from_secret(secret)),
+            keys: Vec::new(),
+            issuer: None,
+            audience: None,
+            leeway: Duration::ZERO,
+        }
+    }
+
+    /// A verifier of RS256 and ES256 tokens signed by the keys of a JWKS document (RFC 7517
+    /// `{"keys":[…]}`); a token picks its key by `kid`, or uses the only key of its kind.
+    /// Keys of other types (HMAC `oct` keys among them) are refused.
+    pub fn jwks(json: &str) -> Result<Self, ConfigError> {
+        let set: JwkSet =
+            serde_json::from_str(json).map_err(|e| ConfigError::Jwks(e.to_string()))?;
+        let mut keys = Vec::new();
+        for jwk in &set.keys {
+            use jsonwebtoken::jwk::AlgorithmParameters as P;
+            let algorithm = match &jwk.algorithm {
+                P::RSA(_) => Algorithm::RS256,
+                P::EllipticCurve(ec) if ec.curve == jsonwebtoken::jwk::EllipticCurve::P256 => {
+                    Algorithm::ES256
+                }
+                _ => return Err(ConfigError::Jwks("only RSA and P-256 keys are supported".into())),
+            };
+            let key = DecodingKey::from_jwk(jwk).map_err(|e| ConfigError::Jwks(e.to_string()))?;
+            keys.push((jwk.common.key_id.clone(), algorithm, key));
+        }
+        if keys.is_empty() {
+            return Err(ConfigError::Jwks("the key set is empty".into()));
+        }
+        Ok(Self { secret: None, keys, issuer: None, audience: None, leeway: Duration::ZERO })
+    }
+
+    /// A verifier from the configuration: an HS256 secret, a JWKS file, or both (a token's
+    /// `alg` says which it is checked with). `None` when neither is set.
+    pub fn from_config(
+        secret: Option<&str>,
+        jwks_file: Option<&Path>,
+    ) -> Result<Option<Self>, ConfigError> {
+        let mut verifier = match jwks_file {
+            Some(path) => {
+                let json = std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError::Jwks(format!("{}: {e}", path.display())))?;
+                Some(Self::jwks(&json)?)
+            }
+            None => None,
+        };
+        if let Some(secret) = secret {
+            if secret.len() < 32 {
+                return Err(ConfigError::JwtSecret);
+            }
+            let key = DecodingKey::from_secret(secret.as_bytes());
+            match &mut verifier {
+                Some(v) => v.secret = Some(key),
+                None => verifier = Some(Self::hs256(secret.as_bytes())),
+            }
+        }
+        Ok(verifier)
+    }
+
+    /// Requires `iss` to be `issuer`.
+    pub fn issuer(mut self, issuer: &str) -> Self {
+        self.issuer = Some(issuer.to_owned());
+        self
+    }
+
+    /// Requires `aud` to contain `audience`.
+    pub fn audience(mut self, audience: &str) -> Self {
+        self.audience = Some(audience.to_owned());
+        self
+    }
+
+    /// Accepts tokens up to `leeway` past their `exp` (clock skew with the issuer).
+    /// Default zero.
+    pub fn leeway(mut self, leeway: Duration) -> Self {
+        self.leeway = leeway;
+        self
+    }
+
+    /// Verifies `token` at `now`: its signature, `exp` (required), `nbf` if present, and the
+    /// issuer and audience if configured.
+    pub fn verify(&self, token: &str, now: SystemTime) -> Result<Grant, TokenError> {
+        let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Invalid)?;
+        let key = match header.alg {
+            Algorithm::HS256 => self.secret.as_ref(),
+            alg @ (Algorithm::RS256 | Algorithm::ES256) => {
+                let mut candidates = self.keys.iter().filter(|(_, a, _)| *a == alg);
+                match &header.kid {
+                    Some(kid) => candidates.find(|(id, _, _)| id.as_deref() == Some(kid.as_str())),
+                    None => {
+                        let first = candidates.next();
+                        first.filter(|_| candidates.next().is_none())
+                    }
+                }
+                .map(|(_, _, key)| key)
+            }
+            _ => None,
+        }
+        .ok_or(TokenError::Invalid)?;
+        let mut validation = Validation::new(header.alg);
+        // `exp` is checked below against `now` (the caller's clock, so tests need no
+        // sleeping); the library's check would read the system clock.
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
+        validation.validate_aud = false;
+        validation.required_spec_claims = ["exp".to_owned()].into();
+        if let Some(issuer) = &self.issuer {
+            validation.set_issuer(&[issuer]);
+        }
+        if let Some(audience) = &self.audience {
+            validation.set_audience(&[audience]);
+            validation.validate_aud = true;
+        }
+        let data = jsonwebtoken::decode::<Claims>(token, key, &validation)
+            .map_err(|_| TokenError::Invalid)?;
+        let claims = data.claims;
+        let expires = unix_time(claims.exp);
+        if expires + self.leeway <= now {
+            return Err(TokenError::Expired);
+        }
+        Ok(Grant {
+            subject: claims.sub,
+            expires,
+            subscribe: claims.subscribe,
+            publish: claims.publish,
+        })
+    }
+}
+
+/// The time `secs` seconds after the Unix epoch, capped at 2106 (`u32::MAX` seconds): an
+/// `exp` of `u64::MAX`, validly signed or not, cannot overflow a clock.
+pub(crate) fn unix_time(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs.min(u64::from(u32::MAX)))
+}
+
+/// The bearer token of an upgrade request: `Authorization: Bearer TOKEN`, else the
+/// `access_token` query parameter (RFC 6750 §2.3), which is what browsers can send — they
+/// cannot set headers on a WebSocket.
+pub fn bearer_token<'b>(request: &Request<'_, 'b>) -> Option<&'b str> {
+    if let Some(value) = request.header("authorization") {
+        let value = std::str::from_utf8(value).ok()?.trim();
+        return value
+            .get(..7)
+            .filter(|s| s.eq_ignore_ascii_case("bearer "))
+            .map(|_| value[7..].trim())
+            .filter(|t| !t.is_empty());
+    }
+    let (_, query) = request.path().split_once('?')?;
+    query.split('&').find_map(|pair| pair.strip_prefix("access_token=")).filter(|t| !t.is_empty())
+}
+
+/// `pattern` is a topic name, a prefix ending in `*`, or `*`.
+fn matches_pattern(pattern: &str, topic: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => topic.starts_with(prefix),
+        None => pattern == topic,
+    }
+}
+
+/// The reverse proxies whose forwarding headers are believed: CIDR blocks (`10.0.0.0/8`,
+/// `::1/128`, or a bare address).
+///
+/// For a connection from a trusted address, the client is the rightmost address of
+/// `Forwarded: for=` (RFC 7239) or, without it, `X-Forwarded-For` that is not itself
+/// trusted: each proxy appends the address it received the connection from, so addresses to
+/// the left of the first untrusted one could have been written by the client.
+#[derive(Debug, Clone, Default)]
+pub struct TrustedProxies {
+    blocks: Vec<(IpAddr, u8)>,
+}
+
+impl TrustedProxies {
+    /// Parses CIDR blocks.
+    pub fn new<S: AsRef<str>>(list: &[S]) -> Result<Self, ConfigError> {
+        let mut blocks = Vec::new();
+        for entry in list {
+            let entry = entry.as_ref().trim();
+            let bad = || ConfigError::TrustedProxy(entry.to_owned());
+            let (addr, bits) = match entry.split_once('/') {
+                Some((addr, bits)) => (addr, Some(bits)),
+                None => (entry, None),
+            };
+            let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            let bits = match bits {
+                Some(bits) => bits.parse::<u8>().ok().filter(|b| *b <= max).ok_or_else(bad)?,
+                None => max,
+            };
+            blocks.push((addr, bits));
+        }
+        Ok(Self { blocks })
+    }
+
+    /// Whether any proxy is trusted.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Whether `addr` is a trusted proxy.
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        let addr = canonical(addr);
+        self.blocks.iter().any(|&(net, bits)| match (canonical(net), addr) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        })
+    }
+
+    /// The client address a request from the trusted proxy `peer` carries in `Forwarded`
+    /// or `X-Forwarded-For`; `None` when it names none (or only trusted ones), or when a
+    /// value is not an address — then the connection counts as the proxy's own.
+    pub fn client(&self, headers: &[httparse::Header<'_>]) -> Option<IpAddr> {
+        let values = |name: &str| {
+            headers
+                .iter()
+                .filter(move |h| h.name.eq_ignore_ascii_case(name))
+                .filter_map(|h| std::str::from_utf8(h.value).ok())
+                .flat_map(|v| v.split(','))
+                .collect::<Vec<&str>>()
+        };
+        let forwarded = values("forwarded");
+        let hops: Vec<IpAddr> = if !forwarded.is_empty() {
+            forwarded
+                .iter()
+                .filter_map(|element| {
+                    element.split(';').find_map(|pair| {
+                        let (name, value) = pair.trim().split_once('=')?;
+                        name.trim().eq_ignore_ascii_case("for").then(|| forwarded_node(value))
+                    })
+                })
+                .collect::<Option<Vec<_>>>()?
+        } else {
+            values("x-forwarded-for")
+                .iter()
+                .map(|v| parse_addr(v.trim()))
+                .collect::<Option<Vec<_>>>()?
+        };
+        hops.into_iter().rev().find(|addr| !self.contains(*addr))
+    }
+}
+
+/// An IPv4-mapped IPv6 address as IPv4, so `::ffff:10.0.0.1` matches `10.0.0.0/8`.
+fn canonical(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// An address in `X-Forwarded-For`: `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1`,
+/// `[2001:db8::1]:5678`.
+fn parse_addr(v: &str) -> Option<IpAddr> {
+    if let Ok(addr) = v.parse::<IpAddr>() {
+        return Some(canonical(addr));
+    }
+    if let Ok(addr) = v.parse::<std::net::SocketAddr>() {
+        return Some(canonical(addr.ip()));
+    }
+    None
+}
+
+/// A `for=` node of RFC 7239 §6: an address, quoted or not, IPv6 in brackets, with an
+/// optional port. Obfuscated identifiers and `unknown` are not addresses: `None`.
+fn forwarded_node(value: &str) -> Option<IpAddr> {
+    let v = value.trim().trim_matches('"');
+    if let Some(rest) = v.strip_prefix('[') {
+        let (addr, _) = rest.split_once(']')?;
+        return addr.parse::<IpAddr>().ok().map(canonical);
+    }
+    parse_addr(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers<'a>(pairs: &'a [(&'a str, &'a str)]) -> Vec<httparse::Header<'a>> {
+        pairs.iter().map(|(n, v)| httparse::Header { name: n, value: v.as_bytes() }).collect()
+    }
+
+    #[test]
+    fn forwarded_for_is_the_rightmost_untrusted_hop() {
+        let proxies = TrustedProxies::new(&["127.0.0.1", "10.0.0.0/8"]).unwrap();
+        let client = |pairs: &[(&str, &str)]| proxies.client(&headers(pairs));
+        assert_eq!(client(&[("X-Forwarded-For", "203.0.113.7")]), Some([203, 0, 113, 7].into()));
+        // A client-written first entry is ignored: the last untrusted hop is the client.
+        let spoofed = "1.1.1.1, 198.51.100.2, 10.1.2.3";
+        assert_eq!(client(&[("X-Forwarded-For", spoofed)]), Some([198, 51, 100, 2].into()));
+        assert_eq!(client(&[("x-forwarded-for", "10.0.0.1, 127.0.0.1")]), None);
+        assert_eq!(client(&[("X-Forwarded-For", "not-an-address")]), None);
+        assert_eq!(client(&[]), None);
+        let fwd = r#"for=192.0.2.43, for="[2001:db8:cafe::17]:4711";proto=https"#;
+        assert_eq!(client(&[("Forwarded", fwd)]), Some("2001:db8:cafe::17".parse().unwrap()));
+        // Forwarded wins over X-Forwarded-For.
+        let both = [("X-Forwarded-For", "198.51.100.9"), ("Forwarded", "for=192.0.2.1")];
+        assert_eq!(client(&both), Some([192, 0, 2, 1].into()));
+        assert_eq!(client(&[("Forwarded", "for=unknown")]), None);
+        assert_eq!(client(&[("X-Forwarded-For", "[::ffff:10.9.9.9]:80, 192.0.2.5:1234")]), {
+            Some([192, 0, 2, 5].into())
+        });
+    }
+
+    #[test]
+    fn cidr_blocks() {
+        let proxies = TrustedProxies::new(&["192.168.0.0/16", "::1/128", "0.0.0.0/0"]).unwrap();
+        assert!(proxies.contains([8, 8, 8, 8].into()));
+        let v6 = TrustedProxies::new(&["2001:db8::/32"]).unwrap();
+        assert!(v6.contains("2001:db8:1::1".parse().unwrap()));
+        assert!(!v6.contains("2001:db9::1".parse().unwrap()));
+        assert!(TrustedProxies::new(&["10.0.0.0/33"]).is_err());
+        assert!(TrustedProxies::new(&["example.com"]).is_err());
+    }
+
+    #[test]
+    fn origins() {
+        let o = Origins::new(&["https://a.example", "http://*.local.test"]).unwrap();
+        assert!(o.allows(Some(b"https://a.example")));
+        assert!(!o.allows(Some(b"http://a.example")));
+        assert!(o.allows(Some(b"http://x.local.test:8080")));
+        assert!(!o.allows(Some(b"http://xlocal.test")));
+        assert!(!o.allows(Some(b"null")));
+        assert!(Origins::new(&["example.com"]).is_err());
+        assert!(Origins::new(&["*"]).unwrap().allows(Some(b"https://evil.example")));
+    }
+
+    #[test]
+    fn a_huge_exp_is_the_far_future_not_an_overflow() {
+        let verifier = TokenVerifier::hs256(b"0123456789abcdef0123456789abcdef");
+        let claims = serde_json::json!({"exp": u64::MAX, "subscribe": ["a"]});
+        let key = jsonwebtoken::EncodingKey::from_secret(b"0123456789abcdef0123456789abcdef");
+        let token = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap();
+        let grant = verifier.verify(&token, SystemTime::now()).unwrap();
+        assert_eq!(grant.expires, unix_time(u64::from(u32::MAX)));
+        // Wrong key, expired, missing exp: refused, never a panic.
+        let other = TokenVerifier::hs256(b"another secret of 32 bytes or more!");
+        assert_eq!(other.verify(&token, SystemTime::now()), Err(TokenError::Invalid));
+        let old = serde_json::json!({"exp": 1, "subscribe": ["a"]});
+        let old = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &old, &key).unwrap();
+        assert_eq!(verifier.verify(&old, SystemTime::now()), Err(TokenError::Expired));
+        let none = serde_json::json!({"subscribe": ["a"]});
+        let none = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &none, &key).unwrap();
+        assert_eq!(verifier.verify(&none, SystemTime::now()), Err(TokenError::Invalid));
+    }
+
+    #[test]
+    fn patterns() {
+        assert!(matches_pattern("*", "x"));
+        assert!(matches_pattern("user-42.*", "user-42.inbox"));
+        assert!(!matches_pattern("user-42.*", "user-43.inbox"));
+        assert!(matches_pattern("scores", "scores"));
+        assert!(!matches_pattern("scores", "scores2"));
+    }
+}

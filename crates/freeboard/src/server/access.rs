@@ -1,0 +1,201 @@
+//! Who gets in, and for how long: upgrade decisions completed later (on any thread), their
+//! timeout, and the expiry of open connections' authorizations.
+
+use std::net::SocketAddr;
+
+use freeboard_buf::SendQueue;
+use freeboard_proto::handshake::AcceptKey;
+use freeboard_proto::{Instant, Role};
+
+use super::event_loop::{EventLoop, PendingUpgrade};
+use super::http::{BEARER_CHALLENGE, BUDGET_EXHAUSTED, RETRY_SOON};
+use crate::auth::TOKEN_EXPIRED;
+use crate::handler::{Accepted, Completion, RouteOptions, Verdict};
+use crate::parking::Ws;
+use crate::session::Phase;
+use crate::transport::Transport;
+
+impl<T: Transport> EventLoop<T> {
+    /// Acts on the upgrade decisions completed since the last turn.
+    pub(super) fn run_decisions(&mut self, now: Instant) {
+        self.decisions.drain_into(&mut self.completed);
+        if self.completed.is_empty() {
+            return;
+        }
+        for completion in std::mem::take(&mut self.completed) {
+            match completion.verdict {
+                Verdict::Published => {
+                    self.answer_publish(completion.token, completion.serial, now, true);
+                }
+                _ => self.finish_decision(completion, now),
+            }
+        }
+    }
+
+    /// The handshake timeout passed while the upgrade decision was pending: 503, counted;
+    /// the decision, if it ever comes, is ignored.
+    pub(super) fn decision_timed_out(&mut self, token: usize, now: Instant) {
+        if self.pending.remove(&token).is_some() {
+            self.shared.release_pending();
+        }
+        self.shared.metrics.access_refusal("decision_timeout");
+        self.refuse(token, now, 503, RETRY_SOON, "the upgrade decision timed out");
+        self.mark(token);
+    }
+
+    /// The authorization of the connection `(token, serial)` lapsed: close it with 4001.
+    pub(super) fn expire_authorization(&mut self, token: usize, serial: u64, now: Instant) {
+        let Some(entry) = self.conns.get(token) else { return };
+        if entry.serial != serial || !matches!(entry.session.phase, Phase::Open(_)) {
+            return;
+        }
+        self.shared.metrics.access.token_expiries.inc();
+        tracing::debug!(peer = %entry.peer, "authorization expired");
+        let (entry, mut cx) = self.split(token, now);
+        let _ = entry.session.close(&mut cx, TOKEN_EXPIRED, "token expired");
+        self.report_close(token);
+        self.mark(token);
+    }
+
+    /// Refuses an upgrade its handler decided against; an application's own reason is
+    /// counted as an access refusal.
+    pub(super) fn refuse_upgrade(
+        &mut self,
+        token: usize,
+        now: Instant,
+        status: u16,
+        reason: &str,
+    ) -> bool {
+        if reason != "refused" {
+            self.shared.metrics.access_refusal(reason);
+        }
+        let challenge = if status == 401 { BEARER_CHALLENGE } else { "" };
+        self.refuse(token, now, status, challenge, reason)
+    }
+
+    /// Switches the connection to WebSocket after an accepting decision: the `101`, the
+    /// route's queue, the decision's data and expiry, `on_open`. Returns whether it is open.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn open_upgraded(
+        &mut self,
+        token: usize,
+        now: Instant,
+        route: usize,
+        options: RouteOptions,
+        target: &str,
+        accept_key: &AcceptKey,
+        accepted: Accepted,
+    ) -> bool {
+        let (protocol, data, expires) = accepted.into_parts();
+        let expires = match expires.map(|at| at.duration_since(std::time::SystemTime::now())) {
+            None => None,
+            Some(Ok(left)) => Some(now + left),
+            Some(Err(_)) => {
+                self.shared.metrics.access_refusal("token_expired");
+                return self.refuse(token, now, 401, BEARER_CHALLENGE, "authorization expired");
+            }
+        };
+        let mut response = [0u8; 1024];
+        let Some(n) = switching_protocols(accept_key, protocol, &mut response) else {
+            return self.refuse(token, now, 500, "", "response too large");
+        };
+        let entry = &mut self.conns[token];
+        let queue = (options.slow_consumer.is_some() || options.watermarks.is_some()).then(|| {
+            let queue = entry.session.queue();
+            let marks = options.watermarks.unwrap_or(*queue.watermarks());
+            SendQueue::new(marks, options.slow_consumer.unwrap_or(queue.policy()))
+        });
+        let ws = Ws::new(Role::Server, self.lot.config(), now);
+        if entry.session.upgrade(&mut self.pool, ws, queue, &response[..n]).is_err() {
+            self.remove(token);
+            return false;
+        }
+        entry.route = route as u32;
+        let serial = entry.serial;
+        self.shared.metrics.connections.inc();
+        if let Some(data) = data {
+            self.data.insert(token, data);
+        }
+        if let Some(at) = expires {
+            self.expiries.push(std::cmp::Reverse((at, token, serial)));
+        }
+        self.call_with(token, now, target, |handler, conn| handler.on_open(conn));
+        true
+    }
+
+    /// Acts on a decision completed after its `decide_upgrade` call returned. A decision for
+    /// a connection that is gone, timed out or reused its slot is ignored.
+    pub(super) fn finish_decision(&mut self, completion: Completion, now: Instant) {
+        let token = completion.token;
+        if self.pending.get(&token).is_none_or(|p| p.serial != completion.serial) {
+            return;
+        }
+        // NOTE(unwrap): looked up just above.
+        let pending = self.pending.remove(&token).unwrap();
+        self.shared.release_pending();
+        match completion.verdict {
+            Verdict::Reject { status, reason } => {
+                self.refuse_upgrade(token, now, status, reason);
+            }
+            Verdict::Published => {} // routed by `run_decisions`, never here
+            Verdict::Accept(accepted) => {
+                let reserve = self.shared.config.connection_reserve;
+                if self.pool.chunks_free() * self.pool.chunk_size() < reserve {
+                    self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
+                } else {
+                    let PendingUpgrade { route, options, target, accept_key, .. } = pending;
+                    if self.open_upgraded(
+                        token,
+                        now,
+                        route,
+                        options,
+                        &target,
+                        &accept_key,
+                        accepted,
+                    ) {
+                        // What arrived while the decision was pending (edge-triggered epoll
+                        // will not report it again), the peer's EOF included.
+                        self.read_open(token, now);
+                    }
+                }
+            }
+        }
+        self.mark(token);
+    }
+
+    /// Counts the connection against its client's address (a forwarded one, or its own).
+    pub(super) fn attribute(&mut self, token: usize, now: Instant, client: SocketAddr) {
+        let entry = &mut self.conns[token];
+        if client.ip() != entry.peer.ip() {
+            self.shared.metrics.access.forwarded.inc();
+        }
+        entry.peer = client;
+        entry.attributed = true;
+        let limited = self.shared.attribute(client.ip(), now.as_millis() as f64 / 1000.0);
+        let entry = &mut self.conns[token];
+        entry.limited = entry.limited.or(limited);
+    }
+}
+
+/// Writes the `101 Switching Protocols` answering a request whose key gave `accept_key`;
+/// `None` if `out` is too small.
+fn switching_protocols(
+    accept_key: &AcceptKey,
+    protocol: Option<&str>,
+    out: &mut [u8],
+) -> Option<usize> {
+    use std::io::Write;
+    let mut w = std::io::Cursor::new(out);
+    w.write_all(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n",
+    )
+    .ok()?;
+    w.write_all(b"Sec-WebSocket-Accept: ").ok()?;
+    w.write_all(accept_key).ok()?;
+    w.write_all(b"\r\n").ok()?;
+    if let Some(protocol) = protocol {
+        write!(w, "Sec-WebSocket-Protocol: {protocol}\r\n").ok()?;
+    }
+    w.write_all(b"\r\n").ok()?;
+    Some(w.position() as usize)
+}

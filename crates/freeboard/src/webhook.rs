@@ -1,0 +1,210 @@
+//! The connect webhook (Centrifugo's proxy model): the application's backend decides each
+//! topic upgrade. A bounded pool of worker threads posts the request's facts to the backend
+//! with a timeout; the event loops never wait for it — they hand over the
+//! [`Decision`] and go on.
+//!
+//! Bounds: `in_flight` requests to the backend at once (one per worker), a queue of at most
+//! [`QUEUE`] waiting upgrades (beyond it 503 at once, `reason="webhook_busy"`), each request
+//! at most `timeout` (then 503, `reason="webhook_timeout"`), and the server's
+//! `max_pending_upgrades` over everything.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use crate::auth::Grant;
+use crate::config::ConfigError;
+use crate::handler::{Accepted, Decision};
+
+/// Upgrades that may wait for a worker.
+pub const QUEUE: usize = 1024;
+/// The largest backend answer read.
+const MAX_ANSWER: usize = 64 << 10;
+
+/// Asks the application's backend whether a client may connect, and to what.
+///
+/// The backend gets `POST {url}` with a JSON body
+/// `{"client":"203.0.113.7:0","path":"/topic/a?also=b","topics":["a","b"],"origin":…,"token":…}`
+/// (`origin` and `token`, the bearer token, are `null` when absent) and answers:
+/// - `200` with `{"subscribe":["a","b*"],"publish":[…],"expires_at":UNIX_SECONDS}` (every
+///   field optional; without `subscribe` every topic asked for is granted; with
+///   `expires_at` the connection is closed with 4001 then): accepted;
+/// - `401` or `403`: refused with that status (`reason="webhook_refused"`);
+/// - anything else, or nothing within the timeout: 503 (`webhook_error`, `webhook_timeout`).
+///
+/// Only `http://` URLs: keep the backend on loopback or a private network.
+#[derive(Debug)]
+pub struct ConnectWebhook {
+    jobs: SyncSender<Job>,
+}
+
+struct Job {
+    decision: Decision,
+    body: String,
+    topics: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Answer {
+    subscribe: Option<Vec<String>>,
+    #[serde(default)]
+    publish: Vec<String>,
+    expires_at: Option<u64>,
+}
+
+impl ConnectWebhook {
+    /// Starts `in_flight` worker threads posting to `url` (`http://host[:port]/path`), each
+    /// request bounded by `timeout`.
+    pub fn new(url: &str, timeout: Duration, in_flight: usize) -> Result<Self, ConfigError> {
+        let bad = |why: &str| ConfigError::Webhook(format!("{url}: {why}"));
+        let rest = url.strip_prefix("http://").ok_or_else(|| bad("only http:// is supported"))?;
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let path = if path.is_empty() { "/" } else { path };
+        let with_port =
+            if authority.contains(':') { authority.to_owned() } else { format!("{authority}:80") };
+        let addr = with_port
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| bad("the host does not resolve"))?;
+        if in_flight == 0 || timeout.is_zero() {
+            return Err(bad("in-flight requests and the timeout must be above zero"));
+        }
+        let target = Arc::new(Target { addr, host: authority.to_owned(), path: path.to_owned() });
+        let (jobs, queue) = sync_channel::<Job>(QUEUE);
+        let queue = Arc::new(Mutex::new(queue));
+        for i in 0..in_flight {
+            let (queue, target) = (queue.clone(), target.clone());
+            std::thread::Builder::new()
+                .name(format!("freeboard-webhook-{i}"))
+                .spawn(move || work(&queue, &target, timeout))
+                .map_err(|e| bad(&e.to_string()))?;
+        }
+        Ok(Self { jobs })
+    }
+
+    /// Queues the decision of an upgrade to `topics`; never blocks (a full queue refuses it
+    /// with 503 at once).
+    pub fn ask(
+        &self,
+        decision: Decision,
+        path: &str,
+        topics: &[&str],
+        origin: Option<&str>,
+        token: Option<&str>,
+    ) {
+        let body = serde_json::json!({
+            "client": decision.peer().to_string(),
+            "path": path,
+            "topics": topics,
+            "origin": origin,
+            "token": token,
+        })
+        .to_string();
+        let topics = topics.iter().map(|t| (*t).to_owned()).collect();
+        match self.jobs.try_send(Job { decision, body, topics }) {
+            Ok(()) => {}
+            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => {
+                job.decision.reject_because(503, "webhook_busy");
+            }
+        }
+    }
+}
+
+struct Target {
+    addr: SocketAddr,
+    host: String,
+    path: String,
+}
+
+/// One worker: takes jobs until the webhook is dropped.
+fn work(queue: &Mutex<Receiver<Job>>, target: &Target, timeout: Duration) {
+    loop {
+        let job = match queue.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+            Ok(job) => job,
+            Err(_) => return,
+        };
+        match post(target, &job.body, timeout) {
+            Err(reason) => job.decision.reject_because(503, reason),
+            Ok((200, body)) => {
+                let Ok(answer) = serde_json::from_slice::<Answer>(&body) else {
+                    job.decision.reject_because(503, "webhook_error");
+                    continue;
+                };
+                let subscribe = answer.subscribe.unwrap_or_else(|| job.topics.clone());
+                let expires = crate::auth::unix_time(answer.expires_at.unwrap_or(u64::MAX));
+                let grant = Grant { subject: None, expires, subscribe, publish: answer.publish };
+                if !job.topics.iter().all(|t| grant.may_subscribe(t)) {
+                    job.decision.reject_because(403, "topic_not_granted");
+                    continue;
+                }
+                let mut accepted = Accepted::new();
+                if answer.expires_at.is_some() {
+                    accepted = accepted.expires_at(expires);
+                }
+                job.decision.accept(accepted.data(grant));
+            }
+            Ok((status @ (401 | 403), _)) => job.decision.reject_because(status, "webhook_refused"),
+            Ok(_) => job.decision.reject_because(503, "webhook_error"),
+        }
+    }
+}
+
+/// `POST`s `body` and reads the answer's status and body, all within `timeout`.
+fn post(target: &Target, body: &str, timeout: Duration) -> Result<(u16, Vec<u8>), &'static str> {
+    let deadline = Instant::now() + timeout;
+    let left = || deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero());
+    let timed_out = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => "webhook_timeout",
+        _ => "webhook_error",
+    };
+    let mut stream = TcpStream::connect_timeout(&target.addr, timeout).map_err(timed_out)?;
+    stream.set_write_timeout(left()).map_err(|_| "webhook_timeout")?;
+    let request = format!(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        target.path,
+        target.host,
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).map_err(timed_out)?;
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        stream.set_read_timeout(Some(left().ok_or("webhook_timeout")?)).map_err(timed_out)?;
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) if answer.len() + n <= MAX_ANSWER => answer.extend_from_slice(&chunk[..n]),
+            Ok(_) => return Err("webhook_error"),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(timed_out(e)),
+        }
+        if let Some(whole) = complete(&answer, false) {
+            return Ok(whole);
+        }
+    }
+    complete(&answer, true).ok_or("webhook_error")
+}
+
+/// The status and body of a complete answer: its `Content-Length` bytes, or all of it at
+/// `eof`.
+fn complete(answer: &[u8], eof: bool) -> Option<(u16, Vec<u8>)> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut response = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(head) = response.parse(answer).ok()? else { return None };
+    let status = response.code?;
+    let length = response
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok());
+    let body = match length {
+        Some(length) => answer.get(head..head + length)?,
+        None if eof => &answer[head..],
+        None => return None,
+    };
+    Some((status, body.to_vec()))
+}
