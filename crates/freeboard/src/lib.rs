@@ -35,11 +35,12 @@ pub mod metrics;
 mod parking;
 mod server;
 mod session;
+pub mod tls;
 mod topic_route;
 pub mod topics;
 mod transport;
 
-pub use config::ServerConfig;
+pub use config::{ServerConfig, TlsConfig};
 pub use freeboard_buf::SlowConsumerPolicy;
 pub use freeboard_buf::Watermarks;
 pub use freeboard_proto::{CloseCode, MessageKind};

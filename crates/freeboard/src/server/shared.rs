@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use crate::config::ServerConfig;
 use crate::handler::RouterFactory;
 use crate::metrics::Metrics;
+use crate::tls::TlsIdentity;
 use crate::topics::Hub;
 
 /// State every event loop of a server shares: configuration, metrics, connection counts.
@@ -24,6 +25,8 @@ pub(crate) struct Shared {
     pub(crate) shutdown: AtomicBool,
     /// Topics across loops: which loops subscribe to what, and their inboxes.
     pub(crate) hub: Hub,
+    /// The rustls configuration of the TLS listener, and the certificate it serves.
+    pub(crate) tls: Option<(Arc<rustls::ServerConfig>, Arc<TlsIdentity>)>,
 }
 
 impl Shared {
@@ -32,8 +35,10 @@ impl Shared {
         metrics: Arc<Metrics>,
         hub: Hub,
         factory: RouterFactory,
+        tls: Option<(Arc<rustls::ServerConfig>, Arc<TlsIdentity>)>,
     ) -> Self {
         Self {
+            tls,
             hub,
             metrics,
             factory,
