@@ -5,6 +5,10 @@
 //!   until quiet (the shape of quinn's `tests/util.rs` `Pair`).
 //! - [`Endpoint::feed`]: drives one connection with raw bytes and records what it reports.
 //! - [`frame`]: builds raw frames, including ones a correct sender never produces.
+//! - [`tls::TestCa`]: a certificate authority made at test time, and server certificates it
+//!   signs, in PEM files.
+
+pub mod tls;
 
 use std::time::Duration;
 
