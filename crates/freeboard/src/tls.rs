@@ -451,7 +451,7 @@ impl TlsStream {
         io: &mut Io<'_>,
     ) -> io::Result<(usize, bool)> {
         let Self { conn, wire } = self;
-        if !wire.write_pending(io)? || !wire.established {
+        if !wire.write_pending(io)? || !wire.established || !settle(conn, wire, io)? {
             return Ok((0, false));
         }
         let mut taken = 0;
@@ -495,7 +495,7 @@ impl TlsStream {
         bufs: &[IoSlice<'_>],
     ) -> io::Result<usize> {
         let Self { conn, wire } = self;
-        if !wire.established {
+        if !wire.established || !settle(conn, wire, io)? {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         let mut taken = 0;
@@ -540,6 +540,37 @@ impl TlsStream {
         wire.cipher_out.clear(io.pool);
         io.tls.budget.give_back(std::mem::take(&mut wire.charge));
     }
+}
+
+/// Sends what rustls owes before application data (a session ticket, a key update's
+/// answer); `true` once it may encrypt.
+fn settle(
+    conn: &mut UnbufferedServerConnection,
+    wire: &mut Wire,
+    io: &mut Io<'_>,
+) -> io::Result<bool> {
+    let mut out = 0;
+    loop {
+        let UnbufferedStatus { state, .. } = conn.process_tls_records(&mut []);
+        match state {
+            Ok(ConnectionState::WriteTraffic(_)) => break,
+            Ok(ConnectionState::EncodeTlsData(mut encode)) => {
+                match encode.encode(&mut io.tls.output[out..]) {
+                    Ok(n) => out += n,
+                    Err(_) => return Ok(false),
+                }
+            }
+            Ok(ConnectionState::TransmitTlsData(transmit)) => {
+                transmit.done();
+                wire.send(io, out)?;
+                out = 0;
+            }
+            Ok(_) => return Ok(false),
+            Err(e) => return Err(fail(conn, wire, io, out, e)),
+        }
+    }
+    wire.send(io, out)?;
+    Ok(true)
 }
 
 /// A TLS error: counted by kind, its alert (if rustls has one) sent, the connection failed.
