@@ -208,7 +208,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             for _ in hup.forever() {
                 match reload.reload_tls() {
                     Ok(_) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
-                    Err(e) => tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the old pair"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the old pair")
+                    }
                 }
             }
         });

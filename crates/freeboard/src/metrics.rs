@@ -260,11 +260,7 @@ impl Metrics {
             "Bytes waiting in send queues",
             m.bytes_buffered.clone(),
         );
-        registry.register(
-            "tls_handshakes",
-            "TLS handshakes completed",
-            m.tls_handshakes.clone(),
-        );
+        registry.register("tls_handshakes", "TLS handshakes completed", m.tls_handshakes.clone());
         registry.register(
             "tls_refusals",
             "TLS connections refused or failed, by reason",

@@ -116,7 +116,9 @@ impl fmt::Display for TlsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Pem { path, error } => write!(f, "{}: {error}", path.display()),
-            Self::NoCertificate(path) => write!(f, "{}: no certificate in the file", path.display()),
+            Self::NoCertificate(path) => {
+                write!(f, "{}: no certificate in the file", path.display())
+            }
             Self::Rustls(e) => write!(f, "TLS: {e}"),
         }
     }

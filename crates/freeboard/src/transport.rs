@@ -45,8 +45,7 @@ pub(crate) trait Transport: mio::event::Source + Sized {
 
     /// Writes (one `writev`'s worth of) the session's queue and releases what was written.
     /// Returns the queue bytes written and whether the socket took all it was offered.
-    fn write_queue(&mut self, session: &mut Session, io: &mut Io<'_>)
-    -> io::Result<(usize, bool)>;
+    fn write_queue(&mut self, session: &mut Session, io: &mut Io<'_>) -> io::Result<(usize, bool)>;
 
     /// Writes `bufs` in order, as far as the layer takes them now.
     fn write_vectored(&mut self, io: &mut Io<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
@@ -82,11 +81,7 @@ impl Transport for TcpStream {
         Read::read(self, buf)
     }
 
-    fn write_queue(
-        &mut self,
-        session: &mut Session,
-        io: &mut Io<'_>,
-    ) -> io::Result<(usize, bool)> {
+    fn write_queue(&mut self, session: &mut Session, io: &mut Io<'_>) -> io::Result<(usize, bool)> {
         let mut iov = [IoSlice::new(&[]); IOV];
         let n = session.io_slices(io.pool, &mut iov);
         let offered: usize = iov[..n].iter().map(|s| s.len()).sum();
@@ -137,11 +132,7 @@ impl Transport for Stream {
         }
     }
 
-    fn write_queue(
-        &mut self,
-        session: &mut Session,
-        io: &mut Io<'_>,
-    ) -> io::Result<(usize, bool)> {
+    fn write_queue(&mut self, session: &mut Session, io: &mut Io<'_>) -> io::Result<(usize, bool)> {
         match self {
             Self::Plain(tcp) => tcp.write_queue(session, io),
             Self::Tls(tls) => tls.write_queue(session, io),

@@ -90,7 +90,8 @@ fn a_certificate_for_another_ca_or_name_is_refused() {
     let insecure = Client::connect(&url, ClientConfig::default().insecure(true));
     assert!(insecure.is_ok());
     wait_until("the alert to be counted", || {
-        server.metrics().tls_refusals("alert_unknown_ca") + server.metrics().tls_refusals("alert_bad_certificate")
+        server.metrics().tls_refusals("alert_unknown_ca")
+            + server.metrics().tls_refusals("alert_bad_certificate")
             >= 1
     });
     drop((c, insecure));
@@ -98,7 +99,10 @@ fn a_certificate_for_another_ca_or_name_is_refused() {
 }
 
 /// A raw rustls client with `versions`, trusting `ca`.
-fn rustls_config(ca: &TestCa, versions: &[&'static rustls::SupportedProtocolVersion]) -> Arc<rustls::ClientConfig> {
+fn rustls_config(
+    ca: &TestCa,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     let pem = std::fs::read(ca.ca_pem()).unwrap();
@@ -221,7 +225,9 @@ fn a_tls_budget_too_small_for_a_handshake_refuses_and_counts() {
     // 64 MiB / 8192 = 8 KiB for rustls state: less than one handshake's charge.
     config.tls.as_mut().unwrap().state_share = 8192;
     let server = start(config);
-    assert!(Client::connect(&wss(&server, "/"), ClientConfig::default().ca_file(ca.ca_pem())).is_err());
+    assert!(
+        Client::connect(&wss(&server, "/"), ClientConfig::default().ca_file(ca.ca_pem())).is_err()
+    );
     assert_eq!(server.metrics().tls_refusals("budget"), 1);
     let plain = format!("ws://{}/echo", server.local_addr());
     let mut p = Client::connect(&plain, ClientConfig::default()).unwrap();
@@ -319,7 +325,9 @@ fn hostile_peers_get_an_outcome_and_a_counter_while_an_innocent_client_echoes() 
     let mut buf = [0u8; 64];
     let ended = matches!(idle.read(&mut buf), Ok(0) | Err(_));
     assert!(ended && started.elapsed() < Duration::from_secs(3));
-    wait_until("the missing upgrade to be counted", || metrics.tls_refusals("upgrade_timeout") == 1);
+    wait_until("the missing upgrade to be counted", || {
+        metrics.tls_refusals("upgrade_timeout") == 1
+    });
     echo(&mut innocent, MessageKind::Text, b"after all of them");
     assert!(metrics.handshake_timeouts() >= 2);
     drop(innocent);
@@ -327,8 +335,10 @@ fn hostile_peers_get_an_outcome_and_a_counter_while_an_innocent_client_echoes() 
 }
 
 fn python() -> Option<PathBuf> {
-    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../interop/python/.venv/bin/python");
-    let ok = Command::new(&python).args(["-c", "import websockets"]).status().is_ok_and(|s| s.success());
+    let python =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../interop/python/.venv/bin/python");
+    let ok =
+        Command::new(&python).args(["-c", "import websockets"]).status().is_ok_and(|s| s.success());
     if !ok {
         eprintln!("SKIPPED: no interop/python/.venv with websockets (scripts/test makes it)");
         return None;

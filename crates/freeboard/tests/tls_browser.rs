@@ -55,9 +55,10 @@ ws.onerror = () => report("FAIL error");
 
 #[test]
 fn chromium_echoes_text_and_binary_over_wss() {
-    let Some(chromium) = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|name| Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success()))
+    let Some(chromium) =
+        ["chromium", "chromium-browser", "google-chrome"].into_iter().find(|name| {
+            Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success())
+        })
     else {
         assert!(std::env::var_os("FREEBOARD_REQUIRE_BROWSER").is_none(), "no chromium");
         eprintln!("SKIPPED: no chromium on the PATH (apt-get install -y chromium)");

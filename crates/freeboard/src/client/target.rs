@@ -1,4 +1,4 @@
-//! Where a client connects: a `ws://` URL checked once and split into what the socket and the
+//! Where a client connects: a `ws://` or `wss://` URL checked once and split into what the socket and the
 //! upgrade request need.
 
 use std::fmt;
@@ -20,7 +20,8 @@ use super::ClientError;
 /// let t = Target::parse("ws://example.com").unwrap();
 /// assert_eq!((t.port(), t.host_header(), t.resource()), (80, "example.com", "/"));
 ///
-/// assert!(Target::parse("wss://example.com").unwrap_err().to_string().contains("TLS"));
+/// let t = Target::parse("wss://example.com/live").unwrap();
+/// assert_eq!((t.port(), t.is_secure(), t.host_header()), (443, true, "example.com"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {

@@ -26,8 +26,8 @@ use crate::handler::{ConnId, Router};
 use crate::metrics::{LoopGauges, LoopLabel, LoopStats, close_label};
 use crate::parking::ParkingLot;
 use crate::session::{Assembly, Context, Phase, Reassembly, Session};
-use crate::topics::{LocalTopics, Publication};
 use crate::tls::TlsScratch;
+use crate::topics::{LocalTopics, Publication};
 use crate::transport::{Io, Transport};
 
 const LISTENER: Token = Token(usize::MAX - 1);

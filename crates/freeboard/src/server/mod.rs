@@ -19,8 +19,8 @@ use crate::config::ServerConfig;
 use crate::handler::Router;
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsError, TlsIdentity};
-use crate::transport::Stream;
 use crate::topics::{Hub, Published};
+use crate::transport::Stream;
 use event_loop::{EventLoop, WAKER};
 use freeboard_proto::MessageKind;
 use shared::Shared;
@@ -65,9 +65,8 @@ impl Server {
         config.validate().map_err(io::Error::other)?;
         let tls = match &config.tls {
             Some(tls) => {
-                let identity = Arc::new(
-                    TlsIdentity::load(&tls.cert, &tls.key).map_err(io::Error::other)?,
-                );
+                let identity =
+                    Arc::new(TlsIdentity::load(&tls.cert, &tls.key).map_err(io::Error::other)?);
                 Some((tls::server_config(identity.clone()).map_err(io::Error::other)?, identity))
             }
             None => None,
