@@ -104,7 +104,7 @@ pub struct TlsConfig {
     #[serde(default)]
     pub listen: Option<SocketAddr>,
     /// The share of each loop's memory budget (1 / this) kept for TLS connections' rustls
-    /// state: 24 KiB per handshake in progress, 4 KiB per established connection. Default 4.
+    /// state: 8 KiB per handshake in progress, 4 KiB per established connection. Default 4.
     #[serde(default = "TlsConfig::default_state_share")]
     pub state_share: usize,
 }

@@ -222,8 +222,8 @@ fn idle_tls_connections_hold_no_chunks() {
 fn a_tls_budget_too_small_for_a_handshake_refuses_and_counts() {
     let ca = TestCa::new("budget");
     let mut config = tls_config(&ca);
-    // 64 MiB / 8192 = 8 KiB for rustls state: less than one handshake's charge.
-    config.tls.as_mut().unwrap().state_share = 8192;
+    // 64 MiB / 16384 = 4 KiB for rustls state: less than one handshake's charge (8 KiB).
+    config.tls.as_mut().unwrap().state_share = 16384;
     let server = start(config);
     assert!(
         Client::connect(&wss(&server, "/"), ClientConfig::default().ca_file(ca.ca_pem())).is_err()
