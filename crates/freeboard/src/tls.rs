@@ -4,9 +4,9 @@
 //! rustls' buffered `ServerConnection` keeps its own buffers per connection (a 4 KiB
 //! deframer buffer even when idle, and an unbounded outgoing queue); the unbuffered
 //! `UnbufferedServerConnection` keeps none: the caller passes the received ciphertext and the
-//! space for what it sends. Here both are the loop's scratch buffers ([`TlsScratch`], shared
+//! space for what it sends. Here both are the loop's scratch buffers (`TlsScratch`, shared
 //! by every connection of the loop, as the read buffer is), and what must outlive one call
-//! waits in pool chunks of the connection ([`TlsStream`]):
+//! waits in pool chunks of the connection (`TlsStream`):
 //!
 //! - `cipher_in`: the start of a record that has not fully arrived;
 //! - `plain_in`: decrypted bytes the caller's buffer could not take;
