@@ -41,8 +41,6 @@ const READ_SIZE: usize = 64 * 1024;
 const MAX_RECORD: usize = 5 + 16 * 1024 + 2048;
 /// Plaintext encrypted per write: the ciphertext of one `write` call.
 const WRITE_SIZE: usize = 64 * 1024;
-/// Room each record's header, tag and content type take, at most (TLS 1.2 AES-GCM: 29).
-const RECORD_OVERHEAD: usize = 64;
 
 /// What a TLS connection's rustls state may hold during its handshake (the handshake state,
 /// the transcript, the messages queued for our buffers), charged to the loop's TLS budget
@@ -177,26 +175,35 @@ pub(crate) struct TlsScratch {
     input: Box<[u8]>,
     /// Ciphertext to send: a handshake flight, or one write's worth of records.
     output: Box<[u8]>,
+    /// The queue's slices gathered before they are encrypted, so that many small messages
+    /// make one full record (16 KiB), not one record each.
+    plain: Box<[u8]>,
     /// What the connections' rustls state may use: a share of the loop's memory budget.
     budget: Budget,
 }
 
 impl TlsScratch {
     /// The bytes a loop with TLS draws from its budget for its scratch buffers.
-    pub(crate) const BYTES: usize = MAX_RECORD + READ_SIZE + WRITE_SIZE + WRITE_SIZE / 4;
+    pub(crate) const BYTES: usize = MAX_RECORD + READ_SIZE + 2 * WRITE_SIZE + WRITE_SIZE / 4;
 
     /// Scratch buffers, and `state_budget` for the connections' rustls state.
     pub(crate) fn new(state_budget: Budget) -> Self {
         Self {
             input: vec![0; MAX_RECORD + READ_SIZE].into_boxed_slice(),
             output: vec![0; WRITE_SIZE + WRITE_SIZE / 4].into_boxed_slice(),
+            plain: vec![0; WRITE_SIZE].into_boxed_slice(),
             budget: state_budget,
         }
     }
 
     /// A loop without TLS: no buffers.
     pub(crate) fn none() -> Self {
-        Self { input: Box::new([]), output: Box::new([]), budget: Budget::new(0) }
+        Self {
+            input: Box::new([]),
+            output: Box::new([]),
+            plain: Box::new([]),
+            budget: Budget::new(0),
+        }
     }
 }
 
@@ -237,8 +244,11 @@ struct Wire {
     fin_pending: bool,
     /// A fatal error was reported (and counted); the connection is going.
     failed: bool,
-    /// What this connection holds of the loop's TLS budget.
+    /// What this connection holds of the loop's TLS budget for its rustls state.
     charge: usize,
+    /// What it holds of the TLS budget for `cipher_in` before the handshake ends (whole
+    /// chunks): a ClientHello sent slowly is bounded by the TLS share, not the pool's.
+    held: usize,
 }
 
 impl TlsStream {
@@ -276,6 +286,7 @@ impl TlsStream {
             fin_pending: false,
             failed: false,
             charge: HANDSHAKE_CHARGE,
+            held: 0,
         };
         Self { conn, wire }
     }
@@ -319,6 +330,7 @@ impl TlsStream {
             let input = &mut io.tls.input;
             let kept = wire.cipher_in.copy_to(io.pool, input);
             wire.cipher_in.clear(io.pool);
+            io.tls.budget.give_back(std::mem::take(&mut wire.held));
             let (read, eof) = match wire.tcp.read(&mut input[kept..]) {
                 Ok(0) => (0, true),
                 Ok(n) => (n, false),
@@ -447,8 +459,8 @@ impl TlsStream {
     }
 
     /// Encrypts and writes the session's queue: at most [`WRITE_SIZE`] of plaintext per
-    /// call, in records of up to one queue segment each. Returns the plaintext bytes taken
-    /// from the queue and whether the socket took everything.
+    /// call, gathered from the queue's slices and cut into full records (16 KiB). Returns the
+    /// plaintext bytes taken from the queue and whether the socket took everything.
     pub(crate) fn write_queue(
         &mut self,
         session: &mut Session,
@@ -459,34 +471,28 @@ impl TlsStream {
             return Ok((0, false));
         }
         let mut taken = 0;
-        let mut out = 0;
-        {
+        let out = {
             let UnbufferedStatus { state, .. } = conn.process_tls_records(&mut []);
             let Ok(ConnectionState::WriteTraffic(mut traffic)) = state else {
                 return Ok((0, false));
             };
-            let mut iov = [IoSlice::new(&[]); 64];
+            let mut iov = [IoSlice::new(&[]); 256];
             let n = session.io_slices(io.pool, &mut iov);
-            let output = &mut io.tls.output;
+            let plain = &mut io.tls.plain;
             for slice in &iov[..n] {
-                let room = (output.len() - out).saturating_sub(RECORD_OVERHEAD);
-                let len = slice.len().min(room).min(WRITE_SIZE - taken);
-                if len == 0 {
-                    break;
-                }
-                match traffic.encrypt(&slice[..len], &mut output[out..]) {
-                    Ok(n) => out += n,
-                    Err(EncryptError::InsufficientSize(_)) => break,
-                    Err(_) => {
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, "TLS encrypt"));
-                    }
-                }
+                let len = slice.len().min(plain.len() - taken);
+                plain[taken..taken + len].copy_from_slice(&slice[..len]);
                 taken += len;
-                if len < slice.len() {
+                if taken == plain.len() {
                     break;
                 }
             }
-        }
+            match traffic.encrypt(&plain[..taken], &mut io.tls.output) {
+                Ok(n) => n,
+                Err(EncryptError::InsufficientSize(_)) => return Ok((0, false)),
+                Err(_) => return Err(io::Error::new(io::ErrorKind::InvalidData, "TLS encrypt")),
+            }
+        };
         session.consume(io.pool, taken);
         wire.send(io, out)?;
         Ok((taken, wire.cipher_out.is_empty()))
@@ -542,7 +548,7 @@ impl TlsStream {
         wire.cipher_in.clear(io.pool);
         wire.plain_in.clear(io.pool);
         wire.cipher_out.clear(io.pool);
-        io.tls.budget.give_back(std::mem::take(&mut wire.charge));
+        io.tls.budget.give_back(std::mem::take(&mut wire.charge) + std::mem::take(&mut wire.held));
     }
 }
 
@@ -608,9 +614,22 @@ fn fail(
 }
 
 impl Wire {
-    /// Keeps `io.tls.input[start..end]` (an incomplete record) in pool chunks.
+    /// Keeps `io.tls.input[start..end]` (an incomplete record) in pool chunks; before the
+    /// handshake ends, only as far as the TLS budget covers them.
     fn keep_input(&mut self, io: &mut Io<'_>, start: usize, end: usize) -> io::Result<()> {
-        if start < end && self.cipher_in.append(io.pool, &io.tls.input[start..end]).is_err() {
+        if start == end {
+            return Ok(());
+        }
+        if !self.established {
+            let held = (end - start).div_ceil(io.pool.chunk_size()) * io.pool.chunk_size();
+            if io.tls.budget.try_draw(held).is_err() {
+                self.failed = true;
+                io.metrics.tls_refusal("budget");
+                return Err(io::Error::new(io::ErrorKind::OutOfMemory, "TLS budget"));
+            }
+            self.held = held;
+        }
+        if self.cipher_in.append(io.pool, &io.tls.input[start..end]).is_err() {
             return Err(self.out_of_memory(io));
         }
         Ok(())
