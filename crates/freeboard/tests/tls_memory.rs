@@ -1,5 +1,5 @@
 //! What a TLS connection's rustls state costs on the heap, measured, against what the server
-//! charges to its TLS budget (`tls.rs`: 8 KiB per handshake in progress, 4 KiB per
+//! charges to its TLS budget (`src/tls/mod.rs`: 8 KiB per handshake in progress, 4 KiB per
 //! established connection). The server side is rustls' `UnbufferedServerConnection`, as in
 //! the server, with freeboard's configuration (ring, tickets, ALPN); a counting allocator
 //! adds up what the server's calls allocate and free, apart from the client's.
