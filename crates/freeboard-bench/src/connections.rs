@@ -2,11 +2,10 @@
 //! (and whether it gives the memory back when they close).
 
 use std::io;
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use crate::Target;
-use crate::load::{Rng, open};
+use crate::load::{Opened, Rng, open_any};
 use crate::process::Sample;
 
 /// One step of the experiment: `count` connections opened, held, then closed.
@@ -42,10 +41,10 @@ pub fn step(target: &Target, count: usize, server_pid: Option<u32>) -> io::Resul
     let mut rng = Rng::seeded();
     let rss_before_kib = rss();
     let start = Instant::now();
-    let mut open_streams: Vec<TcpStream> = Vec::with_capacity(count);
+    let mut open_streams: Vec<Opened> = Vec::with_capacity(count);
     let mut failed = 0;
     for _ in 0..count {
-        match open(target, Duration::from_secs(5), &mut rng) {
+        match open_any(target, Duration::from_secs(5), &mut rng) {
             Ok((stream, _)) => open_streams.push(stream),
             Err(_) => failed += 1,
         }

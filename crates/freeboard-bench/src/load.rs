@@ -80,13 +80,12 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
     let mut clients = Vec::with_capacity(load.clients);
     let mut failed = 0;
     for _ in 0..load.clients {
-        match open(target, Duration::from_secs(5), &mut rng) {
+        match open_any(target, Duration::from_secs(5), &mut rng) {
             Ok((stream, _)) => {
-                stream.set_nonblocking(true)?;
-                let mut stream = mio::net::TcpStream::from_std(stream);
+                let mut stream = stream.into_nonblocking()?;
                 let token = Token(clients.len());
                 poll.registry().register(
-                    &mut stream,
+                    stream.tcp(),
                     token,
                     Interest::READABLE | Interest::WRITABLE,
                 )?;
@@ -191,21 +190,69 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
     })
 }
 
+/// An opened connection: the blocking socket and, over `wss://`, its TLS connection.
+pub struct Opened {
+    /// The socket (blocking).
+    pub tcp: StdStream,
+    /// The TLS connection over it.
+    pub tls: Option<rustls::ClientConnection>,
+}
+
+impl Opened {
+    /// The non-blocking stream the load generator reads and writes.
+    pub fn into_nonblocking(self) -> io::Result<crate::tls::Stream> {
+        self.tcp.set_nonblocking(true)?;
+        let tcp = mio::net::TcpStream::from_std(self.tcp);
+        Ok(match self.tls {
+            Some(conn) => crate::tls::Stream::Tls(Box::new((tcp, conn))),
+            None => crate::tls::Stream::Plain(tcp),
+        })
+    }
+}
+
 /// Connects to `target` and completes the opening handshake (for a raw TCP echo: one byte
-/// sent and echoed).
-/// Returns the blocking stream and any bytes that arrived after the server's head.
+/// sent and echoed). Returns the blocking stream and any bytes that arrived after the
+/// server's head. Plain TCP only: see [`open_any`] for `wss://`.
 pub fn open(target: &Target, timeout: Duration, rng: &mut Rng) -> io::Result<(StdStream, Vec<u8>)> {
-    let mut stream = StdStream::connect_timeout(&target.addr, timeout)?;
+    if target.tls {
+        return Err(io::Error::other(format!("{target}: this experiment has no TLS")));
+    }
+    open_any(target, timeout, rng).map(|(opened, leftover)| (opened.tcp, leftover))
+}
+
+/// [`open`], and over `wss://` the TLS handshake first.
+pub fn open_any(
+    target: &Target,
+    timeout: Duration,
+    rng: &mut Rng,
+) -> io::Result<(Opened, Vec<u8>)> {
+    let stream = StdStream::connect_timeout(&target.addr, timeout)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(timeout))?;
+    if target.tls {
+        let conn = crate::tls::connect(&target.host, target.resume)?;
+        let mut tls = rustls::StreamOwned::new(conn, stream);
+        let leftover = upgrade(target, &mut tls, rng)?;
+        let (conn, tcp) = tls.into_parts();
+        tcp.set_read_timeout(None)?;
+        return Ok((Opened { tcp, tls: Some(conn) }, leftover));
+    }
+    let mut stream = stream;
     if target.raw {
         // One echoed byte stands in for the 101: it proves the server has accepted the
         // connection, so opening many connections is paced by the server as with a handshake.
         stream.write_all(&[0])?;
         stream.read_exact(&mut [0])?;
         stream.set_read_timeout(None)?;
-        return Ok((stream, Vec::new()));
+        return Ok((Opened { tcp: stream, tls: None }, Vec::new()));
     }
+    let leftover = upgrade(target, &mut stream, rng)?;
+    stream.set_read_timeout(None)?;
+    Ok((Opened { tcp: stream, tls: None }, leftover))
+}
+
+/// Sends the upgrade request over `stream` and reads the 101; returns the bytes after it.
+fn upgrade(target: &Target, stream: &mut impl ReadWrite, rng: &mut Rng) -> io::Result<Vec<u8>> {
     let key = generate_key(rng.nonce());
     let request = ClientRequest {
         host: &target.host,
@@ -228,18 +275,19 @@ pub fn open(target: &Target, timeout: Duration, rng: &mut Rng) -> io::Result<(St
         let mut headers = [EMPTY_HEADER; 32];
         match Response::parse(&buf[..len], &mut headers, &request, buf.len()) {
             Ok(None) => continue,
-            Ok(Some((_, head_len))) => {
-                stream.set_read_timeout(None)?;
-                return Ok((stream, buf[head_len..len].to_vec()));
-            }
+            Ok(Some((_, head_len))) => return Ok(buf[head_len..len].to_vec()),
             Err(e) => return Err(io::Error::other(format!("{target}: {e}"))),
         }
     }
 }
 
+/// A blocking byte stream (a socket, or TLS over it).
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
 /// One connection of the load generator.
 struct Client {
-    stream: mio::net::TcpStream,
+    stream: crate::tls::Stream,
     /// Parses the echoes.
     rx: Connection,
     /// Frames not yet written. Invariant: `out_at <= out.len()`.

@@ -30,6 +30,9 @@ pub enum Peer {
     /// An epoll (mio) TCP fan-out with no WebSocket work, writing what one connection sends to
     /// every other: the physical limit of the broadcast experiment, and only there.
     RawTcpBroadcast,
+    /// tokio-tungstenite over tokio-rustls (rustls on ring, as freeboard), on a one-worker
+    /// multi-thread runtime: the peer of `--tls` runs, and only there.
+    TokioTungsteniteRustls,
 }
 
 impl Peer {
@@ -54,12 +57,14 @@ impl Peer {
             Peer::Gorilla => "gorilla",
             Peer::NodeWsBroadcast => "node-ws-broadcast",
             Peer::RawTcpBroadcast => "raw-tcp-broadcast",
+            Peer::TokioTungsteniteRustls => "tokio-tungstenite-rustls",
         }
     }
 
     /// The peer called `name`.
     pub fn parse(name: &str) -> Result<Self, String> {
-        let all = Self::ALL.into_iter().chain([Peer::NodeWsBroadcast, Peer::RawTcpBroadcast]);
+        let more = [Peer::NodeWsBroadcast, Peer::RawTcpBroadcast, Peer::TokioTungsteniteRustls];
+        let all = Self::ALL.into_iter().chain(more);
         all.clone().find(|p| p.name() == name).ok_or_else(|| {
             let names: Vec<_> = all.map(|p| p.name()).collect();
             format!("unknown peer {name:?}; known: {}", names.join(", "))
@@ -78,6 +83,9 @@ pub struct Peers {
     pub freeboard: PathBuf,
     /// Further arguments for `freeboard serve` (watermarks, policies, …).
     pub serve_args: Vec<String>,
+    /// Serve `wss://` with this certificate chain and key (PEM): freeboard and
+    /// tokio-tungstenite-rustls only.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// A peer server running on loopback; killed when dropped.
@@ -107,6 +115,7 @@ impl Peers {
             cache: root.join("target/peers"),
             freeboard,
             serve_args: Vec::new(),
+            tls: None,
         }
     }
 
@@ -147,6 +156,7 @@ impl Peers {
             Peer::RawTcp
             | Peer::RawTcpBroadcast
             | Peer::TokioTungstenite
+            | Peer::TokioTungsteniteRustls
             | Peer::Fastwebsockets => {}
         }
         let manifest = self.sources.join(peer.name()).join("Cargo.toml");
@@ -166,6 +176,11 @@ impl Peers {
     /// Starts `peer` on a free loopback port, pinned to `cpu` if given, and waits until it
     /// accepts connections.
     pub fn start(&self, peer: Peer, cpu: Option<usize>) -> io::Result<Running> {
+        let tls_peer = matches!(peer, Peer::Freeboard | Peer::TokioTungsteniteRustls);
+        if self.tls.is_some() != tls_peer && peer != Peer::Freeboard {
+            let what = if self.tls.is_some() { "does not serve TLS" } else { "serves TLS only" };
+            return Err(io::Error::other(format!("{} {what}", peer.name())));
+        }
         let binary = self.build(peer)?;
         let addr = free_port()?;
         let mut command = match peer {
@@ -181,9 +196,15 @@ impl Peers {
             command.args(["serve", "--threads", "1", "--no-auto-ping"]);
             command.args(["--max-connections", "1000000", "--max-connections-per-ip", "1000000"]);
             command.args(&self.serve_args);
+            if let Some((cert, key)) = &self.tls {
+                command.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+            }
             command.arg("--listen");
         }
         command.arg(addr.to_string()).env("RUST_LOG", "warn").stdout(Stdio::null());
+        if let (Peer::TokioTungsteniteRustls, Some((cert, key))) = (peer, &self.tls) {
+            command.arg(cert).arg(key);
+        }
         if let Some(cpu) = cpu {
             use std::os::unix::process::CommandExt;
             // SAFETY: the closure runs in the child between fork and exec and only calls
@@ -196,7 +217,8 @@ impl Peers {
         let pid = child.id();
         let mut running = Running {
             child,
-            target: Target::at(addr, "/", matches!(peer, Peer::RawTcp | Peer::RawTcpBroadcast)),
+            target: Target::at(addr, "/", matches!(peer, Peer::RawTcp | Peer::RawTcpBroadcast))
+                .with_tls(self.tls.is_some()),
             pid,
         };
         let start = Instant::now();

@@ -22,42 +22,57 @@ pub struct Target {
     pub path: String,
     /// A raw TCP echo: no handshake, frames come back masked.
     pub raw: bool,
+    /// `wss://`: TLS (certificates not verified; see [`crate::tls`]).
+    pub tls: bool,
+    /// Over TLS, resume sessions with tickets (else every handshake is full).
+    pub resume: bool,
 }
 
 impl Target {
     /// Parses `ws://host:port/path` or `tcp://host:port`.
     pub fn parse(url: &str) -> Result<Self, String> {
-        let (raw, rest) = if let Some(rest) = url.strip_prefix("ws://") {
-            (false, rest)
+        let (raw, tls, rest) = if let Some(rest) = url.strip_prefix("ws://") {
+            (false, false, rest)
+        } else if let Some(rest) = url.strip_prefix("wss://") {
+            (false, true, rest)
         } else if let Some(rest) = url.strip_prefix("tcp://") {
-            (true, rest)
+            (true, false, rest)
         } else {
-            return Err(format!("{url}: expected ws://host:port/path or tcp://host:port"));
+            return Err(format!("{url}: expected ws://, wss://host:port/path or tcp://host:port"));
         };
         let (host, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
         };
-        let with_port = if host.contains(':') { host.to_string() } else { format!("{host}:80") };
+        let default_port = if tls { 443 } else { 80 };
+        let with_port =
+            if host.contains(':') { host.to_string() } else { format!("{host}:{default_port}") };
         let addr = with_port
             .to_socket_addrs()
             .map_err(|e| format!("{url}: {e}"))?
             .next()
             .ok_or_else(|| format!("{url}: the host has no address"))?;
-        Ok(Self { addr, host: host.to_string(), path: path.to_string(), raw })
+        Ok(Self { addr, host: host.to_string(), path: path.to_string(), raw, tls, resume: true })
     }
 
     /// The same target at another address (a peer started on a free port).
     pub fn at(addr: SocketAddr, path: &str, raw: bool) -> Self {
-        Self { addr, host: addr.to_string(), path: path.to_string(), raw }
+        Self { addr, host: addr.to_string(), path: path.to_string(), raw, tls: false, resume: true }
+    }
+
+    /// This target over TLS (`wss://`).
+    pub fn with_tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
     }
 }
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.raw {
-            true => write!(f, "tcp://{}", self.host),
-            false => write!(f, "ws://{}{}", self.host, self.path),
+        match (self.raw, self.tls) {
+            (true, _) => write!(f, "tcp://{}", self.host),
+            (false, false) => write!(f, "ws://{}{}", self.host, self.path),
+            (false, true) => write!(f, "wss://{}{}", self.host, self.path),
         }
     }
 }

@@ -283,6 +283,20 @@ pub(crate) struct Common {
     /// Runs per figure; tables show the median with min and max.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
+    /// wss://: with --peers, freeboard serves TLS and "all" means freeboard and
+    /// tokio-tungstenite-rustls; the certificate is --tls-cert/--tls-key, or a self-signed one
+    /// made with `openssl` into target/peers/tls. With a URL, give wss://.
+    #[arg(long)]
+    tls: bool,
+    /// Over TLS, a full handshake for every connection (no session resumption).
+    #[arg(long)]
+    no_resume: bool,
+    /// The certificate chain (PEM) the --tls peers serve.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Pin the server (peers only) and the load generator: SERVER_CPU,CLIENT_CPU, e.g. 0,1.
     /// Placement changes 1-client latency several times over on a small VM.
     #[arg(long, value_name = "SERVER,CLIENT")]
@@ -434,6 +448,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
     match (&common.peers, &common.url) {
         (Some(list), _) => {
             let chosen: Vec<Peer> = match list.as_str() {
+                "all" if common.tls => vec![Peer::Freeboard, Peer::TokioTungsteniteRustls],
                 "all" => Peer::ALL.to_vec(),
                 list => list.split(',').map(|n| Peer::parse(n.trim())).collect::<Result<_, _>>()?,
             };
@@ -445,6 +460,12 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 .flat_map(|a| a.split_whitespace())
                 .map(String::from)
                 .collect();
+            if common.tls {
+                peers.tls = Some(match (&common.tls_cert, &common.tls_key) {
+                    (Some(cert), Some(key)) => (cert.clone(), key.clone()),
+                    _ => self_signed(&peers.cache.join("tls"))?,
+                });
+            }
             for peer in chosen {
                 let running = match peers.start(peer, pin.map(|(server, _)| server)) {
                     Ok(running) => running,
@@ -453,16 +474,15 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                         continue;
                     }
                 };
-                let subject = Subject {
-                    name: peer.name().into(),
-                    target: running.target.clone(),
-                    pid: Some(running.pid),
-                };
+                let mut target = running.target.clone();
+                target.resume = !common.no_resume;
+                let subject = Subject { name: peer.name().into(), target, pid: Some(running.pid) };
                 measure(&subject, &mut report)?;
             }
         }
         (None, Some(url)) => {
-            let target = Target::parse(url)?;
+            let mut target = Target::parse(url)?;
+            target.resume = !common.no_resume;
             let subject = Subject { name: url.clone(), target, pid: common.server_pid };
             measure(&subject, &mut report)?;
         }
@@ -480,6 +500,31 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
         write_charts(&report, dir)?;
     }
     Ok(())
+}
+
+/// A self-signed certificate for `localhost` and 127.0.0.1 made with `openssl` in `dir`
+/// (once): the load generator does not verify certificates.
+fn self_signed(dir: &std::path::Path) -> Result<(PathBuf, PathBuf), String> {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    if cert.exists() && key.exists() {
+        return Ok((cert, key));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let status = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args(["-nodes", "-days", "30", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("openssl (to make a test certificate; or give --tls-cert): {e}"))?;
+    match status.success() {
+        true => Ok((cert, key)),
+        false => Err("openssl could not make a test certificate; give --tls-cert".into()),
+    }
 }
 
 /// Writes `report`'s SVG charts into `dir` and says which.

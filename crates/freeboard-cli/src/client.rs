@@ -22,8 +22,8 @@ const EXIT_LOCAL_IO: u8 = 5;
 pub(crate) const EXIT_CODES: &str = "\
 Exit status:
   0  the connection closed cleanly with 1000 (normal), 1001 (going away) or 1005 (no code)
-  1  could not connect: bad URL, wss:// (TLS not yet supported), DNS, TCP, timeout, or the
-     server refused the upgrade (its status and body are printed)
+  1  could not connect: bad URL, DNS, TCP, TLS (untrusted certificate, wrong name), timeout,
+     or the server refused the upgrade (its status and body are printed)
   2  usage error
   3  the connection ended abnormally: no close handshake (1006), socket error, timeout
   4  the connection closed with another code (e.g. 1002, 1008, 1009, 1011, 4000): printed
@@ -32,7 +32,7 @@ Exit status:
 /// Options of `freeboard client`.
 #[derive(Args)]
 pub(crate) struct ClientArgs {
-    /// The server: ws://host[:port][/path][?query]; IPv6 as ws://[::1]:9001/.
+    /// The server: ws:// or wss://host[:port][/path][?query]; IPv6 as ws://[::1]:9001/.
     #[arg(value_name = "URL")]
     url: String,
     /// Send each stdin line as a binary message (default: text; lines must be UTF-8).
@@ -56,6 +56,13 @@ pub(crate) struct ClientArgs {
     /// Largest message received; a larger one closes the connection with 1009.
     #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
     max_message_size: usize,
+    /// wss://: trust only the CA certificates in this PEM file (default: the operating
+    /// system's roots).
+    #[arg(long, value_name = "FILE")]
+    ca: Option<std::path::PathBuf>,
+    /// wss://: accept any certificate, unverified (prints a warning). For tests only.
+    #[arg(long, conflicts_with = "ca")]
+    insecure: bool,
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -93,6 +100,16 @@ fn session(args: &ClientArgs) -> Result<u8, ClientError> {
         .memory((args.max_message_size * 2).max(32 << 20));
     config.headers = args.headers.clone();
     config.protocols = args.subprotocols.clone();
+    if let Some(ca) = &args.ca {
+        config = config.ca_file(ca);
+    }
+    if args.insecure {
+        eprintln!(
+            "freeboard client: warning: --insecure: the server's certificate is not verified; \
+             anyone on the path can read and change this connection"
+        );
+        config = config.insecure(true);
+    }
     let mut client = Client::connect(&args.url, config)?;
 
     let lines = spawn_stdin_reader();

@@ -11,8 +11,8 @@ mod client;
 
 use clap::{Args, Parser, Subcommand};
 use freeboard::config::parse_policy;
-use freeboard::{Echo, HttpRoute, Router, Server, ServerConfig};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use freeboard::{Echo, HttpRoute, Router, Server, ServerConfig, TlsConfig};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 /// A WebSocket server whose memory is bounded and whose backpressure works.
@@ -52,13 +52,24 @@ struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Address to listen on [default: 127.0.0.1:9001]. An address another process listens
-    /// on is refused ("address in use") unless --share-port.
+    /// on is refused ("address in use") unless --share-port. With --tls-cert and no
+    /// --listen-tls it speaks TLS (wss://).
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
     /// Join the SO_REUSEPORT group of another process listening on the same address (a
     /// rolling restart), instead of failing with "address in use"; TOML `share_port`.
     #[arg(long)]
     share_port: bool,
+    /// PEM certificate chain (leaf first) for wss://; reloaded with the key on SIGHUP (new
+    /// handshakes use the new pair, open connections are kept).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// A TLS listener beside the plain --listen one (then --listen stays ws://).
+    #[arg(long, value_name = "ADDR")]
+    listen_tls: Option<SocketAddr>,
     /// Event loops (threads), each with its own SO_REUSEPORT listener [default: available cores].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -230,9 +241,27 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     })
     .map_err(|e| e.to_string())?;
     let addr = server.local_addr();
-    println!("freeboard listening on ws://{addr}/");
-    tracing::info!(%addr, "listening");
+    match server.tls_addr() {
+        Some(tls) if tls == addr => println!("freeboard listening on wss://{addr}/"),
+        Some(tls) => println!("freeboard listening on ws://{addr}/ and wss://{tls}/"),
+        None => println!("freeboard listening on ws://{addr}/"),
+    }
+    tracing::info!(%addr, tls = ?server.tls_addr(), "listening");
     let handle = server.handle();
+    if server.tls_addr().is_some() {
+        let reload = server.handle();
+        let mut hup = Signals::new([SIGHUP]).map_err(|e| e.to_string())?;
+        std::thread::spawn(move || {
+            for _ in hup.forever() {
+                match reload.reload_tls() {
+                    Ok(_) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the old pair")
+                    }
+                }
+            }
+        });
+    }
     let mut signals = Signals::new([SIGTERM, SIGINT]).map_err(|e| e.to_string())?;
     std::thread::spawn(move || {
         let mut signals = signals.forever();
@@ -262,6 +291,23 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         config.listen = v;
     }
     config.share_port |= args.share_port;
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let mut tls = TlsConfig::new(cert, key);
+            if let Some(old) = &config.tls {
+                tls.state_share = old.state_share;
+                tls.listen = old.listen;
+            }
+            config.tls = Some(tls);
+        }
+        _ if args.listen_tls.is_some() && config.tls.is_none() => {
+            return Err("--listen-tls needs --tls-cert and --tls-key".into());
+        }
+        _ => {}
+    }
+    if let (Some(at), Some(tls)) = (args.listen_tls, &mut config.tls) {
+        tls.listen = Some(at);
+    }
     if let Some(v) = args.threads {
         config.threads = v;
     }

@@ -8,6 +8,11 @@
 //!   client writes to a real server, into the caller's buffer, including ones a correct sender
 //!   never produces; [`parse_frame`] and [`Inbox`]: the server's answer read back.
 
+//! - [`tls::TestCa`]: a certificate authority made at test time, and server certificates it
+//!   signs, in PEM files.
+
+pub mod tls;
+
 use std::time::Duration;
 
 use freeboard_proto::frame::MAX_HEADER_LEN;

@@ -103,6 +103,51 @@ pub struct ServerConfig {
     /// Pub/sub: the topic endpoints, their send queues and who may publish (the `[topics]`
     /// table in TOML).
     pub topics: TopicsConfig,
+    /// TLS (`wss://`): the certificate, the key and where to listen (the `[tls]` table in
+    /// TOML). Default: none, plain `ws://` only.
+    pub tls: Option<TlsConfig>,
+}
+
+/// TLS settings: `wss://` on rustls (TLS 1.3 and 1.2, ALPN `http/1.1`, session tickets).
+///
+/// With `listen` unset the server's one listener (`ServerConfig::listen`) speaks TLS; with
+/// it set, `ServerConfig::listen` stays plain `ws://` and `listen` speaks TLS beside it.
+/// The TLS handshake counts inside `handshake_timeout`. The rustls state of a connection is
+/// charged to a share of each loop's memory budget (`state_share`); a connection it cannot
+/// cover is refused at accept and counted (`freeboard_tls_refusals{reason="budget"}`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TlsConfig {
+    /// PEM file with the certificate chain, leaf first.
+    pub cert: std::path::PathBuf,
+    /// PEM file with the private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: std::path::PathBuf,
+    /// A TLS listener beside the plain one. Default: none (the one listener is TLS).
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
+    /// The share of each loop's memory budget (1 / this) kept for TLS connections' rustls
+    /// state: 8 KiB per handshake in progress, 4 KiB per established connection. Default 4.
+    #[serde(default = "TlsConfig::default_state_share")]
+    pub state_share: usize,
+}
+
+impl TlsConfig {
+    /// TLS with the certificate chain in `cert` and the key in `key`, on the server's one
+    /// listener.
+    pub fn new(cert: impl Into<std::path::PathBuf>, key: impl Into<std::path::PathBuf>) -> Self {
+        Self { cert: cert.into(), key: key.into(), listen: None, state_share: 4 }
+    }
+
+    /// Serves TLS on `addr`, beside the plain listener.
+    pub fn with_listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = Some(addr);
+        self
+    }
+
+    fn default_state_share() -> usize {
+        4
+    }
 }
 
 /// Pub/sub settings: the `/topic/{name}` endpoints of `freeboard serve`, `POST /topic/{name}`,
@@ -285,6 +330,7 @@ impl Default for ServerConfig {
             proxy_protocol: false,
             max_pending_upgrades: 1024,
             topics: TopicsConfig::default(),
+            tls: None,
         }
     }
 }
@@ -340,7 +386,13 @@ impl ServerConfig {
             return Err(ConfigError::PendingUpgrades);
         }
         let per_loop = self.memory / self.threads;
-        let needed = self.read_buffer + 16 * self.chunk_size;
+        let mut needed = self.read_buffer + 16 * self.chunk_size;
+        if let Some(tls) = &self.tls {
+            if tls.state_share < 2 {
+                return Err(ConfigError::TlsStateShare(tls.state_share));
+            }
+            needed += crate::tls::TlsScratch::BYTES + crate::tls::HANDSHAKE_CHARGE * 16;
+        }
         if per_loop < needed {
             return Err(ConfigError::Memory { memory: self.memory, threads: self.threads, needed });
         }
@@ -431,6 +483,8 @@ pub enum ConfigError {
         /// The machine's or the cgroup's memory.
         machine: usize,
     },
+    /// `tls.state_share` is below 2 (TLS state would take at least half of the budget).
+    TlsStateShare(usize),
 }
 
 impl std::fmt::Display for ConfigError {
@@ -480,6 +534,9 @@ impl std::fmt::Display for ConfigError {
                 f,
                 "unknown slow-consumer policy {name:?} (one of: block, drop-newest, drop-oldest, conflate, close)"
             ),
+            Self::TlsStateShare(share) => {
+                write!(f, "tls.state_share is {share}; it must be at least 2")
+            }
         }
     }
 }

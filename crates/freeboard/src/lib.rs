@@ -37,12 +37,13 @@ mod parking;
 mod proxy_header;
 mod server;
 mod session;
+pub mod tls;
 mod topic_route;
 pub mod topics;
 mod transport;
 pub mod webhook;
 
-pub use config::ServerConfig;
+pub use config::{ServerConfig, TlsConfig};
 pub use freeboard_buf::SlowConsumerPolicy;
 pub use freeboard_buf::Watermarks;
 pub use freeboard_proto::handshake::Request;

@@ -199,6 +199,11 @@ pub struct Metrics {
     pub(crate) topic_drops: Family<Reason, Counter>,
     /// Origins, tokens, proxies and pending upgrade decisions.
     pub(crate) access: AccessMetrics,
+    /// TLS handshakes completed.
+    pub(crate) tls_handshakes: Counter,
+    /// TLS connections refused or failed, by reason (`bad_client_hello`, `plain_http`,
+    /// `not_tls`, `handshake_timeout`, `upgrade_timeout`, `budget`, `alert_*`, …).
+    pub(crate) tls_refusals: Family<Reason, Counter>,
     loops: AtomicU32,
 }
 
@@ -234,6 +239,8 @@ impl Metrics {
             deliveries: Counter::default(),
             topic_drops: Family::default(),
             access: AccessMetrics::default(),
+            tls_handshakes: Counter::default(),
+            tls_refusals: Family::default(),
             loops: AtomicU32::new(0),
         };
         m.access.register(&mut registry);
@@ -293,6 +300,12 @@ impl Metrics {
             "bytes_buffered",
             "Bytes waiting in send queues",
             m.bytes_buffered.clone(),
+        );
+        registry.register("tls_handshakes", "TLS handshakes completed", m.tls_handshakes.clone());
+        registry.register(
+            "tls_refusals",
+            "TLS connections refused or failed, by reason",
+            m.tls_refusals.clone(),
         );
         registry.register(
             "topic_subscriptions",
@@ -369,6 +382,21 @@ impl Metrics {
     /// Published messages queued to subscribers (one per subscriber).
     pub fn deliveries(&self) -> u64 {
         self.deliveries.get()
+    }
+
+    /// TLS handshakes completed.
+    pub fn tls_handshakes(&self) -> u64 {
+        self.tls_handshakes.get()
+    }
+
+    /// TLS connections refused or failed for `reason` (see `freeboard_tls_refusals`).
+    pub fn tls_refusals(&self, reason: &str) -> u64 {
+        self.tls_refusals.get_or_create(&Reason { reason: reason.to_owned() }).get()
+    }
+
+    /// Counts a TLS refusal.
+    pub(crate) fn tls_refusal(&self, reason: &'static str) {
+        self.tls_refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
     }
 
     /// Handshakes (and plain HTTP requests) that timed out.

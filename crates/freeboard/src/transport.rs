@@ -1,45 +1,208 @@
 //! The transport seam: the layer a session's bytes cross between the session and the socket.
 //!
-//! The event loop reads into its buffer from a [`Transport`] and writes the session's queued
-//! slices to it; it never touches a `TcpStream` directly. Plain TCP is the identity layer and
-//! costs nothing (the queue's chunks still leave in one `writev`); a TLS record layer or a
-//! compressor implements the same trait in its own module, without touching the loop.
+//! The event loop reads into its buffer from a [`Transport`] and has it write the session's
+//! queue; it never touches a `TcpStream` directly. Plain TCP is the identity layer and costs
+//! nothing (the queue's chunks still leave in one `writev`, straight from the pool); TLS
+//! ([`TlsStream`]) encrypts the queue into the loop's scratch buffer and keeps what the socket
+//! does not take in pool chunks. Every call gets the loop's [`Io`] (pool, TLS scratch,
+//! metrics), so a layer holds no buffer of its own while its connection is idle.
+//!
+//! One loop may serve both kinds at once (`--listen` beside `--listen-tls`), so the server's
+//! loop holds a [`Stream`], an enum of the two: one predictable branch per system call, one
+//! slab, one timer heap, and the `Entry` stays small (a TLS connection's state is boxed).
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
+use std::sync::Arc;
 
 use mio::net::TcpStream;
 
+use crate::session::Session;
+pub(crate) use crate::tls::Io;
+use crate::tls::TlsStream;
+
+/// Slices per `writev`: 256 segments cover 1 MiB of 4 KiB chunks.
+const IOV: usize = 256;
+
 /// A byte stream under a session, registered with the loop's `Poll`.
-pub(crate) trait Transport: mio::event::Source {
-    /// Wraps a freshly accepted socket.
-    fn accepted(stream: TcpStream) -> Self;
+pub(crate) trait Transport: mio::event::Source + Sized {
+    /// Wraps a freshly accepted socket; through `tls` when it came to the TLS listener.
+    /// `None` (counted) refuses it.
+    fn accepted(
+        stream: TcpStream,
+        tls: Option<&Arc<rustls::ServerConfig>>,
+        io: &mut Io<'_>,
+    ) -> Option<Self>;
 
     /// Reads decoded bytes into `buf`; `Ok(0)` is the end of the stream.
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    fn read(&mut self, io: &mut Io<'_>, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Whether more input may be there although the last read returned less than asked
+    /// (a layer that decodes reads more than it returns). The loop reads again if so.
+    fn more_input(&self) -> bool {
+        false
+    }
+
+    /// Writes (one `writev`'s worth of) the session's queue and releases what was written.
+    /// Returns the queue bytes written and whether the socket took all it was offered.
+    fn write_queue(&mut self, session: &mut Session, io: &mut Io<'_>) -> io::Result<(usize, bool)>;
 
     /// Writes `bufs` in order, as far as the layer takes them now.
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+    fn write_vectored(&mut self, io: &mut Io<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+
+    /// Writes what the layer itself still holds; `true` once nothing is left.
+    fn write_pending(&mut self, _io: &mut Io<'_>) -> io::Result<bool> {
+        Ok(true)
+    }
 
     /// Ends our sending side (our FIN, after any bytes the layer still holds).
-    fn shutdown_write(&mut self) -> io::Result<()>;
+    fn shutdown_write(&mut self, io: &mut Io<'_>) -> io::Result<()>;
+
+    /// Returns the layer's pool chunks; the connection goes.
+    fn release(&mut self, _io: &mut Io<'_>) {}
+
+    /// `Some(established)` for a TLS connection, `None` for plain TCP.
+    fn tls_established(&self) -> Option<bool> {
+        None
+    }
 }
 
 impl Transport for TcpStream {
-    fn accepted(stream: TcpStream) -> Self {
+    fn accepted(
+        stream: TcpStream,
+        _tls: Option<&Arc<rustls::ServerConfig>>,
+        _io: &mut Io<'_>,
+    ) -> Option<Self> {
         let _ = stream.set_nodelay(true);
-        stream
+        Some(stream)
     }
 
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    fn read(&mut self, _io: &mut Io<'_>, buf: &mut [u8]) -> io::Result<usize> {
         Read::read(self, buf)
     }
 
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    fn write_queue(&mut self, session: &mut Session, io: &mut Io<'_>) -> io::Result<(usize, bool)> {
+        let mut iov = [IoSlice::new(&[]); IOV];
+        let n = session.io_slices(io.pool, &mut iov);
+        let offered: usize = iov[..n].iter().map(|s| s.len()).sum();
+        let written = Write::write_vectored(self, &iov[..n])?;
+        session.consume(io.pool, written);
+        Ok((written, written == offered))
+    }
+
+    fn write_vectored(&mut self, _io: &mut Io<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         Write::write_vectored(self, bufs)
     }
 
-    fn shutdown_write(&mut self) -> io::Result<()> {
+    fn shutdown_write(&mut self, _io: &mut Io<'_>) -> io::Result<()> {
         self.shutdown(Shutdown::Write)
+    }
+}
+
+/// A server connection's transport: plain TCP or TLS over TCP.
+pub(crate) enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+impl Transport for Stream {
+    fn accepted(
+        stream: TcpStream,
+        tls: Option<&Arc<rustls::ServerConfig>>,
+        io: &mut Io<'_>,
+    ) -> Option<Self> {
+        let _ = stream.set_nodelay(true);
+        match tls {
+            None => Some(Self::Plain(stream)),
+            Some(config) => TlsStream::accept(stream, config, io).map(|s| Self::Tls(Box::new(s))),
+        }
+    }
+
+    fn read(&mut self, io: &mut Io<'_>, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::Plain(tcp) => Read::read(tcp, buf),
+            Self::Tls(tls) => tls.read(io, buf),
+        }
+    }
+
+    fn more_input(&self) -> bool {
+        match self {
+            Self::Plain(_) => false,
+            Self::Tls(tls) => tls.more_input(),
+        }
+    }
+
+    fn write_queue(&mut self, session: &mut Session, io: &mut Io<'_>) -> io::Result<(usize, bool)> {
+        match self {
+            Self::Plain(tcp) => tcp.write_queue(session, io),
+            Self::Tls(tls) => tls.write_queue(session, io),
+        }
+    }
+
+    fn write_vectored(&mut self, io: &mut Io<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Self::Plain(tcp) => Write::write_vectored(tcp, bufs),
+            Self::Tls(tls) => tls.write_vectored(io, bufs),
+        }
+    }
+
+    fn write_pending(&mut self, io: &mut Io<'_>) -> io::Result<bool> {
+        match self {
+            Self::Plain(_) => Ok(true),
+            Self::Tls(tls) => tls.write_pending(io),
+        }
+    }
+
+    fn shutdown_write(&mut self, io: &mut Io<'_>) -> io::Result<()> {
+        match self {
+            Self::Plain(tcp) => tcp.shutdown(Shutdown::Write),
+            Self::Tls(tls) => tls.shutdown_write(io),
+        }
+    }
+
+    fn release(&mut self, io: &mut Io<'_>) {
+        if let Self::Tls(tls) = self {
+            tls.release(io);
+        }
+    }
+
+    fn tls_established(&self) -> Option<bool> {
+        match self {
+            Self::Plain(_) => None,
+            Self::Tls(tls) => Some(tls.established()),
+        }
+    }
+}
+
+impl Stream {
+    fn tcp(&mut self) -> &mut TcpStream {
+        match self {
+            Self::Plain(tcp) => tcp,
+            Self::Tls(tls) => tls.tcp(),
+        }
+    }
+}
+
+impl mio::event::Source for Stream {
+    fn register(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        self.tcp().register(registry, token, interests)
+    }
+
+    fn reregister(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        self.tcp().reregister(registry, token, interests)
+    }
+
+    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
+        self.tcp().deregister(registry)
     }
 }

@@ -248,8 +248,14 @@ fn connect_and_handshake_time_out() {
     assert!(matches!(err, ClientError::Connect { .. }), "{err:?}");
     assert!(err.is_connect_failure());
 
-    let err = Client::connect("wss://127.0.0.1/", ClientConfig::default()).unwrap_err();
-    assert_eq!(err.to_string(), "wss:// URLs need TLS, which is not yet supported");
+    // wss://: the TLS handshake counts inside the handshake timeout.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = ClientConfig::default().handshake_timeout(Duration::from_millis(200));
+    let wss = format!("wss://127.0.0.1:{}/", listener.local_addr().unwrap().port());
+    let started = Instant::now();
+    let err = Client::connect(&wss, config.insecure(true)).unwrap_err();
+    assert!(matches!(err, ClientError::HandshakeTimeout(_)), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(2));
 }
 
 #[test]

@@ -18,6 +18,7 @@ use mio::{Events, Interest, Poll, Token};
 use super::handshake::{self, Opened};
 use super::message::{CloseEvent, Event, Message};
 use super::outbox::{Direct, Outbox, Shared, Writer};
+use super::tls::ClientStream;
 use super::{ClientConfig, ClientError, ReadyState, Target};
 use crate::session::{
     Closed, MaskSource, Reassembler, Reassembly, Received, SendOutcome, frame_header, queue_control,
@@ -43,7 +44,7 @@ const SOCKET: Token = Token(0);
 /// caller's thread (one system call per message) and what the socket does not take leaves at
 /// the next send, [`flush`](Self::flush) or `recv`.
 pub struct Client {
-    stream: TcpStream,
+    stream: ClientStream,
     poll: Poll,
     events: Events,
     conn: Connection,
@@ -83,19 +84,21 @@ impl Client {
 
     /// Connects to a parsed target.
     pub fn connect_to(target: &Target, config: ClientConfig) -> Result<Self, ClientError> {
-        if target.is_secure() {
-            return Err(ClientError::TlsNotSupported);
-        }
         let (send_pool, pool) = pools(&config)?;
-        let Opened { stream, protocol, leftover } = handshake::open(target, &config)?;
+        let Opened { stream, tls, protocol, leftover } = handshake::open(target, &config)?;
         stream.set_nonblocking(true)?;
         let out =
             Shared::new(Outbox::new(send_pool, SendQueue::new(config.watermarks, config.policy)));
-        let writer = match config.writer_thread {
+        // Over TLS the caller writes: reading and writing share the TLS state.
+        let writer = match config.writer_thread && tls.is_none() {
             true => Some(Writer::spawn(Arc::clone(&out), stream.try_clone()?)?),
             false => None,
         };
-        let mut stream = TcpStream::from_std(stream);
+        let stream = TcpStream::from_std(stream);
+        let mut stream = match tls {
+            Some(conn) => ClientStream::Tls(Box::new((stream, conn))),
+            None => ClientStream::Plain(stream),
+        };
         let poll = Poll::new()?;
         let interest = match writer {
             Some(_) => Interest::READABLE,
@@ -211,7 +214,7 @@ impl Client {
         let deadline = timeout.map(|t| StdInstant::now() + t);
         loop {
             self.kick()?;
-            if self.buffered_amount() == 0 {
+            if self.buffered_amount() == 0 && !self.stream.wants_write() {
                 return Ok(true);
             }
             let timeout = match deadline {
@@ -400,11 +403,21 @@ impl Client {
 
     /// Writes as much as the socket takes now, without waiting (the caller writes).
     fn write_queued(&mut self) -> Result<(), ClientError> {
-        if !self.writable && self.buffered_amount() > 0 {
+        if !self.writable && (self.buffered_amount() > 0 || self.stream.wants_write()) {
             // The last write hit a full socket buffer: ask (without waiting) whether it drained.
             self.poll_readiness(Some(Duration::ZERO))?;
         }
         while self.writable {
+            if self.stream.wants_write() {
+                match self.stream.flush_tls() {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.writable = false;
+                        break;
+                    }
+                    Err(e) => return Err(self.transport_failed(e)),
+                }
+            }
             let mut out = self.out.lock();
             if out.buffered() == 0 {
                 break;

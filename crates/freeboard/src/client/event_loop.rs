@@ -132,6 +132,9 @@ impl<H: ClientHandler> ClientLoop<H> {
     /// Starts a connection to `url`.
     pub fn connect(&mut self, url: &str) -> Result<ClientId, ClientError> {
         let target = Target::parse(url)?;
+        if target.is_secure() {
+            return Err(ClientError::TlsNotSupported);
+        }
         let addr = (target.host(), target.port())
             .to_socket_addrs()
             .map_err(|source| ClientError::Resolve { host: target.host().to_owned(), source })?

@@ -17,6 +17,8 @@ const BODY_EXCERPT: usize = 512;
 /// A connection whose opening handshake succeeded.
 pub(super) struct Opened {
     pub(super) stream: TcpStream,
+    /// The TLS connection over `stream` (`wss://`).
+    pub(super) tls: Option<rustls::ClientConnection>,
     /// The subprotocol the server chose.
     pub(super) protocol: Option<String>,
     /// Bytes that followed the `101` head (the server's first frames).
@@ -26,15 +28,48 @@ pub(super) struct Opened {
 /// Resolves `target`, connects to each address in turn until one accepts within the connect
 /// timeout, and completes the opening handshake within the handshake timeout.
 pub(super) fn open(target: &Target, config: &ClientConfig) -> Result<Opened, ClientError> {
-    let stream = connect_tcp(target, config.connect_timeout)?;
+    let mut stream = connect_tcp(target, config.connect_timeout)?;
     stream.set_nodelay(true)?;
     let deadline = Instant::now() + config.handshake_timeout;
-    handshake(stream, target, config, deadline).map_err(|e| match e {
+    let opened = match target.is_secure() {
+        false => handshake(&mut stream, target, config, deadline)
+            .map(|(protocol, leftover)| Opened { stream, tls: None, protocol, leftover }),
+        true => {
+            let conn =
+                super::tls::connect(super::tls::client_config(&config.tls_roots)?, target.host())?;
+            let mut tls = rustls::StreamOwned::new(conn, stream);
+            handshake(&mut tls, target, config, deadline).map(|(protocol, leftover)| {
+                let (conn, stream) = tls.into_parts();
+                Opened { stream, tls: Some(conn), protocol, leftover }
+            })
+        }
+    };
+    opened.map_err(|e| match e {
         ClientError::Io(io) if is_timeout(&io) => {
             ClientError::HandshakeTimeout(config.handshake_timeout)
         }
+        ClientError::Io(io) if io.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) => {
+            ClientError::Tls(io.to_string())
+        }
         other => other,
     })
+}
+
+/// A blocking byte stream the opening handshake runs over: TCP, or TLS over TCP.
+trait HandshakeStream: Read + Write {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl HandshakeStream for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl HandshakeStream for rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
 }
 
 fn connect_tcp(target: &Target, timeout: Duration) -> Result<TcpStream, ClientError> {
@@ -62,21 +97,25 @@ fn connect_tcp(target: &Target, timeout: Duration) -> Result<TcpStream, ClientEr
     Err(ClientError::Connect { addr, source })
 }
 
+/// Sends the upgrade request and checks the answer; returns the subprotocol and the bytes
+/// after the head.
 fn handshake(
-    mut stream: TcpStream,
+    stream: &mut impl HandshakeStream,
     target: &Target,
     config: &ClientConfig,
     deadline: Instant,
-) -> Result<Opened, ClientError> {
+) -> Result<(Option<String>, Vec<u8>), ClientError> {
     let key = new_key()?;
     let request = encode_request(target, config, &key)?;
-    stream.set_write_timeout(Some(remaining(deadline)?))?;
+    stream.tcp().set_write_timeout(Some(remaining(deadline)?))?;
+    stream.tcp().set_read_timeout(Some(remaining(deadline)?))?;
     stream.write_all(&request)?;
+    stream.flush()?;
 
     let mut buf = vec![0u8; DEFAULT_MAX_HEAD_LEN];
     let mut len = 0;
     loop {
-        stream.set_read_timeout(Some(remaining(deadline)?))?;
+        stream.tcp().set_read_timeout(Some(remaining(deadline)?))?;
         let n = match stream.read(&mut buf[len..]) {
             Ok(0) => return Err(eof_during_handshake()),
             Ok(n) => n,
@@ -88,14 +127,14 @@ fn handshake(
             Ok(None) => continue,
             Ok(Some((protocol, head_len))) => {
                 let leftover = buf[head_len..len].to_vec();
-                stream.set_read_timeout(None)?;
-                stream.set_write_timeout(None)?;
-                return Ok(Opened { stream, protocol, leftover });
+                stream.tcp().set_read_timeout(None)?;
+                stream.tcp().set_write_timeout(None)?;
+                return Ok((protocol, leftover));
             }
             Err(Refusal::Status { status, head_len }) => {
                 let reason = reason_phrase(&buf[..head_len]);
                 buf.truncate(len);
-                let body = body_excerpt(&mut stream, buf, head_len, deadline);
+                let body = body_excerpt(stream, buf, head_len, deadline);
                 return Err(ClientError::Refused { status, reason, body });
             }
             Err(Refusal::Invalid(e)) => return Err(ClientError::Handshake(e)),
@@ -194,7 +233,7 @@ pub(super) fn reason_phrase(head: &[u8]) -> String {
 /// Up to [`BODY_EXCERPT`] bytes of a refusal's body: what came with the head, plus what
 /// arrives within a short wait (the server usually closes right after it).
 fn body_excerpt(
-    stream: &mut TcpStream,
+    stream: &mut impl HandshakeStream,
     mut buf: Vec<u8>,
     head_len: usize,
     deadline: Instant,
@@ -204,7 +243,7 @@ fn body_excerpt(
     let wait_until = deadline.min(Instant::now() + Duration::from_millis(500));
     while buf.len() < want {
         let Ok(left) = remaining(wait_until) else { break };
-        if stream.set_read_timeout(Some(left)).is_err() {
+        if stream.tcp().set_read_timeout(Some(left)).is_err() {
             break;
         }
         let mut more = [0u8; BODY_EXCERPT];

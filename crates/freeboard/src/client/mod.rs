@@ -1,8 +1,10 @@
 //! The WebSocket client: the semantics browsers taught everyone, with the costs visible.
 //!
-//! [`Client::connect`] opens `ws://` URLs (IPv6 literals, default ports, path and query, custom
-//! headers, subprotocols, connect and handshake timeouts; `wss://` is refused with
-//! [`ClientError::TlsNotSupported`] until TLS arrives). A handshake refusal says what the server
+//! [`Client::connect`] opens `ws://` and `wss://` URLs (IPv6 literals, default ports, path and
+//! query, custom headers, subprotocols, connect and handshake timeouts; TLS on rustls with the
+//! operating system's roots, a private CA file ([`ClientConfig::ca_file`]) or, for tests, no
+//! verification ([`ClientConfig::insecure`]); SNI and the host name checked).
+//! [`ClientLoop`] refuses `wss://` with [`ClientError::TlsNotSupported`] for now. A handshake refusal says what the server
 //! answered: [`ClientError::Refused`] carries the status and an excerpt of the body.
 //!
 //! Once open, the client behaves like a browser's `WebSocket`:
@@ -61,6 +63,7 @@ mod handshake;
 mod message;
 mod outbox;
 mod target;
+mod tls;
 
 use std::fmt;
 use std::io;
@@ -76,6 +79,7 @@ use freeboard_proto::UsageError;
 use freeboard_proto::handshake::HandshakeError;
 pub use message::{CloseEvent, Event, Message};
 pub use target::Target;
+pub use tls::TlsRoots;
 
 /// Everything a client can be told, with defaults for a script talking to one server.
 ///
@@ -131,6 +135,10 @@ pub struct ClientConfig {
     pub ping_interval: Option<Duration>,
     /// How long such a ping may stay unanswered. Default 10 s.
     pub pong_timeout: Duration,
+    /// Which certificates a `wss://` server may present. Default: the operating system's
+    /// roots. Over TLS the caller writes (no writer thread: reading and writing share the
+    /// TLS state).
+    pub tls_roots: TlsRoots,
 }
 
 impl Default for ClientConfig {
@@ -150,6 +158,7 @@ impl Default for ClientConfig {
             close_timeout: Duration::from_secs(5),
             ping_interval: None,
             pong_timeout: Duration::from_secs(10),
+            tls_roots: TlsRoots::Native,
         }
     }
 }
@@ -219,6 +228,23 @@ impl ClientConfig {
         self
     }
 
+    /// Trusts only the CA certificates in the PEM file at `path` for `wss://`.
+    pub fn ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls_roots = TlsRoots::CaFile(path.into());
+        self
+    }
+
+    /// Accepts any certificate for `wss://` (`true`): no authentication of the server at
+    /// all. For tests against self-signed servers only.
+    pub fn insecure(mut self, on: bool) -> Self {
+        if on {
+            self.tls_roots = TlsRoots::Insecure;
+        } else if self.tls_roots == TlsRoots::Insecure {
+            self.tls_roots = TlsRoots::Native;
+        }
+        self
+    }
+
     /// Sets [`close_timeout`](Self::close_timeout).
     pub fn close_timeout(mut self, timeout: Duration) -> Self {
         self.close_timeout = timeout;
@@ -250,8 +276,11 @@ pub enum ClientError {
         /// What is wrong with it.
         why: String,
     },
-    /// `wss://`: TLS is not supported yet.
+    /// `wss://` given to [`ClientLoop`], which does not speak TLS yet.
     TlsNotSupported,
+    /// TLS could not be set up or failed (no trusted roots, an unreadable CA file, a
+    /// certificate that does not verify, an alert from the server).
+    Tls(String),
     /// The host name did not resolve.
     Resolve {
         /// The host.
@@ -306,8 +335,9 @@ impl fmt::Display for ClientError {
         match self {
             Self::InvalidUrl { url, why } => write!(f, "invalid WebSocket URL {url:?}: {why}"),
             Self::TlsNotSupported => {
-                f.write_str("wss:// URLs need TLS, which is not yet supported")
+                f.write_str("wss:// is not supported by ClientLoop yet (use Client)")
             }
+            Self::Tls(why) => write!(f, "TLS: {why}"),
             Self::Resolve { host, source } => write!(f, "cannot resolve {host}: {source}"),
             Self::Connect { addr, source } => write!(f, "cannot connect to {addr}: {source}"),
             Self::HandshakeTimeout(after) => {

@@ -1,4 +1,4 @@
-//! Where a client connects: a `ws://` URL checked once and split into what the socket and the
+//! Where a client connects: a `ws://` or `wss://` URL checked once and split into what the socket and the
 //! upgrade request need.
 
 use std::fmt;
@@ -20,7 +20,8 @@ use super::ClientError;
 /// let t = Target::parse("ws://example.com").unwrap();
 /// assert_eq!((t.port(), t.host_header(), t.resource()), (80, "example.com", "/"));
 ///
-/// assert!(Target::parse("wss://example.com").unwrap_err().to_string().contains("TLS"));
+/// let t = Target::parse("wss://example.com/live").unwrap();
+/// assert_eq!((t.port(), t.is_secure(), t.host_header()), (443, true, "example.com"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -35,18 +36,14 @@ pub struct Target {
 }
 
 impl Target {
-    /// Parses `ws://host[:port][/path][?query]`. `wss://` parses but is refused with
-    /// [`ClientError::TlsNotSupported`] until TLS arrives; fragments are refused (§3: "Fragment
-    /// identifiers are meaningless in the context of WebSocket URIs and MUST NOT be used").
+    /// Parses `ws://` or `wss://host[:port][/path][?query]`; fragments are refused (§3:
+    /// "Fragment identifiers are meaningless in the context of WebSocket URIs and MUST NOT be
+    /// used").
     pub fn parse(input: &str) -> Result<Self, ClientError> {
-        let target = Self::parse_any(input)?;
-        if target.secure {
-            return Err(ClientError::TlsNotSupported);
-        }
-        Ok(target)
+        Self::parse_any(input)
     }
 
-    /// Like [`parse`](Self::parse), but accepts `wss://` (for a TLS layer to come).
+    /// The same as [`parse`](Self::parse) (kept for callers from before TLS).
     pub fn parse_any(input: &str) -> Result<Self, ClientError> {
         let invalid = |why: String| ClientError::InvalidUrl { url: input.to_owned(), why };
         let url = Url::parse(input).map_err(|e| invalid(e.to_string()))?;
@@ -143,6 +140,6 @@ mod tests {
                 "{bad} should be refused"
             );
         }
-        assert!(matches!(Target::parse("wss://host/"), Err(ClientError::TlsNotSupported)));
+        assert!(Target::parse("wss://host/").is_ok_and(|t| t.is_secure()));
     }
 }

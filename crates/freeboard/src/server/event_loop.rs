@@ -9,7 +9,7 @@
 use std::any::Any;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,13 +27,13 @@ use crate::handler::{Completion, ConnId, Decisions, RouteOptions, Router};
 use crate::metrics::{LoopGauges, LoopLabel, LoopStats, close_label};
 use crate::parking::ParkingLot;
 use crate::session::{Assembly, Context, Phase, Reassembly, Session, Share};
+use crate::tls::TlsScratch;
 use crate::topics::{LocalTopics, Publication};
-use crate::transport::Transport;
+use crate::transport::{Io, Transport};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
-/// Slices per `writev`: 256 segments cover 1 MiB of 4 KiB chunks.
-const IOV: usize = 256;
+const TLS_LISTENER: Token = Token(usize::MAX - 3);
 /// Connection slots (and timer and dirty-list entries) a loop starts with and shrinks back to.
 const INITIAL_CONNS: usize = 1024;
 /// Reads of one connection per loop turn before the others get their turn.
@@ -76,6 +76,14 @@ pub(crate) struct EventLoop<T> {
     pub(super) index: u32,
     poll: Poll,
     listener: Option<TcpListener>,
+    /// The TLS listener beside the plain one (`--listen-tls`).
+    tls_listener: Option<TcpListener>,
+    /// The TLS configuration of the connections accepted on `tls_listener`, or on `listener`
+    /// when there is no `tls_listener`.
+    tls_config: Option<Arc<rustls::ServerConfig>>,
+    /// The TLS scratch buffers every TLS connection of the loop uses in turn, and the budget
+    /// their rustls state is charged to.
+    pub(super) tls: TlsScratch,
     pub(super) shared: Arc<Shared>,
     pub(super) router: Router,
     pub(super) conns: Slab<Entry<T>>,
@@ -161,21 +169,40 @@ impl<T: Transport> EventLoop<T> {
         index: u32,
         poll: Poll,
         mut listener: TcpListener,
+        mut tls_listener: Option<TcpListener>,
         shared: Arc<Shared>,
         waker: Arc<mio::Waker>,
     ) -> io::Result<Self> {
         let config = &shared.config;
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        if let Some(tls_listener) = &mut tls_listener {
+            poll.registry().register(tls_listener, TLS_LISTENER, Interest::READABLE)?;
+        }
         let per_loop = config.memory / config.threads;
         let assembly_reserve =
             usize::try_from(config.max_message_size).unwrap_or(usize::MAX).min(per_loop / 4);
-        let pool_bytes = per_loop - config.read_buffer - assembly_reserve;
+        // TLS: the scratch buffers and a share of the budget for rustls state come off the
+        // pool's part.
+        let tls_bytes = match &config.tls {
+            Some(tls) => TlsScratch::BYTES + per_loop / tls.state_share,
+            None => 0,
+        };
+        let pool_bytes = per_loop - config.read_buffer - assembly_reserve - tls_bytes;
         let chunks = pool_bytes
             / Pool::footprint(config.chunk_size, 1, freeboard_buf::DEFAULT_SEGMENTS_PER_CHUNK);
         let pool_config =
             PoolConfig::new().with_chunk_size(config.chunk_size).with_chunk_count(chunks);
         let mut pool = Pool::new(Budget::new(per_loop), pool_config).map_err(io::Error::other)?;
         pool.budget_mut().try_draw(config.read_buffer).map_err(io::Error::other)?;
+        let tls = match &config.tls {
+            Some(_) => {
+                let state = pool.budget_mut().split(tls_bytes - TlsScratch::BYTES);
+                pool.budget_mut().try_draw(TlsScratch::BYTES).map_err(io::Error::other)?;
+                TlsScratch::new(state.map_err(io::Error::other)?)
+            }
+            None => TlsScratch::none(),
+        };
+        let tls_config = shared.tls.as_ref().map(|(config, _)| config.clone());
         let router = (shared.factory)();
         let inbox = shared
             .hub
@@ -186,6 +213,9 @@ impl<T: Transport> EventLoop<T> {
             index,
             poll,
             listener: Some(listener),
+            tls_listener,
+            tls_config,
+            tls,
             lot: ParkingLot::new(config.protocol()),
             read_buf: vec![0u8; config.read_buffer].into_boxed_slice(),
             limits: Reassembly::server(config.connection_reserve),
@@ -262,14 +292,16 @@ impl<T: Transport> EventLoop<T> {
             self.expire_timers(now);
             if self.accept_more || self.accept_retry.is_some_and(|at| at <= now) {
                 self.accept_retry = None;
-                self.accept(now);
+                self.accept(now, false);
+                self.accept(now, true);
             }
             for token in std::mem::take(&mut self.resume) {
                 self.read(token, now);
             }
             for event in events.iter() {
                 match event.token() {
-                    LISTENER => self.accept(now),
+                    LISTENER => self.accept(now, false),
+                    TLS_LISTENER => self.accept(now, true),
                     WAKER => {}
                     Token(token) => {
                         if event.is_read_closed()
@@ -293,6 +325,9 @@ impl<T: Transport> EventLoop<T> {
         for (token, mut entry) in std::mem::take(&mut self.conns) {
             self.topics.drop_conn(&self.shared.hub, token);
             entry.session.release(&mut self.pool);
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            entry.stream.release(&mut io);
             self.shared.release(entry.peer, entry.attributed);
             if self.pending.remove(&token).is_some() {
                 self.shared.release_pending();
@@ -323,6 +358,9 @@ impl<T: Transport> EventLoop<T> {
         if let Some(mut listener) = self.listener.take() {
             let _ = self.poll.registry().deregister(&mut listener);
         }
+        if let Some(mut listener) = self.tls_listener.take() {
+            let _ = self.poll.registry().deregister(&mut listener);
+        }
         self.drain_deadline = Some(now + self.shared.config.drain_timeout);
         let tokens: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
         for token in tokens {
@@ -342,10 +380,25 @@ impl<T: Transport> EventLoop<T> {
         }
     }
 
-    fn accept(&mut self, now: Instant) {
-        self.accept_more = false;
+    /// Accepts a batch from the plain listener, or from the TLS one (`tls`).
+    fn accept(&mut self, now: Instant, tls: bool) {
+        if !tls {
+            self.accept_more = false;
+        }
+        // The one listener speaks TLS when there is no TLS listener beside it.
+        let (listener, tls_config) = match (tls, &self.tls_listener) {
+            (false, None) => (&self.listener, self.tls_config.clone()),
+            (false, Some(_)) => (&self.listener, None),
+            (true, Some(_)) => (&self.tls_listener, self.tls_config.clone()),
+            (true, None) => return,
+        };
+        let listener_missing = listener.is_none();
+        if listener_missing {
+            return;
+        }
         for _ in 0..ACCEPT_BATCH {
-            let Some(listener) = &self.listener else { return };
+            let listener = if tls { &self.tls_listener } else { &self.listener };
+            let Some(listener) = listener else { return };
             let accepted = listener.accept();
             if self.accept_failing
                 && !matches!(&accepted, Err(e) if e.kind() != io::ErrorKind::WouldBlock)
@@ -370,7 +423,11 @@ impl<T: Transport> EventLoop<T> {
                     return;
                 }
             };
-            let mut stream = T::accepted(stream);
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            let Some(mut stream) = T::accepted(stream, tls_config.as_ref(), &mut io) else {
+                continue; // refused and counted (the TLS budget)
+            };
             let entry = self.conns.vacant_entry();
             let token = entry.key();
             if self
@@ -379,6 +436,9 @@ impl<T: Transport> EventLoop<T> {
                 .register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE)
                 .is_err()
             {
+                let mut io =
+                    Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+                stream.release(&mut io);
                 continue;
             }
             self.shared.metrics.accepted.inc();
@@ -449,6 +509,7 @@ impl<T: Transport> EventLoop<T> {
     /// EOF a lingering connection goes; a draining one goes once its output is out.
     pub(super) fn read_discard(&mut self, token: usize) {
         let entry = &mut self.conns[token];
+        let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
         let mut reads = 0;
         let eof = loop {
             if reads == READS_PER_TURN {
@@ -457,7 +518,7 @@ impl<T: Transport> EventLoop<T> {
                 break false;
             }
             reads += 1;
-            match entry.stream.read(&mut self.read_buf) {
+            match entry.stream.read(&mut io, &mut self.read_buf) {
                 Ok(0) => break true,
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
@@ -484,7 +545,11 @@ impl<T: Transport> EventLoop<T> {
             }
             reads += 1;
             let read_closed = entry.read_closed;
-            match entry.stream.read(&mut buf) {
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            let read = entry.stream.read(&mut io, &mut buf);
+            let more = entry.stream.more_input();
+            match read {
                 Ok(0) => {
                     self.end_of_input(token, now);
                     break;
@@ -492,7 +557,7 @@ impl<T: Transport> EventLoop<T> {
                 Ok(n) => {
                     self.stats.bytes_in += n as u64;
                     self.receive(token, now, &mut buf[..n]);
-                    if n < buf.len() && !read_closed {
+                    if n < buf.len() && !read_closed && !more {
                         // A short read emptied the socket; epoll (edge-triggered) reports the
                         // next arrival, so the read that would say WouldBlock is saved. Not
                         // after the peer's FIN: nothing more arrives to report it again.
@@ -546,10 +611,16 @@ impl<T: Transport> EventLoop<T> {
                 self.answer_publish(token, serial, now, false);
                 continue;
             }
+            let tls = self.conns[token].stream.tls_established();
             let (entry, mut cx) = self.split(token, now);
             if entry.session.handle_timeout(&mut cx) {
                 if request {
                     self.shared.metrics.handshake_timeouts.inc();
+                    match tls {
+                        Some(false) => self.shared.metrics.tls_refusal("handshake_timeout"),
+                        Some(true) => self.shared.metrics.tls_refusal("upgrade_timeout"),
+                        None => {}
+                    }
                     tracing::debug!(peer = %self.conns[token].peer, "request timeout");
                 }
                 self.remove(token);
@@ -594,27 +665,27 @@ impl<T: Transport> EventLoop<T> {
 
     pub(super) fn flush(&mut self, token: usize, now: Instant) {
         let entry = &mut self.conns[token];
-        while entry.session.buffered() > 0 {
-            let mut iov = [IoSlice::new(&[]); IOV];
-            let n = entry.session.io_slices(&self.pool, &mut iov);
-            let offered: usize = iov[..n].iter().map(|s| s.len()).sum();
-            match entry.stream.write_vectored(&iov[..n]) {
-                Ok(written) => {
+        let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+        // What the transport itself holds (TLS records the socket did not take) goes first.
+        let mut pending = entry.stream.write_pending(&mut io);
+        while matches!(pending, Ok(true)) && entry.session.buffered() > 0 {
+            match entry.stream.write_queue(&mut entry.session, &mut io) {
+                Ok((written, all)) => {
                     self.stats.bytes_out += written as u64;
-                    entry.session.consume(&mut self.pool, written);
-                    if written < offered {
+                    if !all {
                         break; // the socket is full: WRITABLE will bring us back
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    entry.session.clear_queue(&mut self.pool);
-                    self.end_of_input(token, now);
-                    self.remove(token);
-                    return;
-                }
+                Err(e) => pending = Err(e),
             }
+        }
+        if pending.is_err() {
+            entry.session.clear_queue(io.pool);
+            self.end_of_input(token, now);
+            self.remove(token);
+            return;
         }
         if let Some(change) = self.conns[token].session.take_writability() {
             self.writability_changed(token, now, change);
@@ -633,7 +704,9 @@ impl<T: Transport> EventLoop<T> {
         }
         if transition.shutdown_write {
             // The server closes the TCP connection first (§7.1.1).
-            let _ = self.conns[token].stream.shutdown_write();
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            let _ = self.conns[token].stream.shutdown_write(&mut io);
             self.read_discard(token);
         }
         if let Some(entry) = self.conns.get_mut(token) {
@@ -656,6 +729,8 @@ impl<T: Transport> EventLoop<T> {
         let mut entry = self.conns.remove(token);
         self.buffered -= entry.counted as usize;
         entry.session.release(&mut self.pool);
+        let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+        entry.stream.release(&mut io);
         self.shared.release(entry.peer, entry.attributed);
         if self.pending.remove(&token).is_some() {
             self.shared.release_pending();
@@ -695,7 +770,7 @@ mod tests {
     /// inside it): keep it small, 10,000 idle connections should need about 2 MB.
     #[test]
     fn idle_connection_state_stays_small() {
-        let entry = size_of::<Entry<mio::net::TcpStream>>();
+        let entry = size_of::<Entry<crate::transport::Stream>>();
         println!("Entry {entry} B");
         assert!(entry <= 200, "Entry is {entry} bytes");
     }

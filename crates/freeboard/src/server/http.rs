@@ -12,7 +12,7 @@ use super::event_loop::{EventLoop, LINGER, PendingUpgrade};
 use super::plain::{Chunked, PlainRequest, Reply, has_token, header, is_text};
 use crate::handler::{Decision, Verdict};
 use crate::session::{Body, Phase};
-use crate::transport::Transport;
+use crate::transport::{Io, Transport};
 
 /// The share of the pool's chunks (1 / this) that partial request heads may hold together,
 /// and that request bodies may hold together: neither can starve the open connections.
@@ -32,8 +32,9 @@ impl<T: Transport> EventLoop<T> {
         self.head_chunks -= head_chunks(have, self.pool.chunk_size());
         partial.clear(&mut self.pool);
         let mut eof = false;
+        let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
         while have < buf.len() {
-            match entry.stream.read(&mut buf[have..]) {
+            match entry.stream.read(&mut io, &mut buf[have..]) {
                 Ok(0) => {
                     eof = true;
                     break;
@@ -331,7 +332,9 @@ impl<T: Transport> EventLoop<T> {
         {
             let slices: Vec<std::io::IoSlice<'_>> =
                 parts.iter().map(|p| std::io::IoSlice::new(p)).collect();
-            let _ = entry.stream.write_vectored(&slices);
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            let _ = entry.stream.write_vectored(&mut io, &slices);
         }
     }
 
@@ -487,7 +490,9 @@ impl<T: Transport> EventLoop<T> {
             let entry = &mut self.conns[token];
             let Phase::Body(post) = &mut entry.session.phase else { break };
             let want = post.remaining.min(buf.len());
-            match entry.stream.read(&mut buf[..want]) {
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            match entry.stream.read(&mut io, &mut buf[..want]) {
                 Ok(0) => {
                     self.remove(token);
                     break;

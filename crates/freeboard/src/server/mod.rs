@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 
-use mio::net::TcpStream;
 use mio::{Poll, Waker};
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -21,7 +20,9 @@ mod shared;
 use crate::config::{ConfigError, ServerConfig};
 use crate::handler::Router;
 use crate::metrics::Metrics;
+use crate::tls::{self, TlsError, TlsIdentity};
 use crate::topics::{Hub, Published};
+use crate::transport::Stream;
 use event_loop::{EventLoop, WAKER};
 use freeboard_proto::MessageKind;
 use shared::Shared;
@@ -40,14 +41,25 @@ pub struct Server {
     shared: Arc<Shared>,
     /// One poll and listener per loop; the loop itself (pool, router) is built on its thread,
     /// so handlers need not be `Send`.
-    seeds: Vec<(Poll, mio::net::TcpListener)>,
+    seeds: Vec<Seed>,
     wakers: Vec<Arc<Waker>>,
     local_addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
+}
+
+/// What a loop is built from on its thread: its poll, its listener, and its TLS listener
+/// when TLS listens beside plain TCP.
+struct Seed {
+    poll: Poll,
+    listener: mio::net::TcpListener,
+    tls_listener: Option<mio::net::TcpListener>,
 }
 
 impl Server {
     /// Binds one `SO_REUSEPORT` listener per event loop at `config.listen` (port 0 picks a
-    /// free port shared by all loops) and builds each loop's pool and router.
+    /// free port shared by all loops), and one at `config.tls.listen` if set, and builds each
+    /// loop's pool and router. With `config.tls`, the certificate and key are loaded here
+    /// (an error says which file is wrong).
     ///
     /// Fails before anything listens when the configuration cannot work: an invalid setting
     /// ([`ConfigError`](crate::config::ConfigError)), a memory budget larger than the machine
@@ -67,27 +79,54 @@ impl Server {
         if !config.share_port && config.listen.port() != 0 {
             ensure_port_free(config.listen)?;
         }
+        let tls = match &config.tls {
+            Some(tls) => {
+                let identity =
+                    Arc::new(TlsIdentity::load(&tls.cert, &tls.key).map_err(io::Error::other)?);
+                Some((tls::server_config(identity.clone()).map_err(io::Error::other)?, identity))
+            }
+            None => None,
+        };
         let metrics = Arc::new(Metrics::new());
         metrics.set_loops(config.threads as u32);
         let mut addr = config.listen;
+        let mut tls_addr = config.tls.as_ref().and_then(|tls| tls.listen);
         let mut loops = Vec::new();
         let mut wakers = Vec::new();
         for _ in 0..config.threads {
             let listener = reuseport_listener(addr)?;
             addr = listener.local_addr()?;
+            let tls_listener = match tls_addr {
+                Some(at) => {
+                    let listener = reuseport_listener(at)?;
+                    tls_addr = Some(listener.local_addr()?);
+                    Some(mio::net::TcpListener::from_std(listener))
+                }
+                None => None,
+            };
             let poll = Poll::new()?;
             wakers.push(Arc::new(Waker::new(poll.registry(), WAKER)?));
             let listener = mio::net::TcpListener::from_std(listener);
-            loops.push((poll, listener));
+            loops.push(Seed { poll, listener, tls_listener });
         }
+        let tls_addr = match (&tls, tls_addr) {
+            (Some(_), None) => Some(addr),
+            (_, at) => at,
+        };
         let hub = Hub::new(&wakers, config.topics.inbox, metrics.clone());
-        let shared = Arc::new(Shared::new(config, metrics, hub, Arc::new(routes)));
-        Ok(Self { shared, seeds: loops, wakers, local_addr: addr })
+        let shared = Arc::new(Shared::new(config, metrics, hub, Arc::new(routes), tls));
+        Ok(Self { shared, seeds: loops, wakers, local_addr: addr, tls_addr })
     }
 
-    /// The address the server listens on.
+    /// The address the server listens on (`config.listen`; TLS when `config.tls` has no
+    /// listener of its own).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address that speaks TLS, if any: `config.tls.listen`, or the one listener.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// The server's metrics.
@@ -112,13 +151,22 @@ impl Server {
             .seeds
             .into_iter()
             .enumerate()
-            .map(|(i, (poll, listener))| {
+            .map(|(i, seed)| {
                 let shared = self.shared.clone();
                 let waker = self.wakers[i].clone();
                 std::thread::Builder::new()
                     .name(format!("freeboard-loop-{i}"))
                     .spawn(move || {
-                        EventLoop::<TcpStream>::new(i as u32, poll, listener, shared, waker)?.run()
+                        let Seed { poll, listener, tls_listener } = seed;
+                        EventLoop::<Stream>::new(
+                            i as u32,
+                            poll,
+                            listener,
+                            tls_listener,
+                            shared,
+                            waker,
+                        )?
+                        .run()
                     })
                     .expect("the OS can start a thread")
             })
@@ -127,6 +175,7 @@ impl Server {
             handle: ServerHandle { shared: self.shared, wakers: self.wakers },
             threads,
             local_addr: self.local_addr,
+            tls_addr: self.tls_addr,
         }
     }
 }
@@ -145,12 +194,18 @@ pub struct RunningServer {
     handle: ServerHandle,
     threads: Vec<JoinHandle<io::Result<()>>>,
     local_addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
 }
 
 impl RunningServer {
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address that speaks TLS, if any.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// The shutdown handle.
@@ -207,6 +262,16 @@ impl ServerHandle {
         self.shared.shutdown.store(true, Ordering::Release);
         for waker in &self.wakers {
             let _ = waker.wake();
+        }
+    }
+
+    /// Loads the TLS certificate and key again from their files (on `SIGHUP` in
+    /// `freeboard serve`): new handshakes use the new pair, open connections keep theirs.
+    /// On error the old pair stays. `Ok(false)` when the server has no TLS.
+    pub fn reload_tls(&self) -> Result<bool, TlsError> {
+        match &self.shared.tls {
+            Some((_, identity)) => identity.reload().map(|()| true),
+            None => Ok(false),
         }
     }
 

@@ -16,7 +16,7 @@ use super::http::{BUDGET_EXHAUSTED, RETRY_SOON};
 use crate::handler::{Completion, HttpRoute, Verdict};
 use crate::session::Phase;
 use crate::topics::Receipt;
-use crate::transport::Transport;
+use crate::transport::{Io, Transport};
 
 /// Pipelined requests handled from one read before the rest waits for the next loop turn.
 pub(super) const PIPELINE_PER_READ: usize = 8;
@@ -339,7 +339,9 @@ impl<T: Transport> EventLoop<T> {
             if !matches!(entry.session.phase, Phase::Body(_)) {
                 break;
             }
-            let n = match entry.stream.read(&mut buf) {
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            let n = match entry.stream.read(&mut io, &mut buf) {
                 Ok(0) => {
                     self.remove(token);
                     break;

@@ -10,6 +10,7 @@ use crate::auth::{Origins, TrustedProxies};
 use crate::config::ServerConfig;
 use crate::handler::RouterFactory;
 use crate::metrics::Metrics;
+use crate::tls::TlsIdentity;
 use crate::topics::Hub;
 
 /// State every event loop of a server shares: configuration, metrics, connection counts.
@@ -35,6 +36,8 @@ pub(crate) struct Shared {
     pub(crate) pending: AtomicUsize,
     /// Refusals are logged at `info`, at most one line a second.
     refusal_log: RateLimitedLog,
+    /// The rustls configuration of the TLS listener, and the certificate it serves.
+    pub(crate) tls: Option<(Arc<rustls::ServerConfig>, Arc<TlsIdentity>)>,
 }
 
 impl Shared {
@@ -43,8 +46,10 @@ impl Shared {
         metrics: Arc<Metrics>,
         hub: Hub,
         factory: RouterFactory,
+        tls: Option<(Arc<rustls::ServerConfig>, Arc<TlsIdentity>)>,
     ) -> Self {
         Self {
+            tls,
             hub,
             metrics,
             factory,

@@ -1,0 +1,293 @@
+//! `wss://` for the blocking client: rustls' buffered `ClientConnection` over the socket.
+//!
+//! A client holds one connection, so the per-connection buffers rustls keeps (its received
+//! records, at most 64 KiB of records to send) are not the concern they are on a server with
+//! ten thousand; the server side uses the unbuffered API (`crate::tls`).
+//!
+//! Roots: the operating system's store by default (`rustls-native-certs`: the store the
+//! administrator updates, and the one a private CA installed system-wide is in), a PEM file
+//! with [`ClientConfig::ca_file`](super::ClientConfig::ca_file) for a private CA alone, or no
+//! verification at all with [`ClientConfig::insecure`](super::ClientConfig::insecure) (for
+//! tests; `freeboard client --insecure` prints a warning).
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use mio::net::TcpStream;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConnection, DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+use super::ClientError;
+
+/// Which certificates a `wss://` server may present.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TlsRoots {
+    /// The operating system's trusted roots (the default).
+    #[default]
+    Native,
+    /// Only the CA certificates in this PEM file.
+    CaFile(PathBuf),
+    /// Any certificate, for any name: no authentication at all. For tests only.
+    Insecure,
+}
+
+/// The rustls configuration for `roots`: TLS 1.3 and 1.2 on the `ring` provider, ALPN
+/// `http/1.1`. The OS store is loaded once per process.
+pub(crate) fn client_config(roots: &TlsRoots) -> Result<Arc<rustls::ClientConfig>, ClientError> {
+    static NATIVE: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
+    match roots {
+        TlsRoots::Native => NATIVE
+            .get_or_init(|| {
+                let found = rustls_native_certs::load_native_certs();
+                let mut store = RootCertStore::empty();
+                let (added, _) = store.add_parsable_certificates(found.certs);
+                if added == 0 {
+                    return Err("no trusted root certificates in the operating system's store \
+                                (install ca-certificates, or give a CA file)"
+                        .to_owned());
+                }
+                build(store).map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(ClientError::Tls),
+        TlsRoots::CaFile(path) => {
+            let mut store = RootCertStore::empty();
+            for cert in read_certs(path)? {
+                store.add(cert).map_err(|e| tls_error(path, e))?;
+            }
+            build(store).map_err(|e| ClientError::Tls(e.to_string()))
+        }
+        TlsRoots::Insecure => {
+            let provider = crate::tls::provider();
+            let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+                .with_protocol_versions(rustls::ALL_VERSIONS)
+                .map_err(|e| ClientError::Tls(e.to_string()))?
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+                .with_no_client_auth();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Ok(Arc::new(config))
+        }
+    }
+}
+
+fn build(store: RootCertStore) -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
+    let mut config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_protocol_versions(rustls::ALL_VERSIONS)?
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, ClientError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| tls_error(path, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tls_error(path, e))?;
+    if certs.is_empty() {
+        return Err(ClientError::Tls(format!("{}: no certificate in the file", path.display())));
+    }
+    Ok(certs)
+}
+
+fn tls_error(path: &Path, e: impl std::fmt::Display) -> ClientError {
+    ClientError::Tls(format!("{}: {e}", path.display()))
+}
+
+/// A new client connection to `host` (SNI and the name verified, unless it is an IP address,
+/// which is verified against the certificate's IP addresses and not sent as SNI).
+pub(crate) fn connect(
+    config: Arc<rustls::ClientConfig>,
+    host: &str,
+) -> Result<ClientConnection, ClientError> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = ServerName::try_from(host.to_owned())
+        .map_err(|_| ClientError::Tls(format!("{host:?} is not a valid TLS server name")))?;
+    ClientConnection::new(config, name).map_err(|e| ClientError::Tls(e.to_string()))
+}
+
+/// The blocking client's socket: plain TCP, or TLS over it.
+pub(crate) enum ClientStream {
+    Plain(TcpStream),
+    Tls(Box<(TcpStream, ClientConnection)>),
+}
+
+impl ClientStream {
+    /// Whether TLS records wait to be written.
+    pub(crate) fn wants_write(&self) -> bool {
+        match self {
+            Self::Plain(_) => false,
+            Self::Tls(tls) => tls.1.wants_write(),
+        }
+    }
+
+    /// Writes the TLS records that wait; `WouldBlock` if the socket is full.
+    pub(crate) fn flush_tls(&mut self) -> io::Result<()> {
+        match self {
+            Self::Plain(_) => Ok(()),
+            Self::Tls(tls) => {
+                let (tcp, conn) = &mut **tls;
+                while conn.wants_write() {
+                    conn.write_tls(tcp)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
+        if let Self::Tls(tls) = self {
+            tls.1.send_close_notify();
+            let _ = self.flush_tls();
+        }
+        self.tcp().shutdown(how)
+    }
+
+    fn tcp(&mut self) -> &mut TcpStream {
+        match self {
+            Self::Plain(tcp) => tcp,
+            Self::Tls(tls) => &mut tls.0,
+        }
+    }
+}
+
+impl Read for ClientStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let (tcp, conn) = match self {
+            Self::Plain(tcp) => return tcp.read(buf),
+            Self::Tls(tls) => &mut **tls,
+        };
+        loop {
+            match conn.reader().read(buf) {
+                Ok(n) => return Ok(n), // 0: the server's close_notify
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            conn.read_tls(tcp)?; // 0 at EOF: the reader then says UnexpectedEof
+            let processed = conn.process_new_packets();
+            // What the records asked for (an alert, a key update) goes at once.
+            while conn.wants_write() {
+                if conn.write_tls(tcp).is_err() {
+                    break;
+                }
+            }
+            if let Err(e) = processed {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+            }
+        }
+    }
+}
+
+impl Write for ClientStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+
+    /// TLS: encrypts what rustls' send buffer (64 KiB) takes, then writes records until the
+    /// socket is full; what stays is written first next time.
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let (tcp, conn) = match self {
+            Self::Plain(tcp) => return tcp.write_vectored(bufs),
+            Self::Tls(tls) => &mut **tls,
+        };
+        while conn.wants_write() {
+            conn.write_tls(tcp)?;
+        }
+        let n = conn.writer().write_vectored(bufs)?;
+        while conn.wants_write() {
+            match conn.write_tls(tcp) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if n == 0 && bufs.iter().any(|b| !b.is_empty()) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.flush_tls()
+    }
+}
+
+impl mio::event::Source for ClientStream {
+    fn register(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        self.tcp().register(registry, token, interests)
+    }
+
+    fn reregister(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        self.tcp().reregister(registry, token, interests)
+    }
+
+    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
+        self.tcp().deregister(registry)
+    }
+}
+
+/// Accepts any certificate (`TlsRoots::Insecure`), but still checks that the handshake is
+/// signed by its key.
+#[derive(Debug)]
+struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

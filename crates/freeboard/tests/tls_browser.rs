@@ -1,0 +1,132 @@
+//! A real browser over `wss://`: headless Chromium (Debian's `chromium`, which `scripts/test`
+//! installs) opens a page that connects to freeboard over TLS, echoes text and binary
+//! messages (a small one and one of 100 KB that spans several TLS records), and reports the
+//! outcome on a second WebSocket. The test CA is not installed anywhere: Chromium trusts the
+//! server's key through `--ignore-certificate-errors-spki-list`.
+//!
+//! Skipped (with a message) when no `chromium` is on the PATH; `FREEBOARD_REQUIRE_BROWSER=1`
+//! turns the skip into a failure (CI sets it).
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::config;
+use freeboard::{Conn, Echo, Handler, Message, Router, Server, TlsConfig};
+use freeboard_test::tls::TestCa;
+
+/// Forwards every text message it gets to the test.
+struct Report(mpsc::Sender<String>);
+
+impl Handler for Report {
+    fn on_message(&mut self, _conn: &mut Conn<'_>, message: Message<'_>) {
+        let _ = self.0.send(message.as_text().unwrap_or("(binary)").to_owned());
+    }
+}
+
+const PAGE: &str = r#"<!doctype html><title>freeboard wss</title><script>
+const port = PORT;
+const report = (text) => {
+  const r = new WebSocket(`wss://localhost:${port}/report`);
+  r.onopen = () => { r.send(text); r.close(1000); };
+};
+const ws = new WebSocket(`wss://localhost:${port}/echo`);
+ws.binaryType = "arraybuffer";
+const big = new Uint8Array(100000).map((_, i) => (i * 7) & 255);
+const expected = ["hello from chromium", new Uint8Array([0, 1, 2, 255]), "x".repeat(70000), big];
+let next = 0;
+const same = (a, b) => {
+  if (typeof b === "string") return a === b;
+  if (!(a instanceof ArrayBuffer)) return false;
+  const u = new Uint8Array(a);
+  return u.length === b.length && u.every((v, i) => v === b[i]);
+};
+ws.onopen = () => ws.send(expected[0]);
+ws.onmessage = (event) => {
+  if (!same(event.data, expected[next])) { report(`FAIL message ${next}`); ws.close(); return; }
+  next += 1;
+  if (next === expected.length) { report("OK " + next); ws.close(1000); return; }
+  ws.send(expected[next]);
+};
+ws.onerror = () => report("FAIL error");
+</script>"#;
+
+#[test]
+fn chromium_echoes_text_and_binary_over_wss() {
+    let Some(chromium) =
+        ["chromium", "chromium-browser", "google-chrome"].into_iter().find(|name| {
+            Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success())
+        })
+    else {
+        assert!(std::env::var_os("FREEBOARD_REQUIRE_BROWSER").is_none(), "no chromium");
+        eprintln!("SKIPPED: no chromium on the PATH (apt-get install -y chromium)");
+        return;
+    };
+    let ca = TestCa::new("browser");
+    let mut config = config();
+    config.tls = Some(TlsConfig::new(ca.cert_pem(), ca.key_pem()));
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let server = Server::bind(config, move || {
+        let tx = tx.lock().unwrap().clone();
+        Router::new().route("/echo", Echo).route("/report", Report(tx))
+    })
+    .unwrap()
+    .spawn();
+    let port = server.tls_addr().unwrap().port();
+    let page = PAGE.replace("PORT", &port.to_string());
+    let profile = ca.dir().join("chromium-profile");
+    let mut browser = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
+            // The page is a data: URL (an opaque origin); Chromium's local network access
+            // checks would stop it from reaching 127.0.0.1.
+            "--disable-features=LocalNetworkAccessChecks,PrivateNetworkAccessSendPreflights,BlockInsecurePrivateNetworkRequests",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--ignore-certificate-errors-spki-list={}", ca.spki_sha256))
+        .arg(format!("data:text/html;base64,{}", base64_encode(page.as_bytes())))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let outcome = rx.recv_timeout(Duration::from_secs(60));
+    // Stop this browser (by its PID) before asserting.
+    let _ = browser.kill();
+    let _ = browser.wait();
+    let metrics = server.metrics();
+    let outcome = outcome.unwrap_or_else(|_| {
+        let text = metrics.encode();
+        let tls: Vec<&str> = text.lines().filter(|l| l.starts_with("freeboard_tls")).collect();
+        panic!("no report from chromium within 60 s; {}", tls.join("; "))
+    });
+    assert_eq!(outcome, "OK 4");
+    let metrics = server.metrics();
+    assert!(metrics.tls_handshakes() >= 2);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(TABLE[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
