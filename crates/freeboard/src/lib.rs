@@ -36,6 +36,8 @@ mod parking;
 mod server;
 mod session;
 mod topic_route;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 pub mod topics;
 mod transport;
 
