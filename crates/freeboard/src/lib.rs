@@ -35,9 +35,9 @@ pub mod metrics;
 mod parking;
 mod server;
 mod session;
-mod topic_route;
 #[cfg(feature = "tokio")]
 pub mod tokio;
+mod topic_route;
 pub mod topics;
 mod transport;
 

@@ -211,8 +211,6 @@ impl std::fmt::Debug for WebSocketUpgrade {
 /// Whether a comma-separated header has `token` (case-insensitive).
 fn has_token(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
     headers.get_all(name).iter().any(|value| {
-        value
-            .to_str()
-            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        value.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
     })
 }

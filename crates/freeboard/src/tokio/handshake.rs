@@ -129,7 +129,8 @@ async fn refuse_with<S: AsyncWrite + Unpin>(
     error: HandshakeError,
 ) -> AcceptError {
     let mut out = [0u8; 512];
-    let n = freeboard_proto::handshake::write_refusal(status, "", why, &mut out).unwrap_or_default();
+    let n =
+        freeboard_proto::handshake::write_refusal(status, "", why, &mut out).unwrap_or_default();
     if let Err(e) = io.write_all(&out[..n]).await {
         return AcceptError::Io(e);
     }

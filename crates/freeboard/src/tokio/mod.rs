@@ -136,16 +136,26 @@ impl EndpointConfig {
 }
 
 /// One connection's send queue settings and the subprotocols it may speak: per route.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WsConfig {
-    /// Send queue watermarks and hard cap. Default [`Watermarks::DEFAULT`].
+    /// Send queue watermarks and hard cap. Default as `freeboard serve`: 32 KiB low, 64 KiB
+    /// high, a cap of 16 MiB + 64 KiB (a largest message and then some).
     pub watermarks: Watermarks,
     /// What happens at the cap (and, while the pool is contended, past the connection's fair
-    /// share). Default [`SlowConsumerPolicy::Block`]: `send` answers `Blocked`.
+    /// share). Default as `freeboard serve`: [`SlowConsumerPolicy::Close`] (1008).
     pub policy: SlowConsumerPolicy,
     /// Subprotocols the server speaks, in order of preference.
     pub protocols: Vec<String>,
+}
+
+impl Default for WsConfig {
+    fn default() -> Self {
+        // NOTE(unwrap): 32 KiB <= 64 KiB <= 16 MiB + 64 KiB.
+        let watermarks = Watermarks::new(32 << 10, 64 << 10, (16 << 20) + (64 << 10))
+            .expect("ordered watermarks");
+        Self { watermarks, policy: SlowConsumerPolicy::Close, protocols: Vec::new() }
+    }
 }
 
 impl WsConfig {
@@ -303,9 +313,8 @@ impl Message {
         match kind {
             // NOTE: the core validated the text as it streamed (§8.1, 1007 otherwise).
             MessageKind::Text => Message::Text(
-                String::from_utf8(data).unwrap_or_else(|e| {
-                    String::from_utf8_lossy(e.as_bytes()).into_owned()
-                }),
+                String::from_utf8(data)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
             ),
             MessageKind::Binary => Message::Binary(data),
         }
@@ -847,9 +856,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
                 conn.session.park(&mut hub.lot);
                 return Poll::Pending;
             }
-            let mut bytes = hub.spare.pop().unwrap_or_else(|| {
-                vec![0u8; endpoint.read_buffer].into_boxed_slice()
-            });
+            let mut bytes = hub
+                .spare
+                .pop()
+                .unwrap_or_else(|| vec![0u8; endpoint.read_buffer].into_boxed_slice());
             hub.reading += 1;
             // The read is a system call: other connections may use the pool meanwhile.
             drop(hub);
