@@ -30,6 +30,12 @@ pub enum Peer {
     /// An epoll (mio) TCP fan-out with no WebSocket work, writing what one connection sends to
     /// every other: the physical limit of the broadcast experiment, and only there.
     RawTcpBroadcast,
+    /// An axum app echoing with axum's own `extract::ws` (tokio-tungstenite underneath), one
+    /// worker. Not in [`Peer::ALL`]: named with `--peers`.
+    AxumWs,
+    /// The same axum app upgraded to freeboard's tokio driver (`freeboard::tokio::axum`), one
+    /// worker. Not in [`Peer::ALL`]: named with `--peers`.
+    AxumFreeboard,
 }
 
 impl Peer {
@@ -54,12 +60,16 @@ impl Peer {
             Peer::Gorilla => "gorilla",
             Peer::NodeWsBroadcast => "node-ws-broadcast",
             Peer::RawTcpBroadcast => "raw-tcp-broadcast",
+            Peer::AxumWs => "axum-ws",
+            Peer::AxumFreeboard => "axum-freeboard",
         }
     }
 
     /// The peer called `name`.
     pub fn parse(name: &str) -> Result<Self, String> {
-        let all = Self::ALL.into_iter().chain([Peer::NodeWsBroadcast, Peer::RawTcpBroadcast]);
+        let others =
+            [Peer::NodeWsBroadcast, Peer::RawTcpBroadcast, Peer::AxumWs, Peer::AxumFreeboard];
+        let all = Self::ALL.into_iter().chain(others);
         all.clone().find(|p| p.name() == name).ok_or_else(|| {
             let names: Vec<_> = all.map(|p| p.name()).collect();
             format!("unknown peer {name:?}; known: {}", names.join(", "))
@@ -147,7 +157,9 @@ impl Peers {
             Peer::RawTcp
             | Peer::RawTcpBroadcast
             | Peer::TokioTungstenite
-            | Peer::Fastwebsockets => {}
+            | Peer::Fastwebsockets
+            | Peer::AxumWs
+            | Peer::AxumFreeboard => {}
         }
         let manifest = self.sources.join(peer.name()).join("Cargo.toml");
         let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
