@@ -198,7 +198,6 @@ struct Hub {
     /// Connections alive: each one's fair share of a contended pool divides by it.
     open: usize,
     /// Read buffers no connection holds.
-    #[expect(clippy::vec_box, reason = "the boxes move into connections as they are")]
     spare: Vec<Box<[u8]>>,
     /// Read buffers held by connections now.
     reading: usize,
