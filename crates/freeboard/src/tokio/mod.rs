@@ -813,11 +813,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
         }
         loop {
             let mut hub = endpoint.lock();
-            let _ = conn.write(&mut hub, task);
             let now = endpoint.now();
             if let Some(message) = conn.parse(&mut hub, now) {
+                // What the application queues while it takes the messages of one read leaves
+                // in one write once they are taken (or sooner, past the high watermark).
+                if !conn.session.queue().is_writable() {
+                    let _ = conn.write(&mut hub, task);
+                }
                 return Poll::Ready(Some(message));
             }
+            let _ = conn.write(&mut hub, task);
             if let Some(close) = conn.close.take() {
                 // Our answer to the peer's close leaves before the application hears of it.
                 let _ = conn.write(&mut hub, task);
