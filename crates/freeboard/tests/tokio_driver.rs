@@ -400,3 +400,44 @@ async fn axum_answers_503_when_the_budget_cannot_cover_a_connection() {
     .await
     .unwrap();
 }
+
+/// A send from another task while the reader waits for input: the reader is woken to write it.
+#[tokio::test]
+async fn a_send_while_the_reader_waits_is_written_by_the_reader() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, url) = listen().await;
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut reader, writer) =
+                accept(&listener, &endpoint, &WsConfig::default()).await.split();
+            let _ = ready_tx.send(writer);
+            while let Some(message) = reader.next().await {
+                if let Message::Close(_) = message {
+                    break;
+                }
+            }
+        });
+        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        let writer = ready_rx.await.unwrap();
+        // Let the reader park in its read.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let producer = tokio::spawn(async move {
+            for i in 0..10 {
+                assert_eq!(writer.send_text(&format!("n{i}")), SendOutcome::Queued);
+            }
+        });
+        producer.await.unwrap();
+        for i in 0..10 {
+            assert_eq!(client.next().await.unwrap().unwrap(), TMessage::text(format!("n{i}")));
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[test]
+fn an_endpoint_refuses_a_budget_below_sixteen_chunks() {
+    let error = Endpoint::new(EndpointConfig::default().memory(10 * 4096)).unwrap_err();
+    assert!(matches!(error, freeboard::config::ConfigError::Memory { .. }), "{error:?}");
+}

@@ -25,6 +25,9 @@
 //! ever been polled, at once inside `send`. Timers (close timeout, keep-alive) run while the
 //! reader is polled, as in every tokio WebSocket.
 //!
+//! Timers use tokio's time driver: build the runtime with it (`#[tokio::main]` and
+//! `Builder::enable_all` do).
+//!
 //! Idle connections hold no read buffer: a connection takes one of the endpoint's read
 //! buffers only while the socket has bytes for it, and gives it back as soon as they are
 //! parsed (a buffer stays with a connection only while messages it read wait for the
@@ -204,13 +207,19 @@ struct Hub {
 }
 
 impl Endpoint {
-    /// An endpoint with `config`'s budget; `Err` if the budget cannot hold a pool of its
-    /// chunk size.
+    /// An endpoint with `config`'s budget; `Err` if the chunk size is out of range or the
+    /// budget cannot hold 16 chunks.
     pub fn new(config: EndpointConfig) -> Result<Arc<Self>, ConfigError> {
+        let max = freeboard_buf::MAX_CHUNK_SIZE;
+        if config.chunk_size == 0 || config.chunk_size > max {
+            return Err(ConfigError::ChunkSize { given: config.chunk_size, max });
+        }
+        let needed = 16 * config.chunk_size;
         let pool_config = PoolConfig::new().with_chunk_size(config.chunk_size);
-        let pool = Pool::new(Budget::new(config.memory), pool_config).map_err(|_| {
-            ConfigError::ChunkSize { given: config.chunk_size, max: config.memory.max(1) }
-        })?;
+        let pool = match Pool::new(Budget::new(config.memory), pool_config) {
+            Ok(pool) if pool.chunks_total() >= 16 => pool,
+            _ => return Err(ConfigError::Memory { memory: config.memory, threads: 1, needed }),
+        };
         Ok(Arc::new(Self {
             hub: Mutex::new(Hub {
                 pool,
