@@ -22,8 +22,9 @@
 //! by the reader (a reader waiting for input is woken for it; a reader busy in its loop writes
 //! everything the loop queued in one write when it asks for the next message), by
 //! [`flush`](WebSocket::flush) or [`writable`](WebSocket::writable), or, when no reader has
-//! ever been polled, at once inside `send`. Timers (close timeout, keep-alive) run while the
-//! reader is polled, as in every tokio WebSocket.
+//! ever been polled (or its reader half was dropped), at once inside `send`. A task that
+//! keeps the reader but stops polling it must `flush` what it sends. Timers (close timeout,
+//! keep-alive) run while the reader is polled, as in every tokio WebSocket.
 //!
 //! Timers use tokio's time driver: build the runtime with it (`#[tokio::main]` and
 //! `Builder::enable_all` do).
@@ -656,8 +657,10 @@ impl<S> Clone for WsWriter<S> {
 
 impl<S> Drop for WsReader<S> {
     fn drop(&mut self) {
-        // Nobody reads any more: sends write for themselves.
-        self.shared.lock().reader = None;
+        // Nobody reads any more: the next send writes for itself, with what waits.
+        let mut conn = self.shared.lock();
+        conn.reader = None;
+        conn.write_requested = false;
     }
 }
 
