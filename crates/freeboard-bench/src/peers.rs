@@ -33,6 +33,12 @@ pub enum Peer {
     /// tokio-tungstenite over tokio-rustls (rustls on ring, as freeboard), on a one-worker
     /// multi-thread runtime: the peer of `--tls` runs, and only there.
     TokioTungsteniteRustls,
+    /// An axum app echoing with axum's own `extract::ws` (tokio-tungstenite underneath), one
+    /// worker. Not in [`Peer::ALL`]: named with `--peers`.
+    AxumWs,
+    /// The same axum app upgraded to freeboard's tokio driver (`freeboard::tokio::axum`), one
+    /// worker. Not in [`Peer::ALL`]: named with `--peers`.
+    AxumFreeboard,
 }
 
 impl Peer {
@@ -58,13 +64,21 @@ impl Peer {
             Peer::NodeWsBroadcast => "node-ws-broadcast",
             Peer::RawTcpBroadcast => "raw-tcp-broadcast",
             Peer::TokioTungsteniteRustls => "tokio-tungstenite-rustls",
+            Peer::AxumWs => "axum-ws",
+            Peer::AxumFreeboard => "axum-freeboard",
         }
     }
 
     /// The peer called `name`.
     pub fn parse(name: &str) -> Result<Self, String> {
-        let more = [Peer::NodeWsBroadcast, Peer::RawTcpBroadcast, Peer::TokioTungsteniteRustls];
-        let all = Self::ALL.into_iter().chain(more);
+        let others = [
+            Peer::NodeWsBroadcast,
+            Peer::RawTcpBroadcast,
+            Peer::TokioTungsteniteRustls,
+            Peer::AxumWs,
+            Peer::AxumFreeboard,
+        ];
+        let all = Self::ALL.into_iter().chain(others);
         all.clone().find(|p| p.name() == name).ok_or_else(|| {
             let names: Vec<_> = all.map(|p| p.name()).collect();
             format!("unknown peer {name:?}; known: {}", names.join(", "))
@@ -157,7 +171,9 @@ impl Peers {
             | Peer::RawTcpBroadcast
             | Peer::TokioTungstenite
             | Peer::TokioTungsteniteRustls
-            | Peer::Fastwebsockets => {}
+            | Peer::Fastwebsockets
+            | Peer::AxumWs
+            | Peer::AxumFreeboard => {}
         }
         let manifest = self.sources.join(peer.name()).join("Cargo.toml");
         let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))

@@ -38,6 +38,8 @@ mod proxy_header;
 mod server;
 mod session;
 pub mod tls;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 mod topic_route;
 pub mod topics;
 mod transport;

@@ -1,0 +1,332 @@
+//! The driver's turns: what the reader, a send and a flush do with the session and the
+//! transport.
+
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::sync::MutexGuard;
+use std::task::{self, Poll, Waker};
+use std::time::Duration;
+
+use ::tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use freeboard_buf::Writability;
+use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
+
+use super::endpoint::Hub;
+use super::{Conn, Error, IOV, Input, Message, SPARE_READ_BUFFERS, Shared};
+use crate::SendOutcome;
+use crate::client::CloseEvent;
+use crate::session::Received;
+
+impl<S> Shared<S> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Conn<S>> {
+        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(super) fn fmt(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let conn = self.lock();
+        f.debug_struct(name)
+            .field("state", &conn.session.state())
+            .field("buffered_amount", &conn.session.buffered())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
+    pub(super) fn send(&self, kind: MessageKind, data: &[u8]) -> SendOutcome {
+        let mut conn = self.lock();
+        let mut hub = self.endpoint.lock();
+        if conn.session.state() != State::Open {
+            return SendOutcome::Closed;
+        }
+        let (role, limits) = (conn.role, conn.limits);
+        let outcome =
+            conn.session.send(&mut hub.cx(role, &limits, self.endpoint.now()), kind, data);
+        conn.note_close();
+        conn.schedule_write(&mut hub);
+        outcome.map_or(SendOutcome::Closed, SendOutcome::from)
+    }
+
+    pub(super) fn close(&self, code: CloseCode, reason: &str) -> Result<(), Error> {
+        let mut conn = self.lock();
+        let mut hub = self.endpoint.lock();
+        if conn.session.state() != State::Open {
+            return Err(Error::Closed);
+        }
+        let (role, limits) = (conn.role, conn.limits);
+        let cx = &mut hub.cx(role, &limits, self.endpoint.now());
+        conn.session.close(cx, code, reason).map_err(Error::Usage)?;
+        conn.note_close();
+        conn.schedule_write(&mut hub);
+        Ok(())
+    }
+
+    pub(super) fn open_or_closed(&self) -> Result<(), Error> {
+        match self.lock().session.state() {
+            State::Open => Ok(()),
+            _ => Err(Error::Closed),
+        }
+    }
+
+    /// Writes until the queue is writable (`all`: empty), the transport cannot take more
+    /// now (`Pending`), or the connection can no longer write.
+    pub(super) fn poll_writable(&self, task: &mut task::Context<'_>, all: bool) -> Poll<()> {
+        let mut conn = self.lock();
+        let mut hub = self.endpoint.lock();
+        let written = conn.write(&mut hub, task);
+        let done = match conn.session.state() {
+            State::Closed => true,
+            _ if all => written.is_ready(),
+            _ => conn.session.queue().is_writable(),
+        };
+        if done {
+            return Poll::Ready(());
+        }
+        if !conn.writers.iter().any(|w| w.will_wake(task.waker())) {
+            conn.writers.push(task.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// The driver's turn for the reader: write what is queued, deliver what was read, run
+    /// the timers, read.
+    pub(super) fn poll_recv(&self, task: &mut task::Context<'_>) -> Poll<Option<Message>> {
+        let endpoint = &*self.endpoint;
+        let mut guard = self.lock();
+        let conn = &mut *guard;
+        if conn.reader.as_ref().is_none_or(|w| !w.will_wake(task.waker())) {
+            conn.reader = Some(task.waker().clone());
+        }
+        loop {
+            let mut hub = endpoint.lock();
+            let now = endpoint.now();
+            if let Some(message) = conn.parse(&mut hub, now) {
+                // What the application queues while it takes the messages of one read leaves
+                // in one write once they are taken (or sooner, past the high watermark).
+                if !conn.session.queue().is_writable() {
+                    let _ = conn.write(&mut hub, task);
+                }
+                return Poll::Ready(Some(message));
+            }
+            let _ = conn.write(&mut hub, task);
+            if let Some(close) = conn.close.take() {
+                // Our answer to the peer's close leaves before the application hears of it.
+                let _ = conn.write(&mut hub, task);
+                conn.ended = true;
+                conn.release_input(&mut hub);
+                return Poll::Ready(Some(Message::Close(close)));
+            }
+            if conn.ended || conn.session.state() == State::Closed {
+                conn.ended = true;
+                return Poll::Ready(None);
+            }
+            let (role, limits) = (conn.role, conn.limits);
+            if let Some(at) = conn.session.poll_timeout() {
+                if at <= now {
+                    conn.session.handle_timeout(&mut hub.cx(role, &limits, now));
+                    conn.note_close();
+                    continue;
+                }
+                let deadline = endpoint.start + Duration::from_millis(at.as_millis());
+                let timer = match &mut conn.timer {
+                    Some(timer) => {
+                        if timer.deadline() != deadline {
+                            timer.as_mut().reset(deadline);
+                        }
+                        timer
+                    }
+                    None => conn.timer.insert(Box::pin(::tokio::time::sleep_until(deadline))),
+                };
+                if timer.as_mut().poll(task).is_ready() {
+                    continue;
+                }
+            }
+            if !conn.session.wants_input() {
+                // Paused above the high watermark: the write that drains the queue wakes us.
+                conn.session.park(&mut hub.lot);
+                return Poll::Pending;
+            }
+            let mut bytes = hub
+                .spare
+                .pop()
+                .unwrap_or_else(|| vec![0u8; endpoint.read_buffer].into_boxed_slice());
+            hub.reading += 1;
+            // The read is a system call: other connections may use the pool meanwhile.
+            drop(hub);
+            let mut buf = ReadBuf::new(&mut bytes);
+            let read = Pin::new(&mut conn.io).poll_read(task, &mut buf);
+            let n = buf.filled().len();
+            let mut hub = endpoint.lock();
+            match read {
+                Poll::Ready(Ok(())) if n > 0 => {
+                    conn.input = Some(Input { bytes, at: 0, end: n });
+                }
+                Poll::Ready(result) => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "read failed");
+                    }
+                    hub.give_back(bytes);
+                    conn.session.handle_eof(&mut hub.cx(role, &limits, now));
+                    conn.note_close();
+                }
+                Poll::Pending => {
+                    hub.give_back(bytes);
+                    conn.session.park(&mut hub.lot);
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+impl Hub {
+    pub(super) fn give_back(&mut self, bytes: Box<[u8]>) {
+        self.reading -= 1;
+        if self.spare.len() < SPARE_READ_BUFFERS {
+            self.spare.push(bytes);
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    /// Parses read bytes until a message completes or they are used up (then the buffer goes
+    /// back to the endpoint).
+    pub(super) fn parse(&mut self, hub: &mut Hub, now: Instant) -> Option<Message> {
+        let input = self.input.as_mut()?;
+        while input.at < input.end && self.close.is_none() {
+            let cx = &mut hub.cx(self.role, &self.limits, now);
+            let (used, received) = self.session.receive(cx, &mut input.bytes[input.at..input.end]);
+            input.at += used;
+            let message = match received {
+                None => None,
+                Some(Received::Whole(kind, data)) => Some(Message::received(kind, data.to_vec())),
+                Some(Received::Assembled(kind)) => {
+                    let mut chain = self.session.take_message();
+                    let mut data = Vec::with_capacity(chain.len());
+                    chain.segments(&hub.pool).for_each(|s| data.extend_from_slice(s));
+                    chain.clear(&mut hub.pool);
+                    Some(Message::received(kind, data))
+                }
+            };
+            if let Some(closed) = self.session.poll_close() {
+                self.close = Some(close_event(&closed));
+            }
+            if message.is_some() {
+                if input.at == input.end {
+                    self.release_input(hub);
+                }
+                return message;
+            }
+        }
+        self.release_input(hub);
+        None
+    }
+
+    pub(super) fn release_input(&mut self, hub: &mut Hub) {
+        if let Some(input) = self.input.take() {
+            hub.give_back(input.bytes);
+        }
+    }
+
+    /// Keeps the session's close, once reported, for the reader.
+    pub(super) fn note_close(&mut self) {
+        if let Some(closed) = self.session.poll_close() {
+            self.close = Some(close_event(&closed));
+        }
+    }
+
+    /// After a send or a close queued bytes: the reader writes them at its next turn (woken
+    /// if it waits); without a reader they are written now, as far as the transport takes
+    /// them.
+    pub(super) fn schedule_write(&mut self, hub: &mut Hub) {
+        if self.session.buffered() == 0 || self.write_requested {
+            return;
+        }
+        if let Some(reader) = &self.reader {
+            self.write_requested = true;
+            reader.wake_by_ref();
+        } else if let Some(writer) = self.writers.first() {
+            // A task waits in `writable` or `flush` with the transport's write interest.
+            writer.wake_by_ref();
+        } else {
+            let _ = self.write(hub, &mut task::Context::from_waker(Waker::noop()));
+        }
+    }
+
+    /// Writes the queued bytes in vectored writes until the queue is empty (`Ready`) or the
+    /// transport would block (`Pending`, its write interest registered for `task`). Wakes
+    /// the reader and writers at a watermark crossing. After the close handshake the
+    /// server's writing side is shut down once everything is out (§7.1.1).
+    pub(super) fn write(&mut self, hub: &mut Hub, task: &mut task::Context<'_>) -> Poll<()> {
+        self.write_requested = false;
+        let mut result = Poll::Ready(());
+        while self.session.buffered() > 0 {
+            let written = {
+                let mut iov = [IoSlice::new(&[]); IOV];
+                let n = self.session.io_slices(&hub.pool, &mut iov);
+                Pin::new(&mut self.io).poll_write_vectored(task, &iov[..n])
+            };
+            match written {
+                Poll::Ready(Ok(n)) if n > 0 => self.session.consume(&mut hub.pool, n),
+                Poll::Ready(result) => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "write failed");
+                    }
+                    let cx = &mut hub.cx(self.role, &self.limits, Instant::default());
+                    self.session.handle_eof(cx);
+                    self.session.clear_queue(&mut hub.pool);
+                    self.note_close();
+                    self.wake_all();
+                    break;
+                }
+                Poll::Pending => {
+                    result = Poll::Pending;
+                    break;
+                }
+            }
+        }
+        if result.is_ready() && Pin::new(&mut self.io).poll_flush(task).is_pending() {
+            result = Poll::Pending;
+        }
+        if let Some(Writability::Writable) = self.session.take_writability() {
+            self.wake_all();
+        }
+        if result.is_ready() {
+            for writer in self.writers.drain(..) {
+                writer.wake();
+            }
+            if self.session.state() == State::Closed && !self.shut_down && self.role == Role::Server
+            {
+                match Pin::new(&mut self.io).poll_shutdown(task) {
+                    Poll::Ready(_) => self.shut_down = true,
+                    Poll::Pending => result = Poll::Pending,
+                }
+            }
+        }
+        result
+    }
+
+    pub(super) fn wake_all(&mut self) {
+        if let Some(reader) = &self.reader {
+            reader.wake_by_ref();
+        }
+        for writer in self.writers.drain(..) {
+            writer.wake();
+        }
+    }
+}
+
+impl<S> Drop for Shared<S> {
+    fn drop(&mut self) {
+        let conn = self.conn.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut hub = self.endpoint.lock();
+        conn.session.release(&mut hub.pool);
+        if let Some(input) = conn.input.take() {
+            hub.give_back(input.bytes);
+        }
+        hub.open -= 1;
+    }
+}
+
+fn close_event(closed: &crate::session::Closed) -> CloseEvent {
+    CloseEvent { code: closed.code, reason: closed.reason().to_owned(), was_clean: closed.clean }
+}

@@ -1,0 +1,231 @@
+//! The memory every connection of a tokio service shares ([`Endpoint`]) and the settings of
+//! the endpoint and of each route.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use freeboard_buf::{Budget, Counters, Pool, PoolConfig};
+use freeboard_proto::{Instant, Role};
+
+use crate::config::ConfigError;
+use crate::parking::ParkingLot;
+use crate::session::{Context, MaskSource, Reassembly, Share};
+use crate::{SlowConsumerPolicy, Watermarks};
+
+/// The budget and limits every connection of an [`Endpoint`] shares. One
+/// `#[non_exhaustive]` struct: start from [`default`](Self::default) and set fields.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct EndpointConfig {
+    /// Bytes of the chunk pool every connection's send queue and partial messages come from.
+    /// Default 64 MiB.
+    pub memory: usize,
+    /// Pool chunk size. Default 4 KiB.
+    pub chunk_size: usize,
+    /// Bytes of one read buffer (a connection holds one only while it has unread input).
+    /// Default 16 KiB.
+    pub read_buffer: usize,
+    /// Free pool bytes an upgrade needs ([`Endpoint::has_room`]; the axum extractor answers
+    /// 503 below it), and twice what a message arriving in pieces must leave free (else close
+    /// 1013). Default 64 KiB.
+    pub connection_reserve: usize,
+    /// The protocol limits and timers of every connection: `max_message_size`,
+    /// `close_timeout`, keep-alive `ping_interval` and `pong_timeout`.
+    pub protocol: freeboard_proto::Config,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        Self {
+            memory: 64 << 20,
+            chunk_size: 4096,
+            read_buffer: 16 << 10,
+            connection_reserve: 64 << 10,
+            protocol: freeboard_proto::Config::DEFAULT,
+        }
+    }
+}
+
+impl EndpointConfig {
+    /// Sets [`memory`](Self::memory).
+    pub fn memory(mut self, bytes: usize) -> Self {
+        self.memory = bytes;
+        self
+    }
+
+    /// Sets [`protocol`](Self::protocol).
+    pub fn protocol(mut self, protocol: freeboard_proto::Config) -> Self {
+        self.protocol = protocol;
+        self
+    }
+
+    /// Sets [`connection_reserve`](Self::connection_reserve).
+    pub fn connection_reserve(mut self, bytes: usize) -> Self {
+        self.connection_reserve = bytes;
+        self
+    }
+}
+
+/// One connection's send queue settings and the subprotocols it may speak: per route.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct WsConfig {
+    /// Send queue watermarks and hard cap. Default as `freeboard serve`: 32 KiB low, 64 KiB
+    /// high, a cap of 16 MiB + 64 KiB (a largest message and then some).
+    pub watermarks: Watermarks,
+    /// What happens at the cap (and, while the pool is contended, past the connection's fair
+    /// share). Default as `freeboard serve`: [`SlowConsumerPolicy::Close`] (1008).
+    pub policy: SlowConsumerPolicy,
+    /// Subprotocols the server speaks, in order of preference.
+    pub protocols: Vec<String>,
+}
+
+impl Default for WsConfig {
+    fn default() -> Self {
+        // NOTE(unwrap): 32 KiB <= 64 KiB <= 16 MiB + 64 KiB.
+        let watermarks = Watermarks::new(32 << 10, 64 << 10, (16 << 20) + (64 << 10))
+            .expect("ordered watermarks");
+        Self { watermarks, policy: SlowConsumerPolicy::Close, protocols: Vec::new() }
+    }
+}
+
+impl WsConfig {
+    /// Sets [`watermarks`](Self::watermarks).
+    pub fn watermarks(mut self, watermarks: Watermarks) -> Self {
+        self.watermarks = watermarks;
+        self
+    }
+
+    /// Sets [`policy`](Self::policy).
+    pub fn policy(mut self, policy: SlowConsumerPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets [`protocols`](Self::protocols).
+    pub fn protocols<I: IntoIterator<Item = S>, S: Into<String>>(mut self, protocols: I) -> Self {
+        self.protocols = protocols.into_iter().map(Into::into).collect();
+        self
+    }
+}
+
+/// The memory every connection of a tokio service shares: one chunk pool carved from one
+/// budget, the parked protocol states, spare read buffers. Cheap to share (`Arc`); any task
+/// of any runtime thread may use it.
+pub struct Endpoint {
+    hub: Mutex<Hub>,
+    pub(super) protocol: freeboard_proto::Config,
+    pub(super) read_buffer: usize,
+    pub(super) reserve: usize,
+    /// The session's clock starts here.
+    pub(super) start: ::tokio::time::Instant,
+}
+
+/// What an endpoint lends its connections, behind one lock.
+pub(super) struct Hub {
+    pub(super) pool: Pool<'static>,
+    pub(super) lot: ParkingLot,
+    pub(super) masks: MaskSource,
+    /// Connections alive: each one's fair share of a contended pool divides by it.
+    pub(super) open: usize,
+    /// The pool share as of the last call.
+    share: Share,
+    /// Read buffers no connection holds.
+    pub(super) spare: Vec<Box<[u8]>>,
+    /// Read buffers held by connections now.
+    pub(super) reading: usize,
+}
+
+impl Endpoint {
+    /// An endpoint with `config`'s budget; `Err` if the chunk size is out of range or the
+    /// budget cannot hold 16 chunks.
+    pub fn new(config: EndpointConfig) -> Result<Arc<Self>, ConfigError> {
+        let max = freeboard_buf::MAX_CHUNK_SIZE;
+        if config.chunk_size == 0 || config.chunk_size > max {
+            return Err(ConfigError::ChunkSize { given: config.chunk_size, max });
+        }
+        let needed = 16 * config.chunk_size;
+        let pool_config = PoolConfig::new().with_chunk_size(config.chunk_size);
+        let pool = match Pool::new(Budget::new(config.memory), pool_config) {
+            Ok(pool) if pool.chunks_total() >= 16 => pool,
+            _ => return Err(ConfigError::Memory { memory: config.memory, threads: 1, needed }),
+        };
+        Ok(Arc::new(Self {
+            hub: Mutex::new(Hub {
+                share: Share::new(&pool, 1),
+                pool,
+                lot: ParkingLot::new(config.protocol),
+                masks: MaskSource::new(),
+                open: 0,
+                spare: Vec::new(),
+                reading: 0,
+            }),
+            protocol: config.protocol,
+            read_buffer: config.read_buffer.max(1024),
+            reserve: config.connection_reserve,
+            start: ::tokio::time::Instant::now(),
+        }))
+    }
+
+    /// Whether the pool has a connection's reserve free: admit a new connection only then.
+    pub fn has_room(&self) -> bool {
+        let hub = self.lock();
+        hub.pool.chunks_free() * hub.pool.chunk_size() >= self.reserve
+    }
+
+    /// The pool's counters: budget, chunks in use and their high water, allocation failures.
+    pub fn counters(&self) -> Counters {
+        self.lock().pool.counters()
+    }
+
+    /// Connections alive on this endpoint.
+    pub fn connections(&self) -> usize {
+        self.lock().open
+    }
+
+    /// Read buffers held by connections now (each [`EndpointConfig::read_buffer`] bytes; an
+    /// idle connection holds none).
+    pub fn read_buffers_in_use(&self) -> usize {
+        self.lock().reading
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Hub> {
+        // A panic in another connection's call leaves the pool consistent (every change to it
+        // is one call of freeboard-buf): go on.
+        self.hub.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(super) fn now(&self) -> Instant {
+        Instant::from_millis(self.start.elapsed().as_millis() as u64)
+    }
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hub = self.lock();
+        f.debug_struct("Endpoint")
+            .field("connections", &hub.open)
+            .field("chunks_in_use", &hub.pool.chunks_in_use())
+            .field("read_buffers_in_use", &hub.reading)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hub {
+    /// What a session borrows for one call.
+    pub(super) fn cx<'a>(
+        &'a mut self,
+        role: Role,
+        limits: &'a Reassembly,
+        now: Instant,
+    ) -> Context<'a> {
+        self.share = Share::new(&self.pool, self.open);
+        Context {
+            pool: &mut self.pool,
+            lot: &mut self.lot,
+            masks: if role == Role::Client { Some(&mut self.masks) } else { None },
+            limits,
+            share: &self.share,
+            now,
+        }
+    }
+}

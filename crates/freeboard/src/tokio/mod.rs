@@ -1,0 +1,533 @@
+//! The tokio driver: freeboard's session under tokio, so a service that already runs on tokio
+//! (axum, hyper, tonic…) gets bounded WebSockets without moving onto freeboard's own loops.
+//!
+//! It is one more driver of the same sans-IO session as the server's event loop and the
+//! clients: it moves bytes between an `AsyncRead + AsyncWrite` and the session, and time
+//! between tokio's clock and the session's timers. Everything else — framing, reassembly
+//! under limits, the send queue's watermarks and slow-consumer policy, the close handshake,
+//! keep-alive pings — is the session's.
+//!
+//! - An [`Endpoint`] is one memory budget shared by every connection it serves: one chunk pool
+//!   for all their send queues and partial messages, one parking lot for idle protocol state.
+//! - A [`WebSocket`] is one connection over any `AsyncRead + AsyncWrite + Unpin` (a
+//!   `TcpStream`, a TLS stream, a Unix socket, hyper's upgraded connection). It is a
+//!   [`Stream`](futures_core::Stream) of [`Message`]s and a [`Sink`](futures_sink::Sink) of
+//!   them, and has the browser's calls: [`send`](WebSocket::send) reports at once what the
+//!   queue did ([`SendOutcome`]), [`buffered_amount`](WebSocket::buffered_amount) is O(1),
+//!   [`writable`](WebSocket::writable) waits for the low watermark.
+//!   [`split`](WebSocket::split) gives a [`WsReader`] and a cloneable [`WsWriter`].
+//!
+//! Who writes: a send only queues (copying the payload into pool chunks, masked for a
+//! client). The queued bytes leave in one vectored write when the connection is next polled —
+//! by the reader (a reader waiting for input is woken for it; a reader busy in its loop writes
+//! everything the loop queued in one write when it asks for the next message), by
+//! [`flush`](WebSocket::flush) or [`writable`](WebSocket::writable), or, when no reader has
+//! ever been polled (or its reader half was dropped), at once inside `send`. A task that
+//! keeps the reader but stops polling it must `flush` what it sends. Timers (close timeout,
+//! keep-alive) run while the reader is polled, as in every tokio WebSocket.
+//!
+//! Timers use tokio's time driver: build the runtime with it (`#[tokio::main]` and
+//! `Builder::enable_all` do).
+//!
+//! Idle connections hold no read buffer: a connection takes one of the endpoint's read
+//! buffers only while the socket has bytes for it, and gives it back as soon as they are
+//! parsed (a buffer stays with a connection only while messages it read wait for the
+//! application). Their protocol state parks in 24 bytes as on the server.
+//!
+//! ```no_run
+//! # async fn run() -> std::io::Result<()> {
+//! use freeboard::tokio::{Endpoint, EndpointConfig, Message, WebSocket, WsConfig};
+//! use futures_util::StreamExt;
+//!
+//! let endpoint = Endpoint::new(EndpointConfig::default()).expect("a valid budget");
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let (stream, _) = listener.accept().await?;
+//! let mut ws = WebSocket::accept(stream, &endpoint, &WsConfig::default()).await?;
+//! while let Some(message) = ws.next().await {
+//!     match message {
+//!         Message::Close(_) => break,
+//!         message => {
+//!             let _ = ws.send(message); // a SendOutcome: Queued, QueuedAboveHigh, Dropped…
+//!         }
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{self, Poll, Waker};
+
+use ::tokio::io::{AsyncRead, AsyncWrite};
+use ::tokio::time::Sleep;
+use freeboard_buf::SendQueue;
+use freeboard_proto::{CloseCode, MessageKind, Role, State, UsageError};
+
+use crate::SendOutcome;
+use crate::client::CloseEvent;
+use crate::parking::Ws;
+use crate::session::{Reassembly, Session};
+
+#[cfg(feature = "axum")]
+pub mod axum;
+mod driver;
+mod endpoint;
+mod handshake;
+
+pub use endpoint::{Endpoint, EndpointConfig, WsConfig};
+pub use handshake::AcceptError;
+
+/// Slices gathered for one vectored write.
+const IOV: usize = 64;
+/// Read buffers an endpoint keeps for the next readable connection.
+const SPARE_READ_BUFFERS: usize = 64;
+
+/// A whole received message, or the close that ends the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// A text message (validated UTF-8).
+    Text(String),
+    /// A binary message.
+    Binary(Vec<u8>),
+    /// The connection closed: the last item of the stream. Code 1006 if the transport ended
+    /// before the close handshake.
+    Close(CloseEvent),
+}
+
+impl Message {
+    /// The kind and bytes of a data message; `None` for `Close`.
+    pub fn as_data(&self) -> Option<(MessageKind, &[u8])> {
+        match self {
+            Message::Text(text) => Some((MessageKind::Text, text.as_bytes())),
+            Message::Binary(bytes) => Some((MessageKind::Binary, bytes)),
+            Message::Close(_) => None,
+        }
+    }
+
+    fn received(kind: MessageKind, data: Vec<u8>) -> Self {
+        match kind {
+            // NOTE: the core validated the text as it streamed (§8.1, 1007 otherwise).
+            MessageKind::Text => Message::Text(
+                String::from_utf8(data)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+            ),
+            MessageKind::Binary => Message::Binary(data),
+        }
+    }
+}
+
+impl From<String> for Message {
+    fn from(text: String) -> Self {
+        Message::Text(text)
+    }
+}
+
+impl From<&str> for Message {
+    fn from(text: &str) -> Self {
+        Message::Text(text.to_owned())
+    }
+}
+
+impl From<Vec<u8>> for Message {
+    fn from(bytes: Vec<u8>) -> Self {
+        Message::Binary(bytes)
+    }
+}
+
+/// Why a [`Sink`](futures_sink::Sink) send or a close failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The connection is closing or closed.
+    Closed,
+    /// The message was a `Close`: close with [`WebSocket::close`], which takes a code.
+    NotData,
+    /// The protocol forbids the call (a close code that may not be sent, a reason over 123
+    /// bytes).
+    Usage(UsageError),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Closed => f.write_str("the WebSocket is closing or closed"),
+            Error::NotData => f.write_str("a Close is sent with WebSocket::close"),
+            Error::Usage(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// A WebSocket connection over `S`, driven by freeboard's session; see the
+/// [module docs](self).
+pub struct WebSocket<S> {
+    shared: Arc<Shared<S>>,
+}
+
+/// The reading half of a [`WebSocket`] ([`WebSocket::split`]): a stream of messages; it also
+/// runs the connection's timers and writes what is queued when polled.
+pub struct WsReader<S> {
+    shared: Arc<Shared<S>>,
+}
+
+/// The sending half of a [`WebSocket`] ([`WebSocket::split`]); clone it for more producers.
+pub struct WsWriter<S> {
+    shared: Arc<Shared<S>>,
+}
+
+/// One connection: its state behind a lock both halves take for the length of one call
+/// (never across an `.await`), and the endpoint it draws from. Lock order: `conn`, then the
+/// endpoint's hub.
+struct Shared<S> {
+    endpoint: Arc<Endpoint>,
+    conn: Mutex<Conn<S>>,
+}
+
+struct Conn<S> {
+    io: S,
+    session: Session,
+    role: Role,
+    limits: Reassembly,
+    protocol: Option<String>,
+    /// Read bytes not yet parsed, in a buffer lent by the endpoint. `None` when idle.
+    input: Option<Input>,
+    /// The close the session reported, until the reader takes it.
+    close: Option<CloseEvent>,
+    /// The close was delivered: the stream has ended.
+    ended: bool,
+    /// Our writing side is shut down (after the close handshake).
+    shut_down: bool,
+    /// The session's next deadline, armed while it has one.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// The task reading, if a reader was ever polled: woken to write what sends queued.
+    reader: Option<Waker>,
+    /// The reader was woken to write and has not yet.
+    write_requested: bool,
+    /// Tasks waiting in `writable` or `flush`.
+    writers: Vec<Waker>,
+}
+
+/// Read bytes `bytes[at..end]` waiting to be parsed.
+struct Input {
+    bytes: Box<[u8]>,
+    at: usize,
+    end: usize,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
+    /// A server connection over `io` whose opening handshake is done (the `101` was sent, as
+    /// by hyper's upgrade), speaking `protocol` if one was chosen.
+    pub fn from_upgraded(
+        io: S,
+        endpoint: &Arc<Endpoint>,
+        config: &WsConfig,
+        protocol: Option<String>,
+    ) -> Self {
+        let limits = Reassembly::server(endpoint.reserve);
+        Self::open(io, endpoint, config, Role::Server, limits, protocol)
+    }
+
+    /// A client connection over `io` whose opening handshake is done: every frame it sends
+    /// is masked with a fresh key (§5.3), and a message larger than the pool can hold is
+    /// refused with 1009.
+    pub fn client_from_upgraded(
+        io: S,
+        endpoint: &Arc<Endpoint>,
+        config: &WsConfig,
+        protocol: Option<String>,
+    ) -> Self {
+        Self::open(io, endpoint, config, Role::Client, Reassembly::CLIENT, protocol)
+    }
+
+    /// Reads an upgrade request from `io`, answers `101 Switching Protocols` (or refuses
+    /// with its HTTP status and `Err`) and returns the server connection. For a bare tokio
+    /// listener; behind axum use [`axum::WebSocketUpgrade`](crate::tokio::axum).
+    pub async fn accept(
+        mut io: S,
+        endpoint: &Arc<Endpoint>,
+        config: &WsConfig,
+    ) -> Result<Self, AcceptError> {
+        let (protocol, leftover) = handshake::accept(&mut io, endpoint, config).await?;
+        let ws = Self::from_upgraded(io, endpoint, config, protocol);
+        if !leftover.is_empty() {
+            // Frames the client sent right behind its request.
+            let mut conn = ws.shared.lock();
+            let mut bytes = endpoint.lock().spare.pop().unwrap_or_else(|| {
+                vec![0u8; endpoint.read_buffer.max(leftover.len())].into_boxed_slice()
+            });
+            if bytes.len() < leftover.len() {
+                bytes = vec![0u8; leftover.len()].into_boxed_slice();
+            }
+            bytes[..leftover.len()].copy_from_slice(&leftover);
+            endpoint.lock().reading += 1;
+            conn.input = Some(Input { bytes, at: 0, end: leftover.len() });
+        }
+        Ok(ws)
+    }
+
+    fn open(
+        io: S,
+        endpoint: &Arc<Endpoint>,
+        config: &WsConfig,
+        role: Role,
+        limits: Reassembly,
+        protocol: Option<String>,
+    ) -> Self {
+        let now = endpoint.now();
+        let ws = Ws::new(role, &endpoint.protocol, now);
+        let queue = SendQueue::new(config.watermarks, config.policy);
+        endpoint.lock().open += 1;
+        let conn = Conn {
+            io,
+            session: Session::open(ws, queue),
+            role,
+            limits,
+            protocol,
+            input: None,
+            close: None,
+            ended: false,
+            shut_down: false,
+            timer: None,
+            reader: None,
+            write_requested: false,
+            writers: Vec::new(),
+        };
+        Self { shared: Arc::new(Shared { endpoint: Arc::clone(endpoint), conn: Mutex::new(conn) }) }
+    }
+
+    /// Splits the connection into a reader (a stream of messages) and a writer (cloneable);
+    /// the connection lives until both are dropped.
+    pub fn split(self) -> (WsReader<S>, WsWriter<S>) {
+        (WsReader { shared: Arc::clone(&self.shared) }, WsWriter { shared: self.shared })
+    }
+
+    /// The next message; `Message::Close` is the last one, then `None`.
+    pub async fn recv(&mut self) -> Option<Message> {
+        poll_fn(|task| self.shared.poll_recv(task)).await
+    }
+
+    /// Queues a message (copied into pool chunks) and says what the queue did with it:
+    /// `Queued`, `QueuedAboveHigh` (slow down: await [`writable`](Self::writable)),
+    /// `Dropped` (the policy dropped it or older ones; counted), `Blocked` (the `block`
+    /// policy: not queued, retry after `writable`), `Closed`. A `Close` message is `Closed`.
+    pub fn send(&self, message: Message) -> SendOutcome {
+        match message.as_data() {
+            Some((kind, data)) => self.shared.send(kind, data),
+            None => SendOutcome::Closed,
+        }
+    }
+
+    /// Queues a text message; see [`send`](Self::send).
+    pub fn send_text(&self, text: &str) -> SendOutcome {
+        self.shared.send(MessageKind::Text, text.as_bytes())
+    }
+
+    /// Queues a binary message; see [`send`](Self::send).
+    pub fn send_binary(&self, data: &[u8]) -> SendOutcome {
+        self.shared.send(MessageKind::Binary, data)
+    }
+
+    /// Bytes queued and not yet written (`bufferedAmount`). O(1).
+    pub fn buffered_amount(&self) -> usize {
+        self.shared.lock().session.buffered()
+    }
+
+    /// Whether the queue is at or under its low watermark since it last rose above the high
+    /// one (or never did).
+    pub fn is_writable(&self) -> bool {
+        self.shared.lock().session.queue().is_writable()
+    }
+
+    /// Writes what is queued until the queue is writable again (at or under its low
+    /// watermark), or the connection closed.
+    pub async fn writable(&self) {
+        poll_fn(|task| self.shared.poll_writable(task, false)).await
+    }
+
+    /// Writes everything queued (or until the connection can no longer write).
+    pub async fn flush(&self) {
+        poll_fn(|task| self.shared.poll_writable(task, true)).await
+    }
+
+    /// Starts the close handshake with `code` (1000, 1001, 1008, 1011, 3000–4999…) and
+    /// `reason` (at most 123 bytes). The reader's stream ends with the peer's answer (or 1006
+    /// after the close timeout).
+    pub fn close(&self, code: CloseCode, reason: &str) -> Result<(), Error> {
+        self.shared.close(code, reason)
+    }
+
+    /// The subprotocol agreed in the handshake.
+    pub fn protocol(&self) -> Option<String> {
+        self.shared.lock().protocol.clone()
+    }
+
+    /// The endpoint this connection draws from.
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.shared.endpoint
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> WsReader<S> {
+    /// The next message; `Message::Close` is the last one, then `None`.
+    pub async fn recv(&mut self) -> Option<Message> {
+        poll_fn(|task| self.shared.poll_recv(task)).await
+    }
+
+    /// Puts the halves back together; `Err` gives them back if they are not of one
+    /// connection.
+    pub fn reunite(self, writer: WsWriter<S>) -> Result<WebSocket<S>, (Self, WsWriter<S>)> {
+        if Arc::ptr_eq(&self.shared, &writer.shared) {
+            Ok(WebSocket { shared: writer.shared })
+        } else {
+            Err((self, writer))
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
+    /// See [`WebSocket::send`].
+    pub fn send(&self, message: Message) -> SendOutcome {
+        match message.as_data() {
+            Some((kind, data)) => self.shared.send(kind, data),
+            None => SendOutcome::Closed,
+        }
+    }
+
+    /// See [`WebSocket::send_text`].
+    pub fn send_text(&self, text: &str) -> SendOutcome {
+        self.shared.send(MessageKind::Text, text.as_bytes())
+    }
+
+    /// See [`WebSocket::send_binary`].
+    pub fn send_binary(&self, data: &[u8]) -> SendOutcome {
+        self.shared.send(MessageKind::Binary, data)
+    }
+
+    /// See [`WebSocket::buffered_amount`].
+    pub fn buffered_amount(&self) -> usize {
+        self.shared.lock().session.buffered()
+    }
+
+    /// See [`WebSocket::is_writable`].
+    pub fn is_writable(&self) -> bool {
+        self.shared.lock().session.queue().is_writable()
+    }
+
+    /// See [`WebSocket::writable`].
+    pub async fn writable(&self) {
+        poll_fn(|task| self.shared.poll_writable(task, false)).await
+    }
+
+    /// See [`WebSocket::flush`].
+    pub async fn flush(&self) {
+        poll_fn(|task| self.shared.poll_writable(task, true)).await
+    }
+
+    /// See [`WebSocket::close`].
+    pub fn close(&self, code: CloseCode, reason: &str) -> Result<(), Error> {
+        self.shared.close(code, reason)
+    }
+
+    /// Whether `other` sends on the same connection.
+    pub fn same_connection(&self, other: &WsWriter<S>) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+impl<S> Clone for WsWriter<S> {
+    fn clone(&self) -> Self {
+        Self { shared: Arc::clone(&self.shared) }
+    }
+}
+
+impl<S> Drop for WsReader<S> {
+    fn drop(&mut self) {
+        // Nobody reads any more: the next send writes for itself, with what waits.
+        let mut conn = self.shared.lock();
+        conn.reader = None;
+        conn.write_requested = false;
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> futures_core::Stream for WebSocket<S> {
+    type Item = Message;
+
+    fn poll_next(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Option<Message>> {
+        self.shared.poll_recv(task)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> futures_core::Stream for WsReader<S> {
+    type Item = Message;
+
+    fn poll_next(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Option<Message>> {
+        self.shared.poll_recv(task)
+    }
+}
+
+/// The `Sink` of the futures ecosystem: `poll_ready` waits for the queue to be writable,
+/// `start_send` queues (a message the policy drops is not an error: it is counted, and
+/// [`send`](WebSocket::send) reports it), `poll_flush` writes everything, `poll_close` closes
+/// with 1000.
+macro_rules! sink {
+    ($type:ident) => {
+        impl<S: AsyncRead + AsyncWrite + Unpin> futures_sink::Sink<Message> for $type<S> {
+            type Error = Error;
+
+            fn poll_ready(
+                self: Pin<&mut Self>,
+                task: &mut task::Context<'_>,
+            ) -> Poll<Result<(), Error>> {
+                self.shared.poll_writable(task, false).map(|()| self.shared.open_or_closed())
+            }
+
+            fn start_send(self: Pin<&mut Self>, message: Message) -> Result<(), Error> {
+                let (kind, data) = message.as_data().ok_or(Error::NotData)?;
+                match self.shared.send(kind, data) {
+                    SendOutcome::Closed => Err(Error::Closed),
+                    _ => Ok(()),
+                }
+            }
+
+            fn poll_flush(
+                self: Pin<&mut Self>,
+                task: &mut task::Context<'_>,
+            ) -> Poll<Result<(), Error>> {
+                self.shared.poll_writable(task, true).map(Ok)
+            }
+
+            fn poll_close(
+                self: Pin<&mut Self>,
+                task: &mut task::Context<'_>,
+            ) -> Poll<Result<(), Error>> {
+                if self.shared.lock().session.state() == State::Open {
+                    self.shared.close(CloseCode::NORMAL, "")?;
+                }
+                self.shared.poll_writable(task, true).map(Ok)
+            }
+        }
+    };
+}
+
+sink!(WebSocket);
+sink!(WsWriter);
+
+impl<S> std::fmt::Debug for WebSocket<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.shared.fmt("WebSocket", f)
+    }
+}
+
+impl<S> std::fmt::Debug for WsReader<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.shared.fmt("WsReader", f)
+    }
+}
+
+impl<S> std::fmt::Debug for WsWriter<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.shared.fmt("WsWriter", f)
+    }
+}

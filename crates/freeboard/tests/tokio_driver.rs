@@ -1,0 +1,443 @@
+//! The tokio driver over real sockets on loopback: echo of every size, close codes both ways,
+//! each slow-consumer policy against a client that never reads, `writable`, keep-alive,
+//! idle connections holding nothing, the Sink/Stream API, and axum's upgrade. Each test is
+//! bounded by a timeout and talks only to 127.0.0.1.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use freeboard::client::CloseEvent;
+use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
+use freeboard::tokio::{Endpoint, EndpointConfig, Message, WebSocket, WsConfig};
+use freeboard::{CloseCode, SendOutcome, SlowConsumerPolicy, Watermarks};
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::Message as TMessage;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as TCloseCode;
+
+/// A bound on every test: a hang fails instead of stalling CI.
+const BOUND: Duration = Duration::from_secs(20);
+
+fn endpoint(config: EndpointConfig) -> Arc<Endpoint> {
+    Endpoint::new(config).expect("a valid endpoint")
+}
+
+/// A listener on loopback and its `ws://` URL.
+async fn listen() -> (TcpListener, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}/", listener.local_addr().unwrap());
+    (listener, url)
+}
+
+/// Accepts one connection as a freeboard server WebSocket.
+async fn accept(
+    listener: &TcpListener,
+    endpoint: &Arc<Endpoint>,
+    config: &WsConfig,
+) -> WebSocket<TcpStream> {
+    let (stream, _) = listener.accept().await.unwrap();
+    stream.set_nodelay(true).unwrap();
+    WebSocket::accept(stream, endpoint, config).await.unwrap()
+}
+
+async fn echo(mut ws: WebSocket<TcpStream>) -> Option<CloseEvent> {
+    while let Some(message) = ws.next().await {
+        match message {
+            Message::Close(close) => return Some(close),
+            message => {
+                if ws.send(message) == SendOutcome::Blocked {
+                    ws.writable().await;
+                }
+            }
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn echoes_every_size_and_hears_the_clients_close() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, url) = listen().await;
+        let server = {
+            let endpoint = Arc::clone(&endpoint);
+            tokio::spawn(async move {
+                let ws = accept(&listener, &endpoint, &WsConfig::default()).await;
+                echo(ws).await
+            })
+        };
+        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        let big: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
+        let messages = vec![
+            TMessage::text("hello"),
+            TMessage::binary(Vec::new()),
+            TMessage::binary(big.clone()),
+            TMessage::text("é".repeat(10_000)),
+        ];
+        for message in &messages {
+            client.send(message.clone()).await.unwrap();
+        }
+        for message in &messages {
+            let echoed = client.next().await.unwrap().unwrap();
+            assert_eq!(&echoed, message);
+        }
+        let frame = CloseFrame { code: TCloseCode::Normal, reason: "bye".into() };
+        client.close(Some(frame)).await.unwrap();
+        let answer = client.next().await;
+        assert!(
+            matches!(answer, Some(Ok(TMessage::Close(Some(ref f)))) if f.code == TCloseCode::Normal),
+            "{answer:?}"
+        );
+        let close = server.await.unwrap().expect("the server heard the close");
+        assert_eq!((close.code, close.reason.as_str(), close.was_clean), (CloseCode::NORMAL, "bye", true));
+        assert_eq!(endpoint.counters().chunks_in_use, 0, "every chunk went back");
+        assert_eq!(endpoint.connections(), 0);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn the_servers_close_code_reaches_the_client_and_ends_the_stream() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, url) = listen().await;
+        let server = tokio::spawn(async move {
+            let mut ws = accept(&listener, &endpoint, &WsConfig::default()).await;
+            ws.close(CloseCode(4001), "done here").unwrap();
+            assert_eq!(ws.send_text("late"), SendOutcome::Closed, "nothing after the close");
+            let mut items = Vec::new();
+            while let Some(message) = ws.next().await {
+                items.push(message);
+            }
+            items
+        });
+        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        match client.next().await {
+            Some(Ok(TMessage::Close(Some(frame)))) => {
+                assert_eq!((u16::from(frame.code), frame.reason.as_str()), (4001, "done here"))
+            }
+            other => panic!("expected the close, got {other:?}"),
+        }
+        // tungstenite answers the close; the server's stream ends with a clean close.
+        while client.next().await.is_some() {}
+        let items = server.await.unwrap();
+        assert!(
+            matches!(&items[..], [Message::Close(c)] if c.code == CloseCode(4001) && c.was_clean),
+            "{items:?}"
+        );
+    })
+    .await
+    .unwrap();
+}
+
+/// A client that connects and never reads: under each policy the server's queue holds at most
+/// its cap (plus the message in flight), and `send` says what happened.
+#[tokio::test]
+async fn a_client_that_never_reads_meets_each_policy_at_the_cap() {
+    tokio::time::timeout(BOUND, async {
+        let marks = Watermarks::new(16 << 10, 64 << 10, 256 << 10).unwrap();
+        for policy in SlowConsumerPolicy::ALL {
+            let endpoint = endpoint(EndpointConfig::default().memory(8 << 20));
+            let (listener, url) = listen().await;
+            let config = WsConfig::default().watermarks(marks).policy(policy);
+            let server = {
+                let endpoint = Arc::clone(&endpoint);
+                tokio::spawn(async move {
+                    let ws = accept(&listener, &endpoint, &config).await;
+                    let payload = vec![7u8; 4000];
+                    let mut outcomes = Vec::new();
+                    // Far more than the socket buffers and the cap together.
+                    for _ in 0..4000 {
+                        let outcome = ws.send_binary(&payload);
+                        outcomes.push(outcome);
+                        assert!(ws.buffered_amount() <= (256 << 10) + 4004, "{policy:?}");
+                        if outcome == SendOutcome::Closed {
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    (ws, outcomes)
+                })
+            };
+            // A client that never reads after the handshake.
+            let (client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+            let (ws, outcomes) = server.await.unwrap();
+            let seen = |f: fn(&SendOutcome) -> bool| outcomes.iter().any(f);
+            if policy != SlowConsumerPolicy::Conflate {
+                assert!(seen(|o| *o == SendOutcome::QueuedAboveHigh), "{policy:?}");
+            }
+            match policy {
+                SlowConsumerPolicy::Block => assert!(seen(|o| *o == SendOutcome::Blocked)),
+                SlowConsumerPolicy::DropNewest => {
+                    assert!(seen(|o| matches!(o, SendOutcome::Dropped { newest: true, .. })))
+                }
+                SlowConsumerPolicy::DropOldest | SlowConsumerPolicy::Conflate => {
+                    assert!(seen(|o| matches!(o, SendOutcome::Dropped { newest: false, .. })))
+                }
+                SlowConsumerPolicy::Close => {
+                    assert_eq!(outcomes.last(), Some(&SendOutcome::Closed), "closed 1008")
+                }
+            }
+            let held = endpoint.counters().chunks_in_use * 4096;
+            assert!(held <= (256 << 10) + 2 * 4096, "{policy:?}: the pool holds {held} bytes");
+            drop(ws);
+            drop(client);
+            assert_eq!(endpoint.counters().chunks_in_use, 0, "{policy:?}: all given back");
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn writable_waits_for_the_low_watermark() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, url) = listen().await;
+        let marks = Watermarks::new(8 << 10, 32 << 10, 1 << 20).unwrap();
+        let config = WsConfig::default().watermarks(marks);
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            let (mut reader, writer) = accept(&listener, &endpoint, &config).await.split();
+            let mut sent = 0usize;
+            while writer.send_binary(&[1u8; 1000]) != SendOutcome::QueuedAboveHigh {
+                sent += 1;
+            }
+            sent += 1;
+            assert!(!writer.is_writable());
+            let _ = go_tx.send(());
+            // The reader drives the connection's writes only when polled: here it is not,
+            // so `writable` writes.
+            writer.writable().await;
+            assert!(writer.is_writable());
+            assert!(writer.buffered_amount() <= 8 << 10);
+            writer.close(CloseCode::NORMAL, "").unwrap();
+            while reader.next().await.is_some() {}
+            sent
+        });
+        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        go_rx.await.unwrap();
+        let mut received = 0;
+        while let Some(Ok(message)) = client.next().await {
+            if message.is_binary() {
+                received += 1;
+            }
+        }
+        assert_eq!(received, server.await.unwrap(), "every message arrived");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn idle_connections_hold_no_read_buffer_and_no_chunk() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, url) = listen().await;
+        const N: usize = 50;
+        let server = {
+            let endpoint = Arc::clone(&endpoint);
+            tokio::spawn(async move {
+                for _ in 0..N {
+                    let ws = accept(&listener, &endpoint, &WsConfig::default()).await;
+                    tokio::spawn(echo(ws));
+                }
+            })
+        };
+        let mut clients = Vec::new();
+        for _ in 0..N {
+            let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+            client.send(TMessage::text("ping")).await.unwrap();
+            assert_eq!(client.next().await.unwrap().unwrap(), TMessage::text("ping"));
+            clients.push(client);
+        }
+        server.await.unwrap();
+        assert_eq!(endpoint.connections(), N);
+        // Every echo went out and every reader waits for input: nothing is held.
+        let mut quiet = false;
+        for _ in 0..100 {
+            if endpoint.read_buffers_in_use() == 0 && endpoint.counters().chunks_in_use == 0 {
+                quiet = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(quiet, "{endpoint:?}");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_peer_that_does_not_answer_keep_alive_pings_is_dropped_with_1006() {
+    tokio::time::timeout(BOUND, async {
+        let protocol = freeboard_proto::Config::builder()
+            .ping_interval(Some(Duration::from_millis(100)))
+            .pong_timeout(Duration::from_millis(200))
+            .build();
+        let endpoint = endpoint(EndpointConfig::default().protocol(protocol));
+        let (listener, _) = listen().await;
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let mut ws = accept(&listener, &endpoint, &WsConfig::default()).await;
+            let mut last = None;
+            while let Some(message) = ws.next().await {
+                last = Some(message);
+            }
+            last
+        });
+        // A raw client: completes the handshake, then never answers (nor reads).
+        let mut raw = TcpStream::connect(addr).await.unwrap();
+        let request = "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                       Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+        raw.write_all(request.as_bytes()).await.unwrap();
+        let mut head = [0u8; 12];
+        raw.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 101");
+        match server.await.unwrap() {
+            Some(Message::Close(close)) => {
+                assert_eq!((close.code, close.was_clean), (CloseCode::ABNORMAL, false))
+            }
+            other => panic!("expected a 1006 close, got {other:?}"),
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn sink_and_stream_forward_an_echo() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, url) = listen().await;
+        tokio::spawn(async move {
+            let ws = accept(&listener, &endpoint, &WsConfig::default()).await;
+            let (reader, writer) = ws.split();
+            let data = reader.take_while(|m| std::future::ready(!matches!(m, Message::Close(_))));
+            let _ = data.map(Ok).forward(writer).await;
+        });
+        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        for i in 0..100 {
+            client.send(TMessage::text(format!("m{i}"))).await.unwrap();
+        }
+        for i in 0..100 {
+            assert_eq!(client.next().await.unwrap().unwrap(), TMessage::text(format!("m{i}")));
+        }
+    })
+    .await
+    .unwrap();
+}
+
+async fn axum_echo(ws: WebSocketUpgrade) -> axum::response::Response {
+    ws.protocols(["chat", "json"]).on_upgrade(|mut socket: AxumWebSocket| async move {
+        if let Some(protocol) = socket.protocol() {
+            let _ = socket.send_text(&format!("protocol {protocol}"));
+        }
+        while let Some(message) = socket.next().await {
+            if let Message::Close(_) = message {
+                break;
+            }
+            let _ = socket.send(message);
+        }
+    })
+}
+
+async fn serve_axum(endpoint: Arc<Endpoint>) -> std::net::SocketAddr {
+    let app = axum::Router::new()
+        .route("/ws", axum::routing::get(axum_echo))
+        .layer(axum::Extension(endpoint));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[tokio::test]
+async fn axum_upgrades_a_route_with_its_subprotocols() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let addr = serve_axum(Arc::clone(&endpoint)).await;
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = format!("ws://{addr}/ws").into_client_request().unwrap();
+        request.headers_mut().insert("Sec-WebSocket-Protocol", "json, chat".parse().unwrap());
+        let (mut client, response) = tokio_tungstenite::connect_async(request).await.unwrap();
+        assert_eq!(response.headers()["sec-websocket-protocol"], "chat", "the route's order");
+        assert_eq!(client.next().await.unwrap().unwrap(), TMessage::text("protocol chat"));
+        let big = vec![9u8; 100_000];
+        client.send(TMessage::binary(big.clone())).await.unwrap();
+        assert_eq!(client.next().await.unwrap().unwrap(), TMessage::binary(big));
+        client.close(None).await.unwrap();
+        while client.next().await.is_some() {}
+        // A plain GET is not an upgrade.
+        let mut plain = TcpStream::connect(addr).await.unwrap();
+        plain.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut answer = String::new();
+        plain.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 426"), "{answer}");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn axum_answers_503_when_the_budget_cannot_cover_a_connection() {
+    tokio::time::timeout(BOUND, async {
+        // A reserve larger than the whole pool: no upgrade can be covered.
+        let config = EndpointConfig::default().memory(256 << 10).connection_reserve(1 << 20);
+        let addr = serve_axum(endpoint(config)).await;
+        let error = tokio_tungstenite::connect_async(format!("ws://{addr}/ws")).await.unwrap_err();
+        match error {
+            tokio_tungstenite::tungstenite::Error::Http(response) => {
+                assert_eq!(response.status(), 503);
+                assert_eq!(response.headers()["retry-after"], "1");
+            }
+            other => panic!("expected 503, got {other:?}"),
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// A send from another task while the reader waits for input: the reader is woken to write it.
+#[tokio::test]
+async fn a_send_while_the_reader_waits_is_written_by_the_reader() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, url) = listen().await;
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut reader, writer) =
+                accept(&listener, &endpoint, &WsConfig::default()).await.split();
+            let _ = ready_tx.send(writer);
+            while let Some(message) = reader.next().await {
+                if let Message::Close(_) = message {
+                    break;
+                }
+            }
+        });
+        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        let writer = ready_rx.await.unwrap();
+        // Let the reader park in its read.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let producer = tokio::spawn(async move {
+            for i in 0..10 {
+                assert_eq!(writer.send_text(&format!("n{i}")), SendOutcome::Queued);
+            }
+        });
+        producer.await.unwrap();
+        for i in 0..10 {
+            assert_eq!(client.next().await.unwrap().unwrap(), TMessage::text(format!("n{i}")));
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[test]
+fn an_endpoint_refuses_a_budget_below_sixteen_chunks() {
+    let error = Endpoint::new(EndpointConfig::default().memory(10 * 4096)).unwrap_err();
+    assert!(matches!(error, freeboard::config::ConfigError::Memory { .. }), "{error:?}");
+}
