@@ -141,6 +141,10 @@ struct ServeArgs {
     /// Send queue hard cap of one topic subscriber [default: 1M].
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     topic_send_cap: Option<usize>,
+    /// Redis backplane (`redis://HOST:PORT/`): topics span every node on the same Redis;
+    /// TOML `[topics] redis`. Default: topics stay on this machine.
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -296,6 +300,9 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         config.topics.send_cap = v;
         config.topics.send_high = config.topics.send_high.min(v);
         config.topics.send_low = config.topics.send_low.min(config.topics.send_high);
+    }
+    if let Some(v) = &args.redis {
+        config.topics.redis = Some(v.clone());
     }
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)

@@ -103,7 +103,11 @@ fn a_subscriber_that_keeps_up_gets_every_publication_under_every_policy() {
                 }
                 assert_eq!(f.opcode, 0x1);
                 let got = String::from_utf8(f.payload).unwrap();
-                assert_eq!(got, format!("m{next}"), "{policy}, {threads} loops: out of order or lost");
+                assert_eq!(
+                    got,
+                    format!("m{next}"),
+                    "{policy}, {threads} loops: out of order or lost"
+                );
                 next += 1;
             }
         }

@@ -121,6 +121,15 @@ pub struct TopicsConfig {
     /// Publications from other threads a loop's inbox holds before further ones are dropped
     /// (counted in `topic_drops{reason="inbox_full"}`). Default 4096.
     pub inbox: usize,
+    /// A Redis backplane (`redis://HOST:PORT/`, optionally `redis://:PASSWORD@HOST:PORT/`):
+    /// every publication of this node goes to every node on the same Redis, and this node
+    /// subscribes in Redis to the topics it has local subscribers to. Default: none, topics
+    /// stay on this machine. See the crate's README, Pub/sub.
+    pub redis: Option<String>,
+    /// Bytes of publications the queue towards Redis holds (while Redis is slow or down)
+    /// before further ones are counted lost (`backplane_lost{reason="queue_full"}`).
+    /// Default 16 MiB.
+    pub redis_queue: usize,
 }
 
 impl Default for TopicsConfig {
@@ -136,6 +145,8 @@ impl Default for TopicsConfig {
             send_cap: 1 << 20,
             max_topics_per_connection: 64,
             inbox: 4096,
+            redis: None,
+            redis_queue: 16 << 20,
         }
     }
 }
@@ -161,6 +172,11 @@ impl std::fmt::Debug for TopicsConfig {
             .field("send_cap", &self.send_cap)
             .field("max_topics_per_connection", &self.max_topics_per_connection)
             .field("inbox", &self.inbox)
+            .field(
+                "redis",
+                &self.redis.as_deref().map(|u| if u.contains('@') { "<redacted>" } else { u }),
+            )
+            .field("redis_queue", &self.redis_queue)
             .finish()
     }
 }

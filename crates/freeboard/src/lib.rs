@@ -28,6 +28,7 @@
 
 #![warn(missing_debug_implementations)]
 
+mod backplane;
 pub mod client;
 pub mod config;
 pub mod handler;

@@ -197,6 +197,15 @@ pub struct Metrics {
     /// Publications a whole loop could not take, by reason (`inbox_full`, `pool`); drops
     /// for one subscriber are counted in `drops` by policy.
     pub(crate) topic_drops: Family<Reason, Counter>,
+    /// Publications that did not reach the Redis backplane, by reason (`queue_full`,
+    /// `redis_down`, `unconfirmed`).
+    pub(crate) backplane_lost: Family<Reason, Counter>,
+    /// Publications the Redis backplane confirmed.
+    pub(crate) backplane_published: Counter,
+    /// Publications of other nodes received from the Redis backplane.
+    pub(crate) backplane_received: Counter,
+    /// 1 while the backplane's subscriber is connected to Redis.
+    pub(crate) backplane_up: Gauge,
     loops: AtomicU32,
 }
 
@@ -231,6 +240,10 @@ impl Metrics {
             publishes: Counter::default(),
             deliveries: Counter::default(),
             topic_drops: Family::default(),
+            backplane_lost: Family::default(),
+            backplane_published: Counter::default(),
+            backplane_received: Counter::default(),
+            backplane_up: Gauge::default(),
             loops: AtomicU32::new(0),
         };
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
@@ -305,6 +318,26 @@ impl Metrics {
             "topic_drops",
             "Publications a whole event loop could not take, by reason",
             m.topic_drops.clone(),
+        );
+        registry.register(
+            "backplane_lost",
+            "Publications that did not reach the Redis backplane, by reason",
+            m.backplane_lost.clone(),
+        );
+        registry.register(
+            "backplane_published",
+            "Publications the Redis backplane confirmed",
+            m.backplane_published.clone(),
+        );
+        registry.register(
+            "backplane_received",
+            "Publications of other nodes received from the Redis backplane",
+            m.backplane_received.clone(),
+        );
+        registry.register(
+            "backplane_up",
+            "1 while the backplane's subscriber is connected to Redis",
+            m.backplane_up.clone(),
         );
         Self { registry, ..m }
     }
@@ -417,6 +450,26 @@ impl Metrics {
     /// Counts a publish a whole loop could not take.
     pub(crate) fn topic_drop(&self, reason: &str) {
         self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).inc();
+    }
+
+    /// Counts publications that did not reach the Redis backplane.
+    pub(crate) fn backplane_lost(&self, reason: &str, n: u64) {
+        self.backplane_lost.get_or_create(&Reason { reason: reason.to_owned() }).inc_by(n);
+    }
+
+    /// Counts publications the Redis backplane confirmed.
+    pub(crate) fn backplane_published(&self, n: u64) {
+        self.backplane_published.inc_by(n);
+    }
+
+    /// Counts a publication received from another node.
+    pub(crate) fn backplane_received(&self) {
+        self.backplane_received.inc();
+    }
+
+    /// Whether the backplane's subscriber is connected.
+    pub(crate) fn set_backplane_up(&self, up: bool) {
+        self.backplane_up.set(i64::from(up));
     }
 }
 

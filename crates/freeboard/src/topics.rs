@@ -35,7 +35,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use freeboard_buf::{Frame, Pool, SharedFrame};
 use freeboard_proto::frame::FrameHeader;
@@ -43,6 +43,7 @@ use freeboard_proto::{MessageKind, OpCode};
 use mio::Waker;
 use slab::Slab;
 
+use crate::backplane::Backplane;
 use crate::metrics::Metrics;
 
 /// The longest topic name, in bytes.
@@ -136,6 +137,9 @@ pub(crate) struct Hub {
     inboxes: Vec<Inbox>,
     receivers: Mutex<Vec<Option<Receiver<Publication>>>>,
     metrics: Arc<Metrics>,
+    /// The Redis backplane, if one is configured: told when a topic gets its first subscriber
+    /// on this node and loses its last, and given every publication of this node.
+    backplane: OnceLock<Backplane>,
 }
 
 impl Hub {
@@ -152,7 +156,28 @@ impl Hub {
             inboxes,
             receivers: Mutex::new(receivers),
             metrics,
+            backplane: OnceLock::new(),
         }
+    }
+
+    /// Attaches the Redis backplane (before any loop runs).
+    pub(crate) fn attach_backplane(&self, backplane: Backplane) {
+        let _ = self.backplane.set(backplane);
+    }
+
+    /// Sends a publication of this node to the other nodes, if there is a backplane.
+    pub(crate) fn to_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
+        if let Some(backplane) = self.backplane.get() {
+            backplane.publish(topic, kind, payload);
+        }
+    }
+
+    /// Delivers a publication of another node to every loop of this one that has a
+    /// subscriber to `topic`.
+    pub(crate) fn from_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
+        let (head, n) = header(kind, payload.len());
+        let mut published = Published::default();
+        self.publish_remote(topic, &[&head[..n], payload], None, &mut published);
     }
 
     /// Loop `index`'s end of its inbox (once).
@@ -199,15 +224,25 @@ impl Hub {
 
     fn add_loop(&self, topic: &Arc<str>, index: u32) {
         let mut map = self.loops_by_topic.write().unwrap_or_else(|e| e.into_inner());
-        map.entry(topic.clone()).or_default().insert(index);
+        let loops = map.entry(topic.clone()).or_default();
+        if loops.is_empty()
+            && let Some(backplane) = self.backplane.get()
+        {
+            // Told under the lock, so the backplane sees changes in the order they happen.
+            backplane.subscribe(topic);
+        }
+        loops.insert(index);
     }
 
     fn remove_loop(&self, topic: &str, index: u32) {
         let mut map = self.loops_by_topic.write().unwrap_or_else(|e| e.into_inner());
         if let Some(loops) = map.get_mut(topic) {
             loops.remove(index);
-            if loops.is_empty() {
-                map.remove(topic);
+            if loops.is_empty()
+                && let Some((name, _)) = map.remove_entry(topic)
+                && let Some(backplane) = self.backplane.get()
+            {
+                backplane.unsubscribe(&name);
             }
         }
     }
@@ -370,6 +405,7 @@ impl LocalTopics {
             }
         }
         hub.publish_remote(topic, &parts, Some(self.index), &mut published);
+        hub.to_backplane(topic, kind, payload);
         published
     }
 

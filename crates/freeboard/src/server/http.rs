@@ -294,7 +294,13 @@ impl<T: Transport> EventLoop<T> {
         let len = len as usize; // NOTE: at most max_message_size, which fits memory
         // Framed (a server frame's header is 2, 4 or 10 bytes), a publication over a topic
         // subscriber's cap could reach none of them: refused before a byte is kept.
-        let header_len = if len <= 125 { 2 } else if len <= 0xffff { 4 } else { 10 };
+        let header_len = if len <= 125 {
+            2
+        } else if len <= 0xffff {
+            4
+        } else {
+            10
+        };
         if len + header_len > config.topics.send_cap {
             self.refuse(token, now, 413, "", "body larger than a subscriber's send cap");
             return;

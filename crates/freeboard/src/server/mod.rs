@@ -16,6 +16,7 @@ mod handlers;
 mod http;
 mod shared;
 
+use crate::backplane::{Backplane, RedisAddr};
 use crate::config::{ConfigError, ServerConfig};
 use crate::handler::Router;
 use crate::metrics::Metrics;
@@ -79,7 +80,27 @@ impl Server {
             loops.push((poll, listener));
         }
         let hub = Hub::new(&wakers, config.topics.inbox, metrics.clone());
+        let redis = match &config.topics.redis {
+            Some(url) => Some(
+                RedisAddr::parse(url)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            ),
+            None => None,
+        };
+        let queue_bytes = config.topics.redis_queue;
         let shared = Arc::new(Shared::new(config, metrics, hub, Arc::new(routes)));
+        if let Some(addr) = redis {
+            let weak = Arc::downgrade(&shared);
+            let deliver = move |topic: &str, kind, payload: &[u8]| match weak.upgrade() {
+                Some(shared) => {
+                    shared.hub.from_backplane(topic, kind, payload);
+                    true
+                }
+                None => false,
+            };
+            let backplane = Backplane::start(addr, queue_bytes, shared.metrics.clone(), deliver)?;
+            shared.hub.attach_backplane(backplane);
+        }
         Ok(Self { shared, seeds: loops, wakers, local_addr: addr })
     }
 
@@ -233,6 +254,7 @@ impl ServerHandle {
         let (head, n) = crate::topics::header(kind, payload.len());
         let mut published = Published::default();
         self.shared.hub.publish_remote(topic, &[&head[..n], payload], None, &mut published);
+        self.shared.hub.to_backplane(topic, kind, payload);
         published
     }
 }
