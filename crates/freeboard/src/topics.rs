@@ -166,7 +166,7 @@ impl Hub {
     }
 
     /// Sends a publication of this node to the other nodes, if there is a backplane.
-    pub(crate) fn to_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
+    pub(crate) fn send_to_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
         if let Some(backplane) = self.backplane.get() {
             backplane.publish(topic, kind, payload);
         }
@@ -174,7 +174,7 @@ impl Hub {
 
     /// Delivers a publication of another node to every loop of this one that has a
     /// subscriber to `topic`.
-    pub(crate) fn from_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
+    pub(crate) fn deliver_from_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
         let (head, n) = header(kind, payload.len());
         let mut published = Published::default();
         self.publish_remote(topic, &[&head[..n], payload], None, &mut published);
@@ -405,7 +405,7 @@ impl LocalTopics {
             }
         }
         hub.publish_remote(topic, &parts, Some(self.index), &mut published);
-        hub.to_backplane(topic, kind, payload);
+        hub.send_to_backplane(topic, kind, payload);
         published
     }
 

@@ -93,7 +93,7 @@ impl Server {
             let weak = Arc::downgrade(&shared);
             let deliver = move |topic: &str, kind, payload: &[u8]| match weak.upgrade() {
                 Some(shared) => {
-                    shared.hub.from_backplane(topic, kind, payload);
+                    shared.hub.deliver_from_backplane(topic, kind, payload);
                     true
                 }
                 None => false,
@@ -254,7 +254,7 @@ impl ServerHandle {
         let (head, n) = crate::topics::header(kind, payload.len());
         let mut published = Published::default();
         self.shared.hub.publish_remote(topic, &[&head[..n], payload], None, &mut published);
-        self.shared.hub.to_backplane(topic, kind, payload);
+        self.shared.hub.send_to_backplane(topic, kind, payload);
         published
     }
 }
