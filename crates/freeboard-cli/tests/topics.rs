@@ -138,3 +138,37 @@ fn a_post_larger_than_a_subscriber_cap_is_refused_with_413() {
     let f = inbox.frame(&mut reader).unwrap().expect("the publication that fits");
     assert_eq!(f.payload.len(), (64 << 10) - 10);
 }
+
+/// The status line of an upgrade to `path`.
+fn upgrade_status(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(freeboard_test::upgrade_request(path, "").as_bytes()).unwrap();
+    let head = Inbox::default().head(&mut s).unwrap().expect("a response");
+    head.lines().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn topic_limits_refuse_clearly_and_are_counted() {
+    let serve =
+        Serve::spawn(&["--threads", "2", "--max-topics-per-connection", "2", "--max-topics", "3"]);
+    // An also= list beyond the connection's limit: 400 at the upgrade.
+    assert!(upgrade_status(&serve.addr, "/topic/a?also=b&also=c").starts_with("HTTP/1.1 400"));
+    let (_ab, _) = subscribe(&serve.addr, "/topic/a?also=b");
+    let (_c, _) = subscribe(&serve.addr, "/topic/c");
+    let (_a_again, _) = subscribe(&serve.addr, "/topic/a"); // not a new topic
+    // A fourth topic on the server: the subscription is refused and the connection told why.
+    let (mut d, mut inbox) = subscribe(&serve.addr, "/topic/d");
+    let close = inbox.frame(&mut d).unwrap().expect("a close frame");
+    assert_eq!((close.opcode, close.close_code()), (0x8, 1008));
+    assert_eq!(&close.payload[2..], b"too many topics on this server");
+    let mut s = TcpStream::connect(&serve.addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut metrics = String::new();
+    let _ = s.read_to_string(&mut metrics);
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("freeboard_topic_refusals_total{reason=\"server_topics\"}"))
+        .unwrap_or_else(|| panic!("no server_topics refusal counted:\n{metrics}"));
+    assert!(line.ends_with(" 1"), "{line}");
+}

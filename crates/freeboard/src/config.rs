@@ -116,8 +116,13 @@ pub struct TopicsConfig {
     /// A subscriber's send queue hard cap; a published message larger than it is dropped for
     /// that subscriber (counted). Default 1 MiB.
     pub send_cap: usize,
-    /// Topics one connection may subscribe to. Default 64.
+    /// Topics one connection may subscribe to. Default 64. An upgrade naming more (its topic
+    /// and its `also=` list) is refused with 400.
     pub max_topics_per_connection: usize,
+    /// Topics (with at least one subscriber) the server may have at once; a subscription to a
+    /// new topic beyond it is refused (`topic_refusals{reason="server_topics"}`; the topic
+    /// route closes the connection with 1008). Default 100,000.
+    pub max_topics: usize,
     /// Publications from other threads a loop's inbox holds before further ones are dropped
     /// (counted in `topic_drops{reason="inbox_full"}`). Default 4096.
     pub inbox: usize,
@@ -144,6 +149,7 @@ impl Default for TopicsConfig {
             send_high: 64 << 10,
             send_cap: 1 << 20,
             max_topics_per_connection: 64,
+            max_topics: 100_000,
             inbox: 4096,
             redis: None,
             redis_queue: 16 << 20,
@@ -171,6 +177,7 @@ impl std::fmt::Debug for TopicsConfig {
             .field("send_high", &self.send_high)
             .field("send_cap", &self.send_cap)
             .field("max_topics_per_connection", &self.max_topics_per_connection)
+            .field("max_topics", &self.max_topics)
             .field("inbox", &self.inbox)
             .field(
                 "redis",
@@ -243,7 +250,7 @@ impl ServerConfig {
         if !(path.is_empty() || path.starts_with('/') && path.ends_with('/')) {
             return Err(ConfigError::TopicsPath(path.clone()));
         }
-        if topics.inbox == 0 || topics.max_topics_per_connection == 0 {
+        if topics.inbox == 0 || topics.max_topics_per_connection == 0 || topics.max_topics == 0 {
             return Err(ConfigError::TopicLimits);
         }
         let per_loop = self.memory / self.threads;
@@ -349,7 +356,9 @@ impl std::fmt::Display for ConfigError {
                 write!(f, "topics.path must start and end with '/', not {path:?}")
             }
             Self::TopicLimits => {
-                f.write_str("topics.inbox and topics.max_topics_per_connection must be at least 1")
+                f.write_str(
+                    "topics.inbox, topics.max_topics_per_connection and topics.max_topics must be at least 1",
+                )
             }
             Self::Memory { memory, threads, needed } => write!(
                 f,

@@ -206,6 +206,9 @@ pub struct Metrics {
     pub(crate) backplane_received: Counter,
     /// 1 while the backplane's subscriber is connected to Redis.
     pub(crate) backplane_up: Gauge,
+    /// Subscriptions refused by a topic limit, by reason (`connection_topics`,
+    /// `server_topics`); an upgrade naming too many topics is counted in `refusals` (400).
+    pub(crate) topic_refusals: Family<Reason, Counter>,
     loops: AtomicU32,
 }
 
@@ -244,6 +247,7 @@ impl Metrics {
             backplane_published: Counter::default(),
             backplane_received: Counter::default(),
             backplane_up: Gauge::default(),
+            topic_refusals: Family::default(),
             loops: AtomicU32::new(0),
         };
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
@@ -338,6 +342,11 @@ impl Metrics {
             "backplane_up",
             "1 while the backplane's subscriber is connected to Redis",
             m.backplane_up.clone(),
+        );
+        registry.register(
+            "topic_refusals",
+            "Subscriptions refused by a topic limit, by reason",
+            m.topic_refusals.clone(),
         );
         Self { registry, ..m }
     }
@@ -465,6 +474,11 @@ impl Metrics {
     /// Counts a publication received from another node.
     pub(crate) fn backplane_received(&self) {
         self.backplane_received.inc();
+    }
+
+    /// Counts a subscription refused by a topic limit.
+    pub(crate) fn topic_refusal(&self, reason: &str) {
+        self.topic_refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
     }
 
     /// Whether the backplane's subscriber is connected.

@@ -8,8 +8,8 @@ use crate::handler::{Conn, Handler, Message, RouteOptions, Router, Upgrade};
 use crate::topics::topics_in_target;
 
 /// The `/topic/{name}` endpoint of `freeboard serve`: the upgrade subscribes the connection to
-/// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`);
-/// messages the client sends are published to `name` if client publishing is allowed, else
+/// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`; an
+/// upgrade naming more topics than [`max_topics`](Self::max_topics) gets 400); messages the client sends are published to `name` if client publishing is allowed, else
 /// answered with close 1008.
 ///
 /// Mount it with [`Router::route_with`](crate::Router::route_with) under a prefix, with the
@@ -18,28 +18,36 @@ use crate::topics::topics_in_target;
 pub struct TopicRoute {
     prefix: String,
     client_publish: bool,
+    max_topics: usize,
 }
 
 impl TopicRoute {
     /// A topic endpoint under `prefix` (e.g. `/topic/`).
     pub fn new(prefix: &str, client_publish: bool) -> Self {
-        Self { prefix: prefix.to_owned(), client_publish }
+        Self { prefix: prefix.to_owned(), client_publish, max_topics: 64 }
+    }
+
+    /// The most topics one upgrade may name (its own and its `also=` list); default 64, as
+    /// [`TopicsConfig::max_topics_per_connection`].
+    pub fn max_topics(mut self, max: usize) -> Self {
+        self.max_topics = max;
+        self
     }
 }
 
 impl Handler for TopicRoute {
     fn on_upgrade(&mut self, request: &Request<'_, '_>) -> Upgrade {
         match topics_in_target(&self.prefix, request.path()) {
-            Some(_) => Upgrade::Accept { protocol: None },
-            None => Upgrade::Reject(400),
+            Some(names) if names.len() <= self.max_topics => Upgrade::Accept { protocol: None },
+            _ => Upgrade::Reject(400),
         }
     }
 
     fn on_open(&mut self, conn: &mut Conn<'_>) {
         let target = conn.target().to_owned();
         for name in topics_in_target(&self.prefix, &target).unwrap_or_default() {
-            if conn.subscribe(name).is_err() {
-                conn.close(CloseCode::POLICY_VIOLATION, "too many topics");
+            if let Err(e) = conn.subscribe(name) {
+                conn.close(CloseCode::POLICY_VIOLATION, &e.to_string());
                 return;
             }
         }
@@ -74,6 +82,8 @@ impl Router {
         }
         let options =
             RouteOptions::new().prefix().slow_consumer(config.slow_consumer).watermarks(marks);
-        self.route_with(&config.path, TopicRoute::new(&config.path, config.client_publish), options)
+        let route = TopicRoute::new(&config.path, config.client_publish)
+            .max_topics(config.max_topics_per_connection);
+        self.route_with(&config.path, route, options)
     }
 }

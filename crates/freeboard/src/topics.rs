@@ -68,6 +68,9 @@ pub enum SubscribeError {
     /// The connection has as many topics as
     /// [`TopicsConfig::max_topics_per_connection`](crate::config::TopicsConfig) allows.
     TooManyTopics,
+    /// The server has as many topics (with a subscriber) as
+    /// [`TopicsConfig::max_topics`](crate::config::TopicsConfig) allows.
+    TooManyTopicsOnServer,
 }
 
 impl std::fmt::Display for SubscribeError {
@@ -75,6 +78,7 @@ impl std::fmt::Display for SubscribeError {
         f.write_str(match self {
             SubscribeError::InvalidName => "invalid topic name",
             SubscribeError::TooManyTopics => "too many topics for one connection",
+            SubscribeError::TooManyTopicsOnServer => "too many topics on this server",
         })
     }
 }
@@ -134,6 +138,8 @@ pub(crate) struct Hub {
     /// Invariant: a topic is here iff some loop has a subscriber to it; its set names exactly
     /// those loops.
     loops_by_topic: RwLock<HashMap<Arc<str>, LoopSet>>,
+    /// Topics with a subscriber the server may have at once.
+    max_topics: usize,
     inboxes: Vec<Inbox>,
     receivers: Mutex<Vec<Option<Receiver<Publication>>>>,
     metrics: Arc<Metrics>,
@@ -143,7 +149,12 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
-    pub(crate) fn new(wakers: &[Arc<Waker>], capacity: usize, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(
+        wakers: &[Arc<Waker>],
+        capacity: usize,
+        max_topics: usize,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let (inboxes, receivers) = wakers
             .iter()
             .map(|waker| {
@@ -153,6 +164,7 @@ impl Hub {
             .unzip();
         Self {
             loops_by_topic: RwLock::new(HashMap::new()),
+            max_topics,
             inboxes,
             receivers: Mutex::new(receivers),
             metrics,
@@ -222,8 +234,13 @@ impl Hub {
         }
     }
 
-    fn add_loop(&self, topic: &Arc<str>, index: u32) {
+    /// Records that loop `index` has a subscriber to `topic`; `false` (nothing recorded) if
+    /// the topic is new and the server already has `max_topics`.
+    fn add_loop(&self, topic: &Arc<str>, index: u32) -> bool {
         let mut map = self.loops_by_topic.write().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= self.max_topics && !map.contains_key(topic) {
+            return false;
+        }
         let loops = map.entry(topic.clone()).or_default();
         if loops.is_empty()
             && let Some(backplane) = self.backplane.get()
@@ -232,6 +249,7 @@ impl Hub {
             backplane.subscribe(topic);
         }
         loops.insert(index);
+        true
     }
 
     fn remove_loop(&self, topic: &str, index: u32) {
@@ -324,13 +342,17 @@ impl LocalTopics {
             return Ok(false);
         }
         if mine.len() >= self.max_per_conn {
+            hub.metrics.topic_refusal("connection_topics");
             return Err(SubscribeError::TooManyTopics);
         }
         let topic = match existing {
             Some(topic) => topic,
             None => {
                 let name: Arc<str> = Arc::from(name);
-                hub.add_loop(&name, self.index);
+                if !hub.add_loop(&name, self.index) {
+                    hub.metrics.topic_refusal("server_topics");
+                    return Err(SubscribeError::TooManyTopicsOnServer);
+                }
                 let topic =
                     self.topics.insert(Topic { name: name.clone(), subscribers: Slab::new() });
                 self.by_name.insert(name, topic);

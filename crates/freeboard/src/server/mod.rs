@@ -79,7 +79,7 @@ impl Server {
             let listener = mio::net::TcpListener::from_std(listener);
             loops.push((poll, listener));
         }
-        let hub = Hub::new(&wakers, config.topics.inbox, metrics.clone());
+        let hub = Hub::new(&wakers, config.topics.inbox, config.topics.max_topics, metrics.clone());
         let redis = match &config.topics.redis {
             Some(url) => Some(
                 RedisAddr::parse(url)
