@@ -161,6 +161,25 @@ fn two_nodes_deliver_every_publication_once_in_order_per_publisher() {
             *next += 1;
         }
     }
+    // A POST on node B reaches the subscribers of both nodes, once.
+    let mut post = TcpStream::connect(&addr_b).unwrap();
+    post.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    post.write_all(
+        b"POST /topic/chat HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 4\r\nConnection: close\r\n\r\npost",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = post.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    for (n, (reader, inbox)) in readers.iter_mut().enumerate() {
+        let f = loop {
+            let f = inbox.frame(reader).unwrap().expect("the POST's publication");
+            if f.payload != b"warm" {
+                break f;
+            }
+        };
+        assert_eq!((f.opcode, f.payload.as_slice()), (0x1, &b"post"[..]), "reader {n}");
+    }
     // Each node skipped its own publications coming back from Redis.
     assert!(metric(&addr_b, "freeboard_backplane_received_total") >= EACH as u64);
 }
