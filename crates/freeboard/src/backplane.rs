@@ -376,10 +376,9 @@ fn subscriber(
                         && let Ok(topic) = std::str::from_utf8(topic)
                         && let [b'F', kind, id @ ..] = &message[..message.len().min(18)]
                         && id.len() == 16
+                        // Our own publication: its subscribers have it already.
+                        && id != node
                     {
-                        if id == node {
-                            continue; // our own: its subscribers have it already
-                        }
                         let kind =
                             if *kind == b't' { MessageKind::Text } else { MessageKind::Binary };
                         metrics.backplane_received();
@@ -390,33 +389,31 @@ fn subscriber(
                 }
                 Ok(_) => {}
                 Err(e)
-                    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
-                {
-                    out.clear();
-                    loop {
-                        let (verb, topic): (&[u8], _) = match changes.try_recv() {
-                            Ok(Change::Subscribe(t)) if wanted.insert(t.clone()) => {
-                                (b"SUBSCRIBE", t)
-                            }
-                            Ok(Change::Unsubscribe(t)) if wanted.remove(&t) => (b"UNSUBSCRIBE", t),
-                            Ok(_) => continue,
-                            Err(TryRecvError::Empty) => break,
-                            Err(TryRecvError::Disconnected) => return,
-                        };
-                        let channel = [PREFIX.as_bytes(), topic.as_bytes()].concat();
-                        command(&mut out, &[verb, &channel]);
-                    }
-                    if !out.is_empty() && stream.write_all(&out).is_err() {
-                        metrics.set_backplane_up(false);
-                        continue 'connect;
-                    }
-                }
+                    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "backplane subscriber lost its connection");
                     metrics.set_backplane_up(false);
                     std::thread::sleep(backoff);
                     continue 'connect;
                 }
+            }
+            // The hub's changes, after every reply (a busy channel never lets a read time
+            // out) and every quiet `POLL`.
+            out.clear();
+            loop {
+                let (verb, topic): (&[u8], _) = match changes.try_recv() {
+                    Ok(Change::Subscribe(t)) if wanted.insert(t.clone()) => (b"SUBSCRIBE", t),
+                    Ok(Change::Unsubscribe(t)) if wanted.remove(&t) => (b"UNSUBSCRIBE", t),
+                    Ok(_) => continue,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                };
+                let channel = [PREFIX.as_bytes(), topic.as_bytes()].concat();
+                command(&mut out, &[verb, &channel]);
+            }
+            if !out.is_empty() && stream.write_all(&out).is_err() {
+                metrics.set_backplane_up(false);
+                continue 'connect;
             }
         }
     }
