@@ -156,8 +156,11 @@ pub enum SlowConsumerPolicy {
     DropNewest = 1,
     /// Drop the oldest unsent messages until the new one fits.
     DropOldest = 2,
-    /// Keep only the latest unsent message: every push replaces the messages that have not
-    /// started to go out (latest value wins, as for LED frames or a score board).
+    /// Keep only the latest unsent message once behind: while the queue is writable (it has
+    /// not passed its high watermark since it last fell to its low one) every message is kept,
+    /// in order; a push to a queue that is behind, or one that would pass the cap, replaces the
+    /// messages that have not started to go out (latest value wins, as for LED frames or a
+    /// score board).
     Conflate = 3,
     /// Refuse the message and tell the caller to close the connection with 1008 (policy
     /// violation). The default: a consumer that cannot keep up is told so, nothing is lost

@@ -221,6 +221,7 @@ impl SendQueue {
     /// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new())?;
     /// let mut queue = SendQueue::new(Watermarks::new(4, 8, 64)?, SlowConsumerPolicy::Conflate);
     /// queue.push_preamble(&mut pool, b"HTTP/1.1 101 ...\r\n\r\n").unwrap();
+    /// assert!(!queue.is_writable()); // the 101 alone is above the high watermark: behind
     /// let _ = queue.push_message(&mut pool, &[b"old"]);
     /// let _ = queue.push_message(&mut pool, &[b"new"]); // conflates "old", not the head
     ///
@@ -313,10 +314,12 @@ impl SendQueue {
     ) -> Pushed {
         let outcome = if len == 0 {
             self.queued() // nothing to store; an empty message would have no segment to mark
-        } else if self.policy != SlowConsumerPolicy::Conflate
-            && self.len().saturating_add(len) <= self.watermarks.cap()
+        } else if self.len().saturating_add(len) <= self.watermarks.cap()
+            && (self.policy != SlowConsumerPolicy::Conflate || self.is_writable())
         {
-            // The common case: under the cap there is nothing to decide.
+            // The common case: under the cap there is nothing to decide. A conflating queue
+            // that keeps up (writable: not above its high watermark since it last fell to its
+            // low one) keeps every message too; only one that is behind is conflated.
             match self.store(pool, false, &append) {
                 Ok(()) => self.queued(),
                 Err(_) => self.pool_exhausted(pool, len, 0, 0, append),
@@ -327,7 +330,8 @@ impl SendQueue {
         Pushed { outcome, writability: self.watermarks.observe(self.len()) }
     }
 
-    /// A message that would take the queue past its cap, or any message under `Conflate`.
+    /// A message that would take the queue past its cap, or any message to a `Conflate` queue
+    /// that is behind (not writable).
     fn apply_policy(
         &mut self,
         pool: &mut Pool<'_>,

@@ -193,6 +193,18 @@ struct ServeArgs {
     /// An origin whose pages may publish with `POST` from a browser (CORS; repeatable).
     #[arg(long = "publish-cors-origin", value_name = "ORIGIN")]
     publish_cors_origins: Vec<String>,
+    /// Redis backplane (`redis://HOST:PORT/`): topics span every node on the same Redis;
+    /// TOML `[topics] redis`. Default: topics stay on this machine.
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
+    /// Topics one connection may subscribe to (its topic and its `also=` list; an upgrade
+    /// naming more gets 400); TOML `[topics] max_topics_per_connection` [default: 64].
+    #[arg(long, value_name = "N")]
+    max_topics_per_connection: Option<usize>,
+    /// Topics with a subscriber the server may have at once (a new one beyond: close 1008,
+    /// counted in `topic_refusals`); TOML `[topics] max_topics` [default: 100000].
+    #[arg(long, value_name = "N")]
+    max_topics: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -419,6 +431,15 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
     }
     if !args.publish_cors_origins.is_empty() {
         config.topics.cors_origins = args.publish_cors_origins.clone();
+    }
+    if let Some(v) = &args.redis {
+        config.topics.redis = Some(v.clone());
+    }
+    if let Some(v) = args.max_topics_per_connection {
+        config.topics.max_topics_per_connection = v;
+    }
+    if let Some(v) = args.max_topics {
+        config.topics.max_topics = v;
     }
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)

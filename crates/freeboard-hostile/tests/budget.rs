@@ -22,7 +22,10 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn partial_post_bodies_cannot_take_the_pool() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     raise_fd_limit();
-    let serve = Serve::start(&["--memory", "16M", "--handshake-timeout", "10"]);
+    // A 1 MiB body is over the default subscriber cap once framed (413 up front): raise it so
+    // the bodies reach the pool's judgement.
+    let serve =
+        Serve::start(&["--memory", "16M", "--handshake-timeout", "10", "--topic-send-cap", "2M"]);
     let before = serve.wait_metrics("both loops", |m| m.sum("pool_chunks_total") > 2000.0);
     let chunks = before.sum("pool_chunks_total");
     let watch = Watch::start(&serve);

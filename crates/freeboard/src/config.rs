@@ -180,8 +180,13 @@ pub struct TopicsConfig {
     /// A subscriber's send queue hard cap; a published message larger than it is dropped for
     /// that subscriber (counted). Default 1 MiB.
     pub send_cap: usize,
-    /// Topics one connection may subscribe to. Default 64.
+    /// Topics one connection may subscribe to. Default 64. An upgrade naming more (its topic
+    /// and its `also=` list) is refused with 400.
     pub max_topics_per_connection: usize,
+    /// Topics (with at least one subscriber) the server may have at once; a subscription to a
+    /// new topic beyond it is refused (`topic_refusals{reason="server_topics"}`; the topic
+    /// route closes the connection with 1008). Default 100,000.
+    pub max_topics: usize,
     /// Publications from other threads a loop's inbox holds before further ones are dropped
     /// (counted in `topic_drops{reason="inbox_full"}`). Default 4096.
     pub inbox: usize,
@@ -208,6 +213,15 @@ pub struct TopicsConfig {
     pub webhook_timeout: Duration,
     /// Requests to the webhook in flight at once (worker threads). Default 16.
     pub webhook_in_flight: usize,
+    /// A Redis backplane (`redis://HOST:PORT/`, optionally `redis://:PASSWORD@HOST:PORT/`):
+    /// every publication of this node goes to every node on the same Redis, and this node
+    /// subscribes in Redis to the topics it has local subscribers to. Default: none, topics
+    /// stay on this machine. See the crate's README, Pub/sub.
+    pub redis: Option<String>,
+    /// Bytes of publications the queue towards Redis holds (while Redis is slow or down)
+    /// before further ones are counted lost (`backplane_lost{reason="queue_full"}`).
+    /// Default 16 MiB.
+    pub redis_queue: usize,
 }
 
 impl Default for TopicsConfig {
@@ -222,6 +236,7 @@ impl Default for TopicsConfig {
             send_high: 64 << 10,
             send_cap: 1 << 20,
             max_topics_per_connection: 64,
+            max_topics: 100_000,
             inbox: 4096,
             jwt_secret: None,
             jwks_file: None,
@@ -231,6 +246,8 @@ impl Default for TopicsConfig {
             connect_webhook: None,
             webhook_timeout: Duration::from_secs(2),
             webhook_in_flight: 16,
+            redis: None,
+            redis_queue: 16 << 20,
         }
     }
 }
@@ -287,6 +304,7 @@ impl std::fmt::Debug for TopicsConfig {
             .field("send_high", &self.send_high)
             .field("send_cap", &self.send_cap)
             .field("max_topics_per_connection", &self.max_topics_per_connection)
+            .field("max_topics", &self.max_topics)
             .field("inbox", &self.inbox)
             .field("jwt_secret", &self.jwt_secret.as_ref().map(|_| "<redacted>"))
             .field("jwks_file", &self.jwks_file)
@@ -296,6 +314,11 @@ impl std::fmt::Debug for TopicsConfig {
             .field("connect_webhook", &self.connect_webhook)
             .field("webhook_timeout", &self.webhook_timeout)
             .field("webhook_in_flight", &self.webhook_in_flight)
+            .field(
+                "redis",
+                &self.redis.as_deref().map(|u| if u.contains('@') { "<redacted>" } else { u }),
+            )
+            .field("redis_queue", &self.redis_queue)
             .finish()
     }
 }
@@ -367,7 +390,7 @@ impl ServerConfig {
         if !(path.is_empty() || path.starts_with('/') && path.ends_with('/')) {
             return Err(ConfigError::TopicsPath(path.clone()));
         }
-        if topics.inbox == 0 || topics.max_topics_per_connection == 0 {
+        if topics.inbox == 0 || topics.max_topics_per_connection == 0 || topics.max_topics == 0 {
             return Err(ConfigError::TopicLimits);
         }
         crate::auth::Origins::new(&self.allowed_origins)?;
@@ -509,7 +532,9 @@ impl std::fmt::Display for ConfigError {
                 write!(f, "topics.path must start and end with '/', not {path:?}")
             }
             Self::TopicLimits => {
-                f.write_str("topics.inbox and topics.max_topics_per_connection must be at least 1")
+                f.write_str(
+                    "topics.inbox, topics.max_topics_per_connection and topics.max_topics must be at least 1",
+                )
             }
             Self::Memory { memory, threads, needed } => write!(
                 f,

@@ -29,6 +29,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod auth;
+mod backplane;
 pub mod client;
 pub mod config;
 pub mod handler;

@@ -204,6 +204,18 @@ pub struct Metrics {
     /// TLS connections refused or failed, by reason (`bad_client_hello`, `plain_http`,
     /// `not_tls`, `handshake_timeout`, `upgrade_timeout`, `budget`, `alert_*`, …).
     pub(crate) tls_refusals: Family<Reason, Counter>,
+    /// Publications that did not reach the Redis backplane, by reason (`queue_full`,
+    /// `redis_down`, `unconfirmed`).
+    pub(crate) backplane_lost: Family<Reason, Counter>,
+    /// Publications the Redis backplane confirmed.
+    pub(crate) backplane_published: Counter,
+    /// Publications of other nodes received from the Redis backplane.
+    pub(crate) backplane_received: Counter,
+    /// 1 while the backplane's subscriber is connected to Redis.
+    pub(crate) backplane_up: Gauge,
+    /// Subscriptions refused by a topic limit, by reason (`connection_topics`,
+    /// `server_topics`); an upgrade naming too many topics is counted in `refusals` (400).
+    pub(crate) topic_refusals: Family<Reason, Counter>,
     loops: AtomicU32,
 }
 
@@ -241,6 +253,11 @@ impl Metrics {
             access: AccessMetrics::default(),
             tls_handshakes: Counter::default(),
             tls_refusals: Family::default(),
+            backplane_lost: Family::default(),
+            backplane_published: Counter::default(),
+            backplane_received: Counter::default(),
+            backplane_up: Gauge::default(),
+            topic_refusals: Family::default(),
             loops: AtomicU32::new(0),
         };
         m.access.register(&mut registry);
@@ -322,6 +339,31 @@ impl Metrics {
             "topic_drops",
             "Publications a whole event loop could not take, by reason",
             m.topic_drops.clone(),
+        );
+        registry.register(
+            "backplane_lost",
+            "Publications that did not reach the Redis backplane, by reason",
+            m.backplane_lost.clone(),
+        );
+        registry.register(
+            "backplane_published",
+            "Publications the Redis backplane confirmed",
+            m.backplane_published.clone(),
+        );
+        registry.register(
+            "backplane_received",
+            "Publications of other nodes received from the Redis backplane",
+            m.backplane_received.clone(),
+        );
+        registry.register(
+            "backplane_up",
+            "1 while the backplane's subscriber is connected to Redis",
+            m.backplane_up.clone(),
+        );
+        registry.register(
+            "topic_refusals",
+            "Subscriptions refused by a topic limit, by reason",
+            m.topic_refusals.clone(),
         );
         Self { registry, ..m }
     }
@@ -449,6 +491,31 @@ impl Metrics {
     /// Counts a publish a whole loop could not take.
     pub(crate) fn topic_drop(&self, reason: &str) {
         self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).inc();
+    }
+
+    /// Counts publications that did not reach the Redis backplane.
+    pub(crate) fn backplane_lost(&self, reason: &str, n: u64) {
+        self.backplane_lost.get_or_create(&Reason { reason: reason.to_owned() }).inc_by(n);
+    }
+
+    /// Counts publications the Redis backplane confirmed.
+    pub(crate) fn backplane_published(&self, n: u64) {
+        self.backplane_published.inc_by(n);
+    }
+
+    /// Counts a publication received from another node.
+    pub(crate) fn backplane_received(&self) {
+        self.backplane_received.inc();
+    }
+
+    /// Counts a subscription refused by a topic limit.
+    pub(crate) fn topic_refusal(&self, reason: &str) {
+        self.topic_refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
+    }
+
+    /// Whether the backplane's subscriber is connected.
+    pub(crate) fn set_backplane_up(&self, up: bool) {
+        self.backplane_up.set(i64::from(up));
     }
 }
 

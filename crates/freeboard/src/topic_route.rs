@@ -13,8 +13,8 @@ use crate::topics::topics_in_target;
 use crate::webhook::ConnectWebhook;
 
 /// The `/topic/{name}` endpoint of `freeboard serve`: the upgrade subscribes the connection to
-/// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`);
-/// messages the client sends are published to `name` if client publishing is allowed, else
+/// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`; an
+/// upgrade naming more topics than [`max_topics`](Self::max_topics) gets 400); messages the client sends are published to `name` if client publishing is allowed, else
 /// answered with close 1008.
 ///
 /// With a [`TokenVerifier`] the upgrade needs a bearer token (`Authorization: Bearer`, or
@@ -32,12 +32,26 @@ pub struct TopicRoute {
     client_publish: bool,
     verifier: Option<Arc<TokenVerifier>>,
     webhook: Option<Arc<ConnectWebhook>>,
+    max_topics: usize,
 }
 
 impl TopicRoute {
     /// A topic endpoint under `prefix` (e.g. `/topic/`), open to anyone.
     pub fn new(prefix: &str, client_publish: bool) -> Self {
-        Self { prefix: prefix.to_owned(), client_publish, verifier: None, webhook: None }
+        Self {
+            prefix: prefix.to_owned(),
+            client_publish,
+            verifier: None,
+            webhook: None,
+            max_topics: 64,
+        }
+    }
+
+    /// The most topics one upgrade may name (its own and its `also=` list); default 64, as
+    /// [`TopicsConfig::max_topics_per_connection`].
+    pub fn max_topics(mut self, max: usize) -> Self {
+        self.max_topics = max;
+        self
     }
 
     /// Requires a token `verifier` accepts, whose claims grant the topics.
@@ -84,7 +98,9 @@ impl Handler for TopicRoute {
     }
 
     fn decide_upgrade(&mut self, request: &Request<'_, '_>, decision: Decision) {
-        let Some(topics) = topics_in_target(&self.prefix, request.path()) else {
+        let Some(topics) = topics_in_target(&self.prefix, request.path())
+            .filter(|names| names.len() <= self.max_topics)
+        else {
             return decision.reject(400);
         };
         match (self.authorize(request, &topics), &self.webhook) {
@@ -101,8 +117,8 @@ impl Handler for TopicRoute {
     fn on_open(&mut self, conn: &mut Conn<'_>) {
         let target = conn.target().to_owned();
         for name in topics_in_target(&self.prefix, &target).unwrap_or_default() {
-            if conn.subscribe(name).is_err() {
-                conn.close(CloseCode::POLICY_VIOLATION, "too many topics");
+            if let Err(e) = conn.subscribe(name) {
+                conn.close(CloseCode::POLICY_VIOLATION, &e.to_string());
                 return;
             }
         }
@@ -139,7 +155,8 @@ impl Router {
         }
         let options =
             RouteOptions::new().prefix().slow_consumer(config.slow_consumer).watermarks(marks);
-        let mut route = TopicRoute::new(&config.path, config.client_publish);
+        let mut route = TopicRoute::new(&config.path, config.client_publish)
+            .max_topics(config.max_topics_per_connection);
         if let Some(verifier) = verifier {
             route = route.with_tokens(Arc::new(verifier));
         }

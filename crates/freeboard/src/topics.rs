@@ -35,7 +35,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use freeboard_buf::{Frame, Pool, SharedFrame};
 use freeboard_proto::frame::FrameHeader;
@@ -43,6 +43,7 @@ use freeboard_proto::{MessageKind, OpCode};
 use mio::Waker;
 use slab::Slab;
 
+use crate::backplane::Backplane;
 use crate::metrics::Metrics;
 
 /// The longest topic name, in bytes.
@@ -67,6 +68,9 @@ pub enum SubscribeError {
     /// The connection has as many topics as
     /// [`TopicsConfig::max_topics_per_connection`](crate::config::TopicsConfig) allows.
     TooManyTopics,
+    /// The server has as many topics (with a subscriber) as
+    /// [`TopicsConfig::max_topics`](crate::config::TopicsConfig) allows.
+    TooManyTopicsOnServer,
 }
 
 impl std::fmt::Display for SubscribeError {
@@ -74,6 +78,7 @@ impl std::fmt::Display for SubscribeError {
         f.write_str(match self {
             SubscribeError::InvalidName => "invalid topic name",
             SubscribeError::TooManyTopics => "too many topics for one connection",
+            SubscribeError::TooManyTopicsOnServer => "too many topics on this server",
         })
     }
 }
@@ -177,13 +182,23 @@ pub(crate) struct Hub {
     /// Invariant: a topic is here iff some loop has a subscriber to it; its set names exactly
     /// those loops.
     loops_by_topic: RwLock<HashMap<Arc<str>, LoopSet>>,
+    /// Topics with a subscriber the server may have at once.
+    max_topics: usize,
     inboxes: Vec<Inbox>,
     receivers: Mutex<Vec<Option<Receiver<Publication>>>>,
     metrics: Arc<Metrics>,
+    /// The Redis backplane, if one is configured: told when a topic gets its first subscriber
+    /// on this node and loses its last, and given every publication of this node.
+    backplane: OnceLock<Backplane>,
 }
 
 impl Hub {
-    pub(crate) fn new(wakers: &[Arc<Waker>], capacity: usize, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(
+        wakers: &[Arc<Waker>],
+        capacity: usize,
+        max_topics: usize,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let (inboxes, receivers) = wakers
             .iter()
             .map(|waker| {
@@ -193,10 +208,32 @@ impl Hub {
             .unzip();
         Self {
             loops_by_topic: RwLock::new(HashMap::new()),
+            max_topics,
             inboxes,
             receivers: Mutex::new(receivers),
             metrics,
+            backplane: OnceLock::new(),
         }
+    }
+
+    /// Attaches the Redis backplane (before any loop runs).
+    pub(crate) fn attach_backplane(&self, backplane: Backplane) {
+        let _ = self.backplane.set(backplane);
+    }
+
+    /// Sends a publication of this node to the other nodes, if there is a backplane.
+    pub(crate) fn send_to_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
+        if let Some(backplane) = self.backplane.get() {
+            backplane.publish(topic, kind, payload);
+        }
+    }
+
+    /// Delivers a publication of another node to every loop of this one that has a
+    /// subscriber to `topic`.
+    pub(crate) fn deliver_from_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
+        let (head, n) = header(kind, payload.len());
+        let mut published = Published::default();
+        self.publish_remote(topic, &[&head[..n], payload], None, &mut published, None);
     }
 
     /// Loop `index`'s end of its inbox (once).
@@ -254,17 +291,33 @@ impl Hub {
         }
     }
 
-    fn add_loop(&self, topic: &Arc<str>, index: u32) {
+    /// Records that loop `index` has a subscriber to `topic`; `false` (nothing recorded) if
+    /// the topic is new and the server already has `max_topics`.
+    fn add_loop(&self, topic: &Arc<str>, index: u32) -> bool {
         let mut map = self.loops_by_topic.write().unwrap_or_else(|e| e.into_inner());
-        map.entry(topic.clone()).or_default().insert(index);
+        if map.len() >= self.max_topics && !map.contains_key(topic) {
+            return false;
+        }
+        let loops = map.entry(topic.clone()).or_default();
+        if loops.is_empty()
+            && let Some(backplane) = self.backplane.get()
+        {
+            // Told under the lock, so the backplane sees changes in the order they happen.
+            backplane.subscribe(topic);
+        }
+        loops.insert(index);
+        true
     }
 
     fn remove_loop(&self, topic: &str, index: u32) {
         let mut map = self.loops_by_topic.write().unwrap_or_else(|e| e.into_inner());
         if let Some(loops) = map.get_mut(topic) {
             loops.remove(index);
-            if loops.is_empty() {
-                map.remove(topic);
+            if loops.is_empty()
+                && let Some((name, _)) = map.remove_entry(topic)
+                && let Some(backplane) = self.backplane.get()
+            {
+                backplane.unsubscribe(&name);
             }
         }
     }
@@ -346,13 +399,17 @@ impl LocalTopics {
             return Ok(false);
         }
         if mine.len() >= self.max_per_conn {
+            hub.metrics.topic_refusal("connection_topics");
             return Err(SubscribeError::TooManyTopics);
         }
         let topic = match existing {
             Some(topic) => topic,
             None => {
                 let name: Arc<str> = Arc::from(name);
-                hub.add_loop(&name, self.index);
+                if !hub.add_loop(&name, self.index) {
+                    hub.metrics.topic_refusal("server_topics");
+                    return Err(SubscribeError::TooManyTopicsOnServer);
+                }
                 let topic =
                     self.topics.insert(Topic { name: name.clone(), subscribers: Slab::new() });
                 self.by_name.insert(name, topic);
@@ -430,6 +487,7 @@ impl LocalTopics {
             }
         }
         hub.publish_remote(topic, &parts, Some(self.index), &mut published, receipt);
+        hub.send_to_backplane(topic, kind, payload);
         published
     }
 

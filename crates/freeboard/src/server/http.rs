@@ -411,6 +411,17 @@ impl<T: Transport> EventLoop<T> {
                 return None;
             }
         };
+        // Framed (a server frame's header is 2, 4 or 10 bytes), a publication over a topic
+        // subscriber's cap could reach none of them: refused before a byte is kept.
+        let header_len = match len {
+            0..=125 => 2,
+            126..=0xffff => 4,
+            _ => 10,
+        };
+        if len + header_len > self.shared.config.topics.send_cap {
+            self.refuse(token, now, 413, "", "body larger than a subscriber's send cap");
+            return None;
+        }
         if chunked.is_none() && body.len() >= len {
             let kept = self.finish_publish(token, now, topic, kind, &body[..len], reply, &cors);
             if self.awaiting.contains_key(&token) && body.len() > len {

@@ -17,6 +17,7 @@ mod http;
 mod plain;
 mod shared;
 
+use crate::backplane::{Backplane, RedisAddr};
 use crate::config::{ConfigError, ServerConfig};
 use crate::handler::Router;
 use crate::metrics::Metrics;
@@ -113,8 +114,28 @@ impl Server {
             (Some(_), None) => Some(addr),
             (_, at) => at,
         };
-        let hub = Hub::new(&wakers, config.topics.inbox, metrics.clone());
+        let hub = Hub::new(&wakers, config.topics.inbox, config.topics.max_topics, metrics.clone());
+        let redis = match &config.topics.redis {
+            Some(url) => Some(
+                RedisAddr::parse(url)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            ),
+            None => None,
+        };
+        let queue_bytes = config.topics.redis_queue;
         let shared = Arc::new(Shared::new(config, metrics, hub, Arc::new(routes), tls));
+        if let Some(redis) = redis {
+            let weak = Arc::downgrade(&shared);
+            let deliver = move |topic: &str, kind, payload: &[u8]| match weak.upgrade() {
+                Some(shared) => {
+                    shared.hub.deliver_from_backplane(topic, kind, payload);
+                    true
+                }
+                None => false,
+            };
+            let backplane = Backplane::start(redis, queue_bytes, shared.metrics.clone(), deliver)?;
+            shared.hub.attach_backplane(backplane);
+        }
         Ok(Self { shared, seeds: loops, wakers, local_addr: addr, tls_addr })
     }
 
@@ -302,6 +323,7 @@ impl ServerHandle {
         let mut published = Published::default();
         let parts = [&head[..n], payload];
         self.shared.hub.publish_remote(topic, &parts, None, &mut published, None);
+        self.shared.hub.send_to_backplane(topic, kind, payload);
         published
     }
 }

@@ -1,0 +1,174 @@
+//! Topics of `freeboard serve` as a process: a subscriber that keeps up receives every
+//! publication in order under every slow-consumer policy; a publication larger than a
+//! subscriber's cap is refused up front.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use freeboard_test::{Inbox, frame};
+
+/// Publications in the burst.
+const BURST: usize = 2000;
+
+/// A `freeboard serve` child and the address it listens on; killed on drop.
+struct Serve {
+    child: Child,
+    addr: String,
+}
+
+impl Serve {
+    fn spawn(extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_freeboard"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64M"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let url = line.trim().rsplit(' ').next().unwrap().to_owned();
+        assert!(url.starts_with("ws://127.0.0.1:"), "{line}");
+        let addr = url.trim_start_matches("ws://").trim_end_matches('/').to_owned();
+        Self { child, addr }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A WebSocket on `path`, its 101 read.
+fn subscribe(addr: &str, path: &str) -> (TcpStream, Inbox) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(freeboard_test::upgrade_request(path, "").as_bytes()).unwrap();
+    let mut inbox = Inbox::default();
+    let head = inbox.head(&mut s).unwrap().expect("a response");
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    (s, inbox)
+}
+
+/// A masked client text frame.
+fn text(payload: &[u8]) -> Vec<u8> {
+    frame(0x81, payload, Some([1, 2, 3, 4]))
+}
+
+/// Publishes "warm" from `publisher` until `reader` has seen one, so both subscriptions are
+/// known to every loop before the burst.
+fn warm_up(publisher: &mut TcpStream, reader: &mut TcpStream, inbox: &mut Inbox) {
+    reader.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    'outer: while Instant::now() < until {
+        publisher.write_all(&text(b"warm")).unwrap();
+        while let Ok(Some(f)) = inbox.frame(reader) {
+            if f.payload == b"warm" {
+                break 'outer;
+            }
+        }
+    }
+    reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+}
+
+#[test]
+fn a_subscriber_that_keeps_up_gets_every_publication_under_every_policy() {
+    let burst: Vec<u8> = (0..BURST).flat_map(|i| text(format!("m{i}").as_bytes())).collect();
+    for policy in ["conflate", "drop-oldest", "drop-newest", "block", "close"] {
+        for threads in ["1", "2"] {
+            let serve = Serve::spawn(&[
+                "--client-publish",
+                "--threads",
+                threads,
+                "--topic-slow-consumer",
+                policy,
+            ]);
+            let (mut reader, mut inbox) = subscribe(&serve.addr, "/topic/chat");
+            let (mut publisher, _) = subscribe(&serve.addr, "/topic/chat");
+            warm_up(&mut publisher, &mut reader, &mut inbox);
+            // As fast as it can: the whole burst in one write.
+            publisher.write_all(&burst).unwrap();
+            let mut next = 0;
+            while next < BURST {
+                let Some(f) = inbox.frame(&mut reader).unwrap() else {
+                    panic!("{policy}, {threads} loops: the stream ended after {next} of {BURST}")
+                };
+                if f.payload == b"warm" {
+                    continue;
+                }
+                assert_eq!(f.opcode, 0x1);
+                let got = String::from_utf8(f.payload).unwrap();
+                assert_eq!(
+                    got,
+                    format!("m{next}"),
+                    "{policy}, {threads} loops: out of order or lost"
+                );
+                next += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_post_larger_than_a_subscriber_cap_is_refused_with_413() {
+    let serve = Serve::spawn(&["--topic-send-cap", "64K", "--threads", "1"]);
+    let (mut reader, mut inbox) = subscribe(&serve.addr, "/topic/big");
+    let post = |len: usize| {
+        let mut s = TcpStream::connect(&serve.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let head = format!(
+            "POST /topic/big HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        let _ = s.write_all(&vec![b'x'; len]);
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer
+    };
+    // Framed, 64 KiB of payload takes 10 bytes more than the cap of 64 KiB.
+    let refused = post(64 << 10);
+    assert!(refused.starts_with("HTTP/1.1 413"), "{refused}");
+    let fits = post((64 << 10) - 10);
+    assert!(fits.starts_with("HTTP/1.1 200"), "{fits}");
+    let f = inbox.frame(&mut reader).unwrap().expect("the publication that fits");
+    assert_eq!(f.payload.len(), (64 << 10) - 10);
+}
+
+/// The status line of an upgrade to `path`.
+fn upgrade_status(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(freeboard_test::upgrade_request(path, "").as_bytes()).unwrap();
+    let head = Inbox::default().head(&mut s).unwrap().expect("a response");
+    head.lines().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn topic_limits_refuse_clearly_and_are_counted() {
+    let serve =
+        Serve::spawn(&["--threads", "2", "--max-topics-per-connection", "2", "--max-topics", "3"]);
+    // An also= list beyond the connection's limit: 400 at the upgrade.
+    assert!(upgrade_status(&serve.addr, "/topic/a?also=b&also=c").starts_with("HTTP/1.1 400"));
+    let (_ab, _) = subscribe(&serve.addr, "/topic/a?also=b");
+    let (_c, _) = subscribe(&serve.addr, "/topic/c");
+    let (_a_again, _) = subscribe(&serve.addr, "/topic/a"); // not a new topic
+    // A fourth topic on the server: the subscription is refused and the connection told why.
+    let (mut d, mut inbox) = subscribe(&serve.addr, "/topic/d");
+    let close = inbox.frame(&mut d).unwrap().expect("a close frame");
+    assert_eq!((close.opcode, close.close_code()), (0x8, 1008));
+    assert_eq!(&close.payload[2..], b"too many topics on this server");
+    let mut s = TcpStream::connect(&serve.addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut metrics = String::new();
+    let _ = s.read_to_string(&mut metrics);
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("freeboard_topic_refusals_total{reason=\"server_topics\"}"))
+        .unwrap_or_else(|| panic!("no server_topics refusal counted:\n{metrics}"));
+    assert!(line.ends_with(" 1"), "{line}");
+}
