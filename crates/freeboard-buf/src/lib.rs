@@ -54,7 +54,9 @@
 //! # Ok(()) }
 //! ```
 #![no_std]
-#![forbid(unsafe_code)]
+// One module, `mapping`, reserves address space and gives pages back to the operating system;
+// it is the crate's only `unsafe` code and allows it for itself.
+#![deny(unsafe_code)]
 
 #[cfg(feature = "alloc")]
 extern crate alloc;
@@ -64,6 +66,8 @@ extern crate std;
 mod backpressure;
 mod budget;
 mod chain;
+#[cfg(feature = "std")]
+mod mapping;
 mod pool;
 #[cfg(all(test, feature = "std"))]
 mod proptests;
@@ -76,10 +80,12 @@ mod storage;
 pub use backpressure::{SlowConsumerPolicy, WatermarkError, Watermarks, Writability};
 pub use budget::{Budget, BudgetExceeded};
 pub use chain::{ChunkChain, Frame, Part, Segments};
+#[cfg(feature = "std")]
+pub use mapping::resident_set_bytes;
 pub use pool::{
-    ChunkId, ChunkSlot, ConfigError, Counters, DEFAULT_CHUNK_SIZE, DEFAULT_SEGMENTS_PER_CHUNK,
-    DropTally, MAX_CHUNK_SIZE, MAX_CHUNKS, Pool, PoolConfig, PoolError, SegmentSlot,
-    fragmentation_index,
+    ChunkId, ChunkSlot, ConfigError, Counters, DEFAULT_CHUNK_SIZE, DEFAULT_IDLE_TICKS,
+    DEFAULT_SEGMENTS_PER_CHUNK, DEFAULT_WARM_RESERVE, DropTally, MAX_CHUNK_SIZE, MAX_CHUNKS, Pool,
+    PoolConfig, PoolError, Released, SegmentSlot, fragmentation_index,
 };
 pub use queue::{Discarded, Limit, MAX_CONTROL_FRAME, PushOutcome, Pushed, SendQueue};
 pub use ring::{Empty, Full, RingBuffer};

@@ -1,0 +1,292 @@
+//! Regions whose pages the pool can give back to the operating system.
+//!
+//! A [`Mapping`] reserves address space for a fixed number of elements and touches nothing: on
+//! Unix it is an anonymous private mapping (`mmap` with `MAP_NORESERVE`), so a page becomes
+//! resident only when it is first written. [`Mapping::release`] returns the whole pages inside
+//! a range of elements with `madvise(MADV_DONTNEED)`; they read back as zeros and cost nothing
+//! until they are written again.
+//!
+//! Miri cannot run `mmap` or `madvise`, and other systems have neither, so there the same type
+//! is backed by one zeroed heap allocation and `release` writes zeros over the same pages: the
+//! pool's logic (which pages, when, what reads back) runs unchanged under Miri; only the
+//! system calls are left out.
+//!
+//! This is the one module of the crate with `unsafe` code.
+#![allow(unsafe_code)]
+
+use core::marker::PhantomData;
+use core::ops::Range;
+use core::ptr::NonNull;
+
+use crate::pool::{ChunkSlot, SegmentSlot};
+
+/// Types for which all-zero bytes are a valid value, so a fresh or released page of them is
+/// usable as it is.
+///
+/// # Safety
+///
+/// The all-zero bit pattern must be a valid value of the type, and the type must have no
+/// destructor that matters (released elements are overwritten without being dropped).
+pub(crate) unsafe trait Zeroable: Copy {}
+
+// SAFETY: every bit pattern is a valid `u8`.
+unsafe impl Zeroable for u8 {}
+// SAFETY: `ChunkSlot` is two `u32`s (`refs`, `link`); any bit pattern is a valid value.
+unsafe impl Zeroable for ChunkSlot {}
+// SAFETY: `SegmentSlot` is four `u32`s; any bit pattern is a valid value.
+unsafe impl Zeroable for SegmentSlot {}
+
+/// A fixed number of `T`s in address space reserved at construction, zero until written.
+///
+/// Invariant: `ptr` is valid for reads and writes of `len` elements for the mapping's life,
+/// aligned to `page_size()` (and so to `T`), and owned by this value alone; `T` is
+/// [`Zeroable`] (the only constructor, [`Mapping::zeroed`], asks for it).
+pub(crate) struct Mapping<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    /// Bytes reserved: `len * size_of::<T>()` rounded up to a page (0 for an empty mapping).
+    reserved: usize,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: a `Mapping` owns its memory exclusively (as a `Box<[T]>` would); sending it to
+// another thread moves that ownership.
+unsafe impl<T: Send> Send for Mapping<T> {}
+// SAFETY: shared access only hands out `&[T]`, as `&Box<[T]>` would.
+unsafe impl<T: Sync> Sync for Mapping<T> {}
+
+impl<T: Zeroable> Mapping<T> {
+    /// Reserves room for `len` zeroed elements, or `None` if the system refuses (address space
+    /// exhausted, an `RLIMIT_AS`, or a size that overflows).
+    pub(crate) fn zeroed(len: usize) -> Option<Self> {
+        let page = page_size();
+        let bytes = len.checked_mul(size_of::<T>())?;
+        if bytes == 0 {
+            return Some(Self { ptr: NonNull::dangling(), len, reserved: 0, _owns: PhantomData });
+        }
+        let reserved = bytes.checked_next_multiple_of(page)?;
+        if reserved > isize::MAX as usize {
+            return None;
+        }
+        let ptr = backend::reserve(reserved, page)?;
+        Some(Self { ptr: ptr.cast(), len, reserved, _owns: PhantomData })
+    }
+}
+
+impl<T> Mapping<T> {
+
+    /// The elements.
+    #[inline]
+    pub(crate) fn as_slice(&self) -> &[T] {
+        // SAFETY: by the type's invariant `ptr` is valid, aligned and initialised (zero is a
+        // valid `T`, by `Zeroable`) for `len` elements; `&self` keeps them from being written.
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The elements, writable.
+    #[inline]
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as in `as_slice`; `&mut self` makes this the only access.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Gives back the whole pages that lie inside `elements` (indices, clamped to the mapping):
+    /// they read as zeros afterwards and are no longer resident. Pages only partly inside the
+    /// range are kept. Returns the bytes given back.
+    pub(crate) fn release(&mut self, elements: Range<usize>) -> usize {
+        let page = page_size();
+        let end = elements.end.min(self.len);
+        if elements.start >= end {
+            return 0;
+        }
+        let size = size_of::<T>();
+        let first = (elements.start * size).next_multiple_of(page);
+        let last = (end * size) / page * page;
+        if first >= last {
+            return 0;
+        }
+        // SAFETY: `first < last <= len * size_of::<T>() <= reserved`, so the range lies inside
+        // the reservation; `first` is page-aligned (the base is). `&mut self` means no reference
+        // into the elements is alive, and zeros are valid `T`s, so what reads back is valid.
+        unsafe { backend::release(self.ptr.cast::<u8>().add(first), last - first) };
+        last - first
+    }
+}
+
+impl<T> Drop for Mapping<T> {
+    fn drop(&mut self) {
+        if self.reserved > 0 {
+            // SAFETY: `ptr` and `reserved` are what `backend::reserve` returned, not yet freed.
+            unsafe { backend::free(self.ptr.cast(), self.reserved, page_size()) };
+        }
+    }
+}
+
+impl<T> core::fmt::Debug for Mapping<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "Mapping({} elements, {} bytes reserved)", self.len, self.reserved)
+    }
+}
+
+/// The operating system's page size (4096 under Miri and where it cannot be asked).
+pub(crate) fn page_size() -> usize {
+    backend::page_size()
+}
+
+/// The resident set size of this process in bytes (`/proc/self/statm`), for a gauge beside the
+/// pool's own figures; `None` where it cannot be read (not Linux, or no `/proc`). Reads one small
+/// file into a stack buffer: no allocation.
+///
+/// ```
+/// if cfg!(target_os = "linux") {
+///     assert!(freeboard_buf::resident_set_bytes().unwrap() > 0);
+/// }
+/// ```
+pub fn resident_set_bytes() -> Option<u64> {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    {
+        use std::io::Read;
+        let mut buf = [0u8; 128];
+        let mut file = std::fs::File::open("/proc/self/statm").ok()?;
+        let n = file.read(&mut buf).ok()?;
+        // "size resident shared text lib data dt", in pages.
+        let text = core::str::from_utf8(&buf[..n]).ok()?;
+        let pages: u64 = text.split_ascii_whitespace().nth(1)?.parse().ok()?;
+        Some(pages * page_size() as u64)
+    }
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    {
+        None
+    }
+}
+
+#[cfg(all(unix, not(miri)))]
+mod backend {
+    use core::ptr::NonNull;
+
+    pub(super) fn page_size() -> usize {
+        // SAFETY: `sysconf` only reads a configuration value.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if page > 0 { page as usize } else { 4096 }
+    }
+
+    /// An anonymous private mapping of `bytes` (a multiple of the page size, above 0).
+    pub(super) fn reserve(bytes: usize, _page: usize) -> Option<NonNull<u8>> {
+        // SAFETY: an anonymous mapping at an address the kernel chooses touches no existing
+        // memory; the result is checked against MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        // Transparent huge pages would make the first write to a chunk resident 2 MiB at a time
+        // and keep a released 4 KiB page inside a huge one: ask for small pages. Advice only, so
+        // a refusal changes nothing that matters.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        // SAFETY: the range is the mapping just made.
+        unsafe {
+            libc::madvise(ptr, bytes, libc::MADV_NOHUGEPAGE);
+        }
+        NonNull::new(ptr.cast())
+    }
+
+    /// Gives back `bytes` (page-aligned) at `ptr`: zeros on the next read, not resident.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + bytes` lies inside one mapping from `reserve` and nothing references it.
+    pub(super) unsafe fn release(ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: by the caller's contract the range is inside our own private anonymous mapping;
+        // MADV_DONTNEED on such a range makes it read as zeros, nothing else.
+        let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), bytes, libc::MADV_DONTNEED) };
+        if rc != 0 {
+            // Cannot fail for a valid private anonymous range; should it, zero the bytes so what
+            // reads back is the same.
+            // SAFETY: as above, the range is ours and unreferenced.
+            unsafe { ptr.as_ptr().write_bytes(0, bytes) };
+        }
+    }
+
+    /// Unmaps what `reserve` returned.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` and `bytes` are exactly what `reserve` returned and gave; nothing references it.
+    pub(super) unsafe fn free(ptr: NonNull<u8>, bytes: usize, _page: usize) {
+        // SAFETY: by the caller's contract this is one whole mapping we own.
+        unsafe { libc::munmap(ptr.as_ptr().cast(), bytes) };
+    }
+}
+
+/// Miri and systems without `mmap`: one zeroed, page-aligned heap allocation; a release writes
+/// zeros, which is what `MADV_DONTNEED` makes a page read as.
+#[cfg(any(miri, not(unix)))]
+mod backend {
+    use core::ptr::NonNull;
+    use std::alloc::{Layout, alloc_zeroed, dealloc};
+
+    pub(super) fn page_size() -> usize {
+        4096
+    }
+
+    pub(super) fn reserve(bytes: usize, page: usize) -> Option<NonNull<u8>> {
+        let layout = Layout::from_size_align(bytes, page).ok()?;
+        // SAFETY: `bytes > 0`, so the layout has a non-zero size.
+        NonNull::new(unsafe { alloc_zeroed(layout) })
+    }
+
+    /// # Safety
+    ///
+    /// `ptr..ptr + bytes` lies inside one allocation from `reserve` and nothing references it.
+    pub(super) unsafe fn release(ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: by the caller's contract the range is inside our allocation and unreferenced.
+        unsafe { ptr.as_ptr().write_bytes(0, bytes) };
+    }
+
+    /// # Safety
+    ///
+    /// `ptr` and `bytes` are exactly what `reserve` returned and was given.
+    pub(super) unsafe fn free(ptr: NonNull<u8>, bytes: usize, page: usize) {
+        // SAFETY: the layout is the one `reserve` allocated with (it succeeded, so it is valid).
+        unsafe { dealloc(ptr.as_ptr(), Layout::from_size_align_unchecked(bytes, page)) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeroed_then_released_pages_read_zero() {
+        let page = page_size();
+        let mut m = Mapping::<u8>::zeroed(3 * page + 100).unwrap();
+        assert!(m.as_slice().iter().all(|&b| b == 0));
+        m.as_mut_slice().fill(7);
+        // Only the whole pages inside the range go: [page, 3 * page).
+        assert_eq!(m.release(page - 1..3 * page + 50), 2 * page);
+        let s = m.as_slice();
+        assert!(s[..page].iter().all(|&b| b == 7));
+        assert!(s[page..3 * page].iter().all(|&b| b == 0));
+        assert!(s[3 * page..].iter().all(|&b| b == 7));
+        assert_eq!(m.release(10..20), 0, "no whole page inside");
+        assert_eq!(m.release(5..2), 0, "empty range");
+    }
+
+    #[test]
+    fn slots_map_and_release() {
+        let mut m = Mapping::<SegmentSlot>::zeroed(1000).unwrap();
+        assert_eq!(m.as_slice().len(), 1000);
+        let per_page = page_size() / size_of::<SegmentSlot>();
+        assert_eq!(m.release(0..1000), 1000 / per_page * page_size());
+        let empty = Mapping::<ChunkSlot>::zeroed(0).unwrap();
+        assert!(empty.as_slice().is_empty());
+    }
+}
