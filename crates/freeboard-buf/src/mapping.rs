@@ -74,7 +74,6 @@ impl<T: Zeroable> Mapping<T> {
 }
 
 impl<T> Mapping<T> {
-
     /// The elements.
     #[inline]
     pub(crate) fn as_slice(&self) -> &[T] {

@@ -317,8 +317,7 @@ impl<'a> Pool<'a> {
         let state = &self.state;
         let release = &mut self.release;
         release.chunks_high_water = release.chunks_high_water.max(state.interval_chunks_high);
-        release.segments_high_water =
-            release.segments_high_water.max(state.interval_segments_high);
+        release.segments_high_water = release.segments_high_water.max(state.interval_segments_high);
 
         // Chunks free all interval: the resident ones minus the most in use at once, provided
         // no cold or fresh chunk was taken (which only happens with the warm list empty).
@@ -510,8 +509,8 @@ impl<'a> Pool<'a> {
         let fresh_segments = self.state.fresh_segment as usize;
         let chunks = self.state.resident_chunks;
         self.data.release(0..fresh_chunks * chunk_size);
-        let metadata = fresh_chunks * size_of::<ChunkSlot>()
-            + fresh_segments * size_of::<SegmentSlot>();
+        let metadata =
+            fresh_chunks * size_of::<ChunkSlot>() + fresh_segments * size_of::<SegmentSlot>();
         self.chunks.release(0..fresh_chunks);
         self.segments.release(0..fresh_segments);
         let state = &mut self.state;
@@ -1044,8 +1043,7 @@ impl Pool<'static> {
                 Storage::Owned(vec![SegmentSlot::EMPTY; segments].into_boxed_slice()),
             )
         });
-        let mut pool =
-            Self::build(budget, footprint, chunk_size, data, chunk_slots, segment_slots);
+        let mut pool = Self::build(budget, footprint, chunk_size, data, chunk_slots, segment_slots);
         pool.set_release_policy(config.warm_reserve, config.idle_ticks);
         Ok(pool)
     }

@@ -84,13 +84,18 @@ pub(crate) enum BenchCommand {
         burst_fill: f64,
         /// Clients of the burst (each sends 60,000-byte messages and reads nothing until the
         /// pools are full).
-        #[arg(long, default_value_t = 32)]
+        #[arg(long, default_value_t = 8)]
         burst_connections: usize,
         /// Further `serve` arguments for both servers, split at spaces (e.g. "--threads 2").
         #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
         serve_args: Option<String>,
         /// `serve` arguments of the burst's server, split at spaces.
-        #[arg(long, value_name = "ARGS", allow_hyphen_values = true, default_value = "--memory 64M --max-message-size 64K")]
+        #[arg(
+            long,
+            value_name = "ARGS",
+            allow_hyphen_values = true,
+            default_value = "--threads 1 --memory 64M --max-message-size 64K --send-low 6M --send-high 12M"
+        )]
         burst_args: String,
         /// Runs per server (interleaved: A, B, A, B...).
         #[arg(long, default_value_t = 3)]
