@@ -1565,6 +1565,102 @@ mod tests {
         assert_eq!(err, ConfigError::NoChunks);
     }
 
+    #[cfg(feature = "std")]
+    fn page_pool(chunks: usize, reserve_chunks: usize, idle_ticks: u32) -> Pool<'static> {
+        let config = PoolConfig::new()
+            .with_chunk_count(chunks)
+            .with_warm_reserve(reserve_chunks * DEFAULT_CHUNK_SIZE)
+            .with_idle_ticks(idle_ticks);
+        Pool::new(Budget::new(usize::MAX), config).unwrap()
+    }
+
+    /// Allocates `n` chunks, writes each, releases them all: one interval's work.
+    #[cfg(feature = "std")]
+    fn cycle(pool: &mut Pool<'_>, n: usize) {
+        extern crate std;
+        let ids: std::vec::Vec<ChunkId> = (0..n).map(|_| pool.alloc().unwrap()).collect();
+        for id in ids {
+            pool.append(&id, b"frame");
+            pool.release(id);
+        }
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn a_new_pool_touches_nothing() {
+        let config =
+            if cfg!(miri) { PoolConfig::new().with_chunk_count(64) } else { PoolConfig::new() };
+        let before = crate::resident_set_bytes();
+        let pool = Pool::new(Budget::new(1 << 30), config).unwrap();
+        assert_eq!((pool.resident_bytes(), pool.chunks_resident()), (0, 0));
+        if let (Some(before), Some(after)) = (before, crate::resident_set_bytes()) {
+            // The old pool wrote 34 MiB of slots here; other tests run beside this one.
+            assert!(after.saturating_sub(before) < 8 << 20, "RSS grew {} bytes", after - before);
+        }
+        assert!(pool.chunks_total() > 200_000 || cfg!(miri));
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn a_steady_workload_pays_nothing() {
+        let mut pool = page_pool(64, 0, 0);
+        cycle(&mut pool, 10);
+        assert_eq!(pool.release_idle(), Released::NOTHING, "the chunks were taken fresh");
+        for _ in 0..5 {
+            cycle(&mut pool, 10);
+            assert_eq!(pool.release_idle(), Released::NOTHING);
+            assert_eq!(pool.chunks_resident(), 10);
+        }
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn chunks_free_all_interval_go_beyond_the_reserve() {
+        let mut pool = page_pool(256, 20, 0);
+        cycle(&mut pool, 100); // a burst
+        assert_eq!(pool.release_idle(), Released::NOTHING);
+        cycle(&mut pool, 10); // back to steady: 90 chunks stayed free, 20 of them are kept
+        let released = pool.release_idle();
+        assert_eq!(released, Released { chunks: 70, bytes: 70 * DEFAULT_CHUNK_SIZE });
+        assert_eq!(pool.chunks_resident(), 30);
+        cycle(&mut pool, 10);
+        assert_eq!(pool.release_idle(), Released::NOTHING, "the reserve stays");
+        // The next burst takes the warm ones first, then the cold ones, then fresh ones.
+        cycle(&mut pool, 120);
+        assert_eq!(pool.chunks_resident(), 120);
+        assert_eq!(pool.counters().chunks_high_water, 120);
+        assert_eq!(pool.counters().released_bytes, 70 * DEFAULT_CHUNK_SIZE as u64);
+        pool.audit([], &[]);
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn a_quiet_pool_gives_everything_back_and_starts_over() {
+        let mut pool = page_pool(64, 8, 2);
+        let mut chain = crate::ChunkChain::new();
+        chain.append(&mut pool, &[7u8; 3 * DEFAULT_CHUNK_SIZE]).unwrap();
+        let held = pool.alloc().unwrap();
+        assert!(pool.resident_bytes() >= 4 * DEFAULT_CHUNK_SIZE);
+        pool.release_idle();
+        pool.release_idle();
+        pool.release_idle();
+        assert!(pool.resident_bytes() >= 4 * DEFAULT_CHUNK_SIZE, "in use: nothing goes");
+        assert_eq!(chain.consume(&mut pool, usize::MAX), 3 * DEFAULT_CHUNK_SIZE);
+        pool.release(held);
+        assert_eq!(pool.release_idle().chunks, 0, "used during this interval; the reserve covers");
+        assert_eq!(pool.release_idle().chunks, 0, "one quiet interval");
+        let all = pool.release_idle();
+        assert_eq!(all.chunks, 4, "two quiet intervals: everything");
+        assert_eq!(pool.resident_bytes(), 0);
+        pool.audit([&chain], &[]);
+        chain.append(&mut pool, b"again").unwrap();
+        assert_eq!(
+            chain.segments(&pool).flatten().copied().collect::<std::vec::Vec<u8>>(),
+            b"again"
+        );
+        assert_eq!(chain.consume(&mut pool, 5), 5);
+    }
+
     #[test]
     fn fragmentation_is_zero() {
         assert_eq!(fragmentation_index(0, 0), 0.0);
