@@ -271,6 +271,28 @@ impl<'a> Pool<'a> {
             + self.state.fresh_segment as usize * size_of::<SegmentSlot>()
     }
 
+    /// Whether [`release_idle`](Self::release_idle) may have anything to give back, now or after
+    /// more quiet calls: false for a pool that has touched nothing since it was built or last
+    /// gave everything back. An event loop may leave its release timer off while this is false
+    /// and arm it when it turns true (checked once per loop turn; it is one comparison).
+    ///
+    /// ```
+    /// use freeboard_buf::{Budget, Pool, PoolConfig};
+    ///
+    /// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new().with_idle_ticks(1)).unwrap();
+    /// assert!(!pool.has_memory_to_release());
+    /// let id = pool.alloc().unwrap();
+    /// pool.release(id);
+    /// assert!(pool.has_memory_to_release());
+    /// pool.release_idle(); // the interval with the chunk in use
+    /// pool.release_idle(); // a quiet one: everything goes
+    /// assert!(!pool.has_memory_to_release());
+    /// ```
+    #[inline]
+    pub fn has_memory_to_release(&self) -> bool {
+        self.state.fresh_chunk > 0 || self.state.fresh_segment > 0
+    }
+
     /// Sets the release policy of a pool built with [`from_slices`](Self::from_slices) (a pool
     /// from [`Pool::new`] takes it from its [`PoolConfig`]): keep `warm_reserve` bytes of free
     /// chunks resident while in use, and give everything back after `idle_ticks` quiet calls of
