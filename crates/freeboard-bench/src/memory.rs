@@ -93,7 +93,7 @@ pub struct Run {
     /// (open − rest) / connected, KiB.
     pub kib_per_conn: f64,
     /// RSS over the idle time after they closed: (seconds since the close, KiB).
-    pub after_close: Vec<(f64, u64)>,
+    pub after_close: Vec<RssSample>,
     /// Seconds after the close until RSS was within the tolerance of `rest_kib`, if it was.
     pub close_return_s: Option<f64>,
     /// RSS at rest of the server started for the burst (its own budget), KiB.
@@ -107,7 +107,7 @@ pub struct Run {
     /// Burst clients the server closed before they read their echoes (a loop's pool ran out).
     pub burst_closed: usize,
     /// RSS over the idle time after the burst drained and its clients closed.
-    pub after_burst: Vec<(f64, u64)>,
+    pub after_burst: Vec<RssSample>,
     /// Seconds after the drain until RSS was within the tolerance of `burst_rest_kib`, if it
     /// was (and stayed).
     pub burst_return_s: Option<f64>,
@@ -206,12 +206,15 @@ pub fn run(server: &Server, plan: &Plan) -> io::Result<Run> {
     Ok(out)
 }
 
+/// (seconds since the watch began, RSS in KiB).
+pub type RssSample = (f64, u64);
+
 /// RSS every `plan.sample` for `plan.idle`, and the first time it was `back`.
 fn watch(
     pid: u32,
     plan: &Plan,
     back: impl Fn(u64) -> bool,
-) -> io::Result<(Vec<(f64, u64)>, Option<f64>)> {
+) -> io::Result<(Vec<RssSample>, Option<f64>)> {
     let t0 = Instant::now();
     let mut samples = Vec::new();
     let mut returned = None;

@@ -1042,8 +1042,15 @@ impl Pool<'static> {
         check_shape(chunk_size, chunks, segments)?;
         let footprint = Self::footprint(chunk_size, chunks, segments);
         budget.try_draw(footprint)?;
+        let heap = || {
+            (
+                Storage::Owned(vec![0u8; chunk_size * chunks].into_boxed_slice()),
+                Storage::Owned(vec![ChunkSlot::EMPTY; chunks].into_boxed_slice()),
+                Storage::Owned(vec![SegmentSlot::EMPTY; segments].into_boxed_slice()),
+            )
+        };
         #[cfg(feature = "std")]
-        let mapped = {
+        let (data, chunk_slots, segment_slots) = {
             use crate::mapping::Mapping;
             match (
                 Mapping::zeroed(chunk_size * chunks),
@@ -1051,20 +1058,13 @@ impl Pool<'static> {
                 Mapping::zeroed(segments),
             ) {
                 (Some(d), Some(c), Some(s)) => {
-                    Some((Storage::Mapped(d), Storage::Mapped(c), Storage::Mapped(s)))
+                    (Storage::Mapped(d), Storage::Mapped(c), Storage::Mapped(s))
                 }
-                _ => None,
+                _ => heap(),
             }
         };
         #[cfg(not(feature = "std"))]
-        let mapped = None;
-        let (data, chunk_slots, segment_slots) = mapped.unwrap_or_else(|| {
-            (
-                Storage::Owned(vec![0u8; chunk_size * chunks].into_boxed_slice()),
-                Storage::Owned(vec![ChunkSlot::EMPTY; chunks].into_boxed_slice()),
-                Storage::Owned(vec![SegmentSlot::EMPTY; segments].into_boxed_slice()),
-            )
-        });
+        let (data, chunk_slots, segment_slots) = heap();
         let mut pool = Self::build(budget, footprint, chunk_size, data, chunk_slots, segment_slots);
         pool.set_release_policy(config.warm_reserve, config.idle_ticks);
         Ok(pool)
