@@ -2,9 +2,11 @@
 //!
 //! A [`Mapping`] reserves address space for a fixed number of elements and touches nothing: on
 //! Unix it is an anonymous private mapping (`mmap` with `MAP_NORESERVE`), so a page becomes
-//! resident only when it is first written. [`Mapping::release`] returns the whole pages inside
-//! a range of elements with `madvise(MADV_DONTNEED)`; they read back as zeros and cost nothing
-//! until they are written again.
+//! resident only when it is first written. [`Mapping::leak`] turns it into a plain
+//! `&'static mut [T]` (so the pool's `Storage` stays a two-variant enum and its hot paths index
+//! a slice exactly as before) and an [`Unmap`] guard that unmaps on drop. [`Unmap::release`]
+//! returns the whole pages inside a range of that slice with `madvise(MADV_DONTNEED)`; they read
+//! back as zeros and cost nothing until they are written again.
 //!
 //! Miri cannot run `mmap` or `madvise`, and other systems have neither, so there the same type
 //! is backed by one zeroed heap allocation and `release` writes zeros over the same pages: the
@@ -14,6 +16,7 @@
 //! This is the one module of the crate with `unsafe` code.
 #![allow(unsafe_code)]
 
+use core::fmt;
 use core::marker::PhantomData;
 use core::ops::Range;
 use core::ptr::NonNull;
@@ -36,7 +39,8 @@ unsafe impl Zeroable for ChunkSlot {}
 // SAFETY: `SegmentSlot` is four `u32`s; any bit pattern is a valid value.
 unsafe impl Zeroable for SegmentSlot {}
 
-/// A fixed number of `T`s in address space reserved at construction, zero until written.
+/// A fixed number of `T`s in address space reserved at construction, zero until written; a
+/// slice and an [`Unmap`] guard once [`leak`](Self::leak)ed.
 ///
 /// Invariant: `ptr` is valid for reads and writes of `len` elements for the mapping's life,
 /// aligned to `page_size()` (and so to `T`), and owned by this value alone; `T` is
@@ -74,41 +78,22 @@ impl<T: Zeroable> Mapping<T> {
 }
 
 impl<T> Mapping<T> {
-    /// The elements.
-    #[inline]
-    pub(crate) fn as_slice(&self) -> &[T] {
+    /// The elements as a plain slice that lives as long as the returned [`Unmap`] is kept: the
+    /// caller must drop the guard only once the slice is no longer used (the pool keeps both
+    /// and never hands the slice out beyond its own life).
+    pub(crate) fn leak(self) -> (&'static mut [T], Unmap) {
+        let this = core::mem::ManuallyDrop::new(self);
         // SAFETY: by the type's invariant `ptr` is valid, aligned and initialised (zero is a
-        // valid `T`, by `Zeroable`) for `len` elements; `&self` keeps them from being written.
-        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    /// The elements, writable.
-    #[inline]
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: as in `as_slice`; `&mut self` makes this the only access.
-        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-
-    /// Gives back the whole pages that lie inside `elements` (indices, clamped to the mapping):
-    /// they read as zeros afterwards and are no longer resident. Pages only partly inside the
-    /// range are kept. Returns the bytes given back.
-    pub(crate) fn release(&mut self, elements: Range<usize>) -> usize {
-        let page = page_size();
-        let end = elements.end.min(self.len);
-        if elements.start >= end {
-            return 0;
-        }
-        let size = size_of::<T>();
-        let first = (elements.start * size).next_multiple_of(page);
-        let last = (end * size) / page * page;
-        if first >= last {
-            return 0;
-        }
-        // SAFETY: `first < last <= len * size_of::<T>() <= reserved`, so the range lies inside
-        // the reservation; `first` is page-aligned (the base is). `&mut self` means no reference
-        // into the elements is alive, and zeros are valid `T`s, so what reads back is valid.
-        unsafe { backend::release(self.ptr.cast::<u8>().add(first), last - first) };
-        last - first
+        // valid `T`, by `Zeroable`) for `len` elements and owned by this value alone; ownership
+        // moves to the returned slice (the `ManuallyDrop` never unmaps), and the memory stays
+        // mapped until the `Unmap` guard is dropped.
+        let slice = unsafe { core::slice::from_raw_parts_mut(this.ptr.as_ptr(), this.len) };
+        let unmap = Unmap {
+            base: this.ptr.cast::<u8>().as_ptr().addr(),
+            ptr: this.ptr.cast(),
+            reserved: this.reserved,
+        };
+        (slice, unmap)
     }
 }
 
@@ -121,8 +106,73 @@ impl<T> Drop for Mapping<T> {
     }
 }
 
-impl<T> core::fmt::Debug for Mapping<T> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+/// Owns a mapping whose elements were [`leak`](Mapping::leak)ed as a slice: gives pages of
+/// that slice back, and unmaps it when dropped.
+///
+/// Invariant: `ptr` and `reserved` are what `backend::reserve` returned (or `reserved == 0`);
+/// `base` is `ptr`'s address.
+pub(crate) struct Unmap {
+    base: usize,
+    ptr: NonNull<u8>,
+    reserved: usize,
+}
+
+// SAFETY: the guard only unmaps its own memory when dropped, which any thread may do.
+unsafe impl Send for Unmap {}
+// SAFETY: `&Unmap` allows nothing but address arithmetic.
+unsafe impl Sync for Unmap {}
+
+impl Unmap {
+    /// Gives back the whole pages that lie inside `region[elements]` (indices, clamped to the
+    /// slice): they read as zeros afterwards and are no longer resident. Pages only partly
+    /// inside the range are kept. Returns the bytes given back, 0 if `region` is not inside this
+    /// guard's mapping (checked, so this cannot touch anyone else's memory).
+    pub(crate) fn release<T: Zeroable>(&self, region: &mut [T], elements: Range<usize>) -> usize {
+        let page = page_size();
+        let end = elements.end.min(region.len());
+        if elements.start >= end {
+            return 0;
+        }
+        let size = size_of::<T>();
+        let base = region.as_mut_ptr().cast::<u8>();
+        let addr = base.addr();
+        if addr < self.base || addr + region.len() * size > self.base + self.reserved {
+            debug_assert!(false, "release of a region outside the mapping");
+            return 0;
+        }
+        let start_addr = (addr + elements.start * size).next_multiple_of(page);
+        let end_addr = (addr + end * size) / page * page;
+        if start_addr >= end_addr {
+            return 0;
+        }
+        let (first, last) = (start_addr - addr, end_addr - addr);
+        // SAFETY: `first < last <= region.len() * size_of::<T>()`, so the range lies inside
+        // `region`, which lies inside our mapping (checked above); the pointer is derived from
+        // the `&mut` borrow of `region`, so no other reference to those elements is alive, and
+        // zeros are valid `T`s (`Zeroable`), so what reads back is valid.
+        unsafe { backend::release(NonNull::new_unchecked(base.add(first)), last - first) };
+        last - first
+    }
+}
+
+impl Drop for Unmap {
+    fn drop(&mut self) {
+        if self.reserved > 0 {
+            // SAFETY: by the invariant these are what `backend::reserve` returned, not yet
+            // freed; the slice leaked from the mapping is no longer used (`Mapping::leak`).
+            unsafe { backend::free(self.ptr, self.reserved, page_size()) };
+        }
+    }
+}
+
+impl fmt::Debug for Unmap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Unmap({} bytes)", self.reserved)
+    }
+}
+
+impl<T> fmt::Debug for Mapping<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Mapping({} elements, {} bytes reserved)", self.len, self.reserved)
     }
 }
@@ -266,26 +316,37 @@ mod tests {
     #[test]
     fn zeroed_then_released_pages_read_zero() {
         let page = page_size();
-        let mut m = Mapping::<u8>::zeroed(3 * page + 100).unwrap();
-        assert!(m.as_slice().iter().all(|&b| b == 0));
-        m.as_mut_slice().fill(7);
+        let (s, unmap) = Mapping::<u8>::zeroed(3 * page + 100).unwrap().leak();
+        assert!(s.iter().all(|&b| b == 0));
+        s.fill(7);
         // Only the whole pages inside the range go: [page, 3 * page).
-        assert_eq!(m.release(page - 1..3 * page + 50), 2 * page);
-        let s = m.as_slice();
+        assert_eq!(unmap.release(s, page - 1..3 * page + 50), 2 * page);
         assert!(s[..page].iter().all(|&b| b == 7));
         assert!(s[page..3 * page].iter().all(|&b| b == 0));
         assert!(s[3 * page..].iter().all(|&b| b == 7));
-        assert_eq!(m.release(10..20), 0, "no whole page inside");
-        assert_eq!(m.release(5..5), 0, "empty range");
+        assert_eq!(unmap.release(s, 10..20), 0, "no whole page inside");
+        assert_eq!(unmap.release(s, 5..5), 0, "empty range");
+        // A sub-slice not starting on a page: pages are whole pages of the mapping.
+        s.fill(7);
+        assert_eq!(unmap.release(&mut s[100..], 0..2 * page), page);
+        assert!(s[..page].iter().all(|&b| b == 7));
+        assert!(s[page..2 * page].iter().all(|&b| b == 0));
+        assert!(s[2 * page..].iter().all(|&b| b == 7));
+        drop(unmap);
     }
 
     #[test]
     fn slots_map_and_release() {
-        let mut m = Mapping::<SegmentSlot>::zeroed(1000).unwrap();
-        assert_eq!(m.as_slice().len(), 1000);
+        let (s, unmap) = Mapping::<SegmentSlot>::zeroed(1000).unwrap().leak();
+        assert_eq!(s.len(), 1000);
         let per_page = page_size() / size_of::<SegmentSlot>();
-        assert_eq!(m.release(0..1000), 1000 / per_page * page_size());
-        let empty = Mapping::<ChunkSlot>::zeroed(0).unwrap();
-        assert!(empty.as_slice().is_empty());
+        assert_eq!(unmap.release(s, 0..1000), 1000 / per_page * page_size());
+        let (empty, _unmap) = Mapping::<ChunkSlot>::zeroed(0).unwrap().leak();
+        assert!(empty.is_empty());
+        // Not our memory: refused.
+        let mut other = [SegmentSlot::EMPTY; 600];
+        if !cfg!(debug_assertions) {
+            assert_eq!(unmap.release(&mut other, 0..600), 0);
+        }
     }
 }

@@ -123,6 +123,11 @@ pub struct Pool<'a> {
     footprint: usize,
     /// What [`release_idle`](Self::release_idle) does, and what it needs between calls.
     release: ReleaseState,
+    /// The mappings behind `data`, `chunks` and `segments` when [`Pool::new`] made them (then
+    /// those are `Storage::Borrowed` slices of the mappings): they give pages back, and unmap
+    /// when the pool is dropped, after the slices (fields drop in declaration order).
+    #[cfg(feature = "std")]
+    mapped: Option<[crate::mapping::Unmap; 3]>,
     dropped: [DropTally; SlowConsumerPolicy::ALL.len()],
     would_block: u64,
     slow_consumer_closes: u64,
@@ -211,6 +216,8 @@ impl<'a> Pool<'a> {
             segments,
             budget,
             footprint,
+            #[cfg(feature = "std")]
+            mapped: None,
             dropped: [DropTally::ZERO; SlowConsumerPolicy::ALL.len()],
             would_block: 0,
             slow_consumer_closes: 0,
@@ -507,7 +514,7 @@ impl<'a> Pool<'a> {
                     end += 1;
                     i += 1;
                 }
-                self.data.release(start * chunk_size..end * chunk_size);
+                self.give_back_data(start * chunk_size..end * chunk_size);
             }
             // Highest index first, so the lowest comes back first and the touched range stays
             // compact.
@@ -530,11 +537,14 @@ impl<'a> Pool<'a> {
         let fresh_chunks = self.state.fresh_chunk as usize;
         let fresh_segments = self.state.fresh_segment as usize;
         let chunks = self.state.resident_chunks;
-        self.data.release(0..fresh_chunks * chunk_size);
+        self.give_back_data(0..fresh_chunks * chunk_size);
         let metadata =
             fresh_chunks * size_of::<ChunkSlot>() + fresh_segments * size_of::<SegmentSlot>();
-        self.chunks.release(0..fresh_chunks);
-        self.segments.release(0..fresh_segments);
+        #[cfg(feature = "std")]
+        if let Some([_, chunk_map, segment_map]) = &self.mapped {
+            chunk_map.release(&mut self.chunks, 0..fresh_chunks);
+            segment_map.release(&mut self.segments, 0..fresh_segments);
+        }
         let state = &mut self.state;
         state.free_chunk = NIL;
         state.cold_chunk = NIL;
@@ -544,6 +554,16 @@ impl<'a> Pool<'a> {
         state.fresh_segment = 0;
         state.frame_hint = NIL;
         Released { chunks, bytes: chunks * chunk_size + metadata }
+    }
+
+    /// Gives the whole pages of `bytes` of the data region back, if the pool mapped it.
+    fn give_back_data(&mut self, bytes: core::ops::Range<usize>) {
+        #[cfg(feature = "std")]
+        if let Some([data_map, _, _]) = &self.mapped {
+            data_map.release(&mut self.data, bytes);
+        }
+        #[cfg(not(feature = "std"))]
+        let _ = bytes;
     }
 
     // ---- crate-internal ----
@@ -1050,20 +1070,21 @@ impl Pool<'static> {
             )
         };
         #[cfg(feature = "std")]
-        let (data, chunk_slots, segment_slots) = {
+        {
             use crate::mapping::Mapping;
-            match (
+            if let (Some(d), Some(c), Some(s)) = (
                 Mapping::zeroed(chunk_size * chunks),
                 Mapping::zeroed(chunks),
                 Mapping::zeroed(segments),
             ) {
-                (Some(d), Some(c), Some(s)) => {
-                    (Storage::Mapped(d), Storage::Mapped(c), Storage::Mapped(s))
-                }
-                _ => heap(),
+                let ((d, unmap_d), (c, unmap_c), (s, unmap_s)) = (d.leak(), c.leak(), s.leak());
+                let (d, c, s) = (Storage::Borrowed(d), Storage::Borrowed(c), Storage::Borrowed(s));
+                let mut pool = Self::build(budget, footprint, chunk_size, d, c, s);
+                pool.mapped = Some([unmap_d, unmap_c, unmap_s]);
+                pool.set_release_policy(config.warm_reserve, config.idle_ticks);
+                return Ok(pool);
             }
-        };
-        #[cfg(not(feature = "std"))]
+        }
         let (data, chunk_slots, segment_slots) = heap();
         let mut pool = Self::build(budget, footprint, chunk_size, data, chunk_slots, segment_slots);
         pool.set_release_policy(config.warm_reserve, config.idle_ticks);
