@@ -134,9 +134,10 @@ impl Unmap {
             return 0;
         }
         let size = size_of::<T>();
+        let bytes = size_of_val(region);
         let base = region.as_mut_ptr().cast::<u8>();
         let addr = base.addr();
-        if addr < self.base || addr + region.len() * size > self.base + self.reserved {
+        if addr < self.base || addr + bytes > self.base + self.reserved {
             debug_assert!(false, "release of a region outside the mapping");
             return 0;
         }
