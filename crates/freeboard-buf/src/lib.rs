@@ -9,6 +9,13 @@
 //! handles are `u32` indices, allocation and release pop and push an intrusive free list (O(1)),
 //! and exhaustion is an ordinary [`PoolError`] value.
 //!
+//! The budget is a bound, not a cost: a pool reserves its regions as address space and touches
+//! a page only when a chunk or slot on it is first used, so a 1 GiB budget costs nothing resident
+//! at rest; and [`Pool::release_idle`], called once a second by the event loop, gives the pages
+//! of chunks that stayed free back to the operating system beyond a warm reserve, and everything
+//! after a few quiet seconds (see [`Pool`]). [`resident_set_bytes`] reads the process's RSS for a
+//! gauge beside the pool's own [`Pool::resident_bytes`].
+//!
 //! A [`ChunkChain`] is a FIFO of *segments* — `(chunk, start, end)` — linked through a second
 //! fixed slab owned by the pool. A segment references bytes that are never written again, so one
 //! chunk can sit in many chains at different offsets: a broadcast is framed once into a
