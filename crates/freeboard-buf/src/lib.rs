@@ -9,6 +9,13 @@
 //! handles are `u32` indices, allocation and release pop and push an intrusive free list (O(1)),
 //! and exhaustion is an ordinary [`PoolError`] value.
 //!
+//! The budget is a bound, not a cost: a pool reserves its regions as address space and touches
+//! a page only when a chunk or slot on it is first used, so a 1 GiB budget costs nothing resident
+//! at rest; and [`Pool::release_idle`], called once a second by the event loop, gives the pages
+//! of chunks that stayed free back to the operating system beyond a warm reserve, and everything
+//! after a few quiet seconds (see [`Pool`]). [`resident_set_bytes`] reads the process's RSS for a
+//! gauge beside the pool's own [`Pool::resident_bytes`].
+//!
 //! A [`ChunkChain`] is a FIFO of *segments* — `(chunk, start, end)` — linked through a second
 //! fixed slab owned by the pool. A segment references bytes that are never written again, so one
 //! chunk can sit in many chains at different offsets: a broadcast is framed once into a
@@ -54,7 +61,9 @@
 //! # Ok(()) }
 //! ```
 #![no_std]
-#![forbid(unsafe_code)]
+// One module, `mapping`, reserves address space and gives pages back to the operating system;
+// it is the crate's only `unsafe` code and allows it for itself.
+#![deny(unsafe_code)]
 
 #[cfg(feature = "alloc")]
 extern crate alloc;
@@ -64,6 +73,8 @@ extern crate std;
 mod backpressure;
 mod budget;
 mod chain;
+#[cfg(feature = "std")]
+mod mapping;
 mod pool;
 #[cfg(all(test, feature = "std"))]
 mod proptests;
@@ -76,10 +87,12 @@ mod storage;
 pub use backpressure::{SlowConsumerPolicy, WatermarkError, Watermarks, Writability};
 pub use budget::{Budget, BudgetExceeded};
 pub use chain::{ChunkChain, Frame, Part, Segments};
+#[cfg(feature = "std")]
+pub use mapping::resident_set_bytes;
 pub use pool::{
-    ChunkId, ChunkSlot, ConfigError, Counters, DEFAULT_CHUNK_SIZE, DEFAULT_SEGMENTS_PER_CHUNK,
-    DropTally, MAX_CHUNK_SIZE, MAX_CHUNKS, Pool, PoolConfig, PoolError, SegmentSlot,
-    fragmentation_index,
+    ChunkId, ChunkSlot, ConfigError, Counters, DEFAULT_CHUNK_SIZE, DEFAULT_IDLE_TICKS,
+    DEFAULT_SEGMENTS_PER_CHUNK, DEFAULT_WARM_RESERVE, DropTally, MAX_CHUNK_SIZE, MAX_CHUNKS, Pool,
+    PoolConfig, PoolError, Released, SegmentSlot, fragmentation_index,
 };
 pub use queue::{Discarded, Limit, MAX_CONTROL_FRAME, PushOutcome, Pushed, SendQueue};
 pub use ring::{Empty, Full, RingBuffer};

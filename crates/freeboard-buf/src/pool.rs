@@ -26,6 +26,14 @@ pub const MAX_CHUNKS: usize = (1 << 30) - 1;
 /// The most segment slots one pool can hold (`u32::MAX` marks the end of a list).
 const MAX_SEGMENTS: usize = u32::MAX as usize - 1;
 
+/// Bytes of free chunks used by [`PoolConfig::new`] that [`Pool::release_idle`] keeps resident
+/// while the pool is in use: 1 MiB, 256 chunks of 4 KiB.
+pub const DEFAULT_WARM_RESERVE: usize = 1 << 20;
+
+/// Consecutive quiet calls of [`Pool::release_idle`] after which [`PoolConfig::new`]'s pool gives
+/// back everything it touched (with a call each second, 3 s without a chunk in use).
+pub const DEFAULT_IDLE_TICKS: u32 = 3;
+
 /// End of a free list or of a chain.
 pub(crate) const NIL: u32 = u32::MAX;
 
@@ -37,12 +45,33 @@ const CONTROL: u32 = 1 << 30;
 
 /// A pool of fixed-size chunks carved from one region, owned by one event loop.
 ///
-/// The pool draws its whole footprint from its [`Budget`] once, at construction — either one
-/// allocation per region ([`Pool::new`], feature `alloc`) or slices lent by the caller
-/// ([`Pool::from_slices`], for `no_std` without an allocator) — and never allocates again.
-/// Chunks are handed out as [`ChunkId`] indices; [`alloc`](Self::alloc) and
-/// [`release`](Self::release) are O(1) pops and pushes of an intrusive free list, and exhaustion
-/// is an [`PoolError`] value, never a panic, a wait or a growth.
+/// The pool draws its whole footprint from its [`Budget`] once, at construction — address space
+/// reserved per region ([`Pool::new`]: an anonymous mapping with feature `std`, one allocation
+/// with `alloc` alone) or slices lent by the caller ([`Pool::from_slices`], for `no_std` without
+/// an allocator) — and never allocates again. Chunks are handed out as [`ChunkId`] indices;
+/// [`alloc`](Self::alloc) and [`release`](Self::release) are O(1) pops and pushes of an
+/// intrusive free list, and exhaustion is an [`PoolError`] value, never a panic, a wait or a
+/// growth.
+///
+/// # Memory that is touched, and given back
+///
+/// Building a pool touches nothing: chunks and their metadata slots are handed out in index
+/// order the first time (a bump index), so the pages of a chunk, of its slot and of a segment
+/// slot become resident only when first used, and a 1 GiB budget costs no resident memory
+/// before its first connection. Freed chunks go on a *warm* free list (LIFO, resident); a call
+/// of [`release_idle`](Self::release_idle) once a second (the event loop's timer) gives pages
+/// back to the operating system (`madvise(MADV_DONTNEED)`, [`Pool::new`] with `std` only):
+///
+/// - chunks that stayed free during the whole last interval, beyond a warm reserve
+///   ([`PoolConfig::warm_reserve`]), move to a *cold* list and their pages are given back; a
+///   steady workload keeps what it used in the last interval, so it pays nothing;
+/// - after [`PoolConfig::idle_ticks`] consecutive intervals with no chunk and no segment in use,
+///   every page the pool touched — chunks, chunk slots, segment slots — is given back and the
+///   pool is as it was built.
+///
+/// Allocation takes a warm chunk, else a cold one, else a never-used one; only the warm pop is
+/// on the fast path, so [`alloc`](Self::alloc) and [`release`](Self::release) cost what they
+/// did before the pool gave memory back.
 ///
 /// A chunk is reference-counted with a plain `u32` (the pool is used from one thread through
 /// `&mut Pool`), and its bytes below its *fill* mark are never written again, which is what lets
@@ -92,6 +121,13 @@ pub struct Pool<'a> {
     /// Invariant: `budget.drawn() >= footprint`; the pool's footprint stays drawn for its life.
     budget: Budget,
     footprint: usize,
+    /// What [`release_idle`](Self::release_idle) does, and what it needs between calls.
+    release: ReleaseState,
+    /// The mappings behind `data`, `chunks` and `segments` when [`Pool::new`] made them (then
+    /// those are `Storage::Borrowed` slices of the mappings): they give pages back, and unmap
+    /// when the pool is dropped, after the slices (fields drop in declaration order).
+    #[cfg(feature = "std")]
+    mapped: Option<[crate::mapping::Unmap; 3]>,
     dropped: [DropTally; SlowConsumerPolicy::ALL.len()],
     would_block: u64,
     slow_consumer_closes: u64,
@@ -143,39 +179,45 @@ impl<'a> Pool<'a> {
         footprint: usize,
         chunk_size: usize,
         data: Storage<'a, u8>,
-        mut chunks: Storage<'a, ChunkSlot>,
-        mut segments: Storage<'a, SegmentSlot>,
+        chunks: Storage<'a, ChunkSlot>,
+        segments: Storage<'a, SegmentSlot>,
     ) -> Self {
-        // Link every slot into its free list, lowest index first, so a fresh pool hands out
-        // chunk 0, 1, 2... and untouched pages of an owned region stay untouched.
-        let n = chunks.len();
-        for (i, slot) in chunks.iter_mut().enumerate() {
-            *slot = ChunkSlot { refs: 0, link: if i + 1 < n { (i + 1) as u32 } else { NIL } };
-        }
-        let n = segments.len();
-        for (i, slot) in segments.iter_mut().enumerate() {
-            *slot = SegmentSlot {
-                next: if i + 1 < n { (i + 1) as u32 } else { NIL },
-                ..SegmentSlot::EMPTY
-            };
-        }
+        // Nothing is linked or written here: chunks and segment slots are handed out by index
+        // the first time (`fresh_chunk`, `fresh_segment`), so untouched pages stay untouched.
+        let page_size = page_size();
         Pool {
             state: State {
                 chunk_size: chunk_size as u32,
-                free_chunk: if chunks.is_empty() { NIL } else { 0 },
-                free_segment: if segments.is_empty() { NIL } else { 0 },
+                free_chunk: NIL,
+                cold_chunk: NIL,
+                fresh_chunk: 0,
+                resident_chunks: 0,
+                free_segment: NIL,
+                fresh_segment: 0,
                 frame_hint: NIL,
                 chunks_in_use: 0,
-                chunks_high_water: 0,
+                interval_chunks_high: 0,
                 segments_in_use: 0,
-                segments_high_water: 0,
+                interval_segments_high: 0,
                 allocation_failures: 0,
+            },
+            release: ReleaseState {
+                warm_reserve: DEFAULT_WARM_RESERVE.div_ceil(chunk_size),
+                idle_ticks: DEFAULT_IDLE_TICKS,
+                page_size,
+                chunks_high_water: 0,
+                segments_high_water: 0,
+                resident_at_tick: 0,
+                quiet_ticks: 0,
+                released_bytes: 0,
             },
             data,
             chunks,
             segments,
             budget,
             footprint,
+            #[cfg(feature = "std")]
+            mapped: None,
             dropped: [DropTally::ZERO; SlowConsumerPolicy::ALL.len()],
             would_block: 0,
             slow_consumer_closes: 0,
@@ -219,6 +261,126 @@ impl<'a> Pool<'a> {
     /// Bytes this pool drew from its budget (data and metadata).
     pub fn footprint_bytes(&self) -> usize {
         self.footprint
+    }
+
+    /// Chunks whose pages the pool has not given back: in use, or free on the warm list.
+    pub fn chunks_resident(&self) -> usize {
+        self.state.resident_chunks
+    }
+
+    /// Bytes of this pool that may be resident: the resident chunks' data plus every metadata
+    /// slot touched since the pool was built or last gave everything back. An upper bound on
+    /// what the pool adds to the process's RSS (pages are counted whole by the system, so a
+    /// chunk smaller than a page may share a resident page with a cold neighbour).
+    pub fn resident_bytes(&self) -> usize {
+        self.state.resident_chunks * self.chunk_size()
+            + self.state.fresh_chunk as usize * size_of::<ChunkSlot>()
+            + self.state.fresh_segment as usize * size_of::<SegmentSlot>()
+    }
+
+    /// Whether [`release_idle`](Self::release_idle) may have anything to give back, now or after
+    /// more quiet calls: false for a pool that has touched nothing since it was built or last
+    /// gave everything back. An event loop may leave its release timer off while this is false
+    /// and arm it when it turns true (checked once per loop turn; it is one comparison).
+    ///
+    /// ```
+    /// use freeboard_buf::{Budget, Pool, PoolConfig};
+    ///
+    /// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new().with_idle_ticks(1)).unwrap();
+    /// assert!(!pool.has_memory_to_release());
+    /// let id = pool.alloc().unwrap();
+    /// pool.release(id);
+    /// assert!(pool.has_memory_to_release());
+    /// pool.release_idle(); // the interval with the chunk in use
+    /// pool.release_idle(); // a quiet one: everything goes
+    /// assert!(!pool.has_memory_to_release());
+    /// ```
+    #[inline]
+    pub fn has_memory_to_release(&self) -> bool {
+        self.state.fresh_chunk > 0 || self.state.fresh_segment > 0
+    }
+
+    /// Sets the release policy of a pool built with [`from_slices`](Self::from_slices) (a pool
+    /// from [`Pool::new`] takes it from its [`PoolConfig`]): keep `warm_reserve` bytes of free
+    /// chunks resident while in use, and give everything back after `idle_ticks` quiet calls of
+    /// [`release_idle`](Self::release_idle) (0 never gives everything back).
+    pub fn set_release_policy(&mut self, warm_reserve: usize, idle_ticks: u32) {
+        self.release.warm_reserve = warm_reserve.div_ceil(self.chunk_size());
+        self.release.idle_ticks = idle_ticks;
+    }
+
+    /// Gives memory that stayed free back to the operating system; call it at a fixed interval
+    /// (the event loop's timer, once a second). It reads no clock: an *interval* is the time
+    /// between two calls. Returns what it gave back.
+    ///
+    /// - Chunks that were free during the whole last interval, beyond the warm reserve, have
+    ///   their pages given back (only when a chunk spans whole pages, and no chunk was taken from
+    ///   the cold or never-used ones during the interval). The free ones are taken from the warm
+    ///   list in batches, sorted, and each run of adjacent chunks is one `madvise` call.
+    /// - After `idle_ticks` consecutive intervals in which no chunk and no segment was in use,
+    ///   every page the pool touched is given back (three `madvise` calls) and the pool hands
+    ///   out chunk 0, 1, 2... again.
+    ///
+    /// The bookkeeping runs the same for every storage; only a pool from [`Pool::new`] with
+    /// feature `std` actually returns pages (elsewhere `Released::bytes` counts what would have
+    /// been returned, and borrowed or heap memory stays as it is).
+    ///
+    /// ```
+    /// use freeboard_buf::{Budget, Pool, PoolConfig};
+    ///
+    /// let config = PoolConfig::new().with_chunk_count(1024).with_warm_reserve(0).with_idle_ticks(2);
+    /// let mut pool = Pool::new(Budget::new(8 << 20), config).unwrap();
+    /// let held: Vec<_> = (0..100).map(|_| pool.alloc().unwrap()).collect();
+    /// held.into_iter().for_each(|id| pool.release(id));
+    /// assert_eq!(pool.chunks_resident(), 100);
+    /// pool.release_idle(); // the interval in which the chunks were used
+    /// assert_eq!(pool.release_idle().chunks, 100); // a quiet interval: the chunks go
+    /// assert_eq!(pool.chunks_resident(), 0);
+    /// assert_eq!(pool.resident_bytes(), 100 * 8); // their slots stay until...
+    /// pool.release_idle(); // ...a second quiet interval: everything goes
+    /// assert_eq!(pool.resident_bytes(), 0);
+    /// ```
+    pub fn release_idle(&mut self) -> Released {
+        let mut released = Released { chunks: 0, bytes: 0 };
+        let chunk_size = self.chunk_size();
+        let state = &self.state;
+        let release = &mut self.release;
+        release.chunks_high_water = release.chunks_high_water.max(state.interval_chunks_high);
+        release.segments_high_water = release.segments_high_water.max(state.interval_segments_high);
+
+        // Chunks free all interval: the resident ones minus the most in use at once, provided
+        // no cold or fresh chunk was taken (which only happens with the warm list empty).
+        if chunk_size >= release.page_size && state.resident_chunks == release.resident_at_tick {
+            let idle = state.resident_chunks - state.interval_chunks_high;
+            let surplus = idle.saturating_sub(release.warm_reserve);
+            if surplus > 0 {
+                released = self.cool(surplus);
+            }
+        }
+
+        let state = &self.state;
+        let quiet = state.chunks_in_use == 0
+            && state.interval_chunks_high == 0
+            && state.segments_in_use == 0
+            && state.interval_segments_high == 0;
+        let release = &mut self.release;
+        release.quiet_ticks = if quiet { release.quiet_ticks.saturating_add(1) } else { 0 };
+        if quiet
+            && release.idle_ticks > 0
+            && release.quiet_ticks >= release.idle_ticks
+            && (state.fresh_chunk > 0 || state.fresh_segment > 0)
+        {
+            let all = self.reset();
+            released.chunks += all.chunks;
+            released.bytes += all.bytes;
+        }
+
+        let state = &mut self.state;
+        state.interval_chunks_high = state.chunks_in_use;
+        state.interval_segments_high = state.segments_in_use;
+        self.release.resident_at_tick = state.resident_chunks;
+        self.release.released_bytes += released.bytes as u64;
+        released
     }
 
     /// The budget the pool was drawn from; what is left is available to other consumers.
@@ -296,10 +458,16 @@ impl<'a> Pool<'a> {
             chunk_size: self.chunk_size(),
             chunks_total: self.chunks_total(),
             chunks_in_use: self.state.chunks_in_use,
-            chunks_high_water: self.state.chunks_high_water,
+            chunks_high_water: self.chunks_high_water(),
+            chunks_resident: self.state.resident_chunks,
+            resident_bytes: self.resident_bytes(),
+            released_bytes: self.release.released_bytes,
             segments_total: self.segments_total(),
             segments_in_use: self.state.segments_in_use,
-            segments_high_water: self.state.segments_high_water,
+            segments_high_water: self
+                .release
+                .segments_high_water
+                .max(self.state.interval_segments_high),
             allocation_failures: self.state.allocation_failures,
             would_block: self.would_block,
             slow_consumer_closes: self.slow_consumer_closes,
@@ -312,6 +480,90 @@ impl<'a> Pool<'a> {
     /// [`Counters::fragmentation_index`]).
     pub fn fragmentation_index(&self) -> f64 {
         self.counters().fragmentation_index()
+    }
+
+    fn chunks_high_water(&self) -> usize {
+        self.release.chunks_high_water.max(self.state.interval_chunks_high)
+    }
+
+    /// Moves up to `n` chunks from the warm list to the cold list and gives their pages back.
+    fn cool(&mut self, n: usize) -> Released {
+        const BATCH: usize = 64;
+        let chunk_size = self.chunk_size();
+        let mut released = Released { chunks: 0, bytes: 0 };
+        let mut batch = [0u32; BATCH];
+        while released.chunks < n {
+            let mut k = 0;
+            while k < BATCH && released.chunks + k < n && self.state.free_chunk != NIL {
+                let idx = self.state.free_chunk;
+                self.state.free_chunk = self.chunks[idx as usize].link;
+                batch[k] = idx;
+                k += 1;
+            }
+            if k == 0 {
+                break;
+            }
+            let batch = &mut batch[..k];
+            batch.sort_unstable();
+            let mut i = 0;
+            while i < k {
+                let start = batch[i] as usize;
+                let mut end = start + 1;
+                i += 1;
+                while i < k && batch[i] as usize == end {
+                    end += 1;
+                    i += 1;
+                }
+                self.give_back_data(start * chunk_size..end * chunk_size);
+            }
+            // Highest index first, so the lowest comes back first and the touched range stays
+            // compact.
+            for &idx in batch.iter().rev() {
+                self.chunks[idx as usize].link = self.state.cold_chunk;
+                self.state.cold_chunk = idx;
+            }
+            self.state.resident_chunks -= k;
+            released.chunks += k;
+        }
+        released.bytes = released.chunks * chunk_size;
+        released
+    }
+
+    /// Gives back every page the pool touched and returns it to its state at construction.
+    /// Only with no chunk and no segment in use.
+    fn reset(&mut self) -> Released {
+        debug_assert!(self.state.chunks_in_use == 0 && self.state.segments_in_use == 0);
+        let chunk_size = self.chunk_size();
+        let fresh_chunks = self.state.fresh_chunk as usize;
+        let fresh_segments = self.state.fresh_segment as usize;
+        let chunks = self.state.resident_chunks;
+        self.give_back_data(0..fresh_chunks * chunk_size);
+        let metadata =
+            fresh_chunks * size_of::<ChunkSlot>() + fresh_segments * size_of::<SegmentSlot>();
+        #[cfg(feature = "std")]
+        if let Some([_, chunk_map, segment_map]) = &self.mapped {
+            chunk_map.release(&mut self.chunks, 0..fresh_chunks);
+            segment_map.release(&mut self.segments, 0..fresh_segments);
+        }
+        let state = &mut self.state;
+        state.free_chunk = NIL;
+        state.cold_chunk = NIL;
+        state.fresh_chunk = 0;
+        state.resident_chunks = 0;
+        state.free_segment = NIL;
+        state.fresh_segment = 0;
+        state.frame_hint = NIL;
+        Released { chunks, bytes: chunks * chunk_size + metadata }
+    }
+
+    /// Gives the whole pages of `bytes` of the data region back, if the pool mapped it.
+    fn give_back_data(&mut self, bytes: core::ops::Range<usize>) {
+        #[cfg(feature = "std")]
+        if let Some([data_map, _, _]) = &self.mapped {
+            data_map.release(&mut self.data, bytes);
+        }
+        #[cfg(not(feature = "std"))]
+        let _ = bytes;
     }
 
     // ---- crate-internal ----
@@ -360,20 +612,86 @@ impl<'a> Pool<'a> {
 pub(crate) struct State {
     /// Invariant: `1 <= chunk_size <= MAX_CHUNK_SIZE`.
     chunk_size: u32,
-    /// Head of the free-chunk list, linked through `ChunkSlot::link`; `NIL` when exhausted.
+    /// Head of the warm free-chunk list (free, pages resident), linked through
+    /// `ChunkSlot::link`; `NIL` when empty.
     free_chunk: u32,
-    /// Head of the free-segment list, linked through `SegmentSlot::next`; `NIL` when exhausted.
+    /// Head of the cold free-chunk list (free, pages given back), linked the same way.
+    cold_chunk: u32,
+    /// Invariant: chunks `[0, fresh_chunk)` have been handed out since the pool was built or
+    /// last reset, and only their slots are ever read; the slots and pages above are untouched.
+    fresh_chunk: u32,
+    /// Invariant: chunks in use plus chunks on the warm list.
+    resident_chunks: usize,
+    /// Head of the free-segment list, linked through `SegmentSlot::next`; `NIL` when empty.
     free_segment: u32,
+    /// Invariant: segment slots `[0, fresh_segment)` have been handed out since the pool was
+    /// built or last reset; those above are untouched.
+    fresh_segment: u32,
     /// The chunk the last frame ended in, so small frames pack into one chunk. A hint, not a
     /// reference: used only while that chunk is still in use by someone.
     frame_hint: u32,
     /// Invariant: equals the number of chunks with `refs > 0`.
     chunks_in_use: usize,
-    chunks_high_water: usize,
+    /// The most chunks in use at once since the last `release_idle`.
+    interval_chunks_high: usize,
     /// Invariant: equals the number of segment slots off the free list.
     segments_in_use: usize,
-    segments_high_water: usize,
+    /// The most segment slots in use at once since the last `release_idle`.
+    interval_segments_high: usize,
     allocation_failures: u64,
+}
+
+/// What [`Pool::release_idle`] keeps between calls, and its policy.
+#[derive(Debug)]
+struct ReleaseState {
+    /// Free chunks kept resident while the pool is in use.
+    warm_reserve: usize,
+    /// Quiet calls after which everything is given back; 0: never.
+    idle_ticks: u32,
+    page_size: usize,
+    /// Most chunks in use at once before the current interval.
+    chunks_high_water: usize,
+    segments_high_water: usize,
+    /// `State::resident_chunks` at the end of the last call: if it grew since, a cold or
+    /// never-used chunk was taken, so the warm list ran empty during the interval.
+    resident_at_tick: usize,
+    /// Consecutive calls whose interval had no chunk and no segment in use.
+    quiet_ticks: u32,
+    /// Bytes given back since the pool was built.
+    released_bytes: u64,
+}
+
+/// What one call of [`Pool::release_idle`] gave back.
+///
+/// ```
+/// use freeboard_buf::Released;
+///
+/// assert_eq!(Released::NOTHING.bytes, 0);
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Released {
+    /// Free chunks whose pages were given back.
+    pub chunks: usize,
+    /// Their bytes, plus the metadata slots given back when the whole pool went.
+    pub bytes: usize,
+}
+
+impl Released {
+    /// Nothing given back.
+    pub const NOTHING: Self = Self { chunks: 0, bytes: 0 };
+}
+
+/// The page size pages are given back in.
+fn page_size() -> usize {
+    #[cfg(feature = "std")]
+    {
+        crate::mapping::page_size()
+    }
+    #[cfg(not(feature = "std"))]
+    {
+        4096
+    }
 }
 
 /// A pool borrowed for one operation: the regions as plain slices (the `Storage` enum is
@@ -410,14 +728,36 @@ impl<'p> Slab<'p> {
     pub(crate) fn alloc_chunk(&mut self) -> Result<u32, PoolError> {
         let idx = self.state.free_chunk;
         if idx == NIL {
-            self.state.allocation_failures += 1;
-            return Err(PoolError::ChunksExhausted);
+            return self.alloc_cold_chunk();
         }
         let slot = &mut self.chunks[idx as usize];
         self.state.free_chunk = slot.link;
         *slot = ChunkSlot { refs: 1, link: 0 };
         self.state.chunks_in_use += 1;
-        self.state.chunks_high_water = self.state.chunks_high_water.max(self.state.chunks_in_use);
+        self.state.interval_chunks_high =
+            self.state.interval_chunks_high.max(self.state.chunks_in_use);
+        Ok(idx)
+    }
+
+    /// The warm list is empty: a chunk whose pages were given back, else one never used.
+    #[cold]
+    fn alloc_cold_chunk(&mut self) -> Result<u32, PoolError> {
+        let idx = if self.state.cold_chunk != NIL {
+            let idx = self.state.cold_chunk;
+            self.state.cold_chunk = self.chunks[idx as usize].link;
+            idx
+        } else if (self.state.fresh_chunk as usize) < self.chunks.len() {
+            self.state.fresh_chunk += 1;
+            self.state.fresh_chunk - 1
+        } else {
+            self.state.allocation_failures += 1;
+            return Err(PoolError::ChunksExhausted);
+        };
+        self.chunks[idx as usize] = ChunkSlot { refs: 1, link: 0 };
+        self.state.resident_chunks += 1;
+        self.state.chunks_in_use += 1;
+        self.state.interval_chunks_high =
+            self.state.interval_chunks_high.max(self.state.chunks_in_use);
         Ok(idx)
     }
 
@@ -507,19 +847,14 @@ impl<'p> Slab<'p> {
         start: u32,
         end: u32,
     ) -> Result<u32, PoolError> {
-        let idx = self.state.free_segment;
-        if idx == NIL {
+        if self.state.free_segment == NIL
+            && self.state.fresh_segment as usize >= self.segments.len()
+        {
             self.state.allocation_failures += 1;
             return Err(PoolError::SegmentsExhausted);
         }
         self.add_ref(chunk)?;
-        let slot = &mut self.segments[idx as usize];
-        self.state.free_segment = slot.next;
-        *slot = SegmentSlot { chunk, start, end, next: NIL };
-        self.state.segments_in_use += 1;
-        self.state.segments_high_water =
-            self.state.segments_high_water.max(self.state.segments_in_use);
-        Ok(idx)
+        self.alloc_segment_owning(chunk, start, end)
     }
 
     /// Takes a segment slot for a chunk just allocated, inheriting its first reference.
@@ -531,17 +866,29 @@ impl<'p> Slab<'p> {
         end: u32,
     ) -> Result<u32, PoolError> {
         let idx = self.state.free_segment;
-        if idx == NIL {
-            self.state.allocation_failures += 1;
-            return Err(PoolError::SegmentsExhausted);
-        }
-        let slot = &mut self.segments[idx as usize];
-        self.state.free_segment = slot.next;
-        *slot = SegmentSlot { chunk, start, end, next: NIL };
+        let idx = if idx != NIL {
+            self.state.free_segment = self.segments[idx as usize].next;
+            idx
+        } else {
+            self.fresh_segment()?
+        };
+        self.segments[idx as usize] = SegmentSlot { chunk, start, end, next: NIL };
         self.state.segments_in_use += 1;
-        self.state.segments_high_water =
-            self.state.segments_high_water.max(self.state.segments_in_use);
+        self.state.interval_segments_high =
+            self.state.interval_segments_high.max(self.state.segments_in_use);
         Ok(idx)
+    }
+
+    /// The free list is empty: a segment slot never used since the pool was built or reset.
+    #[cold]
+    fn fresh_segment(&mut self) -> Result<u32, PoolError> {
+        if (self.state.fresh_segment as usize) < self.segments.len() {
+            self.state.fresh_segment += 1;
+            Ok(self.state.fresh_segment - 1)
+        } else {
+            self.state.allocation_failures += 1;
+            Err(PoolError::SegmentsExhausted)
+        }
     }
 
     /// Returns a segment slot and its chunk reference; returns the slot's `next`.
@@ -644,37 +991,59 @@ impl Pool<'_> {
         for handle in handles {
             refs[handle.0 as usize] += 1;
         }
-        for (i, slot) in self.chunks.iter().enumerate() {
+        let fresh = self.state.fresh_chunk as usize;
+        assert!(fresh <= self.chunks.len());
+        for (i, slot) in self.chunks[..fresh].iter().enumerate() {
             assert_eq!(slot.refs, refs[i], "reference count of chunk {i}");
             if slot.refs > 0 {
                 assert!(slot.link <= self.state.chunk_size, "fill of chunk {i}");
             }
         }
+        assert!(refs[fresh..].iter().all(|&r| r == 0), "a reference above the fresh index");
         assert_eq!(self.state.chunks_in_use, refs.iter().filter(|&&r| r > 0).count());
-        let (mut free, mut cur) = (0, self.state.free_chunk);
-        while cur != NIL {
-            assert_eq!(self.chunks[cur as usize].refs, 0, "chunk {cur} on the free list is in use");
-            free += 1;
-            cur = self.chunks[cur as usize].link;
-        }
-        assert_eq!(free, self.chunks.len() - self.state.chunks_in_use, "free chunk list length");
+        let mut on_list = vec![false; fresh];
+        let mut walk = |head: u32, what: &str| {
+            let (mut n, mut cur) = (0, head);
+            while cur != NIL {
+                let i = cur as usize;
+                assert!(i < fresh, "{what} chunk {i} above the fresh index");
+                assert!(!on_list[i], "chunk {i} twice on the free lists");
+                on_list[i] = true;
+                assert_eq!(self.chunks[i].refs, 0, "chunk {i} on the {what} list is in use");
+                n += 1;
+                cur = self.chunks[i].link;
+            }
+            n
+        };
+        let warm = walk(self.state.free_chunk, "warm");
+        let cold = walk(self.state.cold_chunk, "cold");
+        assert_eq!(warm + cold, fresh - self.state.chunks_in_use, "free chunk lists' length");
+        assert_eq!(self.state.resident_chunks, self.state.chunks_in_use + warm, "resident");
         assert_eq!(self.state.segments_in_use, linked, "segments in use");
+        let fresh = self.state.fresh_segment as usize;
         let (mut free, mut cur) = (0, self.state.free_segment);
         while cur != NIL {
+            assert!((cur as usize) < fresh, "free segment {cur} above the fresh index");
             free += 1;
             cur = self.segments[cur as usize].next;
         }
-        assert_eq!(free, self.segments.len() - linked, "free segment list length");
+        assert_eq!(free, fresh - linked, "free segment list length");
         assert!(self.budget.drawn() <= self.budget.limit(), "budget exceeded");
-        assert!(self.state.chunks_high_water >= self.state.chunks_in_use);
+        assert!(self.chunks_high_water() >= self.state.chunks_in_use);
+        assert!(self.state.interval_chunks_high >= self.state.chunks_in_use);
+        assert!(self.state.interval_segments_high >= self.state.segments_in_use);
+        assert!(self.resident_bytes() <= self.footprint, "resident beyond the footprint");
     }
 }
 
 #[cfg(feature = "alloc")]
 impl Pool<'static> {
-    /// Builds a pool with one allocation per region (data, chunk slots, segment slots), sized
-    /// by `config` and drawn from `budget`. Nothing is allocated after this returns. The data
-    /// region is zero-allocated, so pages of chunks never used are never touched.
+    /// Builds a pool sized by `config` and drawn from `budget`, with address space reserved per
+    /// region (data, chunk slots, segment slots): with feature `std` an anonymous mapping each,
+    /// whose pages become resident when first written and which
+    /// [`release_idle`](Self::release_idle) gives back (falling back to the heap should the
+    /// system refuse the mapping); with `alloc` alone one zeroed allocation each. Nothing is
+    /// written here and nothing is allocated after this returns.
     pub fn new(mut budget: Budget, config: PoolConfig) -> Result<Self, ConfigError> {
         use alloc::vec;
 
@@ -693,17 +1062,33 @@ impl Pool<'static> {
         check_shape(chunk_size, chunks, segments)?;
         let footprint = Self::footprint(chunk_size, chunks, segments);
         budget.try_draw(footprint)?;
-        let data = vec![0u8; chunk_size * chunks].into_boxed_slice();
-        let chunk_slots = vec![ChunkSlot::EMPTY; chunks].into_boxed_slice();
-        let segment_slots = vec![SegmentSlot::EMPTY; segments].into_boxed_slice();
-        Ok(Self::build(
-            budget,
-            footprint,
-            chunk_size,
-            Storage::Owned(data),
-            Storage::Owned(chunk_slots),
-            Storage::Owned(segment_slots),
-        ))
+        let heap = || {
+            (
+                Storage::Owned(vec![0u8; chunk_size * chunks].into_boxed_slice()),
+                Storage::Owned(vec![ChunkSlot::EMPTY; chunks].into_boxed_slice()),
+                Storage::Owned(vec![SegmentSlot::EMPTY; segments].into_boxed_slice()),
+            )
+        };
+        #[cfg(feature = "std")]
+        {
+            use crate::mapping::Mapping;
+            if let (Some(d), Some(c), Some(s)) = (
+                Mapping::zeroed(chunk_size * chunks),
+                Mapping::zeroed(chunks),
+                Mapping::zeroed(segments),
+            ) {
+                let ((d, unmap_d), (c, unmap_c), (s, unmap_s)) = (d.leak(), c.leak(), s.leak());
+                let (d, c, s) = (Storage::Borrowed(d), Storage::Borrowed(c), Storage::Borrowed(s));
+                let mut pool = Self::build(budget, footprint, chunk_size, d, c, s);
+                pool.mapped = Some([unmap_d, unmap_c, unmap_s]);
+                pool.set_release_policy(config.warm_reserve, config.idle_ticks);
+                return Ok(pool);
+            }
+        }
+        let (data, chunk_slots, segment_slots) = heap();
+        let mut pool = Self::build(budget, footprint, chunk_size, data, chunk_slots, segment_slots);
+        pool.set_release_policy(config.warm_reserve, config.idle_ticks);
+        Ok(pool)
     }
 }
 
@@ -759,15 +1144,24 @@ pub struct PoolConfig {
     pub chunk_count: Option<usize>,
     /// Segment slots per chunk; default [`DEFAULT_SEGMENTS_PER_CHUNK`].
     pub segments_per_chunk: usize,
+    /// Bytes of free chunks [`Pool::release_idle`] keeps resident while the pool is in use
+    /// (rounded up to whole chunks); default [`DEFAULT_WARM_RESERVE`].
+    pub warm_reserve: usize,
+    /// Consecutive quiet calls of [`Pool::release_idle`] (no chunk or segment in use) after which
+    /// every page the pool touched is given back; 0 never; default [`DEFAULT_IDLE_TICKS`].
+    pub idle_ticks: u32,
 }
 
 impl PoolConfig {
-    /// 4 KiB chunks, as many as the budget covers, 8 segment slots per chunk.
+    /// 4 KiB chunks, as many as the budget covers, 8 segment slots per chunk, a 1 MiB warm
+    /// reserve, everything given back after 3 quiet intervals.
     pub const fn new() -> Self {
         Self {
             chunk_size: DEFAULT_CHUNK_SIZE,
             chunk_count: None,
             segments_per_chunk: DEFAULT_SEGMENTS_PER_CHUNK,
+            warm_reserve: DEFAULT_WARM_RESERVE,
+            idle_ticks: DEFAULT_IDLE_TICKS,
         }
     }
 
@@ -786,6 +1180,19 @@ impl PoolConfig {
     /// Sets the number of segment slots per chunk.
     pub const fn with_segments_per_chunk(mut self, segments: usize) -> Self {
         self.segments_per_chunk = segments;
+        self
+    }
+
+    /// Sets the bytes of free chunks kept resident while the pool is in use.
+    pub const fn with_warm_reserve(mut self, bytes: usize) -> Self {
+        self.warm_reserve = bytes;
+        self
+    }
+
+    /// Sets the quiet calls of [`Pool::release_idle`] after which everything is given back
+    /// (0: never).
+    pub const fn with_idle_ticks(mut self, ticks: u32) -> Self {
+        self.idle_ticks = ticks;
         self
     }
 }
@@ -1060,6 +1467,14 @@ pub struct Counters {
     pub chunks_in_use: usize,
     /// Most chunks ever referenced at once.
     pub chunks_high_water: usize,
+    /// Chunks whose pages the pool keeps resident: in use, or free and warm.
+    pub chunks_resident: usize,
+    /// Bytes of the pool that may be resident ([`Pool::resident_bytes`]): resident chunks plus
+    /// the metadata touched since the pool was built or last gave everything back.
+    pub resident_bytes: usize,
+    /// Bytes given back to the operating system by [`Pool::release_idle`] since the pool was
+    /// built.
+    pub released_bytes: u64,
     /// Segment slots in the pool.
     pub segments_total: usize,
     /// Segment slots in chains now.
@@ -1204,6 +1619,102 @@ mod tests {
         let (mut d, mut c, mut s) = ([0u8; 0], [ChunkSlot::EMPTY; 0], [SegmentSlot::EMPTY; 2]);
         let err = Pool::from_slices(Budget::new(1000), 4, &mut d, &mut c, &mut s).unwrap_err();
         assert_eq!(err, ConfigError::NoChunks);
+    }
+
+    #[cfg(feature = "std")]
+    fn page_pool(chunks: usize, reserve_chunks: usize, idle_ticks: u32) -> Pool<'static> {
+        let config = PoolConfig::new()
+            .with_chunk_count(chunks)
+            .with_warm_reserve(reserve_chunks * DEFAULT_CHUNK_SIZE)
+            .with_idle_ticks(idle_ticks);
+        Pool::new(Budget::new(usize::MAX), config).unwrap()
+    }
+
+    /// Allocates `n` chunks, writes each, releases them all: one interval's work.
+    #[cfg(feature = "std")]
+    fn cycle(pool: &mut Pool<'_>, n: usize) {
+        extern crate std;
+        let ids: std::vec::Vec<ChunkId> = (0..n).map(|_| pool.alloc().unwrap()).collect();
+        for id in ids {
+            pool.append(&id, b"frame");
+            pool.release(id);
+        }
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn a_new_pool_touches_nothing() {
+        let config =
+            if cfg!(miri) { PoolConfig::new().with_chunk_count(64) } else { PoolConfig::new() };
+        let before = crate::resident_set_bytes();
+        let pool = Pool::new(Budget::new(1 << 30), config).unwrap();
+        assert_eq!((pool.resident_bytes(), pool.chunks_resident()), (0, 0));
+        if let (Some(before), Some(after)) = (before, crate::resident_set_bytes()) {
+            // The old pool wrote 34 MiB of slots here; other tests run beside this one.
+            assert!(after.saturating_sub(before) < 8 << 20, "RSS grew {} bytes", after - before);
+        }
+        assert!(pool.chunks_total() > 200_000 || cfg!(miri));
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn a_steady_workload_pays_nothing() {
+        let mut pool = page_pool(64, 0, 0);
+        cycle(&mut pool, 10);
+        assert_eq!(pool.release_idle(), Released::NOTHING, "the chunks were taken fresh");
+        for _ in 0..5 {
+            cycle(&mut pool, 10);
+            assert_eq!(pool.release_idle(), Released::NOTHING);
+            assert_eq!(pool.chunks_resident(), 10);
+        }
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn chunks_free_all_interval_go_beyond_the_reserve() {
+        let mut pool = page_pool(256, 20, 0);
+        cycle(&mut pool, 100); // a burst
+        assert_eq!(pool.release_idle(), Released::NOTHING);
+        cycle(&mut pool, 10); // back to steady: 90 chunks stayed free, 20 of them are kept
+        let released = pool.release_idle();
+        assert_eq!(released, Released { chunks: 70, bytes: 70 * DEFAULT_CHUNK_SIZE });
+        assert_eq!(pool.chunks_resident(), 30);
+        cycle(&mut pool, 10);
+        assert_eq!(pool.release_idle(), Released::NOTHING, "the reserve stays");
+        // The next burst takes the warm ones first, then the cold ones, then fresh ones.
+        cycle(&mut pool, 120);
+        assert_eq!(pool.chunks_resident(), 120);
+        assert_eq!(pool.counters().chunks_high_water, 120);
+        assert_eq!(pool.counters().released_bytes, 70 * DEFAULT_CHUNK_SIZE as u64);
+        pool.audit([], &[]);
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn a_quiet_pool_gives_everything_back_and_starts_over() {
+        let mut pool = page_pool(64, 8, 2);
+        let mut chain = crate::ChunkChain::new();
+        chain.append(&mut pool, &[7u8; 3 * DEFAULT_CHUNK_SIZE]).unwrap();
+        let held = pool.alloc().unwrap();
+        assert!(pool.resident_bytes() >= 4 * DEFAULT_CHUNK_SIZE);
+        pool.release_idle();
+        pool.release_idle();
+        pool.release_idle();
+        assert!(pool.resident_bytes() >= 4 * DEFAULT_CHUNK_SIZE, "in use: nothing goes");
+        assert_eq!(chain.consume(&mut pool, usize::MAX), 3 * DEFAULT_CHUNK_SIZE);
+        pool.release(held);
+        assert_eq!(pool.release_idle().chunks, 0, "used during this interval; the reserve covers");
+        assert_eq!(pool.release_idle().chunks, 0, "one quiet interval");
+        let all = pool.release_idle();
+        assert_eq!(all.chunks, 4, "two quiet intervals: everything");
+        assert_eq!(pool.resident_bytes(), 0);
+        pool.audit([&chain], &[]);
+        chain.append(&mut pool, b"again").unwrap();
+        assert_eq!(
+            chain.segments(&pool).flatten().copied().collect::<std::vec::Vec<u8>>(),
+            b"again"
+        );
+        assert_eq!(chain.consume(&mut pool, 5), 5);
     }
 
     #[test]

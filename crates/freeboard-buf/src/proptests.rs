@@ -33,16 +33,44 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[derive(Debug, Clone)]
 enum ChainOp {
-    Append { chain: usize, len: usize, seed: u8 },
-    AppendChunk { chain: usize, len: usize, seed: u8 },
-    MakeFrame { len: usize, split: usize, seed: u8 },
-    AppendFrame { chain: usize, frame: usize },
-    ShareFrame { frame: usize },
-    ReleaseFrame { frame: usize },
-    Consume { chain: usize, n: usize },
-    Clear { chain: usize },
-    Draw { bytes: usize },
+    Append {
+        chain: usize,
+        len: usize,
+        seed: u8,
+    },
+    AppendChunk {
+        chain: usize,
+        len: usize,
+        seed: u8,
+    },
+    MakeFrame {
+        len: usize,
+        split: usize,
+        seed: u8,
+    },
+    AppendFrame {
+        chain: usize,
+        frame: usize,
+    },
+    ShareFrame {
+        frame: usize,
+    },
+    ReleaseFrame {
+        frame: usize,
+    },
+    Consume {
+        chain: usize,
+        n: usize,
+    },
+    Clear {
+        chain: usize,
+    },
+    Draw {
+        bytes: usize,
+    },
     GiveBack,
+    /// The event loop's timer: `Pool::release_idle`.
+    Tick,
 }
 
 fn chain_op() -> impl Strategy<Value = ChainOp> {
@@ -57,6 +85,7 @@ fn chain_op() -> impl Strategy<Value = ChainOp> {
         1 => (0..3usize).prop_map(|chain| ChainOp::Clear { chain }),
         1 => (0..4000usize).prop_map(|bytes| ChainOp::Draw { bytes }),
         1 => Just(ChainOp::GiveBack),
+        2 => Just(ChainOp::Tick),
     ]
 }
 
@@ -79,7 +108,9 @@ proptest! {
         let config = PoolConfig::new()
             .with_chunk_size(chunk_size)
             .with_chunk_count(chunks)
-            .with_segments_per_chunk(segments_per_chunk);
+            .with_segments_per_chunk(segments_per_chunk)
+            .with_warm_reserve(0)
+            .with_idle_ticks(1);
         let mut pool = Pool::new(Budget::new(footprint + slack), config).unwrap();
         let mut chains: [ChunkChain; 3] = Default::default();
         let mut models: [VecDeque<u8>; 3] = Default::default();
@@ -162,6 +193,9 @@ proptest! {
                     if let Some(bytes) = draws.pop() {
                         pool.budget_mut().give_back(bytes);
                     }
+                }
+                ChainOp::Tick => {
+                    pool.release_idle();
                 }
             }
 
@@ -838,6 +872,139 @@ proptest! {
             let mut peek = vec![0u8; all.len()];
             prop_assert_eq!(ring.read_allocated(0, &mut peek), all.len());
             prop_assert_eq!(peek, all);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Giving memory back: `release_idle` never takes a page that is in use or warm in the reserve,
+// what is written stays written, a quiet pool returns to nothing, and reuse after a release
+// works.
+
+#[derive(Debug, Clone)]
+enum ReleaseOp {
+    Alloc { seed: u8 },
+    Write { held: usize, len: usize },
+    Share { held: usize },
+    Release { held: usize },
+    Tick,
+}
+
+fn release_op() -> impl Strategy<Value = ReleaseOp> {
+    prop_oneof![
+        4 => any::<u8>().prop_map(|seed| ReleaseOp::Alloc { seed }),
+        2 => (0..16usize, 1..5000usize).prop_map(|(held, len)| ReleaseOp::Write { held, len }),
+        1 => (0..16usize).prop_map(|held| ReleaseOp::Share { held }),
+        4 => (0..16usize).prop_map(|held| ReleaseOp::Release { held }),
+        3 => Just(ReleaseOp::Tick),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn released_pages_are_never_in_use(
+        chunks in 1..24usize,
+        pages_per_chunk in 1..3usize,
+        reserve in 0..6usize,
+        idle_ticks in 0..4u32,
+        ops in prop::collection::vec(release_op(), 1..max_ops()),
+    ) {
+        // Chunks of whole pages, so `release_idle` gives chunk pages back one by one too.
+        let chunk_size = 4096 * pages_per_chunk;
+        let config = PoolConfig::new()
+            .with_chunk_size(chunk_size)
+            .with_chunk_count(chunks)
+            .with_segments_per_chunk(1)
+            .with_warm_reserve(reserve * chunk_size)
+            .with_idle_ticks(idle_ticks);
+        let mut pool = Pool::new(Budget::new(usize::MAX), config).unwrap();
+        prop_assert_eq!(pool.resident_bytes(), 0, "a new pool has touched nothing");
+        // Each held reference with the bytes its chunk must hold.
+        let mut held: Vec<(ChunkId, Vec<u8>)> = Vec::new();
+        let mut quiet = 0u32;
+        let mut used_since_tick = false;
+        for op in ops {
+            match op {
+                ReleaseOp::Alloc { seed } => {
+                    used_since_tick = true;
+                    match pool.alloc() {
+                        Ok(id) => {
+                            // A chunk fresh from any list may hold anything; write its start.
+                            let bytes = pattern(64.min(chunk_size), seed);
+                            prop_assert_eq!(pool.append(&id, &bytes), bytes.len());
+                            held.push((id, bytes));
+                        }
+                        Err(e) => {
+                            prop_assert_eq!(e, PoolError::ChunksExhausted);
+                            prop_assert_eq!(pool.chunks_in_use(), chunks);
+                        }
+                    }
+                }
+                ReleaseOp::Write { held: i, len } => {
+                    if !held.is_empty() {
+                        let k = i % held.len();
+                        let index = held[k].0.index();
+                        let more = pattern(len, held[k].1.len() as u8);
+                        let n = pool.append(&held[k].0, &more);
+                        // A shared chunk's bytes are the same through every reference.
+                        for (id, bytes) in held.iter_mut() {
+                            if id.index() == index {
+                                bytes.extend_from_slice(&more[..n]);
+                            }
+                        }
+                    }
+                }
+                ReleaseOp::Share { held: i } => {
+                    if !held.is_empty() {
+                        let (id, bytes) = &held[i % held.len()];
+                        let copy = pool.share(id).unwrap();
+                        let bytes = bytes.clone();
+                        held.push((copy, bytes));
+                    }
+                }
+                ReleaseOp::Release { held: i } => {
+                    if !held.is_empty() {
+                        let (id, _) = held.swap_remove(i % held.len());
+                        pool.release(id);
+                    }
+                }
+                ReleaseOp::Tick => {
+                    let resident = pool.chunks_resident();
+                    let released = pool.release_idle();
+                    prop_assert!(released.chunks <= resident);
+                    // The reserve stays warm while the pool is in use.
+                    if pool.chunks_in_use() > 0 {
+                        prop_assert!(pool.chunks_resident() >= pool.chunks_in_use() + reserve.min(resident - pool.chunks_in_use()));
+                    }
+                    quiet = if pool.chunks_in_use() == 0 && !used_since_tick && held.is_empty() { quiet + 1 } else { 0 };
+                    if idle_ticks > 0 && quiet >= idle_ticks {
+                        prop_assert_eq!(pool.resident_bytes(), 0, "quiet long enough: everything back");
+                    }
+                    used_since_tick = !held.is_empty();
+                }
+            }
+            for (id, bytes) in &held {
+                prop_assert_eq!(pool.bytes(id), &bytes[..], "chunk {} lost its bytes", id.index());
+            }
+            let handles: Vec<&ChunkId> = held.iter().map(|(id, _)| id).collect();
+            pool.audit([], &handles);
+        }
+        for (id, _) in held.drain(..) {
+            pool.release(id);
+        }
+        pool.audit([], &[]);
+        // Whatever happened, quiet ticks give everything back and the pool works again.
+        if idle_ticks > 0 {
+            for _ in 0..=idle_ticks {
+                pool.release_idle();
+            }
+            prop_assert_eq!(pool.resident_bytes(), 0);
+            prop_assert_eq!(pool.chunks_resident(), 0);
+            let id = pool.alloc().unwrap();
+            prop_assert_eq!(id.index(), 0, "a reset pool starts again at chunk 0");
+            pool.release(id);
         }
     }
 }

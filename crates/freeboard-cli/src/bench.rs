@@ -63,6 +63,47 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         cycles: usize,
     },
+    /// Memory that comes back, for several server builds side by side in the same run: RSS at
+    /// rest (default budget), with --connections idle connections open, over --idle after they
+    /// close; then, on a server started with --burst-args, RSS while echoes that clients do not
+    /// read fill --burst-fill of the pools, and over --idle after they drain. Medians [min–max]
+    /// over --repeat runs; each server is started, measured and killed (by PID) in turn.
+    Memory {
+        /// A server build to measure, NAME=PATH of a `freeboard` binary (repeat the flag to
+        /// compare builds). Default: this binary, as "freeboard".
+        #[arg(long = "server", value_name = "NAME=PATH")]
+        servers: Vec<String>,
+        /// Idle connections opened and closed.
+        #[arg(long, default_value_t = 10_000)]
+        connections: usize,
+        /// Idle time watched after the close and after the drain: 10s, 1m.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        idle: Duration,
+        /// Fraction of the pools' chunks the burst fills.
+        #[arg(long, default_value_t = 0.9)]
+        burst_fill: f64,
+        /// Clients of the burst (each sends 60,000-byte messages and reads nothing until the
+        /// pools are full).
+        #[arg(long, default_value_t = 8)]
+        burst_connections: usize,
+        /// Further `serve` arguments for both servers, split at spaces (e.g. "--threads 2").
+        #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+        serve_args: Option<String>,
+        /// `serve` arguments of the burst's server, split at spaces.
+        #[arg(
+            long,
+            value_name = "ARGS",
+            allow_hyphen_values = true,
+            default_value = "--threads 1 --memory 64M --max-message-size 64K --send-low 6M --send-high 12M"
+        )]
+        burst_args: String,
+        /// Runs per server (interleaved: A, B, A, B...).
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// Write every run as JSON.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
     /// A client that writes and never reads while an innocent client pings: what the server
     /// did with the slow one, its RSS over time, and the innocent client's latency.
     SlowConsumer {
@@ -345,6 +386,28 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
             return Ok(());
         }
         BenchCommand::Buffers { part } => return buffers(part, command_line),
+        BenchCommand::Memory {
+            servers,
+            connections,
+            idle,
+            burst_fill,
+            burst_connections,
+            serve_args,
+            burst_args,
+            repeat,
+            json,
+        } => {
+            let split = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+            let plan = freeboard_bench::memory::Plan {
+                connections,
+                idle,
+                burst_fill,
+                burst_connections,
+                burst_args: split(&burst_args),
+                ..Default::default()
+            };
+            return memory(&servers, serve_args.as_deref().map(split), &plan, repeat, json);
+        }
         BenchCommand::All { peers, out, quick } => return all(peers, &out, quick),
         BenchCommand::Broadcast { url, peers, subscribers, size, window, messages, output } => {
             let plan = BroadcastPlan { subscribers, sizes: size, window, messages };
@@ -557,6 +620,57 @@ fn product(clients: &[usize], sizes: &[usize], case: impl Fn(usize, usize) -> Lo
 }
 
 /// `90s`, `10m`, `1h`, `1.5` (seconds).
+/// `bench memory`: each server in turn, `repeat` times, then the table.
+fn memory(
+    servers: &[String],
+    serve_args: Option<Vec<String>>,
+    plan: &freeboard_bench::memory::Plan,
+    repeat: usize,
+    json: Option<PathBuf>,
+) -> Result<(), String> {
+    use freeboard_bench::memory::{self, Server};
+    process::raise_fd_limit().map_err(|e| format!("raising the open-file limit: {e}"))?;
+    let args = serve_args.unwrap_or_default();
+    let mut list = Vec::new();
+    for s in servers {
+        let (name, path) =
+            s.split_once('=').ok_or_else(|| format!("--server {s}: expected NAME=PATH"))?;
+        list.push(Server { name: name.into(), binary: path.into(), args: args.clone() });
+    }
+    if list.is_empty() {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        list.push(Server { name: "freeboard".into(), binary: exe, args });
+    }
+    let mut runs = Vec::new();
+    for round in 0..repeat.max(1) {
+        for server in &list {
+            let run = memory::run(server, plan)
+                .map_err(|e| format!("{} (run {}): {e}", server.name, round + 1))?;
+            eprintln!(
+                "{} run {}: rest {} KiB, {} open {} KiB, closed {} KiB; burst rest {} KiB, \
+                 top {} KiB ({:.0} % of the pools), drained {} KiB",
+                server.name,
+                round + 1,
+                run.rest_kib,
+                run.connected,
+                run.open_kib,
+                run.closed_kib(),
+                run.burst_rest_kib,
+                run.burst_kib,
+                run.burst_fill * 100.0,
+                run.drained_kib()
+            );
+            runs.push(run);
+        }
+    }
+    println!("{}", memory::table(&runs, plan));
+    if let Some(path) = json {
+        let text = memory::to_json(&runs);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (digits, unit) = match s.char_indices().last() {

@@ -64,8 +64,12 @@ pub struct SoakSample {
     pub frames_sent: u64,
     /// Frames received by the device over the interval.
     pub frames_delivered: u64,
-    /// Server RSS, KiB.
+    /// Server RSS, KiB: the whole process.
     pub server_rss_kib: Option<u64>,
+    /// Bytes of the pools that may be resident, KiB (`freeboard_pool_resident_bytes`, from
+    /// servers that export it): beside `server_rss_kib`, what of the process is buffer memory.
+    #[serde(default)]
+    pub pool_resident_kib: Option<u64>,
     /// Pool chunks in use and in total (`/metrics`).
     pub chunks_in_use: Option<u64>,
     /// Pool chunks in total.
@@ -109,17 +113,18 @@ impl SoakRun {
             self.totals.0,
             self.totals.1
         );
-        s.push_str("| t s | delivered FPS per client | sent | delivered | server RSS KiB | chunks in use/total | allocation failures | drops | pattern switches | switch ms p50 / max |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        s.push_str("| t s | delivered FPS per client | sent | delivered | server RSS KiB | pool resident KiB | chunks in use/total | allocation failures | drops | pattern switches | switch ms p50 / max |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
         let opt = |v: Option<u64>| v.map_or("–".into(), |v| v.to_string());
         for x in &self.samples {
             let _ = writeln!(
                 s,
-                "| {:.0} | {:.1} | {} | {} | {} | {}/{} | {} | {} | {} | {:.0} / {:.0} |",
+                "| {:.0} | {:.1} | {} | {} | {} | {} | {}/{} | {} | {} | {} | {:.0} / {:.0} |",
                 x.t,
                 x.delivered_fps,
                 x.frames_sent,
                 x.frames_delivered,
                 opt(x.server_rss_kib),
+                opt(x.pool_resident_kib),
                 opt(x.chunks_in_use),
                 opt(x.chunks_total),
                 opt(x.allocation_failures),
@@ -136,13 +141,13 @@ impl SoakRun {
     pub fn csv(&self) -> String {
         use std::fmt::Write as _;
         let mut s = String::from(
-            "server,chunk,budget,t_s,delivered_fps,frames_sent,frames_delivered,server_rss_kib,chunks_in_use,chunks_total,allocation_failures,drops,pattern_switches,switch_p50_ms,switch_max_ms\n",
+            "server,chunk,budget,t_s,delivered_fps,frames_sent,frames_delivered,server_rss_kib,pool_resident_kib,chunks_in_use,chunks_total,allocation_failures,drops,pattern_switches,switch_p50_ms,switch_max_ms\n",
         );
         let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
         for x in &self.samples {
             let _ = writeln!(
                 s,
-                "{},{},{},{:.1},{:.2},{},{},{},{},{},{},{},{},{:.1},{:.1}",
+                "{},{},{},{:.1},{:.2},{},{},{},{},{},{},{},{},{},{:.1},{:.1}",
                 self.server,
                 self.chunk,
                 self.budget,
@@ -151,6 +156,7 @@ impl SoakRun {
                 x.frames_sent,
                 x.frames_delivered,
                 opt(x.server_rss_kib),
+                opt(x.pool_resident_kib),
                 opt(x.chunks_in_use),
                 opt(x.chunks_total),
                 opt(x.allocation_failures),
@@ -247,6 +253,12 @@ pub fn run(soak: &Soak, on_sample: &mut dyn FnMut(&SoakSample)) -> io::Result<So
             frames_sent: sent - last_sent,
             frames_delivered: delivered - last_delivered,
             server_rss_kib: soak.server_pid.and_then(|pid| Sample::of(pid).ok()).map(|s| s.rss_kib),
+            // Absent from servers that do not export it yet (no family at all): "–".
+            pool_resident_kib: metrics
+                .lines()
+                .any(|l| l.starts_with("freeboard_pool_resident_bytes"))
+                .then(|| value("freeboard_pool_resident_bytes").map(|b| b / 1024))
+                .flatten(),
             chunks_in_use: value("freeboard_pool_chunks_in_use"),
             chunks_total: value("freeboard_pool_chunks_total"),
             allocation_failures: value("freeboard_pool_allocation_failures"),

@@ -38,6 +38,9 @@ const TLS_LISTENER: Token = Token(usize::MAX - 3);
 const INITIAL_CONNS: usize = 1024;
 /// Reads of one connection per loop turn before the others get their turn.
 const READS_PER_TURN: usize = 16;
+/// How often the pool gives back the pages of chunks that stayed free for a whole interval
+/// (beyond its warm reserve; everything after a few quiet intervals).
+const RELEASE_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a closed connection waits for the peer's EOF after our FIN.
 pub(super) const LINGER: Duration = Duration::from_secs(2);
 /// How long accepting waits after `accept` failed for want of descriptors or memory
@@ -108,6 +111,9 @@ pub(crate) struct EventLoop<T> {
     /// backlog raise no new readiness event (epoll is edge-triggered), so without this retry
     /// they would wait for the next connection to arrive.
     accept_retry: Option<Instant>,
+    /// When the pool next gives back the pages of chunks that stayed free (armed only while
+    /// it holds touched memory, so a quiet loop never wakes for it).
+    release_at: Option<Instant>,
     /// The last `accept` failed (its warning is logged once per episode).
     accept_failing: bool,
     /// The backlog may hold more connections than the last batch took: accept again after
@@ -232,6 +238,7 @@ impl<T: Transport> EventLoop<T> {
             serial: 0,
             drain_deadline: None,
             accept_retry: None,
+            release_at: None,
             accept_failing: false,
             accept_more: false,
             buffered: 0,
@@ -290,6 +297,10 @@ impl<T: Transport> EventLoop<T> {
             }
             let now = self.now();
             self.expire_timers(now);
+            if self.release_at.is_some_and(|at| at <= now) {
+                self.pool.release_idle();
+                self.release_at = None;
+            }
             if self.accept_more || self.accept_retry.is_some_and(|at| at <= now) {
                 self.accept_retry = None;
                 self.accept(now, false);
@@ -347,7 +358,7 @@ impl<T: Transport> EventLoop<T> {
             self.drain_deadline,
         ]
         .into_iter()
-        .chain([self.accept_retry])
+        .chain([self.accept_retry, self.release_at])
         .flatten()
         .min();
         // Round up so a deadline is never polled for just before it is due.
@@ -634,6 +645,9 @@ impl<T: Transport> EventLoop<T> {
     /// Flushes every connection touched this turn (one `writev` each), moves finished ones
     /// along, re-arms timers.
     pub(super) fn end_turn(&mut self, now: Instant) {
+        if self.release_at.is_none() && self.pool.has_memory_to_release() {
+            self.release_at = Some(now + RELEASE_INTERVAL);
+        }
         let mut i = 0;
         while i < self.dirty.len() {
             let token = self.dirty[i];
