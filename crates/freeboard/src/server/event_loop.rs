@@ -17,14 +17,14 @@ use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use freeboard_buf::{Budget, Frame, Pool, PoolConfig, SendQueue, Watermarks, Writability};
-use freeboard_proto::{CloseCode, Instant, State};
+use freeboard_proto::{CloseCode, Instant};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use super::shared::Shared;
-use crate::handler::{Completion, ConnId, Decisions, RouteOptions, Router};
-use crate::metrics::{LoopGauges, LoopLabel, LoopStats, close_label};
+use crate::handler::{Completion, Decisions, RouteOptions, Router};
+use crate::metrics::{LoopGauges, LoopLabel, LoopStats};
 use crate::parking::ParkingLot;
 use crate::session::{Assembly, Context, Phase, Reassembly, Session, Share};
 use crate::tls::TlsScratch;
@@ -35,12 +35,12 @@ const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
 const TLS_LISTENER: Token = Token(usize::MAX - 3);
 /// Connection slots (and timer and dirty-list entries) a loop starts with and shrinks back to.
-const INITIAL_CONNS: usize = 1024;
+pub(super) const INITIAL_CONNS: usize = 1024;
 /// Reads of one connection per loop turn before the others get their turn.
 const READS_PER_TURN: usize = 16;
 /// How often the pool gives back the pages of chunks that stayed free for a whole interval
 /// (beyond its warm reserve; everything after a few quiet intervals).
-const RELEASE_INTERVAL: Duration = Duration::from_secs(1);
+pub(super) const RELEASE_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a closed connection waits for the peer's EOF after our FIN.
 pub(super) const LINGER: Duration = Duration::from_secs(2);
 /// How long accepting waits after `accept` failed for want of descriptors or memory
@@ -68,11 +68,11 @@ pub(super) struct Entry<T> {
     /// no further readiness event will come to say it is there.
     read_closed: bool,
     /// The deadline this entry has in the timer heap, if any.
-    armed: Option<Instant>,
+    pub(super) armed: Option<Instant>,
     pub(super) dirty: bool,
     /// Its queue's length as last counted in the loop's `buffered` total (saturating at
     /// 4 GiB, which keeps the entry small).
-    counted: u32,
+    pub(super) counted: u32,
 }
 
 pub(crate) struct EventLoop<T> {
@@ -99,21 +99,21 @@ pub(crate) struct EventLoop<T> {
     /// What one connection may take from the pool while it is contended, as of the last
     /// turn's connection count.
     pub(super) share: Share,
-    timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    pub(super) timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     pub(super) dirty: Vec<usize>,
     pub(super) resume: Vec<usize>,
     serial: u64,
     /// Where idle connections' protocol state waits.
     pub(super) lot: ParkingLot,
     pub(super) drain_deadline: Option<Instant>,
-    gauges: LoopGauges,
+    pub(super) gauges: LoopGauges,
     /// When to try accepting again after `accept` failed. The connections waiting in the
     /// backlog raise no new readiness event (epoll is edge-triggered), so without this retry
     /// they would wait for the next connection to arrive.
     accept_retry: Option<Instant>,
     /// When the pool next gives back the pages of chunks that stayed free (armed only while
     /// it holds touched memory, so a quiet loop never wakes for it).
-    release_at: Option<Instant>,
+    pub(super) release_at: Option<Instant>,
     /// The last `accept` failed (its warning is logged once per episode).
     accept_failing: bool,
     /// The backlog may hold more connections than the last batch took: accept again after
@@ -123,7 +123,7 @@ pub(crate) struct EventLoop<T> {
     /// gauge).
     ///
     /// Invariant: the sum of every entry's `counted`.
-    buffered: usize,
+    pub(super) buffered: usize,
     /// Chunks held by partial request heads (see [`http`](super::http)).
     pub(super) head_chunks: usize,
     /// Chunks counted against request bodies in flight (see [`http`](super::http)).
@@ -593,186 +593,6 @@ impl<T: Transport> EventLoop<T> {
         let (entry, mut cx) = self.split(token, now);
         entry.session.handle_eof(&mut cx);
         self.report_close(token);
-    }
-
-    fn expire_timers(&mut self, now: Instant) {
-        while let Some(&Reverse((at, token, serial))) = self.expiries.peek() {
-            if at > now {
-                break;
-            }
-            self.expiries.pop();
-            self.expire_authorization(token, serial, now);
-        }
-        while let Some(&Reverse((at, token, serial))) = self.timers.peek() {
-            if at > now {
-                break;
-            }
-            self.timers.pop();
-            let Some(entry) = self.conns.get_mut(token) else { continue };
-            if entry.serial != serial || entry.armed != Some(at) {
-                continue; // stale: the entry re-armed or the slot was reused
-            }
-            entry.armed = None;
-            let request = matches!(entry.session.phase, Phase::Request { .. } | Phase::Body(_));
-            if request && self.pending.contains_key(&token) {
-                self.decision_timed_out(token, now);
-                continue;
-            }
-            if request && self.awaiting.contains_key(&token) {
-                self.answer_publish(token, serial, now, false);
-                continue;
-            }
-            let tls = self.conns[token].stream.tls_established();
-            let (entry, mut cx) = self.split(token, now);
-            if entry.session.handle_timeout(&mut cx) {
-                if request {
-                    self.shared.metrics.handshake_timeouts.inc();
-                    match tls {
-                        Some(false) => self.shared.metrics.tls_refusal("handshake_timeout"),
-                        Some(true) => self.shared.metrics.tls_refusal("upgrade_timeout"),
-                        None => {}
-                    }
-                    tracing::debug!(peer = %self.conns[token].peer, "request timeout");
-                }
-                self.remove(token);
-                continue;
-            }
-            self.report_close(token);
-            self.mark(token);
-        }
-    }
-
-    /// Flushes every connection touched this turn (one `writev` each), moves finished ones
-    /// along, re-arms timers.
-    pub(super) fn end_turn(&mut self, now: Instant) {
-        if self.release_at.is_none() && self.pool.has_memory_to_release() {
-            self.release_at = Some(now + RELEASE_INTERVAL);
-        }
-        let mut i = 0;
-        while i < self.dirty.len() {
-            let token = self.dirty[i];
-            i += 1;
-            if let Some(entry) = self.conns.get_mut(token) {
-                entry.dirty = false;
-                self.flush(token, now);
-            }
-        }
-        self.dirty.clear();
-        self.share = Share::new(&self.pool, self.conns.len());
-        if self.conns.is_empty() && self.conns.capacity() > INITIAL_CONNS {
-            // A burst of connections is over: give its memory back rather than keep the peak.
-            self.conns = Slab::with_capacity(INITIAL_CONNS);
-            self.timers.clear();
-            self.timers.shrink_to(INITIAL_CONNS);
-            self.dirty.shrink_to(INITIAL_CONNS);
-            self.lot.shrink();
-            // glibc keeps freed heap pages (and raises its mmap threshold after the slab's
-            // big block is freed), so without a trim RSS creeps up over connect/close cycles.
-            #[cfg(all(target_os = "linux", target_env = "gnu"))]
-            // SAFETY: malloc_trim only returns free memory to the OS; it is thread-safe.
-            unsafe {
-                libc::malloc_trim(0);
-            }
-        }
-        self.publish_gauges();
-    }
-
-    pub(super) fn flush(&mut self, token: usize, now: Instant) {
-        let entry = &mut self.conns[token];
-        let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
-        // What the transport itself holds (TLS records the socket did not take) goes first.
-        let mut pending = entry.stream.write_pending(&mut io);
-        while matches!(pending, Ok(true)) && entry.session.buffered() > 0 {
-            match entry.stream.write_queue(&mut entry.session, &mut io) {
-                Ok((written, all)) => {
-                    self.stats.bytes_out += written as u64;
-                    if !all {
-                        break; // the socket is full: WRITABLE will bring us back
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => pending = Err(e),
-            }
-        }
-        if pending.is_err() {
-            entry.session.clear_queue(io.pool);
-            self.end_of_input(token, now);
-            self.remove(token);
-            return;
-        }
-        if let Some(change) = self.conns[token].session.take_writability() {
-            self.writability_changed(token, now, change);
-        }
-        if self.conns[token].session.state() == State::Closed {
-            // The close event the core may still hold, before the session leaves the protocol.
-            self.report_close(token);
-        }
-        let config = &self.shared.config;
-        let entry = &mut self.conns[token];
-        let transition =
-            entry.session.after_flush(&mut self.pool, now, config.close_timeout, LINGER);
-        if transition.closed {
-            self.shared.metrics.connections.dec();
-            self.topics.drop_conn(&self.shared.hub, token);
-        }
-        if transition.shutdown_write {
-            // The server closes the TCP connection first (§7.1.1).
-            let mut io =
-                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
-            let _ = self.conns[token].stream.shutdown_write(&mut io);
-            self.read_discard(token);
-        }
-        if let Some(entry) = self.conns.get_mut(token) {
-            entry.session.park(&mut self.lot);
-            let queued = u32::try_from(entry.session.buffered()).unwrap_or(u32::MAX);
-            self.buffered = self.buffered - entry.counted as usize + queued as usize;
-            entry.counted = queued;
-            if let Some(at) = entry.session.poll_timeout()
-                && entry.armed.is_none_or(|armed| at < armed)
-            {
-                entry.armed = Some(at);
-                self.timers.push(Reverse((at, token, entry.serial)));
-            }
-        }
-    }
-
-    pub(super) fn remove(&mut self, token: usize) {
-        self.topics.drop_conn(&self.shared.hub, token);
-        self.forget_request(token);
-        let mut entry = self.conns.remove(token);
-        self.buffered -= entry.counted as usize;
-        entry.session.release(&mut self.pool);
-        let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
-        entry.stream.release(&mut io);
-        self.shared.release(entry.peer, entry.attributed);
-        if self.pending.remove(&token).is_some() {
-            self.shared.release_pending();
-        }
-        self.data.remove(&token);
-        self.plain.remove(&token);
-        self.awaiting.remove(&token);
-        if let Phase::Open(_) = entry.session.phase {
-            self.shared.metrics.connections.dec();
-            if !entry.session.close_reported() {
-                self.shared.metrics.close(close_label(CloseCode::ABNORMAL));
-                let id = ConnId { event_loop: self.index, serial: entry.serial };
-                self.router.handler(entry.route as usize).on_close(id, CloseCode::ABNORMAL, "");
-            }
-        }
-        // Dropping the stream closes the socket and removes it from the poll.
-    }
-
-    fn publish_gauges(&mut self) {
-        self.stats.publish(&self.shared.metrics);
-        let c = self.pool.counters();
-        let g = &self.gauges;
-        g.chunks_in_use.set(c.chunks_in_use as i64);
-        g.chunks_high_water.set(c.chunks_high_water as i64);
-        g.slots_in_use.set(c.segments_in_use as i64);
-        g.slots_high_water.set(c.segments_high_water as i64);
-        g.bytes_buffered.set(self.buffered as i64);
-        g.allocation_failures.set(c.allocation_failures as i64);
     }
 }
 

@@ -16,6 +16,7 @@ mod handlers;
 mod http;
 mod plain;
 mod shared;
+mod turn;
 
 use crate::backplane::{Backplane, RedisAddr};
 use crate::config::{ConfigError, ServerConfig};
