@@ -47,5 +47,6 @@ pub use handler::{Conn, ConnId, Echo, Handler, HttpRoute, Message, RouteOptions,
 pub use metrics::Metrics;
 pub use server::{RunningServer, Server, ServerHandle};
 pub use session::SendOutcome;
+pub use session::deflate::{Agreement, Compression, NegotiationError};
 pub use topic_route::TopicRoute;
 pub use topics::Published;

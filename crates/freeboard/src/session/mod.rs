@@ -30,6 +30,7 @@ use freeboard_proto::{CloseCode, Connection, Event, Instant, MessageKind, State,
 
 use crate::parking::{ParkingLot, Ws};
 
+pub(crate) mod deflate;
 mod framing;
 mod inbound;
 mod share;

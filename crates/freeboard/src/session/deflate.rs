@@ -1,0 +1,440 @@
+//! permessage-deflate (RFC 7692): negotiation in both roles, and the compressor and
+//! decompressor a session uses, with their memory drawn from the pool's budget.
+//!
+//! Inflation is the dangerous half: a few kilobytes of input can expand to gigabytes. A
+//! [`Inflater`] therefore writes into pool chunks in steps of at most one chunk and checks
+//! the running size against `max_message_size` after every step, so a bomb is refused (1009)
+//! as soon as it passes the limit, never after it has been inflated.
+
+use std::fmt::Write as _;
+
+use flate2::{Compress, Compression as Level, Decompress, FlushCompress, FlushDecompress, Status};
+use freeboard_buf::{ChunkChain, Pool};
+use freeboard_proto::handshake::Extension;
+use freeboard_proto::{CloseCode, utf8::Utf8Validator};
+
+/// The extension's registered name.
+pub const NAME: &str = "permessage-deflate";
+
+/// The four octets every compressed message ends with before §7.2.1 removes them.
+const TAIL: [u8; 4] = [0x00, 0x00, 0xff, 0xff];
+
+/// How a server compresses (`freeboard serve --compression`, per route with
+/// [`RouteOptions`](crate::RouteOptions)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// `permessage-deflate` offers are declined (the upgrade succeeds without it).
+    #[default]
+    Off,
+    /// One compressor and one decompressor per event loop; both directions negotiate no
+    /// context takeover, so a connection holds no compression state between messages.
+    Shared,
+    /// A compressor and a decompressor per connection, with a window of `window_bits`
+    /// (9–15) in both directions; their memory is reserved from the budget at the upgrade.
+    Dedicated {
+        /// The LZ77 window, 2^`window_bits` bytes.
+        window_bits: u8,
+    },
+}
+
+/// The parameters both ends agreed on (RFC 7692 §7.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agreement {
+    /// The server starts every message with an empty window.
+    pub server_no_context_takeover: bool,
+    /// The client starts every message with an empty window.
+    pub client_no_context_takeover: bool,
+    /// The server's LZ77 window, 8–15.
+    pub server_max_window_bits: u8,
+    /// The client's LZ77 window, 8–15.
+    pub client_max_window_bits: u8,
+}
+
+/// Why an offer or a response was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NegotiationError {
+    /// A parameter RFC 7692 does not define.
+    UnknownParameter,
+    /// A parameter given twice (§7: "MUST NOT include more than one").
+    DuplicateParameter,
+    /// A value that is not a decimal 8–15 without leading zeros, or a value on a flag.
+    InvalidValue,
+    /// A response that answers parameters the offer did not allow, or that this end
+    /// cannot honour (a window of 8 for our own compressor: zlib cannot produce it).
+    Unacceptable,
+}
+
+/// The parameters of one `permessage-deflate` element, as written.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Params {
+    server_no_context_takeover: bool,
+    client_no_context_takeover: bool,
+    server_max_window_bits: Option<u8>,
+    /// `Some(None)`: the parameter without a value (allowed in an offer only).
+    client_max_window_bits: Option<Option<u8>>,
+}
+
+impl Params {
+    /// Parses `name[=value]` parameters separated by `;` (§7.1); every error refuses the
+    /// whole element.
+    fn parse(params: &str) -> Result<Self, NegotiationError> {
+        let mut p = Self::default();
+        for param in params.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            let (name, value) = match param.split_once('=') {
+                Some((n, v)) => (n.trim(), Some(unquote(v.trim())?)),
+                None => (param, None),
+            };
+            let flag = |seen: &mut bool| {
+                if value.is_some() {
+                    return Err(NegotiationError::InvalidValue);
+                }
+                if std::mem::replace(seen, true) {
+                    return Err(NegotiationError::DuplicateParameter);
+                }
+                Ok(())
+            };
+            if name.eq_ignore_ascii_case("server_no_context_takeover") {
+                flag(&mut p.server_no_context_takeover)?;
+            } else if name.eq_ignore_ascii_case("client_no_context_takeover") {
+                flag(&mut p.client_no_context_takeover)?;
+            } else if name.eq_ignore_ascii_case("server_max_window_bits") {
+                if p.server_max_window_bits.is_some() {
+                    return Err(NegotiationError::DuplicateParameter);
+                }
+                p.server_max_window_bits =
+                    Some(window_bits(value.ok_or(NegotiationError::InvalidValue)?)?);
+            } else if name.eq_ignore_ascii_case("client_max_window_bits") {
+                if p.client_max_window_bits.is_some() {
+                    return Err(NegotiationError::DuplicateParameter);
+                }
+                p.client_max_window_bits = Some(value.map(window_bits).transpose()?);
+            } else {
+                return Err(NegotiationError::UnknownParameter);
+            }
+        }
+        Ok(p)
+    }
+}
+
+/// A quoted-string value loses its quotes (RFC 6455 §9.1 allows either form).
+fn unquote(v: &str) -> Result<&str, NegotiationError> {
+    match v.strip_prefix('"') {
+        Some(rest) => rest.strip_suffix('"').ok_or(NegotiationError::InvalidValue),
+        None => Ok(v),
+    }
+}
+
+/// §7.1.2.1: "a decimal integer value ... without leading zeros, between 8 to 15, inclusive".
+fn window_bits(v: &str) -> Result<u8, NegotiationError> {
+    match v.as_bytes() {
+        [b'8'] => Ok(8),
+        [b'9'] => Ok(9),
+        [b'1', d @ b'0'..=b'5'] => Ok(10 + (d - b'0')),
+        _ => Err(NegotiationError::InvalidValue),
+    }
+}
+
+impl Agreement {
+    /// Server side: the first `permessage-deflate` offer among `offers` this server can
+    /// accept in `mode`, or `None` (offers are tried in order; a malformed one is skipped,
+    /// and the upgrade goes on without the extension if none is left).
+    pub fn accept<'b>(
+        mode: Compression,
+        offers: impl IntoIterator<Item = Extension<'b>>,
+    ) -> Option<Self> {
+        let own_window = match mode {
+            Compression::Off => return None,
+            Compression::Shared => 15,
+            Compression::Dedicated { window_bits } => window_bits.clamp(9, 15),
+        };
+        let shared = mode == Compression::Shared;
+        offers.into_iter().filter(|o| o.name.eq_ignore_ascii_case(NAME)).find_map(|offer| {
+            let p = Params::parse(offer.params).ok()?;
+            let server_max_window_bits = p.server_max_window_bits.unwrap_or(15).min(own_window);
+            // zlib cannot compress raw deflate with a 256-byte window: decline, and let the
+            // client's next offer (if any) be tried.
+            if server_max_window_bits < 9 {
+                return None;
+            }
+            let client_max_window_bits = match p.client_max_window_bits {
+                // We may only limit the client's window if it said it can be limited.
+                Some(limit) => limit.unwrap_or(15).min(own_window),
+                None => 15,
+            };
+            Some(Self {
+                server_no_context_takeover: shared || p.server_no_context_takeover,
+                // Shared: the decompressor is the loop's too, so no client context either
+                // (§7.1.1.2: a server may add it although the offer did not ask).
+                client_no_context_takeover: shared || p.client_no_context_takeover,
+                server_max_window_bits,
+                client_max_window_bits,
+            })
+        })
+    }
+
+    /// The `Sec-WebSocket-Extensions` value of the server's response.
+    pub fn response(&self) -> String {
+        let mut s = String::from(NAME);
+        if self.server_no_context_takeover {
+            s.push_str("; server_no_context_takeover");
+        }
+        if self.client_no_context_takeover {
+            s.push_str("; client_no_context_takeover");
+        }
+        if self.server_max_window_bits < 15 {
+            let _ = write!(s, "; server_max_window_bits={}", self.server_max_window_bits);
+        }
+        if self.client_max_window_bits < 15 {
+            let _ = write!(s, "; client_max_window_bits={}", self.client_max_window_bits);
+        }
+        s
+    }
+
+    /// The client's offer: both windows open to the server's choice, and
+    /// `client_no_context_takeover` when `no_context_takeover` (a client that keeps no
+    /// compression state between messages).
+    pub fn offer(no_context_takeover: bool) -> &'static str {
+        if no_context_takeover {
+            "permessage-deflate; client_no_context_takeover; client_max_window_bits"
+        } else {
+            "permessage-deflate; client_max_window_bits"
+        }
+    }
+
+    /// Client side: the agreement a server's response (one accepted element) makes, given
+    /// what [`offer`](Self::offer) sent. A response this client cannot honour is an error:
+    /// the client fails the connection (§5: "the client MUST _Fail the WebSocket
+    /// Connection_").
+    pub fn from_response(
+        response: Extension<'_>,
+        offered_no_context_takeover: bool,
+    ) -> Result<Self, NegotiationError> {
+        if !response.name.eq_ignore_ascii_case(NAME) {
+            return Err(NegotiationError::Unacceptable);
+        }
+        let p = Params::parse(response.params)?;
+        let client_max_window_bits = match p.client_max_window_bits {
+            Some(Some(bits)) => bits,
+            // §7.1.2.2: the response must carry a value.
+            Some(None) => return Err(NegotiationError::InvalidValue),
+            None => 15,
+        };
+        // Our compressor cannot honour a 256-byte window.
+        if client_max_window_bits < 9 {
+            return Err(NegotiationError::Unacceptable);
+        }
+        Ok(Self {
+            server_no_context_takeover: p.server_no_context_takeover,
+            client_no_context_takeover: p.client_no_context_takeover || offered_no_context_takeover,
+            server_max_window_bits: p.server_max_window_bits.unwrap_or(15),
+            client_max_window_bits,
+        })
+    }
+
+    /// (window bits, no context takeover) for the side that sends as `server` or not.
+    fn side(&self, server: bool) -> (u8, bool) {
+        if server {
+            (self.server_max_window_bits, self.server_no_context_takeover)
+        } else {
+            (self.client_max_window_bits, self.client_no_context_takeover)
+        }
+    }
+
+    /// The compressor of the side that sends (the server's if `server`).
+    pub(crate) fn deflater(&self, server: bool) -> Deflater {
+        let (bits, reset) = self.side(server);
+        Deflater::new(bits, reset)
+    }
+
+    /// The decompressor for what the other side sends.
+    pub(crate) fn inflater(&self, server: bool) -> Inflater {
+        let (bits, reset) = self.side(!server);
+        Inflater::new(bits, reset)
+    }
+
+    /// What a connection's own compression state costs (both directions), to reserve from
+    /// the budget: 0 when both sides take no context.
+    pub fn dedicated_cost(&self, server: bool) -> usize {
+        let (tx_bits, tx_reset) = self.side(server);
+        let (rx_bits, rx_reset) = self.side(!server);
+        let tx = if tx_reset { 0 } else { deflate_state_bytes(tx_bits) };
+        let rx = if rx_reset { 0 } else { inflate_state_bytes(rx_bits) };
+        tx + rx
+    }
+}
+
+/// zlib's documented deflate memory: `(1 << (windowBits + 2)) + (1 << (memLevel + 9))`
+/// with memLevel 8, plus the stream state.
+pub const fn deflate_state_bytes(window_bits: u8) -> usize {
+    (1 << (window_bits as usize + 2)) + (1 << 17) + 6 * 1024
+}
+
+/// zlib's documented inflate memory: `1 << windowBits` plus about 7 KiB of state.
+pub const fn inflate_state_bytes(window_bits: u8) -> usize {
+    (1 << window_bits as usize) + 7 * 1024
+}
+
+/// A raw-deflate compressor that ends each message with a sync flush and strips the tail
+/// (§7.2.1).
+pub(crate) struct Deflater {
+    z: Compress,
+    /// Reset after each message (no context takeover).
+    reset: bool,
+}
+
+impl Deflater {
+    pub(crate) fn new(window_bits: u8, reset: bool) -> Self {
+        // NOTE: zlib rejects a raw window of 8; negotiation never agrees to it for us.
+        let bits = window_bits.clamp(9, 15);
+        Self { z: Compress::new_with_window_bits(Level::fast(), false, bits), reset }
+    }
+
+    /// Compresses one whole message into `out` (cleared first). `out` grows by at most the
+    /// message's length plus a few bytes per 16 KiB (deflate's stored-block bound).
+    pub(crate) fn compress(&mut self, data: &[u8], out: &mut Vec<u8>) {
+        out.clear();
+        out.reserve(data.len() + data.len() / 1024 * 5 + 64);
+        let start = self.z.total_in();
+        loop {
+            let consumed = (self.z.total_in() - start) as usize;
+            // NOTE(unwrap): compress_vec only fails on a stream error, impossible for a
+            // well-formed Compress driven with a sync flush.
+            let _ = self.z.compress_vec(&data[consumed..], out, FlushCompress::Sync);
+            let consumed = (self.z.total_in() - start) as usize;
+            if consumed == data.len() && out.len() < out.capacity() {
+                break;
+            }
+            out.reserve(out.capacity().max(64));
+        }
+        if out.ends_with(&TAIL) {
+            out.truncate(out.len() - TAIL.len());
+        }
+        if out.is_empty() {
+            // An empty message compresses to one empty stored block's remains.
+            out.push(0x00);
+        }
+        if self.reset {
+            self.z.reset();
+        }
+    }
+}
+
+/// Why inflation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InflateError {
+    /// The inflated message passed `max_message_size`: 1009.
+    TooBig,
+    /// The pool has no chunk for the next step: 1013 (server) / 1009 (client).
+    Pool,
+    /// Not valid deflate data: 1007.
+    Corrupt,
+}
+
+impl InflateError {
+    /// What goes on the wire.
+    pub(crate) fn close(self, pool_code: CloseCode) -> (CloseCode, &'static str) {
+        match self {
+            Self::TooBig => (CloseCode::MESSAGE_TOO_BIG, "inflated message too big"),
+            Self::Pool => (pool_code, "no memory to inflate the message"),
+            Self::Corrupt => (CloseCode::INVALID_PAYLOAD, "invalid compressed data"),
+        }
+    }
+}
+
+/// A raw-deflate decompressor writing into pool chunks in bounded steps.
+pub(crate) struct Inflater {
+    z: Decompress,
+    reset: bool,
+}
+
+impl Inflater {
+    pub(crate) fn new(window_bits: u8, reset: bool) -> Self {
+        // zlib's quirk: a raw window of 8 is not accepted; a 9-bit window inflates what an
+        // 8-bit one produced.
+        let bits = window_bits.clamp(9, 15);
+        Self { z: Decompress::new_with_window_bits(false, bits), reset }
+    }
+
+    /// Inflates one whole compressed message (its pieces in order) into `out`, a step of at
+    /// most one pool chunk at a time, failing as soon as the output would pass `max`.
+    /// On error `out` is cleared (its chunks go back to the pool).
+    pub(crate) fn inflate<'a>(
+        &mut self,
+        pool: &mut Pool<'static>,
+        pieces: impl IntoIterator<Item = &'a [u8]>,
+        max: usize,
+        out: &mut ChunkChain,
+    ) -> Result<(), InflateError> {
+        let result = self.run(pool, pieces, max, out);
+        if result.is_err() {
+            out.clear(pool);
+            self.z.reset(false);
+        } else if self.reset {
+            self.z.reset(false);
+        }
+        result
+    }
+
+    fn run<'a>(
+        &mut self,
+        pool: &mut Pool<'static>,
+        pieces: impl IntoIterator<Item = &'a [u8]>,
+        max: usize,
+        out: &mut ChunkChain,
+    ) -> Result<(), InflateError> {
+        let mut step = [0u8; 4096];
+        for input in pieces.into_iter().chain([&TAIL[..]]) {
+            let mut at = 0;
+            loop {
+                let (in0, out0) = (self.z.total_in(), self.z.total_out());
+                let status = self
+                    .z
+                    .decompress(&input[at..], &mut step, FlushDecompress::Sync)
+                    .map_err(|_| InflateError::Corrupt)?;
+                at += (self.z.total_in() - in0) as usize;
+                let produced = (self.z.total_out() - out0) as usize;
+                if out.len() + produced > max {
+                    return Err(InflateError::TooBig);
+                }
+                if produced > 0 {
+                    out.append(pool, &step[..produced]).map_err(|_| InflateError::Pool)?;
+                }
+                // Input used up and the output buffer not filled: this piece is done.
+                if at == input.len() && produced < step.len() {
+                    break;
+                }
+                if status == Status::StreamEnd {
+                    // A final block (BFINAL) ends the stream: what follows must be nothing
+                    // but our tail, and the next message starts a new stream.
+                    self.z.reset(false);
+                    if at < input.len() && input[at..] != TAIL[..] {
+                        return Err(InflateError::Corrupt);
+                    }
+                    break;
+                }
+                if produced == 0 && (self.z.total_in() - in0) == 0 {
+                    return Err(InflateError::Corrupt);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Validates inflated text (the core skips compressed messages: it sees only deflate data).
+pub(crate) fn valid_utf8(pool: &Pool<'static>, chain: &ChunkChain) -> bool {
+    let mut v = Utf8Validator::new();
+    let mut segments = chain.segments(pool).peekable();
+    if segments.peek().is_none() {
+        return true;
+    }
+    while let Some(seg) = segments.next() {
+        if v.feed(seg, segments.peek().is_none()).is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests;
