@@ -81,6 +81,15 @@ pub struct ServerConfig {
     /// arrive in pieces may not take the pool below half of it (else close 1013), so the open
     /// connections keep room to send. Default 64 KiB.
     pub connection_reserve: usize,
+    /// permessage-deflate (RFC 7692): `off` (offers declined), `shared` (one compressor per
+    /// event loop, no context takeover) or `dedicated` (a context per connection, drawn from
+    /// the budget). Default `off`.
+    pub compression: crate::Compression,
+    /// The LZ77 window of a dedicated context, 9–15 bits (both directions). Default 15.
+    pub compression_window: u8,
+    /// Messages shorter than this are sent uncompressed. Default 64 bytes; 0 compresses
+    /// every message.
+    pub compression_threshold: usize,
     /// Pub/sub: the topic endpoints, their send queues and who may publish (the `[topics]`
     /// table in TOML).
     pub topics: TopicsConfig,
@@ -190,6 +199,9 @@ impl Default for ServerConfig {
             send_cap: (16 << 20) + (64 << 10),
             slow_consumer: SlowConsumerPolicy::Close,
             connection_reserve: 64 << 10,
+            compression: crate::Compression::Off,
+            compression_window: 15,
+            compression_threshold: 64,
             topics: TopicsConfig::default(),
         }
     }

@@ -199,6 +199,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                     masks: Some(&mut self.masks),
                     limits: Reassembly::CLIENT,
                     share,
+                    codec: None,
                     now,
                 },
             }),
@@ -299,6 +300,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                             masks: Some(&mut self.masks),
                             limits: Reassembly::CLIENT,
                             share,
+                            codec: None,
                             now: core_now,
                         };
                         open.session.handle_timeout(&mut cx);
@@ -466,6 +468,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                         masks: Some(&mut self.masks),
                         limits: Reassembly::CLIENT,
                         share,
+                        codec: None,
                         now: Instant::from_millis(self.start.elapsed().as_millis() as u64),
                     };
                     open.session.handle_eof(&mut cx);
@@ -595,6 +598,7 @@ impl Parts<'_> {
             masks: Some(self.masks),
             limits: Reassembly::CLIENT,
             share: self.share,
+            codec: None,
             now: self.now,
         }
     }

@@ -25,6 +25,7 @@ use super::shared::Shared;
 use crate::handler::{ConnId, Router};
 use crate::metrics::{LoopGauges, LoopLabel, LoopStats, close_label};
 use crate::parking::ParkingLot;
+use crate::session::deflate::Codec;
 use crate::session::{Assembly, Context, Phase, Reassembly, Session, Share};
 use crate::topics::{LocalTopics, Publication};
 use crate::transport::Transport;
@@ -84,6 +85,8 @@ pub(crate) struct EventLoop<T> {
     /// What one connection may take from the pool while it is contended, as of the last
     /// turn's connection count.
     pub(super) share: Share,
+    /// permessage-deflate: the shared mode's state and every compressed message's scratch.
+    pub(super) codec: Codec,
     timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     pub(super) dirty: Vec<usize>,
     pub(super) resume: Vec<usize>,
@@ -136,7 +139,13 @@ impl<T: Transport> EventLoop<T> {
         let per_loop = config.memory / config.threads;
         let assembly_reserve =
             usize::try_from(config.max_message_size).unwrap_or(usize::MAX).min(per_loop / 4);
-        let pool_bytes = per_loop - config.read_buffer - assembly_reserve;
+        // Compression state (zlib windows) is drawn from the budget beside the pool: an
+        // eighth of the loop's share is kept for it when the server compresses.
+        let compression_reserve = match config.compression {
+            crate::Compression::Off => 0,
+            _ => per_loop / 8,
+        };
+        let pool_bytes = per_loop - config.read_buffer - assembly_reserve - compression_reserve;
         let chunks = pool_bytes
             / Pool::footprint(config.chunk_size, 1, freeboard_buf::DEFAULT_SEGMENTS_PER_CHUNK);
         let pool_config =
@@ -157,6 +166,7 @@ impl<T: Transport> EventLoop<T> {
             read_buf: vec![0u8; config.read_buffer].into_boxed_slice(),
             limits: Reassembly::server(config.connection_reserve),
             share: Share::new(&pool, 0),
+            codec: Codec::new(config.compression_threshold),
             gauges: LoopGauges::new(&shared.metrics, index),
             shared,
             router,
@@ -375,6 +385,7 @@ impl<T: Transport> EventLoop<T> {
             masks: None,
             limits: self.limits,
             share: self.share,
+            codec: Some(&mut self.codec),
             now,
         };
         (&mut self.conns[token], cx)

@@ -163,12 +163,21 @@ impl<T: Transport> EventLoop<T> {
             return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
         }
         let mut response = [0u8; 1024];
-        let n = match self.router.handler(route).on_upgrade(&request) {
-            Upgrade::Accept { protocol } => match request.accept(protocol, None, &mut response) {
-                Ok(n) => n,
-                Err(_) => return self.refuse(token, now, 500, "", "response too large"),
-            },
+        let protocol = match self.router.handler(route).on_upgrade(&request) {
+            Upgrade::Accept { protocol } => protocol,
             Upgrade::Reject(status) => return self.refuse(token, now, status, "", "refused"),
+        };
+        // permessage-deflate (server/compression.rs); its budget goes back on any failure.
+        let mut deflate = self.negotiate_compression(&options, &request);
+        let extensions = deflate.as_ref().map(|(_, response)| response.as_str());
+        let n = match request.accept(protocol, extensions, &mut response) {
+            Ok(n) => n,
+            Err(_) => {
+                if let Some((d, _)) = &mut deflate {
+                    d.release(&mut self.pool);
+                }
+                return self.refuse(token, now, 500, "", "response too large");
+            }
         };
         let entry = &mut self.conns[token];
         let queue = (options.slow_consumer.is_some() || options.watermarks.is_some()).then(|| {
@@ -178,8 +187,14 @@ impl<T: Transport> EventLoop<T> {
         });
         let ws = Ws::new(Role::Server, self.lot.config(), now);
         if entry.session.upgrade(&mut self.pool, ws, queue, &response[..n]).is_err() {
+            if let Some((d, _)) = &mut deflate {
+                d.release(&mut self.pool);
+            }
             self.remove(token);
             return false;
+        }
+        if let Some((d, _)) = deflate {
+            entry.session.set_deflate(d);
         }
         entry.route = route as u32;
         self.shared.metrics.connections.inc();

@@ -14,14 +14,15 @@ use freeboard_proto::handshake::Extension;
 use freeboard_proto::{CloseCode, utf8::Utf8Validator};
 
 /// The extension's registered name.
-pub const NAME: &str = "permessage-deflate";
+pub(crate) const NAME: &str = "permessage-deflate";
 
 /// The four octets every compressed message ends with before §7.2.1 removes them.
 const TAIL: [u8; 4] = [0x00, 0x00, 0xff, 0xff];
 
 /// How a server compresses (`freeboard serve --compression`, per route with
-/// [`RouteOptions`](crate::RouteOptions)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// [`RouteOptions::compression`](crate::RouteOptions::compression)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Compression {
     /// `permessage-deflate` offers are declined (the upgrade succeeds without it).
     #[default]
@@ -29,12 +30,23 @@ pub enum Compression {
     /// One compressor and one decompressor per event loop; both directions negotiate no
     /// context takeover, so a connection holds no compression state between messages.
     Shared,
-    /// A compressor and a decompressor per connection, with a window of `window_bits`
-    /// (9–15) in both directions; their memory is reserved from the budget at the upgrade.
-    Dedicated {
-        /// The LZ77 window, 2^`window_bits` bytes.
-        window_bits: u8,
-    },
+    /// A compressor and a decompressor per connection, with a window of
+    /// [`ServerConfig::compression_window`](crate::ServerConfig::compression_window) bits
+    /// (9–15) in both directions; their memory is drawn from the budget at the upgrade, and
+    /// a connection the budget cannot cover goes on without compression.
+    Dedicated,
+}
+
+impl Compression {
+    /// Parses `off`, `shared` or `dedicated`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "off" => Some(Self::Off),
+            "shared" => Some(Self::Shared),
+            "dedicated" => Some(Self::Dedicated),
+            _ => None,
+        }
+    }
 }
 
 /// The parameters both ends agreed on (RFC 7692 §7.1).
@@ -138,14 +150,16 @@ impl Agreement {
     /// Server side: the first `permessage-deflate` offer among `offers` this server can
     /// accept in `mode`, or `None` (offers are tried in order; a malformed one is skipped,
     /// and the upgrade goes on without the extension if none is left).
+    /// `window_bits` bounds both windows in dedicated mode.
     pub fn accept<'b>(
         mode: Compression,
+        window_bits: u8,
         offers: impl IntoIterator<Item = Extension<'b>>,
     ) -> Option<Self> {
         let own_window = match mode {
             Compression::Off => return None,
             Compression::Shared => 15,
-            Compression::Dedicated { window_bits } => window_bits.clamp(9, 15),
+            Compression::Dedicated => window_bits.clamp(9, 15),
         };
         let shared = mode == Compression::Shared;
         offers.into_iter().filter(|o| o.name.eq_ignore_ascii_case(NAME)).find_map(|offer| {
@@ -232,7 +246,7 @@ impl Agreement {
     }
 
     /// (window bits, no context takeover) for the side that sends as `server` or not.
-    fn side(&self, server: bool) -> (u8, bool) {
+    pub(crate) fn side(&self, server: bool) -> (u8, bool) {
         if server {
             (self.server_max_window_bits, self.server_no_context_takeover)
         } else {
@@ -265,12 +279,12 @@ impl Agreement {
 
 /// zlib's documented deflate memory: `(1 << (windowBits + 2)) + (1 << (memLevel + 9))`
 /// with memLevel 8, plus the stream state.
-pub const fn deflate_state_bytes(window_bits: u8) -> usize {
+pub(crate) const fn deflate_state_bytes(window_bits: u8) -> usize {
     (1 << (window_bits as usize + 2)) + (1 << 17) + 6 * 1024
 }
 
 /// zlib's documented inflate memory: `1 << windowBits` plus about 7 KiB of state.
-pub const fn inflate_state_bytes(window_bits: u8) -> usize {
+pub(crate) const fn inflate_state_bytes(window_bits: u8) -> usize {
     (1 << window_bits as usize) + 7 * 1024
 }
 
@@ -345,6 +359,8 @@ impl InflateError {
 pub(crate) struct Inflater {
     z: Decompress,
     reset: bool,
+    /// The message's stream ended with a final block; the rest of it is ignored.
+    ended: bool,
 }
 
 impl Inflater {
@@ -352,12 +368,12 @@ impl Inflater {
         // zlib's quirk: a raw window of 8 is not accepted; a 9-bit window inflates what an
         // 8-bit one produced.
         let bits = window_bits.clamp(9, 15);
-        Self { z: Decompress::new_with_window_bits(false, bits), reset }
+        Self { z: Decompress::new_with_window_bits(false, bits), reset, ended: false }
     }
 
     /// Inflates one whole compressed message (its pieces in order) into `out`, a step of at
-    /// most one pool chunk at a time, failing as soon as the output would pass `max`.
-    /// On error `out` is cleared (its chunks go back to the pool).
+    /// most 4 KiB at a time, failing as soon as the output would pass `max`. On error `out`
+    /// is cleared (its chunks go back to the pool).
     pub(crate) fn inflate<'a>(
         &mut self,
         pool: &mut Pool<'static>,
@@ -365,59 +381,235 @@ impl Inflater {
         max: usize,
         out: &mut ChunkChain,
     ) -> Result<(), InflateError> {
-        let result = self.run(pool, pieces, max, out);
+        let mut result = Ok(());
+        for piece in pieces.into_iter().chain([&TAIL[..]]) {
+            result = self.step(pool, piece, max, out);
+            if result.is_err() {
+                break;
+            }
+        }
+        self.finish(pool, result, out)
+    }
+
+    /// [`inflate`](Self::inflate) from a chain of pool chunks, which are released as they
+    /// are read.
+    pub(crate) fn inflate_chain(
+        &mut self,
+        pool: &mut Pool<'static>,
+        mut input: ChunkChain,
+        max: usize,
+        out: &mut ChunkChain,
+    ) -> Result<(), InflateError> {
+        let mut buf = [0u8; 4096];
+        let mut result = Ok(());
+        while !input.is_empty() && result.is_ok() {
+            let n = input.copy_to(pool, &mut buf);
+            input.consume(pool, n);
+            result = self.step(pool, &buf[..n], max, out);
+        }
+        input.clear(pool);
+        if result.is_ok() {
+            result = self.step(pool, &TAIL, max, out);
+        }
+        self.finish(pool, result, out)
+    }
+
+    fn finish(
+        &mut self,
+        pool: &mut Pool<'static>,
+        result: Result<(), InflateError>,
+        out: &mut ChunkChain,
+    ) -> Result<(), InflateError> {
         if result.is_err() {
             out.clear(pool);
+        }
+        if result.is_err() || self.reset || self.ended {
             self.z.reset(false);
-        } else if self.reset {
-            self.z.reset(false);
+            self.ended = false;
         }
         result
     }
 
-    fn run<'a>(
+    /// Inflates one piece of input, 4 KiB of output at a time.
+    fn step(
         &mut self,
         pool: &mut Pool<'static>,
-        pieces: impl IntoIterator<Item = &'a [u8]>,
+        input: &[u8],
         max: usize,
         out: &mut ChunkChain,
     ) -> Result<(), InflateError> {
+        if self.ended {
+            return Ok(());
+        }
         let mut step = [0u8; 4096];
-        for input in pieces.into_iter().chain([&TAIL[..]]) {
-            let mut at = 0;
-            loop {
-                let (in0, out0) = (self.z.total_in(), self.z.total_out());
-                let status = self
-                    .z
-                    .decompress(&input[at..], &mut step, FlushDecompress::Sync)
-                    .map_err(|_| InflateError::Corrupt)?;
-                at += (self.z.total_in() - in0) as usize;
-                let produced = (self.z.total_out() - out0) as usize;
-                if out.len() + produced > max {
-                    return Err(InflateError::TooBig);
-                }
-                if produced > 0 {
-                    out.append(pool, &step[..produced]).map_err(|_| InflateError::Pool)?;
-                }
-                // Input used up and the output buffer not filled: this piece is done.
-                if at == input.len() && produced < step.len() {
-                    break;
-                }
-                if status == Status::StreamEnd {
-                    // A final block (BFINAL) ends the stream: what follows must be nothing
-                    // but our tail, and the next message starts a new stream.
-                    self.z.reset(false);
-                    if at < input.len() && input[at..] != TAIL[..] {
-                        return Err(InflateError::Corrupt);
-                    }
-                    break;
-                }
-                if produced == 0 && (self.z.total_in() - in0) == 0 {
-                    return Err(InflateError::Corrupt);
-                }
+        let mut at = 0;
+        loop {
+            let (in0, out0) = (self.z.total_in(), self.z.total_out());
+            let status = self
+                .z
+                .decompress(&input[at..], &mut step, FlushDecompress::Sync)
+                .map_err(|_| InflateError::Corrupt)?;
+            let used = (self.z.total_in() - in0) as usize;
+            at += used;
+            let produced = (self.z.total_out() - out0) as usize;
+            if out.len() + produced > max {
+                return Err(InflateError::TooBig);
+            }
+            if produced > 0 {
+                out.append(pool, &step[..produced]).map_err(|_| InflateError::Pool)?;
+            }
+            if status == Status::StreamEnd {
+                // A final block (BFINAL) ends the stream: the rest of this message
+                // (our tail) is ignored, and the next message starts a new stream.
+                self.ended = true;
+                return Ok(());
+            }
+            // Input used up and the output buffer not filled: this piece is done.
+            if at == input.len() && produced < step.len() {
+                return Ok(());
+            }
+            if produced == 0 && used == 0 {
+                return Err(InflateError::Corrupt);
             }
         }
-        Ok(())
+    }
+}
+
+/// A session's compression: what was agreed, and in dedicated mode its own state (drawn
+/// from the budget at the upgrade, given back by [`release`](Self::release)).
+pub(crate) struct Deflate {
+    pub(crate) agreement: Agreement,
+    server: bool,
+    own: Option<(Deflater, Inflater)>,
+    /// Invariant: these bytes are drawn from the pool's budget for `own`.
+    drawn: usize,
+}
+
+impl Deflate {
+    /// The compression of a connection that agreed on `agreement`. Dedicated (`own`): its
+    /// state is drawn from `pool`'s budget; `None` when the budget cannot cover it (the
+    /// caller goes on without compression). Otherwise the loop's [`Codec`] compresses.
+    pub(crate) fn new(
+        pool: &mut Pool<'static>,
+        agreement: Agreement,
+        server: bool,
+        own: bool,
+    ) -> Option<Box<Self>> {
+        let drawn = if own { agreement.dedicated_cost(server) } else { 0 };
+        pool.budget_mut().try_draw(drawn).ok()?;
+        let own = own.then(|| (agreement.deflater(server), agreement.inflater(server)));
+        Some(Box::new(Self { agreement, server, own, drawn }))
+    }
+
+    /// Gives the drawn budget back.
+    pub(crate) fn release(&mut self, pool: &mut Pool<'static>) {
+        pool.budget_mut().give_back(std::mem::take(&mut self.drawn));
+        self.own = None;
+    }
+
+    /// Compresses `data` into the codec's scratch, lent out until the caller has framed it
+    /// and gives it back with [`Codec::put_scratch`]; `None` if this message goes
+    /// uncompressed (below the threshold, or the loop cannot afford a compressor for this
+    /// window).
+    pub(crate) fn compress(
+        &mut self,
+        pool: &mut Pool<'static>,
+        codec: &mut Codec,
+        data: &[u8],
+    ) -> Option<Vec<u8>> {
+        if data.len() < codec.threshold {
+            return None;
+        }
+        let mut scratch = std::mem::take(&mut codec.scratch);
+        let deflater = match &mut self.own {
+            Some((deflater, _)) => deflater,
+            None => match codec.shared_deflater(pool, self.agreement.side(self.server).0) {
+                Some(deflater) => deflater,
+                None => {
+                    codec.scratch = scratch;
+                    return None;
+                }
+            },
+        };
+        deflater.compress(data, &mut scratch);
+        Some(scratch)
+    }
+
+    /// Inflates a whole compressed message (given as a slice or as a chain) into `out`.
+    pub(crate) fn inflate(
+        &mut self,
+        pool: &mut Pool<'static>,
+        codec: &mut Codec,
+        input: Compressed<'_>,
+        max: usize,
+        out: &mut ChunkChain,
+    ) -> Result<(), InflateError> {
+        let inflater = match &mut self.own {
+            Some((_, inflater)) => inflater,
+            None => codec.shared_inflater(pool).ok_or(InflateError::Pool)?,
+        };
+        match input {
+            Compressed::Slice(data) => inflater.inflate(pool, [data], max, out),
+            Compressed::Chain(chain) => inflater.inflate_chain(pool, chain, max, out),
+        }
+    }
+}
+
+/// A compressed message as received.
+pub(crate) enum Compressed<'b> {
+    /// Whole in one read.
+    Slice(&'b [u8]),
+    /// Reassembled in pool chunks.
+    Chain(ChunkChain),
+}
+
+/// An event loop's compression: in shared mode its compressors (one per window size in
+/// use, each with no context between messages) and its decompressor; for every mode the
+/// scratch a compressed message is written into before it is framed.
+pub(crate) struct Codec {
+    /// Indexed by window bits − 9.
+    deflaters: [Option<Deflater>; 7],
+    inflater: Option<Inflater>,
+    scratch: Vec<u8>,
+    /// Messages shorter than this go uncompressed.
+    pub(crate) threshold: usize,
+    /// Invariant: these bytes are drawn from the budget for the shared state.
+    drawn: usize,
+}
+
+impl Codec {
+    pub(crate) fn new(threshold: usize) -> Self {
+        Self {
+            deflaters: Default::default(),
+            inflater: None,
+            scratch: Vec::new(),
+            threshold,
+            drawn: 0,
+        }
+    }
+
+    /// Takes back the scratch [`Deflate::compress`] lent out.
+    pub(crate) fn put_scratch(&mut self, scratch: Vec<u8>) {
+        self.scratch = scratch;
+    }
+
+    fn shared_deflater(&mut self, pool: &mut Pool<'static>, bits: u8) -> Option<&mut Deflater> {
+        let slot = &mut self.deflaters[usize::from(bits.clamp(9, 15) - 9)];
+        if slot.is_none() {
+            pool.budget_mut().try_draw(deflate_state_bytes(bits)).ok()?;
+            self.drawn += deflate_state_bytes(bits);
+            *slot = Some(Deflater::new(bits, true));
+        }
+        slot.as_mut()
+    }
+
+    fn shared_inflater(&mut self, pool: &mut Pool<'static>) -> Option<&mut Inflater> {
+        if self.inflater.is_none() {
+            pool.budget_mut().try_draw(inflate_state_bytes(15)).ok()?;
+            self.drawn += inflate_state_bytes(15);
+            self.inflater = Some(Inflater::new(15, true));
+        }
+        self.inflater.as_mut()
     }
 }
 

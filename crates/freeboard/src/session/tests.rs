@@ -55,6 +55,7 @@ impl End {
             masks: self.masks.as_mut(),
             limits: self.limits,
             share,
+            codec: None,
             now,
         };
         (&mut self.session, cx)

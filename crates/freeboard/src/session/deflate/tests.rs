@@ -11,16 +11,16 @@ fn pool(bytes: usize) -> Pool<'static> {
     Pool::new(Budget::new(bytes), PoolConfig::new().with_chunk_size(1024)).unwrap()
 }
 
-const DEDICATED: Compression = Compression::Dedicated { window_bits: 15 };
+const DEDICATED: Compression = Compression::Dedicated;
 
 #[test]
 fn off_declines_every_offer() {
-    assert_eq!(Agreement::accept(Compression::Off, [ext(NAME, "")]), None);
+    assert_eq!(Agreement::accept(Compression::Off, 15, [ext(NAME, "")]), None);
 }
 
 #[test]
 fn a_plain_offer_is_accepted_with_the_defaults() {
-    let a = Agreement::accept(DEDICATED, [ext(NAME, "")]).unwrap();
+    let a = Agreement::accept(DEDICATED, 15, [ext(NAME, "")]).unwrap();
     assert_eq!(a.response(), "permessage-deflate");
     assert_eq!((a.server_max_window_bits, a.client_max_window_bits), (15, 15));
     assert!(!a.server_no_context_takeover && !a.client_no_context_takeover);
@@ -28,7 +28,8 @@ fn a_plain_offer_is_accepted_with_the_defaults() {
 
 #[test]
 fn shared_takes_no_context_in_either_direction() {
-    let a = Agreement::accept(Compression::Shared, [ext(NAME, "client_max_window_bits")]).unwrap();
+    let a =
+        Agreement::accept(Compression::Shared, 15, [ext(NAME, "client_max_window_bits")]).unwrap();
     assert_eq!(
         a.response(),
         "permessage-deflate; server_no_context_takeover; client_no_context_takeover"
@@ -38,17 +39,15 @@ fn shared_takes_no_context_in_either_direction() {
 
 #[test]
 fn the_browser_offer_and_window_parameters() {
-    let a = Agreement::accept(
-        Compression::Dedicated { window_bits: 12 },
-        [ext(NAME, "client_max_window_bits")],
-    )
-    .unwrap();
+    let a = Agreement::accept(Compression::Dedicated, 12, [ext(NAME, "client_max_window_bits")])
+        .unwrap();
     assert_eq!(
         a.response(),
         "permessage-deflate; server_max_window_bits=12; client_max_window_bits=12"
     );
     let a = Agreement::accept(
         DEDICATED,
+        15,
         [ext(
             NAME,
             "server_max_window_bits=10; client_max_window_bits=\"9\"; client_no_context_takeover",
@@ -61,7 +60,7 @@ fn the_browser_offer_and_window_parameters() {
     );
     assert!(a.dedicated_cost(true) > 0);
     // Without client_max_window_bits in the offer the server may not limit the client.
-    let a = Agreement::accept(Compression::Dedicated { window_bits: 10 }, [ext(NAME, "")]).unwrap();
+    let a = Agreement::accept(Compression::Dedicated, 10, [ext(NAME, "")]).unwrap();
     assert_eq!(a.client_max_window_bits, 15);
 }
 
@@ -82,16 +81,16 @@ fn malformed_or_duplicate_offers_are_skipped_and_the_next_is_tried() {
         // zlib cannot compress with a 256-byte raw window.
         "server_max_window_bits=8",
     ] {
-        assert_eq!(Agreement::accept(DEDICATED, [ext(NAME, bad)]), None, "{bad}");
-        let a = Agreement::accept(DEDICATED, [ext(NAME, bad), ext(NAME, "")]);
+        assert_eq!(Agreement::accept(DEDICATED, 15, [ext(NAME, bad)]), None, "{bad}");
+        let a = Agreement::accept(DEDICATED, 15, [ext(NAME, bad), ext(NAME, "")]);
         assert_eq!(a.map(|a| a.response()).as_deref(), Some(NAME), "{bad}");
     }
-    assert_eq!(Agreement::accept(DEDICATED, [ext("x-webkit-deflate-frame", "")]), None);
+    assert_eq!(Agreement::accept(DEDICATED, 15, [ext("x-webkit-deflate-frame", "")]), None);
 }
 
 #[test]
 fn a_client_window_of_8_is_accepted_and_inflated_with_9() {
-    let a = Agreement::accept(DEDICATED, [ext(NAME, "client_max_window_bits=8")]).unwrap();
+    let a = Agreement::accept(DEDICATED, 15, [ext(NAME, "client_max_window_bits=8")]).unwrap();
     assert_eq!(a.client_max_window_bits, 8);
     let mut pool = pool(1 << 20);
     let mut d = Deflater::new(9, false);
@@ -160,9 +159,9 @@ fn messages_roundtrip_with_and_without_context_takeover() {
     let big: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     let messages: [&[u8]; 5] = [json, json, b"", &big, json];
     for a in [
-        Agreement::accept(DEDICATED, [ext(NAME, "")]).unwrap(),
-        Agreement::accept(Compression::Shared, [ext(NAME, "")]).unwrap(),
-        Agreement::accept(DEDICATED, [ext(NAME, "server_max_window_bits=9")]).unwrap(),
+        Agreement::accept(DEDICATED, 15, [ext(NAME, "")]).unwrap(),
+        Agreement::accept(Compression::Shared, 15, [ext(NAME, "")]).unwrap(),
+        Agreement::accept(DEDICATED, 15, [ext(NAME, "server_max_window_bits=9")]).unwrap(),
     ] {
         roundtrip(&a, &messages);
     }
