@@ -32,7 +32,7 @@ function corpus(size) {
 async function run(size) {
   const messages = corpus(size);
   const ws = new WebSocket(`ws://127.0.0.1:${port}/echo`, {
-    perMessageDeflate: mode === 'off' ? false : { threshold: 0, clientNoContextTakeover: false },
+    perMessageDeflate: mode === 'off' ? false : { threshold: 0 },
   });
   await new Promise((ok, err) => { ws.once('open', ok); ws.once('error', err); });
   const negotiated = ws.extensions || '-';

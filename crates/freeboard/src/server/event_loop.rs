@@ -628,11 +628,12 @@ mod tests {
     use super::*;
 
     /// An idle connection costs its slab entry and nothing else (its protocol state is parked
-    /// inside it): keep it small, 10,000 idle connections should need about 2 MB.
+    /// inside it): keep it small, 10,000 idle connections should need about 2 MB. (208: the
+    /// session's permessage-deflate pointer added 8 bytes to the 200 it had.)
     #[test]
     fn idle_connection_state_stays_small() {
         let entry = size_of::<Entry<mio::net::TcpStream>>();
         println!("Entry {entry} B");
-        assert!(entry <= 200, "Entry is {entry} bytes");
+        assert!(entry <= 208, "Entry is {entry} bytes");
     }
 }
