@@ -132,6 +132,17 @@ struct ServeArgs {
     /// leave less than half of it free gets close 1013 [default: 64K].
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     connection_reserve: Option<usize>,
+    /// permessage-deflate: off, shared (one compressor per event loop, no context takeover),
+    /// dedicated (a context per connection, drawn from the budget; without budget the
+    /// connection goes uncompressed) [default: off].
+    #[arg(long, value_name = "MODE")]
+    compression: Option<String>,
+    /// Window of a dedicated compression context, 9-15 bits [default: 15].
+    #[arg(long, value_name = "BITS")]
+    compression_window: Option<u8>,
+    /// Messages shorter than this go uncompressed; 0 compresses all [default: 64].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    compression_threshold: Option<usize>,
     /// Pool chunk size [default: 4K].
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     chunk_size: Option<usize>,
@@ -376,6 +387,16 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
     }
     if let Some(v) = args.connection_reserve {
         config.connection_reserve = v;
+    }
+    if let Some(v) = &args.compression {
+        config.compression = freeboard::Compression::parse(v)
+            .ok_or_else(|| format!("--compression: {v:?} is not off, shared or dedicated"))?;
+    }
+    if let Some(v) = args.compression_window {
+        config.compression_window = v; // 9-15: checked by `validate`
+    }
+    if let Some(v) = args.compression_threshold {
+        config.compression_threshold = v;
     }
     if let Some(v) = args.chunk_size {
         config.chunk_size = v;

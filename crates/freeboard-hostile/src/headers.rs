@@ -54,3 +54,43 @@ pub fn compressed_frame(addr: SocketAddr) -> (String, Option<u16>) {
     let code = client.recv_close().expect("read the close");
     (head, code)
 }
+
+/// Raw deflate of `data` with a sync flush, the tail removed (RFC 7692 §7.2.1), at the
+/// best level: 64 MiB of zeros become about 64 KB.
+pub fn deflate(data: &[u8]) -> Vec<u8> {
+    use flate2::{Compress, Compression, FlushCompress};
+    let mut z = Compress::new(Compression::best(), false);
+    let mut out = Vec::with_capacity(data.len() / 500 + 1024);
+    loop {
+        let at = usize::try_from(z.total_in()).unwrap_or(usize::MAX);
+        z.compress_vec(&data[at..], &mut out, FlushCompress::Sync).expect("deflate");
+        if usize::try_from(z.total_in()).ok() == Some(data.len()) && out.len() < out.capacity() {
+            break;
+        }
+        out.reserve(out.capacity());
+    }
+    out.truncate(out.len().saturating_sub(4));
+    out
+}
+
+/// After a `permessage-deflate` offer the server accepted, sends `bomb` (a compressed
+/// message) in `fragments` frames; returns the close code the server answered with.
+pub fn deflate_bomb(addr: SocketAddr, bomb: &[u8], fragments: usize) -> Option<u16> {
+    let (mut client, status, head) = deflate_offer(addr);
+    assert_eq!(status, 101, "{head}");
+    assert!(head.contains("permessage-deflate"), "{head}");
+    let pieces: Vec<&[u8]> = bomb.chunks(bomb.len().div_ceil(fragments.max(1))).collect();
+    for (i, piece) in pieces.iter().enumerate() {
+        let first = match (i == 0, i + 1 == pieces.len()) {
+            (true, true) => 0xc2,
+            (true, false) => 0x42,
+            (false, true) => 0x80,
+            (false, false) => 0x00,
+        };
+        // The server may close before the last piece: stop writing then.
+        if client.send(first, piece).is_err() {
+            break;
+        }
+    }
+    client.recv_close().ok().flatten()
+}

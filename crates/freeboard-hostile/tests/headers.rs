@@ -50,3 +50,39 @@ fn a_deflate_offer_is_not_accepted_and_rsv1_gets_1002() {
     assert_eq!(after.delta(&before, "closes_total{reason=\"protocol_error\"}"), 1000.0);
     figures.report("deflate_offer");
 }
+
+/// With `--compression` on, the same offer is accepted and the compressed "Hello" echoed;
+/// a 64 MiB-of-zeros bomb (about 64 KB on the wire) whole, spread over 64 fragments, and on
+/// 16 connections at once gets 1009 while it inflates (`--max-message-size 1M`), the RSS stays
+/// under the budget and an innocent client echoes throughout.
+#[test]
+fn with_compression_an_offer_is_accepted_and_bombs_get_1009() {
+    let bomb = headers::deflate(&vec![0u8; 64 << 20]);
+    assert!(bomb.len() < 256 << 10, "{}", bomb.len());
+    for mode in ["shared", "dedicated"] {
+        let serve = Serve::start(&["--compression", mode, "--max-message-size", "1M"]);
+        let (mut client, status, head) = headers::deflate_offer(serve.addr());
+        assert_eq!(status, 101, "{head}");
+        assert!(head.contains("Sec-WebSocket-Extensions: permessage-deflate"), "{head}");
+        client.send(0xc1, &[0xf2, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00]).expect("send");
+        let echo = client.recv().expect("read").expect("an echo");
+        // Under the 64-byte threshold the echo goes uncompressed.
+        assert_eq!((echo.opcode, echo.rsv, &echo.payload[..]), (0x1, 0, &b"Hello"[..]));
+        let watch = Watch::start(&serve);
+        assert_eq!(headers::deflate_bomb(serve.addr(), &bomb, 1), Some(1009));
+        assert_eq!(headers::deflate_bomb(serve.addr(), &bomb, 64), Some(1009));
+        let many: Vec<_> = (0..16)
+            .map(|_| {
+                let (addr, bomb) = (serve.addr(), bomb.clone());
+                std::thread::spawn(move || headers::deflate_bomb(addr, &bomb, 4))
+            })
+            .collect();
+        for bomber in many {
+            assert_eq!(bomber.join().expect("bomber"), Some(1009));
+        }
+        let figures = watch.finish();
+        // --memory 64M: the server never holds more than its budget beyond its baseline.
+        assert!(figures.rss_peak < figures.rss_before + (64 << 10), "{figures}");
+        figures.report(&format!("deflate_bomb_{mode}"));
+    }
+}

@@ -241,6 +241,13 @@ impl Connection {
         &self.config
     }
 
+    /// Sets the RSV bits a negotiated extension defines for this connection
+    /// ([`Config::allowed_rsv`]), once the handshake has agreed on it (a driver that keeps
+    /// one [`Config`] for every connection sets it after each resume).
+    pub fn set_allowed_rsv(&mut self, rsv: u8) {
+        self.config.allowed_rsv = rsv & 0b111;
+    }
+
     /// Where the close handshake stands.
     pub fn state(&self) -> State {
         self.state
@@ -436,8 +443,26 @@ impl Connection {
         mask: Option<[u8; 4]>,
         out: &mut [u8],
     ) -> Result<usize, UsageError> {
+        self.send_header_rsv(opcode, fin, 0, payload_len, mask, out)
+    }
+
+    /// [`send_header`](Self::send_header) with RSV bits (as in [`FrameHeader::rsv`]): only
+    /// bits the connection allows ([`Config::allowed_rsv`]), and only on a message's first
+    /// frame (RFC 7692 §6: permessage-deflate sets RSV1 on the first frame alone).
+    pub fn send_header_rsv(
+        &mut self,
+        opcode: OpCode,
+        fin: bool,
+        rsv: u8,
+        payload_len: u64,
+        mask: Option<[u8; 4]>,
+        out: &mut [u8],
+    ) -> Result<usize, UsageError> {
+        if rsv & !self.config.allowed_rsv != 0 || (rsv != 0 && opcode == OpCode::Continuation) {
+            return Err(UsageError::ReservedBits(rsv));
+        }
         let next = self.next_tx_message(opcode, fin, mask)?;
-        let n = FrameHeader { fin, rsv: 0, opcode, mask, payload_len }.encode(out)?;
+        let n = FrameHeader { fin, rsv, opcode, mask, payload_len }.encode(out)?;
         self.tx_message = next;
         Ok(n)
     }

@@ -110,6 +110,8 @@ pub enum UsageError {
     InvalidCloseCode(u16),
     /// A client frame without a masking key, or a server frame with one.
     WrongMasking,
+    /// RSV bits no negotiated extension allows, or set on a continuation frame.
+    ReservedBits(u8),
 }
 
 impl From<InsufficientSize> for UsageError {
@@ -131,6 +133,7 @@ impl fmt::Display for UsageError {
             Self::WrongMasking => {
                 f.write_str("clients must mask every frame and servers must mask none")
             }
+            Self::ReservedBits(rsv) => write!(f, "RSV bits {rsv:#05b} are not negotiated here"),
         }
     }
 }

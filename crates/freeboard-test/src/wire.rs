@@ -158,6 +158,8 @@ pub struct Frame {
     pub fin: bool,
     /// The opcode (`0x1` text, `0x2` binary, `0x8` close, `0x9` ping, `0xA` pong).
     pub opcode: u8,
+    /// The RSV bits, shifted down (RSV1 = `0b100`: a permessage-deflate message).
+    pub rsv: u8,
     /// The payload.
     pub payload: Vec<u8>,
 }
@@ -211,6 +213,7 @@ impl Inbox {
                 let mut frame = Frame {
                     fin: header.fin,
                     opcode: self.buf[0] & 0x0f,
+                    rsv: header.rsv,
                     payload: self.buf[payload].to_vec(),
                 };
                 if let Some(key) = header.mask {

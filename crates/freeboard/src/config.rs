@@ -100,6 +100,15 @@ pub struct ServerConfig {
     /// ([`Handler::decide_upgrade`](crate::Handler::decide_upgrade) completing later); beyond
     /// it an upgrade whose decision is not made at once gets 503. Default 1,024.
     pub max_pending_upgrades: usize,
+    /// permessage-deflate (RFC 7692): `off` (offers declined), `shared` (one compressor per
+    /// event loop, no context takeover) or `dedicated` (a context per connection, drawn from
+    /// the budget). Default `off`.
+    pub compression: crate::Compression,
+    /// The LZ77 window of a dedicated context, 9–15 bits (both directions). Default 15.
+    pub compression_window: u8,
+    /// Messages shorter than this are sent uncompressed. Default 64 bytes; 0 compresses
+    /// every message.
+    pub compression_threshold: usize,
     /// Pub/sub: the topic endpoints, their send queues and who may publish (the `[topics]`
     /// table in TOML).
     pub topics: TopicsConfig,
@@ -352,6 +361,9 @@ impl Default for ServerConfig {
             trusted_proxies: Vec::new(),
             proxy_protocol: false,
             max_pending_upgrades: 1024,
+            compression: crate::Compression::Off,
+            compression_window: 15,
+            compression_threshold: 64,
             topics: TopicsConfig::default(),
             tls: None,
         }
@@ -407,6 +419,9 @@ impl ServerConfig {
         }
         if self.max_pending_upgrades == 0 {
             return Err(ConfigError::PendingUpgrades);
+        }
+        if !(9..=15).contains(&self.compression_window) {
+            return Err(ConfigError::CompressionWindow(self.compression_window));
         }
         let per_loop = self.memory / self.threads;
         let mut needed = self.read_buffer + 16 * self.chunk_size;
@@ -508,6 +523,8 @@ pub enum ConfigError {
     },
     /// `tls.state_share` is below 2 (TLS state would take at least half of the budget).
     TlsStateShare(usize),
+    /// `compression_window` is not 9–15 bits (zlib cannot compress raw deflate with 8).
+    CompressionWindow(u8),
 }
 
 impl std::fmt::Display for ConfigError {
@@ -561,6 +578,9 @@ impl std::fmt::Display for ConfigError {
             ),
             Self::TlsStateShare(share) => {
                 write!(f, "tls.state_share is {share}; it must be at least 2")
+            }
+            Self::CompressionWindow(bits) => {
+                write!(f, "compression_window is {bits}; it must be 9 to 15 bits")
             }
         }
     }

@@ -533,6 +533,8 @@ pub struct RouteOptions {
     pub slow_consumer: Option<SlowConsumerPolicy>,
     /// The send-queue watermarks and cap of the route's connections.
     pub watermarks: Option<Watermarks>,
+    /// The route's permessage-deflate mode (else the server's).
+    pub compression: Option<crate::Compression>,
 }
 
 impl RouteOptions {
@@ -556,6 +558,13 @@ impl RouteOptions {
     /// The route's send-queue watermarks and cap.
     pub fn watermarks(mut self, marks: Watermarks) -> Self {
         self.watermarks = Some(marks);
+        self
+    }
+
+    /// The route's permessage-deflate mode, in place of
+    /// [`ServerConfig::compression`](crate::ServerConfig::compression).
+    pub fn compression(mut self, mode: crate::Compression) -> Self {
+        self.compression = Some(mode);
         self
     }
 }

@@ -58,5 +58,6 @@ pub use handler::{
 pub use metrics::Metrics;
 pub use server::{RunningServer, Server, ServerHandle};
 pub use session::SendOutcome;
+pub use session::deflate::{Agreement, Compression, NegotiationError};
 pub use topic_route::TopicRoute;
 pub use topics::Published;

@@ -7,10 +7,10 @@ use freeboard_buf::SendQueue;
 use freeboard_proto::handshake::AcceptKey;
 use freeboard_proto::{Instant, Role};
 
-use super::event_loop::{EventLoop, PendingUpgrade};
+use super::event_loop::{EventLoop, PendingUpgrade, Upgrading};
 use super::http::{BEARER_CHALLENGE, BUDGET_EXHAUSTED, RETRY_SOON};
 use crate::auth::TOKEN_EXPIRED;
-use crate::handler::{Accepted, Completion, RouteOptions, Verdict};
+use crate::handler::{Accepted, Completion, Verdict};
 use crate::parking::Ws;
 use crate::session::Phase;
 use crate::transport::Transport;
@@ -74,18 +74,18 @@ impl<T: Transport> EventLoop<T> {
     }
 
     /// Switches the connection to WebSocket after an accepting decision: the `101`, the
-    /// route's queue, the decision's data and expiry, `on_open`. Returns whether it is open.
-    #[allow(clippy::too_many_arguments)]
+    /// route's queue and compression, the decision's data and expiry, `on_open`. Returns
+    /// whether it is open.
     pub(super) fn open_upgraded(
         &mut self,
         token: usize,
         now: Instant,
-        route: usize,
-        options: RouteOptions,
+        upgrade: Upgrading,
         target: &str,
         accept_key: &AcceptKey,
         accepted: Accepted,
     ) -> bool {
+        let Upgrading { route, options, compression } = upgrade;
         let (protocol, data, expires) = accepted.into_parts();
         let expires = match expires.map(|at| at.duration_since(std::time::SystemTime::now())) {
             None => None,
@@ -95,8 +95,16 @@ impl<T: Transport> EventLoop<T> {
                 return self.refuse(token, now, 401, BEARER_CHALLENGE, "authorization expired");
             }
         };
+        // permessage-deflate (server/compression.rs): a dedicated context draws its budget
+        // now, and gives it back if the connection does not open.
+        let mut deflate = compression.and_then(|agreed| self.compression_state(&options, agreed));
+        let extensions = deflate.as_ref().map(|d| d.agreement.response());
         let mut response = [0u8; 1024];
-        let Some(n) = switching_protocols(accept_key, protocol, &mut response) else {
+        let n = switching_protocols(accept_key, protocol, extensions.as_deref(), &mut response);
+        let Some(n) = n else {
+            if let Some(d) = &mut deflate {
+                d.release(&mut self.pool);
+            }
             return self.refuse(token, now, 500, "", "response too large");
         };
         let entry = &mut self.conns[token];
@@ -107,8 +115,14 @@ impl<T: Transport> EventLoop<T> {
         });
         let ws = Ws::new(Role::Server, self.lot.config(), now);
         if entry.session.upgrade(&mut self.pool, ws, queue, &response[..n]).is_err() {
+            if let Some(d) = &mut deflate {
+                d.release(&mut self.pool);
+            }
             self.remove(token);
             return false;
+        }
+        if let Some(d) = deflate {
+            entry.session.set_deflate(d);
         }
         entry.route = route as u32;
         let serial = entry.serial;
@@ -143,16 +157,8 @@ impl<T: Transport> EventLoop<T> {
                 if self.pool.chunks_free() * self.pool.chunk_size() < reserve {
                     self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
                 } else {
-                    let PendingUpgrade { route, options, target, accept_key, .. } = pending;
-                    if self.open_upgraded(
-                        token,
-                        now,
-                        route,
-                        options,
-                        &target,
-                        &accept_key,
-                        accepted,
-                    ) {
+                    let PendingUpgrade { upgrade, target, accept_key, .. } = pending;
+                    if self.open_upgraded(token, now, upgrade, &target, &accept_key, accepted) {
                         // What arrived while the decision was pending (edge-triggered epoll
                         // will not report it again), the peer's EOF included.
                         self.read_open(token, now);
@@ -182,6 +188,7 @@ impl<T: Transport> EventLoop<T> {
 fn switching_protocols(
     accept_key: &AcceptKey,
     protocol: Option<&str>,
+    extensions: Option<&str>,
     out: &mut [u8],
 ) -> Option<usize> {
     use std::io::Write;
@@ -195,6 +202,9 @@ fn switching_protocols(
     w.write_all(b"\r\n").ok()?;
     if let Some(protocol) = protocol {
         write!(w, "Sec-WebSocket-Protocol: {protocol}\r\n").ok()?;
+    }
+    if let Some(extensions) = extensions {
+        write!(w, "Sec-WebSocket-Extensions: {extensions}\r\n").ok()?;
     }
     w.write_all(b"\r\n").ok()?;
     Some(w.position() as usize)

@@ -110,6 +110,7 @@ impl<T: Transport> EventLoop<T> {
                 masks: None,
                 limits: &self.limits,
                 share: &self.share,
+                codec: Some(&mut self.codec),
                 now,
             },
             metrics: &self.shared.metrics,

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use freeboard_proto::handshake::{self, EMPTY_HEADER, HandshakeError, Request};
 use freeboard_proto::{Instant, MessageKind};
 
-use super::event_loop::{EventLoop, LINGER, PendingUpgrade};
+use super::event_loop::{EventLoop, LINGER, PendingUpgrade, Upgrading};
 use super::plain::{Chunked, PlainRequest, Reply, has_token, header, is_text};
 use crate::handler::{Decision, Verdict};
 use crate::session::{Body, Phase};
@@ -224,6 +224,9 @@ impl<T: Transport> EventLoop<T> {
         if self.pool.chunks_free() * self.pool.chunk_size() < config.connection_reserve {
             return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
         }
+        // permessage-deflate: what the route answers to the offers (server/compression.rs);
+        // its budget is drawn when the connection opens.
+        let compression = self.compression_agreement(&options, &request);
         let serial = self.conns[token].serial;
         let decision = Decision::new(token, serial, peer, self.decisions.clone());
         self.decisions.deciding.store(true, Ordering::SeqCst);
@@ -240,7 +243,8 @@ impl<T: Transport> EventLoop<T> {
             Some(Verdict::Published) => false, // excluded above
             Some(Verdict::Accept(accepted)) => {
                 let key = request.accept_key();
-                if !self.open_upgraded(token, now, route, options, path, &key, accepted) {
+                let upgrade = Upgrading { route, options, compression };
+                if !self.open_upgraded(token, now, upgrade, path, &key, accepted) {
                     return false;
                 }
                 if len < buf.len() {
@@ -261,7 +265,8 @@ impl<T: Transport> EventLoop<T> {
             None => {
                 let accept_key = request.accept_key();
                 let target = path.into();
-                let pending = PendingUpgrade { serial, route, options, target, accept_key };
+                let upgrade = Upgrading { route, options, compression };
+                let pending = PendingUpgrade { serial, upgrade, target, accept_key };
                 self.pending.insert(token, pending);
                 false
             }

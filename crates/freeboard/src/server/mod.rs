@@ -10,6 +10,7 @@ use mio::{Poll, Waker};
 use socket2::{Domain, Protocol, Socket, Type};
 
 mod access;
+mod compression;
 mod event_loop;
 mod fan_out;
 mod handlers;

@@ -17,6 +17,19 @@ pub(crate) fn frame_header(
     Ok((header, n))
 }
 
+/// [`frame_header`] with RSV bits on the message's (only) frame: RSV1 for a compressed one.
+pub(crate) fn frame_header_rsv(
+    ws: &mut Connection,
+    kind: MessageKind,
+    rsv: u8,
+    len: usize,
+    mask: Option<[u8; 4]>,
+) -> Result<([u8; MAX_HEADER_LEN], usize), UsageError> {
+    let mut header = [0u8; MAX_HEADER_LEN];
+    let n = ws.send_header_rsv(opcode(kind), true, rsv, len as u64, mask, &mut header)?;
+    Ok((header, n))
+}
+
 /// Moves every control frame the core owes (pong, ping, close) into `queue`, masked when
 /// `masks` is given; returns the last watermark crossing they caused. Control frames may
 /// pass the queue's cap by one frame; `Err` when even that finds no room.

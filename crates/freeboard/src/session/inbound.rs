@@ -90,6 +90,12 @@ impl Reassembler {
         std::mem::take(&mut self.partial)
     }
 
+    /// Puts a whole message (an inflated one) where [`take`](Self::take) finds it.
+    pub(crate) fn put(&mut self, message: ChunkChain) {
+        debug_assert!(self.partial.is_empty());
+        self.partial = message;
+    }
+
     /// The chain itself: a server keeps a partial request head or body in it.
     pub(crate) fn partial_mut(&mut self) -> &mut ChunkChain {
         &mut self.partial

@@ -30,6 +30,7 @@ use freeboard_proto::{CloseCode, Connection, Event, Instant, MessageKind, State,
 
 use crate::parking::{ParkingLot, Ws};
 
+pub(crate) mod deflate;
 mod framing;
 mod inbound;
 mod share;
@@ -40,6 +41,8 @@ pub(crate) use framing::{MaskSource, frame_header, queue_control, truncate};
 pub(crate) use inbound::{Assembly, Reassembler, Reassembly, Received};
 pub(crate) use share::Share;
 use share::Verdict;
+
+use deflate::{Codec, Compressed, Deflate, valid_utf8};
 
 /// What happened to a message given to a send, on the server
 /// ([`Conn::send`](crate::Conn::send)) and on the clients alike.
@@ -94,6 +97,8 @@ pub(crate) struct Context<'a> {
     pub(crate) limits: &'a Reassembly,
     /// What this connection may take from the pool while it is contended.
     pub(crate) share: &'a Share,
+    /// The loop's compression (permessage-deflate); `None` where no connection compresses.
+    pub(crate) codec: Option<&'a mut Codec>,
     pub(crate) now: Instant,
 }
 
@@ -189,6 +194,8 @@ pub(crate) struct Session {
     /// A partial request head, a request body, or the message being reassembled. Empty (no
     /// chunk) when idle.
     inbound: Reassembler,
+    /// permessage-deflate, when the handshake agreed on it.
+    deflate: Option<Box<Deflate>>,
 }
 
 impl Session {
@@ -203,7 +210,7 @@ impl Session {
     }
 
     fn with_phase(phase: Phase, queue: SendQueue) -> Self {
-        Self { phase, queue, inbound: Reassembler::default() }
+        Self { phase, queue, inbound: Reassembler::default(), deflate: None }
     }
 
     /// Moves a server session from its request to the WebSocket protocol: the `101` response
@@ -224,6 +231,11 @@ impl Session {
         self.queue.push_preamble(pool, response)?;
         self.phase = Phase::Open(Open::new(ws));
         Ok(())
+    }
+
+    /// Turns permessage-deflate on for this open session (after the handshake agreed on it).
+    pub(crate) fn set_deflate(&mut self, deflate: Box<Deflate>) {
+        self.deflate = Some(deflate);
     }
 
     /// The send queue (watermarks, policy, `bufferedAmount`).
@@ -261,6 +273,10 @@ impl Session {
     ) -> (usize, Option<Received<'b>>) {
         let Phase::Open(open) = &mut self.phase else { return (buf.len(), None) };
         let ws = cx.lot.wake(&mut open.ws);
+        if self.deflate.is_some() {
+            // RFC 7692 §6: RSV1 marks a compressed message's first frame.
+            ws.set_allowed_rsv(0b100);
+        }
         let len = buf.len();
         let input = match ws.handle_input(cx.now, buf) {
             Ok(input) => input,
@@ -274,9 +290,14 @@ impl Session {
         let consumed = input.consumed;
         let received = match input.payload {
             Some(piece) => {
-                let received = self.inbound.piece(cx.pool, cx.limits, cx.now, ws, piece);
+                let received = match self.deflate.as_deref_mut() {
+                    Some(deflate) if piece.compressed => {
+                        inflate(&mut self.inbound, deflate, cx, ws, piece)
+                    }
+                    _ => self.inbound.piece(cx.pool, cx.limits, cx.now, ws, piece),
+                };
                 // A data piece makes the core owe nothing, unless the message did not fit
-                // and the session closed.
+                // (or did not inflate) and the session closed.
                 if ws.state() != State::Open {
                     self.queue_control(cx);
                 }
@@ -358,14 +379,42 @@ impl Session {
         let Phase::Open(open) = &mut self.phase else { return None };
         let ws = cx.lot.wake(&mut open.ws);
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
-        let (header, n) = frame_header(ws, kind, data.len(), mask).ok()?;
-        Some(self.push(cx, n + data.len(), |queue, pool| match mask {
+        let compressed = match (self.deflate.as_deref_mut(), cx.codec.as_deref_mut()) {
+            (Some(deflate), Some(codec)) => deflate.compress(cx.pool, codec, data),
+            _ => None,
+        };
+        let (data, rsv) = match &compressed {
+            Some(compressed) => {
+                ws.set_allowed_rsv(0b100);
+                (&compressed[..], 0b100)
+            }
+            None => (data, 0),
+        };
+        let header = framing::frame_header_rsv(ws, kind, rsv, data.len(), mask);
+        let outcome = header.ok().map(|(header, n)| self.push_framed(cx, &header[..n], data, mask));
+        if let (Some(scratch), Some(codec)) = (compressed, cx.codec.as_deref_mut()) {
+            codec.put_scratch(scratch);
+        }
+        outcome
+    }
+
+    /// Queues a framed data message: `header`, then `data` masked with `mask` (a client's)
+    /// on its way into the pool chunks.
+    fn push_framed(
+        &mut self,
+        cx: &mut Context<'_>,
+        header: &[u8],
+        data: &[u8],
+        mask: Option<[u8; 4]>,
+    ) -> PushOutcome {
+        let n = header.len();
+        self.push(cx, n + data.len(), |queue, pool| match mask {
             None => queue.push_message(pool, &[&header[..n], data]),
             Some(mask) => queue.push_message_with(pool, &header[..n], data, |dst, src, offset| {
                 dst.copy_from_slice(src);
                 apply_mask(dst, mask, offset);
             }),
-        }))
+        })
     }
 
     /// Queues a published frame by reference (server only: published frames are unmasked).
@@ -561,6 +610,9 @@ impl Session {
     pub(crate) fn release(&mut self, pool: &mut Pool<'static>) {
         let _ = self.queue.clear(pool);
         self.inbound.clear(pool);
+        if let Some(deflate) = &mut self.deflate {
+            deflate.release(pool);
+        }
     }
 
     /// Drops what is queued and not yet started: the transport is gone.
@@ -573,4 +625,49 @@ impl Open {
     fn new(ws: Ws) -> Self {
         Self { ws, paused: false, close_reported: false, change: None }
     }
+}
+
+/// Takes one piece of a compressed message: it is kept (a whole one is inflated at once
+/// from the read buffer), and the last piece inflates the message into pool chunks under
+/// `max_message_size`; inflated text is validated here (the core saw only deflate data).
+/// Every failure closes the connection with its code: 1009 past the limit, the limits' code
+/// (1013 server, 1009 client) when the pool runs short, 1007 for bad data or text.
+fn inflate<'b>(
+    inbound: &mut Reassembler,
+    deflate: &mut Deflate,
+    cx: &mut Context<'_>,
+    ws: &mut Connection,
+    piece: freeboard_proto::Payload<'b>,
+) -> Option<Received<'b>> {
+    let kind = piece.kind;
+    let input = if piece.message_start && piece.message_fin {
+        Compressed::Slice(piece.data)
+    } else {
+        match inbound.piece(cx.pool, cx.limits, cx.now, ws, piece)? {
+            Received::Assembled(_) => Compressed::Chain(inbound.take()),
+            Received::Whole(..) => return None,
+        }
+    };
+    let max = usize::try_from(ws.config().max_message_size).unwrap_or(usize::MAX);
+    let mut out = ChunkChain::new();
+    let Some(codec) = cx.codec.as_deref_mut() else {
+        if let Compressed::Chain(mut chain) = input {
+            chain.clear(cx.pool);
+        }
+        let _ = ws.close(cx.now, CloseCode::INTERNAL_ERROR, "no decompressor");
+        return None;
+    };
+    let (code, reason) = match deflate.inflate(cx.pool, codec, input, max, &mut out) {
+        Ok(()) if kind == MessageKind::Text && !valid_utf8(cx.pool, &out) => {
+            out.clear(cx.pool);
+            (CloseCode::INVALID_PAYLOAD, "invalid UTF-8 in text")
+        }
+        Ok(()) => {
+            inbound.put(out);
+            return Some(Received::Assembled(kind));
+        }
+        Err(e) => e.close(cx.limits.code),
+    };
+    let _ = ws.close(cx.now, code, reason);
+    None
 }

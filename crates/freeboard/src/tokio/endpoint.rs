@@ -225,6 +225,9 @@ impl Hub {
             masks: if role == Role::Client { Some(&mut self.masks) } else { None },
             limits,
             share: &self.share,
+            // permessage-deflate is declined at this driver's handshakes, so no session
+            // here compresses.
+            codec: None,
             now,
         }
     }
