@@ -20,6 +20,7 @@ use super::message::{CloseEvent, Event, Message};
 use super::outbox::{Direct, Outbox, Shared, Writer};
 use super::tls::ClientStream;
 use super::{ClientConfig, ClientError, ReadyState, Target};
+use crate::session::deflate::{self, Agreement, Codec, Deflate, NegotiationError};
 use crate::session::{
     Closed, MaskSource, Reassembler, Reassembly, Received, SendOutcome, frame_header, queue_control,
 };
@@ -73,6 +74,13 @@ pub struct Client {
     /// The close event, once the core reported it.
     closed: Option<CloseEvent>,
     close_reported: bool,
+    /// permessage-deflate, when the server accepted the offer: the inflate window of a
+    /// server that keeps its context (drawn from the receive pool's budget).
+    deflate: Option<Box<Deflate>>,
+    /// The compressor (this client keeps no context between messages) and the scratch a
+    /// compressed message is written into; drawn from the receive pool's budget when first
+    /// used.
+    codec: Codec,
 }
 
 impl Client {
@@ -84,8 +92,15 @@ impl Client {
 
     /// Connects to a parsed target.
     pub fn connect_to(target: &Target, config: ClientConfig) -> Result<Self, ClientError> {
-        let (send_pool, pool) = pools(&config)?;
-        let Opened { stream, tls, protocol, leftover } = handshake::open(target, &config)?;
+        let (send_pool, mut pool) = pools(&config)?;
+        let Opened { stream, tls, answer, leftover } = handshake::open(target, &config)?;
+        let deflate = match answer.compression {
+            Some(agreed) => Some(
+                Deflate::new(&mut pool, agreed, false)
+                    .ok_or(ClientError::Compression(NegotiationError::NoMemory))?,
+            ),
+            None => None,
+        };
         stream.set_nonblocking(true)?;
         let out =
             Shared::new(Outbox::new(send_pool, SendQueue::new(config.watermarks, config.policy)));
@@ -106,7 +121,11 @@ impl Client {
         };
         poll.registry().register(&mut stream, SOCKET, interest)?;
 
-        let conn = Connection::new(Role::Client, config.protocol(), Instant::default());
+        let mut conn = Connection::new(Role::Client, config.protocol(), Instant::default());
+        if deflate.is_some() {
+            // RFC 7692 §6: RSV1 marks a compressed message's first frame.
+            conn.set_allowed_rsv(0b100);
+        }
         let mut rbuf = vec![0u8; config.read_buffer.max(leftover.len()).max(1024)];
         rbuf[..leftover.len()].copy_from_slice(&leftover);
         Ok(Self {
@@ -115,7 +134,7 @@ impl Client {
             events: Events::with_capacity(4),
             conn,
             start: StdInstant::now(),
-            protocol,
+            protocol: answer.protocol,
             masks: MaskSource::new(),
             out,
             writer,
@@ -130,6 +149,8 @@ impl Client {
             readable: true,
             closed: None,
             close_reported: false,
+            deflate,
+            codec: Codec::new(config.compression_threshold),
         })
     }
 
@@ -146,6 +167,11 @@ impl Client {
     /// The subprotocol the server chose, if any.
     pub fn protocol(&self) -> Option<&str> {
         self.protocol.as_deref()
+    }
+
+    /// The permessage-deflate parameters the server agreed to, if it accepted the offer.
+    pub fn compression(&self) -> Option<&Agreement> {
+        self.deflate.as_ref().map(|d| &d.agreement)
     }
 
     /// Bytes sent but not yet handed to the socket (`bufferedAmount`), the writer thread's
@@ -309,16 +335,35 @@ impl Client {
         Instant::from_millis(self.start.elapsed().as_millis() as u64)
     }
 
-    /// Frames and masks `payload`, then hands it over straight or queues a copy.
+    /// Compresses `payload` when permessage-deflate is on and it is not under the
+    /// threshold, then sends it.
     fn send_masked(
         &mut self,
         kind: MessageKind,
         payload: Payload<'_>,
     ) -> Result<SendOutcome, ClientError> {
         self.check_open()?;
+        let compressed = match &mut self.deflate {
+            Some(deflate) => deflate.compress(&mut self.pool, &mut self.codec, payload.bytes()),
+            None => None,
+        };
+        let Some(compressed) = compressed else { return self.send_framed(kind, 0, payload) };
+        let outcome = self.send_framed(kind, 0b100, Payload::Borrowed(&compressed));
+        self.codec.put_scratch(compressed);
+        outcome
+    }
+
+    /// Frames (with `rsv` on the frame: RSV1 for a compressed message) and masks
+    /// `payload`, then hands it over straight or queues a copy.
+    fn send_framed(
+        &mut self,
+        kind: MessageKind,
+        rsv: u8,
+        payload: Payload<'_>,
+    ) -> Result<SendOutcome, ClientError> {
         let mask = self.masks.next();
         let (header, header_len) =
-            frame_header(&mut self.conn, kind, payload.bytes().len(), Some(mask))
+            frame_header(&mut self.conn, kind, rsv, payload.bytes().len(), Some(mask))
                 .map_err(ClientError::Usage)?;
         let mut out = self.out.lock();
         let oversized = header_len + payload.bytes().len() > out.queue.watermarks().cap();
@@ -509,28 +554,35 @@ impl Client {
                 Ok(input) => {
                     self.rpos += input.consumed;
                     let (pool, limits) = (&mut self.pool, &Reassembly::CLIENT);
-                    completed = match input.payload.and_then(|piece| {
-                        self.inbound.piece(pool, limits, now, &mut self.conn, piece)
-                    }) {
-                        // `recv` hands out pool chunks either way: a whole message is copied
-                        // once, from the read buffer.
-                        Some(Received::Whole(kind, data)) => {
-                            match self.delivered.append(&mut self.pool, data) {
-                                Ok(()) => Some(kind),
-                                Err(_) => {
-                                    self.delivered.clear(&mut self.pool);
-                                    let limits = Reassembly::CLIENT;
-                                    let _ = self.conn.close(now, limits.code, limits.reason);
-                                    None
+                    let (inbound, conn, codec) =
+                        (&mut self.inbound, &mut self.conn, &mut self.codec);
+                    completed =
+                        match input.payload.and_then(|piece| match self.deflate.as_deref_mut() {
+                            Some(d) if piece.compressed => {
+                                let codec = Some(&mut *codec);
+                                deflate::receive(inbound, d, codec, pool, limits, now, conn, piece)
+                            }
+                            _ => inbound.piece(pool, limits, now, conn, piece),
+                        }) {
+                            // `recv` hands out pool chunks either way: a whole message is copied
+                            // once, from the read buffer.
+                            Some(Received::Whole(kind, data)) => {
+                                match self.delivered.append(&mut self.pool, data) {
+                                    Ok(()) => Some(kind),
+                                    Err(_) => {
+                                        self.delivered.clear(&mut self.pool);
+                                        let limits = Reassembly::CLIENT;
+                                        let _ = self.conn.close(now, limits.code, limits.reason);
+                                        None
+                                    }
                                 }
                             }
-                        }
-                        Some(Received::Assembled(kind)) => {
-                            self.delivered = self.inbound.take();
-                            Some(kind)
-                        }
-                        None => None,
-                    };
+                            Some(Received::Assembled(kind)) => {
+                                self.delivered = self.inbound.take();
+                                Some(kind)
+                            }
+                            None => None,
+                        };
                 }
             }
             self.drain_core()?;
@@ -609,6 +661,9 @@ impl Drop for Client {
         self.release_queue();
         self.inbound.clear(&mut self.pool);
         self.delivered.clear(&mut self.pool);
+        if let Some(deflate) = &mut self.deflate {
+            deflate.release(&mut self.pool);
+        }
     }
 }
 
@@ -659,7 +714,5 @@ fn pools(config: &ClientConfig) -> Result<(Pool<'static>, Pool<'static>), Client
     })?;
     let invalid = |e: freeboard_buf::ConfigError| ClientError::Config(e.to_string());
     let send = Pool::new(Budget::new(send_bytes), send_config).map_err(invalid)?;
-    let receive_config = PoolConfig::new().with_chunk_size(config.chunk_size);
-    let receive = Pool::new(Budget::new(receive_bytes), receive_config).map_err(invalid)?;
-    Ok((send, receive))
+    Ok((send, config.receive_pool(receive_bytes)?))
 }

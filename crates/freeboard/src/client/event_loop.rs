@@ -5,7 +5,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant as StdInstant};
 
-use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue};
+use freeboard_buf::{Pool, SendQueue};
 use freeboard_proto::handshake::{DEFAULT_MAX_HEAD_LEN, Key};
 use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
 use mio::net::TcpStream;
@@ -15,6 +15,7 @@ use slab::Slab;
 use super::handshake::{self, Refusal};
 use super::{ClientConfig, ClientError, CloseEvent, Target};
 use crate::parking::{ParkingLot, Ws};
+use crate::session::deflate::{Codec, Deflate, NegotiationError};
 use crate::session::{
     Assembly, Context, MaskSource, Reassembly, Received, SendOutcome, Session, Share,
 };
@@ -67,6 +68,9 @@ pub struct ClientLoop<H> {
     lot: ParkingLot,
     /// What one connection may take from the pool while it is contended, as of the last turn.
     share: Share,
+    /// permessage-deflate: one compressor per window and one decompressor for every
+    /// connection (each asks for no context takeover both ways), drawn from the pool's budget.
+    codec: Codec,
     sessions: Slab<Connecting>,
     config: ClientConfig,
     start: StdInstant,
@@ -108,11 +112,7 @@ impl<H: ClientHandler> ClientLoop<H> {
     /// A loop with the pool, read buffer and limits of `config` (its timeouts, headers and
     /// subprotocols apply to every connection).
     pub fn new(config: ClientConfig, handler: H) -> Result<Self, ClientError> {
-        let pool = Pool::new(
-            Budget::new(config.memory),
-            PoolConfig::new().with_chunk_size(config.chunk_size),
-        )
-        .map_err(|e| ClientError::Config(e.to_string()))?;
+        let pool = config.receive_pool(config.memory)?;
         Ok(Self {
             share: Share::new(&pool, 1),
             poll: Poll::new()?,
@@ -122,6 +122,7 @@ impl<H: ClientHandler> ClientLoop<H> {
             assembly: Assembly::default(),
             masks: MaskSource::new(),
             lot: ParkingLot::new(config.protocol()),
+            codec: Codec::new(config.compression_threshold),
             sessions: Slab::new(),
             config,
             start: StdInstant::now(),
@@ -146,7 +147,8 @@ impl<H: ClientHandler> ClientLoop<H> {
         let mut stream = TcpStream::connect(addr)
             .map_err(|source| ClientError::Connect { addr: addr.to_string(), source })?;
         let key = handshake::new_key()?;
-        let request = handshake::encode_request(&target, &self.config, &key)?;
+        let offer = handshake::deflate_offer(&self.config, true);
+        let request = handshake::encode_request(&target, &self.config, &key, offer)?;
         let entry = self.sessions.vacant_entry();
         let id = entry.key();
         self.poll.registry().register(
@@ -204,7 +206,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                     masks: Some(&mut self.masks),
                     limits: &Reassembly::CLIENT,
                     share: &self.share,
-                    codec: None,
+                    codec: Some(&mut self.codec),
                     now,
                 },
             }),
@@ -305,7 +307,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                             masks: Some(&mut self.masks),
                             limits: &Reassembly::CLIENT,
                             share: &self.share,
-                            codec: None,
+                            codec: Some(&mut self.codec),
                             now: core_now,
                         };
                         open.session.handle_timeout(&mut cx);
@@ -329,15 +331,21 @@ impl<H: ClientHandler> ClientLoop<H> {
             }
         }
         let now = self.now();
-        let Self { sessions, rbuf, pool, assembly, masks, lot, share, handler, .. } = self;
+        let Self { sessions, rbuf, pool, assembly, masks, lot, share, codec, handler, .. } = self;
         let session = &mut sessions[id];
         while session.readable {
             let Phase::Open(open) = &mut session.phase else { return };
             if !open.session.wants_input() {
                 break;
             }
-            let mut parts =
-                Parts { pool: &mut *pool, lot: &mut *lot, masks: &mut *masks, share, now };
+            let mut parts = Parts {
+                pool: &mut *pool,
+                lot: &mut *lot,
+                masks: &mut *masks,
+                share,
+                codec: &mut *codec,
+                now,
+            };
             match session.stream.read(rbuf) {
                 Ok(n) if n > 0 => {
                     feed(ClientId(id), open, &mut rbuf[..n], parts, assembly, handler)
@@ -394,26 +402,37 @@ impl<H: ClientHandler> ClientLoop<H> {
                 Err(e) => return Err(e.into()),
             };
             response.extend_from_slice(&buf[..n]);
-            match handshake::check_response(response, &self.config, key) {
+            let offer = handshake::deflate_offer(&self.config, true);
+            match handshake::check_response(response, &self.config, key, offer) {
                 Ok(None) if response.len() < DEFAULT_MAX_HEAD_LEN => continue,
                 Ok(None) => unreachable!("check_response refuses heads over the limit"),
-                Ok(Some((protocol, head_len))) => {
+                Ok(Some((answer, head_len))) => {
+                    // Both directions start every message afresh: nothing is drawn.
+                    let deflate = match answer.compression {
+                        Some(agreed) => Some(
+                            Deflate::new(&mut self.pool, agreed, false)
+                                .ok_or(ClientError::Compression(NegotiationError::NoMemory))?,
+                        ),
+                        None => None,
+                    };
                     let mut leftover = response.split_off(head_len);
                     let now = Instant::from_millis(self.start.elapsed().as_millis() as u64);
                     session.deadline = None;
                     let ws = Ws::new(Role::Client, self.lot.config(), now);
                     let queue = SendQueue::new(self.config.watermarks, self.config.policy);
-                    session.phase = Phase::Open(Open {
-                        session: Session::open(ws, queue),
-                        protocol,
-                        closed: None,
-                    });
+                    let mut opened = Session::open(ws, queue);
+                    if let Some(deflate) = deflate {
+                        opened.set_deflate(deflate);
+                    }
+                    let protocol = answer.protocol;
+                    session.phase = Phase::Open(Open { session: opened, protocol, closed: None });
                     let Phase::Open(open) = &mut session.phase else { unreachable!() };
                     let mut parts = Parts {
                         pool: &mut self.pool,
                         lot: &mut self.lot,
                         masks: &mut self.masks,
                         share: &self.share,
+                        codec: &mut self.codec,
                         now,
                     };
                     let id = ClientId(id);
@@ -428,6 +447,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                     return Err(ClientError::Refused { status, reason, body });
                 }
                 Err(Refusal::Invalid(e)) => return Err(ClientError::Handshake(e)),
+                Err(Refusal::Compression(e)) => return Err(ClientError::Compression(e)),
             }
         }
         Ok(())
@@ -470,7 +490,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                         masks: Some(&mut self.masks),
                         limits: &Reassembly::CLIENT,
                         share: &self.share,
-                        codec: None,
+                        codec: Some(&mut self.codec),
                         now: Instant::from_millis(self.start.elapsed().as_millis() as u64),
                     };
                     open.session.handle_eof(&mut cx);
@@ -552,6 +572,11 @@ impl LoopConn<'_> {
         self.open.protocol.as_deref()
     }
 
+    /// The permessage-deflate parameters the server agreed to, if it accepted the offer.
+    pub fn compression(&self) -> Option<&crate::Agreement> {
+        self.open.session.compression()
+    }
+
     /// Bytes queued and not yet written (`bufferedAmount`). O(1).
     pub fn buffered_amount(&self) -> usize {
         self.open.session.buffered()
@@ -589,6 +614,7 @@ struct Parts<'p> {
     lot: &'p mut ParkingLot,
     masks: &'p mut MaskSource,
     share: &'p Share,
+    codec: &'p mut Codec,
     now: Instant,
 }
 
@@ -600,7 +626,7 @@ impl Parts<'_> {
             masks: Some(self.masks),
             limits: &Reassembly::CLIENT,
             share: self.share,
-            codec: None,
+            codec: Some(self.codec),
             now: self.now,
         }
     }

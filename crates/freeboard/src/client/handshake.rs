@@ -10,6 +10,7 @@ use freeboard_proto::handshake::{
 };
 
 use super::{ClientConfig, ClientError, Target};
+use crate::session::deflate::{self, Agreement};
 
 /// The longest body excerpt kept from a refusal.
 const BODY_EXCERPT: usize = 512;
@@ -19,10 +20,27 @@ pub(super) struct Opened {
     pub(super) stream: TcpStream,
     /// The TLS connection over `stream` (`wss://`).
     pub(super) tls: Option<rustls::ClientConnection>,
-    /// The subprotocol the server chose.
-    pub(super) protocol: Option<String>,
+    /// What the server's `101` agreed to.
+    pub(super) answer: Answer,
     /// Bytes that followed the `101` head (the server's first frames).
     pub(super) leftover: Vec<u8>,
+}
+
+/// What a `101` response agreed to.
+pub(super) struct Answer {
+    /// The subprotocol the server chose.
+    pub(super) protocol: Option<String>,
+    /// The permessage-deflate parameters, if the server accepted the offer.
+    pub(super) compression: Option<Agreement>,
+}
+
+/// The permessage-deflate offer a client makes under `config`: `None` when compression is
+/// off, else whether it asks for `server_no_context_takeover` ([`Agreement::offer`]).
+pub(super) fn deflate_offer(
+    config: &ClientConfig,
+    server_no_context_takeover: bool,
+) -> Option<bool> {
+    config.compression.then_some(server_no_context_takeover)
 }
 
 /// Resolves `target`, connects to each address in turn until one accepts within the connect
@@ -31,16 +49,17 @@ pub(super) fn open(target: &Target, config: &ClientConfig) -> Result<Opened, Cli
     let mut stream = connect_tcp(target, config.connect_timeout)?;
     stream.set_nodelay(true)?;
     let deadline = Instant::now() + config.handshake_timeout;
+    let offer = deflate_offer(config, false);
     let opened = match target.is_secure() {
-        false => handshake(&mut stream, target, config, deadline)
-            .map(|(protocol, leftover)| Opened { stream, tls: None, protocol, leftover }),
+        false => handshake(&mut stream, target, config, offer, deadline)
+            .map(|(answer, leftover)| Opened { stream, tls: None, answer, leftover }),
         true => {
             let conn =
                 super::tls::connect(super::tls::client_config(&config.tls_roots)?, target.host())?;
             let mut tls = rustls::StreamOwned::new(conn, stream);
-            handshake(&mut tls, target, config, deadline).map(|(protocol, leftover)| {
+            handshake(&mut tls, target, config, offer, deadline).map(|(answer, leftover)| {
                 let (conn, stream) = tls.into_parts();
-                Opened { stream, tls: Some(conn), protocol, leftover }
+                Opened { stream, tls: Some(conn), answer, leftover }
             })
         }
     };
@@ -97,16 +116,17 @@ fn connect_tcp(target: &Target, timeout: Duration) -> Result<TcpStream, ClientEr
     Err(ClientError::Connect { addr, source })
 }
 
-/// Sends the upgrade request and checks the answer; returns the subprotocol and the bytes
-/// after the head.
+/// Sends the upgrade request and checks the answer; returns what it agreed to and the
+/// bytes after the head.
 fn handshake(
     stream: &mut impl HandshakeStream,
     target: &Target,
     config: &ClientConfig,
+    offer: Option<bool>,
     deadline: Instant,
-) -> Result<(Option<String>, Vec<u8>), ClientError> {
+) -> Result<(Answer, Vec<u8>), ClientError> {
     let key = new_key()?;
-    let request = encode_request(target, config, &key)?;
+    let request = encode_request(target, config, &key, offer)?;
     stream.tcp().set_write_timeout(Some(remaining(deadline)?))?;
     stream.tcp().set_read_timeout(Some(remaining(deadline)?))?;
     stream.write_all(&request)?;
@@ -123,13 +143,13 @@ fn handshake(
             Err(e) => return Err(e.into()),
         };
         len += n;
-        match check_response(&buf[..len], config, &key) {
+        match check_response(&buf[..len], config, &key, offer) {
             Ok(None) => continue,
-            Ok(Some((protocol, head_len))) => {
+            Ok(Some((answer, head_len))) => {
                 let leftover = buf[head_len..len].to_vec();
                 stream.tcp().set_read_timeout(None)?;
                 stream.tcp().set_write_timeout(None)?;
-                return Ok((protocol, leftover));
+                return Ok((answer, leftover));
             }
             Err(Refusal::Status { status, head_len }) => {
                 let reason = reason_phrase(&buf[..head_len]);
@@ -138,6 +158,7 @@ fn handshake(
                 return Err(ClientError::Refused { status, reason, body });
             }
             Err(Refusal::Invalid(e)) => return Err(ClientError::Handshake(e)),
+            Err(Refusal::Compression(e)) => return Err(ClientError::Compression(e)),
         }
     }
 }
@@ -149,11 +170,12 @@ pub(super) fn new_key() -> Result<Key, ClientError> {
     Ok(generate_key(nonce))
 }
 
-/// The upgrade request for `target`.
+/// The upgrade request for `target`, with the permessage-deflate offer `offer` describes.
 pub(super) fn encode_request(
     target: &Target,
     config: &ClientConfig,
     key: &Key,
+    offer: Option<bool>,
 ) -> Result<Vec<u8>, ClientError> {
     let protocols: Vec<&str> = config.protocols.iter().map(String::as_str).collect();
     let headers: Vec<(&str, &str)> =
@@ -163,7 +185,7 @@ pub(super) fn encode_request(
         path: target.resource(),
         key,
         protocols: &protocols,
-        extensions: None,
+        extensions: offer.map(Agreement::offer),
         headers: &headers,
     };
     let mut buf = vec![0u8; 1024];
@@ -184,15 +206,18 @@ pub(super) enum Refusal {
     Status { status: u16, head_len: usize },
     /// A `101` that fails RFC 6455 §4.1, or not HTTP.
     Invalid(HandshakeError),
+    /// A `101` whose permessage-deflate parameters this client cannot honour.
+    Compression(deflate::NegotiationError),
 }
 
-/// Checks the response read so far: `Ok(None)` while the head is unfinished, else the chosen
-/// subprotocol and the head's length.
+/// Checks the response read so far: `Ok(None)` while the head is unfinished, else what it
+/// agreed to and the head's length. `offer` is the one [`encode_request`] was given.
 pub(super) fn check_response(
     buf: &[u8],
     config: &ClientConfig,
     key: &Key,
-) -> Result<Option<(Option<String>, usize)>, Refusal> {
+    offer: Option<bool>,
+) -> Result<Option<(Answer, usize)>, Refusal> {
     let protocols: Vec<&str> = config.protocols.iter().map(String::as_str).collect();
     // Only the key and the offers matter for checking the response.
     let request = ClientRequest {
@@ -200,14 +225,26 @@ pub(super) fn check_response(
         path: "/",
         key,
         protocols: &protocols,
-        extensions: None,
+        extensions: offer.map(Agreement::offer),
         headers: &[],
     };
     let mut header_space = [EMPTY_HEADER; 64];
     match Response::parse(buf, &mut header_space, &request, DEFAULT_MAX_HEAD_LEN) {
         Ok(None) => Ok(None),
         Ok(Some((response, head_len))) => {
-            Ok(Some((response.protocol().map(str::to_owned), head_len)))
+            // The parser checked that only offered extensions came back: here, at most one
+            // permessage-deflate element, with parameters this client can honour.
+            let mut accepted = response.extensions();
+            let compression = match (accepted.next(), accepted.next(), offer) {
+                (None, _, _) => None,
+                (Some(element), None, Some(server_no_context_takeover)) => Some(
+                    Agreement::from_response(element, server_no_context_takeover)
+                        .map_err(Refusal::Compression)?,
+                ),
+                _ => return Err(Refusal::Compression(deflate::NegotiationError::Unacceptable)),
+            };
+            let protocol = response.protocol().map(str::to_owned);
+            Ok(Some((Answer { protocol, compression }, head_len)))
         }
         Err(HandshakeError::Refused { status, head_len }) => {
             Err(Refusal::Status { status, head_len })

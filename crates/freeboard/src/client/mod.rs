@@ -72,6 +72,7 @@ use std::time::Duration;
 pub use crate::session::SendOutcome;
 pub use blocking::Client;
 pub use event_loop::{ClientHandler, ClientId, ClientLoop, LoopConn};
+use freeboard_buf::{Budget, DEFAULT_SEGMENTS_PER_CHUNK, Pool, PoolConfig};
 pub use freeboard_buf::{Limit, SlowConsumerPolicy, Watermarks, Writability};
 pub use freeboard_proto::CloseCode;
 pub use freeboard_proto::MessageKind;
@@ -139,6 +140,17 @@ pub struct ClientConfig {
     /// roots. Over TLS the caller writes (no writer thread: reading and writing share the
     /// TLS state).
     pub tls_roots: TlsRoots,
+    /// Offer permessage-deflate (RFC 7692). Default `true`, as browsers do. The offer names
+    /// `client_no_context_takeover` (this client compresses each message afresh, so the
+    /// server keeps no inflate state for it); [`ClientLoop`] also asks for
+    /// `server_no_context_takeover`, so none of its connections holds compression state
+    /// between messages. A server may decline; a response this client cannot honour fails
+    /// the connection ([`ClientError::Compression`]). Compressed messages are inflated into
+    /// the receive pool under `max_message_size` (1009 as soon as it is passed).
+    pub compression: bool,
+    /// Messages shorter than this are sent uncompressed. Default 64 bytes; 0 compresses
+    /// every message.
+    pub compression_threshold: usize,
 }
 
 impl Default for ClientConfig {
@@ -159,11 +171,28 @@ impl Default for ClientConfig {
             ping_interval: None,
             pong_timeout: Duration::from_secs(10),
             tls_roots: TlsRoots::Native,
+            compression: true,
+            compression_threshold: 64,
         }
     }
 }
 
 impl ClientConfig {
+    /// The pool that holds received messages (the client loop's holds everything), with
+    /// `bytes` of budget: with compression on, one compressor and one decompressor of the
+    /// largest window are kept outside its chunks, so that they are drawn from the same
+    /// budget (about 300 KiB).
+    pub(crate) fn receive_pool(&self, bytes: usize) -> Result<Pool<'static>, ClientError> {
+        let reserve = match self.compression {
+            true => crate::session::deflate::STATE_BYTES,
+            false => 0,
+        };
+        let per_chunk = Pool::footprint(self.chunk_size.max(1), 1, DEFAULT_SEGMENTS_PER_CHUNK);
+        let chunks = (bytes.saturating_sub(reserve) / per_chunk).min(freeboard_buf::MAX_CHUNKS);
+        let config = PoolConfig::new().with_chunk_size(self.chunk_size).with_chunk_count(chunks);
+        Pool::new(Budget::new(bytes), config).map_err(|e| ClientError::Config(e.to_string()))
+    }
+
     /// The protocol core's settings.
     pub(crate) fn protocol(&self) -> freeboard_proto::Config {
         freeboard_proto::Config::builder()
@@ -245,6 +274,18 @@ impl ClientConfig {
         self
     }
 
+    /// Sets [`compression`](Self::compression): `false` sends no permessage-deflate offer.
+    pub fn compression(mut self, on: bool) -> Self {
+        self.compression = on;
+        self
+    }
+
+    /// Sets [`compression_threshold`](Self::compression_threshold).
+    pub fn compression_threshold(mut self, bytes: usize) -> Self {
+        self.compression_threshold = bytes;
+        self
+    }
+
     /// Sets [`close_timeout`](Self::close_timeout).
     pub fn close_timeout(mut self, timeout: Duration) -> Self {
         self.close_timeout = timeout;
@@ -309,6 +350,10 @@ pub enum ClientError {
     /// The server's `101` response failed a check of RFC 6455 §4.1 (accept key, subprotocol,
     /// extension, upgrade headers), or was not HTTP.
     Handshake(HandshakeError),
+    /// The server accepted permessage-deflate with parameters this client cannot honour
+    /// (RFC 7692 §5: the client fails the connection), or the client's memory cannot hold
+    /// the inflate window the server's context needs.
+    Compression(crate::NegotiationError),
     /// The socket failed.
     Io(io::Error),
     /// A send or close on a connection that is not open; the message was not queued.
@@ -352,6 +397,7 @@ impl fmt::Display for ClientError {
                 Ok(())
             }
             Self::Handshake(e) => write!(f, "bad WebSocket handshake response: {e}"),
+            Self::Compression(e) => write!(f, "permessage-deflate response refused: {e}"),
             Self::Io(e) => write!(f, "socket error: {e}"),
             Self::NotOpen(state) => write!(f, "the connection is not open ({state:?})"),
             Self::AlreadyClosed => f.write_str("the connection is closed"),
@@ -368,6 +414,7 @@ impl std::error::Error for ClientError {
                 Some(source)
             }
             Self::Handshake(e) => Some(e),
+            Self::Compression(e) => Some(e),
             Self::Usage(e) => Some(e),
             _ => None,
         }

@@ -97,7 +97,7 @@ impl<T: Transport> EventLoop<T> {
         };
         // permessage-deflate (server/compression.rs): a dedicated context draws its budget
         // now, and gives it back if the connection does not open.
-        let mut deflate = compression.and_then(|agreed| self.compression_state(&options, agreed));
+        let mut deflate = compression.and_then(|agreed| self.compression_state(agreed));
         let extensions = deflate.as_ref().map(|d| d.agreement.response());
         let mut response = [0u8; 1024];
         let n = switching_protocols(accept_key, protocol, extensions.as_deref(), &mut response);

@@ -7,7 +7,7 @@ use super::event_loop::EventLoop;
 use crate::handler::RouteOptions;
 use crate::session::deflate::{Agreement, Deflate};
 use crate::transport::Transport;
-use crate::{Compression, ServerConfig};
+use freeboard_buf::SlowConsumerPolicy;
 
 impl<T: Transport> EventLoop<T> {
     /// The route's answer to the request's `permessage-deflate` offers: the parameters
@@ -19,28 +19,29 @@ impl<T: Transport> EventLoop<T> {
         request: &Request<'_, '_>,
     ) -> Option<Agreement> {
         let config = &self.shared.config;
-        Agreement::accept(mode(config, options), config.compression_window, request.extensions())
+        let mode = options.compression.unwrap_or(config.compression);
+        let mut agreement =
+            Agreement::accept(mode, config.compression_window, request.extensions())?;
+        // A message compressed with context takeover must reach the peer, or the peer's
+        // window no longer matches ours. Only the `close` policy guarantees it (a message
+        // the queue cannot take closes the connection); under the others a dropped or
+        // refused message would corrupt every later one, so the server keeps no context
+        // (§7.1.1.1 lets a server add server_no_context_takeover on its own).
+        if options.slow_consumer.unwrap_or(config.slow_consumer) != SlowConsumerPolicy::Close {
+            agreement.server_no_context_takeover = true;
+        }
+        Some(agreement)
     }
 
     /// The session's compression for an accepted upgrade that agreed on `agreement`: a
-    /// dedicated context draws its budget here; `None` when the budget cannot cover it (the
-    /// connection goes on uncompressed rather than being refused, and the `101` names no
-    /// extension).
-    pub(super) fn compression_state(
-        &mut self,
-        options: &RouteOptions,
-        agreement: Agreement,
-    ) -> Option<Box<Deflate>> {
-        let dedicated = mode(&self.shared.config, options) == Compression::Dedicated;
-        let deflate = Deflate::new(&mut self.pool, agreement, true, dedicated);
+    /// direction with context takeover (dedicated mode) draws its budget here; `None` when
+    /// the budget cannot cover it (the connection goes on uncompressed rather than being
+    /// refused, and the `101` names no extension).
+    pub(super) fn compression_state(&mut self, agreement: Agreement) -> Option<Box<Deflate>> {
+        let deflate = Deflate::new(&mut self.pool, agreement, true);
         if deflate.is_none() {
             tracing::debug!("permessage-deflate declined: the budget cannot cover its context");
         }
         deflate
     }
-}
-
-/// The route's mode, else the server's.
-fn mode(config: &ServerConfig, options: &RouteOptions) -> Compression {
-    options.compression.unwrap_or(config.compression)
 }

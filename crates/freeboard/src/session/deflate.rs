@@ -11,7 +11,9 @@ use std::fmt::Write as _;
 use flate2::{Compress, Compression as Level, Decompress, FlushCompress, FlushDecompress, Status};
 use freeboard_buf::{ChunkChain, Pool};
 use freeboard_proto::handshake::Extension;
-use freeboard_proto::{CloseCode, utf8::Utf8Validator};
+use freeboard_proto::{CloseCode, Connection, Instant, MessageKind, Payload, utf8::Utf8Validator};
+
+use super::{Reassembler, Reassembly, Received};
 
 /// The extension's registered name.
 pub(crate) const NAME: &str = "permessage-deflate";
@@ -64,6 +66,7 @@ pub struct Agreement {
 
 /// Why an offer or a response was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum NegotiationError {
     /// A parameter RFC 7692 does not define.
     UnknownParameter,
@@ -74,7 +77,23 @@ pub enum NegotiationError {
     /// A response that answers parameters the offer did not allow, or that this end
     /// cannot honour (a window of 8 for our own compressor: zlib cannot produce it).
     Unacceptable,
+    /// The memory budget cannot hold the compression state the agreement needs.
+    NoMemory,
 }
+
+impl std::fmt::Display for NegotiationError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::UnknownParameter => "a parameter RFC 7692 does not define",
+            Self::DuplicateParameter => "a parameter given twice",
+            Self::InvalidValue => "a parameter value that is not allowed",
+            Self::Unacceptable => "parameters the offer did not allow or this end cannot honour",
+            Self::NoMemory => "the memory budget cannot hold the compression state",
+        })
+    }
+}
+
+impl std::error::Error for NegotiationError {}
 
 /// The parameters of one `permessage-deflate` element, as written.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -204,24 +223,27 @@ impl Agreement {
         s
     }
 
-    /// The client's offer: both windows open to the server's choice, and
-    /// `client_no_context_takeover` when `no_context_takeover` (a client that keeps no
-    /// compression state between messages).
-    pub fn offer(no_context_takeover: bool) -> &'static str {
-        if no_context_takeover {
-            "permessage-deflate; client_no_context_takeover; client_max_window_bits"
+    /// The client's offer. It always names `client_no_context_takeover`: this client keeps
+    /// no compression context between messages (§7.1.1.2: a hint the client honours even if
+    /// the server does not repeat it), so a server needs no inflate state for it, and every
+    /// server can accept it. Both windows are left to the server's choice. With
+    /// `server_no_context_takeover` the server is asked to keep none either, so that neither
+    /// side holds per-connection state (the client loop, which has many connections).
+    pub fn offer(server_no_context_takeover: bool) -> &'static str {
+        if server_no_context_takeover {
+            "permessage-deflate; server_no_context_takeover; client_no_context_takeover; client_max_window_bits"
         } else {
-            "permessage-deflate; client_max_window_bits"
+            "permessage-deflate; client_no_context_takeover; client_max_window_bits"
         }
     }
 
-    /// Client side: the agreement a server's response (one accepted element) makes, given
-    /// what [`offer`](Self::offer) sent. A response this client cannot honour is an error:
-    /// the client fails the connection (§5: "the client MUST _Fail the WebSocket
-    /// Connection_").
+    /// Client side: the agreement a server's response (one accepted element) makes to
+    /// [`offer`](Self::offer)`(offered_server_no_context_takeover)`. A response this client
+    /// cannot honour is an error: the client fails the connection (§5: "the client MUST
+    /// _Fail the WebSocket Connection_").
     pub fn from_response(
         response: Extension<'_>,
-        offered_no_context_takeover: bool,
+        offered_server_no_context_takeover: bool,
     ) -> Result<Self, NegotiationError> {
         if !response.name.eq_ignore_ascii_case(NAME) {
             return Err(NegotiationError::Unacceptable);
@@ -233,13 +255,17 @@ impl Agreement {
             Some(None) => return Err(NegotiationError::InvalidValue),
             None => 15,
         };
-        // Our compressor cannot honour a 256-byte window.
-        if client_max_window_bits < 9 {
+        // Our compressor cannot honour a 256-byte window; §7.1.1.1: a server accepting
+        // server_no_context_takeover MUST include it in the response.
+        if client_max_window_bits < 9
+            || offered_server_no_context_takeover && !p.server_no_context_takeover
+        {
             return Err(NegotiationError::Unacceptable);
         }
         Ok(Self {
             server_no_context_takeover: p.server_no_context_takeover,
-            client_no_context_takeover: p.client_no_context_takeover || offered_no_context_takeover,
+            // The offer promised it, whatever the response says.
+            client_no_context_takeover: true,
             server_max_window_bits: p.server_max_window_bits.unwrap_or(15),
             client_max_window_bits,
         })
@@ -276,6 +302,10 @@ impl Agreement {
         tx + rx
     }
 }
+
+/// One compressor and one decompressor of the largest window: what a client keeps in its
+/// budget for compression.
+pub(crate) const STATE_BYTES: usize = deflate_state_bytes(15) + inflate_state_bytes(15);
 
 /// zlib's documented deflate memory: `(1 << (windowBits + 2)) + (1 << (memLevel + 9))`
 /// with memLevel 8, plus the stream state.
@@ -475,36 +505,48 @@ impl Inflater {
     }
 }
 
-/// A session's compression: what was agreed, and in dedicated mode its own state (drawn
-/// from the budget at the upgrade, given back by [`release`](Self::release)).
+/// A session's compression: what was agreed, and the state of each direction that keeps
+/// its context between messages (drawn from the budget when the connection opens, given back
+/// by [`release`](Self::release)). A direction that starts every message afresh uses the
+/// loop's [`Codec`] instead, so it holds nothing between messages.
 pub(crate) struct Deflate {
     pub(crate) agreement: Agreement,
     server: bool,
-    own: Option<(Deflater, Inflater)>,
-    /// Invariant: these bytes are drawn from the pool's budget for `own`.
+    /// This side's compressor, when it takes its context over.
+    deflater: Option<Deflater>,
+    /// The decompressor for the peer's messages, when the peer takes its context over.
+    inflater: Option<Inflater>,
+    /// Invariant: these bytes are drawn from the pool's budget for the two above.
     drawn: usize,
 }
 
 impl Deflate {
-    /// The compression of a connection that agreed on `agreement`. Dedicated (`own`): its
-    /// state is drawn from `pool`'s budget; `None` when the budget cannot cover it (the
-    /// caller goes on without compression). Otherwise the loop's [`Codec`] compresses.
+    /// The compression of a connection (`server` or client side) that agreed on
+    /// `agreement`: the state of a direction with context takeover is drawn from `pool`'s
+    /// budget; `None` when the budget cannot cover it.
     pub(crate) fn new(
         pool: &mut Pool<'static>,
         agreement: Agreement,
         server: bool,
-        own: bool,
     ) -> Option<Box<Self>> {
-        let drawn = if own { agreement.dedicated_cost(server) } else { 0 };
+        let drawn = agreement.dedicated_cost(server);
         pool.budget_mut().try_draw(drawn).ok()?;
-        let own = own.then(|| (agreement.deflater(server), agreement.inflater(server)));
-        Some(Box::new(Self { agreement, server, own, drawn }))
+        let (_, tx_reset) = agreement.side(server);
+        let (_, rx_reset) = agreement.side(!server);
+        Some(Box::new(Self {
+            agreement,
+            server,
+            deflater: (!tx_reset).then(|| agreement.deflater(server)),
+            inflater: (!rx_reset).then(|| agreement.inflater(server)),
+            drawn,
+        }))
     }
 
     /// Gives the drawn budget back.
     pub(crate) fn release(&mut self, pool: &mut Pool<'static>) {
         pool.budget_mut().give_back(std::mem::take(&mut self.drawn));
-        self.own = None;
+        self.deflater = None;
+        self.inflater = None;
     }
 
     /// Compresses `data` into the codec's scratch, lent out until the caller has framed it
@@ -521,8 +563,8 @@ impl Deflate {
             return None;
         }
         let mut scratch = std::mem::take(&mut codec.scratch);
-        let deflater = match &mut self.own {
-            Some((deflater, _)) => deflater,
+        let deflater = match &mut self.deflater {
+            Some(deflater) => deflater,
             None => match codec.shared_deflater(pool, self.agreement.side(self.server).0) {
                 Some(deflater) => deflater,
                 None => {
@@ -544,9 +586,17 @@ impl Deflate {
         max: usize,
         out: &mut ChunkChain,
     ) -> Result<(), InflateError> {
-        let inflater = match &mut self.own {
-            Some((_, inflater)) => inflater,
-            None => codec.shared_inflater(pool).ok_or(InflateError::Pool)?,
+        let inflater = match &mut self.inflater {
+            Some(inflater) => inflater,
+            None => match codec.shared_inflater(pool) {
+                Some(inflater) => inflater,
+                None => {
+                    if let Compressed::Chain(mut chain) = input {
+                        chain.clear(pool);
+                    }
+                    return Err(InflateError::Pool);
+                }
+            },
         };
         match input {
             Compressed::Slice(data) => inflater.inflate(pool, [data], max, out),
@@ -613,8 +663,58 @@ impl Codec {
     }
 }
 
+/// Takes one received piece of a compressed message: it is kept (a whole one is inflated
+/// at once from the read buffer), and the last piece inflates the message into pool chunks
+/// under `max_message_size`, where [`Reassembler::take`] finds it; inflated text is validated
+/// here (the core saw only deflate data). Every failure closes the connection with its code:
+/// 1009 past the limit, the limits' code (1013 server, 1009 client) when the pool runs
+/// short, 1007 for bad data or text.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn receive<'b>(
+    inbound: &mut Reassembler,
+    deflate: &mut Deflate,
+    codec: Option<&mut Codec>,
+    pool: &mut Pool<'static>,
+    limits: &Reassembly,
+    now: Instant,
+    ws: &mut Connection,
+    piece: Payload<'b>,
+) -> Option<Received<'b>> {
+    let kind = piece.kind;
+    let input = if piece.message_start && piece.message_fin {
+        Compressed::Slice(piece.data)
+    } else {
+        match inbound.piece(pool, limits, now, ws, piece)? {
+            Received::Assembled(_) => Compressed::Chain(inbound.take()),
+            Received::Whole(..) => return None,
+        }
+    };
+    let max = usize::try_from(ws.config().max_message_size).unwrap_or(usize::MAX);
+    let mut out = ChunkChain::new();
+    let Some(codec) = codec else {
+        if let Compressed::Chain(mut chain) = input {
+            chain.clear(pool);
+        }
+        let _ = ws.close(now, CloseCode::INTERNAL_ERROR, "no decompressor");
+        return None;
+    };
+    let (code, reason) = match deflate.inflate(pool, codec, input, max, &mut out) {
+        Ok(()) if kind == MessageKind::Text && !valid_utf8(pool, &out) => {
+            out.clear(pool);
+            (CloseCode::INVALID_PAYLOAD, "invalid UTF-8 in text")
+        }
+        Ok(()) => {
+            inbound.put(out);
+            return Some(Received::Assembled(kind));
+        }
+        Err(e) => e.close(limits.code),
+    };
+    let _ = ws.close(now, code, reason);
+    None
+}
+
 /// Validates inflated text (the core skips compressed messages: it sees only deflate data).
-pub(crate) fn valid_utf8(pool: &Pool<'static>, chain: &ChunkChain) -> bool {
+fn valid_utf8(pool: &Pool<'static>, chain: &ChunkChain) -> bool {
     let mut v = Utf8Validator::new();
     let mut segments = chain.segments(pool).peekable();
     if segments.peek().is_none() {

@@ -5,20 +5,9 @@ use freeboard_buf::{Limit, MAX_CONTROL_FRAME, Pool, SendQueue, Writability};
 use freeboard_proto::frame::MAX_HEADER_LEN;
 use freeboard_proto::{Connection, MessageKind, OpCode, UsageError};
 
-/// Frames the header of a whole data message of `len` bytes, masked with `mask` (a client's).
+/// Frames the header of a whole data message of `len` bytes, masked with `mask` (a client's),
+/// with `rsv` on its (only) frame: RSV1 for a compressed message, else 0.
 pub(crate) fn frame_header(
-    ws: &mut Connection,
-    kind: MessageKind,
-    len: usize,
-    mask: Option<[u8; 4]>,
-) -> Result<([u8; MAX_HEADER_LEN], usize), UsageError> {
-    let mut header = [0u8; MAX_HEADER_LEN];
-    let n = ws.send_header(opcode(kind), true, len as u64, mask, &mut header)?;
-    Ok((header, n))
-}
-
-/// [`frame_header`] with RSV bits on the message's (only) frame: RSV1 for a compressed one.
-pub(crate) fn frame_header_rsv(
     ws: &mut Connection,
     kind: MessageKind,
     rsv: u8,

@@ -42,7 +42,7 @@ pub(crate) use inbound::{Assembly, Reassembler, Reassembly, Received};
 pub(crate) use share::Share;
 use share::Verdict;
 
-use deflate::{Codec, Compressed, Deflate, valid_utf8};
+use deflate::{Codec, Deflate};
 
 /// What happened to a message given to a send, on the server
 /// ([`Conn::send`](crate::Conn::send)) and on the clients alike.
@@ -238,6 +238,11 @@ impl Session {
         self.deflate = Some(deflate);
     }
 
+    /// The permessage-deflate parameters agreed, if any.
+    pub(crate) fn compression(&self) -> Option<&deflate::Agreement> {
+        self.deflate.as_ref().map(|d| &d.agreement)
+    }
+
     /// The send queue (watermarks, policy, `bufferedAmount`).
     pub(crate) fn queue(&self) -> &SendQueue {
         &self.queue
@@ -292,7 +297,18 @@ impl Session {
             Some(piece) => {
                 let received = match self.deflate.as_deref_mut() {
                     Some(deflate) if piece.compressed => {
-                        inflate(&mut self.inbound, deflate, cx, ws, piece)
+                        let codec = cx.codec.as_deref_mut();
+                        let (pool, limits, now) = (&mut *cx.pool, cx.limits, cx.now);
+                        deflate::receive(
+                            &mut self.inbound,
+                            deflate,
+                            codec,
+                            pool,
+                            limits,
+                            now,
+                            ws,
+                            piece,
+                        )
                     }
                     _ => self.inbound.piece(cx.pool, cx.limits, cx.now, ws, piece),
                 };
@@ -390,7 +406,7 @@ impl Session {
             }
             None => (data, 0),
         };
-        let header = framing::frame_header_rsv(ws, kind, rsv, data.len(), mask);
+        let header = frame_header(ws, kind, rsv, data.len(), mask);
         let outcome = header.ok().map(|(header, n)| self.push_framed(cx, &header[..n], data, mask));
         if let (Some(scratch), Some(codec)) = (compressed, cx.codec.as_deref_mut()) {
             codec.put_scratch(scratch);
@@ -625,49 +641,4 @@ impl Open {
     fn new(ws: Ws) -> Self {
         Self { ws, paused: false, close_reported: false, change: None }
     }
-}
-
-/// Takes one piece of a compressed message: it is kept (a whole one is inflated at once
-/// from the read buffer), and the last piece inflates the message into pool chunks under
-/// `max_message_size`; inflated text is validated here (the core saw only deflate data).
-/// Every failure closes the connection with its code: 1009 past the limit, the limits' code
-/// (1013 server, 1009 client) when the pool runs short, 1007 for bad data or text.
-fn inflate<'b>(
-    inbound: &mut Reassembler,
-    deflate: &mut Deflate,
-    cx: &mut Context<'_>,
-    ws: &mut Connection,
-    piece: freeboard_proto::Payload<'b>,
-) -> Option<Received<'b>> {
-    let kind = piece.kind;
-    let input = if piece.message_start && piece.message_fin {
-        Compressed::Slice(piece.data)
-    } else {
-        match inbound.piece(cx.pool, cx.limits, cx.now, ws, piece)? {
-            Received::Assembled(_) => Compressed::Chain(inbound.take()),
-            Received::Whole(..) => return None,
-        }
-    };
-    let max = usize::try_from(ws.config().max_message_size).unwrap_or(usize::MAX);
-    let mut out = ChunkChain::new();
-    let Some(codec) = cx.codec.as_deref_mut() else {
-        if let Compressed::Chain(mut chain) = input {
-            chain.clear(cx.pool);
-        }
-        let _ = ws.close(cx.now, CloseCode::INTERNAL_ERROR, "no decompressor");
-        return None;
-    };
-    let (code, reason) = match deflate.inflate(cx.pool, codec, input, max, &mut out) {
-        Ok(()) if kind == MessageKind::Text && !valid_utf8(cx.pool, &out) => {
-            out.clear(cx.pool);
-            (CloseCode::INVALID_PAYLOAD, "invalid UTF-8 in text")
-        }
-        Ok(()) => {
-            inbound.put(out);
-            return Some(Received::Assembled(kind));
-        }
-        Err(e) => e.close(cx.limits.code),
-    };
-    let _ = ws.close(cx.now, code, reason);
-    None
 }

@@ -110,7 +110,8 @@ fn client_responses() {
         false,
     )
     .unwrap();
-    assert!(a.server_no_context_takeover && !a.client_no_context_takeover);
+    // The offer named client_no_context_takeover: the client keeps no context either way.
+    assert!(a.server_no_context_takeover && a.client_no_context_takeover);
     assert_eq!((a.server_max_window_bits, a.client_max_window_bits), (15, 10));
     assert_eq!(
         Agreement::from_response(ext(NAME, "client_max_window_bits"), false),
@@ -131,7 +132,26 @@ fn client_responses() {
         Agreement::from_response(ext(NAME, "foo=1"), false),
         Err(NegotiationError::UnknownParameter)
     );
-    assert!(Agreement::from_response(ext(NAME, ""), true).unwrap().client_no_context_takeover);
+    // Asked for server_no_context_takeover, a server must repeat it (§7.1.1.1).
+    assert_eq!(Agreement::from_response(ext(NAME, ""), true), Err(NegotiationError::Unacceptable));
+    let a = Agreement::from_response(ext(NAME, "server_no_context_takeover"), true).unwrap();
+    assert_eq!(a.dedicated_cost(false), 0);
+    // A plain acceptance of the default offer: only the server's context needs our state.
+    let a = Agreement::from_response(ext(NAME, ""), false).unwrap();
+    assert_eq!(a.dedicated_cost(false), inflate_state_bytes(15));
+    // Every answer our offers allow is accepted by the server side of this module.
+    for server_no_context_takeover in [false, true] {
+        let offer = Agreement::offer(server_no_context_takeover);
+        let (name, params) = offer.split_once(';').unwrap();
+        for mode in [Compression::Shared, DEDICATED] {
+            let agreed = Agreement::accept(mode, 12, [Extension { name, params }]).unwrap();
+            let response = agreed.response();
+            let (name, params) = response.split_once(';').unwrap();
+            let back =
+                Agreement::from_response(Extension { name, params }, server_no_context_takeover);
+            assert_eq!(back, Ok(agreed), "{mode:?} {response}");
+        }
+    }
 }
 
 fn roundtrip(a: &Agreement, messages: &[&[u8]]) {
