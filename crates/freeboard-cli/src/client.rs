@@ -63,6 +63,10 @@ pub(crate) struct ClientArgs {
     /// wss://: accept any certificate, unverified (prints a warning). For tests only.
     #[arg(long, conflicts_with = "ca")]
     insecure: bool,
+    /// Do not offer permessage-deflate (offered by default; the agreed parameters are
+    /// printed to stderr).
+    #[arg(long)]
+    no_compression: bool,
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -97,7 +101,8 @@ fn session(args: &ClientArgs) -> Result<u8, ClientError> {
         .connect_timeout(timeout)
         .handshake_timeout(timeout)
         .max_message_size(args.max_message_size)
-        .memory((args.max_message_size * 2).max(32 << 20));
+        .memory((args.max_message_size * 2).max(32 << 20))
+        .compression(!args.no_compression);
     config.headers = args.headers.clone();
     config.protocols = args.subprotocols.clone();
     if let Some(ca) = &args.ca {
@@ -111,6 +116,9 @@ fn session(args: &ClientArgs) -> Result<u8, ClientError> {
         config = config.insecure(true);
     }
     let mut client = Client::connect(&args.url, config)?;
+    if let Some(agreed) = client.compression() {
+        eprintln!("freeboard client: {}", agreed.response());
+    }
 
     let lines = spawn_stdin_reader();
     let interval = Duration::from_millis(args.interval.unwrap_or(0));

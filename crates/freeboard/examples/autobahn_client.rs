@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! kosoku -m fuzzingserver 127.0.0.1:9001 -x '12.*' -x '13.*' -o conformance/reports-client &
+//! (or -i '12.*' -i '13.*' for permessage-deflate: `conformance/run --deflate client`)
 //! cargo run --release -p freeboard --example autobahn_client -- ws://127.0.0.1:9001 freeboard
 //! python3 conformance/check.py conformance/reports-client conformance/expected-client.json
 //! ```
@@ -45,7 +46,13 @@ fn config() -> ClientConfig {
     // Section 9 sends messages of up to 16 MiB, and may have several in flight.
     // NOTE(unwrap): the marks are ordered.
     let marks = Watermarks::new(32 << 20, 64 << 20, 128 << 20).unwrap();
-    ClientConfig::default().memory(256 << 20).max_message_size(64 << 20).watermarks(marks)
+    // permessage-deflate is offered (sections 12-13); every message is compressed, as the
+    // conformance run expects (threshold 0).
+    ClientConfig::default()
+        .memory(256 << 20)
+        .max_message_size(64 << 20)
+        .watermarks(marks)
+        .compression_threshold(0)
 }
 
 fn case_count(base: &str) -> Result<u32, ClientError> {

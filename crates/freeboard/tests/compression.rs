@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{config, start};
 use flate2::{Compress, Compression as Level, Decompress, FlushCompress, FlushDecompress};
-use freeboard::{Compression, ServerConfig};
+use freeboard::{Compression, ServerConfig, SlowConsumerPolicy};
 use freeboard_test::{Frame, Inbox, TEST_MASK};
 
 struct DeflateClient {
@@ -164,6 +164,15 @@ fn dedicated_mode_echoes_compressed_with_its_window() {
     assert_eq!(c.inflate(&f.payload), JSON);
     server.handle().shutdown();
     server.join().unwrap();
+    // A policy that may drop or refuse a message: the server keeps no context of its own
+    // (a dropped message would leave the client's window behind the server's).
+    for policy in [SlowConsumerPolicy::DropNewest, SlowConsumerPolicy::Block] {
+        let server = server(Compression::Dedicated, |c| c.slow_consumer = policy);
+        let c = DeflateClient::connect(server.local_addr(), "permessage-deflate");
+        assert_eq!(c.extensions(), Some("permessage-deflate; server_no_context_takeover"));
+        server.handle().shutdown();
+        server.join().unwrap();
+    }
 }
 
 #[test]

@@ -71,6 +71,36 @@ fn wss_echoes_text_binary_and_large_messages_beside_plain_ws() {
     stop_once_idle(server);
 }
 
+/// permessage-deflate over `wss://`: compression runs in the session, above the TLS
+/// transport, so compressed frames are encrypted like any other, in both modes; a message
+/// that spans many TLS records inflates whole.
+#[test]
+fn wss_with_permessage_deflate_in_both_modes() {
+    let ca = TestCa::new("deflate");
+    let json: Vec<u8> = br#"{"id":7,"symbol":"EURUSD","bid":1.0842,"ask":1.0844},"#
+        .iter()
+        .copied()
+        .cycle()
+        .take(1 << 20)
+        .collect();
+    for mode in [freeboard::Compression::Shared, freeboard::Compression::Dedicated] {
+        let mut config = tls_config(&ca);
+        config.compression = mode;
+        config.compression_threshold = 0;
+        let server = start(config);
+        let mut c = client(&wss(&server, "/echo"), &ca);
+        let agreed = c.compression().expect("compression over wss").response();
+        assert!(agreed.starts_with("permessage-deflate"), "{agreed}");
+        echo(&mut c, MessageKind::Text, b"hello, compressed, over TLS");
+        for size in [0, 125, 16 * 1024 + 1, 100_000, 1 << 20] {
+            echo(&mut c, MessageKind::Binary, &json[..size]);
+        }
+        echo(&mut c, MessageKind::Text, &json[..300_000]);
+        drop(c);
+        stop_once_idle(server);
+    }
+}
+
 #[test]
 fn a_certificate_for_another_ca_or_name_is_refused() {
     let ca = TestCa::new("trust");

@@ -1,7 +1,9 @@
 //! A real browser over `wss://`: headless Chromium (Debian's `chromium`, which `scripts/test`
-//! installs) opens a page that connects to freeboard over TLS, echoes text and binary
-//! messages (a small one and one of 100 KB that spans several TLS records), and reports the
-//! outcome on a second WebSocket. The test CA is not installed anywhere: Chromium trusts the
+//! installs) opens a page that connects to freeboard over TLS with permessage-deflate
+//! (`compression = shared`, as `freeboard serve --compression shared`), checks
+//! `ws.extensions`, echoes text and binary messages (small ones, sent uncompressed under the
+//! threshold, and compressed ones of 70 and 100 KB that span several TLS records), and
+//! reports the outcome on a second WebSocket. The test CA is not installed anywhere: Chromium trusts the
 //! server's key through `--ignore-certificate-errors-spki-list`.
 //!
 //! Skipped (with a message) when no `chromium` is on the PATH; `FREEBOARD_REQUIRE_BROWSER=1`
@@ -43,18 +45,22 @@ const same = (a, b) => {
   const u = new Uint8Array(a);
   return u.length === b.length && u.every((v, i) => v === b[i]);
 };
-ws.onopen = () => ws.send(expected[0]);
+ws.onopen = () => {
+  // permessage-deflate: Chromium offers it, freeboard (--compression shared) accepts it.
+  if (!ws.extensions.startsWith("permessage-deflate")) { report(`FAIL extensions "${ws.extensions}"`); return; }
+  ws.send(expected[0]);
+};
 ws.onmessage = (event) => {
   if (!same(event.data, expected[next])) { report(`FAIL message ${next}`); ws.close(); return; }
   next += 1;
-  if (next === expected.length) { report("OK " + next); ws.close(1000); return; }
+  if (next === expected.length) { report(`OK ${next} ${ws.extensions}`); ws.close(1000); return; }
   ws.send(expected[next]);
 };
 ws.onerror = () => report("FAIL error");
 </script>"#;
 
 #[test]
-fn chromium_echoes_text_and_binary_over_wss() {
+fn chromium_echoes_text_and_binary_over_wss_with_permessage_deflate() {
     let Some(chromium) =
         ["chromium", "chromium-browser", "google-chrome"].into_iter().find(|name| {
             Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success())
@@ -67,6 +73,7 @@ fn chromium_echoes_text_and_binary_over_wss() {
     let ca = TestCa::new("browser");
     let mut config = config();
     config.tls = Some(TlsConfig::new(ca.cert_pem(), ca.key_pem()));
+    config.compression = freeboard::Compression::Shared;
     let (tx, rx) = mpsc::channel();
     let tx = std::sync::Mutex::new(tx);
     let server = Server::bind(config, move || {
@@ -107,7 +114,10 @@ fn chromium_echoes_text_and_binary_over_wss() {
         let tls: Vec<&str> = text.lines().filter(|l| l.starts_with("freeboard_tls")).collect();
         panic!("no report from chromium within 60 s; {}", tls.join("; "))
     });
-    assert_eq!(outcome, "OK 4");
+    assert_eq!(
+        outcome,
+        "OK 4 permessage-deflate; server_no_context_takeover; client_no_context_takeover"
+    );
     let metrics = server.metrics();
     assert!(metrics.tls_handshakes() >= 2);
     server.handle().shutdown();

@@ -382,6 +382,86 @@ async fn axum_upgrades_a_route_with_its_subprotocols() {
     .unwrap();
 }
 
+/// Sends an upgrade offering permessage-deflate to `path` on `addr`; returns the response head
+/// and the socket.
+async fn offer_deflate(addr: std::net::SocketAddr, path: &str) -> (String, TcpStream) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let offer = "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n";
+    let request = freeboard_test::upgrade_request(path, offer);
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(stream.read(&mut byte).await.unwrap(), 1, "the head ended early");
+        head.push(byte[0]);
+    }
+    (String::from_utf8(head).unwrap(), stream)
+}
+
+/// The tokio driver does not compress: it declines permessage-deflate at both of its
+/// handshakes (a bare listener's and axum's), so a frame with RSV1 is a protocol error
+/// (1002), never an inflated or a broken message; freeboard's client goes on uncompressed.
+#[tokio::test]
+async fn the_tokio_driver_declines_permessage_deflate() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, _) = listen().await;
+        let bare = listener.local_addr().unwrap();
+        {
+            let endpoint = Arc::clone(&endpoint);
+            tokio::spawn(async move {
+                loop {
+                    let ws = accept(&listener, &endpoint, &WsConfig::default()).await;
+                    tokio::spawn(echo(ws));
+                }
+            });
+        }
+        let axum = serve_axum(Arc::clone(&endpoint)).await;
+        for (addr, path) in [(bare, "/"), (axum, "/ws")] {
+            let (head, mut stream) = offer_deflate(addr, path).await;
+            assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+            assert!(!head.to_ascii_lowercase().contains("sec-websocket-extensions"), "{head}");
+            // "Hello" compressed (RFC 7692 §7.2.3.1), RSV1 set.
+            let frame = freeboard_test::frame(
+                0xc1,
+                &[0xf2, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00],
+                freeboard_test::TEST_MASK,
+            );
+            stream.write_all(&frame).await.unwrap();
+            let mut answer = Vec::new();
+            let _ = stream.read_to_end(&mut answer).await;
+            // The close frame: 0x88, its length, the code.
+            assert_eq!(&answer[..1], &[0x88], "{answer:?}");
+            assert_eq!(u16::from_be_bytes([answer[2], answer[3]]), 1002, "{answer:?}");
+            // freeboard's client offers by default, and goes on without the extension.
+            let url = format!("ws://{addr}{path}");
+            let echoed = tokio::task::spawn_blocking(move || {
+                use freeboard::client::{Client, ClientConfig, Event};
+                let mut client = Client::connect(&url, ClientConfig::default()).unwrap();
+                assert!(client.compression().is_none());
+                client.send_text(&"uncompressed ".repeat(20)).unwrap();
+                loop {
+                    match client.recv().unwrap() {
+                        Event::Message(m) if m.kind() == freeboard::MessageKind::Text => {
+                            let text = m.to_text().unwrap().to_owned();
+                            if text.starts_with("protocol") {
+                                continue;
+                            }
+                            break text;
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+            })
+            .await
+            .unwrap();
+            assert_eq!(echoed, "uncompressed ".repeat(20));
+        }
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn axum_answers_503_when_the_budget_cannot_cover_a_connection() {
     tokio::time::timeout(BOUND, async {

@@ -43,6 +43,14 @@
 //! its read buffer ([`ClientConfig::read_buffer`]), the masking buffer (at most 64 KiB kept
 //! between sends) and, with the writer thread, the thread's 64 KiB write buffer.
 //!
+//! # Compression
+//!
+//! permessage-deflate (RFC 7692) is offered by default ([`ClientConfig::compression`]): the
+//! client compresses each message of at least [`ClientConfig::compression_threshold`] bytes
+//! afresh (`client_no_context_takeover`) and inflates the server's into the receive pool under
+//! `max_message_size`. Its compressor and decompressor (about 300 KiB) are drawn from
+//! [`ClientConfig::memory`]; [`Client::compression`] says what the server agreed to.
+//!
 //! ```no_run
 //! use freeboard::client::{Client, ClientConfig, CloseCode, Event};
 //!
