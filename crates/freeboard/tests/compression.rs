@@ -164,14 +164,18 @@ fn dedicated_mode_echoes_compressed_with_its_window() {
     assert_eq!(c.inflate(&f.payload), JSON);
     server.handle().shutdown();
     server.join().unwrap();
-    // A policy that may drop or refuse a message: the server keeps no context of its own
-    // (a dropped message would leave the client's window behind the server's).
+}
+
+/// Under a policy that may drop or refuse a message the dedicated server keeps no context
+/// of its own: a dropped message would leave the client's window behind the server's.
+#[test]
+fn dedicated_mode_keeps_no_server_context_under_a_dropping_policy() {
     for policy in [SlowConsumerPolicy::DropNewest, SlowConsumerPolicy::Block] {
-        let server = server(Compression::Dedicated, |c| c.slow_consumer = policy);
-        let c = DeflateClient::connect(server.local_addr(), "permessage-deflate");
+        let running = server(Compression::Dedicated, |c| c.slow_consumer = policy);
+        let c = DeflateClient::connect(running.local_addr(), "permessage-deflate");
         assert_eq!(c.extensions(), Some("permessage-deflate; server_no_context_takeover"));
-        server.handle().shutdown();
-        server.join().unwrap();
+        running.handle().shutdown();
+        running.join().unwrap();
     }
 }
 
