@@ -86,7 +86,7 @@ impl ClientHandler for Echoes {
 
     fn on_message(&mut self, conn: &mut LoopConn<'_>, _kind: MessageKind, data: &[u8]) {
         self.received.push(data.to_vec());
-        if self.received.len() % 3 == 0 {
+        if self.received.len().is_multiple_of(3) {
             conn.close(CloseCode::NORMAL, "done").unwrap();
         } else {
             conn.send_text(JSON).unwrap();
