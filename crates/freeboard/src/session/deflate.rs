@@ -512,10 +512,11 @@ impl Inflater {
 pub(crate) struct Deflate {
     pub(crate) agreement: Agreement,
     server: bool,
-    /// This side's compressor, when it takes its context over.
-    deflater: Option<Deflater>,
+    /// This side's compressor, when it takes its context over (boxed, as zlib's stream
+    /// records are large: a connection without one stays at a few words).
+    deflater: Option<Box<Deflater>>,
     /// The decompressor for the peer's messages, when the peer takes its context over.
-    inflater: Option<Inflater>,
+    inflater: Option<Box<Inflater>>,
     /// Invariant: these bytes are drawn from the pool's budget for the two above.
     drawn: usize,
 }
@@ -536,8 +537,8 @@ impl Deflate {
         Some(Box::new(Self {
             agreement,
             server,
-            deflater: (!tx_reset).then(|| agreement.deflater(server)),
-            inflater: (!rx_reset).then(|| agreement.inflater(server)),
+            deflater: (!tx_reset).then(|| Box::new(agreement.deflater(server))),
+            inflater: (!rx_reset).then(|| Box::new(agreement.inflater(server))),
             drawn,
         }))
     }

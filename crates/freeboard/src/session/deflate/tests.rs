@@ -253,3 +253,12 @@ fn inflated_text_is_validated() {
     chain.clear(&mut pool);
     assert!(valid_utf8(&pool, &chain));
 }
+
+/// A compressing connection's own part, beside its `Entry`: the boxed `Deflate`, 32 bytes
+/// (its zlib state, when a direction takes context over, is drawn from the budget).
+#[test]
+fn a_sessions_compression_record_stays_small() {
+    let bytes = size_of::<Deflate>();
+    println!("Deflate {bytes} B");
+    assert!(bytes <= 32, "Deflate is {bytes} bytes");
+}
