@@ -35,8 +35,8 @@ pub(super) fn open(target: &Target, config: &ClientConfig) -> Result<Opened, Cli
         false => handshake(&mut stream, target, config, deadline)
             .map(|(protocol, leftover)| Opened { stream, tls: None, protocol, leftover }),
         true => {
-            let conn =
-                super::tls::connect(super::tls::client_config(&config.tls_roots)?, target.host())?;
+            let tls_config = super::tls::tls_client_config(&config.tls_roots)?;
+            let conn = super::tls::tls_connection(tls_config, target.host())?;
             let mut tls = rustls::StreamOwned::new(conn, stream);
             handshake(&mut tls, target, config, deadline).map(|(protocol, leftover)| {
                 let (conn, stream) = tls.into_parts();
