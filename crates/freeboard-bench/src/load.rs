@@ -6,6 +6,7 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream as StdStream;
 use std::time::{Duration, Instant};
 
+use freeboard::client::ClientStream;
 use freeboard_proto::handshake::{ClientRequest, EMPTY_HEADER, Response, generate_key};
 use freeboard_proto::{CloseCode, Config, Connection, Instant as ProtoInstant, Role, State};
 use freeboard_test::{close_frame, encode_frame};
@@ -85,7 +86,7 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
                 let mut stream = stream.into_nonblocking()?;
                 let token = Token(clients.len());
                 poll.registry().register(
-                    stream.tcp(),
+                    &mut stream,
                     token,
                     Interest::READABLE | Interest::WRITABLE,
                 )?;
@@ -200,12 +201,12 @@ pub struct Opened {
 
 impl Opened {
     /// The non-blocking stream the load generator reads and writes.
-    pub fn into_nonblocking(self) -> io::Result<crate::tls::Stream> {
+    pub fn into_nonblocking(self) -> io::Result<ClientStream> {
         self.tcp.set_nonblocking(true)?;
         let tcp = mio::net::TcpStream::from_std(self.tcp);
         Ok(match self.tls {
-            Some(conn) => crate::tls::Stream::Tls(Box::new((tcp, conn))),
-            None => crate::tls::Stream::Plain(tcp),
+            Some(conn) => ClientStream::Tls(Box::new((tcp, conn))),
+            None => ClientStream::Plain(tcp),
         })
     }
 }
@@ -287,7 +288,7 @@ impl<T: Read + Write> ReadWrite for T {}
 
 /// One connection of the load generator.
 struct Client {
-    stream: crate::tls::Stream,
+    stream: ClientStream,
     /// Parses the echoes.
     rx: Connection,
     /// Frames not yet written. Invariant: `out_at <= out.len()`.
