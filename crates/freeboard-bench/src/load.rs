@@ -57,8 +57,12 @@ pub struct Measured {
     pub latency_us: [f64; 4],
     /// The load generator's own CPU time over wall time (1.0 = one core busy).
     pub client_cpu: f64,
-    /// Server CPU time per echoed message in microseconds, when its PID is known.
+    /// Server CPU time (user + system) per echoed message in microseconds, when its PID is
+    /// known.
     pub server_cpu_us_per_msg: Option<f64>,
+    /// Of that, system time.
+    #[serde(default)]
+    pub server_sys_us_per_msg: Option<f64>,
     /// Server RSS at the end of the run, KiB.
     pub server_rss_kib: Option<u64>,
 }
@@ -168,9 +172,9 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
     }
     let seconds = last_echo.duration_since(start).as_secs_f64().max(1e-9);
     let sent = clients.iter().map(|c| c.sent).sum();
-    let server_cpu_us_per_msg = match (server_before, server_after) {
+    let per_msg = |f: fn(&Sample) -> Duration| match (&server_before, &server_after) {
         (Some(b), Some(a)) if received > 0 => {
-            Some(a.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e6 / received as f64)
+            Some(f(a).saturating_sub(f(b)).as_secs_f64() * 1e6 / received as f64)
         }
         _ => None,
     };
@@ -186,7 +190,8 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
         mib_per_sec: received as f64 * size as f64 / seconds / (1024.0 * 1024.0),
         latency_us: [us(0.5), us(0.99), us(0.999), hist.max() as f64 / 1000.0],
         client_cpu: cpu.as_secs_f64() / start.elapsed().as_secs_f64(),
-        server_cpu_us_per_msg,
+        server_cpu_us_per_msg: per_msg(|s| s.cpu),
+        server_sys_us_per_msg: per_msg(|s| s.system),
         server_rss_kib: server_after.map(|s| s.rss_kib),
     })
 }

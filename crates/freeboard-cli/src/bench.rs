@@ -10,7 +10,7 @@ use freeboard_bench::Target;
 use freeboard_bench::load::Load;
 use freeboard_bench::peers::{Peer, Peers};
 use freeboard_bench::process;
-use freeboard_bench::report::Report;
+use freeboard_bench::report::{HandshakeRow, Report};
 use freeboard_bench::suite::{self, Subject};
 
 /// The experiments.
@@ -44,6 +44,20 @@ pub(crate) enum BenchCommand {
         /// Payload bytes; a comma-separated list runs each.
         #[arg(long, value_delimiter = ',', default_value = "64,1024")]
         size: Vec<usize>,
+        /// Seconds per run.
+        #[arg(long, default_value_t = 5.0)]
+        duration: f64,
+    },
+    /// New wss:// connections per second (TCP, the TLS handshake, the upgrade, then dropped)
+    /// from --clients threads for --duration: full handshakes and resumed ones (tickets),
+    /// alternating run by run, with the server's user and system CPU time per handshake and
+    /// so handshakes per second of one server core. Needs --tls (or a wss:// URL).
+    Handshakes {
+        #[command(flatten)]
+        common: Common,
+        /// Concurrent clients; a comma-separated list runs each.
+        #[arg(long, value_delimiter = ',', default_value = "4")]
+        clients: Vec<usize>,
         /// Seconds per run.
         #[arg(long, default_value_t = 5.0)]
         duration: f64,
@@ -458,6 +472,9 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
             });
             (common, Experiment::Load("pipeline", cases))
         }
+        BenchCommand::Handshakes { common, clients, duration } => {
+            (common, Experiment::Handshakes(clients, Duration::from_secs_f64(duration)))
+        }
         BenchCommand::SlowConsumer { common, size, duration } => {
             (common, Experiment::SlowConsumer(size, Duration::from_secs_f64(duration)))
         }
@@ -495,6 +512,30 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 suite::connections(subject, counts, *cycles)
                     .map_err(|e| format!("{}: {e}", subject.name))?,
             ),
+            Experiment::Handshakes(clients, duration) => {
+                for &n in clients {
+                    let mut rows = [false, true].map(|resume| HandshakeRow {
+                        server: subject.name.clone(),
+                        clients: n,
+                        resume,
+                        runs: Vec::new(),
+                    });
+                    for _ in 0..common.repeat.max(1) {
+                        for row in &mut rows {
+                            let target = Target { resume: row.resume, ..subject.target.clone() };
+                            let run = freeboard_bench::handshakes::run(
+                                &target,
+                                n,
+                                *duration,
+                                subject.pid,
+                            )
+                            .map_err(|e| format!("{}: {e}", subject.name))?;
+                            row.runs.push(run);
+                        }
+                    }
+                    report.handshakes.extend(rows);
+                }
+            }
             Experiment::SlowConsumer(size, duration) => {
                 let outcome = freeboard_bench::slow_consumer::run(
                     &subject.target,
@@ -606,6 +647,7 @@ fn print_markdown(report: &Report) {
 
 enum Experiment {
     Load(&'static str, Vec<Load>),
+    Handshakes(Vec<usize>, Duration),
     Connections(Vec<usize>, usize),
     SlowConsumer(usize, Duration),
 }
