@@ -185,7 +185,8 @@ impl HandshakeRow {
 }
 
 /// The servers a load row is compared with, when they ran in the same report.
-const BASELINES: [&str; 3] = ["raw-tcp-echo", "fastwebsockets", "tokio-tungstenite"];
+const BASELINES: [&str; 4] =
+    ["raw-tcp-echo", "fastwebsockets", "tokio-tungstenite", "tokio-tungstenite-rustls"];
 
 impl Report {
     /// Adds `other`'s results to this report's (a later simulation replaces an earlier one).
@@ -198,6 +199,42 @@ impl Report {
         self.broadcasts.extend(other.broadcasts);
         self.handshakes.extend(other.handshakes);
         self.simulation = other.simulation.or(self.simulation.take());
+    }
+
+    /// Joins the rows of the same case and server (from interleaved rounds of one run each)
+    /// into one row with all their runs, in the order they first appeared.
+    pub fn merge_repeats(&mut self) {
+        let mut loads: Vec<LoadRow> = Vec::new();
+        for row in std::mem::take(&mut self.loads) {
+            let key = |r: &LoadRow| {
+                (r.experiment.clone(), r.server.clone(), r.clients, r.in_flight, r.size)
+            };
+            match loads.iter_mut().find(|r| key(r) == key(&row)) {
+                Some(r) => {
+                    let mut runs = std::mem::take(&mut r.runs);
+                    runs.extend(row.runs);
+                    *r = LoadRow::new(
+                        &r.experiment,
+                        &r.server,
+                        (r.clients, r.in_flight, r.size),
+                        runs,
+                    );
+                }
+                None => loads.push(row),
+            }
+        }
+        self.loads = loads;
+        let mut handshakes: Vec<HandshakeRow> = Vec::new();
+        for row in std::mem::take(&mut self.handshakes) {
+            let same = |r: &&mut HandshakeRow| {
+                (&r.server, r.clients, r.resume) == (&row.server, row.clients, row.resume)
+            };
+            match handshakes.iter_mut().find(same) {
+                Some(r) => r.runs.extend(row.runs),
+                None => handshakes.push(row),
+            }
+        }
+        self.handshakes = handshakes;
     }
 
     /// The report as pretty-printed JSON.

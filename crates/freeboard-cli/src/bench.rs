@@ -502,10 +502,18 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
         pinned: pin,
         ..Report::default()
     };
+    // With several servers, load and handshake runs are interleaved: each round starts every
+    // server in turn for one run of each case, so a change in the machine's load falls on all
+    // of them alike.
+    let rounds = match (&experiment, &common.peers) {
+        (Experiment::Load(..) | Experiment::Handshakes(..), Some(_)) => common.repeat.max(1),
+        _ => 1,
+    };
+    let repeat = if rounds > 1 { 1 } else { common.repeat };
     let measure = |subject: &Subject, report: &mut Report| -> Result<(), String> {
         match &experiment {
             Experiment::Load(name, cases) => report.loads.extend(
-                suite::loads(subject, name, cases, common.repeat)
+                suite::loads(subject, name, cases, repeat)
                     .map_err(|e| format!("{}: {e}", subject.name))?,
             ),
             Experiment::Connections(counts, cycles) => report.connections.push(
@@ -520,7 +528,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                         resume,
                         runs: Vec::new(),
                     });
-                    for _ in 0..common.repeat.max(1) {
+                    for _ in 0..repeat.max(1) {
                         for row in &mut rows {
                             let target = Target { resume: row.resume, ..subject.target.clone() };
                             let run = freeboard_bench::handshakes::run(
@@ -570,19 +578,27 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                     _ => self_signed(&peers.cache.join("tls"))?,
                 });
             }
-            for peer in chosen {
-                let running = match peers.start(peer, pin.map(|(server, _)| server)) {
-                    Ok(running) => running,
-                    Err(e) => {
-                        eprintln!("freeboard bench: skipping {}: {e}", peer.name());
+            let mut skipped = Vec::new();
+            for _ in 0..rounds {
+                for &peer in &chosen {
+                    if skipped.contains(&peer) {
                         continue;
                     }
-                };
-                let mut target = running.target.clone();
-                target.resume = !common.no_resume;
-                let subject = Subject { name: peer.name().into(), target, pid: Some(running.pid) };
-                measure(&subject, &mut report)?;
+                    let running = match peers.start(peer, pin.map(|(server, _)| server)) {
+                        Ok(running) => running,
+                        Err(e) => {
+                            eprintln!("freeboard bench: skipping {}: {e}", peer.name());
+                            skipped.push(peer);
+                            continue;
+                        }
+                    };
+                    let mut target = running.target.clone();
+                    target.resume = !common.no_resume;
+                    let name = peer.name().into();
+                    measure(&Subject { name, target, pid: Some(running.pid) }, &mut report)?;
+                }
             }
+            report.merge_repeats();
         }
         (None, Some(url)) => {
             let mut target = Target::parse(url)?;
