@@ -165,10 +165,17 @@ pub struct HandshakeRow {
     pub server: String,
     /// Concurrent clients.
     pub clients: usize,
+    /// Whether the server spoke TLS.
+    #[serde(default = "yes")]
+    pub tls: bool,
     /// Whether the clients resumed sessions with tickets.
     pub resume: bool,
     /// Every run, in order.
     pub runs: Vec<crate::handshakes::Handshakes>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl HandshakeRow {
@@ -346,7 +353,11 @@ impl Report {
                     "| {} | {} | {} | {} | {} | {} | {} | {}/{}/{} |",
                     r.server,
                     r.clients,
-                    if r.resume { "resumed" } else { "full" },
+                    match (r.tls, r.resume) {
+                        (false, _) => "no TLS",
+                        (true, false) => "full",
+                        (true, true) => "resumed",
+                    },
                     spread(r.per_sec(), 0, 1.0),
                     r.per_core_sec().map_or("–".into(), |v| spread(v, 0, 1.0)),
                     each(|h| h.server_user_us),

@@ -51,7 +51,8 @@ pub(crate) enum BenchCommand {
     /// New wss:// connections per second (TCP, the TLS handshake, the upgrade, then dropped)
     /// from --clients threads for --duration: full handshakes and resumed ones (tickets),
     /// alternating run by run, with the server's user and system CPU time per handshake and
-    /// so handshakes per second of one server core. Needs --tls (or a wss:// URL).
+    /// so handshakes per second of one server core. A ws:// server (freeboard-ws) gets the
+    /// same without TLS.
     Handshakes {
         #[command(flatten)]
         common: Common,
@@ -522,12 +523,17 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
             ),
             Experiment::Handshakes(clients, duration) => {
                 for &n in clients {
-                    let mut rows = [false, true].map(|resume| HandshakeRow {
-                        server: subject.name.clone(),
-                        clients: n,
-                        resume,
-                        runs: Vec::new(),
-                    });
+                    let modes: &[bool] = if subject.target.tls { &[false, true] } else { &[false] };
+                    let mut rows: Vec<HandshakeRow> = modes
+                        .iter()
+                        .map(|&resume| HandshakeRow {
+                            server: subject.name.clone(),
+                            clients: n,
+                            tls: subject.target.tls,
+                            resume,
+                            runs: Vec::new(),
+                        })
+                        .collect();
                     for _ in 0..repeat.max(1) {
                         for row in &mut rows {
                             let target = Target { resume: row.resume, ..subject.target.clone() };

@@ -14,7 +14,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use super::handshake::{self, Refusal};
-use super::tls::{ClientStream, tls_client_config, tls_connection};
+use super::tls::{ClientStream, is_tls, tls_client_config, tls_connection, tls_or_io};
 use super::{ClientConfig, ClientError, CloseEvent, Target};
 use crate::parking::{ParkingLot, Ws};
 use crate::session::{
@@ -528,9 +528,8 @@ impl<H: ClientHandler> ClientLoop<H> {
     fn finish_if_closed(&mut self, id: usize) {
         let Some(session) = self.sessions.get_mut(id) else { return };
         let Phase::Open(open) = &mut session.phase else { return };
-        if open.session.state() != State::Closed
-            || (open.session.buffered() > 0 && session.writable)
-        {
+        let unsent = open.session.buffered() > 0 || session.stream.wants_write();
+        if open.session.state() != State::Closed || (unsent && session.writable) {
             return;
         }
         let Some(close) = open.closed.take() else { return };
@@ -691,14 +690,3 @@ fn is_would_block(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::NotConnected)
 }
 
-/// Whether `e` carries a TLS failure (a certificate that does not verify, an alert).
-fn is_tls(e: &io::Error) -> bool {
-    e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>())
-}
-
-fn tls_or_io(e: io::Error) -> ClientError {
-    match is_tls(&e) {
-        true => ClientError::Tls(e.to_string()),
-        false => e.into(),
-    }
-}

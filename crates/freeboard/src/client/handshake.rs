@@ -48,9 +48,7 @@ pub(super) fn open(target: &Target, config: &ClientConfig) -> Result<Opened, Cli
         ClientError::Io(io) if is_timeout(&io) => {
             ClientError::HandshakeTimeout(config.handshake_timeout)
         }
-        ClientError::Io(io) if io.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) => {
-            ClientError::Tls(io.to_string())
-        }
+        ClientError::Io(io) => super::tls::tls_or_io(io),
         other => other,
     })
 }

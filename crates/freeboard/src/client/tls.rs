@@ -115,6 +115,19 @@ pub fn tls_connection(
     ClientConnection::new(config, name).map_err(|e| ClientError::Tls(e.to_string()))
 }
 
+/// Whether `e` carries a TLS failure (a certificate that does not verify, an alert).
+pub(super) fn is_tls(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>())
+}
+
+/// A socket error as the client reports it: [`ClientError::Tls`] when TLS failed.
+pub(super) fn tls_or_io(e: io::Error) -> ClientError {
+    match is_tls(&e) {
+        true => ClientError::Tls(e.to_string()),
+        false => e.into(),
+    }
+}
+
 /// A client's socket: plain TCP, or TLS over it (a [`tls_connection`]), blocking or not as
 /// the socket is, and a mio event source.
 ///
