@@ -689,4 +689,3 @@ fn peer(stream: &ClientStream) -> String {
 fn is_would_block(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::NotConnected)
 }
-
