@@ -326,10 +326,13 @@ pub(crate) struct Common {
     /// The echo server: ws://host:port/path, or tcp://host:port for a raw TCP echo (frames
     /// come back verbatim). Not needed with --peers.
     url: Option<String>,
-    /// Run against freeboard and the peer servers one after the other instead of URL:
-    /// all of them, or a comma-separated list of freeboard, raw-tcp-echo, tokio-tungstenite,
-    /// fastwebsockets, node-ws, gorilla. Peers are built into target/peers on first use
-    /// (cargo, npm, go); one that cannot be built or started is skipped with a warning.
+    /// Run against freeboard and the peer servers instead of URL: all of them, or a
+    /// comma-separated list of freeboard, raw-tcp-echo, tokio-tungstenite, fastwebsockets,
+    /// node-ws, gorilla (with --tls: freeboard, tokio-tungstenite-rustls, and freeboard-ws for
+    /// freeboard over plain ws:// beside them). Echo, pipeline and handshake runs are
+    /// interleaved: --repeat rounds, each starting every server in turn for one run. Peers are
+    /// built into target/peers on first use (cargo, npm, go); one that cannot be built or
+    /// started is skipped with a warning.
     #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "LIST")]
     peers: Option<String>,
     /// Further arguments for `freeboard serve` under --peers, split at spaces, e.g.
