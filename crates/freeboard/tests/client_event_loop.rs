@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use freeboard::client::{
     ClientConfig, ClientError, ClientHandler, ClientId, ClientLoop, CloseCode, CloseEvent,
-    LoopConn, MessageKind,
+    LoopConn, MessageKind, SendOutcome, Watermarks,
 };
 use freeboard::{Echo, Router, Server, ServerConfig, TlsConfig};
 use freeboard_test::tls::TestCa;
@@ -253,4 +253,75 @@ fn wss_refuses_an_unknown_ca_and_a_certificate_for_another_name() {
     assert_eq!(clients.handler().closed.len(), 1);
     common::stop_once_idle(server);
     common::stop_once_idle(elsewhere);
+}
+
+/// Sends `BIG` messages of 512 KiB at once: the socket fills (over TLS rustls keeps the
+/// records it could not write, and they leave as the socket drains), and each echo arrives
+/// in many reads, reassembled for the handler.
+#[derive(Default)]
+struct Large {
+    echoed: usize,
+    closed: Vec<CloseEvent>,
+    errors: Vec<ClientError>,
+}
+
+const BIG: usize = 8;
+
+fn large_payload(i: usize) -> Vec<u8> {
+    (0..512 * 1024).map(|j| (i * 31 + j * 7) as u8).collect()
+}
+
+impl ClientHandler for Large {
+    fn on_open(&mut self, conn: &mut LoopConn<'_>) {
+        for i in 0..BIG {
+            let outcome = conn.send(MessageKind::Binary, &large_payload(i)).unwrap();
+            assert_eq!(outcome, SendOutcome::Queued);
+        }
+    }
+
+    fn on_message(&mut self, conn: &mut LoopConn<'_>, kind: MessageKind, data: &[u8]) {
+        assert_eq!(kind, MessageKind::Binary);
+        assert!(data == large_payload(self.echoed), "echo {} differs", self.echoed);
+        self.echoed += 1;
+        if self.echoed == BIG {
+            conn.close(CloseCode::NORMAL, "done").unwrap();
+        }
+    }
+
+    fn on_close(&mut self, _id: ClientId, close: CloseEvent) {
+        self.closed.push(close);
+    }
+
+    fn on_error(&mut self, _id: ClientId, error: ClientError) {
+        self.errors.push(error);
+    }
+}
+
+#[test]
+fn large_messages_leave_as_the_socket_drains_and_are_reassembled_over_wss_and_ws() {
+    let ca = TestCa::new("client-loop-large");
+    let server = tls_server(&ca);
+    let port = server.tls_addr().unwrap().port();
+    let urls =
+        [format!("wss://localhost:{port}/echo"), format!("ws://{}/echo", server.local_addr())];
+    for url in urls {
+        let marks = Watermarks::new(8 << 20, 16 << 20, 32 << 20).unwrap();
+        let config =
+            ClientConfig::default().ca_file(ca.ca_pem()).memory(64 << 20).watermarks(marks);
+        let mut clients = ClientLoop::new(config, Large::default()).unwrap();
+        clients.connect(&url).unwrap();
+        let started = Instant::now();
+        clients
+            .run_until(|h| {
+                assert!(started.elapsed() < Duration::from_secs(60), "stuck");
+                h.closed.len() + h.errors.len() == 1
+            })
+            .unwrap();
+        let handler = clients.handler();
+        assert!(handler.errors.is_empty(), "{url}: {:?}", handler.errors);
+        assert_eq!(handler.echoed, BIG, "{url}: {:?}", handler.closed);
+        assert!(handler.closed[0].code == CloseCode::NORMAL && handler.closed[0].was_clean);
+        assert_eq!(clients.pool().chunks_in_use(), 0);
+    }
+    common::stop_once_idle(server);
 }

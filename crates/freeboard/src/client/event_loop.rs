@@ -6,7 +6,7 @@ use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
-use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue};
+use freeboard_buf::{Budget, DEFAULT_SEGMENTS_PER_CHUNK, Pool, PoolConfig, SendQueue};
 use freeboard_proto::handshake::{DEFAULT_MAX_HEAD_LEN, Key};
 use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
 use mio::net::TcpStream;
@@ -52,8 +52,9 @@ pub trait ClientHandler {
 /// handshake do not); [`turn`](Self::turn) waits for readiness once and runs the callbacks of
 /// the [`ClientHandler`]; [`conn`](Self::conn) sends on a connection from outside a callback.
 /// Each connection's output leaves in one `writev` per turn. All queued and reassembled bytes
-/// come from one pool ([`ClientConfig::memory`]); watermarks and the slow-consumer policy
-/// apply per connection.
+/// come from one budget ([`ClientConfig::memory`]): a pool of chunks, and beside it the
+/// contiguous copy of a message that arrived in pieces (up to `max_message_size` or a quarter
+/// of the budget); watermarks and the slow-consumer policy apply per connection.
 ///
 /// `wss://` runs TLS under the same loop: SNI and the server's name verified against
 /// [`ClientConfig::tls_roots`] (the OS store, a CA file, or none with `insecure`). The TLS
@@ -119,9 +120,15 @@ impl<H: ClientHandler> ClientLoop<H> {
     /// A loop with the pool, read buffer and limits of `config` (its timeouts, headers and
     /// subprotocols apply to every connection).
     pub fn new(config: ClientConfig, handler: H) -> Result<Self, ClientError> {
+        // A message that arrived in pieces is copied into one contiguous buffer for the
+        // handler, drawn from the budget: keep room for it outside the chunks (as the server
+        // does), else any message larger than a read would fail with 1009.
+        let assembly_reserve = config.max_message_size.min(config.memory / 4);
+        let footprint = Pool::footprint(config.chunk_size, 1, DEFAULT_SEGMENTS_PER_CHUNK);
+        let chunks = (config.memory - assembly_reserve) / footprint;
         let pool = Pool::new(
             Budget::new(config.memory),
-            PoolConfig::new().with_chunk_size(config.chunk_size),
+            PoolConfig::new().with_chunk_size(config.chunk_size).with_chunk_count(chunks),
         )
         .map_err(|e| ClientError::Config(e.to_string()))?;
         Ok(Self {
