@@ -26,6 +26,7 @@ pub mod report;
 pub mod slow_consumer;
 pub mod suite;
 mod target;
+pub mod threshold;
 pub mod watermarks;
 
 pub use target::Target;

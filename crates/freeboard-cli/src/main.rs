@@ -5,19 +5,24 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+#[cfg(feature = "bench")]
 mod bench;
 mod client;
 
 use clap::{Args, Parser, Subcommand};
-use freeboard::config::parse_policy;
-use freeboard::{Echo, HttpRoute, Router, Server, ServerConfig};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use freeboard::{Echo, HttpRoute, Router, Server, ServerConfig, ServerHandle};
+use serde::Deserialize;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 /// A WebSocket server whose memory is bounded and whose backpressure works.
 #[derive(Parser)]
 #[command(name = "freeboard", version, about)]
 struct Cli {
+    /// Log lines on stderr as `text` (coloured only on a terminal) or `json` (one object per
+    /// line). Filter them with RUST_LOG (default `info`).
+    #[arg(long, global = true, value_enum, default_value = "text", value_name = "FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -28,15 +33,19 @@ enum Command {
     /// binary; a WebSocket at `/topic/NAME` subscribes to NAME, and to A and B with
     /// `/topic/NAME?also=A&also=B` (names: 1-128 of A-Z a-z 0-9 - . _ ~ :); `POST /topic/NAME`
     /// publishes its body (text for `Content-Type: text/*`, else binary; answers
-    /// `{"loops":N,"dropped":M}`); `/healthz` and `/metrics` (Prometheus) answer plain HTTP.
-    /// Logs go to stderr, filtered by RUST_LOG (default `info`). SIGTERM/SIGINT shut down
-    /// gracefully (close 1001, drain); a second signal exits at once.
+    /// `{"loops":N,"dropped":M}`); `/healthz`, `/metrics` (OpenMetrics) and `/dashboard` (a
+    /// live page of the server's figures) answer plain HTTP. Logs go to stderr, filtered by
+    /// RUST_LOG (default `info`). SIGTERM/SIGINT shut down gracefully (close 1001, drain); a
+    /// second signal exits at once. SIGHUP reads the configuration again and applies the
+    /// limits, policies and tokens that can change while running (new connections get them;
+    /// open ones are kept), logging each change.
     Serve(Box<ServeArgs>),
     /// Connect to a WebSocket server: stdin lines are sent as messages, received messages
     /// are written to stdout, one per line.
     #[command(after_help = client::EXIT_CODES)]
     Client(client::ClientArgs),
     /// Measure an echo server, or freeboard and peer servers side by side (`--peers`).
+    #[cfg(feature = "bench")]
     Bench {
         #[command(subcommand)]
         command: bench::BenchCommand,
@@ -46,8 +55,9 @@ enum Command {
 /// Flags override the config file, which overrides the defaults.
 #[derive(Args)]
 struct ServeArgs {
-    /// TOML file with any of the settings below (snake_case keys, durations in seconds,
-    /// sizes in bytes, e.g. `max_message_size = 1048576`, `idle_timeout = 0` for no pings).
+    /// TOML file with any of the settings below (snake_case keys; sizes and durations as the
+    /// flags take them, e.g. `memory = "256M"`, `idle_timeout = "30s"`, `idle_timeout = 0`
+    /// for no pings; `[topics]` for the topic settings). Flags override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Address to listen on [default: 127.0.0.1:9001].
@@ -56,13 +66,14 @@ struct ServeArgs {
     /// Event loops (threads), each with its own SO_REUSEPORT listener [default: available cores].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// Memory budget in bytes for all buffers, split between the loops; suffixes K, M, G
-    /// (powers of 1024) [default: 1G].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    memory: Option<usize>,
-    /// Largest message accepted; larger ones close the connection with 1009 [default: 16M].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    max_message_size: Option<usize>,
+    /// Memory budget for all buffers, split between the loops: bytes or with a suffix K, M,
+    /// G (powers of 1024; fractions like 1.5G allowed) [default: 1G].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    memory: Option<u64>,
+    /// Largest message accepted; larger ones close the connection with 1009. The send cap
+    /// follows it (max_message_size + 64K) unless --send-cap is given [default: 16M].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    max_message_size: Option<u64>,
     /// Open connections across all loops; beyond it upgrades get 503 [default: 100000].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
@@ -77,50 +88,50 @@ struct ServeArgs {
     /// Retry-After; 0 is off [default: 0].
     #[arg(long, value_name = "PER_SEC")]
     accept_rate_per_ip: Option<f64>,
-    /// Seconds without input before a keep-alive ping [default: 30].
-    #[arg(long, value_name = "SECS")]
-    idle_timeout: Option<f64>,
-    /// Seconds a keep-alive ping may stay unanswered [default: 10].
-    #[arg(long, value_name = "SECS")]
-    pong_timeout: Option<f64>,
+    /// Time without input before a keep-alive ping (seconds, or with a unit: 30s, 2m) [default: 30s]; 0 turns pings off.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    idle_timeout: Option<Duration>,
+    /// How long a keep-alive ping may stay unanswered [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pong_timeout: Option<Duration>,
     /// Turn automatic keep-alive pings off (the Autobahn run needs this).
     #[arg(long)]
     no_auto_ping: bool,
-    /// Seconds from accept to a complete upgrade request (slowloris) [default: 10].
-    #[arg(long, value_name = "SECS")]
-    handshake_timeout: Option<f64>,
-    /// Seconds to wait for the peer's close frame after ours, and for what is still queued
+    /// Time from accept to a complete upgrade request (slowloris) [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    handshake_timeout: Option<Duration>,
+    /// How long to wait for the peer's close frame after ours, and for what is still queued
     /// to leave once the connection has closed (a peer that stopped reading is then
-    /// dropped) [default: 5].
-    #[arg(long, value_name = "SECS")]
-    close_timeout: Option<f64>,
-    /// Seconds shutdown waits for close handshakes [default: 5].
-    #[arg(long, value_name = "SECS")]
-    drain_timeout: Option<f64>,
+    /// dropped) [default: 5s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    close_timeout: Option<Duration>,
+    /// How long shutdown waits for close handshakes [default: 5s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    drain_timeout: Option<Duration>,
     /// Send queue high watermark: above it a connection is not writable and its reads pause
     /// [default: 64K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    send_high: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    send_high: Option<u64>,
     /// Send queue low watermark: writable again at or below it [default: 32K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    send_low: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    send_low: Option<u64>,
     /// Send queue hard cap; at it the slow-consumer policy decides [default: 16M + 64K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    send_cap: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    send_cap: Option<u64>,
     /// Slow-consumer policy at the cap: block, drop-newest, drop-oldest, conflate, close
     /// (1008) [default: close].
     #[arg(long, value_name = "POLICY")]
     slow_consumer: Option<String>,
     /// Free pool bytes an upgrade needs, else 503; a message arriving in pieces that would
     /// leave less than half of it free gets close 1013 [default: 64K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    connection_reserve: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    connection_reserve: Option<u64>,
     /// Pool chunk size [default: 4K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    chunk_size: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    chunk_size: Option<u64>,
     /// Per-loop shared read buffer [default: 64K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    read_buffer: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    read_buffer: Option<u64>,
     /// Publish what clients send on a /topic/NAME connection to NAME (otherwise such a
     /// message gets close 1008).
     #[arg(long)]
@@ -134,19 +145,16 @@ struct ServeArgs {
     #[arg(long, value_name = "POLICY")]
     topic_slow_consumer: Option<String>,
     /// Send queue hard cap of one topic subscriber [default: 1M].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    topic_send_cap: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    topic_send_cap: Option<u64>,
+    /// Do not serve the live dashboard at /dashboard (and its stream at /dashboard/stream).
+    #[arg(long)]
+    no_dashboard: bool,
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logging(cli.log_format);
     match cli.command {
         Command::Client(args) => client::run(args),
         Command::Serve(args) => match serve(*args) {
@@ -156,8 +164,9 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        #[cfg(feature = "bench")]
         Command::Bench { command } => match bench::run(command) {
-            Ok(()) => ExitCode::SUCCESS,
+            Ok(code) => code,
             Err(e) => {
                 eprintln!("freeboard bench: {e}");
                 ExitCode::FAILURE
@@ -166,9 +175,30 @@ fn main() -> ExitCode {
     }
 }
 
+/// How log lines are written to stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines; coloured only when stderr is a terminal.
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `target`).
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
 fn serve(args: ServeArgs) -> Result<(), String> {
     let config = server_config(&args)?;
     let topics = config.topics.clone();
+    let dashboard = !args.no_dashboard;
     let server = Server::bind(config, move || {
         let router = Router::new()
             .route("/", Echo)
@@ -176,6 +206,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             .topics(&topics)
             .http("/healthz", HttpRoute::Health)
             .http("/metrics", HttpRoute::Metrics);
+        let router = if dashboard { router.dashboard("/dashboard") } else { router };
         match topics.http_publish && !topics.path.is_empty() {
             true => router.http(&topics.path, HttpRoute::Publish),
             false => router,
@@ -184,128 +215,149 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     let addr = server.local_addr();
     println!("freeboard listening on ws://{addr}/");
+    if dashboard {
+        println!("dashboard at http://{addr}/dashboard");
+    }
     tracing::info!(%addr, "listening");
     let handle = server.handle();
-    let mut signals = Signals::new([SIGTERM, SIGINT]).map_err(|e| e.to_string())?;
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| e.to_string())?;
     std::thread::spawn(move || {
-        let mut signals = signals.forever();
-        if signals.next().is_some() {
-            tracing::info!("shutting down: closing connections with 1001");
-            handle.shutdown();
-        }
-        if signals.next().is_some() {
-            tracing::warn!("second signal: exiting now");
-            std::process::exit(130);
+        let mut stopping = false;
+        for signal in signals.forever() {
+            match signal {
+                SIGHUP => reload(&handle, &args),
+                _ if stopping => {
+                    tracing::warn!("second signal: exiting now");
+                    std::process::exit(130);
+                }
+                _ => {
+                    tracing::info!("shutting down: closing connections with 1001");
+                    stopping = true;
+                    handle.shutdown();
+                }
+            }
         }
     });
     server.run().map_err(|e| e.to_string())
 }
 
+/// SIGHUP: reads the configuration again (the file, then the same flags) and applies what a
+/// running server can change; logs each change, and each setting that needs a restart.
+fn reload(handle: &ServerHandle, args: &ServeArgs) {
+    let config = match server_config(args) {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::warn!(error = %e, "SIGHUP: configuration not reloaded");
+            return;
+        }
+    };
+    let report = match handle.reload(config) {
+        Ok(report) => report,
+        Err(e) => {
+            tracing::warn!(error = %e, "SIGHUP: configuration not reloaded");
+            return;
+        }
+    };
+    for change in &report.applied {
+        tracing::info!(setting = change.setting, from = %change.from, to = %change.to, "SIGHUP: changed");
+    }
+    for change in &report.needs_restart {
+        tracing::warn!(setting = change.setting, from = %change.from, to = %change.to, "SIGHUP: needs a restart, not changed");
+    }
+    if report.applied.is_empty() && report.needs_restart.is_empty() {
+        tracing::info!("SIGHUP: configuration reloaded, nothing changed");
+    }
+}
+
+/// The file's settings with the flags laid over them, read by one parser: each flag becomes
+/// its TOML key, so a flag and a file line mean the same thing, and the derived settings
+/// (`ServerConfig::derive_unset`) follow from whichever was given.
 fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
-    let mut config = match &args.config {
+    use toml::Value;
+    let mut table = match &args.config {
         Some(path) => {
             let text =
                 std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            toml::from_str::<ServerConfig>(&text).map_err(|e| format!("{}: {e}", path.display()))?
+            text.parse::<toml::Table>().map_err(|e| format!("{}: {e}", path.display()))?
         }
-        None => ServerConfig::default(),
+        None => toml::Table::new(),
     };
-    let secs = |s: f64| Duration::try_from_secs_f64(s).map_err(|e| e.to_string());
-    if let Some(v) = args.listen {
-        config.listen = v;
-    }
-    if let Some(v) = args.threads {
-        config.threads = v;
-    }
-    if let Some(v) = args.memory {
-        config.memory = v;
-    }
-    if let Some(v) = args.max_message_size {
-        config.max_message_size = v as u64;
-        if args.send_cap.is_none() {
-            config.send_cap = config.send_cap.max(v + (64 << 10));
+    let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
+    let secs = |d: Duration| Value::Float(d.as_secs_f64());
+    let flags: Vec<(&str, Option<Value>)> = vec![
+        ("listen", args.listen.map(|v| Value::String(v.to_string()))),
+        ("threads", args.threads.map(|v| int(v as u64))),
+        ("memory", args.memory.map(int)),
+        ("max_message_size", args.max_message_size.map(int)),
+        ("max_connections", args.max_connections.map(|v| int(v as u64))),
+        ("max_connections_per_ip", args.max_connections_per_ip.map(|v| int(v as u64))),
+        ("accept_rate", args.accept_rate.map(Value::Float)),
+        ("accept_rate_per_ip", args.accept_rate_per_ip.map(Value::Float)),
+        ("idle_timeout", args.idle_timeout.map(secs)),
+        ("idle_timeout", args.no_auto_ping.then_some(Value::Integer(0))),
+        ("pong_timeout", args.pong_timeout.map(secs)),
+        ("handshake_timeout", args.handshake_timeout.map(secs)),
+        ("close_timeout", args.close_timeout.map(secs)),
+        ("drain_timeout", args.drain_timeout.map(secs)),
+        ("send_high", args.send_high.map(int)),
+        ("send_low", args.send_low.map(int)),
+        ("send_cap", args.send_cap.map(int)),
+        ("slow_consumer", args.slow_consumer.clone().map(Value::String)),
+        ("connection_reserve", args.connection_reserve.map(int)),
+        ("chunk_size", args.chunk_size.map(int)),
+        ("read_buffer", args.read_buffer.map(int)),
+        ("topics.client_publish", args.client_publish.then_some(Value::Boolean(true))),
+        ("topics.publish_token", args.publish_token.clone().map(Value::String)),
+        ("topics.slow_consumer", args.topic_slow_consumer.clone().map(Value::String)),
+        ("topics.send_cap", args.topic_send_cap.map(int)),
+    ];
+    for (key, value) in flags {
+        let Some(value) = value else { continue };
+        match key.split_once('.') {
+            Some((section, key)) => {
+                let section = table
+                    .entry(section)
+                    .or_insert_with(|| Value::Table(toml::Table::new()))
+                    .as_table_mut()
+                    .ok_or_else(|| format!("[{section}] must be a table"))?;
+                section.insert(key.to_owned(), value);
+            }
+            None => {
+                table.insert(key.to_owned(), value);
+            }
         }
     }
-    if let Some(v) = args.max_connections {
-        config.max_connections = v;
-    }
-    if let Some(v) = args.max_connections_per_ip {
-        config.max_connections_per_ip = v;
-    }
-    if let Some(v) = args.accept_rate {
-        config.accept_rate = v;
-    }
-    if let Some(v) = args.accept_rate_per_ip {
-        config.accept_rate_per_ip = v;
-    }
-    if let Some(v) = args.idle_timeout {
-        config.idle_timeout = if v == 0.0 { None } else { Some(secs(v)?) };
-    }
-    if args.no_auto_ping {
-        config.idle_timeout = None;
-    }
-    if let Some(v) = args.pong_timeout {
-        config.pong_timeout = secs(v)?;
-    }
-    if let Some(v) = args.handshake_timeout {
-        config.handshake_timeout = secs(v)?;
-    }
-    if let Some(v) = args.close_timeout {
-        config.close_timeout = secs(v)?;
-    }
-    if let Some(v) = args.drain_timeout {
-        config.drain_timeout = secs(v)?;
-    }
-    if let Some(v) = args.send_high {
-        config.send_high = v;
-    }
-    if let Some(v) = args.send_low {
-        config.send_low = v;
-    }
-    if let Some(v) = args.send_cap {
-        config.send_cap = v;
-    }
-    if let Some(v) = &args.slow_consumer {
-        config.slow_consumer = parse_policy(v).map_err(|e| e.to_string())?;
-    }
-    if let Some(v) = args.connection_reserve {
-        config.connection_reserve = v;
-    }
-    if let Some(v) = args.chunk_size {
-        config.chunk_size = v;
-    }
-    if let Some(v) = args.read_buffer {
-        config.read_buffer = v;
-    }
-    if args.client_publish {
-        config.topics.client_publish = true;
-    }
-    if let Some(v) = &args.publish_token {
-        config.topics.publish_token = Some(v.clone());
-    }
-    if let Some(v) = &args.topic_slow_consumer {
-        config.topics.slow_consumer = parse_policy(v).map_err(|e| e.to_string())?;
-    }
-    if let Some(v) = args.topic_send_cap {
-        config.topics.send_cap = v;
-        config.topics.send_high = config.topics.send_high.min(v);
-        config.topics.send_low = config.topics.send_low.min(config.topics.send_high);
-    }
+    let given = |key: &str| match key.split_once('.') {
+        Some((section, key)) => {
+            table.get(section).and_then(|t| t.as_table()).is_some_and(|t| t.contains_key(key))
+        }
+        None => table.contains_key(key),
+    };
+    let mut config =
+        ServerConfig::deserialize(Value::Table(table.clone())).map_err(|e| match &args.config {
+            Some(path) => format!("{}: {e}", path.display()),
+            None => e.to_string(),
+        })?;
+    config.derive_unset(given);
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)
 }
 
-/// `4096`, `64K`, `16M`, `1G` (powers of 1024).
+/// A size flag: `4096`, `64K`, `256M`, `1.5G` (powers of 1024), as in the TOML file.
+fn size(s: &str) -> Result<u64, String> {
+    freeboard::config::parse_size(s)
+}
+
+/// A size as a `usize` (the bench's flags).
+#[cfg(feature = "bench")]
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (digits, shift) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    let n: usize = digits.trim().parse().map_err(|_| format!("not a size: {s:?}"))?;
-    n.checked_shl(shift).filter(|v| v >> shift == n).ok_or_else(|| format!("size too large: {s:?}"))
+    size(s)?.try_into().map_err(|_| format!("size too large: {s:?}"))
+}
+
+/// A duration flag: seconds (`30`, `0.5`) or with units (`30s`, `500ms`, `2m`), as in the TOML
+/// file.
+fn duration(s: &str) -> Result<Duration, String> {
+    freeboard::config::parse_duration(s)
 }
 
 #[cfg(test)]

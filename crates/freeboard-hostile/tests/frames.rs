@@ -77,14 +77,14 @@ fn an_unfinished_message_leaves_half_the_connection_reserve_free() {
     let watch = Watch::start(&serve);
     // All the pool but 8 KiB, under the 32 KiB (half the default 64 KiB reserve) that
     // unfinished messages must leave to the open connections.
-    let free = (before.sum("pool_chunks_total") - before.sum("pool_chunks_in_use")) * 4096.0;
+    let free = (before.sum("pool_chunks_capacity") - before.sum("pool_chunks_in_use")) * 4096.0;
     let len = free as usize - (8 << 10);
     let code = frames::unfinished(serve.addr(), len).expect("a close before the read timeout");
     let figures = watch.finish();
     assert_eq!(code, Some(1013));
     let after = serve.wait_metrics("the pool back to idle", |m| m.sum("pool_chunks_in_use") == 0.0);
     assert_eq!(after.delta(&before, "closes_total{reason=\"try_again_later\"}"), 1.0);
-    assert_eq!(after.sum("pool_allocation_failures"), 0.0);
+    assert_eq!(after.sum("pool_allocation_failures_total"), 0.0);
     figures.report("unfinished_message");
 }
 

@@ -235,6 +235,9 @@ pub enum HttpRoute {
     /// [`TopicsConfig::publish_token`](crate::config::TopicsConfig::publish_token) when one is
     /// set, and answers what the publish reached.
     Publish,
+    /// `GET` answers the live dashboard page (mount it with [`Router::dashboard`], which also
+    /// adds the WebSocket the page reads from).
+    Dashboard,
 }
 
 struct Route {
@@ -266,6 +269,19 @@ impl Router {
     pub fn http(mut self, path: &str, route: HttpRoute) -> Self {
         self.http.push((path.to_owned(), route));
         self
+    }
+
+    /// Serves the live dashboard: the page at `GET {path}` ([`HttpRoute::Dashboard`]) and
+    /// the WebSocket it reads the server's figures from at `{path}/stream` (a snapshot of the
+    /// metrics for every message, conflated so a slow page never holds a backlog).
+    pub fn dashboard(self, path: &str) -> Self {
+        let stream = format!("{}/stream", path.trim_end_matches('/'));
+        let options = RouteOptions::new().slow_consumer(SlowConsumerPolicy::Conflate);
+        self.http(path, HttpRoute::Dashboard).route_with(
+            &stream,
+            crate::dashboard::DashboardStream,
+            options,
+        )
     }
 
     /// The plain HTTP endpoint for `path`, and the rest of the path after a prefix.

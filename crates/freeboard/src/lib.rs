@@ -30,6 +30,7 @@
 
 pub mod client;
 pub mod config;
+mod dashboard;
 pub mod handler;
 pub mod metrics;
 mod parking;

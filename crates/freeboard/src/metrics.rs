@@ -1,16 +1,57 @@
-//! Counters and gauges exported on `/metrics` in the Prometheus text format.
+//! Counters, gauges and histograms exported on `/metrics` in the OpenMetrics text format
+//! ([`CONTENT_TYPE`]), named by the Prometheus conventions: base units in the name
+//! (`_bytes`, `_seconds`), `_total` only on counters, every labelled series present from the
+//! start at zero, plus the standard `process_*` series and `freeboard_build_info`.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use freeboard_buf::{PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::CloseCode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Registry, Unit};
 
-/// Labels naming why something happened (a close reason, a refusal status, a policy).
+/// The `Content-Type` of [`Metrics::encode`]'s output: OpenMetrics 1.0 text (it ends in
+/// `# EOF`), which Prometheus reads with its OpenMetrics parser.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The reasons a connection is counted as closed with (`freeboard_closes_total{reason}`),
+/// every one present from the start.
+pub const CLOSE_REASONS: [&str; 10] = [
+    "normal",
+    "going_away",
+    "protocol_error",
+    "no_status",
+    "abnormal",
+    "invalid_payload",
+    "policy_violation",
+    "message_too_big",
+    "try_again_later",
+    "other",
+];
+
+/// The HTTP statuses a server refuses with (`freeboard_refusals_total{status}`), every one
+/// present from the start; a handler's own status is added when first used.
+pub const REFUSAL_STATUSES: [u16; 13] =
+    [400, 401, 403, 404, 405, 411, 413, 426, 429, 431, 500, 503, 505];
+
+/// Why a whole loop missed a publication (`freeboard_topic_drops_total{reason}`).
+pub const TOPIC_DROP_REASONS: [&str; 2] = ["inbox_full", "pool"];
+
+/// Bucket bounds of `freeboard_message_size_bytes`.
+const MESSAGE_SIZE_BUCKETS: [u64; 10] =
+    [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
+
+/// Bucket bounds, in milliseconds (the loop's clock), of the duration histograms.
+const MILLIS_BUCKETS: [u64; 12] = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10_000];
+
+/// Labels naming why something happened (a close reason, a policy).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Reason {
     /// The reason.
@@ -31,13 +72,107 @@ pub struct LoopLabel {
     pub event_loop: u32,
 }
 
-/// One loop's gauges, looked up once: a family lookup hashes its labels under a lock, too
+/// The labels of `freeboard_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    rustc_min: &'static str,
+}
+
+/// A histogram over fixed integer bucket bounds whose observations a loop counts in a
+/// [`LocalHistogram`] and adds once per loop turn: an observation on the hot path is an
+/// array increment, not an atomic operation on a shared cache line.
+#[derive(Debug, Clone)]
+pub(crate) struct Histogram {
+    /// Upper bounds of the buckets in integer units (bytes, milliseconds); `+Inf` follows.
+    bounds: &'static [u64],
+    /// What one unit is in the exposed base unit (1 for bytes, 0.001 for milliseconds).
+    scale: f64,
+    /// Per-bucket (not cumulative) counts, `bounds.len() + 1` of them.
+    counts: Arc<[AtomicU64]>,
+    /// The sum of the observations, in units.
+    sum: Arc<AtomicU64>,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [u64], scale: f64) -> Self {
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Self { bounds, scale, counts, sum: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// Adds one observation (for rare events: handshakes).
+    pub(crate) fn observe(&self, value: u64) {
+        let bucket = self.bounds.partition_point(|&b| b < value);
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(value, Ordering::Relaxed);
+    }
+
+    fn add(&self, local: &LocalHistogram) {
+        for (shared, &n) in self.counts.iter().zip(&local.counts) {
+            if n > 0 {
+                shared.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        self.sum.fetch_add(local.sum, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl TypedMetric for Histogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let buckets: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .map(|&b| b as f64 * self.scale)
+            .chain([f64::MAX])
+            .zip(self.counts.iter().map(|c| c.load(Ordering::Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = self.sum.load(Ordering::Relaxed) as f64 * self.scale;
+        encoder
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// A loop's own counts for one [`Histogram`], added to it and zeroed once per turn.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LocalHistogram {
+    counts: [u64; 16],
+    sum: u64,
+}
+
+impl LocalHistogram {
+    fn observe(&mut self, bounds: &[u64], value: u64) {
+        self.counts[bounds.partition_point(|&b| b < value)] += 1;
+        self.sum += value;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.counts.iter().all(|&n| n == 0)
+    }
+}
+
+/// One loop's series, looked up once: a family lookup hashes its labels under a lock, too
 /// much for every loop turn.
 pub(crate) struct LoopGauges {
     pub(crate) chunks_in_use: Gauge,
     pub(crate) chunks_high_water: Gauge,
-    pub(crate) bytes_buffered: Gauge,
-    pub(crate) allocation_failures: Gauge,
+    pub(crate) send_queue_bytes: Gauge,
+    allocation_failures: Counter,
+    /// The pool's failure count at the last turn (the pool counts from its start).
+    failures_seen: u64,
 }
 
 impl LoopGauges {
@@ -47,8 +182,18 @@ impl LoopGauges {
         Self {
             chunks_in_use: gauge(&metrics.chunks_in_use),
             chunks_high_water: gauge(&metrics.chunks_high_water),
-            bytes_buffered: gauge(&metrics.bytes_buffered),
-            allocation_failures: gauge(&metrics.allocation_failures),
+            send_queue_bytes: gauge(&metrics.send_queue_bytes),
+            allocation_failures: metrics.allocation_failures.get_or_create(&label).clone(),
+            failures_seen: 0,
+        }
+    }
+
+    /// Counts the pool's allocation failures since the last call (`total` is the pool's
+    /// running count).
+    pub(crate) fn allocation_failures(&mut self, total: u64) {
+        if total > self.failures_seen {
+            self.allocation_failures.inc_by(total - self.failures_seen);
+            self.failures_seen = total;
         }
     }
 }
@@ -65,6 +210,10 @@ pub(crate) struct LoopStats {
     pub(crate) deliveries: u64,
     /// Messages dropped by slow-consumer policies, counted here so a drop allocates nothing.
     pub(crate) policy_drops: PolicyCounts,
+    /// Sizes of the data messages received.
+    message_sizes: LocalHistogram,
+    /// How long send queues stayed non-empty, in milliseconds.
+    queue_delays: LocalHistogram,
 }
 
 /// One count per [`SlowConsumerPolicy`], sized by the enum.
@@ -99,6 +248,17 @@ impl LoopStats {
         queued
     }
 
+    /// Counts one received data message of `len` bytes.
+    pub(crate) fn received(&mut self, len: usize) {
+        self.messages_in += 1;
+        self.message_sizes.observe(&MESSAGE_SIZE_BUCKETS, len as u64);
+    }
+
+    /// Counts a send queue that was emptied `millis` after it got its first byte.
+    pub(crate) fn queue_drained(&mut self, millis: u64) {
+        self.queue_delays.observe(&MILLIS_BUCKETS, millis);
+    }
+
     /// Adds the counts to `metrics` and zeroes them.
     pub(crate) fn publish(&mut self, metrics: &Metrics) {
         for (counter, n) in [
@@ -106,24 +266,28 @@ impl LoopStats {
             (&metrics.messages_out, self.messages_out),
             (&metrics.bytes_in, self.bytes_in),
             (&metrics.bytes_out, self.bytes_out),
+            (&metrics.deliveries, self.deliveries),
         ] {
             if n > 0 {
                 counter.inc_by(n);
             }
-        }
-        if self.deliveries > 0 {
-            metrics.deliveries.inc_by(self.deliveries);
         }
         for (policy, n) in SlowConsumerPolicy::ALL.iter().zip(self.policy_drops.0) {
             if n > 0 {
                 metrics.drops.get_or_create(&Reason { reason: policy.name().to_owned() }).inc_by(n);
             }
         }
+        if !self.message_sizes.is_empty() {
+            metrics.message_size.add(&self.message_sizes);
+        }
+        if !self.queue_delays.is_empty() {
+            metrics.queue_delay.add(&self.queue_delays);
+        }
         *self = Self::default();
     }
 }
 
-/// The server's metrics, shared by every event loop (all atomics). Read them as Prometheus
+/// The server's metrics, shared by every event loop (all atomics). Read them as OpenMetrics
 /// text with [`encode`](Self::encode), or one by one with the accessors.
 #[derive(Debug)]
 pub struct Metrics {
@@ -142,8 +306,7 @@ pub struct Metrics {
     pub(crate) bytes_in: Counter,
     /// Bytes written to sockets.
     pub(crate) bytes_out: Counter,
-    /// WebSocket connections closed, by reason (`normal`, `going_away`, `protocol_error`,
-    /// `message_too_big`, `invalid_payload`, `policy`, `abnormal`, `try_again_later`, …).
+    /// WebSocket connections closed, by reason ([`CLOSE_REASONS`]).
     pub(crate) closes: Family<Reason, Counter>,
     /// Requests refused, by HTTP status.
     pub(crate) refusals: Family<Status, Counter>,
@@ -156,31 +319,42 @@ pub struct Metrics {
     /// Pool chunks in use, per loop.
     pub(crate) chunks_in_use: Family<LoopLabel, Gauge>,
     /// Pool chunks in total, per loop.
-    pub(crate) chunks_total: Family<LoopLabel, Gauge>,
+    pub(crate) chunks_capacity: Family<LoopLabel, Gauge>,
     /// Most chunks ever in use, per loop.
     pub(crate) chunks_high_water: Family<LoopLabel, Gauge>,
     /// Budget bytes, per loop.
     pub(crate) budget_bytes: Family<LoopLabel, Gauge>,
-    /// Chunk allocation failures, per loop (monotonic).
-    pub(crate) allocation_failures: Family<LoopLabel, Gauge>,
-    /// Bytes buffered in send queues, per loop.
-    pub(crate) bytes_buffered: Family<LoopLabel, Gauge>,
+    /// Bytes of one pool chunk.
+    pub(crate) chunk_size: Gauge,
+    /// Chunk allocation failures, per loop.
+    pub(crate) allocation_failures: Family<LoopLabel, Counter>,
+    /// Bytes waiting in send queues, per loop.
+    pub(crate) send_queue_bytes: Family<LoopLabel, Gauge>,
     /// Topic subscriptions (connection × topic) open.
     pub(crate) subscriptions: Gauge,
     /// Messages published (from handlers, handles and HTTP), whether or not anyone listened.
     pub(crate) publishes: Counter,
     /// Published messages queued to subscribers (one per subscriber).
     pub(crate) deliveries: Counter,
-    /// Publications a whole loop could not take, by reason (`inbox_full`, `pool`); drops
+    /// Publications a whole loop could not take, by reason ([`TOPIC_DROP_REASONS`]); drops
     /// for one subscriber are counted in `drops` by policy.
     pub(crate) topic_drops: Family<Reason, Counter>,
+    /// Accept to `101`, in milliseconds.
+    pub(crate) handshake_duration: Histogram,
+    /// Sizes of the data messages received.
+    pub(crate) message_size: Histogram,
+    /// How long a send queue stays non-empty, in milliseconds.
+    pub(crate) queue_delay: Histogram,
+    /// Configuration reloads applied (SIGHUP, [`ServerHandle::reload`](crate::ServerHandle::reload)).
+    pub(crate) reloads: Counter,
     loops: AtomicU32,
 }
 
 impl Metrics {
-    /// Registers every metric under the `freeboard_` prefix.
+    /// Registers every metric: the server's under the `freeboard_` prefix, the process's as
+    /// `process_*`.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("freeboard");
+        let mut root = Registry::default();
         let m = Self {
             registry: Registry::default(),
             connections: Gauge::default(),
@@ -196,83 +370,143 @@ impl Metrics {
             handshake_timeouts: Counter::default(),
             slow_consumer_closes: Counter::default(),
             chunks_in_use: Family::default(),
-            chunks_total: Family::default(),
+            chunks_capacity: Family::default(),
             chunks_high_water: Family::default(),
             budget_bytes: Family::default(),
+            chunk_size: Gauge::default(),
             allocation_failures: Family::default(),
-            bytes_buffered: Family::default(),
+            send_queue_bytes: Family::default(),
             subscriptions: Gauge::default(),
             publishes: Counter::default(),
             deliveries: Counter::default(),
             topic_drops: Family::default(),
+            handshake_duration: Histogram::new(&MILLIS_BUCKETS, 0.001),
+            message_size: Histogram::new(&MESSAGE_SIZE_BUCKETS, 1.0),
+            queue_delay: Histogram::new(&MILLIS_BUCKETS, 0.001),
+            reloads: Counter::default(),
             loops: AtomicU32::new(0),
         };
-        registry.register("connections", "Open WebSocket connections", m.connections.clone());
-        registry.register("accepted", "Accepted TCP connections", m.accepted.clone());
-        registry.register(
+        for reason in CLOSE_REASONS {
+            let _ = m.closes.get_or_create(&Reason { reason: reason.into() });
+        }
+        for status in REFUSAL_STATUSES {
+            let _ = m.refusals.get_or_create(&Status { status });
+        }
+        for policy in SlowConsumerPolicy::ALL {
+            let _ = m.drops.get_or_create(&Reason { reason: policy.name().into() });
+        }
+        for reason in TOPIC_DROP_REASONS {
+            let _ = m.topic_drops.get_or_create(&Reason { reason: reason.into() });
+        }
+        root.register_collector(Box::new(ProcessCollector));
+        let r = root.sub_registry_with_prefix("freeboard");
+        let version = env!("CARGO_PKG_VERSION");
+        let rustc_min = env!("CARGO_PKG_RUST_VERSION");
+        r.register("build", "The running build", Info::new(BuildLabels { version, rustc_min }));
+        r.register("connections", "Open WebSocket connections", m.connections.clone());
+        r.register("accepted", "Accepted TCP connections", m.accepted.clone());
+        r.register(
             "accept_errors",
             "Failed accepts (out of descriptors or memory), retried every 50 ms",
             m.accept_errors.clone(),
         );
-        registry.register("messages_in", "Data messages received", m.messages_in.clone());
-        registry.register(
-            "messages_out",
-            "Data messages queued for sending",
-            m.messages_out.clone(),
+        r.register("received_messages", "Data messages received", m.messages_in.clone());
+        r.register("sent_messages", "Data messages queued for sending", m.messages_out.clone());
+        let bytes = Unit::Bytes;
+        r.register_with_unit(
+            "received",
+            "Bytes read from sockets",
+            bytes.clone(),
+            m.bytes_in.clone(),
         );
-        registry.register("bytes_in", "Bytes read from sockets", m.bytes_in.clone());
-        registry.register("bytes_out", "Bytes written to sockets", m.bytes_out.clone());
-        registry.register("closes", "WebSocket connections closed, by reason", m.closes.clone());
-        registry.register("refusals", "HTTP requests refused, by status", m.refusals.clone());
-        registry.register("drops", "Messages dropped by slow-consumer policy", m.drops.clone());
-        registry.register(
+        r.register_with_unit(
+            "written",
+            "Bytes written to sockets",
+            bytes.clone(),
+            m.bytes_out.clone(),
+        );
+        r.register("closes", "WebSocket connections closed, by reason", m.closes.clone());
+        r.register("refusals", "HTTP requests refused, by status", m.refusals.clone());
+        r.register("drops", "Messages dropped by slow-consumer policy", m.drops.clone());
+        r.register(
             "handshake_timeouts",
             "Connections dropped before completing the upgrade request",
             m.handshake_timeouts.clone(),
         );
-        registry.register(
+        r.register(
             "slow_consumer_closes",
             "Connections closed with 1008 because their send queue reached its cap",
             m.slow_consumer_closes.clone(),
         );
-        registry.register("pool_chunks_in_use", "Pool chunks in use", m.chunks_in_use.clone());
-        registry.register("pool_chunks_total", "Pool chunks in total", m.chunks_total.clone());
-        registry.register(
+        r.register("pool_chunks_in_use", "Pool chunks in use", m.chunks_in_use.clone());
+        r.register("pool_chunks_capacity", "Pool chunks in total", m.chunks_capacity.clone());
+        r.register(
             "pool_chunks_high_water",
             "Most pool chunks ever in use at once",
             m.chunks_high_water.clone(),
         );
-        registry.register("budget_bytes", "Memory budget per event loop", m.budget_bytes.clone());
-        registry.register(
+        r.register_with_unit(
+            "pool_chunk_size",
+            "Bytes of one pool chunk",
+            bytes.clone(),
+            m.chunk_size.clone(),
+        );
+        r.register_with_unit(
+            "budget",
+            "Memory budget per event loop",
+            bytes.clone(),
+            m.budget_bytes.clone(),
+        );
+        r.register(
             "pool_allocation_failures",
             "Chunk allocations refused because the pool was exhausted",
             m.allocation_failures.clone(),
         );
-        registry.register(
-            "bytes_buffered",
+        r.register_with_unit(
+            "send_queue",
             "Bytes waiting in send queues",
-            m.bytes_buffered.clone(),
+            bytes.clone(),
+            m.send_queue_bytes.clone(),
         );
-        registry.register(
+        r.register(
             "topic_subscriptions",
             "Topic subscriptions open (connection x topic)",
             m.subscriptions.clone(),
         );
-        registry.register("topic_publishes", "Messages published to topics", m.publishes.clone());
-        registry.register(
+        r.register("topic_publishes", "Messages published to topics", m.publishes.clone());
+        r.register(
             "topic_deliveries",
             "Published messages queued to subscribers",
             m.deliveries.clone(),
         );
-        registry.register(
+        r.register(
             "topic_drops",
             "Publications a whole event loop could not take, by reason",
             m.topic_drops.clone(),
         );
-        Self { registry, ..m }
+        r.register_with_unit(
+            "handshake_duration",
+            "From accept to the 101 response (the loop's millisecond clock)",
+            Unit::Seconds,
+            m.handshake_duration.clone(),
+        );
+        r.register_with_unit(
+            "message_size",
+            "Sizes of the data messages received",
+            bytes,
+            m.message_size.clone(),
+        );
+        r.register_with_unit(
+            "send_queue_delay",
+            "How long a send queue stays non-empty, from its first byte to the write that empties it",
+            Unit::Seconds,
+            m.queue_delay.clone(),
+        );
+        r.register("config_reloads", "Configuration reloads applied", m.reloads.clone());
+        Self { registry: root, ..m }
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The OpenMetrics text exposition of every metric (serve it as [`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // NOTE(unwrap): writing to a String cannot fail.
@@ -290,22 +524,22 @@ impl Metrics {
         self.refusals.get_or_create(&Status { status }).inc();
     }
 
-    /// The value of `refusals{status}`.
+    /// The value of `refusals_total{status}`.
     pub fn refusals_for(&self, status: u16) -> u64 {
         self.refusals.get_or_create(&Status { status }).get()
     }
 
-    /// The value of `closes{reason}`.
+    /// The value of `closes_total{reason}`.
     pub fn closes_for(&self, reason: &str) -> u64 {
         self.closes.get_or_create(&Reason { reason: reason.to_owned() }).get()
     }
 
-    /// The value of `drops{reason=policy}`.
+    /// The value of `drops_total{reason=policy}`.
     pub fn drops_for(&self, policy: &str) -> u64 {
         self.drops.get_or_create(&Reason { reason: policy.to_owned() }).get()
     }
 
-    /// The value of `topic_drops{reason}`.
+    /// The value of `topic_drops_total{reason}`.
     pub fn topic_drops_for(&self, reason: &str) -> u64 {
         self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).get()
     }
@@ -340,33 +574,121 @@ impl Metrics {
         self.slow_consumer_closes.get()
     }
 
+    /// Completed upgrades timed in `freeboard_handshake_duration_seconds`.
+    pub fn handshakes(&self) -> u64 {
+        self.handshake_duration.count()
+    }
+
+    /// Configuration reloads applied.
+    pub fn reloads(&self) -> u64 {
+        self.reloads.get()
+    }
+
     /// Pool chunks in use, summed over the loops.
     pub fn total_chunks_in_use(&self) -> i64 {
-        (0..self.loops())
-            .map(|i| self.chunks_in_use.get_or_create(&LoopLabel { event_loop: i }).get())
-            .sum()
+        self.sum_over_loops(&self.chunks_in_use)
     }
 
     /// The loops' chunk high-water marks, summed.
     pub fn total_chunks_high_water(&self) -> i64 {
-        (0..self.loops())
-            .map(|i| self.chunks_high_water.get_or_create(&LoopLabel { event_loop: i }).get())
-            .sum()
+        self.sum_over_loops(&self.chunks_high_water)
     }
 
     /// Bytes waiting in send queues, summed over the loops.
     pub fn total_bytes_buffered(&self) -> i64 {
-        (0..self.loops())
-            .map(|i| self.bytes_buffered.get_or_create(&LoopLabel { event_loop: i }).get())
-            .sum()
+        self.sum_over_loops(&self.send_queue_bytes)
     }
 
+    /// A snapshot of the figures the dashboard draws, as one JSON object: totals (counters
+    /// since start), and per loop the pool, budget and send queues.
+    pub fn snapshot_json(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::with_capacity(1024);
+        let chunk = self.chunk_size.get();
+        let _ = write!(
+            out,
+            "{{\"connections\":{},\"accepted\":{},\"messages_in\":{},\"messages_out\":{},\
+             \"bytes_in\":{},\"bytes_out\":{},\"subscriptions\":{},\"publishes\":{},\
+             \"deliveries\":{},\"handshakes\":{},\"chunk_size\":{chunk}",
+            self.connections.get(),
+            self.accepted.get(),
+            self.messages_in.get(),
+            self.messages_out.get(),
+            self.bytes_in.get(),
+            self.bytes_out.get(),
+            self.subscriptions.get(),
+            self.publishes.get(),
+            self.deliveries.get(),
+            self.handshake_duration.count(),
+        );
+        let mut labelled = |name: &str, pairs: &mut dyn Iterator<Item = (String, u64)>| {
+            let _ = write!(out, ",\"{name}\":{{");
+            for (i, (label, n)) in pairs.enumerate() {
+                let _ = write!(out, "{}\"{label}\":{n}", if i == 0 { "" } else { "," });
+            }
+            out.push('}');
+        };
+        labelled("closes", &mut CLOSE_REASONS.iter().map(|r| (r.to_string(), self.closes_for(r))));
+        labelled(
+            "drops",
+            &mut SlowConsumerPolicy::ALL
+                .iter()
+                .map(|p| (p.name().to_string(), self.drops_for(p.name())))
+                .chain(
+                    TOPIC_DROP_REASONS
+                        .iter()
+                        .map(|r| (format!("topic_{r}"), self.topic_drops_for(r))),
+                ),
+        );
+        labelled(
+            "refusals",
+            &mut REFUSAL_STATUSES.iter().map(|&s| (s.to_string(), self.refusals_for(s))),
+        );
+        out.push_str(",\"loops\":[");
+        for i in 0..self.loops() {
+            let label = LoopLabel { event_loop: i };
+            let _ = write!(
+                out,
+                "{}{{\"chunks_in_use\":{},\"chunks_high_water\":{},\"chunks_capacity\":{},\
+                 \"budget_bytes\":{},\"send_queue_bytes\":{},\"allocation_failures\":{}}}",
+                if i == 0 { "" } else { "," },
+                self.chunks_in_use.get_or_create(&label).get(),
+                self.chunks_high_water.get_or_create(&label).get(),
+                self.chunks_capacity.get_or_create(&label).get(),
+                self.budget_bytes.get_or_create(&label).get(),
+                self.send_queue_bytes.get_or_create(&label).get(),
+                self.allocation_failures.get_or_create(&label).get(),
+            );
+        }
+        out.push_str("]}");
+        out
+    }
+
+    /// Creates every per-loop series at zero, so a scrape lists each loop from the start.
     pub(crate) fn set_loops(&self, n: u32) {
         self.loops.store(n, Ordering::Relaxed);
+        for event_loop in 0..n {
+            let label = LoopLabel { event_loop };
+            let _ = self.chunks_in_use.get_or_create(&label);
+            let _ = self.chunks_capacity.get_or_create(&label);
+            let _ = self.chunks_high_water.get_or_create(&label);
+            let _ = self.budget_bytes.get_or_create(&label);
+            let _ = self.send_queue_bytes.get_or_create(&label);
+            let _ = self.allocation_failures.get_or_create(&label);
+        }
     }
 
     fn loops(&self) -> u32 {
         self.loops.load(Ordering::Relaxed)
+    }
+
+    fn sum_over_loops(&self, family: &Family<LoopLabel, Gauge>) -> i64 {
+        (0..self.loops()).map(|i| family.get_or_create(&LoopLabel { event_loop: i }).get()).sum()
+    }
+
+    /// Counts a publish a whole loop could not take.
+    pub(crate) fn topic_drop(&self, reason: &str) {
+        self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).inc();
     }
 }
 
@@ -376,11 +698,87 @@ impl Default for Metrics {
     }
 }
 
-impl Metrics {
-    /// Counts a publish a whole loop could not take.
-    pub(crate) fn topic_drop(&self, reason: &str) {
-        self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).inc();
+/// The standard `process_*` series, read from `/proc/self` at each scrape (Linux; elsewhere
+/// only `process_max_fds` and nothing else).
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // The fields after the command (which may hold spaces) in its parentheses.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok());
+        // SAFETY: sysconf only reads a system constant.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        // SAFETY: as above.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+        if let (Some(utime), Some(stime)) = (field(14), field(15)) {
+            let cpu = (utime + stime) as f64 / ticks;
+            let e = encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "User and system CPU time spent, in seconds",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter(cpu).encode(e)?;
+        }
+        let gauges = [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                field(24).map(|pages| (pages * page) as f64),
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                field(23).map(|b| b as f64),
+            ),
+            (
+                "process_start_time_seconds",
+                "Start time of the process since the Unix epoch, in seconds",
+                field(22).and_then(|start| Some(boot_time()? + start as f64 / ticks)),
+            ),
+            (
+                "process_open_fds",
+                "Open file descriptors",
+                std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count().saturating_sub(1) as f64),
+            ),
+            ("process_max_fds", "Maximum number of open file descriptors", max_fds()),
+        ];
+        for (name, help, value) in gauges {
+            if let Some(value) = value {
+                let mut e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                e.encode_gauge(&value)?;
+            }
+        }
+        Ok(())
     }
+}
+
+/// A counter value read at scrape time.
+struct ConstCounter(f64);
+
+impl ConstCounter {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.encode_counter::<prometheus_client::encoding::NoLabelSet, _, f64>(&self.0, None)
+    }
+}
+
+/// The system's boot time in seconds since the epoch (`btime` in `/proc/stat`).
+fn boot_time() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse().ok())
+}
+
+fn max_fds() -> Option<f64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the limit into the struct we pass.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    ok.then_some(limit.rlim_cur as f64)
 }
 
 /// The `closes` metric label for a close code.
@@ -396,5 +794,59 @@ pub(crate) fn close_label(code: CloseCode) -> &'static str {
         CloseCode::MESSAGE_TOO_BIG => "message_too_big",
         CloseCode::TRY_AGAIN_LATER => "try_again_later",
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_labelled_series_is_there_from_the_start() {
+        let metrics = Metrics::new();
+        metrics.set_loops(2);
+        let text = metrics.encode();
+        for reason in CLOSE_REASONS {
+            assert!(text.contains(&format!("freeboard_closes_total{{reason=\"{reason}\"}} 0")));
+        }
+        assert!(text.contains("freeboard_refusals_total{status=\"503\"} 0"), "{text}");
+        assert!(text.contains("freeboard_drops_total{reason=\"conflate\"} 0"));
+        assert!(text.contains("freeboard_pool_chunks_in_use{event_loop=\"1\"} 0"));
+        assert!(text.contains("freeboard_pool_allocation_failures_total{event_loop=\"0\"} 0"));
+        assert!(text.contains("freeboard_build_info{version=\""));
+        assert!(text.contains("freeboard_message_size_bytes_bucket{le=\"+Inf\"} 0"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn gauges_never_end_in_total_and_counters_always_do() {
+        let text = Metrics::new().encode();
+        let mut kind = "";
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, t) = rest.split_once(' ').unwrap();
+                kind = t;
+                assert!(t == "counter" || !name.ends_with("_total"), "{name} is a {t}");
+            } else if !line.starts_with('#') && kind == "counter" {
+                let name = line.split(['{', ' ']).next().unwrap();
+                assert!(name.ends_with("_total") || name.ends_with("_created"), "{line}");
+            }
+        }
+    }
+
+    #[test]
+    fn loop_histograms_add_their_turns() {
+        let metrics = Metrics::new();
+        let mut stats = LoopStats::default();
+        stats.received(10);
+        stats.received(100_000);
+        stats.queue_drained(3);
+        stats.publish(&metrics);
+        assert_eq!(metrics.message_size.count(), 2);
+        let text = metrics.encode();
+        assert!(text.contains("freeboard_message_size_bytes_bucket{le=\"64.0\"} 1"), "{text}");
+        assert!(text.contains("freeboard_message_size_bytes_sum 100010"), "{text}");
+        assert!(text.contains("freeboard_send_queue_delay_seconds_bucket{le=\"0.005\"} 1"));
+        assert!(metrics.snapshot_json().contains("\"messages_in\":2"));
     }
 }

@@ -247,8 +247,8 @@ pub fn run(soak: &Soak, on_sample: &mut dyn FnMut(&SoakSample)) -> io::Result<So
             frames_delivered: delivered - last_delivered,
             server_rss_kib: soak.server_pid.and_then(|pid| Sample::of(pid).ok()).map(|s| s.rss_kib),
             chunks_in_use: value("freeboard_pool_chunks_in_use"),
-            chunks_total: value("freeboard_pool_chunks_total"),
-            allocation_failures: value("freeboard_pool_allocation_failures"),
+            chunks_total: value("freeboard_pool_chunks_capacity"),
+            allocation_failures: value("freeboard_pool_allocation_failures_total"),
             drops,
             pattern_switches: switches.len(),
             pattern_latency_ms: match switches.last() {

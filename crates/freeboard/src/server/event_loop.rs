@@ -22,6 +22,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use super::shared::Shared;
+use crate::config::ServerConfig;
 use crate::handler::{ConnId, Router};
 use crate::metrics::{LoopGauges, LoopLabel, LoopStats, close_label};
 use crate::parking::ParkingLot;
@@ -66,6 +67,9 @@ pub(super) struct Entry<T> {
     /// Its queue's length as last counted in the loop's `buffered` total (saturating at
     /// 4 GiB, which keeps the entry small).
     counted: u32,
+    /// When its send queue got its first byte, in the loop's milliseconds plus one (0: the
+    /// queue is empty), for `freeboard_send_queue_delay_seconds`.
+    queued_at: u32,
 }
 
 pub(crate) struct EventLoop<T> {
@@ -73,6 +77,9 @@ pub(crate) struct EventLoop<T> {
     poll: Poll,
     listener: Option<TcpListener>,
     pub(super) shared: Arc<Shared>,
+    /// The configuration in force, as of `generation` (see [`Shared::reload`]).
+    pub(super) config: Arc<ServerConfig>,
+    generation: u64,
     pub(super) router: Router,
     pub(super) conns: Slab<Entry<T>>,
     pub(super) pool: Pool<'static>,
@@ -98,7 +105,7 @@ pub(crate) struct EventLoop<T> {
     /// The backlog may hold more connections than the last batch took: accept again after
     /// the next (non-blocking) poll.
     accept_more: bool,
-    /// Bytes in the send queues, as of each connection's last flush (the `bytes_buffered`
+    /// Bytes in the send queues, as of each connection's last flush (the `send_queue_bytes`
     /// gauge).
     ///
     /// Invariant: the sum of every entry's `counted`.
@@ -126,7 +133,7 @@ impl<T: Transport> EventLoop<T> {
         mut listener: TcpListener,
         shared: Arc<Shared>,
     ) -> io::Result<Self> {
-        let config = &shared.config;
+        let config = shared.config();
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
         let per_loop = config.memory / config.threads;
         let assembly_reserve =
@@ -152,6 +159,8 @@ impl<T: Transport> EventLoop<T> {
             read_buf: vec![0u8; config.read_buffer].into_boxed_slice(),
             limits: Reassembly::server(config.connection_reserve),
             gauges: LoopGauges::new(&shared.metrics, index),
+            generation: shared.generation.load(Ordering::Acquire),
+            config,
             shared,
             router,
             conns: Slab::with_capacity(INITIAL_CONNS),
@@ -186,10 +195,18 @@ impl<T: Transport> EventLoop<T> {
         let mut events = Events::with_capacity(1024);
         let label = LoopLabel { event_loop: self.index };
         let m = &self.shared.metrics;
-        m.chunks_total.get_or_create(&label).set(self.pool.chunks_total() as i64);
+        m.chunks_capacity.get_or_create(&label).set(self.pool.chunks_total() as i64);
+        m.chunk_size.set(self.pool.chunk_size() as i64);
         m.budget_bytes.get_or_create(&label).set(self.pool.budget().limit() as i64);
         loop {
             let now = self.now();
+            let generation = self.shared.generation.load(Ordering::Acquire);
+            if generation != self.generation {
+                // A reload: connections accepted from now on get the new settings.
+                self.generation = generation;
+                self.config = self.shared.config();
+                self.limits = Reassembly::server(self.config.connection_reserve);
+            }
             if self.shared.shutdown.load(Ordering::Acquire) && self.drain_deadline.is_none() {
                 self.begin_shutdown(now);
                 self.end_turn(now); // the close frames leave now, not after the next poll
@@ -243,7 +260,7 @@ impl<T: Transport> EventLoop<T> {
         for (token, mut entry) in std::mem::take(&mut self.conns) {
             self.topics.drop_conn(&self.shared.hub, token);
             entry.session.release(&mut self.pool);
-            self.shared.release(entry.peer);
+            self.shared.release(&self.config, entry.peer);
             if let Phase::Open(_) = entry.session.phase {
                 self.shared.metrics.connections.dec();
             }
@@ -266,7 +283,7 @@ impl<T: Transport> EventLoop<T> {
         if let Some(mut listener) = self.listener.take() {
             let _ = self.poll.registry().deregister(&mut listener);
         }
-        self.drain_deadline = Some(now + self.shared.config.drain_timeout);
+        self.drain_deadline = Some(now + self.config.drain_timeout);
         let tokens: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
         for token in tokens {
             match self.conns[token].session.phase {
@@ -325,9 +342,9 @@ impl<T: Transport> EventLoop<T> {
                 continue;
             }
             self.shared.metrics.accepted.inc();
-            let limited = self.shared.admit(peer, now.as_millis() as f64 / 1000.0);
+            let limited = self.shared.admit(&self.config, peer, now.as_millis() as f64 / 1000.0);
             self.serial += 1;
-            let config = &self.shared.config;
+            let config = &self.config;
             // NOTE(unwrap): validated in `ServerConfig::validate`.
             let marks =
                 Watermarks::new(config.send_low, config.send_high, config.send_cap).unwrap();
@@ -343,6 +360,7 @@ impl<T: Transport> EventLoop<T> {
                 armed: None,
                 dirty: false,
                 counted: 0,
+                queued_at: 0,
             });
             self.mark(token);
         }
@@ -508,6 +526,9 @@ impl<T: Transport> EventLoop<T> {
 
     fn flush(&mut self, token: usize, now: Instant) {
         let entry = &mut self.conns[token];
+        if entry.queued_at == 0 && entry.session.buffered() > 0 {
+            entry.queued_at = (now.as_millis() as u32).wrapping_add(1).max(1);
+        }
         while entry.session.buffered() > 0 {
             let mut iov = [IoSlice::new(&[]); IOV];
             let n = entry.session.io_slices(&self.pool, &mut iov);
@@ -530,6 +551,11 @@ impl<T: Transport> EventLoop<T> {
                 }
             }
         }
+        if entry.queued_at != 0 && entry.session.buffered() == 0 {
+            let since = entry.queued_at - 1;
+            self.stats.queue_drained(u64::from((now.as_millis() as u32).wrapping_sub(since)));
+            entry.queued_at = 0;
+        }
         if let Some(change) = self.conns[token].session.take_writability() {
             self.writability_changed(token, now, change);
         }
@@ -537,7 +563,7 @@ impl<T: Transport> EventLoop<T> {
             // The close event the core may still hold, before the session leaves the protocol.
             self.report_close(token);
         }
-        let config = &self.shared.config;
+        let config = &self.config;
         let entry = &mut self.conns[token];
         let transition =
             entry.session.after_flush(&mut self.pool, now, config.close_timeout, LINGER);
@@ -570,7 +596,7 @@ impl<T: Transport> EventLoop<T> {
         self.buffered -= entry.counted as usize;
         self.forget_request(&mut entry.session);
         entry.session.release(&mut self.pool);
-        self.shared.release(entry.peer);
+        self.shared.release(&self.config, entry.peer);
         if let Phase::Open(_) = entry.session.phase {
             self.shared.metrics.connections.dec();
             if !entry.session.close_reported() {
@@ -585,11 +611,11 @@ impl<T: Transport> EventLoop<T> {
     fn publish_gauges(&mut self) {
         self.stats.publish(&self.shared.metrics);
         let c = self.pool.counters();
-        let g = &self.gauges;
+        let g = &mut self.gauges;
         g.chunks_in_use.set(c.chunks_in_use as i64);
         g.chunks_high_water.set(c.chunks_high_water as i64);
-        g.bytes_buffered.set(self.buffered as i64);
-        g.allocation_failures.set(c.allocation_failures as i64);
+        g.send_queue_bytes.set(self.buffered as i64);
+        self.gauges.allocation_failures(c.allocation_failures as u64);
     }
 }
 

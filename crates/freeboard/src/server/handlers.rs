@@ -48,7 +48,7 @@ impl<T: Transport> EventLoop<T> {
     }
 
     fn deliver(&mut self, token: usize, now: Instant, kind: MessageKind, data: &[u8]) {
-        self.stats.messages_in += 1;
+        self.stats.received(data.len());
         let message = Message { kind, data };
         self.call(token, now, |handler, conn| handler.on_message(conn, message));
     }

@@ -113,8 +113,11 @@ impl<T: Transport> EventLoop<T> {
                 }
                 (Some((HttpRoute::Metrics, _)), _) => {
                     let text = self.shared.metrics.encode();
-                    let content_type = "text/plain; version=0.0.4; charset=utf-8";
-                    self.respond(token, now, 200, content_type, text.as_bytes());
+                    self.respond(token, now, 200, crate::metrics::CONTENT_TYPE, text.as_bytes());
+                }
+                (Some((HttpRoute::Dashboard, _)), _) => {
+                    let page = crate::dashboard::PAGE.as_bytes();
+                    self.respond(token, now, 200, "text/html; charset=utf-8", page);
                 }
                 (_, Some(_)) => {
                     self.refuse_error(token, now, HandshakeError::UpgradeRequired);
@@ -135,7 +138,7 @@ impl<T: Transport> EventLoop<T> {
             Ok(None) => unreachable!("httparse found the head complete"),
             Err(e) => return self.refuse_error(token, now, e),
         };
-        let config = &self.shared.config;
+        let config = &self.config;
         let peer = self.conns[token].peer;
         let retry_after = format!("Retry-After: {}\r\n", config.retry_after.as_secs().max(1));
         if let Some(status) = self.conns[token].limited {
@@ -168,6 +171,10 @@ impl<T: Transport> EventLoop<T> {
             let marks = options.watermarks.unwrap_or(*queue.watermarks());
             SendQueue::new(marks, options.slow_consumer.unwrap_or(queue.policy()))
         });
+        let deadline = match entry.session.phase {
+            Phase::Request { deadline } => Some(deadline),
+            _ => None,
+        };
         let ws = Ws::new(Role::Server, self.lot.config(), now);
         if entry.session.upgrade(&mut self.pool, ws, queue, &response[..n]).is_err() {
             self.remove(token);
@@ -175,6 +182,12 @@ impl<T: Transport> EventLoop<T> {
         }
         entry.route = route as u32;
         self.shared.metrics.connections.inc();
+        if let Some(deadline) = deadline {
+            // Accepted at the deadline less the handshake timeout (one clock, milliseconds).
+            let timeout = self.config.handshake_timeout.as_millis() as u64;
+            let taken = (now.as_millis() + timeout).saturating_sub(deadline.as_millis());
+            self.shared.metrics.handshake_duration.observe(taken);
+        }
         self.call_with(token, now, path, |handler, conn| handler.on_open(conn));
         if len < buf.len() {
             self.receive(token, now, &mut buf[len..]);
@@ -241,7 +254,7 @@ impl<T: Transport> EventLoop<T> {
         let header = |name: &str| {
             headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value)
         };
-        let config = &self.shared.config;
+        let config = &self.config;
         if let Some(expected) = &config.topics.publish_token {
             let given = header("authorization").and_then(|v| {
                 let v = std::str::from_utf8(v).ok()?.trim();
@@ -289,7 +302,7 @@ impl<T: Transport> EventLoop<T> {
         let entry = &mut self.conns[token];
         let deadline = match entry.session.phase {
             Phase::Request { deadline } => deadline,
-            _ => now + self.shared.config.handshake_timeout,
+            _ => now + self.config.handshake_timeout,
         };
         let partial = entry.session.partial_mut();
         if partial.append(&mut self.pool, body).is_err() {

@@ -16,7 +16,7 @@ mod handlers;
 mod http;
 mod shared;
 
-use crate::config::ServerConfig;
+use crate::config::{ConfigError, Reload, ServerConfig};
 use crate::handler::Router;
 use crate::metrics::Metrics;
 use crate::topics::{Hub, Published};
@@ -191,6 +191,20 @@ impl ServerHandle {
         for waker in &self.wakers {
             let _ = waker.wake();
         }
+    }
+
+    /// Applies the settings of `config` that a running server can change (admission limits,
+    /// timeouts of new requests and closes, send queues and policies of new connections, the
+    /// publish token) and reports every setting that differed, applied or needing a restart
+    /// ([`ServerConfig::reload_from`] lists which is which). Open connections are kept as
+    /// they are. An invalid `config` changes nothing.
+    pub fn reload(&self, config: ServerConfig) -> Result<Reload, ConfigError> {
+        config.validate()?;
+        let reload = self.shared.reload(&config);
+        for waker in &self.wakers {
+            let _ = waker.wake();
+        }
+        Ok(reload)
     }
 
     /// Publishes one message to every subscriber of `topic`, on every loop: framed once into a

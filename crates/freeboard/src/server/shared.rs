@@ -1,19 +1,23 @@
-//! What every event loop of a server shares: configuration, metrics, admission (connection
-//! counts and accept-rate buckets), the shutdown flag and the topic hub.
+//! What every event loop of a server shares: configuration (reloadable), metrics, admission
+//! (connection counts and accept-rate buckets), the shutdown flag and the topic hub.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
-use crate::config::ServerConfig;
+use crate::config::{Reload, ServerConfig};
 use crate::handler::RouterFactory;
 use crate::metrics::Metrics;
 use crate::topics::Hub;
 
 /// State every event loop of a server shares: configuration, metrics, connection counts.
 pub(crate) struct Shared {
-    pub(crate) config: ServerConfig,
+    /// The configuration in force; a reload replaces it and bumps `generation`.
+    config: RwLock<Arc<ServerConfig>>,
+    /// How many reloads have been applied: each loop keeps its own copy of the configuration
+    /// and takes the new one when this moves (one relaxed load per loop turn).
+    pub(crate) generation: AtomicU64,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) factory: RouterFactory,
     pub(crate) start: std::time::Instant,
@@ -45,15 +49,38 @@ impl Shared {
                 sweep_at: 1024,
             }),
             shutdown: AtomicBool::new(false),
-            config,
+            config: RwLock::new(Arc::new(config)),
+            generation: AtomicU64::new(0),
         }
+    }
+
+    /// The configuration in force.
+    pub(crate) fn config(&self) -> Arc<ServerConfig> {
+        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Applies what can change of `new` (validated) and says what differed.
+    pub(crate) fn reload(&self, new: &ServerConfig) -> Reload {
+        let mut config = self.config.write().unwrap_or_else(|e| e.into_inner());
+        let mut next = ServerConfig::clone(&config);
+        let reload = next.reload_from(new);
+        if !reload.applied.is_empty() {
+            *config = Arc::new(next);
+            self.generation.fetch_add(1, Ordering::Release);
+            self.metrics.reloads.inc();
+        }
+        reload
     }
 
     /// Counts an accepted connection; returns the status to refuse its upgrade with if it
     /// came faster than the accept rate allows (503 global, 429 per address).
-    pub(crate) fn admit(&self, peer: SocketAddr, now_secs: f64) -> Option<u16> {
+    pub(crate) fn admit(
+        &self,
+        config: &ServerConfig,
+        peer: SocketAddr,
+        now_secs: f64,
+    ) -> Option<u16> {
         self.open.fetch_add(1, Ordering::Relaxed);
-        let config = &self.config;
         let mut admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         let global_ok = admission.global.take(config.accept_rate, now_secs);
         if admission.by_ip.len() > admission.sweep_at {
@@ -76,12 +103,12 @@ impl Shared {
         }
     }
 
-    pub(crate) fn release(&self, peer: SocketAddr) {
+    pub(crate) fn release(&self, config: &ServerConfig, peer: SocketAddr) {
         self.open.fetch_sub(1, Ordering::Relaxed);
         let mut admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(ip) = admission.by_ip.get_mut(&peer.ip()) {
             ip.count -= 1;
-            if ip.count == 0 && self.config.accept_rate_per_ip == 0.0 {
+            if ip.count == 0 && config.accept_rate_per_ip == 0.0 {
                 admission.by_ip.remove(&peer.ip());
             }
         }
