@@ -215,10 +215,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     let addr = server.local_addr();
     println!("freeboard listening on ws://{addr}/");
-    if dashboard {
-        println!("dashboard at http://{addr}/dashboard");
-    }
     tracing::info!(%addr, "listening");
+    if dashboard {
+        tracing::info!(url = %format_args!("http://{addr}/dashboard"), "dashboard");
+    }
     let handle = server.handle();
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| e.to_string())?;
     std::thread::spawn(move || {
@@ -366,11 +366,121 @@ mod tests {
 
     #[test]
     fn sizes_parse_with_suffixes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("16m"), Ok(16 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert!(parse_size("lots").is_err());
+        assert_eq!(size("4096"), Ok(4096));
+        assert_eq!(size("64K"), Ok(64 << 10));
+        assert_eq!(size("16m"), Ok(16 << 20));
+        assert_eq!(size("1G"), Ok(1 << 30));
+        assert_eq!(size("1.5K"), Ok(1536));
+        assert!(size("lots").is_err());
+        assert_eq!(duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(duration("2.5"), Ok(Duration::from_millis(2500)));
+        assert_eq!(duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(duration("soon").is_err());
+    }
+
+    /// `freeboard serve ARGS` parsed into its configuration (or the error it prints).
+    fn config_of(args: &[&str]) -> Result<ServerConfig, String> {
+        let cli = Cli::try_parse_from(["freeboard", "serve"].iter().chain(args))
+            .map_err(|e| e.to_string())?;
+        let Command::Serve(args) = cli.command else { panic!("parsed as serve") };
+        server_config(&args)
+    }
+
+    fn with_file(name: &str, text: &str, f: impl FnOnce(&str)) {
+        let dir = std::env::temp_dir().join(format!("freeboard-cli-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(&file, text).unwrap();
+        f(file.to_str().unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_file_and_the_flags_give_the_same_configuration() {
+        let flags = [
+            "--threads",
+            "2",
+            "--memory",
+            "256M",
+            "--max-message-size",
+            "20M",
+            "--idle-timeout",
+            "45s",
+            "--pong-timeout",
+            "2.5",
+            "--handshake-timeout",
+            "500ms",
+            "--send-high",
+            "128K",
+            "--slow-consumer",
+            "drop-oldest",
+            "--chunk-size",
+            "8K",
+            "--topic-send-cap",
+            "48K",
+            "--publish-token",
+            "t0k",
+            "--accept-rate",
+            "50",
+        ];
+        let toml = r#"
+            threads = 2
+            memory = "256M"
+            max_message_size = "20M"
+            idle_timeout = "45s"
+            pong_timeout = 2.5
+            handshake_timeout = "500ms"
+            send_high = "128K"
+            slow_consumer = "drop-oldest"
+            chunk_size = 8192
+            accept_rate = 50.0
+            [topics]
+            send_cap = "48K"
+            publish_token = "t0k"
+        "#;
+        let from_flags = config_of(&flags).unwrap();
+        with_file("parity", toml, |file| {
+            let from_file = config_of(&["--config", file]).unwrap();
+            assert_eq!(format!("{from_file:?}"), format!("{from_flags:?}"));
+        });
+        // The derived settings follow from either: a 20 MiB message fits the send cap (so a
+        // 20 MiB echo works from a file as from the flags), and the topic watermarks fit
+        // under the smaller topic cap.
+        assert_eq!(from_flags.memory, 256 << 20);
+        assert_eq!(from_flags.send_cap, (20 << 20) + (64 << 10));
+        assert_eq!(from_flags.topics.send_high, 48 << 10);
+        assert_eq!(from_flags.topics.send_low, 32 << 10);
+        assert_eq!(from_flags.idle_timeout, Some(Duration::from_secs(45)));
+        // An explicit cap is kept as given.
+        let capped =
+            config_of(&["--max-message-size", "20M", "--send-cap", "1M", "--send-high", "64K"]);
+        assert_eq!(capped.unwrap().send_cap, 1 << 20);
+    }
+
+    #[test]
+    fn impossible_values_are_refused_by_name() {
+        for (args, setting) in [
+            (&["--max-message-size", "0"][..], "max_message_size"),
+            (&["--chunk-size", "3"], "chunk_size"),
+            (&["--max-connections", "0"], "max_connections"),
+            (&["--max-connections-per-ip", "0"], "max_connections_per_ip"),
+            (&["--threads", "0"], "threads"),
+            (&["--send-low", "1M", "--send-high", "64K"], "send_low"),
+            (&["--slow-consumer", "later"], "slow-consumer policy"),
+            (&["--memory", "lots"], "--memory"),
+            (&["--idle-timeout", "soon"], "--idle-timeout"),
+        ] {
+            let error = config_of(args).unwrap_err();
+            assert!(error.contains(setting), "{args:?}: {error}");
+        }
+        with_file("bad", "memory = \"lots\"\n", |file| {
+            let error = config_of(&["--config", file]).unwrap_err();
+            assert!(error.contains("memory") && error.contains("not a size"), "{error}");
+        });
+        with_file("unknown", "max_conections = 5\n", |file| {
+            let error = config_of(&["--config", file]).unwrap_err();
+            assert!(error.contains("max_conections"), "{error}");
+        });
     }
 
     #[test]

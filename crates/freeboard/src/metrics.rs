@@ -781,6 +781,36 @@ fn max_fds() -> Option<f64> {
     ok.then_some(limit.rlim_cur as f64)
 }
 
+/// Keeps a loop's `info` lines about refusals and abnormal closes to a few a second: a flood
+/// of refused clients must not become a flood of log lines. The lines held back are counted
+/// and the next line says how many (`suppressed`).
+#[derive(Debug, Default)]
+pub(crate) struct LogThrottle {
+    /// The second (of the loop's clock) the count is for.
+    second: u64,
+    lines: u32,
+    suppressed: u64,
+}
+
+impl LogThrottle {
+    /// Lines per second and loop.
+    const PER_SECOND: u32 = 5;
+
+    /// Whether a line may be written at `now_ms`; if so, how many were held back before it.
+    pub(crate) fn allow(&mut self, now_ms: u64) -> Option<u64> {
+        let second = now_ms / 1000;
+        if second != self.second {
+            (self.second, self.lines) = (second, 0);
+        }
+        if self.lines == Self::PER_SECOND {
+            self.suppressed += 1;
+            return None;
+        }
+        self.lines += 1;
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
 /// The `closes` metric label for a close code.
 pub(crate) fn close_label(code: CloseCode) -> &'static str {
     match code {
@@ -832,6 +862,14 @@ mod tests {
                 assert!(name.ends_with("_total") || name.ends_with("_created"), "{line}");
             }
         }
+    }
+
+    #[test]
+    fn log_lines_are_throttled_and_the_held_back_counted() {
+        let mut throttle = LogThrottle::default();
+        let allowed = (0..8).filter(|_| throttle.allow(1_500).is_some()).count();
+        assert_eq!(allowed, LogThrottle::PER_SECOND as usize);
+        assert_eq!(throttle.allow(2_000), Some(3), "the next second says what was held back");
     }
 
     #[test]

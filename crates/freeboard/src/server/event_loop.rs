@@ -24,7 +24,7 @@ use slab::Slab;
 use super::shared::Shared;
 use crate::config::ServerConfig;
 use crate::handler::{ConnId, Router};
-use crate::metrics::{LoopGauges, LoopLabel, LoopStats, close_label};
+use crate::metrics::{LogThrottle, LoopGauges, LoopLabel, LoopStats, close_label};
 use crate::parking::ParkingLot;
 use crate::session::{Assembly, Context, Phase, Reassembly, Session};
 use crate::topics::{LocalTopics, Publication};
@@ -96,6 +96,8 @@ pub(crate) struct EventLoop<T> {
     pub(super) lot: ParkingLot,
     pub(super) drain_deadline: Option<Instant>,
     gauges: LoopGauges,
+    /// Keeps the `info` lines about refusals and abnormal closes to a few a second.
+    pub(super) log_throttle: LogThrottle,
     /// When to try accepting again after `accept` failed. The connections waiting in the
     /// backlog raise no new readiness event (epoll is edge-triggered), so without this retry
     /// they would wait for the next connection to arrive.
@@ -159,6 +161,7 @@ impl<T: Transport> EventLoop<T> {
             read_buf: vec![0u8; config.read_buffer].into_boxed_slice(),
             limits: Reassembly::server(config.connection_reserve),
             gauges: LoopGauges::new(&shared.metrics, index),
+            log_throttle: LogThrottle::default(),
             generation: shared.generation.load(Ordering::Acquire),
             config,
             shared,
@@ -601,6 +604,10 @@ impl<T: Transport> EventLoop<T> {
             self.shared.metrics.connections.dec();
             if !entry.session.close_reported() {
                 self.shared.metrics.close(close_label(CloseCode::ABNORMAL));
+                if let Some(suppressed) = self.log_throttle.allow(self.now().as_millis()) {
+                    let peer = entry.peer;
+                    tracing::info!(code = 1006, %peer, suppressed, "closed abnormally: connection dropped");
+                }
                 let id = ConnId { event_loop: self.index, serial: entry.serial };
                 self.router.handler(entry.route as usize).on_close(id, CloseCode::ABNORMAL, "");
             }

@@ -199,7 +199,7 @@ impl<T: Transport> EventLoop<T> {
         let mut out = [0u8; 512];
         // NOTE(unwrap): every refusal fits in 512 bytes.
         let n = error.write_response(&mut out).unwrap();
-        self.send_final(token, now, error.status(), &out[..n]);
+        self.send_final(token, now, error.status(), &out[..n], &error);
         false
     }
 
@@ -208,7 +208,7 @@ impl<T: Transport> EventLoop<T> {
     fn refuse(&mut self, token: usize, now: Instant, status: u16, extra: &str, body: &str) -> bool {
         let mut out = [0u8; 512];
         let n = handshake::write_refusal(status, extra, body, &mut out).unwrap_or(0);
-        self.send_final(token, now, status, &out[..n]);
+        self.send_final(token, now, status, &out[..n], &body);
         false
     }
 
@@ -220,9 +220,19 @@ impl<T: Transport> EventLoop<T> {
         self.queue_final(token, now, &[head.as_bytes(), body]);
     }
 
-    fn send_final(&mut self, token: usize, now: Instant, status: u16, response: &[u8]) {
+    fn send_final(
+        &mut self,
+        token: usize,
+        now: Instant,
+        status: u16,
+        response: &[u8],
+        why: &dyn std::fmt::Display,
+    ) {
         self.shared.metrics.refuse(status);
-        tracing::debug!(status, peer = %self.conns[token].peer, "upgrade refused");
+        if let Some(suppressed) = self.log_throttle.allow(now.as_millis()) {
+            let peer = self.conns[token].peer;
+            tracing::info!(status, %peer, why = %why, suppressed, "refused");
+        }
         self.queue_final(token, now, &[response]);
     }
 
