@@ -865,6 +865,27 @@ mod tests {
     }
 
     #[test]
+    fn the_grafana_dashboard_asks_only_for_series_that_exist() {
+        let dashboard = include_str!("../../../docs/grafana/freeboard.json");
+        let metrics = Metrics::new();
+        metrics.set_loops(1);
+        let text = metrics.encode();
+        let mut asked = 0;
+        for (i, _) in
+            dashboard.match_indices("freeboard_").chain(dashboard.match_indices("process_"))
+        {
+            let name: String = dashboard[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let series = name.strip_suffix("_bucket").unwrap_or(&name);
+            assert!(text.contains(series), "{name} is not exported");
+            asked += 1;
+        }
+        assert!(asked > 20);
+    }
+
+    #[test]
     fn log_lines_are_throttled_and_the_held_back_counted() {
         let mut throttle = LogThrottle::default();
         let allowed = (0..8).filter(|_| throttle.allow(1_500).is_some()).count();

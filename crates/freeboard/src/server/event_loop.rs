@@ -622,7 +622,7 @@ impl<T: Transport> EventLoop<T> {
         g.chunks_in_use.set(c.chunks_in_use as i64);
         g.chunks_high_water.set(c.chunks_high_water as i64);
         g.send_queue_bytes.set(self.buffered as i64);
-        self.gauges.allocation_failures(c.allocation_failures as u64);
+        self.gauges.allocation_failures(c.allocation_failures);
     }
 }
 
