@@ -50,7 +50,7 @@ fn a_fragment_bomb_within_the_limit_is_echoed_intact() {
     assert_eq!(reply.opcode, 0x2);
     assert!(reply.payload == bomb.message, "the echo differs from the 1,000,000 fragments");
     let after = serve.wait_metrics("the pool back to idle", |m| m.sum("pool_chunks_in_use") == 0.0);
-    assert_eq!(after.delta(&before, "messages_in_total"), 1.0 + figures.echo.count as f64);
+    assert_eq!(after.delta(&before, "received_messages_total"), 1.0 + figures.echo.count as f64);
     assert!(after.sum("pool_chunks_high_water") >= 1_000_000.0 / 4096.0);
     figures.report("fragment_bomb_1M");
 }

@@ -228,7 +228,8 @@ pub struct Router {
 pub enum HttpRoute {
     /// `GET` answers `200 ok`: a liveness probe.
     Health,
-    /// `GET` answers the server's metrics in the Prometheus text format.
+    /// `GET` answers the server's metrics as OpenMetrics text
+    /// ([`metrics::CONTENT_TYPE`](crate::metrics::CONTENT_TYPE)).
     Metrics,
     /// A prefix: `POST {path}{topic}` publishes its body to `topic` (text when the
     /// `Content-Type` is `text/*`, else binary), behind the bearer token of
