@@ -631,11 +631,13 @@ mod tests {
     use super::*;
 
     /// An idle connection costs its slab entry and nothing else (its protocol state is parked
-    /// inside it): keep it small, 10,000 idle connections should need about 2 MB.
+    /// inside it): keep it small, 10,000 idle connections should need about 2 MB. (208: the
+    /// 200 it was, and the time its send queue got its first byte, for the queue-delay
+    /// histogram.)
     #[test]
     fn idle_connection_state_stays_small() {
         let entry = size_of::<Entry<mio::net::TcpStream>>();
         println!("Entry {entry} B");
-        assert!(entry <= 200, "Entry is {entry} bytes");
+        assert!(entry <= 208, "Entry is {entry} bytes");
     }
 }
