@@ -312,6 +312,7 @@ mod tests {
         let x_labels: Vec<&str> = svg
             .split("</text>")
             .filter_map(|t| t.rsplit('>').next())
+            .map(str::trim)
             .filter(|t| t.starts_with("0.") && t.parse::<f64>().is_ok())
             .collect();
         assert!(x_labels.len() >= 4, "{x_labels:?}");
