@@ -12,7 +12,7 @@ pub const MIN_CHUNK_SIZE: usize = 256;
 /// Everything `freeboard serve` can be told, with the defaults documented on each field.
 ///
 /// Deserializes from TOML in the same language as `freeboard serve`'s flags: sizes as bytes
-/// or with a suffix (`"256M"`, `"64K"`, `"1.5G"`; powers of 1024, see [`parse_size`]),
+/// or with a suffix (`"256M"`, `"64K"`, `"1.5G"`; powers of 1024, see [`parse_size()`]),
 /// durations as seconds or with a unit (`"30s"`, `"500ms"`, `"2m"`, see
 /// [`parse_duration`]); missing fields keep their defaults. Settings derived from others
 /// follow [`derive_unset`](Self::derive_unset).
