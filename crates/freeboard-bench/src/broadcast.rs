@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 use serde::{Deserialize, Serialize};
 
+use freeboard_test::{RawHeader, parse_frame};
+
 use crate::Target;
 use crate::load::{Rng, open};
 
@@ -89,8 +91,13 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
         // (on freeboard it is a subscriber too), and closing a socket with unread input sends
         // a reset, which would make the server discard the last messages it has not read yet.
         std::thread::spawn(move || -> io::Result<std::net::TcpStream> {
-            let mut frame = Vec::with_capacity(size + 8);
-            let mut payload = vec![0u8; size];
+            // A raw fan-out passes frames on verbatim, so they go unmasked, as a server's. A
+            // zero masking key is a valid key and leaves the payload as it is, so the frame is
+            // written once and only the first 16 bytes of its payload change per message.
+            let header = RawHeader::new(0x82, size as u64, if raw { None } else { Some([0; 4]) });
+            let head = header.len();
+            let mut frame = vec![0u8; head + size];
+            header.encode(&mut frame).map_err(io::Error::other)?;
             for seq in 0..messages {
                 while seq >= completed.load(Ordering::Acquire) + window {
                     if stop.load(Ordering::Relaxed) != 0 {
@@ -100,24 +107,9 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                     // take a core from the server and the subscribers.
                     std::thread::sleep(Duration::from_micros(20));
                 }
-                payload[..8].copy_from_slice(&seq.to_le_bytes());
+                frame[head..head + 8].copy_from_slice(&seq.to_le_bytes());
                 let t = start.elapsed().as_nanos() as u64;
-                payload[8..16].copy_from_slice(&t.to_le_bytes());
-                frame.clear();
-                frame.push(0x82); // FIN, binary
-                // A raw fan-out passes frames on verbatim, so they go unmasked, as a server's.
-                let mask = if raw { 0 } else { 0x80 };
-                if size < 126 {
-                    frame.push(mask | size as u8);
-                } else {
-                    frame.push(mask | 126);
-                    frame.extend_from_slice(&(size as u16).to_be_bytes());
-                }
-                if !raw {
-                    // A zero masking key is a valid key and leaves the payload as it is.
-                    frame.extend_from_slice(&[0; 4]);
-                }
-                frame.extend_from_slice(&payload);
+                frame[head + 8..head + 16].copy_from_slice(&t.to_le_bytes());
                 publisher.write_all(&frame)?;
             }
             Ok(publisher)
@@ -171,22 +163,19 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                     }
                 }
             }
-            // Server frames: unmasked, 2- or 4-byte headers for these sizes.
             let mut at = 0;
-            while pending.len() - at >= 2 {
-                let (len, head) = match pending[at + 1] & 0x7f {
-                    126 if pending.len() - at >= 4 => {
-                        (u16::from_be_bytes([pending[at + 2], pending[at + 3]]) as usize, 4)
+            loop {
+                let (_, payload) = match parse_frame(&pending[at..]) {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(e) => {
+                        failure = Some(format!("a subscriber got an invalid frame: {e}"));
+                        break 'run;
                     }
-                    126 => break,
-                    len => (len as usize, 2),
                 };
-                if pending.len() - at < head + len {
-                    break;
-                }
-                let p = &pending[at + head..at + head + len];
-                at += head + len;
-                if len < 16 {
+                let p = &pending[at + payload.start..at + payload.end];
+                at += payload.end;
+                if p.len() < 16 {
                     continue; // not ours
                 }
                 let seq = u64::from_le_bytes(p[..8].try_into().expect("8 bytes")) as usize;

@@ -7,7 +7,8 @@ use std::net::TcpStream as StdStream;
 use std::time::{Duration, Instant};
 
 use freeboard_proto::handshake::{ClientRequest, EMPTY_HEADER, Response, generate_key};
-use freeboard_proto::{Config, Connection, Instant as ProtoInstant, OpCode, Role, State};
+use freeboard_proto::{CloseCode, Config, Connection, Instant as ProtoInstant, Role, State};
+use freeboard_test::{close_frame, encode_frame};
 use hdrhistogram::Histogram;
 use mio::{Events, Interest, Poll, Token};
 
@@ -72,10 +73,7 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
     // so its work is the same as with fresh keys, and the client spends no time masking.
     let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
     let mut frame = vec![0u8; size + 14];
-    let mut tx = Connection::new(Role::Client, Config::default(), ProtoInstant::default());
-    let n = tx
-        .send_frame(OpCode::Binary, true, &payload, Some(rng.mask()), &mut frame)
-        .map_err(io::Error::other)?;
+    let n = encode_frame(0x82, &payload, Some(rng.mask()), &mut frame).map_err(io::Error::other)?;
     frame.truncate(n);
 
     let mut poll = Poll::new()?;
@@ -361,11 +359,8 @@ impl Client {
             return;
         }
         let mut out = [0u8; 8];
-        let mut tx = Connection::new(Role::Client, Config::default(), ProtoInstant::default());
-        let _ = tx.close(ProtoInstant::default(), freeboard_proto::CloseCode::NORMAL, "");
-        if let Ok(Some(n)) = tx.poll_transmit(Some(rng.mask()), &mut out) {
-            let _ = self.stream.write(&out[..n]);
-        }
+        let n = close_frame(CloseCode::NORMAL, Some(rng.mask()), &mut out).expect("8 bytes fit");
+        let _ = self.stream.write(&out[..n]);
     }
 }
 

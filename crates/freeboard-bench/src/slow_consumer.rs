@@ -38,14 +38,8 @@ pub fn run(
     let (mut slow, _) = open(target, Duration::from_secs(5), &mut rng)?;
     slow.set_write_timeout(Some(Duration::from_millis(100)))?;
     let mut frame = vec![0u8; size + 14];
-    let mut tx = freeboard_proto::Connection::new(
-        freeboard_proto::Role::Client,
-        freeboard_proto::Config::default(),
-        freeboard_proto::Instant::default(),
-    );
     let payload = vec![b'x'; size];
-    let n = tx
-        .send_frame(freeboard_proto::OpCode::Binary, true, &payload, Some(rng.mask()), &mut frame)
+    let n = freeboard_test::encode_frame(0x82, &payload, Some(rng.mask()), &mut frame)
         .map_err(io::Error::other)?;
     frame.truncate(n);
     let stop = Arc::new(AtomicBool::new(false));

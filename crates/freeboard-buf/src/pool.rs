@@ -820,6 +820,19 @@ impl ChunkId {
     pub fn index(&self) -> u32 {
         self.0
     }
+
+    /// Takes the handle apart into its index, for a boundary Rust's ownership cannot follow
+    /// (a C API hands the index out); [`from_raw`](Self::from_raw) puts it back together.
+    pub fn into_raw(self) -> u32 {
+        self.0
+    }
+
+    /// The handle that [`into_raw`](Self::into_raw) took apart. Restore each raw index once:
+    /// a forged or duplicated handle miscounts the chunk's references (a logic error, never
+    /// memory unsafety), and an index past [`Pool::chunks_total`] makes the pool panic.
+    pub fn from_raw(index: u32) -> Self {
+        Self(index)
+    }
 }
 
 /// Metadata of one chunk (8 bytes), lent to [`Pool::from_slices`].

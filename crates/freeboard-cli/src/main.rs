@@ -60,9 +60,14 @@ struct ServeArgs {
     /// for no pings; `[topics]` for the topic settings). Flags override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:9001].
+    /// Address to listen on [default: 127.0.0.1:9001]. An address another process listens
+    /// on is refused ("address in use") unless --share-port.
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
+    /// Join the SO_REUSEPORT group of another process listening on the same address (a
+    /// rolling restart), instead of failing with "address in use"; TOML `share_port`.
+    #[arg(long)]
+    share_port: bool,
     /// Event loops (threads), each with its own SO_REUSEPORT listener [default: available cores].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -286,6 +291,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
     let secs = |d: Duration| Value::Float(d.as_secs_f64());
     let flags: Vec<(&str, Option<Value>)> = vec![
         ("listen", args.listen.map(|v| Value::String(v.to_string()))),
+        ("share_port", args.share_port.then_some(Value::Boolean(true))),
         ("threads", args.threads.map(|v| int(v as u64))),
         ("memory", args.memory.map(int)),
         ("max_message_size", args.max_message_size.map(int)),

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use socket2::{Domain, SockRef, Socket, Type};
 
+use freeboard_test::Inbox;
+
 use crate::ws::{Frame, WsClient, upgrade_request};
 
 /// Sends the first half of a 64 KiB binary frame, waits for the server to hold it, then
@@ -119,42 +121,21 @@ pub fn tiny_reader(addr: SocketAddr, messages: Vec<Vec<u8>>) -> Vec<Frame> {
     let mut stream: std::net::TcpStream = socket.into();
     stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
     stream.write_all(upgrade_request("/echo", "").as_bytes()).expect("request");
-    let mut byte = [0u8; 1];
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        stream.read_exact(&mut byte).expect("head");
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+    let mut inbox = Inbox::default();
+    let mut one_byte = OneByte(stream);
+    let head = inbox.head(&mut one_byte).expect("head").expect("a response head");
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     let count = messages.len();
-    let mut writer = stream.try_clone().expect("clone");
+    let mut writer = one_byte.0.try_clone().expect("clone");
     let sender = std::thread::spawn(move || {
         for m in &messages {
             writer.write_all(&freeboard_test::frame(0x82, m, freeboard_test::TEST_MASK))?;
         }
         io::Result::Ok(())
     });
-    let mut one_byte = OneByte(stream);
     let mut frames = Vec::with_capacity(count);
     while frames.len() < count {
-        let mut header = [0u8; 2];
-        one_byte.read_exact(&mut header).expect("frame header");
-        let len = match header[1] & 0x7f {
-            126 => {
-                let mut l = [0u8; 2];
-                one_byte.read_exact(&mut l).expect("length");
-                u64::from(u16::from_be_bytes(l))
-            }
-            127 => {
-                let mut l = [0u8; 8];
-                one_byte.read_exact(&mut l).expect("length");
-                u64::from_be_bytes(l)
-            }
-            n => u64::from(n),
-        };
-        let mut payload = vec![0u8; len as usize];
-        one_byte.read_exact(&mut payload).expect("payload");
-        frames.push(Frame { fin: header[0] & 0x80 != 0, opcode: header[0] & 0x0f, payload });
+        frames.push(inbox.frame(&mut one_byte).expect("a frame").expect("a frame before EOF"));
     }
     sender.join().expect("sender").expect("send");
     frames

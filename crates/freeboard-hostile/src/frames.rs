@@ -5,19 +5,19 @@ use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::ws::{Frame, WsClient};
+use freeboard_test::{LengthField, RawHeader, TEST_MASK, encode_frame};
 
-const MASK: [u8; 4] = [0xa1, 0xb2, 0xc3, 0xd4];
+use crate::ws::{Frame, WsClient};
 
 /// Sends the header of a binary frame whose 64-bit length field is `len` (and a few payload
 /// bytes); returns the server's close code.
 pub fn length_field(addr: SocketAddr, len: u64) -> Option<u16> {
     let mut client = WsClient::open(addr);
-    let mut header = vec![0x82, 0x80 | 127];
-    header.extend_from_slice(&len.to_be_bytes());
-    header.extend_from_slice(&MASK);
-    header.extend_from_slice(&[0u8; 16]);
-    client.send_raw(&header).expect("send");
+    let header =
+        RawHeader { length_field: LengthField::Bits64, ..RawHeader::new(0x82, len, TEST_MASK) };
+    let mut frame = [0u8; 14 + 16];
+    header.encode(&mut frame).expect("14 bytes of header");
+    client.send_raw(&frame).expect("send");
     client.recv_close().expect("read the close")
 }
 
@@ -49,9 +49,9 @@ pub fn fragment_bomb(addr: SocketAddr, fragments: usize) -> BombOutcome {
     for (i, byte) in message.iter().enumerate() {
         let opcode = if i == 0 { 0x2 } else { 0x0 };
         let fin = if i + 1 == fragments { 0x80 } else { 0 };
-        out.extend_from_slice(&[fin | opcode, 0x81]);
-        out.extend_from_slice(&MASK);
-        out.push(byte ^ MASK[0]); // a one-byte payload is masked with the key's first byte
+        let mut frame = [0u8; 7];
+        encode_frame(fin | opcode, &[*byte], TEST_MASK, &mut frame).expect("7 bytes");
+        out.extend_from_slice(&frame);
         if out.len() >= BATCH * 7 || i + 1 == fragments {
             if client.send_raw(&out).is_err() || replied(&client) {
                 break; // the server closed: its close frame says why
@@ -113,7 +113,7 @@ pub fn split_text(addr: SocketAddr, payload: &[u8], at: usize, split: Split) -> 
             client.send(0x80, &payload[at..])?;
         }
         Split::Reads => {
-            let frame = freeboard_test::frame(0x81, payload, Some(MASK));
+            let frame = freeboard_test::frame(0x81, payload, TEST_MASK);
             let cut = frame.len() - payload.len() + at;
             client.stream.write_all(&frame[..cut])?;
             client.stream.flush()?;

@@ -1,47 +1,18 @@
 //! A blocking WebSocket client that sends raw frames (correct or not) and reads what comes
 //! back, frame by frame.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-/// The `Sec-WebSocket-Key` every request carries (the RFC's sample nonce).
-const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
-
-/// An upgrade request for `path` with `extra` header lines (each ending in `\r\n`).
-pub fn upgrade_request(path: &str, extra: &str) -> String {
-    format!(
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: {KEY}\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
-    )
-}
-
-/// One frame as received.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Frame {
-    /// The FIN bit.
-    pub fin: bool,
-    /// The opcode (`0x1` text, `0x2` binary, `0x8` close, `0x9` ping, `0xA` pong).
-    pub opcode: u8,
-    /// The (unmasked) payload.
-    pub payload: Vec<u8>,
-}
-
-impl Frame {
-    /// The status code of a close frame (1005 if it has none).
-    pub fn close_code(&self) -> u16 {
-        match self.payload.as_slice() {
-            [a, b, ..] => u16::from_be_bytes([*a, *b]),
-            _ => 1005,
-        }
-    }
-}
+pub use freeboard_test::{Frame, upgrade_request};
+use freeboard_test::{Inbox, TEST_MASK};
 
 /// A client connection: the stream and the bytes read past the last frame.
 pub struct WsClient {
     /// The socket.
     pub stream: TcpStream,
-    buf: Vec<u8>,
+    inbox: Inbox,
 }
 
 impl WsClient {
@@ -97,32 +68,25 @@ impl WsClient {
     pub fn raw(stream: TcpStream) -> Self {
         stream.set_read_timeout(Some(Duration::from_secs(10))).expect("set timeout");
         let _ = stream.set_nodelay(true);
-        Self { stream, buf: Vec::new() }
+        Self { stream, inbox: Inbox::default() }
     }
 
     /// A second handle on the connection, to read on another thread while this one writes.
     /// It takes the bytes already read past the last frame, so only it may read from now on.
     pub fn reader(&mut self) -> io::Result<Self> {
-        Ok(Self { stream: self.stream.try_clone()?, buf: std::mem::take(&mut self.buf) })
+        Ok(Self { stream: self.stream.try_clone()?, inbox: std::mem::take(&mut self.inbox) })
     }
 
     /// Reads an HTTP response head.
     pub fn read_head(&mut self) -> io::Result<String> {
-        loop {
-            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&self.buf[..end + 4]).into_owned();
-                self.buf.drain(..end + 4);
-                return Ok(head);
-            }
-            if !self.fill(self.buf.len() + 1)? {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "no response head"));
-            }
-        }
+        self.inbox
+            .head(&mut self.stream)?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "no response head"))
     }
 
     /// Sends one frame with `first_byte` (FIN, RSV, opcode), masked with the test mask.
     pub fn send(&mut self, first_byte: u8, payload: &[u8]) -> io::Result<()> {
-        let frame = freeboard_test::frame(first_byte, payload, freeboard_test::TEST_MASK);
+        let frame = freeboard_test::frame(first_byte, payload, TEST_MASK);
         self.stream.write_all(&frame)
     }
 
@@ -131,54 +95,9 @@ impl WsClient {
         self.stream.write_all(bytes)
     }
 
-    /// Reads until `buf` holds `n` bytes; `false` at EOF (or reset).
-    fn fill(&mut self, n: usize) -> io::Result<bool> {
-        let mut chunk = [0u8; 65536];
-        while self.buf.len() < n {
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return Ok(false),
-                Ok(k) => self.buf.extend_from_slice(&chunk[..k]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(false),
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(true)
-    }
-
     /// Reads one frame; `None` at EOF. A read timeout is an error.
     pub fn recv(&mut self) -> io::Result<Option<Frame>> {
-        if !self.fill(2)? {
-            return Ok(None);
-        }
-        let (len, at) = match self.buf[1] & 0x7f {
-            126 => {
-                if !self.fill(4)? {
-                    return Ok(None);
-                }
-                (u64::from(u16::from_be_bytes([self.buf[2], self.buf[3]])), 4)
-            }
-            127 => {
-                if !self.fill(10)? {
-                    return Ok(None);
-                }
-                let mut len = [0u8; 8];
-                len.copy_from_slice(&self.buf[2..10]);
-                (u64::from_be_bytes(len), 10)
-            }
-            n => (u64::from(n), 2),
-        };
-        let end = at + usize::try_from(len).map_err(io::Error::other)?;
-        if !self.fill(end)? {
-            return Ok(None);
-        }
-        let frame = Frame {
-            fin: self.buf[0] & 0x80 != 0,
-            opcode: self.buf[0] & 0x0f,
-            payload: self.buf[at..end].to_vec(),
-        };
-        self.buf.drain(..end);
-        Ok(Some(frame))
+        self.inbox.frame(&mut self.stream)
     }
 
     /// Reads frames until a close frame and returns its code; `None` if the stream ended
@@ -195,17 +114,7 @@ impl WsClient {
     /// Reads and discards until the server ends the TCP connection; `true` if it did (EOF or
     /// reset) before the read timeout.
     pub fn sees_eof(&mut self) -> bool {
-        self.buf.clear();
-        let mut chunk = [0u8; 4096];
-        loop {
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return true,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
-            }
-        }
+        self.inbox.sees_eof(&mut self.stream)
     }
 
     /// Sends a close frame with `code`, reads to the server's close and its EOF; returns the

@@ -137,10 +137,16 @@ struct CloseRecord {
     clean: bool,
 }
 
-/// Where the close reason lives; no copy of it is kept.
+/// Where the close reason lives; no copy of it is kept, not even a `&'static str` (16 bytes
+/// where these take 4).
 #[derive(Clone, Copy)]
 enum Reason {
-    Static(&'static str),
+    /// The transport ended: no reason.
+    Eof,
+    CloseTimeout,
+    PongTimeout,
+    /// The connection failed for this error: [`ProtocolError::reason`].
+    Error(ProtocolError),
     /// The reason of the peer's close frame, still in `rx.control` (no input is read after it).
     /// Invariant: `rx.control[2..]` is UTF-8 (checked by `close::parse_payload`).
     Received,
@@ -171,10 +177,11 @@ struct FrameProgress {
     opcode: OpCode,
     fin: bool,
     mask: Option<[u8; 4]>,
-    /// Payload bytes already read.
-    read: u64,
-    /// Invariant: `read <= len`.
-    len: u64,
+    /// Payload bytes already read, modulo 4: where the next byte falls in the masking key.
+    /// Invariant: `< 4`.
+    mask_offset: u8,
+    /// Payload bytes not read yet (the frame's length and the bytes read would take 8 more).
+    remaining: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -278,19 +285,22 @@ impl Connection {
             },
         };
         let rest = &mut buf[consumed..];
-        let take =
-            usize::try_from(frame.len - frame.read).map_or(rest.len(), |n| n.min(rest.len()));
+        let take = usize::try_from(frame.remaining).map_or(rest.len(), |n| n.min(rest.len()));
         let (chunk, _) = rest.split_at_mut(take);
         if let Some(key) = frame.mask {
-            // NOTE(truncation): only the offset modulo 4 matters to the mask.
-            apply_mask(chunk, key, (frame.read % 4) as usize);
+            apply_mask(chunk, key, usize::from(frame.mask_offset));
         }
         consumed += take;
-        let frame_fin = frame.read + take as u64 == frame.len;
+        let frame_fin = frame.remaining == take as u64;
         self.rx.frame = if frame_fin {
             None
         } else {
-            Some(FrameProgress { read: frame.read + take as u64, ..frame })
+            Some(FrameProgress {
+                remaining: frame.remaining - take as u64,
+                // NOTE(truncation): the sum modulo 4 is below 4.
+                mask_offset: ((usize::from(frame.mask_offset) + take) % 4) as u8,
+                ..frame
+            })
         };
         if take == 0 && !frame_fin {
             return Ok(Input { consumed, payload: None });
@@ -314,7 +324,7 @@ impl Connection {
     /// Reports that the peer ended the transport (read returned 0 or the socket reset).
     pub fn handle_eof(&mut self) {
         if self.state != State::Closed {
-            self.finish(CloseCode::ABNORMAL, Reason::Static(""), false);
+            self.finish(CloseCode::ABNORMAL, Reason::Eof, false);
         }
     }
 
@@ -322,12 +332,8 @@ impl Connection {
     pub fn handle_timeout(&mut self, now: Instant) {
         while let Some(timer) = self.timers.expire(now) {
             match timer {
-                Timer::Close => {
-                    self.finish(CloseCode::ABNORMAL, Reason::Static("close timeout"), false)
-                }
-                Timer::PongDeadline => {
-                    self.finish(CloseCode::ABNORMAL, Reason::Static("pong timeout"), false)
-                }
+                Timer::Close => self.finish(CloseCode::ABNORMAL, Reason::CloseTimeout, false),
+                Timer::PongDeadline => self.finish(CloseCode::ABNORMAL, Reason::PongTimeout, false),
                 Timer::KeepAlive if self.state == State::Open => {
                     self.ping_due = true;
                     self.timers.set(Timer::PongDeadline, now + self.config.pong_timeout);
@@ -379,7 +385,10 @@ impl Connection {
         self.closed_event_due = false;
         let record = self.closed?;
         let reason = match record.reason {
-            Reason::Static(reason) => reason,
+            Reason::Eof => "",
+            Reason::CloseTimeout => "close timeout",
+            Reason::PongTimeout => "pong timeout",
+            Reason::Error(error) => error.reason(),
             Reason::Received => {
                 let payload = self.rx.control.as_slice();
                 core::str::from_utf8(payload.get(2..).unwrap_or_default()).unwrap_or_default()
@@ -563,8 +572,8 @@ impl Connection {
                 opcode: header.opcode,
                 fin: header.fin,
                 mask: header.mask,
-                read: 0,
-                len: header.payload_len,
+                mask_offset: 0,
+                remaining: header.payload_len,
             }),
         ))
     }
@@ -682,7 +691,7 @@ impl Connection {
             let payload = ControlPayload::close(error.close_code(), error.reason().as_bytes());
             self.owed = Some((OpCode::Close, payload));
         }
-        self.finish(error.close_code(), Reason::Static(error.reason()), false);
+        self.finish(error.close_code(), Reason::Error(error), false);
         error
     }
 
@@ -759,7 +768,7 @@ fn encode_frame(
 }
 
 /// An idle open connection's state without its buffers: 24 bytes instead of a
-/// [`Connection`]'s 472.
+/// [`Connection`]'s 424.
 ///
 /// A server with 100,000 mostly idle connections keeps these and resumes one into a full
 /// [`Connection`] when its socket has something to say. Only a connection with nothing in
@@ -809,7 +818,18 @@ impl Parked {
 }
 
 /// The connection state must stay small: 100,000 idle connections hold 100,000 of these.
-/// 472 bytes on 64-bit targets; most of it is two 125-byte control payloads (the one being
-/// read, and the pong or close frame we owe) that RFC 6455 requires to be answered whole.
-const _: () = assert!(core::mem::size_of::<Connection>() <= 472);
+/// 424 bytes on 64-bit and 32-bit targets alike (it holds no pointer), and what holds them:
+///
+/// | bytes | what | why it must |
+/// |---|---|---|
+/// | 126 + 127 | the control payload being read (`rx.control`, which `poll_event` lends out) and the pong or close frame we owe (`owed`) | a control payload may be 125 bytes and arrive split across reads; the pong for a ping must carry its payload whole (§5.5.2) even when the caller reads the next control frame before draining `poll_transmit` (documented as allowed), and a close reason given to `close` must survive the peer's control frames read before it is sent: one buffer cannot serve both |
+/// | 72 | [`Config`] | [`Connection::config`] returns `&Config`, whose fields are public `u64`s and `Duration`s |
+/// | 14 + 1 | a frame header cut off by the end of an input | headers are up to 14 bytes and may arrive a byte at a time |
+/// | 16 + 16 | the frame and the message being read | a 64-bit remaining length and message length (frames and messages may exceed 4 GiB), the mask key |
+/// | 24 | three deadlines | one `u64` per [`Timer`] |
+/// | 8 | how it closed | code, reason as an error kind (not a `&str`), clean |
+/// | 4 + 6 | UTF-8 validator state, role, state and flags | |
+///
+/// Parked, an idle connection is 24 bytes (below).
+const _: () = assert!(core::mem::size_of::<Connection>() <= 424);
 const _: () = assert!(core::mem::size_of::<Parked>() <= 24);

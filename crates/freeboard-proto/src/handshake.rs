@@ -63,7 +63,7 @@ pub enum HandshakeError {
     ConnectionNotUpgrade,
     /// `Sec-WebSocket-Key` missing, repeated, or not 16 bytes of base64 (400).
     Key,
-    /// `Sec-WebSocket-Version` missing (400).
+    /// `Sec-WebSocket-Version` missing or repeated (400).
     VersionMissing,
     /// `Sec-WebSocket-Version` is not 13 (426, answered with `Sec-WebSocket-Version: 13`).
     UnsupportedVersion,
@@ -121,7 +121,7 @@ impl HandshakeError {
             Self::UpgradeRequired => "this endpoint speaks WebSocket: send Upgrade: websocket",
             Self::ConnectionNotUpgrade => "Connection header must include upgrade",
             Self::Key => "Sec-WebSocket-Key must be 16 bytes in base64",
-            Self::VersionMissing => "Sec-WebSocket-Version is missing",
+            Self::VersionMissing => "exactly one Sec-WebSocket-Version header is required",
             Self::UnsupportedVersion => "only Sec-WebSocket-Version 13 is supported",
             Self::OriginRefused => "origin not allowed",
             Self::Refused { .. } => "server refused the upgrade",
@@ -219,17 +219,19 @@ impl<'h, 'b> Request<'h, 'b> {
         if key.len() != 24 || BASE64.decode_slice(key, &mut decoded) != Ok(16) {
             return Err(HandshakeError::Key);
         }
-        match headers.iter().find(|h| h.name.eq_ignore_ascii_case("sec-websocket-version")) {
+        // Like `Host` and the key, the version must be given once: two values cannot both be
+        // the one the client speaks.
+        match single(headers, "sec-websocket-version") {
             None => return Err(HandshakeError::VersionMissing),
-            Some(h) if h.value.trim_ascii() != b"13" => {
+            Some(version) if version.trim_ascii() != b"13" => {
                 return Err(HandshakeError::UnsupportedVersion);
             }
             Some(_) => {}
         }
-        Ok(Some((Self { path, headers, key }, len)))
+        Ok(Some((Self { path: origin_form(path), headers, key }, len)))
     }
 
-    /// The request target: path and query.
+    /// The request target: path and query (of an absolute-form target too).
     pub fn path(&self) -> &'b str {
         self.path
     }
@@ -499,6 +501,21 @@ fn single<'b>(headers: &[Header<'b>], name: &str) -> Option<&'b [u8]> {
     }
 }
 
+/// The path of a request target. RFC 9112 §3.2.2: a server MUST accept the absolute form
+/// (`http://host/path`) that proxies send; it is routed by its path and query.
+pub fn origin_form(target: &str) -> &str {
+    let Some(scheme_end) = target.find("://") else { return target };
+    let scheme = &target[..scheme_end];
+    if !(scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")) {
+        return target;
+    }
+    let rest = &target[scheme_end + 3..];
+    match rest.find(['/', '?']) {
+        Some(at) => &rest[at..],
+        None => "/",
+    }
+}
+
 /// The non-empty, trimmed, comma-separated tokens of a header value.
 fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> + Clone {
     value.split(|&b| b == b',').map(<[u8]>::trim_ascii).filter(|t| !t.is_empty())
@@ -620,6 +637,14 @@ mod tests {
             (replace("dGhlIHNhbXBsZSBub25jZQ==", "dGhlIHNhbXBsZQ=="), HandshakeError::Key, 400),
             (replace("Version: 13", "Version: 8"), HandshakeError::UnsupportedVersion, 426),
             (replace("Sec-WebSocket-Version: 13\r\n", ""), HandshakeError::VersionMissing, 400),
+            (
+                replace(
+                    "Sec-WebSocket-Version: 13\r\n",
+                    "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Version: 8\r\n",
+                ),
+                HandshakeError::VersionMissing,
+                400,
+            ),
             (replace("GET /chat", "GET /chat\x01"), HandshakeError::Malformed, 400),
         ];
         for (request, error, status) in cases {

@@ -4,15 +4,23 @@
 //!   clock and a [`Chunker`] that decides how the bytes in flight are cut into reads, stepped
 //!   until quiet (the shape of quinn's `tests/util.rs` `Pair`).
 //! - [`Endpoint::feed`]: drives one connection with raw bytes and records what it reports.
-//! - [`frame`]: builds raw frames, including ones a correct sender never produces.
+//! - [`encode_frame`], [`RawHeader`], [`close_frame`] and [`upgrade_request`]: the bytes a
+//!   client writes to a real server, into the caller's buffer, including ones a correct sender
+//!   never produces; [`parse_frame`] and [`Inbox`]: the server's answer read back.
 
 use std::time::Duration;
 
 use freeboard_proto::frame::MAX_HEADER_LEN;
-use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{
-    CloseCode, Config, Connection, Event, FrameHeader, Instant, MessageKind, OpCode, ProtocolError,
-    Role, UsageError,
+    CloseCode, Config, Connection, Event, Instant, MessageKind, OpCode, ProtocolError, Role,
+    UsageError,
+};
+
+mod wire;
+
+pub use wire::{
+    Frame, Inbox, LengthField, RawHeader, TEST_MASK, close_frame, encode_frame, frame, parse_frame,
+    upgrade_request,
 };
 
 /// What an endpoint observed, in order.
@@ -358,27 +366,3 @@ impl Pair {
         end.drain_events();
     }
 }
-
-/// Builds a raw frame, masked with `mask` if given, with no checks at all — for sending what a
-/// correct peer never would.
-pub fn frame(first_byte: u8, payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
-    let header = FrameHeader {
-        fin: first_byte & 0x80 != 0,
-        rsv: (first_byte >> 4) & 0b111,
-        opcode: OpCode::Binary,
-        mask,
-        payload_len: payload.len() as u64,
-    };
-    let mut out = vec![0u8; header.len()];
-    header.encode(&mut out).expect("sized by len");
-    out[0] = first_byte;
-    let start = out.len();
-    out.extend_from_slice(payload);
-    if let Some(key) = mask {
-        apply_mask(&mut out[start..], key, 0);
-    }
-    out
-}
-
-/// A fixed masking key for raw frames sent to a server.
-pub const TEST_MASK: Option<[u8; 4]> = Some([0xa1, 0xb2, 0xc3, 0xd4]);

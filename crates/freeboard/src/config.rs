@@ -22,6 +22,10 @@ pub const MIN_CHUNK_SIZE: usize = 256;
 pub struct ServerConfig {
     /// Address to listen on. Default `127.0.0.1:9001`.
     pub listen: SocketAddr,
+    /// Join the `SO_REUSEPORT` group of another process already listening on `listen`
+    /// (a rolling restart). Default `false`: a taken address fails `Server::bind` with
+    /// "address in use".
+    pub share_port: bool,
     /// Event loops (threads), each with its own `SO_REUSEPORT` listener. Default: the number
     /// of available cores.
     pub threads: usize,
@@ -182,6 +186,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9001)),
+            share_port: false,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory: 1 << 30,
             chunk_size: freeboard_buf::DEFAULT_CHUNK_SIZE,
@@ -370,6 +375,7 @@ impl ServerConfig {
             true "connection_reserve" connection_reserve;
             true "topics.publish_token" topics.publish_token;
             false "listen" listen;
+            false "share_port" share_port;
             false "threads" threads;
             false "memory" memory;
             false "chunk_size" chunk_size;
@@ -452,6 +458,14 @@ pub enum ConfigError {
     UnknownPolicy(String),
     /// A setting that must be more than 0 is 0 (its name).
     Zero(&'static str),
+    /// `memory` is more than the machine (or the process's cgroup) has: the budget could not
+    /// be kept.
+    MemoryExceedsMachine {
+        /// The budget given.
+        memory: usize,
+        /// The machine's or the cgroup's memory.
+        machine: usize,
+    },
 }
 
 impl std::fmt::Display for ConfigError {
@@ -482,6 +496,10 @@ impl std::fmt::Display for ConfigError {
             Self::Memory { memory, threads, needed } => write!(
                 f,
                 "memory {memory} is too small for {threads} loops: each needs {needed} bytes (its read buffer and 16 chunks)"
+            ),
+            Self::MemoryExceedsMachine { memory, machine } => write!(
+                f,
+                "memory {memory} is more than this machine can give ({machine} bytes): lower it"
             ),
             Self::UnknownPolicy(name) => write!(
                 f,

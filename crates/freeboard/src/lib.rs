@@ -7,7 +7,7 @@
 //! whole in one read reaches the [`Handler`] as a borrowed slice, pieces of other messages are
 //! kept in pool chunks. Everything a connection sends in one loop turn leaves in one `writev`.
 //! A connection with nothing in flight parks its protocol state (24 bytes instead of a
-//! 472-byte `Connection`), so an idle connection costs about 200 bytes of user-space memory.
+//! 424-byte `Connection`), so an idle connection costs about 200 bytes of user-space memory.
 //!
 //! ```no_run
 //! use freeboard::{Conn, Handler, Message, Router, Server, ServerConfig};

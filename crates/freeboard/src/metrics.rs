@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use freeboard_buf::{PushOutcome, SlowConsumerPolicy};
+use freeboard_buf::{Limit, PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::CloseCode;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
@@ -169,6 +169,8 @@ impl LocalHistogram {
 pub(crate) struct LoopGauges {
     pub(crate) chunks_in_use: Gauge,
     pub(crate) chunks_high_water: Gauge,
+    pub(crate) slots_in_use: Gauge,
+    pub(crate) slots_high_water: Gauge,
     pub(crate) send_queue_bytes: Gauge,
     allocation_failures: Counter,
     /// The pool's failure count at the last turn (the pool counts from its start).
@@ -182,6 +184,8 @@ impl LoopGauges {
         Self {
             chunks_in_use: gauge(&metrics.chunks_in_use),
             chunks_high_water: gauge(&metrics.chunks_high_water),
+            slots_in_use: gauge(&metrics.slots_in_use),
+            slots_high_water: gauge(&metrics.slots_high_water),
             send_queue_bytes: gauge(&metrics.send_queue_bytes),
             allocation_failures: metrics.allocation_failures.get_or_create(&label).clone(),
             failures_seen: 0,
@@ -210,11 +214,17 @@ pub(crate) struct LoopStats {
     pub(crate) deliveries: u64,
     /// Messages dropped by slow-consumer policies, counted here so a drop allocates nothing.
     pub(crate) policy_drops: PolicyCounts,
+    /// Messages refused because the pool was short through no fault of their connection.
+    pub(crate) pool_exhausted: u64,
     /// Sizes of the data messages received.
     message_sizes: LocalHistogram,
     /// How long send queues stayed non-empty, in milliseconds.
     queue_delays: LocalHistogram,
 }
+
+/// The `drops` reason of a message refused because the pool was short through no fault of its
+/// connection (not a slow consumer: see `session/share.rs`).
+pub(crate) const POOL_EXHAUSTED: &str = "pool_exhausted";
 
 /// One count per [`SlowConsumerPolicy`], sized by the enum.
 #[derive(Debug, Default, Clone, Copy)]
@@ -241,6 +251,12 @@ impl LoopStats {
             PushOutcome::Dropped { newest, messages, .. } => {
                 self.policy_drops[policy] += u64::from(messages);
                 u64::from(!newest)
+            }
+            PushOutcome::WouldBlock { limit: Limit::Pool }
+                if policy != SlowConsumerPolicy::Block =>
+            {
+                self.pool_exhausted += 1;
+                0
             }
             PushOutcome::WouldBlock { .. } | PushOutcome::MustClose { .. } => 0,
         };
@@ -272,9 +288,10 @@ impl LoopStats {
                 counter.inc_by(n);
             }
         }
-        for (policy, n) in SlowConsumerPolicy::ALL.iter().zip(self.policy_drops.0) {
+        let drops = SlowConsumerPolicy::ALL.iter().map(|p| p.name()).zip(self.policy_drops.0);
+        for (reason, n) in drops.chain([(POOL_EXHAUSTED, self.pool_exhausted)]) {
             if n > 0 {
-                metrics.drops.get_or_create(&Reason { reason: policy.name().to_owned() }).inc_by(n);
+                metrics.drops.get_or_create(&Reason { reason: reason.to_owned() }).inc_by(n);
             }
         }
         if !self.message_sizes.is_empty() {
@@ -322,6 +339,12 @@ pub struct Metrics {
     pub(crate) chunks_capacity: Family<LoopLabel, Gauge>,
     /// Most chunks ever in use, per loop.
     pub(crate) chunks_high_water: Family<LoopLabel, Gauge>,
+    /// Segment slots (each queued message or piece of one holds at least one), per loop.
+    pub(crate) slots_in_use: Family<LoopLabel, Gauge>,
+    /// Segment slots in total, per loop.
+    pub(crate) slots_total: Family<LoopLabel, Gauge>,
+    /// Most segment slots ever in use at once, per loop.
+    pub(crate) slots_high_water: Family<LoopLabel, Gauge>,
     /// Budget bytes, per loop.
     pub(crate) budget_bytes: Family<LoopLabel, Gauge>,
     /// Bytes of one pool chunk.
@@ -372,6 +395,9 @@ impl Metrics {
             chunks_in_use: Family::default(),
             chunks_capacity: Family::default(),
             chunks_high_water: Family::default(),
+            slots_in_use: Family::default(),
+            slots_total: Family::default(),
+            slots_high_water: Family::default(),
             budget_bytes: Family::default(),
             chunk_size: Gauge::default(),
             allocation_failures: Family::default(),
@@ -392,8 +418,8 @@ impl Metrics {
         for status in REFUSAL_STATUSES {
             let _ = m.refusals.get_or_create(&Status { status });
         }
-        for policy in SlowConsumerPolicy::ALL {
-            let _ = m.drops.get_or_create(&Reason { reason: policy.name().into() });
+        for reason in SlowConsumerPolicy::ALL.iter().map(|p| p.name()).chain([POOL_EXHAUSTED]) {
+            let _ = m.drops.get_or_create(&Reason { reason: reason.into() });
         }
         for reason in TOPIC_DROP_REASONS {
             let _ = m.topic_drops.get_or_create(&Reason { reason: reason.into() });
@@ -444,6 +470,17 @@ impl Metrics {
             "pool_chunks_high_water",
             "Most pool chunks ever in use at once",
             m.chunks_high_water.clone(),
+        );
+        r.register(
+            "pool_slots_in_use",
+            "Pool segment slots in use (a queued message holds at least one)",
+            m.slots_in_use.clone(),
+        );
+        r.register("pool_slots_capacity", "Pool segment slots in total", m.slots_total.clone());
+        r.register(
+            "pool_slots_high_water",
+            "Most pool segment slots ever in use at once",
+            m.slots_high_water.clone(),
         );
         r.register_with_unit(
             "pool_chunk_size",
@@ -633,7 +670,9 @@ impl Metrics {
             "drops",
             &mut SlowConsumerPolicy::ALL
                 .iter()
-                .map(|p| (p.name().to_string(), self.drops_for(p.name())))
+                .map(|p| p.name())
+                .chain([POOL_EXHAUSTED])
+                .map(|r| (r.to_string(), self.drops_for(r)))
                 .chain(
                     TOPIC_DROP_REASONS
                         .iter()
@@ -672,6 +711,9 @@ impl Metrics {
             let _ = self.chunks_in_use.get_or_create(&label);
             let _ = self.chunks_capacity.get_or_create(&label);
             let _ = self.chunks_high_water.get_or_create(&label);
+            let _ = self.slots_in_use.get_or_create(&label);
+            let _ = self.slots_total.get_or_create(&label);
+            let _ = self.slots_high_water.get_or_create(&label);
             let _ = self.budget_bytes.get_or_create(&label);
             let _ = self.send_queue_bytes.get_or_create(&label);
             let _ = self.allocation_failures.get_or_create(&label);

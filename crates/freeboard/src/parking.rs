@@ -1,4 +1,4 @@
-//! Idle connections park their protocol state: 24 bytes inline instead of a boxed 472-byte
+//! Idle connections park their protocol state: 24 bytes inline instead of a boxed 424-byte
 //! [`Connection`], so a loop holding 10,000 quiet connections holds no protocol buffers
 //! either. A connection wakes into a spare box when its socket, a timer or a send needs the
 //! full state, and parks again at the end of the turn if nothing is left in flight.

@@ -43,21 +43,13 @@ fn echo(stream: &mut std::net::TcpStream, count: usize, out: &mut [u8], inbuf: &
         let mut expect = 0;
         for i in 0..batch {
             let len = SIZES[(sent + i) % SIZES.len()];
-            out[at] = 0x82;
-            if len < 126 {
-                out[at + 1] = 0x80 | len as u8;
-                at += 2;
-                expect += 2 + len;
-            } else {
-                out[at + 1] = 0x80 | 126;
-                out[at + 2..at + 4].copy_from_slice(&(len as u16).to_be_bytes());
-                at += 4;
-                expect += 4 + len;
-            }
-            out[at..at + 4].copy_from_slice(&[0; 4]); // zero mask: payload is sent as is
-            at += 4;
-            out[at..at + len].fill((i % 251) as u8);
-            at += len;
+            let payload = [(i % 251) as u8; 3000];
+            // A zero mask: the payload is sent as is.
+            let n =
+                freeboard_test::encode_frame(0x82, &payload[..len], Some([0; 4]), &mut out[at..])
+                    .unwrap();
+            at += n;
+            expect += n - 4; // the echo is not masked
         }
         stream.write_all(&out[..at]).unwrap();
         stream.read_exact(&mut inbuf[..expect]).unwrap();

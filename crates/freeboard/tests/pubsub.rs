@@ -335,6 +335,38 @@ impl Handler for Publisher {
     }
 }
 
+/// RFC 9112 framing: a body length that is not one run of digits, or several that disagree,
+/// is refused rather than guessed at; the absolute form of a target is routed by its path.
+#[test]
+fn post_framing_follows_rfc_9112() {
+    let config = common::config();
+    let t = config.topics.clone();
+    let server = start(config, move || Router::new().topics(&t).http(&t.path, HttpRoute::Publish));
+    let addr = server.local_addr();
+    let post = |lengths: &str| {
+        common::http(addr, &format!("POST /topic/x HTTP/1.1\r\nHost: x\r\n{lengths}\r\nhi"))
+    };
+    for bad in [
+        "Content-Length: +2\r\n",
+        "Content-Length: 2\r\nContent-Length: 3\r\n",
+        "Content-Length: 2, 3\r\n",
+    ] {
+        let answer = post(bad);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{bad:?} answered {answer:?}");
+    }
+    for good in ["Content-Length: 2\r\n", "Content-Length: 2\r\nContent-Length: 2\r\n"] {
+        let answer = post(good);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{good:?} answered {answer:?}");
+    }
+    let absolute = "POST http://x/topic/x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi";
+    let answer = common::http(addr, absolute);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    let (_, status, _) = common::Client::connect(addr, "http://x/topic/x");
+    assert_eq!(status, 101, "an absolute-form upgrade target");
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
 #[test]
 fn a_publish_to_nobody_costs_no_pool_chunks() {
     let mut config = common::config();

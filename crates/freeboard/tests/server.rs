@@ -75,6 +75,34 @@ fn plain_http_routes_are_opt_in() {
     server.join().unwrap();
 }
 
+/// A second server on a taken address fails at once instead of silently sharing its
+/// connections; one that asks to share joins the group.
+#[test]
+fn a_taken_port_is_refused_unless_shared() {
+    let first = Server::bind(config(), Router::new).unwrap().spawn();
+    let mut second = config();
+    second.listen = first.local_addr();
+    let error = Server::bind(second.clone(), Router::new).unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse, "{error}");
+    assert!(error.to_string().contains(&first.local_addr().to_string()), "{error}");
+    second.share_port = true;
+    let joined = Server::bind(second, Router::new).unwrap();
+    assert_eq!(joined.local_addr(), first.local_addr());
+    drop(joined);
+    first.handle().shutdown();
+    first.join().unwrap();
+}
+
+/// A budget the machine cannot back fails before anything listens, naming the setting.
+#[test]
+fn a_budget_beyond_the_machine_is_refused() {
+    let mut cfg = config();
+    cfg.memory = 1 << 50;
+    let error = Server::bind(cfg, Router::new).unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput, "{error}");
+    assert!(error.to_string().starts_with("memory 1125899906842624 is more than"), "{error}");
+}
+
 #[test]
 fn max_connections_answers_503() {
     let mut cfg = config();
@@ -411,8 +439,11 @@ fn a_closed_connection_whose_peer_stops_reading_is_dropped_at_the_close_timeout(
     let mut hog = non_reader(addr);
     // Enough echoes to fill the kernel's buffers and leave some in the server's queue, then a
     // close: the server answers it behind those echoes, which the peer never reads.
-    let message = vec![7u8; 1000];
-    for _ in 0..6_000 {
+    // 16 KiB messages: few, full segments. Thousands of small ones could overrun the
+    // server's receive buffer by their per-segment overhead while a loaded machine delays its
+    // reads, and the kernel's retransmission back-off (up to 120 s) would stall the test.
+    let message = vec![7u8; 16 << 10];
+    for _ in 0..375 {
         hog.send(0x82, &message);
     }
     hog.send(0x88, &1000u16.to_be_bytes());

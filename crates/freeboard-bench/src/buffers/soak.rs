@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use freeboard_proto::{Config, Connection, Instant as ProtoInstant, OpCode, Role};
+use freeboard_proto::{Config, Connection, Instant as ProtoInstant, Role};
+use freeboard_test::encode_frame;
 use serde::{Deserialize, Serialize};
 
 use crate::Target;
@@ -289,7 +290,6 @@ fn publish(
     start: Instant,
     mut rng: Rng,
 ) -> io::Result<()> {
-    let mut tx = Connection::new(Role::Client, Config::default(), ProtoInstant::default());
     let mut payload = vec![0u8; soak.frame_bytes.max(HEADER)];
     let mut pattern = vec![0u8; soak.pattern_bytes.max(HEADER)];
     let mut out = vec![0u8; payload.len().max(pattern.len()) + 14];
@@ -310,15 +310,13 @@ fn publish(
             number += 1;
             pattern_at = start.elapsed().as_micros() as u64;
             stamp(&mut pattern, 1, producer, number, pattern_at);
-            let n = tx
-                .send_frame(OpCode::Binary, true, &pattern, Some(rng.mask()), &mut out)
+            let n = encode_frame(0x82, &pattern, Some(rng.mask()), &mut out)
                 .map_err(io::Error::other)?;
             stream.write_all(&out[..n])?;
         }
         stamp(&mut payload, 0, producer, number, pattern_at);
-        let n = tx
-            .send_frame(OpCode::Binary, true, &payload, Some(rng.mask()), &mut out)
-            .map_err(io::Error::other)?;
+        let n =
+            encode_frame(0x82, &payload, Some(rng.mask()), &mut out).map_err(io::Error::other)?;
         stream.write_all(&out[..n])?;
         shared.sent.fetch_add(1, Ordering::Relaxed);
     }

@@ -15,7 +15,9 @@ use slab::Slab;
 use super::handshake::{self, Refusal};
 use super::{ClientConfig, ClientError, CloseEvent, Target};
 use crate::parking::{ParkingLot, Ws};
-use crate::session::{Assembly, Context, MaskSource, Reassembly, Received, SendOutcome, Session};
+use crate::session::{
+    Assembly, Context, MaskSource, Reassembly, Received, SendOutcome, Session, Share,
+};
 
 const IOV: usize = 64;
 
@@ -63,6 +65,8 @@ pub struct ClientLoop<H> {
     masks: MaskSource,
     /// Where idle connections' protocol state waits.
     lot: ParkingLot,
+    /// What one connection may take from the pool while it is contended, as of the last turn.
+    share: Share,
     sessions: Slab<Connecting>,
     config: ClientConfig,
     start: StdInstant,
@@ -110,6 +114,7 @@ impl<H: ClientHandler> ClientLoop<H> {
         )
         .map_err(|e| ClientError::Config(e.to_string()))?;
         Ok(Self {
+            share: Share::new(&pool, 1),
             poll: Poll::new()?,
             events: Events::with_capacity(1024),
             pool,
@@ -194,7 +199,8 @@ impl<H: ClientHandler> ClientLoop<H> {
                     pool: &mut self.pool,
                     lot: &mut self.lot,
                     masks: Some(&mut self.masks),
-                    limits: Reassembly::CLIENT,
+                    limits: &Reassembly::CLIENT,
+                    share: &self.share,
                     now,
                 },
             }),
@@ -213,6 +219,7 @@ impl<H: ClientHandler> ClientLoop<H> {
     /// Writes pending output, waits up to `timeout` for readiness or the next deadline, and
     /// runs what became ready.
     pub fn turn(&mut self, timeout: Option<Duration>) -> Result<(), ClientError> {
+        self.share = Share::new(&self.pool, self.sessions.len());
         self.flush_all();
         let timeout = match (timeout, self.next_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -292,7 +299,8 @@ impl<H: ClientHandler> ClientLoop<H> {
                             pool: &mut self.pool,
                             lot: &mut self.lot,
                             masks: Some(&mut self.masks),
-                            limits: Reassembly::CLIENT,
+                            limits: &Reassembly::CLIENT,
+                            share: &self.share,
                             now: core_now,
                         };
                         open.session.handle_timeout(&mut cx);
@@ -316,14 +324,15 @@ impl<H: ClientHandler> ClientLoop<H> {
             }
         }
         let now = self.now();
-        let Self { sessions, rbuf, pool, assembly, masks, lot, handler, .. } = self;
+        let Self { sessions, rbuf, pool, assembly, masks, lot, share, handler, .. } = self;
         let session = &mut sessions[id];
         while session.readable {
             let Phase::Open(open) = &mut session.phase else { return };
             if !open.session.wants_input() {
                 break;
             }
-            let mut parts = Parts { pool: &mut *pool, lot: &mut *lot, masks: &mut *masks, now };
+            let mut parts =
+                Parts { pool: &mut *pool, lot: &mut *lot, masks: &mut *masks, share, now };
             match session.stream.read(rbuf) {
                 Ok(n) if n > 0 => {
                     feed(ClientId(id), open, &mut rbuf[..n], parts, assembly, handler)
@@ -399,6 +408,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                         pool: &mut self.pool,
                         lot: &mut self.lot,
                         masks: &mut self.masks,
+                        share: &self.share,
                         now,
                     };
                     let id = ClientId(id);
@@ -453,7 +463,8 @@ impl<H: ClientHandler> ClientLoop<H> {
                         pool: &mut self.pool,
                         lot: &mut self.lot,
                         masks: Some(&mut self.masks),
-                        limits: Reassembly::CLIENT,
+                        limits: &Reassembly::CLIENT,
+                        share: &self.share,
                         now: Instant::from_millis(self.start.elapsed().as_millis() as u64),
                     };
                     open.session.handle_eof(&mut cx);
@@ -571,6 +582,7 @@ struct Parts<'p> {
     pool: &'p mut Pool<'static>,
     lot: &'p mut ParkingLot,
     masks: &'p mut MaskSource,
+    share: &'p Share,
     now: Instant,
 }
 
@@ -580,7 +592,8 @@ impl Parts<'_> {
             pool: self.pool,
             lot: self.lot,
             masks: Some(self.masks),
-            limits: Reassembly::CLIENT,
+            limits: &Reassembly::CLIENT,
+            share: self.share,
             now: self.now,
         }
     }

@@ -4,7 +4,7 @@
 use freeboard_buf::{ChunkChain, Pool};
 use freeboard_proto::{CloseCode, MessageKind};
 
-/// What [`Client::recv`] returns.
+/// What [`Client::recv`](super::Client::recv) returns.
 #[derive(Debug)]
 pub enum Event<'a> {
     /// A whole message.

@@ -26,7 +26,7 @@ use crate::config::ServerConfig;
 use crate::handler::{ConnId, Router};
 use crate::metrics::{LogThrottle, LoopGauges, LoopLabel, LoopStats, close_label};
 use crate::parking::ParkingLot;
-use crate::session::{Assembly, Context, Phase, Reassembly, Session};
+use crate::session::{Assembly, Context, Phase, Reassembly, Session, Share};
 use crate::topics::{LocalTopics, Publication};
 use crate::transport::Transport;
 
@@ -88,6 +88,9 @@ pub(crate) struct EventLoop<T> {
     /// Messages (and request bodies) that arrived in pieces, contiguous for the handler.
     pub(super) assembly: Assembly,
     pub(super) limits: Reassembly,
+    /// What one connection may take from the pool while it is contended, as of the last
+    /// turn's connection count.
+    pub(super) share: Share,
     timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     pub(super) dirty: Vec<usize>,
     pub(super) resume: Vec<usize>,
@@ -114,6 +117,8 @@ pub(crate) struct EventLoop<T> {
     buffered: usize,
     /// Chunks held by partial request heads (see [`http`](super::http)).
     pub(super) head_chunks: usize,
+    /// Chunks counted against request bodies in flight (see [`http`](super::http)).
+    pub(super) body_chunks: usize,
     pub(super) stats: LoopStats,
     pub(super) topics: LocalTopics,
     /// Publications from other threads.
@@ -160,6 +165,7 @@ impl<T: Transport> EventLoop<T> {
             lot: ParkingLot::new(config.protocol()),
             read_buf: vec![0u8; config.read_buffer].into_boxed_slice(),
             limits: Reassembly::server(config.connection_reserve),
+            share: Share::new(&pool, 0),
             gauges: LoopGauges::new(&shared.metrics, index),
             log_throttle: LogThrottle::default(),
             generation: shared.generation.load(Ordering::Acquire),
@@ -179,6 +185,7 @@ impl<T: Transport> EventLoop<T> {
             accept_more: false,
             buffered: 0,
             head_chunks: 0,
+            body_chunks: 0,
             stats: LoopStats::default(),
             topics,
             inbox,
@@ -201,6 +208,7 @@ impl<T: Transport> EventLoop<T> {
         m.chunks_capacity.get_or_create(&label).set(self.pool.chunks_total() as i64);
         m.chunk_size.set(self.pool.chunk_size() as i64);
         m.budget_bytes.get_or_create(&label).set(self.pool.budget().limit() as i64);
+        m.slots_total.get_or_create(&label).set(self.pool.segments_total() as i64);
         loop {
             let now = self.now();
             let generation = self.shared.generation.load(Ordering::Acquire);
@@ -386,7 +394,8 @@ impl<T: Transport> EventLoop<T> {
             pool: &mut self.pool,
             lot: &mut self.lot,
             masks: None,
-            limits: self.limits,
+            limits: &self.limits,
+            share: &self.share,
             now,
         };
         (&mut self.conns[token], cx)
@@ -407,7 +416,14 @@ impl<T: Transport> EventLoop<T> {
     /// EOF a lingering connection goes; a draining one goes once its output is out.
     pub(super) fn read_discard(&mut self, token: usize) {
         let entry = &mut self.conns[token];
+        let mut reads = 0;
         let eof = loop {
+            if reads == READS_PER_TURN {
+                // A peer that keeps writing after the close waits its turn like any other.
+                self.resume.push(token);
+                break false;
+            }
+            reads += 1;
             match entry.stream.read(&mut self.read_buf) {
                 Ok(0) => break true,
                 Ok(_) => {}
@@ -509,6 +525,7 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         self.dirty.clear();
+        self.share = Share::new(&self.pool, self.conns.len());
         if self.conns.is_empty() && self.conns.capacity() > INITIAL_CONNS {
             // A burst of connections is over: give its memory back rather than keep the peak.
             self.conns = Slab::with_capacity(INITIAL_CONNS);
@@ -527,7 +544,7 @@ impl<T: Transport> EventLoop<T> {
         self.publish_gauges();
     }
 
-    fn flush(&mut self, token: usize, now: Instant) {
+    pub(super) fn flush(&mut self, token: usize, now: Instant) {
         let entry = &mut self.conns[token];
         if entry.queued_at == 0 && entry.session.buffered() > 0 {
             entry.queued_at = (now.as_millis() as u32).wrapping_add(1).max(1);
@@ -595,9 +612,9 @@ impl<T: Transport> EventLoop<T> {
 
     pub(super) fn remove(&mut self, token: usize) {
         self.topics.drop_conn(&self.shared.hub, token);
+        self.forget_request(token);
         let mut entry = self.conns.remove(token);
         self.buffered -= entry.counted as usize;
-        self.forget_request(&mut entry.session);
         entry.session.release(&mut self.pool);
         self.shared.release(&self.config, entry.peer);
         if let Phase::Open(_) = entry.session.phase {
@@ -621,6 +638,8 @@ impl<T: Transport> EventLoop<T> {
         let g = &mut self.gauges;
         g.chunks_in_use.set(c.chunks_in_use as i64);
         g.chunks_high_water.set(c.chunks_high_water as i64);
+        g.slots_in_use.set(c.segments_in_use as i64);
+        g.slots_high_water.set(c.segments_high_water as i64);
         g.send_queue_bytes.set(self.buffered as i64);
         self.gauges.allocation_failures(c.allocation_failures);
     }

@@ -58,12 +58,13 @@ impl<T: Transport> EventLoop<T> {
                 pool: &mut self.pool,
                 lot: &mut self.lot,
                 masks: None,
-                limits: self.limits,
+                limits: &self.limits,
+                share: &self.share,
                 now,
             };
             let Some(outcome) = entry.session.send_frame(&mut cx, frame) else { continue };
             match outcome {
-                PushOutcome::WouldBlock { .. } => {
+                PushOutcome::WouldBlock { .. } if policy == SlowConsumerPolicy::Block => {
                     // A publisher cannot be paused for one subscriber: the message is dropped.
                     self.stats.policy_drops[SlowConsumerPolicy::Block] += 1;
                 }

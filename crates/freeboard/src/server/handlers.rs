@@ -11,12 +11,16 @@ use crate::metrics::close_label;
 use crate::session::{Context, Phase, Received};
 use crate::transport::Transport;
 
+/// Queued messages after which a connection's replies are written before its read is parsed
+/// further (pipelined small messages would otherwise hold a pool slot each for the turn).
+const WRITE_THROUGH: u32 = 256;
+
 impl<T: Transport> EventLoop<T> {
     /// Feeds one read to the session: whole messages go to the handler in place, assembled
     /// ones from the loop's assembly buffer.
     pub(super) fn receive(&mut self, token: usize, now: Instant, buf: &mut [u8]) {
         let mut at = 0;
-        while at < buf.len() {
+        while at < buf.len() && self.conns.contains(token) {
             let (entry, mut cx) = self.split(token, now);
             let (used, received) = entry.session.receive(&mut cx, &mut buf[at..]);
             at += used;
@@ -38,11 +42,17 @@ impl<T: Transport> EventLoop<T> {
                 }
                 None => {}
             }
-            self.report_close(token);
             // A pause (send queue above its high watermark) stops reading from the socket, not
             // the parsing of bytes already read: dropping them would tear the stream.
-            if self.conns.get(token).is_none_or(|e| e.session.state() == State::Closed) {
+            let Some(entry) = self.conns.get(token) else { return };
+            if entry.session.state() == State::Closed {
+                self.report_close(token);
                 return;
+            }
+            if entry.session.queue().messages() >= WRITE_THROUGH {
+                // Many small replies from one read: write them now rather than hold a slot
+                // each until the end of the turn.
+                self.flush(token, now);
             }
         }
     }
@@ -104,7 +114,8 @@ impl<T: Transport> EventLoop<T> {
                 pool: &mut self.pool,
                 lot: &mut self.lot,
                 masks: None,
-                limits: self.limits,
+                limits: &self.limits,
+                share: &self.share,
                 now,
             },
             metrics: &self.shared.metrics,
@@ -119,7 +130,8 @@ impl<T: Transport> EventLoop<T> {
         if let Some(change) = self.conns[token].session.take_writability() {
             self.writability_changed(token, now, change);
         }
-        self.report_close(token);
+        // NOTE: a handler cannot finish a close (its own close waits for the peer's); the
+        // callers report a close that input or a timeout finished.
         self.mark(token);
         if !self.outbox.is_empty() {
             self.fan_out_outbox(now);

@@ -10,12 +10,14 @@ use freeboard_proto::{Instant, MessageKind, Role};
 use super::event_loop::{EventLoop, LINGER};
 use crate::handler::{HttpRoute, Upgrade};
 use crate::parking::Ws;
-use crate::session::{Body, Phase, Session};
+use crate::session::{Body, Phase};
 use crate::transport::Transport;
 use freeboard_buf::SendQueue;
 
-/// The share of the pool's chunks (1 / this) that partial request heads may hold together.
+/// The share of the pool's chunks (1 / this) that partial request heads may hold together,
+/// and that request bodies may hold together: neither can starve the open connections.
 const HEAD_SHARE: usize = 4;
+const BODY_SHARE: usize = 4;
 const RETRY_SOON: &str = "Retry-After: 1\r\n";
 const BUDGET_EXHAUSTED: &str = "server memory budget exhausted";
 
@@ -56,11 +58,17 @@ impl<T: Transport> EventLoop<T> {
         }
     }
 
-    /// Stops counting the partial request head of a session that goes.
-    pub(super) fn forget_request(&mut self, session: &mut Session) {
-        if let Phase::Request { .. } = session.phase {
-            let held = head_chunks(session.partial_mut().len(), self.pool.chunk_size());
-            self.head_chunks -= held;
+    /// Stops counting the partial request head or the request body of a session that goes
+    /// or moves on.
+    pub(super) fn forget_request(&mut self, token: usize) {
+        let session = &mut self.conns[token].session;
+        match &session.phase {
+            Phase::Request { .. } => {
+                let held = head_chunks(session.partial_mut().len(), self.pool.chunk_size());
+                self.head_chunks -= held;
+            }
+            Phase::Body(body) => self.body_chunks -= body.reserved,
+            _ => {}
         }
     }
 
@@ -91,7 +99,7 @@ impl<T: Transport> EventLoop<T> {
                 return false;
             }
             Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => (
-                req.path.unwrap_or("/"),
+                handshake::origin_form(req.path.unwrap_or("/")),
                 req.headers.iter().any(|h| h.name.eq_ignore_ascii_case("upgrade")),
                 len,
             ),
@@ -291,11 +299,16 @@ impl<T: Transport> EventLoop<T> {
             self.refuse(token, now, 411, "", "a Content-Length is required");
             return;
         }
-        let Some(len) = header("content-length")
-            .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok())
-        else {
-            self.refuse(token, now, 411, "", "a Content-Length is required");
-            return;
+        let len = match content_length(headers) {
+            Ok(Some(len)) => len,
+            Ok(None) => {
+                self.refuse(token, now, 411, "", "a Content-Length is required");
+                return;
+            }
+            Err(()) => {
+                self.refuse(token, now, 400, "", "Content-Length must be one run of digits");
+                return;
+            }
         };
         if len > config.max_message_size {
             self.refuse(token, now, 413, "", "body larger than max_message_size");
@@ -309,6 +322,20 @@ impl<T: Transport> EventLoop<T> {
             self.finish_publish(token, now, topic, kind, &body[..len]);
             return;
         }
+        // The whole body is counted against the bodies' share before a byte of it is kept,
+        // so bodies that never finish cannot take the pool piece by piece.
+        let reserved = len.div_ceil(self.pool.chunk_size()) + 1;
+        let share = self.pool.chunks_total() / BODY_SHARE;
+        if reserved > share {
+            let why =
+                format!("a body over {} bytes cannot be held now", share * self.pool.chunk_size());
+            self.refuse(token, now, 413, "", &why);
+            return;
+        }
+        if self.body_chunks + reserved > share {
+            self.refuse(token, now, 503, RETRY_SOON, "too many request bodies in flight");
+            return;
+        }
         let entry = &mut self.conns[token];
         let deadline = match entry.session.phase {
             Phase::Request { deadline } => deadline,
@@ -320,11 +347,13 @@ impl<T: Transport> EventLoop<T> {
             self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
             return;
         }
+        self.body_chunks += reserved;
         entry.session.phase = Phase::Body(Box::new(Body {
             deadline,
             topic: topic.into(),
             kind,
             remaining: len - body.len(),
+            reserved,
         }));
     }
 
@@ -344,9 +373,14 @@ impl<T: Transport> EventLoop<T> {
                     self.stats.bytes_in += n as u64;
                     post.remaining -= n;
                     let done = post.remaining == 0;
-                    let partial = entry.session.partial_mut();
-                    if partial.append(&mut self.pool, &buf[..n]).is_err() {
-                        partial.clear(&mut self.pool);
+                    let failed =
+                        entry.session.partial_mut().append(&mut self.pool, &buf[..n]).is_err();
+                    if failed || done {
+                        self.forget_request(token);
+                    }
+                    let entry = &mut self.conns[token];
+                    if failed {
+                        entry.session.partial_mut().clear(&mut self.pool);
                         self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
                         break;
                     }
@@ -413,6 +447,25 @@ impl<T: Transport> EventLoop<T> {
 /// The chunks a partial request head of `len` bytes is counted as holding.
 fn head_chunks(len: usize, chunk_size: usize) -> usize {
     len.div_ceil(chunk_size)
+}
+
+/// The body length a request declares. RFC 9112 §6.3: `Content-Length = 1*DIGIT`, and
+/// several fields (or a list) must all agree, else the message's framing is invalid.
+fn content_length(headers: &[httparse::Header<'_>]) -> Result<Option<u64>, ()> {
+    let mut length = None;
+    let fields = headers.iter().filter(|h| h.name.eq_ignore_ascii_case("content-length"));
+    for value in fields.flat_map(|h| h.value.split(|&b| b == b',')) {
+        let digits = value.trim_ascii();
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Err(());
+        }
+        let n = std::str::from_utf8(digits).ok().and_then(|d| d.parse().ok()).ok_or(())?;
+        if length.is_some_and(|l| l != n) {
+            return Err(());
+        }
+        length = Some(n);
+    }
+    Ok(length)
 }
 
 /// Compares secrets in time that depends on their lengths only.

@@ -46,11 +46,25 @@ pub struct Server {
 impl Server {
     /// Binds one `SO_REUSEPORT` listener per event loop at `config.listen` (port 0 picks a
     /// free port shared by all loops) and builds each loop's pool and router.
+    ///
+    /// Fails before anything listens when the configuration cannot work: an invalid setting
+    /// ([`ConfigError`](crate::config::ConfigError)), a memory budget larger than the machine
+    /// (or its cgroup) has, or an address another process listens on (`AddrInUse`; set
+    /// [`ServerConfig::share_port`] to join its `SO_REUSEPORT` group on purpose).
     pub fn bind(
         config: ServerConfig,
         routes: impl Fn() -> Router + Send + Sync + 'static,
     ) -> io::Result<Self> {
         config.validate().map_err(io::Error::other)?;
+        if let Some(machine) = machine_memory()
+            && config.memory > machine
+        {
+            let error = ConfigError::MemoryExceedsMachine { memory: config.memory, machine };
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, error));
+        }
+        if !config.share_port && config.listen.port() != 0 {
+            ensure_port_free(config.listen)?;
+        }
         let metrics = Arc::new(Metrics::new());
         metrics.set_loops(config.threads as u32);
         let mut addr = config.listen;
@@ -235,6 +249,41 @@ impl ServerHandle {
         self.shared.hub.publish_remote(topic, &[&head[..n], payload], None, &mut published);
         published
     }
+}
+
+/// Fails with `AddrInUse` if anything listens on `addr`. `SO_REUSEPORT` would let this
+/// process's listeners join another's group and share its connections; a probe socket without
+/// it cannot bind where a listener is (a closed connection's `TIME_WAIT` does not count,
+/// thanks to `SO_REUSEADDR`), so a second instance learns at once that the port is taken.
+fn ensure_port_free(addr: SocketAddr) -> io::Result<()> {
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    probe.set_reuse_address(true)?;
+    match probe.bind(&addr.into()) {
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "{addr} is in use by another process (share_port joins its listeners on purpose)"
+            ),
+        )),
+        result => result,
+    }
+}
+
+/// The memory this process may use at most: the machine's, or its cgroup's limit if lower.
+fn machine_memory() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: usize = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    Some(cgroup.map_or(kib * 1024, |limit| limit.min(kib * 1024)))
 }
 
 fn reuseport_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {

@@ -21,7 +21,9 @@
 //! The server's sessions also live through the HTTP request before the upgrade and the
 //! close's drain and linger after it ([`Phase`]); the clients' start open.
 
-use freeboard_buf::{ChunkChain, Frame, Pool, PushOutcome, SendQueue, Writability};
+use freeboard_buf::{
+    ChunkChain, Frame, Limit, Pool, PushOutcome, Pushed, SendQueue, SlowConsumerPolicy, Writability,
+};
 use freeboard_proto::close::MAX_REASON_LEN;
 use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{CloseCode, Connection, Event, Instant, MessageKind, State, UsageError};
@@ -30,14 +32,17 @@ use crate::parking::{ParkingLot, Ws};
 
 mod framing;
 mod inbound;
+mod share;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use framing::{MaskSource, frame_header, queue_control, truncate};
 pub(crate) use inbound::{Assembly, Reassembler, Reassembly, Received};
+pub(crate) use share::Share;
+use share::Verdict;
 
-/// What happened to a message given to a send, on the server ([`Conn::send`](crate::Conn::send)) and on the
-/// clients alike.
+/// What happened to a message given to a send, on the server
+/// ([`Conn::send`](crate::Conn::send)) and on the clients alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOutcome {
     /// Queued; the queue is at or under its high watermark.
@@ -55,8 +60,10 @@ pub enum SendOutcome {
         /// Their bytes.
         bytes: usize,
     },
-    /// [`SlowConsumerPolicy::Block`](freeboard_buf::SlowConsumerPolicy::Block): not queued; retry after [`Handler::on_writable`](crate::Handler::on_writable) (on a
-    /// client: after a flush).
+    /// Not queued: under [`SlowConsumerPolicy::Block`] the queue is at its cap, or the pool is
+    /// short through no fault of this connection (counted as `pool_exhausted` under the other
+    /// policies). Retry after [`Handler::on_writable`](crate::Handler::on_writable) or a later
+    /// turn (on a client: after a flush).
     Blocked,
     /// Not queued: the connection is closing or closed (possibly just now, 1008, by the
     /// `close` policy).
@@ -84,7 +91,9 @@ pub(crate) struct Context<'a> {
     pub(crate) lot: &'a mut ParkingLot,
     /// `Some` for a client: every frame it sends is masked (§5.3).
     pub(crate) masks: Option<&'a mut MaskSource>,
-    pub(crate) limits: Reassembly,
+    pub(crate) limits: &'a Reassembly,
+    /// What this connection may take from the pool while it is contended.
+    pub(crate) share: &'a Share,
     pub(crate) now: Instant,
 }
 
@@ -123,6 +132,8 @@ pub(crate) struct Body {
     pub(crate) kind: MessageKind,
     /// Body bytes still to read.
     pub(crate) remaining: usize,
+    /// Pool chunks the loop counts this body as holding until it is done.
+    pub(crate) reserved: usize,
 }
 
 /// The close of a session: its code, its reason (copied, at most 123 bytes), and whether
@@ -260,11 +271,23 @@ impl Session {
                 return (len, None);
             }
         };
-        let received = input
-            .payload
-            .and_then(|piece| self.inbound.piece(cx.pool, &cx.limits, cx.now, ws, piece));
         let consumed = input.consumed;
-        self.queue_control(cx);
+        let received = match input.payload {
+            Some(piece) => {
+                let received = self.inbound.piece(cx.pool, cx.limits, cx.now, ws, piece);
+                // A data piece makes the core owe nothing, unless the message did not fit
+                // and the session closed.
+                if ws.state() != State::Open {
+                    self.queue_control(cx);
+                }
+                received
+            }
+            None => {
+                // A control frame (or the end of one) may have to be answered.
+                self.queue_control(cx);
+                None
+            }
+        };
         (consumed, received)
     }
 
@@ -307,9 +330,13 @@ impl Session {
     }
 
     /// The close, once, when the core reports it (`None` before, and after it was taken).
+    /// Costs a state check until the connection has closed.
     pub(crate) fn poll_close(&mut self) -> Option<Closed> {
         let Phase::Open(open) = &mut self.phase else { return None };
-        // A parked connection has no events.
+        if open.close_reported || open.ws.state() != State::Closed {
+            return None;
+        }
+        // NOTE: a closed connection is awake (only quiet, open ones park).
         let closed = Closed::poll(open.ws.awake()?)?;
         open.close_reported = true;
         Some(closed)
@@ -332,16 +359,13 @@ impl Session {
         let ws = cx.lot.wake(&mut open.ws);
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
         let (header, n) = frame_header(ws, kind, data.len(), mask).ok()?;
-        let pushed = match mask {
-            None => self.queue.push_message(cx.pool, &[&header[..n], data]),
-            Some(mask) => {
-                self.queue.push_message_with(cx.pool, &header[..n], data, |dst, src, offset| {
-                    dst.copy_from_slice(src);
-                    apply_mask(dst, mask, offset);
-                })
-            }
-        };
-        self.settle(cx, pushed)
+        Some(self.push(cx, n + data.len(), |queue, pool| match mask {
+            None => queue.push_message(pool, &[&header[..n], data]),
+            Some(mask) => queue.push_message_with(pool, &header[..n], data, |dst, src, offset| {
+                dst.copy_from_slice(src);
+                apply_mask(dst, mask, offset);
+            }),
+        }))
     }
 
     /// Queues a published frame by reference (server only: published frames are unmasked).
@@ -354,24 +378,65 @@ impl Session {
             Phase::Open(open) if open.ws.state() == State::Open => {}
             _ => return None,
         }
-        let pushed = self.queue.push_frame(cx.pool, frame);
-        self.settle(cx, pushed)
+        Some(self.push(cx, frame.len(), |queue, pool| queue.push_frame(pool, frame)))
     }
 
-    /// Notes what a push did to the watermarks, and closes with 1008 when the `close` policy
-    /// says the peer cannot keep up.
-    fn settle(
+    /// Pushes a message of `bytes` as the pool's [`Share`] allows, notes what it did to the
+    /// watermarks, and closes with 1008 when the `close` policy says this peer cannot keep
+    /// up.
+    fn push(
         &mut self,
         cx: &mut Context<'_>,
-        pushed: freeboard_buf::Pushed,
-    ) -> Option<PushOutcome> {
+        bytes: usize,
+        push: impl FnOnce(&mut SendQueue, &mut Pool<'static>) -> Pushed,
+    ) -> PushOutcome {
+        let refused =
+            |limit| Pushed { outcome: PushOutcome::WouldBlock { limit }, writability: None };
+        let pushed = match cx.share.judge(cx.pool, &self.queue, bytes) {
+            Verdict::Fits => push(&mut self.queue, cx.pool),
+            Verdict::Exhausted => refused(Limit::Pool),
+            // Behind and past its share: its own policy acts, as at its cap.
+            Verdict::Culprit => match self.queue.policy() {
+                SlowConsumerPolicy::Block => refused(Limit::Pool),
+                SlowConsumerPolicy::Close => Pushed {
+                    outcome: PushOutcome::MustClose { limit: Limit::Pool },
+                    writability: None,
+                },
+                SlowConsumerPolicy::DropNewest => Pushed {
+                    outcome: PushOutcome::Dropped { newest: true, messages: 1, bytes },
+                    writability: None,
+                },
+                SlowConsumerPolicy::DropOldest | SlowConsumerPolicy::Conflate => {
+                    let gone = self.queue.discard_unsent(cx.pool);
+                    self.note(gone.writability);
+                    let pushed = push(&mut self.queue, cx.pool);
+                    let (newest, messages, dropped) = match pushed.outcome {
+                        PushOutcome::Queued | PushOutcome::QueuedAboveHigh => (false, 0, 0),
+                        _ => (true, 1, bytes),
+                    };
+                    let outcome = PushOutcome::Dropped {
+                        newest,
+                        messages: gone.messages + messages,
+                        bytes: gone.bytes + dropped,
+                    };
+                    Pushed { outcome, writability: pushed.writability }
+                }
+            },
+        };
         self.note(pushed.writability);
-        if let PushOutcome::MustClose { .. } = pushed.outcome {
-            let gone = self.queue.discard_unsent(cx.pool);
-            self.note(gone.writability);
-            let _ = self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
+        match pushed.outcome {
+            // The pool ran out under a queue that keeps up: not a slow consumer.
+            PushOutcome::MustClose { limit: Limit::Pool } if self.queue.is_writable() => {
+                PushOutcome::WouldBlock { limit: Limit::Pool }
+            }
+            PushOutcome::MustClose { limit } => {
+                let gone = self.queue.discard_unsent(cx.pool);
+                self.note(gone.writability);
+                let _ = self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
+                PushOutcome::MustClose { limit }
+            }
+            outcome => outcome,
         }
-        Some(pushed.outcome)
     }
 
     /// Starts the close handshake with `code` and `reason` (at most 123 bytes). Does nothing
@@ -481,9 +546,15 @@ impl Session {
     /// Parks the protocol state if nothing is in flight (server: an idle connection keeps 24
     /// bytes of it).
     pub(crate) fn park(&mut self, lot: &mut ParkingLot) {
-        if let Phase::Open(open) = &mut self.phase {
-            lot.park(&mut open.ws);
+        let Phase::Open(open) = &mut self.phase else { return };
+        if let Some(ws) = open.ws.awake()
+            && ws.state() == State::Open
+        {
+            // Pings and pongs were answered by the core; their events concern no driver, and
+            // a pending one would keep the connection awake.
+            while ws.poll_event().is_some() {}
         }
+        lot.park(&mut open.ws);
     }
 
     /// Gives every chunk back to the pool.

@@ -9,6 +9,7 @@ use freeboard_buf::{
 };
 use freeboard_proto::{CloseCode, Config, Instant, MessageKind, Role, State};
 
+use super::share;
 use super::*;
 
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -21,6 +22,7 @@ struct End {
     lot: ParkingLot,
     masks: Option<MaskSource>,
     limits: Reassembly,
+    share: Share,
     /// Whole messages delivered to the application, in order.
     received: Vec<(MessageKind, Vec<u8>)>,
     closed: Option<Closed>,
@@ -37,6 +39,7 @@ impl End {
         let ws = Ws::new(role, &config, Instant::default());
         Self {
             session: Session::open(ws, queue),
+            share: Share::new(&pool, 1),
             pool,
             lot: ParkingLot::new(config),
             masks,
@@ -51,7 +54,8 @@ impl End {
             pool: &mut self.pool,
             lot: &mut self.lot,
             masks: self.masks.as_mut(),
-            limits: self.limits,
+            limits: &self.limits,
+            share: &self.share,
             now,
         };
         (&mut self.session, cx)
@@ -349,4 +353,53 @@ fn a_request_that_never_completes_times_out() {
     assert_eq!(end.session.poll_timeout(), Some(deadline));
     assert!(!end.timeout(Instant::from_millis(9_999)));
     assert!(end.timeout(deadline));
+}
+
+/// A queue that keeps up is never the one that pays for a short pool; one that is behind and
+/// holds more than its share of a contended pool is.
+#[test]
+fn a_contended_pool_is_charged_to_the_queue_that_is_behind() {
+    let chunk = 1024;
+    let mut pool =
+        Pool::new(Budget::new(64 * 1100), PoolConfig::new().with_chunk_size(chunk)).unwrap();
+    let total = pool.chunks_total();
+    let marks = Watermarks::new(2 * chunk, 4 * chunk, 64 * chunk).unwrap();
+    let share = Share::new(&pool, 4);
+    let mut behind = SendQueue::new(marks, SlowConsumerPolicy::Close);
+    let keeping_up = SendQueue::new(marks, SlowConsumerPolicy::Close);
+    assert_eq!(share.judge(&pool, &behind, 100), share::Verdict::Fits, "plenty free");
+    // The reader that stopped fills its queue past its high watermark and beyond a quarter
+    // of the pool: once the pool is contended, it is the culprit.
+    while pool.chunks_free() > total / 5 {
+        let _ = behind.push_message(&mut pool, &[&[0u8; 1000]]);
+    }
+    assert!(!behind.is_writable());
+    assert_eq!(share.judge(&pool, &behind, 100), share::Verdict::Culprit);
+    assert_eq!(share.judge(&pool, &keeping_up, 100), share::Verdict::Fits, "room for readers");
+    // Short for everyone: the reader's new message is refused, not the reader closed.
+    let mut others = SendQueue::new(
+        Watermarks::new(1 << 20, 1 << 20, 1 << 20).unwrap(),
+        SlowConsumerPolicy::Block,
+    );
+    while others.push_message(&mut pool, &[&[0u8; 1000]]).outcome == PushOutcome::Queued {}
+    assert_eq!(share.judge(&pool, &keeping_up, 100), share::Verdict::Exhausted);
+    let _ = behind.clear(&mut pool);
+    let _ = others.clear(&mut pool);
+}
+
+/// The `close` policy closes a connection only when its own queue is behind: a pool that runs
+/// out under a queue that keeps up refuses the message (`WouldBlock` on the pool) instead.
+#[test]
+fn a_short_pool_never_closes_a_reader_as_a_slow_consumer() {
+    let queue = SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Close);
+    let mut pair = Pair::with(queue, 8 * 1100);
+    let mut hog = freeboard_buf::ChunkChain::new();
+    while hog.append(&mut pair.server.pool, &[9u8; 1000]).is_ok() {}
+    let outcome = pair.server.send(pair.now, MessageKind::Binary, &[1; 3000]);
+    assert_eq!(outcome, Some(PushOutcome::WouldBlock { limit: freeboard_buf::Limit::Pool }));
+    assert_eq!(pair.server.session.state(), State::Open, "a reader is not a slow consumer");
+    hog.clear(&mut pair.server.pool);
+    pair.server.send(pair.now, MessageKind::Binary, &[1; 3000]).unwrap();
+    pair.step(usize::MAX);
+    assert_eq!(pair.client.received.len(), 1);
 }

@@ -6,8 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use freeboard::{Echo, HttpRoute, Router, RunningServer, Server, ServerConfig};
-
-pub const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+use freeboard_test::Inbox;
 
 /// A config for tests: one loop, an ephemeral port, a small budget, no pings.
 pub fn config() -> ServerConfig {
@@ -47,17 +46,14 @@ pub fn http(addr: SocketAddr, request: &str) -> String {
 }
 
 pub fn upgrade_request(path: &str) -> String {
-    format!(
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: {KEY}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    )
+    freeboard_test::upgrade_request(path, "")
 }
 
 /// A client connection after a successful (or refused) upgrade.
 pub struct Client {
     pub stream: TcpStream,
     /// Bytes read past what was consumed.
-    buf: Vec<u8>,
+    inbox: Inbox,
 }
 
 impl Client {
@@ -66,7 +62,7 @@ impl Client {
         let mut stream = TcpStream::connect(addr).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         stream.write_all(upgrade_request(path).as_bytes()).unwrap();
-        let mut client = Self { stream, buf: Vec::new() };
+        let mut client = Self { stream, inbox: Inbox::default() };
         let head = client.read_head();
         let status = head[9..12].parse().unwrap();
         (client, status, head)
@@ -75,7 +71,7 @@ impl Client {
     /// A client over a raw stream, before or without any handshake.
     pub fn raw(stream: TcpStream) -> Self {
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        Self { stream, buf: Vec::new() }
+        Self { stream, inbox: Inbox::default() }
     }
 
     pub fn open(addr: SocketAddr) -> Self {
@@ -86,17 +82,8 @@ impl Client {
 
     /// Reads an HTTP response head.
     pub fn read_head(&mut self) -> String {
-        loop {
-            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&self.buf[..end + 4]).into_owned();
-                self.buf.drain(..end + 4);
-                return head;
-            }
-            let mut chunk = [0u8; 4096];
-            let n = self.stream.read(&mut chunk).unwrap();
-            assert!(n > 0, "connection closed before the response head");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
+        let head = self.inbox.head(&mut self.stream).unwrap();
+        head.expect("connection closed before the response head")
     }
 
     /// Sends one masked frame.
@@ -105,40 +92,10 @@ impl Client {
         self.stream.write_all(&frame).unwrap();
     }
 
-    fn fill(&mut self, n: usize) -> bool {
-        while self.buf.len() < n {
-            let mut chunk = [0u8; 65536];
-            match self.stream.read(&mut chunk) {
-                Ok(0) | Err(_) => return false,
-                Ok(k) => self.buf.extend_from_slice(&chunk[..k]),
-            }
-        }
-        true
-    }
-
     /// Reads one frame: `(opcode, payload)`, or `None` at EOF.
     pub fn recv(&mut self) -> Option<(u8, Vec<u8>)> {
-        if !self.fill(2) {
-            return None;
-        }
-        let opcode = self.buf[0] & 0x0f;
-        let (len, at) = match self.buf[1] & 0x7f {
-            126 => {
-                self.fill(4);
-                (u16::from_be_bytes([self.buf[2], self.buf[3]]) as usize, 4)
-            }
-            127 => {
-                self.fill(10);
-                (u64::from_be_bytes(self.buf[2..10].try_into().unwrap()) as usize, 10)
-            }
-            n => (n as usize, 2),
-        };
-        if !self.fill(at + len) {
-            return None;
-        }
-        let payload = self.buf[at..at + len].to_vec();
-        self.buf.drain(..at + len);
-        Some((opcode, payload))
+        let frame = self.inbox.frame(&mut self.stream).ok()??;
+        Some((frame.opcode, frame.payload))
     }
 
     /// Reads frames until a close frame; returns its code.
@@ -153,15 +110,7 @@ impl Client {
 
     /// Whether the server has closed the TCP connection (read returns 0).
     pub fn sees_eof(&mut self) -> bool {
-        let mut chunk = [0u8; 1024];
-        loop {
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return true,
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
-            }
-        }
+        self.inbox.sees_eof(&mut self.stream)
     }
 }
 

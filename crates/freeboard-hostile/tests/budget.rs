@@ -1,0 +1,162 @@
+//! The budget holds against the many: groups of clients that try to take the memory the others
+//! need — partial POST bodies, clients that never read, and pipelines of tiny messages — while
+//! an innocent client echoes. Innocents get every echo intact and in order; the attackers get
+//! the documented status or close code; the counters name the reason.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use freeboard_hostile::{Serve, Watch, WsClient, raise_fd_limit, upgrade_request};
+
+/// The attacks run one at a time: each measures an innocent client beside one attack, not
+/// beside the others.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Scenario 1: bodies that never finish. Each is counted whole against a quarter of its loop's
+/// pool before a byte of it is kept, so the ones beyond that share are refused at once (503)
+/// and the pool never runs dry for the open connections.
+#[test]
+fn partial_post_bodies_cannot_take_the_pool() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    raise_fd_limit();
+    let serve = Serve::start(&["--memory", "16M", "--handshake-timeout", "10"]);
+    let before = serve.wait_metrics("both loops", |m| m.sum("pool_chunks_capacity") > 2000.0);
+    let chunks = before.sum("pool_chunks_capacity");
+    let watch = Watch::start(&serve);
+    let mut held = Vec::new();
+    for i in 0..26 {
+        let len = if i < 12 { 1 << 20 } else { 3000 };
+        let mut stream = TcpStream::connect(serve.addr()).expect("connect");
+        stream.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+        stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let head = format!("POST /topic/t HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n");
+        stream.write_all(head.as_bytes()).unwrap();
+        // Half the body, then nothing (a refused one may be closed under the write: fine).
+        let _ = stream.write_all(&vec![7u8; len / 2]);
+        held.push(stream);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let during = serve.metrics();
+    let in_use = during.sum("pool_chunks_in_use");
+    let mut refused = 0;
+    for stream in &mut held {
+        let mut answer = [0u8; 12];
+        if matches!(stream.read(&mut answer), Ok(12)) && answer.starts_with(b"HTTP/1.1 503") {
+            refused += 1;
+        }
+    }
+    println!("{refused} of 26 bodies refused; {in_use} of {chunks} chunks in use");
+    assert!(refused >= 10, "only {refused} bodies were refused");
+    assert!(in_use <= chunks / 2.0, "bodies hold {in_use} of {chunks} chunks");
+    assert_eq!(during.delta(&before, "refusals_total{status=\"503\"}"), f64::from(refused));
+    assert!(in_use > 0.0, "the bodies that fit were kept");
+    let figures = watch.finish();
+    // The held bodies go with their connections and give their chunks back.
+    drop(held);
+    let after = serve.wait_metrics("the pool back to idle", |m| m.sum("pool_chunks_in_use") == 0.0);
+    assert_eq!(after.get("connections"), 0.0);
+    figures.report("partial_post_bodies");
+}
+
+/// Scenario 2: 240 clients send 16 KiB echoes and never read, with small receive buffers so
+/// their replies pile up in the server. They are behind, so once the pool is contended their
+/// own policy (`close`, 1008) acts on them; the reading client keeps every echo.
+#[test]
+fn clients_that_never_read_cannot_close_the_ones_that_do() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    raise_fd_limit();
+    let serve = Serve::start(&["--memory", "16M"]);
+    let before = serve.metrics();
+    let watch = Watch::start(&serve);
+    let stop = Arc::new(AtomicBool::new(false));
+    let addr = serve.addr();
+    let attackers: Vec<_> = (0..240)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let socket = socket2::Socket::new(
+                    socket2::Domain::IPV4,
+                    socket2::Type::STREAM,
+                    Some(socket2::Protocol::TCP),
+                )
+                .unwrap();
+                socket.set_recv_buffer_size(4096).unwrap();
+                socket.connect(&addr.into()).unwrap();
+                let stream: TcpStream = socket.into();
+                stream.set_write_timeout(Some(Duration::from_millis(500))).unwrap();
+                let mut client = WsClient::raw(stream);
+                client.send_raw(upgrade_request("/echo", "").as_bytes()).unwrap();
+                let message = vec![0x5a; 16 << 10];
+                let deadline = Instant::now() + Duration::from_secs(4);
+                // Writes until the server stops reading it (a write times out) or closes it.
+                while Instant::now() < deadline && client.send(0x82, &message).is_ok() {}
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(5));
+    let during = serve.metrics();
+    let figures = watch.finish();
+    stop.store(true, Ordering::Relaxed);
+    for attacker in attackers {
+        attacker.join().unwrap();
+    }
+    let closed = during.delta(&before, "slow_consumer_closes_total");
+    println!("{closed} slow consumers closed");
+    assert!(closed > 0.0, "no never-reading client was charged for the pool");
+    figures.report("never_reading_echo_clients");
+}
+
+/// Scenario 3: 60 clients pipeline 9,000 one-byte messages each and read everything. Each
+/// queued message holds a pool slot; replies are written through every 256 messages, so the
+/// slots never run out and no reading client is closed.
+#[test]
+fn pipelines_of_tiny_messages_do_not_exhaust_the_slots() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    raise_fd_limit();
+    const MESSAGES: usize = 9_000;
+    let serve = Serve::start(&["--memory", "16M", "--threads", "1"]);
+    let addr = serve.addr();
+    let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..60)
+            .map(|c| {
+                scope.spawn(move || -> Result<(), String> {
+                    let (mut client, status, _) =
+                        WsClient::handshake(addr, &upgrade_request("/echo", ""))
+                            .map_err(|e| e.to_string())?;
+                    if status != 101 {
+                        return Err(format!("client {c}: status {status}"));
+                    }
+                    client.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    let mut reader = client.reader().map_err(|e| e.to_string())?;
+                    let writer = std::thread::spawn(move || {
+                        for i in 0..MESSAGES {
+                            if client.send(0x82, &[i as u8]).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    for i in 0..MESSAGES {
+                        match reader.recv() {
+                            Ok(Some(f)) if f.opcode == 0x2 && f.payload == [i as u8] => {}
+                            other => return Err(format!("client {c}, echo {i}: {other:?}")),
+                        }
+                    }
+                    writer.join().map_err(|_| "writer panicked".to_string())
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failures.is_empty(), "{} clients failed, first: {:?}", failures.len(), failures[0]);
+    let after = serve.metrics();
+    assert_eq!(after.get("slow_consumer_closes_total"), 0.0);
+    println!("slot high water {}", after.sum("pool_slots_high_water"));
+    assert!(after.sum("pool_slots_high_water") < after.sum("pool_slots_capacity"));
+}

@@ -1,0 +1,96 @@
+//! Who pays when a loop's pool is contended: the connections that are behind, never the ones
+//! that keep up.
+//!
+//! Every session of a loop queues into one pool. Without a rule, connections that never read
+//! fill it, and the next echo to a client that reads everything finds no chunk. So a push is
+//! judged before it is made:
+//! - data must leave a *floor* free — a chunk and a slot per open connection, capped at an
+//!   eighth of the pool — so every close frame and pong the loop will owe still fits (no bare
+//!   EOF);
+//! - once the pool is contended (a quarter of its chunks or slots left), a connection that is
+//!   behind (its queue above its high watermark) may hold its *fair share* — what is above the
+//!   floor divided by the open connections — and no more: past it, its own slow-consumer policy
+//!   acts as if it had reached its cap;
+//! - when the pool is short for other reasons, the new work is refused
+//!   ([`PushOutcome::WouldBlock`](freeboard_buf::PushOutcome::WouldBlock) with
+//!   [`Limit::Pool`](freeboard_buf::Limit::Pool), counted as `pool_exhausted`); a connection
+//!   that keeps up is never closed as a slow consumer.
+//!
+//! Chunks and segment slots (each queued message takes at least one) are judged alike, so
+//! many small messages cannot exhaust the pool while its chunk gauge reads nearly empty.
+
+use freeboard_buf::{Pool, SendQueue};
+
+/// One loop's pool as its data path may use it now.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Share {
+    /// Chunks (and slots) data must leave free.
+    floor: usize,
+    /// Chunks a connection that is behind may hold while the pool is contended.
+    fair_chunks: usize,
+    /// Slots such a connection may hold.
+    fair_slots: usize,
+    /// Free chunks and slots below which the pool is contended.
+    contended_chunks: usize,
+    contended_slots: usize,
+    /// Messages up to this size cannot reach the floor while the pool is not contended.
+    small: usize,
+}
+
+/// What a push of a message may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Room for it.
+    Fits,
+    /// The queue is behind and past its share: its policy acts as at its cap.
+    Culprit,
+    /// The pool is short through no fault of this queue: refuse the message.
+    Exhausted,
+}
+
+impl Share {
+    /// The share of a loop whose pool serves `open` connections.
+    pub(crate) fn new(pool: &Pool<'_>, open: usize) -> Self {
+        let open = open.max(1);
+        let (chunks, slots) = (pool.chunks_total(), pool.segments_total());
+        let floor = open.min(chunks / 8);
+        Self {
+            floor,
+            fair_chunks: (chunks - floor) / open,
+            fair_slots: slots.saturating_sub(floor) / open,
+            contended_chunks: chunks / 4,
+            contended_slots: slots / 4,
+            small: (chunks / 4).saturating_sub(floor + 1) * pool.chunk_size(),
+        }
+    }
+
+    /// Judges a push of `bytes` (header included) onto `queue`. Costs two comparisons while
+    /// the pool is not contended.
+    pub(crate) fn judge(&self, pool: &Pool<'_>, queue: &SendQueue, bytes: usize) -> Verdict {
+        let free_chunks = pool.chunks_free();
+        let free_slots = pool.segments_total() - pool.segments_in_use();
+        if free_chunks >= self.contended_chunks
+            && free_slots >= self.contended_slots
+            && bytes <= self.small
+        {
+            return Verdict::Fits;
+        }
+        let chunk = pool.chunk_size();
+        // A message may start a chunk and end in another: its chunks, and a slot for each.
+        let need = bytes.div_ceil(chunk) + 1;
+        let short = free_chunks < self.floor + need || free_slots < self.floor + need;
+        if !short && free_chunks >= self.contended_chunks && free_slots >= self.contended_slots {
+            return Verdict::Fits;
+        }
+        let behind = !queue.is_writable();
+        let held_chunks = queue.len().div_ceil(chunk) + usize::from(!queue.is_empty());
+        let held_slots = queue.messages() as usize + held_chunks;
+        let past_share =
+            held_chunks + need > self.fair_chunks || held_slots + need > self.fair_slots;
+        match (behind, short) {
+            (true, _) if past_share || short => Verdict::Culprit,
+            (false, true) => Verdict::Exhausted,
+            _ => Verdict::Fits,
+        }
+    }
+}
