@@ -248,7 +248,7 @@ pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
     let n = chart.series.len() as u32;
     for (i, series) in chart.series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        let width = 1 + 2 * (n - 1 - i as u32).min(3);
+        let width = 1 + (n - 1 - i as u32).min(3);
         let points: Vec<(f64, f64)> = series.points.iter().map(|&(x, y)| (map_x(x), y)).collect();
         plot.draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(width)))
             .map_err(|e| err(&e))?;
