@@ -30,6 +30,7 @@ pub mod slow_consumer;
 pub mod suite;
 mod target;
 pub mod tls;
+pub mod threshold;
 pub mod watermarks;
 
 pub use target::Target;
