@@ -29,8 +29,8 @@ pub mod report;
 pub mod slow_consumer;
 pub mod suite;
 mod target;
-pub mod tls;
 pub mod threshold;
+pub mod tls;
 pub mod watermarks;
 
 pub use target::Target;

@@ -35,7 +35,9 @@ impl Target {
     pub fn parse(url: &str) -> Result<Self, String> {
         let (raw, ws_url) = match url.strip_prefix("tcp://") {
             Some(rest) => (true, format!("ws://{rest}")),
-            None if url.starts_with("ws://") || url.starts_with("wss://") => (false, url.to_owned()),
+            None if url.starts_with("ws://") || url.starts_with("wss://") => {
+                (false, url.to_owned())
+            }
             None => {
                 return Err(format!(
                     "{url}: expected ws://host:port/path, wss://host:port/path or tcp://host:port"

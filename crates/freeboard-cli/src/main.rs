@@ -564,6 +564,99 @@ mod tests {
     }
 
     #[test]
+    fn tls_access_redis_and_topic_limits_take_the_same_language() {
+        let jwks =
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../freeboard/tests/fixtures/test-jwks.json");
+        let secret = "0123456789abcdef0123456789abcdef";
+        let flags = [
+            "--tls-cert",
+            "/etc/freeboard/chain.pem",
+            "--tls-key",
+            "/etc/freeboard/key.pem",
+            "--listen-tls",
+            "127.0.0.1:9443",
+            "--allowed-origin",
+            "https://app.example",
+            "--allowed-origin",
+            "https://*.example.org",
+            "--trusted-proxy",
+            "10.0.0.0/8,192.168.0.0/16",
+            "--proxy-protocol",
+            "--max-pending-upgrades",
+            "99",
+            "--jwt-secret",
+            secret,
+            "--jwks",
+            jwks,
+            "--jwt-issuer",
+            "https://auth.example",
+            "--jwt-audience",
+            "scores",
+            "--connect-webhook",
+            "http://127.0.0.1:8080/connect",
+            "--webhook-timeout",
+            "1500ms",
+            "--webhook-in-flight",
+            "4",
+            "--publish-cors-origin",
+            "https://admin.example",
+            "--redis",
+            "redis://127.0.0.1:6379/",
+            "--redis-queue",
+            "8M",
+            "--max-topics-per-connection",
+            "8",
+            "--max-topics",
+            "500",
+        ];
+        let toml = format!(
+            r#"
+            allowed_origins = ["https://app.example", "https://*.example.org"]
+            trusted_proxies = ["10.0.0.0/8", "192.168.0.0/16"]
+            proxy_protocol = true
+            max_pending_upgrades = 99
+            [topics]
+            jwt_secret = "{secret}"
+            jwks_file = "{jwks}"
+            jwt_issuer = "https://auth.example"
+            jwt_audience = "scores"
+            connect_webhook = "http://127.0.0.1:8080/connect"
+            webhook_timeout = "1.5s"
+            webhook_in_flight = 4
+            cors_origins = ["https://admin.example"]
+            redis = "redis://127.0.0.1:6379/"
+            redis_queue = "8M"
+            max_topics_per_connection = 8
+            max_topics = 500
+            [tls]
+            cert = "/etc/freeboard/chain.pem"
+            key = "/etc/freeboard/key.pem"
+            listen = "127.0.0.1:9443"
+        "#
+        );
+        let from_flags = config_of(&flags).unwrap();
+        with_file("parity-access", &toml, |file| {
+            let from_file = config_of(&["--config", file]).unwrap();
+            assert_eq!(format!("{from_file:?}"), format!("{from_flags:?}"));
+        });
+        assert_eq!(from_flags.topics.redis_queue, 8 << 20);
+        assert_eq!(from_flags.topics.webhook_timeout, Duration::from_millis(1500));
+        assert_eq!(from_flags.tls.unwrap().listen, Some("127.0.0.1:9443".parse().unwrap()));
+        // The file's TLS pair with the flag's listener: both layers meet in one table.
+        with_file("tls-layers", "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", |file| {
+            let config = config_of(&["--config", file, "--listen-tls", "127.0.0.1:9443"]).unwrap();
+            let tls = config.tls.unwrap();
+            assert_eq!((tls.cert.to_str(), tls.listen.is_some()), (Some("c.pem"), true));
+        });
+        let error = config_of(&["--listen-tls", "127.0.0.1:9443"]).unwrap_err();
+        assert!(error.contains("--tls-cert"), "{error}");
+        let error = config_of(&["--max-topics", "0"]).unwrap_err();
+        assert!(error.contains("max_topics"), "{error}");
+        let error = config_of(&["--redis-queue", "lots"]).unwrap_err();
+        assert!(error.contains("--redis-queue"), "{error}");
+    }
+
+    #[test]
     fn impossible_values_are_refused_by_name() {
         for (args, setting) in [
             (&["--max-message-size", "0"][..], "max_message_size"),

@@ -201,6 +201,9 @@ fn the_dashboard_shows_the_numbers_move_in_chromium() {
     let before: u64 = page.text("messages-in-total").parse().unwrap();
     assert!(before < 100, "no load yet: {before}");
     assert_eq!(page.text("connections"), "1", "the dashboard's own stream is the one connection");
+    // The process's RSS beside the budget: a real size, in MiB (a server holds more than 1 MiB).
+    let rss = page.text("rss");
+    assert!(rss.ends_with(" MiB") && rss != "0.00 MiB", "RSS shown as {rss:?}");
 
     // A load: 2,000 echoes of 1 KiB over two connections, which stay open.
     let mut load: Vec<Client> = (0..2)

@@ -220,6 +220,63 @@ fn sighup_lowers_a_limit_and_keeps_open_connections() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// One SIGHUP reloads both: the settings of the file and, with TLS, the certificate and key.
+#[test]
+fn one_sighup_reloads_the_settings_and_the_tls_certificate() {
+    use freeboard::client::{Client, ClientConfig, Event};
+    let ca = freeboard_test::tls::TestCa::new("sighup");
+    let file = ca.dir().join("serve.toml");
+    std::fs::write(&file, "max_connections = 100\n").unwrap();
+    let (cert, key) = (ca.cert_pem(), ca.key_pem());
+    let tls = ["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()];
+    let listen_tls = ["--listen-tls", "127.0.0.1:0", "--config", file.to_str().unwrap()];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_freeboard"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--threads", "1", "--memory", "64M"])
+        .args(tls)
+        .args(listen_tls)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let wss = line.trim().rsplit_once("wss://").map(|(_, a)| a.trim_end_matches('/').to_owned());
+    let (tx, log) = channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let serve = Serve { child, addr: String::new(), log };
+    let url = format!("wss://{}/echo", wss.expect(&line));
+    let connect = |ca: &freeboard_test::tls::TestCa| {
+        Client::connect(&url, ClientConfig::default().ca_file(ca.ca_pem()))
+    };
+    let echo = |client: &mut Client, text: &str| {
+        client.send_text(text).unwrap();
+        match client.recv_timeout(Some(Duration::from_secs(10))).unwrap() {
+            Some(Event::Message(m)) => assert_eq!(m.to_text().as_deref(), Some(text)),
+            other => panic!("no echo: {other:?}"),
+        }
+    };
+    let mut open = connect(&ca).unwrap();
+    echo(&mut open, "before");
+    // A new CA's pair in the same files, and a new limit in the same file; one signal.
+    let next = freeboard_test::tls::TestCa::new("sighup-next");
+    std::fs::copy(next.cert_pem(), ca.cert_pem()).unwrap();
+    std::fs::copy(next.key_pem(), ca.key_pem()).unwrap();
+    std::fs::write(&file, "max_connections = 50\n").unwrap();
+    serve.signal(libc::SIGHUP);
+    serve.log_line("SIGHUP: TLS certificate and key reloaded");
+    let changed = serve.log_line("max_connections");
+    assert!(changed.contains("SIGHUP: changed") && changed.contains("50"), "{changed}");
+    let mut fresh = connect(&next).unwrap();
+    echo(&mut fresh, "new pair");
+    assert!(connect(&ca).is_err(), "new handshakes get the new pair, not the old CA's");
+    echo(&mut open, "still here");
+}
+
 fn bench(args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_freeboard"))
         .arg("bench")

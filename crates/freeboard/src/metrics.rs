@@ -1146,6 +1146,23 @@ mod tests {
         assert!(text.contains("freeboard_pool_allocation_failures_total{event_loop=\"0\"} 0"));
         assert!(text.contains("freeboard_build_info{version=\""));
         assert!(text.contains("freeboard_message_size_bytes_bucket{le=\"+Inf\"} 0"));
+        for (family, reasons) in [
+            ("tls_refusals", &TLS_REFUSAL_REASONS[..]),
+            ("access_refusals", &ACCESS_REFUSAL_REASONS),
+            ("backplane_lost", &BACKPLANE_LOST_REASONS),
+            ("topic_refusals", &TOPIC_REFUSAL_REASONS),
+            ("topic_drops", &TOPIC_DROP_REASONS),
+        ] {
+            for reason in reasons {
+                let series = format!("freeboard_{family}_total{{reason=\"{reason}\"}} 0");
+                assert!(text.contains(&series), "{series} missing");
+            }
+        }
+        assert!(text.contains("freeboard_pool_resident_bytes{event_loop=\"1\"} 0"));
+        assert!(text.contains("freeboard_backplane_up 0"));
+        // RSS from /proc/self/statm: this test process holds more than a MiB.
+        let rss = text.lines().find_map(|l| l.strip_prefix("process_resident_memory_bytes "));
+        assert!(rss.and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 1e6), "{rss:?}");
         assert!(text.ends_with("# EOF\n"));
     }
 

@@ -181,7 +181,8 @@ impl<T: Transport> EventLoop<T> {
         }
         entry.peer = client;
         entry.attributed = true;
-        let limited = self.shared.attribute(&self.config, client.ip(), now.as_millis() as f64 / 1000.0);
+        let limited =
+            self.shared.attribute(&self.config, client.ip(), now.as_millis() as f64 / 1000.0);
         let entry = &mut self.conns[token];
         entry.limited = entry.limited.or(limited);
     }
