@@ -39,7 +39,7 @@ enum Command {
     /// RUST_LOG (default `info`). SIGTERM/SIGINT shut down gracefully (close 1001, drain); a
     /// second signal exits at once. SIGHUP reads the configuration again and applies the
     /// limits, policies and tokens that can change while running (new connections get them;
-    /// open ones are kept), logging each change.
+    /// open ones are kept), and with TLS the certificate and key, logging each change.
     Serve(Box<ServeArgs>),
     /// Connect to a WebSocket server: stdin lines are sent as messages, received messages
     /// are written to stdout, one per line.
@@ -58,7 +58,8 @@ enum Command {
 struct ServeArgs {
     /// TOML file with any of the settings below (snake_case keys; sizes and durations as the
     /// flags take them, e.g. `memory = "256M"`, `idle_timeout = "30s"`, `idle_timeout = 0`
-    /// for no pings; `[topics]` for the topic settings). Flags override it.
+    /// for no pings; `[topics]` for the topic settings, `[tls]` for cert, key and listen). Flags
+    /// override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Address to listen on [default: 127.0.0.1:9001]. An address another process listens

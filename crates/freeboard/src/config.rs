@@ -98,9 +98,9 @@ pub struct ServerConfig {
     pub connection_reserve: usize,
     /// Origins browsers may open WebSockets from (`scheme://host[:port]`,
     /// `scheme://*.domain`, `*`); any other `Origin` gets 403, counted in
-    /// `freeboard_access_refusals_total{reason="origin"}` and logged at `info` (at most one
-    /// line a second). Requests without `Origin` (non-browser clients) pass. Default: empty,
-    /// every origin is allowed.
+    /// `freeboard_access_refusals_total{reason="origin"}` and logged at `info` (at most 5
+    /// lines a second per event loop). Requests without `Origin` (non-browser clients) pass.
+    /// Default: empty, every origin is allowed.
     pub allowed_origins: Vec<String>,
     /// Reverse proxies (CIDR blocks) whose `Forwarded` / `X-Forwarded-For` headers name the
     /// client: a connection from one of them is counted, limited and logged as the rightmost
@@ -128,7 +128,7 @@ pub struct ServerConfig {
 /// it set, `ServerConfig::listen` stays plain `ws://` and `listen` speaks TLS beside it.
 /// The TLS handshake counts inside `handshake_timeout`. The rustls state of a connection is
 /// charged to a share of each loop's memory budget (`state_share`); a connection it cannot
-/// cover is refused at accept and counted (`freeboard_tls_refusals{reason="budget"}`).
+/// cover is refused at accept and counted (`freeboard_tls_refusals_total{reason="budget"}`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -201,11 +201,11 @@ pub struct TopicsConfig {
     /// and its `also=` list) is refused with 400.
     pub max_topics_per_connection: usize,
     /// Topics (with at least one subscriber) the server may have at once; a subscription to a
-    /// new topic beyond it is refused (`topic_refusals{reason="server_topics"}`; the topic
+    /// new topic beyond it is refused (`freeboard_topic_refusals_total{reason="server_topics"}`; the topic
     /// route closes the connection with 1008). Default 100,000.
     pub max_topics: usize,
     /// Publications from other threads a loop's inbox holds before further ones are dropped
-    /// (counted in `topic_drops{reason="inbox_full"}`). Default 4096.
+    /// (counted in `freeboard_topic_drops_total{reason="inbox_full"}`). Default 4096.
     pub inbox: usize,
     /// HS256 secret (at least 32 bytes) of the JWTs a topic upgrade must carry
     /// (`Authorization: Bearer`, or `?access_token=` for browsers); see
@@ -236,7 +236,7 @@ pub struct TopicsConfig {
     /// stay on this machine. See the crate's README, Pub/sub.
     pub redis: Option<String>,
     /// Bytes of publications the queue towards Redis holds (while Redis is slow or down)
-    /// before further ones are counted lost (`backplane_lost{reason="queue_full"}`).
+    /// before further ones are counted lost (`freeboard_backplane_lost_total{reason="queue_full"}`).
     /// Default 16 MiB.
     #[serde(with = "size")]
     pub redis_queue: usize,
