@@ -38,8 +38,8 @@ pub const CLOSE_REASONS: [&str; 10] = [
 
 /// The HTTP statuses a server refuses with (`freeboard_refusals_total{status}`), every one
 /// present from the start; a handler's own status is added when first used.
-pub const REFUSAL_STATUSES: [u16; 13] =
-    [400, 401, 403, 404, 405, 411, 413, 426, 429, 431, 500, 503, 505];
+pub const REFUSAL_STATUSES: [u16; 14] =
+    [400, 401, 403, 404, 405, 411, 413, 426, 429, 431, 500, 501, 503, 505];
 
 /// Why a whole loop missed a publication (`freeboard_topic_drops_total{reason}`).
 pub const TOPIC_DROP_REASONS: [&str; 2] = ["inbox_full", "pool"];
