@@ -32,6 +32,7 @@ pub mod report;
 pub mod slow_consumer;
 pub mod suite;
 mod target;
+pub mod threshold;
 pub mod tls;
 pub mod watermarks;
 

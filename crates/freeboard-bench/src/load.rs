@@ -84,6 +84,7 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
     let mut poll = Poll::new()?;
     let mut clients = Vec::with_capacity(load.clients);
     let mut failed = 0;
+    let mut first_error = None;
     for _ in 0..load.clients {
         match open_any(target, Duration::from_secs(5), &mut rng) {
             Ok((stream, _)) => {
@@ -109,8 +110,17 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
                     failed: false,
                 });
             }
-            Err(_) => failed += 1,
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(e);
+            }
         }
+    }
+    // A target that refuses us is a failed measurement, not a row of zeros.
+    if let Some(e) = first_error {
+        let why =
+            format!("{failed} of {} clients could not connect to {target}: {e}", load.clients);
+        return Err(io::Error::new(e.kind(), why));
     }
 
     let mut hist = Histogram::<u64>::new(3).map_err(io::Error::other)?;
@@ -178,6 +188,11 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
         }
         _ => None,
     };
+    if received == 0 && sent > 0 {
+        let why =
+            format!("{target}: none of the {sent} messages sent came back (not an echo server?)");
+        return Err(io::Error::other(why));
+    }
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     Ok(Measured {
         connected: clients.len(),

@@ -39,7 +39,7 @@ impl Spread {
 }
 
 /// One load experiment (echo or pipeline) against one server, over its repeats.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LoadRow {
     /// `echo` or `pipeline`.
     pub experiment: String,

@@ -653,3 +653,30 @@ fn alert_reason(alert: rustls::AlertDescription) -> &'static str {
         _ => "alert_other",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::TLS_REFUSAL_REASONS;
+
+    /// Every reason a TLS refusal can be counted with is one of the series `/metrics` lists
+    /// from the start, whichever alert a client sends.
+    #[test]
+    fn every_alert_is_a_listed_refusal_reason() {
+        for code in 0..=u8::MAX {
+            let reason = alert_reason(rustls::AlertDescription::from(code));
+            assert!(TLS_REFUSAL_REASONS.contains(&reason), "{reason} is not listed");
+        }
+        for error in [
+            rustls::Error::DecryptError,
+            rustls::Error::NoApplicationProtocol,
+            rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType),
+            rustls::Error::General("x".into()),
+        ] {
+            for established in [false, true] {
+                let reason = error_reason(&error, established);
+                assert!(TLS_REFUSAL_REASONS.contains(&reason), "{reason} is not listed");
+            }
+        }
+    }
+}
