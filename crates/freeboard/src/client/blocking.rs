@@ -714,5 +714,5 @@ fn pools(config: &ClientConfig) -> Result<(Pool<'static>, Pool<'static>), Client
     })?;
     let invalid = |e: freeboard_buf::ConfigError| ClientError::Config(e.to_string());
     let send = Pool::new(Budget::new(send_bytes), send_config).map_err(invalid)?;
-    Ok((send, config.receive_pool(receive_bytes)?))
+    Ok((send, config.receive_pool(receive_bytes, 0)?))
 }

@@ -3,9 +3,10 @@
 //! [`Client::connect`] opens `ws://` and `wss://` URLs (IPv6 literals, default ports, path and
 //! query, custom headers, subprotocols, connect and handshake timeouts; TLS on rustls with the
 //! operating system's roots, a private CA file ([`ClientConfig::ca_file`]) or, for tests, no
-//! verification ([`ClientConfig::insecure`]); SNI and the host name checked).
-//! [`ClientLoop`] refuses `wss://` with [`ClientError::TlsNotSupported`] for now. A handshake refusal says what the server
-//! answered: [`ClientError::Refused`] carries the status and an excerpt of the body.
+//! verification ([`ClientConfig::insecure`]); SNI and the host name checked), and so does
+//! [`ClientLoop::connect`] for many connections in one thread (both over one
+//! [`ClientStream`]). A handshake refusal says what the server answered:
+//! [`ClientError::Refused`] carries the status and an excerpt of the body.
 //!
 //! Once open, the client behaves like a browser's `WebSocket`:
 //! - [`ready_state`](Client::ready_state): connecting, open, closing, closed;
@@ -88,7 +89,7 @@ use freeboard_proto::UsageError;
 use freeboard_proto::handshake::HandshakeError;
 pub use message::{CloseEvent, Event, Message};
 pub use target::Target;
-pub use tls::TlsRoots;
+pub use tls::{ClientStream, TlsRoots, tls_client_config, tls_connection};
 
 /// Everything a client can be told, with defaults for a script talking to one server.
 ///
@@ -187,13 +188,17 @@ impl Default for ClientConfig {
 
 impl ClientConfig {
     /// The pool that holds received messages (the client loop's holds everything), with
-    /// `bytes` of budget: with compression on, one compressor and one decompressor of the
-    /// largest window are kept outside its chunks, so that they are drawn from the same
-    /// budget (about 300 KiB).
-    pub(crate) fn receive_pool(&self, bytes: usize) -> Result<Pool<'static>, ClientError> {
+    /// `bytes` of budget of which `reserve` stays outside its chunks; with compression on,
+    /// so do one compressor and one decompressor of the largest window (about 300 KiB), so
+    /// that they are drawn from the same budget.
+    pub(crate) fn receive_pool(
+        &self,
+        bytes: usize,
+        reserve: usize,
+    ) -> Result<Pool<'static>, ClientError> {
         let reserve = match self.compression {
-            true => crate::session::deflate::STATE_BYTES,
-            false => 0,
+            true => reserve + crate::session::deflate::STATE_BYTES,
+            false => reserve,
         };
         let per_chunk = Pool::footprint(self.chunk_size.max(1), 1, DEFAULT_SEGMENTS_PER_CHUNK);
         let chunks = (bytes.saturating_sub(reserve) / per_chunk).min(freeboard_buf::MAX_CHUNKS);
@@ -325,8 +330,6 @@ pub enum ClientError {
         /// What is wrong with it.
         why: String,
     },
-    /// `wss://` given to [`ClientLoop`], which does not speak TLS yet.
-    TlsNotSupported,
     /// TLS could not be set up or failed (no trusted roots, an unreadable CA file, a
     /// certificate that does not verify, an alert from the server).
     Tls(String),
@@ -387,9 +390,6 @@ impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::InvalidUrl { url, why } => write!(f, "invalid WebSocket URL {url:?}: {why}"),
-            Self::TlsNotSupported => {
-                f.write_str("wss:// is not supported by ClientLoop yet (use Client)")
-            }
             Self::Tls(why) => write!(f, "TLS: {why}"),
             Self::Resolve { host, source } => write!(f, "cannot resolve {host}: {source}"),
             Self::Connect { addr, source } => write!(f, "cannot connect to {addr}: {source}"),

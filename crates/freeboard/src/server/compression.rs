@@ -18,7 +18,7 @@ impl<T: Transport> EventLoop<T> {
         options: &RouteOptions,
         request: &Request<'_, '_>,
     ) -> Option<Agreement> {
-        let config = &self.shared.config;
+        let config = &self.config;
         let mode = options.compression.unwrap_or(config.compression);
         let mut agreement =
             Agreement::accept(mode, config.compression_window, request.extensions())?;
