@@ -197,6 +197,21 @@ struct ServeArgs {
     /// TOML `[topics] redis`. Default: topics stay on this machine.
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
+    /// Messages of history kept per topic, for subscribers reconnecting with `?since=OFFSET`;
+    /// such topics' messages carry an `{offset}:` envelope; TOML `[topics] history`
+    /// [default: 0, none].
+    #[arg(long, value_name = "N")]
+    history: Option<usize>,
+    /// The oldest a kept message may be (0: no limit); TOML `[topics] history_seconds`.
+    #[arg(long, value_name = "SECS")]
+    history_seconds: Option<u64>,
+    /// Bytes all topics' history may hold; TOML `[topics] history_memory` [default: 8M].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    history_memory: Option<usize>,
+    /// Only topics named with this prefix keep history; TOML `[topics] history_prefix`
+    /// [default: every topic].
+    #[arg(long, value_name = "PREFIX")]
+    history_prefix: Option<String>,
     /// Topics one connection may subscribe to (its topic and its `also=` list; an upgrade
     /// naming more gets 400); TOML `[topics] max_topics_per_connection` [default: 64].
     #[arg(long, value_name = "N")]
@@ -434,6 +449,18 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
     }
     if let Some(v) = &args.redis {
         config.topics.redis = Some(v.clone());
+    }
+    if let Some(v) = args.history {
+        config.topics.history = v;
+    }
+    if let Some(v) = args.history_seconds {
+        config.topics.history_seconds = v;
+    }
+    if let Some(v) = args.history_memory {
+        config.topics.history_memory = v;
+    }
+    if let Some(v) = &args.history_prefix {
+        config.topics.history_prefix = v.clone();
     }
     if let Some(v) = args.max_topics_per_connection {
         config.topics.max_topics_per_connection = v;

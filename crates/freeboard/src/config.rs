@@ -222,6 +222,18 @@ pub struct TopicsConfig {
     /// before further ones are counted lost (`backplane_lost{reason="queue_full"}`).
     /// Default 16 MiB.
     pub redis_queue: usize,
+    /// Messages of history kept per topic, for subscribers that reconnect with `?since=` (see
+    /// [`history`](crate::history)); 0 keeps none and adds no offsets. Default 0. Not yet
+    /// offered with a Redis backplane (refused by [`ServerConfig::validate`]).
+    pub history: usize,
+    /// The oldest a kept message may be, in seconds; 0 for no age limit. Default 0.
+    pub history_seconds: u64,
+    /// Bytes all topics' history may hold together (payloads and about 96 bytes each); the
+    /// server's oldest message goes first. Default 8 MiB.
+    pub history_memory: usize,
+    /// Only topics whose name starts with this keep history and carry offsets. Default: every
+    /// topic.
+    pub history_prefix: String,
 }
 
 impl Default for TopicsConfig {
@@ -248,6 +260,10 @@ impl Default for TopicsConfig {
             webhook_in_flight: 16,
             redis: None,
             redis_queue: 16 << 20,
+            history: 0,
+            history_seconds: 0,
+            history_memory: 8 << 20,
+            history_prefix: String::new(),
         }
     }
 }
@@ -319,6 +335,10 @@ impl std::fmt::Debug for TopicsConfig {
                 &self.redis.as_deref().map(|u| if u.contains('@') { "<redacted>" } else { u }),
             )
             .field("redis_queue", &self.redis_queue)
+            .field("history", &self.history)
+            .field("history_seconds", &self.history_seconds)
+            .field("history_memory", &self.history_memory)
+            .field("history_prefix", &self.history_prefix)
             .finish()
     }
 }
@@ -392,6 +412,9 @@ impl ServerConfig {
         }
         if topics.inbox == 0 || topics.max_topics_per_connection == 0 || topics.max_topics == 0 {
             return Err(ConfigError::TopicLimits);
+        }
+        if topics.history > 0 && topics.redis.is_some() {
+            return Err(ConfigError::HistoryWithRedis);
         }
         crate::auth::Origins::new(&self.allowed_origins)?;
         crate::auth::Origins::new(&topics.cors_origins)?;
@@ -474,6 +497,8 @@ pub enum ConfigError {
     TopicsPath(String),
     /// `topics.inbox` or `topics.max_topics_per_connection` is 0.
     TopicLimits,
+    /// `topics.history` with `topics.redis`: history is kept per server, not yet in Redis.
+    HistoryWithRedis,
     /// `memory` does not give each loop its read buffer and 16 chunks.
     Memory {
         /// The budget given.
@@ -531,6 +556,10 @@ impl std::fmt::Display for ConfigError {
             Self::TopicsPath(path) => {
                 write!(f, "topics.path must start and end with '/', not {path:?}")
             }
+            Self::HistoryWithRedis => f.write_str(
+                "topics.history is kept in each server's memory and not yet in Redis: \
+                 it cannot be combined with topics.redis",
+            ),
             Self::TopicLimits => {
                 f.write_str(
                     "topics.inbox, topics.max_topics_per_connection and topics.max_topics must be at least 1",

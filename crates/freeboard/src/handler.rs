@@ -10,6 +10,7 @@ use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy, Watermarks};
 use freeboard_proto::handshake::Request;
 use freeboard_proto::{CloseCode, MessageKind};
 
+use crate::history::Recovery;
 use crate::metrics::{LoopStats, Metrics};
 use crate::session::{Context, SendOutcome, Session};
 use crate::topics::{Hub, LocalTopics, Published, SubscribeError};
@@ -422,6 +423,19 @@ impl Conn<'_> {
     /// With no subscriber anywhere it costs no pool memory.
     pub fn publish(&mut self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
         self.topics.publish(self.hub, self.cx.pool, self.outbox, topic, kind, payload, None)
+    }
+
+    /// Sends this connection what it missed on `topic` after the offset `since` (see
+    /// [`history`](crate::history)), each message in its envelope, in offset order; call it
+    /// right after [`subscribe`](Self::subscribe). `false` if the topic's history no longer
+    /// holds all of it, or the send queue could not take it all: close the connection with
+    /// [`HISTORY_GONE`](crate::history::HISTORY_GONE). A topic without history has nothing to
+    /// recover.
+    pub fn recover(&mut self, topic: &str, since: &str) -> bool {
+        let Recovery::Missed(missed) = self.hub.recover(topic, since) else { return false };
+        missed.iter().all(|(kind, data)| {
+            matches!(self.send(*kind, data), SendOutcome::Queued | SendOutcome::QueuedAboveHigh)
+        })
     }
 }
 

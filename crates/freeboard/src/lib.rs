@@ -30,6 +30,7 @@
 
 pub mod auth;
 mod backplane;
+pub mod history;
 pub mod client;
 pub mod config;
 pub mod handler;

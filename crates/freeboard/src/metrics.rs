@@ -205,7 +205,7 @@ pub struct Metrics {
     /// `not_tls`, `handshake_timeout`, `upgrade_timeout`, `budget`, `alert_*`, …).
     pub(crate) tls_refusals: Family<Reason, Counter>,
     /// Publications that did not reach the Redis backplane, by reason (`queue_full`,
-    /// `redis_down`, `unconfirmed`).
+    /// `redis_down`, `unconfirmed`, `refused`).
     pub(crate) backplane_lost: Family<Reason, Counter>,
     /// Publications the Redis backplane confirmed.
     pub(crate) backplane_published: Counter,

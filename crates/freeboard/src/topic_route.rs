@@ -8,14 +8,17 @@ use freeboard_proto::handshake::Request;
 
 use crate::auth::{Grant, TokenError, TokenVerifier, bearer_token};
 use crate::config::TopicsConfig;
+use crate::history::HISTORY_GONE;
 use crate::handler::{Accepted, Conn, Decision, Handler, Message, RouteOptions, Router};
 use crate::topics::topics_in_target;
 use crate::webhook::ConnectWebhook;
 
 /// The `/topic/{name}` endpoint of `freeboard serve`: the upgrade subscribes the connection to
 /// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`; an
-/// upgrade naming more topics than [`max_topics`](Self::max_topics) gets 400); messages the client sends are published to `name` if client publishing is allowed, else
-/// answered with close 1008.
+/// upgrade naming more topics than [`max_topics`](Self::max_topics) gets 400); messages the
+/// client sends are published to `name` if client publishing is allowed, else answered with
+/// close 1008. With `since=OFFSET` in the query, the connection first gets what it missed on
+/// `name` ([`Conn::recover`]), or is closed with [`HISTORY_GONE`] if that is no longer kept.
 ///
 /// With a [`TokenVerifier`] the upgrade needs a bearer token (`Authorization: Bearer`, or
 /// `?access_token=` for browsers) whose `subscribe` claim grants every topic asked for (401
@@ -116,11 +119,20 @@ impl Handler for TopicRoute {
 
     fn on_open(&mut self, conn: &mut Conn<'_>) {
         let target = conn.target().to_owned();
-        for name in topics_in_target(&self.prefix, &target).unwrap_or_default() {
+        let topics = topics_in_target(&self.prefix, &target).unwrap_or_default();
+        for name in &topics {
             if let Err(e) = conn.subscribe(name) {
                 conn.close(CloseCode::POLICY_VIOLATION, &e.to_string());
                 return;
             }
+        }
+        let since = target.split_once('?').and_then(|(_, query)| {
+            query.split('&').find_map(|pair| pair.strip_prefix("since="))
+        });
+        if let (Some(since), Some(topic)) = (since, topics.first())
+            && !conn.recover(topic, since)
+        {
+            conn.close(HISTORY_GONE, "the messages since that offset are no longer kept");
         }
     }
 }

@@ -19,6 +19,7 @@ mod shared;
 mod turn;
 
 use crate::backplane::{Backplane, RedisAddr};
+use crate::history::History;
 use crate::config::{ConfigError, ServerConfig};
 use crate::handler::Router;
 use crate::metrics::Metrics;
@@ -115,7 +116,14 @@ impl Server {
             (Some(_), None) => Some(addr),
             (_, at) => at,
         };
-        let hub = Hub::new(&wakers, config.topics.inbox, config.topics.max_topics, metrics.clone());
+        let topics = &config.topics;
+        let history = (topics.history > 0).then(|| {
+            let max_age = (topics.history_seconds > 0)
+                .then(|| std::time::Duration::from_secs(topics.history_seconds));
+            let prefix = &topics.history_prefix;
+            History::new(prefix, topics.history, max_age, topics.history_memory)
+        });
+        let hub = Hub::new(&wakers, topics.inbox, topics.max_topics, history, metrics.clone());
         let redis = match &config.topics.redis {
             Some(url) => Some(
                 RedisAddr::parse(url)
@@ -320,9 +328,9 @@ impl ServerHandle {
     /// ```
     pub fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
         self.shared.metrics.publishes.inc();
-        let (head, n) = crate::topics::header(kind, payload.len());
+        let stamp = self.shared.hub.stamp(topic, kind, payload);
         let mut published = Published::default();
-        let parts = [&head[..n], payload];
+        let parts = stamp.parts(payload);
         self.shared.hub.publish_remote(topic, &parts, None, &mut published, None);
         self.shared.hub.send_to_backplane(topic, kind, payload);
         published
