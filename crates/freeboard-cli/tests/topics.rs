@@ -1,6 +1,7 @@
 //! Topics of `freeboard serve` as a process: a subscriber that keeps up receives every
 //! publication in order under every slow-consumer policy; a publication larger than a
-//! subscriber's cap is refused up front.
+//! subscriber's cap is refused up front; a subscriber reconnecting with `?since=` gets what it
+//! missed from the topic's history, or close 4410.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -171,4 +172,91 @@ fn topic_limits_refuse_clearly_and_are_counted() {
         .find(|l| l.starts_with("freeboard_topic_refusals_total{reason=\"server_topics\"}"))
         .unwrap_or_else(|| panic!("no server_topics refusal counted:\n{metrics}"));
     assert!(line.ends_with(" 1"), "{line}");
+}
+
+/// A frame's payload as `(offset, message)`, split at the history envelope's colon.
+fn enveloped(payload: &[u8]) -> (String, String) {
+    let text = String::from_utf8(payload.to_vec()).unwrap();
+    let (offset, message) = text.split_once(':').unwrap_or_else(|| panic!("no offset: {text}"));
+    (offset.to_owned(), message.to_owned())
+}
+
+/// An offset's sequence number (`{epoch}-{sequence}`).
+fn sequence(offset: &str) -> u64 {
+    offset.rsplit_once('-').unwrap().1.parse().unwrap()
+}
+
+#[test]
+fn a_reconnect_with_since_gets_what_it_missed_or_is_told_it_is_gone() {
+    for threads in ["1", "2"] {
+        let serve = Serve::spawn(&[
+            "--client-publish",
+            "--threads",
+            threads,
+            "--history",
+            "150",
+            "--history-prefix",
+            "feed",
+        ]);
+        // The publisher is a subscriber too: reading its own publications back tells when
+        // every one of them is published (and kept).
+        let (mut publisher, mut own) = subscribe(&serve.addr, "/topic/feed");
+        let publish = |publisher: &mut TcpStream, own: &mut Inbox, range: std::ops::Range<usize>| {
+            let burst: Vec<u8> = range.clone().flat_map(|i| text(format!("m{i}").as_bytes())).collect();
+            publisher.write_all(&burst).unwrap();
+            for i in range {
+                let f = own.frame(publisher).unwrap().expect("the publisher's own message");
+                assert_eq!(enveloped(&f.payload).1, format!("m{i}"));
+            }
+        };
+        let (mut reader, mut inbox) = subscribe(&serve.addr, "/topic/feed");
+        publish(&mut publisher, &mut own, 0..1);
+        let f = inbox.frame(&mut reader).unwrap().expect("m0");
+        let (since, message) = enveloped(&f.payload);
+        assert_eq!(message, "m0");
+        drop(reader);
+
+        // Away while 100 are published; back with since: all 100, in order, then live.
+        publish(&mut publisher, &mut own, 1..101);
+        let (mut reader, mut inbox) = subscribe(&serve.addr, &format!("/topic/feed?since={since}"));
+        let mut last = sequence(&since);
+        for i in 1..101 {
+            let f = inbox.frame(&mut reader).unwrap().unwrap_or_else(|| panic!("ended at m{i}"));
+            let (offset, message) = enveloped(&f.payload);
+            assert_eq!(message, format!("m{i}"), "{threads} loops: lost, twice or out of order");
+            assert!(sequence(&offset) > last, "{offset} after {last}");
+            last = sequence(&offset);
+        }
+        publish(&mut publisher, &mut own, 101..102);
+        let f = inbox.frame(&mut reader).unwrap().expect("the live stream after the replay");
+        assert_eq!(enveloped(&f.payload).1, "m101");
+
+        // 100 more: the ring (150) no longer holds what followed m0.
+        publish(&mut publisher, &mut own, 102..202);
+        for target in [format!("/topic/feed?since={since}"), "/topic/feed?since=1-1".into()] {
+            let (mut late, mut inbox) = subscribe(&serve.addr, &target);
+            let close = inbox.frame(&mut late).unwrap().expect("a close frame");
+            assert_eq!((close.opcode, close.close_code()), (0x8, 4410), "{target}");
+        }
+
+        // A topic outside the history prefix is delivered as published: no envelope.
+        let (mut plain, mut plain_inbox) = subscribe(&serve.addr, "/topic/plain");
+        let (mut plain_pub, _) = subscribe(&serve.addr, "/topic/plain");
+        warm_up(&mut plain_pub, &mut plain, &mut plain_inbox);
+        plain_pub.write_all(&text(b"as is")).unwrap();
+        let f = plain_inbox.frame(&mut plain).unwrap().expect("a plain message");
+        assert_eq!(f.payload, b"as is");
+    }
+}
+
+#[test]
+fn history_with_a_redis_backplane_is_refused_at_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_freeboard"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--history", "10"])
+        .args(["--redis", "redis://127.0.0.1:1/"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("topics.history"), "{stderr}");
 }
