@@ -348,6 +348,7 @@ mod tests {
         let size = 100 + 20 + ENTRY_OVERHEAD;
         let history = History::new("", 1000, None, 10 * size);
         let since = offset(&history.record("old", MessageKind::Binary, &[0; 100]));
+        history.record("old", MessageKind::Binary, &[0; 100]);
         for i in 0..50 {
             history.record(&format!("t{}", i % 3), MessageKind::Binary, &[1; 100]);
         }
