@@ -29,7 +29,8 @@
 //! message published while the replay is read may arrive twice; its offset tells.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use freeboard_proto::{CloseCode, MessageKind};
@@ -41,55 +42,100 @@ pub const HISTORY_GONE: CloseCode = CloseCode(4410);
 /// Bytes each kept message costs beyond its payload (entry, eviction order, envelope).
 const ENTRY_OVERHEAD: usize = 96;
 
+/// A publication's offset, `{a}-{b}`, ordered as a pair: `(server epoch, sequence)` in
+/// memory, the stream entry ID `(ms, sequence)` with Redis.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Offset(pub(crate) u64, pub(crate) u64);
+
+impl Offset {
+    /// `a-b` in decimal.
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        let (a, b) = text.split_once('-')?;
+        Some(Offset(a.parse().ok()?, b.parse().ok()?))
+    }
+}
+
+impl std::fmt::Display for Offset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.0, self.1)
+    }
+}
+
+/// Where offsets come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// This server numbers its publications: `(epoch, sequence)`.
+    Memory,
+    /// Redis streams number them; the rings hold what this node received while subscribed,
+    /// and what it fetched for a reconnecting subscriber.
+    Redis,
+}
+
 /// The server's topic history: offsets and the bounded rings.
 pub(crate) struct History {
     prefix: String,
-    messages: usize,
-    max_age: Option<Duration>,
+    pub(crate) messages: usize,
+    pub(crate) max_age: Option<Duration>,
     memory: usize,
-    /// The offset epoch: when this server started, in ms since 1970.
+    source: Source,
+    /// The offset epoch in memory: when this server started, in ms since 1970.
     epoch: u64,
     state: Mutex<State>,
 }
 
 struct State {
-    /// The next sequence number.
+    /// The next sequence number (in memory).
     next: u64,
     rings: HashMap<Arc<str>, Ring>,
-    /// Every kept message's topic and sequence, oldest first (the memory limit's eviction
-    /// order); entries already gone by count or age are skipped when reached.
-    order: VecDeque<(Arc<str>, u64)>,
+    /// Every kept message's topic and offset, in the order they were kept (the memory
+    /// limit's eviction order); entries already gone by count or age are skipped when reached.
+    order: VecDeque<(Arc<str>, Offset)>,
     /// Invariant: the bytes (with [`ENTRY_OVERHEAD`]) of every ring's entries.
     bytes: usize,
     /// Invariant: the number of every ring's entries.
     kept: usize,
-    /// Invariant: the highest sequence a topic whose ring was dropped has lost, so a `since`
-    /// on a topic without a ring can be told whether it missed something (a new ring starts
+    /// The highest offset a topic whose ring was dropped has lost, so a `since` on a topic
+    /// without a ring can be told whether it missed something (a new ring in memory starts
     /// from it: a topic may have lost that much).
-    forgotten: u64,
+    forgotten: Offset,
 }
 
 struct Ring {
+    /// Invariant: sorted by offset, no offset twice.
     entries: VecDeque<Entry>,
-    /// Invariant: the highest sequence this topic has lost (0: none).
-    lost: u64,
+    /// The ring holds every message of its topic after this offset, but for those up to
+    /// `lost`; `None`: it vouches for nothing (with Redis, until a [`fill`](History::fill)).
+    since: Option<Offset>,
+    /// Invariant: the highest offset of the topic dropped from the ring (by count, age or
+    /// memory, or too large to keep).
+    lost: Offset,
 }
 
 struct Entry {
-    sequence: u64,
+    offset: Offset,
     at: Instant,
     kind: MessageKind,
     /// Envelope and payload, as delivered.
     data: Box<[u8]>,
 }
 
-/// An offset's envelope, `{epoch}-{sequence}:`, ready to go before a payload.
+/// An offset's envelope, `{a}-{b}:`, ready to go before a payload.
 pub(crate) struct Envelope {
     bytes: [u8; 42],
     len: usize,
 }
 
 impl Envelope {
+    fn new(offset: Offset) -> Self {
+        use std::io::Write;
+        let mut bytes = [0u8; 42];
+        let mut out = &mut bytes[..];
+        // NOTE(unwrap): two u64 in decimal, a dash and a colon take at most 42 bytes.
+        write!(out, "{offset}:").unwrap();
+        let len = 42 - out.len();
+        Envelope { bytes, len }
+    }
+
     pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
     }
@@ -112,6 +158,7 @@ impl History {
         messages: usize,
         max_age: Option<Duration>,
         memory: usize,
+        source: Source,
     ) -> Self {
         let epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -121,6 +168,7 @@ impl History {
             messages,
             max_age,
             memory,
+            source,
             epoch,
             state: Mutex::new(State {
                 next: 1,
@@ -128,7 +176,7 @@ impl History {
                 order: VecDeque::new(),
                 bytes: 0,
                 kept: 0,
-                forgotten: 0,
+                forgotten: Offset::default(),
             }),
         }
     }
@@ -138,114 +186,184 @@ impl History {
         topic.starts_with(&self.prefix)
     }
 
-    /// Gives a publication to `topic` (which [`applies`](Self::applies)) its offset and keeps
-    /// it; the envelope to deliver before the payload.
+    /// Where offsets come from.
+    pub(crate) fn source(&self) -> Source {
+        self.source
+    }
+
+    /// In memory: gives a publication to `topic` (which [`applies`](Self::applies)) its
+    /// offset and keeps it; the envelope to deliver before the payload.
     pub(crate) fn record(&self, topic: &str, kind: MessageKind, payload: &[u8]) -> Envelope {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let sequence = state.next;
+        let mut state = self.lock();
+        let offset = Offset(self.epoch, state.next);
         state.next += 1;
-        let envelope = self.envelope(sequence);
-        let size = envelope.len + payload.len() + ENTRY_OVERHEAD;
-        if size > self.memory {
-            // Never kept: a `since` before it is told so.
-            let ring = state.ring(topic);
-            ring.lost = sequence;
-            return envelope;
-        }
-        let now = Instant::now();
-        while state.bytes + size > self.memory && !state.order.is_empty() {
-            state.evict_oldest();
-        }
-        let (messages, max_age) = (self.messages, self.max_age);
-        let State { rings, order, bytes, kept, forgotten, .. } = &mut *state;
-        let name = match rings.get_key_value(topic) {
-            Some((name, _)) => name.clone(),
-            None => Arc::from(topic),
-        };
-        let ring = rings
-            .entry(name.clone())
-            .or_insert_with(|| Ring { entries: VecDeque::new(), lost: *forgotten });
+        let envelope = Envelope::new(offset);
         let data = [envelope.as_bytes(), payload].concat().into_boxed_slice();
-        ring.entries.push_back(Entry { sequence, at: now, kind, data });
-        *bytes += size;
-        *kept += 1;
-        order.push_back((name, sequence));
-        while ring.entries.len() > messages
-            || ring.entries.front().is_some_and(|e| expired(e, now, max_age))
-        {
-            *bytes -= ring.pop_front();
-            *kept -= 1;
-        }
-        state.compact();
+        self.keep(&mut state, topic, offset, kind, data);
         envelope
+    }
+
+    /// With Redis: keeps a message of `topic` that arrived with `offset`, `data` being its
+    /// envelope and payload.
+    pub(crate) fn record_at(&self, topic: &str, offset: Offset, kind: MessageKind, data: &[u8]) {
+        let mut state = self.lock();
+        self.keep(&mut state, topic, offset, kind, data.into());
+    }
+
+    /// With Redis: keeps what was fetched for a subscriber that last saw `since` (every
+    /// message of the topic after it, `data` with envelopes), while this node was already
+    /// subscribed: the ring then holds every message after `since`.
+    pub(crate) fn fill(
+        &self,
+        topic: &str,
+        since: Offset,
+        fetched: Vec<(Offset, MessageKind, Box<[u8]>)>,
+    ) {
+        let mut state = self.lock();
+        for (offset, kind, data) in fetched {
+            self.keep(&mut state, topic, offset, kind, data);
+        }
+        let ring = state.ring(topic, self.source);
+        ring.since = Some(ring.since.map_or(since, |s| s.min(since)));
+    }
+
+    /// With Redis: forgets `topic`'s ring (this node no longer receives it), or every ring
+    /// (`None`: the subscription to Redis was lost).
+    pub(crate) fn forget(&self, topic: Option<&str>) {
+        let mut state = self.lock();
+        let State { rings, bytes, kept, .. } = &mut *state;
+        let mut drop_ring = |ring: Ring| {
+            for e in ring.entries {
+                *bytes -= e.data.len() + ENTRY_OVERHEAD;
+                *kept -= 1;
+            }
+        };
+        match topic {
+            Some(topic) => {
+                if let Some(ring) = rings.remove(topic) {
+                    drop_ring(ring);
+                }
+            }
+            None => rings.drain().for_each(|(_, ring)| drop_ring(ring)),
+        }
+        state.compact(self.source);
     }
 
     /// What a subscriber of `topic` that last saw `since` missed.
     pub(crate) fn recover(&self, topic: &str, since: &str) -> Recovery {
-        let Some((epoch, seen)) = since
-            .split_once('-')
-            .and_then(|(e, s)| Some((e.parse::<u64>().ok()?, s.parse::<u64>().ok()?)))
-        else {
-            return Recovery::Gone;
-        };
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if epoch != self.epoch || seen >= state.next {
+        let Some(seen) = Offset::parse(since) else { return Recovery::Gone };
+        let mut state = self.lock();
+        if self.source == Source::Memory && (seen.0 != self.epoch || seen.1 >= state.next) {
             return Recovery::Gone;
         }
         let now = Instant::now();
         let forgotten = state.forgotten;
         let State { rings, bytes, kept, .. } = &mut *state;
         let Some(ring) = rings.get_mut(topic) else {
-            return if seen < forgotten { Recovery::Gone } else { Recovery::Missed(Vec::new()) };
+            return match self.source {
+                Source::Memory if seen >= forgotten => Recovery::Missed(Vec::new()),
+                _ => Recovery::Gone,
+            };
         };
         while ring.entries.front().is_some_and(|e| expired(e, now, self.max_age)) {
             *bytes -= ring.pop_front();
             *kept -= 1;
         }
-        if seen < ring.lost {
+        if ring.since.is_none_or(|s| seen < s) || seen < ring.lost {
             return Recovery::Gone;
         }
         let missed = ring
             .entries
             .iter()
-            .filter(|e| e.sequence > seen)
+            .filter(|e| e.offset > seen)
             .map(|e| (e.kind, e.data.clone()))
             .collect();
         Recovery::Missed(missed)
     }
 
-    fn envelope(&self, sequence: u64) -> Envelope {
-        use std::io::Write;
-        let mut bytes = [0u8; 42];
-        let mut out = &mut bytes[..];
-        // NOTE(unwrap): two u64 in decimal, a dash and a colon take at most 42 bytes.
-        write!(out, "{}-{sequence}:", self.epoch).unwrap();
-        let len = 42 - out.len();
-        Envelope { bytes, len }
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps one message in its topic's ring (in offset order; an offset kept already is not
+    /// kept twice), within the count, age and memory limits.
+    fn keep(
+        &self,
+        state: &mut State,
+        topic: &str,
+        offset: Offset,
+        kind: MessageKind,
+        data: Box<[u8]>,
+    ) {
+        let size = data.len() + ENTRY_OVERHEAD;
+        if size > self.memory {
+            // Never kept: a `since` before it is told so.
+            let ring = state.ring(topic, self.source);
+            ring.lost = ring.lost.max(offset);
+            return;
+        }
+        while state.bytes + size > self.memory && !state.order.is_empty() {
+            state.evict_oldest(self.source);
+        }
+        let now = Instant::now();
+        state.ring(topic, self.source);
+        let State { rings, order, bytes, kept, .. } = state;
+        // NOTE(unwrap): `ring` made it.
+        let (name, ring) = rings.get_key_value(topic).map(|(n, _)| n.clone()).zip(rings.get_mut(topic)).unwrap();
+        let at = match ring.entries.back() {
+            Some(last) if last.offset >= offset => {
+                match ring.entries.binary_search_by_key(&offset, |e| e.offset) {
+                    Ok(_) => return,
+                    Err(at) => at,
+                }
+            }
+            _ => ring.entries.len(),
+        };
+        ring.entries.insert(at, Entry { offset, at: now, kind, data });
+        *bytes += size;
+        *kept += 1;
+        order.push_back((name, offset));
+        while ring.entries.len() > self.messages
+            || ring.entries.front().is_some_and(|e| expired(e, now, self.max_age))
+        {
+            *bytes -= ring.pop_front();
+            *kept -= 1;
+        }
+        state.compact(self.source);
     }
 }
 
 impl State {
-    fn ring(&mut self, topic: &str) -> &mut Ring {
+    fn ring(&mut self, topic: &str, source: Source) -> &mut Ring {
         if !self.rings.contains_key(topic) {
-            let ring = Ring { entries: VecDeque::new(), lost: self.forgotten };
+            let since = match source {
+                Source::Memory => Some(self.forgotten),
+                Source::Redis => None,
+            };
+            let ring = Ring { entries: VecDeque::new(), since, lost: Offset::default() };
             self.rings.insert(Arc::from(topic), ring);
         }
         // NOTE(unwrap): inserted above if it was missing.
         self.rings.get_mut(topic).unwrap()
     }
 
-    /// Drops the server's oldest kept message (and its topic's ring, if that empties it).
-    fn evict_oldest(&mut self) {
-        while let Some((topic, sequence)) = self.order.pop_front() {
+    /// Drops the message kept first of those still kept (and its topic's ring, if that
+    /// empties it).
+    fn evict_oldest(&mut self, source: Source) {
+        while let Some((topic, offset)) = self.order.pop_front() {
             let Some(ring) = self.rings.get_mut(&topic) else { continue };
-            if ring.entries.front().is_none_or(|e| e.sequence != sequence) {
+            let Ok(at) = ring.entries.binary_search_by_key(&offset, |e| e.offset) else {
                 continue; // gone already, by count or age
-            }
-            self.bytes -= ring.pop_front();
+            };
+            // NOTE(unwrap): found just above.
+            let e = ring.entries.remove(at).unwrap();
+            ring.lost = ring.lost.max(offset);
+            self.bytes -= e.data.len() + ENTRY_OVERHEAD;
             self.kept -= 1;
             if ring.entries.is_empty() {
-                self.forgotten = self.forgotten.max(ring.lost);
+                if source == Source::Memory {
+                    self.forgotten = self.forgotten.max(ring.lost);
+                }
                 self.rings.remove(&topic);
             }
             return;
@@ -253,27 +371,28 @@ impl State {
     }
 
     /// Forgets eviction-order entries of messages gone by count or age once they outnumber
-    /// the kept ones, so the order stays within a small multiple of what is kept.
-    fn compact(&mut self) {
+    /// the kept ones, so the order stays within a small multiple of what is kept. In memory,
+    /// rings emptied by age go too (with Redis a ring lives while its topic is subscribed).
+    fn compact(&mut self, source: Source) {
         if self.order.len() <= 2 * self.kept + 64 {
             return;
         }
         let rings = &self.rings;
-        self.order.retain(|(topic, sequence)| {
+        self.order.retain(|(topic, offset)| {
             rings.get(topic).is_some_and(|r| {
-                r.entries.binary_search_by_key(sequence, |e| e.sequence).is_ok()
+                r.entries.binary_search_by_key(offset, |e| e.offset).is_ok()
             })
         });
-        // Rings emptied by age are dropped here too.
-        let mut forgotten = self.forgotten;
-        self.rings.retain(|_, r| {
-            let keep = !r.entries.is_empty();
-            if !keep {
-                forgotten = forgotten.max(r.lost);
-            }
-            keep
-        });
-        self.forgotten = forgotten;
+        if source == Source::Memory {
+            let mut forgotten = self.forgotten;
+            self.rings.retain(|_, r| {
+                if r.entries.is_empty() {
+                    forgotten = forgotten.max(r.lost);
+                }
+                !r.entries.is_empty()
+            });
+            self.forgotten = forgotten;
+        }
     }
 }
 
@@ -282,7 +401,7 @@ impl Ring {
     fn pop_front(&mut self) -> usize {
         match self.entries.pop_front() {
             Some(e) => {
-                self.lost = e.sequence;
+                self.lost = self.lost.max(e.offset);
                 e.data.len() + ENTRY_OVERHEAD
             }
             None => 0,
@@ -309,7 +428,7 @@ mod tests {
 
     #[test]
     fn a_reconnect_gets_what_it_missed_in_order() {
-        let history = History::new("", 100, None, 1 << 20);
+        let history = History::new("", 100, None, 1 << 20, Source::Memory);
         let first = history.record("a", MessageKind::Text, b"0");
         let since = offset(&first);
         for i in 1..=5 {
@@ -328,7 +447,7 @@ mod tests {
 
     #[test]
     fn gaps_too_old_or_foreign_are_gone() {
-        let history = History::new("h:", 3, None, 1 << 20);
+        let history = History::new("h:", 3, None, 1 << 20, Source::Memory);
         assert!(!history.applies("x") && history.applies("h:x"));
         let since = offset(&history.record("h:a", MessageKind::Text, b"0"));
         for _ in 0..3 {
@@ -346,7 +465,7 @@ mod tests {
     #[test]
     fn memory_is_bounded_and_evicts_the_oldest_of_the_server() {
         let size = 100 + 20 + ENTRY_OVERHEAD;
-        let history = History::new("", 1000, None, 10 * size);
+        let history = History::new("", 1000, None, 10 * size, Source::Memory);
         let since = offset(&history.record("old", MessageKind::Binary, &[0; 100]));
         history.record("old", MessageKind::Binary, &[0; 100]);
         for i in 0..50 {
@@ -365,8 +484,32 @@ mod tests {
     }
 
     #[test]
+    fn with_redis_a_ring_vouches_only_after_a_fill() {
+        let history = History::new("", 5, None, 1 << 20, Source::Redis);
+        let message = |o: Offset| (o, MessageKind::Text, format!("{o}:m").into_bytes().into());
+        // Live messages while subscribed: not enough alone, the node may have missed some.
+        history.record_at("a", Offset(10, 0), MessageKind::Text, b"10-0:m");
+        history.record_at("a", Offset(12, 0), MessageKind::Text, b"12-0:m");
+        assert_eq!(history.recover("a", "9-0"), Recovery::Gone);
+        assert_eq!(history.recover("b", "9-0"), Recovery::Gone, "never received");
+        // Fetched from Redis after the subscription: merged in order, without twins.
+        history.fill("a", Offset(9, 0), vec![message(Offset(11, 0)), message(Offset(12, 0))]);
+        assert_eq!(payloads(history.recover("a", "9-0")), ["10-0:m", "11-0:m", "12-0:m"]);
+        assert_eq!(payloads(history.recover("a", "11-0")), ["12-0:m"]);
+        assert_eq!(history.recover("a", "8-0"), Recovery::Gone, "before the fill");
+        for t in 13..16 {
+            history.record_at("a", Offset(t, 0), MessageKind::Text, b"x");
+        }
+        assert_eq!(history.recover("a", "9-0"), Recovery::Gone, "evicted by count");
+        assert_eq!(payloads(history.recover("a", "10-0")).len(), 5);
+        history.forget(None);
+        assert_eq!(history.recover("a", "14-0"), Recovery::Gone, "no longer received");
+        assert_eq!(history.state.lock().unwrap().bytes, 0);
+    }
+
+    #[test]
     fn age_expires_messages() {
-        let history = History::new("", 100, Some(Duration::from_millis(30)), 1 << 20);
+        let history = History::new("", 100, Some(Duration::from_millis(30)), 1 << 20, Source::Memory);
         let since = offset(&history.record("a", MessageKind::Text, b"0"));
         history.record("a", MessageKind::Text, b"1");
         std::thread::sleep(Duration::from_millis(60));

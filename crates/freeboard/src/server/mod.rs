@@ -19,7 +19,7 @@ mod shared;
 mod turn;
 
 use crate::backplane::{Backplane, RedisAddr};
-use crate::history::History;
+use crate::history::{History, Source};
 use crate::config::{ConfigError, ServerConfig};
 use crate::handler::Router;
 use crate::metrics::Metrics;
@@ -121,7 +121,8 @@ impl Server {
             let max_age = (topics.history_seconds > 0)
                 .then(|| std::time::Duration::from_secs(topics.history_seconds));
             let prefix = &topics.history_prefix;
-            History::new(prefix, topics.history, max_age, topics.history_memory)
+            let source = if topics.redis.is_some() { Source::Redis } else { Source::Memory };
+            History::new(prefix, topics.history, max_age, topics.history_memory, source)
         });
         let hub = Hub::new(&wakers, topics.inbox, topics.max_topics, history, metrics.clone());
         let redis = match &config.topics.redis {
