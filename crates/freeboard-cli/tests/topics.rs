@@ -201,14 +201,16 @@ fn a_reconnect_with_since_gets_what_it_missed_or_is_told_it_is_gone() {
         // The publisher is a subscriber too: reading its own publications back tells when
         // every one of them is published (and kept).
         let (mut publisher, mut own) = subscribe(&serve.addr, "/topic/feed");
-        let publish = |publisher: &mut TcpStream, own: &mut Inbox, range: std::ops::Range<usize>| {
-            let burst: Vec<u8> = range.clone().flat_map(|i| text(format!("m{i}").as_bytes())).collect();
-            publisher.write_all(&burst).unwrap();
-            for i in range {
-                let f = own.frame(publisher).unwrap().expect("the publisher's own message");
-                assert_eq!(enveloped(&f.payload).1, format!("m{i}"));
-            }
-        };
+        let publish =
+            |publisher: &mut TcpStream, own: &mut Inbox, range: std::ops::Range<usize>| {
+                let burst: Vec<u8> =
+                    range.clone().flat_map(|i| text(format!("m{i}").as_bytes())).collect();
+                publisher.write_all(&burst).unwrap();
+                for i in range {
+                    let f = own.frame(publisher).unwrap().expect("the publisher's own message");
+                    assert_eq!(enveloped(&f.payload).1, format!("m{i}"));
+                }
+            };
         let (mut reader, mut inbox) = subscribe(&serve.addr, "/topic/feed");
         publish(&mut publisher, &mut own, 0..1);
         let f = inbox.frame(&mut reader).unwrap().expect("m0");
@@ -247,16 +249,4 @@ fn a_reconnect_with_since_gets_what_it_missed_or_is_told_it_is_gone() {
         let f = plain_inbox.frame(&mut plain).unwrap().expect("a plain message");
         assert_eq!(f.payload, b"as is");
     }
-}
-
-#[test]
-fn history_with_a_redis_backplane_is_refused_at_start() {
-    let out = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--history", "10"])
-        .args(["--redis", "redis://127.0.0.1:1/"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("topics.history"), "{stderr}");
 }

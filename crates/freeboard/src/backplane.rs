@@ -38,17 +38,19 @@
 //! offers it only on its tokio cluster client, and a node speaks plain `PUBLISH`/`SUBSCRIBE`
 //! to one Redis (which a cluster also accepts, broadcasting every message to all its shards).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use freeboard_proto::MessageKind;
 use redis::{Client, Connection, RedisError};
 
+use crate::handler::{Accepted, Decision};
+use crate::history::{History, Offset};
 use crate::metrics::Metrics;
 
 /// Publications the queue towards Redis holds at most, whatever their size.
@@ -62,6 +64,8 @@ const POLL: Duration = Duration::from_millis(20);
 const TIMEOUT: Duration = Duration::from_secs(2);
 /// Channel prefix in Redis.
 const PREFIX: &str = "freeboard:";
+/// Key prefix of the topics' history streams.
+const HISTORY_PREFIX: &str = "freeboard:history:";
 
 /// Where Redis is: a `redis://[[user]:password@]host[:port][/db]` URL, checked.
 #[derive(Debug, Clone)]
@@ -78,7 +82,8 @@ impl RedisAddr {
             return Err(format!("{url:?}: not a redis:// URL"));
         }
         let parsed = url::Url::parse(url).map_err(|e| format!("{url:?}: {e}"))?;
-        let host = parsed.host_str().filter(|h| !h.is_empty()).ok_or("a Redis URL without a host")?;
+        let host =
+            parsed.host_str().filter(|h| !h.is_empty()).ok_or("a Redis URL without a host")?;
         let host_port = format!("{host}:{}", parsed.port().unwrap_or(6379));
         let client = Client::open(url).map_err(|e| format!("{url:?}: {e}"))?;
         Ok(Self { client, host_port })
@@ -97,63 +102,140 @@ impl RedisAddr {
 enum Change {
     Subscribe(Arc<str>),
     Unsubscribe(Arc<str>),
+    /// Stay subscribed for [`PIN`] even without local subscribers, and say so on the sender
+    /// once the subscription is confirmed (a reconnecting subscriber's history is fetched).
+    Pin(Arc<str>, SyncSender<()>),
 }
+
+/// How long a recovery keeps its topic subscribed: time for the upgrade to finish and the
+/// connection to subscribe.
+const PIN: Duration = Duration::from_secs(10);
+/// Reconnecting subscribers whose history is being fetched at once; more get 503.
+const RECOVERIES: usize = 256;
 
 /// A publication on its way to Redis.
 struct Outgoing {
     channel: Vec<u8>,
+    /// Kept in the topic's stream, then published with its offset.
+    kept: bool,
     message: Vec<u8>,
+}
+
+/// A message from another node (or, for a topic kept in Redis, from any node).
+pub(crate) struct Incoming<'m> {
+    pub(crate) topic: &'m str,
+    pub(crate) kind: MessageKind,
+    /// The payload; for a topic kept in Redis, with its envelope (`{offset}:` first).
+    pub(crate) data: &'m [u8],
+    pub(crate) offset: Option<Offset>,
+}
+
+/// The Lua script that keeps a publication in its topic's stream and publishes it with the
+/// entry's ID as its offset, atomically, so every node sees the streams' order.
+/// KEYS: stream, channel; ARGV: kind, payload, most messages, oldest age in ms (0: none).
+const KEEP_AND_PUBLISH: &str = r#"
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*', 'k', ARGV[1], 'm', ARGV[2])
+local age = tonumber(ARGV[4])
+if age > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('XTRIM', KEYS[1], 'MINID', tostring(now - age))
+  redis.call('PEXPIRE', KEYS[1], age)
+end
+redis.call('PUBLISH', KEYS[2], 'S' .. ARGV[1] .. id .. ':' .. ARGV[2])
+return id
+"#;
+
+/// A reconnecting subscriber whose history is to be fetched before its upgrade is accepted.
+struct Recovery {
+    topic: Arc<str>,
+    since: Offset,
+    decision: Decision,
+    accepted: Accepted,
+}
+
+/// Where upgrades with `?since=` on topics kept in Redis go to have their history fetched.
+#[derive(Clone)]
+pub(crate) struct Recoverer {
+    requests: SyncSender<Recovery>,
+    history: Arc<History>,
+}
+
+impl Recoverer {
+    /// Accepts `decision` once `topic`'s history after `since` is in this node's ring (at
+    /// once if the topic keeps none); 503 if too many are being fetched.
+    pub(crate) fn recover(&self, topic: &str, since: &str, decision: Decision, accepted: Accepted) {
+        let Some(since) = Offset::parse(since).filter(|_| self.history.applies(topic)) else {
+            return decision.accept(accepted); // on_open tells a bad offset
+        };
+        let request = Recovery { topic: Arc::from(topic), since, decision, accepted };
+        if let Err(TrySendError::Full(r) | TrySendError::Disconnected(r)) =
+            self.requests.try_send(request)
+        {
+            r.decision.reject_because(503, "history_busy");
+        }
+    }
 }
 
 /// This node's end of the backplane, held by the [`Hub`](crate::topics).
 pub(crate) struct Backplane {
     node: [u8; 16],
-    changes: Mutex<Sender<Change>>,
+    changes: Arc<Mutex<Sender<Change>>>,
     outgoing: SyncSender<Outgoing>,
     /// Invariant: the bytes of the publications in `outgoing`.
     queued: Arc<AtomicUsize>,
     queue_bytes: usize,
     metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
+    /// With history kept in Redis streams.
+    pub(crate) recoverer: Option<Recoverer>,
 }
 
 impl Backplane {
-    /// Starts the publisher and subscriber threads. `deliver(topic, kind, payload)` hands a
-    /// message from another node to this node's loops; it returns `false` once the server is
-    /// gone, which ends the subscriber thread.
+    /// Starts the publisher and subscriber threads (and, with `history`, the thread that
+    /// fetches it for reconnecting subscribers). `deliver` hands a message from Redis to this
+    /// node's loops; it returns `false` once the server is gone, which ends the subscriber
+    /// thread.
     pub(crate) fn start(
         addr: RedisAddr,
         queue_bytes: usize,
         metrics: Arc<Metrics>,
-        deliver: impl Fn(&str, MessageKind, &[u8]) -> bool + Send + 'static,
+        history: Option<Arc<History>>,
+        deliver: impl Fn(Incoming<'_>) -> bool + Send + 'static,
     ) -> io::Result<Self> {
         let node = node_id();
         let (changes, changes_rx) = std::sync::mpsc::channel();
+        let changes = Arc::new(Mutex::new(changes));
         let (outgoing, outgoing_rx) = std::sync::mpsc::sync_channel(QUEUE_MESSAGES);
         let queued = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         {
             let (addr, queued, metrics, stop) =
                 (addr.clone(), queued.clone(), metrics.clone(), stop.clone());
+            let history = history.clone();
             std::thread::Builder::new()
                 .name("freeboard-redis-pub".into())
-                .spawn(move || publisher(addr, outgoing_rx, queued, metrics, stop))?;
+                .spawn(move || publisher(addr, outgoing_rx, queued, metrics, history, stop))?;
         }
+        let recoverer = match &history {
+            Some(history) => {
+                let (requests, requests_rx) = std::sync::mpsc::sync_channel(RECOVERIES);
+                let (addr, changes, stop) = (addr.clone(), changes.clone(), stop.clone());
+                let h = history.clone();
+                std::thread::Builder::new()
+                    .name("freeboard-redis-history".into())
+                    .spawn(move || fetcher(addr, requests_rx, changes, h, stop))?;
+                Some(Recoverer { requests, history: history.clone() })
+            }
+            None => None,
+        };
         {
             let (metrics, stop) = (metrics.clone(), stop.clone());
             std::thread::Builder::new().name("freeboard-redis-sub".into()).spawn(move || {
-                subscriber(addr, node, changes_rx, metrics, stop, deliver);
+                subscriber(addr, node, changes_rx, metrics, history, stop, deliver);
             })?;
         }
-        Ok(Self {
-            node,
-            changes: Mutex::new(changes),
-            outgoing,
-            queued,
-            queue_bytes,
-            metrics,
-            stop,
-        })
+        Ok(Self { node, changes, outgoing, queued, queue_bytes, metrics, stop, recoverer })
     }
 
     /// The node's first local subscriber to `topic` arrived.
@@ -168,26 +250,28 @@ impl Backplane {
         let _ = changes.send(Change::Unsubscribe(topic.clone()));
     }
 
-    /// Queues a publication of this node for the other nodes; counted as lost if the queue
+    /// Queues a publication of this node for the other nodes (`kept`: for every node, this
+    /// one too, once Redis has kept it and given it its offset); counted as lost if the queue
     /// is full.
-    pub(crate) fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
-        let len = payload.len() + 18;
+    pub(crate) fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8], kept: bool) {
+        let len = payload.len() + if kept { 1 } else { 18 };
         let before = self.queued.fetch_add(len, Ordering::AcqRel);
         if before + len > self.queue_bytes && before > 0 {
             self.queued.fetch_sub(len, Ordering::AcqRel);
             self.metrics.backplane_lost("queue_full", 1);
             return;
         }
-        let mut message = Vec::with_capacity(len);
-        message.push(b'F');
-        message.push(match kind {
+        let kind = match kind {
             MessageKind::Text => b't',
             MessageKind::Binary => b'b',
-        });
-        message.extend_from_slice(&self.node);
-        message.extend_from_slice(payload);
+        };
+        let message = if kept {
+            [&[kind][..], payload].concat()
+        } else {
+            [&[b'F', kind][..], &self.node, payload].concat()
+        };
         let channel = [PREFIX.as_bytes(), topic.as_bytes()].concat();
-        if self.outgoing.try_send(Outgoing { channel, message }).is_err() {
+        if self.outgoing.try_send(Outgoing { channel, kept, message }).is_err() {
             self.queued.fetch_sub(len, Ordering::AcqRel);
             self.metrics.backplane_lost("queue_full", 1);
         }
@@ -217,17 +301,22 @@ fn node_id() -> [u8; 16] {
     id
 }
 
-/// The publisher thread: `PUBLISH`es, pipelined, on its own connection.
+/// The publisher thread: `PUBLISH`es (and, for topics kept in Redis, the script that keeps
+/// and publishes), pipelined, on its own connection.
 fn publisher(
     addr: RedisAddr,
     outgoing: Receiver<Outgoing>,
     queued: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
+    history: Option<Arc<History>>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut conn: Option<Connection> = None;
+    let mut conn: Option<(Connection, String)> = None;
     let mut backoff = BACKOFF_MIN;
     let mut next_attempt = Instant::now();
+    let (most, age_ms) = history
+        .as_ref()
+        .map_or((0, 0), |h| (h.messages, h.max_age.map_or(0, |a| a.as_millis().max(1) as u64)));
     while !stop.load(Ordering::Acquire) {
         let first = match outgoing.recv_timeout(Duration::from_millis(200)) {
             Ok(first) => first,
@@ -245,7 +334,14 @@ fn publisher(
         let bytes: usize = batch.iter().map(|o| o.message.len()).sum();
         queued.fetch_sub(bytes, Ordering::AcqRel);
         if conn.is_none() && Instant::now() >= next_attempt {
-            match addr.connect() {
+            let connected = addr.connect().and_then(|mut c| {
+                // The script's SHA1, from Redis itself (loaded again on every connection: a
+                // restarted Redis has forgotten it).
+                let sha: String =
+                    redis::cmd("SCRIPT").arg("LOAD").arg(KEEP_AND_PUBLISH).query(&mut c)?;
+                Ok((c, sha))
+            });
+            match connected {
                 Ok(c) => {
                     tracing::info!(redis = %addr.host_port, "backplane publisher connected");
                     conn = Some(c);
@@ -258,13 +354,21 @@ fn publisher(
                 }
             }
         }
-        let Some(c) = conn.as_mut() else {
+        let Some((c, sha)) = conn.as_mut() else {
             metrics.backplane_lost("redis_down", batch.len() as u64);
             continue;
         };
         let mut pipe = redis::pipe();
         for o in &batch {
-            pipe.cmd("PUBLISH").arg(&o.channel).arg(&o.message).ignore();
+            if o.kept {
+                let topic = &o.channel[PREFIX.len()..];
+                let stream = [HISTORY_PREFIX.as_bytes(), topic].concat();
+                let (kind, payload) = o.message.split_at(1);
+                pipe.cmd("EVALSHA").arg(&*sha).arg(2).arg(stream).arg(&o.channel);
+                pipe.arg(kind).arg(payload).arg(most).arg(age_ms).ignore();
+            } else {
+                pipe.cmd("PUBLISH").arg(&o.channel).arg(&o.message).ignore();
+            }
         }
         match pipe.exec(c) {
             Ok(()) => metrics.backplane_published(batch.len() as u64),
@@ -276,78 +380,176 @@ fn publisher(
                 next_attempt = Instant::now() + backoff;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "redis refused a PUBLISH");
+                tracing::warn!(error = %e, "redis refused a publication");
                 metrics.backplane_lost("refused", batch.len() as u64);
             }
         }
     }
 }
 
-/// The subscriber thread: holds the subscribed connection, follows the hub's changes and
-/// delivers other nodes' publications.
+/// The subscriber thread: holds the subscribed connection, follows the hub's changes and the
+/// recoveries' pins, and delivers what arrives.
 fn subscriber(
     addr: RedisAddr,
     node: [u8; 16],
     changes: Receiver<Change>,
     metrics: Arc<Metrics>,
+    history: Option<Arc<History>>,
     stop: Arc<AtomicBool>,
-    deliver: impl Fn(&str, MessageKind, &[u8]) -> bool,
+    deliver: impl Fn(Incoming<'_>) -> bool,
 ) {
+    // Topics with local subscribers, and topics pinned by a recovery (until when).
     let mut wanted: HashSet<Arc<str>> = HashSet::new();
+    let mut pins: HashMap<Arc<str>, Instant> = HashMap::new();
+    let mut waiting: Vec<(Arc<str>, SyncSender<()>)> = Vec::new();
     let mut backoff = BACKOFF_MIN;
+    let forget = |topic: Option<&str>| {
+        if let Some(history) = &history {
+            history.forget(topic);
+        }
+    };
+    // Follows the changes; whether the subscriber thread should end.
+    // Follows the changes (noting in `dirty` that there were some); whether the thread should
+    // end.
+    let follow = |wanted: &mut HashSet<Arc<str>>,
+                  pins: &mut HashMap<Arc<str>, Instant>,
+                  waiting: &mut Vec<(Arc<str>, SyncSender<()>)>,
+                  dirty: &mut bool| loop {
+        let change = changes.try_recv();
+        *dirty |= change.is_ok();
+        match change {
+            Ok(Change::Subscribe(t)) => {
+                wanted.insert(t);
+            }
+            Ok(Change::Unsubscribe(t)) => {
+                wanted.remove(&t);
+            }
+            Ok(Change::Pin(t, done)) => {
+                pins.insert(t.clone(), Instant::now() + PIN);
+                waiting.push((t, done));
+            }
+            Err(TryRecvError::Empty) => return false,
+            Err(TryRecvError::Disconnected) => return true,
+        }
+    };
     'connect: while !stop.load(Ordering::Acquire) {
         // Follow the changes while disconnected too, so the resubscription is exact.
-        loop {
-            match changes.try_recv() {
-                Ok(Change::Subscribe(t)) => {
-                    wanted.insert(t);
-                }
-                Ok(Change::Unsubscribe(t)) => {
-                    wanted.remove(&t);
-                }
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => return,
-            }
+        if follow(&mut wanted, &mut pins, &mut waiting, &mut false) {
+            return;
         }
         let mut conn = match addr.connect() {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(redis = %addr.host_port, error = %e, "backplane subscriber cannot connect");
                 metrics.set_backplane_up(false);
+                waiting.clear(); // their recoveries fail (503)
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
             }
         };
         let mut pubsub = conn.as_pubsub();
-        if !wanted.is_empty() {
-            let channels: Vec<String> = wanted.iter().map(|t| format!("{PREFIX}{t}")).collect();
-            if let Err(e) = pubsub.subscribe(&channels) {
-                tracing::warn!(error = %e, "backplane subscriber cannot subscribe");
-                std::thread::sleep(backoff);
-                continue;
-            }
-        }
+        // What Redis has subscribed; history rings hold only what arrived while subscribed.
+        let mut subscribed: HashSet<Arc<str>> = HashSet::new();
+        forget(None);
         tracing::info!(redis = %addr.host_port, topics = wanted.len(), "backplane subscriber connected");
         metrics.set_backplane_up(true);
         backoff = BACKOFF_MIN;
+        let mut dirty = true;
         while !stop.load(Ordering::Acquire) {
-            // Short reads, so subscription changes wait at most `POLL` (a timeout in the
-            // middle of a reply loses nothing: the crate's decoder keeps what it has read).
-            let _ = pubsub.set_read_timeout(Some(POLL));
+            if !pins.is_empty() {
+                let (now, before) = (Instant::now(), pins.len());
+                pins.retain(|_, until| *until > now);
+                dirty |= pins.len() != before;
+            }
+            if dirty {
+                dirty = false;
+                // Subscribe to what is wanted or pinned, unsubscribe from the rest.
+                let _ = pubsub.set_read_timeout(Some(TIMEOUT));
+                let add: Vec<Arc<str>> = wanted
+                    .iter()
+                    .chain(pins.keys())
+                    .filter(|t| !subscribed.contains(*t))
+                    .cloned()
+                    .collect();
+                let remove: Vec<Arc<str>> = subscribed
+                    .iter()
+                    .filter(|t| !wanted.contains(*t) && !pins.contains_key(*t))
+                    .cloned()
+                    .collect();
+                let channels = |topics: &[Arc<str>]| -> Vec<String> {
+                    topics.iter().map(|t| format!("{PREFIX}{t}")).collect()
+                };
+                let result = (!add.is_empty())
+                    .then(|| pubsub.subscribe(channels(&add)))
+                    .unwrap_or(Ok(()))
+                    .and_then(|()| {
+                        (!remove.is_empty())
+                            .then(|| pubsub.unsubscribe(channels(&remove)))
+                            .unwrap_or(Ok(()))
+                    });
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "backplane subscriber lost its connection");
+                    metrics.set_backplane_up(false);
+                    waiting.clear();
+                    std::thread::sleep(backoff);
+                    continue 'connect;
+                }
+                subscribed.extend(add);
+                for topic in remove {
+                    subscribed.remove(&topic);
+                    forget(Some(&topic));
+                }
+                // Recoveries whose topic is now subscribed (confirmed) may fetch.
+                waiting.retain(|(topic, done)| {
+                    if subscribed.contains(topic) {
+                        let _ = done.try_send(());
+                        false
+                    } else {
+                        true
+                    }
+                });
+                // Short reads, so subscription changes wait at most `POLL` (a timeout in the
+                // middle of a reply loses nothing: the crate's decoder keeps what it has read).
+                let _ = pubsub.set_read_timeout(Some(POLL));
+            }
             match pubsub.get_message() {
                 Ok(msg) => {
-                    if let Some(topic) = msg.get_channel_name().strip_prefix(PREFIX)
-                        && let message = msg.get_payload_bytes()
-                        && let [b'F', kind, id @ ..] = &message[..message.len().min(18)]
-                        && id.len() == 16
+                    let Some(topic) = msg.get_channel_name().strip_prefix(PREFIX) else {
+                        continue;
+                    };
+                    if !subscribed.contains(topic) {
+                        continue; // arrived while unsubscribing
+                    }
+                    let message = msg.get_payload_bytes();
+                    let kind =
+                        |k: u8| if k == b't' { MessageKind::Text } else { MessageKind::Binary };
+                    let incoming = match message {
                         // Our own publication: its subscribers have it already.
-                        && id != node
-                    {
-                        let kind =
-                            if *kind == b't' { MessageKind::Text } else { MessageKind::Binary };
+                        [b'F', _, id @ ..] if id.len() >= 16 && id[..16] == node => None,
+                        [b'F', k, rest @ ..] if rest.len() >= 16 => Some(Incoming {
+                            topic,
+                            kind: kind(*k),
+                            data: &rest[16..],
+                            offset: None,
+                        }),
+                        // Kept in Redis: from every node, this one too, with its offset.
+                        [b'S', k, rest @ ..] => rest
+                            .iter()
+                            .position(|b| *b == b':')
+                            .and_then(|colon| std::str::from_utf8(&rest[..colon]).ok())
+                            .and_then(Offset::parse)
+                            .map(|offset| Incoming {
+                                topic,
+                                kind: kind(*k),
+                                data: rest,
+                                offset: Some(offset),
+                            }),
+                        _ => None,
+                    };
+                    if let Some(incoming) = incoming {
                         metrics.backplane_received();
-                        if !deliver(topic, kind, &message[18..]) {
+                        if !deliver(incoming) {
                             return;
                         }
                     }
@@ -356,33 +558,113 @@ fn subscriber(
                 Err(e) => {
                     tracing::warn!(error = %e, "backplane subscriber lost its connection");
                     metrics.set_backplane_up(false);
+                    waiting.clear();
                     std::thread::sleep(backoff);
                     continue 'connect;
                 }
             }
             // The hub's changes, after every message (a busy channel never lets a read time
             // out) and every quiet `POLL`.
-            let _ = pubsub.set_read_timeout(Some(TIMEOUT));
-            loop {
-                let result = match changes.try_recv() {
-                    Ok(Change::Subscribe(t)) if wanted.insert(t.clone()) => {
-                        pubsub.subscribe(format!("{PREFIX}{t}"))
-                    }
-                    Ok(Change::Unsubscribe(t)) if wanted.remove(&t) => {
-                        pubsub.unsubscribe(format!("{PREFIX}{t}"))
-                    }
-                    Ok(_) => continue,
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return,
-                };
-                if let Err(e) = result {
-                    tracing::warn!(error = %e, "backplane subscriber lost its connection");
-                    metrics.set_backplane_up(false);
-                    continue 'connect;
-                }
+            if follow(&mut wanted, &mut pins, &mut waiting, &mut dirty) {
+                return;
             }
         }
     }
+}
+
+/// The thread that fetches history from Redis for reconnecting subscribers: it has the topic
+/// subscribed (pinned) first, so the node's ring gets every message from then on, then
+/// fetches what the stream holds after the subscriber's offset into the ring, then accepts
+/// the upgrade. The connection's `on_open` replays from the ring.
+fn fetcher(
+    addr: RedisAddr,
+    requests: Receiver<Recovery>,
+    changes: Arc<Mutex<Sender<Change>>>,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut conn: Option<Connection> = None;
+    while !stop.load(Ordering::Acquire) {
+        let request = match requests.recv_timeout(Duration::from_millis(200)) {
+            Ok(request) => request,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let Recovery { topic, since, decision, accepted } = request;
+        let (done, subscribed) = std::sync::mpsc::sync_channel(1);
+        {
+            let changes = changes.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = changes.send(Change::Pin(topic.clone(), done));
+        }
+        if subscribed.recv_timeout(TIMEOUT).is_err() {
+            decision.reject_because(503, "history_unavailable");
+            continue;
+        }
+        if conn.is_none() {
+            conn = addr.connect().ok();
+        }
+        let Some(c) = conn.as_mut() else {
+            decision.reject_because(503, "history_unavailable");
+            continue;
+        };
+        match fetch(c, &topic, since) {
+            Ok(Some((newest, fetched))) => history.fill(&topic, since, newest, fetched),
+            Ok(None) => {} // gone: on_open says so
+            Err(e) => {
+                tracing::warn!(error = %e, "history fetch failed");
+                conn = None;
+                decision.reject_because(503, "history_unavailable");
+                continue;
+            }
+        }
+        decision.accept(accepted);
+    }
+}
+
+/// What `topic`'s stream holds after `since`, envelopes made, and the stream's last offset;
+/// `None` if it no longer holds all of it (trimmed past `since`, expired, or `since` was
+/// never issued).
+#[allow(clippy::type_complexity)]
+fn fetch(
+    conn: &mut Connection,
+    topic: &str,
+    since: Offset,
+) -> Result<Option<(Offset, Vec<(Offset, MessageKind, Box<[u8]>)>)>, RedisError> {
+    let stream = format!("{HISTORY_PREFIX}{topic}");
+    let info: Option<HashMap<String, redis::Value>> =
+        match redis::cmd("XINFO").arg("STREAM").arg(&stream).query(conn) {
+            Ok(info) => Some(info),
+            Err(e) if e.code() == Some("ERR") => None, // no such key
+            Err(e) => return Err(e),
+        };
+    let Some(info) = info else { return Ok(None) };
+    let id = |name: &str| -> Option<Offset> {
+        match info.get(name)? {
+            redis::Value::BulkString(b) => Offset::parse(std::str::from_utf8(b).ok()?),
+            redis::Value::SimpleString(s) => Offset::parse(s),
+            _ => None,
+        }
+    };
+    let (Some(deleted), Some(last)) = (id("max-deleted-entry-id"), id("last-generated-id")) else {
+        return Ok(None);
+    };
+    if since < deleted || since > last {
+        return Ok(None);
+    }
+    let entries: Vec<(String, Vec<Vec<u8>>)> =
+        redis::cmd("XRANGE").arg(&stream).arg(format!("({since}")).arg("+").query(conn)?;
+    let fetched = entries
+        .into_iter()
+        .filter_map(|(id, fields)| {
+            let offset = Offset::parse(&id)?;
+            let [k, kind, m, payload] = fields.as_slice() else { return None };
+            (k == b"k" && m == b"m").then_some(())?;
+            let kind = if kind == b"t" { MessageKind::Text } else { MessageKind::Binary };
+            let data = [format!("{offset}:").as_bytes(), payload].concat().into_boxed_slice();
+            Some((offset, kind, data))
+        })
+        .collect();
+    Ok(Some((last, fetched)))
 }
 
 #[cfg(test)]
@@ -391,7 +673,10 @@ mod tests {
 
     #[test]
     fn urls_name_host_and_port() {
-        assert_eq!(RedisAddr::parse("redis://127.0.0.1:6380/").unwrap().host_port, "127.0.0.1:6380");
+        assert_eq!(
+            RedisAddr::parse("redis://127.0.0.1:6380/").unwrap().host_port,
+            "127.0.0.1:6380"
+        );
         assert_eq!(RedisAddr::parse("redis://:pw@example:1/0").unwrap().host_port, "example:1");
         assert_eq!(RedisAddr::parse("redis://h").unwrap().host_port, "h:6379");
         assert!(RedisAddr::parse("http://h").is_err());

@@ -223,8 +223,8 @@ pub struct TopicsConfig {
     /// Default 16 MiB.
     pub redis_queue: usize,
     /// Messages of history kept per topic, for subscribers that reconnect with `?since=` (see
-    /// [`history`](crate::history)); 0 keeps none and adds no offsets. Default 0. Not yet
-    /// offered with a Redis backplane (refused by [`ServerConfig::validate`]).
+    /// [`history`](crate::history)); 0 keeps none and adds no offsets. Default 0. With
+    /// `redis`, kept in Redis streams.
     pub history: usize,
     /// The oldest a kept message may be, in seconds; 0 for no age limit. Default 0.
     pub history_seconds: u64,
@@ -413,9 +413,6 @@ impl ServerConfig {
         if topics.inbox == 0 || topics.max_topics_per_connection == 0 || topics.max_topics == 0 {
             return Err(ConfigError::TopicLimits);
         }
-        if topics.history > 0 && topics.redis.is_some() {
-            return Err(ConfigError::HistoryWithRedis);
-        }
         crate::auth::Origins::new(&self.allowed_origins)?;
         crate::auth::Origins::new(&topics.cors_origins)?;
         crate::auth::TrustedProxies::new(&self.trusted_proxies)?;
@@ -497,8 +494,6 @@ pub enum ConfigError {
     TopicsPath(String),
     /// `topics.inbox` or `topics.max_topics_per_connection` is 0.
     TopicLimits,
-    /// `topics.history` with `topics.redis`: history is kept per server, not yet in Redis.
-    HistoryWithRedis,
     /// `memory` does not give each loop its read buffer and 16 chunks.
     Memory {
         /// The budget given.
@@ -556,10 +551,6 @@ impl std::fmt::Display for ConfigError {
             Self::TopicsPath(path) => {
                 write!(f, "topics.path must start and end with '/', not {path:?}")
             }
-            Self::HistoryWithRedis => f.write_str(
-                "topics.history is kept in each server's memory and not yet in Redis: \
-                 it cannot be combined with topics.redis",
-            ),
             Self::TopicLimits => {
                 f.write_str(
                     "topics.inbox, topics.max_topics_per_connection and topics.max_topics must be at least 1",

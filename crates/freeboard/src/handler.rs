@@ -10,6 +10,7 @@ use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy, Watermarks};
 use freeboard_proto::handshake::Request;
 use freeboard_proto::{CloseCode, MessageKind};
 
+use crate::backplane::Recoverer;
 use crate::history::Recovery;
 use crate::metrics::{LoopStats, Metrics};
 use crate::session::{Context, SendOutcome, Session};
@@ -88,6 +89,9 @@ pub struct Decision {
     peer: SocketAddr,
     decisions: Arc<Decisions>,
     done: bool,
+    /// Fetches history from Redis before an upgrade with `?since=` is accepted, if it is kept
+    /// there.
+    recoverer: Option<Recoverer>,
 }
 
 impl std::fmt::Debug for Decision {
@@ -102,8 +106,9 @@ impl Decision {
         serial: u64,
         peer: SocketAddr,
         decisions: Arc<Decisions>,
+        recoverer: Option<Recoverer>,
     ) -> Self {
-        Self { token, serial, peer, decisions, done: false }
+        Self { token, serial, peer, decisions, done: false, recoverer }
     }
 
     /// The client's address (the forwarded one behind a trusted proxy).
@@ -114,6 +119,17 @@ impl Decision {
     /// Accepts the upgrade.
     pub fn accept(mut self, accepted: Accepted) {
         self.send(Verdict::Accept(accepted));
+    }
+
+    /// Accepts the upgrade of a subscriber to `topic` that reconnects having last seen the
+    /// offset `since`, once what it missed is at hand for [`Conn::recover`] in `on_open`:
+    /// at once when history is kept in memory; with a Redis backplane, once it is fetched
+    /// from Redis (503 if Redis cannot be reached, or too many are being fetched).
+    pub fn accept_recovering(mut self, accepted: Accepted, topic: &str, since: &str) {
+        match self.recoverer.take() {
+            Some(recoverer) => recoverer.recover(topic, since, self, accepted),
+            None => self.accept(accepted),
+        }
     }
 
     /// Refuses the upgrade with `status` (a 4xx or 5xx).

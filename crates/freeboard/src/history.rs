@@ -29,8 +29,8 @@
 //! message published while the replay is read may arrive twice; its offset tells.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use freeboard_proto::{CloseCode, MessageKind};
@@ -109,6 +109,9 @@ struct Ring {
     /// Invariant: the highest offset of the topic dropped from the ring (by count, age or
     /// memory, or too large to keep).
     lost: Offset,
+    /// The highest offset of the topic this ring knows was issued (a `since` past it is not
+    /// one of the topic's).
+    newest: Offset,
 }
 
 struct Entry {
@@ -211,12 +214,14 @@ impl History {
     }
 
     /// With Redis: keeps what was fetched for a subscriber that last saw `since` (every
-    /// message of the topic after it, `data` with envelopes), while this node was already
-    /// subscribed: the ring then holds every message after `since`.
+    /// message of the topic after it, `data` with envelopes, up to `newest`, the stream's
+    /// last), while this node was already subscribed: the ring then holds every message after
+    /// `since`.
     pub(crate) fn fill(
         &self,
         topic: &str,
         since: Offset,
+        newest: Offset,
         fetched: Vec<(Offset, MessageKind, Box<[u8]>)>,
     ) {
         let mut state = self.lock();
@@ -225,6 +230,7 @@ impl History {
         }
         let ring = state.ring(topic, self.source);
         ring.since = Some(ring.since.map_or(since, |s| s.min(since)));
+        ring.newest = ring.newest.max(newest);
     }
 
     /// With Redis: forgets `topic`'s ring (this node no longer receives it), or every ring
@@ -269,7 +275,8 @@ impl History {
             *bytes -= ring.pop_front();
             *kept -= 1;
         }
-        if ring.since.is_none_or(|s| seen < s) || seen < ring.lost {
+        let foreign = self.source == Source::Redis && seen > ring.newest;
+        if ring.since.is_none_or(|s| seen < s) || seen < ring.lost || foreign {
             return Recovery::Gone;
         }
         let missed = ring
@@ -296,9 +303,10 @@ impl History {
         data: Box<[u8]>,
     ) {
         let size = data.len() + ENTRY_OVERHEAD;
+        let ring = state.ring(topic, self.source);
+        ring.newest = ring.newest.max(offset);
         if size > self.memory {
             // Never kept: a `since` before it is told so.
-            let ring = state.ring(topic, self.source);
             ring.lost = ring.lost.max(offset);
             return;
         }
@@ -309,7 +317,8 @@ impl History {
         state.ring(topic, self.source);
         let State { rings, order, bytes, kept, .. } = state;
         // NOTE(unwrap): `ring` made it.
-        let (name, ring) = rings.get_key_value(topic).map(|(n, _)| n.clone()).zip(rings.get_mut(topic)).unwrap();
+        let (name, ring) =
+            rings.get_key_value(topic).map(|(n, _)| n.clone()).zip(rings.get_mut(topic)).unwrap();
         let at = match ring.entries.back() {
             Some(last) if last.offset >= offset => {
                 match ring.entries.binary_search_by_key(&offset, |e| e.offset) {
@@ -340,7 +349,12 @@ impl State {
                 Source::Memory => Some(self.forgotten),
                 Source::Redis => None,
             };
-            let ring = Ring { entries: VecDeque::new(), since, lost: Offset::default() };
+            let ring = Ring {
+                entries: VecDeque::new(),
+                since,
+                lost: Offset::default(),
+                newest: Offset::default(),
+            };
             self.rings.insert(Arc::from(topic), ring);
         }
         // NOTE(unwrap): inserted above if it was missing.
@@ -379,9 +393,9 @@ impl State {
         }
         let rings = &self.rings;
         self.order.retain(|(topic, offset)| {
-            rings.get(topic).is_some_and(|r| {
-                r.entries.binary_search_by_key(offset, |e| e.offset).is_ok()
-            })
+            rings
+                .get(topic)
+                .is_some_and(|r| r.entries.binary_search_by_key(offset, |e| e.offset).is_ok())
         });
         if source == Source::Memory {
             let mut forgotten = self.forgotten;
@@ -493,7 +507,9 @@ mod tests {
         assert_eq!(history.recover("a", "9-0"), Recovery::Gone);
         assert_eq!(history.recover("b", "9-0"), Recovery::Gone, "never received");
         // Fetched from Redis after the subscription: merged in order, without twins.
-        history.fill("a", Offset(9, 0), vec![message(Offset(11, 0)), message(Offset(12, 0))]);
+        let fetched = vec![message(Offset(11, 0)), message(Offset(12, 0))];
+        history.fill("a", Offset(9, 0), Offset(12, 0), fetched);
+        assert_eq!(history.recover("a", "13-0"), Recovery::Gone, "never issued");
         assert_eq!(payloads(history.recover("a", "9-0")), ["10-0:m", "11-0:m", "12-0:m"]);
         assert_eq!(payloads(history.recover("a", "11-0")), ["12-0:m"]);
         assert_eq!(history.recover("a", "8-0"), Recovery::Gone, "before the fill");
@@ -509,7 +525,8 @@ mod tests {
 
     #[test]
     fn age_expires_messages() {
-        let history = History::new("", 100, Some(Duration::from_millis(30)), 1 << 20, Source::Memory);
+        let history =
+            History::new("", 100, Some(Duration::from_millis(30)), 1 << 20, Source::Memory);
         let since = offset(&history.record("a", MessageKind::Text, b"0"));
         history.record("a", MessageKind::Text, b"1");
         std::thread::sleep(Duration::from_millis(60));

@@ -30,10 +30,10 @@
 
 pub mod auth;
 mod backplane;
-pub mod history;
 pub mod client;
 pub mod config;
 pub mod handler;
+pub mod history;
 pub mod metrics;
 mod parking;
 mod proxy_header;

@@ -8,8 +8,8 @@ use freeboard_proto::handshake::Request;
 
 use crate::auth::{Grant, TokenError, TokenVerifier, bearer_token};
 use crate::config::TopicsConfig;
-use crate::history::HISTORY_GONE;
 use crate::handler::{Accepted, Conn, Decision, Handler, Message, RouteOptions, Router};
+use crate::history::HISTORY_GONE;
 use crate::topics::topics_in_target;
 use crate::webhook::ConnectWebhook;
 
@@ -112,7 +112,10 @@ impl Handler for TopicRoute {
                 let token = bearer_token(request);
                 webhook.ask(decision, request.path(), &topics, origin, token);
             }
-            (Ok(accepted), None) => decision.accept(accepted),
+            (Ok(accepted), None) => match query_value(request.path(), "since") {
+                Some(since) => decision.accept_recovering(accepted, topics[0], since),
+                None => decision.accept(accepted),
+            },
             (Err(e), _) => decision.reject_because(e.status(), e.label()),
         }
     }
@@ -126,10 +129,7 @@ impl Handler for TopicRoute {
                 return;
             }
         }
-        let since = target.split_once('?').and_then(|(_, query)| {
-            query.split('&').find_map(|pair| pair.strip_prefix("since="))
-        });
-        if let (Some(since), Some(topic)) = (since, topics.first())
+        if let (Some(since), Some(topic)) = (query_value(&target, "since"), topics.first())
             && !conn.recover(topic, since)
         {
             conn.close(HISTORY_GONE, "the messages since that offset are no longer kept");
@@ -177,4 +177,10 @@ impl Router {
         }
         self.route_with(&config.path, route, options)
     }
+}
+
+/// The value of `key` in the query of `target`, if any.
+fn query_value<'t>(target: &'t str, key: &str) -> Option<&'t str> {
+    let (_, query) = target.split_once('?')?;
+    query.split('&').find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
 }

@@ -43,8 +43,8 @@ use freeboard_proto::{MessageKind, OpCode};
 use mio::Waker;
 use slab::Slab;
 
-use crate::backplane::Backplane;
-use crate::history::{Envelope, History, Recovery};
+use crate::backplane::{Backplane, Incoming, Recoverer};
+use crate::history::{Envelope, History, Recovery, Source};
 use crate::metrics::Metrics;
 
 /// The longest topic name, in bytes.
@@ -208,7 +208,7 @@ pub(crate) struct Hub {
     /// on this node and loses its last, and given every publication of this node.
     backplane: OnceLock<Backplane>,
     /// Offsets and kept messages of the topics that keep history, if configured.
-    history: Option<History>,
+    history: Option<Arc<History>>,
 }
 
 impl Hub {
@@ -216,7 +216,7 @@ impl Hub {
         wakers: &[Arc<Waker>],
         capacity: usize,
         max_topics: usize,
-        history: Option<History>,
+        history: Option<Arc<History>>,
         metrics: Arc<Metrics>,
     ) -> Self {
         let (inboxes, receivers) = wakers
@@ -243,7 +243,7 @@ impl Hub {
         let envelope = self
             .history
             .as_ref()
-            .filter(|h| h.applies(topic))
+            .filter(|h| h.source() == Source::Memory && h.applies(topic))
             .map(|h| h.record(topic, kind, payload));
         let len = envelope.as_ref().map_or(0, |e| e.as_bytes().len()) + payload.len();
         let (head, head_len) = header(kind, len);
@@ -264,19 +264,41 @@ impl Hub {
         let _ = self.backplane.set(backplane);
     }
 
+    /// The topic history, if configured.
+    pub(crate) fn history(&self) -> Option<&Arc<History>> {
+        self.history.as_ref()
+    }
+
+    /// Where upgrades with `?since=` go to have history fetched from Redis, if it is kept
+    /// there.
+    pub(crate) fn recoverer(&self) -> Option<Recoverer> {
+        self.backplane.get()?.recoverer.clone()
+    }
+
+    /// Whether a publication to `topic` goes to Redis first, to be kept in its stream and
+    /// delivered to every node, this one too, with the offset Redis gives it.
+    pub(crate) fn kept_in_redis(&self, topic: &str) -> bool {
+        self.history.as_ref().is_some_and(|h| h.source() == Source::Redis && h.applies(topic))
+            && self.backplane.get().is_some()
+    }
+
     /// Sends a publication of this node to the other nodes, if there is a backplane.
     pub(crate) fn send_to_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
         if let Some(backplane) = self.backplane.get() {
-            backplane.publish(topic, kind, payload);
+            backplane.publish(topic, kind, payload, self.kept_in_redis(topic));
         }
     }
 
-    /// Delivers a publication of another node to every loop of this one that has a
-    /// subscriber to `topic`.
-    pub(crate) fn deliver_from_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
-        let (head, n) = header(kind, payload.len());
+    /// Delivers a publication from Redis to every loop of this node that has a subscriber to
+    /// its topic (keeping it in the topic's ring if it carries an offset).
+    pub(crate) fn deliver_from_backplane(&self, incoming: Incoming<'_>) {
+        let Incoming { topic, kind, data, offset } = incoming;
+        if let (Some(offset), Some(history)) = (offset, &self.history) {
+            history.record_at(topic, offset, kind, data);
+        }
+        let (head, n) = header(kind, data.len());
         let mut published = Published::default();
-        self.publish_remote(topic, &[&head[..n], payload], None, &mut published, None);
+        self.publish_remote(topic, &[&head[..n], data], None, &mut published, None);
     }
 
     /// Loop `index`'s end of its inbox (once).
@@ -514,6 +536,11 @@ impl LocalTopics {
         receipt: Option<&Arc<Receipt>>,
     ) -> Published {
         hub.metrics.publishes.inc();
+        if hub.kept_in_redis(topic) {
+            // Delivered here too once Redis has kept it, with its offset.
+            hub.send_to_backplane(topic, kind, payload);
+            return Published::default();
+        }
         let stamp = hub.stamp(topic, kind, payload);
         let parts = stamp.parts(payload);
         let mut published = Published::default();
