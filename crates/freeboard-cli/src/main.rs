@@ -150,6 +150,11 @@ struct ServeArgs {
     /// drop-oldest, conflate, close [default: conflate].
     #[arg(long, value_name = "POLICY")]
     topic_slow_consumer: Option<String>,
+    /// Under conflate, the character that ends a message's key (`|` for `EURUSD|{...}`): a
+    /// subscriber that is behind keeps the latest message of each key; TOML `[topics]
+    /// conflate_key` [default: none, only the latest message].
+    #[arg(long, value_name = "CHAR")]
+    topic_conflate_key: Option<char>,
     /// Send queue hard cap of one topic subscriber [default: 1M].
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     topic_send_cap: Option<usize>,
@@ -406,6 +411,9 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
     }
     if let Some(v) = &args.topic_slow_consumer {
         config.topics.slow_consumer = parse_policy(v).map_err(|e| e.to_string())?;
+    }
+    if let Some(v) = args.topic_conflate_key {
+        config.topics.conflate_key = Some(v);
     }
     if let Some(v) = args.topic_send_cap {
         config.topics.send_cap = v;

@@ -46,7 +46,20 @@ impl Drop for Serve {
 
 /// A WebSocket on `path`, its 101 read.
 fn subscribe(addr: &str, path: &str) -> (TcpStream, Inbox) {
-    let mut s = TcpStream::connect(addr).unwrap();
+    upgrade(TcpStream::connect(addr).unwrap(), path)
+}
+
+/// [`subscribe`] with an 8 KiB receive buffer (no autotuning), so that a subscriber that does
+/// not read is soon behind.
+fn subscribe_slow(addr: &str, path: &str) -> (TcpStream, Inbox) {
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(8 << 10).unwrap();
+    socket.connect(&addr.into()).unwrap();
+    upgrade(socket.into(), path)
+}
+
+fn upgrade(mut s: TcpStream, path: &str) -> (TcpStream, Inbox) {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.set_nodelay(true).unwrap();
     s.write_all(freeboard_test::upgrade_request(path, "").as_bytes()).unwrap();
@@ -248,5 +261,73 @@ fn a_reconnect_with_since_gets_what_it_missed_or_is_told_it_is_gone() {
         plain_pub.write_all(&text(b"as is")).unwrap();
         let f = plain_inbox.frame(&mut plain).unwrap().expect("a plain message");
         assert_eq!(f.payload, b"as is");
+    }
+}
+
+#[test]
+fn keyed_conflate_keeps_every_instrument_for_a_slow_subscriber() {
+    const INSTRUMENTS: [&str; 5] = ["AAA", "BBB", "CCC", "DDD", "EEE"];
+    const ROUNDS: usize = 2000;
+    let pad = "x".repeat(1000);
+    // Every instrument's price each round, but AAA's stop halfway (a quiet instrument): 9 MB
+    // in all, far more than the socket buffers and the queue's watermarks hold while the
+    // subscriber does not read.
+    let last_round = |i: usize| if i == 0 { ROUNDS / 2 - 1 } else { ROUNDS - 1 };
+    let mut burst = Vec::new();
+    for r in 0..ROUNDS {
+        for (_, name) in INSTRUMENTS.iter().enumerate().filter(|(i, _)| r <= last_round(*i)) {
+            burst.extend(text(format!("{name}|{r}|{pad}").as_bytes()));
+        }
+    }
+    for keyed in [true, false] {
+        let mut args = vec!["--client-publish", "--threads", "1"];
+        if keyed {
+            args.extend(["--topic-conflate-key", "|"]);
+        }
+        let serve = Serve::spawn(&args);
+        let (mut reader, mut inbox) = subscribe_slow(&serve.addr, "/topic/ticks");
+        let (mut publisher, mut own) = subscribe(&serve.addr, "/topic/ticks");
+        warm_up(&mut publisher, &mut reader, &mut inbox);
+        publisher.write_all(&burst).unwrap();
+        // The publisher reads its own publications (it keeps up, so it gets the last one): then
+        // the server has published them all.
+        let last_message = format!("EEE|{}", ROUNDS - 1);
+        while !own
+            .frame(&mut publisher)
+            .unwrap()
+            .expect("own")
+            .payload
+            .starts_with(last_message.as_bytes())
+        {}
+        // Only now does the subscriber read, until the very last price.
+        let mut last = [None; INSTRUMENTS.len()];
+        loop {
+            let f = inbox.frame(&mut reader).unwrap().expect("the stream goes on");
+            let text = String::from_utf8(f.payload).unwrap();
+            let mut fields = text.split('|');
+            let (Some(name), Some(round)) = (fields.next(), fields.next()) else { continue };
+            let i = INSTRUMENTS.iter().position(|n| *n == name).unwrap();
+            let round: usize = round.parse().unwrap();
+            assert!(last[i].is_none_or(|before| round > before), "{name} went back");
+            last[i] = Some(round);
+            if text.starts_with(&last_message) {
+                break;
+            }
+        }
+        let finals = (0..INSTRUMENTS.len()).filter(|&i| last[i] == Some(last_round(i))).count();
+        let mut s = TcpStream::connect(&serve.addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut metrics = String::new();
+        let _ = s.read_to_string(&mut metrics);
+        let line =
+            metrics.lines().find(|l| l.starts_with("freeboard_drops_total{reason=\"conflate\"}"));
+        assert!(line.is_some_and(|l| !l.ends_with(" 0")), "the subscriber was behind: {line:?}");
+        if keyed {
+            assert_eq!(finals, INSTRUMENTS.len(), "every instrument's latest price: {last:?}");
+        } else {
+            // Plain conflate keeps only the latest messages: AAA's last price (and others')
+            // was replaced by later prices of other instruments.
+            assert!(last[0] < Some(last_round(0)), "{last:?}");
+        }
     }
 }

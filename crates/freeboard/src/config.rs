@@ -173,6 +173,11 @@ pub struct TopicsConfig {
     /// behind gets the newest message, not a backlog.
     #[serde(with = "policy")]
     pub slow_consumer: SlowConsumerPolicy,
+    /// Under `conflate`, the byte that ends a message's key (e.g. `"|"` for `EURUSD|{...}`):
+    /// a subscriber that is behind keeps the latest unsent message of each key, so a feed of
+    /// several instruments loses none (see [`ConflateKey`](crate::ConflateKey)).
+    /// Default: none, conflate keeps only the latest message.
+    pub conflate_key: Option<char>,
     /// A subscriber's send queue low watermark. Default 32 KiB.
     pub send_low: usize,
     /// A subscriber's send queue high watermark. Default 64 KiB.
@@ -244,6 +249,7 @@ impl Default for TopicsConfig {
             http_publish: true,
             publish_token: None,
             slow_consumer: SlowConsumerPolicy::Conflate,
+            conflate_key: None,
             send_low: 32 << 10,
             send_high: 64 << 10,
             send_cap: 1 << 20,
@@ -316,6 +322,7 @@ impl std::fmt::Debug for TopicsConfig {
             .field("http_publish", &self.http_publish)
             .field("publish_token", &self.publish_token.as_ref().map(|_| "<redacted>"))
             .field("slow_consumer", &self.slow_consumer)
+            .field("conflate_key", &self.conflate_key)
             .field("send_low", &self.send_low)
             .field("send_high", &self.send_high)
             .field("send_cap", &self.send_cap)
@@ -413,6 +420,9 @@ impl ServerConfig {
         if topics.inbox == 0 || topics.max_topics_per_connection == 0 || topics.max_topics == 0 {
             return Err(ConfigError::TopicLimits);
         }
+        if topics.conflate_key.is_some_and(|c| !c.is_ascii()) {
+            return Err(ConfigError::ConflateKey);
+        }
         crate::auth::Origins::new(&self.allowed_origins)?;
         crate::auth::Origins::new(&topics.cors_origins)?;
         crate::auth::TrustedProxies::new(&self.trusted_proxies)?;
@@ -494,6 +504,8 @@ pub enum ConfigError {
     TopicsPath(String),
     /// `topics.inbox` or `topics.max_topics_per_connection` is 0.
     TopicLimits,
+    /// `topics.conflate_key` is not an ASCII character.
+    ConflateKey,
     /// `memory` does not give each loop its read buffer and 16 chunks.
     Memory {
         /// The budget given.
@@ -551,6 +563,7 @@ impl std::fmt::Display for ConfigError {
             Self::TopicsPath(path) => {
                 write!(f, "topics.path must start and end with '/', not {path:?}")
             }
+            Self::ConflateKey => f.write_str("topics.conflate_key must be one ASCII character"),
             Self::TopicLimits => {
                 f.write_str(
                     "topics.inbox, topics.max_topics_per_connection and topics.max_topics must be at least 1",

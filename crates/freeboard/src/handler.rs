@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy, Watermarks};
+use freeboard_buf::{ConflateKey, Frame, PushOutcome, SlowConsumerPolicy, Watermarks};
 use freeboard_proto::handshake::Request;
 use freeboard_proto::{CloseCode, MessageKind};
 
@@ -563,6 +563,8 @@ pub struct RouteOptions {
     pub slow_consumer: Option<SlowConsumerPolicy>,
     /// The send-queue watermarks and cap of the route's connections.
     pub watermarks: Option<Watermarks>,
+    /// Under `conflate`, conflate per key (see [`ConflateKey`]).
+    pub conflate_key: Option<ConflateKey>,
 }
 
 impl RouteOptions {
@@ -586,6 +588,12 @@ impl RouteOptions {
     /// The route's send-queue watermarks and cap.
     pub fn watermarks(mut self, marks: Watermarks) -> Self {
         self.watermarks = Some(marks);
+        self
+    }
+
+    /// Under `conflate`, keeps the latest unsent message per key rather than only the latest.
+    pub fn conflate_key(mut self, key: ConflateKey) -> Self {
+        self.conflate_key = Some(key);
         self
     }
 }

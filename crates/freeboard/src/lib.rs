@@ -48,6 +48,7 @@ mod transport;
 pub mod webhook;
 
 pub use config::{ServerConfig, TlsConfig};
+pub use freeboard_buf::ConflateKey;
 pub use freeboard_buf::SlowConsumerPolicy;
 pub use freeboard_buf::Watermarks;
 pub use freeboard_proto::handshake::Request;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use freeboard_buf::ConflateKey;
 use freeboard_proto::CloseCode;
 use freeboard_proto::handshake::Request;
 
@@ -165,8 +166,13 @@ impl Router {
         if config.path.is_empty() {
             return self;
         }
-        let options =
+        let mut options =
             RouteOptions::new().prefix().slow_consumer(config.slow_consumer).watermarks(marks);
+        if let Some(delimiter) = config.conflate_key.filter(char::is_ascii) {
+            let after_envelope = config.history > 0;
+            options =
+                options.conflate_key(ConflateKey { delimiter: delimiter as u8, after_envelope });
+        }
         let mut route = TopicRoute::new(&config.path, config.client_publish)
             .max_topics(config.max_topics_per_connection);
         if let Some(verifier) = verifier {
