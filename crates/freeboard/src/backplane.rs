@@ -311,7 +311,8 @@ fn publisher(
     history: Option<Arc<History>>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut conn: Option<(Connection, String)> = None;
+    // The connection, and the SHA1 of the script if history is kept in Redis.
+    let mut conn: Option<(Connection, Option<String>)> = None;
     let mut backoff = BACKOFF_MIN;
     let mut next_attempt = Instant::now();
     let (most, age_ms) = history
@@ -337,8 +338,12 @@ fn publisher(
             let connected = addr.connect().and_then(|mut c| {
                 // The script's SHA1, from Redis itself (loaded again on every connection: a
                 // restarted Redis has forgotten it).
-                let sha: String =
-                    redis::cmd("SCRIPT").arg("LOAD").arg(KEEP_AND_PUBLISH).query(&mut c)?;
+                let sha = match history {
+                    Some(_) => {
+                        Some(redis::cmd("SCRIPT").arg("LOAD").arg(KEEP_AND_PUBLISH).query(&mut c)?)
+                    }
+                    None => None,
+                };
                 Ok((c, sha))
             });
             match connected {
@@ -360,11 +365,11 @@ fn publisher(
         };
         let mut pipe = redis::pipe();
         for o in &batch {
-            if o.kept {
+            if let (true, Some(sha)) = (o.kept, sha.as_deref()) {
                 let topic = &o.channel[PREFIX.len()..];
                 let stream = [HISTORY_PREFIX.as_bytes(), topic].concat();
                 let (kind, payload) = o.message.split_at(1);
-                pipe.cmd("EVALSHA").arg(&*sha).arg(2).arg(stream).arg(&o.channel);
+                pipe.cmd("EVALSHA").arg(sha).arg(2).arg(stream).arg(&o.channel);
                 pipe.arg(kind).arg(payload).arg(most).arg(age_ms).ignore();
             } else {
                 pipe.cmd("PUBLISH").arg(&o.channel).arg(&o.message).ignore();
@@ -515,13 +520,13 @@ fn subscriber(
             }
             match pubsub.get_message() {
                 Ok(msg) => {
-                    let Some(topic) = msg.get_channel_name().strip_prefix(PREFIX) else {
-                        continue;
-                    };
-                    if !subscribed.contains(topic) {
-                        continue; // arrived while unsubscribing
-                    }
-                    let message = msg.get_payload_bytes();
+                    // A message that arrived while its topic was being unsubscribed is left.
+                    let topic = msg
+                        .get_channel_name()
+                        .strip_prefix(PREFIX)
+                        .filter(|t| subscribed.contains(*t))
+                        .unwrap_or_default();
+                    let message = if topic.is_empty() { &[][..] } else { msg.get_payload_bytes() };
                     let kind =
                         |k: u8| if k == b't' { MessageKind::Text } else { MessageKind::Binary };
                     let incoming = match message {
