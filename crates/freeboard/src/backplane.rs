@@ -485,14 +485,13 @@ fn subscriber(
                 let channels = |topics: &[Arc<str>]| -> Vec<String> {
                     topics.iter().map(|t| format!("{PREFIX}{t}")).collect()
                 };
-                let result = (!add.is_empty())
-                    .then(|| pubsub.subscribe(channels(&add)))
-                    .unwrap_or(Ok(()))
-                    .and_then(|()| {
-                        (!remove.is_empty())
-                            .then(|| pubsub.unsubscribe(channels(&remove)))
-                            .unwrap_or(Ok(()))
-                    });
+                let mut result = Ok(());
+                if !add.is_empty() {
+                    result = pubsub.subscribe(channels(&add));
+                }
+                if !remove.is_empty() && result.is_ok() {
+                    result = pubsub.unsubscribe(channels(&remove));
+                }
                 if let Err(e) = result {
                     tracing::warn!(error = %e, "backplane subscriber lost its connection");
                     metrics.set_backplane_up(false);
