@@ -186,7 +186,7 @@ impl Router {
 }
 
 /// The value of `key` in the query of `target`, if any.
-fn query_value<'t>(target: &'t str, key: &str) -> Option<&'t str> {
+pub(crate) fn query_value<'t>(target: &'t str, key: &str) -> Option<&'t str> {
     let (_, query) = target.split_once('?')?;
     query.split('&').find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
 }
