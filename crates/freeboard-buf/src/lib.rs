@@ -94,7 +94,7 @@ pub use pool::{
     DEFAULT_SEGMENTS_PER_CHUNK, DEFAULT_WARM_RESERVE, DropTally, MAX_CHUNK_SIZE, MAX_CHUNKS, Pool,
     PoolConfig, PoolError, Released, SegmentSlot, fragmentation_index,
 };
-pub use queue::{Discarded, Limit, MAX_CONTROL_FRAME, PushOutcome, Pushed, SendQueue};
+pub use queue::{ConflateKey, Discarded, Limit, MAX_CONTROL_FRAME, PushOutcome, Pushed, SendQueue};
 pub use ring::{Empty, Full, RingBuffer};
 #[cfg(all(feature = "alloc", target_has_atomic = "ptr"))]
 pub use shared::SharedFrame;

@@ -162,6 +162,11 @@ struct ServeArgs {
     /// drop-oldest, conflate, close [default: conflate].
     #[arg(long, value_name = "POLICY")]
     topic_slow_consumer: Option<String>,
+    /// Under conflate, the character that ends a message's key (`|` for `EURUSD|{...}`): a
+    /// subscriber that is behind keeps the latest message of each key; TOML `[topics]
+    /// conflate_key` [default: none, only the latest message].
+    #[arg(long, value_name = "CHAR")]
+    topic_conflate_key: Option<char>,
     /// Send queue hard cap of one topic subscriber [default: 1M].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     topic_send_cap: Option<u64>,
@@ -209,6 +214,21 @@ struct ServeArgs {
     /// TOML `[topics] redis`. Default: topics stay on this machine.
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
+    /// Messages of history kept per topic, for subscribers reconnecting with `?since=OFFSET`;
+    /// such topics' messages carry an `{offset}:` envelope; TOML `[topics] history`
+    /// [default: 0, none].
+    #[arg(long, value_name = "N")]
+    history: Option<usize>,
+    /// The oldest a kept message may be (0: no limit); TOML `[topics] history_seconds`.
+    #[arg(long, value_name = "SECS")]
+    history_seconds: Option<u64>,
+    /// Bytes all topics' history may hold; TOML `[topics] history_memory` [default: 8M].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    history_memory: Option<u64>,
+    /// Only topics named with this prefix keep history; TOML `[topics] history_prefix`
+    /// [default: every topic].
+    #[arg(long, value_name = "PREFIX")]
+    history_prefix: Option<String>,
     /// Topics one connection may subscribe to (its topic and its `also=` list; an upgrade
     /// naming more gets 400); TOML `[topics] max_topics_per_connection` [default: 64].
     #[arg(long, value_name = "N")]
@@ -394,6 +414,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         ("topics.client_publish", args.client_publish.then_some(Value::Boolean(true))),
         ("topics.publish_token", args.publish_token.clone().map(Value::String)),
         ("topics.slow_consumer", args.topic_slow_consumer.clone().map(Value::String)),
+        ("topics.conflate_key", args.topic_conflate_key.map(|c| Value::String(c.to_string()))),
         ("topics.send_cap", args.topic_send_cap.map(int)),
         ("tls.cert", args.tls_cert.as_ref().map(path)),
         ("tls.key", args.tls_key.as_ref().map(path)),
@@ -414,6 +435,10 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         ("topics.redis_queue", args.redis_queue.map(int)),
         ("topics.max_topics_per_connection", args.max_topics_per_connection.map(|v| int(v as u64))),
         ("topics.max_topics", args.max_topics.map(|v| int(v as u64))),
+        ("topics.history", args.history.map(|v| int(v as u64))),
+        ("topics.history_seconds", args.history_seconds.map(int)),
+        ("topics.history_memory", args.history_memory.map(int)),
+        ("topics.history_prefix", args.history_prefix.clone().map(Value::String)),
     ];
     for (key, value) in flags {
         let Some(value) = value else { continue };

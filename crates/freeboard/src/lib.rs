@@ -34,6 +34,7 @@ pub mod client;
 pub mod config;
 mod dashboard;
 pub mod handler;
+pub mod history;
 pub mod metrics;
 mod parking;
 mod proxy_header;
@@ -48,6 +49,7 @@ mod transport;
 pub mod webhook;
 
 pub use config::{ServerConfig, TlsConfig};
+pub use freeboard_buf::ConflateKey;
 pub use freeboard_buf::SlowConsumerPolicy;
 pub use freeboard_buf::Watermarks;
 pub use freeboard_proto::handshake::Request;

@@ -43,7 +43,8 @@ use freeboard_proto::{MessageKind, OpCode};
 use mio::Waker;
 use slab::Slab;
 
-use crate::backplane::Backplane;
+use crate::backplane::{Backplane, Incoming, Recoverer};
+use crate::history::{Envelope, History, Recovery, Source};
 use crate::metrics::Metrics;
 
 /// The longest topic name, in bytes.
@@ -115,6 +116,22 @@ pub(crate) fn header(kind: MessageKind, len: usize) -> ([u8; 14], usize) {
     // NOTE(unwrap): an unmasked header is at most 10 bytes.
     let n = header.encode(&mut out).unwrap();
     (out, n)
+}
+
+/// How a publication to a topic is framed: its WebSocket header, and the envelope with its
+/// offset if the topic keeps history.
+pub(crate) struct Stamp {
+    head: [u8; 14],
+    head_len: usize,
+    envelope: Option<Envelope>,
+}
+
+impl Stamp {
+    /// The frame's parts around `payload`.
+    pub(crate) fn parts<'p>(&'p self, payload: &'p [u8]) -> [&'p [u8]; 3] {
+        let envelope = self.envelope.as_ref().map_or(&[][..], Envelope::as_bytes);
+        [&self.head[..self.head_len], envelope, payload]
+    }
 }
 
 /// A publication on its way to another loop.
@@ -190,6 +207,8 @@ pub(crate) struct Hub {
     /// The Redis backplane, if one is configured: told when a topic gets its first subscriber
     /// on this node and loses its last, and given every publication of this node.
     backplane: OnceLock<Backplane>,
+    /// Offsets and kept messages of the topics that keep history, if configured.
+    history: Option<Arc<History>>,
 }
 
 impl Hub {
@@ -197,6 +216,7 @@ impl Hub {
         wakers: &[Arc<Waker>],
         capacity: usize,
         max_topics: usize,
+        history: Option<Arc<History>>,
         metrics: Arc<Metrics>,
     ) -> Self {
         let (inboxes, receivers) = wakers
@@ -213,6 +233,29 @@ impl Hub {
             receivers: Mutex::new(receivers),
             metrics,
             backplane: OnceLock::new(),
+            history,
+        }
+    }
+
+    /// Frames a publication of this node to `topic`: records it in the topic's history (which
+    /// gives it its offset), if the topic keeps one.
+    pub(crate) fn stamp(&self, topic: &str, kind: MessageKind, payload: &[u8]) -> Stamp {
+        let envelope = self
+            .history
+            .as_ref()
+            .filter(|h| h.source() == Source::Memory && h.applies(topic))
+            .map(|h| h.record(topic, kind, payload));
+        let len = envelope.as_ref().map_or(0, |e| e.as_bytes().len()) + payload.len();
+        let (head, head_len) = header(kind, len);
+        Stamp { head, head_len, envelope }
+    }
+
+    /// What a subscriber of `topic` that last saw offset `since` missed (nothing if the topic
+    /// keeps no history).
+    pub(crate) fn recover(&self, topic: &str, since: &str) -> Recovery {
+        match &self.history {
+            Some(history) if history.applies(topic) => history.recover(topic, since),
+            _ => Recovery::Missed(Vec::new()),
         }
     }
 
@@ -221,19 +264,41 @@ impl Hub {
         let _ = self.backplane.set(backplane);
     }
 
+    /// The topic history, if configured.
+    pub(crate) fn history(&self) -> Option<&Arc<History>> {
+        self.history.as_ref()
+    }
+
+    /// Where upgrades with `?since=` go to have history fetched from Redis, if it is kept
+    /// there.
+    pub(crate) fn recoverer(&self) -> Option<Recoverer> {
+        self.backplane.get()?.recoverer.clone()
+    }
+
+    /// Whether a publication to `topic` goes to Redis first, to be kept in its stream and
+    /// delivered to every node, this one too, with the offset Redis gives it.
+    pub(crate) fn kept_in_redis(&self, topic: &str) -> bool {
+        self.history.as_ref().is_some_and(|h| h.source() == Source::Redis && h.applies(topic))
+            && self.backplane.get().is_some()
+    }
+
     /// Sends a publication of this node to the other nodes, if there is a backplane.
     pub(crate) fn send_to_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
         if let Some(backplane) = self.backplane.get() {
-            backplane.publish(topic, kind, payload);
+            backplane.publish(topic, kind, payload, self.kept_in_redis(topic));
         }
     }
 
-    /// Delivers a publication of another node to every loop of this one that has a
-    /// subscriber to `topic`.
-    pub(crate) fn deliver_from_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
-        let (head, n) = header(kind, payload.len());
+    /// Delivers a publication from Redis to every loop of this node that has a subscriber to
+    /// its topic (keeping it in the topic's ring if it carries an offset).
+    pub(crate) fn deliver_from_backplane(&self, incoming: Incoming<'_>) {
+        let Incoming { topic, kind, data, offset } = incoming;
+        if let (Some(offset), Some(history)) = (offset, &self.history) {
+            history.record_at(topic, offset, kind, data);
+        }
+        let (head, n) = header(kind, data.len());
         let mut published = Published::default();
-        self.publish_remote(topic, &[&head[..n], payload], None, &mut published, None);
+        self.publish_remote(topic, &[&head[..n], data], None, &mut published, None);
     }
 
     /// Loop `index`'s end of its inbox (once).
@@ -471,8 +536,13 @@ impl LocalTopics {
         receipt: Option<&Arc<Receipt>>,
     ) -> Published {
         hub.metrics.publishes.inc();
-        let (head, n) = header(kind, payload.len());
-        let parts = [&head[..n], payload];
+        if hub.kept_in_redis(topic) {
+            // Delivered here too once Redis has kept it, with its offset.
+            hub.send_to_backplane(topic, kind, payload);
+            return Published::default();
+        }
+        let stamp = hub.stamp(topic, kind, payload);
+        let parts = stamp.parts(payload);
         let mut published = Published::default();
         if let Some(&t) = self.by_name.get(topic) {
             match Frame::from_parts(pool, &parts) {
