@@ -60,6 +60,23 @@ pub struct Published {
     pub dropped: u32,
 }
 
+/// How many subscribers a publication reached, and for how many it was dropped (by their
+/// slow-consumer policy, or by closing them 1008).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    /// Subscribers whose send queue took the message.
+    pub delivered: u64,
+    /// Subscribers for whom it was dropped (counted by their policy).
+    pub dropped: u64,
+}
+
+impl std::ops::AddAssign for Reach {
+    fn add_assign(&mut self, other: Self) {
+        self.delivered += other.delivered;
+        self.dropped += other.dropped;
+    }
+}
+
 /// Why [`Conn::subscribe`](crate::Conn::subscribe) refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubscribeError {
@@ -71,6 +88,9 @@ pub enum SubscribeError {
     /// The server has as many topics (with a subscriber) as
     /// [`TopicsConfig::max_topics`](crate::config::TopicsConfig) allows.
     TooManyTopicsOnServer,
+    /// A client connection of the tokio driver: publications are framed once, unmasked, for
+    /// the server connections that subscribe.
+    ClientConnection,
 }
 
 impl std::fmt::Display for SubscribeError {
@@ -79,6 +99,7 @@ impl std::fmt::Display for SubscribeError {
             SubscribeError::InvalidName => "invalid topic name",
             SubscribeError::TooManyTopics => "too many topics for one connection",
             SubscribeError::TooManyTopicsOnServer => "too many topics on this server",
+            SubscribeError::ClientConnection => "a client connection cannot subscribe",
         })
     }
 }

@@ -6,22 +6,8 @@ use freeboard_proto::Instant;
 
 use super::event_loop::EventLoop;
 use crate::session::Context;
+use crate::topics::Reach;
 use crate::transport::Transport;
-
-/// How many of a loop's subscribers a fan-out reached, and for how many the message was
-/// dropped (by their slow-consumer policy, or by closing them).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Reach {
-    pub(super) delivered: u64,
-    pub(super) dropped: u64,
-}
-
-impl std::ops::AddAssign for Reach {
-    fn add_assign(&mut self, other: Self) {
-        self.delivered += other.delivered;
-        self.dropped += other.dropped;
-    }
-}
 
 impl<T: Transport> EventLoop<T> {
     /// Fans out this loop's own publishes, in publish order; their reach.

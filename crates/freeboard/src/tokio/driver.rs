@@ -323,7 +323,11 @@ impl<S> Drop for Shared<S> {
         if let Some(input) = conn.input.take() {
             hub.give_back(input.bytes);
         }
-        hub.open -= 1;
+        if let Some(token) = conn.token.take() {
+            hub.subscriptions.drop_conn(&self.endpoint.topics, token);
+            hub.subscribers.remove(token);
+        }
+        hub.count_open(-1);
     }
 }
 
