@@ -16,7 +16,9 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use freeboard_buf::{Budget, Frame, Pool, PoolConfig, SendQueue, Watermarks, Writability};
+use freeboard_buf::{
+    Budget, Frame, PageBuffer, Pool, PoolConfig, SendQueue, Watermarks, Writability,
+};
 use freeboard_proto::{CloseCode, Instant};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
@@ -91,8 +93,9 @@ pub(crate) struct EventLoop<T> {
     pub(super) router: Router,
     pub(super) conns: Slab<Entry<T>>,
     pub(super) pool: Pool<'static>,
-    /// The shared read buffer: every socket of this loop is read into it.
-    pub(super) read_buf: Box<[u8]>,
+    /// The shared read buffer: every socket of this loop is read into it. Its pages are
+    /// resident from the first read until the pool next gives everything back.
+    pub(super) read_buf: PageBuffer,
     /// Messages (and request bodies) that arrived in pieces, contiguous for the handler.
     pub(super) assembly: Assembly,
     pub(super) limits: Reassembly,
@@ -223,7 +226,7 @@ impl<T: Transport> EventLoop<T> {
             tls_config,
             tls,
             lot: ParkingLot::new(config.protocol()),
-            read_buf: vec![0u8; config.read_buffer].into_boxed_slice(),
+            read_buf: PageBuffer::new(config.read_buffer),
             limits: Reassembly::server(config.connection_reserve),
             share: Share::new(&pool, 0),
             gauges: LoopGauges::new(&shared.metrics, index),
@@ -300,6 +303,11 @@ impl<T: Transport> EventLoop<T> {
             if self.release_at.is_some_and(|at| at <= now) {
                 self.pool.release_idle();
                 self.release_at = None;
+                if !self.pool.has_memory_to_release() {
+                    // Quiet long enough for the pool to give everything back: the read
+                    // buffer's pages go too.
+                    self.read_buf.give_back();
+                }
             }
             if self.accept_more || self.accept_retry.is_some_and(|at| at <= now) {
                 self.accept_retry = None;

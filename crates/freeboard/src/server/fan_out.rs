@@ -34,7 +34,7 @@ impl<T: Transport> EventLoop<T> {
     /// fanned out by reference.
     pub(super) fn drain_inbox(&mut self, now: Instant) {
         self.shared.hub.begin_drain(self.index);
-        while let Ok(publication) = self.inbox.try_recv() {
+        while let Some(publication) = self.shared.hub.receive(self.index, &self.inbox) {
             let Some(subscribers) = self.topics.subscribers(&publication.topic) else {
                 // The last subscriber left after the publisher looked.
                 if let Some(receipt) = &publication.receipt {
