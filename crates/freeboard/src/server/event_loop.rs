@@ -36,7 +36,9 @@ use crate::transport::{Io, Transport};
 const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
 const TLS_LISTENER: Token = Token(usize::MAX - 3);
-/// Connection slots (and timer and dirty-list entries) a loop starts with and shrinks back to.
+/// Connection slots (and timer and dirty-list entries) a loop starts with (address space only:
+/// an allocation this size is mapped, untouched). Tables grown past it are given back whole
+/// when the loop has no connection left, the timer heap halves when three quarters are unused.
 pub(super) const INITIAL_CONNS: usize = 1024;
 /// Reads of one connection per loop turn before the others get their turn.
 const READS_PER_TURN: usize = 16;
