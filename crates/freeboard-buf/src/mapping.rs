@@ -206,7 +206,10 @@ impl PageBuffer {
                 let (bytes, unmap) = mapping.leak();
                 Self { bytes, unmap: Some(unmap) }
             }
-            None => Self { bytes: std::boxed::Box::leak(std::vec![0u8; len].into_boxed_slice()), unmap: None },
+            None => Self {
+                bytes: std::boxed::Box::leak(std::vec![0u8; len].into_boxed_slice()),
+                unmap: None,
+            },
         }
     }
 

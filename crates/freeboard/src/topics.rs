@@ -233,7 +233,10 @@ impl Hub {
             .map(|waker| {
                 let (tx, rx) = std::sync::mpsc::channel();
                 let queued = AtomicUsize::new(0);
-                (Inbox { tx, queued, waker: waker.clone(), pending: AtomicBool::new(false) }, Some(rx))
+                (
+                    Inbox { tx, queued, waker: waker.clone(), pending: AtomicBool::new(false) },
+                    Some(rx),
+                )
             })
             .unzip();
         Self {
@@ -279,7 +282,11 @@ impl Hub {
     }
 
     /// The next publication in loop `index`'s inbox (`receiver`, its end), if any.
-    pub(crate) fn receive(&self, index: u32, receiver: &Receiver<Publication>) -> Option<Publication> {
+    pub(crate) fn receive(
+        &self,
+        index: u32,
+        receiver: &Receiver<Publication>,
+    ) -> Option<Publication> {
         let publication = receiver.try_recv().ok()?;
         self.inboxes[index as usize].queued.fetch_sub(1, Ordering::AcqRel);
         Some(publication)

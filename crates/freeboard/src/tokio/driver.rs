@@ -38,9 +38,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
         if conn.session.state() != State::Open {
             return SendOutcome::Closed;
         }
-        let (role, limits) = (conn.role, conn.limits);
-        let outcome =
-            conn.session.send(&mut hub.cx(role, &limits, self.endpoint.now()), kind, data);
+        let (role, limits, now) = (conn.role, conn.limits, conn.read_at);
+        let outcome = conn.session.send(&mut hub.cx(role, &limits, now), kind, data);
         conn.note_close();
         conn.schedule_write(&mut hub);
         outcome.map_or(SendOutcome::Closed, SendOutcome::from)
@@ -98,8 +97,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
         }
         loop {
             let mut hub = endpoint.lock();
-            let now = endpoint.now();
-            if let Some(message) = conn.parse(&mut hub, now) {
+            if let Some(message) = conn.parse(&mut hub) {
                 // What the application queues while it takes the messages of one read leaves
                 // in one write once they are taken (or sooner, past the high watermark).
                 if !conn.session.queue().is_writable() {
@@ -121,6 +119,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             }
             let (role, limits) = (conn.role, conn.limits);
             if let Some(at) = conn.session.poll_timeout() {
+                let now = endpoint.now();
                 if at <= now {
                     conn.session.handle_timeout(&mut hub.cx(role, &limits, now));
                     conn.note_close();
@@ -158,6 +157,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             let mut hub = endpoint.lock();
             match read {
                 Poll::Ready(Ok(())) if n > 0 => {
+                    conn.read_at = endpoint.now();
                     conn.input = Some(Input { bytes, at: 0, end: n });
                 }
                 Poll::Ready(result) => {
@@ -165,7 +165,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
                         tracing::debug!(error = %e, "read failed");
                     }
                     hub.give_back(bytes);
-                    conn.session.handle_eof(&mut hub.cx(role, &limits, now));
+                    conn.session.handle_eof(&mut hub.cx(role, &limits, endpoint.now()));
                     conn.note_close();
                 }
                 Poll::Pending => {
@@ -190,10 +190,10 @@ impl Hub {
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// Parses read bytes until a message completes or they are used up (then the buffer goes
     /// back to the endpoint).
-    pub(super) fn parse(&mut self, hub: &mut Hub, now: Instant) -> Option<Message> {
+    pub(super) fn parse(&mut self, hub: &mut Hub) -> Option<Message> {
         let input = self.input.as_mut()?;
         while input.at < input.end && self.close.is_none() {
-            let cx = &mut hub.cx(self.role, &self.limits, now);
+            let cx = &mut hub.cx(self.role, &self.limits, self.read_at);
             let (used, received) = self.session.receive(cx, &mut input.bytes[input.at..input.end]);
             input.at += used;
             let message = match received {

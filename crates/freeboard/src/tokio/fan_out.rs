@@ -24,8 +24,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Subscriber for Shared<S> {
     fn deliver(&self, frame: &Frame) -> Option<bool> {
         let mut conn = self.lock();
         let mut hub = self.endpoint.lock();
-        let (role, limits) = (conn.role, conn.limits);
-        let cx = &mut hub.cx(role, &limits, self.endpoint.now());
+        let (role, limits, now) = (conn.role, conn.limits, conn.read_at);
+        let cx = &mut hub.cx(role, &limits, now);
         let outcome = conn.session.send_frame(cx, frame)?;
         conn.note_close();
         conn.schedule_write(&mut hub);

@@ -64,7 +64,7 @@ use std::task::{self, Poll, Waker};
 use ::tokio::io::{AsyncRead, AsyncWrite};
 use ::tokio::time::Sleep;
 use freeboard_buf::SendQueue;
-use freeboard_proto::{CloseCode, MessageKind, Role, State, UsageError};
+use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State, UsageError};
 
 use crate::SendOutcome;
 use crate::client::CloseEvent;
@@ -208,6 +208,9 @@ struct Conn<S> {
     ended: bool,
     /// Our writing side is shut down (after the close handshake).
     shut_down: bool,
+    /// When the bytes being parsed were read: the session's time for them, and for sends
+    /// (which do not read it). One clock read per read, not two per message.
+    read_at: Instant,
     /// The session's next deadline, armed while it has one.
     timer: Option<Pin<Box<Sleep>>>,
     /// The task reading, if a reader was ever polled: woken to write what sends queued.
@@ -298,6 +301,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
             protocol,
             input: None,
             close: None,
+            read_at: now,
             ended: false,
             shut_down: false,
             timer: None,
