@@ -95,6 +95,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
         if conn.reader.as_ref().is_none_or(|w| !w.will_wake(task.waker())) {
             conn.reader = Some(task.waker().clone());
         }
+        conn.reader_waits = false;
         loop {
             let mut hub = endpoint.lock();
             if let Some(message) = conn.parse(&mut hub) {
@@ -142,6 +143,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             if !conn.session.wants_input() {
                 // Paused above the high watermark: the write that drains the queue wakes us.
                 conn.session.park(&mut hub.lot);
+                conn.reader_waits = true;
                 return Poll::Pending;
             }
             let mut bytes = hub
@@ -171,6 +173,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
                 Poll::Pending => {
                     hub.give_back(bytes);
                     conn.session.park(&mut hub.lot);
+                    conn.reader_waits = true;
                     return Poll::Pending;
                 }
             }
@@ -235,15 +238,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     }
 
     /// After a send or a close queued bytes: the reader writes them at its next turn (woken
-    /// if it waits); without a reader they are written now, as far as the transport takes
-    /// them.
+    /// if it waits for input; a reader that is handling a message writes when it asks for
+    /// the next one, and waking its task would only poll it once more for nothing); without a
+    /// reader they are written now, as far as the transport takes them.
     pub(super) fn schedule_write(&mut self, hub: &mut Hub) {
         if self.session.buffered() == 0 || self.write_requested {
             return;
         }
         if let Some(reader) = &self.reader {
-            self.write_requested = true;
-            reader.wake_by_ref();
+            if self.reader_waits {
+                self.write_requested = true;
+                reader.wake_by_ref();
+            }
         } else if let Some(writer) = self.writers.first() {
             // A task waits in `writable` or `flush` with the transport's write interest.
             writer.wake_by_ref();

@@ -215,6 +215,9 @@ struct Conn<S> {
     timer: Option<Pin<Box<Sleep>>>,
     /// The task reading, if a reader was ever polled: woken to write what sends queued.
     reader: Option<Waker>,
+    /// The reader's last poll ended `Pending`: it waits for input (or for room) and must be
+    /// woken to write what a send queued.
+    reader_waits: bool,
     /// The reader was woken to write and has not yet.
     write_requested: bool,
     /// Tasks waiting in `writable` or `flush`.
@@ -306,6 +309,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
             shut_down: false,
             timer: None,
             reader: None,
+            reader_waits: false,
             write_requested: false,
             writers: Vec::new(),
             token: None,
