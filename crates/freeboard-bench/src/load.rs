@@ -6,6 +6,7 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream as StdStream;
 use std::time::{Duration, Instant};
 
+use freeboard::client::ClientStream;
 use freeboard_proto::handshake::{ClientRequest, EMPTY_HEADER, Response, generate_key};
 use freeboard_proto::{CloseCode, Config, Connection, Instant as ProtoInstant, Role, State};
 use freeboard_test::{close_frame, encode_frame};
@@ -56,8 +57,12 @@ pub struct Measured {
     pub latency_us: [f64; 4],
     /// The load generator's own CPU time over wall time (1.0 = one core busy).
     pub client_cpu: f64,
-    /// Server CPU time per echoed message in microseconds, when its PID is known.
+    /// Server CPU time (user + system) per echoed message in microseconds, when its PID is
+    /// known.
     pub server_cpu_us_per_msg: Option<f64>,
+    /// Of that, system time.
+    #[serde(default)]
+    pub server_sys_us_per_msg: Option<f64>,
     /// Server RSS at the end of the run, KiB.
     pub server_rss_kib: Option<u64>,
 }
@@ -85,7 +90,7 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
                 let mut stream = stream.into_nonblocking()?;
                 let token = Token(clients.len());
                 poll.registry().register(
-                    stream.tcp(),
+                    &mut stream,
                     token,
                     Interest::READABLE | Interest::WRITABLE,
                 )?;
@@ -167,9 +172,9 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
     }
     let seconds = last_echo.duration_since(start).as_secs_f64().max(1e-9);
     let sent = clients.iter().map(|c| c.sent).sum();
-    let server_cpu_us_per_msg = match (server_before, server_after) {
+    let per_msg = |f: fn(&Sample) -> Duration| match (&server_before, &server_after) {
         (Some(b), Some(a)) if received > 0 => {
-            Some(a.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e6 / received as f64)
+            Some(f(a).saturating_sub(f(b)).as_secs_f64() * 1e6 / received as f64)
         }
         _ => None,
     };
@@ -185,7 +190,8 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
         mib_per_sec: received as f64 * size as f64 / seconds / (1024.0 * 1024.0),
         latency_us: [us(0.5), us(0.99), us(0.999), hist.max() as f64 / 1000.0],
         client_cpu: cpu.as_secs_f64() / start.elapsed().as_secs_f64(),
-        server_cpu_us_per_msg,
+        server_cpu_us_per_msg: per_msg(|s| s.cpu),
+        server_sys_us_per_msg: per_msg(|s| s.system),
         server_rss_kib: server_after.map(|s| s.rss_kib),
     })
 }
@@ -200,12 +206,12 @@ pub struct Opened {
 
 impl Opened {
     /// The non-blocking stream the load generator reads and writes.
-    pub fn into_nonblocking(self) -> io::Result<crate::tls::Stream> {
+    pub fn into_nonblocking(self) -> io::Result<ClientStream> {
         self.tcp.set_nonblocking(true)?;
         let tcp = mio::net::TcpStream::from_std(self.tcp);
         Ok(match self.tls {
-            Some(conn) => crate::tls::Stream::Tls(Box::new((tcp, conn))),
-            None => crate::tls::Stream::Plain(tcp),
+            Some(conn) => ClientStream::Tls(Box::new((tcp, conn))),
+            None => ClientStream::Plain(tcp),
         })
     }
 }
@@ -287,7 +293,7 @@ impl<T: Read + Write> ReadWrite for T {}
 
 /// One connection of the load generator.
 struct Client {
-    stream: crate::tls::Stream,
+    stream: ClientStream,
     /// Parses the echoes.
     rx: Connection,
     /// Frames not yet written. Invariant: `out_at <= out.len()`.

@@ -67,6 +67,9 @@ pub struct LoadRow {
     pub client_cpu: Spread,
     /// Server CPU µs per message, when the server's PID was known.
     pub server_cpu_us_per_msg: Option<Spread>,
+    /// Of that, system time.
+    #[serde(default)]
+    pub server_sys_us_per_msg: Option<Spread>,
     /// Largest server RSS seen at the end of a run, KiB.
     pub server_rss_kib: Option<u64>,
 }
@@ -81,6 +84,7 @@ impl LoadRow {
     ) -> Self {
         let spread = |f: fn(&Measured) -> f64| Spread::of(runs.iter().map(f));
         let server_cpu = runs.iter().filter_map(|r| r.server_cpu_us_per_msg).collect::<Vec<_>>();
+        let server_sys = runs.iter().filter_map(|r| r.server_sys_us_per_msg).collect::<Vec<_>>();
         Self {
             experiment: experiment.into(),
             server: server.into(),
@@ -94,6 +98,7 @@ impl LoadRow {
             p999_us: spread(|r| r.latency_us[2]),
             client_cpu: spread(|r| r.client_cpu),
             server_cpu_us_per_msg: (!server_cpu.is_empty()).then(|| Spread::of(server_cpu)),
+            server_sys_us_per_msg: (!server_sys.is_empty()).then(|| Spread::of(server_sys)),
             server_rss_kib: runs.iter().filter_map(|r| r.server_rss_kib).max(),
             runs,
         }
@@ -147,10 +152,48 @@ pub struct Report {
     /// One publisher to N subscribers.
     #[serde(default)]
     pub broadcasts: Vec<BroadcastRow>,
+    /// New `wss://` connections per second, full and resumed.
+    #[serde(default)]
+    pub handshakes: Vec<HandshakeRow>,
+}
+
+/// New `wss://` connections against one server with one number of clients, full or resumed
+/// handshakes, over its repeats.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandshakeRow {
+    /// The server's name.
+    pub server: String,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Whether the server spoke TLS.
+    #[serde(default = "yes")]
+    pub tls: bool,
+    /// Whether the clients resumed sessions with tickets.
+    pub resume: bool,
+    /// Every run, in order.
+    pub runs: Vec<crate::handshakes::Handshakes>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl HandshakeRow {
+    /// Handshakes per wall second.
+    pub fn per_sec(&self) -> Spread {
+        Spread::of(self.runs.iter().map(|r| r.per_sec()))
+    }
+
+    /// Handshakes per second of one server core, when its CPU time was known.
+    pub fn per_core_sec(&self) -> Option<Spread> {
+        let v: Vec<f64> = self.runs.iter().filter_map(|r| r.per_core_sec()).collect();
+        (!v.is_empty()).then(|| Spread::of(v))
+    }
 }
 
 /// The servers a load row is compared with, when they ran in the same report.
-const BASELINES: [&str; 3] = ["raw-tcp-echo", "fastwebsockets", "tokio-tungstenite"];
+const BASELINES: [&str; 4] =
+    ["raw-tcp-echo", "fastwebsockets", "tokio-tungstenite", "tokio-tungstenite-rustls"];
 
 impl Report {
     /// Adds `other`'s results to this report's (a later simulation replaces an earlier one).
@@ -161,7 +204,44 @@ impl Report {
         self.soaks.extend(other.soaks);
         self.watermarks.extend(other.watermarks);
         self.broadcasts.extend(other.broadcasts);
+        self.handshakes.extend(other.handshakes);
         self.simulation = other.simulation.or(self.simulation.take());
+    }
+
+    /// Joins the rows of the same case and server (from interleaved rounds of one run each)
+    /// into one row with all their runs, in the order they first appeared.
+    pub fn merge_repeats(&mut self) {
+        let mut loads: Vec<LoadRow> = Vec::new();
+        for row in std::mem::take(&mut self.loads) {
+            let key = |r: &LoadRow| {
+                (r.experiment.clone(), r.server.clone(), r.clients, r.in_flight, r.size)
+            };
+            match loads.iter_mut().find(|r| key(r) == key(&row)) {
+                Some(r) => {
+                    let mut runs = std::mem::take(&mut r.runs);
+                    runs.extend(row.runs);
+                    *r = LoadRow::new(
+                        &r.experiment,
+                        &r.server,
+                        (r.clients, r.in_flight, r.size),
+                        runs,
+                    );
+                }
+                None => loads.push(row),
+            }
+        }
+        self.loads = loads;
+        let mut handshakes: Vec<HandshakeRow> = Vec::new();
+        for row in std::mem::take(&mut self.handshakes) {
+            let same = |r: &&mut HandshakeRow| {
+                (&r.server, r.clients, r.resume) == (&row.server, row.clients, row.resume)
+            };
+            match handshakes.iter_mut().find(same) {
+                Some(r) => r.runs.extend(row.runs),
+                None => handshakes.push(row),
+            }
+        }
+        self.handshakes = handshakes;
     }
 
     /// The report as pretty-printed JSON.
@@ -211,7 +291,13 @@ impl Report {
             }
             s.push('\n');
             for r in &rows {
-                let cpu = r.server_cpu_us_per_msg.map_or("–".into(), |c| spread(c, 2, 1.0));
+                let cpu = match (r.server_cpu_us_per_msg, r.server_sys_us_per_msg) {
+                    (None, _) => "–".into(),
+                    (Some(c), None) => spread(c, 2, 1.0),
+                    (Some(c), Some(sys)) => {
+                        format!("{} (sys {:.2})", spread(c, 2, 1.0), sys.median)
+                    }
+                };
                 let rss = r.server_rss_kib.map_or("–".into(), |v| v.to_string());
                 let _ = write!(
                     s,
@@ -247,6 +333,39 @@ impl Report {
                 }
                 let (sent, received, failed, _) = r.totals();
                 let _ = writeln!(s, " {sent}/{received}/{failed} |");
+            }
+        }
+        if !self.handshakes.is_empty() {
+            s.push_str(
+                "\n### wss handshakes: connect, TLS, upgrade, drop (median of runs, [min–max])\n\n",
+            );
+            s.push_str("| server | clients | handshake | per second | per server core-second | server user µs each | server sys µs each | resumed/completed/failed, all runs |\n|---|---|---|---|---|---|---|---|\n");
+            for r in &self.handshakes {
+                let each = |f: fn(&crate::handshakes::Handshakes) -> Option<f64>| {
+                    let v: Vec<f64> = r.runs.iter().filter_map(f).collect();
+                    if v.is_empty() { "–".into() } else { spread(Spread::of(v), 0, 1.0) }
+                };
+                let sum = |f: fn(&crate::handshakes::Handshakes) -> u64| -> u64 {
+                    r.runs.iter().map(f).sum()
+                };
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} | {}/{}/{} |",
+                    r.server,
+                    r.clients,
+                    match (r.tls, r.resume) {
+                        (false, _) => "no TLS",
+                        (true, false) => "full",
+                        (true, true) => "resumed",
+                    },
+                    spread(r.per_sec(), 0, 1.0),
+                    r.per_core_sec().map_or("–".into(), |v| spread(v, 0, 1.0)),
+                    each(|h| h.server_user_us),
+                    each(|h| h.server_sys_us),
+                    sum(|h| h.resumed),
+                    sum(|h| h.completed),
+                    sum(|h| h.failed),
+                );
             }
         }
         for c in &self.connections {

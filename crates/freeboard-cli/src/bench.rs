@@ -10,7 +10,7 @@ use freeboard_bench::Target;
 use freeboard_bench::load::Load;
 use freeboard_bench::peers::{Peer, Peers};
 use freeboard_bench::process;
-use freeboard_bench::report::Report;
+use freeboard_bench::report::{HandshakeRow, Report};
 use freeboard_bench::suite::{self, Subject};
 
 /// The experiments.
@@ -44,6 +44,21 @@ pub(crate) enum BenchCommand {
         /// Payload bytes; a comma-separated list runs each.
         #[arg(long, value_delimiter = ',', default_value = "64,1024")]
         size: Vec<usize>,
+        /// Seconds per run.
+        #[arg(long, default_value_t = 5.0)]
+        duration: f64,
+    },
+    /// New wss:// connections per second (TCP, the TLS handshake, the upgrade, then dropped)
+    /// from --clients threads for --duration: full handshakes and resumed ones (tickets),
+    /// alternating run by run, with the server's user and system CPU time per handshake and
+    /// so handshakes per second of one server core. A ws:// server (freeboard-ws) gets the
+    /// same without TLS.
+    Handshakes {
+        #[command(flatten)]
+        common: Common,
+        /// Concurrent clients; a comma-separated list runs each.
+        #[arg(long, value_delimiter = ',', default_value = "4")]
+        clients: Vec<usize>,
         /// Seconds per run.
         #[arg(long, default_value_t = 5.0)]
         duration: f64,
@@ -311,10 +326,13 @@ pub(crate) struct Common {
     /// The echo server: ws://host:port/path, or tcp://host:port for a raw TCP echo (frames
     /// come back verbatim). Not needed with --peers.
     url: Option<String>,
-    /// Run against freeboard and the peer servers one after the other instead of URL:
-    /// all of them, or a comma-separated list of freeboard, raw-tcp-echo, tokio-tungstenite,
-    /// fastwebsockets, node-ws, gorilla. Peers are built into target/peers on first use
-    /// (cargo, npm, go); one that cannot be built or started is skipped with a warning.
+    /// Run against freeboard and the peer servers instead of URL: all of them, or a
+    /// comma-separated list of freeboard, raw-tcp-echo, tokio-tungstenite, fastwebsockets,
+    /// node-ws, gorilla (with --tls: freeboard, tokio-tungstenite-rustls, and freeboard-ws for
+    /// freeboard over plain ws:// beside them). Echo, pipeline and handshake runs are
+    /// interleaved: --repeat rounds, each starting every server in turn for one run. Peers are
+    /// built into target/peers on first use (cargo, npm, go); one that cannot be built or
+    /// started is skipped with a warning.
     #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "LIST")]
     peers: Option<String>,
     /// Further arguments for `freeboard serve` under --peers, split at spaces, e.g.
@@ -458,6 +476,9 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
             });
             (common, Experiment::Load("pipeline", cases))
         }
+        BenchCommand::Handshakes { common, clients, duration } => {
+            (common, Experiment::Handshakes(clients, Duration::from_secs_f64(duration)))
+        }
         BenchCommand::SlowConsumer { common, size, duration } => {
             (common, Experiment::SlowConsumer(size, Duration::from_secs_f64(duration)))
         }
@@ -485,16 +506,53 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
         pinned: pin,
         ..Report::default()
     };
+    // With several servers, load and handshake runs are interleaved: each round starts every
+    // server in turn for one run of each case, so a change in the machine's load falls on all
+    // of them alike.
+    let rounds = match (&experiment, &common.peers) {
+        (Experiment::Load(..) | Experiment::Handshakes(..), Some(_)) => common.repeat.max(1),
+        _ => 1,
+    };
+    let repeat = if rounds > 1 { 1 } else { common.repeat };
     let measure = |subject: &Subject, report: &mut Report| -> Result<(), String> {
         match &experiment {
             Experiment::Load(name, cases) => report.loads.extend(
-                suite::loads(subject, name, cases, common.repeat)
+                suite::loads(subject, name, cases, repeat)
                     .map_err(|e| format!("{}: {e}", subject.name))?,
             ),
             Experiment::Connections(counts, cycles) => report.connections.push(
                 suite::connections(subject, counts, *cycles)
                     .map_err(|e| format!("{}: {e}", subject.name))?,
             ),
+            Experiment::Handshakes(clients, duration) => {
+                for &n in clients {
+                    let modes: &[bool] = if subject.target.tls { &[false, true] } else { &[false] };
+                    let mut rows: Vec<HandshakeRow> = modes
+                        .iter()
+                        .map(|&resume| HandshakeRow {
+                            server: subject.name.clone(),
+                            clients: n,
+                            tls: subject.target.tls,
+                            resume,
+                            runs: Vec::new(),
+                        })
+                        .collect();
+                    for _ in 0..repeat.max(1) {
+                        for row in &mut rows {
+                            let target = Target { resume: row.resume, ..subject.target.clone() };
+                            let run = freeboard_bench::handshakes::run(
+                                &target,
+                                n,
+                                *duration,
+                                subject.pid,
+                            )
+                            .map_err(|e| format!("{}: {e}", subject.name))?;
+                            row.runs.push(run);
+                        }
+                    }
+                    report.handshakes.extend(rows);
+                }
+            }
             Experiment::SlowConsumer(size, duration) => {
                 let outcome = freeboard_bench::slow_consumer::run(
                     &subject.target,
@@ -529,19 +587,27 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                     _ => self_signed(&peers.cache.join("tls"))?,
                 });
             }
-            for peer in chosen {
-                let running = match peers.start(peer, pin.map(|(server, _)| server)) {
-                    Ok(running) => running,
-                    Err(e) => {
-                        eprintln!("freeboard bench: skipping {}: {e}", peer.name());
+            let mut skipped = Vec::new();
+            for _ in 0..rounds {
+                for &peer in &chosen {
+                    if skipped.contains(&peer) {
                         continue;
                     }
-                };
-                let mut target = running.target.clone();
-                target.resume = !common.no_resume;
-                let subject = Subject { name: peer.name().into(), target, pid: Some(running.pid) };
-                measure(&subject, &mut report)?;
+                    let running = match peers.start(peer, pin.map(|(server, _)| server)) {
+                        Ok(running) => running,
+                        Err(e) => {
+                            eprintln!("freeboard bench: skipping {}: {e}", peer.name());
+                            skipped.push(peer);
+                            continue;
+                        }
+                    };
+                    let mut target = running.target.clone();
+                    target.resume = !common.no_resume;
+                    let name = peer.name().into();
+                    measure(&Subject { name, target, pid: Some(running.pid) }, &mut report)?;
+                }
             }
+            report.merge_repeats();
         }
         (None, Some(url)) => {
             let mut target = Target::parse(url)?;
@@ -606,6 +672,7 @@ fn print_markdown(report: &Report) {
 
 enum Experiment {
     Load(&'static str, Vec<Load>),
+    Handshakes(Vec<usize>, Duration),
     Connections(Vec<usize>, usize),
     SlowConsumer(usize, Duration),
 }

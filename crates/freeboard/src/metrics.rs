@@ -201,6 +201,8 @@ pub struct Metrics {
     pub(crate) access: AccessMetrics,
     /// TLS handshakes completed.
     pub(crate) tls_handshakes: Counter,
+    /// Of those, handshakes that resumed a session with a ticket.
+    pub(crate) tls_resumptions: Counter,
     /// TLS connections refused or failed, by reason (`bad_client_hello`, `plain_http`,
     /// `not_tls`, `handshake_timeout`, `upgrade_timeout`, `budget`, `alert_*`, …).
     pub(crate) tls_refusals: Family<Reason, Counter>,
@@ -252,6 +254,7 @@ impl Metrics {
             topic_drops: Family::default(),
             access: AccessMetrics::default(),
             tls_handshakes: Counter::default(),
+            tls_resumptions: Counter::default(),
             tls_refusals: Family::default(),
             backplane_lost: Family::default(),
             backplane_published: Counter::default(),
@@ -319,6 +322,11 @@ impl Metrics {
             m.bytes_buffered.clone(),
         );
         registry.register("tls_handshakes", "TLS handshakes completed", m.tls_handshakes.clone());
+        registry.register(
+            "tls_resumptions",
+            "TLS handshakes that resumed an earlier session (a ticket)",
+            m.tls_resumptions.clone(),
+        );
         registry.register(
             "tls_refusals",
             "TLS connections refused or failed, by reason",
@@ -429,6 +437,12 @@ impl Metrics {
     /// TLS handshakes completed.
     pub fn tls_handshakes(&self) -> u64 {
         self.tls_handshakes.get()
+    }
+
+    /// TLS handshakes that resumed an earlier session with a ticket (counted in
+    /// [`tls_handshakes`](Self::tls_handshakes) too).
+    pub fn tls_resumptions(&self) -> u64 {
+        self.tls_resumptions.get()
     }
 
     /// TLS connections refused or failed for `reason` (see `freeboard_tls_refusals`).

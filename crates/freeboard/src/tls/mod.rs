@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use freeboard_buf::{Budget, ChunkChain, Pool};
 use mio::net::TcpStream;
+use rustls::HandshakeKind::Resumed;
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, UnbufferedStatus};
 
@@ -255,6 +256,7 @@ impl TlsStream {
         let mut start = 0;
         let mut filled = 0;
         let mut out = 0;
+        let was_established = wire.established;
         loop {
             let UnbufferedStatus { mut discard, state } =
                 conn.process_tls_records(&mut io.tls.input[start..end]);
@@ -331,6 +333,9 @@ impl TlsStream {
             if done {
                 break;
             }
+        }
+        if wire.established && !was_established && conn.handshake_kind() == Some(Resumed) {
+            io.metrics.tls_resumptions.inc();
         }
         wire.send(io, out)?;
         wire.keep_input(io, start, end)?;
