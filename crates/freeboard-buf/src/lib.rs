@@ -88,7 +88,7 @@ pub use backpressure::{SlowConsumerPolicy, WatermarkError, Watermarks, Writabili
 pub use budget::{Budget, BudgetExceeded};
 pub use chain::{ChunkChain, Frame, Part, Segments};
 #[cfg(feature = "std")]
-pub use mapping::resident_set_bytes;
+pub use mapping::{PageBuffer, resident_set_bytes};
 pub use pool::{
     ChunkId, ChunkSlot, ConfigError, Counters, DEFAULT_CHUNK_SIZE, DEFAULT_IDLE_TICKS,
     DEFAULT_SEGMENTS_PER_CHUNK, DEFAULT_WARM_RESERVE, DropTally, MAX_CHUNK_SIZE, MAX_CHUNKS, Pool,

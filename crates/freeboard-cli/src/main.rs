@@ -290,6 +290,17 @@ fn init_logging(format: LogFormat) {
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
+    // One malloc arena. The loops allocate only as connections come and go (their tables),
+    // never per message, so arenas of their own buy nothing; and the `malloc_trim` a loop
+    // calls once a burst of connections is over gives back the free top of the main arena
+    // only — a thread arena keeps its top up to glibc's trim threshold, which it raises to
+    // twice the size of the last big block freed (the burst's connection table): measured,
+    // +0.45 MiB after 10,000 connections closed with an arena per loop, none with one arena.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes glibc's allocation policy; no other thread runs yet.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
     let config = server_config(&args)?;
     let topics = config.topics.clone();
     let webhook = topics.webhook().map_err(|e| e.to_string())?.map(Arc::new);

@@ -62,4 +62,4 @@ pub use metrics::Metrics;
 pub use server::{RunningServer, Server, ServerHandle};
 pub use session::SendOutcome;
 pub use topic_route::TopicRoute;
-pub use topics::Published;
+pub use topics::{Published, Reach};

@@ -33,8 +33,8 @@
 //! `max_message_size`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use freeboard_buf::{Frame, Pool, SharedFrame};
@@ -61,6 +61,23 @@ pub struct Published {
     pub dropped: u32,
 }
 
+/// How many subscribers a publication reached, and for how many it was dropped (by their
+/// slow-consumer policy, or by closing them 1008).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    /// Subscribers whose send queue took the message.
+    pub delivered: u64,
+    /// Subscribers for whom it was dropped (counted by their policy).
+    pub dropped: u64,
+}
+
+impl std::ops::AddAssign for Reach {
+    fn add_assign(&mut self, other: Self) {
+        self.delivered += other.delivered;
+        self.dropped += other.dropped;
+    }
+}
+
 /// Why [`Conn::subscribe`](crate::Conn::subscribe) refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubscribeError {
@@ -72,6 +89,9 @@ pub enum SubscribeError {
     /// The server has as many topics (with a subscriber) as
     /// [`TopicsConfig::max_topics`](crate::config::TopicsConfig) allows.
     TooManyTopicsOnServer,
+    /// A client connection of the tokio driver: publications are framed once, unmasked, for
+    /// the server connections that subscribe.
+    ClientConnection,
 }
 
 impl std::fmt::Display for SubscribeError {
@@ -80,6 +100,7 @@ impl std::fmt::Display for SubscribeError {
             SubscribeError::InvalidName => "invalid topic name",
             SubscribeError::TooManyTopics => "too many topics for one connection",
             SubscribeError::TooManyTopicsOnServer => "too many topics on this server",
+            SubscribeError::ClientConnection => "a client connection cannot subscribe",
         })
     }
 }
@@ -184,9 +205,15 @@ impl Receipt {
     }
 }
 
-/// One loop's inbox, as other threads see it.
+/// One loop's inbox, as other threads see it: an unbounded channel (its blocks are allocated as
+/// publications arrive and freed as the loop takes them, so an idle server holds none) bounded
+/// by a count.
 struct Inbox {
-    tx: SyncSender<Publication>,
+    tx: Sender<Publication>,
+    /// Publications sent and not yet taken by the loop.
+    ///
+    /// Invariant: at most the hub's `capacity` (a sender that would pass it drops instead).
+    queued: AtomicUsize,
     waker: Arc<Waker>,
     /// Set by a publisher after sending, cleared by the loop before draining: one wake per
     /// batch instead of one `eventfd` write per publish.
@@ -202,6 +229,8 @@ pub(crate) struct Hub {
     /// Topics with a subscriber the server may have at once.
     max_topics: usize,
     inboxes: Vec<Inbox>,
+    /// Publications one inbox holds.
+    capacity: usize,
     receivers: Mutex<Vec<Option<Receiver<Publication>>>>,
     metrics: Arc<Metrics>,
     /// The Redis backplane, if one is configured: told when a topic gets its first subscriber
@@ -222,14 +251,19 @@ impl Hub {
         let (inboxes, receivers) = wakers
             .iter()
             .map(|waker| {
-                let (tx, rx) = std::sync::mpsc::sync_channel(capacity);
-                (Inbox { tx, waker: waker.clone(), pending: AtomicBool::new(false) }, Some(rx))
+                let (tx, rx) = std::sync::mpsc::channel();
+                let queued = AtomicUsize::new(0);
+                (
+                    Inbox { tx, queued, waker: waker.clone(), pending: AtomicBool::new(false) },
+                    Some(rx),
+                )
             })
             .unzip();
         Self {
             loops_by_topic: RwLock::new(HashMap::new()),
             max_topics,
             inboxes,
+            capacity,
             receivers: Mutex::new(receivers),
             metrics,
             backplane: OnceLock::new(),
@@ -312,6 +346,17 @@ impl Hub {
         self.inboxes[index as usize].pending.store(false, Ordering::Release);
     }
 
+    /// The next publication in loop `index`'s inbox (`receiver`, its end), if any.
+    pub(crate) fn receive(
+        &self,
+        index: u32,
+        receiver: &Receiver<Publication>,
+    ) -> Option<Publication> {
+        let publication = receiver.try_recv().ok()?;
+        self.inboxes[index as usize].queued.fetch_sub(1, Ordering::AcqRel);
+        Some(publication)
+    }
+
     /// Sends the message to every loop but `except` that has a subscriber to `topic`, framed
     /// once for all of them.
     pub(crate) fn publish_remote(
@@ -337,14 +382,21 @@ impl Hub {
                 frame: frame.clone(),
                 receipt: receipt.cloned(),
             };
-            match inbox.tx.try_send(publication) {
-                Ok(()) => {
+            let room = inbox.queued.fetch_add(1, Ordering::AcqRel) < self.capacity;
+            if !room {
+                inbox.queued.fetch_sub(1, Ordering::AcqRel);
+            }
+            match room.then(|| inbox.tx.send(publication)) {
+                Some(Ok(())) => {
                     published.loops += 1;
                     if !inbox.pending.swap(true, Ordering::AcqRel) {
                         let _ = inbox.waker.wake();
                     }
                 }
-                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                refused => {
+                    if refused.is_some() {
+                        inbox.queued.fetch_sub(1, Ordering::AcqRel); // the loop is gone
+                    }
                     published.dropped += 1;
                     self.metrics.topic_drop("inbox_full");
                     if let Some(r) = receipt {
