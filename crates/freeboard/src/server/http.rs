@@ -228,7 +228,8 @@ impl<T: Transport> EventLoop<T> {
         // its budget is drawn when the connection opens.
         let compression = self.compression_agreement(&options, &request);
         let serial = self.conns[token].serial;
-        let decision = Decision::new(token, serial, peer, self.decisions.clone());
+        let recoverer = self.shared.hub.recoverer();
+        let decision = Decision::new(token, serial, peer, self.decisions.clone(), recoverer);
         self.decisions.deciding.store(true, Ordering::SeqCst);
         self.router.handler(route).decide_upgrade(&request, decision);
         self.decisions.deciding.store(false, Ordering::SeqCst);
