@@ -58,6 +58,8 @@ pub struct Measured {
     pub client_cpu: f64,
     /// Server CPU time per echoed message in microseconds, when its PID is known.
     pub server_cpu_us_per_msg: Option<f64>,
+    /// Its user part (the server's own code) and its system part (the kernel), µs per message.
+    pub server_user_sys_us_per_msg: Option<(f64, f64)>,
     /// Server RSS at the end of the run, KiB.
     pub server_rss_kib: Option<u64>,
 }
@@ -167,12 +169,14 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
     }
     let seconds = last_echo.duration_since(start).as_secs_f64().max(1e-9);
     let sent = clients.iter().map(|c| c.sent).sum();
-    let server_cpu_us_per_msg = match (server_before, server_after) {
+    let per_msg = |f: fn(&Sample) -> Duration| match (&server_before, &server_after) {
         (Some(b), Some(a)) if received > 0 => {
-            Some(a.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e6 / received as f64)
+            Some(f(a).saturating_sub(f(b)).as_secs_f64() * 1e6 / received as f64)
         }
         _ => None,
     };
+    let server_cpu_us_per_msg = per_msg(|s| s.cpu);
+    let server_user_sys_us_per_msg = per_msg(|s| s.user).zip(per_msg(|s| s.system));
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     Ok(Measured {
         connected: clients.len(),
@@ -186,6 +190,7 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
         latency_us: [us(0.5), us(0.99), us(0.999), hist.max() as f64 / 1000.0],
         client_cpu: cpu.as_secs_f64() / start.elapsed().as_secs_f64(),
         server_cpu_us_per_msg,
+        server_user_sys_us_per_msg,
         server_rss_kib: server_after.map(|s| s.rss_kib),
     })
 }

@@ -67,6 +67,10 @@ pub struct LoadRow {
     pub client_cpu: Spread,
     /// Server CPU µs per message, when the server's PID was known.
     pub server_cpu_us_per_msg: Option<Spread>,
+    /// Its user part (the server's own code), µs per message.
+    pub server_user_us_per_msg: Option<Spread>,
+    /// Its system part (the kernel), µs per message.
+    pub server_sys_us_per_msg: Option<Spread>,
     /// Largest server RSS seen at the end of a run, KiB.
     pub server_rss_kib: Option<u64>,
 }
@@ -81,6 +85,8 @@ impl LoadRow {
     ) -> Self {
         let spread = |f: fn(&Measured) -> f64| Spread::of(runs.iter().map(f));
         let server_cpu = runs.iter().filter_map(|r| r.server_cpu_us_per_msg).collect::<Vec<_>>();
+        let user_sys = runs.iter().filter_map(|r| r.server_user_sys_us_per_msg);
+        let (user, sys): (Vec<f64>, Vec<f64>) = user_sys.unzip();
         Self {
             experiment: experiment.into(),
             server: server.into(),
@@ -94,6 +100,8 @@ impl LoadRow {
             p999_us: spread(|r| r.latency_us[2]),
             client_cpu: spread(|r| r.client_cpu),
             server_cpu_us_per_msg: (!server_cpu.is_empty()).then(|| Spread::of(server_cpu)),
+            server_user_us_per_msg: (!user.is_empty()).then(|| Spread::of(user)),
+            server_sys_us_per_msg: (!sys.is_empty()).then(|| Spread::of(sys)),
             server_rss_kib: runs.iter().filter_map(|r| r.server_rss_kib).max(),
             runs,
         }
@@ -201,21 +209,21 @@ impl Report {
             let baselines: Vec<&str> =
                 BASELINES.into_iter().filter(|b| rows.iter().any(|r| r.server == *b)).collect();
             let _ = writeln!(s, "\n### {experiment} (median of runs, [min–max])\n");
-            s.push_str("| server | clients | in flight | size B | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | server CPU µs/msg | server RSS KiB | client CPU |");
+            s.push_str("| server | clients | in flight | size B | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | server CPU µs/msg | user µs/msg | sys µs/msg | server RSS KiB | client CPU |");
             for b in &baselines {
                 let _ = write!(s, " × {b} |");
             }
             s.push_str(" sent/received/failed, all runs |\n|");
-            for _ in 0..(13 + baselines.len()) {
+            for _ in 0..(15 + baselines.len()) {
                 s.push_str("---|");
             }
             s.push('\n');
             for r in &rows {
-                let cpu = r.server_cpu_us_per_msg.map_or("–".into(), |c| spread(c, 2, 1.0));
+                let cpu = |c: Option<Spread>| c.map_or("–".into(), |c| spread(c, 3, 1.0));
                 let rss = r.server_rss_kib.map_or("–".into(), |v| v.to_string());
                 let _ = write!(
                     s,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} % |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} % |",
                     r.server,
                     r.clients,
                     r.in_flight,
@@ -225,7 +233,9 @@ impl Report {
                     spread(r.p50_us, 0, 1.0),
                     spread(r.p99_us, 0, 1.0),
                     spread(r.p999_us, 0, 1.0),
-                    cpu,
+                    cpu(r.server_cpu_us_per_msg),
+                    cpu(r.server_user_us_per_msg),
+                    cpu(r.server_sys_us_per_msg),
                     rss,
                     r.client_cpu.median * 100.0,
                 );
@@ -236,11 +246,15 @@ impl Report {
                     });
                     match base {
                         Some(o) if o.msgs_per_sec.median > 0.0 => {
-                            let _ = write!(
-                                s,
-                                " {:.2} |",
-                                r.msgs_per_sec.median / o.msgs_per_sec.median
-                            );
+                            let _ = write!(s, " {:.2}", r.msgs_per_sec.median / o.msgs_per_sec.median);
+                            // Server CPU per message against the baseline's, same run.
+                            if let (Some(a), Some(b)) =
+                                (r.server_cpu_us_per_msg, o.server_cpu_us_per_msg)
+                                && b.median > 0.0
+                            {
+                                let _ = write!(s, " (CPU {:.2})", a.median / b.median);
+                            }
+                            s.push_str(" |");
                         }
                         _ => s.push_str(" – |"),
                     }
@@ -462,13 +476,13 @@ impl Report {
     /// One CSV line per load run (every repeat, not only the medians).
     pub fn csv(&self) -> String {
         let mut s = String::from(
-            "experiment,server,clients,in_flight,size,run,sent,received,failed,seconds,msgs_per_sec,mib_per_sec,p50_us,p99_us,p999_us,max_us,client_cpu,server_cpu_us_per_msg,server_rss_kib\n",
+            "experiment,server,clients,in_flight,size,run,sent,received,failed,seconds,msgs_per_sec,mib_per_sec,p50_us,p99_us,p999_us,max_us,client_cpu,server_cpu_us_per_msg,server_user_us_per_msg,server_sys_us_per_msg,server_rss_kib\n",
         );
         for r in &self.loads {
             for (i, m) in r.runs.iter().enumerate() {
                 let _ = writeln!(
                     s,
-                    "{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{:.1},{:.1},{:.1},{:.1},{:.3},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{:.1},{:.1},{:.1},{:.1},{:.3},{},{},{},{}",
                     r.experiment,
                     r.server,
                     r.clients,
@@ -487,6 +501,8 @@ impl Report {
                     m.latency_us[3],
                     m.client_cpu,
                     m.server_cpu_us_per_msg.map_or(String::new(), |v| format!("{v:.3}")),
+                    m.server_user_sys_us_per_msg.map_or(String::new(), |v| format!("{:.3}", v.0)),
+                    m.server_user_sys_us_per_msg.map_or(String::new(), |v| format!("{:.3}", v.1)),
                     m.server_rss_kib.map_or(String::new(), |v| v.to_string()),
                 );
             }

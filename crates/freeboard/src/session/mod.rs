@@ -30,6 +30,8 @@ use freeboard_proto::{CloseCode, Connection, Event, Instant, MessageKind, State,
 
 use crate::parking::{ParkingLot, Ws};
 
+#[doc(hidden)]
+pub mod bench;
 mod framing;
 mod inbound;
 mod share;

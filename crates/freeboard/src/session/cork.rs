@@ -1,0 +1,93 @@
+//! The loop's cork: the replies of the connection being read, framed back to back into one
+//! buffer while its send queue is empty, and written with one `write` when the read is done.
+//! Only what the socket does not take goes into the queue's pool chunks (spilled), one message
+//! at a time, so the drop policies still see whole messages there.
+
+use freeboard_buf::{Pool, SendQueue};
+
+/// Messages a cork holds at most: each may need a pool slot if it is spilled.
+pub(crate) const CORK_MESSAGES: usize = 256;
+
+/// One loop's cork (see the [module docs](self)). Its buffer is drawn from the loop's budget.
+pub(crate) struct Cork {
+    bytes: Box<[u8]>,
+    /// Invariant: `len <= bytes.len()`.
+    len: usize,
+    /// Where each message starts in `bytes`, in order.
+    ///
+    /// Invariant: `starts[..messages]` is increasing, its first element is 0 when
+    /// `messages > 0`, and `messages == 0` iff `len == 0`.
+    starts: [u32; CORK_MESSAGES],
+    messages: usize,
+}
+
+impl Cork {
+    /// A cork of `capacity` bytes (at most 4 GiB).
+    pub(crate) fn new(capacity: usize) -> Self {
+        let capacity = capacity.min(u32::MAX as usize);
+        Self { bytes: vec![0; capacity].into_boxed_slice(), len: 0, starts: [0; CORK_MESSAGES], messages: 0 }
+    }
+
+    /// Bytes held.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is held.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether a message of `bytes` fits after what is held.
+    #[inline]
+    pub(crate) fn has_room(&self, bytes: usize) -> bool {
+        self.messages < CORK_MESSAGES && bytes <= self.bytes.len() - self.len
+    }
+
+    /// Appends one message of `header` and `payload`. The caller checked
+    /// [`has_room`](Self::has_room).
+    #[inline]
+    pub(crate) fn push(&mut self, header: &[u8], payload: &[u8]) {
+        let at = self.len;
+        let mid = at + header.len();
+        let end = mid + payload.len();
+        self.bytes[at..mid].copy_from_slice(header);
+        self.bytes[mid..end].copy_from_slice(payload);
+        self.starts[self.messages] = at as u32;
+        self.messages += 1;
+        self.len = end;
+    }
+
+    /// The bytes to write.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    /// After a write that took `written` bytes (or none, before the queue takes more): moves
+    /// every message not wholly written into `queue`, the one the socket took a part of in
+    /// flight (its rest leaves next; no policy may drop it), and empties the cork. `Err` when
+    /// the pool cannot hold them: the stream would be torn, so the connection must end.
+    pub(crate) fn spill(
+        &mut self,
+        queue: &mut SendQueue,
+        pool: &mut Pool<'static>,
+        written: usize,
+    ) -> Result<(), freeboard_buf::Limit> {
+        debug_assert!(written <= self.len && queue.is_empty());
+        let (bytes, starts) = (&self.bytes[..self.len], &self.starts[..self.messages]);
+        self.len = 0;
+        self.messages = 0;
+        if written == bytes.len() {
+            return Ok(());
+        }
+        // The first message not wholly written: the last start at or before `written`.
+        let first = starts.partition_point(|&s| s as usize <= written) - 1;
+        let from = starts[first] as usize;
+        for (i, &start) in starts.iter().enumerate().skip(first) {
+            let end = starts.get(i + 1).map_or(bytes.len(), |&e| e as usize);
+            queue.push_accepted(pool, &bytes[start as usize..end])?;
+        }
+        let _ = queue.consume(pool, written - from);
+        Ok(())
+    }
+}
