@@ -211,8 +211,9 @@ impl SendQueue {
     /// Queues one message that was accepted earlier under the watermarks and the policy and
     /// waited outside the queue (a driver's cork: replies framed into one buffer while the
     /// queue was empty, of which the socket did not take all). No policy is applied again; the
-    /// message is droppable like any other until its first byte is consumed. Fails with
-    /// [`Limit::Pool`] when the pool cannot store it; nothing is queued then.
+    /// message is droppable like any other until its first byte is consumed. Returns the
+    /// watermark crossing it caused; fails with [`Limit::Pool`] when the pool cannot store it
+    /// (nothing is queued then).
     ///
     /// ```
     /// use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue};
@@ -223,14 +224,16 @@ impl SendQueue {
     /// assert_eq!((queue.len(), queue.messages()), (4, 1));
     /// let _ = queue.clear(&mut pool);
     /// ```
-    pub fn push_accepted(&mut self, pool: &mut Pool<'_>, bytes: &[u8]) -> Result<(), Limit> {
+    pub fn push_accepted(
+        &mut self,
+        pool: &mut Pool<'_>,
+        bytes: &[u8],
+    ) -> Result<Option<Writability>, Limit> {
         if !bytes.is_empty() {
             self.store(pool, false, |chain, pool| chain.copy_in(pool, bytes, true))
                 .map_err(|_| Limit::Pool)?;
         }
-        // NOTE: the caller accepted these bytes at or under the high watermark.
-        let _ = self.watermarks.observe(self.len());
-        Ok(())
+        Ok(self.watermarks.observe(self.len()))
     }
 
     /// Queues the bytes that open the stream (an HTTP `101 Switching Protocols` response)

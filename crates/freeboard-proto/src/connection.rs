@@ -397,6 +397,12 @@ impl Connection {
         Some(Event::Closed { code: record.code, reason, clean: record.clean })
     }
 
+    /// Whether [`poll_transmit`](Self::poll_transmit) has a control frame to give (a pong, a
+    /// keep-alive ping, a close).
+    pub fn wants_transmit(&self) -> bool {
+        self.owed.is_some() || self.ping_due
+    }
+
     /// Writes the next control frame the connection owes (a pong, a keep-alive ping, a close)
     /// into `out` and returns its length, or `None` when nothing is owed.
     ///

@@ -409,7 +409,8 @@ impl ServerConfig {
             return Err(ConfigError::PendingUpgrades);
         }
         let per_loop = self.memory / self.threads;
-        let mut needed = self.read_buffer + 16 * self.chunk_size;
+        // The read buffer and the cork beside it, and a few chunks.
+        let mut needed = 2 * self.read_buffer + 16 * self.chunk_size;
         if let Some(tls) = &self.tls {
             if tls.state_share < 2 {
                 return Err(ConfigError::TlsStateShare(tls.state_share));

@@ -204,6 +204,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                     masks: Some(&mut self.masks),
                     limits: &Reassembly::CLIENT,
                     share: &self.share,
+                    cork: None,
                     now,
                 },
             }),
@@ -304,6 +305,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                             masks: Some(&mut self.masks),
                             limits: &Reassembly::CLIENT,
                             share: &self.share,
+                            cork: None,
                             now: core_now,
                         };
                         open.session.handle_timeout(&mut cx);
@@ -468,6 +470,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                         masks: Some(&mut self.masks),
                         limits: &Reassembly::CLIENT,
                         share: &self.share,
+                        cork: None,
                         now: Instant::from_millis(self.start.elapsed().as_millis() as u64),
                     };
                     open.session.handle_eof(&mut cx);
@@ -597,6 +600,7 @@ impl Parts<'_> {
             masks: Some(self.masks),
             limits: &Reassembly::CLIENT,
             share: self.share,
+            cork: None,
             now: self.now,
         }
     }

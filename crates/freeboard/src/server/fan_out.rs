@@ -89,6 +89,7 @@ impl<T: Transport> EventLoop<T> {
                 masks: None,
                 limits: &self.limits,
                 share: &self.share,
+                cork: None,
                 now,
             };
             let Some(outcome) = entry.session.send_frame(&mut cx, frame) else { continue };

@@ -7,7 +7,7 @@ use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue, Watermarks};
 use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{Instant, Role};
 
-use super::{Context, Reassembly, Received, Session, Share};
+use super::{Context, Cork, Reassembly, Received, Session, Share};
 use crate::ServerConfig;
 use crate::parking::{ParkingLot, Ws};
 
@@ -18,6 +18,7 @@ pub struct EchoSession {
     lot: ParkingLot,
     limits: Reassembly,
     share: Share,
+    cork: Cork,
     /// `messages` masked binary frames of `size` bytes, as a client sends them.
     input: Vec<u8>,
     /// The loop's read buffer: `input` is copied in (as the kernel would) and unmasked there.
@@ -61,6 +62,7 @@ impl EchoSession {
         Self {
             session: Session::open(ws, queue),
             share: Share::new(&pool, 1),
+            cork: Cork::new(config.read_buffer),
             pool,
             lot: ParkingLot::new(protocol),
             limits: Reassembly::server(config.connection_reserve),
@@ -76,35 +78,55 @@ impl EchoSession {
         self.messages
     }
 
-    /// One read: every frame parsed, unmasked and echoed, then one write of the replies.
-    /// Returns the bytes written.
+    /// One read: every frame parsed, unmasked and echoed into the cork, then the cork written
+    /// (half a cork at a time, as the loop does). Returns the bytes written.
     pub fn round(&mut self) -> usize {
         self.read.copy_from_slice(&self.input);
-        let mut cx = Context {
-            pool: &mut self.pool,
-            lot: &mut self.lot,
-            masks: None,
-            limits: &self.limits,
-            share: &self.share,
-            now: Instant::default(),
-        };
+        self.socket.clear();
         let mut at = 0;
         while at < self.read.len() {
+            let mut cx = Context {
+                pool: &mut self.pool,
+                lot: &mut self.lot,
+                masks: None,
+                limits: &self.limits,
+                share: &self.share,
+                cork: Some(&mut self.cork),
+                now: Instant::default(),
+            };
             let (used, received) = self.session.receive(&mut cx, &mut self.read[at..]);
             at += used;
             if let Some(Received::Whole(kind, data)) = received {
                 let _ = self.session.send(&mut cx, kind, data);
             }
+            if self.cork.is_half_full() {
+                self.write();
+            }
         }
-        self.socket.clear();
+        self.write();
+        // What the cork spilled (nothing, with a socket that takes everything).
         let mut iov = [std::io::IoSlice::new(&[]); 256];
-        let n = self.session.io_slices(cx.pool, &mut iov);
+        let n = self.session.io_slices(&self.pool, &mut iov);
+        let queued: usize = iov[..n].iter().map(|s| s.len()).sum();
         for slice in &iov[..n] {
             self.socket.extend_from_slice(slice);
         }
-        let written = self.socket.len();
-        self.session.consume(cx.pool, written);
-        self.session.park(cx.lot);
-        written
+        self.session.consume(&mut self.pool, queued);
+        self.session.park(&mut self.lot);
+        self.socket.len()
+    }
+
+    /// Writes the cork into the socket, which takes everything.
+    fn write(&mut self) {
+        self.socket.extend_from_slice(self.cork.bytes());
+        let written = Ok(self.cork.len());
+        // NOTE: a socket that takes everything leaves nothing to spill.
+        let _ = self.session.corked_written(&mut self.cork, &mut self.pool, written);
+    }
+}
+
+impl std::fmt::Debug for EchoSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EchoSession").field("messages", &self.messages).finish_non_exhaustive()
     }
 }

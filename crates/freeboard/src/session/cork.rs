@@ -3,7 +3,7 @@
 //! Only what the socket does not take goes into the queue's pool chunks (spilled), one message
 //! at a time, so the drop policies still see whole messages there.
 
-use freeboard_buf::{Pool, SendQueue};
+use freeboard_buf::{Limit, Pool, SendQueue, Writability};
 
 /// Messages a cork holds at most: each may need a pool slot if it is spilled.
 pub(crate) const CORK_MESSAGES: usize = 256;
@@ -25,7 +25,8 @@ impl Cork {
     /// A cork of `capacity` bytes (at most 4 GiB).
     pub(crate) fn new(capacity: usize) -> Self {
         let capacity = capacity.min(u32::MAX as usize);
-        Self { bytes: vec![0; capacity].into_boxed_slice(), len: 0, starts: [0; CORK_MESSAGES], messages: 0 }
+        let bytes = vec![0; capacity].into_boxed_slice();
+        Self { bytes, len: 0, starts: [0; CORK_MESSAGES], messages: 0 }
     }
 
     /// Bytes held.
@@ -36,6 +37,12 @@ impl Cork {
     /// Whether nothing is held.
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether the connection's replies should be written before more are corked: past half
+    /// the cork, the next reply might not fit.
+    pub(crate) fn is_half_full(&self) -> bool {
+        self.len > self.bytes.len() / 2 || self.messages >= CORK_MESSAGES
     }
 
     /// Whether a message of `bytes` fits after what is held.
@@ -58,6 +65,12 @@ impl Cork {
         self.len = end;
     }
 
+    /// Forgets what is held (the connection's write failed).
+    pub(crate) fn clear(&mut self) {
+        self.len = 0;
+        self.messages = 0;
+    }
+
     /// The bytes to write.
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
@@ -65,29 +78,30 @@ impl Cork {
 
     /// After a write that took `written` bytes (or none, before the queue takes more): moves
     /// every message not wholly written into `queue`, the one the socket took a part of in
-    /// flight (its rest leaves next; no policy may drop it), and empties the cork. `Err` when
-    /// the pool cannot hold them: the stream would be torn, so the connection must end.
+    /// flight (its rest leaves next; no policy may drop it), and empties the cork. Returns the
+    /// last watermark crossing; `Err` when the pool cannot hold them: the stream would be
+    /// torn, so the connection must end.
     pub(crate) fn spill(
         &mut self,
         queue: &mut SendQueue,
         pool: &mut Pool<'static>,
         written: usize,
-    ) -> Result<(), freeboard_buf::Limit> {
+    ) -> Result<Option<Writability>, Limit> {
         debug_assert!(written <= self.len && queue.is_empty());
         let (bytes, starts) = (&self.bytes[..self.len], &self.starts[..self.messages]);
         self.len = 0;
         self.messages = 0;
-        if written == bytes.len() {
-            return Ok(());
+        if written >= bytes.len() {
+            return Ok(None);
         }
         // The first message not wholly written: the last start at or before `written`.
         let first = starts.partition_point(|&s| s as usize <= written) - 1;
         let from = starts[first] as usize;
+        let mut change = None;
         for (i, &start) in starts.iter().enumerate().skip(first) {
             let end = starts.get(i + 1).map_or(bytes.len(), |&e| e as usize);
-            queue.push_accepted(pool, &bytes[start as usize..end])?;
+            change = queue.push_accepted(pool, &bytes[start as usize..end])?.or(change);
         }
-        let _ = queue.consume(pool, written - from);
-        Ok(())
+        Ok(queue.consume(pool, written - from).or(change))
     }
 }

@@ -32,12 +32,14 @@ use crate::parking::{ParkingLot, Ws};
 
 #[doc(hidden)]
 pub mod bench;
+mod cork;
 mod framing;
 mod inbound;
 mod share;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use cork::Cork;
 pub(crate) use framing::{MaskSource, frame_header, queue_control, truncate};
 pub(crate) use inbound::{Assembly, Reassembler, Reassembly, Received};
 pub(crate) use share::Share;
@@ -96,6 +98,9 @@ pub(crate) struct Context<'a> {
     pub(crate) limits: &'a Reassembly,
     /// What this connection may take from the pool while it is contended.
     pub(crate) share: &'a Share,
+    /// The driver's cork, lent while it reads this connection: replies go there while the
+    /// queue is empty, and the driver writes it when the read is done ([`Session::write_cork`]).
+    pub(crate) cork: Option<&'a mut Cork>,
     pub(crate) now: Instant,
 }
 
@@ -361,7 +366,23 @@ impl Session {
         let ws = cx.lot.wake(&mut open.ws);
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
         let (header, n) = frame_header(ws, kind, data.len(), mask).ok()?;
-        Some(self.push(cx, n + data.len(), |queue, pool| match mask {
+        let bytes = n + data.len();
+        if let Some(cork) = cx.cork.as_deref_mut() {
+            // The common case: the queue is empty, so the reply joins the cork (under the
+            // queue's cap, so that what the socket does not take fits the queue); nothing is
+            // decided per message but room.
+            let corked = cork.len() + bytes;
+            if self.queue.is_empty()
+                && corked <= self.queue.watermarks().cap()
+                && cork.has_room(bytes)
+                && cx.share.judge(cx.pool, &self.queue, corked) == Verdict::Fits
+            {
+                cork.push(&header[..n], data);
+                return Some(PushOutcome::Queued);
+            }
+            self.spill_cork(cx);
+        }
+        Some(self.push(cx, bytes, |queue, pool| match mask {
             None => queue.push_message(pool, &[&header[..n], data]),
             Some(mask) => queue.push_message_with(pool, &header[..n], data, |dst, src, offset| {
                 dst.copy_from_slice(src);
@@ -380,6 +401,7 @@ impl Session {
             Phase::Open(open) if open.ws.state() == State::Open => {}
             _ => return None,
         }
+        self.spill_cork(cx);
         Some(self.push(cx, frame.len(), |queue, pool| queue.push_frame(pool, frame)))
     }
 
@@ -477,6 +499,26 @@ impl Session {
     fn queue_control(&mut self, cx: &mut Context<'_>) {
         let Phase::Open(open) = &mut self.phase else { return };
         let Some(ws) = open.ws.awake() else { return };
+        if !ws.wants_transmit() {
+            return;
+        }
+        if let Some(cork) = cx.cork.as_deref_mut()
+            && !cork.is_empty()
+        {
+            match cork.spill(&mut self.queue, cx.pool, 0) {
+                Ok(change) => {
+                    if let Some(change) = change {
+                        open.change = Some(change);
+                        open.paused = change == Writability::NotWritable;
+                    }
+                }
+                Err(_) => {
+                    // The replies already promised cannot be kept: the connection is over.
+                    ws.handle_eof();
+                    return;
+                }
+            }
+        }
         match queue_control(ws, &mut self.queue, cx.pool, cx.masks.as_deref_mut()) {
             Ok(change) => self.note(change),
             // No room even past the cap: the peer is not reading, the connection is over.
@@ -493,9 +535,53 @@ impl Session {
         self.queue.io_slices(pool, out)
     }
 
-    /// Bytes queued and not yet written (`bufferedAmount`).
+    /// Bytes queued and not yet written (`bufferedAmount`), the corked ones not included.
     pub(crate) fn buffered(&self) -> usize {
         self.queue.len()
+    }
+
+    /// After the driver wrote what `cork` holds for this session (one call, `written`): moves
+    /// what the socket did not take into the queue and empties the cork. `Err` when the write
+    /// failed, or when the pool cannot hold the rest (the stream would be torn): the
+    /// connection is over.
+    pub(crate) fn corked_written(
+        &mut self,
+        cork: &mut Cork,
+        pool: &mut Pool<'static>,
+        written: std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        let written = match written {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            Err(e) => {
+                cork.clear();
+                return Err(e);
+            }
+        };
+        match cork.spill(&mut self.queue, pool, written) {
+            Ok(change) => {
+                self.note(change);
+                Ok(written)
+            }
+            Err(_) => Err(std::io::Error::other("pool exhausted spilling the cork")),
+        }
+    }
+
+    /// Moves what the cork holds into the queue before anything else is queued after it.
+    fn spill_cork(&mut self, cx: &mut Context<'_>) {
+        let Some(cork) = cx.cork.as_deref_mut() else { return };
+        if cork.is_empty() {
+            return;
+        }
+        match cork.spill(&mut self.queue, cx.pool, 0) {
+            Ok(change) => self.note(change),
+            Err(_) => {
+                if let Phase::Open(open) = &mut self.phase {
+                    // The replies already promised cannot be kept: the connection is over.
+                    cx.lot.wake(&mut open.ws).handle_eof();
+                }
+            }
+        }
     }
 
     /// Releases `n` written bytes.

@@ -56,6 +56,7 @@ impl End {
             masks: self.masks.as_mut(),
             limits: &self.limits,
             share: &self.share,
+            cork: None,
             now,
         };
         (&mut self.session, cx)

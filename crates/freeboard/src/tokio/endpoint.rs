@@ -225,6 +225,7 @@ impl Hub {
             masks: if role == Role::Client { Some(&mut self.masks) } else { None },
             limits,
             share: &self.share,
+            cork: None,
             now,
         }
     }
