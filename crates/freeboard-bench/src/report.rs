@@ -246,7 +246,8 @@ impl Report {
                     });
                     match base {
                         Some(o) if o.msgs_per_sec.median > 0.0 => {
-                            let _ = write!(s, " {:.2}", r.msgs_per_sec.median / o.msgs_per_sec.median);
+                            let _ =
+                                write!(s, " {:.2}", r.msgs_per_sec.median / o.msgs_per_sec.median);
                             // Server CPU per message against the baseline's, same run.
                             if let (Some(a), Some(b)) =
                                 (r.server_cpu_us_per_msg, o.server_cpu_us_per_msg)

@@ -99,7 +99,7 @@ impl EchoSession {
             if let Some(Received::Whole(kind, data)) = received {
                 let _ = self.session.send(&mut cx, kind, data);
             }
-            if self.cork.is_half_full() {
+            if self.session.cork_is_half_full(&self.cork) {
                 self.write();
             }
         }

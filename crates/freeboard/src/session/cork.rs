@@ -4,6 +4,7 @@
 //! at a time, so the drop policies still see whole messages there.
 
 use freeboard_buf::{Limit, Pool, SendQueue, Writability};
+use freeboard_proto::frame::MAX_HEADER_LEN;
 
 /// Messages a cork holds at most: each may need a pool slot if it is spilled.
 pub(crate) const CORK_MESSAGES: usize = 256;
@@ -39,10 +40,10 @@ impl Cork {
         self.len == 0
     }
 
-    /// Whether the connection's replies should be written before more are corked: past half
-    /// the cork, the next reply might not fit.
-    pub(crate) fn is_half_full(&self) -> bool {
-        self.len > self.bytes.len() / 2 || self.messages >= CORK_MESSAGES
+    /// Whether the replies held should be written before more are corked: past half the
+    /// cork or half the connection's `high` watermark, the next reply might not fit.
+    pub(crate) fn is_half_full(&self, high: usize) -> bool {
+        self.len > self.bytes.len().min(high) / 2 || self.messages >= CORK_MESSAGES
     }
 
     /// Whether a message of `bytes` fits after what is held.
@@ -51,14 +52,15 @@ impl Cork {
         self.messages < CORK_MESSAGES && bytes <= self.bytes.len() - self.len
     }
 
-    /// Appends one message of `header` and `payload`. The caller checked
-    /// [`has_room`](Self::has_room).
+    /// Appends one message: the first `n` bytes of `header`, then `payload`. The caller
+    /// checked [`has_room`](Self::has_room) for the whole header array and the payload.
     #[inline]
-    pub(crate) fn push(&mut self, header: &[u8], payload: &[u8]) {
+    pub(crate) fn push(&mut self, header: &[u8; MAX_HEADER_LEN], n: usize, payload: &[u8]) {
         let at = self.len;
-        let mid = at + header.len();
+        // The whole array, a fixed-size copy; the payload overwrites what is past the header.
+        self.bytes[at..at + MAX_HEADER_LEN].copy_from_slice(header);
+        let mid = at + n;
         let end = mid + payload.len();
-        self.bytes[at..mid].copy_from_slice(header);
         self.bytes[mid..end].copy_from_slice(payload);
         self.starts[self.messages] = at as u32;
         self.messages += 1;

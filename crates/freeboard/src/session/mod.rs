@@ -25,6 +25,7 @@ use freeboard_buf::{
     ChunkChain, Frame, Limit, Pool, PushOutcome, Pushed, SendQueue, SlowConsumerPolicy, Writability,
 };
 use freeboard_proto::close::MAX_REASON_LEN;
+use freeboard_proto::frame::MAX_HEADER_LEN;
 use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{CloseCode, Connection, Event, Instant, MessageKind, State, UsageError};
 
@@ -368,16 +369,17 @@ impl Session {
         let (header, n) = frame_header(ws, kind, data.len(), mask).ok()?;
         let bytes = n + data.len();
         if let Some(cork) = cx.cork.as_deref_mut() {
-            // The common case: the queue is empty, so the reply joins the cork (under the
-            // queue's cap, so that what the socket does not take fits the queue); nothing is
-            // decided per message but room.
+            // The common case: the queue is empty, so the reply joins the cork, which stays
+            // at or under the high watermark (corked bytes count as buffered: a producer hears
+            // `QueuedAboveHigh` exactly as without a cork); nothing is decided per message
+            // but room.
             let corked = cork.len() + bytes;
             if self.queue.is_empty()
-                && corked <= self.queue.watermarks().cap()
-                && cork.has_room(bytes)
+                && corked <= self.queue.watermarks().high()
+                && cork.has_room(MAX_HEADER_LEN + data.len())
                 && cx.share.judge(cx.pool, &self.queue, corked) == Verdict::Fits
             {
-                cork.push(&header[..n], data);
+                cork.push(&header, n, data);
                 return Some(PushOutcome::Queued);
             }
             self.spill_cork(cx);
@@ -565,6 +567,12 @@ impl Session {
             }
             Err(_) => Err(std::io::Error::other("pool exhausted spilling the cork")),
         }
+    }
+
+    /// Whether the driver should write `cork` before this session reads on: past half of
+    /// the cork or of the high watermark, the next reply might not fit.
+    pub(crate) fn cork_is_half_full(&self, cork: &Cork) -> bool {
+        cork.is_half_full(self.queue.watermarks().high())
     }
 
     /// Moves what the cork holds into the queue before anything else is queued after it.
