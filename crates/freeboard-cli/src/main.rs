@@ -135,7 +135,8 @@ struct ServeArgs {
     /// Pool chunk size [default: 4K].
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     chunk_size: Option<usize>,
-    /// Per-loop shared read buffer [default: 64K].
+    /// Per-loop shared read buffer, and the cork beside it that replies are framed into, each
+    /// this large, from the budget [default: 64K].
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     read_buffer: Option<usize>,
     /// Publish what clients send on a /topic/NAME connection to NAME (otherwise such a

@@ -30,7 +30,9 @@ pub struct ServerConfig {
     pub memory: usize,
     /// Pool chunk size in bytes. Default 4096.
     pub chunk_size: usize,
-    /// Per-loop shared read buffer in bytes, at least 16 KiB. Default 64 KiB.
+    /// Per-loop shared read buffer in bytes, at least 16 KiB. Default 64 KiB. Each loop also
+    /// keeps a cork of this size (the replies to one read, written at once); both come out of
+    /// the loop's share of `memory`.
     pub read_buffer: usize,
     /// Largest message accepted (all its frames together); beyond it the connection is closed
     /// with 1009. Default 16 MiB.

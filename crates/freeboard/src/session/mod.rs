@@ -13,7 +13,9 @@
 //!    [`take_message`](Session::take_message));
 //! 2. [`poll_close`](Session::poll_close) after input, a timeout or a failed write, to report
 //!    the close once;
-//! 3. [`io_slices`](Session::io_slices) and [`consume`](Session::consume) to write;
+//! 3. with a [`Cork`] lent in the [`Context`], write what it holds once the read is parsed and
+//!    report the count with [`corked_written`](Session::corked_written); then
+//!    [`io_slices`](Session::io_slices) and [`consume`](Session::consume) to write the queue;
 //!    [`take_writability`](Session::take_writability) to report watermark crossings;
 //! 4. [`poll_timeout`](Session::poll_timeout) for the next deadline,
 //!    [`handle_timeout`](Session::handle_timeout) when it passes.
@@ -355,8 +357,9 @@ impl Session {
         matches!(&self.phase, Phase::Open(open) if open.close_reported)
     }
 
-    /// Queues one data message, framed (and masked, for a client) on its way into the pool
-    /// chunks. `None` if the connection is not open; `MustClose` has closed it with 1008.
+    /// Queues one data message, framed (and masked, for a client) on its way into the cork
+    /// (while the queue is empty) or the pool chunks. `None` if the connection is not open;
+    /// `MustClose` has closed it with 1008.
     pub(crate) fn send(
         &mut self,
         cx: &mut Context<'_>,
