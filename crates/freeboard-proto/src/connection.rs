@@ -242,6 +242,7 @@ impl Connection {
     }
 
     /// Where the close handshake stands.
+    #[inline]
     pub fn state(&self) -> State {
         self.state
     }
@@ -399,6 +400,7 @@ impl Connection {
 
     /// Whether [`poll_transmit`](Self::poll_transmit) has a control frame to give (a pong, a
     /// keep-alive ping, a close).
+    #[inline]
     pub fn wants_transmit(&self) -> bool {
         self.owed.is_some() || self.ping_due
     }
@@ -434,6 +436,7 @@ impl Connection {
     ///
     /// `opcode` is `Text` or `Binary` for a message's first frame, `Continuation` for the
     /// others; `fin` ends the message.
+    #[inline]
     pub fn send_header(
         &mut self,
         opcode: OpCode,
@@ -508,6 +511,7 @@ impl Connection {
     }
 
     /// Checks that a data frame may be sent now and returns the message in progress after it.
+    #[inline]
     fn next_tx_message(
         &self,
         opcode: OpCode,
@@ -529,6 +533,7 @@ impl Connection {
         Ok(if fin { None } else { Some(kind) })
     }
 
+    #[inline]
     fn check_mask(&self, mask: Option<[u8; 4]>) -> Result<(), UsageError> {
         match (self.role, mask) {
             (Role::Client, Some(_)) | (Role::Server, None) => Ok(()),
