@@ -51,8 +51,8 @@ pub fn charts(report: &Report) -> Vec<Chart> {
     charts.push(Chart {
         file: "latency_by_payload.svg",
         title: "echo: round-trip latency by payload (median of runs)".into(),
-        x: "payload bytes",
-        y: "µs",
+        x: "payload (bytes)",
+        y: "round-trip latency (µs)",
         log_x: true,
         series: lines(latency),
     });
@@ -65,8 +65,8 @@ pub fn charts(report: &Report) -> Vec<Chart> {
     charts.push(Chart {
         file: "msgs_by_clients.svg",
         title: "echo and pipeline: messages per second by clients".into(),
-        x: "clients",
-        y: "msg/s",
+        x: "clients (connections)",
+        y: "messages per second (msg/s)",
         log_x: true,
         series: lines(rate),
     });
@@ -85,8 +85,8 @@ pub fn charts(report: &Report) -> Vec<Chart> {
     charts.push(Chart {
         file: "rss_by_connections.svg",
         title: "connections: server RSS with N idle connections open".into(),
-        x: "connections",
-        y: "RSS KiB",
+        x: "idle connections (count)",
+        y: "server RSS (KiB)",
         log_x: true,
         series: rss,
     });
@@ -104,8 +104,8 @@ pub fn charts(report: &Report) -> Vec<Chart> {
                 "buffers (simulated): fragmentation index over time, {} KiB budget",
                 w.budget >> 10
             ),
-            x: "simulated hours",
-            y: "1 − largest free / total free",
+            x: "simulated time (hours)",
+            y: "fragmentation: 1 − largest free / total free (ratio)",
             log_x: false,
             series: fragmentation,
         });
@@ -127,8 +127,8 @@ pub fn charts(report: &Report) -> Vec<Chart> {
     charts.push(Chart {
         file: "fps_by_buffer_size.svg",
         title: "buffers: delivered FPS per client by buffer (chunk) size".into(),
-        x: "buffer / chunk KiB",
-        y: "FPS per client",
+        x: "buffer / chunk size (KiB)",
+        y: "delivered frames per second per client (FPS)",
         log_x: true,
         series: lines(fps),
     });
@@ -143,8 +143,8 @@ pub fn charts(report: &Report) -> Vec<Chart> {
     charts.push(Chart {
         file: "soak_fps_over_time.svg",
         title: "buffers (soak): delivered FPS per client over time".into(),
-        x: "minutes",
-        y: "FPS per client",
+        x: "time (minutes)",
+        y: "delivered frames per second per client (FPS)",
         log_x: false,
         series: soak,
     });
@@ -156,8 +156,8 @@ pub fn charts(report: &Report) -> Vec<Chart> {
     charts.push(Chart {
         file: "broadcast_by_subscribers.svg",
         title: "broadcast: deliveries per second by subscribers".into(),
-        x: "subscribers",
-        y: "deliveries/s",
+        x: "subscribers (connections)",
+        y: "deliveries per second (msg/s)",
         log_x: true,
         series: lines(fanout),
     });
@@ -169,8 +169,8 @@ pub fn charts(report: &Report) -> Vec<Chart> {
     charts.push(Chart {
         file: "watermarks.svg",
         title: "watermarks: ops/s (mean of iterations) by high watermark (low = high / 4)".into(),
-        x: "high watermark KiB",
-        y: "ops/s",
+        x: "high watermark (KiB)",
+        y: "operations per second (ops/s)",
         log_x: true,
         series: lines(marks),
     });
@@ -208,46 +208,63 @@ pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
         (x0, x1) = (x0 - 1.0, x1 + 1.0);
     }
     let y1 = if y1 <= 0.0 { 1.0 } else { y1 * 1.1 };
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    // The legend gets its own column right of the plot, so it never covers a line.
+    let root = SVGBackend::new(path, (1000, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut plot = ChartBuilder::on(&root)
-        .caption(&chart.title, ("sans-serif", 20))
+    let (plot_area, legend_area) = root.split_horizontally(760);
+    let mut plot = ChartBuilder::on(&plot_area)
+        .caption(&chart.title, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(44)
-        .y_label_area_size(70)
+        .y_label_area_size(78)
         .build_cartesian_2d(x0..x1, 0.0..y1)
         .map_err(|e| err(&e))?;
     let log_x = chart.log_x;
+    // Enough decimals that neighbouring ticks (about 10 of them) never read the same.
+    let step = (x1 - x0) / 10.0;
+    let decimals = if log_x { 0 } else { (-step.log10().floor()).clamp(0.0, 6.0) as usize };
     let x_label = move |x: &f64| {
         let v = if log_x { 2f64.powf(*x) } else { *x };
-        if v >= 100.0 || log_x { format!("{}", v.round()) } else { format!("{v:.1}") }
+        if log_x { format!("{}", v.round()) } else { format!("{v:.decimals$}") }
     };
+    let y_step = y1 / 10.0;
+    let y_decimals = (-y_step.log10().floor()).clamp(0.0, 6.0) as usize;
+    let y_label = move |y: &f64| format!("{y:.y_decimals$}");
     let mut mesh = plot.configure_mesh();
     if log_x {
         // One label per power of two: 64, 128, 256 rather than 91 and 181.
         mesh.x_labels(((x1 - x0).round() as usize + 1).clamp(2, 16));
     }
-    mesh.x_desc(chart.x).y_desc(chart.y).x_label_formatter(&x_label).draw().map_err(|e| err(&e))?;
-    for (i, series) in chart.series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        let points: Vec<(f64, f64)> = series.points.iter().map(|&(x, y)| (map_x(x), y)).collect();
-        plot.draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
-            .map_err(|e| err(&e))?
-            .label(series.name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        if points.len() <= 64 {
-            plot.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                .map_err(|e| err(&e))?;
-        }
-    }
-    plot.configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
+    mesh.x_desc(chart.x)
+        .y_desc(chart.y)
+        .x_label_formatter(&x_label)
+        .y_label_formatter(&y_label)
+        .bold_line_style(RGBColor(226, 229, 234))
+        .light_line_style(RGBColor(245, 246, 248))
         .draw()
         .map_err(|e| err(&e))?;
+    // Series that coincide (every pool line at 0) stay visible: the first drawn is the
+    // widest, each later one narrower, so the ones below show at their edges.
+    let n = chart.series.len() as u32;
+    for (i, series) in chart.series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let width = 1 + (n - 1 - i as u32).min(3);
+        let points: Vec<(f64, f64)> = series.points.iter().map(|&(x, y)| (map_x(x), y)).collect();
+        plot.draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(width)))
+            .map_err(|e| err(&e))?;
+        if points.len() <= 64 {
+            let radius = 2 + (n - 1 - i as u32).min(3) as i32;
+            plot.draw_series(points.iter().map(|&p| Circle::new(p, radius, color.filled())))
+                .map_err(|e| err(&e))?;
+        }
+        let y = 60 + 22 * i as i32;
+        legend_area
+            .draw(&PathElement::new(vec![(8, y), (32, y)], color.stroke_width(3)))
+            .map_err(|e| err(&e))?;
+        legend_area
+            .draw(&Text::new(series.name.clone(), (40, y - 7), ("sans-serif", 13)))
+            .map_err(|e| err(&e))?;
+    }
     root.present().map_err(|e| err(&e))?;
     Ok(())
 }
@@ -271,6 +288,40 @@ fn label(allocator: &str, size: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tick_labels_of_a_short_run_are_distinct() {
+        // The fragmentation chart of a few minutes: x from 0 to 0.25 hours.
+        let dir = std::env::temp_dir().join(format!("freeboard-ticks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let points = (0..=25).map(|i| (i as f64 / 100.0, 900.0)).collect();
+        let chart = Chart {
+            file: "ticks.svg",
+            title: "short".into(),
+            x: "simulated time (hours)",
+            y: "count",
+            log_x: false,
+            series: vec![
+                Series { name: "pool".into(), points },
+                Series { name: "same".into(), points: vec![(0.0, 900.0), (0.25, 900.0)] },
+            ],
+        };
+        let path = dir.join(chart.file);
+        draw(&chart, &path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        let x_labels: Vec<&str> = svg
+            .split("</text>")
+            .filter_map(|t| t.rsplit('>').next())
+            .map(str::trim)
+            .filter(|t| t.starts_with("0.") && t.parse::<f64>().is_ok())
+            .collect();
+        assert!(x_labels.len() >= 4, "{x_labels:?}");
+        let mut unique = x_labels.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), x_labels.len(), "repeated tick labels: {x_labels:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn draws_an_svg_with_its_legend() {

@@ -9,6 +9,8 @@
 //! - [`load`]: the client side — connect, handshake, keep W messages in flight per client,
 //!   record latency in an HDR histogram, count what came back.
 //! - [`connections`]: many idle connections and the server memory they cost.
+//! - [`handshakes`]: new `wss://` connections per second, full or resumed, and the server's
+//!   CPU time per handshake.
 //! - [`memory`]: RSS at rest, with idle connections, and whether it comes back after they
 //!   close and after a burst of queued messages drains — several server builds side by side.
 //! - [`process`]: the numbers a reader needs to trust a run: CPU time of both sides, RSS,
@@ -21,6 +23,7 @@ pub mod broadcast;
 pub mod buffers;
 pub mod charts;
 pub mod connections;
+pub mod handshakes;
 pub mod load;
 pub mod memory;
 pub mod peers;
@@ -29,6 +32,7 @@ pub mod report;
 pub mod slow_consumer;
 pub mod suite;
 mod target;
+pub mod threshold;
 pub mod tls;
 pub mod watermarks;
 

@@ -6,6 +6,7 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream as StdStream;
 use std::time::{Duration, Instant};
 
+use freeboard::client::ClientStream;
 use freeboard_proto::handshake::{ClientRequest, EMPTY_HEADER, Response, generate_key};
 use freeboard_proto::{CloseCode, Config, Connection, Instant as ProtoInstant, Role, State};
 use freeboard_test::{close_frame, encode_frame};
@@ -56,10 +57,12 @@ pub struct Measured {
     pub latency_us: [f64; 4],
     /// The load generator's own CPU time over wall time (1.0 = one core busy).
     pub client_cpu: f64,
-    /// Server CPU time per echoed message in microseconds, when its PID is known.
+    /// Server CPU time (user + system) per echoed message in microseconds, when its PID is
+    /// known.
     pub server_cpu_us_per_msg: Option<f64>,
-    /// Its user part (the server's own code) and its system part (the kernel), µs per message.
-    pub server_user_sys_us_per_msg: Option<(f64, f64)>,
+    /// Of that, system time.
+    #[serde(default)]
+    pub server_sys_us_per_msg: Option<f64>,
     /// Server RSS at the end of the run, KiB.
     pub server_rss_kib: Option<u64>,
 }
@@ -81,13 +84,14 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
     let mut poll = Poll::new()?;
     let mut clients = Vec::with_capacity(load.clients);
     let mut failed = 0;
+    let mut first_error = None;
     for _ in 0..load.clients {
         match open_any(target, Duration::from_secs(5), &mut rng) {
             Ok((stream, _)) => {
                 let mut stream = stream.into_nonblocking()?;
                 let token = Token(clients.len());
                 poll.registry().register(
-                    stream.tcp(),
+                    &mut stream,
                     token,
                     Interest::READABLE | Interest::WRITABLE,
                 )?;
@@ -106,8 +110,17 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
                     failed: false,
                 });
             }
-            Err(_) => failed += 1,
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(e);
+            }
         }
+    }
+    // A target that refuses us is a failed measurement, not a row of zeros.
+    if let Some(e) = first_error {
+        let why =
+            format!("{failed} of {} clients could not connect to {target}: {e}", load.clients);
+        return Err(io::Error::new(e.kind(), why));
     }
 
     let mut hist = Histogram::<u64>::new(3).map_err(io::Error::other)?;
@@ -175,8 +188,11 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
         }
         _ => None,
     };
-    let server_cpu_us_per_msg = per_msg(|s| s.cpu);
-    let server_user_sys_us_per_msg = per_msg(|s| s.user).zip(per_msg(|s| s.system));
+    if received == 0 && sent > 0 {
+        let why =
+            format!("{target}: none of the {sent} messages sent came back (not an echo server?)");
+        return Err(io::Error::other(why));
+    }
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     Ok(Measured {
         connected: clients.len(),
@@ -189,8 +205,8 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
         mib_per_sec: received as f64 * size as f64 / seconds / (1024.0 * 1024.0),
         latency_us: [us(0.5), us(0.99), us(0.999), hist.max() as f64 / 1000.0],
         client_cpu: cpu.as_secs_f64() / start.elapsed().as_secs_f64(),
-        server_cpu_us_per_msg,
-        server_user_sys_us_per_msg,
+        server_cpu_us_per_msg: per_msg(|s| s.cpu),
+        server_sys_us_per_msg: per_msg(|s| s.system),
         server_rss_kib: server_after.map(|s| s.rss_kib),
     })
 }
@@ -205,12 +221,12 @@ pub struct Opened {
 
 impl Opened {
     /// The non-blocking stream the load generator reads and writes.
-    pub fn into_nonblocking(self) -> io::Result<crate::tls::Stream> {
+    pub fn into_nonblocking(self) -> io::Result<ClientStream> {
         self.tcp.set_nonblocking(true)?;
         let tcp = mio::net::TcpStream::from_std(self.tcp);
         Ok(match self.tls {
-            Some(conn) => crate::tls::Stream::Tls(Box::new((tcp, conn))),
-            None => crate::tls::Stream::Plain(tcp),
+            Some(conn) => ClientStream::Tls(Box::new((tcp, conn))),
+            None => ClientStream::Plain(tcp),
         })
     }
 }
@@ -292,7 +308,7 @@ impl<T: Read + Write> ReadWrite for T {}
 
 /// One connection of the load generator.
 struct Client {
-    stream: crate::tls::Stream,
+    stream: ClientStream,
     /// Parses the echoes.
     rx: Connection,
     /// Frames not yet written. Invariant: `out_at <= out.len()`.

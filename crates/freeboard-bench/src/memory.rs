@@ -247,7 +247,7 @@ fn pool_fill(target: &Target) -> io::Result<(u64, u64, f64)> {
         let labels = key.strip_prefix(name).unwrap_or("").to_string();
         match name {
             "freeboard_pool_chunks_in_use" => in_use.entry(labels).or_default().0 = value,
-            "freeboard_pool_chunks_total" => in_use.entry(labels).or_default().1 = value,
+            "freeboard_pool_chunks_capacity" => in_use.entry(labels).or_default().1 = value,
             _ => {}
         }
     }

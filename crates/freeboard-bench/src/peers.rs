@@ -14,6 +14,9 @@ use crate::Target;
 pub enum Peer {
     /// `freeboard serve`, one event loop.
     Freeboard,
+    /// `freeboard serve` over plain `ws://` in a `--tls` run: the figures beside which TLS's
+    /// cost is read. Not in [`Peer::ALL`]: named with `--peers`.
+    FreeboardWs,
     /// An epoll (mio) TCP echo with no WebSocket work: the physical limit.
     RawTcp,
     /// tokio-tungstenite on a one-worker multi-thread runtime.
@@ -56,6 +59,7 @@ impl Peer {
     pub fn name(self) -> &'static str {
         match self {
             Peer::Freeboard => "freeboard",
+            Peer::FreeboardWs => "freeboard-ws",
             Peer::RawTcp => "raw-tcp-echo",
             Peer::TokioTungstenite => "tokio-tungstenite",
             Peer::Fastwebsockets => "fastwebsockets",
@@ -72,6 +76,7 @@ impl Peer {
     /// The peer called `name`.
     pub fn parse(name: &str) -> Result<Self, String> {
         let others = [
+            Peer::FreeboardWs,
             Peer::NodeWsBroadcast,
             Peer::RawTcpBroadcast,
             Peer::TokioTungsteniteRustls,
@@ -145,7 +150,7 @@ impl Peers {
             }
         };
         match peer {
-            Peer::Freeboard => return Ok(self.freeboard.clone()),
+            Peer::Freeboard | Peer::FreeboardWs => return Ok(self.freeboard.clone()),
             Peer::NodeWs | Peer::NodeWsBroadcast => {
                 std::fs::create_dir_all(&output)?;
                 for file in ["package.json", "package-lock.json", "server.js"] {
@@ -193,7 +198,8 @@ impl Peers {
     /// accepts connections.
     pub fn start(&self, peer: Peer, cpu: Option<usize>) -> io::Result<Running> {
         let tls_peer = matches!(peer, Peer::Freeboard | Peer::TokioTungsteniteRustls);
-        if self.tls.is_some() != tls_peer && peer != Peer::Freeboard {
+        let both = matches!(peer, Peer::Freeboard | Peer::FreeboardWs);
+        if self.tls.is_some() != tls_peer && !both {
             let what = if self.tls.is_some() { "does not serve TLS" } else { "serves TLS only" };
             return Err(io::Error::other(format!("{} {what}", peer.name())));
         }
@@ -208,11 +214,12 @@ impl Peers {
             _ => Command::new(&binary),
         };
         command.env("GOMAXPROCS", "1");
-        if peer == Peer::Freeboard {
+        let tls = self.tls.as_ref().filter(|_| peer != Peer::FreeboardWs);
+        if both {
             command.args(["serve", "--threads", "1", "--no-auto-ping"]);
             command.args(["--max-connections", "1000000", "--max-connections-per-ip", "1000000"]);
             command.args(&self.serve_args);
-            if let Some((cert, key)) = &self.tls {
+            if let Some((cert, key)) = tls {
                 command.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
             }
             command.arg("--listen");
@@ -234,7 +241,7 @@ impl Peers {
         let mut running = Running {
             child,
             target: Target::at(addr, "/", matches!(peer, Peer::RawTcp | Peer::RawTcpBroadcast))
-                .with_tls(self.tls.is_some()),
+                .with_tls(tls.is_some()),
             pid,
         };
         let start = Instant::now();

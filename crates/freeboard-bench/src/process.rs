@@ -23,9 +23,9 @@ pub struct Sample {
     /// User + system time of all its threads. Its resolution is one clock tick (usually
     /// 10 ms): runs must last seconds for per-message figures to mean anything.
     pub cpu: Duration,
-    /// The user part of `cpu`: the process's own code.
+    /// Of that, user time.
     pub user: Duration,
-    /// The system part of `cpu`: the kernel working for it (system calls, the TCP stack).
+    /// Of that, system time (in the kernel on its behalf: system calls, TCP).
     pub system: Duration,
     /// Resident set size in KiB (`VmRSS`).
     pub rss_kib: u64,
@@ -39,14 +39,12 @@ impl Sample {
         let rest = &stat[stat.rfind(')').ok_or_else(|| io::Error::other("bad stat"))? + 2..];
         let fields: Vec<&str> = rest.split_whitespace().collect();
         // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after `)`.
-        let ticks = |i: usize| -> io::Result<u64> {
-            let field = fields.get(i).ok_or_else(|| io::Error::other("short stat"))?;
-            Ok(field.parse().unwrap_or(0))
-        };
+        let ticks = fields.get(11..13).ok_or_else(|| io::Error::other("short stat"))?;
         // SAFETY: `sysconf` only reads a configuration value.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        let time = |ticks: u64| Duration::from_nanos(ticks * 1_000_000_000 / hz);
-        let (user, system) = (time(ticks(11)?), time(ticks(12)?));
+        let time =
+            |f: &str| Duration::from_nanos(f.parse::<u64>().unwrap_or(0) * 1_000_000_000 / hz);
+        let (user, system) = (time(ticks[0]), time(ticks[1]));
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
         let rss_kib = status
             .lines()

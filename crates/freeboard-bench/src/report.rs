@@ -39,7 +39,7 @@ impl Spread {
 }
 
 /// One load experiment (echo or pipeline) against one server, over its repeats.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LoadRow {
     /// `echo` or `pipeline`.
     pub experiment: String,
@@ -67,9 +67,8 @@ pub struct LoadRow {
     pub client_cpu: Spread,
     /// Server CPU µs per message, when the server's PID was known.
     pub server_cpu_us_per_msg: Option<Spread>,
-    /// Its user part (the server's own code), µs per message.
-    pub server_user_us_per_msg: Option<Spread>,
-    /// Its system part (the kernel), µs per message.
+    /// Of that, system time.
+    #[serde(default)]
     pub server_sys_us_per_msg: Option<Spread>,
     /// Largest server RSS seen at the end of a run, KiB.
     pub server_rss_kib: Option<u64>,
@@ -85,8 +84,7 @@ impl LoadRow {
     ) -> Self {
         let spread = |f: fn(&Measured) -> f64| Spread::of(runs.iter().map(f));
         let server_cpu = runs.iter().filter_map(|r| r.server_cpu_us_per_msg).collect::<Vec<_>>();
-        let user_sys = runs.iter().filter_map(|r| r.server_user_sys_us_per_msg);
-        let (user, sys): (Vec<f64>, Vec<f64>) = user_sys.unzip();
+        let server_sys = runs.iter().filter_map(|r| r.server_sys_us_per_msg).collect::<Vec<_>>();
         Self {
             experiment: experiment.into(),
             server: server.into(),
@@ -100,8 +98,7 @@ impl LoadRow {
             p999_us: spread(|r| r.latency_us[2]),
             client_cpu: spread(|r| r.client_cpu),
             server_cpu_us_per_msg: (!server_cpu.is_empty()).then(|| Spread::of(server_cpu)),
-            server_user_us_per_msg: (!user.is_empty()).then(|| Spread::of(user)),
-            server_sys_us_per_msg: (!sys.is_empty()).then(|| Spread::of(sys)),
+            server_sys_us_per_msg: (!server_sys.is_empty()).then(|| Spread::of(server_sys)),
             server_rss_kib: runs.iter().filter_map(|r| r.server_rss_kib).max(),
             runs,
         }
@@ -155,10 +152,48 @@ pub struct Report {
     /// One publisher to N subscribers.
     #[serde(default)]
     pub broadcasts: Vec<BroadcastRow>,
+    /// New `wss://` connections per second, full and resumed.
+    #[serde(default)]
+    pub handshakes: Vec<HandshakeRow>,
+}
+
+/// New `wss://` connections against one server with one number of clients, full or resumed
+/// handshakes, over its repeats.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandshakeRow {
+    /// The server's name.
+    pub server: String,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Whether the server spoke TLS.
+    #[serde(default = "yes")]
+    pub tls: bool,
+    /// Whether the clients resumed sessions with tickets.
+    pub resume: bool,
+    /// Every run, in order.
+    pub runs: Vec<crate::handshakes::Handshakes>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl HandshakeRow {
+    /// Handshakes per wall second.
+    pub fn per_sec(&self) -> Spread {
+        Spread::of(self.runs.iter().map(|r| r.per_sec()))
+    }
+
+    /// Handshakes per second of one server core, when its CPU time was known.
+    pub fn per_core_sec(&self) -> Option<Spread> {
+        let v: Vec<f64> = self.runs.iter().filter_map(|r| r.per_core_sec()).collect();
+        (!v.is_empty()).then(|| Spread::of(v))
+    }
 }
 
 /// The servers a load row is compared with, when they ran in the same report.
-const BASELINES: [&str; 3] = ["raw-tcp-echo", "fastwebsockets", "tokio-tungstenite"];
+const BASELINES: [&str; 4] =
+    ["raw-tcp-echo", "fastwebsockets", "tokio-tungstenite", "tokio-tungstenite-rustls"];
 
 impl Report {
     /// Adds `other`'s results to this report's (a later simulation replaces an earlier one).
@@ -169,7 +204,44 @@ impl Report {
         self.soaks.extend(other.soaks);
         self.watermarks.extend(other.watermarks);
         self.broadcasts.extend(other.broadcasts);
+        self.handshakes.extend(other.handshakes);
         self.simulation = other.simulation.or(self.simulation.take());
+    }
+
+    /// Joins the rows of the same case and server (from interleaved rounds of one run each)
+    /// into one row with all their runs, in the order they first appeared.
+    pub fn merge_repeats(&mut self) {
+        let mut loads: Vec<LoadRow> = Vec::new();
+        for row in std::mem::take(&mut self.loads) {
+            let key = |r: &LoadRow| {
+                (r.experiment.clone(), r.server.clone(), r.clients, r.in_flight, r.size)
+            };
+            match loads.iter_mut().find(|r| key(r) == key(&row)) {
+                Some(r) => {
+                    let mut runs = std::mem::take(&mut r.runs);
+                    runs.extend(row.runs);
+                    *r = LoadRow::new(
+                        &r.experiment,
+                        &r.server,
+                        (r.clients, r.in_flight, r.size),
+                        runs,
+                    );
+                }
+                None => loads.push(row),
+            }
+        }
+        self.loads = loads;
+        let mut handshakes: Vec<HandshakeRow> = Vec::new();
+        for row in std::mem::take(&mut self.handshakes) {
+            let same = |r: &&mut HandshakeRow| {
+                (&r.server, r.clients, r.resume) == (&row.server, row.clients, row.resume)
+            };
+            match handshakes.iter_mut().find(same) {
+                Some(r) => r.runs.extend(row.runs),
+                None => handshakes.push(row),
+            }
+        }
+        self.handshakes = handshakes;
     }
 
     /// The report as pretty-printed JSON.
@@ -209,21 +281,27 @@ impl Report {
             let baselines: Vec<&str> =
                 BASELINES.into_iter().filter(|b| rows.iter().any(|r| r.server == *b)).collect();
             let _ = writeln!(s, "\n### {experiment} (median of runs, [min–max])\n");
-            s.push_str("| server | clients | in flight | size B | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | server CPU µs/msg | user µs/msg | sys µs/msg | server RSS KiB | client CPU |");
+            s.push_str("| server | clients | in flight | size B | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | server CPU µs/msg | server RSS KiB | client CPU |");
             for b in &baselines {
                 let _ = write!(s, " × {b} |");
             }
             s.push_str(" sent/received/failed, all runs |\n|");
-            for _ in 0..(15 + baselines.len()) {
+            for _ in 0..(13 + baselines.len()) {
                 s.push_str("---|");
             }
             s.push('\n');
             for r in &rows {
-                let cpu = |c: Option<Spread>| c.map_or("–".into(), |c| spread(c, 3, 1.0));
+                let cpu = match (r.server_cpu_us_per_msg, r.server_sys_us_per_msg) {
+                    (None, _) => "–".into(),
+                    (Some(c), None) => spread(c, 2, 1.0),
+                    (Some(c), Some(sys)) => {
+                        format!("{} (sys {:.2})", spread(c, 2, 1.0), sys.median)
+                    }
+                };
                 let rss = r.server_rss_kib.map_or("–".into(), |v| v.to_string());
                 let _ = write!(
                     s,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} % |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} % |",
                     r.server,
                     r.clients,
                     r.in_flight,
@@ -233,9 +311,7 @@ impl Report {
                     spread(r.p50_us, 0, 1.0),
                     spread(r.p99_us, 0, 1.0),
                     spread(r.p999_us, 0, 1.0),
-                    cpu(r.server_cpu_us_per_msg),
-                    cpu(r.server_user_us_per_msg),
-                    cpu(r.server_sys_us_per_msg),
+                    cpu,
                     rss,
                     r.client_cpu.median * 100.0,
                 );
@@ -246,22 +322,50 @@ impl Report {
                     });
                     match base {
                         Some(o) if o.msgs_per_sec.median > 0.0 => {
-                            let _ =
-                                write!(s, " {:.2}", r.msgs_per_sec.median / o.msgs_per_sec.median);
-                            // Server CPU per message against the baseline's, same run.
-                            if let (Some(a), Some(b)) =
-                                (r.server_cpu_us_per_msg, o.server_cpu_us_per_msg)
-                                && b.median > 0.0
-                            {
-                                let _ = write!(s, " (CPU {:.2})", a.median / b.median);
-                            }
-                            s.push_str(" |");
+                            let _ = write!(
+                                s,
+                                " {:.2} |",
+                                r.msgs_per_sec.median / o.msgs_per_sec.median
+                            );
                         }
                         _ => s.push_str(" – |"),
                     }
                 }
                 let (sent, received, failed, _) = r.totals();
                 let _ = writeln!(s, " {sent}/{received}/{failed} |");
+            }
+        }
+        if !self.handshakes.is_empty() {
+            s.push_str(
+                "\n### wss handshakes: connect, TLS, upgrade, drop (median of runs, [min–max])\n\n",
+            );
+            s.push_str("| server | clients | handshake | per second | per server core-second | server user µs each | server sys µs each | resumed/completed/failed, all runs |\n|---|---|---|---|---|---|---|---|\n");
+            for r in &self.handshakes {
+                let each = |f: fn(&crate::handshakes::Handshakes) -> Option<f64>| {
+                    let v: Vec<f64> = r.runs.iter().filter_map(f).collect();
+                    if v.is_empty() { "–".into() } else { spread(Spread::of(v), 0, 1.0) }
+                };
+                let sum = |f: fn(&crate::handshakes::Handshakes) -> u64| -> u64 {
+                    r.runs.iter().map(f).sum()
+                };
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} | {}/{}/{} |",
+                    r.server,
+                    r.clients,
+                    match (r.tls, r.resume) {
+                        (false, _) => "no TLS",
+                        (true, false) => "full",
+                        (true, true) => "resumed",
+                    },
+                    spread(r.per_sec(), 0, 1.0),
+                    r.per_core_sec().map_or("–".into(), |v| spread(v, 0, 1.0)),
+                    each(|h| h.server_user_us),
+                    each(|h| h.server_sys_us),
+                    sum(|h| h.resumed),
+                    sum(|h| h.completed),
+                    sum(|h| h.failed),
+                );
             }
         }
         for c in &self.connections {
@@ -477,13 +581,13 @@ impl Report {
     /// One CSV line per load run (every repeat, not only the medians).
     pub fn csv(&self) -> String {
         let mut s = String::from(
-            "experiment,server,clients,in_flight,size,run,sent,received,failed,seconds,msgs_per_sec,mib_per_sec,p50_us,p99_us,p999_us,max_us,client_cpu,server_cpu_us_per_msg,server_user_us_per_msg,server_sys_us_per_msg,server_rss_kib\n",
+            "experiment,server,clients,in_flight,size,run,sent,received,failed,seconds,msgs_per_sec,mib_per_sec,p50_us,p99_us,p999_us,max_us,client_cpu,server_cpu_us_per_msg,server_rss_kib\n",
         );
         for r in &self.loads {
             for (i, m) in r.runs.iter().enumerate() {
                 let _ = writeln!(
                     s,
-                    "{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{:.1},{:.1},{:.1},{:.1},{:.3},{},{},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{:.1},{:.1},{:.1},{:.1},{:.3},{},{}",
                     r.experiment,
                     r.server,
                     r.clients,
@@ -502,8 +606,6 @@ impl Report {
                     m.latency_us[3],
                     m.client_cpu,
                     m.server_cpu_us_per_msg.map_or(String::new(), |v| format!("{v:.3}")),
-                    m.server_user_sys_us_per_msg.map_or(String::new(), |v| format!("{:.3}", v.0)),
-                    m.server_user_sys_us_per_msg.map_or(String::new(), |v| format!("{:.3}", v.1)),
                     m.server_rss_kib.map_or(String::new(), |v| v.to_string()),
                 );
             }

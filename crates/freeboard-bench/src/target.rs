@@ -29,30 +29,30 @@ pub struct Target {
 }
 
 impl Target {
-    /// Parses `ws://host:port/path` or `tcp://host:port`.
+    /// Parses `ws://host:port/path` or `tcp://host:port` with the client's URL parser
+    /// ([`freeboard::client::Target`]), so the bench takes every URL `freeboard client` takes
+    /// (IPv6 literals such as `ws://[::1]:9001/`, default ports, queries).
     pub fn parse(url: &str) -> Result<Self, String> {
-        let (raw, tls, rest) = if let Some(rest) = url.strip_prefix("ws://") {
-            (false, false, rest)
-        } else if let Some(rest) = url.strip_prefix("wss://") {
-            (false, true, rest)
-        } else if let Some(rest) = url.strip_prefix("tcp://") {
-            (true, false, rest)
-        } else {
-            return Err(format!("{url}: expected ws://, wss://host:port/path or tcp://host:port"));
+        let (raw, ws_url) = match url.strip_prefix("tcp://") {
+            Some(rest) => (true, format!("ws://{rest}")),
+            None if url.starts_with("ws://") || url.starts_with("wss://") => {
+                (false, url.to_owned())
+            }
+            None => {
+                return Err(format!(
+                    "{url}: expected ws://host:port/path, wss://host:port/path or tcp://host:port"
+                ));
+            }
         };
-        let (host, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, "/"),
-        };
-        let default_port = if tls { 443 } else { 80 };
-        let with_port =
-            if host.contains(':') { host.to_string() } else { format!("{host}:{default_port}") };
-        let addr = with_port
+        let parsed = freeboard::client::Target::parse(&ws_url).map_err(|e| e.to_string())?;
+        let addr = (parsed.host(), parsed.port())
             .to_socket_addrs()
             .map_err(|e| format!("{url}: {e}"))?
             .next()
             .ok_or_else(|| format!("{url}: the host has no address"))?;
-        Ok(Self { addr, host: host.to_string(), path: path.to_string(), raw, tls, resume: true })
+        let (host, path, tls) =
+            (parsed.host_header().to_owned(), parsed.resource().to_owned(), parsed.is_secure());
+        Ok(Self { addr, host, path, raw, tls, resume: true })
     }
 
     /// The same target at another address (a peer started on a free port).
@@ -91,5 +91,13 @@ mod tests {
         assert!(t.raw);
         assert_eq!(t.to_string(), "tcp://127.0.0.1:7");
         assert!(Target::parse("http://x").is_err());
+        // One parser with the client: IPv6 literals and default ports.
+        let t = Target::parse("ws://[::1]:9001/echo?x=1").unwrap();
+        assert_eq!(
+            (t.addr, t.host.as_str(), t.path.as_str()),
+            ("[::1]:9001".parse().unwrap(), "[::1]:9001", "/echo?x=1")
+        );
+        let t = Target::parse("ws://127.0.0.1/").unwrap();
+        assert_eq!(t.addr.port(), 80);
     }
 }

@@ -10,14 +10,17 @@ use freeboard_bench::Target;
 use freeboard_bench::load::Load;
 use freeboard_bench::peers::{Peer, Peers};
 use freeboard_bench::process;
-use freeboard_bench::report::Report;
+use freeboard_bench::report::{HandshakeRow, Report};
 use freeboard_bench::suite::{self, Subject};
+use freeboard_bench::threshold::{self, Threshold};
+use std::process::ExitCode;
 
 /// The experiments.
 #[derive(Subcommand)]
 pub(crate) enum BenchCommand {
     /// One message in flight per client (ping-pong): msg/s and round-trip latency
     /// percentiles, for every combination of --clients and --size.
+    #[command(mut_arg("charts", |a| a.help("Write the SVG charts (latency_by_payload.svg, msgs_by_clients.svg) into DIR")))]
     Echo {
         #[command(flatten)]
         common: Common,
@@ -32,6 +35,7 @@ pub(crate) enum BenchCommand {
         messages: u64,
     },
     /// W messages in flight per client for --duration: msg/s and MiB/s.
+    #[command(mut_arg("charts", |a| a.help("Write the SVG charts (latency_by_payload.svg, msgs_by_clients.svg) into DIR")))]
     Pipeline {
         #[command(flatten)]
         common: Common,
@@ -48,8 +52,24 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 5.0)]
         duration: f64,
     },
+    /// New wss:// connections per second (TCP, the TLS handshake, the upgrade, then dropped)
+    /// from --clients threads for --duration: full handshakes and resumed ones (tickets),
+    /// alternating run by run, with the server's user and system CPU time per handshake and
+    /// so handshakes per second of one server core. A ws:// server (freeboard-ws) gets the
+    /// same without TLS.
+    Handshakes {
+        #[command(flatten)]
+        common: Common,
+        /// Concurrent clients; a comma-separated list runs each.
+        #[arg(long, value_delimiter = ',', default_value = "4")]
+        clients: Vec<usize>,
+        /// Seconds per run.
+        #[arg(long, default_value_t = 5.0)]
+        duration: f64,
+    },
     /// Idle connections: connected/failed, connect time, server RSS before, open and after
     /// close, KiB per connection, and repeated connect/close cycles at the largest count.
+    #[command(mut_arg("charts", |a| a.help("Write the SVG chart (rss_by_connections.svg) into DIR")))]
     Connections {
         #[command(flatten)]
         common: Common,
@@ -106,6 +126,7 @@ pub(crate) enum BenchCommand {
     },
     /// A client that writes and never reads while an innocent client pings: what the server
     /// did with the slow one, its RSS over time, and the innocent client's latency.
+    #[command(mut_arg("charts", |a| a.help("Write the SVG charts into DIR (this experiment has none yet: its figures are in the table)")))]
     SlowConsumer {
         #[command(flatten)]
         common: Common,
@@ -128,6 +149,7 @@ pub(crate) enum BenchCommand {
     /// request/response batches and (b) bursts of requests in flight, warm-up iterations first,
     /// then measured iterations: ops/s mean ± 99.9 % confidence interval (Student's t), as
     /// JMH prints.
+    #[command(mut_arg("charts", |a| a.help("Write the SVG chart (watermarks.svg: ops/s by watermark pair) into DIR")))]
     Watermarks {
         /// An echo server to measure once instead (its watermarks are whatever it runs with).
         url: Option<String>,
@@ -162,6 +184,7 @@ pub(crate) enum BenchCommand {
     /// subscriber (p50/p99/max), against `freeboard serve` (started with --client-publish,
     /// drop-oldest and a 4 MiB subscriber cap) and, with --peers, a raw TCP fan-out (the limit)
     /// and Node's `ws` broadcast peer side by side.
+    #[command(mut_arg("charts", |a| a.help("Write the SVG chart (broadcast_by_subscribers.svg: deliveries/s by subscribers) into DIR")))]
     Broadcast {
         /// A topic URL to subscribe and publish to (ws://host:port/topic/NAME on a server with
         /// --client-publish) instead of starting servers.
@@ -225,6 +248,7 @@ pub(crate) enum BuffersCommand {
     /// message (per buffer size of a larger one), and once at exact message sizes. Prints
     /// allocation success, delivered frames and FPS, pattern-switch latency, fragmentation
     /// index (1 − largest free / total free, sampled) and memory overhead.
+    #[command(mut_arg("charts", |a| a.help("Write the SVG charts (fragmentation_over_time.svg, fps_by_buffer_size.svg) into DIR")))]
     Simulate {
         /// Simulated hours.
         #[arg(long, default_value_t = 24.0)]
@@ -248,6 +272,7 @@ pub(crate) enum BuffersCommand {
     /// clients publishing frames at FPS on a topic, a device client subscribed to it that
     /// stalls now and then; every --sample: delivered FPS, server RSS, pool chunks in use,
     /// allocation failures and drops (from /metrics), pattern-switch latency.
+    #[command(mut_arg("charts", |a| a.help("Write the SVG chart (soak_fps_over_time.svg) into DIR")))]
     Soak {
         /// The topic to publish on, ws://host:port/topic/NAME, of a server running with
         /// --client-publish. Without it, `freeboard serve` is started for each --chunk-size.
@@ -299,8 +324,7 @@ pub(crate) struct Output {
     /// Write CSV (simulation: one line per configuration and sample; soak: one per sample).
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
-    /// Write SVG charts (fragmentation over time, FPS by buffer size, soak FPS over time)
-    /// into DIR.
+    /// Write the experiment's SVG charts into DIR.
     #[arg(long, value_name = "DIR")]
     charts: Option<PathBuf>,
 }
@@ -311,10 +335,13 @@ pub(crate) struct Common {
     /// The echo server: ws://host:port/path, or tcp://host:port for a raw TCP echo (frames
     /// come back verbatim). Not needed with --peers.
     url: Option<String>,
-    /// Run against freeboard and the peer servers one after the other instead of URL:
-    /// all of them, or a comma-separated list of freeboard, raw-tcp-echo, tokio-tungstenite,
-    /// fastwebsockets, node-ws, gorilla. Peers are built into target/peers on first use
-    /// (cargo, npm, go); one that cannot be built or started is skipped with a warning.
+    /// Run against freeboard and the peer servers instead of URL: all of them, or a
+    /// comma-separated list of freeboard, raw-tcp-echo, tokio-tungstenite, fastwebsockets,
+    /// node-ws, gorilla (with --tls: freeboard, tokio-tungstenite-rustls, and freeboard-ws for
+    /// freeboard over plain ws:// beside them). Echo, pipeline and handshake runs are
+    /// interleaved: --repeat rounds, each starting every server in turn for one run. Peers are
+    /// built into target/peers on first use (cargo, npm, go); one that cannot be built or
+    /// started is skipped with a warning.
     #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "LIST")]
     peers: Option<String>,
     /// Further arguments for `freeboard serve` under --peers, split at spaces, e.g.
@@ -351,13 +378,19 @@ pub(crate) struct Common {
     /// Write one CSV line per run.
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
-    /// Write SVG charts (latency by payload, msg/s by clients, RSS by connections) into DIR.
+    /// Write the experiment's SVG charts into DIR.
     #[arg(long, value_name = "DIR")]
     charts: Option<PathBuf>,
+    /// A pass/fail criterion on every row's median (echo and pipeline): 'p99<5ms',
+    /// 'p50<500us', 'msg/s>100k', 'MiB/s>50'; repeat for several. A failed one is printed
+    /// and the exit status is 99 (as k6's).
+    #[arg(long, value_name = "FIGURE<BOUND", value_parser = Threshold::parse)]
+    threshold: Vec<Threshold>,
 }
 
-/// Runs `command` and prints its Markdown tables.
-pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
+/// Runs `command` and prints its Markdown tables. A target that cannot be measured is an
+/// error; a failed `--threshold` is exit status 99.
+pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
     let command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let (common, experiment) = match command {
         BenchCommand::Report { file, charts } => {
@@ -383,9 +416,14 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
             if let Some(dir) = charts.or_else(|| file.is_dir().then(|| file.clone())) {
                 write_charts(&all, &dir)?;
             }
-            return Ok(());
+            return Ok(ExitCode::SUCCESS);
         }
-        BenchCommand::Buffers { part } => return buffers(part, command_line),
+        BenchCommand::Buffers { part } => {
+            return buffers(part, command_line).map(|()| ExitCode::SUCCESS);
+        }
+        BenchCommand::All { peers, out, quick } => {
+            return all(peers, &out, quick).map(|()| ExitCode::SUCCESS);
+        }
         BenchCommand::Memory {
             servers,
             connections,
@@ -406,13 +444,13 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 burst_args: split(&burst_args),
                 ..Default::default()
             };
-            return memory(&servers, serve_args.as_deref().map(split), &plan, repeat, json);
+            return memory(&servers, serve_args.as_deref().map(split), &plan, repeat, json)
+                .map(|()| ExitCode::SUCCESS);
         }
-        BenchCommand::All { peers, out, quick } => return all(peers, &out, quick),
         BenchCommand::Broadcast { url, peers, subscribers, size, window, messages, output } => {
             let plan = BroadcastPlan { subscribers, sizes: size, window, messages };
             let report = broadcast(url, peers, &plan, command_line)?;
-            return finish(&report, &output, Report::broadcasts_csv);
+            return finish(&report, &output, Report::broadcasts_csv).map(|()| ExitCode::SUCCESS);
         }
         BenchCommand::Watermarks {
             url,
@@ -434,7 +472,8 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 warmup,
                 iterations: iterations.max(1),
             };
-            return watermarks(url, &pairs, &plan, serve_args, output, command_line);
+            return watermarks(url, &pairs, &plan, serve_args, output, command_line)
+                .map(|()| ExitCode::SUCCESS);
         }
         BenchCommand::Echo { common, clients, size, messages } => {
             let cases = product(&clients, &size, |clients, size| Load {
@@ -457,6 +496,9 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                 server_pid: None,
             });
             (common, Experiment::Load("pipeline", cases))
+        }
+        BenchCommand::Handshakes { common, clients, duration } => {
+            (common, Experiment::Handshakes(clients, Duration::from_secs_f64(duration)))
         }
         BenchCommand::SlowConsumer { common, size, duration } => {
             (common, Experiment::SlowConsumer(size, Duration::from_secs_f64(duration)))
@@ -485,16 +527,53 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
         pinned: pin,
         ..Report::default()
     };
+    // With several servers, load and handshake runs are interleaved: each round starts every
+    // server in turn for one run of each case, so a change in the machine's load falls on all
+    // of them alike.
+    let rounds = match (&experiment, &common.peers) {
+        (Experiment::Load(..) | Experiment::Handshakes(..), Some(_)) => common.repeat.max(1),
+        _ => 1,
+    };
+    let repeat = if rounds > 1 { 1 } else { common.repeat };
     let measure = |subject: &Subject, report: &mut Report| -> Result<(), String> {
         match &experiment {
             Experiment::Load(name, cases) => report.loads.extend(
-                suite::loads(subject, name, cases, common.repeat)
+                suite::loads(subject, name, cases, repeat)
                     .map_err(|e| format!("{}: {e}", subject.name))?,
             ),
             Experiment::Connections(counts, cycles) => report.connections.push(
                 suite::connections(subject, counts, *cycles)
                     .map_err(|e| format!("{}: {e}", subject.name))?,
             ),
+            Experiment::Handshakes(clients, duration) => {
+                for &n in clients {
+                    let modes: &[bool] = if subject.target.tls { &[false, true] } else { &[false] };
+                    let mut rows: Vec<HandshakeRow> = modes
+                        .iter()
+                        .map(|&resume| HandshakeRow {
+                            server: subject.name.clone(),
+                            clients: n,
+                            tls: subject.target.tls,
+                            resume,
+                            runs: Vec::new(),
+                        })
+                        .collect();
+                    for _ in 0..repeat.max(1) {
+                        for row in &mut rows {
+                            let target = Target { resume: row.resume, ..subject.target.clone() };
+                            let run = freeboard_bench::handshakes::run(
+                                &target,
+                                n,
+                                *duration,
+                                subject.pid,
+                            )
+                            .map_err(|e| format!("{}: {e}", subject.name))?;
+                            row.runs.push(run);
+                        }
+                    }
+                    report.handshakes.extend(rows);
+                }
+            }
             Experiment::SlowConsumer(size, duration) => {
                 let outcome = freeboard_bench::slow_consumer::run(
                     &subject.target,
@@ -529,19 +608,27 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
                     _ => self_signed(&peers.cache.join("tls"))?,
                 });
             }
-            for peer in chosen {
-                let running = match peers.start(peer, pin.map(|(server, _)| server)) {
-                    Ok(running) => running,
-                    Err(e) => {
-                        eprintln!("freeboard bench: skipping {}: {e}", peer.name());
+            let mut skipped = Vec::new();
+            for _ in 0..rounds {
+                for &peer in &chosen {
+                    if skipped.contains(&peer) {
                         continue;
                     }
-                };
-                let mut target = running.target.clone();
-                target.resume = !common.no_resume;
-                let subject = Subject { name: peer.name().into(), target, pid: Some(running.pid) };
-                measure(&subject, &mut report)?;
+                    let running = match peers.start(peer, pin.map(|(server, _)| server)) {
+                        Ok(running) => running,
+                        Err(e) => {
+                            eprintln!("freeboard bench: skipping {}: {e}", peer.name());
+                            skipped.push(peer);
+                            continue;
+                        }
+                    };
+                    let mut target = running.target.clone();
+                    target.resume = !common.no_resume;
+                    let name = peer.name().into();
+                    measure(&Subject { name, target, pid: Some(running.pid) }, &mut report)?;
+                }
             }
+            report.merge_repeats();
         }
         (None, Some(url)) => {
             let mut target = Target::parse(url)?;
@@ -562,7 +649,20 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), String> {
     if let Some(dir) = &common.charts {
         write_charts(&report, dir)?;
     }
-    Ok(())
+    if !common.threshold.is_empty() && report.loads.is_empty() {
+        return Err(
+            "--threshold applies to echo and pipeline rows; this experiment has none".into()
+        );
+    }
+    let failures: Vec<String> =
+        common.threshold.iter().flat_map(|t| t.failures(&report.loads)).collect();
+    for failure in &failures {
+        eprintln!("freeboard bench: {failure}");
+    }
+    match failures.is_empty() {
+        true => Ok(ExitCode::SUCCESS),
+        false => Ok(ExitCode::from(threshold::EXIT_FAILED)),
+    }
 }
 
 /// A self-signed certificate for `localhost` and 127.0.0.1 made with `openssl` in `dir`
@@ -606,6 +706,7 @@ fn print_markdown(report: &Report) {
 
 enum Experiment {
     Load(&'static str, Vec<Load>),
+    Handshakes(Vec<usize>, Duration),
     Connections(Vec<usize>, usize),
     SlowConsumer(usize, Duration),
 }

@@ -1,7 +1,11 @@
-//! `freeboard client URL`: stdin lines become messages, received messages go to stdout.
+//! `freeboard client URL`: stdin lines become messages, received messages go to stdout;
+//! `--listen` only receives, `--ping` keeps the connection checked, `--reconnect` comes back
+//! after a drop, and Ctrl-C (or SIGTERM) closes with 1000 and waits briefly for the answer.
 
 use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -27,7 +31,14 @@ Exit status:
   2  usage error
   3  the connection ended abnormally: no close handshake (1006), socket error, timeout
   4  the connection closed with another code (e.g. 1002, 1008, 1009, 1011, 4000): printed
-  5  reading stdin or writing stdout failed";
+  5  reading stdin or writing stdout failed
+Ctrl-C or SIGTERM sends close 1000 and waits up to 2 s for the server's answer (exit 0 if it
+came). With --reconnect, 1 and 3 lead to another attempt instead of an exit.";
+
+/// How long Ctrl-C waits for the server's close frame.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// The longest wait between two reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Options of `freeboard client`.
 #[derive(Args)]
@@ -63,6 +74,19 @@ pub(crate) struct ClientArgs {
     /// wss://: accept any certificate, unverified (prints a warning). For tests only.
     #[arg(long, conflicts_with = "ca")]
     insecure: bool,
+    /// Only receive: do not read stdin, stay connected until the server closes or Ctrl-C
+    /// (for a subscriber started in the background, `freeboard client --listen URL &`).
+    #[arg(long)]
+    listen: bool,
+    /// Ping after this long without input (seconds, or 30s, 1m); no pong within 10 s ends
+    /// the connection as abnormal (exit 3, or a reconnect).
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration)]
+    ping: Option<Duration>,
+    /// Connect again after a failed connect or an abnormal end, waiting 0.5 s, then twice as
+    /// long each time up to 30 s (reset by a connection that lasted 30 s); stops on a clean
+    /// close, a usage error or Ctrl-C.
+    #[arg(long)]
+    reconnect: bool,
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -76,21 +100,54 @@ fn parse_header(s: &str) -> Result<(String, String), String> {
 
 /// Runs the client; the exit status says how the connection ended.
 pub(crate) fn run(args: ClientArgs) -> ExitCode {
-    match session(&args) {
-        Ok(status) => ExitCode::from(status),
-        Err(e) => {
-            eprintln!("freeboard client: {e}");
-            let status = match e {
-                ClientError::Io(_) => EXIT_ABNORMAL,
-                e if e.is_connect_failure() => EXIT_CONNECT,
-                _ => EXIT_ABNORMAL,
-            };
-            ExitCode::from(status)
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(signal, interrupted.clone()) {
+            eprintln!("freeboard client: cannot handle signal {signal}: {e}");
         }
+    }
+    let lines = (!args.listen).then(spawn_stdin_reader);
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let started = Instant::now();
+        let status = match session(&args, lines.as_ref(), &interrupted) {
+            Ok(status) => status,
+            Err(e) => {
+                eprintln!("freeboard client: {e}");
+                match e {
+                    ClientError::Io(_) => EXIT_ABNORMAL,
+                    e if e.is_connect_failure() => EXIT_CONNECT,
+                    _ => EXIT_ABNORMAL,
+                }
+            }
+        };
+        let again = args.reconnect
+            && matches!(status, EXIT_CONNECT | EXIT_ABNORMAL)
+            && !interrupted.load(Ordering::Relaxed);
+        if !again {
+            return ExitCode::from(status);
+        }
+        if started.elapsed() >= MAX_BACKOFF {
+            backoff = Duration::from_millis(500);
+        }
+        eprintln!("freeboard client: reconnecting in {:.1} s", backoff.as_secs_f64());
+        let until = Instant::now() + backoff;
+        while Instant::now() < until {
+            if interrupted.load(Ordering::Relaxed) {
+                return ExitCode::from(status);
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
-fn session(args: &ClientArgs) -> Result<u8, ClientError> {
+/// One connection, until it ends; the exit status it earns.
+fn session(
+    args: &ClientArgs,
+    lines: Option<&Receiver<io::Result<Vec<u8>>>>,
+    interrupted: &AtomicBool,
+) -> Result<u8, ClientError> {
     let timeout = Duration::try_from_secs_f64(args.timeout)
         .map_err(|e| ClientError::Config(format!("--timeout: {e}")))?;
     let mut config = ClientConfig::default()
@@ -110,20 +167,33 @@ fn session(args: &ClientArgs) -> Result<u8, ClientError> {
         );
         config = config.insecure(true);
     }
+    config.ping_interval = args.ping;
     let mut client = Client::connect(&args.url, config)?;
 
-    let lines = spawn_stdin_reader();
     let interval = Duration::from_millis(args.interval.unwrap_or(0));
     let kind = if args.binary { MessageKind::Binary } else { MessageKind::Text };
     let stdout = io::stdout();
     let mut out = stdout.lock();
     let mut next_send = Instant::now();
     let mut received = 0u64;
-    let mut stdin_open = true;
+    let mut stdin_open = lines.is_some();
     let mut closing = false;
+    let mut close_deadline = None;
     loop {
+        if interrupted.load(Ordering::Relaxed) && !closing {
+            // Ctrl-C: the server hears a normal close rather than a dropped connection.
+            client.close(CloseCode::NORMAL, "")?;
+            closing = true;
+            close_deadline = Some(Instant::now() + CLOSE_WAIT);
+        }
+        if close_deadline.is_some_and(|at| Instant::now() >= at) {
+            eprintln!("freeboard client: no close answer within {} s", CLOSE_WAIT.as_secs());
+            return Ok(EXIT_ABNORMAL);
+        }
         // Send what stdin has, paced by --interval.
-        while stdin_open && !closing && Instant::now() >= next_send {
+        while let Some(lines) =
+            lines.filter(|_| stdin_open && !closing && Instant::now() >= next_send)
+        {
             match lines.try_recv() {
                 Ok(Ok(line)) => {
                     if !send_line(&mut client, kind, line)? {
@@ -139,16 +209,20 @@ fn session(args: &ClientArgs) -> Result<u8, ClientError> {
                 Err(TryRecvError::Disconnected) => stdin_open = false,
             }
         }
-        if !stdin_open && !closing && args.count.is_none() {
+        if lines.is_some() && !stdin_open && !closing && args.count.is_none() {
             client.close(CloseCode::NORMAL, "")?;
             closing = true;
         }
-        // Wait for the server, a little at a time while stdin may bring more.
+        // Wait for the server a little at a time: stdin may bring more, Ctrl-C may come.
+        let tick = Duration::from_millis(100);
         let wait = if closing || !stdin_open {
-            None
+            tick
         } else {
-            Some(next_send.saturating_duration_since(Instant::now()).max(Duration::from_millis(5)))
+            next_send
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(5), tick)
         };
+        let wait = Some(wait);
         match client.recv_timeout(wait)? {
             None => {}
             Some(Event::Message(message)) => {

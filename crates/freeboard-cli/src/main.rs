@@ -6,12 +6,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "bench")]
 mod bench;
 mod client;
 
 use clap::{Args, Parser, Subcommand};
-use freeboard::config::parse_policy;
-use freeboard::{Echo, HttpRoute, Router, Server, ServerConfig, TlsConfig};
+use freeboard::{Echo, HttpRoute, Router, Server, ServerConfig, ServerHandle};
+use serde::Deserialize;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -19,6 +20,10 @@ use signal_hook::iterator::Signals;
 #[derive(Parser)]
 #[command(name = "freeboard", version, about)]
 struct Cli {
+    /// Log lines on stderr as `text` (coloured only on a terminal) or `json` (one object per
+    /// line). Filter them with RUST_LOG (default `info`).
+    #[arg(long, global = true, value_enum, default_value = "text", value_name = "FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -29,15 +34,19 @@ enum Command {
     /// binary; a WebSocket at `/topic/NAME` subscribes to NAME, and to A and B with
     /// `/topic/NAME?also=A&also=B` (names: 1-128 of A-Z a-z 0-9 - . _ ~ :); `POST /topic/NAME`
     /// publishes its body (text for `Content-Type: text/*`, else binary; answers
-    /// `{"loops":N,"dropped":M}`); `/healthz` and `/metrics` (Prometheus) answer plain HTTP.
-    /// Logs go to stderr, filtered by RUST_LOG (default `info`). SIGTERM/SIGINT shut down
-    /// gracefully (close 1001, drain); a second signal exits at once.
+    /// `{"loops":N,"dropped":M}`); `/healthz`, `/metrics` (OpenMetrics) and `/dashboard` (a
+    /// live page of the server's figures) answer plain HTTP. Logs go to stderr, filtered by
+    /// RUST_LOG (default `info`). SIGTERM/SIGINT shut down gracefully (close 1001, drain); a
+    /// second signal exits at once. SIGHUP reads the configuration again and applies the
+    /// limits, policies and tokens that can change while running (new connections get them;
+    /// open ones are kept), and with TLS the certificate and key, logging each change.
     Serve(Box<ServeArgs>),
     /// Connect to a WebSocket server: stdin lines are sent as messages, received messages
     /// are written to stdout, one per line.
     #[command(after_help = client::EXIT_CODES)]
     Client(client::ClientArgs),
     /// Measure an echo server, or freeboard and peer servers side by side (`--peers`).
+    #[cfg(feature = "bench")]
     Bench {
         #[command(subcommand)]
         command: bench::BenchCommand,
@@ -47,8 +56,10 @@ enum Command {
 /// Flags override the config file, which overrides the defaults.
 #[derive(Args)]
 struct ServeArgs {
-    /// TOML file with any of the settings below (snake_case keys, durations in seconds,
-    /// sizes in bytes, e.g. `max_message_size = 1048576`, `idle_timeout = 0` for no pings).
+    /// TOML file with any of the settings below (snake_case keys; sizes and durations as the
+    /// flags take them, e.g. `memory = "256M"`, `idle_timeout = "30s"`, `idle_timeout = 0`
+    /// for no pings; `[topics]` for the topic settings, `[tls]` for cert, key and listen). Flags
+    /// override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Address to listen on [default: 127.0.0.1:9001]. An address another process listens
@@ -73,13 +84,14 @@ struct ServeArgs {
     /// Event loops (threads), each with its own SO_REUSEPORT listener [default: available cores].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// Memory budget in bytes for all buffers, split between the loops; suffixes K, M, G
-    /// (powers of 1024) [default: 1G].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    memory: Option<usize>,
-    /// Largest message accepted; larger ones close the connection with 1009 [default: 16M].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    max_message_size: Option<usize>,
+    /// Memory budget for all buffers, split between the loops: bytes or with a suffix K, M,
+    /// G (powers of 1024; fractions like 1.5G allowed) [default: 1G].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    memory: Option<u64>,
+    /// Largest message accepted; larger ones close the connection with 1009. The send cap
+    /// follows it (max_message_size + 64K) unless --send-cap is given [default: 16M].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    max_message_size: Option<u64>,
     /// Open connections across all loops; beyond it upgrades get 503 [default: 100000].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
@@ -94,51 +106,51 @@ struct ServeArgs {
     /// Retry-After; 0 is off [default: 0].
     #[arg(long, value_name = "PER_SEC")]
     accept_rate_per_ip: Option<f64>,
-    /// Seconds without input before a keep-alive ping [default: 30].
-    #[arg(long, value_name = "SECS")]
-    idle_timeout: Option<f64>,
-    /// Seconds a keep-alive ping may stay unanswered [default: 10].
-    #[arg(long, value_name = "SECS")]
-    pong_timeout: Option<f64>,
+    /// Time without input before a keep-alive ping (seconds, or with a unit: 30s, 2m) [default: 30s]; 0 turns pings off.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    idle_timeout: Option<Duration>,
+    /// How long a keep-alive ping may stay unanswered [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pong_timeout: Option<Duration>,
     /// Turn automatic keep-alive pings off (the Autobahn run needs this).
     #[arg(long)]
     no_auto_ping: bool,
-    /// Seconds from accept to a complete upgrade request (slowloris) [default: 10].
-    #[arg(long, value_name = "SECS")]
-    handshake_timeout: Option<f64>,
-    /// Seconds to wait for the peer's close frame after ours, and for what is still queued
+    /// Time from accept to a complete upgrade request (slowloris) [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    handshake_timeout: Option<Duration>,
+    /// How long to wait for the peer's close frame after ours, and for what is still queued
     /// to leave once the connection has closed (a peer that stopped reading is then
-    /// dropped) [default: 5].
-    #[arg(long, value_name = "SECS")]
-    close_timeout: Option<f64>,
-    /// Seconds shutdown waits for close handshakes [default: 5].
-    #[arg(long, value_name = "SECS")]
-    drain_timeout: Option<f64>,
+    /// dropped) [default: 5s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    close_timeout: Option<Duration>,
+    /// How long shutdown waits for close handshakes [default: 5s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    drain_timeout: Option<Duration>,
     /// Send queue high watermark: above it a connection is not writable and its reads pause
     /// [default: 64K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    send_high: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    send_high: Option<u64>,
     /// Send queue low watermark: writable again at or below it [default: 32K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    send_low: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    send_low: Option<u64>,
     /// Send queue hard cap; at it the slow-consumer policy decides [default: 16M + 64K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    send_cap: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    send_cap: Option<u64>,
     /// Slow-consumer policy at the cap: block, drop-newest, drop-oldest, conflate, close
     /// (1008) [default: close].
     #[arg(long, value_name = "POLICY")]
     slow_consumer: Option<String>,
     /// Free pool bytes an upgrade needs, else 503; a message arriving in pieces that would
     /// leave less than half of it free gets close 1013 [default: 64K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    connection_reserve: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    connection_reserve: Option<u64>,
     /// Pool chunk size [default: 4K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    chunk_size: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    chunk_size: Option<u64>,
     /// Per-loop shared read buffer, and the cork beside it that replies are framed into, each
     /// this large, from the budget [default: 64K].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    read_buffer: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    read_buffer: Option<u64>,
     /// Publish what clients send on a /topic/NAME connection to NAME (otherwise such a
     /// message gets close 1008).
     #[arg(long)]
@@ -152,8 +164,8 @@ struct ServeArgs {
     #[arg(long, value_name = "POLICY")]
     topic_slow_consumer: Option<String>,
     /// Send queue hard cap of one topic subscriber [default: 1M].
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    topic_send_cap: Option<usize>,
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    topic_send_cap: Option<u64>,
     /// An origin browsers may connect from (repeatable): `https://app.example.com`,
     /// `https://*.example.com`, `*`. Others get 403. Default: any origin.
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
@@ -185,9 +197,9 @@ struct ServeArgs {
     /// (Centrifugo's proxy model); TOML `[topics] connect_webhook`.
     #[arg(long, value_name = "URL")]
     connect_webhook: Option<String>,
-    /// How long the connect webhook may take (then 503) [default: 2].
-    #[arg(long, value_name = "SECS")]
-    webhook_timeout: Option<f64>,
+    /// How long the connect webhook may take (then 503) [default: 2s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    webhook_timeout: Option<Duration>,
     /// Requests to the connect webhook in flight at once [default: 16].
     #[arg(long, value_name = "N")]
     webhook_in_flight: Option<usize>,
@@ -206,17 +218,18 @@ struct ServeArgs {
     /// counted in `topic_refusals`); TOML `[topics] max_topics` [default: 100000].
     #[arg(long, value_name = "N")]
     max_topics: Option<usize>,
+    /// Bytes of publications the queue towards Redis holds while Redis is slow or down
+    /// (beyond: counted lost); TOML `[topics] redis_queue` [default: 16M].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    redis_queue: Option<u64>,
+    /// Do not serve the live dashboard at /dashboard (and its stream at /dashboard/stream).
+    #[arg(long)]
+    no_dashboard: bool,
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logging(cli.log_format);
     match cli.command {
         Command::Client(args) => client::run(args),
         Command::Serve(args) => match serve(*args) {
@@ -226,8 +239,9 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        #[cfg(feature = "bench")]
         Command::Bench { command } => match bench::run(command) {
-            Ok(()) => ExitCode::SUCCESS,
+            Ok(code) => code,
             Err(e) => {
                 eprintln!("freeboard bench: {e}");
                 ExitCode::FAILURE
@@ -236,10 +250,31 @@ fn main() -> ExitCode {
     }
 }
 
+/// How log lines are written to stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines; coloured only when stderr is a terminal.
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `target`).
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
 fn serve(args: ServeArgs) -> Result<(), String> {
     let config = server_config(&args)?;
     let topics = config.topics.clone();
     let webhook = topics.webhook().map_err(|e| e.to_string())?.map(Arc::new);
+    let dashboard = !args.no_dashboard;
     let server = Server::bind(config, move || {
         let router = Router::new()
             .route("/", Echo)
@@ -247,6 +282,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             .topics_with(&topics, webhook.clone())
             .http("/healthz", HttpRoute::Health)
             .http("/metrics", HttpRoute::Metrics);
+        let router = if dashboard { router.dashboard("/dashboard") } else { router };
         match topics.http_publish && !topics.path.is_empty() {
             true => router.http(&topics.path, HttpRoute::Publish),
             false => router,
@@ -260,203 +296,176 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         None => println!("freeboard listening on ws://{addr}/"),
     }
     tracing::info!(%addr, tls = ?server.tls_addr(), "listening");
+    if dashboard {
+        tracing::info!(url = %format_args!("http://{addr}/dashboard"), "dashboard");
+    }
     let handle = server.handle();
-    if server.tls_addr().is_some() {
-        let reload = server.handle();
-        let mut hup = Signals::new([SIGHUP]).map_err(|e| e.to_string())?;
-        std::thread::spawn(move || {
-            for _ in hup.forever() {
-                match reload.reload_tls() {
-                    Ok(_) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
-                    Err(e) => {
-                        tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the old pair")
-                    }
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| e.to_string())?;
+    std::thread::spawn(move || {
+        let mut stopping = false;
+        for signal in signals.forever() {
+            match signal {
+                SIGHUP => reload(&handle, &args),
+                _ if stopping => {
+                    tracing::warn!("second signal: exiting now");
+                    std::process::exit(130);
+                }
+                _ => {
+                    tracing::info!("shutting down: closing connections with 1001");
+                    stopping = true;
+                    handle.shutdown();
                 }
             }
-        });
-    }
-    let mut signals = Signals::new([SIGTERM, SIGINT]).map_err(|e| e.to_string())?;
-    std::thread::spawn(move || {
-        let mut signals = signals.forever();
-        if signals.next().is_some() {
-            tracing::info!("shutting down: closing connections with 1001");
-            handle.shutdown();
-        }
-        if signals.next().is_some() {
-            tracing::warn!("second signal: exiting now");
-            std::process::exit(130);
         }
     });
     server.run().map_err(|e| e.to_string())
 }
 
+/// SIGHUP: reads the configuration again (the file, then the same flags) and applies what a
+/// running server can change; logs each change, and each setting that needs a restart.
+fn reload(handle: &ServerHandle, args: &ServeArgs) {
+    // The certificate first: a configuration that no longer parses must not keep an expiring
+    // certificate in service.
+    match handle.reload_tls() {
+        Ok(true) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+        Ok(false) => {}
+        Err(e) => tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the old pair"),
+    }
+    let report = match server_config(args).and_then(|c| handle.reload(c).map_err(|e| e.to_string()))
+    {
+        Ok(report) => report,
+        Err(e) => {
+            tracing::warn!(error = %e, "SIGHUP: configuration not reloaded");
+            return;
+        }
+    };
+    for change in &report.applied {
+        tracing::info!(setting = change.setting, from = %change.from, to = %change.to, "SIGHUP: changed");
+    }
+    for change in &report.needs_restart {
+        tracing::warn!(setting = change.setting, from = %change.from, to = %change.to, "SIGHUP: needs a restart, not changed");
+    }
+    if report.applied.is_empty() && report.needs_restart.is_empty() {
+        tracing::info!("SIGHUP: configuration reloaded, nothing changed");
+    }
+}
+
+/// The file's settings with the flags laid over them, read by one parser: each flag becomes
+/// its TOML key, so a flag and a file line mean the same thing, and the derived settings
+/// (`ServerConfig::derive_unset`) follow from whichever was given.
 fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
-    let mut config = match &args.config {
+    use toml::Value;
+    let mut table = match &args.config {
         Some(path) => {
             let text =
                 std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            toml::from_str::<ServerConfig>(&text).map_err(|e| format!("{}: {e}", path.display()))?
+            text.parse::<toml::Table>().map_err(|e| format!("{}: {e}", path.display()))?
         }
-        None => ServerConfig::default(),
+        None => toml::Table::new(),
     };
-    let secs = |s: f64| Duration::try_from_secs_f64(s).map_err(|e| e.to_string());
-    if let Some(v) = args.listen {
-        config.listen = v;
-    }
-    config.share_port |= args.share_port;
-    match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => {
-            let mut tls = TlsConfig::new(cert, key);
-            if let Some(old) = &config.tls {
-                tls.state_share = old.state_share;
-                tls.listen = old.listen;
+    let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
+    let secs = |d: Duration| Value::Float(d.as_secs_f64());
+    let path = |p: &PathBuf| Value::String(p.display().to_string());
+    let list = |v: &[String]| {
+        (!v.is_empty()).then(|| Value::Array(v.iter().cloned().map(Value::String).collect()))
+    };
+    let flags: Vec<(&str, Option<Value>)> = vec![
+        ("listen", args.listen.map(|v| Value::String(v.to_string()))),
+        ("share_port", args.share_port.then_some(Value::Boolean(true))),
+        ("threads", args.threads.map(|v| int(v as u64))),
+        ("memory", args.memory.map(int)),
+        ("max_message_size", args.max_message_size.map(int)),
+        ("max_connections", args.max_connections.map(|v| int(v as u64))),
+        ("max_connections_per_ip", args.max_connections_per_ip.map(|v| int(v as u64))),
+        ("accept_rate", args.accept_rate.map(Value::Float)),
+        ("accept_rate_per_ip", args.accept_rate_per_ip.map(Value::Float)),
+        ("idle_timeout", args.idle_timeout.map(secs)),
+        ("idle_timeout", args.no_auto_ping.then_some(Value::Integer(0))),
+        ("pong_timeout", args.pong_timeout.map(secs)),
+        ("handshake_timeout", args.handshake_timeout.map(secs)),
+        ("close_timeout", args.close_timeout.map(secs)),
+        ("drain_timeout", args.drain_timeout.map(secs)),
+        ("send_high", args.send_high.map(int)),
+        ("send_low", args.send_low.map(int)),
+        ("send_cap", args.send_cap.map(int)),
+        ("slow_consumer", args.slow_consumer.clone().map(Value::String)),
+        ("connection_reserve", args.connection_reserve.map(int)),
+        ("chunk_size", args.chunk_size.map(int)),
+        ("read_buffer", args.read_buffer.map(int)),
+        ("topics.client_publish", args.client_publish.then_some(Value::Boolean(true))),
+        ("topics.publish_token", args.publish_token.clone().map(Value::String)),
+        ("topics.slow_consumer", args.topic_slow_consumer.clone().map(Value::String)),
+        ("topics.send_cap", args.topic_send_cap.map(int)),
+        ("tls.cert", args.tls_cert.as_ref().map(path)),
+        ("tls.key", args.tls_key.as_ref().map(path)),
+        ("tls.listen", args.listen_tls.map(|v| Value::String(v.to_string()))),
+        ("allowed_origins", list(&args.allowed_origins)),
+        ("trusted_proxies", list(&args.trusted_proxies)),
+        ("proxy_protocol", args.proxy_protocol.then_some(Value::Boolean(true))),
+        ("max_pending_upgrades", args.max_pending_upgrades.map(|v| int(v as u64))),
+        ("topics.jwt_secret", args.jwt_secret.clone().map(Value::String)),
+        ("topics.jwks_file", args.jwks.as_ref().map(path)),
+        ("topics.jwt_issuer", args.jwt_issuer.clone().map(Value::String)),
+        ("topics.jwt_audience", args.jwt_audience.clone().map(Value::String)),
+        ("topics.connect_webhook", args.connect_webhook.clone().map(Value::String)),
+        ("topics.webhook_timeout", args.webhook_timeout.map(secs)),
+        ("topics.webhook_in_flight", args.webhook_in_flight.map(|v| int(v as u64))),
+        ("topics.cors_origins", list(&args.publish_cors_origins)),
+        ("topics.redis", args.redis.clone().map(Value::String)),
+        ("topics.redis_queue", args.redis_queue.map(int)),
+        ("topics.max_topics_per_connection", args.max_topics_per_connection.map(|v| int(v as u64))),
+        ("topics.max_topics", args.max_topics.map(|v| int(v as u64))),
+    ];
+    for (key, value) in flags {
+        let Some(value) = value else { continue };
+        match key.split_once('.') {
+            Some((section, key)) => {
+                let section = table
+                    .entry(section)
+                    .or_insert_with(|| Value::Table(toml::Table::new()))
+                    .as_table_mut()
+                    .ok_or_else(|| format!("[{section}] must be a table"))?;
+                section.insert(key.to_owned(), value);
             }
-            config.tls = Some(tls);
-        }
-        _ if args.listen_tls.is_some() && config.tls.is_none() => {
-            return Err("--listen-tls needs --tls-cert and --tls-key".into());
-        }
-        _ => {}
-    }
-    if let (Some(at), Some(tls)) = (args.listen_tls, &mut config.tls) {
-        tls.listen = Some(at);
-    }
-    if let Some(v) = args.threads {
-        config.threads = v;
-    }
-    if let Some(v) = args.memory {
-        config.memory = v;
-    }
-    if let Some(v) = args.max_message_size {
-        config.max_message_size = v as u64;
-        if args.send_cap.is_none() {
-            config.send_cap = config.send_cap.max(v + (64 << 10));
+            None => {
+                table.insert(key.to_owned(), value);
+            }
         }
     }
-    if let Some(v) = args.max_connections {
-        config.max_connections = v;
+    let given = |key: &str| match key.split_once('.') {
+        Some((section, key)) => {
+            table.get(section).and_then(|t| t.as_table()).is_some_and(|t| t.contains_key(key))
+        }
+        None => table.contains_key(key),
+    };
+    if given("tls.listen") && !given("tls.cert") {
+        return Err("--listen-tls needs --tls-cert and --tls-key".into());
     }
-    if let Some(v) = args.max_connections_per_ip {
-        config.max_connections_per_ip = v;
-    }
-    if let Some(v) = args.accept_rate {
-        config.accept_rate = v;
-    }
-    if let Some(v) = args.accept_rate_per_ip {
-        config.accept_rate_per_ip = v;
-    }
-    if let Some(v) = args.idle_timeout {
-        config.idle_timeout = if v == 0.0 { None } else { Some(secs(v)?) };
-    }
-    if args.no_auto_ping {
-        config.idle_timeout = None;
-    }
-    if let Some(v) = args.pong_timeout {
-        config.pong_timeout = secs(v)?;
-    }
-    if let Some(v) = args.handshake_timeout {
-        config.handshake_timeout = secs(v)?;
-    }
-    if let Some(v) = args.close_timeout {
-        config.close_timeout = secs(v)?;
-    }
-    if let Some(v) = args.drain_timeout {
-        config.drain_timeout = secs(v)?;
-    }
-    if let Some(v) = args.send_high {
-        config.send_high = v;
-    }
-    if let Some(v) = args.send_low {
-        config.send_low = v;
-    }
-    if let Some(v) = args.send_cap {
-        config.send_cap = v;
-    }
-    if let Some(v) = &args.slow_consumer {
-        config.slow_consumer = parse_policy(v).map_err(|e| e.to_string())?;
-    }
-    if let Some(v) = args.connection_reserve {
-        config.connection_reserve = v;
-    }
-    if let Some(v) = args.chunk_size {
-        config.chunk_size = v;
-    }
-    if let Some(v) = args.read_buffer {
-        config.read_buffer = v;
-    }
-    if args.client_publish {
-        config.topics.client_publish = true;
-    }
-    if let Some(v) = &args.publish_token {
-        config.topics.publish_token = Some(v.clone());
-    }
-    if let Some(v) = &args.topic_slow_consumer {
-        config.topics.slow_consumer = parse_policy(v).map_err(|e| e.to_string())?;
-    }
-    if let Some(v) = args.topic_send_cap {
-        config.topics.send_cap = v;
-        config.topics.send_high = config.topics.send_high.min(v);
-        config.topics.send_low = config.topics.send_low.min(config.topics.send_high);
-    }
-    if !args.allowed_origins.is_empty() {
-        config.allowed_origins = args.allowed_origins.clone();
-    }
-    if !args.trusted_proxies.is_empty() {
-        config.trusted_proxies = args.trusted_proxies.clone();
-    }
-    config.proxy_protocol |= args.proxy_protocol;
-    if let Some(v) = args.max_pending_upgrades {
-        config.max_pending_upgrades = v;
-    }
-    if let Some(v) = &args.jwt_secret {
-        config.topics.jwt_secret = Some(v.clone());
-    }
-    if let Some(v) = &args.jwks {
-        config.topics.jwks_file = Some(v.clone());
-    }
-    if let Some(v) = &args.jwt_issuer {
-        config.topics.jwt_issuer = Some(v.clone());
-    }
-    if let Some(v) = &args.jwt_audience {
-        config.topics.jwt_audience = Some(v.clone());
-    }
-    if let Some(v) = &args.connect_webhook {
-        config.topics.connect_webhook = Some(v.clone());
-    }
-    if let Some(v) = args.webhook_timeout {
-        config.topics.webhook_timeout =
-            Duration::try_from_secs_f64(v).map_err(|e| format!("--webhook-timeout: {e}"))?;
-    }
-    if let Some(v) = args.webhook_in_flight {
-        config.topics.webhook_in_flight = v;
-    }
-    if !args.publish_cors_origins.is_empty() {
-        config.topics.cors_origins = args.publish_cors_origins.clone();
-    }
-    if let Some(v) = &args.redis {
-        config.topics.redis = Some(v.clone());
-    }
-    if let Some(v) = args.max_topics_per_connection {
-        config.topics.max_topics_per_connection = v;
-    }
-    if let Some(v) = args.max_topics {
-        config.topics.max_topics = v;
-    }
+    let mut config =
+        ServerConfig::deserialize(Value::Table(table.clone())).map_err(|e| match &args.config {
+            Some(path) => format!("{}: {e}", path.display()),
+            None => e.to_string(),
+        })?;
+    config.derive_unset(given);
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)
 }
 
-/// `4096`, `64K`, `16M`, `1G` (powers of 1024).
+/// A size flag: `4096`, `64K`, `256M`, `1.5G` (powers of 1024), as in the TOML file.
+fn size(s: &str) -> Result<u64, String> {
+    freeboard::config::parse_size(s)
+}
+
+/// A size as a `usize` (the bench's flags).
+#[cfg(feature = "bench")]
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (digits, shift) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    let n: usize = digits.trim().parse().map_err(|_| format!("not a size: {s:?}"))?;
-    n.checked_shl(shift).filter(|v| v >> shift == n).ok_or_else(|| format!("size too large: {s:?}"))
+    size(s)?.try_into().map_err(|_| format!("size too large: {s:?}"))
+}
+
+/// A duration flag: seconds (`30`, `0.5`) or with units (`30s`, `500ms`, `2m`), as in the TOML
+/// file.
+fn duration(s: &str) -> Result<Duration, String> {
+    freeboard::config::parse_duration(s)
 }
 
 #[cfg(test)]
@@ -465,11 +474,214 @@ mod tests {
 
     #[test]
     fn sizes_parse_with_suffixes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("16m"), Ok(16 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert!(parse_size("lots").is_err());
+        assert_eq!(size("4096"), Ok(4096));
+        assert_eq!(size("64K"), Ok(64 << 10));
+        assert_eq!(size("16m"), Ok(16 << 20));
+        assert_eq!(size("1G"), Ok(1 << 30));
+        assert_eq!(size("1.5K"), Ok(1536));
+        assert!(size("lots").is_err());
+        assert_eq!(duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(duration("2.5"), Ok(Duration::from_millis(2500)));
+        assert_eq!(duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(duration("soon").is_err());
+    }
+
+    /// `freeboard serve ARGS` parsed into its configuration (or the error it prints).
+    fn config_of(args: &[&str]) -> Result<ServerConfig, String> {
+        let cli = Cli::try_parse_from(["freeboard", "serve"].iter().chain(args))
+            .map_err(|e| e.to_string())?;
+        let Command::Serve(args) = cli.command else { panic!("parsed as serve") };
+        server_config(&args)
+    }
+
+    fn with_file(name: &str, text: &str, f: impl FnOnce(&str)) {
+        let dir = std::env::temp_dir().join(format!("freeboard-cli-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(&file, text).unwrap();
+        f(file.to_str().unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_file_and_the_flags_give_the_same_configuration() {
+        let flags = [
+            "--threads",
+            "2",
+            "--memory",
+            "256M",
+            "--max-message-size",
+            "20M",
+            "--idle-timeout",
+            "45s",
+            "--pong-timeout",
+            "2.5",
+            "--handshake-timeout",
+            "500ms",
+            "--send-high",
+            "128K",
+            "--slow-consumer",
+            "drop-oldest",
+            "--chunk-size",
+            "8K",
+            "--topic-send-cap",
+            "48K",
+            "--publish-token",
+            "t0k",
+            "--accept-rate",
+            "50",
+        ];
+        let toml = r#"
+            threads = 2
+            memory = "256M"
+            max_message_size = "20M"
+            idle_timeout = "45s"
+            pong_timeout = 2.5
+            handshake_timeout = "500ms"
+            send_high = "128K"
+            slow_consumer = "drop-oldest"
+            chunk_size = 8192
+            accept_rate = 50.0
+            [topics]
+            send_cap = "48K"
+            publish_token = "t0k"
+        "#;
+        let from_flags = config_of(&flags).unwrap();
+        with_file("parity", toml, |file| {
+            let from_file = config_of(&["--config", file]).unwrap();
+            assert_eq!(format!("{from_file:?}"), format!("{from_flags:?}"));
+        });
+        // The derived settings follow from either: a 20 MiB message fits the send cap (so a
+        // 20 MiB echo works from a file as from the flags), and the topic watermarks fit
+        // under the smaller topic cap.
+        assert_eq!(from_flags.memory, 256 << 20);
+        assert_eq!(from_flags.send_cap, (20 << 20) + (64 << 10));
+        assert_eq!(from_flags.topics.send_high, 48 << 10);
+        assert_eq!(from_flags.topics.send_low, 32 << 10);
+        assert_eq!(from_flags.idle_timeout, Some(Duration::from_secs(45)));
+        // An explicit cap is kept as given.
+        let capped =
+            config_of(&["--max-message-size", "20M", "--send-cap", "1M", "--send-high", "64K"]);
+        assert_eq!(capped.unwrap().send_cap, 1 << 20);
+    }
+
+    #[test]
+    fn tls_access_redis_and_topic_limits_take_the_same_language() {
+        let jwks =
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../freeboard/tests/fixtures/test-jwks.json");
+        let secret = "0123456789abcdef0123456789abcdef";
+        let flags = [
+            "--tls-cert",
+            "/etc/freeboard/chain.pem",
+            "--tls-key",
+            "/etc/freeboard/key.pem",
+            "--listen-tls",
+            "127.0.0.1:9443",
+            "--allowed-origin",
+            "https://app.example",
+            "--allowed-origin",
+            "https://*.example.org",
+            "--trusted-proxy",
+            "10.0.0.0/8,192.168.0.0/16",
+            "--proxy-protocol",
+            "--max-pending-upgrades",
+            "99",
+            "--jwt-secret",
+            secret,
+            "--jwks",
+            jwks,
+            "--jwt-issuer",
+            "https://auth.example",
+            "--jwt-audience",
+            "scores",
+            "--connect-webhook",
+            "http://127.0.0.1:8080/connect",
+            "--webhook-timeout",
+            "1500ms",
+            "--webhook-in-flight",
+            "4",
+            "--publish-cors-origin",
+            "https://admin.example",
+            "--redis",
+            "redis://127.0.0.1:6379/",
+            "--redis-queue",
+            "8M",
+            "--max-topics-per-connection",
+            "8",
+            "--max-topics",
+            "500",
+        ];
+        let toml = format!(
+            r#"
+            allowed_origins = ["https://app.example", "https://*.example.org"]
+            trusted_proxies = ["10.0.0.0/8", "192.168.0.0/16"]
+            proxy_protocol = true
+            max_pending_upgrades = 99
+            [topics]
+            jwt_secret = "{secret}"
+            jwks_file = "{jwks}"
+            jwt_issuer = "https://auth.example"
+            jwt_audience = "scores"
+            connect_webhook = "http://127.0.0.1:8080/connect"
+            webhook_timeout = "1.5s"
+            webhook_in_flight = 4
+            cors_origins = ["https://admin.example"]
+            redis = "redis://127.0.0.1:6379/"
+            redis_queue = "8M"
+            max_topics_per_connection = 8
+            max_topics = 500
+            [tls]
+            cert = "/etc/freeboard/chain.pem"
+            key = "/etc/freeboard/key.pem"
+            listen = "127.0.0.1:9443"
+        "#
+        );
+        let from_flags = config_of(&flags).unwrap();
+        with_file("parity-access", &toml, |file| {
+            let from_file = config_of(&["--config", file]).unwrap();
+            assert_eq!(format!("{from_file:?}"), format!("{from_flags:?}"));
+        });
+        assert_eq!(from_flags.topics.redis_queue, 8 << 20);
+        assert_eq!(from_flags.topics.webhook_timeout, Duration::from_millis(1500));
+        assert_eq!(from_flags.tls.unwrap().listen, Some("127.0.0.1:9443".parse().unwrap()));
+        // The file's TLS pair with the flag's listener: both layers meet in one table.
+        with_file("tls-layers", "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", |file| {
+            let config = config_of(&["--config", file, "--listen-tls", "127.0.0.1:9443"]).unwrap();
+            let tls = config.tls.unwrap();
+            assert_eq!((tls.cert.to_str(), tls.listen.is_some()), (Some("c.pem"), true));
+        });
+        let error = config_of(&["--listen-tls", "127.0.0.1:9443"]).unwrap_err();
+        assert!(error.contains("--tls-cert"), "{error}");
+        let error = config_of(&["--max-topics", "0"]).unwrap_err();
+        assert!(error.contains("max_topics"), "{error}");
+        let error = config_of(&["--redis-queue", "lots"]).unwrap_err();
+        assert!(error.contains("--redis-queue"), "{error}");
+    }
+
+    #[test]
+    fn impossible_values_are_refused_by_name() {
+        for (args, setting) in [
+            (&["--max-message-size", "0"][..], "max_message_size"),
+            (&["--chunk-size", "3"], "chunk_size"),
+            (&["--max-connections", "0"], "max_connections"),
+            (&["--max-connections-per-ip", "0"], "max_connections_per_ip"),
+            (&["--threads", "0"], "threads"),
+            (&["--send-low", "1M", "--send-high", "64K"], "send_low"),
+            (&["--slow-consumer", "later"], "slow-consumer policy"),
+            (&["--memory", "lots"], "--memory"),
+            (&["--idle-timeout", "soon"], "--idle-timeout"),
+        ] {
+            let error = config_of(args).unwrap_err();
+            assert!(error.contains(setting), "{args:?}: {error}");
+        }
+        with_file("bad", "memory = \"lots\"\n", |file| {
+            let error = config_of(&["--config", file]).unwrap_err();
+            assert!(error.contains("memory") && error.contains("not a size"), "{error}");
+        });
+        with_file("unknown", "max_conections = 5\n", |file| {
+            let error = config_of(&["--config", file]).unwrap_err();
+            assert!(error.contains("max_conections"), "{error}");
+        });
     }
 
     #[test]

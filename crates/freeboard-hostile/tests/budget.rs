@@ -26,8 +26,8 @@ fn partial_post_bodies_cannot_take_the_pool() {
     // the bodies reach the pool's judgement.
     let serve =
         Serve::start(&["--memory", "16M", "--handshake-timeout", "10", "--topic-send-cap", "2M"]);
-    let before = serve.wait_metrics("both loops", |m| m.sum("pool_chunks_total") > 2000.0);
-    let chunks = before.sum("pool_chunks_total");
+    let before = serve.wait_metrics("both loops", |m| m.sum("pool_chunks_capacity") > 2000.0);
+    let chunks = before.sum("pool_chunks_capacity");
     let watch = Watch::start(&serve);
     let mut held = Vec::new();
     for i in 0..26 {
@@ -161,5 +161,5 @@ fn pipelines_of_tiny_messages_do_not_exhaust_the_slots() {
     let after = serve.metrics();
     assert_eq!(after.get("slow_consumer_closes_total"), 0.0);
     println!("slot high water {}", after.sum("pool_slots_high_water"));
-    assert!(after.sum("pool_slots_high_water") < after.sum("pool_slots_total"));
+    assert!(after.sum("pool_slots_high_water") < after.sum("pool_slots_capacity"));
 }

@@ -60,7 +60,7 @@ fn a_peer_that_stops_reading_is_held_at_the_watermark_and_loses_nothing() {
     let size = 16 << 10;
     let mut buffered = 0.0;
     let outcome = faults::stop_reading(serve.addr(), size, 20_000, |_| {
-        buffered = serve.metrics().sum("bytes_buffered");
+        buffered = serve.metrics().sum("send_queue_bytes");
     });
     let figures = watch.finish();
     println!(

@@ -16,8 +16,8 @@ fn a_ping_flood_is_answered_in_order() {
     assert_eq!(outcome.last, Some(outcome.pings - 1));
     assert!(outcome.echo_after, "the message after the flood was not echoed after the pongs");
     let after = serve.metrics();
-    assert!(after.delta(&before, "bytes_in_total") >= f64::from(outcome.pings) * 10.0);
-    assert!(after.delta(&before, "bytes_out_total") >= f64::from(outcome.pongs) * 6.0);
+    assert!(after.delta(&before, "received_bytes_total") >= f64::from(outcome.pings) * 10.0);
+    assert!(after.delta(&before, "written_bytes_total") >= f64::from(outcome.pongs) * 6.0);
     figures.report("ping_flood");
 }
 

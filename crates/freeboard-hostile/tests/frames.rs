@@ -50,7 +50,7 @@ fn a_fragment_bomb_within_the_limit_is_echoed_intact() {
     assert_eq!(reply.opcode, 0x2);
     assert!(reply.payload == bomb.message, "the echo differs from the 1,000,000 fragments");
     let after = serve.wait_metrics("the pool back to idle", |m| m.sum("pool_chunks_in_use") == 0.0);
-    assert_eq!(after.delta(&before, "messages_in_total"), 1.0 + figures.echo.count as f64);
+    assert_eq!(after.delta(&before, "received_messages_total"), 1.0 + figures.echo.count as f64);
     assert!(after.sum("pool_chunks_high_water") >= 1_000_000.0 / 4096.0);
     figures.report("fragment_bomb_1M");
 }
@@ -77,14 +77,14 @@ fn an_unfinished_message_leaves_half_the_connection_reserve_free() {
     let watch = Watch::start(&serve);
     // All the pool but 8 KiB, under the 32 KiB (half the default 64 KiB reserve) that
     // unfinished messages must leave to the open connections.
-    let free = (before.sum("pool_chunks_total") - before.sum("pool_chunks_in_use")) * 4096.0;
+    let free = (before.sum("pool_chunks_capacity") - before.sum("pool_chunks_in_use")) * 4096.0;
     let len = free as usize - (8 << 10);
     let code = frames::unfinished(serve.addr(), len).expect("a close before the read timeout");
     let figures = watch.finish();
     assert_eq!(code, Some(1013));
     let after = serve.wait_metrics("the pool back to idle", |m| m.sum("pool_chunks_in_use") == 0.0);
     assert_eq!(after.delta(&before, "closes_total{reason=\"try_again_later\"}"), 1.0);
-    assert_eq!(after.sum("pool_allocation_failures"), 0.0);
+    assert_eq!(after.sum("pool_allocation_failures_total"), 0.0);
     figures.report("unfinished_message");
 }
 

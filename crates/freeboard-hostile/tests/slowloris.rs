@@ -46,8 +46,8 @@ fn slowloris_cannot_take_the_memory_open_connections_need() {
     raise_fd_limit();
     // 16 MiB over 2 loops: about 1,470 chunks of 4 KiB per loop.
     let serve = Serve::start(&["--memory", "16M", "--handshake-timeout", "4"]);
-    let before = serve.wait_metrics("both loops", |m| m.sum("pool_chunks_total") > 2000.0);
-    let chunks = before.sum("pool_chunks_total");
+    let before = serve.wait_metrics("both loops", |m| m.sum("pool_chunks_capacity") > 2000.0);
+    let chunks = before.sum("pool_chunks_capacity");
     let connections = (chunks * 1.5) as usize;
     let watch = Watch::start(&serve);
     let outcome =
@@ -61,7 +61,7 @@ fn slowloris_cannot_take_the_memory_open_connections_need() {
     println!("{timeouts} handshake timeouts, {refused} refused with 503");
     assert_eq!(timeouts + refused, connections as f64, "every connection is accounted for");
     assert!(refused > 0.0);
-    assert_eq!(after.sum("pool_allocation_failures"), 0.0, "the pool ran dry");
+    assert_eq!(after.sum("pool_allocation_failures_total"), 0.0, "the pool ran dry");
     assert!(timeouts <= chunks / 4.0 + 2.0, "more partial heads than a quarter of the pool");
     figures.report("slowloris_over_the_pool");
 }

@@ -42,10 +42,16 @@ impl TestCa {
         ca
     }
 
-    /// Signs a new server certificate (and key) and writes them over `cert.pem` (the chain:
-    /// leaf, then the CA) and `key.pem`.
+    /// Signs a new server certificate (and key) for localhost, 127.0.0.1 and ::1, and writes
+    /// them over `cert.pem` (the chain: leaf, then the CA) and `key.pem`.
     pub fn issue(&mut self, common_name: &str) {
-        let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
+        self.issue_for(common_name, &["localhost", "127.0.0.1", "::1"]);
+    }
+
+    /// As [`issue`](Self::issue), for the subject alternative `names` (DNS names or IP
+    /// addresses).
+    pub fn issue_for(&mut self, common_name: &str, names: &[&str]) {
+        let names = names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
         let mut params = CertificateParams::new(names).expect("server params");
         params.distinguished_name.push(DnType::CommonName, common_name);
         let key = KeyPair::generate().expect("server key");

@@ -8,9 +8,11 @@
 //! ```
 //!
 //! It asks `/getCaseCount`, runs `/runCase?case=N&agent=AGENT` for every case, then asks
-//! `/updateReports?agent=AGENT`.
+//! `/updateReports?agent=AGENT`. Over `wss://` (`conformance/run --tls` puts a TLS terminator
+//! in front of the fuzzing server) a third argument names the CA file to trust.
 
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use freeboard::client::{Client, ClientConfig, ClientError, CloseCode, Event, Watermarks};
 
@@ -18,6 +20,7 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let base = args.next().unwrap_or_else(|| "ws://127.0.0.1:9001".into());
     let agent = args.next().unwrap_or_else(|| "freeboard".into());
+    let _ = CA.set(args.next());
     let base = base.trim_end_matches('/');
     match run(base, &agent) {
         Ok(()) => ExitCode::SUCCESS,
@@ -41,11 +44,19 @@ fn run(base: &str, agent: &str) -> Result<(), ClientError> {
     Ok(())
 }
 
+/// The CA file a `wss://` fuzzing server's certificate is checked against, if given.
+static CA: OnceLock<Option<String>> = OnceLock::new();
+
 fn config() -> ClientConfig {
     // Section 9 sends messages of up to 16 MiB, and may have several in flight.
     // NOTE(unwrap): the marks are ordered.
     let marks = Watermarks::new(32 << 20, 64 << 20, 128 << 20).unwrap();
-    ClientConfig::default().memory(256 << 20).max_message_size(64 << 20).watermarks(marks)
+    let config =
+        ClientConfig::default().memory(256 << 20).max_message_size(64 << 20).watermarks(marks);
+    match CA.get() {
+        Some(Some(ca)) => config.ca_file(ca),
+        _ => config,
+    }
 }
 
 fn case_count(base: &str) -> Result<u32, ClientError> {

@@ -23,7 +23,7 @@
 //!   inboxes.
 //!
 //! Redis down: local delivery goes on; a publication that cannot reach Redis is counted in
-//! `backplane_lost{reason="redis_down"}` (a full queue: `reason="queue_full"`; written but
+//! `backplane_lost_total{reason="redis_down"}` (a full queue: `reason="queue_full"`; written but
 //! unconfirmed when the connection failed: `reason="unconfirmed"`) and never retried, so nothing
 //! arrives twice. Both threads reconnect with backoff (100 ms doubling to 2 s) and the
 //! subscriber subscribes again to every topic with local subscribers.

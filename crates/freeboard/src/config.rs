@@ -7,10 +7,16 @@ use std::time::Duration;
 use freeboard_buf::{SlowConsumerPolicy, Watermarks};
 use serde::Deserialize;
 
+/// The smallest pool chunk: a frame header and a useful piece of payload.
+pub const MIN_CHUNK_SIZE: usize = 256;
+
 /// Everything `freeboard serve` can be told, with the defaults documented on each field.
 ///
-/// Deserializes from TOML (durations in seconds as floats, sizes in bytes); missing fields
-/// keep their defaults.
+/// Deserializes from TOML in the same language as `freeboard serve`'s flags: sizes as bytes
+/// or with a suffix (`"256M"`, `"64K"`, `"1.5G"`; powers of 1024, see [`parse_size()`]),
+/// durations as seconds or with a unit (`"30s"`, `"500ms"`, `"2m"`, see
+/// [`parse_duration`]); missing fields keep their defaults. Settings derived from others
+/// follow [`derive_unset`](Self::derive_unset).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
@@ -27,15 +33,19 @@ pub struct ServerConfig {
     /// The memory budget in bytes for all buffers (pool chunks, message assembly, read
     /// buffers), split evenly between the event loops. Default 1 GiB. Chunk pages cost RSS
     /// only once used; the pool's free lists (about 3 % of the budget) are written at start.
+    #[serde(with = "size")]
     pub memory: usize,
     /// Pool chunk size in bytes. Default 4096.
+    #[serde(with = "size")]
     pub chunk_size: usize,
     /// Per-loop shared read buffer in bytes, at least 16 KiB. Default 64 KiB. Each loop also
     /// keeps a cork of this size (the replies to one read, written at once); both come out of
     /// the loop's share of `memory`.
+    #[serde(with = "size")]
     pub read_buffer: usize,
     /// Largest message accepted (all its frames together); beyond it the connection is closed
     /// with 1009. Default 16 MiB.
+    #[serde(with = "size")]
     pub max_message_size: u64,
     /// Open connections (WebSocket and HTTP) across all loops; beyond it upgrades get 503.
     /// Default 100,000.
@@ -50,31 +60,34 @@ pub struct ServerConfig {
     /// worth); beyond it upgrades get 429 with `Retry-After`. 0 (the default) turns it off.
     pub accept_rate_per_ip: f64,
     /// Seconds a client is told to wait in `Retry-After` (429). Default 1.
-    #[serde(with = "secs")]
+    #[serde(with = "duration")]
     pub retry_after: Duration,
     /// Time from accept to a complete upgrade request; slower clients are dropped
     /// (slowloris). Default 10 s.
-    #[serde(with = "secs")]
+    #[serde(with = "duration")]
     pub handshake_timeout: Duration,
     /// Send a ping after this long without input; `None` disables automatic pings.
     /// Default 30 s.
-    #[serde(with = "opt_secs")]
+    #[serde(with = "opt_duration")]
     pub idle_timeout: Option<Duration>,
     /// How long a ping may stay unanswered before the connection is dropped. Default 10 s.
-    #[serde(with = "secs")]
+    #[serde(with = "duration")]
     pub pong_timeout: Duration,
     /// How long to wait for the peer's close frame after ours. Default 5 s.
-    #[serde(with = "secs")]
+    #[serde(with = "duration")]
     pub close_timeout: Duration,
     /// On shutdown, how long to wait for close handshakes before exiting. Default 5 s.
-    #[serde(with = "secs")]
+    #[serde(with = "duration")]
     pub drain_timeout: Duration,
     /// Send queue low watermark (writable again at or below). Default 32 KiB.
+    #[serde(with = "size")]
     pub send_low: usize,
     /// Send queue high watermark (not writable above). Default 64 KiB.
+    #[serde(with = "size")]
     pub send_high: usize,
     /// Send queue hard cap; at it the slow-consumer policy decides. Default: 16 MiB + 64 KiB,
     /// enough to echo one message of the default maximum size.
+    #[serde(with = "size")]
     pub send_cap: usize,
     /// What happens to a message that would pass the cap: `block`, `drop-newest`,
     /// `drop-oldest`, `conflate` or `close` (1008). Default `close`.
@@ -83,12 +96,13 @@ pub struct ServerConfig {
     /// Pool bytes that must be free for an upgrade to be accepted (else 503). Messages that
     /// arrive in pieces may not take the pool below half of it (else close 1013), so the open
     /// connections keep room to send. Default 64 KiB.
+    #[serde(with = "size")]
     pub connection_reserve: usize,
     /// Origins browsers may open WebSockets from (`scheme://host[:port]`,
     /// `scheme://*.domain`, `*`); any other `Origin` gets 403, counted in
-    /// `freeboard_access_refusals_total{reason="origin"}` and logged at `info` (at most one
-    /// line a second). Requests without `Origin` (non-browser clients) pass. Default: empty,
-    /// every origin is allowed.
+    /// `freeboard_access_refusals_total{reason="origin"}` and logged at `info` (at most 5
+    /// lines a second per event loop). Requests without `Origin` (non-browser clients) pass.
+    /// Default: empty, every origin is allowed.
     pub allowed_origins: Vec<String>,
     /// Reverse proxies (CIDR blocks) whose `Forwarded` / `X-Forwarded-For` headers name the
     /// client: a connection from one of them is counted, limited and logged as the rightmost
@@ -116,8 +130,8 @@ pub struct ServerConfig {
 /// it set, `ServerConfig::listen` stays plain `ws://` and `listen` speaks TLS beside it.
 /// The TLS handshake counts inside `handshake_timeout`. The rustls state of a connection is
 /// charged to a share of each loop's memory budget (`state_share`); a connection it cannot
-/// cover is refused at accept and counted (`freeboard_tls_refusals{reason="budget"}`).
-#[derive(Debug, Clone, Deserialize)]
+/// cover is refused at accept and counted (`freeboard_tls_refusals_total{reason="budget"}`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct TlsConfig {
@@ -176,21 +190,24 @@ pub struct TopicsConfig {
     #[serde(with = "policy")]
     pub slow_consumer: SlowConsumerPolicy,
     /// A subscriber's send queue low watermark. Default 32 KiB.
+    #[serde(with = "size")]
     pub send_low: usize,
     /// A subscriber's send queue high watermark. Default 64 KiB.
+    #[serde(with = "size")]
     pub send_high: usize,
     /// A subscriber's send queue hard cap; a published message larger than it is dropped for
     /// that subscriber (counted). Default 1 MiB.
+    #[serde(with = "size")]
     pub send_cap: usize,
     /// Topics one connection may subscribe to. Default 64. An upgrade naming more (its topic
     /// and its `also=` list) is refused with 400.
     pub max_topics_per_connection: usize,
     /// Topics (with at least one subscriber) the server may have at once; a subscription to a
-    /// new topic beyond it is refused (`topic_refusals{reason="server_topics"}`; the topic
+    /// new topic beyond it is refused (`freeboard_topic_refusals_total{reason="server_topics"}`; the topic
     /// route closes the connection with 1008). Default 100,000.
     pub max_topics: usize,
     /// Publications from other threads a loop's inbox holds before further ones are dropped
-    /// (counted in `topic_drops{reason="inbox_full"}`). Default 4096.
+    /// (counted in `freeboard_topic_drops_total{reason="inbox_full"}`). Default 4096.
     pub inbox: usize,
     /// HS256 secret (at least 32 bytes) of the JWTs a topic upgrade must carry
     /// (`Authorization: Bearer`, or `?access_token=` for browsers); see
@@ -211,7 +228,7 @@ pub struct TopicsConfig {
     /// [`ConnectWebhook`](crate::webhook::ConnectWebhook). Default: none.
     pub connect_webhook: Option<String>,
     /// How long the webhook may take to answer (then 503). Default 2 s.
-    #[serde(with = "secs")]
+    #[serde(with = "duration")]
     pub webhook_timeout: Duration,
     /// Requests to the webhook in flight at once (worker threads). Default 16.
     pub webhook_in_flight: usize,
@@ -221,8 +238,9 @@ pub struct TopicsConfig {
     /// stay on this machine. See the crate's README, Pub/sub.
     pub redis: Option<String>,
     /// Bytes of publications the queue towards Redis holds (while Redis is slow or down)
-    /// before further ones are counted lost (`backplane_lost{reason="queue_full"}`).
+    /// before further ones are counted lost (`freeboard_backplane_lost_total{reason="queue_full"}`).
     /// Default 16 MiB.
+    #[serde(with = "size")]
     pub redis_queue: usize,
 }
 
@@ -371,6 +389,20 @@ impl ServerConfig {
         if self.threads == 0 {
             return Err(ConfigError::NoThreads);
         }
+        for (setting, value) in [
+            ("max_message_size", self.max_message_size),
+            ("max_connections", self.max_connections as u64),
+            ("max_connections_per_ip", self.max_connections_per_ip as u64),
+            ("send_cap", self.send_cap as u64),
+            ("topics.send_cap", self.topics.send_cap as u64),
+            ("handshake_timeout", self.handshake_timeout.as_millis() as u64),
+            ("pong_timeout", self.pong_timeout.as_millis() as u64),
+            ("close_timeout", self.close_timeout.as_millis() as u64),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero(setting));
+            }
+        }
         if !(self.send_low <= self.send_high && self.send_high <= self.send_cap) {
             return Err(ConfigError::Watermarks { prefix: "" });
         }
@@ -382,9 +414,9 @@ impl ServerConfig {
         if self.read_buffer < min {
             return Err(ConfigError::ReadBuffer { given: self.read_buffer, min });
         }
-        if self.chunk_size == 0 || self.chunk_size > freeboard_buf::MAX_CHUNK_SIZE {
-            let max = freeboard_buf::MAX_CHUNK_SIZE;
-            return Err(ConfigError::ChunkSize { given: self.chunk_size, max });
+        if !(MIN_CHUNK_SIZE..=freeboard_buf::MAX_CHUNK_SIZE).contains(&self.chunk_size) {
+            let (min, max) = (MIN_CHUNK_SIZE, freeboard_buf::MAX_CHUNK_SIZE);
+            return Err(ConfigError::ChunkSize { given: self.chunk_size, min, max });
         }
         let topics = &self.topics;
         topics.watermarks()?;
@@ -425,6 +457,34 @@ impl ServerConfig {
         Ok(())
     }
 
+    /// Fills the settings derived from others that were not given (`given("send_cap")`
+    /// says whether a setting was, by its TOML key; `topics.` keys for the `[topics]`
+    /// table). `freeboard serve` applies it once, after the file and the flags, so both
+    /// derive the same way:
+    ///
+    /// - `send_cap` not given: at least `max_message_size` + 64 KiB (the default cap's
+    ///   headroom), so a message of the maximum size can always be echoed;
+    /// - a cap given without its watermarks: `send_high` lowered to the cap and `send_low` to
+    ///   `send_high` when they would exceed it (the same for `topics.`).
+    pub fn derive_unset(&mut self, given: impl Fn(&str) -> bool) {
+        if !given("send_cap") {
+            let needed = usize::try_from(self.max_message_size).unwrap_or(usize::MAX);
+            self.send_cap = self.send_cap.max(needed.saturating_add(64 << 10));
+        }
+        let topics = &mut self.topics;
+        for (prefix, low, high, cap) in [
+            ("", &mut self.send_low, &mut self.send_high, self.send_cap),
+            ("topics.", &mut topics.send_low, &mut topics.send_high, topics.send_cap),
+        ] {
+            if !given(&format!("{prefix}send_high")) {
+                *high = (*high).min(cap);
+            }
+            if !given(&format!("{prefix}send_low")) {
+                *low = (*low).min(*high);
+            }
+        }
+    }
+
     /// The protocol core's per-connection configuration derived from this one.
     pub fn protocol(&self) -> freeboard_proto::Config {
         freeboard_proto::Config::builder()
@@ -434,6 +494,122 @@ impl ServerConfig {
             .pong_timeout(self.pong_timeout)
             .close_timeout(self.close_timeout)
             .build()
+    }
+}
+
+/// What a reload changed ([`ServerHandle::reload`](crate::ServerHandle::reload), SIGHUP in
+/// `freeboard serve`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reload {
+    /// Settings now in force: for connections accepted from now on (admission limits,
+    /// timeouts of new requests and closes, send queues and policies), and for every request
+    /// (the publish token).
+    pub applied: Vec<Change>,
+    /// Settings that differ but need a restart (listeners, threads, memory, the protocol
+    /// limits parked connections resume with, the topic routes); left as they were.
+    pub needs_restart: Vec<Change>,
+}
+
+/// One setting a reload found changed, by its TOML key, with its old and new values
+/// (secrets redacted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Change {
+    /// The setting's TOML key (`max_connections`, `topics.publish_token`).
+    pub setting: &'static str,
+    /// The value before.
+    pub from: String,
+    /// The value given.
+    pub to: String,
+}
+
+impl ServerConfig {
+    /// Takes from `new` the settings a running server can change and lists what differed,
+    /// applied or not. Both must have passed [`validate`](Self::validate). The one place
+    /// that says what is reloadable: a TLS certificate reload can join here.
+    pub fn reload_from(&mut self, new: &ServerConfig) -> Reload {
+        let mut reload = Reload::default();
+        macro_rules! settings {
+            ($($reloadable:literal $name:literal $($field:ident).+;)*) => {$(
+                if self.$($field).+ != new.$($field).+ {
+                    let change = Change {
+                        setting: $name,
+                        from: format!("{:?}", self.$($field).+),
+                        to: format!("{:?}", new.$($field).+),
+                    };
+                    if $reloadable {
+                        self.$($field).+ = new.$($field).+.clone();
+                        reload.applied.push(change);
+                    } else {
+                        reload.needs_restart.push(change);
+                    }
+                }
+            )*};
+        }
+        settings! {
+            true "max_connections" max_connections;
+            true "max_connections_per_ip" max_connections_per_ip;
+            true "accept_rate" accept_rate;
+            true "accept_rate_per_ip" accept_rate_per_ip;
+            true "retry_after" retry_after;
+            true "handshake_timeout" handshake_timeout;
+            true "close_timeout" close_timeout;
+            true "drain_timeout" drain_timeout;
+            true "send_low" send_low;
+            true "send_high" send_high;
+            true "send_cap" send_cap;
+            true "slow_consumer" slow_consumer;
+            true "connection_reserve" connection_reserve;
+            true "topics.publish_token" topics.publish_token;
+            false "listen" listen;
+            false "share_port" share_port;
+            false "threads" threads;
+            false "memory" memory;
+            false "chunk_size" chunk_size;
+            false "read_buffer" read_buffer;
+            false "max_message_size" max_message_size;
+            false "idle_timeout" idle_timeout;
+            false "pong_timeout" pong_timeout;
+            false "topics.path" topics.path;
+            false "topics.client_publish" topics.client_publish;
+            false "topics.http_publish" topics.http_publish;
+            false "topics.slow_consumer" topics.slow_consumer;
+            false "topics.send_low" topics.send_low;
+            false "topics.send_high" topics.send_high;
+            false "topics.send_cap" topics.send_cap;
+            false "topics.max_topics_per_connection" topics.max_topics_per_connection;
+            false "topics.inbox" topics.inbox;
+            false "allowed_origins" allowed_origins;
+            false "trusted_proxies" trusted_proxies;
+            false "proxy_protocol" proxy_protocol;
+            false "max_pending_upgrades" max_pending_upgrades;
+            false "topics.max_topics" topics.max_topics;
+            false "topics.jwt_secret" topics.jwt_secret;
+            false "topics.jwks_file" topics.jwks_file;
+            false "topics.jwt_issuer" topics.jwt_issuer;
+            false "topics.jwt_audience" topics.jwt_audience;
+            false "topics.cors_origins" topics.cors_origins;
+            false "topics.connect_webhook" topics.connect_webhook;
+            false "topics.webhook_timeout" topics.webhook_timeout;
+            false "topics.webhook_in_flight" topics.webhook_in_flight;
+            false "topics.redis" topics.redis;
+            false "topics.redis_queue" topics.redis_queue;
+            false "tls" tls;
+        }
+        for change in reload.applied.iter_mut().chain(&mut reload.needs_restart) {
+            // Secrets, and a Redis URL with a password, are not written to the log.
+            let secret = match change.setting {
+                "topics.publish_token" | "topics.jwt_secret" => true,
+                "topics.redis" => change.from.contains('@') || change.to.contains('@'),
+                _ => false,
+            };
+            if secret {
+                let redact = |v: &str| if v == "None" { v.to_owned() } else { "<redacted>".into() };
+                (change.from, change.to) = (redact(&change.from), redact(&change.to));
+            }
+        }
+        reload
     }
 }
 
@@ -466,10 +642,12 @@ pub enum ConfigError {
         /// The smallest accepted.
         min: usize,
     },
-    /// `chunk_size` is 0 or over the pool's maximum.
+    /// `chunk_size` is under [`MIN_CHUNK_SIZE`] or over the pool's maximum.
     ChunkSize {
         /// The size given.
         given: usize,
+        /// The smallest accepted.
+        min: usize,
         /// The largest accepted.
         max: usize,
     },
@@ -501,6 +679,8 @@ pub enum ConfigError {
     PendingUpgrades,
     /// The connect webhook's URL or limits cannot work.
     Webhook(String),
+    /// A setting that must be more than 0 is 0 (its name).
+    Zero(&'static str),
     /// `memory` is more than the machine (or the process's cgroup) has: the budget could not
     /// be kept.
     MemoryExceedsMachine {
@@ -528,9 +708,10 @@ impl std::fmt::Display for ConfigError {
                     "read_buffer must be at least {min} bytes (a request head twice), not {given}"
                 )
             }
-            Self::ChunkSize { given, max } => {
-                write!(f, "chunk_size must be 1 to {max} bytes, not {given}")
+            Self::ChunkSize { given, min, max } => {
+                write!(f, "chunk_size must be {min} to {max} bytes, not {given}")
             }
+            Self::Zero(setting) => write!(f, "{setting} must be more than 0"),
             Self::TopicsPath(path) => {
                 write!(f, "topics.path must start and end with '/', not {path:?}")
             }
@@ -571,29 +752,119 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-mod secs {
-    use serde::{Deserialize, Deserializer};
-    use std::time::Duration;
+/// Parses a size: a number of bytes, or a number (fractions allowed) with a suffix `K`,
+/// `M`, `G`, `T` (or `KiB`, `KB`, …: always powers of 1024, as the flags have always meant).
+/// The one parser behind the flags and the TOML file.
+///
+/// ```
+/// use freeboard::config::parse_size;
+/// assert_eq!(parse_size("256M"), Ok(256 << 20));
+/// assert_eq!(parse_size("64k"), Ok(64 << 10));
+/// assert_eq!(parse_size("1.5K"), Ok(1536));
+/// assert!(parse_size("lots").is_err());
+/// ```
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(text.trim())
+        .map_err(|e| format!("{text:?} is not a size ({e}); e.g. 4096, 64K, 256M, 1G"))
+}
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let secs = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
+/// Parses a duration: a number of seconds (`30`, `0.5`), or a number with units (`30s`,
+/// `500ms`, `2m`, `1h 30m`). The one parser behind the flags and the TOML file.
+///
+/// ```
+/// use std::time::Duration;
+/// use freeboard::config::parse_duration;
+/// assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+/// assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+/// assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+/// ```
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs).map_err(|e| format!("{text:?}: {e}"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration ({e}); e.g. 30s, 500ms, 2m, or seconds"))
+}
+
+/// Reads a size or a duration given as a TOML integer, float or string.
+#[derive(Debug)]
+enum Scalar {
+    Int(u64),
+    Float(f64),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number or a string with a unit")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar::Int(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Scalar, E> {
+                u64::try_from(v).map(Scalar::Int).map_err(|_| E::custom("must not be negative"))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Scalar, E> {
+                Ok(Scalar::Float(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar::Text(v.to_owned()))
+            }
+        }
+        d.deserialize_any(Visitor)
     }
 }
 
-mod opt_secs {
-    use serde::{Deserialize, Deserializer};
+mod size {
+    use super::Scalar;
+    use serde::{Deserialize, Deserializer, de::Error};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>, T: TryFrom<u64>>(
+        d: D,
+    ) -> Result<T, D::Error> {
+        let bytes = match Scalar::deserialize(d)? {
+            Scalar::Int(n) => n,
+            Scalar::Float(f) if f >= 0.0 && f.fract() == 0.0 => f as u64,
+            Scalar::Float(f) => {
+                return Err(D::Error::custom(format!("{f} is not a whole number of bytes")));
+            }
+            Scalar::Text(text) => super::parse_size(&text).map_err(D::Error::custom)?,
+        };
+        T::try_from(bytes).map_err(|_| D::Error::custom(format!("{bytes} bytes is too large")))
+    }
+}
+
+mod duration {
+    use super::Scalar;
+    use serde::{Deserialize, Deserializer, de::Error};
     use std::time::Duration;
 
-    /// `0` turns the timer off.
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        match Scalar::deserialize(d)? {
+            Scalar::Int(secs) => Ok(Duration::from_secs(secs)),
+            Scalar::Float(secs) => Duration::try_from_secs_f64(secs).map_err(D::Error::custom),
+            Scalar::Text(text) => super::parse_duration(&text).map_err(D::Error::custom),
+        }
+    }
+}
+
+mod opt_duration {
+    use serde::Deserializer;
+    use std::time::Duration;
+
+    /// `0` (or `"0s"`) turns the timer off.
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<Option<Duration>, D::Error> {
-        let secs = f64::deserialize(d)?;
-        if secs == 0.0 {
-            return Ok(None);
-        }
-        Duration::try_from_secs_f64(secs).map(Some).map_err(serde::de::Error::custom)
+        let duration = super::duration::deserialize(d)?;
+        Ok((!duration.is_zero()).then_some(duration))
     }
 }
 

@@ -451,13 +451,17 @@ pub struct Router {
 pub enum HttpRoute {
     /// `GET` answers `200 ok`: a liveness probe.
     Health,
-    /// `GET` answers the server's metrics in the Prometheus text format.
+    /// `GET` answers the server's metrics as OpenMetrics text
+    /// ([`metrics::CONTENT_TYPE`](crate::metrics::CONTENT_TYPE)).
     Metrics,
     /// A prefix: `POST {path}{topic}` publishes its body to `topic` (text when the
     /// `Content-Type` is `text/*`, else binary), behind the bearer token of
     /// [`TopicsConfig::publish_token`](crate::config::TopicsConfig::publish_token) when one is
     /// set, and answers what the publish reached.
     Publish,
+    /// `GET` answers the live dashboard page (mount it with [`Router::dashboard`], which also
+    /// adds the WebSocket the page reads from).
+    Dashboard,
 }
 
 struct Route {
@@ -489,6 +493,19 @@ impl Router {
     pub fn http(mut self, path: &str, route: HttpRoute) -> Self {
         self.http.push((path.to_owned(), route));
         self
+    }
+
+    /// Serves the live dashboard: the page at `GET {path}` ([`HttpRoute::Dashboard`]) and
+    /// the WebSocket it reads the server's figures from at `{path}/stream` (a snapshot of the
+    /// metrics for every message, conflated so a slow page never holds a backlog).
+    pub fn dashboard(self, path: &str) -> Self {
+        let stream = format!("{}/stream", path.trim_end_matches('/'));
+        let options = RouteOptions::new().slow_consumer(SlowConsumerPolicy::Conflate);
+        self.http(path, HttpRoute::Dashboard).route_with(
+            &stream,
+            crate::dashboard::DashboardStream,
+            options,
+        )
     }
 
     /// The plain HTTP endpoint for `path`, and the rest of the path after a prefix.

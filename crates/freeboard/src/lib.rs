@@ -32,6 +32,7 @@ pub mod auth;
 mod backplane;
 pub mod client;
 pub mod config;
+mod dashboard;
 pub mod handler;
 pub mod metrics;
 mod parking;

@@ -1,16 +1,120 @@
-//! Counters and gauges exported on `/metrics` in the Prometheus text format.
+//! Counters, gauges and histograms exported on `/metrics` in the OpenMetrics text format
+//! ([`CONTENT_TYPE`]), named by the Prometheus conventions: base units in the name
+//! (`_bytes`, `_seconds`), `_total` only on counters, every labelled series present from the
+//! start at zero, plus the standard `process_*` series and `freeboard_build_info`.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use freeboard_buf::{Limit, PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::CloseCode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Registry, Unit};
 
-/// Labels naming why something happened (a close reason, a refusal status, a policy).
+/// The `Content-Type` of [`Metrics::encode`]'s output: OpenMetrics 1.0 text (it ends in
+/// `# EOF`), which Prometheus reads with its OpenMetrics parser.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The reasons a connection is counted as closed with (`freeboard_closes_total{reason}`),
+/// every one present from the start.
+pub const CLOSE_REASONS: [&str; 10] = [
+    "normal",
+    "going_away",
+    "protocol_error",
+    "no_status",
+    "abnormal",
+    "invalid_payload",
+    "policy_violation",
+    "message_too_big",
+    "try_again_later",
+    "other",
+];
+
+/// The HTTP statuses a server refuses with (`freeboard_refusals_total{status}`), every one
+/// present from the start; a handler's own status is added when first used.
+pub const REFUSAL_STATUSES: [u16; 14] =
+    [400, 401, 403, 404, 405, 411, 413, 426, 429, 431, 500, 501, 503, 505];
+
+/// Why a whole loop missed a publication (`freeboard_topic_drops_total{reason}`).
+pub const TOPIC_DROP_REASONS: [&str; 2] = ["inbox_full", "pool"];
+
+/// Why a subscription was refused by a topic limit (`freeboard_topic_refusals_total{reason}`).
+pub const TOPIC_REFUSAL_REASONS: [&str; 2] = ["connection_topics", "server_topics"];
+
+/// Why a publication did not reach the Redis backplane (`freeboard_backplane_lost_total{reason}`).
+pub const BACKPLANE_LOST_REASONS: [&str; 3] = ["queue_full", "redis_down", "unconfirmed"];
+
+/// Why an access check refused an upgrade (`freeboard_access_refusals_total{reason}`); an
+/// application's own reason is added when first used.
+pub const ACCESS_REFUSAL_REASONS: [&str; 12] = [
+    "origin",
+    "token_missing",
+    "token_invalid",
+    "token_expired",
+    "topic_not_granted",
+    "proxy_header",
+    "decision_timeout",
+    "pending_full",
+    "webhook_busy",
+    "webhook_timeout",
+    "webhook_refused",
+    "webhook_error",
+];
+
+/// Why a TLS connection was refused or failed (`freeboard_tls_refusals_total{reason}`): the
+/// server's own reasons, the kinds of TLS error, and each alert a client may send.
+pub const TLS_REFUSAL_REASONS: [&str; 35] = [
+    "budget",
+    "pool_exhausted",
+    "plain_http",
+    "not_tls",
+    "handshake_timeout",
+    "upgrade_timeout",
+    "bad_client_hello",
+    "bad_record",
+    "no_application_protocol",
+    "peer_incompatible",
+    "peer_misbehaved",
+    "decrypt_error",
+    "unexpected_message",
+    "other",
+    "alert_close_notify",
+    "alert_unexpected_message",
+    "alert_bad_record_mac",
+    "alert_handshake_failure",
+    "alert_bad_certificate",
+    "alert_unsupported_certificate",
+    "alert_certificate_revoked",
+    "alert_certificate_expired",
+    "alert_certificate_unknown",
+    "alert_illegal_parameter",
+    "alert_unknown_ca",
+    "alert_access_denied",
+    "alert_decode_error",
+    "alert_decrypt_error",
+    "alert_protocol_version",
+    "alert_insufficient_security",
+    "alert_internal_error",
+    "alert_user_canceled",
+    "alert_unrecognised_name",
+    "alert_no_application_protocol",
+    "alert_other",
+];
+
+/// Bucket bounds of `freeboard_message_size_bytes`.
+const MESSAGE_SIZE_BUCKETS: [u64; 10] =
+    [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
+
+/// Bucket bounds, in milliseconds (the loop's clock), of the duration histograms.
+const MILLIS_BUCKETS: [u64; 12] = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10_000];
+
+/// Labels naming why something happened (a close reason, a policy).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Reason {
     /// The reason.
@@ -31,15 +135,110 @@ pub struct LoopLabel {
     pub event_loop: u32,
 }
 
-/// One loop's gauges, looked up once: a family lookup hashes its labels under a lock, too
+/// The labels of `freeboard_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    rustc_min: &'static str,
+}
+
+/// A histogram over fixed integer bucket bounds whose observations a loop counts in a
+/// [`LocalHistogram`] and adds once per loop turn: an observation on the hot path is an
+/// array increment, not an atomic operation on a shared cache line.
+#[derive(Debug, Clone)]
+pub(crate) struct Histogram {
+    /// Upper bounds of the buckets in integer units (bytes, milliseconds); `+Inf` follows.
+    bounds: &'static [u64],
+    /// What one unit is in the exposed base unit (1 for bytes, 0.001 for milliseconds).
+    scale: f64,
+    /// Per-bucket (not cumulative) counts, `bounds.len() + 1` of them.
+    counts: Arc<[AtomicU64]>,
+    /// The sum of the observations, in units.
+    sum: Arc<AtomicU64>,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [u64], scale: f64) -> Self {
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Self { bounds, scale, counts, sum: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// Adds one observation (for rare events: handshakes).
+    pub(crate) fn observe(&self, value: u64) {
+        let bucket = self.bounds.partition_point(|&b| b < value);
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(value, Ordering::Relaxed);
+    }
+
+    fn add(&self, local: &LocalHistogram) {
+        for (shared, &n) in self.counts.iter().zip(&local.counts) {
+            if n > 0 {
+                shared.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        self.sum.fetch_add(local.sum, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl TypedMetric for Histogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let buckets: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .map(|&b| b as f64 * self.scale)
+            .chain([f64::MAX])
+            .zip(self.counts.iter().map(|c| c.load(Ordering::Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = self.sum.load(Ordering::Relaxed) as f64 * self.scale;
+        encoder
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// A loop's own counts for one [`Histogram`], added to it and zeroed once per turn.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LocalHistogram {
+    counts: [u64; 16],
+    sum: u64,
+}
+
+impl LocalHistogram {
+    fn observe(&mut self, bounds: &[u64], value: u64) {
+        self.counts[bounds.partition_point(|&b| b < value)] += 1;
+        self.sum += value;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.counts.iter().all(|&n| n == 0)
+    }
+}
+
+/// One loop's series, looked up once: a family lookup hashes its labels under a lock, too
 /// much for every loop turn.
 pub(crate) struct LoopGauges {
     pub(crate) chunks_in_use: Gauge,
     pub(crate) chunks_high_water: Gauge,
     pub(crate) slots_in_use: Gauge,
     pub(crate) slots_high_water: Gauge,
-    pub(crate) bytes_buffered: Gauge,
-    pub(crate) allocation_failures: Gauge,
+    pub(crate) send_queue_bytes: Gauge,
+    pub(crate) pool_resident_bytes: Gauge,
+    allocation_failures: Counter,
+    /// The pool's failure count at the last turn (the pool counts from its start).
+    failures_seen: u64,
 }
 
 impl LoopGauges {
@@ -51,8 +250,19 @@ impl LoopGauges {
             chunks_high_water: gauge(&metrics.chunks_high_water),
             slots_in_use: gauge(&metrics.slots_in_use),
             slots_high_water: gauge(&metrics.slots_high_water),
-            bytes_buffered: gauge(&metrics.bytes_buffered),
-            allocation_failures: gauge(&metrics.allocation_failures),
+            send_queue_bytes: gauge(&metrics.send_queue_bytes),
+            pool_resident_bytes: gauge(&metrics.pool_resident_bytes),
+            allocation_failures: metrics.allocation_failures.get_or_create(&label).clone(),
+            failures_seen: 0,
+        }
+    }
+
+    /// Counts the pool's allocation failures since the last call (`total` is the pool's
+    /// running count).
+    pub(crate) fn allocation_failures(&mut self, total: u64) {
+        if total > self.failures_seen {
+            self.allocation_failures.inc_by(total - self.failures_seen);
+            self.failures_seen = total;
         }
     }
 }
@@ -71,6 +281,10 @@ pub(crate) struct LoopStats {
     pub(crate) policy_drops: PolicyCounts,
     /// Messages refused because the pool was short through no fault of their connection.
     pub(crate) pool_exhausted: u64,
+    /// Sizes of the data messages received.
+    message_sizes: LocalHistogram,
+    /// How long send queues stayed non-empty, in milliseconds.
+    queue_delays: LocalHistogram,
 }
 
 /// The `drops` reason of a message refused because the pool was short through no fault of its
@@ -115,6 +329,17 @@ impl LoopStats {
         queued
     }
 
+    /// Counts one received data message of `len` bytes.
+    pub(crate) fn received(&mut self, len: usize) {
+        self.messages_in += 1;
+        self.message_sizes.observe(&MESSAGE_SIZE_BUCKETS, len as u64);
+    }
+
+    /// Counts a send queue that was emptied `millis` after it got its first byte.
+    pub(crate) fn queue_drained(&mut self, millis: u64) {
+        self.queue_delays.observe(&MILLIS_BUCKETS, millis);
+    }
+
     /// Adds the counts to `metrics` and zeroes them.
     pub(crate) fn publish(&mut self, metrics: &Metrics) {
         for (counter, n) in [
@@ -122,13 +347,11 @@ impl LoopStats {
             (&metrics.messages_out, self.messages_out),
             (&metrics.bytes_in, self.bytes_in),
             (&metrics.bytes_out, self.bytes_out),
+            (&metrics.deliveries, self.deliveries),
         ] {
             if n > 0 {
                 counter.inc_by(n);
             }
-        }
-        if self.deliveries > 0 {
-            metrics.deliveries.inc_by(self.deliveries);
         }
         let drops = SlowConsumerPolicy::ALL.iter().map(|p| p.name()).zip(self.policy_drops.0);
         for (reason, n) in drops.chain([(POOL_EXHAUSTED, self.pool_exhausted)]) {
@@ -136,11 +359,17 @@ impl LoopStats {
                 metrics.drops.get_or_create(&Reason { reason: reason.to_owned() }).inc_by(n);
             }
         }
+        if !self.message_sizes.is_empty() {
+            metrics.message_size.add(&self.message_sizes);
+        }
+        if !self.queue_delays.is_empty() {
+            metrics.queue_delay.add(&self.queue_delays);
+        }
         *self = Self::default();
     }
 }
 
-/// The server's metrics, shared by every event loop (all atomics). Read them as Prometheus
+/// The server's metrics, shared by every event loop (all atomics). Read them as OpenMetrics
 /// text with [`encode`](Self::encode), or one by one with the accessors.
 #[derive(Debug)]
 pub struct Metrics {
@@ -159,8 +388,7 @@ pub struct Metrics {
     pub(crate) bytes_in: Counter,
     /// Bytes written to sockets.
     pub(crate) bytes_out: Counter,
-    /// WebSocket connections closed, by reason (`normal`, `going_away`, `protocol_error`,
-    /// `message_too_big`, `invalid_payload`, `policy`, `abnormal`, `try_again_later`, …).
+    /// WebSocket connections closed, by reason ([`CLOSE_REASONS`]).
     pub(crate) closes: Family<Reason, Counter>,
     /// Requests refused, by HTTP status.
     pub(crate) refusals: Family<Status, Counter>,
@@ -173,7 +401,7 @@ pub struct Metrics {
     /// Pool chunks in use, per loop.
     pub(crate) chunks_in_use: Family<LoopLabel, Gauge>,
     /// Pool chunks in total, per loop.
-    pub(crate) chunks_total: Family<LoopLabel, Gauge>,
+    pub(crate) chunks_capacity: Family<LoopLabel, Gauge>,
     /// Most chunks ever in use, per loop.
     pub(crate) chunks_high_water: Family<LoopLabel, Gauge>,
     /// Segment slots (each queued message or piece of one holds at least one), per loop.
@@ -184,28 +412,41 @@ pub struct Metrics {
     pub(crate) slots_high_water: Family<LoopLabel, Gauge>,
     /// Budget bytes, per loop.
     pub(crate) budget_bytes: Family<LoopLabel, Gauge>,
-    /// Chunk allocation failures, per loop (monotonic).
-    pub(crate) allocation_failures: Family<LoopLabel, Gauge>,
-    /// Bytes buffered in send queues, per loop.
-    pub(crate) bytes_buffered: Family<LoopLabel, Gauge>,
+    /// Bytes of one pool chunk.
+    pub(crate) chunk_size: Gauge,
+    /// Chunk allocation failures, per loop.
+    pub(crate) allocation_failures: Family<LoopLabel, Counter>,
+    /// Bytes waiting in send queues, per loop.
+    pub(crate) send_queue_bytes: Family<LoopLabel, Gauge>,
     /// Topic subscriptions (connection × topic) open.
     pub(crate) subscriptions: Gauge,
     /// Messages published (from handlers, handles and HTTP), whether or not anyone listened.
     pub(crate) publishes: Counter,
     /// Published messages queued to subscribers (one per subscriber).
     pub(crate) deliveries: Counter,
-    /// Publications a whole loop could not take, by reason (`inbox_full`, `pool`); drops
+    /// Publications a whole loop could not take, by reason ([`TOPIC_DROP_REASONS`]); drops
     /// for one subscriber are counted in `drops` by policy.
     pub(crate) topic_drops: Family<Reason, Counter>,
+    /// Accept to `101`, in milliseconds.
+    pub(crate) handshake_duration: Histogram,
+    /// Sizes of the data messages received.
+    pub(crate) message_size: Histogram,
+    /// How long a send queue stays non-empty, in milliseconds.
+    pub(crate) queue_delay: Histogram,
+    /// Configuration reloads applied (SIGHUP, [`ServerHandle::reload`](crate::ServerHandle::reload)).
+    pub(crate) reloads: Counter,
+    /// Pool bytes that may be resident (touched and not given back), per loop.
+    pub(crate) pool_resident_bytes: Family<LoopLabel, Gauge>,
     /// Origins, tokens, proxies and pending upgrade decisions.
     pub(crate) access: AccessMetrics,
     /// TLS handshakes completed.
     pub(crate) tls_handshakes: Counter,
-    /// TLS connections refused or failed, by reason (`bad_client_hello`, `plain_http`,
-    /// `not_tls`, `handshake_timeout`, `upgrade_timeout`, `budget`, `alert_*`, …).
+    /// Of those, handshakes that resumed a session with a ticket.
+    pub(crate) tls_resumptions: Counter,
+    /// TLS connections refused or failed, by reason ([`TLS_REFUSAL_REASONS`]).
     pub(crate) tls_refusals: Family<Reason, Counter>,
-    /// Publications that did not reach the Redis backplane, by reason (`queue_full`,
-    /// `redis_down`, `unconfirmed`).
+    /// Publications that did not reach the Redis backplane, by reason
+    /// ([`BACKPLANE_LOST_REASONS`]).
     pub(crate) backplane_lost: Family<Reason, Counter>,
     /// Publications the Redis backplane confirmed.
     pub(crate) backplane_published: Counter,
@@ -213,16 +454,17 @@ pub struct Metrics {
     pub(crate) backplane_received: Counter,
     /// 1 while the backplane's subscriber is connected to Redis.
     pub(crate) backplane_up: Gauge,
-    /// Subscriptions refused by a topic limit, by reason (`connection_topics`,
-    /// `server_topics`); an upgrade naming too many topics is counted in `refusals` (400).
+    /// Subscriptions refused by a topic limit, by reason ([`TOPIC_REFUSAL_REASONS`]); an
+    /// upgrade naming too many topics is counted in `refusals` (400).
     pub(crate) topic_refusals: Family<Reason, Counter>,
     loops: AtomicU32,
 }
 
 impl Metrics {
-    /// Registers every metric under the `freeboard_` prefix.
+    /// Registers every metric: the server's under the `freeboard_` prefix, the process's as
+    /// `process_*`.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("freeboard");
+        let mut root = Registry::default();
         let m = Self {
             registry: Registry::default(),
             connections: Gauge::default(),
@@ -238,20 +480,27 @@ impl Metrics {
             handshake_timeouts: Counter::default(),
             slow_consumer_closes: Counter::default(),
             chunks_in_use: Family::default(),
-            chunks_total: Family::default(),
+            chunks_capacity: Family::default(),
             chunks_high_water: Family::default(),
             slots_in_use: Family::default(),
             slots_total: Family::default(),
             slots_high_water: Family::default(),
             budget_bytes: Family::default(),
+            chunk_size: Gauge::default(),
             allocation_failures: Family::default(),
-            bytes_buffered: Family::default(),
+            send_queue_bytes: Family::default(),
             subscriptions: Gauge::default(),
             publishes: Counter::default(),
             deliveries: Counter::default(),
             topic_drops: Family::default(),
+            handshake_duration: Histogram::new(&MILLIS_BUCKETS, 0.001),
+            message_size: Histogram::new(&MESSAGE_SIZE_BUCKETS, 1.0),
+            queue_delay: Histogram::new(&MILLIS_BUCKETS, 0.001),
+            reloads: Counter::default(),
+            pool_resident_bytes: Family::default(),
             access: AccessMetrics::default(),
             tls_handshakes: Counter::default(),
+            tls_resumptions: Counter::default(),
             tls_refusals: Family::default(),
             backplane_lost: Family::default(),
             backplane_published: Counter::default(),
@@ -260,115 +509,189 @@ impl Metrics {
             topic_refusals: Family::default(),
             loops: AtomicU32::new(0),
         };
-        m.access.register(&mut registry);
-        registry.register("connections", "Open WebSocket connections", m.connections.clone());
-        registry.register("accepted", "Accepted TCP connections", m.accepted.clone());
-        registry.register(
+        for reason in CLOSE_REASONS {
+            let _ = m.closes.get_or_create(&Reason { reason: reason.into() });
+        }
+        for status in REFUSAL_STATUSES {
+            let _ = m.refusals.get_or_create(&Status { status });
+        }
+        for reason in SlowConsumerPolicy::ALL.iter().map(|p| p.name()).chain([POOL_EXHAUSTED]) {
+            let _ = m.drops.get_or_create(&Reason { reason: reason.into() });
+        }
+        for (family, reasons) in [
+            (&m.topic_drops, &TOPIC_DROP_REASONS[..]),
+            (&m.topic_refusals, &TOPIC_REFUSAL_REASONS),
+            (&m.backplane_lost, &BACKPLANE_LOST_REASONS),
+            (&m.access.refusals, &ACCESS_REFUSAL_REASONS),
+            (&m.tls_refusals, &TLS_REFUSAL_REASONS),
+        ] {
+            for reason in reasons {
+                let _ = family.get_or_create(&Reason { reason: (*reason).into() });
+            }
+        }
+        root.register_collector(Box::new(ProcessCollector));
+        let r = root.sub_registry_with_prefix("freeboard");
+        let version = env!("CARGO_PKG_VERSION");
+        let rustc_min = env!("CARGO_PKG_RUST_VERSION");
+        r.register("build", "The running build", Info::new(BuildLabels { version, rustc_min }));
+        r.register("connections", "Open WebSocket connections", m.connections.clone());
+        r.register("accepted", "Accepted TCP connections", m.accepted.clone());
+        r.register(
             "accept_errors",
             "Failed accepts (out of descriptors or memory), retried every 50 ms",
             m.accept_errors.clone(),
         );
-        registry.register("messages_in", "Data messages received", m.messages_in.clone());
-        registry.register(
-            "messages_out",
-            "Data messages queued for sending",
-            m.messages_out.clone(),
+        r.register("received_messages", "Data messages received", m.messages_in.clone());
+        r.register("sent_messages", "Data messages queued for sending", m.messages_out.clone());
+        let bytes = Unit::Bytes;
+        r.register_with_unit(
+            "received",
+            "Bytes read from sockets",
+            bytes.clone(),
+            m.bytes_in.clone(),
         );
-        registry.register("bytes_in", "Bytes read from sockets", m.bytes_in.clone());
-        registry.register("bytes_out", "Bytes written to sockets", m.bytes_out.clone());
-        registry.register("closes", "WebSocket connections closed, by reason", m.closes.clone());
-        registry.register("refusals", "HTTP requests refused, by status", m.refusals.clone());
-        registry.register("drops", "Messages dropped by slow-consumer policy", m.drops.clone());
-        registry.register(
+        r.register_with_unit(
+            "written",
+            "Bytes written to sockets",
+            bytes.clone(),
+            m.bytes_out.clone(),
+        );
+        r.register("closes", "WebSocket connections closed, by reason", m.closes.clone());
+        r.register("refusals", "HTTP requests refused, by status", m.refusals.clone());
+        r.register("drops", "Messages dropped by slow-consumer policy", m.drops.clone());
+        r.register(
             "handshake_timeouts",
             "Connections dropped before completing the upgrade request",
             m.handshake_timeouts.clone(),
         );
-        registry.register(
+        r.register(
             "slow_consumer_closes",
             "Connections closed with 1008 because their send queue reached its cap",
             m.slow_consumer_closes.clone(),
         );
-        registry.register("pool_chunks_in_use", "Pool chunks in use", m.chunks_in_use.clone());
-        registry.register("pool_chunks_total", "Pool chunks in total", m.chunks_total.clone());
-        registry.register(
+        r.register("pool_chunks_in_use", "Pool chunks in use", m.chunks_in_use.clone());
+        r.register("pool_chunks_capacity", "Pool chunks in total", m.chunks_capacity.clone());
+        r.register(
             "pool_chunks_high_water",
             "Most pool chunks ever in use at once",
             m.chunks_high_water.clone(),
         );
-        registry.register(
+        r.register(
             "pool_slots_in_use",
             "Pool segment slots in use (a queued message holds at least one)",
             m.slots_in_use.clone(),
         );
-        registry.register("pool_slots_total", "Pool segment slots in total", m.slots_total.clone());
-        registry.register(
+        r.register("pool_slots_capacity", "Pool segment slots in total", m.slots_total.clone());
+        r.register(
             "pool_slots_high_water",
             "Most pool segment slots ever in use at once",
             m.slots_high_water.clone(),
         );
-        registry.register("budget_bytes", "Memory budget per event loop", m.budget_bytes.clone());
-        registry.register(
+        r.register_with_unit(
+            "pool_chunk_size",
+            "Bytes of one pool chunk",
+            bytes.clone(),
+            m.chunk_size.clone(),
+        );
+        r.register_with_unit(
+            "budget",
+            "Memory budget per event loop",
+            bytes.clone(),
+            m.budget_bytes.clone(),
+        );
+        r.register(
             "pool_allocation_failures",
             "Chunk allocations refused because the pool was exhausted",
             m.allocation_failures.clone(),
         );
-        registry.register(
-            "bytes_buffered",
+        r.register_with_unit(
+            "send_queue",
             "Bytes waiting in send queues",
-            m.bytes_buffered.clone(),
+            bytes.clone(),
+            m.send_queue_bytes.clone(),
         );
-        registry.register("tls_handshakes", "TLS handshakes completed", m.tls_handshakes.clone());
-        registry.register(
-            "tls_refusals",
-            "TLS connections refused or failed, by reason",
-            m.tls_refusals.clone(),
-        );
-        registry.register(
+        r.register(
             "topic_subscriptions",
             "Topic subscriptions open (connection x topic)",
             m.subscriptions.clone(),
         );
-        registry.register("topic_publishes", "Messages published to topics", m.publishes.clone());
-        registry.register(
+        r.register("topic_publishes", "Messages published to topics", m.publishes.clone());
+        r.register(
             "topic_deliveries",
             "Published messages queued to subscribers",
             m.deliveries.clone(),
         );
-        registry.register(
+        r.register(
             "topic_drops",
             "Publications a whole event loop could not take, by reason",
             m.topic_drops.clone(),
         );
-        registry.register(
+        r.register_with_unit(
+            "handshake_duration",
+            "From accept to the 101 response (the loop's millisecond clock)",
+            Unit::Seconds,
+            m.handshake_duration.clone(),
+        );
+        r.register_with_unit(
+            "message_size",
+            "Sizes of the data messages received",
+            bytes,
+            m.message_size.clone(),
+        );
+        r.register_with_unit(
+            "send_queue_delay",
+            "How long a send queue stays non-empty, from its first byte to the write that empties it",
+            Unit::Seconds,
+            m.queue_delay.clone(),
+        );
+        r.register("config_reloads", "Configuration reloads applied", m.reloads.clone());
+        r.register_with_unit(
+            "pool_resident",
+            "Pool bytes that may be resident (touched, not yet given back), per event loop",
+            Unit::Bytes,
+            m.pool_resident_bytes.clone(),
+        );
+        m.access.register(r);
+        r.register("tls_handshakes", "TLS handshakes completed", m.tls_handshakes.clone());
+        r.register(
+            "tls_resumptions",
+            "TLS handshakes that resumed an earlier session (a ticket)",
+            m.tls_resumptions.clone(),
+        );
+        r.register(
+            "tls_refusals",
+            "TLS connections refused or failed, by reason",
+            m.tls_refusals.clone(),
+        );
+        r.register(
             "backplane_lost",
             "Publications that did not reach the Redis backplane, by reason",
             m.backplane_lost.clone(),
         );
-        registry.register(
+        r.register(
             "backplane_published",
             "Publications the Redis backplane confirmed",
             m.backplane_published.clone(),
         );
-        registry.register(
+        r.register(
             "backplane_received",
             "Publications of other nodes received from the Redis backplane",
             m.backplane_received.clone(),
         );
-        registry.register(
+        r.register(
             "backplane_up",
             "1 while the backplane's subscriber is connected to Redis",
             m.backplane_up.clone(),
         );
-        registry.register(
+        r.register(
             "topic_refusals",
             "Subscriptions refused by a topic limit, by reason",
             m.topic_refusals.clone(),
         );
-        Self { registry, ..m }
+        Self { registry: root, ..m }
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The OpenMetrics text exposition of every metric (serve it as [`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // NOTE(unwrap): writing to a String cannot fail.
@@ -386,22 +709,22 @@ impl Metrics {
         self.refusals.get_or_create(&Status { status }).inc();
     }
 
-    /// The value of `refusals{status}`.
+    /// The value of `refusals_total{status}`.
     pub fn refusals_for(&self, status: u16) -> u64 {
         self.refusals.get_or_create(&Status { status }).get()
     }
 
-    /// The value of `closes{reason}`.
+    /// The value of `closes_total{reason}`.
     pub fn closes_for(&self, reason: &str) -> u64 {
         self.closes.get_or_create(&Reason { reason: reason.to_owned() }).get()
     }
 
-    /// The value of `drops{reason=policy}`.
+    /// The value of `drops_total{reason=policy}`.
     pub fn drops_for(&self, policy: &str) -> u64 {
         self.drops.get_or_create(&Reason { reason: policy.to_owned() }).get()
     }
 
-    /// The value of `topic_drops{reason}`.
+    /// The value of `topic_drops_total{reason}`.
     pub fn topic_drops_for(&self, reason: &str) -> u64 {
         self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).get()
     }
@@ -426,21 +749,6 @@ impl Metrics {
         self.deliveries.get()
     }
 
-    /// TLS handshakes completed.
-    pub fn tls_handshakes(&self) -> u64 {
-        self.tls_handshakes.get()
-    }
-
-    /// TLS connections refused or failed for `reason` (see `freeboard_tls_refusals`).
-    pub fn tls_refusals(&self, reason: &str) -> u64 {
-        self.tls_refusals.get_or_create(&Reason { reason: reason.to_owned() }).get()
-    }
-
-    /// Counts a TLS refusal.
-    pub(crate) fn tls_refusal(&self, reason: &'static str) {
-        self.tls_refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
-    }
-
     /// Handshakes (and plain HTTP requests) that timed out.
     pub fn handshake_timeouts(&self) -> u64 {
         self.handshake_timeouts.get()
@@ -451,46 +759,152 @@ impl Metrics {
         self.slow_consumer_closes.get()
     }
 
+    /// Completed upgrades timed in `freeboard_handshake_duration_seconds`.
+    pub fn handshakes(&self) -> u64 {
+        self.handshake_duration.count()
+    }
+
+    /// Configuration reloads applied.
+    pub fn reloads(&self) -> u64 {
+        self.reloads.get()
+    }
+
     /// Pool chunks in use, summed over the loops.
     pub fn total_chunks_in_use(&self) -> i64 {
-        (0..self.loops())
-            .map(|i| self.chunks_in_use.get_or_create(&LoopLabel { event_loop: i }).get())
-            .sum()
+        self.sum_over_loops(&self.chunks_in_use)
     }
 
     /// The loops' chunk high-water marks, summed.
     pub fn total_chunks_high_water(&self) -> i64 {
-        (0..self.loops())
-            .map(|i| self.chunks_high_water.get_or_create(&LoopLabel { event_loop: i }).get())
-            .sum()
+        self.sum_over_loops(&self.chunks_high_water)
     }
 
     /// Bytes waiting in send queues, summed over the loops.
     pub fn total_bytes_buffered(&self) -> i64 {
-        (0..self.loops())
-            .map(|i| self.bytes_buffered.get_or_create(&LoopLabel { event_loop: i }).get())
-            .sum()
+        self.sum_over_loops(&self.send_queue_bytes)
     }
 
+    /// A snapshot of the figures the dashboard draws, as one JSON object: totals (counters
+    /// since start), and per loop the pool, budget and send queues.
+    pub fn snapshot_json(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::with_capacity(1024);
+        let chunk = self.chunk_size.get();
+        let _ = write!(
+            out,
+            "{{\"connections\":{},\"accepted\":{},\"messages_in\":{},\"messages_out\":{},\
+             \"bytes_in\":{},\"bytes_out\":{},\"subscriptions\":{},\"publishes\":{},\
+             \"deliveries\":{},\"handshakes\":{},\"chunk_size\":{chunk},\
+             \"resident_memory_bytes\":{}",
+            self.connections.get(),
+            self.accepted.get(),
+            self.messages_in.get(),
+            self.messages_out.get(),
+            self.bytes_in.get(),
+            self.bytes_out.get(),
+            self.subscriptions.get(),
+            self.publishes.get(),
+            self.deliveries.get(),
+            self.handshake_duration.count(),
+            resident_memory_bytes().unwrap_or(0),
+        );
+        let mut labelled = |name: &str, pairs: &mut dyn Iterator<Item = (String, u64)>| {
+            let _ = write!(out, ",\"{name}\":{{");
+            for (i, (label, n)) in pairs.enumerate() {
+                let _ = write!(out, "{}\"{label}\":{n}", if i == 0 { "" } else { "," });
+            }
+            out.push('}');
+        };
+        labelled("closes", &mut CLOSE_REASONS.iter().map(|r| (r.to_string(), self.closes_for(r))));
+        labelled(
+            "drops",
+            &mut SlowConsumerPolicy::ALL
+                .iter()
+                .map(|p| p.name())
+                .chain([POOL_EXHAUSTED])
+                .map(|r| (r.to_string(), self.drops_for(r)))
+                .chain(
+                    TOPIC_DROP_REASONS
+                        .iter()
+                        .map(|r| (format!("topic_{r}"), self.topic_drops_for(r))),
+                ),
+        );
+        labelled(
+            "refusals",
+            &mut REFUSAL_STATUSES.iter().map(|&s| (s.to_string(), self.refusals_for(s))),
+        );
+        out.push_str(",\"loops\":[");
+        for i in 0..self.loops() {
+            let label = LoopLabel { event_loop: i };
+            let _ = write!(
+                out,
+                "{}{{\"chunks_in_use\":{},\"chunks_high_water\":{},\"chunks_capacity\":{},\
+                 \"budget_bytes\":{},\"pool_resident_bytes\":{},\"send_queue_bytes\":{},\
+                 \"allocation_failures\":{}}}",
+                if i == 0 { "" } else { "," },
+                self.chunks_in_use.get_or_create(&label).get(),
+                self.chunks_high_water.get_or_create(&label).get(),
+                self.chunks_capacity.get_or_create(&label).get(),
+                self.budget_bytes.get_or_create(&label).get(),
+                self.pool_resident_bytes.get_or_create(&label).get(),
+                self.send_queue_bytes.get_or_create(&label).get(),
+                self.allocation_failures.get_or_create(&label).get(),
+            );
+        }
+        out.push_str("]}");
+        out
+    }
+
+    /// Creates every per-loop series at zero, so a scrape lists each loop from the start.
     pub(crate) fn set_loops(&self, n: u32) {
         self.loops.store(n, Ordering::Relaxed);
+        for event_loop in 0..n {
+            let label = LoopLabel { event_loop };
+            let _ = self.chunks_in_use.get_or_create(&label);
+            let _ = self.chunks_capacity.get_or_create(&label);
+            let _ = self.chunks_high_water.get_or_create(&label);
+            let _ = self.slots_in_use.get_or_create(&label);
+            let _ = self.slots_total.get_or_create(&label);
+            let _ = self.slots_high_water.get_or_create(&label);
+            let _ = self.budget_bytes.get_or_create(&label);
+            let _ = self.send_queue_bytes.get_or_create(&label);
+            let _ = self.allocation_failures.get_or_create(&label);
+            let _ = self.pool_resident_bytes.get_or_create(&label);
+        }
     }
 
     fn loops(&self) -> u32 {
         self.loops.load(Ordering::Relaxed)
     }
-}
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
+    fn sum_over_loops(&self, family: &Family<LoopLabel, Gauge>) -> i64 {
+        (0..self.loops()).map(|i| family.get_or_create(&LoopLabel { event_loop: i }).get()).sum()
     }
-}
 
-impl Metrics {
     /// Counts a publish a whole loop could not take.
     pub(crate) fn topic_drop(&self, reason: &str) {
         self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).inc();
+    }
+
+    /// TLS handshakes completed.
+    pub fn tls_handshakes(&self) -> u64 {
+        self.tls_handshakes.get()
+    }
+
+    /// TLS handshakes that resumed an earlier session with a ticket (counted in
+    /// [`tls_handshakes`](Self::tls_handshakes) too).
+    pub fn tls_resumptions(&self) -> u64 {
+        self.tls_resumptions.get()
+    }
+
+    /// TLS connections refused or failed for `reason` (see `freeboard_tls_refusals_total`).
+    pub fn tls_refusals(&self, reason: &str) -> u64 {
+        self.tls_refusals.get_or_create(&Reason { reason: reason.to_owned() }).get()
+    }
+
+    /// Counts a TLS refusal.
+    pub(crate) fn tls_refusal(&self, reason: &'static str) {
+        self.tls_refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
     }
 
     /// Counts publications that did not reach the Redis backplane.
@@ -517,21 +931,30 @@ impl Metrics {
     pub(crate) fn set_backplane_up(&self, up: bool) {
         self.backplane_up.set(i64::from(up));
     }
-}
 
-/// The `closes` metric label for a close code.
-pub(crate) fn close_label(code: CloseCode) -> &'static str {
-    match code {
-        CloseCode::NORMAL => "normal",
-        CloseCode::GOING_AWAY => "going_away",
-        CloseCode::PROTOCOL_ERROR => "protocol_error",
-        CloseCode::NO_STATUS => "no_status",
-        CloseCode::ABNORMAL => "abnormal",
-        CloseCode::INVALID_PAYLOAD => "invalid_payload",
-        CloseCode::POLICY_VIOLATION => "policy_violation",
-        CloseCode::MESSAGE_TOO_BIG => "message_too_big",
-        CloseCode::TRY_AGAIN_LATER => "try_again_later",
-        _ => "other",
+    /// Counts an access refusal by reason.
+    pub(crate) fn access_refusal(&self, reason: &str) {
+        self.access.refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
+    }
+
+    /// The value of `access_refusals_total{reason}`.
+    pub fn access_refusals_for(&self, reason: &str) -> u64 {
+        self.access.refusals.get_or_create(&Reason { reason: reason.to_owned() }).get()
+    }
+
+    /// Upgrade decisions pending now.
+    pub fn pending_upgrades(&self) -> i64 {
+        self.access.pending_upgrades.get()
+    }
+
+    /// Open connections closed because their authorization expired.
+    pub fn token_expiries(&self) -> u64 {
+        self.access.token_expiries.get()
+    }
+
+    /// Connections attributed to a forwarded client address.
+    pub fn forwarded(&self) -> u64 {
+        self.access.forwarded.get()
     }
 }
 
@@ -539,9 +962,8 @@ pub(crate) fn close_label(code: CloseCode) -> &'static str {
 /// upgrade decisions (`freeboard_access_*`).
 #[derive(Debug, Default)]
 pub(crate) struct AccessMetrics {
-    /// Upgrades refused by an access check, by reason (`origin`, `token_missing`,
-    /// `token_invalid`, `token_expired`, `topic_not_granted`, `proxy_header`,
-    /// `decision_timeout`, `pending_full`, or an application's own reason).
+    /// Upgrades refused by an access check, by reason ([`ACCESS_REFUSAL_REASONS`], or an
+    /// application's own reason).
     pub(crate) refusals: Family<Reason, Counter>,
     /// Upgrade decisions pending now.
     pub(crate) pending_upgrades: Gauge,
@@ -577,29 +999,245 @@ impl AccessMetrics {
     }
 }
 
-impl Metrics {
-    /// Counts an access refusal by reason.
-    pub(crate) fn access_refusal(&self, reason: &str) {
-        self.access.refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The standard `process_*` series, read from `/proc/self` at each scrape (Linux; elsewhere
+/// only `process_max_fds` and nothing else).
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // The fields after the command (which may hold spaces) in its parentheses.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok());
+        // SAFETY: sysconf only reads a system constant.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        if let (Some(utime), Some(stime)) = (field(14), field(15)) {
+            let cpu = (utime + stime) as f64 / ticks;
+            let e = encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "User and system CPU time spent, in seconds",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter(cpu).encode(e)?;
+        }
+        let gauges = [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                resident_memory_bytes().map(|b| b as f64),
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                field(23).map(|b| b as f64),
+            ),
+            (
+                "process_start_time_seconds",
+                "Start time of the process since the Unix epoch, in seconds",
+                field(22).and_then(|start| Some(boot_time()? + start as f64 / ticks)),
+            ),
+            (
+                "process_open_fds",
+                "Open file descriptors",
+                std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count().saturating_sub(1) as f64),
+            ),
+            ("process_max_fds", "Maximum number of open file descriptors", max_fds()),
+        ];
+        for (name, help, value) in gauges {
+            if let Some(value) = value {
+                let mut e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                e.encode_gauge(&value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A counter value read at scrape time.
+struct ConstCounter(f64);
+
+impl ConstCounter {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.encode_counter::<prometheus_client::encoding::NoLabelSet, _, f64>(&self.0, None)
+    }
+}
+
+/// The process's resident memory (RSS) in bytes: the second field of `/proc/self/statm`
+/// (pages), what `ps` and a container's memory limit see.
+pub fn resident_memory_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    Some(pages * page)
+}
+
+/// The system's boot time in seconds since the epoch (`btime` in `/proc/stat`).
+fn boot_time() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse().ok())
+}
+
+fn max_fds() -> Option<f64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the limit into the struct we pass.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    ok.then_some(limit.rlim_cur as f64)
+}
+
+/// Keeps a loop's `info` lines about refusals and abnormal closes to a few a second: a flood
+/// of refused clients must not become a flood of log lines. The lines held back are counted
+/// and the next line says how many (`suppressed`).
+#[derive(Debug, Default)]
+pub(crate) struct LogThrottle {
+    /// The second (of the loop's clock) the count is for.
+    second: u64,
+    lines: u32,
+    suppressed: u64,
+}
+
+impl LogThrottle {
+    /// Lines per second and loop.
+    const PER_SECOND: u32 = 5;
+
+    /// Whether a line may be written at `now_ms`; if so, how many were held back before it.
+    pub(crate) fn allow(&mut self, now_ms: u64) -> Option<u64> {
+        let second = now_ms / 1000;
+        if second != self.second {
+            (self.second, self.lines) = (second, 0);
+        }
+        if self.lines == Self::PER_SECOND {
+            self.suppressed += 1;
+            return None;
+        }
+        self.lines += 1;
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+/// The `closes` metric label for a close code.
+pub(crate) fn close_label(code: CloseCode) -> &'static str {
+    match code {
+        CloseCode::NORMAL => "normal",
+        CloseCode::GOING_AWAY => "going_away",
+        CloseCode::PROTOCOL_ERROR => "protocol_error",
+        CloseCode::NO_STATUS => "no_status",
+        CloseCode::ABNORMAL => "abnormal",
+        CloseCode::INVALID_PAYLOAD => "invalid_payload",
+        CloseCode::POLICY_VIOLATION => "policy_violation",
+        CloseCode::MESSAGE_TOO_BIG => "message_too_big",
+        CloseCode::TRY_AGAIN_LATER => "try_again_later",
+        _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_labelled_series_is_there_from_the_start() {
+        let metrics = Metrics::new();
+        metrics.set_loops(2);
+        let text = metrics.encode();
+        for reason in CLOSE_REASONS {
+            assert!(text.contains(&format!("freeboard_closes_total{{reason=\"{reason}\"}} 0")));
+        }
+        assert!(text.contains("freeboard_refusals_total{status=\"503\"} 0"), "{text}");
+        assert!(text.contains("freeboard_drops_total{reason=\"conflate\"} 0"));
+        assert!(text.contains("freeboard_pool_chunks_in_use{event_loop=\"1\"} 0"));
+        assert!(text.contains("freeboard_pool_allocation_failures_total{event_loop=\"0\"} 0"));
+        assert!(text.contains("freeboard_build_info{version=\""));
+        assert!(text.contains("freeboard_message_size_bytes_bucket{le=\"+Inf\"} 0"));
+        for (family, reasons) in [
+            ("tls_refusals", &TLS_REFUSAL_REASONS[..]),
+            ("access_refusals", &ACCESS_REFUSAL_REASONS),
+            ("backplane_lost", &BACKPLANE_LOST_REASONS),
+            ("topic_refusals", &TOPIC_REFUSAL_REASONS),
+            ("topic_drops", &TOPIC_DROP_REASONS),
+        ] {
+            for reason in reasons {
+                let series = format!("freeboard_{family}_total{{reason=\"{reason}\"}} 0");
+                assert!(text.contains(&series), "{series} missing");
+            }
+        }
+        assert!(text.contains("freeboard_pool_resident_bytes{event_loop=\"1\"} 0"));
+        assert!(text.contains("freeboard_backplane_up 0"));
+        // RSS from /proc/self/statm: this test process holds more than a MiB.
+        let rss = text.lines().find_map(|l| l.strip_prefix("process_resident_memory_bytes "));
+        assert!(rss.and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 1e6), "{rss:?}");
+        assert!(text.ends_with("# EOF\n"));
     }
 
-    /// The value of `access_refusals{reason}`.
-    pub fn access_refusals_for(&self, reason: &str) -> u64 {
-        self.access.refusals.get_or_create(&Reason { reason: reason.to_owned() }).get()
+    #[test]
+    fn gauges_never_end_in_total_and_counters_always_do() {
+        let text = Metrics::new().encode();
+        let mut kind = "";
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, t) = rest.split_once(' ').unwrap();
+                kind = t;
+                assert!(t == "counter" || !name.ends_with("_total"), "{name} is a {t}");
+            } else if !line.starts_with('#') && kind == "counter" {
+                let name = line.split(['{', ' ']).next().unwrap();
+                assert!(name.ends_with("_total") || name.ends_with("_created"), "{line}");
+            }
+        }
     }
 
-    /// Upgrade decisions pending now.
-    pub fn pending_upgrades(&self) -> i64 {
-        self.access.pending_upgrades.get()
+    #[test]
+    fn the_grafana_dashboard_asks_only_for_series_that_exist() {
+        let dashboard = include_str!("../../../docs/grafana/freeboard.json");
+        let metrics = Metrics::new();
+        metrics.set_loops(1);
+        let text = metrics.encode();
+        let mut asked = 0;
+        for (i, _) in
+            dashboard.match_indices("freeboard_").chain(dashboard.match_indices("process_"))
+        {
+            let name: String = dashboard[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let series = name.strip_suffix("_bucket").unwrap_or(&name);
+            assert!(text.contains(series), "{name} is not exported");
+            asked += 1;
+        }
+        assert!(asked > 20);
     }
 
-    /// Open connections closed because their authorization expired.
-    pub fn token_expiries(&self) -> u64 {
-        self.access.token_expiries.get()
+    #[test]
+    fn log_lines_are_throttled_and_the_held_back_counted() {
+        let mut throttle = LogThrottle::default();
+        let allowed = (0..8).filter(|_| throttle.allow(1_500).is_some()).count();
+        assert_eq!(allowed, LogThrottle::PER_SECOND as usize);
+        assert_eq!(throttle.allow(2_000), Some(3), "the next second says what was held back");
     }
 
-    /// Connections attributed to a forwarded client address.
-    pub fn forwarded(&self) -> u64 {
-        self.access.forwarded.get()
+    #[test]
+    fn loop_histograms_add_their_turns() {
+        let metrics = Metrics::new();
+        let mut stats = LoopStats::default();
+        stats.received(10);
+        stats.received(100_000);
+        stats.queue_drained(3);
+        stats.publish(&metrics);
+        assert_eq!(metrics.message_size.count(), 2);
+        let text = metrics.encode();
+        assert!(text.contains("freeboard_message_size_bytes_bucket{le=\"64.0\"} 1"), "{text}");
+        assert!(text.contains("freeboard_message_size_bytes_sum 100010"), "{text}");
+        assert!(text.contains("freeboard_send_queue_delay_seconds_bucket{le=\"0.005\"} 1"));
+        assert!(metrics.snapshot_json().contains("\"messages_in\":2"));
     }
 }

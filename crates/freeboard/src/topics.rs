@@ -18,7 +18,7 @@
 //! Each subscriber sees one publisher's messages on a topic in publish order: a loop fans out
 //! its own publishes in order, and each inbox is FIFO. A slow subscriber never delays the
 //! others: its queue's [`SlowConsumerPolicy`](crate::SlowConsumerPolicy) decides alone, and every
-//! drop is counted (`drops{reason=<policy>}`; `topic_drops{reason=inbox_full|pool}` for a
+//! drop is counted (`drops_total{reason=<policy>}`; `topic_drops_total{reason=inbox_full|pool}` for a
 //! publish a whole loop could not take). Under `block` a subscriber's publisher cannot be
 //! paused, so a refused message counts as a `block` drop.
 //!

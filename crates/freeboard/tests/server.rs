@@ -32,7 +32,7 @@ fn echoes_text_and_binary_whole_and_fragmented() {
     c.send(0x88, &1000u16.to_be_bytes());
     assert_eq!(c.recv_close(), Some(1000));
     assert!(c.sees_eof());
-    assert!(metric(addr, "freeboard_messages_in_total") >= 3.0);
+    assert!(metric(addr, "freeboard_received_messages_total") >= 3.0);
     assert_eq!(metric(addr, "freeboard_closes_total{reason=\"normal\"}"), 1.0);
     drop(c);
     server.handle().shutdown();
@@ -371,7 +371,7 @@ fn an_exhausted_pool_still_answers_503() {
     let addr = server.local_addr();
     let mut hog = non_reader(addr);
     let frame = freeboard_test::frame(0x82, &[7u8; 1000], freeboard_test::TEST_MASK);
-    let total = metric(addr, "freeboard_pool_chunks_total{event_loop=\"0\"}");
+    let total = metric(addr, "freeboard_pool_chunks_capacity{event_loop=\"0\"}");
     let short = || total - metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") < reserve;
     // Send until the pool cannot cover a connection's reserve. Drop-newest keeps reading, so
     // these writes never wait for long; once the pool is that short a message split across

@@ -174,6 +174,9 @@ fn tls12_tls13_alpn_and_resumption_with_tickets() {
         );
         upgrade_and_echo(&mut second);
     }
+    // Counted by the server: four handshakes, the second of each version resumed.
+    assert_eq!(server.metrics().tls_handshakes(), 4);
+    assert_eq!(server.metrics().tls_resumptions(), 2);
     stop_once_idle(server);
 }
 

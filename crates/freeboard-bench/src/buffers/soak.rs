@@ -260,8 +260,8 @@ pub fn run(soak: &Soak, on_sample: &mut dyn FnMut(&SoakSample)) -> io::Result<So
                 .then(|| value("freeboard_pool_resident_bytes").map(|b| b / 1024))
                 .flatten(),
             chunks_in_use: value("freeboard_pool_chunks_in_use"),
-            chunks_total: value("freeboard_pool_chunks_total"),
-            allocation_failures: value("freeboard_pool_allocation_failures"),
+            chunks_total: value("freeboard_pool_chunks_capacity"),
+            allocation_failures: value("freeboard_pool_allocation_failures_total"),
             drops,
             pattern_switches: switches.len(),
             pattern_latency_ms: match switches.last() {

@@ -1,11 +1,12 @@
 //! The client on an event loop: many connections in one thread on mio, one chunk pool and one
-//! read buffer for all of them.
+//! read buffer for all of them; `ws://` and `wss://` over the clients' one [`ClientStream`].
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::ToSocketAddrs;
+use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
-use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue};
+use freeboard_buf::{Budget, DEFAULT_SEGMENTS_PER_CHUNK, Pool, PoolConfig, SendQueue};
 use freeboard_proto::handshake::{DEFAULT_MAX_HEAD_LEN, Key};
 use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
 use mio::net::TcpStream;
@@ -13,6 +14,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use super::handshake::{self, Refusal};
+use super::tls::{ClientStream, is_tls, tls_client_config, tls_connection, tls_or_io};
 use super::{ClientConfig, ClientError, CloseEvent, Target};
 use crate::parking::{ParkingLot, Ws};
 use crate::session::{
@@ -50,8 +52,16 @@ pub trait ClientHandler {
 /// handshake do not); [`turn`](Self::turn) waits for readiness once and runs the callbacks of
 /// the [`ClientHandler`]; [`conn`](Self::conn) sends on a connection from outside a callback.
 /// Each connection's output leaves in one `writev` per turn. All queued and reassembled bytes
-/// come from one pool ([`ClientConfig::memory`]); watermarks and the slow-consumer policy
-/// apply per connection.
+/// come from one budget ([`ClientConfig::memory`]): a pool of chunks, and beside it the
+/// contiguous copy of a message that arrived in pieces (up to `max_message_size` or a quarter
+/// of the budget); watermarks and the slow-consumer policy apply per connection.
+///
+/// `wss://` runs TLS under the same loop: SNI and the server's name verified against
+/// [`ClientConfig::tls_roots`] (the OS store, a CA file, or none with `insecure`). The TLS
+/// handshake counts in the connect timeout until the upgrade request is handed to TLS, then
+/// in the handshake timeout. The loop keeps one rustls configuration (built at the first
+/// `wss://` connection), so later connections resume a session with a ticket. A connection's
+/// TLS buffers are rustls' own (heap, up to 64 KiB of unsent records), not the pool's.
 ///
 /// Deadlines (connect + handshake timeout, the core's close and keep-alive timers) are found
 /// by a scan over the connections once per turn: O(connections) per turn.
@@ -69,6 +79,8 @@ pub struct ClientLoop<H> {
     share: Share,
     sessions: Slab<Connecting>,
     config: ClientConfig,
+    /// The TLS configuration of every `wss://` connection, built at the first.
+    tls: Option<Arc<rustls::ClientConfig>>,
     start: StdInstant,
     handler: H,
 }
@@ -82,7 +94,7 @@ pub struct LoopConn<'a> {
 
 /// One connection of the loop: its socket, and where its handshake stands.
 struct Connecting {
-    stream: TcpStream,
+    stream: ClientStream,
     phase: Phase,
     readable: bool,
     writable: bool,
@@ -108,9 +120,15 @@ impl<H: ClientHandler> ClientLoop<H> {
     /// A loop with the pool, read buffer and limits of `config` (its timeouts, headers and
     /// subprotocols apply to every connection).
     pub fn new(config: ClientConfig, handler: H) -> Result<Self, ClientError> {
+        // A message that arrived in pieces is copied into one contiguous buffer for the
+        // handler, drawn from the budget: keep room for it outside the chunks (as the server
+        // does), else any message larger than a read would fail with 1009.
+        let assembly_reserve = config.max_message_size.min(config.memory / 4);
+        let footprint = Pool::footprint(config.chunk_size, 1, DEFAULT_SEGMENTS_PER_CHUNK);
+        let chunks = (config.memory - assembly_reserve) / footprint;
         let pool = Pool::new(
             Budget::new(config.memory),
-            PoolConfig::new().with_chunk_size(config.chunk_size),
+            PoolConfig::new().with_chunk_size(config.chunk_size).with_chunk_count(chunks),
         )
         .map_err(|e| ClientError::Config(e.to_string()))?;
         Ok(Self {
@@ -124,6 +142,7 @@ impl<H: ClientHandler> ClientLoop<H> {
             lot: ParkingLot::new(config.protocol()),
             sessions: Slab::new(),
             config,
+            tls: None,
             start: StdInstant::now(),
             handler,
         })
@@ -132,9 +151,15 @@ impl<H: ClientHandler> ClientLoop<H> {
     /// Starts a connection to `url`.
     pub fn connect(&mut self, url: &str) -> Result<ClientId, ClientError> {
         let target = Target::parse(url)?;
-        if target.is_secure() {
-            return Err(ClientError::TlsNotSupported);
-        }
+        let tls = match (target.is_secure(), &self.tls) {
+            (false, _) => None,
+            (true, Some(config)) => Some(tls_connection(config.clone(), target.host())?),
+            (true, None) => {
+                let config = tls_client_config(&self.config.tls_roots)?;
+                self.tls = Some(config.clone());
+                Some(tls_connection(config, target.host())?)
+            }
+        };
         let addr = (target.host(), target.port())
             .to_socket_addrs()
             .map_err(|source| ClientError::Resolve { host: target.host().to_owned(), source })?
@@ -143,8 +168,13 @@ impl<H: ClientHandler> ClientLoop<H> {
                 host: target.host().to_owned(),
                 source: io::Error::other("no address"),
             })?;
-        let mut stream = TcpStream::connect(addr)
+        let tcp = TcpStream::connect(addr)
             .map_err(|source| ClientError::Connect { addr: addr.to_string(), source })?;
+        let _ = tcp.set_nodelay(true);
+        let mut stream = match tls {
+            Some(conn) => ClientStream::Tls(Box::new((tcp, conn))),
+            None => ClientStream::Plain(tcp),
+        };
         let key = handshake::new_key()?;
         let request = handshake::encode_request(&target, &self.config, &key)?;
         let entry = self.sessions.vacant_entry();
@@ -361,8 +391,17 @@ impl<H: ClientHandler> ClientLoop<H> {
         let Phase::Connecting { key, request, sent, response } = &mut session.phase else {
             return Ok(());
         };
-        if let Some(e) = session.stream.take_error()? {
+        if let Some(e) = session.stream.tcp().take_error()? {
             return Err(ClientError::Connect { addr: peer(&session.stream), source: e });
+        }
+        // Over TLS the request is handed to rustls at once (it sends it after its handshake);
+        // the records that the handshake still owes go when the socket takes them.
+        if session.writable && session.stream.wants_write() {
+            match session.stream.flush_tls() {
+                Ok(()) => {}
+                Err(e) if is_would_block(&e) => session.writable = false,
+                Err(e) => return Err(tls_or_io(e)),
+            }
         }
         while session.writable && *sent < request.len() {
             match session.stream.write(&request[*sent..]) {
@@ -376,6 +415,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => session.writable = false,
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => session.writable = false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_tls(&e) => return Err(tls_or_io(e)),
                 Err(e) => {
                     return Err(ClientError::Connect { addr: peer(&session.stream), source: e });
                 }
@@ -391,7 +431,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                     break;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(tls_or_io(e)),
             };
             response.extend_from_slice(&buf[..n]);
             match handshake::check_response(response, &self.config, key) {
@@ -444,7 +484,10 @@ impl<H: ClientHandler> ClientLoop<H> {
         let ids: Vec<usize> = self
             .sessions
             .iter()
-            .filter(|(_, s)| matches!(&s.phase, Phase::Open(o) if o.session.buffered() > 0))
+            .filter(|(_, s)| {
+                s.stream.wants_write()
+                    || matches!(&s.phase, Phase::Open(o) if o.session.buffered() > 0)
+            })
             .map(|(id, _)| id)
             .collect();
         for id in ids {
@@ -456,12 +499,19 @@ impl<H: ClientHandler> ClientLoop<H> {
     fn flush(&mut self, id: usize) {
         let Some(session) = self.sessions.get_mut(id) else { return };
         let Phase::Open(open) = &mut session.phase else { return };
-        while session.writable && open.session.buffered() > 0 {
-            let mut iov = [IoSlice::new(&[]); IOV];
-            let n = open.session.io_slices(&self.pool, &mut iov);
-            match session.stream.write_vectored(&iov[..n]) {
+        while session.writable && (open.session.buffered() > 0 || session.stream.wants_write()) {
+            let written = match open.session.buffered() {
+                // TLS records of earlier writes (or that reads asked for) wait alone.
+                0 => session.stream.flush_tls().map(|()| 0),
+                _ => {
+                    let mut iov = [IoSlice::new(&[]); IOV];
+                    let n = open.session.io_slices(&self.pool, &mut iov);
+                    session.stream.write_vectored(&iov[..n])
+                }
+            };
+            match written {
                 Ok(n) => open.session.consume(&mut self.pool, n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => session.writable = false,
+                Err(e) if is_would_block(&e) => session.writable = false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
                     let mut cx = Context {
@@ -488,9 +538,8 @@ impl<H: ClientHandler> ClientLoop<H> {
     fn finish_if_closed(&mut self, id: usize) {
         let Some(session) = self.sessions.get_mut(id) else { return };
         let Phase::Open(open) = &mut session.phase else { return };
-        if open.session.state() != State::Closed
-            || (open.session.buffered() > 0 && session.writable)
-        {
+        let unsent = open.session.buffered() > 0 || session.stream.wants_write();
+        if open.session.state() != State::Closed || (unsent && session.writable) {
             return;
         }
         let Some(close) = open.closed.take() else { return };
@@ -643,6 +692,11 @@ fn feed<H: ClientHandler>(
     }
 }
 
-fn peer(stream: &TcpStream) -> String {
-    stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "the server".into())
+fn peer(stream: &ClientStream) -> String {
+    stream.tcp().peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "the server".into())
+}
+
+/// `WouldBlock`, or `NotConnected` while a connect is in progress (a TLS write before it).
+fn is_would_block(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::NotConnected)
 }

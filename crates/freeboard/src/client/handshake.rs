@@ -35,8 +35,8 @@ pub(super) fn open(target: &Target, config: &ClientConfig) -> Result<Opened, Cli
         false => handshake(&mut stream, target, config, deadline)
             .map(|(protocol, leftover)| Opened { stream, tls: None, protocol, leftover }),
         true => {
-            let conn =
-                super::tls::connect(super::tls::client_config(&config.tls_roots)?, target.host())?;
+            let tls_config = super::tls::tls_client_config(&config.tls_roots)?;
+            let conn = super::tls::tls_connection(tls_config, target.host())?;
             let mut tls = rustls::StreamOwned::new(conn, stream);
             handshake(&mut tls, target, config, deadline).map(|(protocol, leftover)| {
                 let (conn, stream) = tls.into_parts();
@@ -48,9 +48,7 @@ pub(super) fn open(target: &Target, config: &ClientConfig) -> Result<Opened, Cli
         ClientError::Io(io) if is_timeout(&io) => {
             ClientError::HandshakeTimeout(config.handshake_timeout)
         }
-        ClientError::Io(io) if io.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) => {
-            ClientError::Tls(io.to_string())
-        }
+        ClientError::Io(io) => super::tls::tls_or_io(io),
         other => other,
     })
 }

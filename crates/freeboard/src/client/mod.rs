@@ -3,9 +3,10 @@
 //! [`Client::connect`] opens `ws://` and `wss://` URLs (IPv6 literals, default ports, path and
 //! query, custom headers, subprotocols, connect and handshake timeouts; TLS on rustls with the
 //! operating system's roots, a private CA file ([`ClientConfig::ca_file`]) or, for tests, no
-//! verification ([`ClientConfig::insecure`]); SNI and the host name checked).
-//! [`ClientLoop`] refuses `wss://` with [`ClientError::TlsNotSupported`] for now. A handshake refusal says what the server
-//! answered: [`ClientError::Refused`] carries the status and an excerpt of the body.
+//! verification ([`ClientConfig::insecure`]); SNI and the host name checked), and so does
+//! [`ClientLoop::connect`] for many connections in one thread (both over one
+//! [`ClientStream`]). A handshake refusal says what the server answered:
+//! [`ClientError::Refused`] carries the status and an excerpt of the body.
 //!
 //! Once open, the client behaves like a browser's `WebSocket`:
 //! - [`ready_state`](Client::ready_state): connecting, open, closing, closed;
@@ -79,7 +80,7 @@ use freeboard_proto::UsageError;
 use freeboard_proto::handshake::HandshakeError;
 pub use message::{CloseEvent, Event, Message};
 pub use target::Target;
-pub use tls::TlsRoots;
+pub use tls::{ClientStream, TlsRoots, tls_client_config, tls_connection};
 
 /// Everything a client can be told, with defaults for a script talking to one server.
 ///
@@ -276,8 +277,6 @@ pub enum ClientError {
         /// What is wrong with it.
         why: String,
     },
-    /// `wss://` given to [`ClientLoop`], which does not speak TLS yet.
-    TlsNotSupported,
     /// TLS could not be set up or failed (no trusted roots, an unreadable CA file, a
     /// certificate that does not verify, an alert from the server).
     Tls(String),
@@ -334,9 +333,6 @@ impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::InvalidUrl { url, why } => write!(f, "invalid WebSocket URL {url:?}: {why}"),
-            Self::TlsNotSupported => {
-                f.write_str("wss:// is not supported by ClientLoop yet (use Client)")
-            }
             Self::Tls(why) => write!(f, "TLS: {why}"),
             Self::Resolve { host, source } => write!(f, "cannot resolve {host}: {source}"),
             Self::Connect { addr, source } => write!(f, "cannot connect to {addr}: {source}"),

@@ -1,6 +1,8 @@
-//! `wss://` for the blocking client: rustls' buffered `ClientConnection` over the socket.
+//! `wss://` for the clients: rustls' buffered `ClientConnection` over the socket, one
+//! [`ClientStream`] for the blocking client, the [`ClientLoop`](super::ClientLoop) and the load
+//! generator (`freeboard-bench`).
 //!
-//! A client holds one connection, so the per-connection buffers rustls keeps (its received
+//! A client holds few connections, so the per-connection buffers rustls keeps (its received
 //! records, at most 64 KiB of records to send) are not the concern they are on a server with
 //! ten thousand; the server side uses the unbuffered API (`crate::tls`).
 //!
@@ -37,8 +39,9 @@ pub enum TlsRoots {
 }
 
 /// The rustls configuration for `roots`: TLS 1.3 and 1.2 on the `ring` provider, ALPN
-/// `http/1.1`. The OS store is loaded once per process.
-pub(crate) fn client_config(roots: &TlsRoots) -> Result<Arc<rustls::ClientConfig>, ClientError> {
+/// `http/1.1`, session resumption with tickets (an in-memory cache that lives as long as the
+/// configuration). The OS store is loaded once per process.
+pub fn tls_client_config(roots: &TlsRoots) -> Result<Arc<rustls::ClientConfig>, ClientError> {
     static NATIVE: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
     match roots {
         TlsRoots::Native => NATIVE
@@ -102,7 +105,7 @@ fn tls_error(path: &Path, e: impl std::fmt::Display) -> ClientError {
 
 /// A new client connection to `host` (SNI and the name verified, unless it is an IP address,
 /// which is verified against the certificate's IP addresses and not sent as SNI).
-pub(crate) fn connect(
+pub fn tls_connection(
     config: Arc<rustls::ClientConfig>,
     host: &str,
 ) -> Result<ClientConnection, ClientError> {
@@ -112,15 +115,46 @@ pub(crate) fn connect(
     ClientConnection::new(config, name).map_err(|e| ClientError::Tls(e.to_string()))
 }
 
-/// The blocking client's socket: plain TCP, or TLS over it.
-pub(crate) enum ClientStream {
+/// Whether `e` carries a TLS failure (a certificate that does not verify, an alert).
+pub(super) fn is_tls(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>())
+}
+
+/// A socket error as the client reports it: [`ClientError::Tls`] when TLS failed.
+pub(super) fn tls_or_io(e: io::Error) -> ClientError {
+    match is_tls(&e) {
+        true => ClientError::Tls(e.to_string()),
+        false => e.into(),
+    }
+}
+
+/// A client's socket: plain TCP, or TLS over it (a [`tls_connection`]), blocking or not as
+/// the socket is, and a mio event source.
+///
+/// `Read` returns decrypted bytes (`Ok(0)` at the server's close_notify); a TLS error is an
+/// `InvalidData` error carrying the `rustls::Error`. `Write` encrypts what rustls' send
+/// buffer (64 KiB) takes and writes records until the socket is full; what stays is written
+/// first by the next write, or by [`flush_tls`](Self::flush_tls) when the socket is
+/// writable again ([`wants_write`](Self::wants_write) says whether anything stays).
+#[derive(Debug)]
+pub enum ClientStream {
+    /// Plain TCP (`ws://`).
     Plain(TcpStream),
+    /// TLS over TCP (`wss://`).
     Tls(Box<(TcpStream, ClientConnection)>),
 }
 
 impl ClientStream {
+    /// The socket.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Self::Plain(tcp) => tcp,
+            Self::Tls(tls) => &tls.0,
+        }
+    }
+
     /// Whether TLS records wait to be written.
-    pub(crate) fn wants_write(&self) -> bool {
+    pub fn wants_write(&self) -> bool {
         match self {
             Self::Plain(_) => false,
             Self::Tls(tls) => tls.1.wants_write(),
@@ -128,7 +162,7 @@ impl ClientStream {
     }
 
     /// Writes the TLS records that wait; `WouldBlock` if the socket is full.
-    pub(crate) fn flush_tls(&mut self) -> io::Result<()> {
+    pub fn flush_tls(&mut self) -> io::Result<()> {
         match self {
             Self::Plain(_) => Ok(()),
             Self::Tls(tls) => {
@@ -141,15 +175,16 @@ impl ClientStream {
         }
     }
 
-    pub(crate) fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
+    /// Shuts the socket down (after a close_notify over TLS).
+    pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
         if let Self::Tls(tls) = self {
             tls.1.send_close_notify();
             let _ = self.flush_tls();
         }
-        self.tcp().shutdown(how)
+        self.tcp_mut().shutdown(how)
     }
 
-    fn tcp(&mut self) -> &mut TcpStream {
+    fn tcp_mut(&mut self) -> &mut TcpStream {
         match self {
             Self::Plain(tcp) => tcp,
             Self::Tls(tls) => &mut tls.0,
@@ -225,7 +260,7 @@ impl mio::event::Source for ClientStream {
         token: mio::Token,
         interests: mio::Interest,
     ) -> io::Result<()> {
-        self.tcp().register(registry, token, interests)
+        self.tcp_mut().register(registry, token, interests)
     }
 
     fn reregister(
@@ -234,11 +269,11 @@ impl mio::event::Source for ClientStream {
         token: mio::Token,
         interests: mio::Interest,
     ) -> io::Result<()> {
-        self.tcp().reregister(registry, token, interests)
+        self.tcp_mut().reregister(registry, token, interests)
     }
 
     fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
-        self.tcp().deregister(registry)
+        self.tcp_mut().deregister(registry)
     }
 }
 

@@ -105,6 +105,10 @@ impl<T: Transport> EventLoop<T> {
             let marks = options.watermarks.unwrap_or(*queue.watermarks());
             SendQueue::new(marks, options.slow_consumer.unwrap_or(queue.policy()))
         });
+        let deadline = match entry.session.phase {
+            Phase::Request { deadline } => Some(deadline),
+            _ => None,
+        };
         let ws = Ws::new(Role::Server, self.lot.config(), now);
         if entry.session.upgrade(&mut self.pool, ws, queue, &response[..n]).is_err() {
             self.remove(token);
@@ -113,6 +117,12 @@ impl<T: Transport> EventLoop<T> {
         entry.route = route as u32;
         let serial = entry.serial;
         self.shared.metrics.connections.inc();
+        if let Some(deadline) = deadline {
+            // Accepted at the deadline less the handshake timeout (one clock, milliseconds).
+            let timeout = self.config.handshake_timeout.as_millis() as u64;
+            let taken = (now.as_millis() + timeout).saturating_sub(deadline.as_millis());
+            self.shared.metrics.handshake_duration.observe(taken);
+        }
         if let Some(data) = data {
             self.data.insert(token, data);
         }
@@ -139,7 +149,7 @@ impl<T: Transport> EventLoop<T> {
             }
             Verdict::Published => {} // routed by `run_decisions`, never here
             Verdict::Accept(accepted) => {
-                let reserve = self.shared.config.connection_reserve;
+                let reserve = self.config.connection_reserve;
                 if self.pool.chunks_free() * self.pool.chunk_size() < reserve {
                     self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
                 } else {
@@ -171,7 +181,8 @@ impl<T: Transport> EventLoop<T> {
         }
         entry.peer = client;
         entry.attributed = true;
-        let limited = self.shared.attribute(client.ip(), now.as_millis() as f64 / 1000.0);
+        let limited =
+            self.shared.attribute(&self.config, client.ip(), now.as_millis() as f64 / 1000.0);
         let entry = &mut self.conns[token];
         entry.limited = entry.limited.or(limited);
     }

@@ -23,8 +23,9 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use super::shared::Shared;
+use crate::config::ServerConfig;
 use crate::handler::{Completion, Decisions, RouteOptions, Router};
-use crate::metrics::{LoopGauges, LoopLabel, LoopStats};
+use crate::metrics::{LogThrottle, LoopGauges, LoopLabel, LoopStats};
 use crate::parking::ParkingLot;
 use crate::session::{Assembly, Context, Cork, Phase, Reassembly, Session, Share};
 use crate::tls::TlsScratch;
@@ -73,6 +74,9 @@ pub(super) struct Entry<T> {
     /// Its queue's length as last counted in the loop's `buffered` total (saturating at
     /// 4 GiB, which keeps the entry small).
     pub(super) counted: u32,
+    /// When its send queue got its first byte, in the loop's milliseconds plus one (0: the
+    /// queue is empty), for `freeboard_send_queue_delay_seconds`.
+    pub(super) queued_at: u32,
 }
 
 pub(crate) struct EventLoop<T> {
@@ -88,6 +92,9 @@ pub(crate) struct EventLoop<T> {
     /// their rustls state is charged to.
     pub(super) tls: TlsScratch,
     pub(super) shared: Arc<Shared>,
+    /// The configuration in force, as of `generation` (see [`Shared::reload`]).
+    pub(super) config: Arc<ServerConfig>,
+    generation: u64,
     pub(super) router: Router,
     pub(super) conns: Slab<Entry<T>>,
     pub(super) pool: Pool<'static>,
@@ -113,6 +120,8 @@ pub(crate) struct EventLoop<T> {
     pub(super) lot: ParkingLot,
     pub(super) drain_deadline: Option<Instant>,
     pub(super) gauges: LoopGauges,
+    /// Keeps the `info` lines about refusals and abnormal closes to a few a second.
+    pub(super) log_throttle: LogThrottle,
     /// When to try accepting again after `accept` failed. The connections waiting in the
     /// backlog raise no new readiness event (epoll is edge-triggered), so without this retry
     /// they would wait for the next connection to arrive.
@@ -125,7 +134,7 @@ pub(crate) struct EventLoop<T> {
     /// The backlog may hold more connections than the last batch took: accept again after
     /// the next (non-blocking) poll.
     accept_more: bool,
-    /// Bytes in the send queues, as of each connection's last flush (the `bytes_buffered`
+    /// Bytes in the send queues, as of each connection's last flush (the `send_queue_bytes`
     /// gauge).
     ///
     /// Invariant: the sum of every entry's `counted`.
@@ -185,7 +194,7 @@ impl<T: Transport> EventLoop<T> {
         shared: Arc<Shared>,
         waker: Arc<mio::Waker>,
     ) -> io::Result<Self> {
-        let config = &shared.config;
+        let config = shared.config();
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
         if let Some(tls_listener) = &mut tls_listener {
             poll.registry().register(tls_listener, TLS_LISTENER, Interest::READABLE)?;
@@ -236,6 +245,9 @@ impl<T: Transport> EventLoop<T> {
             limits: Reassembly::server(config.connection_reserve),
             share: Share::new(&pool, 0),
             gauges: LoopGauges::new(&shared.metrics, index),
+            log_throttle: LogThrottle::default(),
+            generation: shared.generation.load(Ordering::Acquire),
+            config,
             shared,
             router,
             conns: Slab::with_capacity(INITIAL_CONNS),
@@ -280,11 +292,19 @@ impl<T: Transport> EventLoop<T> {
         let mut events = Events::with_capacity(1024);
         let label = LoopLabel { event_loop: self.index };
         let m = &self.shared.metrics;
-        m.chunks_total.get_or_create(&label).set(self.pool.chunks_total() as i64);
+        m.chunks_capacity.get_or_create(&label).set(self.pool.chunks_total() as i64);
+        m.chunk_size.set(self.pool.chunk_size() as i64);
         m.budget_bytes.get_or_create(&label).set(self.pool.budget().limit() as i64);
         m.slots_total.get_or_create(&label).set(self.pool.segments_total() as i64);
         loop {
             let now = self.now();
+            let generation = self.shared.generation.load(Ordering::Acquire);
+            if generation != self.generation {
+                // A reload: connections accepted from now on get the new settings.
+                self.generation = generation;
+                self.config = self.shared.config();
+                self.limits = Reassembly::server(self.config.connection_reserve);
+            }
             if self.shared.shutdown.load(Ordering::Acquire) && self.drain_deadline.is_none() {
                 self.begin_shutdown(now);
                 self.end_turn(now); // the close frames leave now, not after the next poll
@@ -348,7 +368,7 @@ impl<T: Transport> EventLoop<T> {
             let mut io =
                 Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
             entry.stream.release(&mut io);
-            self.shared.release(entry.peer, entry.attributed);
+            self.shared.release(&self.config, entry.peer, entry.attributed);
             if self.pending.remove(&token).is_some() {
                 self.shared.release_pending();
             }
@@ -381,7 +401,7 @@ impl<T: Transport> EventLoop<T> {
         if let Some(mut listener) = self.tls_listener.take() {
             let _ = self.poll.registry().deregister(&mut listener);
         }
-        self.drain_deadline = Some(now + self.shared.config.drain_timeout);
+        self.drain_deadline = Some(now + self.config.drain_timeout);
         let tokens: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
         for token in tokens {
             match self.conns[token].session.phase {
@@ -462,9 +482,9 @@ impl<T: Transport> EventLoop<T> {
                 continue;
             }
             self.shared.metrics.accepted.inc();
-            let limited = self.shared.admit(peer, now.as_millis() as f64 / 1000.0);
+            let limited = self.shared.admit(&self.config, peer, now.as_millis() as f64 / 1000.0);
             self.serial += 1;
-            let config = &self.shared.config;
+            let config = &self.config;
             // NOTE(unwrap): validated in `ServerConfig::validate`.
             let marks =
                 Watermarks::new(config.send_low, config.send_high, config.send_cap).unwrap();
@@ -476,11 +496,12 @@ impl<T: Transport> EventLoop<T> {
                 session: Session::request(queue, now + config.handshake_timeout),
                 route: 0,
                 limited,
-                attributed: !self.shared.forwards(peer),
+                attributed: !self.shared.forwards(&self.config, peer),
                 read_closed: false,
                 armed: None,
                 dirty: false,
                 counted: 0,
+                queued_at: 0,
             });
             self.mark(token);
         }
@@ -638,11 +659,13 @@ mod tests {
     use super::*;
 
     /// An idle connection costs its slab entry and nothing else (its protocol state is parked
-    /// inside it): keep it small, 10,000 idle connections should need about 2 MB.
+    /// inside it): keep it small, 10,000 idle connections should need about 2 MB. (208: the
+    /// 200 it was, and the time its send queue got its first byte, for the queue-delay
+    /// histogram.)
     #[test]
     fn idle_connection_state_stays_small() {
         let entry = size_of::<Entry<crate::transport::Stream>>();
         println!("Entry {entry} B");
-        assert!(entry <= 200, "Entry is {entry} bytes");
+        assert!(entry <= 208, "Entry is {entry} bytes");
     }
 }

@@ -61,7 +61,7 @@ impl<T: Transport> EventLoop<T> {
     }
 
     fn deliver(&mut self, token: usize, now: Instant, kind: MessageKind, data: &[u8]) {
-        self.stats.messages_in += 1;
+        self.stats.received(data.len());
         let message = Message { kind, data };
         self.call(token, now, |handler, conn| handler.on_message(conn, message));
     }
@@ -71,7 +71,13 @@ impl<T: Transport> EventLoop<T> {
         let Some(entry) = self.conns.get_mut(token) else { return };
         let Some(closed) = entry.session.poll_close() else { return };
         let (code, reason, clean) = (closed.code.0, closed.reason(), closed.clean);
-        tracing::debug!(code, reason, clean, peer = %entry.peer, "closed");
+        let peer = entry.peer;
+        if matches!(closed.code, CloseCode::NORMAL | CloseCode::GOING_AWAY) {
+            tracing::debug!(code, reason, clean, %peer, "closed");
+        } else if let Some(suppressed) = self.log_throttle.allow(self.now().as_millis()) {
+            tracing::info!(code, reason, clean, %peer, suppressed, "closed abnormally");
+        }
+        let entry = &mut self.conns[token];
         self.shared.metrics.close(close_label(closed.code));
         let id = ConnId { event_loop: self.index, serial: entry.serial };
         let route = entry.route as usize;

@@ -127,7 +127,7 @@ impl<T: Transport> EventLoop<T> {
         let mut buf = buf;
         // Bytes of a PROXY header before the request.
         let mut skipped = 0;
-        if self.shared.config.proxy_protocol && !self.conns[token].attributed {
+        if self.config.proxy_protocol && !self.conns[token].attributed {
             match crate::proxy_header::parse(buf) {
                 Ok(Some((len, source))) => {
                     let source = source.unwrap_or(self.conns[token].peer);
@@ -205,7 +205,7 @@ impl<T: Transport> EventLoop<T> {
             self.shared.metrics.access_refusal("origin");
             return self.refuse(token, now, 403, "", "origin not allowed");
         }
-        let config = &self.shared.config;
+        let config = &self.config;
         let peer = self.conns[token].peer;
         let retry_after = format!("Retry-After: {}\r\n", config.retry_after.as_secs().max(1));
         if let Some(status) = self.conns[token].limited {
@@ -254,7 +254,7 @@ impl<T: Transport> EventLoop<T> {
                 // response from the server before sending any further data."
                 self.refuse(token, now, 400, "", "data sent before the handshake response")
             }
-            None if !self.shared.reserve_pending() => {
+            None if !self.shared.reserve_pending(&self.config) => {
                 self.shared.metrics.access_refusal("pending_full");
                 self.refuse(token, now, 503, RETRY_SOON, "too many upgrades awaiting a decision")
             }
@@ -294,8 +294,7 @@ impl<T: Transport> EventLoop<T> {
         let mut out = [0u8; 512];
         // NOTE(unwrap): every refusal fits in 512 bytes.
         let n = error.write_response(&mut out).unwrap();
-        self.shared.log_refusal(error.status(), self.conns[token].peer, &error.to_string());
-        self.send_final(token, now, error.status(), &out[..n]);
+        self.send_final(token, now, error.status(), &out[..n], &error);
         false
     }
 
@@ -309,15 +308,25 @@ impl<T: Transport> EventLoop<T> {
         extra: &str,
         body: &str,
     ) -> bool {
-        self.shared.log_refusal(status, self.conns[token].peer, body);
         let mut out = [0u8; 512];
         let n = handshake::write_refusal(status, extra, body, &mut out).unwrap_or(0);
-        self.send_final(token, now, status, &out[..n]);
+        self.send_final(token, now, status, &out[..n], &body);
         false
     }
 
-    fn send_final(&mut self, token: usize, now: Instant, status: u16, response: &[u8]) {
+    fn send_final(
+        &mut self,
+        token: usize,
+        now: Instant,
+        status: u16,
+        response: &[u8],
+        why: &dyn std::fmt::Display,
+    ) {
         self.shared.metrics.refuse(status);
+        if let Some(suppressed) = self.log_throttle.allow(now.as_millis()) {
+            let peer = self.conns[token].peer;
+            tracing::info!(status, %peer, why = %why, suppressed, "refused");
+        }
         self.queue_final(token, now, &[response]);
     }
 
@@ -351,7 +360,7 @@ impl<T: Transport> EventLoop<T> {
         reply: Reply,
     ) -> Option<usize> {
         let header = |name: &str| header(headers, name);
-        let config = &self.shared.config;
+        let config = &self.config;
         if let Some(expected) = &config.topics.publish_token {
             let given = header("authorization").and_then(|v| {
                 let v = std::str::from_utf8(v).ok()?.trim();
@@ -418,7 +427,7 @@ impl<T: Transport> EventLoop<T> {
             126..=0xffff => 4,
             _ => 10,
         };
-        if len + header_len > self.shared.config.topics.send_cap {
+        if len + header_len > self.config.topics.send_cap {
             self.refuse(token, now, 413, "", "body larger than a subscriber's send cap");
             return None;
         }
@@ -451,7 +460,7 @@ impl<T: Transport> EventLoop<T> {
         let entry = &mut self.conns[token];
         let deadline = match entry.session.phase {
             Phase::Request { deadline } => deadline,
-            _ => now + self.shared.config.handshake_timeout,
+            _ => now + self.config.handshake_timeout,
         };
         let is_chunked = chunked.is_some();
         if !is_chunked {

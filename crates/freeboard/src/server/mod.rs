@@ -19,7 +19,7 @@ mod shared;
 mod turn;
 
 use crate::backplane::{Backplane, RedisAddr};
-use crate::config::{ConfigError, ServerConfig};
+use crate::config::{ConfigError, Reload, ServerConfig};
 use crate::handler::Router;
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsError, TlsIdentity};
@@ -295,6 +295,21 @@ impl ServerHandle {
             Some((_, identity)) => identity.reload().map(|()| true),
             None => Ok(false),
         }
+    }
+
+    /// Applies the settings of `config` that a running server can change (admission limits,
+    /// timeouts of new requests and closes, send queues and policies of new connections, the
+    /// publish token) and reports every setting that differed, applied or needing a restart
+    /// ([`ServerConfig::reload_from`] lists which is which). Open connections are kept as
+    /// they are. An invalid `config` changes nothing. The TLS certificate and key are read
+    /// again by [`reload_tls`](Self::reload_tls) (`freeboard serve` calls both on `SIGHUP`).
+    pub fn reload(&self, config: ServerConfig) -> Result<Reload, ConfigError> {
+        config.validate()?;
+        let reload = self.shared.reload(&config);
+        for waker in &self.wakers {
+            let _ = waker.wake();
+        }
+        Ok(reload)
     }
 
     /// Publishes one message to every subscriber of `topic`, on every loop: framed once into a

@@ -125,14 +125,18 @@ impl<T: Transport> EventLoop<T> {
             },
             Some((route, _)) => match method {
                 "GET" | "HEAD" => {
-                    let (kind, text) = match route {
-                        HttpRoute::Metrics => (
-                            "text/plain; version=0.0.4; charset=utf-8",
-                            self.shared.metrics.encode(),
-                        ),
-                        _ => ("text/plain", "ok\n".to_owned()),
+                    let metrics;
+                    let (kind, body) = match route {
+                        HttpRoute::Metrics => {
+                            metrics = self.shared.metrics.encode();
+                            (crate::metrics::CONTENT_TYPE, metrics.as_bytes())
+                        }
+                        HttpRoute::Dashboard => {
+                            ("text/html; charset=utf-8", crate::dashboard::PAGE.as_bytes())
+                        }
+                        _ => ("text/plain", &b"ok\n"[..]),
                     };
-                    self.reply(token, now, 200, "", kind, text.as_bytes(), reply).then_some(0)
+                    self.reply(token, now, 200, "", kind, body, reply).then_some(0)
                 }
                 "OPTIONS" => {
                     let allow = "Allow: GET, HEAD, OPTIONS\r\n";
@@ -189,7 +193,7 @@ impl<T: Transport> EventLoop<T> {
         let entry = &mut self.conns[token];
         // Queued (not written straight to the socket for want of pool): keep it alive.
         if keep_alive && entry.session.buffered() > 0 {
-            let deadline = now + self.shared.config.handshake_timeout;
+            let deadline = now + self.config.handshake_timeout;
             entry.session.phase = Phase::Request { deadline };
             return true;
         }
@@ -210,7 +214,7 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn cors_headers(&self, headers: &[httparse::Header<'_>], preflight: bool) -> String {
         let Some(origin) = header(headers, "origin") else { return String::new() };
         let origin = String::from_utf8_lossy(origin);
-        if !self.shared.cors_allows(&origin) {
+        if !self.shared.cors_allows(&self.config, &origin) {
             return String::new();
         }
         let mut lines = format!("Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n");
@@ -239,7 +243,7 @@ impl<T: Transport> EventLoop<T> {
         reply: Reply,
         cors: &str,
     ) -> bool {
-        let receipt = (self.shared.config.threads > 1).then(|| {
+        let receipt = (self.config.threads > 1).then(|| {
             let (decisions, serial) = (self.decisions.clone(), self.conns[token].serial);
             Arc::new(Receipt::new(move || {
                 decisions.push(Completion { token, serial, verdict: Verdict::Published });
@@ -290,7 +294,7 @@ impl<T: Transport> EventLoop<T> {
         match receipt {
             Some(receipt) if !receipt.release() => {
                 let entry = &mut self.conns[token];
-                let deadline = now + self.shared.config.handshake_timeout;
+                let deadline = now + self.config.handshake_timeout;
                 entry.session.phase = Phase::Request { deadline };
                 let cors = cors.to_owned();
                 let waiting =

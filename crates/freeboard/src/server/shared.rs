@@ -1,13 +1,13 @@
-//! What every event loop of a server shares: configuration, metrics, admission (connection
+//! What every event loop of a server shares: configuration (reloadable), metrics, admission (connection
 //! counts and accept-rate buckets), the shutdown flag and the topic hub.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::auth::{Origins, TrustedProxies};
-use crate::config::ServerConfig;
+use crate::config::{Reload, ServerConfig};
 use crate::handler::RouterFactory;
 use crate::metrics::Metrics;
 use crate::tls::TlsIdentity;
@@ -15,7 +15,11 @@ use crate::topics::Hub;
 
 /// State every event loop of a server shares: configuration, metrics, connection counts.
 pub(crate) struct Shared {
-    pub(crate) config: ServerConfig,
+    /// The configuration in force; a reload replaces it and bumps `generation`.
+    config: RwLock<Arc<ServerConfig>>,
+    /// How many reloads have been applied: each loop keeps its own copy of the configuration
+    /// and takes the new one when this moves (one relaxed load per loop turn).
+    pub(crate) generation: AtomicU64,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) factory: RouterFactory,
     pub(crate) start: std::time::Instant,
@@ -34,8 +38,6 @@ pub(crate) struct Shared {
     pub(crate) proxies: TrustedProxies,
     /// Upgrade decisions pending across all loops (at most `config.max_pending_upgrades`).
     pub(crate) pending: AtomicUsize,
-    /// Refusals are logged at `info`, at most one line a second.
-    refusal_log: RateLimitedLog,
     /// The rustls configuration of the TLS listener, and the certificate it serves.
     pub(crate) tls: Option<(Arc<rustls::ServerConfig>, Arc<TlsIdentity>)>,
 }
@@ -66,32 +68,54 @@ impl Shared {
             proxies: TrustedProxies::new(&config.trusted_proxies).unwrap_or_default(),
             cors: Origins::new(&config.topics.cors_origins).unwrap_or_default(),
             pending: AtomicUsize::new(0),
-            refusal_log: RateLimitedLog::default(),
-            config,
+            config: RwLock::new(Arc::new(config)),
+            generation: AtomicU64::new(0),
         }
+    }
+
+    /// The configuration in force.
+    pub(crate) fn config(&self) -> Arc<ServerConfig> {
+        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Applies what can change of `new` (validated) and says what differed.
+    pub(crate) fn reload(&self, new: &ServerConfig) -> Reload {
+        let mut config = self.config.write().unwrap_or_else(|e| e.into_inner());
+        let mut next = ServerConfig::clone(&config);
+        let reload = next.reload_from(new);
+        if !reload.applied.is_empty() {
+            *config = Arc::new(next);
+            self.generation.fetch_add(1, Ordering::Release);
+            self.metrics.reloads.inc();
+        }
+        reload
     }
 
     /// Whether a connection from `peer` names its client later (a PROXY protocol header, or
     /// a trusted proxy's forwarding headers): it is then counted per address only once
     /// [`attribute`](Self::attribute) knows the client's.
-    pub(crate) fn forwards(&self, peer: SocketAddr) -> bool {
-        self.config.proxy_protocol || self.proxies.contains(peer.ip())
+    pub(crate) fn forwards(&self, config: &ServerConfig, peer: SocketAddr) -> bool {
+        config.proxy_protocol || self.proxies.contains(peer.ip())
     }
 
     /// Counts an accepted connection; returns the status to refuse its upgrade with if it
     /// came faster than the accept rate allows (503 global, 429 per address). A connection
     /// that [`forwards`](Self::forwards) its client's address is counted per address later.
-    pub(crate) fn admit(&self, peer: SocketAddr, now_secs: f64) -> Option<u16> {
+    pub(crate) fn admit(
+        &self,
+        config: &ServerConfig,
+        peer: SocketAddr,
+        now_secs: f64,
+    ) -> Option<u16> {
         self.open.fetch_add(1, Ordering::Relaxed);
-        let config = &self.config;
         let global_ok = {
             let mut admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
             admission.global.take(config.accept_rate, now_secs)
         };
-        if self.forwards(peer) {
+        if self.forwards(config, peer) {
             return (!global_ok).then_some(503);
         }
-        match (global_ok, self.attribute(peer.ip(), now_secs)) {
+        match (global_ok, self.attribute(config, peer.ip(), now_secs)) {
             (_, Some(status)) => Some(status),
             (false, _) => Some(503),
             _ => None,
@@ -101,8 +125,12 @@ impl Shared {
     /// Counts a connection against its client's address `ip`: once at accept for a direct
     /// connection, once its proxy has named the client for a forwarded one. Returns 429 if
     /// the address connects faster than `accept_rate_per_ip` allows.
-    pub(crate) fn attribute(&self, ip: IpAddr, now_secs: f64) -> Option<u16> {
-        let config = &self.config;
+    pub(crate) fn attribute(
+        &self,
+        config: &ServerConfig,
+        ip: IpAddr,
+        now_secs: f64,
+    ) -> Option<u16> {
         let mut admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         if admission.by_ip.len() > admission.sweep_at {
             // Forget idle addresses whose bucket has refilled, so the map stays bounded by
@@ -121,7 +149,7 @@ impl Shared {
 
     /// Forgets a connection: `attributed` says whether it was counted against `peer`'s
     /// address.
-    pub(crate) fn release(&self, peer: SocketAddr, attributed: bool) {
+    pub(crate) fn release(&self, config: &ServerConfig, peer: SocketAddr, attributed: bool) {
         self.open.fetch_sub(1, Ordering::Relaxed);
         if !attributed {
             return;
@@ -129,7 +157,7 @@ impl Shared {
         let mut admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(ip) = admission.by_ip.get_mut(&peer.ip()) {
             ip.count -= 1;
-            if ip.count == 0 && self.config.accept_rate_per_ip == 0.0 {
+            if ip.count == 0 && config.accept_rate_per_ip == 0.0 {
                 admission.by_ip.remove(&peer.ip());
             }
         }
@@ -139,47 +167,18 @@ impl Shared {
         let admission = self.admission.lock().unwrap_or_else(|e| e.into_inner());
         admission.by_ip.get(&peer.ip()).map_or(0, |ip| ip.count)
     }
-
-    /// Logs a refusal at `info`, at most one line a second (with the number of refusals the
-    /// previous lines left out), so a flood of refusals cannot flood the log.
-    pub(crate) fn log_refusal(&self, status: u16, peer: SocketAddr, why: &str) {
-        let second = self.start.elapsed().as_secs() + 1;
-        let log = &self.refusal_log;
-        let last = log.second.load(Ordering::Relaxed);
-        if last != second
-            && log
-                .second
-                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            let suppressed = log.suppressed.swap(0, Ordering::Relaxed);
-            tracing::info!(status, %peer, why, suppressed, "refused");
-        } else {
-            log.suppressed.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(status, %peer, why, "refused");
-        }
-    }
-}
-
-/// The state of a log line written at most once a second.
-#[derive(Default)]
-struct RateLimitedLog {
-    /// The second (since start, plus one) of the last line.
-    second: AtomicU64,
-    /// Lines left out since.
-    suppressed: AtomicU64,
 }
 
 impl Shared {
     /// Whether a browser page from `origin` may publish (CORS): `topics.cors_origins` lists
     /// it (an empty list allows none).
-    pub(crate) fn cors_allows(&self, origin: &str) -> bool {
-        !self.config.topics.cors_origins.is_empty() && self.cors.allows(Some(origin.as_bytes()))
+    pub(crate) fn cors_allows(&self, config: &ServerConfig, origin: &str) -> bool {
+        !config.topics.cors_origins.is_empty() && self.cors.allows(Some(origin.as_bytes()))
     }
 
     /// Reserves a place for a pending upgrade decision; `false` when all are taken.
-    pub(crate) fn reserve_pending(&self) -> bool {
-        let max = self.config.max_pending_upgrades;
+    pub(crate) fn reserve_pending(&self, config: &ServerConfig) -> bool {
+        let max = config.max_pending_upgrades;
         let taken = self
             .pending
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < max).then_some(n + 1))

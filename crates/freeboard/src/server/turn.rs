@@ -98,6 +98,9 @@ impl<T: Transport> EventLoop<T> {
 
     pub(super) fn flush(&mut self, token: usize, now: Instant) {
         let entry = &mut self.conns[token];
+        if entry.queued_at == 0 && entry.session.buffered() > 0 {
+            entry.queued_at = (now.as_millis() as u32).wrapping_add(1).max(1);
+        }
         let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
         // What the transport itself holds (TLS records the socket did not take) goes first.
         let mut pending = entry.stream.write_pending(&mut io);
@@ -120,6 +123,11 @@ impl<T: Transport> EventLoop<T> {
             self.remove(token);
             return;
         }
+        if entry.queued_at != 0 && entry.session.buffered() == 0 {
+            let since = entry.queued_at - 1;
+            self.stats.queue_drained(u64::from((now.as_millis() as u32).wrapping_sub(since)));
+            entry.queued_at = 0;
+        }
         if let Some(change) = self.conns[token].session.take_writability() {
             self.writability_changed(token, now, change);
         }
@@ -127,7 +135,7 @@ impl<T: Transport> EventLoop<T> {
             // The close event the core may still hold, before the session leaves the protocol.
             self.report_close(token);
         }
-        let config = &self.shared.config;
+        let config = &self.config;
         let entry = &mut self.conns[token];
         let transition =
             entry.session.after_flush(&mut self.pool, now, config.close_timeout, LINGER);
@@ -164,7 +172,7 @@ impl<T: Transport> EventLoop<T> {
         entry.session.release(&mut self.pool);
         let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
         entry.stream.release(&mut io);
-        self.shared.release(entry.peer, entry.attributed);
+        self.shared.release(&self.config, entry.peer, entry.attributed);
         if self.pending.remove(&token).is_some() {
             self.shared.release_pending();
         }
@@ -175,6 +183,10 @@ impl<T: Transport> EventLoop<T> {
             self.shared.metrics.connections.dec();
             if !entry.session.close_reported() {
                 self.shared.metrics.close(close_label(CloseCode::ABNORMAL));
+                if let Some(suppressed) = self.log_throttle.allow(self.now().as_millis()) {
+                    let peer = entry.peer;
+                    tracing::info!(code = 1006, %peer, suppressed, "closed abnormally: connection dropped");
+                }
                 let id = ConnId { event_loop: self.index, serial: entry.serial };
                 self.router.handler(entry.route as usize).on_close(id, CloseCode::ABNORMAL, "");
             }
@@ -185,12 +197,13 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn publish_gauges(&mut self) {
         self.stats.publish(&self.shared.metrics);
         let c = self.pool.counters();
-        let g = &self.gauges;
+        let g = &mut self.gauges;
         g.chunks_in_use.set(c.chunks_in_use as i64);
         g.chunks_high_water.set(c.chunks_high_water as i64);
         g.slots_in_use.set(c.segments_in_use as i64);
         g.slots_high_water.set(c.segments_high_water as i64);
-        g.bytes_buffered.set(self.buffered as i64);
-        g.allocation_failures.set(c.allocation_failures as i64);
+        g.send_queue_bytes.set(self.buffered as i64);
+        g.pool_resident_bytes.set(self.pool.resident_bytes() as i64);
+        g.allocation_failures(c.allocation_failures);
     }
 }

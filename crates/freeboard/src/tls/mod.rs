@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use freeboard_buf::{Budget, ChunkChain, Pool};
 use mio::net::TcpStream;
+use rustls::HandshakeKind::Resumed;
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, UnbufferedStatus};
 
@@ -255,6 +256,7 @@ impl TlsStream {
         let mut start = 0;
         let mut filled = 0;
         let mut out = 0;
+        let was_established = wire.established;
         loop {
             let UnbufferedStatus { mut discard, state } =
                 conn.process_tls_records(&mut io.tls.input[start..end]);
@@ -331,6 +333,9 @@ impl TlsStream {
             if done {
                 break;
             }
+        }
+        if wire.established && !was_established && conn.handshake_kind() == Some(Resumed) {
+            io.metrics.tls_resumptions.inc();
         }
         wire.send(io, out)?;
         wire.keep_input(io, start, end)?;
@@ -646,5 +651,32 @@ fn alert_reason(alert: rustls::AlertDescription) -> &'static str {
         A::UnrecognisedName => "alert_unrecognised_name",
         A::NoApplicationProtocol => "alert_no_application_protocol",
         _ => "alert_other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::TLS_REFUSAL_REASONS;
+
+    /// Every reason a TLS refusal can be counted with is one of the series `/metrics` lists
+    /// from the start, whichever alert a client sends.
+    #[test]
+    fn every_alert_is_a_listed_refusal_reason() {
+        for code in 0..=u8::MAX {
+            let reason = alert_reason(rustls::AlertDescription::from(code));
+            assert!(TLS_REFUSAL_REASONS.contains(&reason), "{reason} is not listed");
+        }
+        for error in [
+            rustls::Error::DecryptError,
+            rustls::Error::NoApplicationProtocol,
+            rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType),
+            rustls::Error::General("x".into()),
+        ] {
+            for established in [false, true] {
+                let reason = error_reason(&error, established);
+                assert!(TLS_REFUSAL_REASONS.contains(&reason), "{reason} is not listed");
+            }
+        }
     }
 }

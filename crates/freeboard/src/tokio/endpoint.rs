@@ -139,9 +139,9 @@ impl Endpoint {
     /// An endpoint with `config`'s budget; `Err` if the chunk size is out of range or the
     /// budget cannot hold 16 chunks.
     pub fn new(config: EndpointConfig) -> Result<Arc<Self>, ConfigError> {
-        let max = freeboard_buf::MAX_CHUNK_SIZE;
-        if config.chunk_size == 0 || config.chunk_size > max {
-            return Err(ConfigError::ChunkSize { given: config.chunk_size, max });
+        let (min, max) = (crate::config::MIN_CHUNK_SIZE, freeboard_buf::MAX_CHUNK_SIZE);
+        if !(min..=max).contains(&config.chunk_size) {
+            return Err(ConfigError::ChunkSize { given: config.chunk_size, min, max });
         }
         let needed = 16 * config.chunk_size;
         let pool_config = PoolConfig::new().with_chunk_size(config.chunk_size);

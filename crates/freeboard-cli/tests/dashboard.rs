@@ -1,0 +1,266 @@
+//! The dashboard in a real browser: headless Chromium loads `/dashboard` from `freeboard
+//! serve`, a load runs, and the test reads the page's DOM over the DevTools protocol (spoken
+//! with freeboard's own client) until the numbers have moved; then it takes a screenshot
+//! (`FREEBOARD_DASHBOARD_SCREENSHOT=docs/dashboard.png` to keep it, as the README's).
+//!
+//! Chromium comes from Debian's `chromium` package (`scripts/test` installs it); without it the
+//! test is skipped with a message, unless `FREEBOARD_REQUIRE_TOOLS` is set.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use freeboard::client::{Client, ClientConfig, Event};
+
+/// Kills the child and its process group (Debian's `chromium` is a script that starts the
+/// browser as its child) when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the process group our own child leads (`process_group(0)`).
+        unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The DevTools protocol over one page's WebSocket.
+struct DevTools {
+    client: Client,
+    next_id: u64,
+}
+
+impl DevTools {
+    /// Sends `method` with `params`; its result.
+    fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let request = serde_json::json!({ "id": id, "method": method, "params": params });
+        self.client.send_text(&request.to_string()).unwrap();
+        loop {
+            let event = self.client.recv_timeout(Some(Duration::from_secs(30))).unwrap();
+            match event.unwrap_or_else(|| panic!("no answer to {method} within 30 s")) {
+                Event::Message(message) => {
+                    let reply: serde_json::Value =
+                        serde_json::from_slice(&message.to_vec()).unwrap();
+                    if reply["id"] == id {
+                        assert!(reply.get("error").is_none(), "{method}: {reply}");
+                        return reply["result"].clone();
+                    }
+                }
+                Event::Closed(close) => panic!("DevTools closed: {close:?}"),
+            }
+        }
+    }
+
+    /// The value of a JavaScript expression in the page.
+    fn eval(&mut self, expression: &str) -> serde_json::Value {
+        let params = serde_json::json!({ "expression": expression, "returnByValue": true });
+        self.call("Runtime.evaluate", params)["result"]["value"].clone()
+    }
+
+    /// The text of the element with `id`.
+    fn text(&mut self, id: &str) -> String {
+        let value = self.eval(&format!("document.getElementById('{id}').textContent"));
+        value.as_str().unwrap_or_default().to_owned()
+    }
+
+    /// Waits (up to 30 s) until `check` holds for the page.
+    fn wait_for(&mut self, what: &str, mut check: impl FnMut(&mut Self) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !check(self) {
+            assert!(Instant::now() < deadline, "the dashboard never showed {what}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+fn chromium() -> Option<PathBuf> {
+    let found = ["chromium", "chromium-browser"].iter().find_map(|name| {
+        let out = Command::new("sh").args(["-c", &format!("command -v {name}")]).output().ok()?;
+        out.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var_os("FREEBOARD_REQUIRE_TOOLS").is_none(),
+            "chromium is not installed (scripts/test installs it)"
+        );
+        eprintln!("SKIPPED: chromium is not installed (apt-get install chromium)");
+    }
+    found
+}
+
+/// A plain GET, read to its `Content-Length` (the DevTools server keeps connections open).
+fn get(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        let text = String::from_utf8_lossy(&bytes);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head.lines().find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length").then(|| value.trim().parse().ok())?
+            });
+            if length.is_some_and(|n: usize| body.len() >= n) {
+                return text.into_owned();
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return String::from_utf8_lossy(&bytes).into_owned(),
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[test]
+fn the_dashboard_shows_the_numbers_move_in_chromium() {
+    let Some(chromium) = chromium() else { return };
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_freeboard"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--threads", "2", "--memory", "64M"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(serve.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _serve = Reaped(serve);
+    let addr = line.trim().trim_start_matches("freeboard listening on ws://");
+    let addr = addr.trim_end_matches('/').to_owned();
+
+    // A library server serves no dashboard unless its Router opts in; `serve` does.
+    let page = get(&addr, "/dashboard");
+    assert!(page.starts_with("HTTP/1.1 200") && page.contains("<canvas"), "{page}");
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "no CDN: every asset is inline"
+    );
+
+    let profile = std::env::temp_dir().join(format!("freeboard-chromium-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    let browser = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1400,1250",
+            "--remote-debugging-port=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("http://{addr}/dashboard"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let _browser = Reaped(browser);
+
+    // Chromium writes its DevTools port into the profile once it listens.
+    let port_file = profile.join("DevToolsActivePort");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let port = loop {
+        if let Some(port) = std::fs::read_to_string(&port_file)
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<u16>().ok()))
+        {
+            break port;
+        }
+        assert!(Instant::now() < deadline, "chromium did not start its DevTools endpoint");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let devtools = format!("127.0.0.1:{port}");
+    let page_url = loop {
+        let list = get(&devtools, "/json/list");
+        let body = list.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let targets: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        let page = targets.as_array().into_iter().flatten().find(|t| {
+            t["type"] == "page" && t["url"].as_str().is_some_and(|u| u.ends_with("/dashboard"))
+        });
+        if let Some(url) = page.and_then(|p| p["webSocketDebuggerUrl"].as_str()) {
+            break url.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no dashboard page in {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let client = Client::connect(&page_url, ClientConfig::default()).unwrap();
+    let mut page = DevTools { client, next_id: 0 };
+
+    page.wait_for("a live stream", |p| p.text("status") == "live" && p.text("samples") != "0");
+    let before: u64 = page.text("messages-in-total").parse().unwrap();
+    assert!(before < 100, "no load yet: {before}");
+    assert_eq!(page.text("connections"), "1", "the dashboard's own stream is the one connection");
+    // The process's RSS beside the budget: a real size, in MiB (a server holds more than 1 MiB).
+    let rss = page.text("rss");
+    assert!(rss.ends_with(" MiB") && rss != "0.00 MiB", "RSS shown as {rss:?}");
+
+    // A load: 2,000 echoes of 1 KiB over two connections, which stay open.
+    let mut load: Vec<Client> = (0..2)
+        .map(|_| Client::connect(&format!("ws://{addr}/echo"), ClientConfig::default()).unwrap())
+        .collect();
+    let payload = vec![b'x'; 1024];
+    let echo = |load: &mut Vec<Client>| {
+        for client in load.iter_mut() {
+            // Batches well under the watermarks: every send is queued, every echo comes back.
+            for _ in 0..20 {
+                let outcome = client.send_binary(&payload).unwrap();
+                assert_eq!(outcome, freeboard::SendOutcome::Queued);
+            }
+            for _ in 0..20 {
+                let event = client.recv_timeout(Some(Duration::from_secs(30))).unwrap();
+                assert!(matches!(event, Some(Event::Message(_))), "an echo");
+            }
+        }
+    };
+    for _ in 0..50 {
+        echo(&mut load);
+    }
+    page.wait_for("the load", |p| {
+        // Below 10,000 the page writes whole numbers; the page's own requests count too.
+        let total = p.text("messages-in-total").parse::<u64>().unwrap_or(0);
+        total >= 2000 && p.text("connections") == "3"
+    });
+    page.wait_for("a rate above zero", |p| p.text("messages-in-rate") != "0/s");
+    assert_ne!(page.text("bytes-in-total"), "0 B");
+    assert!(page.text("pool-high-water").ends_with("iB"), "{}", page.text("pool-high-water"));
+    let loops = page.eval("document.querySelectorAll('#table-loops tbody tr').length");
+    assert_eq!(loops, 2, "one row per event loop");
+    let closes = page.eval("document.querySelectorAll('#table-closes tbody tr').length");
+    assert_eq!(closes, 10, "every close reason, zero or not");
+
+    // For the README's picture: FREEBOARD_DASHBOARD_LOAD_SECS more seconds of echoes.
+    let secs = std::env::var("FREEBOARD_DASHBOARD_LOAD_SECS").ok().and_then(|s| s.parse().ok());
+    let until = Instant::now() + Duration::from_secs(secs.unwrap_or(0));
+    while Instant::now() < until {
+        echo(&mut load);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Let a few more samples in so the charts have lines, then take the picture.
+    if secs.is_none() {
+        let samples: u64 = page.text("samples").parse().unwrap();
+        page.wait_for("more samples", |p| p.text("samples").parse::<u64>().unwrap() >= samples + 3);
+    }
+    let shot = page.call("Page.captureScreenshot", serde_json::json!({ "format": "png" }));
+    use base64::Engine;
+    let png =
+        base64::engine::general_purpose::STANDARD.decode(shot["data"].as_str().unwrap()).unwrap();
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a real picture");
+    let path = std::env::var_os("FREEBOARD_DASHBOARD_SCREENSHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("freeboard-dashboard.png"));
+    std::fs::write(&path, &png).unwrap();
+    eprintln!("dashboard screenshot: {}", path.display());
+    drop(load);
+    let _ = std::fs::remove_dir_all(&profile);
+}
