@@ -23,8 +23,9 @@ use crate::load::{Rng, open};
 /// One broadcast run.
 #[derive(Debug, Clone)]
 pub struct Broadcast {
-    /// Where subscribers connect, e.g. `ws://127.0.0.1:9001/topic/bench`.
-    pub subscribe: Target,
+    /// Where subscribers connect, e.g. `ws://127.0.0.1:9001/topic/bench`; with several
+    /// targets (nodes of one Redis backplane), subscriber `i` goes to target `i % len`.
+    pub subscribe: Vec<Target>,
     /// Where the publisher connects (freeboard: the same topic, with `--client-publish`; the
     /// Node peer: `/pub`).
     pub publish: Target,
@@ -68,8 +69,12 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     let mut rng = Rng::seeded();
     let mut poll = Poll::new()?;
     let mut subs = Vec::with_capacity(b.subscribers);
+    if b.subscribe.is_empty() {
+        return Err(io::Error::other("no target to subscribe at"));
+    }
     for i in 0..b.subscribers {
-        let (s, leftover) = open(&b.subscribe, Duration::from_secs(5), &mut rng)?;
+        let target = &b.subscribe[i % b.subscribe.len()];
+        let (s, leftover) = open(target, Duration::from_secs(5), &mut rng)?;
         s.set_nonblocking(true)?;
         let mut s = mio::net::TcpStream::from_std(s);
         poll.registry().register(&mut s, Token(i), Interest::READABLE)?;

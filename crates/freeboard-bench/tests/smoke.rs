@@ -278,7 +278,7 @@ fn broadcast_reaches_every_subscriber() {
     let mut rows = Vec::new();
     for (subscribers, size) in [(5, 64), (20, 1024)] {
         let run = Broadcast {
-            subscribe: target.clone(),
+            subscribe: vec![target.clone()],
             publish: target.clone(),
             subscribers,
             size,

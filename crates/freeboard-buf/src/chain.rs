@@ -388,9 +388,27 @@ impl ChunkChain {
         bytes
     }
 
-    #[cfg(test)]
     pub(crate) fn head_index(&self) -> u32 {
         self.head
+    }
+
+    /// Copies the first bytes of the message whose first segment is `first` into `out`; the
+    /// count.
+    pub(crate) fn message_prefix(&self, view: View<'_>, first: u32, out: &mut [u8]) -> usize {
+        let mut n = 0;
+        let mut cur = first;
+        while cur != NIL && n < out.len() {
+            let seg = view.segment(cur);
+            if cur != first && seg.starts_message() {
+                break;
+            }
+            let bytes = view.segment_bytes(&seg);
+            let take = bytes.len().min(out.len() - n);
+            out[n..n + take].copy_from_slice(&bytes[..take]);
+            n += take;
+            cur = seg.next;
+        }
+        n
     }
 
     #[cfg(test)]

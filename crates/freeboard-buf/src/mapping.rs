@@ -178,6 +178,87 @@ impl<T> fmt::Debug for Mapping<T> {
     }
 }
 
+/// A byte buffer in address space of its own: zero and not resident until written, and its
+/// pages given back whole by [`give_back`](Self::give_back) — for a buffer a driver needs only
+/// while it is busy (the server loop's read buffer: an idle loop holds none of it resident).
+/// Where the system refuses the mapping it is a plain heap allocation and `give_back` does
+/// nothing.
+///
+/// ```
+/// let mut buffer = freeboard_buf::PageBuffer::new(64 << 10);
+/// buffer[..5].copy_from_slice(b"hello");
+/// buffer.give_back();
+/// assert!(buffer.iter().all(|&b| b == 0), "reads as zeros again");
+/// assert_eq!(buffer.len(), 64 << 10);
+/// ```
+pub struct PageBuffer {
+    bytes: &'static mut [u8],
+    /// Owns the mapping behind `bytes` (`None`: `bytes` is a leaked heap allocation, taken
+    /// back in `drop`). Dropped after `bytes` (declaration order).
+    unmap: Option<Unmap>,
+}
+
+impl PageBuffer {
+    /// A zeroed buffer of `len` bytes.
+    pub fn new(len: usize) -> Self {
+        match Mapping::zeroed(len) {
+            Some(mapping) => {
+                let (bytes, unmap) = mapping.leak();
+                Self { bytes, unmap: Some(unmap) }
+            }
+            None => Self {
+                bytes: std::boxed::Box::leak(std::vec![0u8; len].into_boxed_slice()),
+                unmap: None,
+            },
+        }
+    }
+
+    /// Gives the buffer's pages back to the operating system; it reads as zeros afterwards.
+    pub fn give_back(&mut self) {
+        if let Some(unmap) = &self.unmap {
+            unmap.release(self.bytes, 0..self.bytes.len());
+        }
+    }
+}
+
+impl Default for PageBuffer {
+    /// An empty buffer (no mapping, no allocation), e.g. for `mem::take`.
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+impl core::ops::Deref for PageBuffer {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.bytes
+    }
+}
+
+impl core::ops::DerefMut for PageBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.bytes
+    }
+}
+
+impl Drop for PageBuffer {
+    fn drop(&mut self) {
+        if self.unmap.is_none() {
+            let bytes = core::mem::take(&mut self.bytes);
+            // SAFETY: with no mapping, `bytes` came from `Box::leak` in `new` and is not used
+            // after this (the field now holds an empty slice).
+            drop(unsafe { std::boxed::Box::from_raw(bytes as *mut [u8]) });
+        }
+    }
+}
+
+impl fmt::Debug for PageBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PageBuffer({} bytes)", self.bytes.len())
+    }
+}
+
 /// The operating system's page size (4096 under Miri and where it cannot be asked).
 pub(crate) fn page_size() -> usize {
     backend::page_size()

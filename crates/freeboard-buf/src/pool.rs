@@ -694,6 +694,42 @@ fn page_size() -> usize {
     }
 }
 
+/// The warm list is empty: a chunk whose pages were given back, else one never used. It takes
+/// the chunk slots and the bookkeeping only (not the whole [`Slab`]), so the fast path of
+/// `alloc_chunk` needs nothing else of the pool.
+#[cold]
+fn alloc_cold_chunk(chunks: &mut [ChunkSlot], state: &mut State) -> Result<u32, PoolError> {
+    let idx = if state.cold_chunk != NIL {
+        let idx = state.cold_chunk;
+        state.cold_chunk = chunks[idx as usize].link;
+        idx
+    } else if (state.fresh_chunk as usize) < chunks.len() {
+        state.fresh_chunk += 1;
+        state.fresh_chunk - 1
+    } else {
+        state.allocation_failures += 1;
+        return Err(PoolError::ChunksExhausted);
+    };
+    chunks[idx as usize] = ChunkSlot { refs: 1, link: 0 };
+    state.resident_chunks += 1;
+    state.chunks_in_use += 1;
+    state.interval_chunks_high = state.interval_chunks_high.max(state.chunks_in_use);
+    Ok(idx)
+}
+
+/// The free segment list is empty: a slot never used since the pool was built or reset (of
+/// `slots` in all).
+#[cold]
+fn fresh_segment(slots: usize, state: &mut State) -> Result<u32, PoolError> {
+    if (state.fresh_segment as usize) < slots {
+        state.fresh_segment += 1;
+        Ok(state.fresh_segment - 1)
+    } else {
+        state.allocation_failures += 1;
+        Err(PoolError::SegmentsExhausted)
+    }
+}
+
 /// A pool borrowed for one operation: the regions as plain slices (the `Storage` enum is
 /// matched once, not at every access) and the bookkeeping.
 pub(crate) struct Slab<'p> {
@@ -728,33 +764,11 @@ impl<'p> Slab<'p> {
     pub(crate) fn alloc_chunk(&mut self) -> Result<u32, PoolError> {
         let idx = self.state.free_chunk;
         if idx == NIL {
-            return self.alloc_cold_chunk();
+            return alloc_cold_chunk(self.chunks, self.state);
         }
         let slot = &mut self.chunks[idx as usize];
         self.state.free_chunk = slot.link;
         *slot = ChunkSlot { refs: 1, link: 0 };
-        self.state.chunks_in_use += 1;
-        self.state.interval_chunks_high =
-            self.state.interval_chunks_high.max(self.state.chunks_in_use);
-        Ok(idx)
-    }
-
-    /// The warm list is empty: a chunk whose pages were given back, else one never used.
-    #[cold]
-    fn alloc_cold_chunk(&mut self) -> Result<u32, PoolError> {
-        let idx = if self.state.cold_chunk != NIL {
-            let idx = self.state.cold_chunk;
-            self.state.cold_chunk = self.chunks[idx as usize].link;
-            idx
-        } else if (self.state.fresh_chunk as usize) < self.chunks.len() {
-            self.state.fresh_chunk += 1;
-            self.state.fresh_chunk - 1
-        } else {
-            self.state.allocation_failures += 1;
-            return Err(PoolError::ChunksExhausted);
-        };
-        self.chunks[idx as usize] = ChunkSlot { refs: 1, link: 0 };
-        self.state.resident_chunks += 1;
         self.state.chunks_in_use += 1;
         self.state.interval_chunks_high =
             self.state.interval_chunks_high.max(self.state.chunks_in_use);
@@ -870,25 +884,13 @@ impl<'p> Slab<'p> {
             self.state.free_segment = self.segments[idx as usize].next;
             idx
         } else {
-            self.fresh_segment()?
+            fresh_segment(self.segments.len(), self.state)?
         };
         self.segments[idx as usize] = SegmentSlot { chunk, start, end, next: NIL };
         self.state.segments_in_use += 1;
         self.state.interval_segments_high =
             self.state.interval_segments_high.max(self.state.segments_in_use);
         Ok(idx)
-    }
-
-    /// The free list is empty: a segment slot never used since the pool was built or reset.
-    #[cold]
-    fn fresh_segment(&mut self) -> Result<u32, PoolError> {
-        if (self.state.fresh_segment as usize) < self.segments.len() {
-            self.state.fresh_segment += 1;
-            Ok(self.state.fresh_segment - 1)
-        } else {
-            self.state.allocation_failures += 1;
-            Err(PoolError::SegmentsExhausted)
-        }
     }
 
     /// Returns a segment slot and its chunk reference; returns the slot's `next`.

@@ -61,12 +61,74 @@ pub struct SendQueue {
     policy: SlowConsumerPolicy,
     /// Invariant: the number of messages with at least one byte in `chain`.
     messages: u32,
+    /// Under [`SlowConsumerPolicy::Conflate`]: conflate per key rather than all at once.
+    conflate_key: Option<ConflateKey>,
+}
+
+/// How a keyed `conflate` queue tells a message's key: the bytes of the message's payload (an
+/// unmasked server WebSocket frame: its header is skipped) before the first `delimiter`,
+/// looked for in the first [`MAX_KEY`](ConflateKey::MAX_KEY) bytes; after a topic history
+/// envelope (`{digits}-{digits}:`) if `after_envelope`. A message without the delimiter there
+/// has the empty key.
+///
+/// A queue behind its high watermark then drops only the unsent messages with the new one's
+/// key, so a feed of several instruments keeps the latest of each; at its cap it drops every
+/// unsent message, as plain `conflate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConflateKey {
+    /// The byte that ends the key (e.g. `b'|'` for `EURUSD|{...}`).
+    pub delimiter: u8,
+    /// Whether payloads start with a history envelope to skip.
+    pub after_envelope: bool,
+}
+
+impl ConflateKey {
+    /// The longest key, in bytes.
+    pub const MAX_KEY: usize = 64;
+    /// Header (10), envelope (42) and key bytes a key is read from.
+    const PREFIX: usize = 10 + 42 + Self::MAX_KEY + 1;
+
+    /// The key of the frame that starts with `bytes` (its first [`Self::PREFIX`] bytes or
+    /// fewer).
+    fn of<'b>(&self, bytes: &'b [u8]) -> &'b [u8] {
+        let header = match bytes.get(1).map(|b| b & 0x7f) {
+            Some(126) => 4,
+            Some(127) => 10,
+            Some(_) => 2,
+            None => return &[],
+        };
+        let mut payload = bytes.get(header..).unwrap_or_default();
+        if self.after_envelope
+            && let Some(colon) = payload.iter().take(42).position(|b| *b == b':')
+            && is_offset(&payload[..colon])
+        {
+            payload = &payload[colon + 1..];
+        }
+        let payload = &payload[..payload.len().min(Self::MAX_KEY + 1)];
+        match payload.iter().position(|b| *b == self.delimiter) {
+            Some(end) => &payload[..end],
+            None => &[],
+        }
+    }
+}
+
+/// Whether `bytes` is an offset, `{digits}-{digits}`.
+fn is_offset(bytes: &[u8]) -> bool {
+    let Some(dash) = bytes.iter().position(|b| *b == b'-') else { return false };
+    let (a, b) = (&bytes[..dash], &bytes[dash + 1..]);
+    !a.is_empty() && !b.is_empty() && a.iter().chain(b).all(u8::is_ascii_digit)
 }
 
 impl SendQueue {
     /// An empty queue.
     pub const fn new(watermarks: Watermarks, policy: SlowConsumerPolicy) -> Self {
-        Self { chain: ChunkChain::new(), watermarks, policy, messages: 0 }
+        Self { chain: ChunkChain::new(), watermarks, policy, messages: 0, conflate_key: None }
+    }
+
+    /// Makes a `conflate` queue conflate per key (see [`ConflateKey`]).
+    pub const fn with_conflate_key(mut self, key: ConflateKey) -> Self {
+        self.conflate_key = Some(key);
+        self
     }
 
     /// Unsent bytes (WebSocket's `bufferedAmount`). O(1).
@@ -349,7 +411,24 @@ impl SendQueue {
             // that keeps up (writable: not above its high watermark since it last fell to its
             // low one) keeps every message too; only one that is behind is conflated.
             match self.store(pool, false, &append) {
-                Ok(()) => self.queued(),
+                Ok(_) => self.queued(),
+                Err(_) => self.pool_exhausted(pool, len, 0, 0, append),
+            }
+        } else if let Some(key) = self.conflate_key
+            && self.policy == SlowConsumerPolicy::Conflate
+            && self.len().saturating_add(len) <= self.watermarks.cap()
+        {
+            // Keyed and behind, under the cap: the new message replaces its key's unsent ones.
+            match self.store(pool, false, &append) {
+                Ok(first) => {
+                    let (messages, bytes) = self.drop_same_key(pool, key, first);
+                    if messages == 0 {
+                        self.queued()
+                    } else {
+                        pool.record_drop(self.policy, messages, bytes);
+                        PushOutcome::Dropped { newest: false, messages, bytes }
+                    }
+                }
                 Err(_) => self.pool_exhausted(pool, len, 0, 0, append),
             }
         } else {
@@ -458,14 +537,14 @@ impl SendQueue {
         }
     }
 
-    /// Stores one message all or nothing and flags its first segment.
+    /// Stores one message all or nothing and flags its first segment; that segment.
     #[inline]
     fn store(
         &mut self,
         pool: &mut Pool<'_>,
         control: bool,
         append: impl Fn(&mut ChunkChain, &mut Slab<'_>) -> Result<(), PoolError>,
-    ) -> Result<(), PoolError> {
+    ) -> Result<u32, PoolError> {
         let mut slab = pool.slab();
         let mark = self.chain.mark(slab.view());
         if let Err(e) = append(&mut self.chain, &mut slab) {
@@ -475,7 +554,44 @@ impl SendQueue {
         let first = self.chain.first_after(slab.view(), &mark);
         slab.segment_mut(first).mark_message_start(control);
         self.messages += 1;
-        Ok(())
+        Ok(first)
+    }
+
+    /// Drops the unsent messages before the one starting at segment `newest` that have its
+    /// key; `(messages, bytes)` dropped.
+    fn drop_same_key(
+        &mut self,
+        pool: &mut Pool<'_>,
+        key: ConflateKey,
+        newest: u32,
+    ) -> (u32, usize) {
+        let mut slab = pool.slab();
+        let mut wanted = [0u8; ConflateKey::PREFIX];
+        let n = self.chain.message_prefix(slab.view(), newest, &mut wanted);
+        let wanted = key.of(&wanted[..n]);
+        let (mut messages, mut bytes) = (0, 0);
+        let mut prefix = [0u8; ConflateKey::PREFIX];
+        let (mut prev, mut cur) = (crate::pool::NIL, self.chain.head_index());
+        while cur != newest && cur != crate::pool::NIL {
+            let seg = slab.view().segment(cur);
+            if seg.starts_message() && !seg.is_control() {
+                let n = self.chain.message_prefix(slab.view(), cur, &mut prefix);
+                if key.of(&prefix[..n]) == wanted {
+                    bytes += self.chain.unlink_message(&mut slab, prev, cur);
+                    messages += 1;
+                    cur = if prev == crate::pool::NIL {
+                        self.chain.head_index()
+                    } else {
+                        slab.view().segment(prev).next
+                    };
+                    continue;
+                }
+            }
+            prev = cur;
+            cur = seg.next;
+        }
+        self.messages -= messages;
+        (messages, bytes)
     }
 
     /// Drops the oldest droppable messages until at least `bytes_wanted` bytes are freed (one
@@ -599,4 +715,73 @@ pub struct Discarded {
     pub bytes: usize,
     /// `Some` if the queue's writability changed.
     pub writability: Option<Writability>,
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::borrow::ToOwned;
+    use std::boxed::Box;
+    use std::string::String;
+    use std::vec::Vec;
+    use std::{format, vec};
+
+    use super::*;
+    use crate::{Budget, PoolConfig};
+
+    /// An unmasked text frame of `payload`.
+    fn frame(payload: &str) -> [&[u8]; 2] {
+        let header: &'static [u8] = Box::leak(Box::new([0x81, payload.len() as u8]));
+        [header, Box::leak(payload.to_owned().into_boxed_str()).as_bytes()]
+    }
+
+    fn payloads(queue: &SendQueue, pool: &Pool<'_>) -> Vec<String> {
+        let mut out = vec![0u8; queue.len()];
+        let n = queue.copy_to(pool, &mut out);
+        let mut rest = &out[..n];
+        let mut messages = Vec::new();
+        while let [_, len, tail @ ..] = rest {
+            let (payload, after) = tail.split_at(*len as usize);
+            messages.push(String::from_utf8(payload.to_vec()).unwrap());
+            rest = after;
+        }
+        messages
+    }
+
+    #[test]
+    fn keyed_conflate_keeps_the_latest_message_of_each_key() {
+        for (after_envelope, prefix) in [(false, ""), (true, "12-3:"), (true, "99-100:")] {
+            let mut pool =
+                Pool::new(Budget::new(1 << 20), PoolConfig::new().with_chunk_size(16)).unwrap();
+            let key = ConflateKey { delimiter: b'|', after_envelope };
+            let marks = Watermarks::new(4, 8, 1024).unwrap();
+            let mut queue =
+                SendQueue::new(marks, SlowConsumerPolicy::Conflate).with_conflate_key(key);
+            // Behind: above the high watermark, nothing sent.
+            let _ = queue.push_message(&mut pool, &frame("a backlog without key"));
+            assert!(!queue.is_writable());
+            let m = |s: &str| format!("{prefix}{s}");
+            for s in ["A|1", "B|1 a longer message spanning chunks", "A|2", "C|1", "B|2"] {
+                let _ = queue.push_message(&mut pool, &frame(&m(s)));
+            }
+            let pushed = queue.push_message(&mut pool, &frame(&m("C|2")));
+            assert_eq!(
+                pushed.outcome,
+                PushOutcome::Dropped { newest: false, messages: 1, bytes: 2 + m("C|1").len() }
+            );
+            assert_eq!(
+                payloads(&queue, &pool),
+                ["a backlog without key".to_owned(), m("A|2"), m("B|2"), m("C|2")]
+            );
+            assert_eq!(queue.messages(), 4);
+            // Without the delimiter the key is empty: such messages conflate among themselves.
+            let _ = queue.push_message(&mut pool, &frame(&m("no key")));
+            assert_eq!(payloads(&queue, &pool), [m("A|2"), m("B|2"), m("C|2"), m("no key")]);
+            let _ = queue.clear(&mut pool);
+        }
+        // A payload that merely contains a colon is not an envelope.
+        let key = ConflateKey { delimiter: b'|', after_envelope: true };
+        assert_eq!(key.of(b"\x81\x0cEUR:x|{\"p\":1}"), b"EUR:x");
+        assert_eq!(key.of(b"\x81\x0912-3:EUR|"), b"EUR");
+    }
 }

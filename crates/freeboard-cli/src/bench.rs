@@ -206,6 +206,14 @@ pub(crate) enum BenchCommand {
         /// Messages per run [default: 2,000,000 / subscribers, 100 to 2,000].
         #[arg(long)]
         messages: Option<u64>,
+        /// freeboard nodes: 2 starts two nodes on the Redis at --redis, subscribers spread
+        /// over both and the publisher on the first, each run beside the same load on one
+        /// node without Redis.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        nodes: u8,
+        /// The Redis of the two nodes (redis://HOST:PORT/; --nodes 2 only).
+        #[arg(long, value_name = "URL")]
+        redis: Option<String>,
         #[command(flatten)]
         output: Output,
     },
@@ -447,8 +455,24 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             return memory(&servers, serve_args.as_deref().map(split), &plan, repeat, json)
                 .map(|()| ExitCode::SUCCESS);
         }
-        BenchCommand::Broadcast { url, peers, subscribers, size, window, messages, output } => {
-            let plan = BroadcastPlan { subscribers, sizes: size, window, messages };
+        BenchCommand::Broadcast {
+            url,
+            peers,
+            subscribers,
+            size,
+            window,
+            messages,
+            nodes,
+            redis,
+            output,
+        } => {
+            let redis = match (nodes, redis) {
+                (2, Some(redis)) => Some(redis),
+                (2, None) => return Err("--nodes 2 needs --redis URL".into()),
+                (_, Some(_)) => return Err("--redis goes with --nodes 2".into()),
+                _ => None,
+            };
+            let plan = BroadcastPlan { subscribers, sizes: size, window, messages, redis };
             let report = broadcast(url, peers, &plan, command_line)?;
             return finish(&report, &output, Report::broadcasts_csv).map(|()| ExitCode::SUCCESS);
         }
@@ -1032,6 +1056,8 @@ struct BroadcastPlan {
     sizes: Vec<usize>,
     window: u64,
     messages: Option<u64>,
+    /// Two freeboard nodes on this Redis, beside one node.
+    redis: Option<String>,
 }
 
 /// `freeboard bench broadcast`.
@@ -1050,7 +1076,7 @@ fn broadcast(
         load_average: (process::load_average(), None),
         ..Report::default()
     };
-    let mut measure = |name: &str, subscribe: &Target, publish: &Target| -> Result<(), String> {
+    let mut measure = |name: &str, subscribe: &[Target], publish: &Target| -> Result<(), String> {
         for &n in &plan.subscribers {
             for &size in &plan.sizes {
                 let messages = plan.messages.unwrap_or_else(|| broadcast::default_messages(n));
@@ -1060,7 +1086,7 @@ fn broadcast(
                 );
                 bar.set_message(format!("{name}: {n} subscribers × {size} B"));
                 let run = Broadcast {
-                    subscribe: subscribe.clone(),
+                    subscribe: subscribe.to_vec(),
                     publish: publish.clone(),
                     subscribers: n,
                     size,
@@ -1078,7 +1104,7 @@ fn broadcast(
     match (url, peers) {
         (Some(url), None) => {
             let target = Target::parse(&url)?;
-            measure(&url, &target, &target)?;
+            measure(&url, std::slice::from_ref(&target), &target)?;
         }
         (Some(_), Some(_)) => return Err("give a topic URL or --peers, not both".into()),
         (None, peers) => {
@@ -1111,7 +1137,22 @@ fn broadcast(
                     }
                 };
                 let at = |path: &str| Target::at(running.target.addr, path, running.target.raw);
-                measure(name, &at(sub), &at(publ))?;
+                measure(name, &[at(sub)], &at(publ))?;
+                drop(running);
+                if let (Peer::Freeboard, Some(redis)) = (peer, &plan.redis) {
+                    // The same load on two nodes of one Redis: subscribers on both, the
+                    // publisher on the first.
+                    let mut two =
+                        Peers::in_repository(std::env::current_exe().map_err(|e| e.to_string())?);
+                    two.serve_args = servers.serve_args.clone();
+                    two.serve_args.extend(["--redis".to_string(), redis.clone()]);
+                    let a = two.start(peer, None).map_err(|e| format!("node A: {e}"))?;
+                    let b = two.start(peer, None).map_err(|e| format!("node B: {e}"))?;
+                    let at = |r: &freeboard_bench::peers::Running| {
+                        Target::at(r.target.addr, sub, r.target.raw)
+                    };
+                    measure("freeboard-2-nodes-redis", &[at(&a), at(&b)], &at(&a))?;
+                }
             }
         }
     }

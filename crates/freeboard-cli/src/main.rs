@@ -163,6 +163,11 @@ struct ServeArgs {
     /// drop-oldest, conflate, close [default: conflate].
     #[arg(long, value_name = "POLICY")]
     topic_slow_consumer: Option<String>,
+    /// Under conflate, the character that ends a message's key (`|` for `EURUSD|{...}`): a
+    /// subscriber that is behind keeps the latest message of each key; TOML `[topics]
+    /// conflate_key` [default: none, only the latest message].
+    #[arg(long, value_name = "CHAR")]
+    topic_conflate_key: Option<char>,
     /// Send queue hard cap of one topic subscriber [default: 1M].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     topic_send_cap: Option<u64>,
@@ -210,6 +215,21 @@ struct ServeArgs {
     /// TOML `[topics] redis`. Default: topics stay on this machine.
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
+    /// Messages of history kept per topic, for subscribers reconnecting with `?since=OFFSET`;
+    /// such topics' messages carry an `{offset}:` envelope; TOML `[topics] history`
+    /// [default: 0, none].
+    #[arg(long, value_name = "N")]
+    history: Option<usize>,
+    /// The oldest a kept message may be (0: no limit); TOML `[topics] history_seconds`.
+    #[arg(long, value_name = "SECS")]
+    history_seconds: Option<u64>,
+    /// Bytes all topics' history may hold; TOML `[topics] history_memory` [default: 8M].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    history_memory: Option<u64>,
+    /// Only topics named with this prefix keep history; TOML `[topics] history_prefix`
+    /// [default: every topic].
+    #[arg(long, value_name = "PREFIX")]
+    history_prefix: Option<String>,
     /// Topics one connection may subscribe to (its topic and its `also=` list; an upgrade
     /// naming more gets 400); TOML `[topics] max_topics_per_connection` [default: 64].
     #[arg(long, value_name = "N")]
@@ -271,6 +291,17 @@ fn init_logging(format: LogFormat) {
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
+    // One malloc arena. The loops allocate only as connections come and go (their tables),
+    // never per message, so arenas of their own buy nothing; and the `malloc_trim` a loop
+    // calls once a burst of connections is over gives back the free top of the main arena
+    // only — a thread arena keeps its top up to glibc's trim threshold, which it raises to
+    // twice the size of the last big block freed (the burst's connection table): measured,
+    // +0.45 MiB after 10,000 connections closed with an arena per loop, none with one arena.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes glibc's allocation policy; no other thread runs yet.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
     let config = server_config(&args)?;
     let topics = config.topics.clone();
     let webhook = topics.webhook().map_err(|e| e.to_string())?.map(Arc::new);
@@ -395,6 +426,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         ("topics.client_publish", args.client_publish.then_some(Value::Boolean(true))),
         ("topics.publish_token", args.publish_token.clone().map(Value::String)),
         ("topics.slow_consumer", args.topic_slow_consumer.clone().map(Value::String)),
+        ("topics.conflate_key", args.topic_conflate_key.map(|c| Value::String(c.to_string()))),
         ("topics.send_cap", args.topic_send_cap.map(int)),
         ("tls.cert", args.tls_cert.as_ref().map(path)),
         ("tls.key", args.tls_key.as_ref().map(path)),
@@ -415,6 +447,10 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         ("topics.redis_queue", args.redis_queue.map(int)),
         ("topics.max_topics_per_connection", args.max_topics_per_connection.map(|v| int(v as u64))),
         ("topics.max_topics", args.max_topics.map(|v| int(v as u64))),
+        ("topics.history", args.history.map(|v| int(v as u64))),
+        ("topics.history_seconds", args.history_seconds.map(int)),
+        ("topics.history_memory", args.history_memory.map(int)),
+        ("topics.history_prefix", args.history_prefix.clone().map(Value::String)),
     ];
     for (key, value) in flags {
         let Some(value) = value else { continue };

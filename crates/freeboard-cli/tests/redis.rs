@@ -54,9 +54,15 @@ fn redis(port: u16) -> Option<Process> {
 
 /// A `freeboard serve` node on the Redis at `port`, and its address.
 fn node(port: u16) -> (Process, String) {
+    node_with(port, &[])
+}
+
+/// [`node`] with more arguments.
+fn node_with(port: u16, extra: &[&str]) -> (Process, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_freeboard"))
         .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64M", "--threads", "2"])
         .args(["--client-publish", "--redis", &format!("redis://127.0.0.1:{port}/")])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -257,4 +263,90 @@ fn redis_restarted_during_a_stream_loses_counted_messages_and_delivery_resumes()
         sent.load(Ordering::Acquire)
     );
     drop(redis_process);
+}
+
+/// A frame's payload as `(offset, message)`, split at the history envelope's colon.
+fn enveloped(payload: &[u8]) -> (String, String) {
+    let text = String::from_utf8(payload.to_vec()).unwrap();
+    let (offset, message) = text.split_once(':').unwrap_or_else(|| panic!("no offset: {text}"));
+    (offset.to_owned(), message.to_owned())
+}
+
+/// Reads until `message` arrives; its offset.
+fn read_until(reader: &mut TcpStream, inbox: &mut Inbox, message: &str) -> String {
+    loop {
+        let f = inbox.frame(reader).unwrap().unwrap_or_else(|| panic!("ended before {message}"));
+        let (offset, got) = enveloped(&f.payload);
+        if got == message {
+            return offset;
+        }
+    }
+}
+
+#[test]
+fn history_in_redis_streams_recovers_a_reconnect_on_any_node_or_says_it_is_gone() {
+    let port = free_port();
+    let Some(_redis) = redis(port) else {
+        eprintln!("redis-server is not installed: skipped");
+        return;
+    };
+    let (_a, addr_a) = node_with(port, &["--history", "150", "--history-prefix", "feed"]);
+    let (_b, addr_b) = node_with(port, &["--history", "150", "--history-prefix", "feed"]);
+    // The publisher on B gets its own publications through Redis, with their offsets:
+    // reading them back tells when Redis has kept them all.
+    let (mut publisher, mut own) = subscribe(&addr_b, "feed");
+    let (mut reader, mut inbox) = subscribe(&addr_a, "feed");
+    // Until A's subscription reached Redis.
+    reader.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    'warm: loop {
+        assert!(Instant::now() < until, "node A never subscribed in Redis");
+        publisher.write_all(&text(b"warm")).unwrap();
+        if let Ok(Some(_)) = inbox.frame(&mut reader) {
+            break 'warm;
+        }
+    }
+    reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    publisher.write_all(&text(b"m0")).unwrap();
+    let since = read_until(&mut reader, &mut inbox, "m0");
+    read_until(&mut publisher, &mut own, "m0");
+    drop(reader);
+
+    // Away while 100 are published; back with since, on either node (A has no subscriber
+    // left, so it subscribes again for the fetch): all 100, in order, then live.
+    let burst: Vec<u8> = (1..101).flat_map(|i| text(format!("m{i}").as_bytes())).collect();
+    publisher.write_all(&burst).unwrap();
+    read_until(&mut publisher, &mut own, "m100");
+    for (n, addr) in [&addr_a, &addr_b].into_iter().enumerate() {
+        let (mut back, mut inbox) = subscribe(addr, &format!("feed?since={since}"));
+        for i in 1..101 {
+            let f = inbox.frame(&mut back).unwrap().unwrap_or_else(|| panic!("ended at m{i}"));
+            assert_eq!(
+                enveloped(&f.payload).1,
+                format!("m{i}"),
+                "node {n}: lost, twice or out of order"
+            );
+        }
+        // What followed (the first pass's live message, for the second), then live.
+        for earlier in 0..n {
+            let f = inbox.frame(&mut back).unwrap().expect("a later message");
+            assert_eq!(enveloped(&f.payload).1, format!("live{earlier}"), "node {n}");
+        }
+        let live = format!("live{n}");
+        publisher.write_all(&text(live.as_bytes())).unwrap();
+        let f = inbox.frame(&mut back).unwrap().expect("the live stream after the replay");
+        assert_eq!(enveloped(&f.payload).1, live, "node {n}");
+    }
+
+    // 200 more: the stream (150) no longer holds what followed m0.
+    let burst: Vec<u8> = (101..301).flat_map(|i| text(format!("m{i}").as_bytes())).collect();
+    publisher.write_all(&burst).unwrap();
+    read_until(&mut publisher, &mut own, "m300");
+    for addr in [&addr_a, &addr_b] {
+        for since in [since.as_str(), "1-1", "99999999999999-0"] {
+            let (mut late, mut inbox) = subscribe(addr, &format!("feed?since={since}"));
+            let close = inbox.frame(&mut late).unwrap().expect("a close frame");
+            assert_eq!((close.opcode, close.close_code()), (0x8, 4410), "since={since}");
+        }
+    }
 }

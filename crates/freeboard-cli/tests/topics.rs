@@ -1,6 +1,7 @@
 //! Topics of `freeboard serve` as a process: a subscriber that keeps up receives every
 //! publication in order under every slow-consumer policy; a publication larger than a
-//! subscriber's cap is refused up front.
+//! subscriber's cap is refused up front; a subscriber reconnecting with `?since=` gets what it
+//! missed from the topic's history, or close 4410.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -45,7 +46,20 @@ impl Drop for Serve {
 
 /// A WebSocket on `path`, its 101 read.
 fn subscribe(addr: &str, path: &str) -> (TcpStream, Inbox) {
-    let mut s = TcpStream::connect(addr).unwrap();
+    upgrade(TcpStream::connect(addr).unwrap(), path)
+}
+
+/// [`subscribe`] with an 8 KiB receive buffer (no autotuning), so that a subscriber that does
+/// not read is soon behind.
+fn subscribe_slow(addr: &str, path: &str) -> (TcpStream, Inbox) {
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(8 << 10).unwrap();
+    socket.connect(&addr.into()).unwrap();
+    upgrade(socket.into(), path)
+}
+
+fn upgrade(mut s: TcpStream, path: &str) -> (TcpStream, Inbox) {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.set_nodelay(true).unwrap();
     s.write_all(freeboard_test::upgrade_request(path, "").as_bytes()).unwrap();
@@ -171,4 +185,149 @@ fn topic_limits_refuse_clearly_and_are_counted() {
         .find(|l| l.starts_with("freeboard_topic_refusals_total{reason=\"server_topics\"}"))
         .unwrap_or_else(|| panic!("no server_topics refusal counted:\n{metrics}"));
     assert!(line.ends_with(" 1"), "{line}");
+}
+
+/// A frame's payload as `(offset, message)`, split at the history envelope's colon.
+fn enveloped(payload: &[u8]) -> (String, String) {
+    let text = String::from_utf8(payload.to_vec()).unwrap();
+    let (offset, message) = text.split_once(':').unwrap_or_else(|| panic!("no offset: {text}"));
+    (offset.to_owned(), message.to_owned())
+}
+
+/// An offset's sequence number (`{epoch}-{sequence}`).
+fn sequence(offset: &str) -> u64 {
+    offset.rsplit_once('-').unwrap().1.parse().unwrap()
+}
+
+#[test]
+fn a_reconnect_with_since_gets_what_it_missed_or_is_told_it_is_gone() {
+    for threads in ["1", "2"] {
+        let serve = Serve::spawn(&[
+            "--client-publish",
+            "--threads",
+            threads,
+            "--history",
+            "150",
+            "--history-prefix",
+            "feed",
+        ]);
+        // The publisher is a subscriber too: reading its own publications back tells when
+        // every one of them is published (and kept).
+        let (mut publisher, mut own) = subscribe(&serve.addr, "/topic/feed");
+        let publish =
+            |publisher: &mut TcpStream, own: &mut Inbox, range: std::ops::Range<usize>| {
+                let burst: Vec<u8> =
+                    range.clone().flat_map(|i| text(format!("m{i}").as_bytes())).collect();
+                publisher.write_all(&burst).unwrap();
+                for i in range {
+                    let f = own.frame(publisher).unwrap().expect("the publisher's own message");
+                    assert_eq!(enveloped(&f.payload).1, format!("m{i}"));
+                }
+            };
+        let (mut reader, mut inbox) = subscribe(&serve.addr, "/topic/feed");
+        publish(&mut publisher, &mut own, 0..1);
+        let f = inbox.frame(&mut reader).unwrap().expect("m0");
+        let (since, message) = enveloped(&f.payload);
+        assert_eq!(message, "m0");
+        drop(reader);
+
+        // Away while 100 are published; back with since: all 100, in order, then live.
+        publish(&mut publisher, &mut own, 1..101);
+        let (mut reader, mut inbox) = subscribe(&serve.addr, &format!("/topic/feed?since={since}"));
+        let mut last = sequence(&since);
+        for i in 1..101 {
+            let f = inbox.frame(&mut reader).unwrap().unwrap_or_else(|| panic!("ended at m{i}"));
+            let (offset, message) = enveloped(&f.payload);
+            assert_eq!(message, format!("m{i}"), "{threads} loops: lost, twice or out of order");
+            assert!(sequence(&offset) > last, "{offset} after {last}");
+            last = sequence(&offset);
+        }
+        publish(&mut publisher, &mut own, 101..102);
+        let f = inbox.frame(&mut reader).unwrap().expect("the live stream after the replay");
+        assert_eq!(enveloped(&f.payload).1, "m101");
+
+        // 100 more: the ring (150) no longer holds what followed m0.
+        publish(&mut publisher, &mut own, 102..202);
+        for target in [format!("/topic/feed?since={since}"), "/topic/feed?since=1-1".into()] {
+            let (mut late, mut inbox) = subscribe(&serve.addr, &target);
+            let close = inbox.frame(&mut late).unwrap().expect("a close frame");
+            assert_eq!((close.opcode, close.close_code()), (0x8, 4410), "{target}");
+        }
+
+        // A topic outside the history prefix is delivered as published: no envelope.
+        let (mut plain, mut plain_inbox) = subscribe(&serve.addr, "/topic/plain");
+        let (mut plain_pub, _) = subscribe(&serve.addr, "/topic/plain");
+        warm_up(&mut plain_pub, &mut plain, &mut plain_inbox);
+        plain_pub.write_all(&text(b"as is")).unwrap();
+        let f = plain_inbox.frame(&mut plain).unwrap().expect("a plain message");
+        assert_eq!(f.payload, b"as is");
+    }
+}
+
+#[test]
+fn keyed_conflate_keeps_every_instrument_for_a_slow_subscriber() {
+    const INSTRUMENTS: [&str; 5] = ["AAA", "BBB", "CCC", "DDD", "EEE"];
+    const ROUNDS: usize = 2000;
+    let pad = "x".repeat(1000);
+    // Every instrument's price each round, but AAA's stop halfway (a quiet instrument): 9 MB
+    // in all, far more than the socket buffers and the queue's watermarks hold while the
+    // subscriber does not read.
+    let last_round = |i: usize| if i == 0 { ROUNDS / 2 - 1 } else { ROUNDS - 1 };
+    let mut burst = Vec::new();
+    for r in 0..ROUNDS {
+        for (_, name) in INSTRUMENTS.iter().enumerate().filter(|(i, _)| r <= last_round(*i)) {
+            burst.extend(text(format!("{name}|{r}|{pad}").as_bytes()));
+        }
+    }
+    for keyed in [true, false] {
+        let mut args = vec!["--client-publish", "--threads", "1"];
+        if keyed {
+            args.extend(["--topic-conflate-key", "|"]);
+        }
+        let serve = Serve::spawn(&args);
+        let (mut reader, mut inbox) = subscribe_slow(&serve.addr, "/topic/ticks");
+        let (mut publisher, mut own) = subscribe(&serve.addr, "/topic/ticks");
+        warm_up(&mut publisher, &mut reader, &mut inbox);
+        publisher.write_all(&burst).unwrap();
+        // The publisher reads its own publications (it keeps up, so it gets the last one): then
+        // the server has published them all.
+        let last_message = format!("EEE|{}", ROUNDS - 1);
+        while !own
+            .frame(&mut publisher)
+            .unwrap()
+            .expect("own")
+            .payload
+            .starts_with(last_message.as_bytes())
+        {}
+        // Only now does the subscriber read, until the very last price.
+        let mut last = [None; INSTRUMENTS.len()];
+        loop {
+            let f = inbox.frame(&mut reader).unwrap().expect("the stream goes on");
+            let text = String::from_utf8(f.payload).unwrap();
+            let mut fields = text.split('|');
+            let (Some(name), Some(round)) = (fields.next(), fields.next()) else { continue };
+            let i = INSTRUMENTS.iter().position(|n| *n == name).unwrap();
+            let round: usize = round.parse().unwrap();
+            assert!(last[i].is_none_or(|before| round > before), "{name} went back");
+            last[i] = Some(round);
+            if text.starts_with(&last_message) {
+                break;
+            }
+        }
+        let finals = (0..INSTRUMENTS.len()).filter(|&i| last[i] == Some(last_round(i))).count();
+        let mut s = TcpStream::connect(&serve.addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut metrics = String::new();
+        let _ = s.read_to_string(&mut metrics);
+        let line =
+            metrics.lines().find(|l| l.starts_with("freeboard_drops_total{reason=\"conflate\"}"));
+        assert!(line.is_some_and(|l| !l.ends_with(" 0")), "the subscriber was behind: {line:?}");
+        if keyed {
+            assert_eq!(finals, INSTRUMENTS.len(), "every instrument's latest price: {last:?}");
+        } else {
+            // Plain conflate keeps only the latest messages: AAA's last price (and others')
+            // was replaced by later prices of other instruments.
+            assert!(last[0] < Some(last_round(0)), "{last:?}");
+        }
+    }
 }

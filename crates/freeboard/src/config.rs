@@ -189,6 +189,11 @@ pub struct TopicsConfig {
     /// behind gets the newest message, not a backlog.
     #[serde(with = "policy")]
     pub slow_consumer: SlowConsumerPolicy,
+    /// Under `conflate`, the byte that ends a message's key (e.g. `"|"` for `EURUSD|{...}`):
+    /// a subscriber that is behind keeps the latest unsent message of each key, so a feed of
+    /// several instruments loses none (see [`ConflateKey`](crate::ConflateKey)).
+    /// Default: none, conflate keeps only the latest message.
+    pub conflate_key: Option<char>,
     /// A subscriber's send queue low watermark. Default 32 KiB.
     #[serde(with = "size")]
     pub send_low: usize,
@@ -242,6 +247,19 @@ pub struct TopicsConfig {
     /// Default 16 MiB.
     #[serde(with = "size")]
     pub redis_queue: usize,
+    /// Messages of history kept per topic, for subscribers that reconnect with `?since=` (see
+    /// [`history`](crate::history)); 0 keeps none and adds no offsets. Default 0. With
+    /// `redis`, kept in Redis streams.
+    pub history: usize,
+    /// The oldest a kept message may be, in seconds; 0 for no age limit. Default 0.
+    pub history_seconds: u64,
+    /// Bytes all topics' history may hold together (payloads and about 96 bytes each); the
+    /// server's oldest message goes first. Default 8 MiB.
+    #[serde(with = "size")]
+    pub history_memory: usize,
+    /// Only topics whose name starts with this keep history and carry offsets. Default: every
+    /// topic.
+    pub history_prefix: String,
 }
 
 impl Default for TopicsConfig {
@@ -252,6 +270,7 @@ impl Default for TopicsConfig {
             http_publish: true,
             publish_token: None,
             slow_consumer: SlowConsumerPolicy::Conflate,
+            conflate_key: None,
             send_low: 32 << 10,
             send_high: 64 << 10,
             send_cap: 1 << 20,
@@ -268,6 +287,10 @@ impl Default for TopicsConfig {
             webhook_in_flight: 16,
             redis: None,
             redis_queue: 16 << 20,
+            history: 0,
+            history_seconds: 0,
+            history_memory: 8 << 20,
+            history_prefix: String::new(),
         }
     }
 }
@@ -320,6 +343,7 @@ impl std::fmt::Debug for TopicsConfig {
             .field("http_publish", &self.http_publish)
             .field("publish_token", &self.publish_token.as_ref().map(|_| "<redacted>"))
             .field("slow_consumer", &self.slow_consumer)
+            .field("conflate_key", &self.conflate_key)
             .field("send_low", &self.send_low)
             .field("send_high", &self.send_high)
             .field("send_cap", &self.send_cap)
@@ -339,6 +363,10 @@ impl std::fmt::Debug for TopicsConfig {
                 &self.redis.as_deref().map(|u| if u.contains('@') { "<redacted>" } else { u }),
             )
             .field("redis_queue", &self.redis_queue)
+            .field("history", &self.history)
+            .field("history_seconds", &self.history_seconds)
+            .field("history_memory", &self.history_memory)
+            .field("history_prefix", &self.history_prefix)
             .finish()
     }
 }
@@ -426,6 +454,9 @@ impl ServerConfig {
         }
         if topics.inbox == 0 || topics.max_topics_per_connection == 0 || topics.max_topics == 0 {
             return Err(ConfigError::TopicLimits);
+        }
+        if topics.conflate_key.is_some_and(|c| !c.is_ascii()) {
+            return Err(ConfigError::ConflateKey);
         }
         crate::auth::Origins::new(&self.allowed_origins)?;
         crate::auth::Origins::new(&topics.cors_origins)?;
@@ -655,6 +686,8 @@ pub enum ConfigError {
     TopicsPath(String),
     /// `topics.inbox` or `topics.max_topics_per_connection` is 0.
     TopicLimits,
+    /// `topics.conflate_key` is not an ASCII character.
+    ConflateKey,
     /// `memory` does not give each loop its read buffer and 16 chunks.
     Memory {
         /// The budget given.
@@ -715,6 +748,7 @@ impl std::fmt::Display for ConfigError {
             Self::TopicsPath(path) => {
                 write!(f, "topics.path must start and end with '/', not {path:?}")
             }
+            Self::ConflateKey => f.write_str("topics.conflate_key must be one ASCII character"),
             Self::TopicLimits => {
                 f.write_str(
                     "topics.inbox, topics.max_topics_per_connection and topics.max_topics must be at least 1",

@@ -6,10 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy, Watermarks};
+use freeboard_buf::{ConflateKey, Frame, PushOutcome, SlowConsumerPolicy, Watermarks};
 use freeboard_proto::handshake::Request;
 use freeboard_proto::{CloseCode, MessageKind};
 
+use crate::backplane::Recoverer;
+use crate::history::Recovery;
 use crate::metrics::{LoopStats, Metrics};
 use crate::session::{Context, SendOutcome, Session};
 use crate::topics::{Hub, LocalTopics, Published, SubscribeError};
@@ -87,6 +89,9 @@ pub struct Decision {
     peer: SocketAddr,
     decisions: Arc<Decisions>,
     done: bool,
+    /// Fetches history from Redis before an upgrade with `?since=` is accepted, if it is kept
+    /// there.
+    recoverer: Option<Recoverer>,
 }
 
 impl std::fmt::Debug for Decision {
@@ -101,8 +106,9 @@ impl Decision {
         serial: u64,
         peer: SocketAddr,
         decisions: Arc<Decisions>,
+        recoverer: Option<Recoverer>,
     ) -> Self {
-        Self { token, serial, peer, decisions, done: false }
+        Self { token, serial, peer, decisions, done: false, recoverer }
     }
 
     /// The client's address (the forwarded one behind a trusted proxy).
@@ -113,6 +119,17 @@ impl Decision {
     /// Accepts the upgrade.
     pub fn accept(mut self, accepted: Accepted) {
         self.send(Verdict::Accept(accepted));
+    }
+
+    /// Accepts the upgrade of a subscriber to `topic` that reconnects having last seen the
+    /// offset `since`, once what it missed is at hand for [`Conn::recover`] in `on_open`:
+    /// at once when history is kept in memory; with a Redis backplane, once it is fetched
+    /// from Redis (503 if Redis cannot be reached, or too many are being fetched).
+    pub fn accept_recovering(mut self, accepted: Accepted, topic: &str, since: &str) {
+        match self.recoverer.take() {
+            Some(recoverer) => recoverer.recover(topic, since, self, accepted),
+            None => self.accept(accepted),
+        }
     }
 
     /// Refuses the upgrade with `status` (a 4xx or 5xx).
@@ -424,6 +441,19 @@ impl Conn<'_> {
     pub fn publish(&mut self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
         self.topics.publish(self.hub, self.cx.pool, self.outbox, topic, kind, payload, None)
     }
+
+    /// Sends this connection what it missed on `topic` after the offset `since` (see
+    /// [`history`](crate::history)), each message in its envelope, in offset order; call it
+    /// right after [`subscribe`](Self::subscribe). `false` if the topic's history no longer
+    /// holds all of it, or the send queue could not take it all: close the connection with
+    /// [`HISTORY_GONE`](crate::history::HISTORY_GONE). A topic without history has nothing to
+    /// recover.
+    pub fn recover(&mut self, topic: &str, since: &str) -> bool {
+        let Recovery::Missed(missed) = self.hub.recover(topic, since) else { return false };
+        missed.iter().all(|(kind, data)| {
+            matches!(self.send(*kind, data), SendOutcome::Queued | SendOutcome::QueuedAboveHigh)
+        })
+    }
 }
 
 /// Routes requests by path (the part before `?`): WebSocket upgrades to handlers, and plain
@@ -551,6 +581,8 @@ pub struct RouteOptions {
     pub slow_consumer: Option<SlowConsumerPolicy>,
     /// The send-queue watermarks and cap of the route's connections.
     pub watermarks: Option<Watermarks>,
+    /// Under `conflate`, conflate per key (see [`ConflateKey`]).
+    pub conflate_key: Option<ConflateKey>,
 }
 
 impl RouteOptions {
@@ -574,6 +606,12 @@ impl RouteOptions {
     /// The route's send-queue watermarks and cap.
     pub fn watermarks(mut self, marks: Watermarks) -> Self {
         self.watermarks = Some(marks);
+        self
+    }
+
+    /// Under `conflate`, keeps the latest unsent message per key rather than only the latest.
+    pub fn conflate_key(mut self, key: ConflateKey) -> Self {
+        self.conflate_key = Some(key);
         self
     }
 }

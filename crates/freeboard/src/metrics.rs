@@ -48,7 +48,8 @@ pub const TOPIC_DROP_REASONS: [&str; 2] = ["inbox_full", "pool"];
 pub const TOPIC_REFUSAL_REASONS: [&str; 2] = ["connection_topics", "server_topics"];
 
 /// Why a publication did not reach the Redis backplane (`freeboard_backplane_lost_total{reason}`).
-pub const BACKPLANE_LOST_REASONS: [&str; 3] = ["queue_full", "redis_down", "unconfirmed"];
+pub const BACKPLANE_LOST_REASONS: [&str; 4] =
+    ["queue_full", "redis_down", "unconfirmed", "refused"];
 
 /// Why an access check refused an upgrade (`freeboard_access_refusals_total{reason}`); an
 /// application's own reason is added when first used.

@@ -3,19 +3,23 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use freeboard_buf::ConflateKey;
 use freeboard_proto::CloseCode;
 use freeboard_proto::handshake::Request;
 
 use crate::auth::{Grant, TokenError, TokenVerifier, bearer_token};
 use crate::config::TopicsConfig;
 use crate::handler::{Accepted, Conn, Decision, Handler, Message, RouteOptions, Router};
+use crate::history::HISTORY_GONE;
 use crate::topics::topics_in_target;
 use crate::webhook::ConnectWebhook;
 
 /// The `/topic/{name}` endpoint of `freeboard serve`: the upgrade subscribes the connection to
 /// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`; an
-/// upgrade naming more topics than [`max_topics`](Self::max_topics) gets 400); messages the client sends are published to `name` if client publishing is allowed, else
-/// answered with close 1008.
+/// upgrade naming more topics than [`max_topics`](Self::max_topics) gets 400); messages the
+/// client sends are published to `name` if client publishing is allowed, else answered with
+/// close 1008. With `since=OFFSET` in the query, the connection first gets what it missed on
+/// `name` ([`Conn::recover`]), or is closed with [`HISTORY_GONE`] if that is no longer kept.
 ///
 /// With a [`TokenVerifier`] the upgrade needs a bearer token (`Authorization: Bearer`, or
 /// `?access_token=` for browsers) whose `subscribe` claim grants every topic asked for (401
@@ -109,18 +113,27 @@ impl Handler for TopicRoute {
                 let token = bearer_token(request);
                 webhook.ask(decision, request.path(), &topics, origin, token);
             }
-            (Ok(accepted), None) => decision.accept(accepted),
+            (Ok(accepted), None) => match query_value(request.path(), "since") {
+                Some(since) => decision.accept_recovering(accepted, topics[0], since),
+                None => decision.accept(accepted),
+            },
             (Err(e), _) => decision.reject_because(e.status(), e.label()),
         }
     }
 
     fn on_open(&mut self, conn: &mut Conn<'_>) {
         let target = conn.target().to_owned();
-        for name in topics_in_target(&self.prefix, &target).unwrap_or_default() {
+        let topics = topics_in_target(&self.prefix, &target).unwrap_or_default();
+        for name in &topics {
             if let Err(e) = conn.subscribe(name) {
                 conn.close(CloseCode::POLICY_VIOLATION, &e.to_string());
                 return;
             }
+        }
+        if let (Some(since), Some(topic)) = (query_value(&target, "since"), topics.first())
+            && !conn.recover(topic, since)
+        {
+            conn.close(HISTORY_GONE, "the messages since that offset are no longer kept");
         }
     }
 }
@@ -153,8 +166,13 @@ impl Router {
         if config.path.is_empty() {
             return self;
         }
-        let options =
+        let mut options =
             RouteOptions::new().prefix().slow_consumer(config.slow_consumer).watermarks(marks);
+        if let Some(delimiter) = config.conflate_key.filter(char::is_ascii) {
+            let after_envelope = config.history > 0;
+            options =
+                options.conflate_key(ConflateKey { delimiter: delimiter as u8, after_envelope });
+        }
         let mut route = TopicRoute::new(&config.path, config.client_publish)
             .max_topics(config.max_topics_per_connection);
         if let Some(verifier) = verifier {
@@ -165,4 +183,10 @@ impl Router {
         }
         self.route_with(&config.path, route, options)
     }
+}
+
+/// The value of `key` in the query of `target`, if any.
+pub(crate) fn query_value<'t>(target: &'t str, key: &str) -> Option<&'t str> {
+    let (_, query) = target.split_once('?')?;
+    query.split('&').find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
 }

@@ -33,8 +33,8 @@
 //! `max_message_size`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use freeboard_buf::{Frame, Pool, SharedFrame};
@@ -43,7 +43,8 @@ use freeboard_proto::{MessageKind, OpCode};
 use mio::Waker;
 use slab::Slab;
 
-use crate::backplane::Backplane;
+use crate::backplane::{Backplane, Incoming, Recoverer};
+use crate::history::{Envelope, History, Recovery, Source};
 use crate::metrics::Metrics;
 
 /// The longest topic name, in bytes.
@@ -60,6 +61,23 @@ pub struct Published {
     pub dropped: u32,
 }
 
+/// How many subscribers a publication reached, and for how many it was dropped (by their
+/// slow-consumer policy, or by closing them 1008).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    /// Subscribers whose send queue took the message.
+    pub delivered: u64,
+    /// Subscribers for whom it was dropped (counted by their policy).
+    pub dropped: u64,
+}
+
+impl std::ops::AddAssign for Reach {
+    fn add_assign(&mut self, other: Self) {
+        self.delivered += other.delivered;
+        self.dropped += other.dropped;
+    }
+}
+
 /// Why [`Conn::subscribe`](crate::Conn::subscribe) refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubscribeError {
@@ -71,6 +89,9 @@ pub enum SubscribeError {
     /// The server has as many topics (with a subscriber) as
     /// [`TopicsConfig::max_topics`](crate::config::TopicsConfig) allows.
     TooManyTopicsOnServer,
+    /// A client connection of the tokio driver: publications are framed once, unmasked, for
+    /// the server connections that subscribe.
+    ClientConnection,
 }
 
 impl std::fmt::Display for SubscribeError {
@@ -79,6 +100,7 @@ impl std::fmt::Display for SubscribeError {
             SubscribeError::InvalidName => "invalid topic name",
             SubscribeError::TooManyTopics => "too many topics for one connection",
             SubscribeError::TooManyTopicsOnServer => "too many topics on this server",
+            SubscribeError::ClientConnection => "a client connection cannot subscribe",
         })
     }
 }
@@ -115,6 +137,22 @@ pub(crate) fn header(kind: MessageKind, len: usize) -> ([u8; 14], usize) {
     // NOTE(unwrap): an unmasked header is at most 10 bytes.
     let n = header.encode(&mut out).unwrap();
     (out, n)
+}
+
+/// How a publication to a topic is framed: its WebSocket header, and the envelope with its
+/// offset if the topic keeps history.
+pub(crate) struct Stamp {
+    head: [u8; 14],
+    head_len: usize,
+    envelope: Option<Envelope>,
+}
+
+impl Stamp {
+    /// The frame's parts around `payload`.
+    pub(crate) fn parts<'p>(&'p self, payload: &'p [u8]) -> [&'p [u8]; 3] {
+        let envelope = self.envelope.as_ref().map_or(&[][..], Envelope::as_bytes);
+        [&self.head[..self.head_len], envelope, payload]
+    }
 }
 
 /// A publication on its way to another loop.
@@ -167,9 +205,15 @@ impl Receipt {
     }
 }
 
-/// One loop's inbox, as other threads see it.
+/// One loop's inbox, as other threads see it: an unbounded channel (its blocks are allocated as
+/// publications arrive and freed as the loop takes them, so an idle server holds none) bounded
+/// by a count.
 struct Inbox {
-    tx: SyncSender<Publication>,
+    tx: Sender<Publication>,
+    /// Publications sent and not yet taken by the loop.
+    ///
+    /// Invariant: at most the hub's `capacity` (a sender that would pass it drops instead).
+    queued: AtomicUsize,
     waker: Arc<Waker>,
     /// Set by a publisher after sending, cleared by the loop before draining: one wake per
     /// batch instead of one `eventfd` write per publish.
@@ -185,11 +229,15 @@ pub(crate) struct Hub {
     /// Topics with a subscriber the server may have at once.
     max_topics: usize,
     inboxes: Vec<Inbox>,
+    /// Publications one inbox holds.
+    capacity: usize,
     receivers: Mutex<Vec<Option<Receiver<Publication>>>>,
     metrics: Arc<Metrics>,
     /// The Redis backplane, if one is configured: told when a topic gets its first subscriber
     /// on this node and loses its last, and given every publication of this node.
     backplane: OnceLock<Backplane>,
+    /// Offsets and kept messages of the topics that keep history, if configured.
+    history: Option<Arc<History>>,
 }
 
 impl Hub {
@@ -197,22 +245,51 @@ impl Hub {
         wakers: &[Arc<Waker>],
         capacity: usize,
         max_topics: usize,
+        history: Option<Arc<History>>,
         metrics: Arc<Metrics>,
     ) -> Self {
         let (inboxes, receivers) = wakers
             .iter()
             .map(|waker| {
-                let (tx, rx) = std::sync::mpsc::sync_channel(capacity);
-                (Inbox { tx, waker: waker.clone(), pending: AtomicBool::new(false) }, Some(rx))
+                let (tx, rx) = std::sync::mpsc::channel();
+                let queued = AtomicUsize::new(0);
+                (
+                    Inbox { tx, queued, waker: waker.clone(), pending: AtomicBool::new(false) },
+                    Some(rx),
+                )
             })
             .unzip();
         Self {
             loops_by_topic: RwLock::new(HashMap::new()),
             max_topics,
             inboxes,
+            capacity,
             receivers: Mutex::new(receivers),
             metrics,
             backplane: OnceLock::new(),
+            history,
+        }
+    }
+
+    /// Frames a publication of this node to `topic`: records it in the topic's history (which
+    /// gives it its offset), if the topic keeps one.
+    pub(crate) fn stamp(&self, topic: &str, kind: MessageKind, payload: &[u8]) -> Stamp {
+        let envelope = self
+            .history
+            .as_ref()
+            .filter(|h| h.source() == Source::Memory && h.applies(topic))
+            .map(|h| h.record(topic, kind, payload));
+        let len = envelope.as_ref().map_or(0, |e| e.as_bytes().len()) + payload.len();
+        let (head, head_len) = header(kind, len);
+        Stamp { head, head_len, envelope }
+    }
+
+    /// What a subscriber of `topic` that last saw offset `since` missed (nothing if the topic
+    /// keeps no history).
+    pub(crate) fn recover(&self, topic: &str, since: &str) -> Recovery {
+        match &self.history {
+            Some(history) if history.applies(topic) => history.recover(topic, since),
+            _ => Recovery::Missed(Vec::new()),
         }
     }
 
@@ -221,19 +298,41 @@ impl Hub {
         let _ = self.backplane.set(backplane);
     }
 
+    /// The topic history, if configured.
+    pub(crate) fn history(&self) -> Option<&Arc<History>> {
+        self.history.as_ref()
+    }
+
+    /// Where upgrades with `?since=` go to have history fetched from Redis, if it is kept
+    /// there.
+    pub(crate) fn recoverer(&self) -> Option<Recoverer> {
+        self.backplane.get()?.recoverer.clone()
+    }
+
+    /// Whether a publication to `topic` goes to Redis first, to be kept in its stream and
+    /// delivered to every node, this one too, with the offset Redis gives it.
+    pub(crate) fn kept_in_redis(&self, topic: &str) -> bool {
+        self.history.as_ref().is_some_and(|h| h.source() == Source::Redis && h.applies(topic))
+            && self.backplane.get().is_some()
+    }
+
     /// Sends a publication of this node to the other nodes, if there is a backplane.
     pub(crate) fn send_to_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
         if let Some(backplane) = self.backplane.get() {
-            backplane.publish(topic, kind, payload);
+            backplane.publish(topic, kind, payload, self.kept_in_redis(topic));
         }
     }
 
-    /// Delivers a publication of another node to every loop of this one that has a
-    /// subscriber to `topic`.
-    pub(crate) fn deliver_from_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
-        let (head, n) = header(kind, payload.len());
+    /// Delivers a publication from Redis to every loop of this node that has a subscriber to
+    /// its topic (keeping it in the topic's ring if it carries an offset).
+    pub(crate) fn deliver_from_backplane(&self, incoming: Incoming<'_>) {
+        let Incoming { topic, kind, data, offset } = incoming;
+        if let (Some(offset), Some(history)) = (offset, &self.history) {
+            history.record_at(topic, offset, kind, data);
+        }
+        let (head, n) = header(kind, data.len());
         let mut published = Published::default();
-        self.publish_remote(topic, &[&head[..n], payload], None, &mut published, None);
+        self.publish_remote(topic, &[&head[..n], data], None, &mut published, None);
     }
 
     /// Loop `index`'s end of its inbox (once).
@@ -245,6 +344,17 @@ impl Hub {
     /// Clears loop `index`'s pending flag; call before draining its inbox.
     pub(crate) fn begin_drain(&self, index: u32) {
         self.inboxes[index as usize].pending.store(false, Ordering::Release);
+    }
+
+    /// The next publication in loop `index`'s inbox (`receiver`, its end), if any.
+    pub(crate) fn receive(
+        &self,
+        index: u32,
+        receiver: &Receiver<Publication>,
+    ) -> Option<Publication> {
+        let publication = receiver.try_recv().ok()?;
+        self.inboxes[index as usize].queued.fetch_sub(1, Ordering::AcqRel);
+        Some(publication)
     }
 
     /// Sends the message to every loop but `except` that has a subscriber to `topic`, framed
@@ -272,14 +382,21 @@ impl Hub {
                 frame: frame.clone(),
                 receipt: receipt.cloned(),
             };
-            match inbox.tx.try_send(publication) {
-                Ok(()) => {
+            let room = inbox.queued.fetch_add(1, Ordering::AcqRel) < self.capacity;
+            if !room {
+                inbox.queued.fetch_sub(1, Ordering::AcqRel);
+            }
+            match room.then(|| inbox.tx.send(publication)) {
+                Some(Ok(())) => {
                     published.loops += 1;
                     if !inbox.pending.swap(true, Ordering::AcqRel) {
                         let _ = inbox.waker.wake();
                     }
                 }
-                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                refused => {
+                    if refused.is_some() {
+                        inbox.queued.fetch_sub(1, Ordering::AcqRel); // the loop is gone
+                    }
                     published.dropped += 1;
                     self.metrics.topic_drop("inbox_full");
                     if let Some(r) = receipt {
@@ -471,8 +588,13 @@ impl LocalTopics {
         receipt: Option<&Arc<Receipt>>,
     ) -> Published {
         hub.metrics.publishes.inc();
-        let (head, n) = header(kind, payload.len());
-        let parts = [&head[..n], payload];
+        if hub.kept_in_redis(topic) {
+            // Delivered here too once Redis has kept it, with its offset.
+            hub.send_to_backplane(topic, kind, payload);
+            return Published::default();
+        }
+        let stamp = hub.stamp(topic, kind, payload);
+        let parts = stamp.parts(payload);
         let mut published = Published::default();
         if let Some(&t) = self.by_name.get(topic) {
             match Frame::from_parts(pool, &parts) {

@@ -46,6 +46,8 @@ struct Job {
     decision: Decision,
     body: String,
     topics: Vec<String>,
+    /// The `since=` of a reconnecting subscriber: its history is made ready once accepted.
+    since: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -106,7 +108,8 @@ impl ConnectWebhook {
         })
         .to_string();
         let topics = topics.iter().map(|t| (*t).to_owned()).collect();
-        match self.jobs.try_send(Job { decision, body, topics }) {
+        let since = crate::topic_route::query_value(path, "since").map(str::to_owned);
+        match self.jobs.try_send(Job { decision, body, topics, since }) {
             Ok(()) => {}
             Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => {
                 job.decision.reject_because(503, "webhook_busy");
@@ -146,7 +149,13 @@ fn work(queue: &Mutex<Receiver<Job>>, target: &Target, timeout: Duration) {
                 if answer.expires_at.is_some() {
                     accepted = accepted.expires_at(expires);
                 }
-                job.decision.accept(accepted.data(grant));
+                let accepted = accepted.data(grant);
+                match (&job.since, job.topics.first()) {
+                    (Some(since), Some(topic)) => {
+                        job.decision.accept_recovering(accepted, topic, since)
+                    }
+                    _ => job.decision.accept(accepted),
+                }
             }
             Ok((status @ (401 | 403), _)) => job.decision.reject_because(status, "webhook_refused"),
             Ok(_) => job.decision.reject_because(503, "webhook_error"),

@@ -100,10 +100,17 @@ impl<T: Transport> EventLoop<T> {
             return self.refuse(token, now, 500, "", "response too large");
         };
         let entry = &mut self.conns[token];
-        let queue = (options.slow_consumer.is_some() || options.watermarks.is_some()).then(|| {
+        let custom = options.slow_consumer.is_some()
+            || options.watermarks.is_some()
+            || options.conflate_key.is_some();
+        let queue = custom.then(|| {
             let queue = entry.session.queue();
             let marks = options.watermarks.unwrap_or(*queue.watermarks());
-            SendQueue::new(marks, options.slow_consumer.unwrap_or(queue.policy()))
+            let queue = SendQueue::new(marks, options.slow_consumer.unwrap_or(queue.policy()));
+            match options.conflate_key {
+                Some(key) => queue.with_conflate_key(key),
+                None => queue,
+            }
         });
         let deadline = match entry.session.phase {
             Phase::Request { deadline } => Some(deadline),

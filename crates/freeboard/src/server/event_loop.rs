@@ -16,7 +16,9 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use freeboard_buf::{Budget, Frame, Pool, PoolConfig, SendQueue, Watermarks, Writability};
+use freeboard_buf::{
+    Budget, Frame, PageBuffer, Pool, PoolConfig, SendQueue, Watermarks, Writability,
+};
 use freeboard_proto::{CloseCode, Instant};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
@@ -35,7 +37,9 @@ use crate::transport::{Io, Transport};
 const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
 const TLS_LISTENER: Token = Token(usize::MAX - 3);
-/// Connection slots (and timer and dirty-list entries) a loop starts with and shrinks back to.
+/// Connection slots (and timer and dirty-list entries) a loop starts with (address space only:
+/// an allocation this size is mapped, untouched). Tables grown past it are given back whole
+/// when the loop has no connection left, the timer heap halves when three quarters are unused.
 pub(super) const INITIAL_CONNS: usize = 1024;
 /// Reads of one connection per loop turn before the others get their turn.
 const READS_PER_TURN: usize = 16;
@@ -98,10 +102,11 @@ pub(crate) struct EventLoop<T> {
     pub(super) router: Router,
     pub(super) conns: Slab<Entry<T>>,
     pub(super) pool: Pool<'static>,
-    /// The shared read buffer: every socket of this loop is read into it.
-    pub(super) read_buf: Box<[u8]>,
+    /// The shared read buffer: every socket of this loop is read into it. Its pages are
+    /// resident from the first read until the pool next gives everything back.
+    pub(super) read_buf: PageBuffer,
     /// The replies of the connection being read, written once its read is done (as large
-    /// as the read buffer: an echo of one read fits).
+    /// as the read buffer: an echo of one read fits; resident like it).
     pub(super) cork: Cork,
     /// Whether the connection being read may cork its replies (plain TCP: TLS encrypts
     /// straight from its queue).
@@ -239,7 +244,7 @@ impl<T: Transport> EventLoop<T> {
             tls_config,
             tls,
             lot: ParkingLot::new(config.protocol()),
-            read_buf: vec![0u8; config.read_buffer].into_boxed_slice(),
+            read_buf: PageBuffer::new(config.read_buffer),
             cork: Cork::new(config.read_buffer),
             corking: false,
             limits: Reassembly::server(config.connection_reserve),
@@ -329,6 +334,12 @@ impl<T: Transport> EventLoop<T> {
             if self.release_at.is_some_and(|at| at <= now) {
                 self.pool.release_idle();
                 self.release_at = None;
+                if !self.pool.has_memory_to_release() {
+                    // Quiet long enough for the pool to give everything back: the read
+                    // buffer's and the cork's pages go too.
+                    self.read_buf.give_back();
+                    self.cork.give_back();
+                }
             }
             if self.accept_more || self.accept_retry.is_some_and(|at| at <= now) {
                 self.accept_retry = None;

@@ -6,22 +6,8 @@ use freeboard_proto::Instant;
 
 use super::event_loop::EventLoop;
 use crate::session::Context;
+use crate::topics::Reach;
 use crate::transport::Transport;
-
-/// How many of a loop's subscribers a fan-out reached, and for how many the message was
-/// dropped (by their slow-consumer policy, or by closing them).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Reach {
-    pub(super) delivered: u64,
-    pub(super) dropped: u64,
-}
-
-impl std::ops::AddAssign for Reach {
-    fn add_assign(&mut self, other: Self) {
-        self.delivered += other.delivered;
-        self.dropped += other.dropped;
-    }
-}
 
 impl<T: Transport> EventLoop<T> {
     /// Fans out this loop's own publishes, in publish order; their reach.
@@ -48,7 +34,7 @@ impl<T: Transport> EventLoop<T> {
     /// fanned out by reference.
     pub(super) fn drain_inbox(&mut self, now: Instant) {
         self.shared.hub.begin_drain(self.index);
-        while let Ok(publication) = self.inbox.try_recv() {
+        while let Some(publication) = self.shared.hub.receive(self.index, &self.inbox) {
             let Some(subscribers) = self.topics.subscribers(&publication.topic) else {
                 // The last subscriber left after the publisher looked.
                 if let Some(receipt) = &publication.receipt {

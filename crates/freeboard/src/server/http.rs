@@ -225,7 +225,8 @@ impl<T: Transport> EventLoop<T> {
             return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
         }
         let serial = self.conns[token].serial;
-        let decision = Decision::new(token, serial, peer, self.decisions.clone());
+        let recoverer = self.shared.hub.recoverer();
+        let decision = Decision::new(token, serial, peer, self.decisions.clone(), recoverer);
         self.decisions.deciding.store(true, Ordering::SeqCst);
         self.router.handler(route).decide_upgrade(&request, decision);
         self.decisions.deciding.store(false, Ordering::SeqCst);

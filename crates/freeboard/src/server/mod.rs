@@ -18,9 +18,10 @@ mod plain;
 mod shared;
 mod turn;
 
-use crate::backplane::{Backplane, RedisAddr};
+use crate::backplane::{Backplane, Incoming, RedisAddr};
 use crate::config::{ConfigError, Reload, ServerConfig};
 use crate::handler::Router;
+use crate::history::{History, Source};
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsError, TlsIdentity};
 use crate::topics::{Hub, Published};
@@ -115,7 +116,15 @@ impl Server {
             (Some(_), None) => Some(addr),
             (_, at) => at,
         };
-        let hub = Hub::new(&wakers, config.topics.inbox, config.topics.max_topics, metrics.clone());
+        let topics = &config.topics;
+        let history = (topics.history > 0).then(|| {
+            let max_age = (topics.history_seconds > 0)
+                .then(|| std::time::Duration::from_secs(topics.history_seconds));
+            let prefix = &topics.history_prefix;
+            let source = if topics.redis.is_some() { Source::Redis } else { Source::Memory };
+            Arc::new(History::new(prefix, topics.history, max_age, topics.history_memory, source))
+        });
+        let hub = Hub::new(&wakers, topics.inbox, topics.max_topics, history, metrics.clone());
         let redis = match &config.topics.redis {
             Some(url) => Some(
                 RedisAddr::parse(url)
@@ -127,14 +136,16 @@ impl Server {
         let shared = Arc::new(Shared::new(config, metrics, hub, Arc::new(routes), tls));
         if let Some(redis) = redis {
             let weak = Arc::downgrade(&shared);
-            let deliver = move |topic: &str, kind, payload: &[u8]| match weak.upgrade() {
+            let deliver = move |incoming: Incoming<'_>| match weak.upgrade() {
                 Some(shared) => {
-                    shared.hub.deliver_from_backplane(topic, kind, payload);
+                    shared.hub.deliver_from_backplane(incoming);
                     true
                 }
                 None => false,
             };
-            let backplane = Backplane::start(redis, queue_bytes, shared.metrics.clone(), deliver)?;
+            let history = shared.hub.history().cloned();
+            let metrics = shared.metrics.clone();
+            let backplane = Backplane::start(redis, queue_bytes, metrics, history, deliver)?;
             shared.hub.attach_backplane(backplane);
         }
         Ok(Self { shared, seeds: loops, wakers, local_addr: addr, tls_addr })
@@ -335,9 +346,13 @@ impl ServerHandle {
     /// ```
     pub fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
         self.shared.metrics.publishes.inc();
-        let (head, n) = crate::topics::header(kind, payload.len());
+        if self.shared.hub.kept_in_redis(topic) {
+            self.shared.hub.send_to_backplane(topic, kind, payload);
+            return Published::default();
+        }
+        let stamp = self.shared.hub.stamp(topic, kind, payload);
         let mut published = Published::default();
-        let parts = [&head[..n], payload];
+        let parts = stamp.parts(payload);
         self.shared.hub.publish_remote(topic, &parts, None, &mut published, None);
         self.shared.hub.send_to_backplane(topic, kind, payload);
         published

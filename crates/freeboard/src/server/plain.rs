@@ -11,11 +11,10 @@ use freeboard_proto::{Instant, MessageKind};
 use serde::Deserialize;
 
 use super::event_loop::EventLoop;
-use super::fan_out::Reach;
 use super::http::{BUDGET_EXHAUSTED, RETRY_SOON};
 use crate::handler::{Completion, HttpRoute, Verdict};
 use crate::session::Phase;
-use crate::topics::Receipt;
+use crate::topics::{Reach, Receipt};
 use crate::transport::{Io, Transport};
 
 /// Pipelined requests handled from one read before the rest waits for the next loop turn.

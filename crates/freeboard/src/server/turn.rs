@@ -2,9 +2,11 @@
 //! touched, the moves from open to draining to linger, removals, and the gauges.
 
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io;
 
 use freeboard_proto::{CloseCode, Instant, State};
+
 use slab::Slab;
 
 use super::event_loop::{EventLoop, INITIAL_CONNS, LINGER, RELEASE_INTERVAL};
@@ -80,18 +82,26 @@ impl<T: Transport> EventLoop<T> {
         self.share = Share::new(&self.pool, self.conns.len());
         if self.conns.is_empty() && self.conns.capacity() > INITIAL_CONNS {
             // A burst of connections is over: give its memory back rather than keep the peak.
-            self.conns = Slab::with_capacity(INITIAL_CONNS);
-            self.timers.clear();
-            self.timers.shrink_to(INITIAL_CONNS);
-            self.dirty.shrink_to(INITIAL_CONNS);
+            // The old tables go first and the new ones start empty (they grow again on
+            // demand): a table allocated before the trim would sit on heap pages the burst had
+            // touched and keep them resident.
+            self.conns = Slab::new();
+            self.timers = BinaryHeap::new();
+            self.dirty = Vec::new();
             self.lot.shrink();
-            // glibc keeps freed heap pages (and raises its mmap threshold after the slab's
-            // big block is freed), so without a trim RSS creeps up over connect/close cycles.
+            // The pool gives its own pages back (`release_idle`); the heap is glibc's: it keeps
+            // freed pages (and raises its mmap threshold after the slab's big block is freed),
+            // so without a trim the tables' pages stay resident after every burst.
             #[cfg(all(target_os = "linux", target_env = "gnu"))]
             // SAFETY: malloc_trim only returns free memory to the OS; it is thread-safe.
             unsafe {
                 libc::malloc_trim(0);
             }
+        } else if self.timers.capacity() > INITIAL_CONNS
+            && self.timers.len() < self.timers.capacity() / 4
+        {
+            // Fewer connections with deadlines than a quarter of the heap's room: halve it.
+            self.timers.shrink_to(self.timers.capacity() / 2);
         }
         self.publish_gauges();
     }

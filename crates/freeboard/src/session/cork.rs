@@ -3,15 +3,16 @@
 //! Only what the socket does not take goes into the queue's pool chunks (spilled), one message
 //! at a time, so the drop policies still see whole messages there.
 
-use freeboard_buf::{Limit, Pool, SendQueue, Writability};
+use freeboard_buf::{Limit, PageBuffer, Pool, SendQueue, Writability};
 use freeboard_proto::frame::MAX_HEADER_LEN;
 
 /// Messages a cork holds at most: each may need a pool slot if it is spilled.
 pub(crate) const CORK_MESSAGES: usize = 256;
 
-/// One loop's cork (see the [module docs](self)). Its buffer is drawn from the loop's budget.
+/// One loop's cork (see the [module docs](self)). Its buffer is drawn from the loop's budget;
+/// its pages are resident once used, until [`give_back`](Self::give_back).
 pub(crate) struct Cork {
-    bytes: Box<[u8]>,
+    bytes: PageBuffer,
     /// Invariant: `len <= bytes.len()`.
     len: usize,
     /// Where each message starts in `bytes`, in order.
@@ -26,8 +27,13 @@ impl Cork {
     /// A cork of `capacity` bytes (at most 4 GiB).
     pub(crate) fn new(capacity: usize) -> Self {
         let capacity = capacity.min(u32::MAX as usize);
-        let bytes = vec![0; capacity].into_boxed_slice();
-        Self { bytes, len: 0, starts: [0; CORK_MESSAGES], messages: 0 }
+        Self { bytes: PageBuffer::new(capacity), len: 0, starts: [0; CORK_MESSAGES], messages: 0 }
+    }
+
+    /// Returns the buffer's pages to the system (a quiet loop); it reads as zeros after.
+    pub(crate) fn give_back(&mut self) {
+        debug_assert!(self.is_empty(), "written before the loop waits");
+        self.bytes.give_back();
     }
 
     /// Bytes held.

@@ -38,9 +38,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
         if conn.session.state() != State::Open {
             return SendOutcome::Closed;
         }
-        let (role, limits) = (conn.role, conn.limits);
-        let outcome =
-            conn.session.send(&mut hub.cx(role, &limits, self.endpoint.now()), kind, data);
+        let (role, limits, now) = (conn.role, conn.limits, conn.read_at);
+        let outcome = conn.session.send(&mut hub.cx(role, &limits, now), kind, data);
         conn.note_close();
         conn.schedule_write(&mut hub);
         outcome.map_or(SendOutcome::Closed, SendOutcome::from)
@@ -96,10 +95,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
         if conn.reader.as_ref().is_none_or(|w| !w.will_wake(task.waker())) {
             conn.reader = Some(task.waker().clone());
         }
+        conn.reader_waits = false;
         loop {
             let mut hub = endpoint.lock();
-            let now = endpoint.now();
-            if let Some(message) = conn.parse(&mut hub, now) {
+            if let Some(message) = conn.parse(&mut hub) {
                 // What the application queues while it takes the messages of one read leaves
                 // in one write once they are taken (or sooner, past the high watermark).
                 if !conn.session.queue().is_writable() {
@@ -121,6 +120,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             }
             let (role, limits) = (conn.role, conn.limits);
             if let Some(at) = conn.session.poll_timeout() {
+                let now = endpoint.now();
                 if at <= now {
                     conn.session.handle_timeout(&mut hub.cx(role, &limits, now));
                     conn.note_close();
@@ -143,6 +143,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             if !conn.session.wants_input() {
                 // Paused above the high watermark: the write that drains the queue wakes us.
                 conn.session.park(&mut hub.lot);
+                conn.reader_waits = true;
                 return Poll::Pending;
             }
             let mut bytes = hub
@@ -158,6 +159,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             let mut hub = endpoint.lock();
             match read {
                 Poll::Ready(Ok(())) if n > 0 => {
+                    conn.read_at = endpoint.now();
                     conn.input = Some(Input { bytes, at: 0, end: n });
                 }
                 Poll::Ready(result) => {
@@ -165,12 +167,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
                         tracing::debug!(error = %e, "read failed");
                     }
                     hub.give_back(bytes);
-                    conn.session.handle_eof(&mut hub.cx(role, &limits, now));
+                    conn.session.handle_eof(&mut hub.cx(role, &limits, endpoint.now()));
                     conn.note_close();
                 }
                 Poll::Pending => {
                     hub.give_back(bytes);
                     conn.session.park(&mut hub.lot);
+                    conn.reader_waits = true;
                     return Poll::Pending;
                 }
             }
@@ -190,10 +193,10 @@ impl Hub {
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// Parses read bytes until a message completes or they are used up (then the buffer goes
     /// back to the endpoint).
-    pub(super) fn parse(&mut self, hub: &mut Hub, now: Instant) -> Option<Message> {
+    pub(super) fn parse(&mut self, hub: &mut Hub) -> Option<Message> {
         let input = self.input.as_mut()?;
         while input.at < input.end && self.close.is_none() {
-            let cx = &mut hub.cx(self.role, &self.limits, now);
+            let cx = &mut hub.cx(self.role, &self.limits, self.read_at);
             let (used, received) = self.session.receive(cx, &mut input.bytes[input.at..input.end]);
             input.at += used;
             let message = match received {
@@ -235,15 +238,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     }
 
     /// After a send or a close queued bytes: the reader writes them at its next turn (woken
-    /// if it waits); without a reader they are written now, as far as the transport takes
-    /// them.
+    /// if it waits for input; a reader that is handling a message writes when it asks for
+    /// the next one, and waking its task would only poll it once more for nothing); without a
+    /// reader they are written now, as far as the transport takes them.
     pub(super) fn schedule_write(&mut self, hub: &mut Hub) {
         if self.session.buffered() == 0 || self.write_requested {
             return;
         }
         if let Some(reader) = &self.reader {
-            self.write_requested = true;
-            reader.wake_by_ref();
+            if self.reader_waits {
+                self.write_requested = true;
+                reader.wake_by_ref();
+            }
         } else if let Some(writer) = self.writers.first() {
             // A task waits in `writable` or `flush` with the transport's write interest.
             writer.wake_by_ref();
@@ -323,7 +329,11 @@ impl<S> Drop for Shared<S> {
         if let Some(input) = conn.input.take() {
             hub.give_back(input.bytes);
         }
-        hub.open -= 1;
+        if let Some(token) = conn.token.take() {
+            hub.subscriptions.drop_conn(&self.endpoint.topics, token);
+            hub.subscribers.remove(token);
+        }
+        hub.count_open(-1);
     }
 }
 

@@ -1,14 +1,19 @@
 //! The memory every connection of a tokio service shares ([`Endpoint`]) and the settings of
 //! the endpoint and of each route.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use freeboard_buf::{Budget, Counters, Pool, PoolConfig};
 use freeboard_proto::{Instant, Role};
+use slab::Slab;
 
 use crate::config::ConfigError;
+use crate::metrics::Metrics;
 use crate::parking::ParkingLot;
 use crate::session::{Context, MaskSource, Reassembly, Share};
+use crate::topics::{self, LocalTopics};
+
+use super::fan_out::Subscriber;
 use crate::{SlowConsumerPolicy, Watermarks};
 
 /// The budget and limits every connection of an [`Endpoint`] shares. One
@@ -31,6 +36,10 @@ pub struct EndpointConfig {
     /// The protocol limits and timers of every connection: `max_message_size`,
     /// `close_timeout`, keep-alive `ping_interval` and `pong_timeout`.
     pub protocol: freeboard_proto::Config,
+    /// Topics one connection may subscribe to. Default 64.
+    pub max_topics_per_connection: usize,
+    /// Topics (with at least one subscriber) the endpoint may have at once. Default 100,000.
+    pub max_topics: usize,
 }
 
 impl Default for EndpointConfig {
@@ -41,6 +50,8 @@ impl Default for EndpointConfig {
             read_buffer: 16 << 10,
             connection_reserve: 64 << 10,
             protocol: freeboard_proto::Config::DEFAULT,
+            max_topics_per_connection: 64,
+            max_topics: 100_000,
         }
     }
 }
@@ -109,10 +120,13 @@ impl WsConfig {
 }
 
 /// The memory every connection of a tokio service shares: one chunk pool carved from one
-/// budget, the parked protocol states, spare read buffers. Cheap to share (`Arc`); any task
-/// of any runtime thread may use it.
+/// budget, the parked protocol states, spare read buffers, and the topics its connections
+/// subscribe to ([`publish`](Self::publish)). Cheap to share (`Arc`); any task of any runtime
+/// thread may use it.
 pub struct Endpoint {
     hub: Mutex<Hub>,
+    /// Which topics have subscribers (the server's registry with one loop and no inboxes).
+    pub(super) topics: topics::Hub,
     pub(super) protocol: freeboard_proto::Config,
     pub(super) read_buffer: usize,
     pub(super) reserve: usize,
@@ -126,9 +140,15 @@ pub(super) struct Hub {
     pub(super) lot: ParkingLot,
     pub(super) masks: MaskSource,
     /// Connections alive: each one's fair share of a contended pool divides by it.
-    pub(super) open: usize,
-    /// The pool share as of the last call.
+    open: usize,
+    /// The pool share of each of `open` connections.
     share: Share,
+    /// Subscribers by topic, topics by connection token.
+    pub(super) subscriptions: LocalTopics,
+    /// The connections that subscribed to something, by token.
+    pub(super) subscribers: Slab<Weak<dyn Subscriber>>,
+    /// Kept between publications: the subscribers one is fanned out to.
+    pub(super) fan_out: Vec<Arc<dyn Subscriber>>,
     /// Read buffers no connection holds.
     pub(super) spare: Vec<Box<[u8]>>,
     /// Read buffers held by connections now.
@@ -149,6 +169,7 @@ impl Endpoint {
             Ok(pool) if pool.chunks_total() >= 16 => pool,
             _ => return Err(ConfigError::Memory { memory: config.memory, threads: 1, needed }),
         };
+        let metrics = Arc::new(Metrics::new());
         Ok(Arc::new(Self {
             hub: Mutex::new(Hub {
                 share: Share::new(&pool, 1),
@@ -156,9 +177,13 @@ impl Endpoint {
                 lot: ParkingLot::new(config.protocol),
                 masks: MaskSource::new(),
                 open: 0,
+                subscriptions: LocalTopics::new(0, config.max_topics_per_connection),
+                subscribers: Slab::new(),
+                fan_out: Vec::new(),
                 spare: Vec::new(),
                 reading: 0,
             }),
+            topics: topics::Hub::new(&[], 1, config.max_topics, None, metrics),
             protocol: config.protocol,
             read_buffer: config.read_buffer.max(1024),
             reserve: config.connection_reserve,
@@ -211,6 +236,12 @@ impl std::fmt::Debug for Endpoint {
 }
 
 impl Hub {
+    /// One more connection (`1`) or one less (`-1`): the fair share of each changes.
+    pub(super) fn count_open(&mut self, change: isize) {
+        self.open = self.open.saturating_add_signed(change);
+        self.share = Share::new(&self.pool, self.open);
+    }
+
     /// What a session borrows for one call.
     pub(super) fn cx<'a>(
         &'a mut self,
@@ -218,7 +249,6 @@ impl Hub {
         limits: &'a Reassembly,
         now: Instant,
     ) -> Context<'a> {
-        self.share = Share::new(&self.pool, self.open);
         Context {
             pool: &mut self.pool,
             lot: &mut self.lot,

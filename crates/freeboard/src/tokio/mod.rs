@@ -11,17 +11,19 @@
 //!   for all their send queues and partial messages, one parking lot for idle protocol state.
 //! - A [`WebSocket`] is one connection over any `AsyncRead + AsyncWrite + Unpin` (a
 //!   `TcpStream`, a TLS stream, a Unix socket, hyper's upgraded connection). It is a
-//!   [`Stream`](futures_core::Stream) of [`Message`]s and a [`Sink`](futures_sink::Sink) of
-//!   them, and has the browser's calls: [`send`](WebSocket::send) reports at once what the
-//!   queue did ([`SendOutcome`]), [`buffered_amount`](WebSocket::buffered_amount) is O(1),
-//!   [`writable`](WebSocket::writable) waits for the low watermark.
-//!   [`split`](WebSocket::split) gives a [`WsReader`] and a cloneable [`WsWriter`].
+//!   [`Stream`](futures_core::Stream) of [`Message`]s with the calls of its writer: the
+//!   browser's calls — [`send`](WsWriter::send) reports at once what the queue did
+//!   ([`SendOutcome`]), [`buffered_amount`](WsWriter::buffered_amount) is O(1),
+//!   [`writable`](WsWriter::writable) waits for the low watermark — and pub/sub
+//!   ([`subscribe`](WsWriter::subscribe), [`Endpoint::publish`]).
+//!   [`split`](WebSocket::split) gives a [`WsReader`] and a cloneable [`WsWriter`], a
+//!   [`Sink`](futures_sink::Sink) of messages.
 //!
 //! Who writes: a send only queues (copying the payload into pool chunks, masked for a
 //! client). The queued bytes leave in one vectored write when the connection is next polled —
 //! by the reader (a reader waiting for input is woken for it; a reader busy in its loop writes
 //! everything the loop queued in one write when it asks for the next message), by
-//! [`flush`](WebSocket::flush) or [`writable`](WebSocket::writable), or, when no reader has
+//! [`flush`](WsWriter::flush) or [`writable`](WsWriter::writable), or, when no reader has
 //! ever been polled (or its reader half was dropped), at once inside `send`. A task that
 //! keeps the reader but stops polling it must `flush` what it sends. Timers (close timeout,
 //! keep-alive) run while the reader is polled, as in every tokio WebSocket.
@@ -62,7 +64,7 @@ use std::task::{self, Poll, Waker};
 use ::tokio::io::{AsyncRead, AsyncWrite};
 use ::tokio::time::Sleep;
 use freeboard_buf::SendQueue;
-use freeboard_proto::{CloseCode, MessageKind, Role, State, UsageError};
+use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State, UsageError};
 
 use crate::SendOutcome;
 use crate::client::CloseEvent;
@@ -73,8 +75,10 @@ use crate::session::{Reassembly, Session};
 pub mod axum;
 mod driver;
 mod endpoint;
+mod fan_out;
 mod handshake;
 
+pub use crate::topics::{Reach, SubscribeError};
 pub use endpoint::{Endpoint, EndpointConfig, WsConfig};
 pub use handshake::AcceptError;
 
@@ -141,7 +145,7 @@ impl From<Vec<u8>> for Message {
 pub enum Error {
     /// The connection is closing or closed.
     Closed,
-    /// The message was a `Close`: close with [`WebSocket::close`], which takes a code.
+    /// The message was a `Close`: close with [`WsWriter::close`], which takes a code.
     NotData,
     /// The protocol forbids the call (a close code that may not be sent, a reason over 123
     /// bytes).
@@ -152,7 +156,7 @@ impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Error::Closed => f.write_str("the WebSocket is closing or closed"),
-            Error::NotData => f.write_str("a Close is sent with WebSocket::close"),
+            Error::NotData => f.write_str("a Close is sent with WsWriter::close"),
             Error::Usage(e) => write!(f, "{e}"),
         }
     }
@@ -161,9 +165,13 @@ impl std::fmt::Display for Error {
 impl std::error::Error for Error {}
 
 /// A WebSocket connection over `S`, driven by freeboard's session; see the
-/// [module docs](self).
+/// [module docs](self). It is its [`WsReader`] (a [`Stream`](futures_core::Stream) of
+/// messages) and its [`WsWriter`], whose calls it has through `Deref` (`send`, `writable`,
+/// `subscribe`…); [`split`](Self::split) it for the writer's
+/// [`Sink`](futures_sink::Sink).
 pub struct WebSocket<S> {
-    shared: Arc<Shared<S>>,
+    reader: WsReader<S>,
+    writer: WsWriter<S>,
 }
 
 /// The reading half of a [`WebSocket`] ([`WebSocket::split`]): a stream of messages; it also
@@ -173,6 +181,7 @@ pub struct WsReader<S> {
 }
 
 /// The sending half of a [`WebSocket`] ([`WebSocket::split`]); clone it for more producers.
+/// A `WebSocket` has every call of its writer.
 pub struct WsWriter<S> {
     shared: Arc<Shared<S>>,
 }
@@ -199,14 +208,22 @@ struct Conn<S> {
     ended: bool,
     /// Our writing side is shut down (after the close handshake).
     shut_down: bool,
+    /// When the bytes being parsed were read: the session's time for them, and for sends
+    /// (which do not read it). One clock read per read, not two per message.
+    read_at: Instant,
     /// The session's next deadline, armed while it has one.
     timer: Option<Pin<Box<Sleep>>>,
     /// The task reading, if a reader was ever polled: woken to write what sends queued.
     reader: Option<Waker>,
+    /// The reader's last poll ended `Pending`: it waits for input (or for room) and must be
+    /// woken to write what a send queued.
+    reader_waits: bool,
     /// The reader was woken to write and has not yet.
     write_requested: bool,
     /// Tasks waiting in `writable` or `flush`.
     writers: Vec<Waker>,
+    /// The connection's key among the endpoint's subscribers, once it subscribed.
+    token: Option<usize>,
 }
 
 /// Read bytes `bytes[at..end]` waiting to be parsed.
@@ -253,7 +270,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         let ws = Self::from_upgraded(io, endpoint, config, protocol);
         if !leftover.is_empty() {
             // Frames the client sent right behind its request.
-            let mut conn = ws.shared.lock();
+            let mut conn = ws.writer.shared.lock();
             let mut bytes = endpoint.lock().spare.pop().unwrap_or_else(|| {
                 vec![0u8; endpoint.read_buffer.max(leftover.len())].into_boxed_slice()
             });
@@ -278,7 +295,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         let now = endpoint.now();
         let ws = Ws::new(role, &endpoint.protocol, now);
         let queue = SendQueue::new(config.watermarks, config.policy);
-        endpoint.lock().open += 1;
+        endpoint.lock().count_open(1);
         let conn = Conn {
             io,
             session: Session::open(ws, queue),
@@ -287,27 +304,50 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
             protocol,
             input: None,
             close: None,
+            read_at: now,
             ended: false,
             shut_down: false,
             timer: None,
             reader: None,
+            reader_waits: false,
             write_requested: false,
             writers: Vec::new(),
+            token: None,
         };
-        Self { shared: Arc::new(Shared { endpoint: Arc::clone(endpoint), conn: Mutex::new(conn) }) }
+        let shared = Arc::new(Shared { endpoint: Arc::clone(endpoint), conn: Mutex::new(conn) });
+        Self { reader: WsReader { shared: Arc::clone(&shared) }, writer: WsWriter { shared } }
     }
 
     /// Splits the connection into a reader (a stream of messages) and a writer (cloneable);
     /// the connection lives until both are dropped.
     pub fn split(self) -> (WsReader<S>, WsWriter<S>) {
-        (WsReader { shared: Arc::clone(&self.shared) }, WsWriter { shared: self.shared })
+        (self.reader, self.writer)
     }
 
+    /// The next message; `Message::Close` is the last one, then `None`.
+    pub async fn recv(&mut self) -> Option<Message> {
+        self.reader.recv().await
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> WsReader<S> {
     /// The next message; `Message::Close` is the last one, then `None`.
     pub async fn recv(&mut self) -> Option<Message> {
         poll_fn(|task| self.shared.poll_recv(task)).await
     }
 
+    /// Puts the halves back together; `Err` gives them back if they are not of one
+    /// connection.
+    pub fn reunite(self, writer: WsWriter<S>) -> Result<WebSocket<S>, (Self, WsWriter<S>)> {
+        if Arc::ptr_eq(&self.shared, &writer.shared) {
+            Ok(WebSocket { reader: self, writer })
+        } else {
+            Err((self, writer))
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
     /// Queues a message (copied into pool chunks) and says what the queue did with it:
     /// `Queued`, `QueuedAboveHigh` (slow down: await [`writable`](Self::writable)),
     /// `Dropped` (the policy dropped it or older ones; counted), `Blocked` (the `block`
@@ -367,72 +407,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
     pub fn endpoint(&self) -> &Arc<Endpoint> {
         &self.shared.endpoint
     }
-}
-
-impl<S: AsyncRead + AsyncWrite + Unpin> WsReader<S> {
-    /// The next message; `Message::Close` is the last one, then `None`.
-    pub async fn recv(&mut self) -> Option<Message> {
-        poll_fn(|task| self.shared.poll_recv(task)).await
-    }
-
-    /// Puts the halves back together; `Err` gives them back if they are not of one
-    /// connection.
-    pub fn reunite(self, writer: WsWriter<S>) -> Result<WebSocket<S>, (Self, WsWriter<S>)> {
-        if Arc::ptr_eq(&self.shared, &writer.shared) {
-            Ok(WebSocket { shared: writer.shared })
-        } else {
-            Err((self, writer))
-        }
-    }
-}
-
-impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
-    /// See [`WebSocket::send`].
-    pub fn send(&self, message: Message) -> SendOutcome {
-        match message.as_data() {
-            Some((kind, data)) => self.shared.send(kind, data),
-            None => SendOutcome::Closed,
-        }
-    }
-
-    /// See [`WebSocket::send_text`].
-    pub fn send_text(&self, text: &str) -> SendOutcome {
-        self.shared.send(MessageKind::Text, text.as_bytes())
-    }
-
-    /// See [`WebSocket::send_binary`].
-    pub fn send_binary(&self, data: &[u8]) -> SendOutcome {
-        self.shared.send(MessageKind::Binary, data)
-    }
-
-    /// See [`WebSocket::buffered_amount`].
-    pub fn buffered_amount(&self) -> usize {
-        self.shared.lock().session.buffered()
-    }
-
-    /// See [`WebSocket::is_writable`].
-    pub fn is_writable(&self) -> bool {
-        self.shared.lock().session.queue().is_writable()
-    }
-
-    /// See [`WebSocket::writable`].
-    pub async fn writable(&self) {
-        poll_fn(|task| self.shared.poll_writable(task, false)).await
-    }
-
-    /// See [`WebSocket::flush`].
-    pub async fn flush(&self) {
-        poll_fn(|task| self.shared.poll_writable(task, true)).await
-    }
-
-    /// See [`WebSocket::close`].
-    pub fn close(&self, code: CloseCode, reason: &str) -> Result<(), Error> {
-        self.shared.close(code, reason)
-    }
 
     /// Whether `other` sends on the same connection.
     pub fn same_connection(&self, other: &WsWriter<S>) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+impl<S> std::ops::Deref for WebSocket<S> {
+    type Target = WsWriter<S>;
+
+    fn deref(&self) -> &WsWriter<S> {
+        &self.writer
     }
 }
 
@@ -455,7 +441,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> futures_core::Stream for WebSocket<S> {
     type Item = Message;
 
     fn poll_next(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Option<Message>> {
-        self.shared.poll_recv(task)
+        self.reader.shared.poll_recv(task)
     }
 }
 
@@ -467,56 +453,40 @@ impl<S: AsyncRead + AsyncWrite + Unpin> futures_core::Stream for WsReader<S> {
     }
 }
 
-/// The `Sink` of the futures ecosystem: `poll_ready` waits for the queue to be writable,
-/// `start_send` queues (a message the policy drops is not an error: it is counted, and
-/// [`send`](WebSocket::send) reports it), `poll_flush` writes everything, `poll_close` closes
-/// with 1000.
-macro_rules! sink {
-    ($type:ident) => {
-        impl<S: AsyncRead + AsyncWrite + Unpin> futures_sink::Sink<Message> for $type<S> {
-            type Error = Error;
+/// The `Sink` of the futures ecosystem, on the writer half ([`WebSocket::split`]):
+/// `poll_ready` waits for the queue to be writable, `start_send` queues (a message the policy
+/// drops is not an error: it is counted, and [`send`](WsWriter::send) reports it),
+/// `poll_flush` writes everything, `poll_close` closes with 1000.
+impl<S: AsyncRead + AsyncWrite + Unpin> futures_sink::Sink<Message> for WsWriter<S> {
+    type Error = Error;
 
-            fn poll_ready(
-                self: Pin<&mut Self>,
-                task: &mut task::Context<'_>,
-            ) -> Poll<Result<(), Error>> {
-                self.shared.poll_writable(task, false).map(|()| self.shared.open_or_closed())
-            }
+    fn poll_ready(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Result<(), Error>> {
+        self.shared.poll_writable(task, false).map(|()| self.shared.open_or_closed())
+    }
 
-            fn start_send(self: Pin<&mut Self>, message: Message) -> Result<(), Error> {
-                let (kind, data) = message.as_data().ok_or(Error::NotData)?;
-                match self.shared.send(kind, data) {
-                    SendOutcome::Closed => Err(Error::Closed),
-                    _ => Ok(()),
-                }
-            }
-
-            fn poll_flush(
-                self: Pin<&mut Self>,
-                task: &mut task::Context<'_>,
-            ) -> Poll<Result<(), Error>> {
-                self.shared.poll_writable(task, true).map(Ok)
-            }
-
-            fn poll_close(
-                self: Pin<&mut Self>,
-                task: &mut task::Context<'_>,
-            ) -> Poll<Result<(), Error>> {
-                if self.shared.lock().session.state() == State::Open {
-                    self.shared.close(CloseCode::NORMAL, "")?;
-                }
-                self.shared.poll_writable(task, true).map(Ok)
-            }
+    fn start_send(self: Pin<&mut Self>, message: Message) -> Result<(), Error> {
+        let (kind, data) = message.as_data().ok_or(Error::NotData)?;
+        match self.shared.send(kind, data) {
+            SendOutcome::Closed => Err(Error::Closed),
+            _ => Ok(()),
         }
-    };
-}
+    }
 
-sink!(WebSocket);
-sink!(WsWriter);
+    fn poll_flush(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Result<(), Error>> {
+        self.shared.poll_writable(task, true).map(Ok)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Result<(), Error>> {
+        if self.shared.lock().session.state() == State::Open {
+            self.shared.close(CloseCode::NORMAL, "")?;
+        }
+        self.shared.poll_writable(task, true).map(Ok)
+    }
+}
 
 impl<S> std::fmt::Debug for WebSocket<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.shared.fmt("WebSocket", f)
+        self.writer.shared.fmt("WebSocket", f)
     }
 }
 
