@@ -270,6 +270,34 @@ impl SendQueue {
         Ok(self.watermarks.observe(self.len()))
     }
 
+    /// Queues one message that was accepted earlier under the watermarks and the policy and
+    /// waited outside the queue (a driver's cork: replies framed into one buffer while the
+    /// queue was empty, of which the socket did not take all). No policy is applied again; the
+    /// message is droppable like any other until its first byte is consumed. Returns the
+    /// watermark crossing it caused; fails with [`Limit::Pool`] when the pool cannot store it
+    /// (nothing is queued then).
+    ///
+    /// ```
+    /// use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue};
+    ///
+    /// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new()).unwrap();
+    /// let mut queue = SendQueue::default();
+    /// queue.push_accepted(&mut pool, b"\x82\x02hi").unwrap();
+    /// assert_eq!((queue.len(), queue.messages()), (4, 1));
+    /// let _ = queue.clear(&mut pool);
+    /// ```
+    pub fn push_accepted(
+        &mut self,
+        pool: &mut Pool<'_>,
+        bytes: &[u8],
+    ) -> Result<Option<Writability>, Limit> {
+        if !bytes.is_empty() {
+            self.store(pool, false, |chain, pool| chain.copy_in(pool, bytes, true))
+                .map_err(|_| Limit::Pool)?;
+        }
+        Ok(self.watermarks.observe(self.len()))
+    }
+
     /// Queues the bytes that open the stream (an HTTP `101 Switching Protocols` response)
     /// into an empty queue, bypassing the policy: like a control frame no policy drops them
     /// later, so the messages queued after them can never overtake them. Fails with

@@ -158,7 +158,8 @@ struct ServeArgs {
     /// Pool chunk size [default: 4K].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     chunk_size: Option<u64>,
-    /// Per-loop shared read buffer [default: 64K].
+    /// Per-loop shared read buffer, and the cork beside it that replies are framed into, each
+    /// this large, from the budget [default: 64K].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     read_buffer: Option<u64>,
     /// Publish what clients send on a /topic/NAME connection to NAME (otherwise such a

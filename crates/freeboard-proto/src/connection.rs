@@ -249,6 +249,7 @@ impl Connection {
     }
 
     /// Where the close handshake stands.
+    #[inline]
     pub fn state(&self) -> State {
         self.state
     }
@@ -404,6 +405,13 @@ impl Connection {
         Some(Event::Closed { code: record.code, reason, clean: record.clean })
     }
 
+    /// Whether [`poll_transmit`](Self::poll_transmit) has a control frame to give (a pong, a
+    /// keep-alive ping, a close).
+    #[inline]
+    pub fn wants_transmit(&self) -> bool {
+        self.owed.is_some() || self.ping_due
+    }
+
     /// Writes the next control frame the connection owes (a pong, a keep-alive ping, a close)
     /// into `out` and returns its length, or `None` when nothing is owed.
     ///
@@ -435,6 +443,7 @@ impl Connection {
     ///
     /// `opcode` is `Text` or `Binary` for a message's first frame, `Continuation` for the
     /// others; `fin` ends the message.
+    #[inline]
     pub fn send_header(
         &mut self,
         opcode: OpCode,
@@ -527,6 +536,7 @@ impl Connection {
     }
 
     /// Checks that a data frame may be sent now and returns the message in progress after it.
+    #[inline]
     fn next_tx_message(
         &self,
         opcode: OpCode,
@@ -548,6 +558,7 @@ impl Connection {
         Ok(if fin { None } else { Some(kind) })
     }
 
+    #[inline]
     fn check_mask(&self, mask: Option<[u8; 4]>) -> Result<(), UsageError> {
         match (self.role, mask) {
             (Role::Client, Some(_)) | (Role::Server, None) => Ok(()),

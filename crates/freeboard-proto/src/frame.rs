@@ -101,6 +101,7 @@ impl FrameHeader {
     /// alone and does not depend on the role or on the previous frame: reserved opcodes,
     /// minimal length encoding, the 64-bit top bit, and the control frame rules. RSV bits,
     /// masking direction and continuation rules are the [`Connection`](crate::Connection)'s.
+    #[inline]
     pub fn parse(buf: &[u8]) -> Result<Option<(Self, usize)>, ProtocolError> {
         let [b0, b1, rest @ ..] = buf else { return Ok(None) };
         let opcode = OpCode::from_bits(b0 & field::OPCODE)?;
@@ -173,6 +174,7 @@ impl FrameHeader {
 
     /// Writes the header into the front of `out`, using the minimal length encoding, and
     /// returns its length.
+    #[inline]
     pub fn encode(&self, out: &mut [u8]) -> Result<usize, InsufficientSize> {
         let required = self.len();
         let Some(out) = out.get_mut(..required) else {

@@ -1,29 +1,39 @@
 //! Payload masking (RFC 6455 §5.3): `data[i] ^= key[(offset + i) % 4]`.
 //!
 //! A frame's payload may arrive in many reads, so every call takes the offset of its first byte
-//! within the payload; the key rotates to match. The fast path XORs eight bytes at a time with
-//! safe code and is checked against [`apply_mask_reference`] over every alignment and offset.
+//! within the payload; the key rotates to match. The fast path XORs 16-byte lanes, then 8-byte
+//! words, with safe code and no alignment prologue (a 64-byte message is four lanes and nothing
+//! else), and is checked against [`apply_mask_reference`] over every alignment and offset.
 
 /// Masks (or unmasks, the operation is its own inverse) `data` in place.
 ///
 /// `offset` is the position of `data[0]` within the frame's payload.
 pub fn apply_mask(data: &mut [u8], key: [u8; 4], offset: usize) {
     let key = rotate(key, offset);
-    // Byte-wise until the data is 8-aligned in memory, so the u64 loop below reads aligned
-    // words; `align_offset` may decline (returning usize::MAX), then the head is everything.
-    let head_len = data.as_ptr().align_offset(8).min(data.len());
-    let (head, body) = data.split_at_mut(head_len);
-    apply_mask_reference(head, key, 0);
-    let key = rotate(key, head_len);
-    let word = u64::from_ne_bytes([key[0], key[1], key[2], key[3], key[0], key[1], key[2], key[3]]);
-    let mut chunks = body.chunks_exact_mut(8);
-    for chunk in &mut chunks {
+    let [a, b, c, d] = key;
+    // 64 bytes at a time as four 16-byte lanes (one vector register each where there are
+    // any), then eight bytes at a time, from wherever `data` starts: unaligned loads cost
+    // nothing extra on the targets that serve traffic, and the compiler splits them where
+    // they would. Every step consumes a multiple of 4 bytes, so the key stays aligned.
+    let lane = u128::from_ne_bytes([a, b, c, d, a, b, c, d, a, b, c, d, a, b, c, d]);
+    let mut blocks = data.chunks_exact_mut(64);
+    for block in &mut blocks {
+        for bytes in block.chunks_exact_mut(16) {
+            // NOTE(unwrap): chunks_exact_mut(16) yields exactly 16 bytes.
+            let bytes: &mut [u8; 16] = bytes.try_into().unwrap();
+            *bytes = (u128::from_ne_bytes(*bytes) ^ lane).to_ne_bytes();
+        }
+    }
+    let word = u64::from_ne_bytes([a, b, c, d, a, b, c, d]);
+    let mut words = blocks.into_remainder().chunks_exact_mut(8);
+    for bytes in &mut words {
         // NOTE(unwrap): chunks_exact_mut(8) yields exactly 8 bytes.
-        let bytes: &mut [u8; 8] = chunk.try_into().unwrap();
+        let bytes: &mut [u8; 8] = bytes.try_into().unwrap();
         *bytes = (u64::from_ne_bytes(*bytes) ^ word).to_ne_bytes();
     }
-    // The body's whole words consumed a multiple of 4 bytes, so the key is still aligned.
-    apply_mask_reference(chunks.into_remainder(), key, 0);
+    for (i, byte) in words.into_remainder().iter_mut().enumerate() {
+        *byte ^= key[i & 3];
+    }
 }
 
 /// The plain byte-at-a-time loop, kept as the reference for [`apply_mask`].
@@ -34,9 +44,7 @@ pub fn apply_mask_reference(data: &mut [u8], key: [u8; 4], offset: usize) {
 }
 
 fn rotate(key: [u8; 4], by: usize) -> [u8; 4] {
-    let mut key = key;
-    key.rotate_left(by % 4);
-    key
+    [key[by & 3], key[(by + 1) & 3], key[(by + 2) & 3], key[(by + 3) & 3]]
 }
 
 #[cfg(test)]
@@ -50,13 +58,14 @@ mod tests {
         assert_eq!(&data, b"Hello");
     }
 
-    /// Every alignment, length up to 70 bytes and key offset agrees with the reference.
+    /// Every alignment, length up to 200 bytes (three 64-byte blocks and every remainder) and
+    /// key offset agrees with the reference.
     #[test]
     fn matches_reference_at_every_alignment_and_offset() {
         let key = [0x12, 0x34, 0x56, 0x78];
-        let source: [u8; 80] = core::array::from_fn(|i| (i * 7 + 3) as u8);
+        let source: [u8; 208] = core::array::from_fn(|i| (i * 7 + 3) as u8);
         for align in 0..8 {
-            for len in 0..70 {
+            for len in 0..200 {
                 for offset in 0..8 {
                     let mut fast = source;
                     let mut slow = source;

@@ -38,7 +38,9 @@ pub struct ServerConfig {
     /// Pool chunk size in bytes. Default 4096.
     #[serde(with = "size")]
     pub chunk_size: usize,
-    /// Per-loop shared read buffer in bytes, at least 16 KiB. Default 64 KiB.
+    /// Per-loop shared read buffer in bytes, at least 16 KiB. Default 64 KiB. Each loop also
+    /// keeps a cork of this size (the replies to one read, written at once); both come out of
+    /// the loop's share of `memory`.
     #[serde(with = "size")]
     pub read_buffer: usize,
     /// Largest message accepted (all its frames together); beyond it the connection is closed
@@ -488,7 +490,8 @@ impl ServerConfig {
             return Err(ConfigError::CompressionWindow(self.compression_window));
         }
         let per_loop = self.memory / self.threads;
-        let mut needed = self.read_buffer + 16 * self.chunk_size;
+        // The read buffer and the cork beside it, and a few chunks.
+        let mut needed = 2 * self.read_buffer + 16 * self.chunk_size;
         if let Some(tls) = &self.tls {
             if tls.state_share < 2 {
                 return Err(ConfigError::TlsStateShare(tls.state_share));

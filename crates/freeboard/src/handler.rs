@@ -384,9 +384,10 @@ impl Conn<'_> {
         let _ = self.session.close(&mut self.cx, code, reason);
     }
 
-    /// Unsent bytes in the connection's queue (`bufferedAmount`). O(1).
+    /// Unsent bytes in the connection's queue (`bufferedAmount`), replies corked for this turn's
+    /// write included. O(1).
     pub fn buffered_amount(&self) -> usize {
-        self.session.buffered()
+        self.session.buffered() + self.cx.cork.as_ref().map_or(0, |cork| cork.len())
     }
 
     /// Whether the queue is at or under its high watermark.

@@ -399,16 +399,21 @@ fn echo_under_block_closes_1013_rather_than_lose_a_message() {
     cfg.slow_consumer = freeboard::SlowConsumerPolicy::Block;
     let server = start(cfg);
     let mut c = Client::open(server.local_addr());
-    // 40 KiB of 100-byte messages in one write, so in one read: `block` stops reading above
-    // the high watermark, but the echoes of what was already read pass the cap. The first
-    // that finds no room cannot be kept for later, so Echo closes 1013 instead of losing it.
+    // 20 MB of 100-byte messages, written by a thread while nothing is read: the server writes
+    // its echoes as it reads until the kernel's buffers are full, then `block` stops reading
+    // above the high watermark, but the echoes of what was already read pass the cap. The
+    // first that finds no room cannot be kept for later, so Echo closes 1013 instead of
+    // losing it.
+    const MESSAGES: u32 = 200_000;
     let mut burst = Vec::new();
-    for seq in 0..400u32 {
+    for seq in 0..MESSAGES {
         let mut message = [0u8; 100];
         message[..4].copy_from_slice(&seq.to_be_bytes());
         burst.extend(freeboard_test::frame(0x82, &message, freeboard_test::TEST_MASK));
     }
-    c.stream.write_all(&burst).unwrap();
+    let mut writer = c.stream.try_clone().unwrap();
+    let writing = std::thread::spawn(move || writer.write_all(&burst));
+    std::thread::sleep(Duration::from_millis(500));
     let mut next = 0u32;
     let code = loop {
         match c.recv() {
@@ -421,8 +426,10 @@ fn echo_under_block_closes_1013_rather_than_lose_a_message() {
         }
     };
     assert_eq!(code, 1013, "after {next} echoes");
-    assert!((150..400).contains(&next), "{next} echoes before the close");
+    assert!((1000..MESSAGES).contains(&next), "{next} echoes before the close");
     drop(c);
+    // The rest of the burst is discarded until the server's linger ends.
+    let _ = writing.join();
     common::stop_once_idle(server);
 }
 

@@ -235,6 +235,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                     limits: &Reassembly::CLIENT,
                     share: &self.share,
                     codec: Some(&mut self.codec),
+                    cork: None,
                     now,
                 },
             }),
@@ -336,6 +337,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                             limits: &Reassembly::CLIENT,
                             share: &self.share,
                             codec: Some(&mut self.codec),
+                            cork: None,
                             now: core_now,
                         };
                         open.session.handle_timeout(&mut cx);
@@ -539,6 +541,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                         limits: &Reassembly::CLIENT,
                         share: &self.share,
                         codec: Some(&mut self.codec),
+                        cork: None,
                         now: Instant::from_millis(self.start.elapsed().as_millis() as u64),
                     };
                     open.session.handle_eof(&mut cx);
@@ -674,6 +677,7 @@ impl Parts<'_> {
             limits: &Reassembly::CLIENT,
             share: self.share,
             codec: Some(self.codec),
+            cork: None,
             now: self.now,
         }
     }

@@ -30,7 +30,7 @@ use crate::handler::{Completion, Decisions, RouteOptions, Router};
 use crate::metrics::{LogThrottle, LoopGauges, LoopLabel, LoopStats};
 use crate::parking::ParkingLot;
 use crate::session::deflate::Codec;
-use crate::session::{Assembly, Context, Phase, Reassembly, Session, Share};
+use crate::session::{Assembly, Context, Cork, Phase, Reassembly, Session, Share};
 use crate::tls::TlsScratch;
 use crate::topics::{LocalTopics, Publication};
 use crate::transport::{Io, Transport};
@@ -106,6 +106,12 @@ pub(crate) struct EventLoop<T> {
     /// The shared read buffer: every socket of this loop is read into it. Its pages are
     /// resident from the first read until the pool next gives everything back.
     pub(super) read_buf: PageBuffer,
+    /// The replies of the connection being read, written once its read is done (as large
+    /// as the read buffer: an echo of one read fits; resident like it).
+    pub(super) cork: Cork,
+    /// Whether the connection being read may cork its replies (plain TCP: TLS encrypts
+    /// straight from its queue).
+    pub(super) corking: bool,
     /// Messages (and request bodies) that arrived in pieces, contiguous for the handler.
     pub(super) assembly: Assembly,
     pub(super) limits: Reassembly,
@@ -225,13 +231,14 @@ impl<T: Transport> EventLoop<T> {
             _ => per_loop / 8,
         };
         let pool_bytes =
-            per_loop - config.read_buffer - assembly_reserve - tls_bytes - compression_reserve;
+            per_loop - 2 * config.read_buffer - assembly_reserve - tls_bytes - compression_reserve;
         let chunks = pool_bytes
             / Pool::footprint(config.chunk_size, 1, freeboard_buf::DEFAULT_SEGMENTS_PER_CHUNK);
         let pool_config =
             PoolConfig::new().with_chunk_size(config.chunk_size).with_chunk_count(chunks);
         let mut pool = Pool::new(Budget::new(per_loop), pool_config).map_err(io::Error::other)?;
-        pool.budget_mut().try_draw(config.read_buffer).map_err(io::Error::other)?;
+        // The read buffer and the cork.
+        pool.budget_mut().try_draw(2 * config.read_buffer).map_err(io::Error::other)?;
         let tls = match &config.tls {
             Some(_) => {
                 let state = pool.budget_mut().split(tls_bytes - TlsScratch::BYTES);
@@ -256,6 +263,8 @@ impl<T: Transport> EventLoop<T> {
             tls,
             lot: ParkingLot::new(config.protocol()),
             read_buf: PageBuffer::new(config.read_buffer),
+            cork: Cork::new(config.read_buffer),
+            corking: false,
             limits: Reassembly::server(config.connection_reserve),
             share: Share::new(&pool, 0),
             codec: Codec::new(config.compression_threshold),
@@ -346,8 +355,9 @@ impl<T: Transport> EventLoop<T> {
                 self.release_at = None;
                 if !self.pool.has_memory_to_release() {
                     // Quiet long enough for the pool to give everything back: the read
-                    // buffer's pages go too.
+                    // buffer's and the cork's pages go too.
                     self.read_buf.give_back();
+                    self.cork.give_back();
                 }
             }
             if self.accept_more || self.accept_retry.is_some_and(|at| at <= now) {
@@ -547,6 +557,7 @@ impl<T: Transport> EventLoop<T> {
             limits: &self.limits,
             share: &self.share,
             codec: Some(&mut self.codec),
+            cork: if self.corking { Some(&mut self.cork) } else { None },
             now,
         };
         (&mut self.conns[token], cx)
@@ -595,6 +606,7 @@ impl<T: Transport> EventLoop<T> {
 
     pub(super) fn read_open(&mut self, token: usize, now: Instant) {
         let mut buf = std::mem::take(&mut self.read_buf);
+        self.corking = self.conns.get(token).is_some_and(|e| e.stream.tls_established().is_none());
         let mut reads = 0;
         while let Some(entry) = self.conns.get_mut(token) {
             if !entry.session.wants_input() {
@@ -619,6 +631,8 @@ impl<T: Transport> EventLoop<T> {
                 Ok(n) => {
                     self.stats.bytes_in += n as u64;
                     self.receive(token, now, &mut buf[..n]);
+                    // One write for the replies to this read.
+                    self.write_cork(token, now);
                     if n < buf.len() && !read_closed && !more {
                         // A short read emptied the socket; epoll (edge-triggered) reports the
                         // next arrival, so the read that would say WouldBlock is saved. Not
@@ -634,9 +648,33 @@ impl<T: Transport> EventLoop<T> {
                 }
             }
         }
+        self.write_cork(token, now);
+        self.corking = false;
         self.read_buf = buf;
         // The end of the turn parks the connection again once nothing is in flight.
         self.mark(token);
+    }
+
+    /// Writes the cork to `token`'s socket (one `write`); what the socket does not take
+    /// waits in the session's queue for the end of the turn (or for `WRITABLE`).
+    pub(super) fn write_cork(&mut self, token: usize, now: Instant) {
+        if self.cork.is_empty() {
+            return;
+        }
+        let Some(entry) = self.conns.get_mut(token) else {
+            self.cork.clear();
+            return;
+        };
+        let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+        let written = entry.stream.write_vectored(&mut io, &[io::IoSlice::new(self.cork.bytes())]);
+        match entry.session.corked_written(&mut self.cork, &mut self.pool, written) {
+            Ok(n) => self.stats.bytes_out += n as u64,
+            Err(_) => {
+                self.conns[token].session.clear_queue(&mut self.pool);
+                self.end_of_input(token, now);
+                self.remove(token);
+            }
+        }
     }
 
     /// The peer's stream ended (or failed): the session hears of it, the handler of the close.

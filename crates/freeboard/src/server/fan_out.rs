@@ -76,6 +76,7 @@ impl<T: Transport> EventLoop<T> {
                 limits: &self.limits,
                 share: &self.share,
                 codec: Some(&mut self.codec),
+                cork: None,
                 now,
             };
             let Some(outcome) = entry.session.send_frame(&mut cx, frame) else { continue };

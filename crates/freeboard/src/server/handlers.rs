@@ -49,7 +49,10 @@ impl<T: Transport> EventLoop<T> {
                 self.report_close(token);
                 return;
             }
-            if entry.session.queue().messages() >= WRITE_THROUGH {
+            if entry.session.cork_is_half_full(&self.cork) {
+                // The next reply might not fit: write what the cork holds now.
+                self.write_cork(token, now);
+            } else if entry.session.queue().messages() >= WRITE_THROUGH {
                 // Many small replies from one read: write them now rather than hold a slot
                 // each until the end of the turn.
                 self.flush(token, now);
@@ -117,6 +120,7 @@ impl<T: Transport> EventLoop<T> {
                 limits: &self.limits,
                 share: &self.share,
                 codec: Some(&mut self.codec),
+                cork: if self.corking { Some(&mut self.cork) } else { None },
                 now,
             },
             metrics: &self.shared.metrics,
@@ -136,6 +140,8 @@ impl<T: Transport> EventLoop<T> {
         // callers report a close that input or a timeout finished.
         self.mark(token);
         if !self.outbox.is_empty() {
+            // The fan-out may queue to this connection too: its corked replies go first.
+            self.write_cork(token, now);
             self.fan_out_outbox(now);
         }
     }

@@ -13,7 +13,9 @@
 //!    [`take_message`](Session::take_message));
 //! 2. [`poll_close`](Session::poll_close) after input, a timeout or a failed write, to report
 //!    the close once;
-//! 3. [`io_slices`](Session::io_slices) and [`consume`](Session::consume) to write;
+//! 3. with a [`Cork`] lent in the [`Context`], write what it holds once the read is parsed and
+//!    report the count with [`corked_written`](Session::corked_written); then
+//!    [`io_slices`](Session::io_slices) and [`consume`](Session::consume) to write the queue;
 //!    [`take_writability`](Session::take_writability) to report watermark crossings;
 //! 4. [`poll_timeout`](Session::poll_timeout) for the next deadline,
 //!    [`handle_timeout`](Session::handle_timeout) when it passes.
@@ -25,11 +27,15 @@ use freeboard_buf::{
     ChunkChain, Frame, Limit, Pool, PushOutcome, Pushed, SendQueue, SlowConsumerPolicy, Writability,
 };
 use freeboard_proto::close::MAX_REASON_LEN;
+use freeboard_proto::frame::MAX_HEADER_LEN;
 use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{CloseCode, Connection, Event, Instant, MessageKind, State, UsageError};
 
 use crate::parking::{ParkingLot, Ws};
 
+#[doc(hidden)]
+pub mod bench;
+mod cork;
 pub(crate) mod deflate;
 mod framing;
 mod inbound;
@@ -37,6 +43,7 @@ mod share;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use cork::Cork;
 pub(crate) use framing::{MaskSource, frame_header, queue_control, truncate};
 pub(crate) use inbound::{Assembly, Reassembler, Reassembly, Received};
 pub(crate) use share::Share;
@@ -99,6 +106,9 @@ pub(crate) struct Context<'a> {
     pub(crate) share: &'a Share,
     /// The loop's compression (permessage-deflate); `None` where no connection compresses.
     pub(crate) codec: Option<&'a mut Codec>,
+    /// The driver's cork, lent while it reads this connection: replies go there while the
+    /// queue is empty, and the driver writes it when the read is done ([`Session::write_cork`]).
+    pub(crate) cork: Option<&'a mut Cork>,
     pub(crate) now: Instant,
 }
 
@@ -384,8 +394,9 @@ impl Session {
         matches!(&self.phase, Phase::Open(open) if open.close_reported)
     }
 
-    /// Queues one data message, framed (and masked, for a client) on its way into the pool
-    /// chunks. `None` if the connection is not open; `MustClose` has closed it with 1008.
+    /// Queues one data message, framed (and masked, for a client) on its way into the cork
+    /// (while the queue is empty) or the pool chunks. `None` if the connection is not open;
+    /// `MustClose` has closed it with 1008.
     pub(crate) fn send(
         &mut self,
         cx: &mut Context<'_>,
@@ -401,30 +412,48 @@ impl Session {
         };
         let (data, rsv) = match &compressed {
             Some(compressed) => {
+                // RFC 7692 §6: RSV1 marks a compressed message's first frame.
                 ws.set_allowed_rsv(0b100);
                 (&compressed[..], 0b100)
             }
             None => (data, 0),
         };
         let header = frame_header(ws, kind, rsv, data.len(), mask);
-        let outcome = header.ok().map(|(header, n)| self.push_framed(cx, &header[..n], data, mask));
+        let outcome = header.ok().map(|(header, n)| self.queue_framed(cx, &header, n, data, mask));
         if let (Some(scratch), Some(codec)) = (compressed, cx.codec.as_deref_mut()) {
             codec.put_scratch(scratch);
         }
         outcome
     }
 
-    /// Queues a framed data message: `header`, then `data` masked with `mask` (a client's)
-    /// on its way into the pool chunks.
-    fn push_framed(
+    /// Queues a framed data message, `header[..n]` then `data` masked with `mask` (a
+    /// client's): into the driver's cork while the queue is empty, else into pool chunks.
+    fn queue_framed(
         &mut self,
         cx: &mut Context<'_>,
-        header: &[u8],
+        header: &[u8; MAX_HEADER_LEN],
+        n: usize,
         data: &[u8],
         mask: Option<[u8; 4]>,
     ) -> PushOutcome {
-        let n = header.len();
-        self.push(cx, n + data.len(), |queue, pool| match mask {
+        let bytes = n + data.len();
+        if let Some(cork) = cx.cork.as_deref_mut() {
+            // The common case: the queue is empty, so the reply joins the cork, which stays
+            // at or under the high watermark (corked bytes count as buffered: a producer hears
+            // `QueuedAboveHigh` exactly as without a cork); nothing is decided per message
+            // but room.
+            let corked = cork.len() + bytes;
+            if self.queue.is_empty()
+                && corked <= self.queue.watermarks().high()
+                && cork.has_room(MAX_HEADER_LEN + data.len())
+                && cx.share.judge(cx.pool, &self.queue, corked) == Verdict::Fits
+            {
+                cork.push(header, n, data);
+                return PushOutcome::Queued;
+            }
+            self.spill_cork(cx);
+        }
+        self.push(cx, bytes, |queue, pool| match mask {
             None => queue.push_message(pool, &[&header[..n], data]),
             Some(mask) => queue.push_message_with(pool, &header[..n], data, |dst, src, offset| {
                 dst.copy_from_slice(src);
@@ -443,6 +472,7 @@ impl Session {
             Phase::Open(open) if open.ws.state() == State::Open => {}
             _ => return None,
         }
+        self.spill_cork(cx);
         Some(self.push(cx, frame.len(), |queue, pool| queue.push_frame(pool, frame)))
     }
 
@@ -540,6 +570,26 @@ impl Session {
     fn queue_control(&mut self, cx: &mut Context<'_>) {
         let Phase::Open(open) = &mut self.phase else { return };
         let Some(ws) = open.ws.awake() else { return };
+        if !ws.wants_transmit() {
+            return;
+        }
+        if let Some(cork) = cx.cork.as_deref_mut()
+            && !cork.is_empty()
+        {
+            match cork.spill(&mut self.queue, cx.pool, 0) {
+                Ok(change) => {
+                    if let Some(change) = change {
+                        open.change = Some(change);
+                        open.paused = change == Writability::NotWritable;
+                    }
+                }
+                Err(_) => {
+                    // The replies already promised cannot be kept: the connection is over.
+                    ws.handle_eof();
+                    return;
+                }
+            }
+        }
         match queue_control(ws, &mut self.queue, cx.pool, cx.masks.as_deref_mut()) {
             Ok(change) => self.note(change),
             // No room even past the cap: the peer is not reading, the connection is over.
@@ -556,9 +606,59 @@ impl Session {
         self.queue.io_slices(pool, out)
     }
 
-    /// Bytes queued and not yet written (`bufferedAmount`).
+    /// Bytes queued and not yet written (`bufferedAmount`), the corked ones not included.
     pub(crate) fn buffered(&self) -> usize {
         self.queue.len()
+    }
+
+    /// After the driver wrote what `cork` holds for this session (one call, `written`): moves
+    /// what the socket did not take into the queue and empties the cork. `Err` when the write
+    /// failed, or when the pool cannot hold the rest (the stream would be torn): the
+    /// connection is over.
+    pub(crate) fn corked_written(
+        &mut self,
+        cork: &mut Cork,
+        pool: &mut Pool<'static>,
+        written: std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        let written = match written {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            Err(e) => {
+                cork.clear();
+                return Err(e);
+            }
+        };
+        match cork.spill(&mut self.queue, pool, written) {
+            Ok(change) => {
+                self.note(change);
+                Ok(written)
+            }
+            Err(_) => Err(std::io::Error::other("pool exhausted spilling the cork")),
+        }
+    }
+
+    /// Whether the driver should write `cork` before this session reads on: past half of
+    /// the cork or of the high watermark, the next reply might not fit.
+    pub(crate) fn cork_is_half_full(&self, cork: &Cork) -> bool {
+        cork.is_half_full(self.queue.watermarks().high())
+    }
+
+    /// Moves what the cork holds into the queue before anything else is queued after it.
+    fn spill_cork(&mut self, cx: &mut Context<'_>) {
+        let Some(cork) = cx.cork.as_deref_mut() else { return };
+        if cork.is_empty() {
+            return;
+        }
+        match cork.spill(&mut self.queue, cx.pool, 0) {
+            Ok(change) => self.note(change),
+            Err(_) => {
+                if let Phase::Open(open) = &mut self.phase {
+                    // The replies already promised cannot be kept: the connection is over.
+                    cx.lot.wake(&mut open.ws).handle_eof();
+                }
+            }
+        }
     }
 
     /// Releases `n` written bytes.

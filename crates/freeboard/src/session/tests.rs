@@ -57,6 +57,7 @@ impl End {
             limits: &self.limits,
             share: &self.share,
             codec: None,
+            cork: None,
             now,
         };
         (&mut self.session, cx)
@@ -406,4 +407,68 @@ fn a_short_pool_never_closes_a_reader_as_a_slow_consumer() {
     pair.server.send(pair.now, MessageKind::Binary, &[1; 3000]).unwrap();
     pair.step(usize::MAX);
     assert_eq!(pair.client.received.len(), 1);
+}
+
+/// Replies corked while the queue is empty leave in one write; what the socket does not take
+/// is spilled into the queue message by message: the message cut by the write is in flight
+/// (no policy drops it), the ones after it stay whole and droppable, and the bytes on the
+/// wire are the same as without a cork. A pong owed meanwhile goes after the corked replies.
+#[test]
+fn corked_replies_spill_whole_messages_behind_a_partial_write() {
+    let mut pair =
+        Pair::with(SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::DropOldest), 1 << 20);
+    let server = &mut pair.server;
+    let mut cork = Cork::new(64 << 10);
+    let mut expected = Vec::new();
+    for message in [&b"first"[..], b"second", b"third"] {
+        let mut cx = Context {
+            pool: &mut server.pool,
+            lot: &mut server.lot,
+            masks: None,
+            limits: &server.limits,
+            share: &server.share,
+            codec: None,
+            cork: Some(&mut cork),
+            now: pair.now,
+        };
+        let outcome = server.session.send(&mut cx, MessageKind::Binary, message);
+        assert_eq!(outcome, Some(PushOutcome::Queued));
+        expected.extend_from_slice(&[0x82, message.len() as u8]);
+        expected.extend_from_slice(message);
+    }
+    assert_eq!(server.session.buffered(), 0, "corked, not queued");
+    assert_eq!(cork.bytes(), &expected[..]);
+    // The socket takes the first message and two bytes of the second.
+    let mut wire = cork.bytes()[..9].to_vec();
+    let written = server.session.corked_written(&mut cork, &mut server.pool, Ok(9));
+    assert_eq!(written.unwrap(), 9);
+    assert!(cork.is_empty());
+    assert_eq!(server.session.buffered(), expected.len() - 9);
+    assert_eq!(server.session.queue().messages(), 2);
+    assert!(server.session.queue().has_message_in_flight(&server.pool));
+    // A policy may drop the third message, never the rest of the second.
+    let mut probe = SendQueue::default();
+    std::mem::swap(&mut probe, &mut server.session.queue);
+    let gone = probe.discard_unsent(&mut server.pool);
+    std::mem::swap(&mut probe, &mut server.session.queue);
+    assert_eq!((gone.messages, gone.bytes), (1, 7));
+    wire.extend(server.write(usize::MAX));
+    assert_eq!(wire, &expected[..expected.len() - 7]);
+
+    // A ping arrives while a reply is corked: the pong follows the reply.
+    let mut cx = Context {
+        pool: &mut server.pool,
+        lot: &mut server.lot,
+        masks: None,
+        limits: &server.limits,
+        share: &server.share,
+        codec: None,
+        cork: Some(&mut cork),
+        now: pair.now,
+    };
+    let _ = server.session.send(&mut cx, MessageKind::Binary, b"reply");
+    let mut ping = freeboard_test::frame(0x89, b"p", freeboard_test::TEST_MASK);
+    let _ = server.session.receive(&mut cx, &mut ping);
+    assert!(cork.is_empty(), "spilled before the pong");
+    assert_eq!(server.write(usize::MAX), b"\x82\x05reply\x8a\x01p");
 }

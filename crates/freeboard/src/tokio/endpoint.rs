@@ -258,6 +258,7 @@ impl Hub {
             // permessage-deflate is declined at this driver's handshakes, so no session
             // here compresses.
             codec: None,
+            cork: None,
             now,
         }
     }
