@@ -391,7 +391,7 @@ fn an_exhausted_pool_still_answers_503() {
 }
 
 #[test]
-fn echo_under_block_closes_1013_rather_than_lose_a_message() {
+fn echo_under_block_loses_no_echo_and_closes_only_with_1013() {
     let mut cfg = config();
     cfg.send_low = 8 << 10;
     cfg.send_high = 16 << 10;
@@ -399,11 +399,12 @@ fn echo_under_block_closes_1013_rather_than_lose_a_message() {
     cfg.slow_consumer = freeboard::SlowConsumerPolicy::Block;
     let server = start(cfg);
     let mut c = Client::open(server.local_addr());
-    // 20 MB of 100-byte messages, written by a thread while nothing is read: the server writes
-    // its echoes as it reads until the kernel's buffers are full, then `block` stops reading
-    // above the high watermark, but the echoes of what was already read pass the cap. The
-    // first that finds no room cannot be kept for later, so Echo closes 1013 instead of
-    // losing it.
+    // 20 MB of 100-byte messages, written by a thread while nothing is read: the server echoes
+    // as it reads until the kernel's buffers are full, then `block` stops reading above the
+    // high watermark. Whether an echo then finds no room below the cap depends on where the
+    // queue stood when reading stopped (a loaded machine reaches it, a quiet one may not);
+    // either way no echo may be lost: every echo arrives in order, and the only way to stop
+    // short is Echo's close 1013 for the one it could not keep.
     const MESSAGES: u32 = 200_000;
     let mut burst = Vec::new();
     for seq in 0..MESSAGES {
@@ -416,19 +417,24 @@ fn echo_under_block_closes_1013_rather_than_lose_a_message() {
     std::thread::sleep(Duration::from_millis(500));
     let mut next = 0u32;
     let code = loop {
+        if next == MESSAGES {
+            break None;
+        }
         match c.recv() {
             Some((0x2, payload)) => {
                 assert_eq!(payload[..4], next.to_be_bytes(), "echo {next} missing");
                 next += 1;
             }
-            Some((0x8, payload)) => break u16::from_be_bytes([payload[0], payload[1]]),
+            Some((0x8, payload)) => break Some(u16::from_be_bytes([payload[0], payload[1]])),
             other => panic!("unexpected {other:?} after {next} echoes"),
         }
     };
-    assert_eq!(code, 1013, "after {next} echoes");
-    assert!((1000..MESSAGES).contains(&next), "{next} echoes before the close");
+    if let Some(code) = code {
+        assert_eq!(code, 1013, "after {next} echoes");
+        assert!(next >= 1000, "{next} echoes before the close");
+    }
     drop(c);
-    // The rest of the burst is discarded until the server's linger ends.
+    // After a close the rest of the burst is discarded until the server's linger ends.
     let _ = writing.join();
     common::stop_once_idle(server);
 }
