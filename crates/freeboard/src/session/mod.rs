@@ -438,15 +438,15 @@ impl Session {
     ) -> PushOutcome {
         let bytes = n + data.len();
         if let Some(cork) = cx.cork.as_deref_mut() {
-            // The common case: the queue is empty, so the reply joins the cork, which stays
-            // at or under the high watermark (corked bytes count as buffered: a producer hears
-            // `QueuedAboveHigh` exactly as without a cork); nothing is decided per message
-            // but room.
+            // The common case: the queue is empty and the pool is not contended, so the reply
+            // joins the cork, which stays at or under the high watermark (corked bytes count
+            // as buffered: a producer hears `QueuedAboveHigh` exactly as without a cork);
+            // nothing is decided per message but room.
             let corked = cork.len() + bytes;
             if self.queue.is_empty()
                 && corked <= self.queue.watermarks().high()
                 && cork.has_room(MAX_HEADER_LEN + data.len())
-                && cx.share.judge(cx.pool, &self.queue, corked) == Verdict::Fits
+                && cx.share.uncontended(cx.pool, corked)
             {
                 cork.push(header, n, data);
                 return PushOutcome::Queued;
