@@ -721,7 +721,6 @@ pub struct Discarded {
 mod tests {
     extern crate std;
     use std::borrow::ToOwned;
-    use std::boxed::Box;
     use std::string::String;
     use std::vec::Vec;
     use std::{format, vec};
@@ -730,9 +729,10 @@ mod tests {
     use crate::{Budget, PoolConfig};
 
     /// An unmasked text frame of `payload`.
-    fn frame(payload: &str) -> [&[u8]; 2] {
-        let header: &'static [u8] = Box::leak(Box::new([0x81, payload.len() as u8]));
-        [header, Box::leak(payload.to_owned().into_boxed_str()).as_bytes()]
+    fn frame(payload: &str) -> Vec<u8> {
+        let mut frame = vec![0x81, payload.len() as u8];
+        frame.extend_from_slice(payload.as_bytes());
+        frame
     }
 
     fn payloads(queue: &SendQueue, pool: &Pool<'_>) -> Vec<String> {
@@ -758,13 +758,13 @@ mod tests {
             let mut queue =
                 SendQueue::new(marks, SlowConsumerPolicy::Conflate).with_conflate_key(key);
             // Behind: above the high watermark, nothing sent.
-            let _ = queue.push_message(&mut pool, &frame("a backlog without key"));
+            let _ = queue.push_message(&mut pool, &[&frame("a backlog without key")[..]]);
             assert!(!queue.is_writable());
             let m = |s: &str| format!("{prefix}{s}");
             for s in ["A|1", "B|1 a longer message spanning chunks", "A|2", "C|1", "B|2"] {
-                let _ = queue.push_message(&mut pool, &frame(&m(s)));
+                let _ = queue.push_message(&mut pool, &[&frame(&m(s))[..]]);
             }
-            let pushed = queue.push_message(&mut pool, &frame(&m("C|2")));
+            let pushed = queue.push_message(&mut pool, &[&frame(&m("C|2"))[..]]);
             assert_eq!(
                 pushed.outcome,
                 PushOutcome::Dropped { newest: false, messages: 1, bytes: 2 + m("C|1").len() }
@@ -775,7 +775,7 @@ mod tests {
             );
             assert_eq!(queue.messages(), 4);
             // Without the delimiter the key is empty: such messages conflate among themselves.
-            let _ = queue.push_message(&mut pool, &frame(&m("no key")));
+            let _ = queue.push_message(&mut pool, &[&frame(&m("no key"))[..]]);
             assert_eq!(payloads(&queue, &pool), [m("A|2"), m("B|2"), m("C|2"), m("no key")]);
             let _ = queue.clear(&mut pool);
         }
