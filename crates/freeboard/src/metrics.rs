@@ -278,6 +278,10 @@ pub(crate) struct LoopStats {
     pub(crate) bytes_out: u64,
     /// Published messages queued to subscribers.
     pub(crate) deliveries: u64,
+    /// Publications compressed once for their compressing subscribers.
+    pub(crate) compressions: u64,
+    /// Publications sent uncompressed to compressing subscribers: no budget to compress.
+    pub(crate) compression_fallbacks: u64,
     /// Messages dropped by slow-consumer policies, counted here so a drop allocates nothing.
     pub(crate) policy_drops: PolicyCounts,
     /// Messages refused because the pool was short through no fault of their connection.
@@ -349,6 +353,8 @@ impl LoopStats {
             (&metrics.bytes_in, self.bytes_in),
             (&metrics.bytes_out, self.bytes_out),
             (&metrics.deliveries, self.deliveries),
+            (&metrics.compressions, self.compressions),
+            (&metrics.compression_fallbacks, self.compression_fallbacks),
         ] {
             if n > 0 {
                 counter.inc_by(n);
@@ -425,6 +431,12 @@ pub struct Metrics {
     pub(crate) publishes: Counter,
     /// Published messages queued to subscribers (one per subscriber).
     pub(crate) deliveries: Counter,
+    /// Publications compressed for the compressing subscribers of a loop (once per
+    /// publication, loop and window size).
+    pub(crate) compressions: Counter,
+    /// Publications sent uncompressed to compressing subscribers because the budget could
+    /// not cover their compression.
+    pub(crate) compression_fallbacks: Counter,
     /// Publications a whole loop could not take, by reason ([`TOPIC_DROP_REASONS`]); drops
     /// for one subscriber are counted in `drops` by policy.
     pub(crate) topic_drops: Family<Reason, Counter>,
@@ -493,6 +505,8 @@ impl Metrics {
             subscriptions: Gauge::default(),
             publishes: Counter::default(),
             deliveries: Counter::default(),
+            compressions: Counter::default(),
+            compression_fallbacks: Counter::default(),
             topic_drops: Family::default(),
             handshake_duration: Histogram::new(&MILLIS_BUCKETS, 0.001),
             message_size: Histogram::new(&MESSAGE_SIZE_BUCKETS, 1.0),
@@ -623,6 +637,16 @@ impl Metrics {
             m.deliveries.clone(),
         );
         r.register(
+            "topic_compressions",
+            "Publications compressed once per event loop for its compressing subscribers",
+            m.compressions.clone(),
+        );
+        r.register(
+            "topic_compression_fallbacks",
+            "Publications sent uncompressed to compressing subscribers: no budget to compress",
+            m.compression_fallbacks.clone(),
+        );
+        r.register(
             "topic_drops",
             "Publications a whole event loop could not take, by reason",
             m.topic_drops.clone(),
@@ -748,6 +772,17 @@ impl Metrics {
     /// Published messages queued to subscribers (one per subscriber).
     pub fn deliveries(&self) -> u64 {
         self.deliveries.get()
+    }
+
+    /// Publications compressed for compressing subscribers (once per publication, event
+    /// loop and window size).
+    pub fn topic_compressions(&self) -> u64 {
+        self.compressions.get()
+    }
+
+    /// Publications sent uncompressed to compressing subscribers for want of budget.
+    pub fn topic_compression_fallbacks(&self) -> u64 {
+        self.compression_fallbacks.get()
     }
 
     /// Handshakes (and plain HTTP requests) that timed out.
