@@ -308,10 +308,14 @@ impl Agreement {
 /// budget for compression.
 pub(crate) const STATE_BYTES: usize = deflate_state_bytes(15) + inflate_state_bytes(15);
 
-/// zlib's documented deflate memory: `(1 << (windowBits + 2)) + (1 << (memLevel + 9))`
-/// with memLevel 8, plus the stream state.
+/// What zlib-rs allocates for one raw-deflate compressor at memLevel 8 (its
+/// `DeflateAllocOffsets`), all of which may become resident: a double window and its `prev`
+/// chain (2 bytes per position), a hash head of 2^16 entries (2 bytes each, whatever the
+/// window; zlib's own formula assumes 2^15), pending and symbol buffers of 7 × 16 KiB, and
+/// the stream state. ≈ 374 KiB at 15 bits, 250 KiB at 10.
 pub(crate) const fn deflate_state_bytes(window_bits: u8) -> usize {
-    (1 << (window_bits as usize + 2)) + (1 << 17) + 6 * 1024
+    let window = 1 << window_bits as usize;
+    2 * window + 2 * window + (2 << 16) + 7 * (16 << 10) + 6 * 1024
 }
 
 /// zlib's documented inflate memory: `1 << windowBits` plus about 7 KiB of state.
