@@ -244,21 +244,26 @@ pub fn broadcast_markdown(rows: &[BroadcastRow]) -> String {
             let Some(first) = runs.first() else { continue };
             let (rate, rate_lo, rate_hi) =
                 spread(&mut runs.iter().map(|r| r.deliveries_per_sec).collect::<Vec<_>>());
-            let (cpu, cpu_lo, cpu_hi) = spread(
-                &mut runs.iter().filter_map(|r| r.server_cpu_us_per_msg).collect::<Vec<_>>(),
-            );
+            let mut cpus: Vec<f64> = runs.iter().filter_map(|r| r.server_cpu_us_per_msg).collect();
+            let (cpu, cpu_lo, cpu_hi) = spread(&mut cpus);
+            let cpu_text = match cpus.is_empty() {
+                true => "–".to_string(),
+                false => format!("{cpu:.0} [{cpu_lo:.0}–{cpu_hi:.0}]"),
+            };
             let (bytes, _, _) =
                 spread(&mut runs.iter().map(|r| r.wire_bytes_per_delivery).collect::<Vec<_>>());
+            let ratio = |x: f64, base: f64| match base > 0.0 && x > 0.0 {
+                true => format!("{:.2}", x / base),
+                false => "–".to_string(),
+            };
             let (rate_ratio, cpu_ratio) = match plain {
-                Some((r0, c0)) if r0 > 0.0 && c0 > 0.0 => {
-                    (format!("{:.2}", rate / r0), format!("{:.2}", cpu / c0))
-                }
-                _ => ("–".into(), "–".into()),
+                Some((r0, c0)) => (ratio(rate, r0), ratio(cpu, c0)),
+                None => ("–".into(), "–".into()),
             };
             plain.get_or_insert((rate, cpu));
             let _ = writeln!(
                 s,
-                "| {n} | {size} | {} | {} | {rate:.0} [{rate_lo:.0}–{rate_hi:.0}] | {rate_ratio} | {cpu:.0} [{cpu_lo:.0}–{cpu_hi:.0}] | {cpu_ratio} | {bytes:.0} |",
+                "| {n} | {size} | {} | {} | {rate:.0} [{rate_lo:.0}–{rate_hi:.0}] | {rate_ratio} | {cpu_text} | {cpu_ratio} | {bytes:.0} |",
                 if offer { "permessage-deflate" } else { "nothing" },
                 first.compressing,
             );
