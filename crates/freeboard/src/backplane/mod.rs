@@ -437,8 +437,7 @@ fn send(
             }
         }
     }
-    let replies: Result<Vec<redis::RedisResult<Value>>, _> =
-        pipe.ignore_errors().query(c);
+    let replies: Result<Vec<redis::RedisResult<Value>>, _> = pipe.ignore_errors().query(c);
     match replies {
         Ok(replies) => {
             for (reply, &(i, _)) in replies.iter().zip(items) {
@@ -536,7 +535,8 @@ fn subscriber(
                 Ok(Change::Up(server, false)) => {
                     // Recoveries waiting on that server fail (503).
                     waiting.retain(|(t, _)| {
-                        topology.as_ref().and_then(|m| m.node(channel(t).as_bytes())) != Some(&server)
+                        topology.as_ref().and_then(|m| m.node(channel(t).as_bytes()))
+                            != Some(&server)
                     });
                     stale |= topology.as_ref().is_some_and(|t| t.cluster());
                     down.insert(server);
@@ -656,8 +656,11 @@ impl Shard {
     fn run(self) {
         let mut topics: HashSet<Arc<str>> = HashSet::new();
         let mut backoff = BACKOFF_MIN;
-        let (sub, unsub) =
-            if self.sharded { ("SSUBSCRIBE", "SUNSUBSCRIBE") } else { ("SUBSCRIBE", "UNSUBSCRIBE") };
+        let (sub, unsub) = if self.sharded {
+            ("SSUBSCRIBE", "SUNSUBSCRIBE")
+        } else {
+            ("SUBSCRIBE", "UNSUBSCRIBE")
+        };
         'connect: while !self.stop.load(Ordering::Acquire) {
             // The latest assignment, while disconnected too, so the resubscription is exact.
             if self.follow(&mut topics, &mut Vec::new()).is_none() {
@@ -691,9 +694,12 @@ impl Shard {
                         asked.iter().filter(|t| !topics.contains(*t)).cloned().collect();
                     // One channel a command: a shard's channels may lie in several slots.
                     let mut written = Ok(());
-                    for (subscribe, topic) in add.iter().map(|t| (true, t)).chain(remove.iter().map(|t| (false, t))) {
+                    for (subscribe, topic) in
+                        add.iter().map(|t| (true, t)).chain(remove.iter().map(|t| (false, t)))
+                    {
                         let command = if subscribe { sub } else { unsub };
-                        written = written.and_then(|()| conn.send(redis::cmd(command).arg(channel(topic))));
+                        written = written
+                            .and_then(|()| conn.send(redis::cmd(command).arg(channel(topic))));
                         requests.push_back((subscribe, topic.clone()));
                         if subscribe {
                             asked.insert(topic.clone());

@@ -19,8 +19,10 @@ use redis::{Client, Cmd, Connection, ConnectionAddr, RedisError, Value};
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(2);
 /// Redis Cluster's number of hash slots.
 const SLOTS: u16 = 16_384;
-/// The least time between two discoveries of the map (whoever asks).
+/// The least time between two discoveries of the map (whoever asks), and after one that
+/// nobody answered.
 const REFRESH_MIN: Duration = Duration::from_millis(100);
+const REFRESH_FAILED: Duration = Duration::from_secs(1);
 
 /// Where Redis is: one or more `redis://[[user]:password@]host[:port][/db]` URLs (seeds of
 /// one cluster when more than one), checked.
@@ -241,13 +243,13 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
 pub(crate) struct Shards {
     pub(crate) addr: RedisAddr,
     current: Mutex<Option<Arc<Topology>>>,
-    /// When the map was last asked for (a refresh waits [`REFRESH_MIN`] after it).
-    asked: Mutex<Option<Instant>>,
+    /// When the map may be asked for again.
+    not_before: Mutex<Instant>,
 }
 
 impl Shards {
     pub(crate) fn new(addr: RedisAddr) -> Self {
-        Self { addr, current: Mutex::new(None), asked: Mutex::new(None) }
+        Self { addr, current: Mutex::new(None), not_before: Mutex::new(Instant::now()) }
     }
 
     /// The map, asked for if there is none yet.
@@ -257,26 +259,24 @@ impl Shards {
     }
 
     /// Asks the seeds (then the masters of the last map) for the map again, unless it was
-    /// asked for less than [`REFRESH_MIN`] ago; the map (the last one if nobody answers).
+    /// asked for less than [`REFRESH_MIN`] ago ([`REFRESH_FAILED`] if nobody answered); the
+    /// map (the last one if nobody answers).
     pub(crate) fn refresh(&self) -> Option<Arc<Topology>> {
-        let mut asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
+        let mut not_before = self.not_before.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if asked.is_some_and(|at| at.elapsed() < REFRESH_MIN) {
+        if Instant::now() < *not_before {
             return current;
         }
-        *asked = Some(Instant::now());
         let known = current.iter().flat_map(|t| t.nodes.iter().cloned());
         let candidates: Vec<Arc<str>> =
             self.addr.seeds.iter().map(|(_, n)| n.clone()).chain(known).collect();
         for node in &candidates {
-            let asked = self.addr.connect(node).and_then(|mut c| Topology::ask(&mut c, node));
-            let topology = match asked {
+            let answer = self.addr.connect(node).and_then(|mut c| Topology::ask(&mut c, node));
+            let topology = match answer {
                 Ok(Some(cluster)) => cluster,
-                Ok(None) if self.addr.seeds.len() == 1 => Topology {
-                    nodes: vec![node.clone()],
-                    ranges: Vec::new(),
-                    sharded: false,
-                },
+                Ok(None) if self.addr.seeds.len() == 1 => {
+                    Topology { nodes: vec![node.clone()], ranges: Vec::new(), sharded: false }
+                }
                 Ok(None) => {
                     tracing::error!(redis = %node, "several Redis URLs name seeds of one cluster, and this server is not a cluster");
                     continue;
@@ -291,8 +291,10 @@ impl Shards {
                 tracing::info!(redis = %node, cluster = topology.cluster(), sharded = topology.sharded, masters = topology.nodes.len(), "backplane mapped Redis");
             }
             *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(topology.clone());
+            *not_before = Instant::now() + REFRESH_MIN;
             return Some(topology);
         }
+        *not_before = Instant::now() + REFRESH_FAILED;
         tracing::warn!(redis = %self.addr.host_port, "backplane cannot reach Redis to map it");
         current
     }
