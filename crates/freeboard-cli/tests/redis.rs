@@ -591,6 +591,77 @@ fn a_redis_cluster_carries_topics_on_sharded_pub_sub_and_survives_a_master_resta
         }
     }
 
+    // A topic's slot moves to another master: both nodes follow it (the old master drops
+    // their subscriptions, the new one has them), and publications go where it now is.
+    let (moved, from) = topics[2].clone();
+    let to = (from + 1) % 3;
+    let channel = format!("freeboard:{moved}");
+    let slot = cluster.cli(0, &["CLUSTER", "KEYSLOT", &channel]).trim().to_owned();
+    let id = |i: usize| cluster.cli(i, &["CLUSTER", "MYID"]).trim().to_owned();
+    let (from_id, to_id) = (id(from), id(to));
+    cluster.cli(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
+    cluster.cli(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
+    for i in [to, from, 3 - to - from] {
+        cluster.cli(i, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+    }
+    topics[2].1 = to;
+    let until = Instant::now() + Duration::from_secs(10);
+    while cluster.subscribers(to, &channel) != (2, 0)
+        || cluster.subscribers(from, &channel) != (0, 0)
+    {
+        assert!(Instant::now() < until, "{channel}: the subscriptions never followed the slot");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (pub_a, pub_b) = &mut publishers[2];
+    let frames =
+        |tag: &str| burst(tag).iter().flat_map(|m| text(m.as_bytes())).collect::<Vec<u8>>();
+    pub_a.write_all(&frames(&format!("ma{moved}"))).unwrap();
+    pub_b.write_all(&frames(&format!("mb{moved}"))).unwrap();
+    let mut want = burst(&format!("ma{moved}"));
+    want.extend(burst(&format!("mb{moved}")));
+    for (n, (reader, inbox)) in readers[2].iter_mut().enumerate() {
+        expect_in_order(
+            reader,
+            inbox,
+            &want,
+            &format!("{moved} after its slot moved, reader on node {n}"),
+        );
+    }
+
+    // Another slot moves while only node B subscribes to its topic: node A's map is stale,
+    // so its publication is redirected (`MOVED`) and sent once more, to the new master.
+    let solo = (0..)
+        .map(|i| format!("solo{i}"))
+        .find(|t| cluster.owner(&format!("freeboard:{t}")) == to)
+        .unwrap();
+    let channel = format!("freeboard:{solo}");
+    let (mut reader, mut inbox) = subscribe(&addr_b, &solo);
+    reader.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !matches!(inbox.frame(&mut reader), Ok(Some(_))) {
+        assert!(Instant::now() < until, "{solo}: node B never subscribed");
+        post(&addr_a, &solo, "warm");
+    }
+    reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let slot = cluster.cli(0, &["CLUSTER", "KEYSLOT", &channel]).trim().to_owned();
+    cluster.cli(from, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &to_id]);
+    cluster.cli(to, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &from_id]);
+    for i in [from, to, 3 - to - from] {
+        cluster.cli(i, &["CLUSTER", "SETSLOT", &slot, "NODE", &from_id]);
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    while cluster.subscribers(from, &channel) != (1, 0) {
+        assert!(Instant::now() < until, "{channel}: node B's subscription never followed the slot");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let refused = metric(&addr_a, "freeboard_backplane_lost_total{reason=\"refused\"}");
+    for i in 0..20 {
+        assert!(post(&addr_a, &solo, &format!("solo-{i}")).starts_with("HTTP/1.1 200"));
+    }
+    let want: Vec<String> = (0..20).map(|i| format!("solo-{i}")).collect();
+    expect_in_order(&mut reader, &mut inbox, &want, "a topic whose slot moved under node A");
+    assert_eq!(metric(&addr_a, "freeboard_backplane_lost_total{reason=\"refused\"}"), refused);
+
     // History on the cluster: the stream and the SPUBLISH in the script share a slot.
     let history = ["--history", "50", "--history-prefix", "h"];
     let (_ha, addr_ha) = node_on(&seed(0), &history);
