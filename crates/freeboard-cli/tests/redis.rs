@@ -115,6 +115,13 @@ fn warm_up(publisher: &mut TcpStream, readers: &mut [(TcpStream, Inbox)]) {
     }
 }
 
+/// A node's publications lost on their way to Redis, by reason.
+fn losses(addr: &str) -> String {
+    let lost = |r: &str| metric(addr, &format!("freeboard_backplane_lost_total{{reason=\"{r}\"}}"));
+    let reasons = ["redis_down", "unconfirmed", "refused", "queue_full"];
+    reasons.map(|r| format!("{r} {}", lost(r))).join(", ")
+}
+
 /// A counter's value in a node's `/metrics` (0 if absent).
 fn metric(addr: &str, name: &str) -> u64 {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -261,20 +268,12 @@ fn redis_restarted_during_a_stream_loses_counted_messages_and_delivery_resumes()
     stop.store(true, Ordering::Release);
     streamer.join().unwrap();
     let lost = metric(&addr_a, "freeboard_backplane_lost_total");
-    let reasons: Vec<String> = ["redis_down", "unconfirmed", "refused", "queue_full"]
-        .iter()
-        .map(|r| {
-            format!(
-                "{r} {}",
-                metric(&addr_a, &format!("freeboard_backplane_lost_total{{reason=\"{r}\"}}"))
-            )
-        })
-        .collect();
     assert!(lost > 0, "the publications sent while Redis was down are counted");
     eprintln!(
         "sent {} publications, Redis killed after {killed_at} and restarted after {restarted_at}: \
-         {lost} counted lost on node A",
-        sent.load(Ordering::Acquire)
+         {lost} counted lost on node A ({})",
+        sent.load(Ordering::Acquire),
+        losses(&addr_a)
     );
     drop(redis_process);
 }
@@ -748,21 +747,12 @@ fn a_redis_cluster_carries_topics_on_sharded_pub_sub_and_survives_a_master_resta
     stop.store(true, Ordering::Release);
     streamer.join().unwrap();
     let lost = metric(&addr_a, "freeboard_backplane_lost_total");
-    let reasons: Vec<String> = ["redis_down", "unconfirmed", "refused", "queue_full"]
-        .iter()
-        .map(|r| {
-            format!(
-                "{r} {}",
-                metric(&addr_a, &format!("freeboard_backplane_lost_total{{reason=\"{r}\"}}"))
-            )
-        })
-        .collect();
     assert!(lost > 0, "the publications sent while {topic}'s master was down are counted");
     let channel = format!("freeboard:{topic}");
     assert_eq!(cluster.subscribers(owner, &channel).0, 2, "both nodes subscribed again");
     eprintln!(
         "{topic}: master {owner} killed after {killed_at} and restarted after {restarted_at} \
          publications: {lost} counted lost on node A ({})",
-        reasons.join(", ")
+        losses(&addr_a)
     );
 }

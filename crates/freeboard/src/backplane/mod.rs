@@ -333,21 +333,17 @@ fn publisher(
             continue;
         };
         // Each server's share of the batch, in order (a topic's publications go to one).
-        let mut by_node: Vec<(Arc<str>, Vec<(usize, bool)>)> = Vec::new();
+        let mut by_node = Shares::default();
         for (i, o) in batch.iter().enumerate() {
-            let Some(node) = topology.node(&o.channel) else {
-                metrics.backplane_lost("refused", 1); // a slot no master serves
-                continue;
-            };
-            match by_node.iter_mut().find(|(n, _)| n == node) {
-                Some((_, items)) => items.push((i, false)),
-                None => by_node.push((node.clone(), vec![(i, false)])),
+            match topology.node(&o.channel) {
+                Some(node) => by_node.add(node, i, false),
+                None => metrics.backplane_lost("refused", 1), // a slot no master serves
             }
         }
         let mut stale = false;
         for round in 0..2 {
-            let mut redirected: Vec<(Arc<str>, Vec<(usize, bool)>)> = Vec::new();
-            for (node, items) in by_node.drain(..) {
+            let mut redirected = Shares::default();
+            for (node, items) in by_node.0.drain(..) {
                 let link = links.entry(node.clone()).or_default();
                 let sent = send(&shards, &node, link, &batch, &items, &topology, limits);
                 metrics.backplane_published(sent.published);
@@ -361,11 +357,7 @@ fn publisher(
                         metrics.backplane_lost("refused", 1); // redirected twice
                         continue;
                     }
-                    let to: Arc<str> = Arc::from(to);
-                    match redirected.iter_mut().find(|(n, _)| *n == to) {
-                        Some((_, items)) => items.push((i, ask)),
-                        None => redirected.push((to, vec![(i, ask)])),
-                    }
+                    redirected.add(&Arc::from(to), i, ask);
                 }
             }
             // Never executed where they were sent: sent once more, where the cluster says.
@@ -373,6 +365,22 @@ fn publisher(
         }
         if stale {
             shards.refresh();
+        }
+    }
+}
+
+/// A server's publications of a batch: their index in it, and whether an `ASK` sent them there.
+type Items = Vec<(usize, bool)>;
+
+/// A batch's publications by server.
+#[derive(Default)]
+struct Shares(Vec<(Arc<str>, Items)>);
+
+impl Shares {
+    fn add(&mut self, node: &Arc<str>, i: usize, ask: bool) {
+        match self.0.iter_mut().find(|(n, _)| n == node) {
+            Some((_, items)) => items.push((i, ask)),
+            None => self.0.push((node.clone(), vec![(i, ask)])),
         }
     }
 }
