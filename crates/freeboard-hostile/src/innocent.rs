@@ -43,16 +43,6 @@ impl EchoReport {
         assert!(self.failure.is_none(), "the innocent client failed: {:?}", self.failure);
         assert!(self.count > 0, "the innocent client completed no echo");
     }
-
-    /// As [`assert_intact`](Self::assert_intact), except that the server may end the echoes
-    /// with close `code` (every echo before it intact, in order).
-    pub fn assert_intact_unless_closed_with(&self, code: u16) {
-        let closed = format!("the server closed with {code}");
-        if !self.failure.as_deref().is_some_and(|f| f.ends_with(&closed)) {
-            self.assert_intact();
-        }
-        assert!(self.count > 0, "the innocent client completed no echo");
-    }
 }
 
 impl Innocent {

@@ -118,6 +118,9 @@ pub(crate) struct EventLoop<T> {
     /// What one connection may take from the pool while it is contended, as of the last
     /// turn's connection count.
     pub(super) share: Share,
+    /// The pool's free chunks and slots after the last sweep of a contended pool (see
+    /// [`reclaim`](Self::reclaim)); `None` while it is not contended.
+    pub(super) swept: Option<(usize, usize)>,
     /// permessage-deflate: the shared mode's state and every compressed message's scratch.
     pub(super) codec: Codec,
     pub(super) timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
@@ -267,6 +270,7 @@ impl<T: Transport> EventLoop<T> {
             corking: false,
             limits: Reassembly::server(config.connection_reserve),
             share: Share::new(&pool, 0),
+            swept: None,
             codec: Codec::new(config.compression_threshold),
             gauges: LoopGauges::new(&shared.metrics, index),
             log_throttle: LogThrottle::default(),
@@ -605,6 +609,8 @@ impl<T: Transport> EventLoop<T> {
     }
 
     pub(super) fn read_open(&mut self, token: usize, now: Instant) {
+        // Under contention, whoever is behind pays before this read's replies are judged.
+        self.reclaim(now);
         let mut buf = std::mem::take(&mut self.read_buf);
         self.corking = self.conns.get(token).is_some_and(|e| e.stream.tls_established().is_none());
         let mut reads = 0;

@@ -5,6 +5,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
 
+use freeboard_buf::PushOutcome;
 use freeboard_proto::{CloseCode, Instant, State};
 
 use slab::Slab;
@@ -12,7 +13,7 @@ use slab::Slab;
 use super::event_loop::{EventLoop, INITIAL_CONNS, LINGER, RELEASE_INTERVAL};
 use crate::handler::ConnId;
 use crate::metrics::close_label;
-use crate::session::{Phase, Share};
+use crate::session::{Context, Phase, Share};
 use crate::transport::{Io, Transport};
 
 impl<T: Transport> EventLoop<T> {
@@ -69,6 +70,7 @@ impl<T: Transport> EventLoop<T> {
         if self.release_at.is_none() && self.pool.has_memory_to_release() {
             self.release_at = Some(now + RELEASE_INTERVAL);
         }
+        self.reclaim(now);
         let mut i = 0;
         while i < self.dirty.len() {
             let token = self.dirty[i];
@@ -104,6 +106,62 @@ impl<T: Transport> EventLoop<T> {
             self.timers.shrink_to(self.timers.capacity() / 2);
         }
         self.publish_gauges();
+    }
+
+    /// Charges a contended pool to the connections behind it: each one past its share meets
+    /// its policy now ([`Session::reclaim`](crate::session::Session::reclaim)) rather than at
+    /// a next push that may never come (a connection behind is not read). One pass per new
+    /// low of the pool's free chunks or slots, so a contention nothing can relieve (every
+    /// culprit under `block`) is not swept again and again.
+    pub(super) fn reclaim(&mut self, now: Instant) {
+        if self.share.uncontended(&self.pool, 0) {
+            self.swept = None;
+            return;
+        }
+        let free = |pool: &freeboard_buf::Pool<'_>| {
+            (pool.chunks_free(), pool.segments_total() - pool.segments_in_use())
+        };
+        let (chunks, slots) = free(&self.pool);
+        if self.swept.is_some_and(|(c, s)| chunks >= c && slots >= s) {
+            return;
+        }
+        let mut changes = std::mem::take(&mut self.changes);
+        for (token, entry) in self.conns.iter_mut() {
+            let policy = entry.session.queue().policy();
+            let mut cx = Context {
+                pool: &mut self.pool,
+                lot: &mut self.lot,
+                masks: None,
+                limits: &self.limits,
+                share: &self.share,
+                codec: Some(&mut self.codec),
+                cork: None,
+                now,
+            };
+            match entry.session.reclaim(&mut cx) {
+                None => continue,
+                Some(PushOutcome::Dropped { messages, .. }) => {
+                    self.stats.policy_drops[policy] += u64::from(messages);
+                }
+                Some(_) => {
+                    self.shared.metrics.slow_consumer_closes.inc();
+                }
+            }
+            if let Some(change) = entry.session.take_writability() {
+                changes.push((token, change));
+            }
+            if !entry.dirty {
+                entry.dirty = true;
+                self.dirty.push(token);
+            }
+        }
+        for (token, change) in changes.drain(..) {
+            if self.conns.contains(token) {
+                self.writability_changed(token, now, change);
+            }
+        }
+        self.changes = changes;
+        self.swept = Some(free(&self.pool));
     }
 
     pub(super) fn flush(&mut self, token: usize, now: Instant) {

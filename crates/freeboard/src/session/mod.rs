@@ -534,6 +534,27 @@ impl Session {
         }
     }
 
+    /// Applies this connection's policy to what it already holds when it is behind and past
+    /// its share of a contended pool ([`Share::over_share`]): `close` ends it (1008) and
+    /// `drop_oldest`/`conflate` discard its unsent messages; `drop_newest` and `block` keep
+    /// what they queued. Returns what was done, or `None`.
+    pub(crate) fn reclaim(&mut self, cx: &mut Context<'_>) -> Option<PushOutcome> {
+        if !matches!(self.phase, Phase::Open(_)) || !cx.share.over_share(cx.pool, &self.queue) {
+            return None;
+        }
+        let policy = self.queue.policy();
+        if matches!(policy, SlowConsumerPolicy::Block | SlowConsumerPolicy::DropNewest) {
+            return None;
+        }
+        let gone = self.queue.discard_unsent(cx.pool);
+        self.note(gone.writability);
+        if policy == SlowConsumerPolicy::Close {
+            let _ = self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
+            return Some(PushOutcome::MustClose { limit: Limit::Pool });
+        }
+        Some(PushOutcome::Dropped { newest: false, messages: gone.messages, bytes: gone.bytes })
+    }
+
     /// Starts the close handshake with `code` and `reason` (at most 123 bytes). Does nothing
     /// if the session is not open; the core refuses a code that may not be sent, or a second
     /// close.

@@ -11,6 +11,10 @@
 //!   behind (its queue above its high watermark) may hold its *fair share* — what is above the
 //!   floor divided by the open connections — and no more: past it, its own slow-consumer policy
 //!   acts as if it had reached its cap;
+//! - a connection that is behind is not read (its queue is above its high watermark), so it may
+//!   never push again: while the pool is contended the loop also sweeps its connections and
+//!   applies the policy of each one behind and past its share ([`Share::over_share`]) to what
+//!   it already holds, before a reader's reply can find the pool short;
 //! - when the pool is short for other reasons, the new work is refused
 //!   ([`PushOutcome::WouldBlock`](freeboard_buf::PushOutcome::WouldBlock) with
 //!   [`Limit::Pool`](freeboard_buf::Limit::Pool), counted as `pool_exhausted`); a connection
@@ -76,11 +80,11 @@ impl Share {
     /// Judges a push of `bytes` (header included) onto `queue`. Costs two comparisons while
     /// the pool is not contended.
     pub(crate) fn judge(&self, pool: &Pool<'_>, queue: &SendQueue, bytes: usize) -> Verdict {
-        let free_chunks = pool.chunks_free();
-        let free_slots = pool.segments_total() - pool.segments_in_use();
         if self.uncontended(pool, bytes) {
             return Verdict::Fits;
         }
+        let free_chunks = pool.chunks_free();
+        let free_slots = pool.segments_total() - pool.segments_in_use();
         let chunk = pool.chunk_size();
         // A message may start a chunk and end in another: its chunks, and a slot for each.
         let need = bytes.div_ceil(chunk) + 1;
@@ -89,14 +93,25 @@ impl Share {
             return Verdict::Fits;
         }
         let behind = !queue.is_writable();
-        let held_chunks = queue.len().div_ceil(chunk) + usize::from(!queue.is_empty());
-        let held_slots = queue.messages() as usize + held_chunks;
-        let past_share =
-            held_chunks + need > self.fair_chunks || held_slots + need > self.fair_slots;
+        let past_share = self.past_share(pool, queue, need);
         match (behind, short) {
             (true, _) if past_share || short => Verdict::Culprit,
             (false, true) => Verdict::Exhausted,
             _ => Verdict::Fits,
         }
+    }
+
+    /// Whether `queue` is behind and holds its fair share or more, while the pool is contended:
+    /// the connections the loop's sweep charges for the contention.
+    pub(crate) fn over_share(&self, pool: &Pool<'_>, queue: &SendQueue) -> bool {
+        !queue.is_writable() && !self.uncontended(pool, 0) && self.past_share(pool, queue, 1)
+    }
+
+    /// Whether `queue` plus `need` more chunks (and slots) would pass its fair share.
+    fn past_share(&self, pool: &Pool<'_>, queue: &SendQueue, need: usize) -> bool {
+        let chunk = pool.chunk_size();
+        let held_chunks = queue.len().div_ceil(chunk) + usize::from(!queue.is_empty());
+        let held_slots = queue.messages() as usize + held_chunks;
+        held_chunks + need > self.fair_chunks || held_slots + need > self.fair_slots
     }
 }

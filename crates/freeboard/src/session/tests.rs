@@ -380,7 +380,9 @@ fn a_contended_pool_is_charged_to_the_queue_that_is_behind() {
     }
     assert!(!behind.is_writable());
     assert_eq!(share.judge(&pool, &behind, 100), share::Verdict::Culprit);
+    assert!(share.over_share(&pool, &behind), "the loop's sweep charges it too");
     assert_eq!(share.judge(&pool, &keeping_up, 100), share::Verdict::Fits, "room for readers");
+    assert!(!share.over_share(&pool, &keeping_up));
     // Short for everyone: the reader's new message is refused, not the reader closed.
     let mut others = SendQueue::new(
         Watermarks::new(1 << 20, 1 << 20, 1 << 20).unwrap(),
@@ -390,6 +392,51 @@ fn a_contended_pool_is_charged_to_the_queue_that_is_behind() {
     assert_eq!(share.judge(&pool, &keeping_up, 100), share::Verdict::Exhausted);
     let _ = behind.clear(&mut pool);
     let _ = others.clear(&mut pool);
+}
+
+/// A queue behind and past its share of a contended pool meets its policy without another
+/// push (a connection behind is not read, so it may never push again): `close` ends it with
+/// 1008, `drop_oldest` gives back what had not started (as `conflate` does: the same branch,
+/// but a conflating queue replaces its backlog at every push once behind, so it cannot be
+/// filled here); `block` and `drop_newest` keep what they queued.
+#[test]
+fn a_queue_past_its_share_is_reclaimed_without_a_push() {
+    let marks = Watermarks::new(2048, 4096, 1 << 20).unwrap();
+    for policy in SlowConsumerPolicy::ALL.into_iter().filter(|&p| p != SlowConsumerPolicy::Conflate)
+    {
+        let mut pair = Pair::with(SendQueue::new(marks, policy), 64 * 1100);
+        pair.server.share = Share::new(&pair.server.pool, 4);
+        // It fills its queue while the pool is not contended, then stops.
+        while pair.server.share.uncontended(&pair.server.pool, 0) {
+            let outcome = pair.server.send(pair.now, MessageKind::Binary, &[7; 1000]);
+            assert!(matches!(outcome, Some(PushOutcome::Queued | PushOutcome::QueuedAboveHigh)));
+        }
+        let held = pair.server.session.queue().messages();
+        let (session, mut cx) = pair.server.cx(pair.now);
+        let reclaimed = session.reclaim(&mut cx);
+        match policy {
+            SlowConsumerPolicy::Close => {
+                assert_eq!(reclaimed, Some(PushOutcome::MustClose { limit: Limit::Pool }));
+                pair.step(usize::MAX);
+                let closed = pair.client.closed.expect("the client hears why");
+                assert_eq!(closed.code, CloseCode::POLICY_VIOLATION);
+                assert!(pair.client.received.is_empty(), "nothing unsent is delivered late");
+            }
+            SlowConsumerPolicy::DropOldest => {
+                let Some(PushOutcome::Dropped { newest: false, messages, .. }) = reclaimed else {
+                    panic!("{policy:?}: {reclaimed:?}");
+                };
+                assert_eq!(messages, held);
+                assert!(pair.server.session.queue().is_writable(), "it keeps up again");
+                assert!(pair.server.share.uncontended(&pair.server.pool, 0), "the pool is back");
+            }
+            SlowConsumerPolicy::Block | SlowConsumerPolicy::DropNewest => {
+                assert_eq!(reclaimed, None, "{policy:?}");
+                assert_eq!(pair.server.session.queue().messages(), held);
+            }
+            SlowConsumerPolicy::Conflate => unreachable!("filtered above"),
+        }
+    }
 }
 
 /// The `close` policy closes a connection only when its own queue is behind: a pool that runs
