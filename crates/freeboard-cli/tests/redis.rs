@@ -469,6 +469,18 @@ impl Cluster {
             .unwrap_or_else(|| panic!("no node owns slot {slot}"))
     }
 
+    /// Moves the (keyless) slot of `channel` from node `from` to node `to`.
+    fn move_slot(&self, channel: &str, from: usize, to: usize) {
+        let slot = self.cli(0, &["CLUSTER", "KEYSLOT", channel]).trim().to_owned();
+        let id = |i: usize| self.cli(i, &["CLUSTER", "MYID"]).trim().to_owned();
+        let (from_id, to_id) = (id(from), id(to));
+        self.cli(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
+        self.cli(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
+        for i in [to, from, 3 - to - from] {
+            self.cli(i, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+        }
+    }
+
     /// How many connections of node `i` subscribe to `channel`: (sharded, plain).
     fn subscribers(&self, i: usize, channel: &str) -> (u32, u32) {
         let count =
@@ -595,14 +607,7 @@ fn a_redis_cluster_carries_topics_on_sharded_pub_sub_and_survives_a_master_resta
     let (moved, from) = topics[2].clone();
     let to = (from + 1) % 3;
     let channel = format!("freeboard:{moved}");
-    let slot = cluster.cli(0, &["CLUSTER", "KEYSLOT", &channel]).trim().to_owned();
-    let id = |i: usize| cluster.cli(i, &["CLUSTER", "MYID"]).trim().to_owned();
-    let (from_id, to_id) = (id(from), id(to));
-    cluster.cli(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
-    cluster.cli(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
-    for i in [to, from, 3 - to - from] {
-        cluster.cli(i, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
-    }
+    cluster.move_slot(&channel, from, to);
     topics[2].1 = to;
     let until = Instant::now() + Duration::from_secs(10);
     while cluster.subscribers(to, &channel) != (2, 0)
@@ -642,12 +647,7 @@ fn a_redis_cluster_carries_topics_on_sharded_pub_sub_and_survives_a_master_resta
         post(&addr_a, &solo, "warm");
     }
     reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let slot = cluster.cli(0, &["CLUSTER", "KEYSLOT", &channel]).trim().to_owned();
-    cluster.cli(from, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &to_id]);
-    cluster.cli(to, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &from_id]);
-    for i in [from, to, 3 - to - from] {
-        cluster.cli(i, &["CLUSTER", "SETSLOT", &slot, "NODE", &from_id]);
-    }
+    cluster.move_slot(&channel, to, from);
     let until = Instant::now() + Duration::from_secs(10);
     while cluster.subscribers(from, &channel) != (1, 0) {
         assert!(Instant::now() < until, "{channel}: node B's subscription never followed the slot");
@@ -660,6 +660,26 @@ fn a_redis_cluster_carries_topics_on_sharded_pub_sub_and_survives_a_master_resta
     let want: Vec<String> = (0..20).map(|i| format!("solo-{i}")).collect();
     expect_in_order(&mut reader, &mut inbox, &want, "a topic whose slot moved under node A");
     assert_eq!(metric(&addr_a, "freeboard_backplane_lost_total{reason=\"refused\"}"), refused);
+    // And a slot moved before node A subscribes to its topic: the stale map sends the
+    // subscription to the old master, which answers `MOVED`; node A maps again and subscribes
+    // on the new one, and node B's publications (its map stale too) reach it.
+    let late = (0..)
+        .map(|i| format!("late{i}"))
+        .find(|t| cluster.owner(&format!("freeboard:{t}")) == to)
+        .unwrap();
+    let channel = format!("freeboard:{late}");
+    cluster.move_slot(&channel, to, from);
+    let (mut reader, mut inbox) = subscribe(&addr_a, &late);
+    let until = Instant::now() + Duration::from_secs(10);
+    while cluster.subscribers(from, &channel) != (1, 0) {
+        assert!(Instant::now() < until, "{channel}: node A never subscribed on the new master");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for i in 0..20 {
+        assert!(post(&addr_b, &late, &format!("late-{i}")).starts_with("HTTP/1.1 200"));
+    }
+    let want: Vec<String> = (0..20).map(|i| format!("late-{i}")).collect();
+    expect_in_order(&mut reader, &mut inbox, &want, "a topic subscribed on a stale map");
 
     // History on the cluster: the stream and the SPUBLISH in the script share a slot.
     let history = ["--history", "50", "--history-prefix", "h"];

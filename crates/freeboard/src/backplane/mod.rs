@@ -566,10 +566,14 @@ fn subscriber(
         if stale && Instant::now() >= next_map {
             match shards.refresh() {
                 Some(map) => {
+                    // Every shard thread goes over its subscriptions again, even if the map
+                    // is unchanged: a refused one is asked for again (at most every
+                    // `BACKOFF_MIN` while it is refused).
                     topology = Some(map);
                     stale = false;
                     dirty = true;
                     backoff = BACKOFF_MIN;
+                    next_map = Instant::now() + BACKOFF_MIN;
                 }
                 None => {
                     waiting.clear(); // their recoveries fail (503)
@@ -587,8 +591,11 @@ fn subscriber(
             // Each server's topics; a server that serves none has no thread.
             let mut assigned: HashMap<Arc<str>, HashSet<Arc<str>>> = HashMap::new();
             for topic in wanted.iter().chain(pins.keys()) {
-                if let Some(server) = map.node(channel(topic).as_bytes()) {
-                    assigned.entry(server.clone()).or_default().insert(topic.clone());
+                match map.node(channel(topic).as_bytes()) {
+                    Some(server) => {
+                        assigned.entry(server.clone()).or_default().insert(topic.clone());
+                    }
+                    None => stale = true, // a slot no master serves (yet)
                 }
             }
             threads.retain(|server, _| assigned.contains_key(server));
@@ -753,14 +760,15 @@ impl Shard {
         }
     }
 
-    /// Takes the latest assignment: whether it changed (and the topics to confirm); `None`
-    /// once there is none (the thread ends).
+    /// Takes the latest assignment: whether there was one, changed or not (after a new map,
+    /// subscriptions refused are asked for again), and the topics to confirm; `None` once
+    /// there is none (the thread ends).
     fn follow(&self, topics: &mut HashSet<Arc<str>>, confirms: &mut Vec<Arc<str>>) -> Option<bool> {
         let mut changed = false;
         loop {
             match self.assigned.try_recv() {
                 Ok(Assignment::Topics(latest)) => {
-                    changed |= latest != *topics;
+                    changed = true;
                     *topics = latest;
                 }
                 Ok(Assignment::Confirm(topic)) => confirms.push(topic),
