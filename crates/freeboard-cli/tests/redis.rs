@@ -285,6 +285,27 @@ fn enveloped(payload: &[u8]) -> (String, String) {
     (offset.to_owned(), message.to_owned())
 }
 
+/// Publishes "warm" to a history topic until the reader on another node and the publisher
+/// itself (a history topic's publications come back through Redis, with their offsets) have
+/// seen one: both nodes' subscriptions have reached Redis.
+fn warm_up_history(
+    publisher: &mut TcpStream,
+    own: &mut Inbox,
+    reader: &mut TcpStream,
+    inbox: &mut Inbox,
+) {
+    let mut writer = publisher.try_clone().unwrap();
+    for (conn, inbox) in [(reader, inbox), (publisher, own)] {
+        conn.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while !matches!(inbox.frame(conn), Ok(Some(_))) {
+            assert!(Instant::now() < until, "a node never subscribed in Redis");
+            writer.write_all(&text(b"warm")).unwrap();
+        }
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    }
+}
+
 /// Reads until `message` arrives; its offset.
 fn read_until(reader: &mut TcpStream, inbox: &mut Inbox, message: &str) -> String {
     loop {
@@ -309,17 +330,7 @@ fn history_in_redis_streams_recovers_a_reconnect_on_any_node_or_says_it_is_gone(
     // reading them back tells when Redis has kept them all.
     let (mut publisher, mut own) = subscribe(&addr_b, "feed");
     let (mut reader, mut inbox) = subscribe(&addr_a, "feed");
-    // Until A's subscription reached Redis.
-    reader.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    'warm: loop {
-        assert!(Instant::now() < until, "node A never subscribed in Redis");
-        publisher.write_all(&text(b"warm")).unwrap();
-        if let Ok(Some(_)) = inbox.frame(&mut reader) {
-            break 'warm;
-        }
-    }
-    reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    warm_up_history(&mut publisher, &mut own, &mut reader, &mut inbox);
     publisher.write_all(&text(b"m0")).unwrap();
     let since = read_until(&mut reader, &mut inbox, "m0");
     read_until(&mut publisher, &mut own, "m0");
@@ -688,13 +699,7 @@ fn a_redis_cluster_carries_topics_on_sharded_pub_sub_and_survives_a_master_resta
     for topic in ["h1", "h2", "h3"] {
         let (mut publisher, mut own) = subscribe(&addr_hb, topic);
         let (mut reader, mut inbox) = subscribe(&addr_ha, topic);
-        reader.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let until = Instant::now() + Duration::from_secs(10);
-        while !matches!(inbox.frame(&mut reader), Ok(Some(_))) {
-            assert!(Instant::now() < until, "{topic}: node A never subscribed");
-            publisher.write_all(&text(b"warm")).unwrap();
-        }
-        reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        warm_up_history(&mut publisher, &mut own, &mut reader, &mut inbox);
         publisher.write_all(&text(b"m0")).unwrap();
         let since = read_until(&mut reader, &mut inbox, "m0");
         drop(reader);

@@ -515,8 +515,9 @@ fn subscriber(
     // Pinned topics whose shard thread is to tell when they are subscribed.
     let mut to_confirm: Vec<Arc<str>> = Vec::new();
     let mut down: HashSet<Arc<str>> = HashSet::new();
-    let mut topology: Option<Arc<Topology>> = None;
-    let (mut stale, mut dirty) = (true, false);
+    // Mapped at once, so the first subscription need not wait for it.
+    let mut topology: Option<Arc<Topology>> = shards.refresh();
+    let (mut stale, mut dirty) = (topology.is_none(), false);
     let (mut backoff, mut next_map) = (BACKOFF_MIN, Instant::now());
     while !stop.load(Ordering::Acquire) {
         let mut next = changes.recv_timeout(Duration::from_millis(100));
