@@ -510,8 +510,8 @@ fn subscriber(
     let mut wanted: HashSet<Arc<str>> = HashSet::new();
     let mut pins: HashMap<Arc<str>, Instant> = HashMap::new();
     let mut waiting: Vec<(Arc<str>, SyncSender<()>)> = Vec::new();
-    // The shard threads, by server, with the topics they hold; servers that are down.
-    let mut threads: HashMap<Arc<str>, Sender<Assignment>> = HashMap::new();
+    // The shard threads, by server; servers that are down.
+    let mut threads: HashMap<Arc<str>, Arc<Mutex<Assignment>>> = HashMap::new();
     // Pinned topics whose shard thread is to tell when they are subscribed.
     let mut to_confirm: Vec<Arc<str>> = Vec::new();
     let mut down: HashSet<Arc<str>> = HashSet::new();
@@ -548,7 +548,9 @@ fn subscriber(
                             != Some(&server)
                     });
                     stale |= topology.as_ref().is_some_and(|t| t.cluster());
-                    down.insert(server);
+                    if threads.contains_key(&server) {
+                        down.insert(server); // else a thread that is ending
+                    }
                 }
                 Ok(Change::Stale) => stale = true,
                 Err(RecvTimeoutError::Timeout) => break,
@@ -599,21 +601,27 @@ fn subscriber(
                     None => stale = true, // a slot no master serves (yet)
                 }
             }
-            threads.retain(|server, _| assigned.contains_key(server));
+            threads.retain(|server, assignment| {
+                let keep = assigned.contains_key(server);
+                assignment.lock().unwrap_or_else(|e| e.into_inner()).ended = !keep;
+                keep
+            });
             down.retain(|server| assigned.contains_key(server));
             for (server, topics) in assigned {
-                if let Some(tx) = threads.get(&server) {
-                    let _ = tx.send(Assignment::Topics(topics));
+                if let Some(assignment) = threads.get(&server) {
+                    assignment.lock().unwrap_or_else(|e| e.into_inner()).topics = Some(topics);
                     continue;
                 }
-                let (tx, rx) = std::sync::mpsc::channel();
-                let _ = tx.send(Assignment::Topics(topics));
+                let assignment = Arc::new(Mutex::new(Assignment {
+                    topics: Some(topics),
+                    ..Assignment::default()
+                }));
                 let shard = Shard {
                     shards: shards.clone(),
                     server: server.clone(),
                     sharded: map.sharded,
                     node,
-                    assigned: rx,
+                    assigned: assignment.clone(),
                     events: events.clone(),
                     metrics: metrics.clone(),
                     history: history.clone(),
@@ -624,25 +632,29 @@ fn subscriber(
                     .name("freeboard-redis-sub".into())
                     .spawn(move || shard.run());
                 if spawned.is_ok() {
-                    threads.insert(server, tx);
+                    threads.insert(server, assignment);
                 }
             }
         }
         for topic in to_confirm.drain(..) {
-            if let Some(tx) = map.node(channel(&topic).as_bytes()).and_then(|s| threads.get(s)) {
-                let _ = tx.send(Assignment::Confirm(topic));
+            if let Some(a) = map.node(channel(&topic).as_bytes()).and_then(|s| threads.get(s)) {
+                a.lock().unwrap_or_else(|e| e.into_inner()).confirm.push(topic);
             }
         }
         metrics.set_backplane_up(down.is_empty());
     }
 }
 
-/// What the subscriber thread tells a shard thread.
-enum Assignment {
-    /// The topics to hold, each time they change.
-    Topics(HashSet<Arc<str>>),
-    /// Say when the topic's subscription is confirmed (at once if it is).
-    Confirm(Arc<str>),
+/// What the subscriber thread tells a shard thread, latest first: a thread that is slow to
+/// look finds one set of topics, not a queue of them.
+#[derive(Default)]
+struct Assignment {
+    /// The topics to hold, if they were given again since the thread last looked.
+    topics: Option<HashSet<Arc<str>>>,
+    /// Topics whose subscription to tell when confirmed (at once if it is).
+    confirm: Vec<Arc<str>>,
+    /// The server serves no subscribed topic now: the thread ends.
+    ended: bool,
 }
 
 /// The channel of a topic.
@@ -659,8 +671,7 @@ struct Shard {
     server: Arc<str>,
     sharded: bool,
     node: [u8; 16],
-    /// Closed when the server serves no subscribed topic.
-    assigned: Receiver<Assignment>,
+    assigned: Arc<Mutex<Assignment>>,
     events: Sender<Change>,
     metrics: Arc<Metrics>,
     history: Option<Arc<History>>,
@@ -765,21 +776,18 @@ impl Shard {
     /// subscriptions refused are asked for again), and the topics to confirm; `None` once
     /// there is none (the thread ends).
     fn follow(&self, topics: &mut HashSet<Arc<str>>, confirms: &mut Vec<Arc<str>>) -> Option<bool> {
-        let mut changed = false;
-        loop {
-            match self.assigned.try_recv() {
-                Ok(Assignment::Topics(latest)) => {
-                    changed = true;
-                    *topics = latest;
-                }
-                Ok(Assignment::Confirm(topic)) => confirms.push(topic),
-                Err(TryRecvError::Empty) => return Some(changed),
-                Err(TryRecvError::Disconnected) => {
-                    topics.iter().for_each(|t| self.forget(t));
-                    return None;
-                }
-            }
+        let mut assignment = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
+        if assignment.ended || self.stop.load(Ordering::Acquire) {
+            topics.iter().for_each(|t| self.forget(t));
+            return None;
         }
+        confirms.append(&mut assignment.confirm);
+        let latest = assignment.topics.take();
+        let given = latest.is_some();
+        if let Some(latest) = latest {
+            *topics = latest;
+        }
+        Some(given)
     }
 
     /// One value from Redis: a message to deliver, a request's reply, or a subscription the
