@@ -671,6 +671,7 @@ struct Shard {
     server: Arc<str>,
     sharded: bool,
     node: [u8; 16],
+    /// What the subscriber thread tells it.
     assigned: Arc<Mutex<Assignment>>,
     events: Sender<Change>,
     metrics: Arc<Metrics>,
