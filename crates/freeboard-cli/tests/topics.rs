@@ -3,46 +3,18 @@
 //! subscriber's cap is refused up front; a subscriber reconnecting with `?since=` gets what it
 //! missed from the topic's history, or close 4410.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use freeboard_test::{Inbox, frame};
 
+use common::Serve;
+
 /// Publications in the burst.
 const BURST: usize = 2000;
-
-/// A `freeboard serve` child and the address it listens on; killed on drop.
-struct Serve {
-    child: Child,
-    addr: String,
-}
-
-impl Serve {
-    fn spawn(extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64M"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let url = line.trim().rsplit(' ').next().unwrap().to_owned();
-        assert!(url.starts_with("ws://127.0.0.1:"), "{line}");
-        let addr = url.trim_start_matches("ws://").trim_end_matches('/').to_owned();
-        Self { child, addr }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A WebSocket on `path`, its 101 read.
 fn subscribe(addr: &str, path: &str) -> (TcpStream, Inbox) {
@@ -95,7 +67,7 @@ fn a_subscriber_that_keeps_up_gets_every_publication_under_every_policy() {
     let burst: Vec<u8> = (0..BURST).flat_map(|i| text(format!("m{i}").as_bytes())).collect();
     for policy in ["conflate", "drop-oldest", "drop-newest", "block", "close"] {
         for threads in ["1", "2"] {
-            let serve = Serve::spawn(&[
+            let serve = Serve::start(&[
                 "--client-publish",
                 "--threads",
                 threads,
@@ -130,7 +102,7 @@ fn a_subscriber_that_keeps_up_gets_every_publication_under_every_policy() {
 
 #[test]
 fn a_post_larger_than_a_subscriber_cap_is_refused_with_413() {
-    let serve = Serve::spawn(&["--topic-send-cap", "64K", "--threads", "1"]);
+    let serve = Serve::start(&["--topic-send-cap", "64K", "--threads", "1"]);
     let (mut reader, mut inbox) = subscribe(&serve.addr, "/topic/big");
     let post = |len: usize| {
         let mut s = TcpStream::connect(&serve.addr).unwrap();
@@ -165,7 +137,7 @@ fn upgrade_status(addr: &str, path: &str) -> String {
 #[test]
 fn topic_limits_refuse_clearly_and_are_counted() {
     let serve =
-        Serve::spawn(&["--threads", "2", "--max-topics-per-connection", "2", "--max-topics", "3"]);
+        Serve::start(&["--threads", "2", "--max-topics-per-connection", "2", "--max-topics", "3"]);
     // An also= list beyond the connection's limit: 400 at the upgrade.
     assert!(upgrade_status(&serve.addr, "/topic/a?also=b&also=c").starts_with("HTTP/1.1 400"));
     let (_ab, _) = subscribe(&serve.addr, "/topic/a?also=b");
@@ -202,7 +174,7 @@ fn sequence(offset: &str) -> u64 {
 #[test]
 fn a_reconnect_with_since_gets_what_it_missed_or_is_told_it_is_gone() {
     for threads in ["1", "2"] {
-        let serve = Serve::spawn(&[
+        let serve = Serve::start(&[
             "--client-publish",
             "--threads",
             threads,
@@ -284,7 +256,7 @@ fn keyed_conflate_keeps_every_instrument_for_a_slow_subscriber() {
         if keyed {
             args.extend(["--topic-conflate-key", "|"]);
         }
-        let serve = Serve::spawn(&args);
+        let serve = Serve::start(&args);
         let (mut reader, mut inbox) = subscribe_slow(&serve.addr, "/topic/ticks");
         let (mut publisher, mut own) = subscribe(&serve.addr, "/topic/ticks");
         warm_up(&mut publisher, &mut reader, &mut inbox);
