@@ -3,13 +3,16 @@
 //! Redis Cluster) on free loopback ports with `--save '' --appendonly no` and stops it by
 //! PID. Skipped, with a message, when `redis-server` is not on the PATH.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::Serve;
 use freeboard_test::{Inbox, frame};
 
 /// A child process killed (by PID) and reaped on drop.
@@ -53,30 +56,20 @@ fn redis(port: u16) -> Option<Process> {
 }
 
 /// A `freeboard serve` node on the Redis at `port`, and its address.
-fn node(port: u16) -> (Process, String) {
+fn node(port: u16) -> (Serve, String) {
     node_with(port, &[])
 }
 
 /// [`node`] with more arguments.
-fn node_with(port: u16, extra: &[&str]) -> (Process, String) {
+fn node_with(port: u16, extra: &[&str]) -> (Serve, String) {
     node_on(&format!("redis://127.0.0.1:{port}/"), extra)
 }
 
 /// A `freeboard serve` node on the Redis at `url` (seeds of a cluster when several).
-fn node_on(url: &str, extra: &[&str]) -> (Process, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64M", "--threads", "2"])
-        .args(["--client-publish", "--redis", url])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let url = line.trim().rsplit(' ').next().unwrap().to_owned();
-    let addr = url.trim_start_matches("ws://").trim_end_matches('/').to_owned();
-    (Process(child), addr)
+fn node_on(url: &str, extra: &[&str]) -> (Serve, String) {
+    let serve = Serve::start(&[&["--client-publish", "--redis", url][..], extra].concat());
+    let addr = serve.addr.clone();
+    (serve, addr)
 }
 
 /// A WebSocket on `/topic/{topic}`, its 101 read.
