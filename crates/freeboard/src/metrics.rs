@@ -465,7 +465,7 @@ pub struct Metrics {
     pub(crate) backplane_published: Counter,
     /// Publications of other nodes received from the Redis backplane.
     pub(crate) backplane_received: Counter,
-    /// 1 while the backplane's subscriber is connected to Redis.
+    /// 1 while Redis is mapped and every server holding this node's subscriptions is connected.
     pub(crate) backplane_up: Gauge,
     /// Subscriptions refused by a topic limit, by reason ([`TOPIC_REFUSAL_REASONS`]); an
     /// upgrade naming too many topics is counted in `refusals` (400).
@@ -705,7 +705,7 @@ impl Metrics {
         );
         r.register(
             "backplane_up",
-            "1 while the backplane's subscriber is connected to Redis",
+            "1 while Redis is mapped and every server holding the subscriptions is connected",
             m.backplane_up.clone(),
         );
         r.register(
@@ -963,7 +963,7 @@ impl Metrics {
         self.topic_refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
     }
 
-    /// Whether the backplane's subscriber is connected.
+    /// Whether Redis is mapped and the servers holding the subscriptions are connected.
     pub(crate) fn set_backplane_up(&self, up: bool) {
         self.backplane_up.set(i64::from(up));
     }
