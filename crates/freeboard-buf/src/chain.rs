@@ -288,6 +288,21 @@ impl ChunkChain {
         Ok(())
     }
 
+    /// Links `frame` as a new message in one new segment, flagged as its start, if the frame
+    /// is one segment and a slot is free; `false` (nothing changed, nothing counted) otherwise.
+    #[inline]
+    pub(crate) fn link_single_segment(&mut self, slab: &mut Slab<'_>, frame: &Frame) -> bool {
+        let head = frame.chain.head;
+        if head == NIL || head != frame.chain.tail || !slab.segment_available() {
+            return false;
+        }
+        let src = slab.segment(head);
+        let Ok(seg) = slab.alloc_segment(src.chunk(), src.start, src.end) else { return false };
+        slab.segment_mut(seg).mark_message_start(false);
+        self.link_back(slab, seg);
+        true
+    }
+
     #[inline]
     fn link_back(&mut self, slab: &mut Slab<'_>, seg: u32) {
         let len = slab.segment(seg).len();

@@ -861,14 +861,18 @@ impl<'p> Slab<'p> {
         start: u32,
         end: u32,
     ) -> Result<u32, PoolError> {
-        if self.state.free_segment == NIL
-            && self.state.fresh_segment as usize >= self.segments.len()
-        {
+        if !self.segment_available() {
             self.state.allocation_failures += 1;
             return Err(PoolError::SegmentsExhausted);
         }
         self.add_ref(chunk)?;
         self.alloc_segment_owning(chunk, start, end)
+    }
+
+    /// Whether a segment slot is free.
+    #[inline]
+    pub(crate) fn segment_available(&self) -> bool {
+        self.state.free_segment != NIL || (self.state.fresh_segment as usize) < self.segments.len()
     }
 
     /// Takes a segment slot for a chunk just allocated, inheriting its first reference.

@@ -229,7 +229,18 @@ impl SendQueue {
     /// Queues a shared frame by reference (zero-copy broadcast).
     #[inline]
     pub fn push_frame(&mut self, pool: &mut Pool<'_>, frame: &Frame) -> Pushed {
-        self.push_with(pool, frame.len(), |chain, pool| chain.link_frame(pool, frame))
+        let len = frame.len();
+        if self.keeps_every_message(len) {
+            // A fan-out's usual delivery: a frame in one segment, taken whole or not at all by
+            // one slot, so there is nothing to roll back.
+            let mut slab = pool.slab();
+            if self.chain.link_single_segment(&mut slab, frame) {
+                self.messages += 1;
+                let outcome = self.queued();
+                return Pushed { outcome, writability: self.watermarks.observe(self.len()) };
+            }
+        }
+        self.push_with(pool, len, |chain, pool| chain.link_frame(pool, frame))
     }
 
     /// Queues one message made of copied bytes and referenced frames, in order.
@@ -409,12 +420,7 @@ impl SendQueue {
     ) -> Pushed {
         let outcome = if len == 0 {
             self.queued() // nothing to store; an empty message would have no segment to mark
-        } else if self.len().saturating_add(len) <= self.watermarks.cap()
-            && (self.policy != SlowConsumerPolicy::Conflate || self.is_writable())
-        {
-            // The common case: under the cap there is nothing to decide. A conflating queue
-            // that keeps up (writable: not above its high watermark since it last fell to its
-            // low one) keeps every message too; only one that is behind is conflated.
+        } else if self.keeps_every_message(len) {
             match self.store(pool, false, &append) {
                 Ok(_) => self.queued(),
                 Err(_) => self.pool_exhausted(pool, len, 0, 0, append),
@@ -440,6 +446,17 @@ impl SendQueue {
             self.apply_policy(pool, len, append)
         };
         Pushed { outcome, writability: self.watermarks.observe(self.len()) }
+    }
+
+    /// Whether a message of `len` bytes (not empty) is simply stored: the common case, where
+    /// under the cap there is nothing to decide. A conflating queue that keeps up (writable:
+    /// not above its high watermark since it last fell to its low one) keeps every message
+    /// too; only one that is behind is conflated.
+    #[inline]
+    fn keeps_every_message(&self, len: usize) -> bool {
+        len > 0
+            && self.len().saturating_add(len) <= self.watermarks.cap()
+            && (self.policy != SlowConsumerPolicy::Conflate || self.is_writable())
     }
 
     /// A message that would take the queue past its cap, or any message to a `Conflate` queue

@@ -280,6 +280,34 @@ impl Connection {
             self.timers.set(Timer::KeepAlive, now + interval);
             self.timers.stop(Timer::PongDeadline);
         }
+        if self.rx.frame.is_none()
+            && self.rx.header_len == 0
+            && self.rx.message.is_none()
+            && let Some((header_len, len, kind)) = self.whole_frame(buf)
+        {
+            // The common frame, all in this read: what the general path below would do for
+            // it, without the states a frame cut by the read needs.
+            let (header, rest) = buf.split_at_mut(header_len);
+            let data = &mut rest[..len];
+            if self.role == Role::Server
+                && let Some(&key) = header.last_chunk::<4>()
+            {
+                // A server's frames are masked: the header ends with the key.
+                apply_mask(data, key, 0);
+            }
+            if kind == MessageKind::Text {
+                self.rx.utf8.feed(data, true).map_err(|e| self.fail(e))?;
+            }
+            let payload = Payload {
+                data,
+                kind,
+                compressed: false,
+                message_start: true,
+                frame_fin: true,
+                message_fin: true,
+            };
+            return Ok(Input { consumed: header_len + len, payload: Some(payload) });
+        }
         let mut consumed = 0;
         let frame = match self.rx.frame {
             Some(frame) => frame,
@@ -476,6 +504,29 @@ impl Connection {
         Ok(n)
     }
 
+    /// The header of a whole data message of `payload_len` bytes in one frame (FIN set), with
+    /// `rsv` as in [`send_header_rsv`](Self::send_header_rsv): the first `n` bytes of the
+    /// array, and `n`. The common send, with no output slice to check.
+    #[inline]
+    pub fn message_header(
+        &mut self,
+        kind: MessageKind,
+        rsv: u8,
+        payload_len: u64,
+        mask: Option<[u8; 4]>,
+    ) -> Result<([u8; MAX_HEADER_LEN], usize), UsageError> {
+        if rsv & !self.config.allowed_rsv != 0 {
+            return Err(UsageError::ReservedBits(rsv));
+        }
+        let opcode = match kind {
+            MessageKind::Text => OpCode::Text,
+            MessageKind::Binary => OpCode::Binary,
+        };
+        // NOTE: a whole message leaves no message in progress.
+        self.next_tx_message(opcode, true, mask)?;
+        Ok(FrameHeader { fin: true, rsv, opcode, mask, payload_len }.to_bytes())
+    }
+
     /// Writes a whole data frame — header and (masked) payload — into `out`; see
     /// [`send_header`](Self::send_header).
     pub fn send_frame(
@@ -578,6 +629,38 @@ impl Connection {
             return Err(UsageError::AfterClose);
         }
         encode_frame(opcode, true, payload, mask, out)
+    }
+
+    /// The frame nearly every message is, when all of it is at the front of `buf`: one
+    /// unfragmented text or binary frame without RSV bits, masked as the role requires, of at
+    /// most 65,535 bytes within the size limits. Returns its header length, payload length and
+    /// kind; `None` leaves the frame (and every error) to the general path. Call only with no
+    /// frame, header or message in progress.
+    #[inline]
+    fn whole_frame(&self, buf: &[u8]) -> Option<(usize, usize, MessageKind)> {
+        let [b0, b1, rest @ ..] = buf else { return None };
+        let kind = match *b0 {
+            0x81 => MessageKind::Text,
+            0x82 => MessageKind::Binary,
+            _ => return None,
+        };
+        let masked = b1 & 0x80 != 0;
+        if masked != (self.role == Role::Server) {
+            return None;
+        }
+        let (len, len_bytes) = match b1 & 0x7f {
+            // §5.2: "the minimal number of bytes MUST be used": a shorter one is an error the
+            // general path reports.
+            126 => match u16::from_be_bytes(*rest.first_chunk::<2>()?) {
+                len @ 126.. => (usize::from(len), 2),
+                _ => return None,
+            },
+            127 => return None,
+            len => (usize::from(len), 0),
+        };
+        let header_len = 2 + len_bytes + if masked { 4 } else { 0 };
+        let fits = len as u64 <= self.config.max_frame_size.min(self.config.max_message_size);
+        (fits && buf.len() >= header_len + len).then_some((header_len, len, kind))
     }
 
     /// Reads a frame header from `buf` (after any bytes kept from the previous input).

@@ -176,31 +176,42 @@ impl FrameHeader {
     /// returns its length.
     #[inline]
     pub fn encode(&self, out: &mut [u8]) -> Result<usize, InsufficientSize> {
-        let required = self.len();
+        let (bytes, required) = self.to_bytes();
         let Some(out) = out.get_mut(..required) else {
             return Err(InsufficientSize { required });
         };
+        out.copy_from_slice(&bytes[..required]);
+        Ok(required)
+    }
+
+    /// The header in the minimal length encoding: the first `n` bytes of the array, and `n`.
+    #[inline]
+    pub fn to_bytes(&self) -> ([u8; MAX_HEADER_LEN], usize) {
+        let mut out = [0; MAX_HEADER_LEN];
         out[0] = (u8::from(self.fin) << 7) | ((self.rsv & 0b111) << 4) | self.opcode.bits();
         let mask_bit = if self.mask.is_some() { field::MASK } else { 0 };
-        let mut at = 2;
-        match self.payload_len {
+        let mut at = match self.payload_len {
             // NOTE(truncation): each arm's range fits the width it casts to.
-            len @ 0..=125 => out[1] = mask_bit | len as u8,
+            len @ 0..=125 => {
+                out[1] = mask_bit | len as u8;
+                2
+            }
             len @ 126..=0xffff => {
                 out[1] = mask_bit | field::LEN16_MARK;
                 out[2..4].copy_from_slice(&(len as u16).to_be_bytes());
-                at = 4;
+                4
             }
             len => {
                 out[1] = mask_bit | field::LEN64_MARK;
                 out[2..10].copy_from_slice(&len.to_be_bytes());
-                at = 10;
+                10
             }
-        }
+        };
         if let Some(key) = self.mask {
             out[at..at + 4].copy_from_slice(&key);
+            at += 4;
         }
-        Ok(required)
+        (out, at)
     }
 }
 

@@ -23,6 +23,8 @@ use crate::tls::TlsStream;
 
 /// Slices per `writev`: 256 segments cover 1 MiB of 4 KiB chunks.
 const IOV: usize = 256;
+/// Slices of the first try at a `writev`, enough for a queue of a few messages.
+const SHORT_IOV: usize = 16;
 
 /// A byte stream under a session, registered with the loop's `Poll`.
 pub(crate) trait Transport: mio::event::Source + Sized {
@@ -82,10 +84,17 @@ impl Transport for TcpStream {
     }
 
     fn write_queue(&mut self, session: &mut Session, io: &mut Io<'_>) -> io::Result<(usize, bool)> {
-        let mut iov = [IoSlice::new(&[]); IOV];
-        let n = session.io_slices(io.pool, &mut iov);
-        let offered: usize = iov[..n].iter().map(|s| s.len()).sum();
-        let written = Write::write_vectored(self, &iov[..n])?;
+        // Most writes carry a few segments: an array of IOV slices costs more to clear than
+        // they take to write, so it is built only when the short one is not enough.
+        let mut short = [IoSlice::new(&[]); SHORT_IOV];
+        let n = session.io_slices(io.pool, &mut short);
+        let (written, offered) = if n < SHORT_IOV {
+            write_slices(self, &short[..n])?
+        } else {
+            let mut iov = [IoSlice::new(&[]); IOV];
+            let n = session.io_slices(io.pool, &mut iov);
+            write_slices(self, &iov[..n])?
+        };
         session.consume(io.pool, written);
         Ok((written, written == offered))
     }
@@ -97,6 +106,12 @@ impl Transport for TcpStream {
     fn shutdown_write(&mut self, _io: &mut Io<'_>) -> io::Result<()> {
         self.shutdown(Shutdown::Write)
     }
+}
+
+/// Writes `iov`; returns the bytes the socket took and the bytes offered.
+fn write_slices(tcp: &mut TcpStream, iov: &[IoSlice<'_>]) -> io::Result<(usize, usize)> {
+    let offered = iov.iter().map(|s| s.len()).sum();
+    Ok((Write::write_vectored(tcp, iov)?, offered))
 }
 
 /// A server connection's transport: plain TCP or TLS over TCP.

@@ -22,7 +22,7 @@ use super::tls::ClientStream;
 use super::{ClientConfig, ClientError, ReadyState, Target};
 use crate::session::deflate::{self, Agreement, Codec, Deflate, NegotiationError};
 use crate::session::{
-    Closed, MaskSource, Reassembler, Reassembly, Received, SendOutcome, frame_header, queue_control,
+    Closed, MaskSource, Reassembler, Reassembly, Received, SendOutcome, queue_control,
 };
 
 /// The smallest message the send pool has a segment slot for at every byte of the cap:
@@ -363,7 +363,7 @@ impl Client {
     ) -> Result<SendOutcome, ClientError> {
         let mask = self.masks.next();
         let (header, header_len) =
-            frame_header(&mut self.conn, kind, rsv, payload.bytes().len(), Some(mask))
+            self.conn.message_header(kind, rsv, payload.bytes().len() as u64, Some(mask))
                 .map_err(ClientError::Usage)?;
         let mut out = self.out.lock();
         let oversized = header_len + payload.bytes().len() > out.queue.watermarks().cap();

@@ -1,23 +1,7 @@
-//! The send half's framing: headers of whole messages, the control frames the core owes,
-//! and a client's masking keys.
+//! The send half's framing: the control frames the core owes, and a client's masking keys.
 
 use freeboard_buf::{Limit, MAX_CONTROL_FRAME, Pool, SendQueue, Writability};
-use freeboard_proto::frame::MAX_HEADER_LEN;
-use freeboard_proto::{Connection, MessageKind, OpCode, UsageError};
-
-/// Frames the header of a whole data message of `len` bytes, masked with `mask` (a client's),
-/// with `rsv` on its (only) frame: RSV1 for a compressed message, else 0.
-pub(crate) fn frame_header(
-    ws: &mut Connection,
-    kind: MessageKind,
-    rsv: u8,
-    len: usize,
-    mask: Option<[u8; 4]>,
-) -> Result<([u8; MAX_HEADER_LEN], usize), UsageError> {
-    let mut header = [0u8; MAX_HEADER_LEN];
-    let n = ws.send_header_rsv(opcode(kind), true, rsv, len as u64, mask, &mut header)?;
-    Ok((header, n))
-}
+use freeboard_proto::Connection;
 
 /// Moves every control frame the core owes (pong, ping, close) into `queue`, masked when
 /// `masks` is given; returns the last watermark crossing they caused. Control frames may
@@ -34,14 +18,6 @@ pub(crate) fn queue_control(
         let mask = masks.as_deref_mut().map(MaskSource::next);
         let Ok(Some(n)) = ws.poll_transmit(mask, &mut out) else { return Ok(change) };
         change = queue.push_control(pool, &[&out[..n]])?.or(change);
-    }
-}
-
-/// The data opcode of a message kind.
-pub(crate) fn opcode(kind: MessageKind) -> OpCode {
-    match kind {
-        MessageKind::Text => OpCode::Text,
-        MessageKind::Binary => OpCode::Binary,
     }
 }
 

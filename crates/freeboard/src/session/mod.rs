@@ -44,7 +44,7 @@ mod share;
 mod tests;
 
 pub(crate) use cork::Cork;
-pub(crate) use framing::{MaskSource, frame_header, queue_control, truncate};
+pub(crate) use framing::{MaskSource, queue_control, truncate};
 pub(crate) use inbound::{Assembly, Reassembler, Reassembly, Received};
 pub(crate) use share::Share;
 use share::Verdict;
@@ -431,7 +431,7 @@ impl Session {
             }
             None => (data, 0),
         };
-        let header = frame_header(ws, kind, rsv, data.len(), mask);
+        let header = ws.message_header(kind, rsv, data.len() as u64, mask);
         let outcome = header.ok().map(|(header, n)| self.queue_framed(cx, &header, n, data, mask));
         if let (Some(scratch), Some(codec)) = (compressed, cx.codec.as_deref_mut()) {
             codec.put_scratch(scratch);
