@@ -59,6 +59,7 @@ pub(crate) struct Reassembler {
 impl Reassembler {
     /// Takes one piece of a data message from the core. A message that does not fit closes
     /// the connection with the limits' code rather than reach the application truncated.
+    #[inline]
     pub(crate) fn piece<'b>(
         &mut self,
         pool: &mut Pool<'static>,
@@ -70,6 +71,19 @@ impl Reassembler {
         if piece.message_start && piece.message_fin {
             return Some(Received::Whole(piece.kind, piece.data));
         }
+        self.fragment(pool, limits, now, ws, piece)
+    }
+
+    /// [`piece`](Self::piece) for a message in several pieces.
+    #[inline(never)]
+    fn fragment<'b>(
+        &mut self,
+        pool: &mut Pool<'static>,
+        limits: &Reassembly,
+        now: Instant,
+        ws: &mut Connection,
+        piece: Payload<'b>,
+    ) -> Option<Received<'b>> {
         if self.discarding {
             self.discarding = !piece.message_fin;
             return None;

@@ -419,10 +419,12 @@ impl Session {
         let Phase::Open(open) = &mut self.phase else { return None };
         let ws = cx.lot.wake(&mut open.ws);
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
-        let compressed = match (self.deflate.as_deref_mut(), cx.codec.as_deref_mut()) {
-            (Some(deflate), Some(codec)) => deflate.compress(cx.pool, codec, data),
-            _ => None,
+        let (Some(deflate), Some(codec)) = (self.deflate.as_deref_mut(), cx.codec.as_deref_mut())
+        else {
+            let (header, n) = ws.message_header(kind, 0, data.len() as u64, mask).ok()?;
+            return Some(self.queue_framed(cx, &header, n, data, mask));
         };
+        let compressed = deflate.compress(cx.pool, codec, data);
         let (data, rsv) = match &compressed {
             Some(compressed) => {
                 // RFC 7692 §6: RSV1 marks a compressed message's first frame.
