@@ -264,6 +264,7 @@ impl Connection {
     ///
     /// A protocol error fails the connection: the close frame for it is queued, the state
     /// becomes [`State::Closed`] and later input is ignored.
+    #[inline]
     pub fn handle_input<'a>(
         &mut self,
         now: Instant,
@@ -308,6 +309,13 @@ impl Connection {
             };
             return Ok(Input { consumed: header_len + len, payload: Some(payload) });
         }
+        self.read_piece(buf)
+    }
+
+    /// [`handle_input`](Self::handle_input) for every frame but the common one: a header cut
+    /// by the end of a read, a frame in several reads, a fragment, a control frame, an error.
+    #[inline(never)]
+    fn read_piece<'a>(&mut self, buf: &'a mut [u8]) -> Result<Input<'a>, ProtocolError> {
         let mut consumed = 0;
         let frame = match self.rx.frame {
             Some(frame) => frame,

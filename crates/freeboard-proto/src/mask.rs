@@ -13,7 +13,8 @@ pub fn apply_mask(data: &mut [u8], key: [u8; 4], offset: usize) {
     // 32 bytes at a time against the key repeated over a fixed-size array, which the compiler
     // turns into 16-byte vector XORs (SSE2, NEON) with unaligned loads, from wherever `data`
     // starts; then eight bytes at a time, then single bytes. Every step consumes a multiple
-    // of 4 bytes, so the key stays aligned.
+    // of 4 bytes, so the key stays aligned. The key is kept as one word, which costs fewer
+    // registers than its bytes.
     let lane: [u8; 32] = core::array::from_fn(|i| key[i & 3]);
     let mut blocks = data.chunks_exact_mut(32);
     for block in &mut blocks {
@@ -23,16 +24,15 @@ pub fn apply_mask(data: &mut [u8], key: [u8; 4], offset: usize) {
             *byte ^= k;
         }
     }
-    let [a, b, c, d] = key;
-    let word = u64::from_ne_bytes([a, b, c, d, a, b, c, d]);
+    let word = u64::from(u32::from_ne_bytes(key)) * 0x1_0000_0001;
     let mut words = blocks.into_remainder().chunks_exact_mut(8);
     for bytes in &mut words {
         // NOTE(unwrap): chunks_exact_mut(8) yields exactly 8 bytes.
         let bytes: &mut [u8; 8] = bytes.try_into().unwrap();
         *bytes = (u64::from_ne_bytes(*bytes) ^ word).to_ne_bytes();
     }
-    for (i, byte) in words.into_remainder().iter_mut().enumerate() {
-        *byte ^= key[i & 3];
+    for (byte, k) in words.into_remainder().iter_mut().zip(lane) {
+        *byte ^= k;
     }
 }
 
@@ -43,8 +43,11 @@ pub fn apply_mask_reference(data: &mut [u8], key: [u8; 4], offset: usize) {
     }
 }
 
+/// `key` as seen from byte `by` of the payload on: the key's bytes turned left by `by % 4`.
 fn rotate(key: [u8; 4], by: usize) -> [u8; 4] {
-    [key[by & 3], key[(by + 1) & 3], key[(by + 2) & 3], key[(by + 3) & 3]]
+    let turn = 8 * (by as u32 & 3);
+    let word = u32::from_le_bytes(key);
+    word.rotate_right(turn).to_le_bytes()
 }
 
 #[cfg(test)]
