@@ -443,6 +443,7 @@ impl Session {
 
     /// Queues a framed data message, `header[..n]` then `data` masked with `mask` (a
     /// client's): into the driver's cork while the queue is empty, else into pool chunks.
+    #[inline]
     fn queue_framed(
         &mut self,
         cx: &mut Context<'_>,
@@ -466,8 +467,22 @@ impl Session {
                 cork.push(header, n, data);
                 return PushOutcome::Queued;
             }
-            self.spill_cork(cx);
         }
+        self.queue_chunks(cx, header, n, data, mask)
+    }
+
+    /// [`queue_framed`](Self::queue_framed) into pool chunks, after what the cork holds.
+    #[inline(never)]
+    fn queue_chunks(
+        &mut self,
+        cx: &mut Context<'_>,
+        header: &[u8; MAX_HEADER_LEN],
+        n: usize,
+        data: &[u8],
+        mask: Option<[u8; 4]>,
+    ) -> PushOutcome {
+        self.spill_cork(cx);
+        let bytes = n + data.len();
         self.push(cx, bytes, |queue, pool| match mask {
             None => queue.push_message(pool, &[&header[..n], data]),
             Some(mask) => queue.push_message_with(pool, &header[..n], data, |dst, src, offset| {
@@ -494,6 +509,7 @@ impl Session {
     /// Pushes a message of `bytes` as the pool's [`Share`] allows, notes what it did to the
     /// watermarks, and closes with 1008 when the `close` policy says this peer cannot keep
     /// up.
+    #[inline]
     fn push(
         &mut self,
         cx: &mut Context<'_>,

@@ -71,6 +71,7 @@ impl Share {
     /// Whether `bytes` may join the cork unjudged: the pool is not contended and they cannot
     /// reach the floor. Under contention every message is judged against its own queue, so a
     /// peer that is behind meets its policy message by message, as without a cork.
+    #[inline]
     pub(crate) fn uncontended(&self, pool: &Pool<'_>, bytes: usize) -> bool {
         pool.chunks_free() >= self.contended_chunks
             && pool.segments_total() - pool.segments_in_use() >= self.contended_slots
@@ -79,10 +80,17 @@ impl Share {
 
     /// Judges a push of `bytes` (header included) onto `queue`. Costs two comparisons while
     /// the pool is not contended.
+    #[inline]
     pub(crate) fn judge(&self, pool: &Pool<'_>, queue: &SendQueue, bytes: usize) -> Verdict {
         if self.uncontended(pool, bytes) {
             return Verdict::Fits;
         }
+        self.judge_contended(pool, queue, bytes)
+    }
+
+    /// [`judge`](Self::judge) while the pool is contended.
+    #[inline(never)]
+    fn judge_contended(&self, pool: &Pool<'_>, queue: &SendQueue, bytes: usize) -> Verdict {
         let free_chunks = pool.chunks_free();
         let free_slots = pool.segments_total() - pool.segments_in_use();
         let chunk = pool.chunk_size();
