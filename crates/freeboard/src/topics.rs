@@ -291,6 +291,13 @@ impl Hub {
         Stamp { head, head_len, envelope }
     }
 
+    /// The bytes `topic`'s messages carry in front of their payload (an offset's envelope
+    /// when the topic keeps history; at most this many).
+    pub(crate) fn envelope_room(&self, topic: &str) -> usize {
+        let kept = self.history.as_ref().is_some_and(|h| h.applies(topic));
+        if kept { crate::history::Envelope::MAX } else { 0 }
+    }
+
     /// What a subscriber of `topic` that last saw offset `since` missed (nothing if the topic
     /// keeps no history).
     pub(crate) fn recover(&self, topic: &str, since: &str) -> Recovery {
