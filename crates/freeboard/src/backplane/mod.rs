@@ -230,15 +230,21 @@ impl Backplane {
     }
 
     /// Queues a publication of this node for the other nodes (`kept`: for every node, this
-    /// one too, once Redis has kept it and given it its offset); counted as lost if the queue
-    /// is full.
-    pub(crate) fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8], kept: bool) {
+    /// one too, once Redis has kept it and given it its offset); `false`, counted as lost, if
+    /// the queue is full.
+    pub(crate) fn publish(
+        &self,
+        topic: &str,
+        kind: MessageKind,
+        payload: &[u8],
+        kept: bool,
+    ) -> bool {
         let len = payload.len() + if kept { 1 } else { 18 };
         let before = self.queued.fetch_add(len, Ordering::AcqRel);
         if before + len > self.queue_bytes && before > 0 {
             self.queued.fetch_sub(len, Ordering::AcqRel);
             self.metrics.backplane_lost("queue_full", 1);
-            return;
+            return false;
         }
         let kind = match kind {
             MessageKind::Text => b't',
@@ -253,7 +259,9 @@ impl Backplane {
         if self.outgoing.try_send(Outgoing { channel, kept, message }).is_err() {
             self.queued.fetch_sub(len, Ordering::AcqRel);
             self.metrics.backplane_lost("queue_full", 1);
+            return false;
         }
+        true
     }
 }
 
