@@ -3,7 +3,7 @@
 use freeboard_proto::mask::{apply_mask, apply_mask_reference};
 use freeboard_proto::utf8::Utf8Validator;
 use freeboard_proto::{Config, FrameHeader, MessageKind, OpCode, Role};
-use freeboard_test::{Chunker, Endpoint, Pair, Side};
+use freeboard_test::{Chunker, Endpoint, LengthField, Pair, RawHeader, Side, TEST_MASK};
 use proptest::prelude::*;
 
 /// One step of a sender's script.
@@ -21,6 +21,19 @@ fn op() -> impl Strategy<Value = Op> {
         (any::<bool>(), prop_oneof![text, bytes.clone()]).prop_map(|(b, p)| Op::Message(b, p)),
         prop::collection::vec(bytes.clone(), 1..5).prop_map(Op::Fragmented),
         prop::collection::vec(0u8..128, 0..40).prop_map(Op::Ping),
+    ]
+}
+
+/// A frame's first byte: mostly whole text and binary frames, then fragments and anything.
+fn first_byte() -> impl Strategy<Value = u8> {
+    prop_oneof![4 => Just(0x81u8), 4 => Just(0x82), 1 => Just(0x01), 1 => Just(0x80), 2 => any::<u8>()]
+}
+
+/// A payload: valid UTF-8 or any bytes, across the 7- and 16-bit length classes.
+fn payload() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        any::<String>().prop_map(String::into_bytes),
+        prop::collection::vec(any::<u8>(), 0..300),
     ]
 }
 
@@ -86,6 +99,33 @@ proptest! {
         let mut cut_up = Endpoint::new(role, Config::default());
         cut_up.feed(Default::default(), &bytes, &Chunker::Max(cut));
         prop_assert_eq!(whole.records, cut_up.records);
+    }
+
+    /// Whole frames read at once (the core's fast path) and a byte at a time (its general
+    /// path) give the same records at the size limits, with invalid text and with
+    /// non-minimal lengths: masked frames of every first byte, length and length field.
+    #[test]
+    fn whole_frames_agree_with_the_general_path(
+        frames in prop::collection::vec((first_byte(), payload(), 0usize..3), 1..6),
+        limit in 60u64..400,
+    ) {
+        let mut bytes = Vec::new();
+        for (first, payload, field) in &frames {
+            let mut header = RawHeader::new(*first, payload.len() as u64, TEST_MASK);
+            header.length_field = [LengthField::Minimal, LengthField::Bits16, LengthField::Bits64][*field];
+            let mut out = [0; 14];
+            let n = header.encode(&mut out).unwrap();
+            bytes.extend_from_slice(&out[..n]);
+            let at = bytes.len();
+            bytes.extend_from_slice(payload);
+            apply_mask(&mut bytes[at..], TEST_MASK.unwrap(), 0);
+        }
+        let config = Config::builder().max_message_size(limit).build();
+        let mut whole = Endpoint::new(Role::Server, config);
+        whole.feed(Default::default(), &bytes, &Chunker::Whole);
+        let mut bytewise = Endpoint::new(Role::Server, config);
+        bytewise.feed(Default::default(), &bytes, &Chunker::Max(1));
+        prop_assert_eq!(whole.records, bytewise.records);
     }
 
     /// Parking the connection whenever it is idle between reads changes nothing observable:

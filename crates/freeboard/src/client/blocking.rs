@@ -362,9 +362,10 @@ impl Client {
         payload: Payload<'_>,
     ) -> Result<SendOutcome, ClientError> {
         let mask = self.masks.next();
-        let (header, header_len) =
-            self.conn.message_header(kind, rsv, payload.bytes().len() as u64, Some(mask))
-                .map_err(ClientError::Usage)?;
+        let (header, header_len) = self
+            .conn
+            .message_header(kind, rsv, payload.bytes().len() as u64, Some(mask))
+            .map_err(ClientError::Usage)?;
         let mut out = self.out.lock();
         let oversized = header_len + payload.bytes().len() > out.queue.watermarks().cap();
         if oversized && !out.is_clear() {
