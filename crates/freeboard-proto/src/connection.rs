@@ -264,7 +264,10 @@ impl Connection {
     ///
     /// A protocol error fails the connection: the close frame for it is queued, the state
     /// becomes [`State::Closed`] and later input is ignored.
-    #[inline]
+    // Always inline: the compiler declines a plain `#[inline]` here, and inlined the common
+    // frame's result need not pass through memory (callgrind, with the session's
+    // `queue_framed` likewise: 657 → 641 instructions per 64 B echo).
+    #[inline(always)]
     pub fn handle_input<'a>(
         &mut self,
         now: Instant,
