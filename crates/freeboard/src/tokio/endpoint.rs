@@ -10,7 +10,7 @@ use slab::Slab;
 use crate::config::ConfigError;
 use crate::metrics::Metrics;
 use crate::parking::ParkingLot;
-use crate::session::{Context, MaskSource, Reassembly, Share};
+use crate::session::{Context, Cork, MaskSource, Reassembly, Share};
 use crate::topics::{self, LocalTopics};
 
 use super::fan_out::Subscriber;
@@ -153,6 +153,12 @@ pub(super) struct Hub {
     pub(super) spare: Vec<Box<[u8]>>,
     /// Read buffers held by connections now.
     pub(super) reading: usize,
+    /// Corks no connection holds (a connection holds one from a read until its replies are
+    /// written).
+    pub(super) spare_corks: Vec<Box<Cork>>,
+    /// What a server connection's partial message may take from the pool (a client's is
+    /// [`Reassembly::CLIENT`]).
+    server_limits: Reassembly,
 }
 
 impl Endpoint {
@@ -182,6 +188,8 @@ impl Endpoint {
                 fan_out: Vec::new(),
                 spare: Vec::new(),
                 reading: 0,
+                spare_corks: Vec::new(),
+                server_limits: Reassembly::server(config.connection_reserve),
             }),
             topics: topics::Hub::new(&[], 1, config.max_topics, None, metrics),
             protocol: config.protocol,
@@ -243,22 +251,26 @@ impl Hub {
     }
 
     /// What a session borrows for one call.
+    /// `cork`: the connection's, while it holds one.
     pub(super) fn cx<'a>(
         &'a mut self,
         role: Role,
-        limits: &'a Reassembly,
         now: Instant,
+        cork: Option<&'a mut Cork>,
     ) -> Context<'a> {
         Context {
             pool: &mut self.pool,
             lot: &mut self.lot,
             masks: if role == Role::Client { Some(&mut self.masks) } else { None },
-            limits,
+            limits: match role {
+                Role::Server => &self.server_limits,
+                Role::Client => &Reassembly::CLIENT,
+            },
             share: &self.share,
             // permessage-deflate is declined at this driver's handshakes, so no session
             // here compresses.
             codec: None,
-            cork: None,
+            cork,
             now,
         }
     }

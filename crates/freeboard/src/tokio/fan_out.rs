@@ -22,10 +22,10 @@ pub(super) trait Subscriber: Send + Sync {
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Subscriber for Shared<S> {
     fn deliver(&self, frame: &Frame) -> Option<bool> {
-        let mut conn = self.lock();
+        let mut guard = self.lock();
+        let conn = &mut *guard;
         let mut hub = self.endpoint.lock();
-        let (role, limits, now) = (conn.role, conn.limits, conn.read_at);
-        let cx = &mut hub.cx(role, &limits, now);
+        let cx = &mut hub.cx(conn.role, conn.read_at, conn.cork.as_deref_mut());
         let outcome = conn.session.send_frame(cx, frame)?;
         conn.note_close();
         conn.schedule_write(&mut hub);

@@ -69,7 +69,7 @@ use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State, UsageError};
 use crate::SendOutcome;
 use crate::client::CloseEvent;
 use crate::parking::Ws;
-use crate::session::{Reassembly, Session};
+use crate::session::{Cork, Session};
 
 #[cfg(feature = "axum")]
 pub mod axum;
@@ -198,12 +198,16 @@ struct Conn<S> {
     io: S,
     session: Session,
     role: Role,
-    limits: Reassembly,
-    protocol: Option<String>,
+    protocol: Option<Box<str>>,
     /// Read bytes not yet parsed, in a buffer lent by the endpoint. `None` when idle.
     input: Option<Input>,
-    /// The close the session reported, until the reader takes it.
-    close: Option<CloseEvent>,
+    /// The replies to what was read, framed back to back while the send queue is empty and
+    /// written in one write when the reader next waits (the event loop's cork), lent by the
+    /// endpoint from a read until that write. `None` when idle.
+    cork: Option<Box<Cork>>,
+    /// The close the session reported, until the reader takes it (boxed: rare, and the
+    /// connection's state is what an idle connection costs).
+    close: Option<Box<CloseEvent>>,
     /// The close was delivered: the stream has ended.
     ended: bool,
     /// Our writing side is shut down (after the close handshake).
@@ -242,8 +246,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         config: &WsConfig,
         protocol: Option<String>,
     ) -> Self {
-        let limits = Reassembly::server(endpoint.reserve);
-        Self::open(io, endpoint, config, Role::Server, limits, protocol)
+        Self::open(io, endpoint, config, Role::Server, protocol)
     }
 
     /// A client connection over `io` whose opening handshake is done: every frame it sends
@@ -255,7 +258,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         config: &WsConfig,
         protocol: Option<String>,
     ) -> Self {
-        Self::open(io, endpoint, config, Role::Client, Reassembly::CLIENT, protocol)
+        Self::open(io, endpoint, config, Role::Client, protocol)
     }
 
     /// Reads an upgrade request from `io`, answers `101 Switching Protocols` (or refuses
@@ -289,7 +292,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         endpoint: &Arc<Endpoint>,
         config: &WsConfig,
         role: Role,
-        limits: Reassembly,
         protocol: Option<String>,
     ) -> Self {
         let now = endpoint.now();
@@ -300,9 +302,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
             io,
             session: Session::open(ws, queue),
             role,
-            limits,
-            protocol,
+            protocol: protocol.map(String::into_boxed_str),
             input: None,
+            cork: None,
             close: None,
             read_at: now,
             ended: false,
@@ -371,7 +373,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
 
     /// Bytes queued and not yet written (`bufferedAmount`). O(1).
     pub fn buffered_amount(&self) -> usize {
-        self.shared.lock().session.buffered()
+        self.shared.lock().buffered()
     }
 
     /// Whether the queue is at or under its low watermark since it last rose above the high
@@ -400,7 +402,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
 
     /// The subprotocol agreed in the handshake.
     pub fn protocol(&self) -> Option<String> {
-        self.shared.lock().protocol.clone()
+        self.shared.lock().protocol.as_deref().map(str::to_owned)
     }
 
     /// The endpoint this connection draws from.
@@ -430,10 +432,13 @@ impl<S> Clone for WsWriter<S> {
 
 impl<S> Drop for WsReader<S> {
     fn drop(&mut self) {
-        // Nobody reads any more: the next send writes for itself, with what waits.
+        // Nobody reads any more: the next send writes for itself, with what waits (the cork's
+        // replies too, moved into the queue).
         let mut conn = self.shared.lock();
         conn.reader = None;
         conn.write_requested = false;
+        let mut hub = self.shared.endpoint.lock();
+        conn.uncork(&mut hub, Ok(0), false);
     }
 }
 
