@@ -12,7 +12,10 @@ use freeboard_buf::Writability;
 use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
 
 use super::endpoint::Hub;
-use super::{Conn, Cork, Error, IOV, Input, Message, SPARE_READ_BUFFERS, Shared};
+use super::{
+    Conn, Cork, Error, IOV, Input, Message, Payload, SPARE_PAYLOAD_BYTES, SPARE_PAYLOADS,
+    SPARE_READ_BUFFERS, Shared,
+};
 use crate::SendOutcome;
 use crate::client::CloseEvent;
 use crate::session::Received;
@@ -32,15 +35,22 @@ impl<S> Shared<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
-    pub(super) fn send(&self, kind: MessageKind, data: &[u8]) -> SendOutcome {
+    pub(super) fn send(&self, kind: MessageKind, payload: Payload<'_>) -> SendOutcome {
         let mut guard = self.lock();
         let conn = &mut *guard;
         let mut hub = self.endpoint.lock();
         if conn.session.state() != State::Open {
             return SendOutcome::Closed;
         }
+        let data = match &payload {
+            Payload::Borrowed(data) => data,
+            Payload::Owned(data) => &data[..],
+        };
         let cx = &mut hub.cx(conn.role, conn.read_at, conn.cork.as_deref_mut());
         let outcome = conn.session.send(cx, kind, data);
+        if let Payload::Owned(spent) = payload {
+            hub.keep_payload(spent);
+        }
         conn.note_close();
         conn.schedule_write(&mut hub);
         outcome.map_or(SendOutcome::Closed, SendOutcome::from)
@@ -191,6 +201,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
 }
 
 impl Hub {
+    /// An empty buffer for a received payload of `len` bytes: a spare one if any.
+    fn payload(&mut self, len: usize) -> Vec<u8> {
+        let mut payload = self.spare_payloads.pop().unwrap_or_default();
+        payload.reserve_exact(len);
+        payload
+    }
+
+    /// Keeps a sent message's buffer for a message received later.
+    fn keep_payload(&mut self, mut payload: Vec<u8>) {
+        let size = payload.capacity();
+        if size > 0 && size <= SPARE_PAYLOAD_BYTES && self.spare_payloads.len() < SPARE_PAYLOADS {
+            payload.clear();
+            self.spare_payloads.push(payload);
+        }
+    }
+
     pub(super) fn give_back(&mut self, bytes: Box<[u8]>) {
         self.reading -= 1;
         if self.spare.len() < SPARE_READ_BUFFERS {
@@ -262,10 +288,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             input.at += used;
             let message = match received {
                 None => None,
-                Some(Received::Whole(kind, data)) => Some(Message::received(kind, data.to_vec())),
+                Some(Received::Whole(kind, data)) => {
+                    let mut payload = hub.payload(data.len());
+                    payload.extend_from_slice(data);
+                    Some(Message::received(kind, payload))
+                }
                 Some(Received::Assembled(kind)) => {
                     let mut chain = self.session.take_message();
-                    let mut data = Vec::with_capacity(chain.len());
+                    let mut data = hub.payload(chain.len());
                     chain.segments(&hub.pool).for_each(|s| data.extend_from_slice(s));
                     chain.clear(&mut hub.pool);
                     Some(Message::received(kind, data))

@@ -26,8 +26,9 @@ pub struct EndpointConfig {
     pub memory: usize,
     /// Pool chunk size. Default 4 KiB.
     pub chunk_size: usize,
-    /// Bytes of one read buffer (a connection holds one only while it has unread input).
-    /// Default 16 KiB.
+    /// Bytes of one read buffer (a connection holds one only while it has unread input), and
+    /// of one cork (the replies to one read, written at once). Default 64 KiB, as `freeboard
+    /// serve`'s.
     pub read_buffer: usize,
     /// Free pool bytes an upgrade needs ([`Endpoint::has_room`]; the axum extractor answers
     /// 503 below it), and twice what a message arriving in pieces must leave free (else close
@@ -47,7 +48,7 @@ impl Default for EndpointConfig {
         Self {
             memory: 64 << 20,
             chunk_size: 4096,
-            read_buffer: 16 << 10,
+            read_buffer: 64 << 10,
             connection_reserve: 64 << 10,
             protocol: freeboard_proto::Config::DEFAULT,
             max_topics_per_connection: 64,
@@ -156,6 +157,8 @@ pub(super) struct Hub {
     /// Corks no connection holds (a connection holds one from a read until its replies are
     /// written).
     pub(super) spare_corks: Vec<Box<Cork>>,
+    /// Buffers of sent messages, for messages received next.
+    pub(super) spare_payloads: Vec<Vec<u8>>,
     /// What a server connection's partial message may take from the pool (a client's is
     /// [`Reassembly::CLIENT`]).
     server_limits: Reassembly,
@@ -189,6 +192,7 @@ impl Endpoint {
                 spare: Vec::new(),
                 reading: 0,
                 spare_corks: Vec::new(),
+                spare_payloads: Vec::new(),
                 server_limits: Reassembly::server(config.connection_reserve),
             }),
             topics: topics::Hub::new(&[], 1, config.max_topics, None, metrics),

@@ -84,8 +84,21 @@ pub use handshake::AcceptError;
 
 /// Slices gathered for one vectored write.
 const IOV: usize = 64;
-/// Read buffers an endpoint keeps for the next readable connection.
+/// Read buffers (and corks) an endpoint keeps for the next readable connection.
 const SPARE_READ_BUFFERS: usize = 64;
+/// Payload buffers an endpoint keeps for the next received messages: a message sent back
+/// (an echo, a forward) gives its buffer back, so a steady stream allocates nothing.
+const SPARE_PAYLOADS: usize = 64;
+/// The largest payload buffer kept (what the spares may hold is bounded:
+/// `SPARE_PAYLOADS` × this).
+const SPARE_PAYLOAD_BYTES: usize = 16 << 10;
+
+/// A payload to send: borrowed, or a received message's own buffer, kept for the next
+/// message received once copied into the queue.
+enum Payload<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
 
 /// A whole received message, or the close that ends the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +117,15 @@ impl Message {
     pub fn as_data(&self) -> Option<(MessageKind, &[u8])> {
         match self {
             Message::Text(text) => Some((MessageKind::Text, text.as_bytes())),
+            Message::Binary(bytes) => Some((MessageKind::Binary, bytes)),
+            Message::Close(_) => None,
+        }
+    }
+
+    /// The kind and bytes of a data message, taken; `None` for `Close`.
+    fn into_data(self) -> Option<(MessageKind, Vec<u8>)> {
+        match self {
+            Message::Text(text) => Some((MessageKind::Text, text.into_bytes())),
             Message::Binary(bytes) => Some((MessageKind::Binary, bytes)),
             Message::Close(_) => None,
         }
@@ -355,20 +377,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
     /// `Dropped` (the policy dropped it or older ones; counted), `Blocked` (the `block`
     /// policy: not queued, retry after `writable`), `Closed`. A `Close` message is `Closed`.
     pub fn send(&self, message: Message) -> SendOutcome {
-        match message.as_data() {
-            Some((kind, data)) => self.shared.send(kind, data),
+        match message.into_data() {
+            Some((kind, payload)) => self.shared.send(kind, Payload::Owned(payload)),
             None => SendOutcome::Closed,
         }
     }
 
     /// Queues a text message; see [`send`](Self::send).
     pub fn send_text(&self, text: &str) -> SendOutcome {
-        self.shared.send(MessageKind::Text, text.as_bytes())
+        self.shared.send(MessageKind::Text, Payload::Borrowed(text.as_bytes()))
     }
 
     /// Queues a binary message; see [`send`](Self::send).
     pub fn send_binary(&self, data: &[u8]) -> SendOutcome {
-        self.shared.send(MessageKind::Binary, data)
+        self.shared.send(MessageKind::Binary, Payload::Borrowed(data))
     }
 
     /// Bytes queued and not yet written (`bufferedAmount`). O(1).
@@ -470,8 +492,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> futures_sink::Sink<Message> for WsWriter
     }
 
     fn start_send(self: Pin<&mut Self>, message: Message) -> Result<(), Error> {
-        let (kind, data) = message.as_data().ok_or(Error::NotData)?;
-        match self.shared.send(kind, data) {
+        let (kind, payload) = message.into_data().ok_or(Error::NotData)?;
+        match self.shared.send(kind, Payload::Owned(payload)) {
             SendOutcome::Closed => Err(Error::Closed),
             _ => Ok(()),
         }
