@@ -13,7 +13,7 @@ use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
 
 use super::endpoint::Hub;
 use super::{
-    Conn, Cork, Error, IOV, Input, Message, Payload, SPARE_PAYLOAD_BYTES, SPARE_PAYLOADS,
+    Conn, Cork, Error, IOV, Input, Message, Payload, Rare, SPARE_PAYLOAD_BYTES, SPARE_PAYLOADS,
     SPARE_READ_BUFFERS, Shared,
 };
 use crate::SendOutcome;
@@ -91,8 +91,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
         if done {
             return Poll::Ready(());
         }
-        if !conn.writers.iter().any(|w| w.will_wake(task.waker())) {
-            conn.writers.push(task.waker().clone());
+        let writers = &mut conn.rare().writers;
+        if !writers.iter().any(|w| w.will_wake(task.waker())) {
+            writers.push(task.waker().clone());
         }
         Poll::Pending
     }
@@ -141,14 +142,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
                     continue;
                 }
                 let deadline = endpoint.start + Duration::from_millis(at.as_millis());
-                let timer = match &mut conn.timer {
+                let timer = &mut conn.rare.get_or_insert_with(Box::default).timer;
+                let timer = match timer {
                     Some(timer) => {
                         if timer.deadline() != deadline {
                             timer.as_mut().reset(deadline);
                         }
                         timer
                     }
-                    None => conn.timer.insert(Box::pin(::tokio::time::sleep_until(deadline))),
+                    None => timer.insert(Box::pin(::tokio::time::sleep_until(deadline))),
                 };
                 if timer.as_mut().poll(task).is_ready() {
                     continue;
@@ -174,7 +176,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             match read {
                 Poll::Ready(Ok(())) if n > 0 => {
                     conn.read_at = endpoint.now();
-                    conn.input = Some(Input { bytes, at: 0, end: n });
+                    conn.input = Some(Input { bytes, at: 0, end: n as u32 });
                     if conn.cork.is_none() {
                         let cork = hub.spare_corks.pop();
                         let fresh = || Box::new(Cork::new(endpoint.read_buffer));
@@ -226,6 +228,11 @@ impl Hub {
 }
 
 impl<S> Conn<S> {
+    /// The rarely used state, boxed at its first use.
+    pub(super) fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
     /// Bytes queued or corked and not yet written.
     pub(super) fn buffered(&self) -> usize {
         self.session.buffered() + self.cork.as_ref().map_or(0, |cork| cork.len())
@@ -264,8 +271,15 @@ impl<S> Conn<S> {
         if let Some(reader) = &self.reader {
             reader.wake_by_ref();
         }
-        for writer in self.writers.drain(..) {
-            writer.wake();
+        self.wake_writers();
+    }
+
+    /// Wakes the tasks waiting in `writable` or `flush`.
+    fn wake_writers(&mut self) {
+        if let Some(rare) = &mut self.rare {
+            for writer in rare.writers.drain(..) {
+                writer.wake();
+            }
         }
     }
 
@@ -283,9 +297,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     pub(super) fn parse(&mut self, hub: &mut Hub) -> Option<Message> {
         let input = self.input.as_mut()?;
         while input.at < input.end && self.close.is_none() {
+            let (at, end) = (input.at as usize, input.end as usize);
             let cx = &mut hub.cx(self.role, self.read_at, self.cork.as_deref_mut());
-            let (used, received) = self.session.receive(cx, &mut input.bytes[input.at..input.end]);
-            input.at += used;
+            let (used, received) = self.session.receive(cx, &mut input.bytes[at..end]);
+            input.at += used as u32;
             let message = match received {
                 None => None,
                 Some(Received::Whole(kind, data)) => {
@@ -334,7 +349,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 self.write_requested = true;
                 reader.wake_by_ref();
             }
-        } else if let Some(writer) = self.writers.first() {
+        } else if let Some(writer) = self.rare.as_ref().and_then(|rare| rare.writers.first()) {
             // A task waits in `writable` or `flush` with the transport's write interest.
             writer.wake_by_ref();
         } else {
@@ -389,9 +404,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             self.wake_all();
         }
         if result.is_ready() {
-            for writer in self.writers.drain(..) {
-                writer.wake();
-            }
+            self.wake_writers();
             if self.session.state() == State::Closed && !self.shut_down && self.role == Role::Server
             {
                 match Pin::new(&mut self.io).poll_shutdown(task) {
@@ -416,7 +429,7 @@ impl<S> Drop for Shared<S> {
             cork.clear();
             hub.spare_corks.push(cork);
         }
-        if let Some(token) = conn.token.take() {
+        if let Some(token) = conn.rare.as_mut().and_then(|rare| rare.token.take()) {
             hub.subscriptions.drop_conn(&self.endpoint.topics, token);
             hub.subscribers.remove(token);
         }

@@ -220,7 +220,6 @@ struct Conn<S> {
     io: S,
     session: Session,
     role: Role,
-    protocol: Option<Box<str>>,
     /// Read bytes not yet parsed, in a buffer lent by the endpoint. `None` when idle.
     input: Option<Input>,
     /// The replies to what was read, framed back to back while the send queue is empty and
@@ -237,8 +236,6 @@ struct Conn<S> {
     /// When the bytes being parsed were read: the session's time for them, and for sends
     /// (which do not read it). One clock read per read, not two per message.
     read_at: Instant,
-    /// The session's next deadline, armed while it has one.
-    timer: Option<Pin<Box<Sleep>>>,
     /// The task reading, if a reader was ever polled: woken to write what sends queued.
     reader: Option<Waker>,
     /// The reader's last poll ended `Pending`: it waits for input (or for room) and must be
@@ -246,6 +243,18 @@ struct Conn<S> {
     reader_waits: bool,
     /// The reader was woken to write and has not yet.
     write_requested: bool,
+    /// What few connections use, boxed once one does: a connection's state is most of what
+    /// an idle one costs.
+    rare: Option<Box<Rare>>,
+}
+
+/// The parts of a connection's state that most connections never use.
+#[derive(Default)]
+struct Rare {
+    /// The subprotocol agreed in the handshake.
+    protocol: Option<Box<str>>,
+    /// The session's next deadline, armed while it has one.
+    timer: Option<Pin<Box<Sleep>>>,
     /// Tasks waiting in `writable` or `flush`.
     writers: Vec<Waker>,
     /// The connection's key among the endpoint's subscribers, once it subscribed.
@@ -255,8 +264,9 @@ struct Conn<S> {
 /// Read bytes `bytes[at..end]` waiting to be parsed.
 struct Input {
     bytes: Box<[u8]>,
-    at: usize,
-    end: usize,
+    /// Invariant: `at <= end <= bytes.len()` (a read buffer is far below 4 GiB).
+    at: u32,
+    end: u32,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
@@ -304,7 +314,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
             }
             bytes[..leftover.len()].copy_from_slice(&leftover);
             endpoint.lock().reading += 1;
-            conn.input = Some(Input { bytes, at: 0, end: leftover.len() });
+            conn.input = Some(Input { bytes, at: 0, end: leftover.len() as u32 });
         }
         Ok(ws)
     }
@@ -324,19 +334,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
             io,
             session: Session::open(ws, queue),
             role,
-            protocol: protocol.map(String::into_boxed_str),
             input: None,
             cork: None,
             close: None,
             read_at: now,
             ended: false,
             shut_down: false,
-            timer: None,
             reader: None,
             reader_waits: false,
             write_requested: false,
-            writers: Vec::new(),
-            token: None,
+            rare: protocol.map(|protocol| {
+                Box::new(Rare { protocol: Some(protocol.into_boxed_str()), ..Rare::default() })
+            }),
         };
         let shared = Arc::new(Shared { endpoint: Arc::clone(endpoint), conn: Mutex::new(conn) });
         Self { reader: WsReader { shared: Arc::clone(&shared) }, writer: WsWriter { shared } }
@@ -424,7 +433,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
 
     /// The subprotocol agreed in the handshake.
     pub fn protocol(&self) -> Option<String> {
-        self.shared.lock().protocol.as_deref().map(str::to_owned)
+        self.shared.lock().rare.as_ref()?.protocol.as_deref().map(str::to_owned)
     }
 
     /// The endpoint this connection draws from.
