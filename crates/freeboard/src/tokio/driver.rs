@@ -178,9 +178,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
                     conn.read_at = endpoint.now();
                     conn.input = Some(Input { bytes, at: 0, end: n as u32 });
                     if conn.cork.is_none() {
-                        let cork = hub.spare_corks.pop();
-                        let fresh = || Box::new(Cork::new(endpoint.read_buffer));
-                        conn.cork = Some(cork.unwrap_or_else(fresh));
+                        conn.cork = Some(hub.lend_cork(endpoint.read_buffer));
                     }
                 }
                 Poll::Ready(result) => {
@@ -219,6 +217,20 @@ impl Hub {
         }
     }
 
+    /// A cork of `size` bytes for a connection that read: a spare one if any.
+    fn lend_cork(&mut self, size: usize) -> Box<Cork> {
+        self.corking += 1;
+        self.spare_corks.pop().unwrap_or_else(|| Box::new(Cork::new(size)))
+    }
+
+    /// Takes back an empty cork.
+    fn take_back_cork(&mut self, cork: Box<Cork>) {
+        self.corking -= 1;
+        if self.spare_corks.len() < SPARE_READ_BUFFERS {
+            self.spare_corks.push(cork);
+        }
+    }
+
     pub(super) fn give_back(&mut self, bytes: Box<[u8]>) {
         self.reading -= 1;
         if self.spare.len() < SPARE_READ_BUFFERS {
@@ -253,8 +265,8 @@ impl<S> Conn<S> {
         }
         if keep && self.session.state() == State::Open {
             self.cork = Some(cork);
-        } else if hub.spare_corks.len() < SPARE_READ_BUFFERS {
-            hub.spare_corks.push(cork);
+        } else {
+            hub.take_back_cork(cork);
         }
     }
 
@@ -427,7 +439,7 @@ impl<S> Drop for Shared<S> {
         }
         if let Some(mut cork) = conn.cork.take() {
             cork.clear();
-            hub.spare_corks.push(cork);
+            hub.take_back_cork(cork);
         }
         if let Some(token) = conn.rare.as_mut().and_then(|rare| rare.token.take()) {
             hub.subscriptions.drop_conn(&self.endpoint.topics, token);

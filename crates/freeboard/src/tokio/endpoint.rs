@@ -157,6 +157,8 @@ pub(super) struct Hub {
     /// Corks no connection holds (a connection holds one from a read until its replies are
     /// written).
     pub(super) spare_corks: Vec<Box<Cork>>,
+    /// Corks held by connections now.
+    pub(super) corking: usize,
     /// Buffers of sent messages, for messages received next.
     pub(super) spare_payloads: Vec<Vec<u8>>,
     /// What a server connection's partial message may take from the pool (a client's is
@@ -192,6 +194,7 @@ impl Endpoint {
                 spare: Vec::new(),
                 reading: 0,
                 spare_corks: Vec::new(),
+                corking: 0,
                 spare_payloads: Vec::new(),
                 server_limits: Reassembly::server(config.connection_reserve),
             }),
@@ -225,6 +228,13 @@ impl Endpoint {
         self.lock().reading
     }
 
+    /// Corks held by connections now (each [`EndpointConfig::read_buffer`] bytes: the
+    /// replies to one read, framed back to back until they are written; an idle connection
+    /// holds none).
+    pub fn corks_in_use(&self) -> usize {
+        self.lock().corking
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, Hub> {
         // A panic in another connection's call leaves the pool consistent (every change to it
         // is one call of freeboard-buf): go on.
@@ -243,6 +253,7 @@ impl std::fmt::Debug for Endpoint {
             .field("connections", &hub.open)
             .field("chunks_in_use", &hub.pool.chunks_in_use())
             .field("read_buffers_in_use", &hub.reading)
+            .field("corks_in_use", &hub.corking)
             .finish_non_exhaustive()
     }
 }
