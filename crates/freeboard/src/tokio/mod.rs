@@ -19,8 +19,10 @@
 //!   [`split`](WebSocket::split) gives a [`WsReader`] and a cloneable [`WsWriter`], a
 //!   [`Sink`](futures_sink::Sink) of messages.
 //!
-//! Who writes: a send only queues (copying the payload into pool chunks, masked for a
-//! client). The queued bytes leave in one vectored write when the connection is next polled —
+//! Who writes: a send only queues, copying the payload (masked for a client) into the
+//! connection's cork while it holds one — from a read until the replies to it are written, as
+//! the event loop corks — or else into pool chunks. The bytes leave in one write when the
+//! connection is next polled —
 //! by the reader (a reader waiting for input is woken for it; a reader busy in its loop writes
 //! everything the loop queued in one write when it asks for the next message), by
 //! [`flush`](WsWriter::flush) or [`writable`](WsWriter::writable), or, when no reader has
@@ -31,10 +33,13 @@
 //! Timers use tokio's time driver: build the runtime with it (`#[tokio::main]` and
 //! `Builder::enable_all` do).
 //!
-//! Idle connections hold no read buffer: a connection takes one of the endpoint's read
-//! buffers only while the socket has bytes for it, and gives it back as soon as they are
-//! parsed (a buffer stays with a connection only while messages it read wait for the
-//! application). Their protocol state parks in 24 bytes as on the server.
+//! Idle connections hold no read buffer and no cork: a connection takes one of the
+//! endpoint's read buffers only while the socket has bytes for it, and gives it back as soon
+//! as they are parsed (a buffer stays with a connection only while messages it read wait for
+//! the application); its cork goes back once the replies are written. Their protocol state
+//! parks in 24 bytes as on the server. A received message's payload comes from the
+//! endpoint's spare buffers, and [`send`](WsWriter::send) of a `Message` gives its buffer
+//! back: an echo or a forward allocates nothing per message.
 //!
 //! ```no_run
 //! # async fn run() -> std::io::Result<()> {
@@ -381,7 +386,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsReader<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
-    /// Queues a message (copied into pool chunks) and says what the queue did with it:
+    /// Queues a message (copied into the cork or pool chunks; its buffer is kept for a
+    /// message received later) and says what the queue did with it:
     /// `Queued`, `QueuedAboveHigh` (slow down: await [`writable`](Self::writable)),
     /// `Dropped` (the policy dropped it or older ones; counted), `Blocked` (the `block`
     /// policy: not queued, retry after `writable`), `Closed`. A `Close` message is `Closed`.
