@@ -6,6 +6,12 @@
 //! from publishing to the last subscriber's receipt, so with a window above 1 it includes
 //! waiting behind the other messages in flight (`window` 1 measures one message alone).
 //! Subscribers are read from one `mio` thread, the publisher writes from another.
+//!
+//! Payloads are JSON after a 16-byte binary prefix (sequence number, send time), so that
+//! with permessage-deflate (`deflate`: the subscribers offer it) they compress as a feed
+//! would. A compressed message is inflated by the first subscriber only (it checks the
+//! sequence and reads the send time); the others count it in arrival order, which is publish
+//! order (one publisher, one queue per subscriber, and no drops at these windows).
 
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -18,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use freeboard_test::{RawHeader, parse_frame};
 
 use crate::Target;
-use crate::load::{Rng, open};
+use crate::load::{Rng, open, open_any};
 
 /// One broadcast run.
 #[derive(Debug, Clone)]
@@ -37,6 +43,10 @@ pub struct Broadcast {
     pub window: u64,
     /// Messages to publish.
     pub messages: u64,
+    /// Subscribers offer permessage-deflate.
+    pub deflate: bool,
+    /// The server's process, for its CPU time per publication.
+    pub server_pid: Option<u32>,
 }
 
 /// What a run measured.
@@ -56,6 +66,15 @@ pub struct BroadcastRow {
     pub deliveries_per_sec: f64,
     /// Publish-to-last-subscriber latency, ms: p50, p99, max.
     pub latency_ms: [f64; 3],
+    /// Subscribers that agreed on permessage-deflate.
+    #[serde(default)]
+    pub compressing: usize,
+    /// The server's CPU time (user + system) per publication, µs, when its PID is known.
+    #[serde(default)]
+    pub server_cpu_us_per_msg: Option<f64>,
+    /// Bytes the subscribers read per delivery (frame headers included).
+    #[serde(default)]
+    pub wire_bytes_per_delivery: f64,
 }
 
 /// How long the subscribers may go without any input before the run is abandoned.
@@ -72,16 +91,21 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     if b.subscribe.is_empty() {
         return Err(io::Error::other("no target to subscribe at"));
     }
+    let mut compressing = 0;
     for i in 0..b.subscribers {
-        let target = &b.subscribe[i % b.subscribe.len()];
-        let (s, leftover) = open(target, Duration::from_secs(5), &mut rng)?;
+        let target = b.subscribe[i % b.subscribe.len()].clone().with_deflate(b.deflate);
+        let (opened, leftover) = open_any(&target, Duration::from_secs(5), &mut rng)?;
+        compressing += usize::from(opened.deflate);
+        let s = opened.tcp;
         s.set_nonblocking(true)?;
         let mut s = mio::net::TcpStream::from_std(s);
         poll.registry().register(&mut s, Token(i), Interest::READABLE)?;
-        subs.push((s, leftover));
+        subs.push(Subscriber { stream: s, pending: leftover, received: 0 });
     }
     std::thread::sleep(Duration::from_millis(200)); // subscriptions settle
     let (mut publisher, _) = open(&b.publish, Duration::from_secs(5), &mut rng)?;
+    let cpu = || b.server_pid.and_then(|pid| crate::process::Sample::of(pid).ok()).map(|s| s.cpu);
+    let cpu_before = cpu();
     publisher.set_read_timeout(None)?;
     // A server that stops reading the publisher fails the run instead of hanging it.
     publisher.set_write_timeout(Some(STALL))?;
@@ -101,8 +125,10 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
             // written once and only the first 16 bytes of its payload change per message.
             let header = RawHeader::new(0x82, size as u64, if raw { None } else { Some([0; 4]) });
             let head = header.len();
-            let mut frame = vec![0u8; head + size];
+            let mut frame = vec![0u8; head];
             header.encode(&mut frame).map_err(io::Error::other)?;
+            frame.extend_from_slice(&[0; 16]);
+            frame.extend_from_slice(&crate::compression::json(size - 16));
             for seq in 0..messages {
                 while seq >= completed.load(Ordering::Acquire) + window {
                     if stop.load(Ordering::Relaxed) != 0 {
@@ -122,6 +148,11 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     };
     let n = b.subscribers;
     let mut counts = vec![0usize; messages as usize];
+    // Send times by sequence, from the first subscriber that could read one.
+    let mut sent_at = vec![None; messages as usize];
+    let mut inflater = flate2::Decompress::new(false);
+    let mut inflated = vec![0u8; size + 64];
+    let mut wire_bytes = 0u64;
     let mut latencies = Vec::with_capacity(messages as usize);
     let mut events = Events::with_capacity(4096);
     let mut buf = vec![0u8; 1 << 16];
@@ -145,7 +176,8 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
             break;
         }
         for event in events.iter() {
-            let (s, pending) = &mut subs[event.token().0];
+            let first = event.token().0 == 0;
+            let Subscriber { stream: s, pending, received } = &mut subs[event.token().0];
             loop {
                 match s.read(&mut buf) {
                     Ok(0) => {
@@ -153,6 +185,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                         break 'run;
                     }
                     Ok(k) => {
+                        wire_bytes += k as u64;
                         pending.extend_from_slice(&buf[..k]);
                         // A short read emptied the socket: the next arrival raises a new
                         // edge, so the read that would say `WouldBlock` can be saved.
@@ -170,7 +203,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
             }
             let mut at = 0;
             loop {
-                let (_, payload) = match parse_frame(&pending[at..]) {
+                let (header, payload) = match parse_frame(&pending[at..]) {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break,
                     Err(e) => {
@@ -180,14 +213,45 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                 };
                 let p = &pending[at + payload.start..at + payload.end];
                 at += payload.end;
-                if p.len() < 16 {
-                    continue; // not ours
-                }
-                let seq = u64::from_le_bytes(p[..8].try_into().expect("8 bytes")) as usize;
+                let seq = if header.rsv & 0b100 != 0 {
+                    // permessage-deflate: publish order; the first subscriber checks it.
+                    let seq = *received as usize;
+                    if first {
+                        let prefix = match inflate(&mut inflater, p, &mut inflated) {
+                            Some(m) if m.len() >= 16 => m,
+                            _ => {
+                                failure = Some("a compressed message did not inflate".into());
+                                break 'run;
+                            }
+                        };
+                        let said = u64::from_le_bytes(prefix[..8].try_into().expect("8 bytes"));
+                        if said as usize != seq {
+                            failure = Some(format!("message {said} arrived as number {seq}"));
+                            break 'run;
+                        }
+                        let sent = u64::from_le_bytes(prefix[8..16].try_into().expect("8 bytes"));
+                        if let Some(at) = sent_at.get_mut(seq) {
+                            *at = Some(sent);
+                        }
+                    }
+                    seq
+                } else {
+                    if p.len() < 16 {
+                        continue; // not ours
+                    }
+                    let seq = u64::from_le_bytes(p[..8].try_into().expect("8 bytes")) as usize;
+                    let sent = u64::from_le_bytes(p[8..16].try_into().expect("8 bytes"));
+                    if let Some(at) = sent_at.get_mut(seq) {
+                        *at = Some(sent);
+                    }
+                    seq
+                };
+                *received += 1;
                 let Some(count) = counts.get_mut(seq) else { continue };
                 *count += 1;
                 if *count == n {
-                    let sent = u64::from_le_bytes(p[8..16].try_into().expect("8 bytes"));
+                    // NOTE: the first subscriber has read this message by now.
+                    let sent = sent_at[seq].unwrap_or_default();
                     let now = start.elapsed().as_nanos() as u64;
                     latencies.push(now.saturating_sub(sent));
                     done += 1;
@@ -202,6 +266,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
         }
     }
     let elapsed = start.elapsed();
+    let cpu_after = cpu();
     stop.store(1, Ordering::Relaxed);
     // The publisher's stream closes when this function returns, after every subscriber's
     // last read.
@@ -224,7 +289,36 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
         messages: done,
         deliveries_per_sec: (done * n as u64) as f64 / elapsed.as_secs_f64(),
         latency_ms: [ms(0.5), ms(0.99), ms(1.0)],
+        compressing,
+        server_cpu_us_per_msg: match (cpu_before, cpu_after) {
+            (Some(a), Some(b)) if done > 0 => Some((b - a).as_secs_f64() * 1e6 / done as f64),
+            _ => None,
+        },
+        wire_bytes_per_delivery: wire_bytes as f64 / (done * n as u64).max(1) as f64,
     })
+}
+
+/// One subscriber's socket, the bytes not yet parsed, and the data messages it has had.
+struct Subscriber {
+    stream: mio::net::TcpStream,
+    pending: Vec<u8>,
+    received: u64,
+}
+
+/// Inflates one message compressed with no context (RFC 7692 §7.2.2: the tail put back)
+/// into `out`; the inflated bytes, or `None` if it is not deflate data.
+fn inflate<'o>(z: &mut flate2::Decompress, data: &[u8], out: &'o mut [u8]) -> Option<&'o [u8]> {
+    z.reset(false);
+    let mut n = 0;
+    for piece in [data, &[0, 0, 0xff, 0xff][..]] {
+        let before = (z.total_in(), z.total_out());
+        z.decompress(piece, &mut out[n..], flate2::FlushDecompress::Sync).ok()?;
+        n += (z.total_out() - before.1) as usize;
+        if (z.total_in() - before.0) as usize != piece.len() {
+            return None;
+        }
+    }
+    Some(&out[..n])
 }
 
 /// Messages per run for `subscribers`: 2,000,000 deliveries, 100 to 2,000 messages.

@@ -22,6 +22,7 @@
 pub mod broadcast;
 pub mod buffers;
 pub mod charts;
+pub mod compression;
 pub mod connections;
 pub mod handshakes;
 pub mod load;

@@ -217,6 +217,8 @@ pub struct Opened {
     pub tcp: StdStream,
     /// The TLS connection over it.
     pub tls: Option<rustls::ClientConnection>,
+    /// The server accepted the permessage-deflate offer.
+    pub deflate: bool,
 }
 
 impl Opened {
@@ -253,10 +255,10 @@ pub fn open_any(
     if target.tls {
         let conn = crate::tls::connect(&target.host, target.resume)?;
         let mut tls = rustls::StreamOwned::new(conn, stream);
-        let leftover = upgrade(target, &mut tls, rng)?;
+        let (leftover, deflate) = upgrade(target, &mut tls, rng)?;
         let (conn, tcp) = tls.into_parts();
         tcp.set_read_timeout(None)?;
-        return Ok((Opened { tcp, tls: Some(conn) }, leftover));
+        return Ok((Opened { tcp, tls: Some(conn), deflate }, leftover));
     }
     let mut stream = stream;
     if target.raw {
@@ -265,22 +267,27 @@ pub fn open_any(
         stream.write_all(&[0])?;
         stream.read_exact(&mut [0])?;
         stream.set_read_timeout(None)?;
-        return Ok((Opened { tcp: stream, tls: None }, Vec::new()));
+        return Ok((Opened { tcp: stream, tls: None, deflate: false }, Vec::new()));
     }
-    let leftover = upgrade(target, &mut stream, rng)?;
+    let (leftover, deflate) = upgrade(target, &mut stream, rng)?;
     stream.set_read_timeout(None)?;
-    Ok((Opened { tcp: stream, tls: None }, leftover))
+    Ok((Opened { tcp: stream, tls: None, deflate }, leftover))
 }
 
-/// Sends the upgrade request over `stream` and reads the 101; returns the bytes after it.
-fn upgrade(target: &Target, stream: &mut impl ReadWrite, rng: &mut Rng) -> io::Result<Vec<u8>> {
+/// Sends the upgrade request over `stream` and reads the 101; returns the bytes after it and
+/// whether permessage-deflate was agreed.
+fn upgrade(
+    target: &Target,
+    stream: &mut impl ReadWrite,
+    rng: &mut Rng,
+) -> io::Result<(Vec<u8>, bool)> {
     let key = generate_key(rng.nonce());
     let request = ClientRequest {
         host: &target.host,
         path: &target.path,
         key: &key,
         protocols: &[],
-        extensions: None,
+        extensions: target.deflate.then_some(crate::compression::OFFER),
         headers: &[],
     };
     let mut buf = vec![0u8; 4096];
@@ -296,7 +303,10 @@ fn upgrade(target: &Target, stream: &mut impl ReadWrite, rng: &mut Rng) -> io::R
         let mut headers = [EMPTY_HEADER; 32];
         match Response::parse(&buf[..len], &mut headers, &request, buf.len()) {
             Ok(None) => continue,
-            Ok(Some((_, head_len))) => return Ok(buf[head_len..len].to_vec()),
+            Ok(Some((response, head_len))) => {
+                let deflate = response.extensions().next().is_some();
+                return Ok((buf[head_len..len].to_vec(), deflate));
+            }
             Err(e) => return Err(io::Error::other(format!("{target}: {e}"))),
         }
     }

@@ -26,6 +26,8 @@ pub struct Target {
     pub tls: bool,
     /// Over TLS, resume sessions with tickets (else every handshake is full).
     pub resume: bool,
+    /// Offer permessage-deflate as browsers do ([`crate::compression::OFFER`]).
+    pub deflate: bool,
 }
 
 impl Target {
@@ -52,12 +54,19 @@ impl Target {
             .ok_or_else(|| format!("{url}: the host has no address"))?;
         let (host, path, tls) =
             (parsed.host_header().to_owned(), parsed.resource().to_owned(), parsed.is_secure());
-        Ok(Self { addr, host, path, raw, tls, resume: true })
+        Ok(Self { addr, host, path, raw, tls, resume: true, deflate: false })
     }
 
     /// The same target at another address (a peer started on a free port).
     pub fn at(addr: SocketAddr, path: &str, raw: bool) -> Self {
-        Self { addr, host: addr.to_string(), path: path.to_string(), raw, tls: false, resume: true }
+        let host = addr.to_string();
+        Self { addr, host, path: path.to_string(), raw, tls: false, resume: true, deflate: false }
+    }
+
+    /// This target with the permessage-deflate offer, or without.
+    pub fn with_deflate(mut self, deflate: bool) -> Self {
+        self.deflate = deflate;
+        self
     }
 
     /// This target over TLS (`wss://`).

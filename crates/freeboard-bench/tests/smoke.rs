@@ -263,6 +263,26 @@ fn watermarks_score_every_iteration() {
 }
 
 #[test]
+fn compressing_connections_have_their_memory_measured() {
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    config.idle_timeout = None;
+    config.compression = freeboard::Compression::Shared;
+    let server =
+        Server::bind(config, || Router::new().route("/", freeboard::Echo)).unwrap().spawn();
+    let target = Target::parse(&format!("ws://{}/", server.local_addr())).unwrap();
+    let row = freeboard_bench::compression::memory("shared", &target, 20, 1024, std::process::id())
+        .unwrap();
+    assert_eq!((row.connections, row.compressing), (20, 20), "{row:?}");
+    assert!(row.echo_wire_bytes < 512.0, "{row:?}");
+    let table = freeboard_bench::compression::memory_markdown(&[row]);
+    assert!(table.contains("| shared | 20 | 20 |"), "{table}");
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
 fn broadcast_reaches_every_subscriber() {
     use freeboard_bench::broadcast::{self, Broadcast};
     let mut config = ServerConfig::default();
@@ -272,11 +292,12 @@ fn broadcast_reaches_every_subscriber() {
     config.topics.client_publish = true;
     config.topics.slow_consumer = freeboard::SlowConsumerPolicy::DropOldest;
     config.topics.send_cap = 4 << 20;
+    config.compression = freeboard::Compression::Shared;
     let topics = config.topics.clone();
     let server = Server::bind(config, move || Router::new().topics(&topics)).unwrap().spawn();
     let target = Target::parse(&format!("ws://{}/topic/bench", server.local_addr())).unwrap();
     let mut rows = Vec::new();
-    for (subscribers, size) in [(5, 64), (20, 1024)] {
+    for (subscribers, size, deflate) in [(5, 64, false), (20, 1024, false), (20, 1024, true)] {
         let run = Broadcast {
             subscribe: vec![target.clone()],
             publish: target.clone(),
@@ -284,15 +305,29 @@ fn broadcast_reaches_every_subscriber() {
             size,
             window: 4,
             messages: 100,
+            deflate,
+            server_pid: Some(std::process::id()),
         };
-        let row = broadcast::run(&run, "freeboard", &mut |_| {}).unwrap();
+        let name = if deflate { "freeboard+deflate" } else { "freeboard" };
+        let row = broadcast::run(&run, name, &mut |_| {}).unwrap();
         assert_eq!((row.subscribers, row.messages), (subscribers, 100), "{row:?}");
         assert!(row.deliveries_per_sec > 0.0 && row.latency_ms[0] <= row.latency_ms[2]);
+        assert!(row.server_cpu_us_per_msg.is_some());
+        // Compressing subscribers read the JSON payloads compressed, the others whole.
+        assert_eq!(row.compressing, if deflate { subscribers } else { 0 });
+        let whole = (size + 2 + if size > 125 { 2 } else { 0 }) as f64;
+        match deflate {
+            true => assert!(row.wire_bytes_per_delivery < whole / 2.0, "{row:?}"),
+            false => assert_eq!(row.wire_bytes_per_delivery, whole, "{row:?}"),
+        }
         rows.push(row);
     }
+    assert_eq!(server.metrics().topic_compressions(), 100);
+    let table = freeboard_bench::compression::broadcast_markdown(&rows);
+    assert!(table.contains("| 20 | 1024 | permessage-deflate | 20 |"), "{table}");
     let report = Report { broadcasts: rows, ..Report::default() };
     assert_eq!(report.markdown().matches("| freeboard |").count(), 2);
-    assert_eq!(report.broadcasts_csv().lines().count(), 3);
+    assert_eq!(report.broadcasts_csv().lines().count(), 4);
     server.handle().shutdown();
     server.join().unwrap();
 }

@@ -161,6 +161,11 @@ impl SendQueue {
         self.policy
     }
 
+    /// The key a `conflate` queue conflates by, if any.
+    pub const fn conflate_key(&self) -> Option<ConflateKey> {
+        self.conflate_key
+    }
+
     /// Whether the first message has started to go out (so no policy may drop it).
     pub fn has_message_in_flight(&self, pool: &Pool<'_>) -> bool {
         self.chain.head_in_flight(pool.view())

@@ -82,6 +82,13 @@ pub(crate) enum BenchCommand {
         /// Connect/close cycles at the largest count.
         #[arg(long, default_value_t = 3)]
         cycles: usize,
+        /// permessage-deflate instead: for each mode (off, shared, dedicated; a
+        /// comma-separated list) start `freeboard serve --compression MODE`, open each count
+        /// of connections offering the extension as browsers do, and read the server's RSS
+        /// with them idle and again after each has sent one compressed 1 KiB JSON message and
+        /// read its echo; --repeat rounds, modes interleaved.
+        #[arg(long, value_delimiter = ',', value_name = "MODES")]
+        compression: Vec<String>,
     },
     /// Memory that comes back, for several server builds side by side in the same run: RSS at
     /// rest (default budget), with --connections idle connections open, over --idle after they
@@ -214,6 +221,15 @@ pub(crate) enum BenchCommand {
         /// The Redis of the two nodes (redis://HOST:PORT/; --nodes 2 only).
         #[arg(long, value_name = "URL")]
         redis: Option<String>,
+        /// permessage-deflate: freeboard runs with --compression shared, and each case runs
+        /// twice per round on the same server, subscribers offering nothing, then offering
+        /// the extension (each publication is compressed once for all of them); with the
+        /// server's CPU time per publication.
+        #[arg(long)]
+        compression: bool,
+        /// Rounds of every case (interleaved with --compression); medians [min–max].
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
         #[command(flatten)]
         output: Output,
     },
@@ -464,6 +480,8 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             messages,
             nodes,
             redis,
+            compression,
+            repeat,
             output,
         } => {
             let redis = match (nodes, redis) {
@@ -472,9 +490,23 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
                 (_, Some(_)) => return Err("--redis goes with --nodes 2".into()),
                 _ => None,
             };
-            let plan = BroadcastPlan { subscribers, sizes: size, window, messages, redis };
+            let plan = BroadcastPlan {
+                subscribers,
+                sizes: size,
+                window,
+                messages,
+                redis,
+                compression,
+                repeat: repeat.max(1),
+            };
             let report = broadcast(url, peers, &plan, command_line)?;
-            return finish(&report, &output, Report::broadcasts_csv).map(|()| ExitCode::SUCCESS);
+            finish(&report, &output, Report::broadcasts_csv)?;
+            if compression {
+                use std::io::Write;
+                let table = freeboard_bench::compression::broadcast_markdown(&report.broadcasts);
+                let _ = writeln!(std::io::stdout().lock(), "{table}");
+            }
+            return Ok(ExitCode::SUCCESS);
         }
         BenchCommand::Watermarks {
             url,
@@ -527,8 +559,12 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
         BenchCommand::SlowConsumer { common, size, duration } => {
             (common, Experiment::SlowConsumer(size, Duration::from_secs_f64(duration)))
         }
-        BenchCommand::Connections { common, mut counts, max, cycles } => {
+        BenchCommand::Connections { common, mut counts, max, cycles, compression } => {
             counts.extend(max);
+            if !compression.is_empty() {
+                return compression_memory(&common, &counts, &compression)
+                    .map(|()| ExitCode::SUCCESS);
+            }
             (common, Experiment::Connections(counts, cycles))
         }
     };
@@ -1050,6 +1086,41 @@ fn watermarks(
     Ok(())
 }
 
+/// `freeboard bench connections --compression MODES`: memory per compressing connection,
+/// each mode's server started in turn, `--repeat` rounds.
+fn compression_memory(common: &Common, counts: &[usize], modes: &[String]) -> Result<(), String> {
+    use freeboard_bench::compression;
+    process::raise_fd_limit().map_err(|e| format!("raising the open-file limit: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let extra: Vec<String> =
+        common.serve_args.iter().flat_map(|a| a.split_whitespace()).map(String::from).collect();
+    let mut rows = Vec::new();
+    for _ in 0..common.repeat.max(1) {
+        for mode in modes {
+            let mut peers = Peers::in_repository(exe.clone());
+            peers.serve_args = ["--compression", mode].into_iter().map(String::from).collect();
+            peers.serve_args.extend(extra.iter().cloned());
+            let running = peers
+                .start(Peer::Freeboard, None)
+                .map_err(|e| format!("--compression {mode}: {e}"))?;
+            for &count in counts {
+                let name = format!("freeboard --compression {mode} ({count} connections)");
+                rows.push(
+                    compression::memory(&name, &running.target, count, 1024, running.pid)
+                        .map_err(|e| format!("{name}: {e}"))?,
+                );
+            }
+        }
+    }
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{}", compression::memory_markdown(&rows));
+    if let Some(path) = &common.json {
+        std::fs::write(path, compression::memory_json(&rows))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// What `freeboard bench broadcast` runs.
 struct BroadcastPlan {
     subscribers: Vec<usize>,
@@ -1058,6 +1129,10 @@ struct BroadcastPlan {
     messages: Option<u64>,
     /// Two freeboard nodes on this Redis, beside one node.
     redis: Option<String>,
+    /// Each case with plain subscribers, then compressing ones, on a compressing server.
+    compression: bool,
+    /// Rounds of every case.
+    repeat: usize,
 }
 
 /// `freeboard bench broadcast`.
@@ -1076,27 +1151,42 @@ fn broadcast(
         load_average: (process::load_average(), None),
         ..Report::default()
     };
-    let mut measure = |name: &str, subscribe: &[Target], publish: &Target| -> Result<(), String> {
-        for &n in &plan.subscribers {
-            for &size in &plan.sizes {
-                let messages = plan.messages.unwrap_or_else(|| broadcast::default_messages(n));
-                let bar = ProgressBar::new(messages).with_style(
-                    ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} messages")
-                        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-                );
-                bar.set_message(format!("{name}: {n} subscribers × {size} B"));
-                let run = Broadcast {
-                    subscribe: subscribe.to_vec(),
-                    publish: publish.clone(),
-                    subscribers: n,
-                    size,
-                    window: plan.window,
-                    messages,
-                };
-                let row = broadcast::run(&run, name, &mut |done| bar.set_position(done))
-                    .map_err(|e| format!("{name}, {n} subscribers × {size} B: {e}"))?;
-                bar.finish_and_clear();
-                report.broadcasts.push(row);
+    let variants: &[bool] = if plan.compression { &[false, true] } else { &[false] };
+    let mut measure = |name: &str,
+                       subscribe: &[Target],
+                       publish: &Target,
+                       server_pid: Option<u32>|
+     -> Result<(), String> {
+        for _ in 0..plan.repeat {
+            for &n in &plan.subscribers {
+                for &size in &plan.sizes {
+                    for &deflate in variants {
+                        let name =
+                            if deflate { format!("{name}+deflate") } else { name.to_string() };
+                        let messages =
+                            plan.messages.unwrap_or_else(|| broadcast::default_messages(n));
+                        let bar = ProgressBar::new(messages).with_style(
+                            ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} messages")
+                                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                        );
+                        bar.set_message(format!("{name}: {n} subscribers × {size} B"));
+                        let run = Broadcast {
+                            subscribe: subscribe.to_vec(),
+                            publish: publish.clone(),
+                            subscribers: n,
+                            size,
+                            window: plan.window,
+                            messages,
+                            deflate,
+                            server_pid,
+                        };
+                        let row =
+                            broadcast::run(&run, &name, &mut |done| bar.set_position(done))
+                                .map_err(|e| format!("{name}, {n} subscribers × {size} B: {e}"))?;
+                        bar.finish_and_clear();
+                        report.broadcasts.push(row);
+                    }
+                }
             }
         }
         Ok(())
@@ -1104,7 +1194,7 @@ fn broadcast(
     match (url, peers) {
         (Some(url), None) => {
             let target = Target::parse(&url)?;
-            measure(&url, std::slice::from_ref(&target), &target)?;
+            measure(&url, std::slice::from_ref(&target), &target, None)?;
         }
         (Some(_), Some(_)) => return Err("give a topic URL or --peers, not both".into()),
         (None, peers) => {
@@ -1121,8 +1211,14 @@ fn broadcast(
             .into_iter()
             .map(String::from)
             .collect();
+            if plan.compression {
+                servers.serve_args.extend(["--compression".to_string(), "shared".to_string()]);
+            }
             for name in list.split(',').map(str::trim) {
                 let peer = Peer::parse(name)?;
+                if plan.compression && peer != Peer::Freeboard {
+                    return Err(format!("--compression runs freeboard only, not {name}"));
+                }
                 let (sub, publ) = match peer {
                     Peer::Freeboard => ("/topic/bench", "/topic/bench"),
                     Peer::NodeWsBroadcast => ("/sub", "/pub"),
@@ -1137,7 +1233,7 @@ fn broadcast(
                     }
                 };
                 let at = |path: &str| Target::at(running.target.addr, path, running.target.raw);
-                measure(name, &[at(sub)], &at(publ))?;
+                measure(name, &[at(sub)], &at(publ), Some(running.pid))?;
                 drop(running);
                 if let (Peer::Freeboard, Some(redis)) = (peer, &plan.redis) {
                     // The same load on two nodes of one Redis: subscribers on both, the
@@ -1151,7 +1247,7 @@ fn broadcast(
                     let at = |r: &freeboard_bench::peers::Running| {
                         Target::at(r.target.addr, sub, r.target.raw)
                     };
-                    measure("freeboard-2-nodes-redis", &[at(&a), at(&b)], &at(&a))?;
+                    measure("freeboard-2-nodes-redis", &[at(&a), at(&b)], &at(&a), None)?;
                 }
             }
         }

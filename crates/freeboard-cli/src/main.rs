@@ -222,8 +222,10 @@ struct ServeArgs {
     /// An origin whose pages may publish with `POST` from a browser (CORS; repeatable).
     #[arg(long = "publish-cors-origin", value_name = "ORIGIN")]
     publish_cors_origins: Vec<String>,
-    /// Redis backplane (`redis://HOST:PORT/`): topics span every node on the same Redis;
-    /// TOML `[topics] redis`. Default: topics stay on this machine.
+    /// Redis backplane (`redis://HOST:PORT/`): topics span every node on the same Redis. A
+    /// Redis Cluster is found by itself (`INFO cluster`) and used with sharded pub/sub
+    /// (Redis 7.0+); give one or more of its nodes, comma-separated, as seeds. TOML
+    /// `[topics] redis`. Default: topics stay on this machine.
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
     /// Messages of history kept per topic, for subscribers reconnecting with `?since=OFFSET`;

@@ -6,27 +6,16 @@
 //! Chromium comes from Debian's `chromium` package (`scripts/test` installs it); without it the
 //! test is skipped with a message, unless `FREEBOARD_REQUIRE_TOOLS` is set.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::Serve;
 use freeboard::client::{Client, ClientConfig, Event};
-
-/// Kills the child and its process group (Debian's `chromium` is a script that starts the
-/// browser as its child) when dropped.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the process group our own child leads (`process_group(0)`).
-        unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use freeboard_test::browser::{Browser, chromium};
 
 /// The DevTools protocol over one page's WebSocket.
 struct DevTools {
@@ -79,21 +68,6 @@ impl DevTools {
     }
 }
 
-fn chromium() -> Option<PathBuf> {
-    let found = ["chromium", "chromium-browser"].iter().find_map(|name| {
-        let out = Command::new("sh").args(["-c", &format!("command -v {name}")]).output().ok()?;
-        out.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var_os("FREEBOARD_REQUIRE_TOOLS").is_none(),
-            "chromium is not installed (scripts/test installs it)"
-        );
-        eprintln!("SKIPPED: chromium is not installed (apt-get install chromium)");
-    }
-    found
-}
-
 /// A plain GET, read to its `Content-Length` (the DevTools server keeps connections open).
 fn get(addr: &str, path: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -122,18 +96,8 @@ fn get(addr: &str, path: &str) -> String {
 #[test]
 fn the_dashboard_shows_the_numbers_move_in_chromium() {
     let Some(chromium) = chromium() else { return };
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--threads", "2", "--memory", "64M"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(serve.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let _serve = Reaped(serve);
-    let addr = line.trim().trim_start_matches("freeboard listening on ws://");
-    let addr = addr.trim_end_matches('/').to_owned();
+    let serve = Serve::start(&[]);
+    let addr = serve.addr.clone();
 
     // A library server serves no dashboard unless its Router opts in; `serve` does.
     let page = get(&addr, "/dashboard");
@@ -144,28 +108,9 @@ fn the_dashboard_shows_the_numbers_move_in_chromium() {
     );
 
     let profile = std::env::temp_dir().join(format!("freeboard-chromium-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&profile);
-    let browser = Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--no-first-run",
-            "--disable-component-update",
-            "--disable-sync",
-            "--hide-scrollbars",
-            "--window-size=1400,1250",
-            "--remote-debugging-port=0",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(format!("http://{addr}/dashboard"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    let _browser = Reaped(browser);
+    let flags = ["--hide-scrollbars", "--window-size=1400,1250", "--remote-debugging-port=0"];
+    let flags = flags.map(String::from);
+    let _browser = Browser::start(&chromium, &profile, &flags, &format!("http://{addr}/dashboard"));
 
     // Chromium writes its DevTools port into the profile once it listens.
     let port_file = profile.join("DevToolsActivePort");

@@ -6,12 +6,16 @@
 //! (`master_process off`, one process), and is stopped by its PID. Without an `nginx` binary
 //! the test says so and passes.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use socket2::{Domain, Socket, Type};
+
+use common::Serve;
 
 const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 
@@ -35,20 +39,6 @@ fn nginx_binary() -> Option<String> {
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn serve(extra: &[&str]) -> (Process, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--threads", "2", "--memory", "256M"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().rsplit("ws://").next().unwrap().trim_end_matches('/').parse().unwrap();
-    (Process(child), addr)
 }
 
 /// nginx proxying WebSockets to `upstream`, configured as the README recommends.
@@ -150,8 +140,10 @@ fn per_address_limits_apply_to_each_client_behind_nginx() {
     };
     let dir = std::env::temp_dir().join(format!("freeboard-nginx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let args = ["--trusted-proxy", "127.0.0.1/32", "--max-connections-per-ip", "100"];
-    let (_server, upstream) = serve(&args);
+    let args =
+        ["--trusted-proxy", "127.0.0.1/32", "--max-connections-per-ip", "100", "--memory", "256M"];
+    let server = Serve::start(&args);
+    let upstream = server.socket_addr();
     let (nginx, proxy) = nginx(&binary, &dir, upstream);
 
     // 2,000 clients from 20 loopback addresses, 100 each: the cap of each address, not of

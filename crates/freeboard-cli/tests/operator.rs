@@ -2,6 +2,8 @@
 //! own Python parser, JSON log lines, SIGHUP changing a limit while open connections stay,
 //! and `freeboard bench` failing loudly (a refused port, a 404 path, a failed threshold).
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -9,59 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
-/// A `freeboard serve` child with its address and its stderr lines.
-struct Serve {
-    child: Child,
-    addr: String,
-    log: Receiver<String>,
-}
-
-impl Serve {
-    fn start(extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--threads", "2", "--memory", "64M"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().trim_start_matches("freeboard listening on ws://");
-        let addr = addr.trim_end_matches('/').to_owned();
-        let (tx, log) = channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        Self { child, addr, log }
-    }
-
-    /// The first stderr line that contains `what` (waits up to 20 s).
-    fn log_line(&self, what: &str) -> String {
-        loop {
-            match self.log.recv_timeout(Duration::from_secs(20)) {
-                Ok(line) if line.contains(what) => return line,
-                Ok(_) => {}
-                Err(e) => panic!("no log line with {what:?}: {e}"),
-            }
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, sig) }, 0);
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::Serve;
 
 /// A plain GET; the whole response.
 fn get(addr: &str, path: &str) -> String {
@@ -230,26 +180,9 @@ fn one_sighup_reloads_the_settings_and_the_tls_certificate() {
     let (cert, key) = (ca.cert_pem(), ca.key_pem());
     let tls = ["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()];
     let listen_tls = ["--listen-tls", "127.0.0.1:0", "--config", file.to_str().unwrap()];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--threads", "1", "--memory", "64M"])
-        .args(tls)
-        .args(listen_tls)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let wss = line.trim().rsplit_once("wss://").map(|(_, a)| a.trim_end_matches('/').to_owned());
-    let (tx, log) = channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let serve = Serve { child, addr: String::new(), log };
-    let url = format!("wss://{}/echo", wss.expect(&line));
+    let args = [&["--threads", "1"][..], &tls, &listen_tls].concat();
+    let serve = Serve::start(&args);
+    let url = format!("wss://{}/echo", serve.wss.as_deref().expect("a wss:// address"));
     let connect = |ca: &freeboard_test::tls::TestCa| {
         Client::connect(&url, ClientConfig::default().ca_file(ca.ca_pem()))
     };

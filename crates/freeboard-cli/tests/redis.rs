@@ -1,15 +1,18 @@
-//! Topics across two `freeboard serve` nodes on a real `redis-server` (Debian's package;
-//! `scripts/test` installs it). Each test starts its own Redis on a free loopback port with
-//! `--save '' --appendonly no` and stops it by PID. Skipped, with a message, when
-//! `redis-server` is not on the PATH.
+//! Topics across two `freeboard serve` nodes on a real `redis-server` (Debian's package, with
+//! `redis-cli`; `scripts/test` installs it). Each test starts its own Redis (or a 3-master
+//! Redis Cluster) on free loopback ports with `--save '' --appendonly no` and stops it by
+//! PID. Skipped, with a message, when `redis-server` is not on the PATH.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::Serve;
 use freeboard_test::{Inbox, frame};
 
 /// A child process killed (by PID) and reaped on drop.
@@ -53,25 +56,20 @@ fn redis(port: u16) -> Option<Process> {
 }
 
 /// A `freeboard serve` node on the Redis at `port`, and its address.
-fn node(port: u16) -> (Process, String) {
+fn node(port: u16) -> (Serve, String) {
     node_with(port, &[])
 }
 
 /// [`node`] with more arguments.
-fn node_with(port: u16, extra: &[&str]) -> (Process, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64M", "--threads", "2"])
-        .args(["--client-publish", "--redis", &format!("redis://127.0.0.1:{port}/")])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let url = line.trim().rsplit(' ').next().unwrap().to_owned();
-    let addr = url.trim_start_matches("ws://").trim_end_matches('/').to_owned();
-    (Process(child), addr)
+fn node_with(port: u16, extra: &[&str]) -> (Serve, String) {
+    node_on(&format!("redis://127.0.0.1:{port}/"), extra)
+}
+
+/// A `freeboard serve` node on the Redis at `url` (seeds of a cluster when several).
+fn node_on(url: &str, extra: &[&str]) -> (Serve, String) {
+    let serve = Serve::start(&[&["--client-publish", "--redis", url][..], extra].concat());
+    let addr = serve.addr.clone();
+    (serve, addr)
 }
 
 /// A WebSocket on `/topic/{topic}`, its 101 read.
@@ -108,6 +106,13 @@ fn warm_up(publisher: &mut TcpStream, readers: &mut [(TcpStream, Inbox)]) {
         }
         reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     }
+}
+
+/// A node's publications lost on their way to Redis, by reason.
+fn losses(addr: &str) -> String {
+    let lost = |r: &str| metric(addr, &format!("freeboard_backplane_lost_total{{reason=\"{r}\"}}"));
+    let reasons = ["redis_down", "unconfirmed", "refused", "queue_full"];
+    reasons.map(|r| format!("{r} {}", lost(r))).join(", ")
 }
 
 /// A counter's value in a node's `/metrics` (0 if absent).
@@ -177,6 +182,8 @@ fn two_nodes_deliver_every_publication_once_in_order_per_publisher() {
     let mut answer = String::new();
     let _ = post.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The answer counts the message queued towards Redis for the other node.
+    assert!(answer.contains("\"redis\":1,\"redis_lost\":0,"), "{answer}");
     for (n, (reader, inbox)) in readers.iter_mut().enumerate() {
         let f = loop {
             let f = inbox.frame(reader).unwrap().expect("the POST's publication");
@@ -259,8 +266,9 @@ fn redis_restarted_during_a_stream_loses_counted_messages_and_delivery_resumes()
     assert!(lost > 0, "the publications sent while Redis was down are counted");
     eprintln!(
         "sent {} publications, Redis killed after {killed_at} and restarted after {restarted_at}: \
-         {lost} counted lost on node A",
-        sent.load(Ordering::Acquire)
+         {lost} counted lost on node A ({})",
+        sent.load(Ordering::Acquire),
+        losses(&addr_a)
     );
     drop(redis_process);
 }
@@ -270,6 +278,27 @@ fn enveloped(payload: &[u8]) -> (String, String) {
     let text = String::from_utf8(payload.to_vec()).unwrap();
     let (offset, message) = text.split_once(':').unwrap_or_else(|| panic!("no offset: {text}"));
     (offset.to_owned(), message.to_owned())
+}
+
+/// Publishes "warm" to a history topic until the reader on another node and the publisher
+/// itself (a history topic's publications come back through Redis, with their offsets) have
+/// seen one: both nodes' subscriptions have reached Redis.
+fn warm_up_history(
+    publisher: &mut TcpStream,
+    own: &mut Inbox,
+    reader: &mut TcpStream,
+    inbox: &mut Inbox,
+) {
+    let mut writer = publisher.try_clone().unwrap();
+    for (conn, inbox) in [(reader, inbox), (publisher, own)] {
+        conn.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while !matches!(inbox.frame(conn), Ok(Some(_))) {
+            assert!(Instant::now() < until, "a node never subscribed in Redis");
+            writer.write_all(&text(b"warm")).unwrap();
+        }
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    }
 }
 
 /// Reads until `message` arrives; its offset.
@@ -296,17 +325,7 @@ fn history_in_redis_streams_recovers_a_reconnect_on_any_node_or_says_it_is_gone(
     // reading them back tells when Redis has kept them all.
     let (mut publisher, mut own) = subscribe(&addr_b, "feed");
     let (mut reader, mut inbox) = subscribe(&addr_a, "feed");
-    // Until A's subscription reached Redis.
-    reader.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    'warm: loop {
-        assert!(Instant::now() < until, "node A never subscribed in Redis");
-        publisher.write_all(&text(b"warm")).unwrap();
-        if let Ok(Some(_)) = inbox.frame(&mut reader) {
-            break 'warm;
-        }
-    }
-    reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    warm_up_history(&mut publisher, &mut own, &mut reader, &mut inbox);
     publisher.write_all(&text(b"m0")).unwrap();
     let since = read_until(&mut reader, &mut inbox, "m0");
     read_until(&mut publisher, &mut own, "m0");
@@ -349,4 +368,416 @@ fn history_in_redis_streams_recovers_a_reconnect_on_any_node_or_says_it_is_gone(
             assert_eq!((close.opcode, close.close_code()), (0x8, 4410), "since={since}");
         }
     }
+}
+
+/// A Redis Cluster of three masters on free loopback ports (no replicas; a master may be
+/// down while the others serve: `cluster-require-full-coverage no`).
+struct Cluster {
+    dir: std::path::PathBuf,
+    /// (client port, bus port, the server).
+    nodes: Vec<(u16, u16, Option<Process>)>,
+}
+
+impl Cluster {
+    fn start() -> Option<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "freeboard-cluster-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cluster = Cluster { dir, nodes: Vec::new() };
+        for _ in 0..3 {
+            let (port, bus) = (free_port(), free_port());
+            cluster.nodes.push((port, bus, None));
+            cluster.nodes.last_mut().unwrap().2 = Some(cluster.server(cluster.nodes.len() - 1)?);
+        }
+        let addrs: Vec<String> =
+            cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.0)).collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(created.success(), "redis-cli --cluster create failed");
+        for i in 0..3 {
+            cluster.wait_ok(i);
+        }
+        Some(cluster)
+    }
+
+    /// Node `i`'s `redis-server`, listening (its cluster state kept in `dir`).
+    fn server(&self, i: usize) -> Option<Process> {
+        let (port, bus, _) = self.nodes[i];
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--cluster-enabled", "yes", "--cluster-port", &bus.to_string()])
+            .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+            .args(["--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let process = Process(child);
+        let until = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < until, "redis-server did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(process)
+    }
+
+    /// Waits until node `i` says the cluster is ok.
+    fn wait_ok(&self, i: usize) {
+        let until = Instant::now() + Duration::from_secs(20);
+        while !self.cli(i, &["CLUSTER", "INFO"]).contains("cluster_state:ok") {
+            assert!(Instant::now() < until, "the cluster never became ok on node {i}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `redis-cli` on node `i`: its output.
+    fn cli(&self, i: usize, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.nodes[i].0.to_string()])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The node whose slots hold `key`.
+    fn owner(&self, key: &str) -> usize {
+        let slot: u16 = self.cli(0, &["CLUSTER", "KEYSLOT", key]).trim().parse().unwrap();
+        (0..3)
+            .find(|&i| {
+                let nodes = self.cli(i, &["CLUSTER", "NODES"]);
+                let me = nodes.lines().find(|l| l.contains("myself")).unwrap_or_default();
+                me.split(' ').skip(8).any(|range| {
+                    let (a, b) = range.split_once('-').unwrap_or((range, range));
+                    matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
+                })
+            })
+            .unwrap_or_else(|| panic!("no node owns slot {slot}"))
+    }
+
+    /// Moves the (keyless) slot of `channel` from node `from` to node `to`.
+    fn move_slot(&self, channel: &str, from: usize, to: usize) {
+        let slot = self.cli(0, &["CLUSTER", "KEYSLOT", channel]).trim().to_owned();
+        let id = |i: usize| self.cli(i, &["CLUSTER", "MYID"]).trim().to_owned();
+        let (from_id, to_id) = (id(from), id(to));
+        self.cli(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
+        self.cli(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
+        for i in [to, from, 3 - to - from] {
+            self.cli(i, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+        }
+    }
+
+    /// How many connections of node `i` subscribe to `channel`: (sharded, plain).
+    fn subscribers(&self, i: usize, channel: &str) -> (u32, u32) {
+        let count =
+            |reply: String| reply.lines().nth(1).and_then(|l| l.trim().parse().ok()).unwrap_or(0);
+        (
+            count(self.cli(i, &["PUBSUB", "SHARDNUMSUB", channel])),
+            count(self.cli(i, &["PUBSUB", "NUMSUB", channel])),
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.nodes.clear(); // every server killed by PID
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Reads `reader` until `want` (payloads, in this order, each once) has arrived, skipping
+/// "warm"; fails on anything else from the same publisher (tag before the first '-').
+fn expect_in_order(reader: &mut TcpStream, inbox: &mut Inbox, want: &[String], who: &str) {
+    let mut next: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut by_tag: std::collections::HashMap<String, Vec<&String>> =
+        std::collections::HashMap::new();
+    for w in want {
+        by_tag.entry(w.split('-').next().unwrap().to_owned()).or_default().push(w);
+    }
+    let mut left = want.len();
+    while left > 0 {
+        let f =
+            inbox.frame(reader).unwrap().unwrap_or_else(|| panic!("{who}: ended, {left} missing"));
+        let got = String::from_utf8(f.payload).unwrap();
+        if got == "warm" {
+            continue;
+        }
+        let tag = got.split('-').next().unwrap().to_owned();
+        let i = next.entry(tag.clone()).or_default();
+        let expected = by_tag.get(&tag).and_then(|w| w.get(*i)).map(|s| s.as_str());
+        assert_eq!(Some(got.as_str()), expected, "{who}: out of order, twice or after a loss");
+        *i += 1;
+        left -= 1;
+    }
+}
+
+/// Sends `body` to `/topic/{topic}` by HTTP POST; the answer's status line.
+fn post(addr: &str, topic: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let request = format!(
+        "POST /topic/{topic} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn a_redis_cluster_carries_topics_on_sharded_pub_sub_and_survives_a_master_restart() {
+    if Command::new("redis-server").arg("--version").output().is_err() {
+        eprintln!("redis-server is not installed: skipped");
+        return;
+    }
+    let Some(mut cluster) = Cluster::start() else { return };
+    // Two topics on each master.
+    let mut topics: Vec<(String, usize)> = Vec::new();
+    for i in 0.. {
+        let topic = format!("s{i}");
+        let owner = cluster.owner(&format!("freeboard:{topic}"));
+        if topics.iter().filter(|(_, o)| *o == owner).count() < 2 {
+            topics.push((topic, owner));
+        }
+        if topics.len() == 6 {
+            break;
+        }
+    }
+    let seed = |i: usize| format!("redis://127.0.0.1:{}/", cluster.nodes[i].0);
+    let (_a, addr_a) = node_on(&seed(0), &[]);
+    // Node B is given two seeds.
+    let (_b, addr_b) = node_on(&format!("{},{}", seed(1), seed(2)), &[]);
+    // On each topic: a reader on each node, a publisher on each node.
+    let mut readers = Vec::new();
+    let mut publishers = Vec::new();
+    for (topic, _) in &topics {
+        let mut pair = vec![subscribe(&addr_a, topic), subscribe(&addr_b, topic)];
+        let (mut pub_a, _) = subscribe(&addr_a, topic);
+        let (mut pub_b, _) = subscribe(&addr_b, topic);
+        warm_up(&mut pub_a, &mut pair);
+        warm_up(&mut pub_b, &mut pair);
+        readers.push(pair);
+        publishers.push((pub_a, pub_b));
+    }
+    // Each node subscribed once per topic, sharded, on the master that owns it, and nowhere
+    // with plain SUBSCRIBE.
+    for (topic, owner) in &topics {
+        let channel = format!("freeboard:{topic}");
+        for i in 0..3 {
+            let expected = if i == *owner { 2 } else { 0 };
+            assert_eq!(cluster.subscribers(i, &channel), (expected, 0), "{channel} on master {i}");
+        }
+    }
+    const EACH: usize = 200;
+    let burst = |tag: &str| -> Vec<String> { (0..EACH).map(|i| format!("{tag}-{i}")).collect() };
+    for ((topic, _), (pub_a, pub_b)) in topics.iter().zip(&mut publishers) {
+        let frames =
+            |tag: &str| burst(tag).iter().flat_map(|m| text(m.as_bytes())).collect::<Vec<u8>>();
+        pub_a.write_all(&frames(&format!("a{topic}"))).unwrap();
+        pub_b.write_all(&frames(&format!("b{topic}"))).unwrap();
+    }
+    for ((topic, _), pair) in topics.iter().zip(&mut readers) {
+        assert!(post(&addr_a, topic, &format!("pa{topic}-0")).starts_with("HTTP/1.1 200"));
+        assert!(post(&addr_b, topic, &format!("pb{topic}-0")).starts_with("HTTP/1.1 200"));
+        let mut want = burst(&format!("a{topic}"));
+        want.extend(burst(&format!("b{topic}")));
+        want.extend([format!("pa{topic}-0"), format!("pb{topic}-0")]);
+        for (n, (reader, inbox)) in pair.iter_mut().enumerate() {
+            expect_in_order(reader, inbox, &want, &format!("{topic}, reader on node {n}"));
+        }
+    }
+
+    // A topic's slot moves to another master: both nodes follow it (the old master drops
+    // their subscriptions, the new one has them), and publications go where it now is.
+    let (moved, from) = topics[2].clone();
+    let to = (from + 1) % 3;
+    let channel = format!("freeboard:{moved}");
+    cluster.move_slot(&channel, from, to);
+    topics[2].1 = to;
+    let until = Instant::now() + Duration::from_secs(10);
+    while cluster.subscribers(to, &channel) != (2, 0)
+        || cluster.subscribers(from, &channel) != (0, 0)
+    {
+        assert!(Instant::now() < until, "{channel}: the subscriptions never followed the slot");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (pub_a, pub_b) = &mut publishers[2];
+    let frames =
+        |tag: &str| burst(tag).iter().flat_map(|m| text(m.as_bytes())).collect::<Vec<u8>>();
+    pub_a.write_all(&frames(&format!("ma{moved}"))).unwrap();
+    pub_b.write_all(&frames(&format!("mb{moved}"))).unwrap();
+    let mut want = burst(&format!("ma{moved}"));
+    want.extend(burst(&format!("mb{moved}")));
+    for (n, (reader, inbox)) in readers[2].iter_mut().enumerate() {
+        expect_in_order(
+            reader,
+            inbox,
+            &want,
+            &format!("{moved} after its slot moved, reader on node {n}"),
+        );
+    }
+
+    // Another slot moves while only node B subscribes to its topic: node A's map is stale,
+    // so its publication is redirected (`MOVED`) and sent once more, to the new master.
+    let solo = (0..)
+        .map(|i| format!("solo{i}"))
+        .find(|t| cluster.owner(&format!("freeboard:{t}")) == to)
+        .unwrap();
+    let channel = format!("freeboard:{solo}");
+    let (mut reader, mut inbox) = subscribe(&addr_b, &solo);
+    reader.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !matches!(inbox.frame(&mut reader), Ok(Some(_))) {
+        assert!(Instant::now() < until, "{solo}: node B never subscribed");
+        post(&addr_a, &solo, "warm");
+    }
+    reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    cluster.move_slot(&channel, to, from);
+    let until = Instant::now() + Duration::from_secs(10);
+    while cluster.subscribers(from, &channel) != (1, 0) {
+        assert!(Instant::now() < until, "{channel}: node B's subscription never followed the slot");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let refused = metric(&addr_a, "freeboard_backplane_lost_total{reason=\"refused\"}");
+    for i in 0..20 {
+        assert!(post(&addr_a, &solo, &format!("solo-{i}")).starts_with("HTTP/1.1 200"));
+    }
+    let want: Vec<String> = (0..20).map(|i| format!("solo-{i}")).collect();
+    expect_in_order(&mut reader, &mut inbox, &want, "a topic whose slot moved under node A");
+    assert_eq!(metric(&addr_a, "freeboard_backplane_lost_total{reason=\"refused\"}"), refused);
+    // And a slot moved before node A subscribes to its topic: the stale map sends the
+    // subscription to the old master, which answers `MOVED`; node A maps again and subscribes
+    // on the new one, and node B's publications (its map stale too) reach it.
+    let late = (0..)
+        .map(|i| format!("late{i}"))
+        .find(|t| cluster.owner(&format!("freeboard:{t}")) == to)
+        .unwrap();
+    let channel = format!("freeboard:{late}");
+    cluster.move_slot(&channel, to, from);
+    let (mut reader, mut inbox) = subscribe(&addr_a, &late);
+    let until = Instant::now() + Duration::from_secs(10);
+    while cluster.subscribers(from, &channel) != (1, 0) {
+        assert!(Instant::now() < until, "{channel}: node A never subscribed on the new master");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for i in 0..20 {
+        assert!(post(&addr_b, &late, &format!("late-{i}")).starts_with("HTTP/1.1 200"));
+    }
+    let want: Vec<String> = (0..20).map(|i| format!("late-{i}")).collect();
+    expect_in_order(&mut reader, &mut inbox, &want, "a topic subscribed on a stale map");
+
+    // History on the cluster: the stream and the SPUBLISH in the script share a slot.
+    let history = ["--history", "50", "--history-prefix", "h"];
+    let (_ha, addr_ha) = node_on(&seed(0), &history);
+    let (_hb, addr_hb) = node_on(&seed(1), &history);
+    for topic in ["h1", "h2", "h3"] {
+        let (mut publisher, mut own) = subscribe(&addr_hb, topic);
+        let (mut reader, mut inbox) = subscribe(&addr_ha, topic);
+        warm_up_history(&mut publisher, &mut own, &mut reader, &mut inbox);
+        publisher.write_all(&text(b"m0")).unwrap();
+        let since = read_until(&mut reader, &mut inbox, "m0");
+        drop(reader);
+        let frames: Vec<u8> = (1..21).flat_map(|i| text(format!("m{i}").as_bytes())).collect();
+        publisher.write_all(&frames).unwrap();
+        read_until(&mut publisher, &mut own, "m20");
+        let (mut back, mut inbox) = subscribe(&addr_ha, &format!("{topic}?since={since}"));
+        for i in 1..21 {
+            let f =
+                inbox.frame(&mut back).unwrap().unwrap_or_else(|| panic!("{topic}: ended at m{i}"));
+            assert_eq!(enveloped(&f.payload).1, format!("m{i}"), "{topic}: recovered out of order");
+        }
+    }
+
+    // A master restarted during a stream on one of its topics: counted losses, then delivery
+    // resumes (in order, nothing twice) once node B has subscribed again.
+    let (topic, owner) = topics[0].clone();
+    let (mut publisher, _) = publishers.remove(0);
+    let (mut reader, mut inbox) = readers.remove(0).pop().unwrap(); // on node B
+    let sent = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let streamer = {
+        let (sent, stop) = (sent.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(Ordering::Acquire) && i < 20_000 {
+                publisher.write_all(&text(format!("t{i}").as_bytes())).unwrap();
+                i += 1;
+                sent.store(i, Ordering::Release);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let mut last: Option<usize> = None;
+    let mut next_frame = |inbox: &mut Inbox, reader: &mut TcpStream| -> usize {
+        loop {
+            let f = inbox.frame(reader).unwrap().expect("node B's subscriber stays connected");
+            let got = String::from_utf8(f.payload).unwrap();
+            let Some(i) = got.strip_prefix('t').and_then(|i| i.parse::<usize>().ok()) else {
+                continue;
+            };
+            if let Some(before) = last {
+                assert!(i > before, "t{i} after t{before}: twice or out of order");
+            }
+            last = Some(i);
+            return i;
+        }
+    };
+    reader.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    while next_frame(&mut inbox, &mut reader) < 50 {}
+    cluster.nodes[owner].2 = None; // killed by PID
+    let killed_at = sent.load(Ordering::Acquire);
+    // The other masters' topics go on meanwhile.
+    let (other, pair) =
+        topics[1..].iter().zip(&mut readers).find(|((_, o), _)| *o != owner).unwrap();
+    assert!(post(&addr_a, &other.0, "during-0").starts_with("HTTP/1.1 200"));
+    let (other_reader, other_inbox) = &mut pair[1];
+    expect_in_order(other_reader, other_inbox, &["during-0".into()], "another master's topic");
+    while sent.load(Ordering::Acquire) < killed_at + 100 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    cluster.nodes[owner].2 = cluster.server(owner);
+    let restarted_at = sent.load(Ordering::Acquire);
+    let mut after_restart = 0;
+    while after_restart < 50 {
+        if next_frame(&mut inbox, &mut reader) > restarted_at {
+            after_restart += 1;
+        }
+    }
+    stop.store(true, Ordering::Release);
+    streamer.join().unwrap();
+    let lost = metric(&addr_a, "freeboard_backplane_lost_total");
+    assert!(lost > 0, "the publications sent while {topic}'s master was down are counted");
+    let channel = format!("freeboard:{topic}");
+    // Node A subscribes again too (its shard thread's backoff may run a little longer).
+    let until = Instant::now() + Duration::from_secs(10);
+    while cluster.subscribers(owner, &channel) != (2, 0) {
+        assert!(Instant::now() < until, "{channel}: both nodes never subscribed again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "{topic}: master {owner} killed after {killed_at} and restarted after {restarted_at} \
+         publications: {lost} counted lost on node A ({})",
+        losses(&addr_a)
+    );
 }

@@ -3,46 +3,18 @@
 //! subscriber's cap is refused up front; a subscriber reconnecting with `?since=` gets what it
 //! missed from the topic's history, or close 4410.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use freeboard_test::{Inbox, frame};
 
+use common::Serve;
+
 /// Publications in the burst.
 const BURST: usize = 2000;
-
-/// A `freeboard serve` child and the address it listens on; killed on drop.
-struct Serve {
-    child: Child,
-    addr: String,
-}
-
-impl Serve {
-    fn spawn(extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64M"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let url = line.trim().rsplit(' ').next().unwrap().to_owned();
-        assert!(url.starts_with("ws://127.0.0.1:"), "{line}");
-        let addr = url.trim_start_matches("ws://").trim_end_matches('/').to_owned();
-        Self { child, addr }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A WebSocket on `path`, its 101 read.
 fn subscribe(addr: &str, path: &str) -> (TcpStream, Inbox) {
@@ -95,7 +67,7 @@ fn a_subscriber_that_keeps_up_gets_every_publication_under_every_policy() {
     let burst: Vec<u8> = (0..BURST).flat_map(|i| text(format!("m{i}").as_bytes())).collect();
     for policy in ["conflate", "drop-oldest", "drop-newest", "block", "close"] {
         for threads in ["1", "2"] {
-            let serve = Serve::spawn(&[
+            let serve = Serve::start(&[
                 "--client-publish",
                 "--threads",
                 threads,
@@ -128,29 +100,40 @@ fn a_subscriber_that_keeps_up_gets_every_publication_under_every_policy() {
     }
 }
 
+/// The 413 counts what the subscriber's queue will hold: the frame header and, on a topic
+/// that keeps history, the offset envelope (at most 42 bytes) in front of the payload.
 #[test]
 fn a_post_larger_than_a_subscriber_cap_is_refused_with_413() {
-    let serve = Serve::spawn(&["--topic-send-cap", "64K", "--threads", "1"]);
-    let (mut reader, mut inbox) = subscribe(&serve.addr, "/topic/big");
-    let post = |len: usize| {
-        let mut s = TcpStream::connect(&serve.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let head = format!(
-            "POST /topic/big HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+    // (extra flags, the largest body that fits a 64 KiB cap, whether an envelope leads it)
+    for (extra, largest, envelope) in
+        [(&[][..], (64 << 10) - 4, false), (&["--history", "10"][..], (64 << 10) - 46, true)]
+    {
+        let serve =
+            Serve::start(&[&["--topic-send-cap", "64K", "--threads", "1"][..], extra].concat());
+        let (mut reader, mut inbox) = subscribe(&serve.addr, "/topic/big");
+        let post = |len: usize| {
+            let mut s = TcpStream::connect(&serve.addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let head = format!(
+                "POST /topic/big HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+            );
+            s.write_all(head.as_bytes()).unwrap();
+            let _ = s.write_all(&vec![b'x'; len]);
+            let mut answer = String::new();
+            let _ = s.read_to_string(&mut answer);
+            answer
+        };
+        let refused = post(largest + 1);
+        assert!(refused.starts_with("HTTP/1.1 413"), "{extra:?}: {refused}");
+        let fits = post(largest);
+        assert!(
+            fits.starts_with("HTTP/1.1 200") && fits.contains("\"delivered\":1,"),
+            "{extra:?}: {fits}"
         );
-        s.write_all(head.as_bytes()).unwrap();
-        let _ = s.write_all(&vec![b'x'; len]);
-        let mut answer = String::new();
-        let _ = s.read_to_string(&mut answer);
-        answer
-    };
-    // Framed, 64 KiB of payload takes 10 bytes more than the cap of 64 KiB.
-    let refused = post(64 << 10);
-    assert!(refused.starts_with("HTTP/1.1 413"), "{refused}");
-    let fits = post((64 << 10) - 10);
-    assert!(fits.starts_with("HTTP/1.1 200"), "{fits}");
-    let f = inbox.frame(&mut reader).unwrap().expect("the publication that fits");
-    assert_eq!(f.payload.len(), (64 << 10) - 10);
+        let f = inbox.frame(&mut reader).unwrap().expect("the publication that fits");
+        let payload = f.payload.strip_suffix(&vec![b'x'; largest][..]).expect("the whole body");
+        assert_eq!(payload.ends_with(b":"), envelope, "{extra:?}: {payload:?}");
+    }
 }
 
 /// The status line of an upgrade to `path`.
@@ -165,7 +148,7 @@ fn upgrade_status(addr: &str, path: &str) -> String {
 #[test]
 fn topic_limits_refuse_clearly_and_are_counted() {
     let serve =
-        Serve::spawn(&["--threads", "2", "--max-topics-per-connection", "2", "--max-topics", "3"]);
+        Serve::start(&["--threads", "2", "--max-topics-per-connection", "2", "--max-topics", "3"]);
     // An also= list beyond the connection's limit: 400 at the upgrade.
     assert!(upgrade_status(&serve.addr, "/topic/a?also=b&also=c").starts_with("HTTP/1.1 400"));
     let (_ab, _) = subscribe(&serve.addr, "/topic/a?also=b");
@@ -202,7 +185,7 @@ fn sequence(offset: &str) -> u64 {
 #[test]
 fn a_reconnect_with_since_gets_what_it_missed_or_is_told_it_is_gone() {
     for threads in ["1", "2"] {
-        let serve = Serve::spawn(&[
+        let serve = Serve::start(&[
             "--client-publish",
             "--threads",
             threads,
@@ -284,7 +267,7 @@ fn keyed_conflate_keeps_every_instrument_for_a_slow_subscriber() {
         if keyed {
             args.extend(["--topic-conflate-key", "|"]);
         }
-        let serve = Serve::spawn(&args);
+        let serve = Serve::start(&args);
         let (mut reader, mut inbox) = subscribe_slow(&serve.addr, "/topic/ticks");
         let (mut publisher, mut own) = subscribe(&serve.addr, "/topic/ticks");
         warm_up(&mut publisher, &mut reader, &mut inbox);

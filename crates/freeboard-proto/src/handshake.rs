@@ -464,7 +464,10 @@ impl<'h, 'b> Response<'h, 'b> {
         }
         let offered = request.extensions.unwrap_or("").as_bytes();
         for accepted in response.extensions() {
-            if !tokens(offered).filter_map(Extension::parse).any(|o| o.name == accepted.name) {
+            // Extension names are compared as the server compares the offer's: a server
+            // that answers `Permessage-Deflate` to `permessage-deflate` chose what was offered.
+            let same = |o: Extension<'_>| o.name.eq_ignore_ascii_case(accepted.name);
+            if !tokens(offered).filter_map(Extension::parse).any(same) {
                 return Err(HandshakeError::UnexpectedExtension);
             }
         }
@@ -622,6 +625,7 @@ mod tests {
     }
 
     extern crate std;
+    use std::format;
     use std::string::String;
     use std::vec::Vec;
 
@@ -752,5 +756,33 @@ mod tests {
             Response::parse(refused, &mut headers, &request, 1024).unwrap_err(),
             HandshakeError::Refused { status: 403, head_len: refused.len() - 2 }
         );
+    }
+
+    #[test]
+    fn accepted_extensions_match_the_offer_whatever_their_case() {
+        let key = generate_key([7; 16]);
+        let request = ClientRequest {
+            host: "localhost",
+            path: "/",
+            key: &key,
+            protocols: &[],
+            extensions: Some("permessage-deflate; client_max_window_bits"),
+            headers: &[],
+        };
+        let accept = accept_key(&key);
+        let accept = core::str::from_utf8(&accept).unwrap();
+        for (answer, outcome) in [
+            ("Permessage-Deflate; server_no_context_takeover", Ok(())),
+            ("PERMESSAGE-DEFLATE", Ok(())),
+            ("x-webkit-deflate-frame", Err(HandshakeError::UnexpectedExtension)),
+        ] {
+            let head = format!(
+                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                 Sec-WebSocket-Accept: {accept}\r\nSec-WebSocket-Extensions: {answer}\r\n\r\n"
+            );
+            let mut headers = [EMPTY_HEADER; 16];
+            let parsed = Response::parse(head.as_bytes(), &mut headers, &request, 1024);
+            assert_eq!(parsed.map(|_| ()), outcome, "{answer}");
+        }
     }
 }

@@ -10,7 +10,9 @@
 
 //! - [`tls::TestCa`]: a certificate authority made at test time, and server certificates it
 //!   signs, in PEM files.
+//! - [`browser::Browser`]: headless Chromium for the browser tests.
 
+pub mod browser;
 pub mod tls;
 
 use std::time::Duration;

@@ -249,8 +249,10 @@ pub struct TopicsConfig {
     pub webhook_in_flight: usize,
     /// A Redis backplane (`redis://HOST:PORT/`, optionally `redis://:PASSWORD@HOST:PORT/`):
     /// every publication of this node goes to every node on the same Redis, and this node
-    /// subscribes in Redis to the topics it has local subscribers to. Default: none, topics
-    /// stay on this machine. See the crate's README, Pub/sub.
+    /// subscribes in Redis to the topics it has local subscribers to. A Redis Cluster is
+    /// found by itself and used with sharded pub/sub; several comma-separated URLs are seeds
+    /// of one cluster. Default: none, topics stay on this machine. See the crate's README,
+    /// Pub/sub.
     pub redis: Option<String>,
     /// Bytes of publications the queue towards Redis holds (while Redis is slow or down)
     /// before further ones are counted lost (`freeboard_backplane_lost_total{reason="queue_full"}`).

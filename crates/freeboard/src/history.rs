@@ -124,18 +124,21 @@ struct Entry {
 
 /// An offset's envelope, `{a}-{b}:`, ready to go before a payload.
 pub(crate) struct Envelope {
-    bytes: [u8; 42],
+    bytes: [u8; Envelope::MAX],
     len: usize,
 }
 
 impl Envelope {
+    /// The longest envelope: two u64 in decimal, a dash and a colon.
+    pub(crate) const MAX: usize = 42;
+
     fn new(offset: Offset) -> Self {
         use std::io::Write;
-        let mut bytes = [0u8; 42];
+        let mut bytes = [0u8; Self::MAX];
         let mut out = &mut bytes[..];
-        // NOTE(unwrap): two u64 in decimal, a dash and a colon take at most 42 bytes.
+        // NOTE(unwrap): two u64 in decimal, a dash and a colon take at most MAX bytes.
         write!(out, "{offset}:").unwrap();
-        let len = 42 - out.len();
+        let len = Self::MAX - out.len();
         Envelope { bytes, len }
     }
 

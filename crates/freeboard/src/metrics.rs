@@ -278,6 +278,10 @@ pub(crate) struct LoopStats {
     pub(crate) bytes_out: u64,
     /// Published messages queued to subscribers.
     pub(crate) deliveries: u64,
+    /// Publications compressed once for their compressing subscribers.
+    pub(crate) compressions: u64,
+    /// Publications sent uncompressed to compressing subscribers: no budget to compress.
+    pub(crate) compression_fallbacks: u64,
     /// Messages dropped by slow-consumer policies, counted here so a drop allocates nothing.
     pub(crate) policy_drops: PolicyCounts,
     /// Messages refused because the pool was short through no fault of their connection.
@@ -349,6 +353,8 @@ impl LoopStats {
             (&metrics.bytes_in, self.bytes_in),
             (&metrics.bytes_out, self.bytes_out),
             (&metrics.deliveries, self.deliveries),
+            (&metrics.compressions, self.compressions),
+            (&metrics.compression_fallbacks, self.compression_fallbacks),
         ] {
             if n > 0 {
                 counter.inc_by(n);
@@ -425,6 +431,12 @@ pub struct Metrics {
     pub(crate) publishes: Counter,
     /// Published messages queued to subscribers (one per subscriber).
     pub(crate) deliveries: Counter,
+    /// Publications compressed for the compressing subscribers of a loop (once per
+    /// publication, loop and window size).
+    pub(crate) compressions: Counter,
+    /// Publications sent uncompressed to compressing subscribers because the budget could
+    /// not cover their compression.
+    pub(crate) compression_fallbacks: Counter,
     /// Publications a whole loop could not take, by reason ([`TOPIC_DROP_REASONS`]); drops
     /// for one subscriber are counted in `drops` by policy.
     pub(crate) topic_drops: Family<Reason, Counter>,
@@ -453,7 +465,7 @@ pub struct Metrics {
     pub(crate) backplane_published: Counter,
     /// Publications of other nodes received from the Redis backplane.
     pub(crate) backplane_received: Counter,
-    /// 1 while the backplane's subscriber is connected to Redis.
+    /// 1 while Redis is mapped and every server holding this node's subscriptions is connected.
     pub(crate) backplane_up: Gauge,
     /// Subscriptions refused by a topic limit, by reason ([`TOPIC_REFUSAL_REASONS`]); an
     /// upgrade naming too many topics is counted in `refusals` (400).
@@ -493,6 +505,8 @@ impl Metrics {
             subscriptions: Gauge::default(),
             publishes: Counter::default(),
             deliveries: Counter::default(),
+            compressions: Counter::default(),
+            compression_fallbacks: Counter::default(),
             topic_drops: Family::default(),
             handshake_duration: Histogram::new(&MILLIS_BUCKETS, 0.001),
             message_size: Histogram::new(&MESSAGE_SIZE_BUCKETS, 1.0),
@@ -623,6 +637,16 @@ impl Metrics {
             m.deliveries.clone(),
         );
         r.register(
+            "topic_compressions",
+            "Publications compressed once per event loop for its compressing subscribers",
+            m.compressions.clone(),
+        );
+        r.register(
+            "topic_compression_fallbacks",
+            "Publications sent uncompressed to compressing subscribers: no budget to compress",
+            m.compression_fallbacks.clone(),
+        );
+        r.register(
             "topic_drops",
             "Publications a whole event loop could not take, by reason",
             m.topic_drops.clone(),
@@ -681,7 +705,7 @@ impl Metrics {
         );
         r.register(
             "backplane_up",
-            "1 while the backplane's subscriber is connected to Redis",
+            "1 while Redis is mapped and every server holding the subscriptions is connected",
             m.backplane_up.clone(),
         );
         r.register(
@@ -748,6 +772,17 @@ impl Metrics {
     /// Published messages queued to subscribers (one per subscriber).
     pub fn deliveries(&self) -> u64 {
         self.deliveries.get()
+    }
+
+    /// Publications compressed for compressing subscribers (once per publication, event
+    /// loop and window size).
+    pub fn topic_compressions(&self) -> u64 {
+        self.compressions.get()
+    }
+
+    /// Publications sent uncompressed to compressing subscribers for want of budget.
+    pub fn topic_compression_fallbacks(&self) -> u64 {
+        self.compression_fallbacks.get()
     }
 
     /// Handshakes (and plain HTTP requests) that timed out.
@@ -928,7 +963,7 @@ impl Metrics {
         self.topic_refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
     }
 
-    /// Whether the backplane's subscriber is connected.
+    /// Whether Redis is mapped and the servers holding the subscriptions are connected.
     pub(crate) fn set_backplane_up(&self, up: bool) {
         self.backplane_up.set(i64::from(up));
     }

@@ -59,6 +59,13 @@ pub struct Published {
     /// Event loops with subscribers that could not take it (inbox full, or no pool chunk for
     /// the frame); counted in `topic_drops`.
     pub dropped: u32,
+    /// With a Redis backplane: publications queued towards Redis for the other nodes (and,
+    /// for a topic whose history Redis keeps, for this node too: its loops then count 0
+    /// here and get it back from Redis with its offset).
+    pub redis: u32,
+    /// With a Redis backplane: publications its full queue could not take (counted in
+    /// `backplane_lost_total{reason="queue_full"}`).
+    pub redis_lost: u32,
 }
 
 /// How many subscribers a publication reached, and for how many it was dropped (by their
@@ -284,6 +291,13 @@ impl Hub {
         Stamp { head, head_len, envelope }
     }
 
+    /// The bytes `topic`'s messages carry in front of their payload (an offset's envelope
+    /// when the topic keeps history; at most this many).
+    pub(crate) fn envelope_room(&self, topic: &str) -> usize {
+        let kept = self.history.as_ref().is_some_and(|h| h.applies(topic));
+        if kept { crate::history::Envelope::MAX } else { 0 }
+    }
+
     /// What a subscriber of `topic` that last saw offset `since` missed (nothing if the topic
     /// keeps no history).
     pub(crate) fn recover(&self, topic: &str, since: &str) -> Recovery {
@@ -316,11 +330,27 @@ impl Hub {
             && self.backplane.get().is_some()
     }
 
-    /// Sends a publication of this node to the other nodes, if there is a backplane.
-    pub(crate) fn send_to_backplane(&self, topic: &str, kind: MessageKind, payload: &[u8]) {
+    /// Sends a publication of this node to the other nodes, if there is a backplane, and
+    /// counts it in `published` as queued towards Redis or lost.
+    pub(crate) fn send_to_backplane(
+        &self,
+        topic: &str,
+        kind: MessageKind,
+        payload: &[u8],
+        published: &mut Published,
+    ) {
         if let Some(backplane) = self.backplane.get() {
-            backplane.publish(topic, kind, payload, self.kept_in_redis(topic));
+            if backplane.publish(topic, kind, payload, self.kept_in_redis(topic)) {
+                published.redis += 1;
+            } else {
+                published.redis_lost += 1;
+            }
         }
+    }
+
+    /// Whether publications go through Redis to other nodes.
+    pub(crate) fn has_backplane(&self) -> bool {
+        self.backplane.get().is_some()
     }
 
     /// Delivers a publication from Redis to every loop of this node that has a subscriber to
@@ -588,14 +618,14 @@ impl LocalTopics {
         receipt: Option<&Arc<Receipt>>,
     ) -> Published {
         hub.metrics.publishes.inc();
+        let mut published = Published::default();
         if hub.kept_in_redis(topic) {
             // Delivered here too once Redis has kept it, with its offset.
-            hub.send_to_backplane(topic, kind, payload);
-            return Published::default();
+            hub.send_to_backplane(topic, kind, payload, &mut published);
+            return published;
         }
         let stamp = hub.stamp(topic, kind, payload);
         let parts = stamp.parts(payload);
-        let mut published = Published::default();
         if let Some(&t) = self.by_name.get(topic) {
             match Frame::from_parts(pool, &parts) {
                 Ok(frame) => {
@@ -609,7 +639,7 @@ impl LocalTopics {
             }
         }
         hub.publish_remote(topic, &parts, Some(self.index), &mut published, receipt);
-        hub.send_to_backplane(topic, kind, payload);
+        hub.send_to_backplane(topic, kind, payload, &mut published);
         published
     }
 

@@ -1,6 +1,7 @@
 //! permessage-deflate (RFC 7692) through a real server on loopback: negotiation, compressed
-//! echo in both modes, RSV1 on the first frame only, and the defined outcome of bad input
-//! (a bomb, corrupt data, invalid text, an offer the server does not accept).
+//! echo in both modes, RSV1 on the first frame only, publications compressed once for every
+//! compressing subscriber, and the defined outcome of bad input (a bomb, corrupt data,
+//! invalid text, an offer the server does not accept).
 
 mod common;
 
@@ -10,7 +11,11 @@ use std::time::Duration;
 
 use common::{config, start};
 use flate2::{Compress, Compression as Level, Decompress, FlushCompress, FlushDecompress};
-use freeboard::{Compression, ServerConfig, SlowConsumerPolicy};
+use freeboard::config::TopicsConfig;
+use freeboard::{
+    Compression, Conn, Handler, Message, MessageKind, RouteOptions, Router, Server, ServerConfig,
+    SlowConsumerPolicy,
+};
 use freeboard_test::{Frame, Inbox, TEST_MASK};
 
 struct DeflateClient {
@@ -23,10 +28,15 @@ struct DeflateClient {
 
 impl DeflateClient {
     fn connect(addr: SocketAddr, offer: &str) -> Self {
+        Self::connect_to(addr, "/", Some(offer))
+    }
+
+    /// Upgrades at `path`, offering `offer` if any.
+    fn connect_to(addr: SocketAddr, path: &str, offer: Option<&str>) -> Self {
         let mut stream = TcpStream::connect(addr).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let extra = format!("Sec-WebSocket-Extensions: {offer}\r\n");
-        stream.write_all(freeboard_test::upgrade_request("/", &extra).as_bytes()).unwrap();
+        let extra = offer.map_or(String::new(), |o| format!("Sec-WebSocket-Extensions: {o}\r\n"));
+        stream.write_all(freeboard_test::upgrade_request(path, &extra).as_bytes()).unwrap();
         let mut inbox = Inbox::default();
         let head = inbox.head(&mut stream).unwrap().unwrap();
         assert!(head.starts_with("HTTP/1.1 101"), "{head}");
@@ -257,4 +267,209 @@ fn a_bomb_gets_1009_and_bad_data_1007() {
         server.handle().shutdown();
         server.join().unwrap();
     }
+}
+
+/// A publication of `i`: JSON over the threshold, except every fifth, which is short.
+fn publication(i: usize) -> Vec<u8> {
+    if i % 5 == 4 {
+        format!("p{i}").into_bytes()
+    } else {
+        format!(r#"{{"seq":{i},"scores":{}}}"#, String::from_utf8_lossy(JSON)).into_bytes()
+    }
+}
+
+fn topic_server(
+    mode: Compression,
+    tweak: impl FnOnce(&mut ServerConfig),
+) -> freeboard::RunningServer {
+    let mut c = config();
+    c.compression = mode;
+    c.compression_threshold = 16;
+    tweak(&mut c);
+    let topics = TopicsConfig::default();
+    Server::bind(c, move || Router::new().topics(&topics)).unwrap().spawn()
+}
+
+/// Reads the publications `0..n` of a subscriber: compressed ones (RSV1) are inflated
+/// afresh (no context takeover), uncompressed ones taken as they are; returns how many
+/// came compressed.
+fn receive_publications(c: &mut DeflateClient, n: usize) -> usize {
+    let mut compressed = 0;
+    for i in 0..n {
+        let f = c.recv();
+        assert_eq!((f.fin, f.opcode), (true, 0x1));
+        let payload = if f.rsv == 0b100 {
+            compressed += 1;
+            inflate(&f.payload)
+        } else {
+            assert_eq!(f.rsv, 0);
+            f.payload
+        };
+        assert_eq!(payload, publication(i), "publication {i}");
+    }
+    compressed
+}
+
+/// N compressing and M plain subscribers of one topic get every publication intact; the
+/// compressing ones get RSV1 frames (over the threshold), and each publication is compressed
+/// once for all of them.
+#[test]
+fn a_publication_is_compressed_once_for_every_compressing_subscriber() {
+    const PUBLICATIONS: usize = 60;
+    let server = topic_server(Compression::Shared, |_| {});
+    let addr = server.local_addr();
+    let metrics = server.metrics();
+    let mut compressing: Vec<_> = (0..6)
+        .map(|i| {
+            // One asks for a smaller window: its publications are compressed once more.
+            let offer = if i == 0 {
+                "permessage-deflate; server_max_window_bits=10"
+            } else {
+                "permessage-deflate"
+            };
+            let c = DeflateClient::connect_to(addr, "/topic/news", Some(offer));
+            assert!(c.extensions().is_some_and(|e| e.contains("server_no_context_takeover")));
+            c
+        })
+        .collect();
+    let mut plain: Vec<_> =
+        (0..4).map(|_| DeflateClient::connect_to(addr, "/topic/news", None)).collect();
+    assert!(plain.iter().all(|c| c.extensions().is_none()));
+    common::wait_until("every subscription", || metrics.subscriptions() == 10);
+    for i in 0..PUBLICATIONS {
+        let published = server.handle().publish("news", MessageKind::Text, &publication(i));
+        assert_eq!(published.loops, 1);
+    }
+    let long = (0..PUBLICATIONS).filter(|i| i % 5 != 4).count();
+    for c in &mut compressing {
+        assert_eq!(receive_publications(c, PUBLICATIONS), long);
+    }
+    for c in &mut plain {
+        assert_eq!(receive_publications(c, PUBLICATIONS), 0);
+    }
+    // Once per publication over the threshold, and once more for the 10-bit window (the
+    // loop adds its counts to the metrics at the end of its turn, after its writes).
+    common::wait_until("the counts", || metrics.deliveries() == 10 * PUBLICATIONS as u64);
+    assert_eq!(metrics.topic_compressions(), 2 * long as u64);
+    assert_eq!(metrics.topic_compression_fallbacks(), 0);
+    assert_eq!(metrics.deliveries(), 10 * PUBLICATIONS as u64);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+/// Subscribes every connection to `news` and echoes what it sends.
+struct SubscribeAndEcho;
+
+impl Handler for SubscribeAndEcho {
+    fn on_open(&mut self, conn: &mut Conn<'_>) {
+        conn.subscribe("news").unwrap();
+    }
+
+    fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
+        let _ = conn.send(message.kind, message.data);
+    }
+}
+
+/// A dedicated connection that keeps its server context gets publications uncompressed (a
+/// message compressed without its context would desynchronise its window) and its echoes
+/// compressed against that context; interleaved, every one decodes. A dedicated connection
+/// without server context takeover shares the compressed publication.
+#[test]
+fn dedicated_subscribers_with_context_takeover_decode_publications_among_their_echoes() {
+    const ROUNDS: usize = 40;
+    let mut c = config();
+    c.compression = Compression::Dedicated;
+    c.compression_threshold = 16;
+    c.slow_consumer = SlowConsumerPolicy::Close; // the server keeps its context only then
+    let server =
+        Server::bind(c, || Router::new().route_with("/", SubscribeAndEcho, RouteOptions::new()))
+            .unwrap()
+            .spawn();
+    let addr = server.local_addr();
+    let metrics = server.metrics();
+    let mut keeping = DeflateClient::connect(addr, "permessage-deflate");
+    assert_eq!(keeping.extensions(), Some("permessage-deflate"));
+    let mut fresh: Vec<_> = (0..2)
+        .map(|_| DeflateClient::connect(addr, "permessage-deflate; server_no_context_takeover"))
+        .collect();
+    assert!(
+        fresh
+            .iter()
+            .all(|c| c.extensions() == Some("permessage-deflate; server_no_context_takeover"))
+    );
+    common::wait_until("every subscription", || metrics.subscriptions() == 3);
+    let echo = |i: usize| format!(r#"{{"echo":{i},"body":{}}}"#, String::from_utf8_lossy(JSON));
+    for i in 0..ROUNDS {
+        keeping.send(0xc1, &deflate(echo(i).as_bytes()));
+        server.handle().publish("news", MessageKind::Text, &publication(i));
+        // The echo and the publication arrive in either order; the context follows the
+        // order the server sent them in, which is the order they arrive in.
+        let (mut echoed, mut published) = (false, false);
+        while !(echoed && published) {
+            let f = keeping.recv();
+            if f.rsv == 0b100 {
+                assert!(!echoed);
+                assert_eq!(keeping.inflate(&f.payload), echo(i).as_bytes(), "echo {i}");
+                echoed = true;
+            } else {
+                assert!(!published);
+                assert_eq!(f.payload, publication(i), "publication {i}");
+                published = true;
+            }
+        }
+    }
+    let long = (0..ROUNDS).filter(|i| i % 5 != 4).count();
+    for c in &mut fresh {
+        assert_eq!(receive_publications(c, ROUNDS), long);
+    }
+    common::wait_until("the counts", || metrics.deliveries() == 3 * ROUNDS as u64);
+    assert_eq!(metrics.topic_compressions(), long as u64);
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+/// When the budget cannot cover the loop's compressor (dedicated contexts hold it all),
+/// publications go uncompressed to the subscribers that would have shared it, and each such
+/// fallback is counted.
+#[test]
+fn a_publication_the_budget_cannot_compress_goes_uncompressed_and_is_counted() {
+    let mut c = config();
+    c.memory = 2 << 20;
+    c.compression = Compression::Dedicated;
+    c.compression_threshold = 16;
+    c.slow_consumer = SlowConsumerPolicy::Close;
+    let server =
+        Server::bind(c, || Router::new().route_with("/", SubscribeAndEcho, RouteOptions::new()))
+            .unwrap()
+            .spawn();
+    let addr = server.local_addr();
+    let metrics = server.metrics();
+    // Each keeps a 15-bit server context, as big as the loop's shared compressor, until the
+    // budget cannot cover one more (that one goes on uncompressed).
+    let mut hogs = Vec::new();
+    loop {
+        let hog = DeflateClient::connect(addr, "permessage-deflate; client_no_context_takeover");
+        let refused = hog.extensions().is_none();
+        hogs.push(hog);
+        if refused {
+            break;
+        }
+        assert!(hogs.len() < 16, "the budget never ran short");
+    }
+    let mut c = DeflateClient::connect(
+        addr,
+        "permessage-deflate; server_no_context_takeover; client_no_context_takeover",
+    );
+    assert!(c.extensions().is_some());
+    common::wait_until("the subscriptions", || metrics.subscriptions() == hogs.len() as i64 + 1);
+    for i in 0..4 {
+        server.handle().publish("news", MessageKind::Text, &publication(i));
+    }
+    assert_eq!(receive_publications(&mut c, 4), 0);
+    common::wait_until("the counts", || metrics.topic_compression_fallbacks() >= 4);
+    assert_eq!(metrics.topic_compressions(), 0);
+    assert_eq!(metrics.topic_compression_fallbacks(), 4);
+    drop(hogs);
+    server.handle().shutdown();
+    server.join().unwrap();
 }

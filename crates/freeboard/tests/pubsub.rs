@@ -398,7 +398,7 @@ fn a_publish_to_nobody_costs_no_pool_chunks() {
     assert_eq!(metrics.publishes(), 1 + 2 * 1001 + 1);
     let log = log.lock().unwrap().clone();
     let nobody = Published::default();
-    let one = Published { loops: 1, dropped: 0 };
+    let one = Published { loops: 1, ..Published::default() };
     assert_eq!(log, vec![nobody, one, nobody, nobody]);
     // 2,000 publishes to nobody: had they been framed, a thousand chunks would have been in use
     // at once. Only responses, the echo frame and the client's input ever held chunks.

@@ -11,12 +11,12 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use common::config;
 use freeboard::{Conn, Echo, Handler, Message, Router, Server, TlsConfig};
+use freeboard_test::browser::{Browser, chromium};
 use freeboard_test::tls::TestCa;
 
 /// Forwards every text message it gets to the test.
@@ -61,15 +61,7 @@ ws.onerror = () => report("FAIL error");
 
 #[test]
 fn chromium_echoes_text_and_binary_over_wss_with_permessage_deflate() {
-    let Some(chromium) =
-        ["chromium", "chromium-browser", "google-chrome"].into_iter().find(|name| {
-            Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success())
-        })
-    else {
-        assert!(std::env::var_os("FREEBOARD_REQUIRE_BROWSER").is_none(), "no chromium");
-        eprintln!("SKIPPED: no chromium on the PATH (apt-get install -y chromium)");
-        return;
-    };
+    let Some(chromium) = chromium() else { return };
     let ca = TestCa::new("browser");
     let mut config = config();
     config.tls = Some(TlsConfig::new(ca.cert_pem(), ca.key_pem()));
@@ -85,29 +77,17 @@ fn chromium_echoes_text_and_binary_over_wss_with_permessage_deflate() {
     let port = server.tls_addr().unwrap().port();
     let page = PAGE.replace("PORT", &port.to_string());
     let profile = ca.dir().join("chromium-profile");
-    let mut browser = Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--no-first-run",
-            "--disable-dev-shm-usage",
-            // The page is a data: URL (an opaque origin); Chromium's local network access
-            // checks would stop it from reaching 127.0.0.1.
-            "--disable-features=LocalNetworkAccessChecks,PrivateNetworkAccessSendPreflights,BlockInsecurePrivateNetworkRequests",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(format!("--ignore-certificate-errors-spki-list={}", ca.spki_sha256))
-        .arg(format!("data:text/html;base64,{}", base64_encode(page.as_bytes())))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let flags = [
+        // The page is a data: URL (an opaque origin); Chromium's local network access checks
+        // would stop it from reaching 127.0.0.1.
+        "--disable-features=LocalNetworkAccessChecks,PrivateNetworkAccessSendPreflights,BlockInsecurePrivateNetworkRequests".to_owned(),
+        format!("--ignore-certificate-errors-spki-list={}", ca.spki_sha256),
+    ];
+    let url = format!("data:text/html;base64,{}", base64_encode(page.as_bytes()));
+    let browser = Browser::start(&chromium, &profile, &flags, &url);
     let outcome = rx.recv_timeout(Duration::from_secs(60));
     // Stop this browser (by its PID) before asserting.
-    let _ = browser.kill();
-    let _ = browser.wait();
+    drop(browser);
     let metrics = server.metrics();
     let outcome = outcome.unwrap_or_else(|_| {
         let text = metrics.encode();

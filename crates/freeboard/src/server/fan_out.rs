@@ -1,11 +1,13 @@
 //! The loop's side of pub/sub: fanning out its own handlers' publishes and the publications
 //! other loops sent to its inbox, by reference, to its subscribers' sessions.
 
-use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy};
+use freeboard_buf::{Frame, Pool, PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::Instant;
 
 use super::event_loop::EventLoop;
+use crate::metrics::LoopStats;
 use crate::session::Context;
+use crate::session::deflate::{Codec, NoMemory};
 use crate::topics::Reach;
 use crate::transport::Transport;
 
@@ -60,15 +62,24 @@ impl<T: Transport> EventLoop<T> {
     }
 
     /// Queues `frame` by reference to every open subscriber of `topic` on this loop; each
-    /// subscriber's policy decides alone what happens when its queue is full.
+    /// subscriber's policy decides alone what happens when its queue is full. A subscriber
+    /// that compresses without server context takeover gets the publication compressed once
+    /// for all of them (per window size), built when the first of them is met.
     fn fan_out(&mut self, now: Instant, topic: &str, frame: &Frame) -> Reach {
         let mut reach = Reach::default();
         let Some(subscribers) = self.topics.subscribers(topic) else { return reach };
         let mut changes = std::mem::take(&mut self.changes);
+        let mut compressed = Compressed::default();
         for (_, &token) in subscribers {
             // NOTE: a connection's subscriptions go before its slab entry does.
             let entry = &mut self.conns[token];
             let policy = entry.session.queue().policy();
+            let frame = match entry.session.shared_compression() {
+                Some(bits) => compressed
+                    .get(bits, frame, &mut self.codec, &mut self.pool, &mut self.stats)
+                    .unwrap_or(frame),
+                None => frame,
+            };
             let mut cx = Context {
                 pool: &mut self.pool,
                 lot: &mut self.lot,
@@ -105,6 +116,7 @@ impl<T: Transport> EventLoop<T> {
                 self.dirty.push(token);
             }
         }
+        compressed.release(&mut self.pool);
         for (token, change) in changes.drain(..) {
             if self.conns.contains(token) {
                 self.writability_changed(token, now, change);
@@ -112,5 +124,43 @@ impl<T: Transport> EventLoop<T> {
         }
         self.changes = changes;
         reach
+    }
+}
+
+/// One publication's compressed frames in one fan-out, by window bits − 9 (nearly always
+/// one: 15 bits, unless a client asked for a smaller window).
+#[derive(Default)]
+struct Compressed([Option<Option<Frame>>; 7]);
+
+impl Compressed {
+    /// The frame compressed for a `bits` window, compressed on first use; `None` when the
+    /// publication goes uncompressed (under the threshold, or the budget could not cover
+    /// it: counted, and the subscriber gets the uncompressed frame, always valid).
+    fn get(
+        &mut self,
+        bits: u8,
+        frame: &Frame,
+        codec: &mut Codec,
+        pool: &mut Pool<'static>,
+        stats: &mut LoopStats,
+    ) -> Option<&Frame> {
+        let slot = &mut self.0[usize::from(bits.clamp(9, 15) - 9)];
+        slot.get_or_insert_with(|| match codec.compress_frame(pool, frame, bits) {
+            Ok(compressed) => {
+                stats.compressions += u64::from(compressed.is_some());
+                compressed
+            }
+            Err(NoMemory) => {
+                stats.compression_fallbacks += 1;
+                None
+            }
+        })
+        .as_ref()
+    }
+
+    fn release(self, pool: &mut Pool<'static>) {
+        for frame in self.0.into_iter().flatten().flatten() {
+            frame.release(pool);
+        }
     }
 }

@@ -426,14 +426,16 @@ impl<T: Transport> EventLoop<T> {
                 return None;
             }
         };
-        // Framed (a server frame's header is 2, 4 or 10 bytes), a publication over a topic
-        // subscriber's cap could reach none of them: refused before a byte is kept.
-        let header_len = match len {
+        // Framed (a server frame's header is 2, 4 or 10 bytes; a history topic's offset
+        // envelope before the payload), a publication over a topic subscriber's cap could
+        // reach none of them: refused before a byte is kept.
+        let framed = len + self.shared.hub.envelope_room(topic);
+        let header_len = match framed {
             0..=125 => 2,
             126..=0xffff => 4,
             _ => 10,
         };
-        if len + header_len > self.config.topics.send_cap {
+        if framed + header_len > self.config.topics.send_cap {
             self.refuse(token, now, 413, "", "body larger than a subscriber's send cap");
             return None;
         }

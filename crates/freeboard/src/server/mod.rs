@@ -347,15 +347,13 @@ impl ServerHandle {
     /// ```
     pub fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
         self.shared.metrics.publishes.inc();
-        if self.shared.hub.kept_in_redis(topic) {
-            self.shared.hub.send_to_backplane(topic, kind, payload);
-            return Published::default();
-        }
-        let stamp = self.shared.hub.stamp(topic, kind, payload);
+        let hub = &self.shared.hub;
         let mut published = Published::default();
-        let parts = stamp.parts(payload);
-        self.shared.hub.publish_remote(topic, &parts, None, &mut published, None);
-        self.shared.hub.send_to_backplane(topic, kind, payload);
+        if !hub.kept_in_redis(topic) {
+            let stamp = hub.stamp(topic, kind, payload);
+            hub.publish_remote(topic, &stamp.parts(payload), None, &mut published, None);
+        }
+        hub.send_to_backplane(topic, kind, payload, &mut published);
         published
     }
 }

@@ -45,13 +45,18 @@ pub(super) struct PublishAnswer {
     local: Reach,
     other_loops: u32,
     other_loops_dropped: u32,
+    /// With a Redis backplane: messages queued towards Redis, and lost to its full queue.
+    redis: Option<(u32, u32)>,
 }
 
 impl PublishAnswer {
     /// The JSON answer, with the other loops' `remote` (delivered, dropped) counts added.
     fn json(&self, remote: (u64, u64), complete: bool) -> String {
+        let redis = self.redis.map_or(String::new(), |(queued, lost)| {
+            format!(",\"redis\":{queued},\"redis_lost\":{lost}")
+        });
         format!(
-            "{{\"messages\":{},\"delivered\":{},\"dropped\":{},\"other_loops\":{},\"other_loops_dropped\":{},\"complete\":{complete}}}\n",
+            "{{\"messages\":{},\"delivered\":{},\"dropped\":{},\"other_loops\":{},\"other_loops_dropped\":{}{redis},\"complete\":{complete}}}\n",
             self.messages,
             self.local.delivered + remote.0,
             self.local.dropped + remote.1,
@@ -264,6 +269,11 @@ impl<T: Transport> EventLoop<T> {
             answer.local += this.fan_out_outbox(now);
             answer.other_loops += published.loops - local;
             answer.other_loops_dropped += published.dropped;
+            if this.shared.hub.has_backplane() {
+                let (queued, lost) = answer.redis.get_or_insert((0, 0));
+                *queued += published.redis;
+                *lost += published.redis_lost;
+            }
             answer.messages += 1;
         };
         if topic.is_empty() {

@@ -9,7 +9,8 @@
 use std::fmt::Write as _;
 
 use flate2::{Compress, Compression as Level, Decompress, FlushCompress, FlushDecompress, Status};
-use freeboard_buf::{ChunkChain, Pool};
+use freeboard_buf::{ChunkChain, Frame, Pool};
+use freeboard_proto::frame::{FrameHeader, MAX_HEADER_LEN};
 use freeboard_proto::handshake::Extension;
 use freeboard_proto::{CloseCode, Connection, Instant, MessageKind, Payload, utf8::Utf8Validator};
 
@@ -307,10 +308,14 @@ impl Agreement {
 /// budget for compression.
 pub(crate) const STATE_BYTES: usize = deflate_state_bytes(15) + inflate_state_bytes(15);
 
-/// zlib's documented deflate memory: `(1 << (windowBits + 2)) + (1 << (memLevel + 9))`
-/// with memLevel 8, plus the stream state.
+/// What zlib-rs allocates for one raw-deflate compressor at memLevel 8 (its
+/// `DeflateAllocOffsets`), all of which may become resident: a double window and its `prev`
+/// chain (2 bytes per position), a hash head of 2^16 entries (2 bytes each, whatever the
+/// window; zlib's own formula assumes 2^15), pending and symbol buffers of 7 × 16 KiB, and
+/// the stream state. ≈ 374 KiB at 15 bits, 250 KiB at 10.
 pub(crate) const fn deflate_state_bytes(window_bits: u8) -> usize {
-    (1 << (window_bits as usize + 2)) + (1 << 17) + 6 * 1024
+    let window = 1 << window_bits as usize;
+    2 * window + 2 * window + (2 << 16) + 7 * (16 << 10) + 6 * 1024
 }
 
 /// zlib's documented inflate memory: `1 << windowBits` plus about 7 KiB of state.
@@ -336,19 +341,34 @@ impl Deflater {
     /// Compresses one whole message into `out` (cleared first). `out` grows by at most the
     /// message's length plus a few bytes per 16 KiB (deflate's stored-block bound).
     pub(crate) fn compress(&mut self, data: &[u8], out: &mut Vec<u8>) {
+        self.compress_parts([data], out);
+    }
+
+    /// [`compress`](Self::compress) for a message given as consecutive `parts` (a frame's
+    /// chunks): one deflate stream, flushed once at the end.
+    pub(crate) fn compress_parts<'a>(
+        &mut self,
+        parts: impl IntoIterator<Item = &'a [u8]>,
+        out: &mut Vec<u8>,
+    ) {
         out.clear();
-        out.reserve(data.len() + data.len() / 1024 * 5 + 64);
-        let start = self.z.total_in();
-        loop {
-            let consumed = (self.z.total_in() - start) as usize;
-            // NOTE(unwrap): compress_vec only fails on a stream error, impossible for a
-            // well-formed Compress driven with a sync flush.
-            let _ = self.z.compress_vec(&data[consumed..], out, FlushCompress::Sync);
-            let consumed = (self.z.total_in() - start) as usize;
-            if consumed == data.len() && out.len() < out.capacity() {
-                break;
+        let mut parts = parts.into_iter().peekable();
+        while let Some(data) = parts.next() {
+            let flush =
+                if parts.peek().is_none() { FlushCompress::Sync } else { FlushCompress::None };
+            out.reserve(data.len() + data.len() / 1024 * 5 + 64);
+            let start = self.z.total_in();
+            loop {
+                let consumed = (self.z.total_in() - start) as usize;
+                // NOTE: compress_vec only fails on a stream error, impossible for a
+                // well-formed Compress.
+                let _ = self.z.compress_vec(&data[consumed..], out, flush);
+                let consumed = (self.z.total_in() - start) as usize;
+                if consumed == data.len() && out.len() < out.capacity() {
+                    break;
+                }
+                out.reserve(out.capacity().max(64));
             }
-            out.reserve(out.capacity().max(64));
         }
         if out.ends_with(&TAIL) {
             out.truncate(out.len() - TAIL.len());
@@ -362,6 +382,10 @@ impl Deflater {
         }
     }
 }
+
+/// The budget cannot cover a compressor or the chunks of a compressed message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NoMemory;
 
 /// Why inflation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -642,6 +666,56 @@ impl Codec {
     /// Takes back the scratch [`Deflate::compress`] lent out.
     pub(crate) fn put_scratch(&mut self, scratch: Vec<u8>) {
         self.scratch = scratch;
+    }
+
+    /// A published frame (one whole unmasked message, as `topics` frames it) compressed for
+    /// subscribers that agreed on no server context takeover and a `bits` window: its payload
+    /// deflated afresh by the loop's shared compressor and framed with RSV1 into pool chunks,
+    /// to be queued by reference like the frame itself. `Ok(None)` when the message goes
+    /// uncompressed (under the threshold); `Err` when the budget cannot cover the compressor
+    /// or the chunks (the caller sends the frame uncompressed, which is always valid).
+    pub(crate) fn compress_frame(
+        &mut self,
+        pool: &mut Pool<'static>,
+        frame: &Frame,
+        bits: u8,
+    ) -> Result<Option<Frame>, NoMemory> {
+        let mut head = [0u8; MAX_HEADER_LEN];
+        let mut n = 0;
+        for seg in frame.segments(pool) {
+            let k = seg.len().min(head.len() - n);
+            head[n..n + k].copy_from_slice(&seg[..k]);
+            n += k;
+            if n == head.len() {
+                break;
+            }
+        }
+        // NOTE: `topics` frames every publication with a valid, whole header.
+        let Ok(Some((header, header_len))) = FrameHeader::parse(&head[..n]) else {
+            return Ok(None);
+        };
+        if frame.len() - header_len < self.threshold {
+            return Ok(None);
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let Some(deflater) = self.shared_deflater(pool, bits) else {
+            self.scratch = scratch;
+            return Err(NoMemory);
+        };
+        let mut skip = header_len;
+        let payload = frame.segments(pool).map(|seg| {
+            let at = skip.min(seg.len());
+            skip -= at;
+            &seg[at..]
+        });
+        deflater.compress_parts(payload, &mut scratch);
+        // RFC 7692 §6: RSV1 on the (only) frame of a compressed message.
+        let compressed = FrameHeader { rsv: 0b100, payload_len: scratch.len() as u64, ..header };
+        // NOTE(unwrap): an unmasked header is at most 10 bytes.
+        let n = compressed.encode(&mut head).unwrap();
+        let framed = Frame::from_parts(pool, &[&head[..n], &scratch]).map_err(|_| NoMemory);
+        self.scratch = scratch;
+        framed.map(Some)
     }
 
     fn shared_deflater(&mut self, pool: &mut Pool<'static>, bits: u8) -> Option<&mut Deflater> {

@@ -253,6 +253,19 @@ impl Session {
         self.deflate.as_ref().map(|d| &d.agreement)
     }
 
+    /// The window of the shared compressed frames this session can take in a topic fan-out
+    /// ([`Codec::compress_frame`]): `Some(bits)` when permessage-deflate agreed on no server
+    /// context takeover (shared mode, or dedicated with `server_no_context_takeover`). `None`
+    /// with server context takeover (a message compressed without our context would leave
+    /// the peer's window ahead of ours), without compression, or under a keyed `conflate`
+    /// queue (which reads each message's key from its payload); those take the uncompressed
+    /// frame.
+    pub(crate) fn shared_compression(&self) -> Option<u8> {
+        let agreement = &self.deflate.as_ref()?.agreement;
+        (agreement.server_no_context_takeover && self.queue.conflate_key().is_none())
+            .then_some(agreement.server_max_window_bits)
+    }
+
     /// The send queue (watermarks, policy, `bufferedAmount`).
     pub(crate) fn queue(&self) -> &SendQueue {
         &self.queue

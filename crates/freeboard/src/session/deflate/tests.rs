@@ -262,3 +262,44 @@ fn a_sessions_compression_record_stays_small() {
     println!("Deflate {bytes} B");
     assert!(bytes <= 32, "Deflate is {bytes} bytes");
 }
+
+#[test]
+fn a_published_frame_compresses_whole_from_its_chunks() {
+    // 64 chunks of 1 KiB, and budget left beside them for the shared compressor.
+    let config = PoolConfig::new().with_chunk_size(1024).with_chunk_count(64);
+    let mut pool = Pool::new(Budget::new(1 << 20), config).unwrap();
+    let mut codec = Codec::new(16);
+    let agreement = Agreement::accept(Compression::Shared, 15, [ext(NAME, "")]).unwrap();
+    let mut inflater = agreement.inflater(false);
+    // 3 KB spread over 1 KiB chunks (header in the first), text and binary, and one under
+    // the threshold.
+    let payload: Vec<u8> = (0..3000u32).map(|i| b"{\"k\":[1,2,3]}"[i as usize % 13]).collect();
+    for (kind, data) in [(MessageKind::Text, &payload[..]), (MessageKind::Binary, &payload[..100])]
+    {
+        let (head, n) = crate::topics::header(kind, data.len());
+        let frame = Frame::from_parts(&mut pool, &[&head[..n], data]).unwrap();
+        let compressed = codec.compress_frame(&mut pool, &frame, 15).unwrap().unwrap();
+        let mut wire = vec![0; compressed.len()];
+        let mut at = 0;
+        for seg in compressed.segments(&pool) {
+            wire[at..at + seg.len()].copy_from_slice(seg);
+            at += seg.len();
+        }
+        let (header, len) = FrameHeader::parse(&wire).unwrap().unwrap();
+        assert_eq!((header.fin, header.rsv, header.opcode as u8), (true, 0b100, head[0] & 0x0f));
+        assert!(wire.len() < data.len() / 2, "{} bytes", wire.len());
+        let mut out = ChunkChain::new();
+        inflater.inflate(&mut pool, [&wire[len..]], 1 << 20, &mut out).unwrap();
+        let mut got = vec![0; out.len()];
+        out.copy_to(&pool, &mut got);
+        assert_eq!(got, data);
+        out.clear(&mut pool);
+        compressed.release(&mut pool);
+        frame.release(&mut pool);
+    }
+    let (head, n) = crate::topics::header(MessageKind::Text, 15);
+    let small = Frame::from_parts(&mut pool, &[&head[..n], &payload[..15]]).unwrap();
+    assert_eq!(codec.compress_frame(&mut pool, &small, 15), Ok(None));
+    small.release(&mut pool);
+    assert_eq!(pool.chunks_in_use(), 0);
+}

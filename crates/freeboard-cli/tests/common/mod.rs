@@ -1,0 +1,95 @@
+//! `freeboard serve` as a child process for the CLI's tests: started on a free loopback port
+//! (the address read from the URL line it prints), its stderr lines kept for the test to
+//! look through, stopped by its PID when dropped.
+
+// Each test file uses its own part of this module.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+/// A running `freeboard serve`.
+pub(crate) struct Serve {
+    child: Child,
+    /// `127.0.0.1:PORT` (`ws://`).
+    pub(crate) addr: String,
+    /// The `wss://` address, when the server listens for TLS.
+    pub(crate) wss: Option<String>,
+    log: Receiver<String>,
+}
+
+impl Serve {
+    /// Starts `freeboard serve` on `127.0.0.1:0` with `extra` flags; two event loops and a
+    /// 64 MiB budget unless `extra` sets them.
+    pub(crate) fn start(extra: &[&str]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_freeboard"));
+        command.args(["serve", "--listen", "127.0.0.1:0"]);
+        for (flag, default) in [("--threads", "2"), ("--memory", "64M")] {
+            if !extra.contains(&flag) {
+                command.args([flag, default]);
+            }
+        }
+        let mut child = command
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start freeboard serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        // `freeboard listening on ws://ADDR/[ and wss://ADDR/]`
+        let url = |scheme: &str| {
+            line.split_whitespace()
+                .find_map(|word| word.strip_prefix(scheme))
+                .map(|addr| addr.trim_end_matches('/').to_owned())
+        };
+        let (addr, wss) = (url("ws://"), url("wss://"));
+        assert!(addr.is_some() || wss.is_some(), "no URL line from freeboard serve: {line:?}");
+        let addr = addr.unwrap_or_default();
+        let (tx, log) = channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Self { child, addr, wss, log }
+    }
+
+    /// The address as a [`SocketAddr`].
+    pub(crate) fn socket_addr(&self) -> SocketAddr {
+        self.addr.parse().unwrap()
+    }
+
+    /// The first stderr line from now on that contains `what` (waits up to 20 s).
+    pub(crate) fn log_line(&self, what: &str) -> String {
+        loop {
+            match self.log.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) if line.contains(what) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {what:?}: {e}"),
+            }
+        }
+    }
+
+    /// Sends `sig` to the server.
+    pub(crate) fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, sig) }, 0);
+    }
+
+    /// Waits for the server to exit.
+    pub(crate) fn wait(&mut self) -> ExitStatus {
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,1008 @@
+//! Topics across machines: a Redis pub/sub backplane.
+//!
+//! With [`TopicsConfig::redis`](crate::config::TopicsConfig) set, every publication of this node
+//! (a handler's, [`ServerHandle::publish`](crate::ServerHandle::publish), `POST`) is delivered
+//! to the local subscribers at once, as without a backplane, and also sent to the Redis channel
+//! `freeboard:` + topic; every node that has a local subscriber to the topic is subscribed to
+//! that channel and delivers what arrives to its own subscribers. What travels is the message
+//! and its kind, not a WebSocket frame:
+//!
+//! ```text
+//! b'F' | kind (b't' text, b'b' binary) | node id (16 bytes) | payload
+//! ```
+//!
+//! A node skips what carries its own id (its subscribers already have it), so nothing is
+//! delivered twice. A node subscribes in Redis when its first local subscriber to a topic
+//! arrives and unsubscribes after the last leaves (the [`Hub`](crate::topics) tells it).
+//!
+//! Threads, each with its own blocking connections — the event loops never wait on Redis:
+//! - the **publisher** takes publications from a queue bounded in bytes
+//!   ([`TopicsConfig::redis_queue`](crate::config::TopicsConfig)) and pipelines them, one
+//!   connection and one pipeline per Redis server;
+//! - the **subscriber** follows the hub's changes and has a **shard thread** per Redis server
+//!   that serves a subscribed topic, which holds those subscriptions on its own connection and
+//!   hands each message to the loops' inboxes.
+//!
+//! # Redis Cluster
+//!
+//! Nothing to configure: the `redis` URLs are seeds, and [`shards`] asks them whether they are
+//! a cluster. On a cluster a topic's channel lives on the master that owns its hash slot: a
+//! node `SPUBLISH`es there and `SSUBSCRIBE`s there (sharded pub/sub, Redis 7.0+), so a message
+//! travels to the shard that owns it and no further (plain `PUBLISH` would be copied to every
+//! node of the cluster). A node answering `MOVED` or `ASK` gets its publications sent once
+//! more where it says (they were not executed) and the map is asked for again; a shard that
+//! drops a subscription (`sunsubscribe`: the slot left it) or cannot be reached has the map
+//! asked for again too, and each topic is subscribed on whichever master serves it now. A
+//! cluster without sharded pub/sub (before 7.0) gets plain `PUBLISH`/`SUBSCRIBE`, routed the
+//! same way.
+//!
+//! Redis down: local delivery goes on; a publication that cannot reach its server is counted
+//! in `backplane_lost_total{reason="redis_down"}` (a full queue: `reason="queue_full"`; written
+//! but unconfirmed when the connection failed: `reason="unconfirmed"`; an error reply from
+//! Redis, or a second redirection: `reason="refused"`) and never retried, so nothing
+//! arrives twice. Every connection reconnects with backoff (100 ms doubling to 2 s), per
+//! server, and a shard thread subscribes again to every topic it holds.
+//!
+//! The client is the `redis` crate's synchronous API (no async runtime: freeboard's loops are
+//! its own threads, and these threads block on Redis so that no loop ever does). `fred`
+//! was the other candidate; it is built on tokio only, which the server does not otherwise
+//! need. The crate's sync API has no cluster pub/sub (only its tokio cluster client has
+//! `SSUBSCRIBE`), and its cluster client retries on its own, which could deliver twice: the
+//! slot map and the routing are [`shards`]; a subscription's connection is a socket read with
+//! the crate's RESP parser.
+
+mod shards;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use freeboard_proto::MessageKind;
+use redis::{Connection, RedisError, RetryMethod, Value};
+
+pub(crate) use self::shards::RedisAddr;
+use self::shards::{Shards, TIMEOUT, Topology};
+use crate::handler::{Accepted, Decision};
+use crate::history::{History, Offset};
+use crate::metrics::Metrics;
+
+/// Publications the queue towards Redis holds at most, whatever their size.
+const QUEUE_MESSAGES: usize = 65_536;
+/// First reconnect delay; it doubles up to [`BACKOFF_MAX`].
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How long a shard thread waits for a message before it looks at its assignment.
+const POLL: Duration = Duration::from_millis(20);
+/// Channel prefix in Redis; a topic's history stream has its channel's name as its key, so
+/// both hash to one slot of a cluster whatever the topic's name.
+const PREFIX: &str = "freeboard:";
+
+/// How long a recovery keeps its topic subscribed: time for the upgrade to finish and the
+/// connection to subscribe.
+const PIN: Duration = Duration::from_secs(10);
+/// Reconnecting subscribers whose history is being fetched at once; more get 503.
+const RECOVERIES: usize = 256;
+
+/// A publication on its way to Redis.
+struct Outgoing {
+    channel: Vec<u8>,
+    /// Kept in the topic's stream, then published with its offset.
+    kept: bool,
+    message: Vec<u8>,
+}
+
+/// A message from another node (or, for a topic kept in Redis, from any node).
+pub(crate) struct Incoming<'m> {
+    pub(crate) topic: &'m str,
+    pub(crate) kind: MessageKind,
+    /// The payload; for a topic kept in Redis, with its envelope (`{offset}:` first).
+    pub(crate) data: &'m [u8],
+    pub(crate) offset: Option<Offset>,
+}
+
+/// The Lua script that keeps a publication in its topic's stream and publishes it with the
+/// entry's ID as its offset, atomically, so every node sees the streams' order. The stream's
+/// key is the channel's name (one slot on a cluster, where the script runs on its master).
+/// KEYS: stream and channel; ARGV: kind, payload, most messages, oldest age in ms (0: none),
+/// publish command (`PUBLISH`, or `SPUBLISH` on a cluster).
+const KEEP_AND_PUBLISH: &str = r#"
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*', 'k', ARGV[1], 'm', ARGV[2])
+local age = tonumber(ARGV[4])
+if age > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('XTRIM', KEYS[1], 'MINID', tostring(now - age))
+  redis.call('PEXPIRE', KEYS[1], age)
+end
+redis.call(ARGV[5], KEYS[1], 'S' .. ARGV[1] .. id .. ':' .. ARGV[2])
+return id
+"#;
+
+/// A reconnecting subscriber whose history is to be fetched before its upgrade is accepted.
+struct Recovery {
+    topic: Arc<str>,
+    since: Offset,
+    decision: Decision,
+    accepted: Accepted,
+}
+
+/// Where upgrades with `?since=` on topics kept in Redis go to have their history fetched.
+#[derive(Clone)]
+pub(crate) struct Recoverer {
+    requests: SyncSender<Recovery>,
+    history: Arc<History>,
+}
+
+impl Recoverer {
+    /// Accepts `decision` once `topic`'s history after `since` is in this node's ring (at
+    /// once if the topic keeps none); 503 if too many are being fetched.
+    pub(crate) fn recover(&self, topic: &str, since: &str, decision: Decision, accepted: Accepted) {
+        let Some(since) = Offset::parse(since).filter(|_| self.history.applies(topic)) else {
+            return decision.accept(accepted); // on_open tells a bad offset
+        };
+        let request = Recovery { topic: Arc::from(topic), since, decision, accepted };
+        if let Err(TrySendError::Full(r) | TrySendError::Disconnected(r)) =
+            self.requests.try_send(request)
+        {
+            r.decision.reject_because(503, "history_busy");
+        }
+    }
+}
+
+/// This node's end of the backplane, held by the [`Hub`](crate::topics).
+pub(crate) struct Backplane {
+    node: [u8; 16],
+    changes: Arc<Mutex<Sender<Change>>>,
+    outgoing: SyncSender<Outgoing>,
+    /// Invariant: the bytes of the publications in `outgoing`.
+    queued: Arc<AtomicUsize>,
+    queue_bytes: usize,
+    metrics: Arc<Metrics>,
+    stop: Arc<AtomicBool>,
+    /// With history kept in Redis streams.
+    pub(crate) recoverer: Option<Recoverer>,
+}
+
+impl Backplane {
+    /// Starts the publisher and subscriber threads (and, with `history`, the thread that
+    /// fetches it for reconnecting subscribers). `deliver` hands a message from Redis to this
+    /// node's loops; it returns `false` once the server is gone, which ends the subscriber
+    /// thread.
+    pub(crate) fn start(
+        addr: RedisAddr,
+        queue_bytes: usize,
+        metrics: Arc<Metrics>,
+        history: Option<Arc<History>>,
+        deliver: impl Fn(Incoming<'_>) -> bool + Send + Sync + 'static,
+    ) -> io::Result<Self> {
+        let shards = Arc::new(Shards::new(addr));
+        let node = node_id();
+        let (changes, changes_rx) = std::sync::mpsc::channel();
+        let changes = Arc::new(Mutex::new(changes));
+        let (outgoing, outgoing_rx) = std::sync::mpsc::sync_channel(QUEUE_MESSAGES);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        {
+            let (shards, queued, metrics, stop) =
+                (shards.clone(), queued.clone(), metrics.clone(), stop.clone());
+            let history = history.clone();
+            std::thread::Builder::new()
+                .name("freeboard-redis-pub".into())
+                .spawn(move || publisher(shards, outgoing_rx, queued, metrics, history, stop))?;
+        }
+        let recoverer = match &history {
+            Some(history) => {
+                let (requests, requests_rx) = std::sync::mpsc::sync_channel(RECOVERIES);
+                let (shards, changes, stop) = (shards.clone(), changes.clone(), stop.clone());
+                let h = history.clone();
+                std::thread::Builder::new()
+                    .name("freeboard-redis-history".into())
+                    .spawn(move || fetcher(shards, requests_rx, changes, h, stop))?;
+                Some(Recoverer { requests, history: history.clone() })
+            }
+            None => None,
+        };
+        {
+            let (metrics, stop) = (metrics.clone(), stop.clone());
+            let events = changes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let deliver: Arc<Deliver> = Arc::new(deliver);
+            std::thread::Builder::new().name("freeboard-redis-map".into()).spawn(move || {
+                subscriber(shards, node, changes_rx, events, metrics, history, stop, deliver);
+            })?;
+        }
+        Ok(Self { node, changes, outgoing, queued, queue_bytes, metrics, stop, recoverer })
+    }
+
+    /// The node's first local subscriber to `topic` arrived.
+    pub(crate) fn subscribe(&self, topic: &Arc<str>) {
+        let changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = changes.send(Change::Subscribe(topic.clone()));
+    }
+
+    /// The node's last local subscriber to `topic` left.
+    pub(crate) fn unsubscribe(&self, topic: &Arc<str>) {
+        let changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = changes.send(Change::Unsubscribe(topic.clone()));
+    }
+
+    /// Queues a publication of this node for the other nodes (`kept`: for every node, this
+    /// one too, once Redis has kept it and given it its offset); `false`, counted as lost, if
+    /// the queue is full.
+    pub(crate) fn publish(
+        &self,
+        topic: &str,
+        kind: MessageKind,
+        payload: &[u8],
+        kept: bool,
+    ) -> bool {
+        let len = payload.len() + if kept { 1 } else { 18 };
+        let before = self.queued.fetch_add(len, Ordering::AcqRel);
+        if before + len > self.queue_bytes && before > 0 {
+            self.queued.fetch_sub(len, Ordering::AcqRel);
+            self.metrics.backplane_lost("queue_full", 1);
+            return false;
+        }
+        let kind = match kind {
+            MessageKind::Text => b't',
+            MessageKind::Binary => b'b',
+        };
+        let message = if kept {
+            [&[kind][..], payload].concat()
+        } else {
+            [&[b'F', kind][..], &self.node, payload].concat()
+        };
+        let channel = channel(topic).into_bytes();
+        if self.outgoing.try_send(Outgoing { channel, kept, message }).is_err() {
+            self.queued.fetch_sub(len, Ordering::AcqRel);
+            self.metrics.backplane_lost("queue_full", 1);
+            return false;
+        }
+        true
+    }
+}
+
+impl Drop for Backplane {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// A node id: 128 bits from the standard library's per-process random hasher keys, the time
+/// and the process id.
+fn node_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    for (i, half) in id.chunks_exact_mut(8).enumerate() {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(nanos);
+        h.write_u32(std::process::id());
+        h.write_usize(i);
+        half.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    id
+}
+
+/// The publisher's connection to one server, and the SHA1 of the script if history is kept.
+#[derive(Default)]
+struct Link {
+    conn: Option<(Connection, Option<String>)>,
+    backoff: Duration,
+    next_attempt: Option<Instant>,
+}
+
+/// What became of a pipeline of publications sent to one server.
+#[derive(Default)]
+struct Sent {
+    published: u64,
+    /// Counted lost, by reason.
+    lost: Vec<(&'static str, u64)>,
+    /// Publications a cluster node redirected (`MOVED`, or `ASK`: true), to its `host:port`.
+    redirected: Vec<(usize, String, bool)>,
+}
+
+/// The publisher thread: `(S)PUBLISH`es (and, for topics kept in Redis, the script that keeps
+/// and publishes), pipelined, on one connection per server.
+fn publisher(
+    shards: Arc<Shards>,
+    outgoing: Receiver<Outgoing>,
+    queued: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
+    history: Option<Arc<History>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut links: HashMap<Arc<str>, Link> = HashMap::new();
+    let limits = history
+        .as_ref()
+        .map(|h| (h.messages, h.max_age.map_or(0, |a| a.as_millis().max(1) as u64)));
+    while !stop.load(Ordering::Acquire) {
+        let first = match outgoing.recv_timeout(Duration::from_millis(200)) {
+            Ok(first) => first,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        // A batch: what is queued now, at most 256 publications.
+        let mut batch = vec![first];
+        while batch.len() < 256 {
+            match outgoing.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let bytes: usize = batch.iter().map(|o| o.message.len()).sum();
+        queued.fetch_sub(bytes, Ordering::AcqRel);
+        let Some(topology) = shards.get() else {
+            metrics.backplane_lost("redis_down", batch.len() as u64);
+            continue;
+        };
+        // Each server's share of the batch, in order (a topic's publications go to one).
+        let mut by_node = Shares::default();
+        for (i, o) in batch.iter().enumerate() {
+            match topology.node(&o.channel) {
+                Some(node) => by_node.add(node, i, false),
+                None => metrics.backplane_lost("refused", 1), // a slot no master serves
+            }
+        }
+        let mut stale = false;
+        for round in 0..2 {
+            let mut redirected = Shares::default();
+            for (node, items) in by_node.0.drain(..) {
+                let link = links.entry(node.clone()).or_default();
+                let sent = send(&shards, &node, link, &batch, &items, &topology, limits);
+                metrics.backplane_published(sent.published);
+                for (reason, n) in sent.lost {
+                    metrics.backplane_lost(reason, n);
+                    stale |= reason == "redis_down" && topology.cluster();
+                }
+                for (i, to, ask) in sent.redirected {
+                    stale |= !ask;
+                    if round == 1 {
+                        metrics.backplane_lost("refused", 1); // redirected twice
+                        continue;
+                    }
+                    redirected.add(&Arc::from(to), i, ask);
+                }
+            }
+            // Never executed where they were sent: sent once more, where the cluster says.
+            by_node = redirected;
+        }
+        if stale {
+            shards.refresh();
+        }
+    }
+}
+
+/// A server's publications of a batch: their index in it, and whether an `ASK` sent them there.
+type Items = Vec<(usize, bool)>;
+
+/// A batch's publications by server.
+#[derive(Default)]
+struct Shares(Vec<(Arc<str>, Items)>);
+
+impl Shares {
+    fn add(&mut self, node: &Arc<str>, i: usize, ask: bool) {
+        match self.0.iter_mut().find(|(n, _)| n == node) {
+            Some((_, items)) => items.push((i, ask)),
+            None => self.0.push((node.clone(), vec![(i, ask)])),
+        }
+    }
+}
+
+/// Sends `items` of `batch` (with `ASKING` before those a node redirected with `ASK`) to
+/// `node` in one pipeline.
+fn send(
+    shards: &Shards,
+    node: &str,
+    link: &mut Link,
+    batch: &[Outgoing],
+    items: &[(usize, bool)],
+    topology: &Topology,
+    limits: Option<(usize, u64)>,
+) -> Sent {
+    let mut sent = Sent::default();
+    let n = items.len() as u64;
+    if link.conn.is_none() && link.next_attempt.is_none_or(|at| Instant::now() >= at) {
+        let connected = shards.addr.connect(node).and_then(|mut c| {
+            // The script's SHA1, from Redis itself (loaded again on every connection: a
+            // restarted Redis has forgotten it).
+            let sha = match limits {
+                Some(_) => {
+                    Some(redis::cmd("SCRIPT").arg("LOAD").arg(KEEP_AND_PUBLISH).query(&mut c)?)
+                }
+                None => None,
+            };
+            Ok((c, sha))
+        });
+        match connected {
+            Ok(c) => {
+                tracing::info!(redis = %node, "backplane publisher connected");
+                link.conn = Some(c);
+                link.backoff = BACKOFF_MIN;
+            }
+            Err(e) => {
+                tracing::warn!(redis = %node, error = %e, "backplane publisher cannot connect");
+                link.backoff = (link.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+                link.next_attempt = Some(Instant::now() + link.backoff);
+            }
+        }
+    }
+    let Some((c, sha)) = link.conn.as_mut() else {
+        sent.lost.push(("redis_down", n));
+        return sent;
+    };
+    let mut pipe = redis::pipe();
+    for &(i, ask) in items {
+        let o = &batch[i];
+        if ask {
+            pipe.cmd("ASKING").ignore();
+        }
+        match (o.kept, sha.as_deref(), limits) {
+            (true, Some(sha), Some((most, age_ms))) => {
+                // The stream's key is the channel's name: one slot for both.
+                let (kind, payload) = o.message.split_at(1);
+                pipe.cmd("EVALSHA").arg(sha).arg(1).arg(&o.channel).arg(kind).arg(payload);
+                pipe.arg(most).arg(age_ms).arg(topology.publish());
+            }
+            _ => {
+                pipe.cmd(topology.publish()).arg(&o.channel).arg(&o.message);
+            }
+        }
+    }
+    let replies: Result<Vec<redis::RedisResult<Value>>, _> = pipe.ignore_errors().query(c);
+    match replies {
+        Ok(replies) => {
+            for (reply, &(i, _)) in replies.iter().zip(items) {
+                match reply {
+                    Ok(_) => sent.published += 1,
+                    Err(e) => match (e.retry_method(), e.redirect_node()) {
+                        (RetryMethod::MovedRedirect, Some((to, _))) => {
+                            sent.redirected.push((i, to.to_owned(), false));
+                        }
+                        (RetryMethod::AskRedirect, Some((to, _))) => {
+                            sent.redirected.push((i, to.to_owned(), true));
+                        }
+                        _ => {
+                            tracing::warn!(redis = %node, error = %e, "redis refused a publication");
+                            sent.lost.push(("refused", 1));
+                        }
+                    },
+                }
+            }
+        }
+        Err(e) => {
+            // Written or not, unconfirmed: never sent again, so never delivered twice.
+            tracing::warn!(redis = %node, error = %e, "backplane publisher lost its connection");
+            sent.lost.push(("unconfirmed", n));
+            link.conn = None;
+            link.next_attempt = Some(Instant::now() + link.backoff.max(BACKOFF_MIN));
+        }
+    }
+    sent
+}
+
+/// A subscription change for the subscriber thread, or news from one of its shards.
+enum Change {
+    Subscribe(Arc<str>),
+    Unsubscribe(Arc<str>),
+    /// Stay subscribed for [`PIN`] even without local subscribers, and say so on the sender
+    /// once the subscription is confirmed (a reconnecting subscriber's history is fetched).
+    Pin(Arc<str>, SyncSender<()>),
+    /// A shard's subscription to the topic is confirmed.
+    Confirmed(Arc<str>),
+    /// A shard's connection is up (or down).
+    Up(Arc<str>, bool),
+    /// A shard refused a subscription or dropped one (its slot moved): map again.
+    Stale,
+}
+
+/// The subscriber thread: follows the hub's changes and the recoveries' pins, and has one
+/// shard thread per server that serves a subscribed topic, each holding the (sharded)
+/// subscriptions of its topics on its own connection.
+#[allow(clippy::too_many_arguments)]
+fn subscriber(
+    shards: Arc<Shards>,
+    node: [u8; 16],
+    changes: Receiver<Change>,
+    events: Sender<Change>,
+    metrics: Arc<Metrics>,
+    history: Option<Arc<History>>,
+    stop: Arc<AtomicBool>,
+    deliver: Arc<Deliver>,
+) {
+    // Topics with local subscribers, and topics pinned by a recovery (until when).
+    let mut wanted: HashSet<Arc<str>> = HashSet::new();
+    let mut pins: HashMap<Arc<str>, Instant> = HashMap::new();
+    let mut waiting: Vec<(Arc<str>, SyncSender<()>)> = Vec::new();
+    // The shard threads, by server; servers that are down.
+    let mut threads: HashMap<Arc<str>, Arc<Mutex<Assignment>>> = HashMap::new();
+    // Pinned topics whose shard thread is to tell when they are subscribed.
+    let mut to_confirm: Vec<Arc<str>> = Vec::new();
+    let mut down: HashSet<Arc<str>> = HashSet::new();
+    // Mapped at once, so the first subscription need not wait for it.
+    let mut topology: Option<Arc<Topology>> = shards.refresh();
+    let (mut stale, mut dirty) = (topology.is_none(), false);
+    let (mut backoff, mut next_map) = (BACKOFF_MIN, Instant::now());
+    while !stop.load(Ordering::Acquire) {
+        let mut next = changes.recv_timeout(Duration::from_millis(100));
+        loop {
+            match next {
+                Ok(Change::Subscribe(t)) => dirty |= wanted.insert(t),
+                Ok(Change::Unsubscribe(t)) => dirty |= wanted.remove(&t),
+                Ok(Change::Pin(t, done)) => {
+                    pins.insert(t.clone(), Instant::now() + PIN);
+                    to_confirm.push(t.clone());
+                    waiting.push((t, done));
+                    dirty = true;
+                }
+                Ok(Change::Confirmed(t)) => waiting.retain(|(topic, done)| {
+                    let confirmed = *topic == t;
+                    if confirmed {
+                        let _ = done.try_send(());
+                    }
+                    !confirmed
+                }),
+                Ok(Change::Up(server, true)) => {
+                    down.remove(&server);
+                }
+                Ok(Change::Up(server, false)) => {
+                    // Recoveries waiting on that server fail (503).
+                    waiting.retain(|(t, _)| {
+                        topology.as_ref().and_then(|m| m.node(channel(t).as_bytes()))
+                            != Some(&server)
+                    });
+                    stale |= topology.as_ref().is_some_and(|t| t.cluster());
+                    if threads.contains_key(&server) {
+                        down.insert(server); // else a thread that is ending
+                    }
+                }
+                Ok(Change::Stale) => stale = true,
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            next = changes.try_recv().map_err(|e| match e {
+                TryRecvError::Empty => RecvTimeoutError::Timeout,
+                TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+            });
+        }
+        if !pins.is_empty() {
+            let (now, before) = (Instant::now(), pins.len());
+            pins.retain(|_, until| *until > now);
+            dirty |= pins.len() != before;
+        }
+        if stale && Instant::now() >= next_map {
+            match shards.refresh() {
+                Some(map) => {
+                    // Every shard thread goes over its subscriptions again, even if the map
+                    // is unchanged: a refused one is asked for again (at most every
+                    // `BACKOFF_MIN` while it is refused).
+                    topology = Some(map);
+                    stale = false;
+                    dirty = true;
+                    backoff = BACKOFF_MIN;
+                    next_map = Instant::now() + BACKOFF_MIN;
+                }
+                None => {
+                    waiting.clear(); // their recoveries fail (503)
+                    next_map = Instant::now() + backoff;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+        let Some(map) = topology.as_ref() else {
+            metrics.set_backplane_up(false);
+            continue;
+        };
+        if dirty {
+            dirty = false;
+            // Each server's topics; a server that serves none has no thread.
+            let mut assigned: HashMap<Arc<str>, HashSet<Arc<str>>> = HashMap::new();
+            for topic in wanted.iter().chain(pins.keys()) {
+                match map.node(channel(topic).as_bytes()) {
+                    Some(server) => {
+                        assigned.entry(server.clone()).or_default().insert(topic.clone());
+                    }
+                    None => stale = true, // a slot no master serves (yet)
+                }
+            }
+            threads.retain(|server, assignment| {
+                let keep = assigned.contains_key(server);
+                assignment.lock().unwrap_or_else(|e| e.into_inner()).ended = !keep;
+                keep
+            });
+            down.retain(|server| assigned.contains_key(server));
+            for (server, topics) in assigned {
+                if let Some(assignment) = threads.get(&server) {
+                    assignment.lock().unwrap_or_else(|e| e.into_inner()).topics = Some(topics);
+                    continue;
+                }
+                let assignment = Arc::new(Mutex::new(Assignment {
+                    topics: Some(topics),
+                    ..Assignment::default()
+                }));
+                let shard = Shard {
+                    shards: shards.clone(),
+                    server: server.clone(),
+                    sharded: map.sharded,
+                    node,
+                    assigned: assignment.clone(),
+                    events: events.clone(),
+                    metrics: metrics.clone(),
+                    history: history.clone(),
+                    stop: stop.clone(),
+                    deliver: deliver.clone(),
+                };
+                let spawned = std::thread::Builder::new()
+                    .name("freeboard-redis-sub".into())
+                    .spawn(move || shard.run());
+                if spawned.is_ok() {
+                    threads.insert(server, assignment);
+                }
+            }
+        }
+        for topic in to_confirm.drain(..) {
+            if let Some(a) = map.node(channel(&topic).as_bytes()).and_then(|s| threads.get(s)) {
+                a.lock().unwrap_or_else(|e| e.into_inner()).confirm.push(topic);
+            }
+        }
+        metrics.set_backplane_up(down.is_empty());
+    }
+}
+
+/// What the subscriber thread tells a shard thread, latest first: a thread that is slow to
+/// look finds one set of topics, not a queue of them.
+#[derive(Default)]
+struct Assignment {
+    /// The topics to hold, if they were given again since the thread last looked.
+    topics: Option<HashSet<Arc<str>>>,
+    /// Topics whose subscription to tell when confirmed (at once if it is).
+    confirm: Vec<Arc<str>>,
+    /// The server serves no subscribed topic now: the thread ends.
+    ended: bool,
+}
+
+/// The channel of a topic.
+fn channel(topic: &str) -> String {
+    format!("{PREFIX}{topic}")
+}
+
+/// What hands a message from Redis to this node's loops; `false` once the server is gone.
+type Deliver = dyn Fn(Incoming<'_>) -> bool + Send + Sync;
+
+/// A shard thread: the subscriptions of the topics one server serves, on one connection.
+struct Shard {
+    shards: Arc<Shards>,
+    server: Arc<str>,
+    sharded: bool,
+    node: [u8; 16],
+    /// What the subscriber thread tells it.
+    assigned: Arc<Mutex<Assignment>>,
+    events: Sender<Change>,
+    metrics: Arc<Metrics>,
+    history: Option<Arc<History>>,
+    stop: Arc<AtomicBool>,
+    deliver: Arc<Deliver>,
+}
+
+impl Shard {
+    fn run(self) {
+        let mut topics: HashSet<Arc<str>> = HashSet::new();
+        let mut backoff = BACKOFF_MIN;
+        let (sub, unsub) = if self.sharded {
+            ("SSUBSCRIBE", "SUNSUBSCRIBE")
+        } else {
+            ("SUBSCRIBE", "UNSUBSCRIBE")
+        };
+        'connect: while !self.stop.load(Ordering::Acquire) {
+            // The latest assignment, while disconnected too, so the resubscription is exact.
+            if self.follow(&mut topics, &mut Vec::new()).is_none() {
+                return;
+            }
+            let mut conn = match self.shards.addr.subscribe_to(&self.server) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(redis = %self.server, error = %e, "backplane subscriber cannot connect");
+                    let _ = self.events.send(Change::Up(self.server.clone(), false));
+                    self.pause(&mut backoff);
+                    continue;
+                }
+            };
+            tracing::info!(redis = %self.server, topics = topics.len(), "backplane subscriber connected");
+            let _ = self.events.send(Change::Up(self.server.clone(), true));
+            backoff = BACKOFF_MIN;
+            // What was asked of Redis (subscribed or being subscribed), and the requests
+            // whose replies are awaited, in order: (subscribe?, topic).
+            let mut asked: HashSet<Arc<str>> = HashSet::new();
+            let mut requests: VecDeque<(bool, Arc<str>)> = VecDeque::new();
+            let (mut dirty, mut confirms) = (true, Vec::new());
+            loop {
+                if self.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                if dirty {
+                    let add: Vec<Arc<str>> =
+                        topics.iter().filter(|t| !asked.contains(*t)).cloned().collect();
+                    let remove: Vec<Arc<str>> =
+                        asked.iter().filter(|t| !topics.contains(*t)).cloned().collect();
+                    // One channel a command: a shard's channels may lie in several slots.
+                    let mut written = Ok(());
+                    for (subscribe, topic) in
+                        add.iter().map(|t| (true, t)).chain(remove.iter().map(|t| (false, t)))
+                    {
+                        let command = if subscribe { sub } else { unsub };
+                        written = written
+                            .and_then(|()| conn.send(redis::cmd(command).arg(channel(topic))));
+                        requests.push_back((subscribe, topic.clone()));
+                        if subscribe {
+                            asked.insert(topic.clone());
+                        } else {
+                            asked.remove(topic);
+                            self.forget(topic);
+                        }
+                    }
+                    if let Err(e) = written {
+                        self.lost(&e.into(), &asked, &mut backoff);
+                        continue 'connect;
+                    }
+                    conn.set_read_timeout(if requests.is_empty() { POLL } else { TIMEOUT });
+                }
+                match conn.read() {
+                    Ok(value) => {
+                        if !self.receive(value, &mut asked, &mut requests) {
+                            return;
+                        }
+                        if requests.is_empty() {
+                            conn.set_read_timeout(POLL);
+                        }
+                    }
+                    Err(e) if e.is_timeout() && requests.is_empty() => {}
+                    Err(e) => {
+                        self.lost(&e, &asked, &mut backoff);
+                        continue 'connect;
+                    }
+                }
+                // The assignment, after every message (a busy channel never lets a read time
+                // out) and every quiet `POLL`.
+                match self.follow(&mut topics, &mut confirms) {
+                    Some(changed) => dirty = changed,
+                    None => return,
+                }
+                for topic in confirms.drain(..) {
+                    // Else its subscription's reply tells.
+                    if asked.contains(&topic) && !requests.iter().any(|(_, t)| *t == topic) {
+                        let _ = self.events.send(Change::Confirmed(topic));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the latest assignment: whether there was one, changed or not (after a new map,
+    /// subscriptions refused are asked for again), and the topics to confirm; `None` once
+    /// there is none (the thread ends).
+    fn follow(&self, topics: &mut HashSet<Arc<str>>, confirms: &mut Vec<Arc<str>>) -> Option<bool> {
+        let mut assignment = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
+        if assignment.ended || self.stop.load(Ordering::Acquire) {
+            topics.iter().for_each(|t| self.forget(t));
+            return None;
+        }
+        confirms.append(&mut assignment.confirm);
+        let latest = assignment.topics.take();
+        let given = latest.is_some();
+        if let Some(latest) = latest {
+            *topics = latest;
+        }
+        Some(given)
+    }
+
+    /// One value from Redis: a message to deliver, a request's reply, or a subscription the
+    /// server dropped; `false` once the server is gone.
+    fn receive(
+        &self,
+        value: Value,
+        asked: &mut HashSet<Arc<str>>,
+        requests: &mut VecDeque<(bool, Arc<str>)>,
+    ) -> bool {
+        let items = match value {
+            Value::Array(items) | Value::Push { data: items, .. } => items,
+            Value::ServerError(e) => {
+                // A subscription refused (`MOVED`: the map is stale; `CLUSTERDOWN` …).
+                if let Some((_, topic)) = requests.pop_front() {
+                    tracing::warn!(redis = %self.server, %topic, error = %RedisError::from(e), "redis refused a subscription");
+                    asked.remove(&topic);
+                    let _ = self.events.send(Change::Stale);
+                }
+                return true;
+            }
+            _ => return true,
+        };
+        let [Value::BulkString(kind), Value::BulkString(name), rest @ ..] = &items[..] else {
+            return true;
+        };
+        let Some(topic) = std::str::from_utf8(name).ok().and_then(|n| n.strip_prefix(PREFIX))
+        else {
+            return true;
+        };
+        match (kind.as_slice(), rest) {
+            (b"message" | b"smessage", [Value::BulkString(payload)]) => {
+                // A message that arrived while its topic was being unsubscribed is left.
+                if !asked.contains(topic) {
+                    return true;
+                }
+                let Some(incoming) = decode(topic, payload, self.node) else { return true };
+                self.metrics.backplane_received();
+                (self.deliver)(incoming)
+            }
+            (b"subscribe" | b"ssubscribe", _) => {
+                if requests.front().is_some_and(|(s, t)| *s && **t == *topic)
+                    && let Some((_, topic)) = requests.pop_front()
+                {
+                    let _ = self.events.send(Change::Confirmed(topic));
+                }
+                true
+            }
+            (b"unsubscribe" | b"sunsubscribe", _) => {
+                if requests.front().is_some_and(|(s, t)| !*s && **t == *topic) {
+                    requests.pop_front();
+                } else if let Some(topic) = asked.take(topic) {
+                    // Not asked for: the topic's slot left this server.
+                    tracing::info!(redis = %self.server, %topic, "redis dropped a shard subscription");
+                    self.forget(&topic);
+                    let _ = self.events.send(Change::Stale);
+                }
+                true
+            }
+            _ => true,
+        }
+    }
+
+    /// The connection was lost: what arrives from now on may have a gap.
+    fn lost(&self, e: &RedisError, asked: &HashSet<Arc<str>>, backoff: &mut Duration) {
+        tracing::warn!(redis = %self.server, error = %e, "backplane subscriber lost its connection");
+        asked.iter().for_each(|t| self.forget(t));
+        let _ = self.events.send(Change::Up(self.server.clone(), false));
+        self.pause(backoff);
+    }
+
+    /// Waits `backoff` (doubling it), or less if the server is no longer wanted.
+    fn pause(&self, backoff: &mut Duration) {
+        std::thread::sleep(*backoff);
+        *backoff = (*backoff * 2).min(BACKOFF_MAX);
+    }
+
+    /// History rings hold only what arrived while subscribed.
+    fn forget(&self, topic: &str) {
+        if let Some(history) = &self.history {
+            history.forget(Some(topic));
+        }
+    }
+}
+
+/// A message from a channel, as this node delivers it; `None` for its own publications (its
+/// subscribers have them already) and what it cannot read.
+fn decode<'m>(topic: &'m str, message: &'m [u8], node: [u8; 16]) -> Option<Incoming<'m>> {
+    let kind = |k: u8| if k == b't' { MessageKind::Text } else { MessageKind::Binary };
+    match message {
+        [b'F', _, id @ ..] if id.len() >= 16 && id[..16] == node => None,
+        [b'F', k, rest @ ..] if rest.len() >= 16 => {
+            Some(Incoming { topic, kind: kind(*k), data: &rest[16..], offset: None })
+        }
+        // Kept in Redis: from every node, this one too, with its offset.
+        [b'S', k, rest @ ..] => rest
+            .iter()
+            .position(|b| *b == b':')
+            .and_then(|colon| std::str::from_utf8(&rest[..colon]).ok())
+            .and_then(Offset::parse)
+            .map(|offset| Incoming { topic, kind: kind(*k), data: rest, offset: Some(offset) }),
+        _ => None,
+    }
+}
+
+/// The thread that fetches history from Redis for reconnecting subscribers: it has the topic
+/// subscribed (pinned) first, so the node's ring gets every message from then on, then
+/// fetches what the stream holds after the subscriber's offset into the ring, then accepts
+/// the upgrade. The connection's `on_open` replays from the ring.
+fn fetcher(
+    shards: Arc<Shards>,
+    requests: Receiver<Recovery>,
+    changes: Arc<Mutex<Sender<Change>>>,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut conns: HashMap<Arc<str>, Connection> = HashMap::new();
+    while !stop.load(Ordering::Acquire) {
+        let request = match requests.recv_timeout(Duration::from_millis(200)) {
+            Ok(request) => request,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let Recovery { topic, since, decision, accepted } = request;
+        let (done, subscribed) = std::sync::mpsc::sync_channel(1);
+        {
+            let changes = changes.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = changes.send(Change::Pin(topic.clone(), done));
+        }
+        if subscribed.recv_timeout(TIMEOUT).is_err() {
+            decision.reject_because(503, "history_unavailable");
+            continue;
+        }
+        // The stream is where the channel is (a cluster's master of its slot).
+        let key = channel(&topic);
+        let Some(server) = shards.get().and_then(|t| t.node(key.as_bytes()).cloned()) else {
+            decision.reject_because(503, "history_unavailable");
+            continue;
+        };
+        if !conns.contains_key(&server)
+            && let Ok(c) = shards.addr.connect(&server)
+        {
+            conns.insert(server.clone(), c);
+        }
+        let Some(c) = conns.get_mut(&server) else {
+            decision.reject_because(503, "history_unavailable");
+            continue;
+        };
+        match fetch(c, &key, since) {
+            Ok(Some((newest, fetched))) => history.fill(&topic, since, newest, fetched),
+            Ok(None) => {} // gone: on_open says so
+            Err(e) => {
+                tracing::warn!(redis = %server, error = %e, "history fetch failed");
+                if e.redirect_node().is_some() {
+                    shards.refresh();
+                }
+                conns.remove(&server);
+                decision.reject_because(503, "history_unavailable");
+                continue;
+            }
+        }
+        decision.accept(accepted);
+    }
+}
+
+/// What the stream at `key` holds after `since`, envelopes made, and the stream's last offset;
+/// `None` if it no longer holds all of it (trimmed past `since`, expired, or `since` was
+/// never issued).
+#[allow(clippy::type_complexity)]
+fn fetch(
+    conn: &mut Connection,
+    stream: &str,
+    since: Offset,
+) -> Result<Option<(Offset, Vec<(Offset, MessageKind, Box<[u8]>)>)>, RedisError> {
+    let info: Option<HashMap<String, Value>> =
+        match redis::cmd("XINFO").arg("STREAM").arg(stream).query(conn) {
+            Ok(info) => Some(info),
+            Err(e) if e.code() == Some("ERR") => None, // no such key
+            Err(e) => return Err(e),
+        };
+    let Some(info) = info else { return Ok(None) };
+    let id = |name: &str| -> Option<Offset> {
+        match info.get(name)? {
+            Value::BulkString(b) => Offset::parse(std::str::from_utf8(b).ok()?),
+            Value::SimpleString(s) => Offset::parse(s),
+            _ => None,
+        }
+    };
+    let (Some(deleted), Some(last)) = (id("max-deleted-entry-id"), id("last-generated-id")) else {
+        return Ok(None);
+    };
+    if since < deleted || since > last {
+        return Ok(None);
+    }
+    let entries: Vec<(String, Vec<Vec<u8>>)> =
+        redis::cmd("XRANGE").arg(stream).arg(format!("({since}")).arg("+").query(conn)?;
+    let fetched = entries
+        .into_iter()
+        .filter_map(|(id, fields)| {
+            let offset = Offset::parse(&id)?;
+            let [k, kind, m, payload] = fields.as_slice() else { return None };
+            (k == b"k" && m == b"m").then_some(())?;
+            let kind = if kind == b"t" { MessageKind::Text } else { MessageKind::Binary };
+            let data = [format!("{offset}:").as_bytes(), payload].concat().into_boxed_slice();
+            Some((offset, kind, data))
+        })
+        .collect();
+    Ok(Some((last, fetched)))
+}
