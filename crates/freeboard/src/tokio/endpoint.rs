@@ -156,6 +156,9 @@ pub(super) struct Hub {
     pub(super) reading: usize,
     /// Corks no connection holds (a connection holds one from a read until its replies are
     /// written).
+    // Boxed as a connection holds them (a cork is over a KiB inline): lending one moves a
+    // pointer, never allocates.
+    #[allow(clippy::vec_box)]
     pub(super) spare_corks: Vec<Box<Cork>>,
     /// Corks held by connections now.
     pub(super) corking: usize,
