@@ -1,6 +1,7 @@
 //! The tokio driver over real sockets on loopback: echo of every size, close codes both ways,
 //! each slow-consumer policy against a client that never reads, `writable`, keep-alive,
-//! idle connections holding nothing, the Sink/Stream API, and axum's upgrade. Each test is
+//! idle connections holding nothing, corked replies in order and surviving their reader, the
+//! Sink/Stream API, and axum's upgrade. Each test is
 //! bounded by a timeout and talks only to 127.0.0.1.
 
 use std::sync::Arc;
@@ -233,7 +234,7 @@ async fn writable_waits_for_the_low_watermark() {
 }
 
 #[tokio::test]
-async fn idle_connections_hold_no_read_buffer_and_no_chunk() {
+async fn idle_connections_hold_no_read_buffer_no_cork_and_no_chunk() {
     tokio::time::timeout(BOUND, async {
         let endpoint = endpoint(EndpointConfig::default());
         let (listener, url) = listen().await;
@@ -259,7 +260,10 @@ async fn idle_connections_hold_no_read_buffer_and_no_chunk() {
         // Every echo went out and every reader waits for input: nothing is held.
         let mut quiet = false;
         for _ in 0..100 {
-            if endpoint.read_buffers_in_use() == 0 && endpoint.counters().chunks_in_use == 0 {
+            if endpoint.read_buffers_in_use() == 0
+                && endpoint.corks_in_use() == 0
+                && endpoint.counters().chunks_in_use == 0
+            {
                 quiet = true;
                 break;
             }
@@ -511,6 +515,82 @@ async fn a_send_while_the_reader_waits_is_written_by_the_reader() {
         for i in 0..10 {
             assert_eq!(client.next().await.unwrap().unwrap(), TMessage::text(format!("n{i}")));
         }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn corked_replies_leave_in_order_before_the_pong_of_a_ping_read_with_them() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, url) = listen().await;
+        let server = {
+            let endpoint = Arc::clone(&endpoint);
+            tokio::spawn(async move {
+                echo(accept(&listener, &endpoint, &WsConfig::default()).await).await
+            })
+        };
+        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        // One write: 200 messages, a ping, 200 more. The server reads them in a few reads and
+        // corks its echoes; the pong must not overtake the echoes queued before it.
+        for round in 0..2 {
+            for i in 0..200 {
+                client.feed(TMessage::binary(vec![round as u8; i % 300 + 1])).await.unwrap();
+            }
+            if round == 0 {
+                client.feed(TMessage::Ping(b"between".to_vec().into())).await.unwrap();
+            }
+        }
+        client.flush().await.unwrap();
+        for round in 0..2 {
+            for i in 0..200 {
+                let expected = TMessage::binary(vec![round as u8; i % 300 + 1]);
+                assert_eq!(client.next().await.unwrap().unwrap(), expected, "echo {round}/{i}");
+            }
+            if round == 0 {
+                let pong = client.next().await.unwrap().unwrap();
+                assert_eq!(pong, TMessage::Pong(b"between".to_vec().into()));
+            }
+        }
+        let frame = CloseFrame { code: TCloseCode::Normal, reason: "".into() };
+        client.close(Some(frame)).await.unwrap();
+        let close = server.await.unwrap().expect("the client's close");
+        assert_eq!(close.code, CloseCode::NORMAL);
+        let quiet = endpoint.corks_in_use() == 0 && endpoint.read_buffers_in_use() == 0;
+        assert!(quiet, "{endpoint:?}");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn replies_corked_when_the_reader_is_dropped_leave_with_the_next_flush() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, url) = listen().await;
+        let server = {
+            let endpoint = Arc::clone(&endpoint);
+            tokio::spawn(async move {
+                let ws = accept(&listener, &endpoint, &WsConfig::default()).await;
+                let (mut reader, writer) = ws.split();
+                let message = reader.next().await.expect("a message");
+                // The reply joins the cork the reader holds since its read…
+                assert_eq!(writer.send(message), SendOutcome::Queued);
+                assert!(writer.buffered_amount() > 0, "corked bytes count as buffered");
+                assert_eq!(endpoint.corks_in_use(), 1);
+                // …and the reader goes away before writing it: the reply is not lost.
+                drop(reader);
+                assert_eq!(endpoint.corks_in_use(), 0);
+                writer.flush().await;
+                assert_eq!(writer.buffered_amount(), 0);
+                writer
+            })
+        };
+        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        client.send(TMessage::text("hello")).await.unwrap();
+        assert_eq!(client.next().await.unwrap().unwrap(), TMessage::text("hello"));
+        drop(server.await.unwrap());
     })
     .await
     .unwrap();

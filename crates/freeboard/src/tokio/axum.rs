@@ -193,7 +193,10 @@ impl WebSocketUpgrade {
                 }
             };
             let io = TokioIo::new(upgraded);
-            callback(WebSocket::from_upgraded(io, &endpoint, &config, protocol)).await;
+            // The connection's life is a task of its own holding only the callback's future:
+            // this one (the endpoint, the route's config, the upgrade) ends here, and a task
+            // is what an idle connection costs beside its state.
+            ::tokio::spawn(callback(WebSocket::from_upgraded(io, &endpoint, &config, protocol)));
         });
         response
     }

@@ -1,7 +1,7 @@
 //! The driver's turns: what the reader, a send and a flush do with the session and the
 //! transport.
 
-use std::io::IoSlice;
+use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::MutexGuard;
 use std::task::{self, Poll, Waker};
@@ -12,7 +12,10 @@ use freeboard_buf::Writability;
 use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
 
 use super::endpoint::Hub;
-use super::{Conn, Error, IOV, Input, Message, SPARE_READ_BUFFERS, Shared};
+use super::{
+    Conn, Cork, Error, IOV, Input, Message, Payload, Rare, SPARE_PAYLOAD_BYTES, SPARE_PAYLOADS,
+    SPARE_READ_BUFFERS, Shared,
+};
 use crate::SendOutcome;
 use crate::client::CloseEvent;
 use crate::session::Received;
@@ -32,27 +35,35 @@ impl<S> Shared<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
-    pub(super) fn send(&self, kind: MessageKind, data: &[u8]) -> SendOutcome {
-        let mut conn = self.lock();
+    pub(super) fn send(&self, kind: MessageKind, payload: Payload<'_>) -> SendOutcome {
+        let mut guard = self.lock();
+        let conn = &mut *guard;
         let mut hub = self.endpoint.lock();
         if conn.session.state() != State::Open {
             return SendOutcome::Closed;
         }
-        let (role, limits, now) = (conn.role, conn.limits, conn.read_at);
-        let outcome = conn.session.send(&mut hub.cx(role, &limits, now), kind, data);
+        let data = match &payload {
+            Payload::Borrowed(data) => data,
+            Payload::Owned(data) => &data[..],
+        };
+        let cx = &mut hub.cx(conn.role, conn.read_at, conn.cork.as_deref_mut());
+        let outcome = conn.session.send(cx, kind, data);
+        if let Payload::Owned(spent) = payload {
+            hub.keep_payload(spent);
+        }
         conn.note_close();
         conn.schedule_write(&mut hub);
         outcome.map_or(SendOutcome::Closed, SendOutcome::from)
     }
 
     pub(super) fn close(&self, code: CloseCode, reason: &str) -> Result<(), Error> {
-        let mut conn = self.lock();
+        let mut guard = self.lock();
+        let conn = &mut *guard;
         let mut hub = self.endpoint.lock();
         if conn.session.state() != State::Open {
             return Err(Error::Closed);
         }
-        let (role, limits) = (conn.role, conn.limits);
-        let cx = &mut hub.cx(role, &limits, self.endpoint.now());
+        let cx = &mut hub.cx(conn.role, self.endpoint.now(), conn.cork.as_deref_mut());
         conn.session.close(cx, code, reason).map_err(Error::Usage)?;
         conn.note_close();
         conn.schedule_write(&mut hub);
@@ -80,8 +91,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
         if done {
             return Poll::Ready(());
         }
-        if !conn.writers.iter().any(|w| w.will_wake(task.waker())) {
-            conn.writers.push(task.waker().clone());
+        let writers = &mut conn.rare().writers;
+        if !writers.iter().any(|w| w.will_wake(task.waker())) {
+            writers.push(task.waker().clone());
         }
         Poll::Pending
     }
@@ -101,7 +113,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             if let Some(message) = conn.parse(&mut hub) {
                 // What the application queues while it takes the messages of one read leaves
                 // in one write once they are taken (or sooner, past the high watermark).
-                if !conn.session.queue().is_writable() {
+                // A cork past half full is written too: the next reply might not fit.
+                if !conn.session.queue().is_writable()
+                    || conn.cork.as_deref().is_some_and(|c| conn.session.cork_is_half_full(c))
+                {
                     let _ = conn.write(&mut hub, task);
                 }
                 return Poll::Ready(Some(message));
@@ -112,29 +127,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
                 let _ = conn.write(&mut hub, task);
                 conn.ended = true;
                 conn.release_input(&mut hub);
-                return Poll::Ready(Some(Message::Close(close)));
+                return Poll::Ready(Some(Message::Close(*close)));
             }
             if conn.ended || conn.session.state() == State::Closed {
                 conn.ended = true;
                 return Poll::Ready(None);
             }
-            let (role, limits) = (conn.role, conn.limits);
+            let role = conn.role;
             if let Some(at) = conn.session.poll_timeout() {
                 let now = endpoint.now();
                 if at <= now {
-                    conn.session.handle_timeout(&mut hub.cx(role, &limits, now));
+                    conn.session.handle_timeout(&mut hub.cx(role, now, conn.cork.as_deref_mut()));
                     conn.note_close();
                     continue;
                 }
                 let deadline = endpoint.start + Duration::from_millis(at.as_millis());
-                let timer = match &mut conn.timer {
+                let timer = &mut conn.rare.get_or_insert_with(Box::default).timer;
+                let timer = match timer {
                     Some(timer) => {
                         if timer.deadline() != deadline {
                             timer.as_mut().reset(deadline);
                         }
                         timer
                     }
-                    None => conn.timer.insert(Box::pin(::tokio::time::sleep_until(deadline))),
+                    None => timer.insert(Box::pin(::tokio::time::sleep_until(deadline))),
                 };
                 if timer.as_mut().poll(task).is_ready() {
                     continue;
@@ -160,14 +176,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             match read {
                 Poll::Ready(Ok(())) if n > 0 => {
                     conn.read_at = endpoint.now();
-                    conn.input = Some(Input { bytes, at: 0, end: n });
+                    conn.input = Some(Input { bytes, at: 0, end: n as u32 });
+                    if conn.cork.is_none() {
+                        conn.cork = Some(hub.lend_cork(endpoint.read_buffer));
+                    }
                 }
                 Poll::Ready(result) => {
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "read failed");
                     }
                     hub.give_back(bytes);
-                    conn.session.handle_eof(&mut hub.cx(role, &limits, endpoint.now()));
+                    conn.session.handle_eof(&mut hub.cx(role, endpoint.now(), None));
                     conn.note_close();
                 }
                 Poll::Pending => {
@@ -182,10 +201,104 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
 }
 
 impl Hub {
+    /// An empty buffer for a received payload of `len` bytes: a spare one if any.
+    fn payload(&mut self, len: usize) -> Vec<u8> {
+        let mut payload = self.spare_payloads.pop().unwrap_or_default();
+        payload.reserve_exact(len);
+        payload
+    }
+
+    /// Keeps a sent message's buffer for a message received later.
+    fn keep_payload(&mut self, mut payload: Vec<u8>) {
+        let size = payload.capacity();
+        if size > 0 && size <= SPARE_PAYLOAD_BYTES && self.spare_payloads.len() < SPARE_PAYLOADS {
+            payload.clear();
+            self.spare_payloads.push(payload);
+        }
+    }
+
+    /// A cork of `size` bytes for a connection that read: a spare one if any.
+    fn lend_cork(&mut self, size: usize) -> Box<Cork> {
+        self.corking += 1;
+        self.spare_corks.pop().unwrap_or_else(|| Box::new(Cork::new(size)))
+    }
+
+    /// Takes back an empty cork.
+    fn take_back_cork(&mut self, cork: Box<Cork>) {
+        self.corking -= 1;
+        if self.spare_corks.len() < SPARE_READ_BUFFERS {
+            self.spare_corks.push(cork);
+        }
+    }
+
     pub(super) fn give_back(&mut self, bytes: Box<[u8]>) {
         self.reading -= 1;
         if self.spare.len() < SPARE_READ_BUFFERS {
             self.spare.push(bytes);
+        }
+    }
+}
+
+impl<S> Conn<S> {
+    /// The rarely used state, boxed at its first use.
+    pub(super) fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    /// Bytes queued or corked and not yet written.
+    pub(super) fn buffered(&self) -> usize {
+        self.session.buffered() + self.cork.as_ref().map_or(0, |cork| cork.len())
+    }
+
+    /// After a write that took `written` of the cork's bytes: the rest moves into the send
+    /// queue, and the cork goes back to the endpoint unless `keep` (more replies to a read
+    /// being parsed will follow). A failed write, or a pool that cannot hold the rest (the
+    /// stream would be torn), ends the connection.
+    pub(super) fn uncork(&mut self, hub: &mut Hub, written: io::Result<usize>, keep: bool) {
+        let Some(mut cork) = self.cork.take() else { return };
+        if !cork.is_empty() {
+            let written = self.session.corked_written(&mut cork, &mut hub.pool, written);
+            if let Err(e) = written {
+                tracing::debug!(error = %e, "write failed");
+                self.fail(hub);
+            }
+        }
+        if keep && self.session.state() == State::Open {
+            self.cork = Some(cork);
+        } else {
+            hub.take_back_cork(cork);
+        }
+    }
+
+    /// The transport failed: the connection is over (1006 unless the close handshake was
+    /// done) and nothing it queued will leave.
+    fn fail(&mut self, hub: &mut Hub) {
+        self.session.handle_eof(&mut hub.cx(self.role, Instant::default(), None));
+        self.session.clear_queue(&mut hub.pool);
+        self.note_close();
+        self.wake_all();
+    }
+
+    pub(super) fn wake_all(&mut self) {
+        if let Some(reader) = &self.reader {
+            reader.wake_by_ref();
+        }
+        self.wake_writers();
+    }
+
+    /// Wakes the tasks waiting in `writable` or `flush`.
+    fn wake_writers(&mut self) {
+        if let Some(rare) = &mut self.rare {
+            for writer in rare.writers.drain(..) {
+                writer.wake();
+            }
+        }
+    }
+
+    /// Keeps the session's close, once reported, for the reader.
+    pub(super) fn note_close(&mut self) {
+        if let Some(closed) = self.session.poll_close() {
+            self.close = Some(close_event(&closed));
         }
     }
 }
@@ -196,15 +309,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     pub(super) fn parse(&mut self, hub: &mut Hub) -> Option<Message> {
         let input = self.input.as_mut()?;
         while input.at < input.end && self.close.is_none() {
-            let cx = &mut hub.cx(self.role, &self.limits, self.read_at);
-            let (used, received) = self.session.receive(cx, &mut input.bytes[input.at..input.end]);
-            input.at += used;
+            let (at, end) = (input.at as usize, input.end as usize);
+            let cx = &mut hub.cx(self.role, self.read_at, self.cork.as_deref_mut());
+            let (used, received) = self.session.receive(cx, &mut input.bytes[at..end]);
+            input.at += used as u32;
             let message = match received {
                 None => None,
-                Some(Received::Whole(kind, data)) => Some(Message::received(kind, data.to_vec())),
+                Some(Received::Whole(kind, data)) => {
+                    let mut payload = hub.payload(data.len());
+                    payload.extend_from_slice(data);
+                    Some(Message::received(kind, payload))
+                }
                 Some(Received::Assembled(kind)) => {
                     let mut chain = self.session.take_message();
-                    let mut data = Vec::with_capacity(chain.len());
+                    let mut data = hub.payload(chain.len());
                     chain.segments(&hub.pool).for_each(|s| data.extend_from_slice(s));
                     chain.clear(&mut hub.pool);
                     Some(Message::received(kind, data))
@@ -230,13 +348,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
     }
 
-    /// Keeps the session's close, once reported, for the reader.
-    pub(super) fn note_close(&mut self) {
-        if let Some(closed) = self.session.poll_close() {
-            self.close = Some(close_event(&closed));
-        }
-    }
-
     /// After a send or a close queued bytes: the reader writes them at its next turn (woken
     /// if it waits for input; a reader that is handling a message writes when it asks for
     /// the next one, and waking its task would only poll it once more for nothing); without a
@@ -250,7 +361,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 self.write_requested = true;
                 reader.wake_by_ref();
             }
-        } else if let Some(writer) = self.writers.first() {
+        } else if let Some(writer) = self.rare.as_ref().and_then(|rare| rare.writers.first()) {
             // A task waits in `writable` or `flush` with the transport's write interest.
             writer.wake_by_ref();
         } else {
@@ -264,6 +375,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// server's writing side is shut down once everything is out (§7.1.1).
     pub(super) fn write(&mut self, hub: &mut Hub, task: &mut task::Context<'_>) -> Poll<()> {
         self.write_requested = false;
+        // The cork first: it holds replies queued before anything the queue holds.
+        let corked = match &self.cork {
+            Some(cork) if !cork.is_empty() => {
+                match Pin::new(&mut self.io).poll_write(task, cork.bytes()) {
+                    Poll::Ready(Ok(0)) => Err(io::ErrorKind::WriteZero.into()),
+                    Poll::Ready(written) => written,
+                    Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+                }
+            }
+            _ => Ok(0),
+        };
+        self.uncork(hub, corked, self.input.is_some());
         let mut result = Poll::Ready(());
         while self.session.buffered() > 0 {
             let written = {
@@ -277,11 +400,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "write failed");
                     }
-                    let cx = &mut hub.cx(self.role, &self.limits, Instant::default());
-                    self.session.handle_eof(cx);
-                    self.session.clear_queue(&mut hub.pool);
-                    self.note_close();
-                    self.wake_all();
+                    self.fail(hub);
                     break;
                 }
                 Poll::Pending => {
@@ -297,9 +416,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             self.wake_all();
         }
         if result.is_ready() {
-            for writer in self.writers.drain(..) {
-                writer.wake();
-            }
+            self.wake_writers();
             if self.session.state() == State::Closed && !self.shut_down && self.role == Role::Server
             {
                 match Pin::new(&mut self.io).poll_shutdown(task) {
@@ -309,15 +426,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             }
         }
         result
-    }
-
-    pub(super) fn wake_all(&mut self) {
-        if let Some(reader) = &self.reader {
-            reader.wake_by_ref();
-        }
-        for writer in self.writers.drain(..) {
-            writer.wake();
-        }
     }
 }
 
@@ -329,7 +437,11 @@ impl<S> Drop for Shared<S> {
         if let Some(input) = conn.input.take() {
             hub.give_back(input.bytes);
         }
-        if let Some(token) = conn.token.take() {
+        if let Some(mut cork) = conn.cork.take() {
+            cork.clear();
+            hub.take_back_cork(cork);
+        }
+        if let Some(token) = conn.rare.as_mut().and_then(|rare| rare.token.take()) {
             hub.subscriptions.drop_conn(&self.endpoint.topics, token);
             hub.subscribers.remove(token);
         }
@@ -337,6 +449,10 @@ impl<S> Drop for Shared<S> {
     }
 }
 
-fn close_event(closed: &crate::session::Closed) -> CloseEvent {
-    CloseEvent { code: closed.code, reason: closed.reason().to_owned(), was_clean: closed.clean }
+fn close_event(closed: &crate::session::Closed) -> Box<CloseEvent> {
+    Box::new(CloseEvent {
+        code: closed.code,
+        reason: closed.reason().to_owned(),
+        was_clean: closed.clean,
+    })
 }

@@ -10,7 +10,7 @@ use slab::Slab;
 use crate::config::ConfigError;
 use crate::metrics::Metrics;
 use crate::parking::ParkingLot;
-use crate::session::{Context, MaskSource, Reassembly, Share};
+use crate::session::{Context, Cork, MaskSource, Reassembly, Share};
 use crate::topics::{self, LocalTopics};
 
 use super::fan_out::Subscriber;
@@ -26,8 +26,9 @@ pub struct EndpointConfig {
     pub memory: usize,
     /// Pool chunk size. Default 4 KiB.
     pub chunk_size: usize,
-    /// Bytes of one read buffer (a connection holds one only while it has unread input).
-    /// Default 16 KiB.
+    /// Bytes of one read buffer (a connection holds one only while it has unread input), and
+    /// of one cork (the replies to one read, written at once). Default 64 KiB, as `freeboard
+    /// serve`'s.
     pub read_buffer: usize,
     /// Free pool bytes an upgrade needs ([`Endpoint::has_room`]; the axum extractor answers
     /// 503 below it), and twice what a message arriving in pieces must leave free (else close
@@ -47,7 +48,7 @@ impl Default for EndpointConfig {
         Self {
             memory: 64 << 20,
             chunk_size: 4096,
-            read_buffer: 16 << 10,
+            read_buffer: 64 << 10,
             connection_reserve: 64 << 10,
             protocol: freeboard_proto::Config::DEFAULT,
             max_topics_per_connection: 64,
@@ -153,6 +154,19 @@ pub(super) struct Hub {
     pub(super) spare: Vec<Box<[u8]>>,
     /// Read buffers held by connections now.
     pub(super) reading: usize,
+    /// Corks no connection holds (a connection holds one from a read until its replies are
+    /// written).
+    // Boxed as a connection holds them (a cork is over a KiB inline): lending one moves a
+    // pointer, never allocates.
+    #[allow(clippy::vec_box)]
+    pub(super) spare_corks: Vec<Box<Cork>>,
+    /// Corks held by connections now.
+    pub(super) corking: usize,
+    /// Buffers of sent messages, for messages received next.
+    pub(super) spare_payloads: Vec<Vec<u8>>,
+    /// What a server connection's partial message may take from the pool (a client's is
+    /// [`Reassembly::CLIENT`]).
+    server_limits: Reassembly,
 }
 
 impl Endpoint {
@@ -182,6 +196,10 @@ impl Endpoint {
                 fan_out: Vec::new(),
                 spare: Vec::new(),
                 reading: 0,
+                spare_corks: Vec::new(),
+                corking: 0,
+                spare_payloads: Vec::new(),
+                server_limits: Reassembly::server(config.connection_reserve),
             }),
             topics: topics::Hub::new(&[], 1, config.max_topics, None, metrics),
             protocol: config.protocol,
@@ -213,6 +231,13 @@ impl Endpoint {
         self.lock().reading
     }
 
+    /// Corks held by connections now (each [`EndpointConfig::read_buffer`] bytes: the
+    /// replies to one read, framed back to back until they are written; an idle connection
+    /// holds none).
+    pub fn corks_in_use(&self) -> usize {
+        self.lock().corking
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, Hub> {
         // A panic in another connection's call leaves the pool consistent (every change to it
         // is one call of freeboard-buf): go on.
@@ -231,6 +256,7 @@ impl std::fmt::Debug for Endpoint {
             .field("connections", &hub.open)
             .field("chunks_in_use", &hub.pool.chunks_in_use())
             .field("read_buffers_in_use", &hub.reading)
+            .field("corks_in_use", &hub.corking)
             .finish_non_exhaustive()
     }
 }
@@ -243,22 +269,26 @@ impl Hub {
     }
 
     /// What a session borrows for one call.
+    /// `cork`: the connection's, while it holds one.
     pub(super) fn cx<'a>(
         &'a mut self,
         role: Role,
-        limits: &'a Reassembly,
         now: Instant,
+        cork: Option<&'a mut Cork>,
     ) -> Context<'a> {
         Context {
             pool: &mut self.pool,
             lot: &mut self.lot,
             masks: if role == Role::Client { Some(&mut self.masks) } else { None },
-            limits,
+            limits: match role {
+                Role::Server => &self.server_limits,
+                Role::Client => &Reassembly::CLIENT,
+            },
             share: &self.share,
             // permessage-deflate is declined at this driver's handshakes, so no session
             // here compresses.
             codec: None,
-            cork: None,
+            cork,
             now,
         }
     }

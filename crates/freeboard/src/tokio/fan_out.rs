@@ -22,10 +22,10 @@ pub(super) trait Subscriber: Send + Sync {
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Subscriber for Shared<S> {
     fn deliver(&self, frame: &Frame) -> Option<bool> {
-        let mut conn = self.lock();
+        let mut guard = self.lock();
+        let conn = &mut *guard;
         let mut hub = self.endpoint.lock();
-        let (role, limits, now) = (conn.role, conn.limits, conn.read_at);
-        let cx = &mut hub.cx(role, &limits, now);
+        let cx = &mut hub.cx(conn.role, conn.read_at, conn.cork.as_deref_mut());
         let outcome = conn.session.send_frame(cx, frame)?;
         conn.note_close();
         conn.schedule_write(&mut hub);
@@ -98,7 +98,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> WsWriter<S> {
         }
         let mut guard = self.shared.endpoint.lock();
         let hub = &mut *guard;
-        let token = *conn.token.get_or_insert_with(|| {
+        let token = *conn.rare().token.get_or_insert_with(|| {
             let weak: Weak<Shared<S>> = Arc::downgrade(&self.shared);
             hub.subscribers.insert(weak)
         });
@@ -108,7 +108,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> WsWriter<S> {
     /// Unsubscribes this connection from `topic`; whether it was subscribed.
     pub fn unsubscribe(&self, topic: &str) -> bool {
         let conn = self.shared.lock();
-        let Some(token) = conn.token else { return false };
+        let Some(token) = conn.rare.as_ref().and_then(|rare| rare.token) else { return false };
         let mut hub = self.shared.endpoint.lock();
         hub.subscriptions.unsubscribe(&self.shared.endpoint.topics, token, topic)
     }
@@ -116,7 +116,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> WsWriter<S> {
     /// The topics this connection is subscribed to.
     pub fn topics(&self) -> Vec<String> {
         let conn = self.shared.lock();
-        let Some(token) = conn.token else { return Vec::new() };
+        let Some(token) = conn.rare.as_ref().and_then(|rare| rare.token) else {
+            return Vec::new();
+        };
         let hub = self.shared.endpoint.lock();
         hub.subscriptions.topics_of(token).map(str::to_owned).collect()
     }

@@ -19,8 +19,10 @@
 //!   [`split`](WebSocket::split) gives a [`WsReader`] and a cloneable [`WsWriter`], a
 //!   [`Sink`](futures_sink::Sink) of messages.
 //!
-//! Who writes: a send only queues (copying the payload into pool chunks, masked for a
-//! client). The queued bytes leave in one vectored write when the connection is next polled —
+//! Who writes: a send only queues, copying the payload (masked for a client) into the
+//! connection's cork while it holds one — from a read until the replies to it are written, as
+//! the event loop corks — or else into pool chunks. The bytes leave in one write when the
+//! connection is next polled —
 //! by the reader (a reader waiting for input is woken for it; a reader busy in its loop writes
 //! everything the loop queued in one write when it asks for the next message), by
 //! [`flush`](WsWriter::flush) or [`writable`](WsWriter::writable), or, when no reader has
@@ -31,10 +33,13 @@
 //! Timers use tokio's time driver: build the runtime with it (`#[tokio::main]` and
 //! `Builder::enable_all` do).
 //!
-//! Idle connections hold no read buffer: a connection takes one of the endpoint's read
-//! buffers only while the socket has bytes for it, and gives it back as soon as they are
-//! parsed (a buffer stays with a connection only while messages it read wait for the
-//! application). Their protocol state parks in 24 bytes as on the server.
+//! Idle connections hold no read buffer and no cork: a connection takes one of the
+//! endpoint's read buffers only while the socket has bytes for it, and gives it back as soon
+//! as they are parsed (a buffer stays with a connection only while messages it read wait for
+//! the application); its cork goes back once the replies are written. Their protocol state
+//! parks in 24 bytes as on the server. A received message's payload comes from the
+//! endpoint's spare buffers, and [`send`](WsWriter::send) of a `Message` gives its buffer
+//! back: an echo or a forward allocates nothing per message.
 //!
 //! ```no_run
 //! # async fn run() -> std::io::Result<()> {
@@ -69,7 +74,7 @@ use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State, UsageError};
 use crate::SendOutcome;
 use crate::client::CloseEvent;
 use crate::parking::Ws;
-use crate::session::{Reassembly, Session};
+use crate::session::{Cork, Session};
 
 #[cfg(feature = "axum")]
 pub mod axum;
@@ -84,8 +89,21 @@ pub use handshake::AcceptError;
 
 /// Slices gathered for one vectored write.
 const IOV: usize = 64;
-/// Read buffers an endpoint keeps for the next readable connection.
+/// Read buffers (and corks) an endpoint keeps for the next readable connection.
 const SPARE_READ_BUFFERS: usize = 64;
+/// Payload buffers an endpoint keeps for the next received messages: a message sent back
+/// (an echo, a forward) gives its buffer back, so a steady stream allocates nothing.
+const SPARE_PAYLOADS: usize = 64;
+/// The largest payload buffer kept (what the spares may hold is bounded:
+/// `SPARE_PAYLOADS` × this).
+const SPARE_PAYLOAD_BYTES: usize = 16 << 10;
+
+/// A payload to send: borrowed, or a received message's own buffer, kept for the next
+/// message received once copied into the queue.
+enum Payload<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
 
 /// A whole received message, or the close that ends the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +122,15 @@ impl Message {
     pub fn as_data(&self) -> Option<(MessageKind, &[u8])> {
         match self {
             Message::Text(text) => Some((MessageKind::Text, text.as_bytes())),
+            Message::Binary(bytes) => Some((MessageKind::Binary, bytes)),
+            Message::Close(_) => None,
+        }
+    }
+
+    /// The kind and bytes of a data message, taken; `None` for `Close`.
+    fn into_data(self) -> Option<(MessageKind, Vec<u8>)> {
+        match self {
+            Message::Text(text) => Some((MessageKind::Text, text.into_bytes())),
             Message::Binary(bytes) => Some((MessageKind::Binary, bytes)),
             Message::Close(_) => None,
         }
@@ -198,12 +225,15 @@ struct Conn<S> {
     io: S,
     session: Session,
     role: Role,
-    limits: Reassembly,
-    protocol: Option<String>,
     /// Read bytes not yet parsed, in a buffer lent by the endpoint. `None` when idle.
     input: Option<Input>,
-    /// The close the session reported, until the reader takes it.
-    close: Option<CloseEvent>,
+    /// The replies to what was read, framed back to back while the send queue is empty and
+    /// written in one write when the reader next waits (the event loop's cork), lent by the
+    /// endpoint from a read until that write. `None` when idle.
+    cork: Option<Box<Cork>>,
+    /// The close the session reported, until the reader takes it (boxed: rare, and the
+    /// connection's state is what an idle connection costs).
+    close: Option<Box<CloseEvent>>,
     /// The close was delivered: the stream has ended.
     ended: bool,
     /// Our writing side is shut down (after the close handshake).
@@ -211,8 +241,6 @@ struct Conn<S> {
     /// When the bytes being parsed were read: the session's time for them, and for sends
     /// (which do not read it). One clock read per read, not two per message.
     read_at: Instant,
-    /// The session's next deadline, armed while it has one.
-    timer: Option<Pin<Box<Sleep>>>,
     /// The task reading, if a reader was ever polled: woken to write what sends queued.
     reader: Option<Waker>,
     /// The reader's last poll ended `Pending`: it waits for input (or for room) and must be
@@ -220,6 +248,18 @@ struct Conn<S> {
     reader_waits: bool,
     /// The reader was woken to write and has not yet.
     write_requested: bool,
+    /// What few connections use, boxed once one does: a connection's state is most of what
+    /// an idle one costs.
+    rare: Option<Box<Rare>>,
+}
+
+/// The parts of a connection's state that most connections never use.
+#[derive(Default)]
+struct Rare {
+    /// The subprotocol agreed in the handshake.
+    protocol: Option<Box<str>>,
+    /// The session's next deadline, armed while it has one.
+    timer: Option<Pin<Box<Sleep>>>,
     /// Tasks waiting in `writable` or `flush`.
     writers: Vec<Waker>,
     /// The connection's key among the endpoint's subscribers, once it subscribed.
@@ -229,8 +269,9 @@ struct Conn<S> {
 /// Read bytes `bytes[at..end]` waiting to be parsed.
 struct Input {
     bytes: Box<[u8]>,
-    at: usize,
-    end: usize,
+    /// Invariant: `at <= end <= bytes.len()` (a read buffer is far below 4 GiB).
+    at: u32,
+    end: u32,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
@@ -242,8 +283,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         config: &WsConfig,
         protocol: Option<String>,
     ) -> Self {
-        let limits = Reassembly::server(endpoint.reserve);
-        Self::open(io, endpoint, config, Role::Server, limits, protocol)
+        Self::open(io, endpoint, config, Role::Server, protocol)
     }
 
     /// A client connection over `io` whose opening handshake is done: every frame it sends
@@ -255,7 +295,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         config: &WsConfig,
         protocol: Option<String>,
     ) -> Self {
-        Self::open(io, endpoint, config, Role::Client, Reassembly::CLIENT, protocol)
+        Self::open(io, endpoint, config, Role::Client, protocol)
     }
 
     /// Reads an upgrade request from `io`, answers `101 Switching Protocols` (or refuses
@@ -279,7 +319,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
             }
             bytes[..leftover.len()].copy_from_slice(&leftover);
             endpoint.lock().reading += 1;
-            conn.input = Some(Input { bytes, at: 0, end: leftover.len() });
+            conn.input = Some(Input { bytes, at: 0, end: leftover.len() as u32 });
         }
         Ok(ws)
     }
@@ -289,7 +329,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         endpoint: &Arc<Endpoint>,
         config: &WsConfig,
         role: Role,
-        limits: Reassembly,
         protocol: Option<String>,
     ) -> Self {
         let now = endpoint.now();
@@ -300,19 +339,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
             io,
             session: Session::open(ws, queue),
             role,
-            limits,
-            protocol,
             input: None,
+            cork: None,
             close: None,
             read_at: now,
             ended: false,
             shut_down: false,
-            timer: None,
             reader: None,
             reader_waits: false,
             write_requested: false,
-            writers: Vec::new(),
-            token: None,
+            rare: protocol.map(|protocol| {
+                Box::new(Rare { protocol: Some(protocol.into_boxed_str()), ..Rare::default() })
+            }),
         };
         let shared = Arc::new(Shared { endpoint: Arc::clone(endpoint), conn: Mutex::new(conn) });
         Self { reader: WsReader { shared: Arc::clone(&shared) }, writer: WsWriter { shared } }
@@ -348,30 +386,31 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsReader<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
-    /// Queues a message (copied into pool chunks) and says what the queue did with it:
+    /// Queues a message (copied into the cork or pool chunks; its buffer is kept for a
+    /// message received later) and says what the queue did with it:
     /// `Queued`, `QueuedAboveHigh` (slow down: await [`writable`](Self::writable)),
     /// `Dropped` (the policy dropped it or older ones; counted), `Blocked` (the `block`
     /// policy: not queued, retry after `writable`), `Closed`. A `Close` message is `Closed`.
     pub fn send(&self, message: Message) -> SendOutcome {
-        match message.as_data() {
-            Some((kind, data)) => self.shared.send(kind, data),
+        match message.into_data() {
+            Some((kind, payload)) => self.shared.send(kind, Payload::Owned(payload)),
             None => SendOutcome::Closed,
         }
     }
 
     /// Queues a text message; see [`send`](Self::send).
     pub fn send_text(&self, text: &str) -> SendOutcome {
-        self.shared.send(MessageKind::Text, text.as_bytes())
+        self.shared.send(MessageKind::Text, Payload::Borrowed(text.as_bytes()))
     }
 
     /// Queues a binary message; see [`send`](Self::send).
     pub fn send_binary(&self, data: &[u8]) -> SendOutcome {
-        self.shared.send(MessageKind::Binary, data)
+        self.shared.send(MessageKind::Binary, Payload::Borrowed(data))
     }
 
     /// Bytes queued and not yet written (`bufferedAmount`). O(1).
     pub fn buffered_amount(&self) -> usize {
-        self.shared.lock().session.buffered()
+        self.shared.lock().buffered()
     }
 
     /// Whether the queue is at or under its low watermark since it last rose above the high
@@ -400,7 +439,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
 
     /// The subprotocol agreed in the handshake.
     pub fn protocol(&self) -> Option<String> {
-        self.shared.lock().protocol.clone()
+        self.shared.lock().rare.as_ref()?.protocol.as_deref().map(str::to_owned)
     }
 
     /// The endpoint this connection draws from.
@@ -430,10 +469,13 @@ impl<S> Clone for WsWriter<S> {
 
 impl<S> Drop for WsReader<S> {
     fn drop(&mut self) {
-        // Nobody reads any more: the next send writes for itself, with what waits.
+        // Nobody reads any more: the next send writes for itself, with what waits (the cork's
+        // replies too, moved into the queue).
         let mut conn = self.shared.lock();
         conn.reader = None;
         conn.write_requested = false;
+        let mut hub = self.shared.endpoint.lock();
+        conn.uncork(&mut hub, Ok(0), false);
     }
 }
 
@@ -465,8 +507,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> futures_sink::Sink<Message> for WsWriter
     }
 
     fn start_send(self: Pin<&mut Self>, message: Message) -> Result<(), Error> {
-        let (kind, data) = message.as_data().ok_or(Error::NotData)?;
-        match self.shared.send(kind, data) {
+        let (kind, payload) = message.into_data().ok_or(Error::NotData)?;
+        match self.shared.send(kind, Payload::Owned(payload)) {
             SendOutcome::Closed => Err(Error::Closed),
             _ => Ok(()),
         }
