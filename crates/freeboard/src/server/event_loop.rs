@@ -204,6 +204,25 @@ pub(super) struct Upgrading {
     pub(super) compression: Option<crate::Agreement>,
 }
 
+/// The session [`Context`] of an event loop at `now`, with `cork` (the loop's cork while the
+/// connection being read may use it). A macro rather than a method: it borrows the loop's
+/// fields one by one, so the slab of connections stays free to borrow beside it.
+macro_rules! loop_context {
+    ($loop:expr, $now:expr, $cork:expr) => {
+        crate::session::Context {
+            pool: &mut $loop.pool,
+            lot: &mut $loop.lot,
+            masks: None,
+            limits: &$loop.limits,
+            share: &$loop.share,
+            codec: Some(&mut $loop.codec),
+            cork: $cork,
+            now: $now,
+        }
+    };
+}
+pub(super) use loop_context;
+
 impl<T: Transport> EventLoop<T> {
     pub(crate) fn new(
         index: u32,
@@ -554,16 +573,7 @@ impl<T: Transport> EventLoop<T> {
 
     /// One connection's entry, and the session context borrowed from the loop beside it.
     pub(super) fn split(&mut self, token: usize, now: Instant) -> (&mut Entry<T>, Context<'_>) {
-        let cx = Context {
-            pool: &mut self.pool,
-            lot: &mut self.lot,
-            masks: None,
-            limits: &self.limits,
-            share: &self.share,
-            codec: Some(&mut self.codec),
-            cork: if self.corking { Some(&mut self.cork) } else { None },
-            now,
-        };
+        let cx = loop_context!(self, now, self.corking.then_some(&mut self.cork));
         (&mut self.conns[token], cx)
     }
 

@@ -4,9 +4,8 @@
 use freeboard_buf::{Frame, Pool, PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::Instant;
 
-use super::event_loop::EventLoop;
+use super::event_loop::{EventLoop, loop_context};
 use crate::metrics::LoopStats;
-use crate::session::Context;
 use crate::session::deflate::{Codec, NoMemory};
 use crate::topics::Reach;
 use crate::transport::Transport;
@@ -80,16 +79,7 @@ impl<T: Transport> EventLoop<T> {
                     .unwrap_or(frame),
                 None => frame,
             };
-            let mut cx = Context {
-                pool: &mut self.pool,
-                lot: &mut self.lot,
-                masks: None,
-                limits: &self.limits,
-                share: &self.share,
-                codec: Some(&mut self.codec),
-                cork: None,
-                now,
-            };
+            let mut cx = loop_context!(self, now, None);
             let Some(outcome) = entry.session.send_frame(&mut cx, frame) else { continue };
             match outcome {
                 PushOutcome::WouldBlock { .. } if policy == SlowConsumerPolicy::Block => {

@@ -5,10 +5,10 @@
 use freeboard_buf::Writability;
 use freeboard_proto::{CloseCode, Instant, MessageKind, State};
 
-use super::event_loop::EventLoop;
+use super::event_loop::{EventLoop, loop_context};
 use crate::handler::{Conn, ConnId, Handler, Message};
 use crate::metrics::close_label;
-use crate::session::{Context, Phase, Received};
+use crate::session::{Phase, Received};
 use crate::transport::Transport;
 
 /// Queued messages after which a connection's replies are written before its read is parsed
@@ -113,16 +113,7 @@ impl<T: Transport> EventLoop<T> {
             id: ConnId { event_loop: self.index, serial: entry.serial },
             peer: entry.peer,
             session: &mut entry.session,
-            cx: Context {
-                pool: &mut self.pool,
-                lot: &mut self.lot,
-                masks: None,
-                limits: &self.limits,
-                share: &self.share,
-                codec: Some(&mut self.codec),
-                cork: if self.corking { Some(&mut self.cork) } else { None },
-                now,
-            },
+            cx: loop_context!(self, now, self.corking.then_some(&mut self.cork)),
             metrics: &self.shared.metrics,
             stats: &mut self.stats,
             token,

@@ -10,10 +10,10 @@ use freeboard_proto::{CloseCode, Instant, State};
 
 use slab::Slab;
 
-use super::event_loop::{EventLoop, INITIAL_CONNS, LINGER, RELEASE_INTERVAL};
+use super::event_loop::{EventLoop, INITIAL_CONNS, LINGER, RELEASE_INTERVAL, loop_context};
 use crate::handler::ConnId;
 use crate::metrics::close_label;
-use crate::session::{Context, Phase, Share};
+use crate::session::{Phase, Share};
 use crate::transport::{Io, Transport};
 
 impl<T: Transport> EventLoop<T> {
@@ -128,16 +128,7 @@ impl<T: Transport> EventLoop<T> {
         let mut changes = std::mem::take(&mut self.changes);
         for (token, entry) in self.conns.iter_mut() {
             let policy = entry.session.queue().policy();
-            let mut cx = Context {
-                pool: &mut self.pool,
-                lot: &mut self.lot,
-                masks: None,
-                limits: &self.limits,
-                share: &self.share,
-                codec: Some(&mut self.codec),
-                cork: None,
-                now,
-            };
+            let mut cx = loop_context!(self, now, None);
             match entry.session.reclaim(&mut cx) {
                 None => continue,
                 Some(PushOutcome::Dropped { messages, .. }) => {
