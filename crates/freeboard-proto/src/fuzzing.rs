@@ -672,9 +672,10 @@ fn response_outcome(buf: &[u8], header_count: usize, max_head_len: usize) -> Res
             assert!(protocol.is_none_or(|p| protocols.contains(&p)), "{protocol:?} not offered");
             let extensions: Vec<String> =
                 response.extensions().map(|e| e.name.to_string()).collect();
+            // Extension names match the offer whatever their case (as HTTP tokens do).
             for name in &extensions {
                 assert!(
-                    matches!(name.as_str(), "permessage-deflate" | "x-custom"),
+                    ["permessage-deflate", "x-custom"].iter().any(|o| name.eq_ignore_ascii_case(o)),
                     "{name} not offered"
                 );
             }

@@ -35,3 +35,28 @@ fn response_head_over_the_limit_is_refused_however_it_is_read() {
     let whole = Response::parse(refusal, &mut headers, &request, limit).map(|_| ());
     assert_eq!(whole, Err(HandshakeError::HeadTooLarge));
 }
+
+/// fuzz target `handshake` (response side), after extension names became case-insensitive: a
+/// `101` that names `permessaGe-deflate` is accepted (the name as the server wrote it) and is
+/// the same extension as the offer's; the target's own check still compared names exactly.
+#[test]
+fn an_extension_accepted_in_another_case_is_the_one_offered() {
+    let key = *b"dGhlIHNhbXBsZSBub25jZQ==";
+    let request = ClientRequest {
+        host: "server.example.com",
+        path: "/chat",
+        key: &key,
+        protocols: &["chat"],
+        extensions: Some("permessage-deflate; client_max_window_bits, x-custom"),
+        headers: &[],
+    };
+    let head = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+        Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\nSec-WebSocket-Protocol: chat\r\n\
+        Sec-WebSocket-Extensions: permessaGe-deflate; server_no_context_takeover\r\n\r\n";
+    let mut headers = [EMPTY_HEADER; 16];
+    let (response, len) = Response::parse(head, &mut headers, &request, 1024).unwrap().unwrap();
+    assert_eq!(len, head.len());
+    let names: Vec<&str> = response.extensions().map(|e| e.name).collect();
+    assert_eq!(names, ["permessaGe-deflate"]);
+    assert!(names[0].eq_ignore_ascii_case("permessage-deflate"));
+}
