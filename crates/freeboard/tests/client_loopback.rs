@@ -283,13 +283,15 @@ fn sends_after_close_are_refused() {
 
 #[test]
 fn queued_sends_leave_without_another_call_when_the_server_reads_again() {
-    // The server reads nothing for a while, then everything; meanwhile the client is not
-    // called at all: its writer thread must deliver what queued behind the full socket.
+    // The server reads nothing until the client has queued everything (32 MiB: more than the
+    // socket buffers hold), then everything; meanwhile the client is not called at all: its
+    // writer thread must deliver what queued behind the full socket.
     const COUNT: u32 = 32 << 10;
     let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (read_tx, read_rx) = std::sync::mpsc::channel::<()>();
     let (addr, _server) = fake_server(move |mut s, request| {
         s.write_all(&switching_protocols(&request, None)).unwrap();
-        thread::sleep(Duration::from_millis(500));
+        read_rx.recv_timeout(Duration::from_secs(60)).expect("the client queued everything");
         let mut s = std::io::BufReader::with_capacity(1 << 20, s);
         for i in 0..COUNT {
             let payload = read_client_frame(&mut s);
@@ -308,6 +310,7 @@ fn queued_sends_leave_without_another_call_when_the_server_reads_again() {
         assert!(matches!(pushed, SendOutcome::Queued | SendOutcome::QueuedAboveHigh));
     }
     assert!(client.buffered_amount() > 0, "the socket buffers should have filled");
+    read_tx.send(()).unwrap();
     done_rx.recv_timeout(Duration::from_secs(60)).expect("every message reaches the server");
     assert_eq!(client.buffered_amount(), 0);
 }
