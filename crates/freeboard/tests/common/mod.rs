@@ -52,6 +52,13 @@ pub fn upgrade_request(path: &str) -> String {
 }
 
 /// A client connection after a successful (or refused) upgrade.
+/// A test fails rather than hangs when the server stops answering or stops reading (a write
+/// into a full window can otherwise wait out the kernel's retransmission back-off, minutes).
+fn set_timeouts(stream: &TcpStream) {
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+}
+
 pub struct Client {
     pub stream: TcpStream,
     /// Bytes read past what was consumed.
@@ -62,7 +69,7 @@ impl Client {
     /// Connects and upgrades; returns the client and the response status.
     pub fn connect(addr: SocketAddr, path: &str) -> (Self, u16, String) {
         let mut stream = TcpStream::connect(addr).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        set_timeouts(&stream);
         stream.write_all(upgrade_request(path).as_bytes()).unwrap();
         let mut client = Self { stream, inbox: Inbox::default() };
         let head = client.read_head();
@@ -72,7 +79,7 @@ impl Client {
 
     /// A client over a raw stream, before or without any handshake.
     pub fn raw(stream: TcpStream) -> Self {
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        set_timeouts(&stream);
         Self { stream, inbox: Inbox::default() }
     }
 
