@@ -72,9 +72,20 @@ pub struct BroadcastRow {
     /// The server's CPU time (user + system) per publication, µs, when its PID is known.
     #[serde(default)]
     pub server_cpu_us_per_msg: Option<f64>,
+    /// Of that, system time.
+    #[serde(default)]
+    pub server_sys_us_per_msg: Option<f64>,
     /// Bytes the subscribers read per delivery (frame headers included).
     #[serde(default)]
     pub wire_bytes_per_delivery: f64,
+}
+
+impl BroadcastRow {
+    /// The server's CPU time and its system part per delivery, ns, when its PID was known.
+    pub fn cpu_ns_per_delivery(&self) -> Option<(f64, f64)> {
+        let per = |us: f64| us * 1e3 / self.subscribers.max(1) as f64;
+        Some((per(self.server_cpu_us_per_msg?), per(self.server_sys_us_per_msg?)))
+    }
 }
 
 /// How long the subscribers may go without any input before the run is abandoned.
@@ -104,7 +115,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     }
     std::thread::sleep(Duration::from_millis(200)); // subscriptions settle
     let (mut publisher, _) = open(&b.publish, Duration::from_secs(5), &mut rng)?;
-    let cpu = || b.server_pid.and_then(|pid| crate::process::Sample::of(pid).ok()).map(|s| s.cpu);
+    let cpu = || b.server_pid.and_then(|pid| crate::process::Sample::of(pid).ok());
     let cpu_before = cpu();
     publisher.set_read_timeout(None)?;
     // A server that stops reading the publisher fails the run instead of hanging it.
@@ -281,6 +292,11 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
             .get(((latencies.len().max(1) - 1) as f64 * q) as usize)
             .map_or(0.0, |&ns| ns as f64 / 1e6)
     };
+    let per_publication =
+        |f: fn(&crate::process::Sample) -> Duration| match (&cpu_before, &cpu_after) {
+            (Some(a), Some(b)) if done > 0 => Some((f(b) - f(a)).as_secs_f64() * 1e6 / done as f64),
+            _ => None,
+        };
     Ok(BroadcastRow {
         server: server.into(),
         subscribers: n,
@@ -290,10 +306,8 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
         deliveries_per_sec: (done * n as u64) as f64 / elapsed.as_secs_f64(),
         latency_ms: [ms(0.5), ms(0.99), ms(1.0)],
         compressing,
-        server_cpu_us_per_msg: match (cpu_before, cpu_after) {
-            (Some(a), Some(b)) if done > 0 => Some((b - a).as_secs_f64() * 1e6 / done as f64),
-            _ => None,
-        },
+        server_cpu_us_per_msg: per_publication(|s| s.cpu),
+        server_sys_us_per_msg: per_publication(|s| s.system),
         wire_bytes_per_delivery: wire_bytes as f64 / (done * n as u64).max(1) as f64,
     })
 }

@@ -70,6 +70,9 @@ pub struct LoadRow {
     /// Of that, system time.
     #[serde(default)]
     pub server_sys_us_per_msg: Option<Spread>,
+    /// And user time (each run's CPU less its system time).
+    #[serde(default)]
+    pub server_user_us_per_msg: Option<Spread>,
     /// Largest server RSS seen at the end of a run, KiB.
     pub server_rss_kib: Option<u64>,
 }
@@ -85,6 +88,10 @@ impl LoadRow {
         let spread = |f: fn(&Measured) -> f64| Spread::of(runs.iter().map(f));
         let server_cpu = runs.iter().filter_map(|r| r.server_cpu_us_per_msg).collect::<Vec<_>>();
         let server_sys = runs.iter().filter_map(|r| r.server_sys_us_per_msg).collect::<Vec<_>>();
+        let server_user = runs
+            .iter()
+            .filter_map(|r| Some(r.server_cpu_us_per_msg? - r.server_sys_us_per_msg?))
+            .collect::<Vec<_>>();
         Self {
             experiment: experiment.into(),
             server: server.into(),
@@ -99,6 +106,7 @@ impl LoadRow {
             client_cpu: spread(|r| r.client_cpu),
             server_cpu_us_per_msg: (!server_cpu.is_empty()).then(|| Spread::of(server_cpu)),
             server_sys_us_per_msg: (!server_sys.is_empty()).then(|| Spread::of(server_sys)),
+            server_user_us_per_msg: (!server_user.is_empty()).then(|| Spread::of(server_user)),
             server_rss_kib: runs.iter().filter_map(|r| r.server_rss_kib).max(),
             runs,
         }
@@ -291,12 +299,16 @@ impl Report {
             }
             s.push('\n');
             for r in &rows {
-                let cpu = match (r.server_cpu_us_per_msg, r.server_sys_us_per_msg) {
+                let cpu = match (r.server_cpu_us_per_msg, r.server_user_us_per_msg) {
                     (None, _) => "–".into(),
                     (Some(c), None) => spread(c, 2, 1.0),
-                    (Some(c), Some(sys)) => {
-                        format!("{} (sys {:.2})", spread(c, 2, 1.0), sys.median)
-                    }
+                    // Three places for the split: user time is a few hundredths of a µs.
+                    (Some(c), Some(user)) => format!(
+                        "{} (user {:.3}, sys {:.3})",
+                        spread(c, 2, 1.0),
+                        user.median,
+                        r.server_sys_us_per_msg.map_or(0.0, |s| s.median)
+                    ),
                 };
                 let rss = r.server_rss_kib.map_or("–".into(), |v| v.to_string());
                 let _ = write!(
@@ -468,7 +480,7 @@ impl Report {
                 "\n### broadcast (one publisher, up to {} messages in flight; latency: publish to the last subscriber)\n",
                 first.window
             );
-            s.push_str("| subscribers | size B | server | messages | deliveries/s | first server ÷ this | last subscriber p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|---|---|---|\n");
+            s.push_str("| subscribers | size B | server | messages | deliveries/s | first server ÷ this | last subscriber p50 ms | p99 ms | max ms | server CPU ns/delivery (user, sys) |\n|---|---|---|---|---|---|---|---|---|---|\n");
             for r in &self.broadcasts {
                 let base = self.broadcasts.iter().find(|o| {
                     (o.subscribers, o.size, o.window) == (r.subscribers, r.size, r.window)
@@ -480,9 +492,13 @@ impl Report {
                     _ => "–".into(),
                 };
                 let l = r.latency_ms;
+                let cpu = match r.cpu_ns_per_delivery() {
+                    Some((cpu, sys)) => format!("{cpu:.0} ({:.0}, {sys:.0})", cpu - sys),
+                    None => "–".into(),
+                };
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {:.0} | {ratio} | {:.2} | {:.2} | {:.2} |",
+                    "| {} | {} | {} | {} | {:.0} | {ratio} | {:.2} | {:.2} | {:.2} | {cpu} |",
                     r.subscribers,
                     r.size,
                     r.server,
@@ -530,13 +546,13 @@ impl Report {
     /// One CSV line per broadcast run.
     pub fn broadcasts_csv(&self) -> String {
         let mut s = String::from(
-            "server,subscribers,size,window,messages,deliveries_per_sec,p50_ms,p99_ms,max_ms\n",
+            "server,subscribers,size,window,messages,deliveries_per_sec,p50_ms,p99_ms,max_ms,server_cpu_ns_per_delivery,server_sys_ns_per_delivery\n",
         );
         for r in &self.broadcasts {
             let l = r.latency_ms;
             let _ = writeln!(
                 s,
-                "{},{},{},{},{},{:.1},{:.3},{:.3},{:.3}",
+                "{},{},{},{},{},{:.1},{:.3},{:.3},{:.3},{}",
                 r.server,
                 r.subscribers,
                 r.size,
@@ -545,7 +561,9 @@ impl Report {
                 r.deliveries_per_sec,
                 l[0],
                 l[1],
-                l[2]
+                l[2],
+                r.cpu_ns_per_delivery()
+                    .map_or(",".into(), |(cpu, sys)| format!("{cpu:.1},{sys:.1}")),
             );
         }
         s
@@ -581,13 +599,13 @@ impl Report {
     /// One CSV line per load run (every repeat, not only the medians).
     pub fn csv(&self) -> String {
         let mut s = String::from(
-            "experiment,server,clients,in_flight,size,run,sent,received,failed,seconds,msgs_per_sec,mib_per_sec,p50_us,p99_us,p999_us,max_us,client_cpu,server_cpu_us_per_msg,server_rss_kib\n",
+            "experiment,server,clients,in_flight,size,run,sent,received,failed,seconds,msgs_per_sec,mib_per_sec,p50_us,p99_us,p999_us,max_us,client_cpu,server_cpu_us_per_msg,server_rss_kib,server_sys_us_per_msg\n",
         );
         for r in &self.loads {
             for (i, m) in r.runs.iter().enumerate() {
                 let _ = writeln!(
                     s,
-                    "{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{:.1},{:.1},{:.1},{:.1},{:.3},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{:.1},{:.1},{:.1},{:.1},{:.3},{},{},{}",
                     r.experiment,
                     r.server,
                     r.clients,
@@ -607,6 +625,7 @@ impl Report {
                     m.client_cpu,
                     m.server_cpu_us_per_msg.map_or(String::new(), |v| format!("{v:.3}")),
                     m.server_rss_kib.map_or(String::new(), |v| v.to_string()),
+                    m.server_sys_us_per_msg.map_or(String::new(), |v| format!("{v:.3}")),
                 );
             }
         }

@@ -230,6 +230,9 @@ pub(crate) enum BenchCommand {
         /// Rounds of every case (interleaved with --compression); medians [min–max].
         #[arg(long, default_value_t = 1)]
         repeat: usize,
+        /// PID of the server behind URL, to report its CPU time per delivery.
+        #[arg(long, value_name = "PID")]
+        server_pid: Option<u32>,
         #[command(flatten)]
         output: Output,
     },
@@ -482,6 +485,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             redis,
             compression,
             repeat,
+            server_pid,
             output,
         } => {
             let redis = match (nodes, redis) {
@@ -498,6 +502,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
                 redis,
                 compression,
                 repeat: repeat.max(1),
+                server_pid,
             };
             let report = broadcast(url, peers, &plan, command_line)?;
             finish(&report, &output, Report::broadcasts_csv)?;
@@ -1133,6 +1138,8 @@ struct BroadcastPlan {
     compression: bool,
     /// Rounds of every case.
     repeat: usize,
+    /// The server behind a URL.
+    server_pid: Option<u32>,
 }
 
 /// `freeboard bench broadcast`.
@@ -1194,7 +1201,7 @@ fn broadcast(
     match (url, peers) {
         (Some(url), None) => {
             let target = Target::parse(&url)?;
-            measure(&url, std::slice::from_ref(&target), &target, None)?;
+            measure(&url, std::slice::from_ref(&target), &target, plan.server_pid)?;
         }
         (Some(_), Some(_)) => return Err("give a topic URL or --peers, not both".into()),
         (None, peers) => {

