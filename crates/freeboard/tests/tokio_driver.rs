@@ -335,6 +335,34 @@ async fn sink_and_stream_forward_an_echo() {
     .unwrap();
 }
 
+#[tokio::test]
+async fn split_halves_reunite_only_with_their_own_connection() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, url) = listen().await;
+        let server = tokio::spawn(async move {
+            let first = accept(&listener, &endpoint, &WsConfig::default()).await;
+            let second = accept(&listener, &endpoint, &WsConfig::default()).await;
+            let (reader, writer) = first.split();
+            let (other_reader, other_writer) = second.split();
+            let (reader, other_writer) = reader.reunite(other_writer).unwrap_err();
+            let ws = reader.reunite(writer).unwrap();
+            drop((other_reader, other_writer));
+            echo(ws).await
+        });
+        let (mut first, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        let (mut second, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        // The second connection's halves were dropped: its socket closes.
+        assert!(matches!(second.next().await, None | Some(Err(_))));
+        first.send(TMessage::text("whole again")).await.unwrap();
+        assert_eq!(first.next().await.unwrap().unwrap(), TMessage::text("whole again"));
+        first.close(None).await.unwrap();
+        assert_eq!(server.await.unwrap().map(|close| close.code), Some(CloseCode::NO_STATUS));
+    })
+    .await
+    .unwrap();
+}
+
 async fn axum_echo(ws: WebSocketUpgrade) -> axum::response::Response {
     ws.protocols(["chat", "json"]).on_upgrade(|mut socket: AxumWebSocket| async move {
         if let Some(protocol) = socket.protocol() {
