@@ -49,7 +49,7 @@ impl<T: Transport> EventLoop<T> {
                 self.report_close(token);
                 return;
             }
-            if entry.session.cork_is_half_full(&self.cork) {
+            if entry.session.cork_is_half_full(&self.cork, buf.len() - at) {
                 // The next reply might not fit: write what the cork holds now.
                 self.write_cork(token, now);
             } else if entry.session.queue().messages() >= WRITE_THROUGH {

@@ -1,6 +1,6 @@
 //! The HTTP side of a server connection: the request before the upgrade, admission, refusals
 //! with their status, and the plain routes a [`Router`](crate::Router) opted into
-//! ([`HttpRoute`]: health, metrics, publish).
+//! ([`HttpRoute`](crate::HttpRoute): health, metrics, publish).
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

@@ -36,7 +36,7 @@ impl Reassembly {
     };
 }
 
-/// A message [`Session::receive`] completed.
+/// A message [`Session::receive`](super::Session::receive) completed.
 #[derive(Debug)]
 pub(crate) enum Received<'b> {
     /// It arrived whole in this read: borrowed from the read buffer, unmasked in place.

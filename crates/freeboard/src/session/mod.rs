@@ -691,10 +691,10 @@ impl Session {
         }
     }
 
-    /// Whether the driver should write `cork` before this session reads on: past half of
-    /// the cork or of the high watermark, the next reply might not fit.
-    pub(crate) fn cork_is_half_full(&self, cork: &Cork) -> bool {
-        cork.is_half_full(self.queue.watermarks().high())
+    /// Whether the driver should write `cork` before this session parses the `unread` bytes
+    /// left of its read ([`Cork::is_half_full`]).
+    pub(crate) fn cork_is_half_full(&self, cork: &Cork, unread: usize) -> bool {
+        cork.is_half_full(self.queue.watermarks().high(), unread)
     }
 
     /// Moves what the cork holds into the queue before anything else is queued after it.

@@ -519,3 +519,27 @@ fn corked_replies_spill_whole_messages_behind_a_partial_write() {
     assert!(cork.is_empty(), "spilled before the pong");
     assert_eq!(server.write(usize::MAX), b"\x82\x05reply\x8a\x01p");
 }
+
+/// The cork is written early only past half and when the rest of the read might not fit:
+/// the replies to a read that fits leave in one write.
+#[test]
+fn a_cork_past_half_is_written_early_only_when_the_rest_of_the_read_would_not_fit() {
+    let mut cork = Cork::new(4096);
+    let header = [0x82, 126, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let payload = [7u8; 1000];
+    let high = 64 << 10;
+    cork.push(&header, 4, &payload);
+    assert!(!cork.is_half_full(high, 10_000), "under half: never early");
+    cork.push(&header, 4, &payload);
+    cork.push(&header, 4, &payload);
+    // 3,012 of 4,096 held: 1,084 left.
+    assert!(!cork.is_half_full(high, 1_000), "the rest of the read fits");
+    assert!(cork.is_half_full(high, 1_100), "the rest of the read would not fit");
+    // The high watermark is the limit when it is below the cork's size.
+    assert!(cork.is_half_full(3_100, 100), "3,012 of 3,100: 88 left");
+    cork.clear();
+    for _ in 0..super::cork::CORK_MESSAGES {
+        cork.push(&header, 2, &[]);
+    }
+    assert!(cork.is_half_full(high, 0), "no room for another message's start");
+}

@@ -113,9 +113,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             if let Some(message) = conn.parse(&mut hub) {
                 // What the application queues while it takes the messages of one read leaves
                 // in one write once they are taken (or sooner, past the high watermark).
-                // A cork past half full is written too: the next reply might not fit.
+                // A cork past half full is written too when the rest of the read might not fit.
+                let unread = conn.input.as_ref().map_or(0, |i| (i.end - i.at) as usize);
                 if !conn.session.queue().is_writable()
-                    || conn.cork.as_deref().is_some_and(|c| conn.session.cork_is_half_full(c))
+                    || conn
+                        .cork
+                        .as_deref()
+                        .is_some_and(|c| conn.session.cork_is_half_full(c, unread))
                 {
                     let _ = conn.write(&mut hub, task);
                 }
