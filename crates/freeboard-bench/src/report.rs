@@ -305,7 +305,7 @@ impl Report {
                     // Three places for the split: user time is a few hundredths of a µs.
                     (Some(c), Some(user)) => format!(
                         "{} (user {:.3}, sys {:.3})",
-                        spread(c, 2, 1.0),
+                        spread(c, 3, 1.0),
                         user.median,
                         r.server_sys_us_per_msg.map_or(0.0, |s| s.median)
                     ),

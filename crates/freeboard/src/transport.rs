@@ -2,7 +2,8 @@
 //!
 //! The event loop reads into its buffer from a [`Transport`] and has it write the session's
 //! queue; it never touches a `TcpStream` directly. Plain TCP is the identity layer and costs
-//! nothing (the queue's chunks still leave in one `writev`, straight from the pool); TLS
+//! nothing (the queue's chunks leave in one `writev` straight from the pool, or one `write` when
+//! they are one slice or a few small ones, [`write_tcp`]); TLS
 //! ([`TlsStream`]) encrypts the queue into the loop's scratch buffer and keeps what the socket
 //! does not take in pool chunks. Every call gets the loop's [`Io`] (pool, TLS scratch,
 //! metrics), so a layer holds no buffer of its own while its connection is idle.

@@ -79,7 +79,8 @@ impl EchoSession {
     }
 
     /// One read: every frame parsed, unmasked and echoed into the cork, then the cork written
-    /// (half a cork at a time, as the loop does). Returns the bytes written.
+    /// (early only when the rest of the read would not fit, as the loop does). Returns the
+    /// bytes written.
     pub fn round(&mut self) -> usize {
         self.read.copy_from_slice(&self.input);
         self.socket.clear();

@@ -47,17 +47,19 @@ impl Cork {
     }
 
     /// Whether the replies held should be written before more are corked, with `unread`
-    /// bytes of the read still to parse: past half the cork or half the connection's `high`
-    /// watermark, when the replies to those bytes would not fit in what is left (an echo's
-    /// replies are about the size of its requests). Half, not full: the first replies then
-    /// leave while the rest of the read is parsed, and a pipelining peer does not wait for
-    /// the whole read (writing only when full: 1.15 M vs 2.72 M msg/s, 1 KiB, 4 × 64 in
-    /// flight). Not when the rest fits: a second write per read for its last few replies
-    /// cost more system time than the rest of the message path.
+    /// bytes of the read still to parse (the message being answered included): at
+    /// [`CORK_MESSAGES`], or past half the cork or half the connection's `high` watermark when
+    /// the replies to those bytes might not fit in what is left (taken as the size of their
+    /// requests, plus one header array). With the defaults (read buffer, cork and high
+    /// watermark all 64 KiB) an echo's replies to one read always fit, so the cork leaves once
+    /// per read; the early write serves a high watermark below the read buffer and replies
+    /// larger than their requests. Writing at half full whatever was left cost a second
+    /// write per read for its last few replies, more system time than the rest of the path
+    /// (1 KiB echo, 4 clients: 0.34 vs 0.28 µs per message).
     pub(crate) fn is_half_full(&self, high: usize, unread: usize) -> bool {
         let limit = self.bytes.len().min(high);
         self.messages >= CORK_MESSAGES
-            || (self.len > limit / 2 && unread > limit.saturating_sub(self.len))
+            || (self.len > limit / 2 && unread + MAX_HEADER_LEN > limit.saturating_sub(self.len))
     }
 
     /// Whether a message of `bytes` fits after what is held.

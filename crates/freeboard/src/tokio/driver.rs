@@ -110,11 +110,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
         conn.reader_waits = false;
         loop {
             let mut hub = endpoint.lock();
+            // Counted before the parse: the application has yet to reply to the message it
+            // hands out, so that message counts as unread.
+            let unread = conn.input.as_ref().map_or(0, |i| (i.end - i.at) as usize);
             if let Some(message) = conn.parse(&mut hub) {
                 // What the application queues while it takes the messages of one read leaves
                 // in one write once they are taken (or sooner, past the high watermark).
                 // A cork past half full is written too when the rest of the read might not fit.
-                let unread = conn.input.as_ref().map_or(0, |i| (i.end - i.at) as usize);
                 if !conn.session.queue().is_writable()
                     || conn
                         .cork
