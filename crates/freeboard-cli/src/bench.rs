@@ -494,6 +494,12 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
                 (_, Some(_)) => return Err("--redis goes with --nodes 2".into()),
                 _ => None,
             };
+            if server_pid.is_some() && url.is_none() {
+                return Err(
+                    "--server-pid goes with a topic URL (servers it starts are measured anyway)"
+                        .into(),
+                );
+            }
             let plan = BroadcastPlan {
                 subscribers,
                 sizes: size,
