@@ -2,21 +2,32 @@
 
 use freeboard_proto::handshake::{ClientRequest, EMPTY_HEADER, HandshakeError, Response};
 
+/// The RFC 6455 sample key, whose accept value is `s3pPLMBiTxaQ9kYGzzhZRbK+xOo=`.
+const KEY: &[u8; 24] = b"dGhlIHNhbXBsZSBub25jZQ==";
+
+/// The RFC's sample request to `server.example.com/chat`, offering `protocols` and
+/// `extensions`.
+fn request(
+    protocols: &'static [&'static str],
+    extensions: Option<&'static str>,
+) -> ClientRequest<'static> {
+    ClientRequest {
+        host: "server.example.com",
+        path: "/chat",
+        key: KEY,
+        protocols,
+        extensions,
+        headers: &[],
+    }
+}
+
 /// fuzz target `handshake` (response side): a complete response head longer than
 /// `max_head_len` was accepted when it arrived in one read, although the same bytes arriving
 /// in pieces are refused with `HeadTooLarge` once `max_head_len` of them are in. The result
 /// must not depend on how the head was cut into reads (the request side already refused it).
 #[test]
 fn response_head_over_the_limit_is_refused_however_it_is_read() {
-    let key = *b"dGhlIHNhbXBsZSBub25jZQ==";
-    let request = ClientRequest {
-        host: "server.example.com",
-        path: "/chat",
-        key: &key,
-        protocols: &[],
-        extensions: None,
-        headers: &[],
-    };
+    let request = request(&[], None);
     let head = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
         Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
     let limit = 64;
@@ -41,15 +52,7 @@ fn response_head_over_the_limit_is_refused_however_it_is_read() {
 /// the same extension as the offer's; the target's own check still compared names exactly.
 #[test]
 fn an_extension_accepted_in_another_case_is_the_one_offered() {
-    let key = *b"dGhlIHNhbXBsZSBub25jZQ==";
-    let request = ClientRequest {
-        host: "server.example.com",
-        path: "/chat",
-        key: &key,
-        protocols: &["chat"],
-        extensions: Some("permessage-deflate; client_max_window_bits, x-custom"),
-        headers: &[],
-    };
+    let request = request(&["chat"], Some("permessage-deflate; client_max_window_bits, x-custom"));
     let head = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
         Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\nSec-WebSocket-Protocol: chat\r\n\
         Sec-WebSocket-Extensions: permessaGe-deflate; server_no_context_takeover\r\n\r\n";

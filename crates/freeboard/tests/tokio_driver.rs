@@ -43,6 +43,27 @@ async fn accept(
     WebSocket::accept(stream, endpoint, config).await.unwrap()
 }
 
+type Client = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
+
+/// One connection: the server side, accepted with `config`, runs `serve` on a task; the
+/// other side is a tungstenite client.
+async fn connected<T, F>(
+    endpoint: &Arc<Endpoint>,
+    config: WsConfig,
+    serve: impl FnOnce(WebSocket<TcpStream>) -> F + Send + 'static,
+) -> (tokio::task::JoinHandle<T>, Client)
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (listener, url) = listen().await;
+    let endpoint = Arc::clone(endpoint);
+    let server =
+        tokio::spawn(async move { serve(accept(&listener, &endpoint, &config).await).await });
+    let (client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    (server, client)
+}
+
 async fn echo(mut ws: WebSocket<TcpStream>) -> Option<CloseEvent> {
     while let Some(message) = ws.next().await {
         match message {
@@ -61,15 +82,7 @@ async fn echo(mut ws: WebSocket<TcpStream>) -> Option<CloseEvent> {
 async fn echoes_every_size_and_hears_the_clients_close() {
     tokio::time::timeout(BOUND, async {
         let endpoint = endpoint(EndpointConfig::default());
-        let (listener, url) = listen().await;
-        let server = {
-            let endpoint = Arc::clone(&endpoint);
-            tokio::spawn(async move {
-                let ws = accept(&listener, &endpoint, &WsConfig::default()).await;
-                echo(ws).await
-            })
-        };
-        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        let (server, mut client) = connected(&endpoint, WsConfig::default(), echo).await;
         let big: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
         let messages = vec![
             TMessage::text("hello"),
@@ -104,9 +117,7 @@ async fn echoes_every_size_and_hears_the_clients_close() {
 async fn the_servers_close_code_reaches_the_client_and_ends_the_stream() {
     tokio::time::timeout(BOUND, async {
         let endpoint = endpoint(EndpointConfig::default());
-        let (listener, url) = listen().await;
-        let server = tokio::spawn(async move {
-            let mut ws = accept(&listener, &endpoint, &WsConfig::default()).await;
+        let (server, mut client) = connected(&endpoint, WsConfig::default(), |mut ws| async move {
             ws.close(CloseCode(4001), "done here").unwrap();
             assert_eq!(ws.send_text("late"), SendOutcome::Closed, "nothing after the close");
             let mut items = Vec::new();
@@ -114,8 +125,8 @@ async fn the_servers_close_code_reaches_the_client_and_ends_the_stream() {
                 items.push(message);
             }
             items
-        });
-        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        })
+        .await;
         match client.next().await {
             Some(Ok(TMessage::Close(Some(frame)))) => {
                 assert_eq!((u16::from(frame.code), frame.reason.as_str()), (4001, "done here"))
@@ -197,12 +208,11 @@ async fn a_client_that_never_reads_meets_each_policy_at_the_cap() {
 async fn writable_waits_for_the_low_watermark() {
     tokio::time::timeout(BOUND, async {
         let endpoint = endpoint(EndpointConfig::default());
-        let (listener, url) = listen().await;
         let marks = Watermarks::new(8 << 10, 32 << 10, 1 << 20).unwrap();
         let config = WsConfig::default().watermarks(marks);
         let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            let (mut reader, writer) = accept(&listener, &endpoint, &config).await.split();
+        let (server, mut client) = connected(&endpoint, config, |ws| async move {
+            let (mut reader, writer) = ws.split();
             let mut sent = 0usize;
             while writer.send_binary(&[1u8; 1000]) != SendOutcome::QueuedAboveHigh {
                 sent += 1;
@@ -218,8 +228,8 @@ async fn writable_waits_for_the_low_watermark() {
             writer.close(CloseCode::NORMAL, "").unwrap();
             while reader.next().await.is_some() {}
             sent
-        });
-        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        })
+        .await;
         go_rx.await.unwrap();
         let mut received = 0;
         while let Some(Ok(message)) = client.next().await {
@@ -316,14 +326,12 @@ async fn a_peer_that_does_not_answer_keep_alive_pings_is_dropped_with_1006() {
 async fn sink_and_stream_forward_an_echo() {
     tokio::time::timeout(BOUND, async {
         let endpoint = endpoint(EndpointConfig::default());
-        let (listener, url) = listen().await;
-        tokio::spawn(async move {
-            let ws = accept(&listener, &endpoint, &WsConfig::default()).await;
+        let (_server, mut client) = connected(&endpoint, WsConfig::default(), |ws| async move {
             let (reader, writer) = ws.split();
             let data = reader.take_while(|m| std::future::ready(!matches!(m, Message::Close(_))));
             let _ = data.map(Ok).forward(writer).await;
-        });
-        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        })
+        .await;
         for i in 0..100 {
             client.send(TMessage::text(format!("m{i}"))).await.unwrap();
         }
@@ -518,19 +526,17 @@ async fn axum_answers_503_when_the_budget_cannot_cover_a_connection() {
 async fn a_send_while_the_reader_waits_is_written_by_the_reader() {
     tokio::time::timeout(BOUND, async {
         let endpoint = endpoint(EndpointConfig::default());
-        let (listener, url) = listen().await;
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let (mut reader, writer) =
-                accept(&listener, &endpoint, &WsConfig::default()).await.split();
+        let (_server, mut client) = connected(&endpoint, WsConfig::default(), |ws| async move {
+            let (mut reader, writer) = ws.split();
             let _ = ready_tx.send(writer);
             while let Some(message) = reader.next().await {
                 if let Message::Close(_) = message {
                     break;
                 }
             }
-        });
-        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        })
+        .await;
         let writer = ready_rx.await.unwrap();
         // Let the reader park in its read.
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -552,14 +558,7 @@ async fn a_send_while_the_reader_waits_is_written_by_the_reader() {
 async fn corked_replies_leave_in_order_before_the_pong_of_a_ping_read_with_them() {
     tokio::time::timeout(BOUND, async {
         let endpoint = endpoint(EndpointConfig::default());
-        let (listener, url) = listen().await;
-        let server = {
-            let endpoint = Arc::clone(&endpoint);
-            tokio::spawn(async move {
-                echo(accept(&listener, &endpoint, &WsConfig::default()).await).await
-            })
-        };
-        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        let (server, mut client) = connected(&endpoint, WsConfig::default(), echo).await;
         // One write: 200 messages, a ping, 200 more. The server reads them in a few reads and
         // corks its echoes; the pong must not overtake the echoes queued before it.
         for round in 0..2 {
@@ -596,26 +595,23 @@ async fn corked_replies_leave_in_order_before_the_pong_of_a_ping_read_with_them(
 async fn replies_corked_when_the_reader_is_dropped_leave_with_the_next_flush() {
     tokio::time::timeout(BOUND, async {
         let endpoint = endpoint(EndpointConfig::default());
-        let (listener, url) = listen().await;
-        let server = {
-            let endpoint = Arc::clone(&endpoint);
-            tokio::spawn(async move {
-                let ws = accept(&listener, &endpoint, &WsConfig::default()).await;
+        let corks = Arc::clone(&endpoint);
+        let (server, mut client) =
+            connected(&endpoint, WsConfig::default(), move |ws| async move {
                 let (mut reader, writer) = ws.split();
                 let message = reader.next().await.expect("a message");
                 // The reply joins the cork the reader holds since its read…
                 assert_eq!(writer.send(message), SendOutcome::Queued);
                 assert!(writer.buffered_amount() > 0, "corked bytes count as buffered");
-                assert_eq!(endpoint.corks_in_use(), 1);
+                assert_eq!(corks.corks_in_use(), 1);
                 // …and the reader goes away before writing it: the reply is not lost.
                 drop(reader);
-                assert_eq!(endpoint.corks_in_use(), 0);
+                assert_eq!(corks.corks_in_use(), 0);
                 writer.flush().await;
                 assert_eq!(writer.buffered_amount(), 0);
                 writer
             })
-        };
-        let (mut client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+            .await;
         client.send(TMessage::text("hello")).await.unwrap();
         assert_eq!(client.next().await.unwrap().unwrap(), TMessage::text("hello"));
         drop(server.await.unwrap());
