@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use freeboard_buf::{ConflateKey, Frame, PushOutcome, SlowConsumerPolicy, Watermarks};
+use freeboard_buf::{ConflateKey, PushOutcome, SlowConsumerPolicy, Watermarks};
 use freeboard_proto::handshake::Request;
 use freeboard_proto::{CloseCode, MessageKind};
 
@@ -14,7 +14,7 @@ use crate::backplane::Recoverer;
 use crate::history::Recovery;
 use crate::metrics::{LoopStats, Metrics};
 use crate::session::{Context, SendOutcome, Session};
-use crate::topics::{Hub, LocalTopics, Published, SubscribeError};
+use crate::topics::{Hub, LocalTopics, Outbox, Published, SubscribeError};
 
 /// An application endpoint: what happens on one route.
 ///
@@ -331,8 +331,9 @@ pub struct Conn<'a> {
     pub(crate) target: &'a str,
     pub(crate) topics: &'a mut LocalTopics,
     pub(crate) hub: &'a Hub,
-    /// Local publishes, fanned out by the loop once the handler returns.
-    pub(crate) outbox: &'a mut Vec<(Arc<str>, Frame)>,
+    /// Local publishes, fanned out by the loop once the handler returns (or its read is
+    /// handled).
+    pub(crate) outbox: &'a mut Outbox,
     /// The data its upgrade decision attached ([`Accepted::data`]).
     pub(crate) data: Option<&'a mut Box<dyn Any + Send>>,
 }
@@ -421,12 +422,25 @@ impl Conn<'_> {
     /// reference, under its endpoint's slow-consumer policy. The subscription ends with
     /// [`unsubscribe`](Self::unsubscribe) or when the connection closes.
     pub fn subscribe(&mut self, topic: &str) -> Result<bool, SubscribeError> {
-        self.topics.subscribe(self.hub, self.token, topic)
+        let subscribed = self.topics.subscribe(self.hub, self.token, topic)?;
+        if subscribed {
+            self.outbox.subscription_changed(self.token, topic, true);
+        }
+        Ok(subscribed)
     }
 
     /// Unsubscribes this connection from `topic`; whether it was subscribed.
     pub fn unsubscribe(&mut self, topic: &str) -> bool {
-        self.topics.unsubscribe(self.hub, self.token, topic)
+        let left = self.topics.unsubscribe(self.hub, self.token, topic);
+        if left {
+            self.outbox.subscription_changed(self.token, topic, false);
+        }
+        left
+    }
+
+    /// The first topic this connection subscribed to (its name shared, not copied).
+    pub(crate) fn first_topic(&self) -> Option<Arc<str>> {
+        self.topics.first_topic_of(self.token)
     }
 
     /// The topics this connection is subscribed to.
@@ -435,9 +449,12 @@ impl Conn<'_> {
     }
 
     /// Publishes one message to every subscriber of `topic` on every loop (this connection
-    /// too, if it is subscribed). It is framed once for this loop's subscribers, who get it
-    /// right after this handler returns, and once for all other loops that have subscribers.
-    /// With no subscriber anywhere it costs no pool memory.
+    /// too, if it is subscribed). It is framed once for this loop's subscribers and once for
+    /// all other loops that have subscribers. This loop's subscribers get it once this
+    /// handler returns, or — from [`on_message`](Handler::on_message) — once the messages of
+    /// the same read have been handled (at most 64 publishes wait; this connection's direct
+    /// replies go first); either way, exactly the connections subscribed when it was
+    /// published. With no subscriber anywhere it costs no pool memory.
     pub fn publish(&mut self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
         self.topics.publish(self.hub, self.cx.pool, self.outbox, topic, kind, payload, None)
     }

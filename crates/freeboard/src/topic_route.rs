@@ -92,7 +92,7 @@ impl Handler for TopicRoute {
             conn.close(CloseCode::POLICY_VIOLATION, "publishing is not allowed here");
             return;
         }
-        let Some(topic) = conn.topics().next().map(str::to_owned) else { return };
+        let Some(topic) = conn.first_topic() else { return };
         let checked = self.verifier.is_some() || self.webhook.is_some();
         if checked && !conn.data::<Grant>().is_some_and(|g| g.may_publish(&topic)) {
             conn.close(CloseCode::POLICY_VIOLATION, "the token does not grant publishing here");

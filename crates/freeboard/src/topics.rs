@@ -8,7 +8,9 @@
 //!
 //! - **On the publisher's loop** the message is framed once into the loop's pool (a
 //!   [`Frame`]) and every local subscriber's send queue gets a reference to it (~25 ns each,
-//!   no copy), right after the handler returns.
+//!   no copy), right after the handler returns — after the last message of the same read,
+//!   for publishes from `on_message`, so that each subscriber takes a read's publications in
+//!   one go.
 //! - **To other loops** it is framed once more into one [`SharedFrame`] (`Arc<[u8]>`), sent
 //!   over each loop's bounded inbox (a channel plus a mio `Waker`, woken once per batch), and
 //!   copied into that loop's pool once, then fanned out by reference. Only loops that have a
@@ -500,6 +502,77 @@ impl LoopSet {
     }
 }
 
+/// A loop's own publishes waiting for their fan-out (all of a read's messages are handled
+/// first, so that each subscriber takes a run of them at once), with the subscription
+/// changes made while they wait: each publication still reaches exactly the connections
+/// subscribed to its topic when it was published.
+#[derive(Default)]
+pub(crate) struct Outbox {
+    /// In publish order.
+    pub(crate) publications: Vec<(Arc<str>, Frame)>,
+    /// In the order they were made; only while `publications` is not empty.
+    changes: Vec<Change>,
+}
+
+/// Connection `token` subscribed to `topic` (or left it) after the first `at` publications.
+struct Change {
+    token: usize,
+    topic: Arc<str>,
+    subscribed: bool,
+    at: usize,
+}
+
+impl Outbox {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.publications.is_empty()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.publications.len()
+    }
+
+    /// Notes that `token` subscribed to `topic` (or left it), if publications are waiting.
+    pub(crate) fn subscription_changed(&mut self, token: usize, topic: &str, subscribed: bool) {
+        if let Some(at) = Some(self.publications.len()).filter(|n| *n > 0) {
+            let topic = Arc::from(topic);
+            self.changes.push(Change { token, topic, subscribed, at });
+        }
+    }
+
+    /// Whether subscriptions to `topic` changed while its publications waited.
+    pub(crate) fn changed(&self, topic: &str) -> bool {
+        self.changes.iter().any(|c| &*c.topic == topic)
+    }
+
+    /// Connections that left `topic` while its publications waited, and are still out.
+    pub(crate) fn leavers<'o>(&'o self, topic: &'o str) -> impl Iterator<Item = usize> + 'o {
+        let mine = move |c: &Change| &*c.topic == topic;
+        let later = move |i: usize, token| {
+            self.changes[i + 1..].iter().any(|e| mine(e) && e.token == token)
+        };
+        let left = self.changes.iter().enumerate();
+        left.filter(move |(i, c)| mine(c) && !c.subscribed && !later(*i, c.token))
+            .map(|(_, c)| c.token)
+    }
+
+    /// Whether `token` — subscribed to `topic` now, or one of its [`leavers`](Self::leavers) —
+    /// was subscribed when publication `k` was made.
+    pub(crate) fn subscribed_at(&self, token: usize, topic: &str, k: usize) -> bool {
+        let mut mine = self.changes.iter().filter(|c| c.token == token && &*c.topic == topic);
+        let Some(first) = mine.next() else { return true };
+        let before = if first.at <= k { first.subscribed } else { !first.subscribed };
+        mine.take_while(|c| c.at <= k).last().map_or(before, |c| c.subscribed)
+    }
+
+    /// Empties the outbox, giving back its frames.
+    pub(crate) fn clear(&mut self, pool: &mut Pool<'static>) {
+        for (_, frame) in self.publications.drain(..) {
+            frame.release(pool);
+        }
+        self.changes.clear();
+    }
+}
+
 /// One loop's topics: subscribers by topic, topics by connection.
 pub(crate) struct LocalTopics {
     index: u32,
@@ -597,13 +670,19 @@ impl LocalTopics {
         mine.iter().map(|(t, _)| &*self.topics[*t].name)
     }
 
+    /// The first topic connection `token` subscribed to (shared, not copied).
+    pub(crate) fn first_topic_of(&self, token: usize) -> Option<Arc<str>> {
+        let (topic, _) = self.by_conn.get(&token)?.first()?;
+        Some(self.topics[*topic].name.clone())
+    }
+
     /// The local subscribers of `name`, as connection tokens.
     pub(crate) fn subscribers(&self, name: &str) -> Option<&Slab<usize>> {
         self.by_name.get(name).map(|&t| &self.topics[t].subscribers)
     }
 
     /// Publishes from this loop: framed once into `pool` for local subscribers (queued in
-    /// `outbox` for the loop to fan out after the handler returns), once as a
+    /// `outbox` for the loop to fan out), once as a
     /// [`SharedFrame`] for other loops with subscribers (each reporting to `receipt`, if
     /// given, what its subscribers made of it).
     #[allow(clippy::too_many_arguments)]
@@ -611,7 +690,7 @@ impl LocalTopics {
         &mut self,
         hub: &Hub,
         pool: &mut Pool<'static>,
-        outbox: &mut Vec<(Arc<str>, Frame)>,
+        outbox: &mut Outbox,
         topic: &str,
         kind: MessageKind,
         payload: &[u8],
@@ -629,7 +708,7 @@ impl LocalTopics {
         if let Some(&t) = self.by_name.get(topic) {
             match Frame::from_parts(pool, &parts) {
                 Ok(frame) => {
-                    outbox.push((self.topics[t].name.clone(), frame));
+                    outbox.publications.push((self.topics[t].name.clone(), frame));
                     published.loops += 1;
                 }
                 Err(_) => {

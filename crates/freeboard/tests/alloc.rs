@@ -149,3 +149,48 @@ fn wss_echo_allocates_per_tls_record_not_per_message() {
     server.handle().shutdown();
     server.join().unwrap();
 }
+
+/// Publishes through the topic route, 16 per read, to the publisher and two more subscribers
+/// on its loop: framing, the outbox and the fan-out by reference allocate nothing per message.
+#[test]
+fn steady_state_fan_out_does_not_allocate_per_message() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    UNCOUNTED.with(|u| u.set(true)); // the clients are this thread
+    let mut config = common::config();
+    config.topics.client_publish = true;
+    let topics = config.topics.clone();
+    let server = freeboard::Server::bind(config, move || freeboard::Router::new().topics(&topics))
+        .unwrap()
+        .spawn();
+    let connect = || {
+        let (client, status, head) = common::Client::connect(server.local_addr(), "/topic/news");
+        assert_eq!(status, 101, "{head}");
+        client
+    };
+    let mut clients = [connect(), connect(), connect()];
+    let metrics = server.metrics();
+    common::wait_until("three subscriptions", || metrics.subscriptions() == 3);
+    let frame = freeboard_test::frame(0x82, &[7; 64], freeboard_test::TEST_MASK);
+    let batch = frame.repeat(16);
+    let mut publish = |count: usize| {
+        for _ in 0..count / 16 {
+            clients[0].stream.write_all(&batch).unwrap();
+            for client in &mut clients {
+                for _ in 0..16 {
+                    assert_eq!(client.recv(), Some((0x2, vec![7; 64])));
+                }
+            }
+        }
+    };
+    publish(2_000); // warm up
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    publish(1_008);
+    let small = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    publish(20_000);
+    let large = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    assert!(large <= small + 16, "{large} allocations for 20,000 publishes vs {small} for 1,008");
+    drop(clients);
+    server.handle().shutdown();
+    server.join().unwrap();
+}

@@ -431,3 +431,78 @@ fn also_subscribes_to_more_topics_and_client_publish_needs_permission() {
     drop(client);
     stop(server);
 }
+
+/// Text commands on topic `t`: `pub:X` publishes `X`, `sub` and `unsub` (answered `ok:sub`,
+/// `ok:unsub`), anything else is answered `ok:{it}`.
+struct Commands;
+
+impl Handler for Commands {
+    fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
+        let text = std::str::from_utf8(message.data).unwrap();
+        match text.strip_prefix("pub:") {
+            Some(payload) => {
+                let _ = conn.publish("t", MessageKind::Text, payload.as_bytes());
+            }
+            None => {
+                match text {
+                    "sub" => assert_eq!(conn.subscribe("t"), Ok(true)),
+                    "unsub" => assert!(conn.unsubscribe("t")),
+                    _ => {}
+                }
+                let _ = conn.send(MessageKind::Text, format!("ok:{text}").as_bytes());
+            }
+        }
+    }
+}
+
+/// Reads until the reply `ok:{marker}`; returns the publications seen, in order.
+fn publications_until(client: &mut common::Client, marker: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let (_, payload) = client.recv().expect("the marker's reply");
+        let text = String::from_utf8(payload).unwrap();
+        if text == format!("ok:{marker}") {
+            return seen;
+        }
+        if !text.starts_with("ok:") {
+            seen.push(text);
+        }
+    }
+}
+
+/// The publishes of one read wait until the read's messages are handled, then go out
+/// subscriber by subscriber; subscribing or leaving in between still decides exactly which
+/// of them a connection gets, as if each had gone out at once.
+#[test]
+fn a_reads_publishes_reach_exactly_who_was_subscribed_when_each_was_made() {
+    let server = start(common::config(), || Router::new().route("/", Commands));
+    let addr = server.local_addr();
+    let (mut steady, mut hopper, mut joiner) =
+        (common::Client::open(addr), common::Client::open(addr), common::Client::open(addr));
+    for client in [&mut steady, &mut hopper] {
+        client.send(0x81, b"sub");
+        assert_eq!(publications_until(client, "sub"), Vec::<String>::new());
+    }
+    let frame =
+        |text: &str| freeboard_test::frame(0x81, text.as_bytes(), freeboard_test::TEST_MASK);
+    // Sends `texts` in one write, then (once the read's replies are in) `end` in another: a
+    // later read, so its reply comes after the first read's publications.
+    let one_read = |client: &mut common::Client, texts: &[&str]| {
+        let bytes: Vec<u8> = texts.iter().chain(&["mark"]).flat_map(|t| frame(t)).collect();
+        client.stream.write_all(&bytes).unwrap();
+        let mut seen = publications_until(client, "mark");
+        client.send(0x81, b"end");
+        seen.extend(publications_until(client, "end"));
+        seen
+    };
+    // The hopper leaves, comes back and leaves again within one read: it ends outside the
+    // topic, with two publications owed.
+    let texts = ["pub:1", "unsub", "pub:2", "sub", "pub:3", "unsub", "pub:4"];
+    assert_eq!(one_read(&mut hopper, &texts), ["1", "3"]);
+    // The joiner subscribes between two publishes of its own read.
+    assert_eq!(one_read(&mut joiner, &["pub:5", "sub", "pub:6", "pub:7"]), ["6", "7"]);
+    steady.send(0x81, b"end");
+    assert_eq!(publications_until(&mut steady, "end"), ["1", "2", "3", "4", "5", "6", "7"]);
+    drop((steady, hopper, joiner));
+    common::stop_once_idle(server);
+}

@@ -16,9 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use freeboard_buf::{
-    Budget, Frame, PageBuffer, Pool, PoolConfig, SendQueue, Watermarks, Writability,
-};
+use freeboard_buf::{Budget, PageBuffer, Pool, PoolConfig, SendQueue, Watermarks, Writability};
 use freeboard_proto::{CloseCode, Instant};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
@@ -32,7 +30,7 @@ use crate::parking::ParkingLot;
 use crate::session::deflate::Codec;
 use crate::session::{Assembly, Context, Cork, Phase, Reassembly, Session, Share};
 use crate::tls::TlsScratch;
-use crate::topics::{LocalTopics, Publication};
+use crate::topics::{LocalTopics, Outbox, Publication};
 use crate::transport::{Io, Transport};
 
 const LISTENER: Token = Token(usize::MAX - 1);
@@ -158,12 +156,19 @@ pub(crate) struct EventLoop<T> {
     pub(super) topics: LocalTopics,
     /// Publications from other threads.
     pub(super) inbox: Receiver<Publication>,
-    /// Publishes from this loop's handlers, fanned out once the handler returns.
-    pub(super) outbox: Vec<(Arc<str>, Frame)>,
+    /// Publishes from this loop's handlers, fanned out once the handler returns (once the
+    /// read is handled, for a read's messages).
+    pub(super) outbox: Outbox,
     /// The outbox's spare allocation, and whether it is being fanned out (so a publish made
     /// during a fan-out waits its turn and one publisher's messages stay in order).
-    pub(super) outbox_spare: Vec<(Arc<str>, Frame)>,
+    pub(super) outbox_spare: Outbox,
     pub(super) fanning_out: bool,
+    /// Whether a read's messages are being handled: their publishes wait in the outbox until
+    /// the read is done (or the outbox holds [`OUTBOX_RUN`](super::handlers::OUTBOX_RUN) of them), so one subscriber
+    /// takes them all at once.
+    pub(super) reading: bool,
+    /// One fan-out's compressed frames, by publication (kept for its allocation).
+    pub(super) compressed: Vec<super::fan_out::Compressed>,
     /// Writability changes a fan-out caused, reported once it is done.
     pub(super) changes: Vec<(usize, Writability)>,
     /// Upgrade decisions completed (on any thread) and not yet acted on.
@@ -315,9 +320,11 @@ impl<T: Transport> EventLoop<T> {
             stats: LoopStats::default(),
             topics,
             inbox,
-            outbox: Vec::new(),
-            outbox_spare: Vec::new(),
+            outbox: Outbox::default(),
+            outbox_spare: Outbox::default(),
             fanning_out: false,
+            reading: false,
+            compressed: Vec::new(),
             changes: Vec::new(),
             decisions: Arc::new(Decisions::new(waker)),
             completed: Vec::new(),
@@ -646,9 +653,12 @@ impl<T: Transport> EventLoop<T> {
                 }
                 Ok(n) => {
                     self.stats.bytes_in += n as u64;
+                    self.reading = true;
                     self.receive(token, now, &mut buf[..n]);
-                    // One write for the replies to this read.
+                    self.reading = false;
+                    // One write for the replies to this read, then its publishes.
                     self.write_cork(token, now);
+                    self.fan_out_outbox(now);
                     if n < buf.len() && !read_closed && !more {
                         // A short read emptied the socket; epoll (edge-triggered) reports the
                         // next arrival, so the read that would say WouldBlock is saved. Not

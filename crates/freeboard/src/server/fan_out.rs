@@ -7,11 +7,13 @@ use freeboard_proto::Instant;
 use super::event_loop::{EventLoop, loop_context};
 use crate::metrics::LoopStats;
 use crate::session::deflate::{Codec, NoMemory};
-use crate::topics::Reach;
+use crate::topics::{Outbox, Reach};
 use crate::transport::Transport;
 
 impl<T: Transport> EventLoop<T> {
-    /// Fans out this loop's own publishes, in publish order; their reach.
+    /// Fans out this loop's own publishes, in publish order; their reach. Each run of
+    /// publications to one topic goes out subscriber by subscriber: a subscriber's entry and
+    /// queue are touched once per run, not once per message.
     pub(super) fn fan_out_outbox(&mut self, now: Instant) -> Reach {
         let mut reach = Reach::default();
         if self.fanning_out {
@@ -21,10 +23,13 @@ impl<T: Transport> EventLoop<T> {
         while !self.outbox.is_empty() {
             let mut batch = std::mem::take(&mut self.outbox_spare);
             std::mem::swap(&mut batch, &mut self.outbox);
-            for (topic, frame) in batch.drain(..) {
-                reach += self.fan_out(now, &topic, &frame);
-                frame.release(&mut self.pool);
+            let mut first = 0;
+            for run in batch.publications.chunk_by(|a, b| a.0 == b.0) {
+                let frames = run.iter().map(|(_, frame)| frame);
+                reach += self.fan_out(now, &run[0].0, frames, Some((&batch, first)));
+                first += run.len();
             }
+            batch.clear(&mut self.pool);
             self.outbox_spare = batch;
         }
         self.fanning_out = false;
@@ -45,7 +50,8 @@ impl<T: Transport> EventLoop<T> {
             };
             let reach = match publication.frame.to_frame(&mut self.pool) {
                 Ok(frame) => {
-                    let reach = self.fan_out(now, &publication.topic, &frame);
+                    let frames = std::iter::once(&frame);
+                    let reach = self.fan_out(now, &publication.topic, frames, None);
                     frame.release(&mut self.pool);
                     reach
                 }
@@ -60,42 +66,68 @@ impl<T: Transport> EventLoop<T> {
         }
     }
 
-    /// Queues `frame` by reference to every open subscriber of `topic` on this loop; each
-    /// subscriber's policy decides alone what happens when its queue is full. A subscriber
-    /// that compresses without server context takeover gets the publication compressed once
-    /// for all of them (per window size), built when the first of them is met.
-    fn fan_out(&mut self, now: Instant, topic: &str, frame: &Frame) -> Reach {
+    /// Queues `frames` (publications to `topic`, in order) by reference to every open
+    /// subscriber of `topic` on this loop, one subscriber at a time; each subscriber's policy
+    /// decides alone what happens when its queue is full. From the outbox (`from`: it and the
+    /// index of the first frame in it), a connection gets exactly the publications made while
+    /// it was subscribed. A subscriber that compresses without server context takeover gets
+    /// each publication compressed once for all of them (per window size), built when the
+    /// first of them is met.
+    fn fan_out<'f>(
+        &mut self,
+        now: Instant,
+        topic: &str,
+        frames: impl Iterator<Item = &'f Frame> + Clone,
+        from: Option<(&Outbox, usize)>,
+    ) -> Reach {
         let mut reach = Reach::default();
-        let Some(subscribers) = self.topics.subscribers(topic) else { return reach };
+        let changed = from.filter(|(outbox, _)| outbox.changed(topic));
+        let subscribers = self.topics.subscribers(topic).into_iter().flatten().map(|(_, t)| *t);
+        let leavers = changed.into_iter().flat_map(|(outbox, _)| outbox.leavers(topic));
         let mut changes = std::mem::take(&mut self.changes);
-        let mut compressed = Compressed::default();
-        for (_, &token) in subscribers {
-            // NOTE: a connection's subscriptions go before its slab entry does.
-            let entry = &mut self.conns[token];
+        let mut compressed = std::mem::take(&mut self.compressed);
+        for token in subscribers.chain(leavers) {
+            // NOTE: a connection's subscriptions go before its slab entry does; one that
+            // left the topic may have closed since.
+            let Some(entry) = self.conns.get_mut(token) else { continue };
             let policy = entry.session.queue().policy();
-            let frame = match entry.session.shared_compression() {
-                Some(bits) => compressed
-                    .get(bits, frame, &mut self.codec, &mut self.pool, &mut self.stats)
-                    .unwrap_or(frame),
-                None => frame,
-            };
-            let mut cx = loop_context!(self, now, None);
-            let Some(outcome) = entry.session.send_frame(&mut cx, frame) else { continue };
-            match outcome {
-                PushOutcome::WouldBlock { .. } if policy == SlowConsumerPolicy::Block => {
-                    // A publisher cannot be paused for one subscriber: the message is dropped.
-                    self.stats.policy_drops[SlowConsumerPolicy::Block] += 1;
-                    reach.dropped += 1;
+            let compression = entry.session.shared_compression();
+            for (i, frame) in frames.clone().enumerate() {
+                if let Some((outbox, first)) = changed
+                    && !outbox.subscribed_at(token, topic, first + i)
+                {
+                    continue;
                 }
-                PushOutcome::MustClose { .. } => {
-                    self.shared.metrics.slow_consumer_closes.inc();
-                    reach.dropped += 1;
-                }
-                outcome => {
-                    let queued = self.stats.count_send(outcome, policy);
-                    self.stats.deliveries += queued;
-                    reach.delivered += queued;
-                    reach.dropped += 1 - queued;
+                let frame = match compression {
+                    Some(bits) => {
+                        if compressed.len() <= i {
+                            compressed.resize_with(i + 1, Compressed::default);
+                        }
+                        compressed[i]
+                            .get(bits, frame, &mut self.codec, &mut self.pool, &mut self.stats)
+                            .unwrap_or(frame)
+                    }
+                    None => frame,
+                };
+                let mut cx = loop_context!(self, now, None);
+                let Some(outcome) = entry.session.send_frame(&mut cx, frame) else { break };
+                match outcome {
+                    PushOutcome::WouldBlock { .. } if policy == SlowConsumerPolicy::Block => {
+                        // A publisher cannot be paused for one subscriber: the message is
+                        // dropped.
+                        self.stats.policy_drops[SlowConsumerPolicy::Block] += 1;
+                        reach.dropped += 1;
+                    }
+                    PushOutcome::MustClose { .. } => {
+                        self.shared.metrics.slow_consumer_closes.inc();
+                        reach.dropped += 1;
+                    }
+                    outcome => {
+                        let queued = self.stats.count_send(outcome, policy);
+                        self.stats.deliveries += queued;
+                        reach.delivered += queued;
+                        reach.dropped += 1 - queued;
+                    }
                 }
             }
             if let Some(change) = entry.session.take_writability() {
@@ -106,7 +138,10 @@ impl<T: Transport> EventLoop<T> {
                 self.dirty.push(token);
             }
         }
-        compressed.release(&mut self.pool);
+        for c in compressed.drain(..) {
+            c.release(&mut self.pool);
+        }
+        self.compressed = compressed;
         for (token, change) in changes.drain(..) {
             if self.conns.contains(token) {
                 self.writability_changed(token, now, change);
@@ -120,7 +155,7 @@ impl<T: Transport> EventLoop<T> {
 /// One publication's compressed frames in one fan-out, by window bits − 9 (nearly always
 /// one: 15 bits, unless a client asked for a smaller window).
 #[derive(Default)]
-struct Compressed([Option<Option<Frame>>; 7]);
+pub(super) struct Compressed([Option<Option<Frame>>; 7]);
 
 impl Compressed {
     /// The frame compressed for a `bits` window, compressed on first use; `None` when the

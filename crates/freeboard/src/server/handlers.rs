@@ -15,6 +15,10 @@ use crate::transport::Transport;
 /// further (pipelined small messages would otherwise hold a pool slot each for the turn).
 const WRITE_THROUGH: u32 = 256;
 
+/// Publishes held in the outbox while a read's messages are handled, at most (each holds
+/// its frame's chunks until the fan-out).
+pub(super) const OUTBOX_RUN: usize = 64;
+
 impl<T: Transport> EventLoop<T> {
     /// Feeds one read to the session: whole messages go to the handler in place, assembled
     /// ones from the loop's assembly buffer.
@@ -130,7 +134,7 @@ impl<T: Transport> EventLoop<T> {
         // NOTE: a handler cannot finish a close (its own close waits for the peer's); the
         // callers report a close that input or a timeout finished.
         self.mark(token);
-        if !self.outbox.is_empty() {
+        if !self.outbox.is_empty() && (!self.reading || self.outbox.len() >= OUTBOX_RUN) {
             // The fan-out may queue to this connection too: its corked replies go first.
             self.write_cork(token, now);
             self.fan_out_outbox(now);
