@@ -6,9 +6,10 @@ use freeboard_proto::Instant;
 
 use super::event_loop::{EventLoop, loop_context};
 use crate::metrics::LoopStats;
+use crate::session::Session;
 use crate::session::deflate::{Codec, NoMemory};
 use crate::topics::{Outbox, Reach};
-use crate::transport::Transport;
+use crate::transport::{Io, Transport};
 
 impl<T: Transport> EventLoop<T> {
     /// Fans out this loop's own publishes, in publish order; their reach. Each run of
@@ -90,6 +91,7 @@ impl<T: Transport> EventLoop<T> {
             // NOTE: a connection's subscriptions go before its slab entry does; one that
             // left the topic may have closed since.
             let Some(entry) = self.conns.get_mut(token) else { continue };
+            let idle = !entry.dirty && entry.session.buffered() == 0;
             let policy = entry.session.queue().policy();
             let compression = entry.session.shared_compression();
             for (i, frame) in frames.clone().enumerate() {
@@ -130,10 +132,23 @@ impl<T: Transport> EventLoop<T> {
                     }
                 }
             }
+            // A subscriber with nothing else to send this turn gets the run now, in one write
+            // (as a raw TCP fan-out does): its segments go back while still in the cache, and
+            // the end of the turn has nothing left to do for it.
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            let (written, sent) = match idle {
+                true => write_now(&mut entry.stream, &mut entry.session, &mut io),
+                false => (0, false),
+            };
+            self.stats.bytes_out += written as u64;
+            if sent {
+                self.stats.queue_drained(0);
+            }
             if let Some(change) = entry.session.take_writability() {
                 changes.push((token, change));
             }
-            if !entry.dirty {
+            if !sent && !entry.dirty {
                 entry.dirty = true;
                 self.dirty.push(token);
             }
@@ -149,6 +164,23 @@ impl<T: Transport> EventLoop<T> {
         }
         self.changes = changes;
         reach
+    }
+}
+
+/// Writes a plain TCP connection's queue now (one `writev`); the bytes written and whether
+/// that emptied the queue. A failed write is left for the end of the turn, which meets it
+/// again and closes the connection.
+fn write_now<T: Transport>(
+    stream: &mut T,
+    session: &mut Session,
+    io: &mut Io<'_>,
+) -> (usize, bool) {
+    if stream.tls_established().is_some() {
+        return (0, false); // a TLS layer's own pending records are the flush's to write
+    }
+    match stream.write_queue(session, io) {
+        Ok((written, _)) => (written, session.buffered() == 0),
+        Err(_) => (0, false),
     }
 }
 
