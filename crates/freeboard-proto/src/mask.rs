@@ -1,37 +1,36 @@
 //! Payload masking (RFC 6455 §5.3): `data[i] ^= key[(offset + i) % 4]`.
 //!
 //! A frame's payload may arrive in many reads, so every call takes the offset of its first byte
-//! within the payload; the key rotates to match. The fast path XORs 32-byte blocks, then 8-byte
-//! words, with safe code and no alignment prologue (a 64-byte message is two blocks and nothing
-//! else), and is checked against [`apply_mask_reference`] over every alignment and offset.
+//! within the payload; the key rotates to match. The fast path XORs 32-byte blocks of 8-byte
+//! words, then 8-byte words, then bytes, with safe code and no alignment prologue (a 64-byte
+//! message is two blocks and nothing else), and is checked against [`apply_mask_reference`]
+//! over every alignment and offset.
 
 /// Masks (or unmasks, the operation is its own inverse) `data` in place.
 ///
 /// `offset` is the position of `data[0]` within the frame's payload.
 pub fn apply_mask(data: &mut [u8], key: [u8; 4], offset: usize) {
     let key = rotate(key, offset);
-    // 32 bytes at a time against the key repeated over a fixed-size array, which the compiler
-    // turns into 16-byte vector XORs (SSE2, NEON) with unaligned loads, from wherever `data`
-    // starts; then eight bytes at a time, then single bytes. Every step consumes a multiple
-    // of 4 bytes, so the key stays aligned. The key is kept as one word, which costs fewer
-    // registers than its bytes.
-    let lane: [u8; 32] = core::array::from_fn(|i| key[i & 3]);
+    // 32 bytes at a time as four 8-byte words against the key repeated over a word, which the
+    // compiler turns into 16-byte vector XORs (SSE2, NEON) with unaligned loads, from
+    // wherever `data` starts; then eight bytes at a time, then single bytes. Every step
+    // consumes a multiple of 4 bytes, so the key stays aligned.
+    let word = u64::from(u32::from_ne_bytes(key)) * 0x1_0000_0001;
     let mut blocks = data.chunks_exact_mut(32);
     for block in &mut blocks {
         // NOTE(unwrap): chunks_exact_mut(32) yields exactly 32 bytes.
         let block: &mut [u8; 32] = block.try_into().unwrap();
-        for (byte, k) in block.iter_mut().zip(lane) {
-            *byte ^= k;
+        for bytes in block.as_chunks_mut::<8>().0 {
+            *bytes = (u64::from_ne_bytes(*bytes) ^ word).to_ne_bytes();
         }
     }
-    let word = u64::from(u32::from_ne_bytes(key)) * 0x1_0000_0001;
     let mut words = blocks.into_remainder().chunks_exact_mut(8);
     for bytes in &mut words {
         // NOTE(unwrap): chunks_exact_mut(8) yields exactly 8 bytes.
         let bytes: &mut [u8; 8] = bytes.try_into().unwrap();
         *bytes = (u64::from_ne_bytes(*bytes) ^ word).to_ne_bytes();
     }
-    for (byte, k) in words.into_remainder().iter_mut().zip(lane) {
+    for (byte, k) in words.into_remainder().iter_mut().zip(word.to_ne_bytes()) {
         *byte ^= k;
     }
 }

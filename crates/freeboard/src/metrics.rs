@@ -108,9 +108,17 @@ pub const TLS_REFUSAL_REASONS: [&str; 35] = [
     "alert_other",
 ];
 
-/// Bucket bounds of `freeboard_message_size_bytes`.
+/// Bucket bounds of `freeboard_message_size_bytes`: 64 B times the powers of 4 (see
+/// [`message_size_bucket`]).
 const MESSAGE_SIZE_BUCKETS: [u64; 10] =
     [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
+
+/// The first of [`MESSAGE_SIZE_BUCKETS`] at or above `len` (10: above them all), from the bit
+/// length of `len - 1` rather than a search: it is counted for every message.
+fn message_size_bucket(len: u64) -> usize {
+    let bits = u64::BITS - len.saturating_sub(1).leading_zeros();
+    (bits.saturating_sub(6).div_ceil(2) as usize).min(MESSAGE_SIZE_BUCKETS.len())
+}
 
 /// Bucket bounds, in milliseconds (the loop's clock), of the duration histograms.
 const MILLIS_BUCKETS: [u64; 12] = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10_000];
@@ -219,7 +227,11 @@ pub(crate) struct LocalHistogram {
 
 impl LocalHistogram {
     fn observe(&mut self, bounds: &[u64], value: u64) {
-        self.counts[bounds.partition_point(|&b| b < value)] += 1;
+        self.observe_in(bounds.partition_point(|&b| b < value), value);
+    }
+
+    fn observe_in(&mut self, bucket: usize, value: u64) {
+        self.counts[bucket] += 1;
         self.sum += value;
     }
 
@@ -337,7 +349,7 @@ impl LoopStats {
     /// Counts one received data message of `len` bytes.
     pub(crate) fn received(&mut self, len: usize) {
         self.messages_in += 1;
-        self.message_sizes.observe(&MESSAGE_SIZE_BUCKETS, len as u64);
+        self.message_sizes.observe_in(message_size_bucket(len as u64), len as u64);
     }
 
     /// Counts a send queue that was emptied `millis` after it got its first byte.
@@ -1181,6 +1193,15 @@ pub(crate) fn close_label(code: CloseCode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn message_size_buckets_match_a_search_of_the_bounds() {
+        let edges = MESSAGE_SIZE_BUCKETS.iter().flat_map(|&b| [b - 1, b, b + 1]);
+        for len in (0..=300).chain(edges).chain([u64::MAX]) {
+            let searched = MESSAGE_SIZE_BUCKETS.partition_point(|&b| b < len);
+            assert_eq!(message_size_bucket(len), searched, "{len} bytes");
+        }
+    }
 
     #[test]
     fn every_labelled_series_is_there_from_the_start() {

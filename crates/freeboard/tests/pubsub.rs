@@ -453,6 +453,17 @@ impl Handler for Commands {
             }
         }
     }
+
+    fn on_writable(&mut self, conn: &mut Conn<'_>) {
+        Self::writable(conn);
+    }
+}
+
+impl Commands {
+    /// Tells the connection its queue drained (a send from outside `on_message`).
+    fn writable(conn: &mut Conn<'_>) {
+        let _ = conn.send(MessageKind::Text, b"ok:writable");
+    }
 }
 
 /// Reads until the reply `ok:{marker}`; returns the publications seen, in order.
@@ -504,5 +515,53 @@ fn a_reads_publishes_reach_exactly_who_was_subscribed_when_each_was_made() {
     steady.send(0x81, b"end");
     assert_eq!(publications_until(&mut steady, "end"), ["1", "2", "3", "4", "5", "6", "7"]);
     drop((steady, hopper, joiner));
+    common::stop_once_idle(server);
+}
+
+/// A subscriber's handler that sends while the publisher's read is being handled (its queue
+/// crossed its high watermark with a run of publications and drained at once) sends to
+/// itself: the publisher's corked replies are the publisher's alone.
+#[test]
+fn a_subscriber_handler_called_during_anothers_read_sends_to_its_own_connection() {
+    let mut config = common::config();
+    (config.send_low, config.send_high) = (512, 1024);
+    let server = start(config, || Router::new().route("/", Commands));
+    let addr = server.local_addr();
+    let (mut publisher, mut subscriber) = (common::Client::open(addr), common::Client::open(addr));
+    subscriber.send(0x81, b"sub");
+    assert_eq!(publications_until(&mut subscriber, "sub"), Vec::<String>::new());
+    let payload = format!("pub:{}", "x".repeat(100));
+    let texts: Vec<&str> = std::iter::repeat_n(payload.as_str(), 20).chain(["mark"]).collect();
+    let frame = |t: &&str| freeboard_test::frame(0x81, t.as_bytes(), freeboard_test::TEST_MASK);
+    publisher.stream.write_all(&texts.iter().flat_map(frame).collect::<Vec<u8>>()).unwrap();
+    let mut replies = Vec::new();
+    let mut read_until = |client: &mut common::Client, marker: &str| loop {
+        let (_, payload) = client.recv().unwrap();
+        let text = String::from_utf8(payload).unwrap();
+        if text == marker {
+            break;
+        }
+        replies.push(text);
+    };
+    read_until(&mut publisher, "ok:mark");
+    publisher.send(0x81, b"end");
+    read_until(&mut publisher, "ok:end");
+    assert!(replies.is_empty(), "the publisher got {replies:?}");
+    subscriber.send(0x81, b"end");
+    let (mut seen, mut writable) = (0, false);
+    loop {
+        let (_, payload) = subscriber.recv().unwrap();
+        match std::str::from_utf8(&payload).unwrap() {
+            "ok:end" => break,
+            "ok:writable" => writable = true,
+            text => {
+                assert_eq!(text.len(), 100, "{text}");
+                seen += 1;
+            }
+        }
+    }
+    assert_eq!(seen, 20);
+    assert!(writable, "its queue crossed the high watermark and drained");
+    drop((publisher, subscriber));
     common::stop_once_idle(server);
 }

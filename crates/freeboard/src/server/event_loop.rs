@@ -107,9 +107,11 @@ pub(crate) struct EventLoop<T> {
     /// The replies of the connection being read, written once its read is done (as large
     /// as the read buffer: an echo of one read fits; resident like it).
     pub(super) cork: Cork,
-    /// Whether the connection being read may cork its replies (plain TCP: TLS encrypts
-    /// straight from its queue).
-    pub(super) corking: bool,
+    /// The connection being read, if it corks its replies (plain TCP: TLS encrypts straight
+    /// from its queue). The cork is lent to it alone: a handler called for another
+    /// connection meanwhile (a subscriber's `on_writable` during a fan-out) must not write
+    /// into it.
+    pub(super) corking: Option<usize>,
     /// Messages (and request bodies) that arrived in pieces, contiguous for the handler.
     pub(super) assembly: Assembly,
     pub(super) limits: Reassembly,
@@ -291,7 +293,7 @@ impl<T: Transport> EventLoop<T> {
             lot: ParkingLot::new(config.protocol()),
             read_buf: PageBuffer::new(config.read_buffer),
             cork: Cork::new(config.read_buffer),
-            corking: false,
+            corking: None,
             limits: Reassembly::server(config.connection_reserve),
             share: Share::new(&pool, 0),
             swept: None,
@@ -580,7 +582,7 @@ impl<T: Transport> EventLoop<T> {
 
     /// One connection's entry, and the session context borrowed from the loop beside it.
     pub(super) fn split(&mut self, token: usize, now: Instant) -> (&mut Entry<T>, Context<'_>) {
-        let cx = loop_context!(self, now, self.corking.then_some(&mut self.cork));
+        let cx = loop_context!(self, now, (self.corking == Some(token)).then_some(&mut self.cork));
         (&mut self.conns[token], cx)
     }
 
@@ -629,7 +631,8 @@ impl<T: Transport> EventLoop<T> {
         // Under contention, whoever is behind pays before this read's replies are judged.
         self.reclaim(now);
         let mut buf = std::mem::take(&mut self.read_buf);
-        self.corking = self.conns.get(token).is_some_and(|e| e.stream.tls_established().is_none());
+        let plain = self.conns.get(token).is_some_and(|e| e.stream.tls_established().is_none());
+        self.corking = plain.then_some(token);
         let mut reads = 0;
         while let Some(entry) = self.conns.get_mut(token) {
             if !entry.session.wants_input() {
@@ -675,7 +678,7 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         self.write_cork(token, now);
-        self.corking = false;
+        self.corking = None;
         self.read_buf = buf;
         // The end of the turn parks the connection again once nothing is in flight.
         self.mark(token);
