@@ -165,10 +165,11 @@ pub(crate) struct EventLoop<T> {
     /// during a fan-out waits its turn and one publisher's messages stay in order).
     pub(super) outbox_spare: Outbox,
     pub(super) fanning_out: bool,
-    /// Whether a read's messages are being handled: their publishes wait in the outbox until
-    /// the read is done (or the outbox holds [`OUTBOX_RUN`](super::handlers::OUTBOX_RUN) of them), so one subscriber
-    /// takes them all at once.
-    pub(super) reading: bool,
+    /// The connection whose read's messages are being handled: their publishes wait in the
+    /// outbox until the read is done (or the outbox holds
+    /// [`OUTBOX_RUN`](super::handlers::OUTBOX_RUN) of them), so one subscriber takes them all
+    /// at once.
+    pub(super) reading: Option<usize>,
     /// One fan-out's compressed frames, by publication (kept for its allocation).
     pub(super) compressed: Vec<super::fan_out::Compressed>,
     /// Writability changes a fan-out caused, reported once it is done.
@@ -325,7 +326,7 @@ impl<T: Transport> EventLoop<T> {
             outbox: Outbox::default(),
             outbox_spare: Outbox::default(),
             fanning_out: false,
-            reading: false,
+            reading: None,
             compressed: Vec::new(),
             changes: Vec::new(),
             decisions: Arc::new(Decisions::new(waker)),
@@ -656,9 +657,9 @@ impl<T: Transport> EventLoop<T> {
                 }
                 Ok(n) => {
                     self.stats.bytes_in += n as u64;
-                    self.reading = true;
+                    self.reading = Some(token);
                     self.receive(token, now, &mut buf[..n]);
-                    self.reading = false;
+                    self.reading = None;
                     // One write for the replies to this read, then its publishes.
                     self.write_cork(token, now);
                     self.fan_out_outbox(now);

@@ -133,8 +133,10 @@ impl<T: Transport> EventLoop<T> {
         }
         // NOTE: a handler cannot finish a close (its own close waits for the peer's); the
         // callers report a close that input or a timeout finished.
-        self.mark(token);
-        if !self.outbox.is_empty() && (!self.reading || self.outbox.len() >= OUTBOX_RUN) {
+        if self.reading != Some(token) {
+            self.mark(token); // (the connection being read is marked once its read is done)
+        }
+        if !self.outbox.is_empty() && (self.reading.is_none() || self.outbox.len() >= OUTBOX_RUN) {
             // The fan-out may queue to this connection too: its corked replies go first.
             self.write_cork(token, now);
             self.fan_out_outbox(now);
