@@ -24,7 +24,8 @@ use crate::tls::TlsStream;
 
 /// Slices per `writev`: 256 segments cover 1 MiB of 4 KiB chunks.
 const IOV: usize = 256;
-/// Slices of the first try at a `writev`, enough for a queue of a few messages.
+/// Slices of the first try at a `writev`, enough for a queue of a few messages (the 256-slice
+/// array is built only when these do not describe the whole queue).
 const SHORT_IOV: usize = 16;
 /// Bytes of several segments written from one gathered buffer instead ([`write_tcp`]).
 const GATHER: usize = 2048;
@@ -91,8 +92,9 @@ impl Transport for TcpStream {
         // they take to write, so it is built only when the short one is not enough.
         let mut short = [IoSlice::new(&[]); SHORT_IOV];
         let n = session.io_slices(io.pool, &mut short);
-        let (written, offered) = if n < SHORT_IOV {
-            write_slices(self, &short[..n])?
+        let described: usize = short[..n].iter().map(|s| s.len()).sum();
+        let (written, offered) = if described == session.buffered() {
+            (write_tcp(self, &short[..n], described)?, described)
         } else {
             let mut iov = [IoSlice::new(&[]); IOV];
             let n = session.io_slices(io.pool, &mut iov);
