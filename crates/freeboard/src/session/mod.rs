@@ -294,6 +294,7 @@ impl Session {
     /// Feeds read bytes to the core; returns how many it used and the message they
     /// completed, if any. Call again with the rest until the buffer is used up or the session
     /// closes. Control frames the core owes (pongs, close) are queued on the way.
+    #[inline]
     pub(crate) fn receive<'b>(
         &mut self,
         cx: &mut Context<'_>,
@@ -410,6 +411,7 @@ impl Session {
     /// Queues one data message, framed (and masked, for a client) on its way into the cork
     /// (while the queue is empty) or the pool chunks. `None` if the connection is not open;
     /// `MustClose` has closed it with 1008.
+    #[inline]
     pub(crate) fn send(
         &mut self,
         cx: &mut Context<'_>,
