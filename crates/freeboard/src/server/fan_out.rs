@@ -167,16 +167,16 @@ impl<T: Transport> EventLoop<T> {
     }
 }
 
-/// Writes a plain TCP connection's queue now (one `writev`); the bytes written and whether
-/// that emptied the queue. A failed write is left for the end of the turn, which meets it
-/// again and closes the connection.
+/// Writes a plain TCP connection's queue now (one write); the bytes written and whether that
+/// emptied it. Nothing queued (the connection is closing) is the end of the turn's to handle,
+/// and so is a failed write, which it meets again and closes the connection.
 fn write_now<T: Transport>(
     stream: &mut T,
     session: &mut Session,
     io: &mut Io<'_>,
 ) -> (usize, bool) {
-    if stream.tls_established().is_some() {
-        return (0, false); // a TLS layer's own pending records are the flush's to write
+    if stream.tls_established().is_some() || session.buffered() == 0 {
+        return (0, false); // (a TLS layer's own pending records are the flush's to write)
     }
     match stream.write_queue(session, io) {
         Ok((written, _)) => (written, session.buffered() == 0),
