@@ -533,9 +533,9 @@ impl Outbox {
 
     /// Notes that `token` subscribed to `topic` (or left it), if publications are waiting.
     pub(crate) fn subscription_changed(&mut self, token: usize, topic: &str, subscribed: bool) {
-        if let Some(at) = Some(self.publications.len()).filter(|n| *n > 0) {
-            let topic = Arc::from(topic);
-            self.changes.push(Change { token, topic, subscribed, at });
+        let at = self.publications.len();
+        if at > 0 {
+            self.changes.push(Change { token, topic: Arc::from(topic), subscribed, at });
         }
     }
 

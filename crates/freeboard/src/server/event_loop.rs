@@ -685,11 +685,12 @@ impl<T: Transport> EventLoop<T> {
         self.mark(token);
     }
 
-    /// Writes the cork to `token`'s socket (one `write`); what the socket does not take
-    /// waits in the session's queue for the end of the turn (or for `WRITABLE`).
+    /// Writes the cork to `token`'s socket (one `write`) if it is lent to `token`; what the
+    /// socket does not take waits in the session's queue for the end of the turn (or for
+    /// `WRITABLE`).
     pub(super) fn write_cork(&mut self, token: usize, now: Instant) {
-        if self.cork.is_empty() {
-            return;
+        if self.cork.is_empty() || self.corking != Some(token) {
+            return; // (another connection's replies: they leave with its read)
         }
         let Some(entry) = self.conns.get_mut(token) else {
             self.cork.clear();
