@@ -481,9 +481,12 @@ impl Report {
                 first.window
             );
             s.push_str("| subscribers | size B | server | messages | deliveries/s | first server ÷ this | last subscriber p50 ms | p99 ms | max ms | server CPU ns/delivery (user, sys) |\n|---|---|---|---|---|---|---|---|---|---|\n");
-            for r in &self.broadcasts {
-                let base = self.broadcasts.iter().find(|o| {
-                    (o.subscribers, o.size, o.window) == (r.subscribers, r.size, r.window)
+            for (i, r) in self.broadcasts.iter().enumerate() {
+                // The first server's run of the same case in the same round: the latest one
+                // up to this row (servers run in turn within a round).
+                let base = self.broadcasts[..=i].iter().rev().find(|o| {
+                    o.server == first.server
+                        && (o.subscribers, o.size, o.window) == (r.subscribers, r.size, r.window)
                 });
                 let ratio = match base {
                     Some(o) if o.server != r.server && r.deliveries_per_sec > 0.0 => {
@@ -684,5 +687,30 @@ mod tests {
         assert_eq!(Spread::of([3.0, 1.0, 2.0]), Spread { median: 2.0, min: 1.0, max: 3.0 });
         assert_eq!(Spread::of([4.0, 1.0]).median, 2.5);
         assert_eq!(Spread::of([]), Spread::default());
+    }
+
+    /// Interleaved rounds (`bench broadcast --peers A,B --repeat 2`): each server is compared
+    /// with the first server's run of the same case in its own round, not the first round's.
+    #[test]
+    fn a_broadcast_is_compared_within_its_round() {
+        let row = |server: &str, rate: f64| crate::broadcast::BroadcastRow {
+            server: server.into(),
+            subscribers: 1000,
+            size: 64,
+            window: 16,
+            deliveries_per_sec: rate,
+            ..Default::default()
+        };
+        let report = Report {
+            broadcasts: vec![row("a", 100.0), row("b", 50.0), row("a", 300.0), row("b", 200.0)],
+            ..Report::default()
+        };
+        let markdown = report.markdown();
+        let ratios: Vec<&str> = markdown
+            .lines()
+            .filter(|l| l.starts_with("| 1000 "))
+            .map(|l| l.split('|').nth(6).unwrap().trim())
+            .collect();
+        assert_eq!(ratios, ["–", "2.00", "–", "1.50"], "{markdown}");
     }
 }

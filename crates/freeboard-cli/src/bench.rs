@@ -227,9 +227,15 @@ pub(crate) enum BenchCommand {
         /// server's CPU time per publication.
         #[arg(long)]
         compression: bool,
-        /// Rounds of every case (interleaved with --compression); medians [min–max].
+        /// Rounds of every case (interleaved with --compression); medians [min–max]. With
+        /// --peers, each round starts every server in turn, and each is compared with the
+        /// first one of its own round.
         #[arg(long, default_value_t = 1)]
         repeat: usize,
+        /// Pin the servers started (--peers) and the load generator: SERVER_CPU,CLIENT_CPU,
+        /// e.g. 0,1.
+        #[arg(long, value_name = "SERVER,CLIENT")]
+        pin: Option<String>,
         /// PID of the server behind URL, to report its CPU time per delivery.
         #[arg(long, value_name = "PID")]
         server_pid: Option<u32>,
@@ -485,6 +491,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             redis,
             compression,
             repeat,
+            pin,
             server_pid,
             output,
         } => {
@@ -500,6 +507,9 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
                         .into(),
                 );
             }
+            if pin.is_some() && peers.is_none() {
+                return Err("--pin goes with --peers (pin a server behind a URL yourself)".into());
+            }
             let plan = BroadcastPlan {
                 subscribers,
                 sizes: size,
@@ -508,6 +518,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
                 redis,
                 compression,
                 repeat: repeat.max(1),
+                pin: pin.as_deref().map(pin_load_generator).transpose()?,
                 server_pid,
             };
             let report = broadcast(url, peers, &plan, command_line)?;
@@ -579,18 +590,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             (common, Experiment::Connections(counts, cycles))
         }
     };
-    let pin = match &common.pin {
-        None => None,
-        Some(s) => {
-            let (server, client) = s
-                .split_once(',')
-                .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
-                .ok_or_else(|| format!("--pin {s}: expected SERVER_CPU,CLIENT_CPU"))?;
-            process::pin_current_thread(client)
-                .map_err(|e| format!("pinning to CPU {client}: {e}"))?;
-            Some((server, client))
-        }
-    };
+    let pin = common.pin.as_deref().map(pin_load_generator).transpose()?;
     process::raise_fd_limit().map_err(|e| format!("raising the open-file limit: {e}"))?;
     let mut report = Report {
         command: command_line,
@@ -1132,6 +1132,17 @@ fn compression_memory(common: &Common, counts: &[usize], modes: &[String]) -> Re
     Ok(())
 }
 
+/// Parses `--pin SERVER_CPU,CLIENT_CPU` and pins this thread (and so the load generator's
+/// threads, started from it) to the client's CPU; the server's CPU, for the peers started.
+fn pin_load_generator(s: &str) -> Result<(usize, usize), String> {
+    let (server, client) = s
+        .split_once(',')
+        .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
+        .ok_or_else(|| format!("--pin {s}: expected SERVER_CPU,CLIENT_CPU"))?;
+    process::pin_current_thread(client).map_err(|e| format!("pinning to CPU {client}: {e}"))?;
+    Ok((server, client))
+}
+
 /// What `freeboard bench broadcast` runs.
 struct BroadcastPlan {
     subscribers: Vec<usize>,
@@ -1144,6 +1155,8 @@ struct BroadcastPlan {
     compression: bool,
     /// Rounds of every case.
     repeat: usize,
+    /// The CPUs of the servers started and of the load generator (pinned already).
+    pin: Option<(usize, usize)>,
     /// The server behind a URL.
     server_pid: Option<u32>,
 }
@@ -1162,15 +1175,18 @@ fn broadcast(
     let mut report = Report {
         command: command_line,
         load_average: (process::load_average(), None),
+        pinned: plan.pin,
         ..Report::default()
     };
+    let server_cpu = plan.pin.map(|(server, _)| server);
     let variants: &[bool] = if plan.compression { &[false, true] } else { &[false] };
     let mut measure = |name: &str,
                        subscribe: &[Target],
                        publish: &Target,
-                       server_pid: Option<u32>|
+                       server_pid: Option<u32>,
+                       rounds: usize|
      -> Result<(), String> {
-        for _ in 0..plan.repeat {
+        for _ in 0..rounds {
             for &n in &plan.subscribers {
                 for &size in &plan.sizes {
                     for &deflate in variants {
@@ -1207,7 +1223,7 @@ fn broadcast(
     match (url, peers) {
         (Some(url), None) => {
             let target = Target::parse(&url)?;
-            measure(&url, std::slice::from_ref(&target), &target, plan.server_pid)?;
+            measure(&url, std::slice::from_ref(&target), &target, plan.server_pid, plan.repeat)?;
         }
         (Some(_), Some(_)) => return Err("give a topic URL or --peers, not both".into()),
         (None, peers) => {
@@ -1227,18 +1243,23 @@ fn broadcast(
             if plan.compression {
                 servers.serve_args.extend(["--compression".to_string(), "shared".to_string()]);
             }
-            for name in list.split(',').map(str::trim) {
-                let peer = Peer::parse(name)?;
-                if plan.compression && peer != Peer::Freeboard {
+            let chosen: Vec<&str> = list.split(',').map(str::trim).collect();
+            for name in &chosen {
+                if plan.compression && Peer::parse(name)? != Peer::Freeboard {
                     return Err(format!("--compression runs freeboard only, not {name}"));
                 }
+            }
+            // Interleaved, as the load experiments are: each round starts every server in
+            // turn for one run of each case, so a change in the machine's load falls on all.
+            for name in (0..plan.repeat).flat_map(|_| chosen.iter().copied()) {
+                let peer = Peer::parse(name)?;
                 let (sub, publ) = match peer {
                     Peer::Freeboard => ("/topic/bench", "/topic/bench"),
                     Peer::NodeWsBroadcast => ("/sub", "/pub"),
                     Peer::RawTcpBroadcast => ("/", "/"),
                     _ => return Err(format!("{name} has no broadcast route")),
                 };
-                let running = match servers.start(peer, None) {
+                let running = match servers.start(peer, server_cpu) {
                     Ok(running) => running,
                     Err(e) => {
                         eprintln!("freeboard bench: skipping {name}: {e}");
@@ -1246,7 +1267,7 @@ fn broadcast(
                     }
                 };
                 let at = |path: &str| Target::at(running.target.addr, path, running.target.raw);
-                measure(name, &[at(sub)], &at(publ), Some(running.pid))?;
+                measure(name, &[at(sub)], &at(publ), Some(running.pid), 1)?;
                 drop(running);
                 if let (Peer::Freeboard, Some(redis)) = (peer, &plan.redis) {
                     // The same load on two nodes of one Redis: subscribers on both, the
@@ -1255,12 +1276,12 @@ fn broadcast(
                         Peers::in_repository(std::env::current_exe().map_err(|e| e.to_string())?);
                     two.serve_args = servers.serve_args.clone();
                     two.serve_args.extend(["--redis".to_string(), redis.clone()]);
-                    let a = two.start(peer, None).map_err(|e| format!("node A: {e}"))?;
-                    let b = two.start(peer, None).map_err(|e| format!("node B: {e}"))?;
+                    let a = two.start(peer, server_cpu).map_err(|e| format!("node A: {e}"))?;
+                    let b = two.start(peer, server_cpu).map_err(|e| format!("node B: {e}"))?;
                     let at = |r: &freeboard_bench::peers::Running| {
                         Target::at(r.target.addr, sub, r.target.raw)
                     };
-                    measure("freeboard-2-nodes-redis", &[at(&a), at(&b)], &at(&a), None)?;
+                    measure("freeboard-2-nodes-redis", &[at(&a), at(&b)], &at(&a), None, 1)?;
                 }
             }
         }

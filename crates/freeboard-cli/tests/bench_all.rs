@@ -58,3 +58,23 @@ fn the_whole_suite_runs_in_seconds() {
     assert!(String::from_utf8_lossy(&report.stdout).contains("### watermarks"));
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+/// Options `bench broadcast` would otherwise ignore are refused by name, before any server
+/// starts or any connection is made.
+#[test]
+fn broadcast_refuses_options_it_would_ignore() {
+    for (args, says) in [
+        (&["--pin", "0,1", "ws://127.0.0.1:9/topic/x"][..], "--pin goes with --peers"),
+        (&["--peers", "freeboard", "--server-pid", "1"][..], "--server-pid goes with a topic URL"),
+        (&["--peers", "freeboard", "--pin", "0"][..], "--pin 0: expected SERVER_CPU,CLIENT_CPU"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_freeboard"))
+            .args(["bench", "broadcast"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} ran");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
