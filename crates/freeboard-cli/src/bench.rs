@@ -1251,7 +1251,11 @@ fn broadcast(
             }
             // Interleaved, as the load experiments are: each round starts every server in
             // turn for one run of each case, so a change in the machine's load falls on all.
+            let mut skipped = Vec::new();
             for name in (0..plan.repeat).flat_map(|_| chosen.iter().copied()) {
+                if skipped.contains(&name) {
+                    continue;
+                }
                 let peer = Peer::parse(name)?;
                 let (sub, publ) = match peer {
                     Peer::Freeboard => ("/topic/bench", "/topic/bench"),
@@ -1263,6 +1267,7 @@ fn broadcast(
                     Ok(running) => running,
                     Err(e) => {
                         eprintln!("freeboard bench: skipping {name}: {e}");
+                        skipped.push(name);
                         continue;
                     }
                 };

@@ -16,21 +16,17 @@ pub fn apply_mask(data: &mut [u8], key: [u8; 4], offset: usize) {
     // wherever `data` starts; then eight bytes at a time, then single bytes. Every step
     // consumes a multiple of 4 bytes, so the key stays aligned.
     let word = u64::from(u32::from_ne_bytes(key)) * 0x1_0000_0001;
-    let mut blocks = data.chunks_exact_mut(32);
-    for block in &mut blocks {
-        // NOTE(unwrap): chunks_exact_mut(32) yields exactly 32 bytes.
-        let block: &mut [u8; 32] = block.try_into().unwrap();
+    let (blocks, rest) = data.as_chunks_mut::<32>();
+    for block in blocks {
         for bytes in block.as_chunks_mut::<8>().0 {
             *bytes = (u64::from_ne_bytes(*bytes) ^ word).to_ne_bytes();
         }
     }
-    let mut words = blocks.into_remainder().chunks_exact_mut(8);
-    for bytes in &mut words {
-        // NOTE(unwrap): chunks_exact_mut(8) yields exactly 8 bytes.
-        let bytes: &mut [u8; 8] = bytes.try_into().unwrap();
+    let (words, tail) = rest.as_chunks_mut::<8>();
+    for bytes in words {
         *bytes = (u64::from_ne_bytes(*bytes) ^ word).to_ne_bytes();
     }
-    for (byte, k) in words.into_remainder().iter_mut().zip(word.to_ne_bytes()) {
+    for (byte, k) in tail.iter_mut().zip(word.to_ne_bytes()) {
         *byte ^= k;
     }
 }

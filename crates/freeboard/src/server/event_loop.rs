@@ -212,10 +212,14 @@ pub(super) struct Upgrading {
     pub(super) compression: Option<crate::Agreement>,
 }
 
-/// The session [`Context`] of an event loop at `now`, with `cork` (the loop's cork while the
-/// connection being read may use it). A macro rather than a method: it borrows the loop's
-/// fields one by one, so the slab of connections stays free to borrow beside it.
+/// The session [`Context`] of an event loop at `now`, with `cork`, or — `for token` — with
+/// the loop's cork if it is lent to `token` (the plain TCP connection being read). A macro
+/// rather than a method: it borrows the loop's fields one by one, so the slab of connections
+/// stays free to borrow beside it.
 macro_rules! loop_context {
+    ($loop:expr, $now:expr, for $token:expr) => {
+        loop_context!($loop, $now, ($loop.corking == Some($token)).then_some(&mut $loop.cork))
+    };
     ($loop:expr, $now:expr, $cork:expr) => {
         crate::session::Context {
             pool: &mut $loop.pool,
@@ -583,7 +587,7 @@ impl<T: Transport> EventLoop<T> {
 
     /// One connection's entry, and the session context borrowed from the loop beside it.
     pub(super) fn split(&mut self, token: usize, now: Instant) -> (&mut Entry<T>, Context<'_>) {
-        let cx = loop_context!(self, now, (self.corking == Some(token)).then_some(&mut self.cork));
+        let cx = loop_context!(self, now, for token);
         (&mut self.conns[token], cx)
     }
 

@@ -135,10 +135,12 @@ impl<T: Transport> EventLoop<T> {
             // A subscriber with nothing else to send this turn gets the run now, in one write
             // (as a raw TCP fan-out does): its segments go back while still in the cache, and
             // the end of the turn has nothing left to do for it.
-            let mut io =
-                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
             let (written, sent) = match idle {
-                true => write_now(&mut entry.stream, &mut entry.session, &mut io),
+                true => {
+                    let metrics = &self.shared.metrics;
+                    let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics };
+                    write_now(&mut entry.stream, &mut entry.session, &mut io)
+                }
                 false => (0, false),
             };
             self.stats.bytes_out += written as u64;

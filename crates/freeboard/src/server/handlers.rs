@@ -117,7 +117,7 @@ impl<T: Transport> EventLoop<T> {
             id: ConnId { event_loop: self.index, serial: entry.serial },
             peer: entry.peer,
             session: &mut entry.session,
-            cx: loop_context!(self, now, (self.corking == Some(token)).then_some(&mut self.cork)),
+            cx: loop_context!(self, now, for token),
             metrics: &self.shared.metrics,
             stats: &mut self.stats,
             token,
