@@ -322,7 +322,14 @@ fn broadcast_reaches_every_subscriber() {
         }
         rows.push(row);
     }
+    // A loop adds its counts to the shared metrics at the end of its turn, which may come
+    // just after the last subscriber has read the last message.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while server.metrics().topic_compressions() < 100 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(server.metrics().topic_compressions(), 100);
+    assert_eq!(server.metrics().topic_compression_fallbacks(), 0);
     let table = freeboard_bench::compression::broadcast_markdown(&rows);
     assert!(table.contains("| 20 | 1024 | permessage-deflate | 20 |"), "{table}");
     let report = Report { broadcasts: rows, ..Report::default() };
