@@ -271,9 +271,14 @@ fn keyed_conflate_keeps_every_instrument_for_a_slow_subscriber() {
         let (mut reader, mut inbox) = subscribe_slow(&serve.addr, "/topic/ticks");
         let (mut publisher, mut own) = subscribe(&serve.addr, "/topic/ticks");
         warm_up(&mut publisher, &mut reader, &mut inbox);
-        publisher.write_all(&burst).unwrap();
-        // The publisher reads its own publications (it keeps up, so it gets the last one): then
-        // the server has published them all.
+        // The publisher reads its own publications while it writes (it keeps up, so it gets
+        // the last one): then the server has published them all. Were it to write the whole
+        // burst first, the server would stop reading it once its own publications filled the
+        // socket buffers, and both would wait until the keep-alive closed it.
+        let writer = {
+            let (mut publisher, burst) = (publisher.try_clone().unwrap(), burst.clone());
+            std::thread::spawn(move || publisher.write_all(&burst))
+        };
         let last_message = format!("EEE|{}", ROUNDS - 1);
         while !own
             .frame(&mut publisher)
@@ -282,6 +287,7 @@ fn keyed_conflate_keeps_every_instrument_for_a_slow_subscriber() {
             .payload
             .starts_with(last_message.as_bytes())
         {}
+        writer.join().unwrap().unwrap();
         // Only now does the subscriber read, until the very last price.
         let mut last = [None; INSTRUMENTS.len()];
         loop {
