@@ -3,7 +3,8 @@
 //! The event loop reads into its buffer from a [`Transport`] and has it write the session's
 //! queue; it never touches a `TcpStream` directly. Plain TCP is the identity layer and costs
 //! nothing (the queue's chunks leave in one `writev` straight from the pool, or one `write` when
-//! they are one slice or a few small ones, [`write_tcp`]); TLS
+//! they are one slice or a few small ones, [`write_tcp`]; a fan-out writes shared frames to an
+//! idle subscriber the same way, [`write_frames`]); TLS
 //! ([`TlsStream`]) encrypts the queue into the loop's scratch buffer and keeps what the socket
 //! does not take in pool chunks. Every call gets the loop's [`Io`] (pool, TLS scratch,
 //! metrics), so a layer holds no buffer of its own while its connection is idle.
@@ -16,6 +17,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::sync::Arc;
 
+use freeboard_buf::{Frame, Pool};
 use mio::net::TcpStream;
 
 use crate::session::Session;
@@ -71,6 +73,9 @@ pub(crate) trait Transport: mio::event::Source + Sized {
     fn tls_established(&self) -> Option<bool> {
         None
     }
+
+    /// The socket itself when the layer adds nothing (plain TCP), for [`write_frames`].
+    fn plain(&mut self) -> Option<&mut TcpStream>;
 }
 
 impl Transport for TcpStream {
@@ -110,6 +115,37 @@ impl Transport for TcpStream {
 
     fn shutdown_write(&mut self, _io: &mut Io<'_>) -> io::Result<()> {
         self.shutdown(Shutdown::Write)
+    }
+
+    fn plain(&mut self) -> Option<&mut TcpStream> {
+        Some(self)
+    }
+}
+
+/// Writes `frames` in order, straight from the pool, in one system call ([`write_tcp`]): as
+/// many whole frames as one short slice array describes. Returns the bytes the socket took.
+pub(crate) fn write_frames<'f>(
+    tcp: &mut TcpStream,
+    pool: &Pool<'static>,
+    frames: impl Iterator<Item = &'f Frame>,
+) -> io::Result<usize> {
+    let mut slices = [IoSlice::new(&[]); SHORT_IOV];
+    let (mut n, mut total) = (0, 0);
+    'frames: for frame in frames {
+        let first = n;
+        for segment in frame.segments(pool) {
+            if n == SHORT_IOV {
+                n = first; // not this frame, nor any after it
+                break 'frames;
+            }
+            slices[n] = IoSlice::new(segment);
+            n += 1;
+        }
+        total += frame.len();
+    }
+    match n {
+        0 => Ok(0),
+        _ => write_tcp(tcp, &slices[..n], total),
     }
 }
 
@@ -192,6 +228,13 @@ impl Transport for Stream {
         match self {
             Self::Plain(_) => Ok(true),
             Self::Tls(tls) => tls.write_pending(io),
+        }
+    }
+
+    fn plain(&mut self) -> Option<&mut TcpStream> {
+        match self {
+            Self::Plain(tcp) => Some(tcp),
+            Self::Tls(_) => None,
         }
     }
 

@@ -177,6 +177,38 @@ fn read_all(client: &mut common::Client, until: u64) -> Vec<u64> {
     seen
 }
 
+/// A publication written straight to an idle subscriber's socket, which takes only part of
+/// it, has its rest queued ahead of everything after it: the subscriber reads every
+/// publication whole and in order, and the pool gets every chunk back.
+#[test]
+fn a_publication_the_socket_takes_in_part_arrives_whole_and_in_order() {
+    const PUBLICATIONS: u64 = 100;
+    const SIZE: usize = 50 << 10; // a dozen pool chunks, written straight in one call
+    let mut config = common::config();
+    config.topics = topics(SlowConsumerPolicy::DropOldest, 16 << 20);
+    let t = config.topics.clone();
+    let server = start(config, move || Router::new().topics(&t));
+    let metrics = server.metrics();
+    let (mut slow, status, _) = common::Client::connect(server.local_addr(), "/topic/t");
+    assert_eq!(status, 101);
+    common::wait_until("the subscription", || metrics.subscriptions() == 1);
+    // 5 MB to a subscriber that does not read yet: its socket fills part way through one.
+    let handle = server.handle();
+    for seq in 0..PUBLICATIONS {
+        let mut payload = format!("h:{seq}").into_bytes();
+        payload.resize(SIZE, b'x');
+        assert_eq!(handle.publish("t", MessageKind::Text, &payload).dropped, 0);
+    }
+    for seq in 0..PUBLICATIONS {
+        let (opcode, payload) = slow.recv().expect("a whole frame");
+        assert_eq!((opcode, payload.len()), (0x1, SIZE), "a torn or foreign frame");
+        assert_eq!(parse(&payload).1, seq, "lost or out of order");
+    }
+    assert_eq!(metrics.drops_for("drop-oldest"), 0);
+    drop(slow);
+    stop(server);
+}
+
 #[test]
 fn conflate_keeps_a_never_reading_subscriber_under_its_cap_and_delivers_the_newest() {
     let (mut slow, metrics, server) = never_reading(SlowConsumerPolicy::Conflate);
@@ -456,15 +488,10 @@ impl Handler for Commands {
         }
     }
 
-    fn on_writable(&mut self, conn: &mut Conn<'_>) {
-        Self::writable(conn);
-    }
-}
-
-impl Commands {
-    /// Tells the connection its queue drained (a send from outside `on_message`).
-    fn writable(conn: &mut Conn<'_>) {
-        let _ = conn.send(MessageKind::Text, b"ok:writable");
+    /// Tells the connection its queue went past its high watermark (a send from outside
+    /// `on_message`, made while another connection's read may be handled).
+    fn on_not_writable(&mut self, conn: &mut Conn<'_>) {
+        let _ = conn.send(MessageKind::Text, b"ok:not-writable");
     }
 }
 
@@ -521,21 +548,26 @@ fn a_reads_publishes_reach_exactly_who_was_subscribed_when_each_was_made() {
 }
 
 /// A subscriber's handler that sends while the publisher's read is being handled (its queue
-/// crossed its high watermark with a run of publications and drained at once) sends to
-/// itself: the publisher's corked replies are the publisher's alone.
+/// crossed its high watermark with a publication) sends to itself: the cork, lent to the
+/// connection being read, holds the publisher's replies alone.
 #[test]
 fn a_subscriber_handler_called_during_anothers_read_sends_to_its_own_connection() {
+    const PUBLICATIONS: usize = 20;
+    const SIZE: usize = 400 << 10;
     let mut config = common::config();
     (config.send_low, config.send_high) = (512, 1024);
+    // 8 MB for a subscriber that does not read: more than the socket buffers hold, and under
+    // the cap, so nothing is dropped.
+    config.send_cap = 16 << 20;
     let server = start(config, || Router::new().route("/", Commands));
     let addr = server.local_addr();
     let (mut publisher, mut subscriber) = (common::Client::open(addr), common::Client::open(addr));
     subscriber.send(0x81, b"sub");
     assert_eq!(publications_until(&mut subscriber, "sub"), Vec::<String>::new());
-    let payload = format!("pub:{}", "x".repeat(100));
-    let texts: Vec<&str> = std::iter::repeat_n(payload.as_str(), 20).chain(["mark"]).collect();
-    let frame = |t: &&str| freeboard_test::frame(0x81, t.as_bytes(), freeboard_test::TEST_MASK);
-    publisher.stream.write_all(&texts.iter().flat_map(frame).collect::<Vec<u8>>()).unwrap();
+    let payload = format!("pub:{}", "x".repeat(SIZE));
+    let texts = std::iter::repeat_n(payload.as_str(), PUBLICATIONS).chain(["mark"]);
+    let frame = |t: &str| freeboard_test::frame(0x81, t.as_bytes(), freeboard_test::TEST_MASK);
+    publisher.stream.write_all(&texts.flat_map(frame).collect::<Vec<u8>>()).unwrap();
     let mut replies = Vec::new();
     let mut read_until = |client: &mut common::Client, marker: &str| loop {
         let (_, payload) = client.recv().unwrap();
@@ -548,22 +580,23 @@ fn a_subscriber_handler_called_during_anothers_read_sends_to_its_own_connection(
     read_until(&mut publisher, "ok:mark");
     publisher.send(0x81, b"end");
     read_until(&mut publisher, "ok:end");
-    assert!(replies.is_empty(), "the publisher got {replies:?}");
+    assert!(replies.is_empty(), "the publisher got {:?}", replies.iter().map(|r| &r[..16]));
     subscriber.send(0x81, b"end");
-    let (mut seen, mut writable) = (0, false);
+    let (mut seen, mut not_writable) = (0, false);
     loop {
-        let (_, payload) = subscriber.recv().unwrap();
+        let (opcode, payload) = subscriber.recv().unwrap();
+        assert_eq!(opcode, 0x1, "{payload:?}");
         match std::str::from_utf8(&payload).unwrap() {
             "ok:end" => break,
-            "ok:writable" => writable = true,
+            "ok:not-writable" => not_writable = true,
             text => {
-                assert_eq!(text.len(), 100, "{text}");
+                assert_eq!(text.len(), SIZE, "{}", &text[..16]);
                 seen += 1;
             }
         }
     }
-    assert_eq!(seen, 20);
-    assert!(writable, "its queue crossed the high watermark and drained");
+    assert_eq!(seen, PUBLICATIONS);
+    assert!(not_writable, "its queue crossed the high watermark");
     drop((publisher, subscriber));
     common::stop_once_idle(server);
 }

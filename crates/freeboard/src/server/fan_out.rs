@@ -6,10 +6,9 @@ use freeboard_proto::Instant;
 
 use super::event_loop::{EventLoop, loop_context};
 use crate::metrics::LoopStats;
-use crate::session::Session;
 use crate::session::deflate::{Codec, NoMemory};
 use crate::topics::{Outbox, Reach};
-use crate::transport::{Io, Transport};
+use crate::transport::{Transport, write_frames};
 
 impl<T: Transport> EventLoop<T> {
     /// Fans out this loop's own publishes, in publish order; their reach. Each run of
@@ -73,7 +72,7 @@ impl<T: Transport> EventLoop<T> {
     /// index of the first frame in it), a connection gets exactly the publications made while
     /// it was subscribed. A subscriber that compresses without server context takeover gets
     /// each publication compressed once for all of them (per window size), built when the
-    /// first of them is met.
+    /// first of them is met. An idle plain-TCP subscriber gets the frames written straight.
     fn fan_out<'f>(
         &mut self,
         now: Instant,
@@ -87,6 +86,7 @@ impl<T: Transport> EventLoop<T> {
         let leavers = changed.into_iter().flat_map(|(outbox, _)| outbox.leavers(topic));
         let mut changes = std::mem::take(&mut self.changes);
         let mut compressed = std::mem::take(&mut self.compressed);
+        let run = frames.clone().count();
         for token in subscribers.chain(leavers) {
             // NOTE: a connection's subscriptions go before its slab entry does; one that
             // left the topic may have closed since.
@@ -94,25 +94,54 @@ impl<T: Transport> EventLoop<T> {
             let idle = !entry.dirty && entry.session.buffered() == 0;
             let policy = entry.session.queue().policy();
             let compression = entry.session.shared_compression();
-            for (i, frame) in frames.clone().enumerate() {
-                if let Some((outbox, first)) = changed
-                    && !outbox.subscribed_at(token, topic, first + i)
-                {
-                    continue;
+            let wants = |i: usize| {
+                changed.is_none_or(|(outbox, first)| outbox.subscribed_at(token, topic, first + i))
+            };
+            if let Some(bits) = compression {
+                compressed.resize_with(compressed.len().max(run), Compressed::default);
+                for (i, frame) in frames.clone().enumerate().filter(|(i, _)| wants(*i)) {
+                    compressed[i].make(
+                        bits,
+                        frame,
+                        &mut self.codec,
+                        &mut self.pool,
+                        &mut self.stats,
+                    );
                 }
-                let frame = match compression {
-                    Some(bits) => {
-                        if compressed.len() <= i {
-                            compressed.resize_with(i + 1, Compressed::default);
-                        }
-                        compressed[i]
-                            .get(bits, frame, &mut self.codec, &mut self.pool, &mut self.stats)
-                            .unwrap_or(frame)
-                    }
-                    None => frame,
+            }
+            // What this subscriber gets of publication `i`: compressed for it, or as is.
+            let as_sent = |i: usize, frame: &'f Frame| match compression {
+                Some(bits) => compressed[i].get(bits).unwrap_or(frame),
+                None => frame,
+            };
+            // With nothing else to send this turn, it gets the run written straight from the
+            // shared frames, as a raw TCP fan-out does: its queue holds only what the socket
+            // did not take, and the end of the turn has nothing to do for it.
+            let straight = match entry.stream.plain() {
+                Some(tcp) if idle && entry.session.is_open() => {
+                    let wanted = frames.clone().enumerate().filter(|(i, _)| wants(*i));
+                    let run = wanted.map(|(i, frame)| as_sent(i, frame));
+                    // A failed write is the end of the turn's to meet again, and close.
+                    write_frames(tcp, &self.pool, run).unwrap_or(0)
+                }
+                _ => 0,
+            };
+            self.stats.bytes_out += straight as u64;
+            let mut unsent = straight;
+            for (i, frame) in frames.clone().enumerate().filter(|(i, _)| wants(*i)) {
+                let frame = as_sent(i, frame);
+                let outcome = if unsent >= frame.len() {
+                    unsent -= frame.len();
+                    PushOutcome::Queued // already written
+                } else {
+                    let mut cx = loop_context!(self, now, None);
+                    let sent = match std::mem::take(&mut unsent) {
+                        0 => entry.session.send_frame(&mut cx, frame),
+                        part => entry.session.send_frame_rest(&mut cx, frame, part),
+                    };
+                    let Some(outcome) = sent else { break };
+                    outcome
                 };
-                let mut cx = loop_context!(self, now, None);
-                let Some(outcome) = entry.session.send_frame(&mut cx, frame) else { break };
                 match outcome {
                     PushOutcome::WouldBlock { .. } if policy == SlowConsumerPolicy::Block => {
                         // A publisher cannot be paused for one subscriber: the message is
@@ -132,25 +161,13 @@ impl<T: Transport> EventLoop<T> {
                     }
                 }
             }
-            // A subscriber with nothing else to send this turn gets the run now, in one write
-            // (as a raw TCP fan-out does): its segments go back while still in the cache, and
-            // the end of the turn has nothing left to do for it.
-            let (written, sent) = match idle {
-                true => {
-                    let metrics = &self.shared.metrics;
-                    let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics };
-                    write_now(&mut entry.stream, &mut entry.session, &mut io)
-                }
-                false => (0, false),
-            };
-            self.stats.bytes_out += written as u64;
-            if sent {
-                self.stats.queue_drained(0);
-            }
             if let Some(change) = entry.session.take_writability() {
                 changes.push((token, change));
             }
-            if !sent && !entry.dirty {
+            // Left for the end of the turn: what the socket did not take, and a connection
+            // that is closing (or was just torn down).
+            let done = entry.session.buffered() == 0 && entry.session.is_open();
+            if !done && !entry.dirty {
                 entry.dirty = true;
                 self.dirty.push(token);
             }
@@ -169,41 +186,24 @@ impl<T: Transport> EventLoop<T> {
     }
 }
 
-/// Writes a plain TCP connection's queue now (one write); the bytes written and whether that
-/// emptied it. Nothing queued (the connection is closing) is the end of the turn's to handle,
-/// and so is a failed write, which it meets again and closes the connection.
-fn write_now<T: Transport>(
-    stream: &mut T,
-    session: &mut Session,
-    io: &mut Io<'_>,
-) -> (usize, bool) {
-    if stream.tls_established().is_some() || session.buffered() == 0 {
-        return (0, false); // (a TLS layer's own pending records are the flush's to write)
-    }
-    match stream.write_queue(session, io) {
-        Ok((written, _)) => (written, session.buffered() == 0),
-        Err(_) => (0, false),
-    }
-}
-
 /// One publication's compressed frames in one fan-out, by window bits − 9 (nearly always
 /// one: 15 bits, unless a client asked for a smaller window).
 #[derive(Default)]
 pub(super) struct Compressed([Option<Option<Frame>>; 7]);
 
 impl Compressed {
-    /// The frame compressed for a `bits` window, compressed on first use; `None` when the
-    /// publication goes uncompressed (under the threshold, or the budget could not cover
-    /// it: counted, and the subscriber gets the uncompressed frame, always valid).
-    fn get(
+    /// Compresses the frame for a `bits` window, unless done already. It goes uncompressed
+    /// when under the threshold, or when the budget could not cover it (counted; the
+    /// uncompressed frame is always valid).
+    fn make(
         &mut self,
         bits: u8,
         frame: &Frame,
         codec: &mut Codec,
         pool: &mut Pool<'static>,
         stats: &mut LoopStats,
-    ) -> Option<&Frame> {
-        let slot = &mut self.0[usize::from(bits.clamp(9, 15) - 9)];
+    ) {
+        let slot = &mut self.0[Self::slot(bits)];
         slot.get_or_insert_with(|| match codec.compress_frame(pool, frame, bits) {
             Ok(compressed) => {
                 stats.compressions += u64::from(compressed.is_some());
@@ -213,8 +213,16 @@ impl Compressed {
                 stats.compression_fallbacks += 1;
                 None
             }
-        })
-        .as_ref()
+        });
+    }
+
+    /// The frame [`make`](Self::make) compressed for a `bits` window, if it did.
+    fn get(&self, bits: u8) -> Option<&Frame> {
+        self.0[Self::slot(bits)].as_ref()?.as_ref()
+    }
+
+    fn slot(bits: u8) -> usize {
+        usize::from(bits.clamp(9, 15) - 9)
     }
 
     fn release(self, pool: &mut Pool<'static>) {

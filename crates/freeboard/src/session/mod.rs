@@ -285,6 +285,11 @@ impl Session {
         }
     }
 
+    /// Whether data messages can be sent: open, and no close sent or received.
+    pub(crate) fn is_open(&self) -> bool {
+        self.state() == State::Open
+    }
+
     /// Whether the driver should read the socket for this session's WebSocket input: open,
     /// not closed, not paused above the high watermark.
     pub(crate) fn wants_input(&self) -> bool {
@@ -501,12 +506,32 @@ impl Session {
         cx: &mut Context<'_>,
         frame: &Frame,
     ) -> Option<PushOutcome> {
-        match &self.phase {
-            Phase::Open(open) if open.ws.state() == State::Open => {}
-            _ => return None,
+        if !self.is_open() {
+            return None;
         }
         self.spill_cork(cx);
         Some(self.push(cx, frame.len(), |queue, pool| queue.push_frame(pool, frame)))
+    }
+
+    /// [`send_frame`](Self::send_frame) for a frame of which the socket already took the first
+    /// `written` bytes, written straight from a fan-out while the queue was empty: the rest
+    /// goes first in the queue. Should it not be queued, the stream would be torn: the
+    /// connection is over.
+    pub(crate) fn send_frame_rest(
+        &mut self,
+        cx: &mut Context<'_>,
+        frame: &Frame,
+        written: usize,
+    ) -> Option<PushOutcome> {
+        debug_assert!(self.queue.is_empty() && written < frame.len());
+        let outcome = self.send_frame(cx, frame)?;
+        match outcome {
+            PushOutcome::Queued
+            | PushOutcome::QueuedAboveHigh
+            | PushOutcome::Dropped { newest: false, .. } => self.consume(cx.pool, written),
+            _ => self.tear_down(cx),
+        }
+        Some(outcome)
     }
 
     /// Pushes a message of `bytes` as the pool's [`Share`] allows, notes what it did to the
@@ -707,12 +732,15 @@ impl Session {
         }
         match cork.spill(&mut self.queue, cx.pool, 0) {
             Ok(change) => self.note(change),
-            Err(_) => {
-                if let Phase::Open(open) = &mut self.phase {
-                    // The replies already promised cannot be kept: the connection is over.
-                    cx.lot.wake(&mut open.ws).handle_eof();
-                }
-            }
+            // The replies already promised cannot be kept.
+            Err(_) => self.tear_down(cx),
+        }
+    }
+
+    /// Ends a connection whose stream cannot go on whole: it is over, as at the end of input.
+    fn tear_down(&mut self, cx: &mut Context<'_>) {
+        if let Phase::Open(open) = &mut self.phase {
+            cx.lot.wake(&mut open.ws).handle_eof();
         }
     }
 
