@@ -105,9 +105,9 @@ impl ChunkChain {
         self.consume_messages(&mut pool.slab(), n).0
     }
 
-    /// Fills `out` with the chain's bytes in order, one slice per segment, for a vectored write;
+    /// Fills `out` with the chain's bytes in order ([`Segments`]), for a vectored write;
     /// returns how many slices were filled. Fewer than all the bytes are described if `out` is
-    /// shorter than the segment count.
+    /// shorter than the slices they take.
     #[inline]
     pub fn slices<'p>(&self, pool: &'p Pool<'_>, out: &mut [&'p [u8]]) -> usize {
         let mut n = 0;
@@ -129,7 +129,7 @@ impl ChunkChain {
         n
     }
 
-    /// The chain's bytes in order, one slice per segment.
+    /// The chain's bytes in order ([`Segments`]).
     #[inline]
     pub fn segments<'p>(&self, pool: &'p Pool<'_>) -> Segments<'p> {
         Segments { view: pool.view(), next: self.head }
@@ -452,8 +452,8 @@ pub(crate) struct Mark {
     len: usize,
 }
 
-/// The bytes of a chain or frame in order, one slice per segment
-/// (from [`ChunkChain::segments`] or [`Frame::segments`]).
+/// The bytes of a chain or frame in order, one slice per segment, or per run of segments
+/// that lie side by side in one chunk (from [`ChunkChain::segments`] or [`Frame::segments`]).
 ///
 /// ```
 /// use freeboard_buf::{Budget, ChunkChain, Pool, PoolConfig};
@@ -480,8 +480,19 @@ impl<'p> Iterator for Segments<'p> {
             return None;
         }
         let seg = self.view.segment(self.next);
+        let (chunk, mut end) = (seg.chunk(), seg.end);
         self.next = seg.next;
-        Some(self.view.segment_bytes(&seg))
+        // Segments that continue one another in a chunk (frames framed one after another
+        // are packed so) leave as one slice: a vectored write of them costs less per byte.
+        while self.next != NIL {
+            let after = self.view.segment(self.next);
+            if after.chunk() != chunk || after.start != end {
+                break;
+            }
+            end = after.end;
+            self.next = after.next;
+        }
+        Some(self.view.chunk_bytes(chunk, seg.start, end))
     }
 }
 

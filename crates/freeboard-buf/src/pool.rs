@@ -590,6 +590,31 @@ impl<'a> Pool<'a> {
         }
     }
 
+    /// `a` then `b` as one slice, when both are this pool's bytes and `b` begins where `a`
+    /// ends (frames framed one after another are packed so): a write of a run of them then
+    /// takes one slice, not one per frame.
+    ///
+    /// ```
+    /// use freeboard_buf::{Budget, Frame, Pool, PoolConfig};
+    ///
+    /// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new()).unwrap();
+    /// let (a, b) = (Frame::from_parts(&mut pool, &[b"ab"]).unwrap(), Frame::from_parts(&mut pool, &[b"cd"]).unwrap());
+    /// let (x, y) = (a.segments(&pool).next().unwrap(), b.segments(&pool).next().unwrap());
+    /// assert_eq!(pool.join(x, y), Some(&b"abcd"[..]));
+    /// assert_eq!(pool.join(y, x), None);
+    /// assert_eq!(pool.join(x, b"cd"), None); // not the pool's
+    /// a.release(&mut pool);
+    /// b.release(&mut pool);
+    /// ```
+    pub fn join<'p>(&'p self, a: &'p [u8], b: &'p [u8]) -> Option<&'p [u8]> {
+        let data: &'p [u8] = &self.data;
+        let base = data.as_ptr() as usize;
+        let at = (a.as_ptr() as usize).checked_sub(base)?;
+        let next = (b.as_ptr() as usize).checked_sub(base)?;
+        let end = next + b.len();
+        (at + a.len() == next && end <= data.len()).then(|| &data[at..end])
+    }
+
     pub(crate) fn record_drop(&mut self, policy: SlowConsumerPolicy, messages: u32, bytes: usize) {
         self.dropped[policy as usize].add(messages, bytes);
     }

@@ -353,7 +353,7 @@ impl SendQueue {
         Ok(self.watermarks.observe(self.len()))
     }
 
-    /// Fills `out` with the unsent bytes, one slice per segment, for a vectored write; returns
+    /// Fills `out` with the unsent bytes ([`Segments`]), for a vectored write; returns
     /// the number of slices filled.
     #[inline]
     pub fn slices<'p>(&self, pool: &'p Pool<'_>, out: &mut [&'p [u8]]) -> usize {
@@ -366,7 +366,7 @@ impl SendQueue {
         self.chain.io_slices(pool, out)
     }
 
-    /// The unsent bytes in order, one slice per segment.
+    /// The unsent bytes in order ([`Segments`]).
     #[inline]
     pub fn segments<'p>(&self, pool: &'p Pool<'_>) -> Segments<'p> {
         self.chain.segments(pool)

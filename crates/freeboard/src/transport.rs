@@ -123,23 +123,34 @@ impl Transport for TcpStream {
 }
 
 /// Writes `frames` in order, straight from the pool, in one system call ([`write_tcp`]): as
-/// many whole frames as one short slice array describes. Returns the bytes the socket took.
+/// many whole frames as one short slice array describes, frames that lie side by side in the
+/// pool in one slice (a run of small publications is then one `write` of one buffer).
+/// Returns the bytes the socket took.
 pub(crate) fn write_frames<'f>(
     tcp: &mut TcpStream,
     pool: &Pool<'static>,
     frames: impl Iterator<Item = &'f Frame>,
 ) -> io::Result<usize> {
     let mut slices = [IoSlice::new(&[]); SHORT_IOV];
-    let (mut n, mut total) = (0, 0);
+    let (mut n, mut total, mut last) = (0, 0, &[][..]);
     'frames: for frame in frames {
-        let first = n;
+        let before = (n, last);
         for segment in frame.segments(pool) {
+            if let Some(joined) = pool.join(last, segment).filter(|_| n > 0) {
+                slices[n - 1] = IoSlice::new(joined);
+                last = joined;
+                continue;
+            }
             if n == SHORT_IOV {
-                n = first; // not this frame, nor any after it
+                // Not this frame, nor any after it.
+                (n, last) = before;
+                if n > 0 {
+                    slices[n - 1] = IoSlice::new(last);
+                }
                 break 'frames;
             }
             slices[n] = IoSlice::new(segment);
-            n += 1;
+            (n, last) = (n + 1, segment);
         }
         total += frame.len();
     }
