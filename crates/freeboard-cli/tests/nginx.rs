@@ -88,7 +88,7 @@ http {{
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let process = Process(child);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(addr).is_err() {
+    while !common::listening(addr) {
         let log = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
         assert!(std::time::Instant::now() < deadline, "nginx did not start: {log}");
         std::thread::sleep(Duration::from_millis(20));

@@ -284,12 +284,6 @@ fn client(args: &[&str]) -> (Child, Receiver<String>, Receiver<String>) {
     (child, out, err)
 }
 
-/// Whether a server listens at `addr`. A connection to a free port in the ephemeral range
-/// can meet itself (TCP simultaneous open): a GET on it would wait for its own answer.
-fn listening(addr: &str) -> bool {
-    TcpStream::connect(addr).is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
-}
-
 fn metric(addr: &str, series: &str) -> f64 {
     let text = get(addr, "/metrics");
     let line = text.lines().find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '));
@@ -343,7 +337,7 @@ fn a_reconnecting_client_comes_back_when_the_server_does() {
         .unwrap();
     let addr = format!("127.0.0.1:{port}");
     wait_until("the client to be back", || {
-        listening(&addr) && metric(&addr, "freeboard_topic_subscriptions") == 1.0
+        common::listening(&addr) && metric(&addr, "freeboard_topic_subscriptions") == 1.0
     });
     let mut s = TcpStream::connect(&addr).unwrap();
     write!(s, "POST /topic/news HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok").unwrap();

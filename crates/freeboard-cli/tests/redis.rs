@@ -48,7 +48,7 @@ fn redis(port: u16) -> Option<Process> {
         .ok()?;
     let process = Process(child);
     let until = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while !common::listening(("127.0.0.1", port)) {
         assert!(Instant::now() < until, "redis-server did not listen on {port}");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -434,7 +434,7 @@ impl Cluster {
             .ok()?;
         let process = Process(child);
         let until = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while !common::listening(("127.0.0.1", port)) {
             assert!(Instant::now() < until, "redis-server did not listen on {port}");
             std::thread::sleep(Duration::from_millis(20));
         }

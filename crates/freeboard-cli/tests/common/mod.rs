@@ -93,3 +93,10 @@ impl Drop for Serve {
         let _ = self.child.wait();
     }
 }
+
+/// Whether a server listens at `addr`. A connection to a free port in the ephemeral range
+/// can meet itself (TCP simultaneous open) and look like one; a request on it would wait for
+/// its own answer.
+pub(crate) fn listening(addr: impl std::net::ToSocketAddrs) -> bool {
+    std::net::TcpStream::connect(addr).is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
+}
