@@ -10,26 +10,16 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use socket2::{Domain, Socket, Type};
 
-use common::Serve;
+use common::{Process, Serve};
 
 const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 
 /// A child process stopped by PID (SIGTERM, then waited for) when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
-}
-
 fn nginx_binary() -> Option<String> {
     ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"]
         .into_iter()

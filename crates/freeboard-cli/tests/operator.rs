@@ -7,11 +7,11 @@ mod common;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
-use common::Serve;
+use common::{Process, Serve};
 
 /// A plain GET; the whole response.
 fn get(addr: &str, path: &str) -> String {
@@ -261,7 +261,7 @@ fn bench_takes_ipv6_literals_as_the_client_does() {
 }
 
 /// `freeboard client ARGS`, its stdout lines and its stderr lines.
-fn client(args: &[&str]) -> (Child, Receiver<String>, Receiver<String>) {
+fn client(args: &[&str]) -> (Process, Receiver<String>, Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_freeboard"))
         .arg("client")
         .args(args)
@@ -281,7 +281,7 @@ fn client(args: &[&str]) -> (Child, Receiver<String>, Receiver<String>) {
     };
     let out = lines(Box::new(child.stdout.take().unwrap()));
     let err = lines(Box::new(child.stderr.take().unwrap()));
-    (child, out, err)
+    (Process(child), out, err)
 }
 
 fn metric(addr: &str, series: &str) -> f64 {
@@ -303,15 +303,15 @@ fn a_listening_client_gets_a_publish_and_ctrl_c_closes_with_1000() {
     let serve = Serve::start(&[]);
     // stdin is /dev/null, as for a job started with `&` in a script: --listen stays.
     let url = format!("ws://{}/topic/scores", serve.addr);
-    let (child, out, _) = client(&["--listen", &url]);
+    let (mut child, out, _) = client(&["--listen", &url]);
     let subscriptions = "freeboard_topic_subscriptions";
     wait_until("the subscription", || metric(&serve.addr, subscriptions) == 1.0);
     let mut s = TcpStream::connect(&serve.addr).unwrap();
     write!(s, "POST /topic/scores HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\n2:1").unwrap();
     assert_eq!(out.recv_timeout(Duration::from_secs(20)).unwrap(), "2:1");
     // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
-    let status = child.wait_with_output().unwrap().status;
+    assert_eq!(unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) }, 0);
+    let status = child.0.wait().unwrap();
     assert_eq!(status.code(), Some(0), "a clean close after Ctrl-C");
     wait_until("the close to be counted", || {
         metric(&serve.addr, "freeboard_closes_total{reason=\"normal\"}") == 1.0
@@ -324,17 +324,19 @@ fn a_reconnecting_client_comes_back_when_the_server_does() {
     // Reserve a port, start the client against it before any server listens there.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let url = format!("ws://127.0.0.1:{port}/topic/news");
-    let (child, out, err) = client(&["--listen", "--reconnect", &url]);
+    let (mut child, out, err) = client(&["--listen", "--reconnect", &url]);
     let line = err.recv_timeout(Duration::from_secs(20)).unwrap();
     assert!(line.contains("could not connect") || line.contains("refused"), "{line}");
     assert!(err.recv_timeout(Duration::from_secs(20)).unwrap().contains("reconnecting in"));
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--threads", "1"])
-        .args(["--memory", "64M"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let _serve = Process(
+        Command::new(env!("CARGO_BIN_EXE_freeboard"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--threads", "1"])
+            .args(["--memory", "64M"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let addr = format!("127.0.0.1:{port}");
     wait_until("the client to be back", || {
         common::listening(&addr) && metric(&addr, "freeboard_topic_subscriptions") == 1.0
@@ -343,8 +345,6 @@ fn a_reconnecting_client_comes_back_when_the_server_does() {
     write!(s, "POST /topic/news HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok").unwrap();
     assert_eq!(out.recv_timeout(Duration::from_secs(20)).unwrap(), "ok");
     // SAFETY: kill(2) on our own children's pids.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
-    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(0));
-    let _ = serve.kill();
-    let _ = serve.wait();
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    assert_eq!(child.0.wait().unwrap().code(), Some(0));
 }

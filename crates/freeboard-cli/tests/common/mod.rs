@@ -100,3 +100,13 @@ impl Drop for Serve {
 pub(crate) fn listening(addr: impl std::net::ToSocketAddrs) -> bool {
     std::net::TcpStream::connect(addr).is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
 }
+
+/// A child process killed and reaped when dropped, so that a failing test leaves none behind.
+pub(crate) struct Process(pub(crate) Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill(); // (nothing to kill once it was waited for)
+        let _ = self.0.wait();
+    }
+}
