@@ -1,12 +1,12 @@
 //! The transport seam: the layer a session's bytes cross between the session and the socket.
 //!
 //! The event loop reads into its buffer from a [`Transport`] and has it write the session's
-//! queue; it never touches a `TcpStream` directly. Plain TCP is the identity layer and costs
-//! nothing (the queue's chunks leave in one `writev` straight from the pool, or one `write` when
-//! they are one slice or a few small ones, [`write_tcp`]; a fan-out writes shared frames to an
-//! idle subscriber the same way, [`write_frames`]); TLS
-//! ([`TlsStream`]) encrypts the queue into the loop's scratch buffer and keeps what the socket
-//! does not take in pool chunks. Every call gets the loop's [`Io`] (pool, TLS scratch,
+//! queue; it touches a `TcpStream` itself only to write shared frames to an idle plain-TCP
+//! subscriber ([`Transport::plain`], [`write_frames`]). Plain TCP is the identity layer and
+//! costs nothing (the queue's chunks leave in one `writev` straight from the pool, or one
+//! `write` when they are one slice or a few small ones, [`write_tcp`]); TLS ([`TlsStream`])
+//! encrypts the queue into the loop's scratch buffer and keeps what the socket does not take
+//! in pool chunks. Every call gets the loop's [`Io`] (pool, TLS scratch,
 //! metrics), so a layer holds no buffer of its own while its connection is idle.
 //!
 //! One loop may serve both kinds at once (`--listen` beside `--listen-tls`), so the server's
