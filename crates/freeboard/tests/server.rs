@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{Client, config, http, metric, start, upgrade_request};
-use freeboard::{Router, Server};
+use freeboard::{Conn, Handler, HttpRoute, Message, MessageKind, Router, Server};
 
 #[test]
 fn echoes_text_and_binary_whole_and_fragmented() {
@@ -443,30 +443,39 @@ fn echo_under_block_loses_no_echo_and_closes_only_with_1013() {
 fn a_closed_connection_whose_peer_stops_reading_is_dropped_at_the_close_timeout() {
     let mut cfg = config();
     cfg.close_timeout = Duration::from_millis(500);
-    // Watermarks above all the hog sends: the server never stops reading it.
+    // Watermarks above all the flood's sends: the server never stops reading it.
     cfg.send_low = 16 << 20;
     cfg.send_high = 16 << 20;
     cfg.send_cap = 32 << 20;
-    let server = start(cfg);
+    let routes = || Router::new().route("/", Flood).http("/metrics", HttpRoute::Metrics);
+    let server = Server::bind(cfg, routes).unwrap().spawn();
     let addr = server.local_addr();
     let mut hog = non_reader(addr);
-    // Enough echoes to fill the kernel's buffers and leave some in the server's queue, then a
-    // close: the server answers it behind those echoes, which the peer never reads.
-    // 16 KiB messages: few, full segments. Thousands of small ones could overrun the
-    // server's receive buffer by their per-segment overhead while a loaded machine delays its
-    // reads, and the kernel's retransmission back-off (up to 120 s) would stall the test.
-    let message = vec![7u8; 16 << 10];
-    for _ in 0..375 {
-        hog.send(0x82, &message);
-    }
-    hog.send(0x88, &1000u16.to_be_bytes());
+    // One message asks for more than the kernel's buffers take, so some stays in the server's
+    // queue; then a close, which the server answers behind what the peer never reads. The
+    // peer itself sends a few bytes only: a peer that wrote megabytes while reading nothing
+    // could meet the kernel's retransmission back-off (up to 120 s) on its own writes.
+    hog.send(0x82, b"flood");
     let metrics = server.metrics();
-    common::wait_until("the queue to hold the echoes", || metrics.total_chunks_in_use() > 0);
+    common::wait_until("the queue to hold the flood", || metrics.total_chunks_in_use() > 0);
+    hog.send(0x88, &1000u16.to_be_bytes());
     common::wait_until("the connection to be dropped with its chunks", || {
         metric(addr, "freeboard_connections") == 0.0 && metrics.total_chunks_in_use() == 0
     });
     drop(hog);
     common::stop_once_idle(server);
+}
+
+/// Answers any message with 6 MiB of 16 KiB messages.
+struct Flood;
+
+impl Handler for Flood {
+    fn on_message(&mut self, conn: &mut Conn<'_>, _: Message<'_>) {
+        let message = vec![7u8; 16 << 10];
+        for _ in 0..384 {
+            let _ = conn.send(MessageKind::Binary, &message);
+        }
+    }
 }
 
 /// An upgraded client that will not read: a small receive buffer (no autotuning to
