@@ -19,7 +19,6 @@ use common::{Process, Serve};
 
 const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 
-/// A child process stopped by PID (SIGTERM, then waited for) when dropped.
 fn nginx_binary() -> Option<String> {
     ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"]
         .into_iter()
@@ -27,13 +26,9 @@ fn nginx_binary() -> Option<String> {
         .map(str::to_owned)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// nginx proxying WebSockets to `upstream`, configured as the README recommends.
 fn nginx(binary: &str, dir: &std::path::Path, upstream: SocketAddr) -> (Process, SocketAddr) {
-    let port = free_port();
+    let port = common::free_port();
     let d = dir.display();
     let conf = format!(
         r#"daemon off;

@@ -223,8 +223,7 @@ fn bench(args: &[&str]) -> (Option<i32>, String) {
 
 #[test]
 fn bench_fails_on_a_refused_port_and_a_404_path() {
-    // A port nobody listens on: bind one, note it, close it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let url = format!("ws://127.0.0.1:{port}/");
     let (code, stderr) = bench(&["echo", &url, "--messages", "10", "--repeat", "1"]);
     assert_eq!(code, Some(1), "{stderr}");
@@ -322,7 +321,7 @@ fn a_listening_client_gets_a_publish_and_ctrl_c_closes_with_1000() {
 #[test]
 fn a_reconnecting_client_comes_back_when_the_server_does() {
     // Reserve a port, start the client against it before any server listens there.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let url = format!("ws://127.0.0.1:{port}/topic/news");
     let (mut child, out, err) = client(&["--listen", "--reconnect", &url]);
     let line = err.recv_timeout(Duration::from_secs(20)).unwrap();

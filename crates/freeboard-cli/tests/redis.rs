@@ -6,7 +6,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -14,11 +14,6 @@ use std::time::{Duration, Instant};
 
 use common::{Process, Serve};
 use freeboard_test::{Inbox, frame};
-
-/// A child process killed (by PID) and reaped on drop.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// `redis-server` on `port`, ready for connections; `None` if it is not installed.
 fn redis(port: u16) -> Option<Process> {
@@ -122,7 +117,7 @@ fn metric(addr: &str, name: &str) -> u64 {
 
 #[test]
 fn two_nodes_deliver_every_publication_once_in_order_per_publisher() {
-    let port = free_port();
+    let port = common::free_port();
     let Some(_redis) = redis(port) else {
         eprintln!("redis-server is not installed: skipped");
         return;
@@ -190,7 +185,7 @@ fn two_nodes_deliver_every_publication_once_in_order_per_publisher() {
 
 #[test]
 fn redis_restarted_during_a_stream_loses_counted_messages_and_delivery_resumes() {
-    let port = free_port();
+    let port = common::free_port();
     let Some(redis_process) = redis(port) else {
         eprintln!("redis-server is not installed: skipped");
         return;
@@ -305,7 +300,7 @@ fn read_until(reader: &mut TcpStream, inbox: &mut Inbox, message: &str) -> Strin
 
 #[test]
 fn history_in_redis_streams_recovers_a_reconnect_on_any_node_or_says_it_is_gone() {
-    let port = free_port();
+    let port = common::free_port();
     let Some(_redis) = redis(port) else {
         eprintln!("redis-server is not installed: skipped");
         return;
@@ -374,12 +369,12 @@ impl Cluster {
         let dir = std::env::temp_dir().join(format!(
             "freeboard-cluster-{}-{}",
             std::process::id(),
-            free_port()
+            common::free_port()
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let mut cluster = Cluster { dir, nodes: Vec::new() };
         for _ in 0..3 {
-            let (port, bus) = (free_port(), free_port());
+            let (port, bus) = (common::free_port(), common::free_port());
             cluster.nodes.push((port, bus, None));
             cluster.nodes.last_mut().unwrap().2 = Some(cluster.server(cluster.nodes.len() - 1)?);
         }

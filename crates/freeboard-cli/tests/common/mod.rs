@@ -94,6 +94,11 @@ impl Drop for Serve {
     }
 }
 
+/// A loopback port nobody listens on: bound, noted and closed.
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// Whether a server listens at `addr`. A connection to a free port in the ephemeral range
 /// can meet itself (TCP simultaneous open) and look like one; a request on it would wait for
 /// its own answer.

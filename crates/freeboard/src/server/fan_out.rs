@@ -86,7 +86,7 @@ impl<T: Transport> EventLoop<T> {
         let leavers = changed.into_iter().flat_map(|(outbox, _)| outbox.leavers(topic));
         let mut changes = std::mem::take(&mut self.changes);
         let mut compressed = std::mem::take(&mut self.compressed);
-        let run = frames.clone().count();
+        let publications = frames.clone().count();
         for token in subscribers.chain(leavers) {
             // NOTE: a connection's subscriptions go before its slab entry does; one that
             // left the topic may have closed since.
@@ -98,7 +98,7 @@ impl<T: Transport> EventLoop<T> {
                 changed.is_none_or(|(outbox, first)| outbox.subscribed_at(token, topic, first + i))
             };
             if let Some(bits) = compression {
-                compressed.resize_with(compressed.len().max(run), Compressed::default);
+                compressed.resize_with(compressed.len().max(publications), Compressed::default);
                 for (i, frame) in frames.clone().enumerate().filter(|(i, _)| wants(*i)) {
                     compressed[i].make(
                         bits,
