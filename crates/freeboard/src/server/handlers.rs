@@ -25,27 +25,22 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn receive(&mut self, token: usize, now: Instant, buf: &mut [u8]) {
         let mut at = 0;
         while at < buf.len() && self.conns.contains(token) {
-            let (entry, mut cx) = self.split(token, now);
-            let (used, received) = entry.session.receive(&mut cx, &mut buf[at..]);
+            let (used, assembled) = self.deliver_run(token, now, &mut buf[at..]);
             at += used;
-            match received {
-                Some(Received::Whole(kind, data)) => self.deliver(token, now, kind, data),
-                Some(Received::Assembled(kind)) => {
-                    let chain = self.conns[token].session.take_message();
-                    let mut assembly = std::mem::take(&mut self.assembly);
-                    match assembly.fill(&mut self.pool, chain) {
-                        Some(data) => self.deliver(token, now, kind, data),
-                        None => {
-                            let (entry, mut cx) = self.split(token, now);
-                            let reason = "server memory budget exhausted";
-                            let _ =
-                                entry.session.close(&mut cx, CloseCode::TRY_AGAIN_LATER, reason);
-                        }
+            if let Some(kind) = assembled {
+                let chain = self.conns[token].session.take_message();
+                let mut assembly = std::mem::take(&mut self.assembly);
+                match assembly.fill(&mut self.pool, chain) {
+                    Some(data) => self.deliver(token, now, kind, data),
+                    None => {
+                        let (entry, mut cx) = self.split(token, now);
+                        let reason = "server memory budget exhausted";
+                        let _ = entry.session.close(&mut cx, CloseCode::TRY_AGAIN_LATER, reason);
                     }
-                    self.assembly = assembly;
                 }
-                None => {}
+                self.assembly = assembly;
             }
+            self.after_call(token, now);
             // A pause (send queue above its high watermark) stops reading from the socket, not
             // the parsing of bytes already read: dropping them would tear the stream.
             let Some(entry) = self.conns.get(token) else { return };
@@ -60,6 +55,46 @@ impl<T: Transport> EventLoop<T> {
                 // Many small replies from one read: write them now rather than hold a slot
                 // each until the end of the turn.
                 self.flush(token, now);
+            }
+        }
+    }
+
+    /// Parses `buf` and hands its whole messages to the handler with one handle on the
+    /// connection, until the read is used up or something only the loop can do is due (the
+    /// checks at the end of [`receive`](Self::receive)'s round): the per-message path builds
+    /// nothing but the message. Returns the bytes used, and the kind of a message that
+    /// arrived in pieces (it waits in the session for the assembly buffer).
+    fn deliver_run(
+        &mut self,
+        token: usize,
+        now: Instant,
+        buf: &mut [u8],
+    ) -> (usize, Option<MessageKind>) {
+        let (handler, mut conn) = self.handle(token, now, "");
+        let mut at = 0;
+        loop {
+            let (used, received) = conn.session.receive(&mut conn.cx, &mut buf[at..]);
+            at += used;
+            match received {
+                Some(Received::Whole(kind, data)) => {
+                    conn.stats.received(data.len());
+                    if matches!(conn.session.phase, Phase::Open(_)) {
+                        handler.on_message(&mut conn, Message { kind, data });
+                    }
+                }
+                Some(Received::Assembled(kind)) => return (at, Some(kind)),
+                None => {}
+            }
+            let session = &*conn.session;
+            let unread = buf.len() - at;
+            if unread == 0
+                || session.state() == State::Closed
+                || session.has_writability_change()
+                || conn.outbox.len() >= OUTBOX_RUN
+                || conn.cx.cork.as_deref().is_some_and(|c| session.cork_is_half_full(c, unread))
+                || session.queue().messages() >= WRITE_THROUGH
+            {
+                return (at, None);
             }
         }
     }
@@ -108,12 +143,25 @@ impl<T: Transport> EventLoop<T> {
         target: &str,
         f: impl FnOnce(&mut dyn Handler, &mut Conn<'_>),
     ) {
-        let entry = &mut self.conns[token];
-        if !matches!(entry.session.phase, Phase::Open(_)) {
+        if !matches!(self.conns[token].session.phase, Phase::Open(_)) {
             return;
         }
+        let (handler, mut conn) = self.handle(token, now, target);
+        f(handler, &mut conn);
+        self.after_call(token, now);
+    }
+
+    /// The route's handler, and a handle on `token`'s connection showing `target` as the
+    /// request target.
+    fn handle<'s>(
+        &'s mut self,
+        token: usize,
+        now: Instant,
+        target: &'s str,
+    ) -> (&'s mut dyn Handler, Conn<'s>) {
+        let entry = &mut self.conns[token];
         let route = entry.route as usize;
-        let mut conn = Conn {
+        let conn = Conn {
             id: ConnId { event_loop: self.index, serial: entry.serial },
             peer: entry.peer,
             session: &mut entry.session,
@@ -127,8 +175,13 @@ impl<T: Transport> EventLoop<T> {
             outbox: &mut self.outbox,
             data: self.data.get_mut(&token),
         };
-        f(self.router.handler(route), &mut conn);
-        if let Some(change) = self.conns[token].session.take_writability() {
+        (self.router.handler(route), conn)
+    }
+
+    /// What a handler's calls leave for the loop: the writability change its sends caused,
+    /// the connection's mark, and the fan-out of what it published.
+    fn after_call(&mut self, token: usize, now: Instant) {
+        if let Some(change) = self.conns.get_mut(token).and_then(|e| e.session.take_writability()) {
             self.writability_changed(token, now, change);
         }
         // NOTE: a handler cannot finish a close (its own close waits for the peer's); the

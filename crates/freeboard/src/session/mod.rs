@@ -758,6 +758,11 @@ impl Session {
         }
     }
 
+    /// Whether a watermark crossing waits for [`take_writability`](Self::take_writability).
+    pub(crate) fn has_writability_change(&self) -> bool {
+        matches!(&self.phase, Phase::Open(open) if open.change.is_some())
+    }
+
     /// Records a watermark crossing (only an open connection has anyone to tell).
     fn note(&mut self, change: Option<Writability>) {
         if let (Some(change), Phase::Open(open)) = (change, &mut self.phase) {
