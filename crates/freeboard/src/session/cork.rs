@@ -70,7 +70,7 @@ impl Cork {
 
     /// Appends one message: the first `n` bytes of `header`, then `payload`. The caller
     /// checked [`has_room`](Self::has_room) for the whole header array and the payload.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push(&mut self, header: &[u8; MAX_HEADER_LEN], n: usize, payload: &[u8]) {
         let at = self.len;
         // The whole array, a fixed-size copy; the payload overwrites what is past the header.

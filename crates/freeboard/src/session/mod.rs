@@ -423,14 +423,43 @@ impl Session {
         kind: MessageKind,
         data: &[u8],
     ) -> Option<PushOutcome> {
+        if self.deflate.is_some() && cx.codec.is_some() {
+            self.send_compressed(cx, kind, data)
+        } else {
+            self.send_plain(cx, kind, data)
+        }
+    }
+
+    /// [`send`](Self::send) without compression: every handler's path, inlined there.
+    #[inline(always)]
+    fn send_plain(
+        &mut self,
+        cx: &mut Context<'_>,
+        kind: MessageKind,
+        data: &[u8],
+    ) -> Option<PushOutcome> {
         let Phase::Open(open) = &mut self.phase else { return None };
         let ws = cx.lot.wake(&mut open.ws);
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
+        let (header, n) = ws.message_header(kind, 0, data.len() as u64, mask).ok()?;
+        Some(self.queue_framed(cx, &header, n, data, mask))
+    }
+
+    /// [`send`](Self::send) for a connection that compresses, out of line.
+    #[inline(never)]
+    fn send_compressed(
+        &mut self,
+        cx: &mut Context<'_>,
+        kind: MessageKind,
+        data: &[u8],
+    ) -> Option<PushOutcome> {
         let (Some(deflate), Some(codec)) = (self.deflate.as_deref_mut(), cx.codec.as_deref_mut())
         else {
-            let (header, n) = ws.message_header(kind, 0, data.len() as u64, mask).ok()?;
-            return Some(self.queue_framed(cx, &header, n, data, mask));
+            return self.send_plain(cx, kind, data);
         };
+        let Phase::Open(open) = &mut self.phase else { return None };
+        let ws = cx.lot.wake(&mut open.ws);
+        let mask = cx.masks.as_deref_mut().map(MaskSource::next);
         let compressed = deflate.compress(cx.pool, codec, data);
         let (data, rsv) = match &compressed {
             Some(compressed) => {
