@@ -66,7 +66,7 @@ impl Server {
     /// (an error says which file is wrong).
     ///
     /// Fails before anything listens when the configuration cannot work: an invalid setting
-    /// ([`ConfigError`](crate::config::ConfigError)), a memory budget larger than the machine
+    /// ([`ConfigError`]), a memory budget larger than the machine
     /// (or its cgroup) has, or an address another process listens on (`AddrInUse`; set
     /// [`ServerConfig::share_port`] to join its `SO_REUSEPORT` group on purpose).
     pub fn bind(

@@ -41,7 +41,8 @@ impl Reassembly {
 pub(crate) enum Received<'b> {
     /// It arrived whole in this read: borrowed from the read buffer, unmasked in place.
     Whole(MessageKind, &'b [u8]),
-    /// It arrived in pieces, now in pool chunks: take it with [`Session::take_message`].
+    /// It arrived in pieces, now in pool chunks: take it with
+    /// [`Session::take_message`](super::Session::take_message).
     Assembled(MessageKind),
 }
 

@@ -107,7 +107,8 @@ pub(crate) struct Context<'a> {
     /// The loop's compression (permessage-deflate); `None` where no connection compresses.
     pub(crate) codec: Option<&'a mut Codec>,
     /// The driver's cork, lent while it reads this connection: replies go there while the
-    /// queue is empty, and the driver writes it when the read is done ([`Session::write_cork`]).
+    /// queue is empty, and the driver writes it when the read is done (and tells
+    /// [`Session::corked_written`] what the socket took).
     pub(crate) cork: Option<&'a mut Cork>,
     pub(crate) now: Instant,
 }
