@@ -65,7 +65,9 @@ impl Innocent {
                     }
                     Ok(Some(frame)) if frame.opcode == 0x8 && frame.payload.len() >= 2 => {
                         let code = u16::from_be_bytes([frame.payload[0], frame.payload[1]]);
-                        failure = Some(format!("echo {seq}: the server closed with {code}"));
+                        let reason = String::from_utf8_lossy(&frame.payload[2..]);
+                        failure =
+                            Some(format!("echo {seq}: the server closed with {code} {reason:?}"));
                         break;
                     }
                     Ok(Some(frame)) => {
