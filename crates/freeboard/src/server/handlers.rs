@@ -39,8 +39,10 @@ impl<T: Transport> EventLoop<T> {
                     }
                 }
                 self.assembly = assembly;
+            } else {
+                // (an assembled message's `deliver` did this in its `call`)
+                self.after_call(token, now);
             }
-            self.after_call(token, now);
             // A pause (send queue above its high watermark) stops reading from the socket, not
             // the parsing of bytes already read: dropping them would tear the stream.
             let Some(entry) = self.conns.get(token) else { return };

@@ -424,7 +424,7 @@ impl Session {
         kind: MessageKind,
         data: &[u8],
     ) -> Option<PushOutcome> {
-        if self.deflate.is_some() && cx.codec.is_some() {
+        if self.deflate.is_some() {
             self.send_compressed(cx, kind, data)
         } else {
             self.send_plain(cx, kind, data)
@@ -446,7 +446,8 @@ impl Session {
         Some(self.queue_framed(cx, &header, n, data, mask))
     }
 
-    /// [`send`](Self::send) for a connection that compresses, out of line.
+    /// [`send`](Self::send) for a connection that compresses, out of line (plain when the
+    /// driver lends no codec).
     #[inline(never)]
     fn send_compressed(
         &mut self,
