@@ -126,11 +126,12 @@ struct ServeArgs {
     /// How long shutdown waits for close handshakes [default: 5s].
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     drain_timeout: Option<Duration>,
-    /// Send queue high watermark: above it a connection is not writable and its reads pause
-    /// [default: 64K].
+    /// Send queue high watermark: above it a connection is not writable and its reads pause;
+    /// keep it at least --read-buffer so the replies to one read leave in one write
+    /// [default: 128K].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     send_high: Option<u64>,
-    /// Send queue low watermark: writable again at or below it [default: 32K].
+    /// Send queue low watermark: writable again at or below it [default: 64K].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     send_low: Option<u64>,
     /// Send queue hard cap; at it the slow-consumer policy decides [default: 16M + 64K].
@@ -159,7 +160,7 @@ struct ServeArgs {
     #[arg(long, value_name = "SIZE", value_parser = size)]
     chunk_size: Option<u64>,
     /// Per-loop shared read buffer, and the cork beside it that replies are framed into, each
-    /// this large, from the budget [default: 64K].
+    /// this large, from the budget [default: 128K].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     read_buffer: Option<u64>,
     /// Publish what clients send on a /topic/NAME connection to NAME (otherwise such a

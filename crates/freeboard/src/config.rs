@@ -38,9 +38,10 @@ pub struct ServerConfig {
     /// Pool chunk size in bytes. Default 4096.
     #[serde(with = "size")]
     pub chunk_size: usize,
-    /// Per-loop shared read buffer in bytes, at least 16 KiB. Default 64 KiB. Each loop also
+    /// Per-loop shared read buffer in bytes, at least 16 KiB. Default 128 KiB. Each loop also
     /// keeps a cork of this size (the replies to one read, written at once); both come out of
-    /// the loop's share of `memory`.
+    /// the loop's share of `memory`. With `send_high` at least this large, an echo's replies
+    /// to one read leave in one write.
     #[serde(with = "size")]
     pub read_buffer: usize,
     /// Largest message accepted (all its frames together); beyond it the connection is closed
@@ -79,10 +80,11 @@ pub struct ServerConfig {
     /// On shutdown, how long to wait for close handshakes before exiting. Default 5 s.
     #[serde(with = "duration")]
     pub drain_timeout: Duration,
-    /// Send queue low watermark (writable again at or below). Default 32 KiB.
+    /// Send queue low watermark (writable again at or below). Default 64 KiB.
     #[serde(with = "size")]
     pub send_low: usize,
-    /// Send queue high watermark (not writable above). Default 64 KiB.
+    /// Send queue high watermark (not writable above; the connection's reads pause). Default
+    /// 128 KiB, one default read's replies: corked replies count as queued.
     #[serde(with = "size")]
     pub send_high: usize,
     /// Send queue hard cap; at it the slow-consumer policy decides. Default: 16 MiB + 64 KiB,
@@ -391,7 +393,7 @@ impl Default for ServerConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory: 1 << 30,
             chunk_size: freeboard_buf::DEFAULT_CHUNK_SIZE,
-            read_buffer: 64 << 10,
+            read_buffer: 128 << 10,
             max_message_size: 16 << 20,
             max_connections: 100_000,
             max_connections_per_ip: 1_000,
@@ -403,8 +405,8 @@ impl Default for ServerConfig {
             pong_timeout: Duration::from_secs(10),
             close_timeout: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(5),
-            send_low: 32 << 10,
-            send_high: 64 << 10,
+            send_low: 64 << 10,
+            send_high: 128 << 10,
             send_cap: (16 << 20) + (64 << 10),
             slow_consumer: SlowConsumerPolicy::Close,
             connection_reserve: 64 << 10,

@@ -231,7 +231,8 @@ fn oversized_message_closes_with_1009() {
 #[test]
 fn budget_admission_answers_503_while_the_pool_is_short() {
     let mut cfg = config();
-    cfg.memory = 2 << 20; // ~350 chunks after the read buffer and the assembly reserve
+    cfg.memory = 2 << 20; // ~350 chunks after the read buffer, the cork and the assembly reserve
+    cfg.read_buffer = 64 << 10;
     cfg.max_message_size = 1 << 20;
     cfg.connection_reserve = 768 << 10;
     let server = start(cfg);
@@ -357,7 +358,7 @@ fn a_pause_above_the_high_watermark_keeps_the_bytes_already_read() {
 #[test]
 fn an_exhausted_pool_still_answers_503() {
     let mut cfg = config();
-    cfg.memory = 2 << 20; // ~350 chunks after the read buffer and the assembly reserve
+    cfg.memory = 2 << 20; // ~320 chunks after the read buffer, the cork and the assembly reserve
     // Watermarks and cap above the pool: the pool runs out first, and drop-newest keeps
     // reading (and counting drops) once it has.
     cfg.send_low = 3 << 20;

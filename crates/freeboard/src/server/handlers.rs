@@ -50,7 +50,7 @@ impl<T: Transport> EventLoop<T> {
                 self.report_close(token);
                 return;
             }
-            if entry.session.cork_is_half_full(&self.cork, buf.len() - at) {
+            if entry.session.cork_must_write(&self.cork, &buf[at..]) {
                 // The rest of the read's replies might not fit: write what the cork holds now.
                 self.write_cork(token, now);
             } else if entry.session.queue().messages() >= WRITE_THROUGH {
@@ -88,12 +88,12 @@ impl<T: Transport> EventLoop<T> {
                 None => {}
             }
             let session = &*conn.session;
-            let unread = buf.len() - at;
-            if unread == 0
+            let unread = &buf[at..];
+            if unread.is_empty()
                 || session.state() == State::Closed
                 || session.has_writability_change()
                 || conn.outbox.len() >= OUTBOX_RUN
-                || conn.cx.cork.as_deref().is_some_and(|c| session.cork_is_half_full(c, unread))
+                || conn.cx.cork.as_deref().is_some_and(|c| session.cork_must_write(c, unread))
                 || session.queue().messages() >= WRITE_THROUGH
             {
                 return (at, None);

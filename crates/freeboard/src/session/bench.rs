@@ -101,7 +101,7 @@ impl EchoSession {
             if let Some(Received::Whole(kind, data)) = received {
                 let _ = self.session.send(&mut cx, kind, data);
             }
-            if self.session.cork_is_half_full(&self.cork, self.read.len() - at) {
+            if self.session.cork_must_write(&self.cork, &self.read[at..]) {
                 self.write();
             }
         }

@@ -749,10 +749,10 @@ impl Session {
         }
     }
 
-    /// Whether the driver should write `cork` before this session parses the `unread` bytes
-    /// left of its read ([`Cork::is_half_full`]).
-    pub(crate) fn cork_is_half_full(&self, cork: &Cork, unread: usize) -> bool {
-        cork.is_half_full(self.queue.watermarks().high(), unread)
+    /// Whether the driver should write `cork` before this session parses `unread`, the rest
+    /// of its read ([`Cork::must_write`]).
+    pub(crate) fn cork_must_write(&self, cork: &Cork, unread: &[u8]) -> bool {
+        cork.must_write(self.queue.watermarks().high(), unread)
     }
 
     /// Moves what the cork holds into the queue before anything else is queued after it.

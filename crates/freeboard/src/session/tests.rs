@@ -520,26 +520,39 @@ fn corked_replies_spill_whole_messages_behind_a_partial_write() {
     assert_eq!(server.write(usize::MAX), b"\x82\x05reply\x8a\x01p");
 }
 
-/// The cork is written early only past half and when the rest of the read might not fit:
-/// the replies to a read that fits leave in one write.
+/// The cork is written early only when the reply to the next frame, whole in the read,
+/// might not fit: a frame the read cuts is answered after a later read, and the replies to
+/// a read that fits leave in one write.
 #[test]
-fn a_cork_past_half_is_written_early_only_when_the_rest_of_the_read_would_not_fit() {
+fn a_cork_is_written_early_only_when_the_next_frames_reply_might_not_fit() {
+    // A client's binary frame of `len` (< 64 KiB) payload bytes, masked with a zero key.
+    let frame = |len: usize| {
+        let mut bytes = match len {
+            0..126 => vec![0x82, 0x80 | len as u8],
+            _ => vec![0x82, 0x80 | 126, (len >> 8) as u8, len as u8],
+        };
+        bytes.extend_from_slice(&[0; 4]);
+        bytes.resize(bytes.len() + len, 7);
+        bytes
+    };
     let mut cork = Cork::new(4096);
     let header = [0x82, 126, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     let payload = [7u8; 1000];
     let high = 64 << 10;
+    assert!(!cork.must_write(high, &frame(5000)), "an empty cork: nothing to write");
     cork.push(&header, 4, &payload);
-    assert!(!cork.is_half_full(high, 10_000), "under half: never early");
     cork.push(&header, 4, &payload);
     cork.push(&header, 4, &payload);
     // 3,012 of 4,096 held: 1,084 left.
-    assert!(!cork.is_half_full(high, 1_000), "the rest of the read fits");
-    assert!(cork.is_half_full(high, 1_100), "the rest of the read would not fit");
+    assert!(!cork.must_write(high, &frame(1000)), "1,000 bytes and a header fit");
+    assert!(cork.must_write(high, &frame(1100)), "1,100 bytes and a header would not");
+    assert!(!cork.must_write(high, &frame(1100)[..600]), "a cut frame waits for the read's end");
+    assert!(!cork.must_write(high, &[0x82]), "nor does a cut header");
     // The high watermark is the limit when it is below the cork's size.
-    assert!(cork.is_half_full(3_100, 100), "3,012 of 3,100: 88 left");
+    assert!(cork.must_write(3_100, &frame(80)), "3,012 of 3,100: 88 left");
     cork.clear();
     for _ in 0..super::cork::CORK_MESSAGES {
         cork.push(&header, 2, &[]);
     }
-    assert!(cork.is_half_full(high, 0), "no room for another message's start");
+    assert!(cork.must_write(high, &[]), "no room for another message's start");
 }

@@ -110,19 +110,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
         conn.reader_waits = false;
         loop {
             let mut hub = endpoint.lock();
-            // Counted before the parse: the application has yet to reply to the message it
-            // hands out, so that message counts as unread.
-            let unread = conn.input.as_ref().map_or(0, |i| (i.end - i.at) as usize);
+            // The application replies to a message once it is handed out, so the cork is
+            // judged before the parse, against the frame about to be handed out.
+            if let (Some(cork), Some(input)) = (conn.cork.as_deref(), conn.input.as_ref())
+                && conn
+                    .session
+                    .cork_must_write(cork, &input.bytes[input.at as usize..input.end as usize])
+            {
+                let _ = conn.write(&mut hub, task);
+            }
             if let Some(message) = conn.parse(&mut hub) {
                 // What the application queues while it takes the messages of one read leaves
-                // in one write once they are taken (or sooner, past the high watermark).
-                // A cork past half full is written too when the rest of the read might not fit.
-                if !conn.session.queue().is_writable()
-                    || conn
-                        .cork
-                        .as_deref()
-                        .is_some_and(|c| conn.session.cork_is_half_full(c, unread))
-                {
+                // in one write once they are taken (or sooner, past the high watermark or
+                // when the cork must be written).
+                if !conn.session.queue().is_writable() {
                     let _ = conn.write(&mut hub, task);
                 }
                 return Poll::Ready(Some(message));
