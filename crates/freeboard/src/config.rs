@@ -84,7 +84,8 @@ pub struct ServerConfig {
     #[serde(with = "size")]
     pub send_low: usize,
     /// Send queue high watermark (not writable above; the connection's reads pause). Default
-    /// 128 KiB, one default read's replies: corked replies count as queued.
+    /// 128 KiB, the default `read_buffer`: corked replies count as queued, so an echo's
+    /// replies to one read fit under it and leave in one write.
     #[serde(with = "size")]
     pub send_high: usize,
     /// Send queue hard cap; at it the slow-consumer policy decides. Default: 16 MiB + 64 KiB,

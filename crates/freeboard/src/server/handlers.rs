@@ -51,7 +51,7 @@ impl<T: Transport> EventLoop<T> {
                 return;
             }
             if entry.session.cork_must_write(&self.cork, &buf[at..]) {
-                // The rest of the read's replies might not fit: write what the cork holds now.
+                // The next frame's reply might not fit: write what the cork holds now.
                 self.write_cork(token, now);
             } else if entry.session.queue().messages() >= WRITE_THROUGH {
                 // Many small replies from one read: write them now rather than hold a slot

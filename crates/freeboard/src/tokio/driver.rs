@@ -121,8 +121,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             }
             if let Some(message) = conn.parse(&mut hub) {
                 // What the application queues while it takes the messages of one read leaves
-                // in one write once they are taken (or sooner, past the high watermark or
-                // when the cork must be written).
+                // in one write once they are taken (or sooner: past the high watermark, or
+                // before a frame whose reply might not fit in the cork, above).
                 if !conn.session.queue().is_writable() {
                     let _ = conn.write(&mut hub, task);
                 }

@@ -27,8 +27,8 @@ pub struct EndpointConfig {
     /// Pool chunk size. Default 4 KiB.
     pub chunk_size: usize,
     /// Bytes of one read buffer (a connection holds one only while it has unread input), and
-    /// of one cork (the replies to one read, written at once). Default 64 KiB, as `freeboard
-    /// serve`'s.
+    /// of one cork (the replies to one read, written at once). Default 64 KiB: half of
+    /// `freeboard serve`'s, whose loop holds one of each for all its connections.
     pub read_buffer: usize,
     /// Free pool bytes an upgrade needs ([`Endpoint::has_room`]; the axum extractor answers
     /// 503 below it), and twice what a message arriving in pieces must leave free (else close
@@ -81,8 +81,10 @@ impl EndpointConfig {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WsConfig {
-    /// Send queue watermarks and hard cap. Default as `freeboard serve`: 32 KiB low, 64 KiB
-    /// high, a cap of 16 MiB + 64 KiB (a largest message and then some).
+    /// Send queue watermarks and hard cap. Default 32 KiB low and 64 KiB high (the high one
+    /// at least [`EndpointConfig::read_buffer`], so the replies to one read leave in one
+    /// write), a cap of 16 MiB + 64 KiB (a largest message and then some), as `freeboard
+    /// serve`'s.
     pub watermarks: Watermarks,
     /// What happens at the cap (and, while the pool is contended, past the connection's fair
     /// share). Default as `freeboard serve`: [`SlowConsumerPolicy::Close`] (1008).
