@@ -13,11 +13,12 @@ use std::time::Duration;
 
 use common::{Process, Serve};
 
-/// A plain GET; the whole response.
+/// A plain GET; the whole response. It asks the server to close after it: a kept-alive
+/// connection would only end at the server's idle timeout, as long as this read's.
 fn get(addr: &str, path: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     text
