@@ -39,10 +39,8 @@ impl<T: Transport> EventLoop<T> {
                     }
                 }
                 self.assembly = assembly;
-            } else {
-                // (an assembled message's `deliver` did this in its `call`)
-                self.after_call(token, now);
             }
+            self.after_call(token, now);
             // A pause (send queue above its high watermark) stops reading from the socket, not
             // the parsing of bytes already read: dropping them would tear the stream.
             let Some(entry) = self.conns.get(token) else { return };
@@ -101,10 +99,14 @@ impl<T: Transport> EventLoop<T> {
         }
     }
 
+    /// Hands an assembled message to the handler; [`receive`](Self::receive) then does what
+    /// the call leaves for the loop, as after a run.
     fn deliver(&mut self, token: usize, now: Instant, kind: MessageKind, data: &[u8]) {
         self.stats.received(data.len());
-        let message = Message { kind, data };
-        self.call(token, now, |handler, conn| handler.on_message(conn, message));
+        if matches!(self.conns[token].session.phase, Phase::Open(_)) {
+            let (handler, mut conn) = self.handle(token, now, "");
+            handler.on_message(&mut conn, Message { kind, data });
+        }
     }
 
     /// Reports the session's close to its handler, once.
