@@ -188,6 +188,15 @@ impl FrameHeader {
     #[inline]
     pub fn to_bytes(&self) -> ([u8; MAX_HEADER_LEN], usize) {
         let mut out = [0; MAX_HEADER_LEN];
+        let n = self.write(&mut out);
+        (out, n)
+    }
+
+    /// Writes the header in the minimal length encoding into the front of `out` and returns
+    /// its length; the bytes after it are left as they were. The fixed-size array needs no
+    /// length check, and a caller can frame straight into its buffer.
+    #[inline]
+    pub fn write(&self, out: &mut [u8; MAX_HEADER_LEN]) -> usize {
         out[0] = (u8::from(self.fin) << 7) | ((self.rsv & 0b111) << 4) | self.opcode.bits();
         let mask_bit = if self.mask.is_some() { field::MASK } else { 0 };
         let mut at = match self.payload_len {
@@ -211,7 +220,7 @@ impl FrameHeader {
             out[at..at + 4].copy_from_slice(&key);
             at += 4;
         }
-        (out, at)
+        at
     }
 }
 

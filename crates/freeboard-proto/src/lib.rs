@@ -32,7 +32,7 @@ pub mod utf8;
 
 pub use close::CloseCode;
 pub use config::{Config, ConfigBuilder};
-pub use connection::{Connection, Event, Input, MessageKind, Parked, Payload, Role, State};
+pub use connection::{Connection, Event, Input, MessageKind, Parked, Payload, Role, State, Whole};
 pub use error::{InsufficientSize, ProtocolError, UsageError};
 pub use frame::{FrameHeader, OpCode};
 pub use timer::{Instant, Timer};

@@ -216,6 +216,51 @@ fn a_connection_with_something_in_flight_does_not_park() {
     assert!(Endpoint::new(Role::Server, Config::default()).conn.park().is_some());
 }
 
+/// `read_whole` takes a whole unfragmented data frame, unmasked and validated in place, and
+/// gives anything else back untouched for `handle_input`, which reads it as before.
+#[test]
+fn read_whole_takes_the_common_frame_and_gives_back_the_rest() {
+    let now = Instant::default();
+    let mut end = Endpoint::new(Role::Server, Config::default());
+    let mut buf = remask(&[0x82, 0x03, 1, 2, 3, 0x81, 0x02, b'h', b'i'], TEST_MASK);
+    let whole = end.conn.read_whole(now, &mut buf).unwrap().unwrap();
+    assert_eq!(
+        (whole.consumed, whole.kind, &whole.data[..]),
+        (9, MessageKind::Binary, &[1, 2, 3][..])
+    );
+    let whole = end.conn.read_whole(now, &mut buf[9..]).unwrap().unwrap();
+    assert_eq!((whole.consumed, whole.kind, &whole.data[..]), (8, MessageKind::Text, &b"hi"[..]));
+
+    // Not whole, not data, not one frame: given back untouched.
+    let others = [
+        remask(&[0x82, 0x03, 1, 2], TEST_MASK), // cut by the read
+        remask(&[0x89, 0x00], TEST_MASK),       // a ping
+        remask(&[0x02, 0x01, 7], TEST_MASK),    // a first fragment
+        remask(&[0xc2, 0x01, 7], TEST_MASK),    // RSV1 (compressed)
+        vec![0x82, 0x83, 0x12],                 // a header cut in its key
+    ];
+    for mut buf in others {
+        let mut end = Endpoint::new(Role::Server, Config::default());
+        let untouched = buf.clone();
+        let rest = end.conn.read_whole(now, &mut buf).unwrap().unwrap_err();
+        assert_eq!(rest, &untouched[..], "{untouched:02x?}");
+    }
+
+    // A fragment in progress: the next frame, however whole, is the general path's.
+    let mut end = Endpoint::new(Role::Server, Config::default());
+    let mut buf = remask(&[0x02, 0x01, 7, 0x80, 0x01, 8], TEST_MASK);
+    let consumed = end.conn.handle_input(now, &mut buf).unwrap().consumed;
+    assert!(end.conn.read_whole(now, &mut buf[consumed..]).unwrap().is_err());
+
+    // Invalid UTF-8 in a whole text frame fails the connection (1007), as `handle_input` does.
+    let mut end = Endpoint::new(Role::Server, Config::default());
+    let mut buf = remask(&[0x81, 0x02, 0xc3, 0x28], TEST_MASK);
+    assert!(end.conn.read_whole(now, &mut buf).is_err());
+    assert_eq!(end.conn.state(), State::Closed);
+    let close = end.transmit();
+    assert_eq!(unmask_single_frame(&close)[..2], CloseCode::INVALID_PAYLOAD.0.to_be_bytes());
+}
+
 /// Feeds raw bytes to a fresh endpoint and returns its records and its answer on the wire.
 fn receive(role: Role, config: Config, bytes: &[u8]) -> (Vec<Record>, Vec<u8>) {
     let mut end = Endpoint::new(role, config);

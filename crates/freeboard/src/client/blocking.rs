@@ -10,6 +10,7 @@ use freeboard_buf::{
     Budget, ChunkChain, Counters, Limit, MAX_CONTROL_FRAME, Pool, PoolConfig, PushOutcome, Pushed,
     SendQueue,
 };
+use freeboard_proto::frame::MAX_HEADER_LEN;
 use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{CloseCode, Connection, Instant, MessageKind, Role, State};
 use mio::net::TcpStream;
@@ -362,9 +363,10 @@ impl Client {
         payload: Payload<'_>,
     ) -> Result<SendOutcome, ClientError> {
         let mask = self.masks.next();
-        let (header, header_len) = self
+        let mut header = [0; MAX_HEADER_LEN];
+        let header_len = self
             .conn
-            .message_header(kind, rsv, payload.bytes().len() as u64, Some(mask))
+            .message_header(kind, rsv, payload.bytes().len() as u64, Some(mask), &mut header)
             .map_err(ClientError::Usage)?;
         let mut out = self.out.lock();
         let oversized = header_len + payload.bytes().len() > out.queue.watermarks().cap();

@@ -76,11 +76,10 @@ impl<T: Transport> EventLoop<T> {
             let (used, received) = conn.session.receive(&mut conn.cx, &mut buf[at..]);
             at += used;
             match received {
+                // (A session hands out messages only while open.)
                 Some(Received::Whole(kind, data)) => {
                     conn.stats.received(data.len());
-                    if matches!(conn.session.phase, Phase::Open(_)) {
-                        handler.on_message(&mut conn, Message { kind, data });
-                    }
+                    handler.on_message(&mut conn, Message { kind, data });
                 }
                 Some(Received::Assembled(kind)) => return (at, Some(kind)),
                 None => {}

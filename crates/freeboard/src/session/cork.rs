@@ -69,19 +69,22 @@ impl Cork {
         next_reply_overflows(unread, room)
     }
 
-    /// Whether a message of `bytes` fits after what is held.
-    #[inline]
-    pub(crate) fn has_room(&self, bytes: usize) -> bool {
-        self.messages < CORK_MESSAGES && bytes <= self.bytes.len() - self.len
+    /// The header array of the next message, after what is held, when it and `payload` more
+    /// bytes fit: frame into it, then [`commit`](Self::commit).
+    #[inline(always)]
+    pub(crate) fn slot(&mut self, payload: usize) -> Option<&mut [u8; MAX_HEADER_LEN]> {
+        if self.messages >= CORK_MESSAGES || MAX_HEADER_LEN + payload > self.bytes.len() - self.len
+        {
+            return None;
+        }
+        self.bytes[self.len..].first_chunk_mut()
     }
 
-    /// Appends one message: the first `n` bytes of `header`, then `payload`. The caller
-    /// checked [`has_room`](Self::has_room) for the whole header array and the payload.
+    /// Appends the message framed in the [`slot`](Self::slot): its first `n` bytes, then
+    /// `payload` (which overwrites what is past the header in the array).
     #[inline(always)]
-    pub(crate) fn push(&mut self, header: &[u8; MAX_HEADER_LEN], n: usize, payload: &[u8]) {
+    pub(crate) fn commit(&mut self, n: usize, payload: &[u8]) {
         let at = self.len;
-        // The whole array, a fixed-size copy; the payload overwrites what is past the header.
-        self.bytes[at..at + MAX_HEADER_LEN].copy_from_slice(header);
         let mid = at + n;
         let end = mid + payload.len();
         self.bytes[mid..end].copy_from_slice(payload);

@@ -29,7 +29,9 @@ use freeboard_buf::{
 use freeboard_proto::close::MAX_REASON_LEN;
 use freeboard_proto::frame::MAX_HEADER_LEN;
 use freeboard_proto::mask::apply_mask;
-use freeboard_proto::{CloseCode, Connection, Event, Instant, MessageKind, State, UsageError};
+use freeboard_proto::{
+    CloseCode, Connection, Event, Instant, MessageKind, ProtocolError, State, UsageError, Whole,
+};
 
 use crate::parking::{ParkingLot, Ws};
 
@@ -308,6 +310,25 @@ impl Session {
     ) -> (usize, Option<Received<'b>>) {
         let Phase::Open(open) = &mut self.phase else { return (buf.len(), None) };
         let ws = cx.lot.wake(&mut open.ws);
+        // The common message, whole in one frame (never a compressed one: RSV1 is not set).
+        let len = buf.len();
+        match ws.read_whole(cx.now, buf) {
+            Ok(Ok(Whole { consumed, kind, data })) => (consumed, Some(Received::Whole(kind, data))),
+            Ok(Err(buf)) => self.receive_other(cx, buf),
+            Err(e) => self.protocol_error(cx, len, e),
+        }
+    }
+
+    /// [`receive`](Self::receive) for anything but the common message: a frame cut by the
+    /// read, a fragment, a compressed message, a control frame, an error.
+    #[inline(never)]
+    fn receive_other<'b>(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &'b mut [u8],
+    ) -> (usize, Option<Received<'b>>) {
+        let Phase::Open(open) = &mut self.phase else { return (buf.len(), None) };
+        let ws = cx.lot.wake(&mut open.ws);
         if self.deflate.is_some() {
             // RFC 7692 §6: RSV1 marks a compressed message's first frame.
             ws.set_allowed_rsv(0b100);
@@ -315,47 +336,41 @@ impl Session {
         let len = buf.len();
         let input = match ws.handle_input(cx.now, buf) {
             Ok(input) => input,
-            Err(e) => {
-                // The core failed the connection and owes its close frame; later input is void.
-                tracing::debug!(error = %e, "protocol error");
-                self.queue_control(cx);
-                return (len, None);
-            }
+            Err(e) => return self.protocol_error(cx, len, e),
         };
-        let consumed = input.consumed;
-        let received = match input.payload {
-            Some(piece) => {
-                let received = match self.deflate.as_deref_mut() {
-                    Some(deflate) if piece.compressed => {
-                        let codec = cx.codec.as_deref_mut();
-                        let (pool, limits, now) = (&mut *cx.pool, cx.limits, cx.now);
-                        deflate::receive(
-                            &mut self.inbound,
-                            deflate,
-                            codec,
-                            pool,
-                            limits,
-                            now,
-                            ws,
-                            piece,
-                        )
-                    }
-                    _ => self.inbound.piece(cx.pool, cx.limits, cx.now, ws, piece),
-                };
-                // A data piece makes the core owe nothing, unless the message did not fit
-                // (or did not inflate) and the session closed.
-                if ws.state() != State::Open {
-                    self.queue_control(cx);
-                }
-                received
-            }
-            None => {
-                // A control frame (or the end of one) may have to be answered.
-                self.queue_control(cx);
-                None
-            }
+        let Some(piece) = input.payload else {
+            // A control frame (or the end of one) may have to be answered.
+            self.queue_control(cx);
+            return (input.consumed, None);
         };
-        (consumed, received)
+        let received = match self.deflate.as_deref_mut() {
+            Some(deflate) if piece.compressed => {
+                let codec = cx.codec.as_deref_mut();
+                let (pool, limits, now) = (&mut *cx.pool, cx.limits, cx.now);
+                deflate::receive(&mut self.inbound, deflate, codec, pool, limits, now, ws, piece)
+            }
+            _ => self.inbound.piece(cx.pool, cx.limits, cx.now, ws, piece),
+        };
+        // A data piece makes the core owe nothing, unless the message did not fit (or did not
+        // inflate) and the session closed.
+        if ws.state() != State::Open {
+            self.queue_control(cx);
+        }
+        (input.consumed, received)
+    }
+
+    /// The core failed the connection on `len` bytes of input and owes its close frame;
+    /// later input is void.
+    #[cold]
+    fn protocol_error<'b>(
+        &mut self,
+        cx: &mut Context<'_>,
+        len: usize,
+        error: ProtocolError,
+    ) -> (usize, Option<Received<'b>>) {
+        tracing::debug!(%error, "protocol error");
+        self.queue_control(cx);
+        (len, None)
     }
 
     /// The message [`receive`](Self::receive) reported as [`Received::Assembled`], as a chain
@@ -417,7 +432,8 @@ impl Session {
     /// Queues one data message, framed (and masked, for a client) on its way into the cork
     /// (while the queue is empty) or the pool chunks. `None` if the connection is not open;
     /// `MustClose` has closed it with 1008.
-    #[inline]
+    // Always inline: a handler's send is this and a count (one call less per reply).
+    #[inline(always)]
     pub(crate) fn send(
         &mut self,
         cx: &mut Context<'_>,
@@ -425,25 +441,11 @@ impl Session {
         data: &[u8],
     ) -> Option<PushOutcome> {
         if self.deflate.is_some() {
-            self.send_compressed(cx, kind, data)
-        } else {
-            self.send_plain(cx, kind, data)
+            return self.send_compressed(cx, kind, data);
         }
-    }
-
-    /// [`send`](Self::send) without compression: every handler's path, inlined there.
-    #[inline(always)]
-    fn send_plain(
-        &mut self,
-        cx: &mut Context<'_>,
-        kind: MessageKind,
-        data: &[u8],
-    ) -> Option<PushOutcome> {
-        let Phase::Open(open) = &mut self.phase else { return None };
-        let ws = cx.lot.wake(&mut open.ws);
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
-        let (header, n) = ws.message_header(kind, 0, data.len() as u64, mask).ok()?;
-        Some(self.queue_framed(cx, &header, n, data, mask))
+        let len = data.len() as u64;
+        self.queue_framed(cx, data, mask, |ws, out| ws.message_header(kind, 0, len, mask, out))
     }
 
     /// [`send`](Self::send) for a connection that compresses, out of line (plain when the
@@ -455,59 +457,62 @@ impl Session {
         kind: MessageKind,
         data: &[u8],
     ) -> Option<PushOutcome> {
-        let (Some(deflate), Some(codec)) = (self.deflate.as_deref_mut(), cx.codec.as_deref_mut())
-        else {
-            return self.send_plain(cx, kind, data);
-        };
-        let Phase::Open(open) = &mut self.phase else { return None };
-        let ws = cx.lot.wake(&mut open.ws);
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
-        let compressed = deflate.compress(cx.pool, codec, data);
-        let (data, rsv) = match &compressed {
-            Some(compressed) => {
-                // RFC 7692 §6: RSV1 marks a compressed message's first frame.
-                ws.set_allowed_rsv(0b100);
-                (&compressed[..], 0b100)
-            }
-            None => (data, 0),
+        let compressed = match (self.deflate.as_deref_mut(), cx.codec.as_deref_mut()) {
+            (Some(deflate), Some(codec)) => deflate.compress(cx.pool, codec, data),
+            _ => None,
         };
-        let header = ws.message_header(kind, rsv, data.len() as u64, mask);
-        let outcome = header.ok().map(|(header, n)| self.queue_framed(cx, &header, n, data, mask));
+        // RFC 7692 §6: RSV1 marks a compressed message's first frame.
+        let (data, rsv) = compressed.as_deref().map_or((data, 0), |c| (c, 0b100));
+        let len = data.len() as u64;
+        let outcome = self.queue_framed(cx, data, mask, |ws, out| {
+            ws.set_allowed_rsv(0b100);
+            ws.message_header(kind, rsv, len, mask, out)
+        });
         if let (Some(scratch), Some(codec)) = (compressed, cx.codec.as_deref_mut()) {
             codec.put_scratch(scratch);
         }
         outcome
     }
 
-    /// Queues a framed data message, `header[..n]` then `data` masked with `mask` (a
-    /// client's): into the driver's cork while the queue is empty, else into pool chunks.
-    // Always inline: measured with the core's `Connection::handle_input`, see there.
+    /// Queues a data message, the header `frame` writes then `data` masked with `mask` (a
+    /// client's): framed straight into the driver's cork while the queue is empty, else into
+    /// pool chunks. `None` if the connection is not open or `frame` refuses the message.
+    // Always inline, as the core's `Connection::read_whole`: then the common reply's header
+    // and outcome need not pass through memory.
     #[inline(always)]
     fn queue_framed(
         &mut self,
         cx: &mut Context<'_>,
-        header: &[u8; MAX_HEADER_LEN],
-        n: usize,
         data: &[u8],
         mask: Option<[u8; 4]>,
-    ) -> PushOutcome {
-        let bytes = n + data.len();
-        if let Some(cork) = cx.cork.as_deref_mut() {
+        frame: impl FnOnce(&mut Connection, &mut [u8; MAX_HEADER_LEN]) -> Result<usize, UsageError>,
+    ) -> Option<PushOutcome> {
+        let Phase::Open(open) = &mut self.phase else { return None };
+        let ws = cx.lot.wake(&mut open.ws);
+        let mut header = [0; MAX_HEADER_LEN];
+        // A server's frames are not masked: only a server lends a cork.
+        if let Some(cork) = cx.cork.as_deref_mut()
+            && mask.is_none()
+            && self.queue.is_empty()
+            && let held = cork.len()
+            && let Some(slot) = cork.slot(data.len())
+        {
             // The common case: the queue is empty and the pool is not contended, so the reply
             // joins the cork, which stays at or under the high watermark (corked bytes count
             // as buffered: a producer hears `QueuedAboveHigh` exactly as without a cork);
             // nothing is decided per message but room.
-            let corked = cork.len() + bytes;
-            if self.queue.is_empty()
-                && corked <= self.queue.watermarks().high()
-                && cork.has_room(MAX_HEADER_LEN + data.len())
-                && cx.share.uncontended(cx.pool, corked)
-            {
-                cork.push(header, n, data);
-                return PushOutcome::Queued;
+            let n = frame(ws, slot).ok()?;
+            let corked = held + n + data.len();
+            if corked <= self.queue.watermarks().high() && cx.share.uncontended(cx.pool, corked) {
+                cork.commit(n, data);
+                return Some(PushOutcome::Queued);
             }
+            header = *slot;
+            return Some(self.queue_chunks(cx, &header, n, data, mask));
         }
-        self.queue_chunks(cx, header, n, data, mask)
+        let n = frame(ws, &mut header).ok()?;
+        Some(self.queue_chunks(cx, &header, n, data, mask))
     }
 
     /// [`queue_framed`](Self::queue_framed) into pool chunks, after what the cork holds.

@@ -540,9 +540,10 @@ fn a_cork_is_written_early_only_when_the_next_frames_reply_might_not_fit() {
     let payload = [7u8; 1000];
     let high = 64 << 10;
     assert!(!cork.must_write(high, &frame(5000)), "an empty cork: nothing to write");
-    cork.push(&header, 4, &payload);
-    cork.push(&header, 4, &payload);
-    cork.push(&header, 4, &payload);
+    for _ in 0..3 {
+        *cork.slot(payload.len()).expect("room") = header;
+        cork.commit(4, &payload);
+    }
     // 3,012 of 4,096 held: 1,084 left.
     assert!(!cork.must_write(high, &frame(1000)), "1,000 bytes and a header fit");
     assert!(cork.must_write(high, &frame(1100)), "1,100 bytes and a header would not");
@@ -552,7 +553,8 @@ fn a_cork_is_written_early_only_when_the_next_frames_reply_might_not_fit() {
     assert!(cork.must_write(3_100, &frame(80)), "3,012 of 3,100: 88 left");
     cork.clear();
     for _ in 0..super::cork::CORK_MESSAGES {
-        cork.push(&header, 2, &[]);
+        *cork.slot(0).expect("room") = header;
+        cork.commit(2, &[]);
     }
     assert!(cork.must_write(high, &[]), "no room for another message's start");
 }
