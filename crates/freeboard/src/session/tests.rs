@@ -520,6 +520,45 @@ fn corked_replies_spill_whole_messages_behind_a_partial_write() {
     assert_eq!(server.write(usize::MAX), b"\x82\x05reply\x8a\x01p");
 }
 
+/// A reply the cork does not take goes to the queue framed the same, after what the cork
+/// held: one past the high watermark (its header already written into the cork's slot), and
+/// one larger than the cork's room while the queue is empty.
+#[test]
+fn replies_the_cork_does_not_take_are_queued_framed_the_same() {
+    let watermarks = Watermarks::new(8, 16, 1 << 20).unwrap();
+    let mut pair = Pair::with(SendQueue::new(watermarks, SlowConsumerPolicy::Block), 1 << 20);
+    let server = &mut pair.server;
+    let mut cork = Cork::new(4096);
+    let big = vec![7u8; 8192];
+    // The first reply is corked (12 bytes, under the high watermark of 16); the second would
+    // make 24, so the cork is spilled and both go to the queue. Then, with the queue written
+    // out, a reply larger than the cork goes straight to the queue.
+    for (replies, queued) in [(&[&b"0123456789"[..], b"abcdefghij"][..], 2), (&[&big[..]][..], 1)] {
+        let mut expected = Vec::new();
+        for &message in replies {
+            let mut cx = Context {
+                pool: &mut server.pool,
+                lot: &mut server.lot,
+                masks: None,
+                limits: &server.limits,
+                share: &server.share,
+                codec: None,
+                cork: Some(&mut cork),
+                now: pair.now,
+            };
+            assert!(server.session.send(&mut cx, MessageKind::Binary, message).is_some());
+            let header = match message.len() {
+                len @ 0..126 => vec![0x82, len as u8],
+                len => vec![0x82, 126, (len >> 8) as u8, len as u8],
+            };
+            expected.extend(header.into_iter().chain(message.iter().copied()));
+        }
+        assert!(cork.is_empty(), "nothing left in the cork");
+        assert_eq!(server.session.queue().messages(), queued);
+        assert_eq!(server.write(usize::MAX), expected);
+    }
+}
+
 /// The cork is written early only when the reply to the next frame, whole in the read,
 /// might not fit: a frame the read cuts is answered after a later read, and the replies to
 /// a read that fits leave in one write.
