@@ -68,9 +68,9 @@ fn a_peer_that_stops_reading_is_held_at_the_watermark_and_loses_nothing() {
         outcome.written
     );
     assert!(outcome.written < 20_000, "the server never held the writer back");
-    // The send queue's high watermark (64 KiB), plus what one read (64 KiB) and one message
-    // add before reading pauses.
-    assert!(buffered <= f64::from((64 + 64 + 16) << 10), "{buffered} bytes buffered");
+    // The send queue's high watermark (128 KiB, `serve`'s default), plus what one read (the
+    // 128 KiB read buffer) and one message add before reading pauses.
+    assert!(buffered <= f64::from((128 + 128 + 16) << 10), "{buffered} bytes buffered");
     // Regression: the `bytes_buffered` gauge was registered but never set.
     assert!(buffered > 0.0, "no bytes buffered while the server held the writer back");
     let expected = numbered(outcome.written, size);
