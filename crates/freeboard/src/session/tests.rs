@@ -63,6 +63,17 @@ impl End {
         (&mut self.session, cx)
     }
 
+    /// [`cx`](Self::cx) with `cork` lent, as the server's loop lends its own while it reads.
+    fn cx_corked<'a>(
+        &'a mut self,
+        now: Instant,
+        cork: &'a mut Cork,
+    ) -> (&'a mut Session, Context<'a>) {
+        let (session, mut cx) = self.cx(now);
+        cx.cork = Some(cork);
+        (session, cx)
+    }
+
     fn send(&mut self, now: Instant, kind: MessageKind, data: &[u8]) -> Option<PushOutcome> {
         let (session, mut cx) = self.cx(now);
         session.send(&mut cx, kind, data)
@@ -468,17 +479,8 @@ fn corked_replies_spill_whole_messages_behind_a_partial_write() {
     let mut cork = Cork::new(64 << 10);
     let mut expected = Vec::new();
     for message in [&b"first"[..], b"second", b"third"] {
-        let mut cx = Context {
-            pool: &mut server.pool,
-            lot: &mut server.lot,
-            masks: None,
-            limits: &server.limits,
-            share: &server.share,
-            codec: None,
-            cork: Some(&mut cork),
-            now: pair.now,
-        };
-        let outcome = server.session.send(&mut cx, MessageKind::Binary, message);
+        let (session, mut cx) = server.cx_corked(pair.now, &mut cork);
+        let outcome = session.send(&mut cx, MessageKind::Binary, message);
         assert_eq!(outcome, Some(PushOutcome::Queued));
         expected.extend_from_slice(&[0x82, message.len() as u8]);
         expected.extend_from_slice(message);
@@ -503,19 +505,10 @@ fn corked_replies_spill_whole_messages_behind_a_partial_write() {
     assert_eq!(wire, &expected[..expected.len() - 7]);
 
     // A ping arrives while a reply is corked: the pong follows the reply.
-    let mut cx = Context {
-        pool: &mut server.pool,
-        lot: &mut server.lot,
-        masks: None,
-        limits: &server.limits,
-        share: &server.share,
-        codec: None,
-        cork: Some(&mut cork),
-        now: pair.now,
-    };
-    let _ = server.session.send(&mut cx, MessageKind::Binary, b"reply");
+    let (session, mut cx) = server.cx_corked(pair.now, &mut cork);
+    let _ = session.send(&mut cx, MessageKind::Binary, b"reply");
     let mut ping = freeboard_test::frame(0x89, b"p", freeboard_test::TEST_MASK);
-    let _ = server.session.receive(&mut cx, &mut ping);
+    let _ = session.receive(&mut cx, &mut ping);
     assert!(cork.is_empty(), "spilled before the pong");
     assert_eq!(server.write(usize::MAX), b"\x82\x05reply\x8a\x01p");
 }
@@ -536,17 +529,8 @@ fn replies_the_cork_does_not_take_are_queued_framed_the_same() {
     for (replies, queued) in [(&[&b"0123456789"[..], b"abcdefghij"][..], 2), (&[&big[..]][..], 1)] {
         let mut expected = Vec::new();
         for &message in replies {
-            let mut cx = Context {
-                pool: &mut server.pool,
-                lot: &mut server.lot,
-                masks: None,
-                limits: &server.limits,
-                share: &server.share,
-                codec: None,
-                cork: Some(&mut cork),
-                now: pair.now,
-            };
-            assert!(server.session.send(&mut cx, MessageKind::Binary, message).is_some());
+            let (session, mut cx) = server.cx_corked(pair.now, &mut cork);
+            assert!(session.send(&mut cx, MessageKind::Binary, message).is_some());
             let header = match message.len() {
                 len @ 0..126 => vec![0x82, len as u8],
                 len => vec![0x82, 126, (len >> 8) as u8, len as u8],
