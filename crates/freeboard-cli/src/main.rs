@@ -259,6 +259,17 @@ struct ServeArgs {
     /// Do not serve the live dashboard at /dashboard (and its stream at /dashboard/stream).
     #[arg(long)]
     no_dashboard: bool,
+    /// Bearer token the admin routes (/metrics, /dashboard and its stream) ask of every
+    /// client: `Authorization: Bearer TOKEN`, or `/dashboard?token=TOKEN` in a browser (401
+    /// without, 403 if wrong); TOML `[admin] token`. Default: none, and the admin routes
+    /// answer loopback clients only (others get 403).
+    #[arg(long, value_name = "TOKEN", env = "FREEBOARD_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Serve the admin routes (and /healthz) on this address only, plain HTTP, to any client
+    /// that reaches it (firewall it, or set --admin-token too); on the public listener they
+    /// answer 404. TOML `[admin] listen`. Default: none.
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<SocketAddr>,
 }
 
 fn main() -> ExitCode {
@@ -341,8 +352,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         None => println!("freeboard listening on ws://{addr}/"),
     }
     tracing::info!(%addr, tls = ?server.tls_addr(), "listening");
+    if let Some(admin) = server.admin_addr() {
+        tracing::info!(url = %format_args!("http://{admin}/metrics"), "admin listener");
+    }
     if dashboard {
-        tracing::info!(url = %format_args!("http://{addr}/dashboard"), "dashboard");
+        let at = server.admin_addr().unwrap_or(addr);
+        tracing::info!(url = %format_args!("http://{at}/dashboard"), "dashboard");
     }
     let handle = server.handle();
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| e.to_string())?;
@@ -468,6 +483,8 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         ("topics.history_seconds", args.history_seconds.map(int)),
         ("topics.history_memory", args.history_memory.map(int)),
         ("topics.history_prefix", args.history_prefix.clone().map(Value::String)),
+        ("admin.token", args.admin_token.clone().map(Value::String)),
+        ("admin.listen", args.admin_listen.map(|v| Value::String(v.to_string()))),
     ];
     for (key, value) in flags {
         let Some(value) = value else { continue };

@@ -4,6 +4,8 @@
 //! statuses, close codes, EOFs) so a test can compare it with the defined outcome, while
 //! [`Watch`] keeps an [`Innocent`] client echoing and samples the server's RSS:
 //!
+//! - [`admin`]: dashboard streams asked in a tight loop, `/metrics` scraped without pause,
+//!   and `/healthz` timed beside them.
 //! - [`access`]: forged bearer tokens; upgrades piling up behind a connect webhook that
 //!   never answers.
 //! - [`slowloris`]: many connections that trickle their request head.
@@ -22,6 +24,7 @@
 //! it on drop, [`Scrape`] reads `/metrics`, [`WsClient`] is a blocking raw-frame client.
 
 pub mod access;
+pub mod admin;
 pub mod churn;
 pub mod faults;
 pub mod floods;
@@ -36,5 +39,5 @@ mod ws;
 
 pub use innocent::{EchoReport, Figures, Innocent, Watch};
 pub use metrics::Scrape;
-pub use serve::{Serve, raise_fd_limit, rss_kib};
+pub use serve::{Serve, cpu_seconds, raise_fd_limit, rss_kib};
 pub use ws::{Frame, WsClient, upgrade_request};

@@ -102,6 +102,28 @@ impl Serve {
         }
     }
 
+    /// CPU time the process has used so far (user and system), in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(self.pid())
+    }
+
+    /// Sends SIGTERM and waits up to `limit` for the process to exit; how long it took, or
+    /// `None` if it was still running at `limit` (then it is killed).
+    pub fn terminate(&mut self, limit: Duration) -> Option<Duration> {
+        let start = std::time::Instant::now();
+        // SAFETY: kill with a pid of our own child and a valid signal number.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        while start.elapsed() < limit {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Some(start.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -124,6 +146,19 @@ pub fn rss_kib(pid: u32) -> u64 {
             line.trim().trim_end_matches("kB").trim().parse().ok()
         })
         .unwrap_or(0)
+}
+
+/// CPU time (user + system) process `pid` has used, in seconds; 0 if it cannot be read.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // The fields after the command name (which may hold spaces) in parentheses: utime and
+    // stime are the 12th and 13th of them, in clock ticks.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (ticks(11) + ticks(12)) as f64 / hz
 }
 
 /// Raises this process's open-file soft limit to its hard limit; returns the new limit.

@@ -135,6 +135,37 @@ pub struct ServerConfig {
     /// TLS (`wss://`): the certificate, the key and where to listen (the `[tls]` table in
     /// TOML). Default: none, plain `ws://` only.
     pub tls: Option<TlsConfig>,
+    /// Who may reach the admin routes (`/metrics`, the dashboard and its stream, any route
+    /// marked [`RouteOptions::admin`](crate::RouteOptions::admin)): the `[admin]` table in
+    /// TOML.
+    pub admin: AdminConfig,
+}
+
+/// Who may reach the admin routes. With neither setting they answer loopback clients only
+/// (the client a trusted proxy names, not the proxy), and any other gets 403: what a
+/// server reachable from the internet needs by default, while `curl localhost/metrics` and a
+/// Prometheus beside the server keep working.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct AdminConfig {
+    /// A bearer token the admin routes ask of every client, loopback or not
+    /// (`Authorization: Bearer <token>`, or `?token=<token>` for the dashboard page in a
+    /// browser; 401 without, 403 if wrong). Default: none.
+    pub token: Option<String>,
+    /// A listener of their own: the admin routes (and `/healthz`) are served there only, to
+    /// any client that reaches it (unless `token` is set too), and answer 404 on the public
+    /// listener. Default: none.
+    pub listen: Option<SocketAddr>,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("listen", &self.listen)
+            .finish()
+    }
 }
 
 /// TLS settings: `wss://` on rustls (TLS 1.3 and 1.2, ALPN `http/1.1`, session tickets).
@@ -420,6 +451,7 @@ impl Default for ServerConfig {
             compression_threshold: 64,
             topics: TopicsConfig::default(),
             tls: None,
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -614,6 +646,8 @@ impl ServerConfig {
             true "slow_consumer" slow_consumer;
             true "connection_reserve" connection_reserve;
             true "topics.publish_token" topics.publish_token;
+            true "admin.token" admin.token;
+            false "admin.listen" admin.listen;
             false "listen" listen;
             false "share_port" share_port;
             false "threads" threads;
@@ -655,7 +689,7 @@ impl ServerConfig {
         for change in reload.applied.iter_mut().chain(&mut reload.needs_restart) {
             // Secrets, and a Redis URL with a password, are not written to the log.
             let secret = match change.setting {
-                "topics.publish_token" | "topics.jwt_secret" => true,
+                "topics.publish_token" | "topics.jwt_secret" | "admin.token" => true,
                 "topics.redis" => change.from.contains('@') || change.to.contains('@'),
                 _ => false,
             };

@@ -511,7 +511,8 @@ pub enum HttpRoute {
     /// `GET` answers `200 ok`: a liveness probe.
     Health,
     /// `GET` answers the server's metrics as OpenMetrics text
-    /// ([`metrics::CONTENT_TYPE`](crate::metrics::CONTENT_TYPE)).
+    /// ([`metrics::CONTENT_TYPE`](crate::metrics::CONTENT_TYPE)), rebuilt at most every
+    /// [`ADMIN_REFRESH`](crate::metrics::ADMIN_REFRESH). An admin route.
     Metrics,
     /// A prefix: `POST {path}{topic}` publishes its body to `topic` (text when the
     /// `Content-Type` is `text/*`, else binary), behind the bearer token of
@@ -519,8 +520,16 @@ pub enum HttpRoute {
     /// set, and answers what the publish reached.
     Publish,
     /// `GET` answers the live dashboard page (mount it with [`Router::dashboard`], which also
-    /// adds the WebSocket the page reads from).
+    /// adds the WebSocket the page reads from). An admin route.
     Dashboard,
+}
+
+impl HttpRoute {
+    /// Whether it is an admin route, served only to the clients
+    /// [`ServerConfig::admin`](crate::ServerConfig::admin) allows.
+    pub fn is_admin(self) -> bool {
+        matches!(self, Self::Metrics | Self::Dashboard)
+    }
 }
 
 struct Route {
@@ -556,10 +565,11 @@ impl Router {
 
     /// Serves the live dashboard: the page at `GET {path}` ([`HttpRoute::Dashboard`]) and
     /// the WebSocket it reads the server's figures from at `{path}/stream` (a snapshot of the
-    /// metrics for every message, conflated so a slow page never holds a backlog).
+    /// metrics for every message, at most ten a second, conflated so a slow page never holds
+    /// a backlog). Both are admin routes.
     pub fn dashboard(self, path: &str) -> Self {
         let stream = format!("{}/stream", path.trim_end_matches('/'));
-        let options = RouteOptions::new().slow_consumer(SlowConsumerPolicy::Conflate);
+        let options = RouteOptions::new().slow_consumer(SlowConsumerPolicy::Conflate).admin();
         self.http(path, HttpRoute::Dashboard).route_with(
             &stream,
             crate::dashboard::DashboardStream,
@@ -614,6 +624,10 @@ pub struct RouteOptions {
     pub compression: Option<crate::Compression>,
     /// Under `conflate`, conflate per key (see [`ConflateKey`]).
     pub conflate_key: Option<ConflateKey>,
+    /// An admin route: served only to the clients
+    /// [`ServerConfig::admin`](crate::ServerConfig::admin) allows (as `/metrics` and the
+    /// dashboard are).
+    pub admin: bool,
 }
 
 impl RouteOptions {
@@ -650,6 +664,12 @@ impl RouteOptions {
     /// Under `conflate`, keeps the latest unsent message per key rather than only the latest.
     pub fn conflate_key(mut self, key: ConflateKey) -> Self {
         self.conflate_key = Some(key);
+        self
+    }
+
+    /// Makes it an admin route (see [`admin`](Self::admin)).
+    pub fn admin(mut self) -> Self {
+        self.admin = true;
         self
     }
 }

@@ -3,8 +3,9 @@
 //! (`_bytes`, `_seconds`), `_total` only on counters, every labelled series present from the
 //! start at zero, plus the standard `process_*` series and `freeboard_build_info`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use freeboard_buf::{Limit, PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::CloseCode;
@@ -53,8 +54,11 @@ pub const BACKPLANE_LOST_REASONS: [&str; 4] =
 
 /// Why an access check refused an upgrade (`freeboard_access_refusals_total{reason}`); an
 /// application's own reason is added when first used.
-pub const ACCESS_REFUSAL_REASONS: [&str; 12] = [
+pub const ACCESS_REFUSAL_REASONS: [&str; 15] = [
     "origin",
+    "admin_token_missing",
+    "admin_token_invalid",
+    "admin_not_loopback",
     "token_missing",
     "token_invalid",
     "token_expired",
@@ -502,6 +506,27 @@ pub struct Metrics {
     /// upgrade naming too many topics is counted in `refusals` (400).
     pub(crate) topic_refusals: Family<Reason, Counter>,
     loops: AtomicU32,
+    /// The dashboard snapshot and the exposition, as last built for the admin surfaces.
+    admin: [Mutex<Built>; 2],
+}
+
+/// How old an admin answer may be before a request builds it again: whatever the number of
+/// dashboards and scrapers, and however fast they ask, the server builds each at most 100
+/// times a second, and every request in between is answered with a copy of the last one.
+pub const ADMIN_REFRESH: Duration = Duration::from_millis(10);
+
+/// An admin answer and when it was built.
+#[derive(Debug, Default)]
+struct Built {
+    at: Option<std::time::Instant>,
+    text: Arc<str>,
+}
+
+/// Which admin answer ([`Metrics::admin`]'s index).
+#[derive(Debug, Clone, Copy)]
+enum AdminAnswer {
+    Snapshot,
+    Exposition,
 }
 
 impl Metrics {
@@ -554,6 +579,7 @@ impl Metrics {
             backplane_up: Gauge::default(),
             topic_refusals: Family::default(),
             loops: AtomicU32::new(0),
+            admin: Default::default(),
         };
         for reason in CLOSE_REASONS {
             let _ = m.closes.get_or_create(&Reason { reason: reason.into() });
@@ -755,6 +781,31 @@ impl Metrics {
         out
     }
 
+    /// [`encode`](Self::encode)'s text, built at most once per [`ADMIN_REFRESH`] and shared
+    /// by the requests in between: what `/metrics` answers.
+    pub fn shared_exposition(&self) -> Arc<str> {
+        self.shared(AdminAnswer::Exposition)
+    }
+
+    /// [`snapshot_json`](Self::snapshot_json), built at most once per [`ADMIN_REFRESH`] and
+    /// shared by the requests in between: what the dashboard stream sends.
+    pub fn shared_snapshot(&self) -> Arc<str> {
+        self.shared(AdminAnswer::Snapshot)
+    }
+
+    fn shared(&self, answer: AdminAnswer) -> Arc<str> {
+        let mut built = self.admin[answer as usize].lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        if built.at.is_none_or(|at| now.duration_since(at) >= ADMIN_REFRESH) {
+            let text = match answer {
+                AdminAnswer::Snapshot => self.snapshot_json(),
+                AdminAnswer::Exposition => self.encode(),
+            };
+            *built = Built { at: Some(now), text: text.into() };
+        }
+        built.text.clone()
+    }
+
     /// Counts a close by reason.
     pub fn close(&self, reason: &str) {
         self.closes.get_or_create(&Reason { reason: reason.to_owned() }).inc();
@@ -851,18 +902,22 @@ impl Metrics {
         self.sum_over_loops(&self.send_queue_bytes)
     }
 
-    /// A snapshot of the figures the dashboard draws, as one JSON object: totals (counters
-    /// since start), and per loop the pool, budget and send queues.
+    /// A snapshot of the figures the dashboard draws, as one JSON object: when it was taken
+    /// (`at_ms`, milliseconds since the Unix epoch), totals (counters since start), and per
+    /// loop the pool, budget and send queues.
     pub fn snapshot_json(&self) -> String {
         use std::fmt::Write;
         let mut out = String::with_capacity(1024);
         let chunk = self.chunk_size.get();
         let _ = write!(
             out,
-            "{{\"connections\":{},\"accepted\":{},\"messages_in\":{},\"messages_out\":{},\
+            "{{\"at_ms\":{},\"connections\":{},\"accepted\":{},\"messages_in\":{},\"messages_out\":{},\
              \"bytes_in\":{},\"bytes_out\":{},\"subscriptions\":{},\"publishes\":{},\
              \"deliveries\":{},\"handshakes\":{},\"chunk_size\":{chunk},\
              \"resident_memory_bytes\":{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis()),
             self.connections.get(),
             self.accepted.get(),
             self.messages_in.get(),

@@ -8,14 +8,56 @@ use freeboard_proto::handshake::AcceptKey;
 use freeboard_proto::{Instant, Role};
 
 use super::event_loop::{EventLoop, PendingUpgrade, Upgrading};
-use super::http::{BEARER_CHALLENGE, BUDGET_EXHAUSTED, RETRY_SOON};
+use super::http::{BEARER_CHALLENGE, BUDGET_EXHAUSTED, RETRY_SOON, bearer_token, constant_time_eq};
 use crate::auth::TOKEN_EXPIRED;
 use crate::handler::{Accepted, Completion, Verdict};
 use crate::parking::Ws;
 use crate::session::Phase;
+use crate::topic_route::query_value;
 use crate::transport::Transport;
 
 impl<T: Transport> EventLoop<T> {
+    /// Whether `token`'s client may reach an admin route (see
+    /// [`AdminConfig`](crate::config::AdminConfig)). If not, it has been answered (404 off the
+    /// admin listener, 401 or 403) and the refusal counted.
+    pub(super) fn admit_admin(
+        &mut self,
+        token: usize,
+        now: Instant,
+        headers: &[httparse::Header<'_>],
+        target: &str,
+    ) -> bool {
+        let admin = &self.config.admin;
+        let entry = &self.conns[token];
+        let refusal = if admin.listen.is_some() && !entry.admin_listener {
+            Some((404, "", "", "no such route"))
+        } else if let Some(expected) = &admin.token {
+            match bearer_token(headers).or_else(|| query_value(target, "token")) {
+                None => Some((
+                    401,
+                    BEARER_CHALLENGE,
+                    "admin_token_missing",
+                    "an admin token is required",
+                )),
+                Some(given) if !constant_time_eq(given.as_bytes(), expected.as_bytes()) => {
+                    Some((403, "", "admin_token_invalid", "wrong admin token"))
+                }
+                Some(_) => None,
+            }
+        } else if admin.listen.is_none() && !entry.peer.ip().is_loopback() {
+            let why = "admin routes answer loopback clients only: set an admin token or listener";
+            Some((403, "", "admin_not_loopback", why))
+        } else {
+            None
+        };
+        let Some((status, extra, reason, why)) = refusal else { return true };
+        if !reason.is_empty() {
+            self.shared.metrics.access_refusal(reason);
+        }
+        self.refuse(token, now, status, extra, why);
+        false
+    }
+
     /// Acts on the upgrade decisions completed since the last turn.
     pub(super) fn run_decisions(&mut self, now: Instant) {
         self.decisions.drain_into(&mut self.completed);

@@ -17,7 +17,7 @@ use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use freeboard_buf::{Budget, PageBuffer, Pool, PoolConfig, SendQueue, Watermarks, Writability};
-use freeboard_proto::{CloseCode, Instant};
+use freeboard_proto::{CloseCode, Instant, State};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
@@ -36,12 +36,17 @@ use crate::transport::{Io, Transport};
 const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
 const TLS_LISTENER: Token = Token(usize::MAX - 3);
+const ADMIN_LISTENER: Token = Token(usize::MAX - 4);
 /// Connection slots (and timer and dirty-list entries) a loop starts with (address space only:
 /// an allocation this size is mapped, untouched). Tables grown past it are given back whole
 /// when the loop has no connection left, the timer heap halves when three quarters are unused.
 pub(super) const INITIAL_CONNS: usize = 1024;
 /// Reads of one connection per loop turn before the others get their turn.
 const READS_PER_TURN: usize = 16;
+/// Bytes read from one connection per loop turn before the others get their turn: what one
+/// turn spends on a client that sends without pause (many small messages, a large body)
+/// is bounded by what it sends, whatever its reads return.
+pub(super) const READ_BYTES_PER_TURN: usize = 256 << 10;
 /// How often the pool gives back the pages of chunks that stayed free for a whole interval
 /// (beyond its warm reserve; everything after a few quiet intervals).
 pub(super) const RELEASE_INTERVAL: Duration = Duration::from_secs(1);
@@ -71,6 +76,8 @@ pub(super) struct Entry<T> {
     /// The peer's FIN has been reported (`EPOLLRDHUP`): read to the end of the stream, since
     /// no further readiness event will come to say it is there.
     read_closed: bool,
+    /// Accepted on the admin listener: it is served the admin routes and `/healthz` only.
+    pub(super) admin_listener: bool,
     /// The deadline this entry has in the timer heap, if any.
     pub(super) armed: Option<Instant>,
     pub(super) dirty: bool,
@@ -85,9 +92,8 @@ pub(super) struct Entry<T> {
 pub(crate) struct EventLoop<T> {
     pub(super) index: u32,
     poll: Poll,
-    listener: Option<TcpListener>,
-    /// The TLS listener beside the plain one (`--listen-tls`).
-    tls_listener: Option<TcpListener>,
+    /// Its listeners; taken at shutdown.
+    listeners: Option<Listeners>,
     /// The TLS configuration of the connections accepted on `tls_listener`, or on `listener`
     /// when there is no `tls_listener`.
     tls_config: Option<Arc<rustls::ServerConfig>>,
@@ -235,19 +241,39 @@ macro_rules! loop_context {
 }
 pub(super) use loop_context;
 
+/// A loop's listeners: its `SO_REUSEPORT` share of each address the server listens on.
+pub(super) struct Listeners {
+    /// `ServerConfig::listen` (TLS when TLS has no listener of its own).
+    pub(super) plain: TcpListener,
+    /// The TLS listener beside the plain one (`--listen-tls`).
+    pub(super) tls: Option<TcpListener>,
+    /// The admin listener (`--admin-listen`): plain HTTP, admin routes and `/healthz` only.
+    pub(super) admin: Option<TcpListener>,
+}
+
+/// Which listener an accepted connection came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listening {
+    Plain,
+    Tls,
+    Admin,
+}
+
 impl<T: Transport> EventLoop<T> {
     pub(crate) fn new(
         index: u32,
         poll: Poll,
-        mut listener: TcpListener,
-        mut tls_listener: Option<TcpListener>,
+        mut listeners: Listeners,
         shared: Arc<Shared>,
         waker: Arc<mio::Waker>,
     ) -> io::Result<Self> {
         let config = shared.config();
-        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
-        if let Some(tls_listener) = &mut tls_listener {
-            poll.registry().register(tls_listener, TLS_LISTENER, Interest::READABLE)?;
+        poll.registry().register(&mut listeners.plain, LISTENER, Interest::READABLE)?;
+        if let Some(tls) = &mut listeners.tls {
+            poll.registry().register(tls, TLS_LISTENER, Interest::READABLE)?;
+        }
+        if let Some(admin) = &mut listeners.admin {
+            poll.registry().register(admin, ADMIN_LISTENER, Interest::READABLE)?;
         }
         let per_loop = config.memory / config.threads;
         let assembly_reserve =
@@ -291,8 +317,7 @@ impl<T: Transport> EventLoop<T> {
         Ok(Self {
             index,
             poll,
-            listener: Some(listener),
-            tls_listener,
+            listeners: Some(listeners),
             tls_config,
             tls,
             lot: ParkingLot::new(config.protocol()),
@@ -399,16 +424,18 @@ impl<T: Transport> EventLoop<T> {
             }
             if self.accept_more || self.accept_retry.is_some_and(|at| at <= now) {
                 self.accept_retry = None;
-                self.accept(now, false);
-                self.accept(now, true);
+                self.accept(now, Listening::Plain);
+                self.accept(now, Listening::Tls);
+                self.accept(now, Listening::Admin);
             }
             for token in std::mem::take(&mut self.resume) {
                 self.read(token, now);
             }
             for event in events.iter() {
                 match event.token() {
-                    LISTENER => self.accept(now, false),
-                    TLS_LISTENER => self.accept(now, true),
+                    LISTENER => self.accept(now, Listening::Plain),
+                    TLS_LISTENER => self.accept(now, Listening::Tls),
+                    ADMIN_LISTENER => self.accept(now, Listening::Admin),
                     WAKER => {}
                     Token(token) => {
                         if event.is_read_closed()
@@ -462,11 +489,12 @@ impl<T: Transport> EventLoop<T> {
     }
 
     fn begin_shutdown(&mut self, now: Instant) {
-        if let Some(mut listener) = self.listener.take() {
-            let _ = self.poll.registry().deregister(&mut listener);
-        }
-        if let Some(mut listener) = self.tls_listener.take() {
-            let _ = self.poll.registry().deregister(&mut listener);
+        if let Some(mut listeners) = self.listeners.take() {
+            let registry = self.poll.registry();
+            let _ = registry.deregister(&mut listeners.plain);
+            for listener in [&mut listeners.tls, &mut listeners.admin].into_iter().flatten() {
+                let _ = registry.deregister(listener);
+            }
         }
         self.drain_deadline = Some(now + self.config.drain_timeout);
         let tokens: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
@@ -487,24 +515,24 @@ impl<T: Transport> EventLoop<T> {
         }
     }
 
-    /// Accepts a batch from the plain listener, or from the TLS one (`tls`).
-    fn accept(&mut self, now: Instant, tls: bool) {
-        if !tls {
+    /// Accepts a batch from one of the listeners.
+    fn accept(&mut self, now: Instant, from: Listening) {
+        if from == Listening::Plain {
             self.accept_more = false;
         }
+        let Some(listeners) = &self.listeners else { return };
         // The one listener speaks TLS when there is no TLS listener beside it.
-        let (listener, tls_config) = match (tls, &self.tls_listener) {
-            (false, None) => (&self.listener, self.tls_config.clone()),
-            (false, Some(_)) => (&self.listener, None),
-            (true, Some(_)) => (&self.tls_listener, self.tls_config.clone()),
-            (true, None) => return,
+        let tls_config = match (from, &listeners.tls) {
+            (Listening::Plain, None) | (Listening::Tls, Some(_)) => self.tls_config.clone(),
+            _ => None,
         };
-        let listener_missing = listener.is_none();
-        if listener_missing {
-            return;
-        }
         for _ in 0..ACCEPT_BATCH {
-            let listener = if tls { &self.tls_listener } else { &self.listener };
+            let Some(listeners) = &self.listeners else { return };
+            let listener = match from {
+                Listening::Plain => Some(&listeners.plain),
+                Listening::Tls => listeners.tls.as_ref(),
+                Listening::Admin => listeners.admin.as_ref(),
+            };
             let Some(listener) = listener else { return };
             let accepted = listener.accept();
             if self.accept_failing
@@ -565,6 +593,7 @@ impl<T: Transport> EventLoop<T> {
                 limited,
                 attributed: !self.shared.forwards(&self.config, peer),
                 read_closed: false,
+                admin_listener: from == Listening::Admin,
                 armed: None,
                 dirty: false,
                 counted: 0,
@@ -608,20 +637,21 @@ impl<T: Transport> EventLoop<T> {
 
     /// Reads and discards what the peer sends after our final response or close frame. At
     /// EOF a lingering connection goes; a draining one goes once its output is out.
+    ///
+    /// At most [`READ_BYTES_PER_TURN`] per readiness event, never resumed: a peer that keeps
+    /// writing after the close fills its socket buffer and waits, at no cost to the loop,
+    /// until its EOF is read on a next arrival or the deadline removes it.
     pub(super) fn read_discard(&mut self, token: usize) {
         let entry = &mut self.conns[token];
         let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
-        let mut reads = 0;
+        let mut bytes = 0;
         let eof = loop {
-            if reads == READS_PER_TURN {
-                // A peer that keeps writing after the close waits its turn like any other.
-                self.resume.push(token);
+            if bytes >= READ_BYTES_PER_TURN {
                 break false;
             }
-            reads += 1;
             match entry.stream.read(&mut io, &mut self.read_buf) {
                 Ok(0) => break true,
-                Ok(_) => {}
+                Ok(n) => bytes += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break true,
@@ -638,14 +668,18 @@ impl<T: Transport> EventLoop<T> {
         let mut buf = std::mem::take(&mut self.read_buf);
         let plain = self.conns.get(token).is_some_and(|e| e.stream.tls_established().is_none());
         self.corking = plain.then_some(token);
-        let mut reads = 0;
+        let (mut reads, mut bytes) = (0, 0);
         while let Some(entry) = self.conns.get_mut(token) {
             if !entry.session.wants_input() {
                 break;
             }
-            if reads == READS_PER_TURN {
-                // Fairness: a busy peer waits for the next turn, after everyone else.
-                self.resume.push(token);
+            if reads == READS_PER_TURN || bytes >= READ_BYTES_PER_TURN {
+                // Fairness: a busy peer waits for the next turn, after everyone else. One
+                // that keeps sending after our close frame waits for its next arrival instead
+                // (as in `read_discard`): it cannot keep the loop reading for it.
+                if entry.session.state() != State::CloseSent {
+                    self.resume.push(token);
+                }
                 break;
             }
             reads += 1;
@@ -661,6 +695,7 @@ impl<T: Transport> EventLoop<T> {
                 }
                 Ok(n) => {
                     self.stats.bytes_in += n as u64;
+                    bytes += n;
                     self.reading = Some(token);
                     self.receive(token, now, &mut buf[..n]);
                     self.reading = None;

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use freeboard_proto::handshake::{self, EMPTY_HEADER, HandshakeError, Request};
 use freeboard_proto::{Instant, MessageKind};
 
-use super::event_loop::{EventLoop, LINGER, PendingUpgrade, Upgrading};
+use super::event_loop::{EventLoop, LINGER, PendingUpgrade, READ_BYTES_PER_TURN, Upgrading};
 use super::plain::{Chunked, PlainRequest, Reply, has_token, header, is_text};
 use crate::handler::{Decision, Verdict};
 use crate::session::{Body, Phase};
@@ -195,6 +195,14 @@ impl<T: Transport> EventLoop<T> {
             return self.refuse(token, now, 404, "", "no such route");
         };
         let options = *self.router.options(route);
+        if options.admin {
+            if !self.admit_admin(token, now, req.headers, path) {
+                return false;
+            }
+        } else if self.conns[token].admin_listener {
+            // The admin listener serves the admin routes only.
+            return self.refuse(token, now, 404, "", "no such route");
+        }
         let mut headers = [EMPTY_HEADER; 64];
         let (request, len) = match Request::parse(buf, &mut headers, MAX_HEAD) {
             Ok(Some(parsed)) => parsed,
@@ -368,11 +376,7 @@ impl<T: Transport> EventLoop<T> {
         let header = |name: &str| header(headers, name);
         let config = &self.config;
         if let Some(expected) = &config.topics.publish_token {
-            let given = header("authorization").and_then(|v| {
-                let v = std::str::from_utf8(v).ok()?.trim();
-                v.get(..7).filter(|s| s.eq_ignore_ascii_case("bearer ")).map(|_| v[7..].trim())
-            });
-            match given {
+            match bearer_token(headers) {
                 None => {
                     let challenge = "WWW-Authenticate: Bearer\r\n";
                     self.refuse(token, now, 401, challenge, "a bearer token is required");
@@ -514,7 +518,13 @@ impl<T: Transport> EventLoop<T> {
             return self.read_chunked(token, now);
         }
         let mut buf = std::mem::take(&mut self.read_buf);
+        let mut bytes = 0;
         loop {
+            if bytes >= READ_BYTES_PER_TURN {
+                // A large body is read a share per turn, like a WebSocket's messages.
+                self.resume.push(token);
+                break;
+            }
             let entry = &mut self.conns[token];
             let Phase::Body(post) = &mut entry.session.phase else { break };
             let want = post.remaining.min(buf.len());
@@ -527,6 +537,7 @@ impl<T: Transport> EventLoop<T> {
                 }
                 Ok(n) => {
                     self.stats.bytes_in += n as u64;
+                    bytes += n;
                     post.remaining -= n;
                     let done = post.remaining == 0;
                     let failed =
@@ -610,7 +621,15 @@ fn content_length(headers: &[httparse::Header<'_>]) -> Result<Option<u64>, ()> {
     Ok(length)
 }
 
+/// The token of an `Authorization: Bearer <token>` header (RFC 6750 §2.1; the scheme is
+/// case-insensitive), if there is one.
+pub(super) fn bearer_token<'h>(headers: &[httparse::Header<'h>]) -> Option<&'h str> {
+    let value = std::str::from_utf8(header(headers, "authorization")?).ok()?.trim();
+    let scheme = value.get(..7)?;
+    scheme.eq_ignore_ascii_case("bearer ").then(|| value[7..].trim())
+}
+
 /// Compares secrets in time that depends on their lengths only.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

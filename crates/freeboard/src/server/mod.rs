@@ -27,7 +27,7 @@ use crate::metrics::Metrics;
 use crate::tls::{self, TlsError, TlsIdentity};
 use crate::topics::{Hub, Published};
 use crate::transport::Stream;
-use event_loop::{EventLoop, WAKER};
+use event_loop::{EventLoop, Listeners, WAKER};
 use freeboard_proto::MessageKind;
 use shared::Shared;
 
@@ -49,14 +49,13 @@ pub struct Server {
     wakers: Vec<Arc<Waker>>,
     local_addr: SocketAddr,
     tls_addr: Option<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
 }
 
-/// What a loop is built from on its thread: its poll, its listener, and its TLS listener
-/// when TLS listens beside plain TCP.
+/// What a loop is built from on its thread: its poll and its listeners.
 struct Seed {
     poll: Poll,
-    listener: mio::net::TcpListener,
-    tls_listener: Option<mio::net::TcpListener>,
+    listeners: Listeners,
 }
 
 impl Server {
@@ -95,23 +94,27 @@ impl Server {
         metrics.set_loops(config.threads as u32);
         let mut addr = config.listen;
         let mut tls_addr = config.tls.as_ref().and_then(|tls| tls.listen);
+        let mut admin_addr = config.admin.listen;
         let mut loops = Vec::new();
         let mut wakers = Vec::new();
         for _ in 0..config.threads {
             let listener = reuseport_listener(addr)?;
             addr = listener.local_addr()?;
-            let tls_listener = match tls_addr {
-                Some(at) => {
-                    let listener = reuseport_listener(at)?;
-                    tls_addr = Some(listener.local_addr()?);
-                    Some(mio::net::TcpListener::from_std(listener))
-                }
-                None => None,
+            // Port 0 picks a free port once; the other loops join it.
+            let beside = |at: &mut Option<SocketAddr>| -> io::Result<_> {
+                let Some(addr) = at else { return Ok(None) };
+                let listener = reuseport_listener(*addr)?;
+                *at = Some(listener.local_addr()?);
+                Ok(Some(mio::net::TcpListener::from_std(listener)))
+            };
+            let listeners = Listeners {
+                plain: mio::net::TcpListener::from_std(listener),
+                tls: beside(&mut tls_addr)?,
+                admin: beside(&mut admin_addr)?,
             };
             let poll = Poll::new()?;
             wakers.push(Arc::new(Waker::new(poll.registry(), WAKER)?));
-            let listener = mio::net::TcpListener::from_std(listener);
-            loops.push(Seed { poll, listener, tls_listener });
+            loops.push(Seed { poll, listeners });
         }
         let tls_addr = match (&tls, tls_addr) {
             (Some(_), None) => Some(addr),
@@ -149,7 +152,7 @@ impl Server {
             let backplane = Backplane::start(redis, queue_bytes, metrics, history, deliver)?;
             shared.hub.attach_backplane(backplane);
         }
-        Ok(Self { shared, seeds: loops, wakers, local_addr: addr, tls_addr })
+        Ok(Self { shared, seeds: loops, wakers, local_addr: addr, tls_addr, admin_addr })
     }
 
     /// The address the server listens on (`config.listen`; TLS when `config.tls` has no
@@ -161,6 +164,11 @@ impl Server {
     /// The address that speaks TLS, if any: `config.tls.listen`, or the one listener.
     pub fn tls_addr(&self) -> Option<SocketAddr> {
         self.tls_addr
+    }
+
+    /// The admin listener's address (`config.admin.listen`), if any.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     /// The server's metrics.
@@ -191,16 +199,8 @@ impl Server {
                 std::thread::Builder::new()
                     .name(format!("freeboard-loop-{i}"))
                     .spawn(move || {
-                        let Seed { poll, listener, tls_listener } = seed;
-                        EventLoop::<Stream>::new(
-                            i as u32,
-                            poll,
-                            listener,
-                            tls_listener,
-                            shared,
-                            waker,
-                        )?
-                        .run()
+                        let Seed { poll, listeners } = seed;
+                        EventLoop::<Stream>::new(i as u32, poll, listeners, shared, waker)?.run()
                     })
                     .expect("the OS can start a thread")
             })
@@ -210,6 +210,7 @@ impl Server {
             threads,
             local_addr: self.local_addr,
             tls_addr: self.tls_addr,
+            admin_addr: self.admin_addr,
         }
     }
 }
@@ -229,6 +230,7 @@ pub struct RunningServer {
     threads: Vec<JoinHandle<io::Result<()>>>,
     local_addr: SocketAddr,
     tls_addr: Option<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
 }
 
 impl RunningServer {
@@ -240,6 +242,11 @@ impl RunningServer {
     /// The address that speaks TLS, if any.
     pub fn tls_addr(&self) -> Option<SocketAddr> {
         self.tls_addr
+    }
+
+    /// The admin listener's address, if any.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     /// The shutdown handle.

@@ -10,7 +10,7 @@ use freeboard_proto::handshake::{HandshakeError, reason_phrase};
 use freeboard_proto::{Instant, MessageKind};
 use serde::Deserialize;
 
-use super::event_loop::EventLoop;
+use super::event_loop::{EventLoop, READ_BYTES_PER_TURN};
 use super::http::{BUDGET_EXHAUSTED, RETRY_SOON};
 use crate::handler::{Completion, HttpRoute, Verdict};
 use crate::session::Phase;
@@ -109,7 +109,21 @@ impl<T: Transport> EventLoop<T> {
             && !header("connection").is_some_and(|v| has_token(v, b"close"))
             && (method == "POST" || !has_body);
         let reply = Reply { keep_alive, head_only: method == "HEAD" };
-        match self.router.find_http(target) {
+        let found = self.router.find_http(target);
+        match found.map(|(route, _)| route) {
+            Some(route) if route.is_admin() && !self.admit_admin(token, now, req.headers, path) => {
+                return None;
+            }
+            Some(route) if route.is_admin() => {}
+            Some(HttpRoute::Health) => {}
+            // The admin listener serves the admin routes (and `/healthz`) only.
+            _ if self.conns[token].admin_listener => {
+                self.refuse(token, now, 404, "", "no such route");
+                return None;
+            }
+            _ => {}
+        }
+        match found {
             Some((HttpRoute::Publish, topic)) => match method {
                 "POST" => {
                     let topic = topic.to_owned();
@@ -132,7 +146,7 @@ impl<T: Transport> EventLoop<T> {
                     let metrics;
                     let (kind, body) = match route {
                         HttpRoute::Metrics => {
-                            metrics = self.shared.metrics.encode();
+                            metrics = self.shared.metrics.shared_exposition();
                             (crate::metrics::CONTENT_TYPE, metrics.as_bytes())
                         }
                         HttpRoute::Dashboard => {
@@ -347,9 +361,15 @@ impl<T: Transport> EventLoop<T> {
     /// request's head.
     pub(super) fn read_chunked(&mut self, token: usize, now: Instant) {
         let mut buf = std::mem::take(&mut self.read_buf);
+        let mut bytes = 0;
         loop {
             let entry = &mut self.conns[token];
             if !matches!(entry.session.phase, Phase::Body(_)) {
+                break;
+            }
+            if bytes >= READ_BYTES_PER_TURN {
+                // A large body is read a share per turn, like a WebSocket's messages.
+                self.resume.push(token);
                 break;
             }
             let mut io =
@@ -368,6 +388,7 @@ impl<T: Transport> EventLoop<T> {
                 }
             };
             self.stats.bytes_in += n as u64;
+            bytes += n;
             if let Some(rest) = self.feed_chunked(token, now, &buf[..n]) {
                 let kept_alive = matches!(
                     self.conns.get(token).map(|e| &e.session.phase),
