@@ -1,6 +1,7 @@
 //! The configuration reference (docs/operating/configuration.md) against the program: every
 //! flag `freeboard serve --help` prints and every TOML key its parser accepts is in the
-//! reference, and every flag and `[topics]`/`[tls]` key the reference names exists.
+//! reference (and every key in `serve.example.toml`), and every flag and `[topics]`/`[tls]` key
+//! the reference names exists.
 //!
 //! The keys come from the parser itself: a file with a key it does not know is refused with
 //! the list of keys it does.
@@ -8,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 const REFERENCE: &str = "../../docs/operating/configuration.md";
 
@@ -65,17 +67,50 @@ fn every_toml_key_is_in_the_reference_and_every_table_key_there_exists() {
     );
 }
 
+/// `serve.example.toml` shows every key the parser accepts, set or commented out, each in its
+/// table, as its first lines promise.
+#[test]
+fn the_example_file_shows_every_key() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("serve.example.toml");
+    let example = std::fs::read_to_string(&path).unwrap();
+    let mut shown = BTreeSet::new();
+    let mut prefix = String::new();
+    for line in example.lines() {
+        // A commented-out line is shown too: `# jwt_secret = "…"`, `# [tls]`.
+        let line = line.strip_prefix("# ").unwrap_or(line).trim();
+        if let Some(table) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            prefix = format!("{table}.");
+        } else if let Some((key, _)) = line.split_once(" = ")
+            && !key.is_empty()
+            && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        {
+            shown.insert(format!("{prefix}{key}"));
+        }
+    }
+    let mut missing = Vec::new();
+    for (table, prefix) in [("", ""), ("[topics]\n", "topics."), ("[tls]\n", "tls.")] {
+        missing.extend(
+            keys_of(table)
+                .into_iter()
+                .filter(|key| key != "topics" && key != "tls")
+                .map(|key| format!("{prefix}{key}"))
+                .filter(|key| !shown.contains(key)),
+        );
+    }
+    assert!(missing.is_empty(), "keys missing from serve.example.toml: {missing:?}");
+}
+
 /// The keys the parser accepts in `table` (`""` for the top level), from its answer to a key
 /// it does not know: "unknown field `x`, expected one of `a`, `b`, …".
 fn keys_of(table: &str) -> BTreeSet<String> {
-    let dir =
-        std::env::temp_dir().join(format!("freeboard-config-reference-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!("probe{}.toml", table.len()));
+    // One file per call: the tests run in parallel.
+    static PROBES: AtomicUsize = AtomicUsize::new(0);
+    let n = PROBES.fetch_add(1, Ordering::Relaxed);
+    let file = std::env::temp_dir()
+        .join(format!("freeboard-config-reference-{}-{n}.toml", std::process::id()));
     std::fs::write(&file, format!("{table}not_a_setting = 0\n")).unwrap();
     let output = freeboard(&["serve", "--config", file.to_str().unwrap()]);
     std::fs::remove_file(&file).unwrap();
-    let _ = std::fs::remove_dir(&dir);
     assert!(!output.status.success(), "an unknown key was accepted in {table:?}");
     let error = stderr(&output);
     let (_, expected) =
