@@ -98,3 +98,8 @@ pub use queue::{ConflateKey, Discarded, Limit, MAX_CONTROL_FRAME, PushOutcome, P
 pub use ring::{Empty, Full, RingBuffer};
 #[cfg(all(feature = "alloc", target_has_atomic = "ptr"))]
 pub use shared::SharedFrame;
+
+/// The README's example, compiled and run with the doctests so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

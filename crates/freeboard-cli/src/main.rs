@@ -34,7 +34,8 @@ enum Command {
     /// binary; a WebSocket at `/topic/NAME` subscribes to NAME, and to A and B with
     /// `/topic/NAME?also=A&also=B` (names: 1-128 of A-Z a-z 0-9 - . _ ~ :); `POST /topic/NAME`
     /// publishes its body (text for `Content-Type: text/*`, else binary; answers
-    /// `{"loops":N,"dropped":M}`); `/healthz`, `/metrics` (OpenMetrics) and `/dashboard` (a
+    /// `{"messages":1,"delivered":D,"dropped":X,"other_loops":L,"other_loops_dropped":Y,
+    /// "complete":true}`); `/healthz`, `/metrics` (OpenMetrics) and `/dashboard` (a
     /// live page of the server's figures) answer plain HTTP. Logs go to stderr, filtered by
     /// RUST_LOG (default `info`). SIGTERM/SIGINT shut down gracefully (close 1001, drain); a
     /// second signal exits at once. SIGHUP reads the configuration again and applies the

@@ -1,7 +1,7 @@
 //! The dashboard in a real browser: headless Chromium loads `/dashboard` from `freeboard
 //! serve`, a load runs, and the test reads the page's DOM over the DevTools protocol (spoken
 //! with freeboard's own client) until the numbers have moved; then it takes a screenshot
-//! (`FREEBOARD_DASHBOARD_SCREENSHOT=docs/dashboard.png` to keep it, as the README's).
+//! (`FREEBOARD_DASHBOARD_SCREENSHOT=docs/dashboard.png` to keep it, as the book's).
 //!
 //! Chromium comes from Debian's `chromium` package (`scripts/test` installs it); without it the
 //! test is skipped with a message, unless `FREEBOARD_REQUIRE_TOOLS` is set.
@@ -184,7 +184,7 @@ fn the_dashboard_shows_the_numbers_move_in_chromium() {
     let closes = page.eval("document.querySelectorAll('#table-closes tbody tr').length");
     assert_eq!(closes, 10, "every close reason, zero or not");
 
-    // For the README's picture: FREEBOARD_DASHBOARD_LOAD_SECS more seconds of echoes.
+    // For the book's picture: FREEBOARD_DASHBOARD_LOAD_SECS more seconds of echoes.
     let secs = std::env::var("FREEBOARD_DASHBOARD_LOAD_SECS").ok().and_then(|s| s.parse().ok());
     let until = Instant::now() + Duration::from_secs(secs.unwrap_or(0));
     while Instant::now() < until {

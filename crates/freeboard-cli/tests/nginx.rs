@@ -26,7 +26,7 @@ fn nginx_binary() -> Option<String> {
         .map(str::to_owned)
 }
 
-/// nginx proxying WebSockets to `upstream`, configured as the README recommends.
+/// nginx proxying WebSockets to `upstream`, configured as docs/operating/proxies.md recommends.
 fn nginx(binary: &str, dir: &std::path::Path, upstream: SocketAddr) -> (Process, SocketAddr) {
     let port = common::free_port();
     let d = dir.display();

@@ -36,3 +36,8 @@ pub use connection::{Connection, Event, Input, MessageKind, Parked, Payload, Rol
 pub use error::{InsufficientSize, ProtocolError, UsageError};
 pub use frame::{FrameHeader, OpCode};
 pub use timer::{Instant, Timer};
+
+/// The README's example, compiled and run with the doctests so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -67,3 +67,8 @@ pub use session::SendOutcome;
 pub use session::deflate::{Agreement, Compression, NegotiationError};
 pub use topic_route::TopicRoute;
 pub use topics::{Published, Reach};
+
+/// The README's examples, compiled with the doctests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
