@@ -18,7 +18,11 @@ pub struct WsClient {
 impl WsClient {
     /// Connects and sends `request`; returns the client, the response status and head.
     pub fn handshake(addr: SocketAddr, request: &str) -> io::Result<(Self, u16, String)> {
-        let stream = TcpStream::connect(addr)?;
+        Self::handshake_over(TcpStream::connect(addr)?, request)
+    }
+
+    /// [`handshake`](Self::handshake) over a stream already connected.
+    pub fn handshake_over(stream: TcpStream, request: &str) -> io::Result<(Self, u16, String)> {
         let mut client = Self::raw(stream);
         client.stream.write_all(request.as_bytes())?;
         let head = client.read_head()?;

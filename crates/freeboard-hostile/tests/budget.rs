@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use freeboard_hostile::{Serve, Watch, WsClient, raise_fd_limit, upgrade_request};
+use freeboard_hostile::{Innocent, Serve, Watch, WsClient, raise_fd_limit, upgrade_request};
 
 /// The attacks run one at a time: each measures an innocent client beside one attack, not
 /// beside the others.
@@ -165,4 +165,122 @@ fn pipelines_of_tiny_messages_do_not_exhaust_the_slots() {
     assert_eq!(after.get("slow_consumer_closes_total"), 0.0);
     println!("slot high water {}", after.sum("pool_slots_high_water"));
     assert!(after.sum("pool_slots_high_water") < after.sum("pool_slots_capacity"));
+}
+
+/// Scenario 4: 60 clients each start a message and never finish it, sending continuation
+/// frames up to the message limit, beside four innocent echo clients. Under contention a
+/// message being reassembled counts against its sender's fair share with what it has queued:
+/// the senders past it are closed 1013 and counted, and the innocents lose nothing.
+#[test]
+fn unfinished_messages_pay_for_the_pool_not_the_innocents() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    raise_fd_limit();
+    let serve = Serve::start(&["--memory", "16M"]);
+    let before = serve.metrics();
+    let watch = Watch::start(&serve);
+    let others: Vec<Innocent> = (0..3).map(|_| Innocent::start(serve.addr())).collect();
+    let closes = attack(serve.addr(), 60, |client| {
+        // A first fragment, then 64 KiB continuations until 16 MiB or the server stops us.
+        let piece = vec![0x33; 64 << 10];
+        client.send(0x02, &piece)?;
+        for _ in 1..256 {
+            client.send(0x00, &piece)?;
+        }
+        Ok(())
+    });
+    let figures = watch.finish();
+    for other in others {
+        other.finish().assert_intact();
+    }
+    let after = serve.wait_metrics("the attackers gone", |m| m.get("connections") == 0.0);
+    println!("attackers' closes {closes:?}");
+    let allowed = |c: &Result<Option<u16>, u16>| matches!(c, Ok(None | Some(1013)) | Err(503));
+    assert!(closes.iter().all(allowed), "{closes:?}");
+    let told = closes.iter().filter(|c| matches!(c, Ok(Some(1013)))).count() as f64;
+    assert!(told > 0.0, "no unfinished message was refused");
+    // Each is counted: 1013 when its answer was read, 1006 when it waited behind the
+    // continuations the server no longer reads and the close timeout came first.
+    let counted = after.delta(&before, "closes_total{reason=\"try_again_later\"}")
+        + after.delta(&before, "closes_total{reason=\"abnormal\"}");
+    assert!(counted >= told, "{counted} closes counted for {told} refused");
+    figures.report("unfinished_messages");
+}
+
+/// Scenario 5: 40 clients send 64 KiB messages and never read their echoes, beside four
+/// innocent echo clients: the never-readers meet their policy (close 1008), the innocents
+/// lose nothing.
+#[test]
+fn large_messages_never_read_pay_for_the_pool_not_the_innocents() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    raise_fd_limit();
+    let serve = Serve::start(&["--memory", "16M"]);
+    let before = serve.metrics();
+    let watch = Watch::start(&serve);
+    let others: Vec<Innocent> = (0..3).map(|_| Innocent::start(serve.addr())).collect();
+    let closes = attack(serve.addr(), 40, |client| {
+        let message = vec![0x44; 64 << 10];
+        for _ in 0..400 {
+            client.send(0x82, &message)?;
+        }
+        Ok(())
+    });
+    let figures = watch.finish();
+    for other in others {
+        other.finish().assert_intact();
+    }
+    let after = serve.wait_metrics("the attackers gone", |m| m.get("connections") == 0.0);
+    println!("attackers' closes {closes:?}");
+    // A 64 KiB message arrives in pieces: past its share it is refused (1013); an echo queued
+    // past the share meets the `close` policy (1008).
+    let allowed =
+        |c: &Result<Option<u16>, u16>| matches!(c, Ok(None | Some(1008 | 1013)) | Err(503));
+    assert!(closes.iter().all(allowed), "{closes:?}");
+    let charged = after.delta(&before, "slow_consumer_closes_total")
+        + after.delta(&before, "closes_total{reason=\"try_again_later\"}")
+        + after.delta(&before, "closes_total{reason=\"abnormal\"}");
+    assert!(charged > 0.0, "no never-reading client was charged for the pool");
+    figures.report("large_messages_never_read");
+}
+
+/// Runs `clients` attackers on `/echo` at once, each writing with `write` until a write waits
+/// 4 s (small receive buffers, never reading), then reads what each was answered: the close
+/// code, `None` if the server only stopped reading it or dropped it, or `Err(status)` if its
+/// upgrade was refused (503 once the pool cannot cover a new connection's reserve).
+fn attack(
+    addr: std::net::SocketAddr,
+    clients: usize,
+    write: impl Fn(&mut WsClient) -> std::io::Result<()> + Send + Sync + Copy + 'static,
+) -> Vec<Result<Option<u16>, u16>> {
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let socket = socket2::Socket::new(
+                    socket2::Domain::IPV4,
+                    socket2::Type::STREAM,
+                    Some(socket2::Protocol::TCP),
+                )
+                .unwrap();
+                socket.set_recv_buffer_size(4096).unwrap();
+                socket.connect(&addr.into()).unwrap();
+                let stream: TcpStream = socket.into();
+                stream.set_write_timeout(Some(Duration::from_secs(4))).unwrap();
+                let (mut client, status, _) =
+                    WsClient::handshake_over(stream, &upgrade_request("/echo", "")).unwrap();
+                if status != 101 {
+                    return Err(status);
+                }
+                let _ = write(&mut client);
+                client.stream.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+                let code = client.recv_close().ok().flatten();
+                if let Some(code) = code {
+                    // Answered as RFC 6455 §5.5.1 asks, so the server counts the close by its
+                    // code rather than as abnormal.
+                    let _ = client.send(0x88, &code.to_be_bytes());
+                    client.sees_eof();
+                }
+                Ok(code)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
 }

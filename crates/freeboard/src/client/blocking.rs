@@ -557,15 +557,19 @@ impl Client {
                 Ok(input) => {
                     self.rpos += input.consumed;
                     let (pool, limits) = (&mut self.pool, &Reassembly::CLIENT);
+                    // The client's pool is its own: no other connection to leave room for.
+                    let room = |_: &Pool<'static>| usize::MAX;
                     let (inbound, conn, codec) =
                         (&mut self.inbound, &mut self.conn, &mut self.codec);
                     completed =
                         match input.payload.and_then(|piece| match self.deflate.as_deref_mut() {
                             Some(d) if piece.compressed => {
                                 let codec = Some(&mut *codec);
-                                deflate::receive(inbound, d, codec, pool, limits, now, conn, piece)
+                                deflate::receive(
+                                    inbound, d, codec, pool, limits, room, now, conn, piece,
+                                )
                             }
-                            _ => inbound.piece(pool, limits, now, conn, piece),
+                            _ => inbound.piece(pool, limits, room, now, conn, piece),
                         }) {
                             // `recv` hands out pool chunks either way: a whole message is copied
                             // once, from the read buffer.

@@ -751,6 +751,7 @@ pub(crate) fn receive<'b>(
     codec: Option<&mut Codec>,
     pool: &mut Pool<'static>,
     limits: &Reassembly,
+    room: impl FnOnce(&Pool<'static>) -> usize,
     now: Instant,
     ws: &mut Connection,
     piece: Payload<'b>,
@@ -759,7 +760,7 @@ pub(crate) fn receive<'b>(
     let input = if piece.message_start && piece.message_fin {
         Compressed::Slice(piece.data)
     } else {
-        match inbound.piece(pool, limits, now, ws, piece)? {
+        match inbound.piece(pool, limits, room, now, ws, piece)? {
             Received::Assembled(_) => Compressed::Chain(inbound.take()),
             Received::Whole(..) => return None,
         }

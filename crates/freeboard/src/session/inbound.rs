@@ -58,13 +58,16 @@ pub(crate) struct Reassembler {
 }
 
 impl Reassembler {
-    /// Takes one piece of a data message from the core. A message that does not fit closes
-    /// the connection with the limits' code rather than reach the application truncated.
+    /// Takes one piece of a data message from the core. A message that does not fit (the
+    /// pool, or `room`: what the connection may hold of it, see
+    /// [`Share::reassembly_room`](super::Share::reassembly_room)) closes the connection with
+    /// the limits' code rather than reach the application truncated.
     #[inline]
     pub(crate) fn piece<'b>(
         &mut self,
         pool: &mut Pool<'static>,
         limits: &Reassembly,
+        room: impl FnOnce(&Pool<'static>) -> usize,
         now: Instant,
         ws: &mut Connection,
         piece: Payload<'b>,
@@ -72,7 +75,8 @@ impl Reassembler {
         if piece.message_start && piece.message_fin {
             return Some(Received::Whole(piece.kind, piece.data));
         }
-        self.fragment(pool, limits, now, ws, piece)
+        let room = room(pool);
+        self.fragment(pool, limits, room, now, ws, piece)
     }
 
     /// [`piece`](Self::piece) for a message in several pieces.
@@ -81,6 +85,7 @@ impl Reassembler {
         &mut self,
         pool: &mut Pool<'static>,
         limits: &Reassembly,
+        room: usize,
         now: Instant,
         ws: &mut Connection,
         piece: Payload<'b>,
@@ -90,6 +95,7 @@ impl Reassembler {
             return None;
         }
         if pool.chunks_free() * pool.chunk_size() < piece.data.len() + limits.keep_free
+            || self.partial.len() + piece.data.len() > room
             || self.partial.append(pool, piece.data).is_err()
         {
             self.partial.clear(pool);

@@ -343,13 +343,17 @@ impl Session {
             self.queue_control(cx);
             return (input.consumed, None);
         };
+        // Asked only of a message in pieces.
+        let (share, queue) = (cx.share, &self.queue);
+        let room = |pool: &Pool<'static>| share.reassembly_room(pool, queue);
         let received = match self.deflate.as_deref_mut() {
             Some(deflate) if piece.compressed => {
                 let codec = cx.codec.as_deref_mut();
                 let (pool, limits, now) = (&mut *cx.pool, cx.limits, cx.now);
-                deflate::receive(&mut self.inbound, deflate, codec, pool, limits, now, ws, piece)
+                let inbound = &mut self.inbound;
+                deflate::receive(inbound, deflate, codec, pool, limits, room, now, ws, piece)
             }
-            _ => self.inbound.piece(cx.pool, cx.limits, cx.now, ws, piece),
+            _ => self.inbound.piece(cx.pool, cx.limits, room, cx.now, ws, piece),
         };
         // A data piece makes the core owe nothing, unless the message did not fit (or did not
         // inflate) and the session closed.

@@ -15,6 +15,9 @@
 //!   never push again: while the pool is contended the loop also sweeps its connections and
 //!   applies the policy of each one behind and past its share ([`Share::over_share`]) to what
 //!   it already holds, before a reader's reply can find the pool short;
+//! - a message that arrives in pieces is judged the same way: under contention what it holds
+//!   and what its connection has queued may not pass the fair share
+//!   ([`Share::reassembly_room`]), else the connection is closed 1013;
 //! - when the pool is short for other reasons, the new work is refused
 //!   ([`PushOutcome::WouldBlock`](freeboard_buf::PushOutcome::WouldBlock) with
 //!   [`Limit::Pool`](freeboard_buf::Limit::Pool), counted as `pool_exhausted`); a connection
@@ -113,6 +116,21 @@ impl Share {
     /// the connections the loop's sweep charges for the contention.
     pub(crate) fn over_share(&self, pool: &Pool<'_>, queue: &SendQueue) -> bool {
         !queue.is_writable() && !self.uncontended(pool, 0) && self.past_share(pool, queue, 1)
+    }
+
+    /// How many bytes a message that `queue`'s connection is reassembling may hold in all:
+    /// no limit while the pool is not contended; under contention what is left of its fair
+    /// share beside what it has queued. A sender of messages in pieces is then charged like a
+    /// reader that is behind, before a reply to a connection that keeps up finds the pool
+    /// short.
+    pub(crate) fn reassembly_room(&self, pool: &Pool<'_>, queue: &SendQueue) -> usize {
+        if self.uncontended(pool, 0) {
+            return usize::MAX;
+        }
+        let chunk = pool.chunk_size();
+        let held = queue.len().div_ceil(chunk) + usize::from(!queue.is_empty());
+        // (A message held in pieces may start and end mid-chunk: one chunk of slack.)
+        self.fair_chunks.saturating_sub(held + 1) * chunk
     }
 
     /// Whether `queue` plus `need` more chunks (and slots) would pass its fair share.

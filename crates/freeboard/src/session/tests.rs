@@ -450,6 +450,45 @@ fn a_queue_past_its_share_is_reclaimed_without_a_push() {
     }
 }
 
+/// A message that arrives in pieces is held to its connection's fair share of a contended
+/// pool: once the pool is contended, a sender whose unfinished message passes the share is
+/// closed 1013 and gives its pieces back, while a message within the share still arrives.
+#[test]
+fn a_message_in_pieces_is_held_to_its_share_of_a_contended_pool() {
+    let queue = || SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Close);
+    let mut pair = Pair::with(queue(), 64 * 1100);
+    pair.server.share = Share::new(&pair.server.pool, 8);
+    let total = pair.server.pool.chunks_total();
+    // Other connections' queues contend the pool (below a quarter free).
+    let mut others = SendQueue::new(
+        Watermarks::new(1 << 20, 1 << 20, 1 << 20).unwrap(),
+        SlowConsumerPolicy::Block,
+    );
+    while pair.server.pool.chunks_free() > total / 5 {
+        let _ = others.push_message(&mut pair.server.pool, &[&[0u8; 1000]]);
+    }
+    let room = pair.server.share.reassembly_room(&pair.server.pool, pair.server.session.queue());
+    assert!(room < 16 << 10, "a share of {room} bytes");
+    // Within the share: two fragments arrive as one message.
+    let piece = vec![5u8; room / 4];
+    let mut frames = freeboard_test::frame(0x02, &piece, freeboard_test::TEST_MASK);
+    frames.extend(freeboard_test::frame(0x80, &piece, freeboard_test::TEST_MASK));
+    pair.server.read(pair.now, &mut frames, usize::MAX);
+    assert_eq!(pair.server.received.len(), 1, "a message within its share arrives");
+    // Past it: the unfinished message is refused with 1013 and its pieces go back.
+    let mut frames = freeboard_test::frame(0x02, &piece, freeboard_test::TEST_MASK);
+    for _ in 0..4 {
+        frames.extend(freeboard_test::frame(0x00, &piece, freeboard_test::TEST_MASK));
+    }
+    pair.server.read(pair.now, &mut frames, usize::MAX);
+    assert_eq!(pair.server.session.state(), State::CloseSent);
+    assert!(pair.server.session.partial_mut().is_empty(), "its pieces went back");
+    pair.step(usize::MAX);
+    let closed = pair.client.closed.expect("the client hears why");
+    assert_eq!(closed.code, CloseCode::TRY_AGAIN_LATER);
+    let _ = others.clear(&mut pair.server.pool);
+}
+
 /// The `close` policy closes a connection only when its own queue is behind: a pool that runs
 /// out under a queue that keeps up refuses the message (`WouldBlock` on the pool) instead.
 #[test]
