@@ -1,4 +1,4 @@
-//! Ping floods and close floods.
+//! Ping floods, close floods, and floods of large publishes.
 
 use std::io::{self, Write};
 use std::net::SocketAddr;
@@ -144,4 +144,73 @@ pub fn close_flood(addr: SocketAddr, connections: usize, closes: usize) -> Close
         }
     }
     outcome
+}
+
+/// What a flood of large publishes got back.
+#[derive(Debug, Default, Clone)]
+pub struct PostFlood {
+    /// Bodies sent whole.
+    pub posts: u64,
+    /// Answers by status.
+    pub statuses: std::collections::BTreeMap<u16, u64>,
+}
+
+/// `threads` threads each `POST path` bodies of `body` bytes on keep-alive connections,
+/// one after the other as fast as they are answered, for `duration`.
+pub fn post_flood(
+    addr: SocketAddr,
+    path: &str,
+    threads: usize,
+    body: usize,
+    duration: Duration,
+) -> PostFlood {
+    use std::io::Read;
+    let deadline = std::time::Instant::now() + duration;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n\
+         Content-Length: {body}\r\n\r\n"
+    );
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            let head = head.clone();
+            std::thread::spawn(move || {
+                let mut outcome = PostFlood::default();
+                let payload = vec![0x5a; body];
+                while std::time::Instant::now() < deadline {
+                    let Ok(mut stream) = std::net::TcpStream::connect(addr) else { break };
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                    while std::time::Instant::now() < deadline {
+                        if stream.write_all(head.as_bytes()).is_err()
+                            || stream.write_all(&payload).is_err()
+                        {
+                            break;
+                        }
+                        outcome.posts += 1;
+                        // The answer is small: its head and a JSON body in one read or two.
+                        let mut answer = [0u8; 4096];
+                        let Ok(n) = stream.read(&mut answer) else { break };
+                        let status = std::str::from_utf8(answer.get(9..12).unwrap_or_default())
+                            .ok()
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(0);
+                        *outcome.statuses.entry(status).or_default() += 1;
+                        let text = String::from_utf8_lossy(&answer[..n]).to_ascii_lowercase();
+                        if n == 0 || text.contains("connection: close") {
+                            break;
+                        }
+                    }
+                }
+                outcome
+            })
+        })
+        .collect();
+    let mut total = PostFlood::default();
+    for worker in workers {
+        let outcome = worker.join().unwrap_or_default();
+        total.posts += outcome.posts;
+        for (status, n) in outcome.statuses {
+            *total.statuses.entry(status).or_default() += n;
+        }
+    }
+    total
 }
