@@ -54,6 +54,7 @@ fn a_dashboard_stream_asked_in_a_loop_costs_a_small_share_of_a_core() {
 #[test]
 fn many_dashboard_streams_and_scrapers_leave_the_server_responsive_and_stoppable() {
     let mut serve = Serve::start(&["--memory", MEMORY, "--drain-timeout", "2"]);
+    let cpu_before = serve.cpu_seconds();
     let watch = Watch::start(&serve);
     let health = Responsiveness::start(serve.addr());
     let scrapers = Scrapers::start(serve.addr(), "/metrics", "", 4);
@@ -61,9 +62,13 @@ fn many_dashboard_streams_and_scrapers_leave_the_server_responsive_and_stoppable
     let scrapes = scrapers.finish();
     let (slowest, answered, missed) = health.finish();
     let figures = watch.finish();
+    let cpu = serve.cpu_seconds() - cpu_before;
     println!(
-        "{} upgraded, {} ended by the server; {scrapes} scrapes; /healthz slowest {slowest:?}, {answered} answered, {missed} missed",
-        flood.upgraded, flood.ended_by_server
+        "{} upgraded, {} ended by the server; {scrapes} scrapes; /healthz slowest {slowest:?}, \
+         {answered} answered, {missed} missed; server CPU {cpu:.2} s in {:.1} s",
+        flood.upgraded,
+        flood.ended_by_server,
+        figures.elapsed.as_secs_f64()
     );
     assert!(scrapes >= 4, "the scrapers got {scrapes} answers");
     assert_eq!(missed, 0, "/healthz went unanswered");
