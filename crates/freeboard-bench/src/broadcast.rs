@@ -139,7 +139,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
             let mut frame = vec![0u8; head];
             header.encode(&mut frame).map_err(io::Error::other)?;
             frame.extend_from_slice(&[0; 16]);
-            frame.extend_from_slice(&crate::compression::json(size - 16));
+            frame.extend_from_slice(&crate::corpus::json(size - 16));
             for seq in 0..messages {
                 while seq >= completed.load(Ordering::Acquire) + window {
                     if stop.load(Ordering::Relaxed) != 0 {

@@ -24,6 +24,7 @@ pub mod buffers;
 pub mod charts;
 pub mod compression;
 pub mod connections;
+pub mod corpus;
 pub mod handshakes;
 pub mod load;
 pub mod memory;

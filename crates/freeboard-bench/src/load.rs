@@ -211,6 +211,9 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
     })
 }
 
+/// The permessage-deflate offer the load generator makes: what browsers send.
+pub const OFFER: &str = "permessage-deflate; client_max_window_bits";
+
 /// An opened connection: the blocking socket and, over `wss://`, its TLS connection.
 pub struct Opened {
     /// The socket (blocking).
@@ -287,7 +290,7 @@ fn upgrade(
         path: &target.path,
         key: &key,
         protocols: &[],
-        extensions: target.deflate.then_some(crate::compression::OFFER),
+        extensions: target.deflate.then_some(OFFER),
         headers: &[],
     };
     let mut buf = vec![0u8; 4096];

@@ -26,7 +26,7 @@ pub struct Target {
     pub tls: bool,
     /// Over TLS, resume sessions with tickets (else every handshake is full).
     pub resume: bool,
-    /// Offer permessage-deflate as browsers do ([`crate::compression::OFFER`]).
+    /// Offer permessage-deflate as browsers do ([`crate::load::OFFER`]).
     pub deflate: bool,
 }
 

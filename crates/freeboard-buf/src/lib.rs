@@ -62,7 +62,8 @@
 //! ```
 #![no_std]
 // One module, `mapping`, reserves address space and gives pages back to the operating system;
-// it is the crate's only `unsafe` code and allows it for itself.
+// it is the crate's only `unsafe` code and allows it for itself. The one other `unsafe` is a
+// promise, not code: the pool's slot types are `Zeroable`, said beside their fields in `pool`.
 #![deny(unsafe_code)]
 
 #[cfg(feature = "alloc")]

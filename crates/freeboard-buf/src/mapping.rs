@@ -13,15 +13,14 @@
 //! pool's logic (which pages, when, what reads back) runs unchanged under Miri; only the
 //! system calls are left out.
 //!
-//! This is the one module of the crate with `unsafe` code.
+//! This is the one module of the crate with `unsafe` code; the pool's slot types implement
+//! [`Zeroable`] beside their fields, where a change to the fields meets the promise.
 #![allow(unsafe_code)]
 
 use core::fmt;
 use core::marker::PhantomData;
 use core::ops::Range;
 use core::ptr::NonNull;
-
-use crate::pool::{ChunkSlot, SegmentSlot};
 
 /// Types for which all-zero bytes are a valid value, so a fresh or released page of them is
 /// usable as it is.
@@ -34,10 +33,6 @@ pub(crate) unsafe trait Zeroable: Copy {}
 
 // SAFETY: every bit pattern is a valid `u8`.
 unsafe impl Zeroable for u8 {}
-// SAFETY: `ChunkSlot` is two `u32`s (`refs`, `link`); any bit pattern is a valid value.
-unsafe impl Zeroable for ChunkSlot {}
-// SAFETY: `SegmentSlot` is four `u32`s; any bit pattern is a valid value.
-unsafe impl Zeroable for SegmentSlot {}
 
 /// A fixed number of `T`s in address space reserved at construction, zero until written; a
 /// slice and an [`Unmap`] guard once [`leak`](Self::leak)ed.
@@ -394,6 +389,7 @@ mod backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::{ChunkSlot, SegmentSlot};
 
     #[test]
     fn zeroed_then_released_pages_read_zero() {

@@ -1296,6 +1296,13 @@ impl ChunkSlot {
     pub const EMPTY: Self = Self { refs: 0, link: NIL };
 }
 
+// A mapped region of slots starts as zeros and reads back as zeros after its pages are released.
+#[cfg(feature = "std")]
+#[allow(unsafe_code)]
+// SAFETY: `ChunkSlot` is two `u32`s (`refs`, `link`); any bit pattern is a valid value, and it
+// has no destructor.
+unsafe impl crate::mapping::Zeroable for ChunkSlot {}
+
 /// Metadata of one segment (16 bytes), lent to [`Pool::from_slices`]. A segment is a byte range
 /// of one chunk linked into a chain.
 ///
@@ -1350,6 +1357,12 @@ impl SegmentSlot {
         self.chunk &= !MESSAGE_START;
     }
 }
+
+#[cfg(feature = "std")]
+#[allow(unsafe_code)]
+// SAFETY: `SegmentSlot` is four `u32`s; any bit pattern is a valid value, and it has no
+// destructor.
+unsafe impl crate::mapping::Zeroable for SegmentSlot {}
 
 /// Why the pool could not serve a request. Every failure is also counted in
 /// [`Counters::allocation_failures`].

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use crate::close::CloseCode;
+use crate::close_code::CloseCode;
 
 /// A violation of RFC 6455 by the peer. Each one knows the close code it earns.
 ///

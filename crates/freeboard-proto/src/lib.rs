@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod close;
+mod close_code;
 mod config;
 mod connection;
 mod error;
@@ -30,7 +31,7 @@ pub mod mask;
 mod timer;
 pub mod utf8;
 
-pub use close::CloseCode;
+pub use close_code::CloseCode;
 pub use config::{Config, ConfigBuilder};
 pub use connection::{Connection, Event, Input, MessageKind, Parked, Payload, Role, State, Whole};
 pub use error::{InsufficientSize, ProtocolError, UsageError};
