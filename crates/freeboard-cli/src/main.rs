@@ -211,6 +211,10 @@ struct ServeArgs {
     /// The `aud` tokens must carry.
     #[arg(long, value_name = "AUDIENCE")]
     jwt_audience: Option<String>,
+    /// Clock skew allowed with the tokens' issuer: accepted up to this long past `exp` and
+    /// before `nbf` / `iat`, else 401; TOML `[topics] jwt_leeway` [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    jwt_leeway: Option<Duration>,
     /// A connect webhook (`http://host:port/path`) that decides every topic upgrade
     /// (Centrifugo's proxy model); TOML `[topics] connect_webhook`.
     #[arg(long, value_name = "URL")]
@@ -472,6 +476,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         ("topics.jwks_file", args.jwks.as_ref().map(path)),
         ("topics.jwt_issuer", args.jwt_issuer.clone().map(Value::String)),
         ("topics.jwt_audience", args.jwt_audience.clone().map(Value::String)),
+        ("topics.jwt_leeway", args.jwt_leeway.map(secs)),
         ("topics.connect_webhook", args.connect_webhook.clone().map(Value::String)),
         ("topics.webhook_timeout", args.webhook_timeout.map(secs)),
         ("topics.webhook_in_flight", args.webhook_in_flight.map(|v| int(v as u64))),
@@ -665,6 +670,8 @@ mod tests {
             "https://auth.example",
             "--jwt-audience",
             "scores",
+            "--jwt-leeway",
+            "45s",
             "--connect-webhook",
             "http://127.0.0.1:8080/connect",
             "--webhook-timeout",
@@ -693,6 +700,7 @@ mod tests {
             jwks_file = "{jwks}"
             jwt_issuer = "https://auth.example"
             jwt_audience = "scores"
+            jwt_leeway = "45s"
             connect_webhook = "http://127.0.0.1:8080/connect"
             webhook_timeout = "1.5s"
             webhook_in_flight = 4
@@ -714,6 +722,7 @@ mod tests {
         });
         assert_eq!(from_flags.topics.redis_queue, 8 << 20);
         assert_eq!(from_flags.topics.webhook_timeout, Duration::from_millis(1500));
+        assert_eq!(from_flags.topics.jwt_leeway, Duration::from_secs(45));
         assert_eq!(from_flags.tls.unwrap().listen, Some("127.0.0.1:9443".parse().unwrap()));
         // The file's TLS pair with the flag's listener: both layers meet in one table.
         with_file("tls-layers", "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", |file| {

@@ -269,6 +269,13 @@ pub struct TopicsConfig {
     pub jwt_issuer: Option<String>,
     /// The `aud` tokens must carry. Default: not checked.
     pub jwt_audience: Option<String>,
+    /// Clock skew allowed with the tokens' issuer: a token is accepted up to this long past
+    /// its `exp` (its connection is then closed with 4001 that much later), and up to this
+    /// long before its `nbf` or `iat`; beyond, 401 (`token_expired`, `token_not_yet_valid`,
+    /// `token_issued_in_future`). Default 30 s: more than NTP-synchronised clocks drift
+    /// apart, little next to a token's lifetime.
+    #[serde(with = "duration")]
+    pub jwt_leeway: Duration,
     /// Origins whose pages may `POST` to the publish endpoint from a browser (CORS; same
     /// syntax as `allowed_origins`): their requests and `OPTIONS` preflights are answered
     /// with `Access-Control-Allow-Origin`. Default: none.
@@ -327,6 +334,7 @@ impl Default for TopicsConfig {
             jwks_file: None,
             jwt_issuer: None,
             jwt_audience: None,
+            jwt_leeway: Duration::from_secs(30),
             cors_origins: Vec::new(),
             connect_webhook: None,
             webhook_timeout: Duration::from_secs(2),
@@ -370,6 +378,7 @@ impl TopicsConfig {
             self.jwks_file.as_deref(),
         )?;
         Ok(verifier.map(|mut v| {
+            v = v.leeway(self.jwt_leeway);
             if let Some(issuer) = &self.jwt_issuer {
                 v = v.issuer(issuer);
             }
@@ -400,6 +409,7 @@ impl std::fmt::Debug for TopicsConfig {
             .field("jwks_file", &self.jwks_file)
             .field("jwt_issuer", &self.jwt_issuer)
             .field("jwt_audience", &self.jwt_audience)
+            .field("jwt_leeway", &self.jwt_leeway)
             .field("cors_origins", &self.cors_origins)
             .field("connect_webhook", &self.connect_webhook)
             .field("webhook_timeout", &self.webhook_timeout)
@@ -678,6 +688,7 @@ impl ServerConfig {
             false "topics.jwks_file" topics.jwks_file;
             false "topics.jwt_issuer" topics.jwt_issuer;
             false "topics.jwt_audience" topics.jwt_audience;
+            false "topics.jwt_leeway" topics.jwt_leeway;
             false "topics.cors_origins" topics.cors_origins;
             false "topics.connect_webhook" topics.connect_webhook;
             false "topics.webhook_timeout" topics.webhook_timeout;
