@@ -242,9 +242,11 @@ impl TlsStream {
                 wire.more_input = read == space;
                 return Ok(n);
             }
-            if read < space {
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
+            // No plaintext yet (a record, or a ClientHello, that has not fully arrived): read
+            // again, even after a short read, until the socket says `WouldBlock`. Epoll is
+            // edge-triggered, so a FIN that came with these bytes raises no new event: a
+            // client that sent half a ClientHello and hung up would otherwise hold its
+            // handshake, and its address's place, until the handshake timeout.
         }
     }
 
