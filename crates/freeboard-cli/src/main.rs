@@ -82,6 +82,17 @@ struct ServeArgs {
     /// A TLS listener beside the plain --listen one (then --listen stays ws://).
     #[arg(long, value_name = "ADDR")]
     listen_tls: Option<SocketAddr>,
+    /// TLS handshakes one client address (an IPv6 /64) may have in progress at once; beyond
+    /// it a connection is closed at accept, before it holds TLS state (counted as
+    /// tls_refusals reason per_ip_handshakes), so one address cannot take the handshake
+    /// budget from the others; TOML `[tls] handshakes_per_ip` [default: 64].
+    #[arg(long, value_name = "N")]
+    tls_handshakes_per_ip: Option<usize>,
+    /// TLS handshakes one client address may start per second (token bucket); beyond it a
+    /// connection is closed at accept (per_ip_rate); 0 is off; TOML `[tls]
+    /// handshake_rate_per_ip` [default: 0].
+    #[arg(long, value_name = "PER_SEC")]
+    tls_handshake_rate_per_ip: Option<u32>,
     /// Event loops (threads), each with its own SO_REUSEPORT listener [default: available cores].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -468,6 +479,8 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         ("tls.cert", args.tls_cert.as_ref().map(path)),
         ("tls.key", args.tls_key.as_ref().map(path)),
         ("tls.listen", args.listen_tls.map(|v| Value::String(v.to_string()))),
+        ("tls.handshakes_per_ip", args.tls_handshakes_per_ip.map(|v| int(v as u64))),
+        ("tls.handshake_rate_per_ip", args.tls_handshake_rate_per_ip.map(|v| int(v.into()))),
         ("allowed_origins", list(&args.allowed_origins)),
         ("trusted_proxies", list(&args.trusted_proxies)),
         ("proxy_protocol", args.proxy_protocol.then_some(Value::Boolean(true))),
@@ -514,8 +527,14 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         }
         None => table.contains_key(key),
     };
-    if given("tls.listen") && !given("tls.cert") {
-        return Err("--listen-tls needs --tls-cert and --tls-key".into());
+    for (key, flag) in [
+        ("tls.listen", "--listen-tls"),
+        ("tls.handshakes_per_ip", "--tls-handshakes-per-ip"),
+        ("tls.handshake_rate_per_ip", "--tls-handshake-rate-per-ip"),
+    ] {
+        if given(key) && !given("tls.cert") {
+            return Err(format!("{flag} needs --tls-cert and --tls-key"));
+        }
     }
     let mut config =
         ServerConfig::deserialize(Value::Table(table.clone())).map_err(|e| match &args.config {
@@ -653,6 +672,10 @@ mod tests {
             "/etc/freeboard/key.pem",
             "--listen-tls",
             "127.0.0.1:9443",
+            "--tls-handshakes-per-ip",
+            "16",
+            "--tls-handshake-rate-per-ip",
+            "50",
             "--allowed-origin",
             "https://app.example",
             "--allowed-origin",
@@ -713,6 +736,8 @@ mod tests {
             cert = "/etc/freeboard/chain.pem"
             key = "/etc/freeboard/key.pem"
             listen = "127.0.0.1:9443"
+            handshakes_per_ip = 16
+            handshake_rate_per_ip = 50
         "#
         );
         let from_flags = config_of(&flags).unwrap();
@@ -723,7 +748,9 @@ mod tests {
         assert_eq!(from_flags.topics.redis_queue, 8 << 20);
         assert_eq!(from_flags.topics.webhook_timeout, Duration::from_millis(1500));
         assert_eq!(from_flags.topics.jwt_leeway, Duration::from_secs(45));
-        assert_eq!(from_flags.tls.unwrap().listen, Some("127.0.0.1:9443".parse().unwrap()));
+        let tls = from_flags.tls.unwrap();
+        assert_eq!(tls.listen, Some("127.0.0.1:9443".parse().unwrap()));
+        assert_eq!((tls.handshakes_per_ip, tls.handshake_rate_per_ip), (16, 50));
         // The file's TLS pair with the flag's listener: both layers meet in one table.
         with_file("tls-layers", "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", |file| {
             let config = config_of(&["--config", file, "--listen-tls", "127.0.0.1:9443"]).unwrap();
@@ -731,6 +758,8 @@ mod tests {
             assert_eq!((tls.cert.to_str(), tls.listen.is_some()), (Some("c.pem"), true));
         });
         let error = config_of(&["--listen-tls", "127.0.0.1:9443"]).unwrap_err();
+        assert!(error.contains("--tls-cert"), "{error}");
+        let error = config_of(&["--tls-handshakes-per-ip", "8"]).unwrap_err();
         assert!(error.contains("--tls-cert"), "{error}");
         let error = config_of(&["--max-topics", "0"]).unwrap_err();
         assert!(error.contains("max_topics"), "{error}");
@@ -816,6 +845,9 @@ mod tests {
             "--no-auto-ping",
             "--client-publish",
             "--publish-token",
+            "--jwt-leeway",
+            "--tls-handshakes-per-ip",
+            "--tls-handshake-rate-per-ip",
             "/topic/NAME",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");

@@ -76,7 +76,9 @@ pub const ACCESS_REFUSAL_REASONS: [&str; 17] = [
 
 /// Why a TLS connection was refused or failed (`freeboard_tls_refusals_total{reason}`): the
 /// server's own reasons, the kinds of TLS error, and each alert a client may send.
-pub const TLS_REFUSAL_REASONS: [&str; 35] = [
+pub const TLS_REFUSAL_REASONS: [&str; 37] = [
+    "per_ip_handshakes",
+    "per_ip_rate",
     "budget",
     "pool_exhausted",
     "plain_http",
