@@ -82,6 +82,17 @@ struct ServeArgs {
     /// A TLS listener beside the plain --listen one (then --listen stays ws://).
     #[arg(long, value_name = "ADDR")]
     listen_tls: Option<SocketAddr>,
+    /// TLS handshakes one client address (an IPv6 /64) may have in progress at once; beyond
+    /// it a connection is closed at accept, before it holds TLS state (counted as
+    /// tls_refusals reason per_ip_handshakes), so one address cannot take the handshake
+    /// budget from the others; TOML `[tls] handshakes_per_ip` [default: 64].
+    #[arg(long, value_name = "N")]
+    tls_handshakes_per_ip: Option<usize>,
+    /// TLS handshakes one client address may start per second (token bucket); beyond it a
+    /// connection is closed at accept (per_ip_rate); 0 is off; TOML `[tls]
+    /// handshake_rate_per_ip` [default: 0].
+    #[arg(long, value_name = "PER_SEC")]
+    tls_handshake_rate_per_ip: Option<u32>,
     /// Event loops (threads), each with its own SO_REUSEPORT listener [default: available cores].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -211,6 +222,10 @@ struct ServeArgs {
     /// The `aud` tokens must carry.
     #[arg(long, value_name = "AUDIENCE")]
     jwt_audience: Option<String>,
+    /// Clock skew allowed with the tokens' issuer: accepted up to this long past `exp` and
+    /// before `nbf` / `iat`, else 401; TOML `[topics] jwt_leeway` [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    jwt_leeway: Option<Duration>,
     /// A connect webhook (`http://host:port/path`) that decides every topic upgrade
     /// (Centrifugo's proxy model); TOML `[topics] connect_webhook`.
     #[arg(long, value_name = "URL")]
@@ -464,6 +479,8 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         ("tls.cert", args.tls_cert.as_ref().map(path)),
         ("tls.key", args.tls_key.as_ref().map(path)),
         ("tls.listen", args.listen_tls.map(|v| Value::String(v.to_string()))),
+        ("tls.handshakes_per_ip", args.tls_handshakes_per_ip.map(|v| int(v as u64))),
+        ("tls.handshake_rate_per_ip", args.tls_handshake_rate_per_ip.map(|v| int(v.into()))),
         ("allowed_origins", list(&args.allowed_origins)),
         ("trusted_proxies", list(&args.trusted_proxies)),
         ("proxy_protocol", args.proxy_protocol.then_some(Value::Boolean(true))),
@@ -472,6 +489,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         ("topics.jwks_file", args.jwks.as_ref().map(path)),
         ("topics.jwt_issuer", args.jwt_issuer.clone().map(Value::String)),
         ("topics.jwt_audience", args.jwt_audience.clone().map(Value::String)),
+        ("topics.jwt_leeway", args.jwt_leeway.map(secs)),
         ("topics.connect_webhook", args.connect_webhook.clone().map(Value::String)),
         ("topics.webhook_timeout", args.webhook_timeout.map(secs)),
         ("topics.webhook_in_flight", args.webhook_in_flight.map(|v| int(v as u64))),
@@ -509,8 +527,14 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         }
         None => table.contains_key(key),
     };
-    if given("tls.listen") && !given("tls.cert") {
-        return Err("--listen-tls needs --tls-cert and --tls-key".into());
+    for (key, flag) in [
+        ("tls.listen", "--listen-tls"),
+        ("tls.handshakes_per_ip", "--tls-handshakes-per-ip"),
+        ("tls.handshake_rate_per_ip", "--tls-handshake-rate-per-ip"),
+    ] {
+        if given(key) && !given("tls.cert") {
+            return Err(format!("{flag} needs --tls-cert and --tls-key"));
+        }
     }
     let mut config =
         ServerConfig::deserialize(Value::Table(table.clone())).map_err(|e| match &args.config {
@@ -648,6 +672,10 @@ mod tests {
             "/etc/freeboard/key.pem",
             "--listen-tls",
             "127.0.0.1:9443",
+            "--tls-handshakes-per-ip",
+            "16",
+            "--tls-handshake-rate-per-ip",
+            "50",
             "--allowed-origin",
             "https://app.example",
             "--allowed-origin",
@@ -665,6 +693,8 @@ mod tests {
             "https://auth.example",
             "--jwt-audience",
             "scores",
+            "--jwt-leeway",
+            "45s",
             "--connect-webhook",
             "http://127.0.0.1:8080/connect",
             "--webhook-timeout",
@@ -693,6 +723,7 @@ mod tests {
             jwks_file = "{jwks}"
             jwt_issuer = "https://auth.example"
             jwt_audience = "scores"
+            jwt_leeway = "45s"
             connect_webhook = "http://127.0.0.1:8080/connect"
             webhook_timeout = "1.5s"
             webhook_in_flight = 4
@@ -705,6 +736,8 @@ mod tests {
             cert = "/etc/freeboard/chain.pem"
             key = "/etc/freeboard/key.pem"
             listen = "127.0.0.1:9443"
+            handshakes_per_ip = 16
+            handshake_rate_per_ip = 50
         "#
         );
         let from_flags = config_of(&flags).unwrap();
@@ -714,7 +747,10 @@ mod tests {
         });
         assert_eq!(from_flags.topics.redis_queue, 8 << 20);
         assert_eq!(from_flags.topics.webhook_timeout, Duration::from_millis(1500));
-        assert_eq!(from_flags.tls.unwrap().listen, Some("127.0.0.1:9443".parse().unwrap()));
+        assert_eq!(from_flags.topics.jwt_leeway, Duration::from_secs(45));
+        let tls = from_flags.tls.unwrap();
+        assert_eq!(tls.listen, Some("127.0.0.1:9443".parse().unwrap()));
+        assert_eq!((tls.handshakes_per_ip, tls.handshake_rate_per_ip), (16, 50));
         // The file's TLS pair with the flag's listener: both layers meet in one table.
         with_file("tls-layers", "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", |file| {
             let config = config_of(&["--config", file, "--listen-tls", "127.0.0.1:9443"]).unwrap();
@@ -722,6 +758,8 @@ mod tests {
             assert_eq!((tls.cert.to_str(), tls.listen.is_some()), (Some("c.pem"), true));
         });
         let error = config_of(&["--listen-tls", "127.0.0.1:9443"]).unwrap_err();
+        assert!(error.contains("--tls-cert"), "{error}");
+        let error = config_of(&["--tls-handshakes-per-ip", "8"]).unwrap_err();
         assert!(error.contains("--tls-cert"), "{error}");
         let error = config_of(&["--max-topics", "0"]).unwrap_err();
         assert!(error.contains("max_topics"), "{error}");
@@ -807,6 +845,9 @@ mod tests {
             "--no-auto-ping",
             "--client-publish",
             "--publish-token",
+            "--jwt-leeway",
+            "--tls-handshakes-per-ip",
+            "--tls-handshake-rate-per-ip",
             "/topic/NAME",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");

@@ -1,5 +1,6 @@
 //! Attacks on who gets in: forged bearer tokens (a brute force against the JWT check and the
-//! publish token), and upgrades piling up behind a connect webhook that never answers.
+//! publish token), validly signed tokens used before their time, and upgrades piling up
+//! behind a connect webhook that never answers.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -39,6 +40,25 @@ pub fn forged_token(i: u64, exp: u64) -> String {
         2 => format!("{}.{claims}.{}", b64url(br#"{"alg":"RS256"}"#), b64url(&guess)),
         _ => format!("{hs256}.{claims}.{}", &b64url(&guess)[..20]),
     }
+}
+
+/// The JWKS of the RSA and P-256 test keys (`kid` `rsa-1` for the RSA one), for `--jwks`.
+pub const TEST_JWKS: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../freeboard/tests/fixtures/test-jwks.json");
+
+/// `claims` signed RS256 with the RSA test key of [`TEST_JWKS`].
+pub fn rs256_token(claims: &serde_json::Value) -> String {
+    let der = include_bytes!("../../freeboard/tests/fixtures/test-rsa-private.der");
+    let key = jsonwebtoken::EncodingKey::from_rsa_der(der);
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+    header.kid = Some("rsa-1".into());
+    jsonwebtoken::encode(&header, claims, &key).expect("the test key signs")
+}
+
+/// Upgrades at `path` with `?access_token={token}` (as a browser sends it); the status.
+pub fn upgrade_with_query_token(addr: SocketAddr, path: &str, token: &str) -> u16 {
+    let request = upgrade_request(&format!("{path}?access_token={token}"), "");
+    WsClient::handshake(addr, &request).map_or(0, |(_, status, _)| status)
 }
 
 /// Upgrades at `path` with `Authorization: Bearer {token}`; the status.

@@ -1,6 +1,7 @@
-//! Header bombs (a huge head, too many headers) and a `permessage-deflate` offer.
+//! Header bombs (a huge head, too many headers), `Transfer-Encoding` lists that smuggle a
+//! body past a proxy that reads them differently, and a `permessage-deflate` offer.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
@@ -21,6 +22,49 @@ pub fn huge_header(addr: SocketAddr, size: usize) -> u16 {
 pub fn many_headers(addr: SocketAddr, count: usize) -> u16 {
     let extra: String = (0..count).map(|i| format!("X-H{i}: v\r\n")).collect();
     status_of(addr, upgrade_request("/echo", &extra).as_bytes())
+}
+
+/// What a request with `Transfer-Encoding` fields got: the status of the first answer, how
+/// many answers came (2 when the request pipelined after it was read too), and whether the
+/// server then ended the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Framing {
+    /// The first answer's status (0: none).
+    pub status: u16,
+    /// Status lines received.
+    pub answers: usize,
+    /// The connection ended (EOF or reset) within the read timeout.
+    pub closed: bool,
+}
+
+/// `POST /topic/{topic}` with one `Transfer-Encoding` field per entry of `fields` (the
+/// values as given), a chunked body, and `GET /healthz` pipelined after it: what a proxy that
+/// reads the codings differently could take for a second request (it asks for
+/// `Connection: close`, so a server that reads it answers and then closes too).
+pub fn transfer_encoding(addr: SocketAddr, topic: &str, fields: &[&str]) -> Framing {
+    let te: String = fields.iter().map(|v| format!("Transfer-Encoding: {v}\r\n")).collect();
+    let request = format!(
+        "POST /topic/{topic} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n{te}\r\n\
+         5\r\nhello\r\n0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let _ = stream.write_all(request.as_bytes());
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                break false;
+            }
+            Err(_) => break true, // reset
+        }
+    };
+    let text = String::from_utf8_lossy(&answer);
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    Framing { status, answers: text.matches("HTTP/1.1 ").count(), closed }
 }
 
 /// Sends `request` (ignoring a write the server cut short) and reads the status line of the

@@ -6,17 +6,19 @@
 //!
 //! - [`admin`]: dashboard streams asked in a tight loop, `/metrics` scraped without pause,
 //!   and `/healthz` timed beside them.
-//! - [`access`]: forged bearer tokens; upgrades piling up behind a connect webhook that
-//!   never answers.
+//! - [`access`]: forged bearer tokens, and real ones used before their time (`nbf`, `iat`);
+//!   upgrades piling up behind a connect webhook that never answers.
 //! - [`slowloris`]: many connections that trickle their request head.
 //! - [`headers`]: request heads that are too large or have too many headers; a
-//!   `permessage-deflate` offer.
+//!   `permessage-deflate` offer; `Transfer-Encoding` lists that are not one final `chunked`.
 //! - [`frames`]: a 2^63 length, unmasked client frames, fragment bombs, invalid UTF-8 at every
 //!   split point, RSV1 without an extension.
 //! - [`floods`]: ping floods and close floods.
 //! - [`churn`]: connect / upgrade / close cycles.
 //! - [`faults`]: peers that reset mid-frame, half-close, stop reading or read one byte at a
 //!   time, and a descriptor limit the server hits.
+//! - [`tls`]: partial ClientHellos from one address holding handshakes, beside a `wss://`
+//!   client from another.
 //! - [`soak`]: echo, pub/sub and connection churn at once for a bounded time, the server's
 //!   memory sampled as it goes.
 //!
@@ -35,6 +37,7 @@ mod metrics;
 mod serve;
 pub mod slowloris;
 pub mod soak;
+pub mod tls;
 mod ws;
 
 pub use innocent::{EchoReport, Figures, Innocent, Watch};

@@ -15,6 +15,7 @@ use crate::metrics::Scrape;
 pub struct Serve {
     child: Child,
     addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
 }
 
 impl Serve {
@@ -59,17 +60,26 @@ impl Serve {
         BufReader::new(child.stdout.take().expect("piped"))
             .read_line(&mut line)
             .expect("freeboard serve prints its address");
-        let url = line.trim().rsplit(' ').next().unwrap_or_default();
-        let addr = url
-            .strip_prefix("ws://")
-            .and_then(|a| a.trim_end_matches('/').parse().ok())
-            .unwrap_or_else(|| panic!("freeboard serve printed {line:?}"));
-        Self { child, addr }
+        // "freeboard listening on ws://A/", "… on wss://A/" or "… on ws://A/ and wss://B/".
+        let url = |scheme: &str| {
+            line.split_whitespace()
+                .find_map(|word| word.strip_prefix(scheme))
+                .and_then(|a| a.trim_end_matches('/').parse::<SocketAddr>().ok())
+        };
+        let tls_addr = url("wss://");
+        let addr =
+            url("ws://").or(tls_addr).unwrap_or_else(|| panic!("freeboard serve printed {line:?}"));
+        Self { child, addr, tls_addr }
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address that speaks TLS (`--listen-tls`, or `--listen` with `--tls-cert` alone).
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// Its process id.

@@ -1,6 +1,7 @@
-//! Attacks on who gets in, against `freeboard serve`: a brute force of forged tokens, and
-//! 10,000 upgrades waiting on a connect webhook that never answers — each refused with a
-//! defined status, counted, bounded, while an innocent client echoes.
+//! Attacks on who gets in, against `freeboard serve`: a brute force of forged tokens, validly
+//! signed tokens used before their time, and 10,000 upgrades waiting on a connect webhook
+//! that never answers — each refused with a defined status, counted, bounded, while an
+//! innocent client echoes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +53,53 @@ fn forged_tokens_are_refused_and_counted() {
     assert_eq!(after.delta(&before, "refusals_total{status=\"401\"}"), 2000.0);
     assert_eq!(after.delta(&before, "refusals_total{status=\"403\"}"), 1000.0);
     figures.report("token_brute_force");
+}
+
+/// Validly signed RS256 tokens (`--jwks`) that are not valid yet: `nbf` an hour ahead, or
+/// `iat` an hour ahead (a token minted in the future), sent in `Authorization` and in
+/// `?access_token=`, 250 of each — every one 401 and counted by its reason; the same claims
+/// within the leeway (`--jwt-leeway 30s`, 20 s ahead) and a token without them get 101.
+/// Before `nbf` was checked, the `nbf` tokens were accepted (101).
+#[test]
+fn tokens_used_before_their_time_are_refused_and_counted() {
+    let serve =
+        Serve::start(&["--memory", "16M", "--jwks", access::TEST_JWKS, "--jwt-leeway", "30s"]);
+    let before = serve.metrics();
+    let watch = Watch::start(&serve);
+    let now = exp() - 3600;
+    let token = |extra: serde_json::Value| {
+        let mut claims = serde_json::json!({"exp": now + 7200, "subscribe": ["scores"]});
+        claims.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        access::rs256_token(&claims)
+    };
+    let early = token(serde_json::json!({"nbf": now + 3600}));
+    let minted_ahead = token(serde_json::json!({"iat": now + 3600}));
+    for _ in 0..250 {
+        for refused in [&early, &minted_ahead] {
+            assert_eq!(access::upgrade_with_token(serve.addr(), "/topic/scores", refused), 401);
+            assert_eq!(
+                access::upgrade_with_query_token(serve.addr(), "/topic/scores", refused),
+                401
+            );
+        }
+    }
+    let skewed = token(serde_json::json!({"nbf": now + 20, "iat": now + 20}));
+    let plain = token(serde_json::json!({}));
+    for ok in [&skewed, &plain] {
+        assert_eq!(access::upgrade_with_token(serve.addr(), "/topic/scores", ok), 101);
+        assert_eq!(access::upgrade_with_query_token(serve.addr(), "/topic/scores", ok), 101);
+    }
+    let figures = watch.finish();
+    let after = serve.metrics();
+    let reason =
+        |r: &str| after.delta(&before, &format!("access_refusals_total{{reason=\"{r}\"}}"));
+    assert_eq!(reason("token_not_yet_valid"), 500.0);
+    assert_eq!(reason("token_issued_in_future"), 500.0);
+    assert_eq!(reason("token_invalid"), 0.0);
+    assert_eq!(after.delta(&before, "refusals_total{status=\"401\"}"), 1000.0);
+    // --memory 16M: the RSS stays within the budget (+10 %) above where it started.
+    assert!(figures.rss_peak < figures.rss_before + (16 << 10) * 11 / 10, "{figures}");
+    figures.report("token_before_its_time");
 }
 
 /// 10,000 upgrades at once behind a webhook that accepts the connection and never answers:

@@ -91,3 +91,52 @@ fn with_compression_an_offer_is_accepted_and_bombs_get_1009() {
         figures.report(&format!("deflate_bomb_{mode}"));
     }
 }
+
+/// RFC 9112 §6.1 and §6.3: a request's body is chunked only when `chunked` is its final
+/// transfer coding, applied once; several `Transfer-Encoding` fields are one list. Anything
+/// else is refused and the connection closed, so a request pipelined after the body (what a
+/// proxy reading the codings differently would take for the next request) is never read:
+/// 400 when the list does not end in exactly one `chunked`, 501 for a coding before it that
+/// the server does not implement. 100 rounds of each variant; a plain chunked publish still
+/// gets 200 and its pipelined request its answer.
+#[test]
+fn transfer_codings_other_than_one_final_chunked_are_refused_and_close() {
+    let serve = Serve::start(&["--memory", "16M"]);
+    let before = serve.metrics();
+    let watch = Watch::start(&serve);
+    let variants: [(&[&str], u16); 12] = [
+        (&["chunked, identity"], 400),
+        (&["chunked", "chunked"], 400),
+        (&["chunked, chunked"], 400),
+        (&["chunked", "identity"], 400),
+        (&["gzip"], 400),
+        (&["chunked, gzip"], 400),
+        (&[""], 400),
+        (&["gzip, chunked"], 501),
+        (&["gzip", "chunked"], 501),
+        (&["deflate, chunked"], 501),
+        (&["compress, chunked"], 501),
+        (&["x-unknown;q=1, chunked"], 501),
+    ];
+    let mut refused = [0u32; 2];
+    for _ in 0..100 {
+        for (fields, status) in variants {
+            let framing = headers::transfer_encoding(serve.addr(), "te", fields);
+            let expected = headers::Framing { status, answers: 1, closed: true };
+            assert_eq!(framing, expected, "Transfer-Encoding {fields:?}");
+            refused[usize::from(status == 501)] += 1;
+        }
+        for fields in [&["chunked"][..], &["Chunked"], &[" chunked "]] {
+            let framing = headers::transfer_encoding(serve.addr(), "te", fields);
+            let expected = headers::Framing { status: 200, answers: 2, closed: true };
+            assert_eq!(framing, expected, "Transfer-Encoding {fields:?}");
+        }
+    }
+    let figures = watch.finish();
+    let after = serve.metrics();
+    assert_eq!(after.delta(&before, "refusals_total{status=\"400\"}"), f64::from(refused[0]));
+    assert_eq!(after.delta(&before, "refusals_total{status=\"501\"}"), f64::from(refused[1]));
+    // --memory 16M: the RSS stays within the budget (+10 %) above where it started.
+    assert!(figures.rss_peak < figures.rss_before + (16 << 10) * 11 / 10, "{figures}");
+    figures.report("transfer_encoding");
+}

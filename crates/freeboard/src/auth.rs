@@ -107,7 +107,8 @@ impl Origins {
 /// Verifies bearer tokens as JWTs: HS256 with a shared secret, RS256 and ES256 with the keys
 /// of a JWKS document. The algorithm a token names must match the kind of key it is checked
 /// with (no `alg` confusion: an RS256 public key is never used as an HMAC secret), `exp` is
-/// required, and `iss` / `aud` are checked when configured.
+/// required, `nbf` and `iat` are checked when present, and `iss` / `aud` when configured.
+/// The time claims allow for a [`leeway`](Self::leeway) of clock skew with the issuer.
 ///
 /// Signature checks are the crypto crates' (`hmac`'s comparison is constant-time), so a
 /// token's bytes cannot be guessed one at a time from response times.
@@ -127,6 +128,7 @@ impl std::fmt::Debug for TokenVerifier {
             .field("jwks_keys", &self.keys.len())
             .field("issuer", &self.issuer)
             .field("audience", &self.audience)
+            .field("leeway", &self.leeway)
             .finish()
     }
 }
@@ -138,7 +140,8 @@ impl std::fmt::Debug for TokenVerifier {
 pub struct Grant {
     /// The `sub` claim.
     pub subject: Option<String>,
-    /// The `exp` claim.
+    /// When the grant lapses: the `exp` claim plus the verifier's leeway (the connection is
+    /// closed with [`TOKEN_EXPIRED`] then).
     pub expires: SystemTime,
     /// The `subscribe` claim.
     pub subscribe: Vec<String>,
@@ -167,8 +170,13 @@ pub enum TokenError {
     Missing,
     /// Malformed, wrongly signed, an unknown key or algorithm, a wrong issuer or audience (401).
     Invalid,
-    /// `exp` has passed (401).
+    /// `exp` has passed, by more than the leeway (401).
     Expired,
+    /// `nbf` is still ahead, by more than the leeway (401).
+    NotYetValid,
+    /// `iat` is ahead, by more than the leeway: the token says it was issued in the future
+    /// (401).
+    IssuedInFuture,
     /// Valid, but it does not grant the topic asked for (403).
     NotGranted,
 }
@@ -188,6 +196,8 @@ impl TokenError {
             Self::Missing => "token_missing",
             Self::Invalid => "token_invalid",
             Self::Expired => "token_expired",
+            Self::NotYetValid => "token_not_yet_valid",
+            Self::IssuedInFuture => "token_issued_in_future",
             Self::NotGranted => "topic_not_granted",
         }
     }
@@ -201,6 +211,8 @@ impl std::fmt::Display for TokenError {
             }
             Self::Invalid => "invalid token",
             Self::Expired => "token expired",
+            Self::NotYetValid => "token not valid yet",
+            Self::IssuedInFuture => "token issued in the future",
             Self::NotGranted => "the token does not grant this topic",
         })
     }
@@ -211,6 +223,10 @@ impl std::error::Error for TokenError {}
 #[derive(Deserialize)]
 struct Claims {
     exp: u64,
+    #[serde(default)]
+    nbf: Option<u64>,
+    #[serde(default)]
+    iat: Option<u64>,
     #[serde(default)]
     sub: Option<String>,
     #[serde(default)]
@@ -295,15 +311,17 @@ impl TokenVerifier {
         self
     }
 
-    /// Accepts tokens up to `leeway` past their `exp` (clock skew with the issuer).
-    /// Default zero.
+    /// Allows `leeway` of clock skew with the issuer: a token is accepted up to `leeway` past
+    /// its `exp` (and its grant lapses then), and up to `leeway` before its `nbf` or `iat`.
+    /// Default zero ([`TopicsConfig::jwt_leeway`](crate::config::TopicsConfig::jwt_leeway),
+    /// what `freeboard serve` uses, defaults to 30 s).
     pub fn leeway(mut self, leeway: Duration) -> Self {
         self.leeway = leeway;
         self
     }
 
-    /// Verifies `token` at `now`: its signature, `exp` (required), `nbf` if present, and the
-    /// issuer and audience if configured.
+    /// Verifies `token` at `now`: its signature, `exp` (required), `nbf` and `iat` if
+    /// present, each with the leeway, and the issuer and audience if configured.
     pub fn verify(&self, token: &str, now: SystemTime) -> Result<Grant, TokenError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Invalid)?;
         let key = match header.alg {
@@ -323,8 +341,8 @@ impl TokenVerifier {
         }
         .ok_or(TokenError::Invalid)?;
         let mut validation = Validation::new(header.alg);
-        // `exp` is checked below against `now` (the caller's clock, so tests need no
-        // sleeping); the library's check would read the system clock.
+        // `exp`, `nbf` and `iat` are checked below against `now` (the caller's clock, so
+        // tests need no sleeping); the library's checks would read the system clock.
         validation.validate_exp = false;
         validation.validate_nbf = false;
         validation.validate_aud = false;
@@ -339,9 +357,19 @@ impl TokenVerifier {
         let data = jsonwebtoken::decode::<Claims>(token, key, &validation)
             .map_err(|_| TokenError::Invalid)?;
         let claims = data.claims;
-        let expires = unix_time(claims.exp);
-        if expires + self.leeway <= now {
+        let expires = unix_time(claims.exp) + self.leeway;
+        if expires <= now {
             return Err(TokenError::Expired);
+        }
+        // RFC 7519 §4.1.5: "The "nbf" (not before) claim identifies the time before which
+        // the JWT MUST NOT be accepted for processing", with "some small leeway" for skew.
+        if claims.nbf.is_some_and(|nbf| unix_time(nbf) > now + self.leeway) {
+            return Err(TokenError::NotYetValid);
+        }
+        // §4.1.6 `iat` is when the token was issued: one from the future (beyond the skew)
+        // was minted wrongly or to outlive its issuer's rules, and is refused.
+        if claims.iat.is_some_and(|iat| unix_time(iat) > now + self.leeway) {
+            return Err(TokenError::IssuedInFuture);
         }
         Ok(Grant {
             subject: claims.sub,
@@ -571,6 +599,64 @@ mod tests {
         let none = serde_json::json!({"subscribe": ["a"]});
         let none = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &none, &key).unwrap();
         assert_eq!(verifier.verify(&none, SystemTime::now()), Err(TokenError::Invalid));
+    }
+
+    /// `exp`, `nbf` and `iat` on either side of their limits, without a leeway and with 30 s.
+    #[test]
+    fn time_claims_with_and_without_leeway() {
+        let secret = b"0123456789abcdef0123456789abcdef";
+        let key = jsonwebtoken::EncodingKey::from_secret(secret);
+        let t = 1_700_000_000u64;
+        let now = unix_time(t);
+        let token = |claims: serde_json::Value| {
+            jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap()
+        };
+        let strict = TokenVerifier::hs256(secret);
+        let skew = Duration::from_secs(30);
+        let lenient = TokenVerifier::hs256(secret).leeway(skew);
+        let check = |verifier: &TokenVerifier, claims: serde_json::Value| {
+            verifier.verify(&token(claims), now).map(|grant| grant.expires)
+        };
+        use TokenError::{Expired, IssuedInFuture, NotYetValid};
+        use serde_json::json;
+        // exp: refused from `exp` on; with a leeway, until `exp + leeway`, and the grant
+        // lapses then.
+        assert_eq!(check(&strict, json!({"exp": t + 1})), Ok(unix_time(t + 1)));
+        assert_eq!(check(&strict, json!({"exp": t})), Err(Expired));
+        assert_eq!(check(&strict, json!({"exp": t - 10})), Err(Expired));
+        assert_eq!(check(&lenient, json!({"exp": t - 10})), Ok(unix_time(t + 20)));
+        assert_eq!(check(&lenient, json!({"exp": t - 30})), Err(Expired));
+        // nbf: accepted from `nbf` on; with a leeway, from `nbf - leeway`.
+        let exp = t + 3600;
+        assert_eq!(check(&strict, json!({"exp": exp, "nbf": t})), Ok(unix_time(exp)));
+        assert_eq!(check(&strict, json!({"exp": exp, "nbf": t - 60})), Ok(unix_time(exp)));
+        assert_eq!(check(&strict, json!({"exp": exp, "nbf": t + 1})), Err(NotYetValid));
+        assert_eq!(check(&lenient, json!({"exp": exp, "nbf": t + 30})), Ok(unix_time(exp + 30)));
+        assert_eq!(check(&lenient, json!({"exp": exp, "nbf": t + 31})), Err(NotYetValid));
+        assert_eq!(check(&lenient, json!({"exp": exp, "nbf": t + 3600})), Err(NotYetValid));
+        // iat: a token issued in the future, beyond the leeway, is refused.
+        assert_eq!(check(&strict, json!({"exp": exp, "iat": t})), Ok(unix_time(exp)));
+        assert_eq!(check(&strict, json!({"exp": exp, "iat": t - 600})), Ok(unix_time(exp)));
+        assert_eq!(check(&strict, json!({"exp": exp, "iat": t + 1})), Err(IssuedInFuture));
+        assert_eq!(check(&lenient, json!({"exp": exp, "iat": t + 30})), Ok(unix_time(exp + 30)));
+        assert_eq!(check(&lenient, json!({"exp": exp, "iat": t + 31})), Err(IssuedInFuture));
+        // `exp` is checked first, then `nbf`, then `iat`.
+        let all = json!({"exp": t - 60, "nbf": t + 60, "iat": t + 60});
+        assert_eq!(check(&lenient, all), Err(Expired));
+        let both = json!({"exp": exp, "nbf": t + 60, "iat": t + 60});
+        assert_eq!(check(&lenient, both), Err(NotYetValid));
+        // A time claim that is not a NumericDate of whole seconds is not a valid token.
+        assert_eq!(check(&strict, json!({"exp": exp, "nbf": "soon"})), Err(TokenError::Invalid));
+        assert_eq!(check(&strict, json!({"exp": exp, "iat": -1})), Err(TokenError::Invalid));
+        // Each refusal is a 401 with its own counter label.
+        for (error, label) in [
+            (Expired, "token_expired"),
+            (NotYetValid, "token_not_yet_valid"),
+            (IssuedInFuture, "token_issued_in_future"),
+        ] {
+            assert_eq!((error.status(), error.label()), (401, label));
+            assert!(crate::metrics::ACCESS_REFUSAL_REASONS.contains(&label), "{label}");
+        }
     }
 
     #[test]

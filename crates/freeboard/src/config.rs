@@ -175,6 +175,9 @@ impl std::fmt::Debug for AdminConfig {
 /// The TLS handshake counts inside `handshake_timeout`. The rustls state of a connection is
 /// charged to a share of each loop's memory budget (`state_share`); a connection it cannot
 /// cover is refused at accept and counted (`freeboard_tls_refusals_total{reason="budget"}`).
+/// Before that, each client address may have `handshakes_per_ip` handshakes in progress and
+/// start `handshake_rate_per_ip` a second; beyond, it is refused at accept
+/// (`reason="per_ip_handshakes"`, `"per_ip_rate"`) while other addresses are served.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -190,13 +193,34 @@ pub struct TlsConfig {
     /// state: 8 KiB per handshake in progress, 4 KiB per established connection. Default 4.
     #[serde(default = "TlsConfig::default_state_share")]
     pub state_share: usize,
+    /// TLS handshakes one client address (an IPv6 /64) may have in progress at once across
+    /// the server; a connection beyond it is closed at accept, before it holds any TLS state,
+    /// and counted (`freeboard_tls_refusals_total{reason="per_ip_handshakes"}`). A trusted
+    /// proxy's connections are not counted. Default 64: an honest client's handshake takes
+    /// a round trip or two, so 64 at once serves a busy NAT, and stalled handshakes from one
+    /// address hold at most 64 × 12 KiB of the TLS share.
+    #[serde(default = "TlsConfig::default_handshakes_per_ip")]
+    pub handshakes_per_ip: usize,
+    /// TLS handshakes one client address may start per second (a token bucket with a burst
+    /// of one second's worth); beyond it, closed at accept before any cryptography
+    /// (`reason="per_ip_rate"`). 0 (the default) turns it off: set it to bound the CPU that
+    /// one address's full handshakes may take.
+    #[serde(default)]
+    pub handshake_rate_per_ip: u32,
 }
 
 impl TlsConfig {
     /// TLS with the certificate chain in `cert` and the key in `key`, on the server's one
     /// listener.
     pub fn new(cert: impl Into<std::path::PathBuf>, key: impl Into<std::path::PathBuf>) -> Self {
-        Self { cert: cert.into(), key: key.into(), listen: None, state_share: 4 }
+        Self {
+            cert: cert.into(),
+            key: key.into(),
+            listen: None,
+            state_share: Self::default_state_share(),
+            handshakes_per_ip: Self::default_handshakes_per_ip(),
+            handshake_rate_per_ip: 0,
+        }
     }
 
     /// Serves TLS on `addr`, beside the plain listener.
@@ -207,6 +231,10 @@ impl TlsConfig {
 
     fn default_state_share() -> usize {
         4
+    }
+
+    fn default_handshakes_per_ip() -> usize {
+        64
     }
 }
 
@@ -269,6 +297,13 @@ pub struct TopicsConfig {
     pub jwt_issuer: Option<String>,
     /// The `aud` tokens must carry. Default: not checked.
     pub jwt_audience: Option<String>,
+    /// Clock skew allowed with the tokens' issuer: a token is accepted up to this long past
+    /// its `exp` (its connection is then closed with 4001 that much later), and up to this
+    /// long before its `nbf` or `iat`; beyond, 401 (`token_expired`, `token_not_yet_valid`,
+    /// `token_issued_in_future`). Default 30 s: more than NTP-synchronised clocks drift
+    /// apart, little next to a token's lifetime.
+    #[serde(with = "duration")]
+    pub jwt_leeway: Duration,
     /// Origins whose pages may `POST` to the publish endpoint from a browser (CORS; same
     /// syntax as `allowed_origins`): their requests and `OPTIONS` preflights are answered
     /// with `Access-Control-Allow-Origin`. Default: none.
@@ -327,6 +362,7 @@ impl Default for TopicsConfig {
             jwks_file: None,
             jwt_issuer: None,
             jwt_audience: None,
+            jwt_leeway: Duration::from_secs(30),
             cors_origins: Vec::new(),
             connect_webhook: None,
             webhook_timeout: Duration::from_secs(2),
@@ -370,6 +406,7 @@ impl TopicsConfig {
             self.jwks_file.as_deref(),
         )?;
         Ok(verifier.map(|mut v| {
+            v = v.leeway(self.jwt_leeway);
             if let Some(issuer) = &self.jwt_issuer {
                 v = v.issuer(issuer);
             }
@@ -400,6 +437,7 @@ impl std::fmt::Debug for TopicsConfig {
             .field("jwks_file", &self.jwks_file)
             .field("jwt_issuer", &self.jwt_issuer)
             .field("jwt_audience", &self.jwt_audience)
+            .field("jwt_leeway", &self.jwt_leeway)
             .field("cors_origins", &self.cors_origins)
             .field("connect_webhook", &self.connect_webhook)
             .field("webhook_timeout", &self.webhook_timeout)
@@ -532,6 +570,9 @@ impl ServerConfig {
         if let Some(tls) = &self.tls {
             if tls.state_share < 2 {
                 return Err(ConfigError::TlsStateShare(tls.state_share));
+            }
+            if tls.handshakes_per_ip == 0 {
+                return Err(ConfigError::Zero("tls.handshakes_per_ip"));
             }
             needed += crate::tls::TlsScratch::BYTES + crate::tls::HANDSHAKE_CHARGE * 16;
         }
@@ -678,6 +719,7 @@ impl ServerConfig {
             false "topics.jwks_file" topics.jwks_file;
             false "topics.jwt_issuer" topics.jwt_issuer;
             false "topics.jwt_audience" topics.jwt_audience;
+            false "topics.jwt_leeway" topics.jwt_leeway;
             false "topics.cors_origins" topics.cors_origins;
             false "topics.connect_webhook" topics.connect_webhook;
             false "topics.webhook_timeout" topics.webhook_timeout;

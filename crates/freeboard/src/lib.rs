@@ -38,6 +38,7 @@ pub mod history;
 pub mod metrics;
 mod parking;
 mod proxy_header;
+mod rate;
 mod server;
 mod session;
 /// The session's per-message path without a socket, for `benches/session.rs` only.

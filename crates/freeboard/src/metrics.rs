@@ -54,7 +54,7 @@ pub const BACKPLANE_LOST_REASONS: [&str; 4] =
 
 /// Why an access check refused an upgrade (`freeboard_access_refusals_total{reason}`); an
 /// application's own reason is added when first used.
-pub const ACCESS_REFUSAL_REASONS: [&str; 15] = [
+pub const ACCESS_REFUSAL_REASONS: [&str; 17] = [
     "origin",
     "admin_token_missing",
     "admin_token_invalid",
@@ -62,6 +62,8 @@ pub const ACCESS_REFUSAL_REASONS: [&str; 15] = [
     "token_missing",
     "token_invalid",
     "token_expired",
+    "token_not_yet_valid",
+    "token_issued_in_future",
     "topic_not_granted",
     "proxy_header",
     "decision_timeout",
@@ -74,7 +76,9 @@ pub const ACCESS_REFUSAL_REASONS: [&str; 15] = [
 
 /// Why a TLS connection was refused or failed (`freeboard_tls_refusals_total{reason}`): the
 /// server's own reasons, the kinds of TLS error, and each alert a client may send.
-pub const TLS_REFUSAL_REASONS: [&str; 35] = [
+pub const TLS_REFUSAL_REASONS: [&str; 37] = [
+    "per_ip_handshakes",
+    "per_ip_rate",
     "budget",
     "pool_exhausted",
     "plain_http",

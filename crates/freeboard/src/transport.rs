@@ -14,7 +14,7 @@
 //! slab, one timer heap, and the `Entry` stays small (a TLS connection's state is boxed).
 
 use std::io::{self, IoSlice, Read, Write};
-use std::net::Shutdown;
+use std::net::{IpAddr, Shutdown};
 use std::sync::Arc;
 
 use freeboard_buf::{Frame, Pool};
@@ -34,12 +34,14 @@ const GATHER: usize = 2048;
 
 /// A byte stream under a session, registered with the loop's `Poll`.
 pub(crate) trait Transport: mio::event::Source + Sized {
-    /// Wraps a freshly accepted socket; through `tls` when it came to the TLS listener.
-    /// `None` (counted) refuses it.
+    /// Wraps a freshly accepted socket; through `tls` when it came to the TLS listener, its
+    /// handshake counted against `client`'s address (`None`: a trusted proxy's connection,
+    /// whose client is named later). `None` (counted) refuses it.
     fn accepted(
         stream: TcpStream,
         tls: Option<&Arc<rustls::ServerConfig>>,
         io: &mut Io<'_>,
+        client: Option<IpAddr>,
     ) -> Option<Self>;
 
     /// Reads decoded bytes into `buf`; `Ok(0)` is the end of the stream.
@@ -83,6 +85,7 @@ impl Transport for TcpStream {
         stream: TcpStream,
         _tls: Option<&Arc<rustls::ServerConfig>>,
         _io: &mut Io<'_>,
+        _client: Option<IpAddr>,
     ) -> Option<Self> {
         let _ = stream.set_nodelay(true);
         Some(stream)
@@ -199,11 +202,14 @@ impl Transport for Stream {
         stream: TcpStream,
         tls: Option<&Arc<rustls::ServerConfig>>,
         io: &mut Io<'_>,
+        client: Option<IpAddr>,
     ) -> Option<Self> {
         let _ = stream.set_nodelay(true);
         match tls {
             None => Some(Self::Plain(stream)),
-            Some(config) => TlsStream::accept(stream, config, io).map(|s| Self::Tls(Box::new(s))),
+            Some(config) => {
+                TlsStream::accept(stream, config, io, client).map(|s| Self::Tls(Box::new(s)))
+            }
         }
     }
 

@@ -103,7 +103,8 @@ fn tokens_grant_the_topics_they_list() {
     )
     .unwrap();
     assert_eq!(status(addr, "/topic/scores", &bearer(&forged)), 401);
-    let expired = hs256(json!({"exp": now_secs() - 10, "subscribe": ["scores"]}));
+    // Past `exp` by more than the leeway (30 s by default).
+    let expired = hs256(json!({"exp": now_secs() - 40, "subscribe": ["scores"]}));
     assert_eq!(status(addr, "/topic/scores", &bearer(&expired)), 401);
     // Every topic asked for must be granted.
     assert_eq!(status(addr, "/topic/scores?also=billing", &bearer(&token)), 403);
@@ -126,6 +127,8 @@ fn tokens_grant_the_topics_they_list() {
 fn an_open_connection_is_closed_with_4001_when_its_token_expires() {
     let mut config = config();
     config.topics.jwt_secret = Some(SECRET.into());
+    // The grant lapses at `exp` plus the leeway: none here, so the test waits 2 s, not 32.
+    config.topics.jwt_leeway = Duration::ZERO;
     let server = topic_server(config);
     let addr = server.local_addr();
     let token = hs256(json!({"exp": now_secs() + 2, "subscribe": ["scores"]}));
@@ -198,6 +201,23 @@ fn rs256_and_es256_tokens_are_checked_against_the_jwks() {
     let unknown = jsonwebtoken::encode(&header, &claims, &rsa).unwrap();
     assert_eq!(status(addr, "/topic/scores", &bearer(&unknown)), 401);
     assert_eq!(server.metrics().access_refusals_for("token_invalid"), 3);
+    // Signed with the right key but not valid yet (`nbf` an hour ahead, beyond the 30 s
+    // leeway), in the header and in the query; and one issued an hour in the future.
+    header.kid = Some("rsa-1".into());
+    let (now, exp) = (now_secs(), now_secs() + 7200);
+    let early = json!({"exp": exp, "nbf": now + 3600, "subscribe": ["scores"]});
+    let early = jsonwebtoken::encode(&header, &early, &rsa).unwrap();
+    assert_eq!(status(addr, "/topic/scores", &bearer(&early)), 401);
+    assert_eq!(status(addr, &format!("/topic/scores?access_token={early}"), ""), 401);
+    let ahead = json!({"exp": exp, "iat": now + 3600, "subscribe": ["scores"]});
+    let ahead = jsonwebtoken::encode(&header, &ahead, &rsa).unwrap();
+    assert_eq!(status(addr, "/topic/scores", &bearer(&ahead)), 401);
+    // Within the leeway both pass.
+    let skewed = json!({"exp": exp, "nbf": now + 10, "iat": now + 10, "subscribe": ["scores"]});
+    let skewed = jsonwebtoken::encode(&header, &skewed, &rsa).unwrap();
+    assert_eq!(status(addr, "/topic/scores", &bearer(&skewed)), 101);
+    assert_eq!(server.metrics().access_refusals_for("token_not_yet_valid"), 2);
+    assert_eq!(server.metrics().access_refusals_for("token_issued_in_future"), 1);
     stop(server);
 }
 

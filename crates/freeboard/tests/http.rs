@@ -187,8 +187,14 @@ fn expect_100_continue_and_chunked_bodies() {
     assert_eq!(refused(&format!("{chunked}Content-Length: 4\r\n\r\n0\r\n\r\n")), "HTTP/1.1 400");
     let too_big = format!("{chunked}\r\n{:x}\r\n", 2 << 20);
     assert_eq!(refused(&too_big), "HTTP/1.1 413");
+    // RFC 9112 §6.3: a final coding other than chunked is 400; §6.1: one the server does
+    // not implement before chunked, 501.
     let gzip = "POST /topic/t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n";
-    assert_eq!(refused(gzip), "HTTP/1.1 501");
+    assert_eq!(refused(gzip), "HTTP/1.1 400");
+    let gzip = format!("{chunked}Transfer-Encoding: gzip\r\n\r\n0\r\n\r\n");
+    assert_eq!(refused(&gzip), "HTTP/1.1 400");
+    let gzip_chunked = chunked.replace("chunked", "gzip, chunked");
+    assert_eq!(refused(&format!("{gzip_chunked}\r\n0\r\n\r\n")), "HTTP/1.1 501");
     drop(sub);
     stop(server);
 }

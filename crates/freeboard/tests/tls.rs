@@ -269,6 +269,65 @@ fn a_tls_budget_too_small_for_a_handshake_refuses_and_counts() {
     stop_once_idle(server);
 }
 
+/// `tls.handshakes_per_ip` 2: a third partial ClientHello from the same address is closed
+/// at accept and counted, before it draws on the TLS budget; a place comes back as soon as a
+/// stalled handshake's client hangs up (also when its FIN comes with its bytes, which raises
+/// no second readiness event), not at the handshake timeout; an established connection holds
+/// none (five open `wss://` clients from the same address).
+#[test]
+fn an_address_past_its_share_of_handshakes_is_refused_at_accept() {
+    let ca = TestCa::new("per-ip");
+    let mut config = tls_config(&ca);
+    config.tls.as_mut().unwrap().handshakes_per_ip = 2;
+    config.handshake_timeout = Duration::from_secs(30);
+    let server = start(config);
+    let addr = server.tls_addr().unwrap();
+    let metrics = server.metrics();
+    let hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01];
+    let stall = || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&hello).unwrap();
+        s
+    };
+    let held = (stall(), stall());
+    let mut third = stall();
+    let (reply, _) = read_to_end(&mut third, Duration::from_secs(5));
+    assert!(reply.is_empty(), "closed at accept, without an answer: {reply:?}");
+    assert_eq!(metrics.tls_refusals("per_ip_handshakes"), 1);
+    assert_eq!(metrics.tls_refusals("budget"), 0);
+    drop(held);
+    // Half a ClientHello and the FIN at once, twice: both places come back within the wait
+    // (10 s), well before the handshake timeout (30 s).
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&hello).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let url = wss(&server, "/echo");
+    let mut open = Vec::new();
+    wait_until("a place to come back", || {
+        let connected = Client::connect(&url, ClientConfig::default().ca_file(ca.ca_pem()));
+        connected.map(|c| open.push(c)).is_ok()
+    });
+    for _ in 0..4 {
+        open.push(client(&url, &ca));
+    }
+    for c in &mut open {
+        echo(c, MessageKind::Text, b"one of five from one address");
+    }
+    assert_eq!(metrics.tls_handshakes(), 5);
+    // Both places are free again: two stalled handshakes are held, a third is refused
+    // (one loop accepts in order, so its EOF says the two before it were taken).
+    let refused = metrics.tls_refusals("per_ip_handshakes");
+    let again = (stall(), stall());
+    let (reply, _) = read_to_end(&mut stall(), Duration::from_secs(5));
+    assert!(reply.is_empty());
+    assert_eq!(metrics.tls_refusals("per_ip_handshakes"), refused + 1);
+    assert_eq!(metrics.tls_refusals("handshake_timeout"), 0);
+    drop((open, again));
+    stop_once_idle(server);
+}
+
 /// Reads until EOF or `limit`; returns what arrived and how long it took.
 fn read_to_end(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, Duration) {
     let start = Instant::now();

@@ -303,7 +303,8 @@ impl<T: Transport> EventLoop<T> {
             Some(_) => {
                 let state = pool.budget_mut().split(tls_bytes - TlsScratch::BYTES);
                 pool.budget_mut().try_draw(TlsScratch::BYTES).map_err(io::Error::other)?;
-                TlsScratch::new(state.map_err(io::Error::other)?)
+                let handshakes = shared.handshakes.clone().expect("built with the TLS config");
+                TlsScratch::new(state.map_err(io::Error::other)?, handshakes)
             }
             None => TlsScratch::none(),
         };
@@ -558,10 +559,13 @@ impl<T: Transport> EventLoop<T> {
                     return;
                 }
             };
+            // A TLS handshake counts against its address's share, unless a trusted proxy
+            // names the client later.
+            let client = (!self.shared.forwards(&self.config, peer)).then_some(peer.ip());
             let mut io =
                 Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
-            let Some(mut stream) = T::accepted(stream, tls_config.as_ref(), &mut io) else {
-                continue; // refused and counted (the TLS budget)
+            let Some(mut stream) = T::accepted(stream, tls_config.as_ref(), &mut io, client) else {
+                continue; // refused and counted (the address's share, the TLS budget)
             };
             let entry = self.conns.vacant_entry();
             let token = entry.key();

@@ -9,7 +9,7 @@ use freeboard_proto::handshake::{self, EMPTY_HEADER, HandshakeError, Request};
 use freeboard_proto::{Instant, MessageKind};
 
 use super::event_loop::{EventLoop, LINGER, PendingUpgrade, READ_BYTES_PER_TURN, Upgrading};
-use super::plain::{Chunked, PlainRequest, Reply, has_token, header, is_text};
+use super::plain::{Chunked, PlainRequest, Reply, chunked_body, has_token, header, is_text};
 use crate::handler::{Decision, Verdict};
 use crate::session::{Body, Phase};
 use crate::transport::{Io, Transport};
@@ -181,6 +181,12 @@ impl<T: Transport> EventLoop<T> {
             let peer = self.conns[token].peer;
             let client = self.shared.proxies.client(req.headers);
             self.attribute(token, now, client.map_or(peer, |ip| SocketAddr::new(ip, 0)));
+        }
+        // How a body after the head is framed, for every request: a refused framing closes
+        // the connection, so a request smuggled in a body a proxy framed otherwise is never
+        // read (see `chunked_body` for the RFC's words).
+        if let Err(refused) = chunked_body(req.headers) {
+            return self.refuse(token, now, refused.status(), "", refused.why());
         }
         let route = self.router.find(path);
         if !upgrade {
@@ -398,22 +404,8 @@ impl<T: Transport> EventLoop<T> {
         let max = config.max_message_size;
         let text = topic.is_empty() || header("content-type").is_some_and(is_text);
         let kind = if text { MessageKind::Text } else { MessageKind::Binary };
-        let chunked = match header("transfer-encoding") {
-            None => None,
-            // RFC 9112 §6.1: chunked must be the final coding; with Content-Length beside it
-            // the framing is ambiguous (request smuggling), so both are refused.
-            Some(te) if has_token(te, b"chunked") && header("content-length").is_none() => {
-                Some(Chunked::new(max))
-            }
-            Some(te) if has_token(te, b"chunked") => {
-                self.refuse(token, now, 400, "", "Transfer-Encoding with Content-Length");
-                return None;
-            }
-            Some(_) => {
-                self.refuse(token, now, 501, "", "only the chunked transfer coding is supported");
-                return None;
-            }
-        };
+        // `request` refused every other framing before routing.
+        let chunked = (chunked_body(headers) == Ok(true)).then(|| Chunked::new(max));
         let len = match (&chunked, content_length(headers)) {
             (Some(_), _) => 0,
             (None, Ok(Some(len))) if len > max => {

@@ -481,6 +481,78 @@ pub(super) fn has_token(value: &[u8], token: &[u8]) -> bool {
     value.split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
+/// Why a request's framing was refused: answered with [`status`](Self::status), then the
+/// connection is closed (whatever follows the head cannot be told from a next request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FramingError {
+    /// The `Transfer-Encoding` list does not end in exactly one `chunked` (400).
+    NotFinalChunked,
+    /// `chunked` after a coding the server does not implement (501).
+    UnsupportedCoding,
+    /// `Transfer-Encoding` and `Content-Length` together (400).
+    BothLengths,
+}
+
+impl FramingError {
+    /// The status the request is answered with.
+    pub(super) fn status(self) -> u16 {
+        match self {
+            Self::UnsupportedCoding => 501,
+            Self::NotFinalChunked | Self::BothLengths => 400,
+        }
+    }
+
+    /// What the answer's body says.
+    pub(super) fn why(self) -> &'static str {
+        match self {
+            Self::NotFinalChunked => "Transfer-Encoding must end in one chunked",
+            Self::UnsupportedCoding => "only the chunked transfer coding is supported",
+            Self::BothLengths => "Transfer-Encoding with Content-Length",
+        }
+    }
+}
+
+/// Whether a request's body is chunked, from its `Transfer-Encoding` fields read as one list
+/// (several fields are one comma-separated list, RFC 9110 §5.3; empty elements are skipped,
+/// §5.6.1; a coding's parameters are ignored). `Ok(false)`: no field, the body (if any) has a
+/// `Content-Length`.
+///
+/// RFC 9112 §6.3: "If a Transfer-Encoding header field is present in a request and the
+/// chunked transfer coding is not the final encoding, the message body length cannot be
+/// determined reliably; the server MUST respond with the 400 (Bad Request) status code and
+/// then close the connection." §6.1: "A sender MUST NOT apply the chunked transfer coding
+/// more than once", and a server that receives "a transfer coding it does not understand
+/// SHOULD respond with 501": every coding but `chunked` here, since none is implemented.
+/// With `Content-Length` beside it the framing is ambiguous (request smuggling, §6.3 and
+/// §11.2): 400.
+pub(super) fn chunked_body(headers: &[httparse::Header<'_>]) -> Result<bool, FramingError> {
+    let mut fields =
+        headers.iter().filter(|h| h.name.eq_ignore_ascii_case("transfer-encoding")).peekable();
+    if fields.peek().is_none() {
+        return Ok(false);
+    }
+    let codings = fields
+        .flat_map(|h| h.value.split(|&b| b == b','))
+        .map(|element| element.split(|&b| b == b';').next().unwrap_or_default().trim_ascii())
+        .filter(|name| !name.is_empty());
+    let (mut chunked, mut last_is_chunked, mut others) = (0usize, false, false);
+    for name in codings {
+        last_is_chunked = name.eq_ignore_ascii_case(b"chunked");
+        chunked += usize::from(last_is_chunked);
+        others |= !last_is_chunked;
+    }
+    if !last_is_chunked || chunked != 1 {
+        return Err(FramingError::NotFinalChunked);
+    }
+    if others {
+        return Err(FramingError::UnsupportedCoding);
+    }
+    if header(headers, "content-length").is_some() {
+        return Err(FramingError::BothLengths);
+    }
+    Ok(true)
+}
+
 /// Whether a `Content-Type` is published as a text message: `text/*`, `application/json` and
 /// `application/*+json` (a browser then gets a string, not a `Blob`).
 pub(super) fn is_text(content_type: &[u8]) -> bool {
@@ -677,6 +749,66 @@ mod tests {
         assert_eq!(decode(b"5\nhello\r\n", 100), Err(ChunkError::Malformed));
         let long = [b"1;".as_slice(), &[b'a'; 5000]].concat();
         assert_eq!(decode(&long, 100), Err(ChunkError::Malformed));
+    }
+
+    /// Every way of listing codings, over one field and several: only one final `chunked`
+    /// frames a body; the RFC's statuses otherwise.
+    #[test]
+    fn transfer_codings() {
+        use FramingError::{BothLengths, NotFinalChunked, UnsupportedCoding};
+        let framing = |fields: &[&str]| {
+            let headers: Vec<_> = fields
+                .iter()
+                .map(|v| match v.split_once(": ") {
+                    Some((name, value)) => httparse::Header { name, value: value.as_bytes() },
+                    None => httparse::Header { name: "Transfer-Encoding", value: v.as_bytes() },
+                })
+                .collect();
+            chunked_body(&headers)
+        };
+        assert_eq!(framing(&[]), Ok(false));
+        assert_eq!(framing(&["Content-Length: 5"]), Ok(false));
+        for chunked in [&["chunked"][..], &["Chunked"], &[" chunked "], &["CHUNKED;x=1"]] {
+            assert_eq!(framing(chunked), Ok(true), "{chunked:?}");
+        }
+        assert_eq!(framing(&[", chunked,"]), Ok(true), "empty elements are skipped");
+        assert_eq!(framing(&["", "chunked"]), Ok(true), "an empty field adds nothing");
+        // Not ending in exactly one chunked, in one field or across several: 400.
+        for list in [
+            &["chunked, identity"][..],
+            &["chunked", "identity"],
+            &["chunked", "chunked"],
+            &["chunked, chunked"],
+            &["gzip"],
+            &["identity"],
+            &["chunked, gzip"],
+            &["gzip, chunked, chunked"],
+            &["gzip", "chunked, chunked"],
+            &[""],
+            &[","],
+            &["chunked\"\""],
+            &["chunked;x=\"a, chunked\""],
+        ] {
+            assert_eq!(framing(list), Err(NotFinalChunked), "{list:?}");
+            assert_eq!(NotFinalChunked.status(), 400);
+        }
+        // A coding before the final chunked that is not implemented: 501.
+        for list in [
+            &["gzip, chunked"][..],
+            &["gzip", "chunked"],
+            &["deflate, chunked"],
+            &["compress, chunked"],
+            &["x-gzip, chunked"],
+            &["identity, chunked"],
+            &["br;q=1, chunked"],
+            &["gzip, deflate", "chunked"],
+        ] {
+            assert_eq!(framing(list), Err(UnsupportedCoding), "{list:?}");
+            assert_eq!(UnsupportedCoding.status(), 501);
+        }
+        // With Content-Length beside a valid chunked: 400.
+        assert_eq!(framing(&["chunked", "Content-Length: 4"]), Err(BothLengths));
+        assert_eq!(BothLengths.status(), 400);
     }
 
     #[test]

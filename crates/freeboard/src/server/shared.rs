@@ -10,7 +10,8 @@ use crate::auth::{Origins, TrustedProxies};
 use crate::config::{Reload, ServerConfig};
 use crate::handler::RouterFactory;
 use crate::metrics::Metrics;
-use crate::tls::TlsIdentity;
+use crate::rate::Bucket;
+use crate::tls::{HandshakeAdmission, TlsIdentity};
 use crate::topics::Hub;
 
 /// State every event loop of a server shares: configuration, metrics, connection counts.
@@ -40,6 +41,9 @@ pub(crate) struct Shared {
     pub(crate) pending: AtomicUsize,
     /// The rustls configuration of the TLS listener, and the certificate it serves.
     pub(crate) tls: Option<(Arc<rustls::ServerConfig>, Arc<TlsIdentity>)>,
+    /// With TLS: every address's share of the handshakes (`tls.handshakes_per_ip`,
+    /// `tls.handshake_rate_per_ip`), across the loops.
+    pub(crate) handshakes: Option<Arc<HandshakeAdmission>>,
 }
 
 impl Shared {
@@ -50,8 +54,13 @@ impl Shared {
         factory: RouterFactory,
         tls: Option<(Arc<rustls::ServerConfig>, Arc<TlsIdentity>)>,
     ) -> Self {
+        let handshakes = config
+            .tls
+            .as_ref()
+            .map(|tls| HandshakeAdmission::new(tls.handshakes_per_ip, tls.handshake_rate_per_ip));
         Self {
             tls,
+            handshakes,
             hub,
             metrics,
             factory,
@@ -207,43 +216,4 @@ struct PerIp {
     /// Open connections from the address.
     count: usize,
     bucket: Bucket,
-}
-
-/// A token bucket of `rate` tokens per second holding at most `max(rate, 1)`; rate 0 is off.
-#[derive(Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    /// Seconds (server clock) of the last refill.
-    at: f64,
-}
-
-impl Bucket {
-    fn full_at(rate: f64, now: f64) -> Self {
-        Self { tokens: rate.max(1.0), at: now }
-    }
-
-    fn refill(&mut self, rate: f64, now: f64) {
-        self.tokens = (self.tokens + (now - self.at) * rate).min(rate.max(1.0));
-        self.at = now;
-    }
-
-    fn full(&self, rate: f64, now: f64) -> bool {
-        let mut b = *self;
-        b.refill(rate, now);
-        b.tokens >= rate.max(1.0)
-    }
-
-    /// Takes a token if there is one (always, when the rate is 0).
-    fn take(&mut self, rate: f64, now: f64) -> bool {
-        if rate == 0.0 {
-            return true;
-        }
-        self.refill(rate, now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
 }

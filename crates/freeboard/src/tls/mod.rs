@@ -14,11 +14,13 @@
 //!
 //! An idle TLS connection holds no chunk. Its rustls state (keys, the handshake state until
 //! it ends) is heap memory that the loop charges to its TLS budget, a share of the memory
-//! budget; a connection the budget cannot cover is refused at accept (counted).
+//! budget; a connection the budget cannot cover is refused at accept (counted). Each client
+//! address has a share of the handshakes in progress (`admission.rs`), checked first,
+//! so that one address cannot spend the budget and lock the others out.
 
 use std::fmt;
 use std::io::{self, IoSlice, Read, Write};
-use std::net::Shutdown;
+use std::net::{IpAddr, Shutdown};
 use std::sync::Arc;
 
 use freeboard_buf::{Budget, ChunkChain, Pool};
@@ -30,8 +32,10 @@ use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, UnbufferedS
 use crate::metrics::Metrics;
 use crate::session::Session;
 
+mod admission;
 mod identity;
 
+pub(crate) use admission::{HandshakeAdmission, HandshakeTicket};
 pub use identity::{TlsError, TlsIdentity};
 pub(crate) use identity::{provider, server_config};
 
@@ -65,19 +69,23 @@ pub(crate) struct TlsScratch {
     plain: Box<[u8]>,
     /// What the connections' rustls state may use: a share of the loop's memory budget.
     budget: Budget,
+    /// Every address's share of the handshakes, across the server.
+    handshakes: Option<Arc<HandshakeAdmission>>,
 }
 
 impl TlsScratch {
     /// The bytes a loop with TLS draws from its budget for its scratch buffers.
     pub(crate) const BYTES: usize = MAX_RECORD + READ_SIZE + 2 * WRITE_SIZE + WRITE_SIZE / 4;
 
-    /// Scratch buffers, and `state_budget` for the connections' rustls state.
-    pub(crate) fn new(state_budget: Budget) -> Self {
+    /// Scratch buffers, `state_budget` for the connections' rustls state, and the server's
+    /// per-address `handshakes`.
+    pub(crate) fn new(state_budget: Budget, handshakes: Arc<HandshakeAdmission>) -> Self {
         Self {
             input: vec![0; MAX_RECORD + READ_SIZE].into_boxed_slice(),
             output: vec![0; WRITE_SIZE + WRITE_SIZE / 4].into_boxed_slice(),
             plain: vec![0; WRITE_SIZE].into_boxed_slice(),
             budget: state_budget,
+            handshakes: Some(handshakes),
         }
     }
 
@@ -88,6 +96,7 @@ impl TlsScratch {
             output: Box::new([]),
             plain: Box::new([]),
             budget: Budget::new(0),
+            handshakes: None,
         }
     }
 }
@@ -134,22 +143,37 @@ struct Wire {
     /// What it holds of the TLS budget for `cipher_in` before the handshake ends (whole
     /// chunks): a ClientHello sent slowly is bounded by the TLS share, not the pool's.
     held: usize,
+    /// Its place in its address's share of the handshakes, until the handshake ends.
+    ticket: Option<HandshakeTicket>,
 }
 
 impl TlsStream {
-    /// Wraps an accepted socket, or `None` (counted) when the loop's TLS budget cannot cover
-    /// one more handshake.
+    /// Wraps an accepted socket, or `None` (counted) when `client`'s address is at its share
+    /// of the handshakes or the loop's TLS budget cannot cover one more. `client` is `None`
+    /// for a connection whose client is named later (a trusted proxy): it is not counted.
     pub(crate) fn accept(
         tcp: TcpStream,
         config: &Arc<rustls::ServerConfig>,
         io: &mut Io<'_>,
+        client: Option<IpAddr>,
     ) -> Option<Self> {
+        // The address's share first: a refused address draws nothing from the budget.
+        let ticket = match (client, &io.tls.handshakes) {
+            (Some(client), Some(handshakes)) => match handshakes.begin(client) {
+                Ok(ticket) => Some(ticket),
+                Err(reason) => {
+                    io.metrics.tls_refusal(reason);
+                    return None;
+                }
+            },
+            _ => None,
+        };
         if io.tls.budget.try_draw(HANDSHAKE_CHARGE).is_err() {
             io.metrics.tls_refusal("budget");
             return None;
         }
         match UnbufferedServerConnection::new(config.clone()) {
-            Ok(conn) => Some(Self::new(tcp, conn)),
+            Ok(conn) => Some(Self::new(tcp, conn, ticket)),
             Err(_) => {
                 io.tls.budget.give_back(HANDSHAKE_CHARGE);
                 io.metrics.tls_refusal("other");
@@ -158,7 +182,11 @@ impl TlsStream {
         }
     }
 
-    fn new(tcp: TcpStream, conn: UnbufferedServerConnection) -> Self {
+    fn new(
+        tcp: TcpStream,
+        conn: UnbufferedServerConnection,
+        ticket: Option<HandshakeTicket>,
+    ) -> Self {
         let wire = Wire {
             tcp,
             cipher_in: ChunkChain::new(),
@@ -172,6 +200,7 @@ impl TlsStream {
             failed: false,
             charge: HANDSHAKE_CHARGE,
             held: 0,
+            ticket,
         };
         Self { conn, wire }
     }
@@ -242,9 +271,11 @@ impl TlsStream {
                 wire.more_input = read == space;
                 return Ok(n);
             }
-            if read < space {
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
+            // No plaintext yet (a record, or a ClientHello, that has not fully arrived): read
+            // again, even after a short read, until the socket says `WouldBlock`. Epoll is
+            // edge-triggered, so a FIN that came with these bytes raises no new event: a
+            // client that sent half a ClientHello and hung up would otherwise hold its
+            // handshake, and its address's place, until the handshake timeout.
         }
     }
 
@@ -316,6 +347,7 @@ impl TlsStream {
                 ConnectionState::WriteTraffic(_) => {
                     if !wire.established {
                         wire.established = true;
+                        wire.ticket = None; // the address's place goes back
                         io.metrics.tls_handshakes.inc();
                         io.tls.budget.give_back(wire.charge - ESTABLISHED_CHARGE);
                         wire.charge = ESTABLISHED_CHARGE;
@@ -438,6 +470,7 @@ impl TlsStream {
         wire.plain_in.clear(io.pool);
         wire.cipher_out.clear(io.pool);
         io.tls.budget.give_back(std::mem::take(&mut wire.charge) + std::mem::take(&mut wire.held));
+        wire.ticket = None;
     }
 }
 
