@@ -286,6 +286,10 @@ struct ServeArgs {
     /// answer 404. TOML `[admin] listen`. Default: none.
     #[arg(long, value_name = "ADDR")]
     admin_listen: Option<SocketAddr>,
+    /// Admin requests (and dashboard-stream upgrades) one address may make per second; beyond
+    /// it 429. 0 turns the limit off. TOML `[admin] rate_per_ip` [default: 100].
+    #[arg(long, value_name = "PER_SEC")]
+    admin_rate_per_ip: Option<f64>,
 }
 
 fn main() -> ExitCode {
@@ -504,6 +508,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
         ("topics.history_prefix", args.history_prefix.clone().map(Value::String)),
         ("admin.token", args.admin_token.clone().map(Value::String)),
         ("admin.listen", args.admin_listen.map(|v| Value::String(v.to_string()))),
+        ("admin.rate_per_ip", args.admin_rate_per_ip.map(Value::Float)),
     ];
     for (key, value) in flags {
         let Some(value) = value else { continue };

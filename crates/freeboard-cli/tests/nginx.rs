@@ -109,6 +109,7 @@ fn upgrade(proxy: SocketAddr, from: Ipv4Addr) -> (TcpStream, u16) {
 }
 
 fn metrics(proxy: SocketAddr) -> String {
+    std::thread::sleep(freeboard::metrics::ADMIN_REFRESH); // a build after the change
     let mut s = TcpStream::connect(proxy).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();

@@ -103,6 +103,7 @@ fn losses(addr: &str) -> String {
 
 /// A counter's value in a node's `/metrics` (0 if absent).
 fn metric(addr: &str, name: &str) -> u64 {
+    std::thread::sleep(freeboard::metrics::ADMIN_REFRESH); // a build after the change
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();

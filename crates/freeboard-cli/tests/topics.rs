@@ -159,6 +159,7 @@ fn topic_limits_refuse_clearly_and_are_counted() {
     let close = inbox.frame(&mut d).unwrap().expect("a close frame");
     assert_eq!((close.opcode, close.close_code()), (0x8, 1008));
     assert_eq!(&close.payload[2..], b"too many topics on this server");
+    std::thread::sleep(freeboard::metrics::ADMIN_REFRESH); // a build after the change
     let mut s = TcpStream::connect(&serve.addr).unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
     let mut metrics = String::new();
@@ -304,6 +305,7 @@ fn keyed_conflate_keeps_every_instrument_for_a_slow_subscriber() {
             }
         }
         let finals = (0..INSTRUMENTS.len()).filter(|&i| last[i] == Some(last_round(i))).count();
+        std::thread::sleep(freeboard::metrics::ADMIN_REFRESH); // a build after the change
         let mut s = TcpStream::connect(&serve.addr).unwrap();
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
         let mut metrics = String::new();

@@ -14,7 +14,11 @@ pub struct Scrape {
 
 impl Scrape {
     /// Scrapes `addr`'s `/metrics`.
+    ///
+    /// The server rebuilds `/metrics` at most every 10 ms and answers the last build in
+    /// between, so the scrape waits that long first: what happened before the call is in it.
     pub fn of(addr: SocketAddr) -> Self {
+        std::thread::sleep(Duration::from_millis(10));
         let mut stream = TcpStream::connect(addr).expect("connect for /metrics");
         stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
         stream

@@ -166,14 +166,33 @@ fn an_admin_listener_serves_the_admin_routes_and_only_them() {
     assert_eq!(WsClient::handshake(public, &echo).expect("an answer").1, 101);
 }
 
+#[test]
+fn an_address_asking_the_admin_routes_in_a_loop_gets_429() {
+    let serve = Serve::start(&["--admin-rate-per-ip", "20"]);
+    let statuses: Vec<u16> = (0..60).map(|_| status(serve.addr(), "GET /metrics", "")).collect();
+    let limited = statuses.iter().filter(|&&s| s == 429).count();
+    println!("{limited} of 60 answered 429");
+    assert!(statuses.iter().all(|s| matches!(s, 200 | 429)), "{statuses:?}");
+    // A second's burst (20) and what refills while they ask.
+    assert!((20..60).contains(&(60 - limited)), "{statuses:?}");
+    assert!(limited > 0);
+    // Not an admin route: never limited.
+    assert_eq!(status(serve.addr(), "GET /healthz", ""), 200);
+    std::thread::sleep(Duration::from_secs(1));
+    let metrics = serve.metrics();
+    assert_eq!(metrics.get("access_refusals_total{reason=\"admin_rate\"}"), limited as f64);
+}
+
 /// The status of `request_line` (`GET /path`) with `extra` header lines.
 fn status(addr: SocketAddr, request_line: &str, extra: &str) -> u16 {
     let head = exchange(addr, request_line, extra);
     head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
-/// The body of `GET path` with `extra` header lines.
+/// The body of `GET path` with `extra` header lines, 10 ms after the last request.
 fn get(addr: SocketAddr, path: &str, extra: &str) -> String {
+    // `/metrics` is rebuilt at most every 10 ms: a build after what the test did.
+    std::thread::sleep(Duration::from_millis(10));
     let response = exchange(addr, &format!("GET {path}"), extra);
     response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
 }

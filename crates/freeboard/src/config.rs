@@ -145,7 +145,7 @@ pub struct ServerConfig {
 /// (the client a trusted proxy names, not the proxy), and any other gets 403: what a
 /// server reachable from the internet needs by default, while `curl localhost/metrics` and a
 /// Prometheus beside the server keep working.
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct AdminConfig {
@@ -157,6 +157,17 @@ pub struct AdminConfig {
     /// any client that reaches it (unless `token` is set too), and answer 404 on the public
     /// listener. Default: none.
     pub listen: Option<SocketAddr>,
+    /// Admin requests (plain requests and dashboard-stream upgrades) one address may make per
+    /// second, a token bucket with a second's burst; beyond it 429 with `Retry-After`. 0
+    /// turns it off. Default 100: a Prometheus, an operator's `watch curl` and a few
+    /// dashboards, not a client asking in a loop.
+    pub rate_per_ip: f64,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self { token: None, listen: None, rate_per_ip: 100.0 }
+    }
 }
 
 impl std::fmt::Debug for AdminConfig {
@@ -164,6 +175,7 @@ impl std::fmt::Debug for AdminConfig {
         f.debug_struct("AdminConfig")
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("listen", &self.listen)
+            .field("rate_per_ip", &self.rate_per_ip)
             .finish()
     }
 }
@@ -522,7 +534,10 @@ impl ServerConfig {
         if !(self.send_low <= self.send_high && self.send_high <= self.send_cap) {
             return Err(ConfigError::Watermarks { prefix: "" });
         }
-        if !(self.accept_rate >= 0.0 && self.accept_rate_per_ip >= 0.0) {
+        if !(self.accept_rate >= 0.0
+            && self.accept_rate_per_ip >= 0.0
+            && self.admin.rate_per_ip >= 0.0)
+        {
             return Err(ConfigError::AcceptRate);
         }
         // A request head (up to 8 KiB) must fit in one read buffer.
@@ -689,6 +704,7 @@ impl ServerConfig {
             true "topics.publish_token" topics.publish_token;
             true "admin.token" admin.token;
             false "admin.listen" admin.listen;
+            true "admin.rate_per_ip" admin.rate_per_ip;
             false "listen" listen;
             false "share_port" share_port;
             false "threads" threads;
@@ -764,7 +780,7 @@ pub enum ConfigError {
         /// `""` or `"topics."`.
         prefix: &'static str,
     },
-    /// An accept rate is negative or not a number.
+    /// An accept rate (or `admin.rate_per_ip`) is negative or not a number.
     AcceptRate,
     /// `read_buffer` cannot hold a request head twice over.
     ReadBuffer {
@@ -836,7 +852,9 @@ impl std::fmt::Display for ConfigError {
                 f,
                 "send watermarks must satisfy {prefix}send_low <= {prefix}send_high <= {prefix}send_cap"
             ),
-            Self::AcceptRate => f.write_str("accept rates must be 0 (off) or positive"),
+            Self::AcceptRate => f.write_str(
+                "accept_rate, accept_rate_per_ip and admin.rate_per_ip must be 0 (off) or positive",
+            ),
             Self::ReadBuffer { given, min } => {
                 write!(
                     f,

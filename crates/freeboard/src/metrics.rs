@@ -54,8 +54,9 @@ pub const BACKPLANE_LOST_REASONS: [&str; 4] =
 
 /// Why an access check refused an upgrade (`freeboard_access_refusals_total{reason}`); an
 /// application's own reason is added when first used.
-pub const ACCESS_REFUSAL_REASONS: [&str; 17] = [
+pub const ACCESS_REFUSAL_REASONS: [&str; 18] = [
     "origin",
+    "admin_rate",
     "admin_token_missing",
     "admin_token_invalid",
     "admin_not_loopback",

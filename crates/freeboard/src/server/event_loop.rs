@@ -17,7 +17,7 @@ use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use freeboard_buf::{Budget, PageBuffer, Pool, PoolConfig, SendQueue, Watermarks, Writability};
-use freeboard_proto::{CloseCode, Instant, State};
+use freeboard_proto::{CloseCode, Instant};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
@@ -642,7 +642,8 @@ impl<T: Transport> EventLoop<T> {
     /// Reads and discards what the peer sends after our final response or close frame. At
     /// EOF a lingering connection goes; a draining one goes once its output is out.
     ///
-    /// At most [`READ_BYTES_PER_TURN`] per readiness event, never resumed: a peer that keeps
+    /// At most [`READ_BYTES_PER_TURN`] per readiness event, never resumed (the close handshake
+    /// is over: nothing the peer sends now matters): a peer that keeps
     /// writing after the close fills its socket buffer and waits, at no cost to the loop,
     /// until its EOF is read on a next arrival or the deadline removes it.
     pub(super) fn read_discard(&mut self, token: usize) {
@@ -678,12 +679,8 @@ impl<T: Transport> EventLoop<T> {
                 break;
             }
             if reads == READS_PER_TURN || bytes >= READ_BYTES_PER_TURN {
-                // Fairness: a busy peer waits for the next turn, after everyone else. One
-                // that keeps sending after our close frame waits for its next arrival instead
-                // (as in `read_discard`): it cannot keep the loop reading for it.
-                if entry.session.state() != State::CloseSent {
-                    self.resume.push(token);
-                }
+                // Fairness: a busy peer waits for the next turn, after everyone else.
+                self.resume.push(token);
                 break;
             }
             reads += 1;
@@ -700,6 +697,7 @@ impl<T: Transport> EventLoop<T> {
                 Ok(n) => {
                     self.stats.bytes_in += n as u64;
                     bytes += n;
+                    entry.session.count_read(n);
                     self.reading = Some(token);
                     self.receive(token, now, &mut buf[..n]);
                     self.reading = None;

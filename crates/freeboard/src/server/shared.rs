@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     pub(crate) open: AtomicUsize,
     /// Per-address counts and accept-rate buckets, and the global bucket.
     admission: Mutex<Admission>,
+    /// Each address's bucket of admin requests (`admin.rate_per_ip`).
+    admin_requests: Mutex<AdminRequests>,
     pub(crate) shutdown: AtomicBool,
     /// Topics across loops: which loops subscribe to what, and their inboxes.
     pub(crate) hub: Hub,
@@ -71,6 +73,7 @@ impl Shared {
                 by_ip: HashMap::new(),
                 sweep_at: 1024,
             }),
+            admin_requests: Mutex::new(AdminRequests { by_ip: HashMap::new(), sweep_at: 1024 }),
             shutdown: AtomicBool::new(false),
             // NOTE(unwrap): both lists were checked by `ServerConfig::validate`.
             origins: Origins::new(&config.allowed_origins).unwrap_or_default(),
@@ -156,6 +159,19 @@ impl Shared {
         (!ip.bucket.take(config.accept_rate_per_ip, now_secs)).then_some(429)
     }
 
+    /// Takes one of `ip`'s admin requests (`admin.rate_per_ip`); `false` if it asks faster.
+    pub(crate) fn admin_request(&self, config: &ServerConfig, ip: IpAddr, now_secs: f64) -> bool {
+        let rate = config.admin.rate_per_ip;
+        let mut requests = self.admin_requests.lock().unwrap_or_else(|e| e.into_inner());
+        if requests.by_ip.len() > requests.sweep_at {
+            // Forget the addresses whose bucket has refilled: the map holds recent askers only.
+            requests.by_ip.retain(|_, bucket| !bucket.full(rate, now_secs));
+            requests.sweep_at = (requests.by_ip.len() * 2).max(1024);
+        }
+        let bucket = requests.by_ip.entry(ip).or_insert_with(|| Bucket::full_at(rate, now_secs));
+        bucket.take(rate, now_secs)
+    }
+
     /// Forgets a connection: `attributed` says whether it was counted against `peer`'s
     /// address.
     pub(crate) fn release(&self, config: &ServerConfig, peer: SocketAddr, attributed: bool) {
@@ -209,6 +225,12 @@ struct Admission {
     global: Bucket,
     by_ip: HashMap<IpAddr, PerIp>,
     /// Sweep idle entries when the map grows past this.
+    sweep_at: usize,
+}
+
+struct AdminRequests {
+    by_ip: HashMap<IpAddr, Bucket>,
+    /// Sweep full buckets when the map grows past this.
     sweep_at: usize,
 }
 

@@ -140,7 +140,16 @@ pub(crate) struct Open {
     close_reported: bool,
     /// A watermark crossing not yet taken by the driver.
     change: Option<Writability>,
+    /// Bytes read since our close frame was queued (saturating), up to
+    /// [`READ_AFTER_CLOSE`].
+    read_after_close: u32,
 }
+
+/// What a peer may still send after our close frame before we stop reading it: what it had
+/// in flight when the close left (a large message's rest, then its own close frame). A peer
+/// that sends more is not reading what we say; its bytes wait in its socket until the close
+/// timeout drops it.
+pub(crate) const READ_AFTER_CLOSE: u32 = 1 << 20;
 
 /// A plain HTTP request whose body is still arriving.
 pub(crate) struct Body {
@@ -296,7 +305,22 @@ impl Session {
     /// Whether the driver should read the socket for this session's WebSocket input: open,
     /// not closed, not paused above the high watermark.
     pub(crate) fn wants_input(&self) -> bool {
-        matches!(&self.phase, Phase::Open(open) if !open.paused && open.ws.state() != State::Closed)
+        matches!(&self.phase, Phase::Open(open) if !open.paused && match open.ws.state() {
+            State::Open => true,
+            State::CloseSent => open.read_after_close < READ_AFTER_CLOSE,
+            State::Closed => false,
+        })
+    }
+
+    /// Counts `n` bytes read, against [`READ_AFTER_CLOSE`] once our close frame is queued.
+    #[inline]
+    pub(crate) fn count_read(&mut self, n: usize) {
+        if let Phase::Open(open) = &mut self.phase
+            && open.ws.state() == State::CloseSent
+        {
+            let n = u32::try_from(n).unwrap_or(u32::MAX);
+            open.read_after_close = open.read_after_close.saturating_add(n);
+        }
     }
 
     /// Feeds read bytes to the core; returns how many it used and the message they
@@ -867,6 +891,6 @@ impl Session {
 
 impl Open {
     fn new(ws: Ws) -> Self {
-        Self { ws, paused: false, close_reported: false, change: None }
+        Self { ws, paused: false, close_reported: false, change: None, read_after_close: 0 }
     }
 }

@@ -125,6 +125,8 @@ impl Client {
 
 /// The value of a metric line `name{labels} value` in `/metrics` text, 0 if absent.
 pub fn metric(addr: SocketAddr, series: &str) -> f64 {
+    // `/metrics` is rebuilt at most every ADMIN_REFRESH: after that, the build is fresh.
+    std::thread::sleep(freeboard::metrics::ADMIN_REFRESH);
     let text = http(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     text.lines()
         .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
