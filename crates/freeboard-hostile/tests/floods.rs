@@ -58,7 +58,7 @@ fn a_close_flood_gets_one_close_per_connection() {
 }
 
 /// 16 threads publish 900 KiB bodies without pause beside the innocent echo client: bodies
-/// are read a share per loop turn (256 KiB) like any connection's bytes, so the echo waits
+/// are read a share per loop turn (64 KiB) like any connection's bytes, so the echo waits
 /// behind a share of each, not behind whole bodies and their fan-out.
 #[test]
 fn a_flood_of_large_publishes_does_not_hold_up_an_echo() {

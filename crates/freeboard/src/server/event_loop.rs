@@ -43,10 +43,12 @@ const ADMIN_LISTENER: Token = Token(usize::MAX - 4);
 pub(super) const INITIAL_CONNS: usize = 1024;
 /// Reads of one connection per loop turn before the others get their turn.
 const READS_PER_TURN: usize = 16;
-/// Bytes read from one connection per loop turn before the others get their turn: what one
-/// turn spends on a client that sends without pause (many small messages, a large body)
-/// is bounded by what it sends, whatever its reads return.
-pub(super) const READ_BYTES_PER_TURN: usize = 256 << 10;
+/// Bytes read from one connection per loop turn before the others get their turn (the read
+/// that passes it is the last): what one turn spends on each client that sends without
+/// pause (many small messages, a large body) is bounded by what it sent, whatever its reads
+/// return. A connection that keeps up waits behind one such share of each busy peer: 64 KiB
+/// of one-byte frames is about 9,000 messages.
+pub(super) const READ_BYTES_PER_TURN: usize = 64 << 10;
 /// How often the pool gives back the pages of chunks that stayed free for a whole interval
 /// (beyond its warm reserve; everything after a few quiet intervals).
 pub(super) const RELEASE_INTERVAL: Duration = Duration::from_secs(1);
