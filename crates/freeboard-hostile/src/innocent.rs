@@ -199,6 +199,13 @@ impl Watch {
 }
 
 impl Figures {
+    /// Panics unless the server's RSS stayed within `budget_mib` (its `--memory`) plus 10 %
+    /// above its RSS before the attack.
+    pub fn assert_rss_within(&self, budget_mib: u64) {
+        let bound = self.rss_before + budget_mib * 1024 * 11 / 10;
+        assert!(self.rss_peak <= bound, "RSS peaked at {} KiB, over {bound} KiB", self.rss_peak);
+    }
+
     /// Prints the figures as one line tagged with `name` (collected for
     /// `docs/RELIABILITY.md`; shown with `--nocapture`) and checks the innocent client.
     pub fn report(&self, name: &str) {

@@ -203,6 +203,7 @@ fn unfinished_messages_pay_for_the_pool_not_the_innocents() {
     let counted = after.delta(&before, "closes_total{reason=\"try_again_later\"}")
         + after.delta(&before, "closes_total{reason=\"abnormal\"}");
     assert!(counted >= told, "{counted} closes counted for {told} refused");
+    figures.assert_rss_within(16);
     figures.report("unfinished_messages");
 }
 
@@ -239,6 +240,7 @@ fn large_messages_never_read_pay_for_the_pool_not_the_innocents() {
         + after.delta(&before, "closes_total{reason=\"try_again_later\"}")
         + after.delta(&before, "closes_total{reason=\"abnormal\"}");
     assert!(charged > 0.0, "no never-reading client was charged for the pool");
+    figures.assert_rss_within(16);
     figures.report("large_messages_never_read");
 }
 

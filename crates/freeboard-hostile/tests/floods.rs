@@ -80,5 +80,6 @@ fn a_flood_of_large_publishes_does_not_hold_up_an_echo() {
     // A stalled loop shows as a round trip of seconds; the target (p99 within a few ms of a
     // quiet run, on a release build) is in docs/RELIABILITY.md.
     assert!(figures.echo.max < Duration::from_millis(500), "{figures}");
+    figures.assert_rss_within(16);
     figures.report("post_flood");
 }
