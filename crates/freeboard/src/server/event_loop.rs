@@ -461,7 +461,7 @@ impl<T: Transport> EventLoop<T> {
         }
         for (token, mut entry) in std::mem::take(&mut self.conns) {
             self.topics.drop_conn(&self.shared.hub, token);
-            entry.session.release(&mut self.pool);
+            self.stats.closed += u64::from(entry.session.release(&mut self.pool));
             let mut io =
                 Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
             entry.stream.release(&mut io);
@@ -744,7 +744,8 @@ impl<T: Transport> EventLoop<T> {
         match entry.session.corked_written(&mut self.cork, &mut self.pool, written) {
             Ok(n) => self.stats.bytes_out += n as u64,
             Err(_) => {
-                self.conns[token].session.clear_queue(&mut self.pool);
+                let lost = self.conns[token].session.clear_queue(&mut self.pool);
+                self.stats.closed += u64::from(lost);
                 self.end_of_input(token, now);
                 self.remove(token);
             }
