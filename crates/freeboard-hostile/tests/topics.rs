@@ -1,11 +1,12 @@
-//! Topics against the books: subscribers that never read under a flood of large publications
-//! lose only what is counted, under every slow-consumer policy. An innocent client echoes
-//! beside each attack.
+//! Topics against the budget and the books: subscriptions by the ten thousand are held inside
+//! the memory budget and give their memory back when they go; subscribers that never read
+//! under a flood of large publications lose only what is counted, under every slow-consumer
+//! policy. An innocent client echoes beside each attack.
 
 use std::time::Duration;
 
-use freeboard_hostile::topics::{Publisher, drain};
-use freeboard_hostile::{Serve, Watch, WsClient, upgrade_request};
+use freeboard_hostile::topics::{Publisher, drain, subscribe_many};
+use freeboard_hostile::{Serve, Watch, WsClient, raise_fd_limit, upgrade_request};
 
 /// The attacks run one at a time: each measures an innocent client beside one attack.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -135,4 +136,50 @@ fn every_publication_is_accounted_for_under_block() {
 #[test]
 fn every_publication_is_accounted_for_under_close() {
     every_publication_is_accounted_for("close");
+}
+
+/// 100,032 subscriptions asked for: 1,563 connections to `/topic/`, each naming 64 distinct
+/// topics (`--memory 16M`, within `--max-topics`), from four loopback addresses (the per-IP
+/// limit is 1,000). The topic tables are held in their part of each loop's budget: once it is
+/// spent the upgrades get 503 (`topic_refusals_total{reason="budget"}`), the server's RSS stays
+/// within the budget above idle, and once the subscribers close it comes back to near idle.
+#[test]
+fn subscriptions_are_held_inside_the_budget() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    raise_fd_limit();
+    const CONNECTIONS: usize = 1_563;
+    const PER_CONNECTION: usize = 64;
+    let serve = Serve::start(&["--memory", "16M"]);
+    let before = serve.metrics();
+    let watch = Watch::start(&serve);
+    let (mut clients, got) = subscribe_many(serve.addr(), "many", CONNECTIONS, PER_CONNECTION, 4);
+    let during = serve.wait_metrics("the subscriptions", |m| {
+        m.get("topic_subscriptions") == (got.open * PER_CONNECTION) as f64
+    });
+    let refused = during.delta(&before, "topic_refusals_total{reason=\"budget\"}");
+    println!(
+        "{} connections subscribed ({} subscriptions), {} refused 503, {} closed after their 101; \
+         {refused} budget refusals counted; RSS {} KiB",
+        got.open,
+        got.open * PER_CONNECTION,
+        got.refused_503,
+        got.closed,
+        serve.rss_kib()
+    );
+    assert_eq!(got.open + got.refused_503 + got.closed, CONNECTIONS, "{got:?}");
+    assert!(got.open > 0 && got.refused_503 > 0, "{got:?}");
+    assert_eq!(refused, (got.refused_503 + got.closed) as f64, "every refusal is counted");
+    // The subscriptions held are real: a publication to the first topic reaches its client.
+    let mut publisher = Publisher::connect(serve.addr()).expect("connect");
+    assert_eq!(publisher.publish("many0", b"hello").expect("publish").status, 200);
+    let frame = clients[0].recv().expect("read").expect("a frame");
+    assert_eq!((frame.opcode, &frame.payload[..]), (0x2, &b"hello"[..]));
+    clients.clear();
+    serve.wait_metrics("the subscriptions gone", |m| m.get("topic_subscriptions") == 0.0);
+    // A moment for the last closes, and for the loops' end of turn.
+    std::thread::sleep(Duration::from_millis(500));
+    let figures = watch.finish();
+    assert!(figures.rss_peak <= figures.rss_before + BUDGET_KIB * 11 / 10, "{figures}");
+    assert!(figures.rss_after <= figures.rss_before + 2048, "memory kept: {figures}");
+    figures.report("topic_subscriptions");
 }

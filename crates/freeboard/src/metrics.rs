@@ -45,8 +45,9 @@ pub const REFUSAL_STATUSES: [u16; 14] =
 /// Why a whole loop missed a publication (`freeboard_topic_drops_total{reason}`).
 pub const TOPIC_DROP_REASONS: [&str; 2] = ["inbox_full", "pool"];
 
-/// Why a subscription was refused by a topic limit (`freeboard_topic_refusals_total{reason}`).
-pub const TOPIC_REFUSAL_REASONS: [&str; 2] = ["connection_topics", "server_topics"];
+/// Why a subscription was refused by a topic limit (`freeboard_topic_refusals_total{reason}`):
+/// a connection's topics, the server's topics, or the loop's budget for its topic tables.
+pub const TOPIC_REFUSAL_REASONS: [&str; 3] = ["connection_topics", "server_topics", "budget"];
 
 /// Why a publication did not reach the Redis backplane (`freeboard_backplane_lost_total{reason}`).
 pub const BACKPLANE_LOST_REASONS: [&str; 4] =

@@ -292,8 +292,14 @@ impl<T: Transport> EventLoop<T> {
             crate::Compression::Off => 0,
             _ => per_loop / 8,
         };
-        let pool_bytes =
-            per_loop - 2 * config.read_buffer - assembly_reserve - tls_bytes - compression_reserve;
+        // The topic tables (who subscribes to what) are drawn from their own part of it.
+        let topics_reserve = per_loop / crate::topics::TABLE_SHARE;
+        let pool_bytes = per_loop
+            - 2 * config.read_buffer
+            - assembly_reserve
+            - tls_bytes
+            - compression_reserve
+            - topics_reserve;
         let chunks = pool_bytes
             / Pool::footprint(config.chunk_size, 1, freeboard_buf::DEFAULT_SEGMENTS_PER_CHUNK);
         let pool_config =
@@ -316,7 +322,8 @@ impl<T: Transport> EventLoop<T> {
             .hub
             .take_receiver(index)
             .ok_or_else(|| io::Error::other("event loop started twice"))?;
-        let topics = LocalTopics::new(index, config.topics.max_topics_per_connection);
+        let tables = pool.budget_mut().split(topics_reserve).map_err(io::Error::other)?;
+        let topics = LocalTopics::new(index, config.topics.max_topics_per_connection, tables);
         Ok(Self {
             index,
             poll,
