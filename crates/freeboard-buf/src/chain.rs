@@ -333,9 +333,13 @@ impl ChunkChain {
                 break;
             }
             left -= seg_len;
+            let control = seg.is_control();
             self.head = slab.free_segment(self.head);
             if self.head == NIL || slab.segment(self.head).starts_message() {
                 completed += 1;
+            } else if control {
+                // The rest of a control message in flight stays one.
+                slab.segment_mut(self.head).mark_control();
             }
         }
         if self.head == NIL {
@@ -429,6 +433,21 @@ impl ChunkChain {
     #[cfg(test)]
     pub(crate) fn tail_index(&self) -> u32 {
         self.tail
+    }
+
+    /// The data messages (not control ones) the chain holds, the one in flight included.
+    pub(crate) fn data_messages(&self, view: View<'_>) -> u32 {
+        let mut messages = 0;
+        let mut cur = self.head;
+        while cur != NIL {
+            let seg = view.segment(cur);
+            // The head is a message's first segment or, in flight, the rest of one.
+            if (cur == self.head || seg.starts_message()) && !seg.is_control() {
+                messages += 1;
+            }
+            cur = seg.next;
+        }
+        messages
     }
 
     /// Whether the head message has started to go out.

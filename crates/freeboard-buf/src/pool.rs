@@ -1356,6 +1356,12 @@ impl SegmentSlot {
     pub(crate) fn clear_message_start(&mut self) {
         self.chunk &= !MESSAGE_START;
     }
+
+    /// Flags a segment of a control message that continues one whose first bytes went out,
+    /// so that a message in flight still says what it is.
+    pub(crate) fn mark_control(&mut self) {
+        self.chunk |= CONTROL;
+    }
 }
 
 #[cfg(feature = "std")]

@@ -351,7 +351,9 @@ impl ModelQueue {
             SlowConsumerPolicy::Block if len > marks.cap() => newest,
             SlowConsumerPolicy::Block if !fits => PushOutcome::WouldBlock { limit: Limit::Cap },
             SlowConsumerPolicy::DropNewest if !fits => newest,
-            SlowConsumerPolicy::Close if !fits => PushOutcome::MustClose { limit: Limit::Cap },
+            SlowConsumerPolicy::Close if !fits => {
+                PushOutcome::MustClose { limit: Limit::Cap, messages: 1 }
+            }
             SlowConsumerPolicy::Block
             | SlowConsumerPolicy::DropNewest
             | SlowConsumerPolicy::Close => queued(level + len),
@@ -699,7 +701,7 @@ fn check_outcome(
         (
             _,
             PushOutcome::WouldBlock { limit: Limit::Cap }
-            | PushOutcome::MustClose { limit: Limit::Cap },
+            | PushOutcome::MustClose { limit: Limit::Cap, .. },
         ) => {
             prop_assert!(level + len > cap)
         }

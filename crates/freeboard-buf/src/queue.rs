@@ -286,6 +286,38 @@ impl SendQueue {
         Ok(self.watermarks.observe(self.len()))
     }
 
+    /// Queues the rest of `frame`, of which the socket already took the first `written` bytes
+    /// (written straight while this queue was empty): the message is in flight, so it goes
+    /// past the cap and the policy as a control frame does, and no policy drops it later
+    /// (a frame cut short would tear the stream). It takes segment slots only, the frame's
+    /// chunks being shared; fails with [`Limit::Pool`] when the pool has none left (nothing
+    /// is queued then). Returns the watermark crossing it caused.
+    ///
+    /// ```
+    /// use freeboard_buf::{Budget, Frame, Pool, PoolConfig, SendQueue, SlowConsumerPolicy, Watermarks};
+    ///
+    /// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new()).unwrap();
+    /// let marks = Watermarks::new(2, 4, 8).unwrap();
+    /// let mut queue = SendQueue::new(marks, SlowConsumerPolicy::DropNewest);
+    /// let frame = Frame::from_parts(&mut pool, &[b"\x82\x0a", b"0123456789"]).unwrap();
+    /// queue.push_frame_rest(&mut pool, &frame, 3).unwrap(); // 9 bytes left, over the cap
+    /// assert_eq!((queue.len(), queue.messages()), (9, 1));
+    /// assert!(queue.has_message_in_flight(&pool));
+    /// frame.release(&mut pool);
+    /// let _ = queue.clear(&mut pool);
+    /// ```
+    pub fn push_frame_rest(
+        &mut self,
+        pool: &mut Pool<'_>,
+        frame: &Frame,
+        written: usize,
+    ) -> Result<Option<Writability>, Limit> {
+        debug_assert!(self.is_empty() && written < frame.len());
+        self.store(pool, false, |chain, slab| chain.link_frame(slab, frame))
+            .map_err(|_| Limit::Pool)?;
+        Ok(self.consume(pool, written))
+    }
+
     /// Queues one message that was accepted earlier under the watermarks and the policy and
     /// waited outside the queue (a driver's cork: replies framed into one buffer while the
     /// queue was empty, of which the socket did not take all). No policy is applied again; the
@@ -395,10 +427,23 @@ impl SendQueue {
         Discarded { messages, bytes, writability: self.watermarks.observe(self.len()) }
     }
 
-    /// Releases everything, a message in flight included (the connection is gone). Counted in
-    /// [`Counters::discarded`](crate::Counters).
+    /// Releases everything, a message in flight included (the connection is gone). The data
+    /// messages lost — unsent or in flight, not control frames — are counted in the answer
+    /// and in [`Counters::discarded`](crate::Counters).
+    ///
+    /// ```
+    /// use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue};
+    ///
+    /// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new()).unwrap();
+    /// let mut queue = SendQueue::default();
+    /// let _ = queue.push_message(&mut pool, &[b"\x82\x03one"]);
+    /// let _ = queue.push_message(&mut pool, &[b"\x82\x03two"]);
+    /// queue.push_control(&mut pool, &[b"\x88\x02\x03\xe8"]).unwrap();
+    /// let _ = queue.consume(&mut pool, 2); // "one" is in flight
+    /// assert_eq!(queue.clear(&mut pool).messages, 2);
+    /// ```
     pub fn clear(&mut self, pool: &mut Pool<'_>) -> Discarded {
-        let (messages, bytes) = (self.messages, self.len());
+        let (messages, bytes) = (self.chain.data_messages(pool.view()), self.len());
         self.chain.clear(pool);
         self.messages = 0;
         pool.record_discard(messages, bytes);
@@ -486,7 +531,7 @@ impl SendQueue {
             }
             SlowConsumerPolicy::Close => {
                 pool.record_close();
-                PushOutcome::MustClose { limit: Limit::Cap }
+                PushOutcome::MustClose { limit: Limit::Cap, messages: 1 }
             }
             SlowConsumerPolicy::DropOldest | SlowConsumerPolicy::Conflate => {
                 if self.chain.undroppable_bytes(pool.view()).saturating_add(len) > cap {
@@ -532,7 +577,7 @@ impl SendQueue {
             }
             SlowConsumerPolicy::Close => {
                 pool.record_close();
-                PushOutcome::MustClose { limit: Limit::Pool }
+                PushOutcome::MustClose { limit: Limit::Pool, messages: 1 }
             }
             SlowConsumerPolicy::DropNewest => {
                 pool.record_drop(policy, 1, len);
@@ -700,6 +745,9 @@ pub enum PushOutcome {
     MustClose {
         /// What stopped the message.
         limit: Limit,
+        /// Messages lost to the close: the new one (the queue's answer counts only it), and
+        /// the unsent ones discarded to close, once a driver has added them.
+        messages: u32,
     },
 }
 

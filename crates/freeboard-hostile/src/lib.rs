@@ -21,6 +21,8 @@
 //!   client from another.
 //! - [`soak`]: echo, pub/sub and connection churn at once for a bounded time, the server's
 //!   memory sampled as it goes.
+//! - [`topics`]: subscriptions by the ten thousand; subscribers that never read under a flood
+//!   of large publications.
 //!
 //! The plumbing: [`Serve`] starts the binary (built on first use) with chosen flags and kills
 //! it on drop, [`Scrape`] reads `/metrics`, [`WsClient`] is a blocking raw-frame client.
@@ -38,6 +40,7 @@ mod serve;
 pub mod slowloris;
 pub mod soak;
 pub mod tls;
+pub mod topics;
 mod ws;
 
 pub use innocent::{EchoReport, Figures, Innocent, Watch};

@@ -203,6 +203,20 @@ fn binary() -> &'static PathBuf {
             .arg("--manifest-path")
             .arg(manifest)
             .env("CARGO_TARGET_DIR", target_dir);
+        // The variables cargo sets for this test's run are not the build's: a build script
+        // that watches one (ring's watches CARGO_MANIFEST_DIR) would otherwise run again, and
+        // everything above it be rebuilt, each time this build and `cargo test`'s alternate.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            let set_for_test = ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_BIN_", "CARGO_CRATE_"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+                || name == "CARGO_PRIMARY_PACKAGE"
+                || name == "CARGO_TARGET_TMPDIR";
+            if set_for_test {
+                build.env_remove(&*name);
+            }
+        }
         match profile {
             "debug" => {}
             "release" => {

@@ -432,7 +432,9 @@ impl Conn<'_> {
     /// Subscribes this connection to `topic` (O(1) in the topic's subscribers); `Ok(false)`
     /// if it already was. Messages published to the topic from then on are queued to it by
     /// reference, under its endpoint's slow-consumer policy. The subscription ends with
-    /// [`unsubscribe`](Self::unsubscribe) or when the connection closes.
+    /// [`unsubscribe`](Self::unsubscribe) or when the connection closes. It is held in the
+    /// loop's budget for topic tables: [`SubscribeError::NoMemory`] when that is spent (close
+    /// with [`CloseCode::TRY_AGAIN_LATER`], as the topic route does).
     pub fn subscribe(&mut self, topic: &str) -> Result<bool, SubscribeError> {
         let subscribed = self.topics.subscribe(self.hub, self.token, topic)?;
         if subscribed {
@@ -600,6 +602,11 @@ impl Router {
     pub(crate) fn options(&self, route: usize) -> &RouteOptions {
         &self.routes[route].options
     }
+
+    /// The path route `route` was mounted at.
+    pub(crate) fn path(&self, route: usize) -> &str {
+        &self.routes[route].path
+    }
 }
 
 /// How a route matches and the send-queue settings its connections get instead of the
@@ -628,6 +635,11 @@ pub struct RouteOptions {
     /// [`ServerConfig::admin`](crate::ServerConfig::admin) allows (as `/metrics` and the
     /// dashboard are).
     pub admin: bool,
+    /// The upgrade subscribes to the topics its target names under the route's path
+    /// (`{path}{name}?also=…`, as a [`TopicRoute`](crate::TopicRoute) does in `on_open`): the
+    /// loop answers 503 instead of its 101 when its budget for topic tables cannot hold
+    /// them (counted in `freeboard_topic_refusals_total{reason="budget"}`).
+    pub subscribes: bool,
 }
 
 impl RouteOptions {
@@ -670,6 +682,13 @@ impl RouteOptions {
     /// Makes it an admin route (see [`admin`](Self::admin)).
     pub fn admin(mut self) -> Self {
         self.admin = true;
+        self
+    }
+
+    /// Its upgrades subscribe to the topics their target names (see
+    /// [`subscribes`](Self::subscribes)): refused with 503 when they cannot be held.
+    pub fn subscribes(mut self) -> Self {
+        self.subscribes = true;
         self
     }
 }

@@ -45,8 +45,9 @@ pub const REFUSAL_STATUSES: [u16; 14] =
 /// Why a whole loop missed a publication (`freeboard_topic_drops_total{reason}`).
 pub const TOPIC_DROP_REASONS: [&str; 2] = ["inbox_full", "pool"];
 
-/// Why a subscription was refused by a topic limit (`freeboard_topic_refusals_total{reason}`).
-pub const TOPIC_REFUSAL_REASONS: [&str; 2] = ["connection_topics", "server_topics"];
+/// Why a subscription was refused by a topic limit (`freeboard_topic_refusals_total{reason}`):
+/// a connection's topics, the server's topics, or the loop's budget for its topic tables.
+pub const TOPIC_REFUSAL_REASONS: [&str; 3] = ["connection_topics", "server_topics", "budget"];
 
 /// Why a publication did not reach the Redis backplane (`freeboard_backplane_lost_total{reason}`).
 pub const BACKPLANE_LOST_REASONS: [&str; 4] =
@@ -327,6 +328,8 @@ pub(crate) struct LoopStats {
     pub(crate) policy_drops: PolicyCounts,
     /// Messages refused because the pool was short through no fault of their connection.
     pub(crate) pool_exhausted: u64,
+    /// Data messages lost with a closing connection ([`CLOSED`]).
+    pub(crate) closed: u64,
     /// Sizes of the data messages received (their count is the received messages').
     message_sizes: LocalHistogram,
     /// How long send queues stayed non-empty, in milliseconds.
@@ -336,6 +339,10 @@ pub(crate) struct LoopStats {
 /// The `drops` reason of a message refused because the pool was short through no fault of its
 /// connection (not a slow consumer: see `session/share.rs`).
 pub(crate) const POOL_EXHAUSTED: &str = "pool_exhausted";
+
+/// The `drops` reason of a data message its connection's closing took: still queued (unsent,
+/// or sent in part) when the connection went, or sent to a connection already closing.
+pub(crate) const CLOSED: &str = "closed";
 
 /// One count per [`SlowConsumerPolicy`], sized by the enum.
 #[derive(Debug, Default, Clone, Copy)]
@@ -369,7 +376,11 @@ impl LoopStats {
                 self.pool_exhausted += 1;
                 0
             }
-            PushOutcome::WouldBlock { .. } | PushOutcome::MustClose { .. } => 0,
+            PushOutcome::MustClose { messages, .. } => {
+                self.policy_drops[SlowConsumerPolicy::Close] += u64::from(messages);
+                0
+            }
+            PushOutcome::WouldBlock { .. } => 0,
         };
         self.messages_out += queued;
         queued
@@ -401,7 +412,8 @@ impl LoopStats {
             }
         }
         let drops = SlowConsumerPolicy::ALL.iter().map(|p| p.name()).zip(self.policy_drops.0);
-        for (reason, n) in drops.chain([(POOL_EXHAUSTED, self.pool_exhausted)]) {
+        let others = [(POOL_EXHAUSTED, self.pool_exhausted), (CLOSED, self.closed)];
+        for (reason, n) in drops.chain(others) {
             if n > 0 {
                 metrics.drops.get_or_create(&Reason { reason: reason.to_owned() }).inc_by(n);
             }
@@ -439,7 +451,7 @@ pub struct Metrics {
     pub(crate) closes: Family<Reason, Counter>,
     /// Requests refused, by HTTP status.
     pub(crate) refusals: Family<Status, Counter>,
-    /// Messages dropped by slow-consumer policies, by policy.
+    /// Messages dropped, by reason: a slow-consumer policy, [`POOL_EXHAUSTED`], [`CLOSED`].
     pub(crate) drops: Family<Reason, Counter>,
     /// Handshakes that timed out.
     pub(crate) handshake_timeouts: Counter,
@@ -592,7 +604,8 @@ impl Metrics {
         for status in REFUSAL_STATUSES {
             let _ = m.refusals.get_or_create(&Status { status });
         }
-        for reason in SlowConsumerPolicy::ALL.iter().map(|p| p.name()).chain([POOL_EXHAUSTED]) {
+        let policies = SlowConsumerPolicy::ALL.iter().map(|p| p.name());
+        for reason in policies.chain([POOL_EXHAUSTED, CLOSED]) {
             let _ = m.drops.get_or_create(&Reason { reason: reason.into() });
         }
         for (family, reasons) in [
@@ -635,7 +648,12 @@ impl Metrics {
         );
         r.register("closes", "WebSocket connections closed, by reason", m.closes.clone());
         r.register("refusals", "HTTP requests refused, by status", m.refusals.clone());
-        r.register("drops", "Messages dropped by slow-consumer policy", m.drops.clone());
+        r.register(
+            "drops",
+            "Messages dropped, by reason: a slow-consumer policy, pool_exhausted, or closed \
+             (lost with a closing connection)",
+            m.drops.clone(),
+        );
         r.register(
             "handshake_timeouts",
             "Connections dropped before completing the upgrade request",
@@ -1291,7 +1309,11 @@ mod tests {
             assert!(text.contains(&format!("freeboard_closes_total{{reason=\"{reason}\"}} 0")));
         }
         assert!(text.contains("freeboard_refusals_total{status=\"503\"} 0"), "{text}");
-        assert!(text.contains("freeboard_drops_total{reason=\"conflate\"} 0"));
+        let policies = SlowConsumerPolicy::ALL.iter().map(|p| p.name());
+        for reason in policies.chain([POOL_EXHAUSTED, CLOSED]) {
+            let series = format!("freeboard_drops_total{{reason=\"{reason}\"}} 0");
+            assert!(text.contains(&series), "{series} missing");
+        }
         assert!(text.contains("freeboard_pool_chunks_in_use{event_loop=\"1\"} 0"));
         assert!(text.contains("freeboard_pool_allocation_failures_total{event_loop=\"0\"} 0"));
         assert!(text.contains("freeboard_build_info{version=\""));

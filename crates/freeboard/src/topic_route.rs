@@ -11,7 +11,7 @@ use crate::auth::{Grant, TokenError, TokenVerifier, bearer_token};
 use crate::config::TopicsConfig;
 use crate::handler::{Accepted, Conn, Decision, Handler, Message, RouteOptions, Router};
 use crate::history::HISTORY_GONE;
-use crate::topics::topics_in_target;
+use crate::topics::{SubscribeError, topics_in_target};
 use crate::webhook::ConnectWebhook;
 
 /// The `/topic/{name}` endpoint of `freeboard serve`: the upgrade subscribes the connection to
@@ -125,9 +125,17 @@ impl Handler for TopicRoute {
         let target = conn.target().to_owned();
         let topics = topics_in_target(&self.prefix, &target).unwrap_or_default();
         for name in &topics {
-            if let Err(e) = conn.subscribe(name) {
-                conn.close(CloseCode::POLICY_VIOLATION, &e.to_string());
-                return;
+            match conn.subscribe(name) {
+                Ok(_) => {}
+                // Not the client's fault: 1013, try again later.
+                Err(e @ SubscribeError::NoMemory) => {
+                    conn.close(CloseCode::TRY_AGAIN_LATER, &e.to_string());
+                    return;
+                }
+                Err(e) => {
+                    conn.close(CloseCode::POLICY_VIOLATION, &e.to_string());
+                    return;
+                }
             }
         }
         if let (Some(since), Some(topic)) = (query_value(&target, "since"), topics.first())
@@ -166,8 +174,11 @@ impl Router {
         if config.path.is_empty() {
             return self;
         }
-        let mut options =
-            RouteOptions::new().prefix().slow_consumer(config.slow_consumer).watermarks(marks);
+        let mut options = RouteOptions::new()
+            .prefix()
+            .subscribes()
+            .slow_consumer(config.slow_consumer)
+            .watermarks(marks);
         if let Some(delimiter) = config.conflate_key.filter(char::is_ascii) {
             let after_envelope = config.history > 0;
             options =

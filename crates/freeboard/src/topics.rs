@@ -29,17 +29,20 @@
 //! Subscribe and unsubscribe are O(1) in the number of subscribers (a slab per topic and a
 //! list per connection, linear only in that connection's own topics, at most
 //! [`TopicsConfig::max_topics_per_connection`](crate::config::TopicsConfig)). A connection's
-//! subscriptions go when it closes. A loop's inbox holds at most
-//! [`TopicsConfig::inbox`](crate::config::TopicsConfig) publications; its `SharedFrame`s are
-//! the one allocation outside the pool's budget, bounded by that count times
-//! `max_message_size`.
+//! subscriptions go when it closes. The tables (about 290 bytes per subscription to a topic of
+//! its own, 110 to a shared one) live inside a sixteenth of each loop's budget: a subscription
+//! it cannot cover is refused ([`SubscribeError::NoMemory`]; an upgrade to a topic route gets
+//! 503 before its 101), and the tables shrink, and the heap is trimmed, as subscriptions go. A
+//! loop's inbox holds at most [`TopicsConfig::inbox`](crate::config::TopicsConfig)
+//! publications; its `SharedFrame`s are the one allocation outside the pool's budget, bounded
+//! by that count times `max_message_size`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use freeboard_buf::{Frame, Pool, SharedFrame};
+use freeboard_buf::{Budget, Frame, Pool, SharedFrame};
 use freeboard_proto::frame::FrameHeader;
 use freeboard_proto::{MessageKind, OpCode};
 use mio::Waker;
@@ -101,6 +104,9 @@ pub enum SubscribeError {
     /// A client connection of the tokio driver: publications are framed once, unmasked, for
     /// the server connections that subscribe.
     ClientConnection,
+    /// The loop's budget for its topic tables cannot cover the subscription (counted in
+    /// `topic_refusals_total{reason="budget"}`); try again later.
+    NoMemory,
 }
 
 impl std::fmt::Display for SubscribeError {
@@ -110,6 +116,7 @@ impl std::fmt::Display for SubscribeError {
             SubscribeError::TooManyTopics => "too many topics for one connection",
             SubscribeError::TooManyTopicsOnServer => "too many topics on this server",
             SubscribeError::ClientConnection => "a client connection cannot subscribe",
+            SubscribeError::NoMemory => "the server's memory for topics is spent",
         })
     }
 }
@@ -469,34 +476,52 @@ impl Hub {
                 backplane.unsubscribe(&name);
             }
         }
+        // Once topics have gone, their table goes too (the loops charged their entries).
+        let (len, room) = (map.len(), map.capacity());
+        if room > 64 && len < room / 4 {
+            map.shrink_to(len * 2);
+        }
     }
 }
 
-/// A set of loop indices, one bit each.
+/// A set of loop indices, one bit each: the first 64 inline (a server with more loops is
+/// rare), the others in a vector allocated only then.
 #[derive(Debug, Default)]
-struct LoopSet(Vec<u64>);
+struct LoopSet {
+    first: u64,
+    more: Vec<u64>,
+}
 
 impl LoopSet {
     fn insert(&mut self, i: u32) {
-        let (word, bit) = (i as usize / 64, i % 64);
-        if self.0.len() <= word {
-            self.0.resize(word + 1, 0);
+        match (i as usize / 64).checked_sub(1) {
+            None => self.first |= 1 << (i % 64),
+            Some(word) => {
+                if self.more.len() <= word {
+                    self.more.resize(word + 1, 0);
+                }
+                self.more[word] |= 1 << (i % 64);
+            }
         }
-        self.0[word] |= 1 << bit;
     }
 
     fn remove(&mut self, i: u32) {
-        if let Some(word) = self.0.get_mut(i as usize / 64) {
-            *word &= !(1 << (i % 64));
+        match (i as usize / 64).checked_sub(1) {
+            None => self.first &= !(1 << (i % 64)),
+            Some(word) => {
+                if let Some(bits) = self.more.get_mut(word) {
+                    *bits &= !(1 << (i % 64));
+                }
+            }
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.0.iter().all(|w| *w == 0)
+        self.first == 0 && self.more.iter().all(|w| *w == 0)
     }
 
     fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.0.iter().enumerate().flat_map(|(w, bits)| {
+        std::iter::once(&self.first).chain(&self.more).enumerate().flat_map(|(w, bits)| {
             (0..64).filter(move |b| bits & (1 << b) != 0).map(move |b| (w * 64 + b) as u32)
         })
     }
@@ -573,31 +598,68 @@ impl Outbox {
     }
 }
 
-/// One loop's topics: subscribers by topic, topics by connection.
+/// The share of an event loop's budget its topic tables may hold: a sixteenth.
+pub(crate) const TABLE_SHARE: usize = 16;
+
+/// Bytes the topic tables must have given back since the heap was last trimmed, beside half
+/// of their high since then, before it is trimmed again.
+const TRIM_AFTER: usize = 128 << 10;
+
+/// One loop's topics: subscribers by topic, topics by connection, held inside their part of
+/// the loop's budget.
+///
+/// # Memory
+///
+/// The tables live on the heap (hash maps, slabs, topic names), not in the pool: what they
+/// hold — computed from their capacities as glibc's malloc lays them out, plus each topic's
+/// share of the [`Hub`]'s table — is drawn from `budget` as they grow and given back as they
+/// shrink. A subscription the budget cannot cover is refused
+/// ([`SubscribeError::NoMemory`], counted in `topic_refusals_total{reason="budget"}`), and an
+/// upgrade that names topics can be refused before its `101` ([`affords`](Self::affords)).
+/// A table shrinks once it is less than a quarter full, so what closing connections free is
+/// not kept for the peak; and once the tables have given back half of their high (at least
+/// [`TRIM_AFTER`]), the heap is trimmed, so the freed pages leave the process.
 pub(crate) struct LocalTopics {
     index: u32,
-    /// Invariant: names exactly the topics in `topics`, each of which has a subscriber.
-    by_name: HashMap<Arc<str>, usize>,
-    topics: Slab<Topic>,
-    /// Per connection token with subscriptions: `(topic, key in the topic's subscribers)`.
-    by_conn: HashMap<usize, Vec<(usize, usize)>>,
+    /// Subscribers (connection tokens) by topic.
+    ///
+    /// Invariant: every topic here has a subscriber.
+    by_name: HashMap<Arc<str>, Slab<usize>>,
+    /// Per connection token with subscriptions: each topic and the connection's key among the
+    /// topic's subscribers.
+    by_conn: HashMap<usize, Vec<(Arc<str>, usize)>>,
     max_per_conn: usize,
+    /// The tables' part of the loop's budget.
+    ///
+    /// Invariant: between calls, `budget.drawn() == self.footprint()`.
+    budget: Budget,
+    /// Heap bytes of what the maps' entries own (topic names, subscriber slabs, per-connection
+    /// lists) and of the hub's entries for this loop's topics.
+    owned: usize,
+    /// The footprint's high since the heap was last trimmed.
+    high: usize,
 }
 
-struct Topic {
-    name: Arc<str>,
-    /// Connection tokens.
-    subscribers: Slab<usize>,
-}
+/// Bytes of one entry of [`LocalTopics::by_name`].
+const NAME_ENTRY: usize = size_of::<(Arc<str>, Slab<usize>)>();
+/// Bytes of one entry of [`LocalTopics::by_conn`].
+const CONN_ENTRY: usize = size_of::<(usize, Vec<(Arc<str>, usize)>)>();
+/// Bytes of one slot of a topic's subscribers (`slab::Entry<usize>`: a tag and a token).
+const SUBSCRIBER: usize = 2 * size_of::<usize>();
+/// Bytes of one subscription in a connection's list.
+const MEMBERSHIP: usize = size_of::<(Arc<str>, usize)>();
 
 impl LocalTopics {
-    pub(crate) fn new(index: u32, max_per_conn: usize) -> Self {
+    /// Loop `index`'s topics, holding at most what `budget` covers.
+    pub(crate) fn new(index: u32, max_per_conn: usize, budget: Budget) -> Self {
         Self {
             index,
             by_name: HashMap::new(),
-            topics: Slab::new(),
             by_conn: HashMap::new(),
             max_per_conn,
+            budget,
+            owned: 0,
+            high: 0,
         }
     }
 
@@ -611,74 +673,152 @@ impl LocalTopics {
         if !valid_topic(name) {
             return Err(SubscribeError::InvalidName);
         }
-        let existing = self.by_name.get(name).copied();
         let mine = self.by_conn.get(&token).map_or(&[][..], Vec::as_slice);
-        if let Some(topic) = existing
-            && mine.iter().any(|(t, _)| *t == topic)
-        {
+        if mine.iter().any(|(t, _)| &**t == name) {
             return Ok(false);
         }
         if mine.len() >= self.max_per_conn {
             hub.metrics.topic_refusal("connection_topics");
             return Err(SubscribeError::TooManyTopics);
         }
-        let topic = match existing {
-            Some(topic) => topic,
+        if !self.affords(Some(token), [name]) {
+            hub.metrics.topic_refusal("budget");
+            return Err(SubscribeError::NoMemory);
+        }
+        let name = match self.by_name.get_key_value(name) {
+            Some((name, _)) => name.clone(),
             None => {
                 let name: Arc<str> = Arc::from(name);
                 if !hub.add_loop(&name, self.index) {
                     hub.metrics.topic_refusal("server_topics");
                     return Err(SubscribeError::TooManyTopicsOnServer);
                 }
-                let topic =
-                    self.topics.insert(Topic { name: name.clone(), subscribers: Slab::new() });
-                self.by_name.insert(name, topic);
-                topic
+                self.owned += topic_bytes(name.len(), 1);
+                self.by_name.insert(name.clone(), Slab::with_capacity(1));
+                name
             }
         };
-        let key = self.topics[topic].subscribers.insert(token);
-        self.by_conn.entry(token).or_default().push((topic, key));
+        // NOTE(unwrap): found or inserted just above.
+        let subscribers = self.by_name.get_mut(&name).unwrap();
+        let room = subscribers.capacity();
+        let key = subscribers.insert(token);
+        self.owned +=
+            heap_bytes(subscribers.capacity() * SUBSCRIBER) - heap_bytes(room * SUBSCRIBER);
+        let mine = self.by_conn.entry(token).or_default();
+        let room = mine.capacity();
+        if room == 0 {
+            // Most connections subscribe to one topic: room for one to start with.
+            mine.reserve_exact(1);
+        }
+        mine.push((name.clone(), key));
+        self.owned += heap_bytes(mine.capacity() * MEMBERSHIP) - heap_bytes(room * MEMBERSHIP);
         hub.metrics.subscriptions.inc();
+        if !self.settle() {
+            // A hash table grew further than foreseen (it rehashes at a moment of its own):
+            // undone, and refused like any subscription the budget cannot cover.
+            self.unsubscribe(hub, token, &name);
+            hub.metrics.topic_refusal("budget");
+            return Err(SubscribeError::NoMemory);
+        }
         Ok(true)
+    }
+
+    /// Whether the budget covers subscribing connection `token` (`None`: a connection still
+    /// upgrading) to `names`, none of which it has yet: the entries, names and hub entries
+    /// of the topics new to this loop, the subscriber slots, the connection's list, and the
+    /// growth of any table that must grow for them.
+    pub(crate) fn affords<'n>(
+        &self,
+        token: Option<usize>,
+        names: impl IntoIterator<Item = &'n str>,
+    ) -> bool {
+        let (mut bytes, mut new_topics, mut count) = (0, 0, 0);
+        for name in names {
+            count += 1;
+            match self.by_name.get(name) {
+                Some(subscribers) => {
+                    let room = subscribers.capacity();
+                    if subscribers.len() == room {
+                        bytes += heap_bytes(grown(room, room + 1) * SUBSCRIBER)
+                            - heap_bytes(room * SUBSCRIBER);
+                    }
+                }
+                None => {
+                    new_topics += 1;
+                    bytes += topic_bytes(name.len(), 1);
+                }
+            }
+        }
+        bytes += map_growth(self.by_name.len() + new_topics, self.by_name.capacity(), NAME_ENTRY);
+        let mine = token.and_then(|t| self.by_conn.get(&t));
+        if mine.is_none() {
+            bytes += map_growth(self.by_conn.len() + 1, self.by_conn.capacity(), CONN_ENTRY);
+        }
+        let after = match mine {
+            Some(mine) => grown(mine.capacity(), mine.len() + count),
+            None if count <= 1 => count,
+            None => grown(1, count),
+        };
+        let room = mine.map_or(0, Vec::capacity);
+        bytes += heap_bytes(after * MEMBERSHIP) - heap_bytes(room * MEMBERSHIP);
+        bytes <= self.budget.available()
     }
 
     /// Unsubscribes connection `token`; whether it was subscribed.
     pub(crate) fn unsubscribe(&mut self, hub: &Hub, token: usize, name: &str) -> bool {
-        let Some(&topic) = self.by_name.get(name) else { return false };
         let Some(mine) = self.by_conn.get_mut(&token) else { return false };
-        let Some(at) = mine.iter().position(|(t, _)| *t == topic) else { return false };
-        let (_, key) = mine.swap_remove(at);
+        let Some(at) = mine.iter().position(|(t, _)| &**t == name) else { return false };
+        let room = mine.capacity();
+        let (name, key) = mine.swap_remove(at);
+        self.owned -= heap_bytes(room * MEMBERSHIP);
         if mine.is_empty() {
             self.by_conn.remove(&token);
+        } else {
+            if mine.len() < room / 4 {
+                mine.shrink_to(mine.len() * 2);
+            }
+            self.owned += heap_bytes(mine.capacity() * MEMBERSHIP);
         }
-        self.leave(hub, topic, key);
+        self.leave(hub, &name, key);
+        self.shrink_maps();
+        self.settle();
         true
     }
 
     /// Drops every subscription of connection `token` (it is closing).
     pub(crate) fn drop_conn(&mut self, hub: &Hub, token: usize) {
         let Some(mine) = self.by_conn.remove(&token) else { return };
-        for (topic, key) in mine {
-            self.leave(hub, topic, key);
+        self.owned -= heap_bytes(mine.capacity() * MEMBERSHIP);
+        for (name, key) in mine {
+            self.leave(hub, &name, key);
         }
+        self.shrink_maps();
+        self.settle();
     }
 
     /// The topics connection `token` is subscribed to, in subscription order until an
     /// unsubscribe.
     pub(crate) fn topics_of(&self, token: usize) -> impl Iterator<Item = &str> {
         let mine = self.by_conn.get(&token).map_or(&[][..], Vec::as_slice);
-        mine.iter().map(|(t, _)| &*self.topics[*t].name)
+        mine.iter().map(|(t, _)| &**t)
     }
 
     /// The first topic connection `token` subscribed to (shared, not copied).
     pub(crate) fn first_topic_of(&self, token: usize) -> Option<Arc<str>> {
         let (topic, _) = self.by_conn.get(&token)?.first()?;
-        Some(self.topics[*topic].name.clone())
+        Some(topic.clone())
     }
 
     /// The local subscribers of `name`, as connection tokens.
     pub(crate) fn subscribers(&self, name: &str) -> Option<&Slab<usize>> {
-        self.by_name.get(name).map(|&t| &self.topics[t].subscribers)
+        self.by_name.get(name)
+    }
+
+    /// Heap bytes the tables hold now (what is drawn from the budget).
+    pub(crate) fn footprint(&self) -> usize {
+        map_bytes(self.by_name.capacity(), NAME_ENTRY)
+            + map_bytes(self.by_conn.capacity(), CONN_ENTRY)
+            + self.owned
     }
 
     /// Publishes from this loop: framed once into `pool` for local subscribers (queued in
@@ -705,10 +845,10 @@ impl LocalTopics {
         }
         let stamp = hub.stamp(topic, kind, payload);
         let parts = stamp.parts(payload);
-        if let Some(&t) = self.by_name.get(topic) {
+        if let Some((name, _)) = self.by_name.get_key_value(topic) {
             match Frame::from_parts(pool, &parts) {
                 Ok(frame) => {
-                    outbox.publications.push((self.topics[t].name.clone(), frame));
+                    outbox.publications.push((name.clone(), frame));
                     published.loops += 1;
                 }
                 Err(_) => {
@@ -722,15 +862,133 @@ impl LocalTopics {
         published
     }
 
-    fn leave(&mut self, hub: &Hub, topic: usize, key: usize) {
+    /// [`owned`](Self::owned) counted afresh from the tables.
+    #[cfg(test)]
+    fn recount(&self) -> usize {
+        let topics = self.by_name.iter().map(|(name, s)| topic_bytes(name.len(), s.capacity()));
+        let lists = self.by_conn.values().map(|mine| heap_bytes(mine.capacity() * MEMBERSHIP));
+        topics.sum::<usize>() + lists.sum::<usize>()
+    }
+
+    /// Takes connection `key` out of `name`'s subscribers; the topic goes when it was the
+    /// last. A slab left less than a quarter full is compacted, the moved connections'
+    /// keys updated in their lists.
+    fn leave(&mut self, hub: &Hub, name: &Arc<str>, key: usize) {
         hub.metrics.subscriptions.dec();
-        let t = &mut self.topics[topic];
-        t.subscribers.remove(key);
-        if t.subscribers.is_empty() {
-            let t = self.topics.remove(topic);
-            self.by_name.remove(&t.name);
-            hub.remove_loop(&t.name, self.index);
+        // NOTE: every subscription in a connection's list is in its topic's subscribers.
+        let Some(subscribers) = self.by_name.get_mut(name) else { return };
+        let room = subscribers.capacity();
+        subscribers.remove(key);
+        if subscribers.is_empty() {
+            self.owned -= topic_bytes(name.len(), room);
+            self.by_name.remove(name);
+            hub.remove_loop(name, self.index);
+        } else if room > 4 && subscribers.len() < room / 4 {
+            let by_conn = &mut self.by_conn;
+            subscribers.compact(|&mut token, from, to| {
+                let mine = by_conn.get_mut(&token).into_iter().flatten();
+                if let Some(entry) = mine.into_iter().find(|(t, k)| t == name && *k == from) {
+                    entry.1 = to;
+                }
+                true
+            });
+            self.owned -= heap_bytes(room * SUBSCRIBER);
+            self.owned += heap_bytes(subscribers.capacity() * SUBSCRIBER);
         }
+    }
+
+    /// Shrinks a map left less than a quarter full to twice what it holds.
+    fn shrink_maps(&mut self) {
+        if self.by_name.capacity() > 16 && self.by_name.len() < self.by_name.capacity() / 4 {
+            self.by_name.shrink_to(self.by_name.len() * 2);
+        }
+        if self.by_conn.capacity() > 16 && self.by_conn.len() < self.by_conn.capacity() / 4 {
+            self.by_conn.shrink_to(self.by_conn.len() * 2);
+        }
+    }
+
+    /// Brings what is drawn from the budget to the footprint; `false` if the budget could
+    /// not cover its growth (nothing drawn then). Trims the heap once the tables have given
+    /// back enough.
+    fn settle(&mut self) -> bool {
+        let (now, drawn) = (self.footprint(), self.budget.drawn());
+        if now > drawn {
+            self.high = self.high.max(now);
+            return self.budget.try_draw(now - drawn).is_ok();
+        }
+        self.budget.give_back(drawn - now);
+        if self.high >= now + TRIM_AFTER && now <= self.high / 2 {
+            self.high = now;
+            trim_heap();
+        }
+        true
+    }
+}
+
+/// Heap bytes glibc's malloc takes for an allocation of `n` bytes: `n` and an 8-byte header
+/// rounded up to 16, at least 32; none for 0 (nothing is allocated).
+const fn heap_bytes(n: usize) -> usize {
+    match n {
+        0 => 0,
+        _ if n + 8 <= 32 => 32,
+        _ => (n + 8).next_multiple_of(16),
+    }
+}
+
+/// Heap bytes of a `HashMap` with room for `capacity` entries of `entry` bytes (hashbrown):
+/// its buckets — a power of two, at least 4, at most 7/8 used once past 8 — of an entry and
+/// a control byte each, and a group of 16 control bytes more.
+const fn map_bytes(capacity: usize, entry: usize) -> usize {
+    let buckets = match capacity {
+        0 => return 0,
+        1..=3 => 4,
+        4..=7 => 8,
+        _ => (capacity * 8 / 7).next_power_of_two(),
+    };
+    heap_bytes(buckets * (entry + 1) + 16)
+}
+
+/// How much a map with room for `capacity` grows (in heap bytes) to hold `len` entries: to
+/// the next power of two of buckets, as hashbrown does.
+fn map_growth(len: usize, capacity: usize, entry: usize) -> usize {
+    if len <= capacity {
+        return 0;
+    }
+    map_bytes(len.max(capacity + 1), entry) - map_bytes(capacity, entry)
+}
+
+/// The room a `Vec` with room for `capacity` grows to for `len` elements: doubled until it
+/// holds them, at least 4.
+fn grown(capacity: usize, len: usize) -> usize {
+    let mut room = capacity;
+    while room < len {
+        room = (room * 2).max(4);
+    }
+    room
+}
+
+/// Heap bytes one topic named with `len` bytes costs a loop: its name (shared with the hub),
+/// its subscribers' slab with room for `room`, and its entry in the hub's table, at the 7/16
+/// load a hash table has just after it doubled. Every loop with the topic is charged the
+/// hub's entry: the hub's table is shared, and this way no loop gives back what another drew.
+///
+/// Measured against glibc's own count (`mallinfo2`): 100,032 subscriptions to distinct
+/// topics, 64 per connection, take 243 B each on the heap and are charged 290; 20,000 to one
+/// topic take 112 B each, what they are charged to within 0.1 %.
+const fn topic_bytes(len: usize, room: usize) -> usize {
+    let name = heap_bytes(2 * size_of::<usize>() + len);
+    let hub = (size_of::<(Arc<str>, LoopSet)>() + 1) * 16 / 7;
+    name + heap_bytes(room * SUBSCRIBER) + hub
+}
+
+/// Gives the heap's free pages back to the operating system: glibc keeps freed small blocks
+/// (the tables' entries and names) in its arena, resident, and returns only a free top above
+/// its trim threshold by itself.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory to the OS; it is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -763,6 +1021,73 @@ mod tests {
             set.remove(i);
         }
         assert!(set.is_empty());
+    }
+
+    fn hub() -> Hub {
+        Hub::new(&[], 1, 1_000_000, None, Arc::new(Metrics::new()))
+    }
+
+    /// Subscriptions draw from the tables' budget until it cannot cover the next one (refused,
+    /// counted); what is drawn is what the tables hold; it goes back when they go.
+    #[test]
+    fn subscriptions_are_held_inside_their_budget() {
+        let hub = hub();
+        let mut topics = LocalTopics::new(0, 64, Budget::new(256 << 10));
+        let mut refused = None;
+        'fill: for token in 0..100_000 {
+            for t in 0..16 {
+                match topics.subscribe(&hub, token, &format!("t{token}.{t}")) {
+                    Ok(true) => {}
+                    Err(SubscribeError::NoMemory) => {
+                        refused = Some(token);
+                        break 'fill;
+                    }
+                    other => panic!("{other:?}"),
+                }
+                assert_eq!(topics.budget.drawn(), topics.footprint());
+                assert_eq!(topics.owned, topics.recount());
+            }
+        }
+        let last = refused.expect("the budget runs out");
+        assert!(last > 40, "{last} connections of 16 topics in 256 KiB");
+        let budget = crate::metrics::Reason { reason: "budget".into() };
+        assert_eq!(hub.metrics.topic_refusals.get_or_create(&budget).get(), 1);
+        for token in 0..=last {
+            topics.drop_conn(&hub, token);
+            assert_eq!(topics.owned, topics.recount());
+        }
+        assert_eq!(topics.budget.drawn(), topics.footprint());
+        assert!(topics.footprint() < 1024, "{} bytes kept", topics.footprint());
+        assert_eq!(hub.metrics.subscriptions(), 0);
+        assert!(hub.loops_by_topic.read().unwrap().capacity() < 1024);
+    }
+
+    /// A topic's subscribers are compacted once fewer than a quarter of their slots are used,
+    /// and the connections that moved can still leave it.
+    #[test]
+    fn a_topic_left_by_most_of_its_subscribers_is_compacted() {
+        let hub = hub();
+        let mut topics = LocalTopics::new(0, 64, Budget::new(1 << 20));
+        for token in 0..1000 {
+            topics.subscribe(&hub, token, "news").unwrap();
+            topics.subscribe(&hub, token, "weather").unwrap();
+        }
+        let room = topics.subscribers("news").unwrap().capacity();
+        for token in 0..900 {
+            assert!(topics.unsubscribe(&hub, token, "news"));
+            assert_eq!(topics.owned, topics.recount());
+        }
+        let subscribers = topics.subscribers("news").unwrap();
+        assert!(subscribers.capacity() < room / 4, "{} of {room}", subscribers.capacity());
+        let mut left: Vec<usize> = subscribers.iter().map(|(_, &token)| token).collect();
+        left.sort_unstable();
+        assert_eq!(left, (900..1000).collect::<Vec<_>>());
+        for token in 900..1000 {
+            assert!(topics.unsubscribe(&hub, token, "news"), "{token}");
+        }
+        assert!(topics.subscribers("news").is_none());
+        assert_eq!(topics.subscribers("weather").map(Slab::len), Some(1000));
+        assert_eq!(topics.budget.drawn(), topics.footprint());
     }
 
     #[test]

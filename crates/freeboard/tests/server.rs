@@ -231,7 +231,9 @@ fn oversized_message_closes_with_1009() {
 #[test]
 fn budget_admission_answers_503_while_the_pool_is_short() {
     let mut cfg = config();
-    cfg.memory = 2 << 20; // ~350 chunks after the read buffer, the cork and the assembly reserve
+    // ~345 chunks after the read buffer, the cork, the assembly reserve and the topic tables'
+    // sixteenth.
+    cfg.memory = 9 << 18;
     cfg.read_buffer = 64 << 10;
     cfg.max_message_size = 1 << 20;
     cfg.connection_reserve = 768 << 10;

@@ -14,7 +14,11 @@ use crate::handler::{Accepted, Completion, Verdict};
 use crate::parking::Ws;
 use crate::session::Phase;
 use crate::topic_route::query_value;
+use crate::topics::topics_in_target;
 use crate::transport::Transport;
+
+/// The body of a 503 for an upgrade whose topics the loop's budget cannot hold.
+const TOPICS_EXHAUSTED: &str = "server memory budget for topics exhausted";
 
 impl<T: Transport> EventLoop<T> {
     /// Whether `token`'s client may reach an admin route (see
@@ -137,6 +141,15 @@ impl<T: Transport> EventLoop<T> {
         accepted: Accepted,
     ) -> bool {
         let Upgrading { route, options, compression } = upgrade;
+        if options.subscribes
+            && let Some(names) = topics_in_target(self.router.path(route), target)
+            && !self.topics.affords(None, names)
+        {
+            // Refused before its 101 rather than closed after it (the subscriptions are made
+            // in `on_open`, right after).
+            self.shared.metrics.topic_refusal("budget");
+            return self.refuse(token, now, 503, RETRY_SOON, TOPICS_EXHAUSTED);
+        }
         let (protocol, data, expires) = accepted.into_parts();
         let expires = match expires.map(|at| at.duration_since(std::time::SystemTime::now())) {
             None => None,

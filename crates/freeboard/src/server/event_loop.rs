@@ -292,8 +292,14 @@ impl<T: Transport> EventLoop<T> {
             crate::Compression::Off => 0,
             _ => per_loop / 8,
         };
-        let pool_bytes =
-            per_loop - 2 * config.read_buffer - assembly_reserve - tls_bytes - compression_reserve;
+        // The topic tables (who subscribes to what) are drawn from their own part of it.
+        let topics_reserve = per_loop / crate::topics::TABLE_SHARE;
+        let pool_bytes = per_loop
+            - 2 * config.read_buffer
+            - assembly_reserve
+            - tls_bytes
+            - compression_reserve
+            - topics_reserve;
         let chunks = pool_bytes
             / Pool::footprint(config.chunk_size, 1, freeboard_buf::DEFAULT_SEGMENTS_PER_CHUNK);
         let pool_config =
@@ -316,7 +322,8 @@ impl<T: Transport> EventLoop<T> {
             .hub
             .take_receiver(index)
             .ok_or_else(|| io::Error::other("event loop started twice"))?;
-        let topics = LocalTopics::new(index, config.topics.max_topics_per_connection);
+        let tables = pool.budget_mut().split(topics_reserve).map_err(io::Error::other)?;
+        let topics = LocalTopics::new(index, config.topics.max_topics_per_connection, tables);
         Ok(Self {
             index,
             poll,
@@ -461,7 +468,7 @@ impl<T: Transport> EventLoop<T> {
         }
         for (token, mut entry) in std::mem::take(&mut self.conns) {
             self.topics.drop_conn(&self.shared.hub, token);
-            entry.session.release(&mut self.pool);
+            self.stats.closed += u64::from(entry.session.release(&mut self.pool));
             let mut io =
                 Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
             entry.stream.release(&mut io);
@@ -744,7 +751,8 @@ impl<T: Transport> EventLoop<T> {
         match entry.session.corked_written(&mut self.cork, &mut self.pool, written) {
             Ok(n) => self.stats.bytes_out += n as u64,
             Err(_) => {
-                self.conns[token].session.clear_queue(&mut self.pool);
+                let lost = self.conns[token].session.clear_queue(&mut self.pool);
+                self.stats.closed += u64::from(lost);
                 self.end_of_input(token, now);
                 self.remove(token);
             }

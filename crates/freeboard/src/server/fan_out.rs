@@ -88,15 +88,20 @@ impl<T: Transport> EventLoop<T> {
         let mut compressed = std::mem::take(&mut self.compressed);
         let publications = frames.clone().count();
         for token in subscribers.chain(leavers) {
-            // NOTE: a connection's subscriptions go before its slab entry does; one that
-            // left the topic may have closed since.
-            let Some(entry) = self.conns.get_mut(token) else { continue };
-            let idle = !entry.dirty && entry.session.buffered() == 0;
-            let policy = entry.session.queue().policy();
-            let compression = entry.session.shared_compression();
             let wants = |i: usize| {
                 changed.is_none_or(|(outbox, first)| outbox.subscribed_at(token, topic, first + i))
             };
+            let wanted = (0..publications).filter(|&i| wants(i)).count() as u64;
+            // NOTE: a connection's subscriptions go before its slab entry does; one that
+            // left the topic may have closed since: what it was subscribed for is lost with it.
+            let Some(entry) = self.conns.get_mut(token) else {
+                self.stats.closed += wanted;
+                reach.dropped += wanted;
+                continue;
+            };
+            let idle = !entry.dirty && entry.session.buffered() == 0;
+            let policy = entry.session.queue().policy();
+            let compression = entry.session.shared_compression();
             if let Some(bits) = compression {
                 compressed.resize_with(compressed.len().max(publications), Compressed::default);
                 for (i, frame) in frames.clone().enumerate().filter(|(i, _)| wants(*i)) {
@@ -116,9 +121,21 @@ impl<T: Transport> EventLoop<T> {
             };
             // With nothing else to send this turn, it gets the run written straight from the
             // shared frames, as a raw TCP fan-out does: its queue holds only what the socket
-            // did not take, and the end of the turn has nothing to do for it.
+            // did not take, and the end of the turn has nothing to do for it. Only a run its
+            // queue would take whole: once a frame's first byte is out, its rest is queued
+            // whatever the policy says.
+            let run_bytes = || {
+                let wanted = frames.clone().enumerate().filter(|(i, _)| wants(*i));
+                wanted.map(|(i, frame)| as_sent(i, frame).len()).sum::<usize>()
+            };
             let straight = match entry.stream.plain() {
-                Some(tcp) if idle && entry.session.is_open() => {
+                Some(tcp)
+                    if idle
+                        && entry.session.is_open()
+                        && entry
+                            .session
+                            .takes_whole(&loop_context!(self, now, None), run_bytes()) =>
+                {
                     let wanted = frames.clone().enumerate().filter(|(i, _)| wants(*i));
                     let run = wanted.map(|(i, frame)| as_sent(i, frame));
                     // A failed write is the end of the turn's to meet again, and close.
@@ -128,7 +145,8 @@ impl<T: Transport> EventLoop<T> {
             };
             self.stats.bytes_out += straight as u64;
             let mut unsent = straight;
-            for (i, frame) in frames.clone().enumerate().filter(|(i, _)| wants(*i)) {
+            let run = frames.clone().enumerate().filter(|(i, _)| wants(*i));
+            for (taken, (i, frame)) in (0..).zip(run) {
                 let frame = as_sent(i, frame);
                 let outcome = if unsent >= frame.len() {
                     unsent -= frame.len();
@@ -139,7 +157,13 @@ impl<T: Transport> EventLoop<T> {
                         0 => entry.session.send_frame(&mut cx, frame),
                         part => entry.session.send_frame_rest(&mut cx, frame, part),
                     };
-                    let Some(outcome) = sent else { break };
+                    let Some(outcome) = sent else {
+                        // Closing (or just torn down): this publication and the rest of the
+                        // run are lost with the connection.
+                        self.stats.closed += wanted - taken;
+                        reach.dropped += wanted - taken;
+                        break;
+                    };
                     outcome
                 };
                 match outcome {
@@ -149,7 +173,9 @@ impl<T: Transport> EventLoop<T> {
                         self.stats.policy_drops[SlowConsumerPolicy::Block] += 1;
                         reach.dropped += 1;
                     }
-                    PushOutcome::MustClose { .. } => {
+                    PushOutcome::MustClose { messages, .. } => {
+                        // This publication and the unsent ones the close discarded.
+                        self.stats.policy_drops[SlowConsumerPolicy::Close] += u64::from(messages);
                         self.shared.metrics.slow_consumer_closes.inc();
                         reach.dropped += 1;
                     }

@@ -134,7 +134,10 @@ impl<T: Transport> EventLoop<T> {
                 Some(PushOutcome::Dropped { messages, .. }) => {
                     self.stats.policy_drops[policy] += u64::from(messages);
                 }
-                Some(_) => {
+                Some(outcome) => {
+                    if let PushOutcome::MustClose { messages, .. } = outcome {
+                        self.stats.policy_drops[policy] += u64::from(messages);
+                    }
                     self.shared.metrics.slow_consumer_closes.inc();
                 }
             }
@@ -177,7 +180,7 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         if pending.is_err() {
-            entry.session.clear_queue(io.pool);
+            self.stats.closed += u64::from(entry.session.clear_queue(io.pool));
             self.end_of_input(token, now);
             self.remove(token);
             return;
@@ -228,7 +231,7 @@ impl<T: Transport> EventLoop<T> {
         self.forget_request(token);
         let mut entry = self.conns.remove(token);
         self.buffered -= entry.counted as usize;
-        entry.session.release(&mut self.pool);
+        self.stats.closed += u64::from(entry.session.release(&mut self.pool));
         let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
         entry.stream.release(&mut io);
         self.shared.release(&self.config, entry.peer, entry.attributed);

@@ -577,9 +577,21 @@ impl Session {
         Some(self.push(cx, frame.len(), |queue, pool| queue.push_frame(pool, frame)))
     }
 
+    /// Whether messages of `bytes` in all would be queued as they are, none dropped or refused:
+    /// under the queue's cap, and within what the pool's [`Share`] lets it take. A driver may
+    /// write such messages straight to the socket while the queue is empty — what the socket
+    /// does not take then goes in the queue with [`send_frame_rest`](Self::send_frame_rest),
+    /// which cannot refuse it.
+    pub(crate) fn takes_whole(&self, cx: &Context<'_>, bytes: usize) -> bool {
+        self.queue.len() + bytes <= self.queue.watermarks().cap()
+            && cx.share.judge(cx.pool, &self.queue, bytes) == Verdict::Fits
+    }
+
     /// [`send_frame`](Self::send_frame) for a frame of which the socket already took the first
     /// `written` bytes, written straight from a fan-out while the queue was empty: the rest
-    /// goes first in the queue. Should it not be queued, the stream would be torn: the
+    /// goes first in the queue, in flight, whatever the policy or the pool's share say (the
+    /// message was accepted when its first byte went). `None` if the session is not open, or
+    /// if the pool has no segment slot for the rest: the stream would be torn, so the
     /// connection is over.
     pub(crate) fn send_frame_rest(
         &mut self,
@@ -587,15 +599,20 @@ impl Session {
         frame: &Frame,
         written: usize,
     ) -> Option<PushOutcome> {
-        debug_assert!(self.queue.is_empty() && written < frame.len());
-        let outcome = self.send_frame(cx, frame)?;
-        match outcome {
-            PushOutcome::Queued
-            | PushOutcome::QueuedAboveHigh
-            | PushOutcome::Dropped { newest: false, .. } => self.consume(cx.pool, written),
-            _ => self.tear_down(cx),
+        if !self.is_open() {
+            return None;
         }
-        Some(outcome)
+        match self.queue.push_frame_rest(cx.pool, frame, written) {
+            Ok(change) => {
+                self.note(change);
+                let above = self.queue.len() > self.queue.watermarks().high();
+                Some(if above { PushOutcome::QueuedAboveHigh } else { PushOutcome::Queued })
+            }
+            Err(_) => {
+                self.tear_down(cx);
+                None
+            }
+        }
     }
 
     /// Pushes a message of `bytes` as the pool's [`Share`] allows, notes what it did to the
@@ -617,7 +634,7 @@ impl Session {
             Verdict::Culprit => match self.queue.policy() {
                 SlowConsumerPolicy::Block => refused(Limit::Pool),
                 SlowConsumerPolicy::Close => Pushed {
-                    outcome: PushOutcome::MustClose { limit: Limit::Pool },
+                    outcome: PushOutcome::MustClose { limit: Limit::Pool, messages: 1 },
                     writability: None,
                 },
                 SlowConsumerPolicy::DropNewest => Pushed {
@@ -644,14 +661,14 @@ impl Session {
         self.note(pushed.writability);
         match pushed.outcome {
             // The pool ran out under a queue that keeps up: not a slow consumer.
-            PushOutcome::MustClose { limit: Limit::Pool } if self.queue.is_writable() => {
+            PushOutcome::MustClose { limit: Limit::Pool, .. } if self.queue.is_writable() => {
                 PushOutcome::WouldBlock { limit: Limit::Pool }
             }
-            PushOutcome::MustClose { limit } => {
+            PushOutcome::MustClose { limit, messages } => {
                 let gone = self.queue.discard_unsent(cx.pool);
                 self.note(gone.writability);
                 let _ = self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
-                PushOutcome::MustClose { limit }
+                PushOutcome::MustClose { limit, messages: messages + gone.messages }
             }
             outcome => outcome,
         }
@@ -673,7 +690,7 @@ impl Session {
         self.note(gone.writability);
         if policy == SlowConsumerPolicy::Close {
             let _ = self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
-            return Some(PushOutcome::MustClose { limit: Limit::Pool });
+            return Some(PushOutcome::MustClose { limit: Limit::Pool, messages: gone.messages });
         }
         Some(PushOutcome::Dropped { newest: false, messages: gone.messages, bytes: gone.bytes })
     }
@@ -874,18 +891,21 @@ impl Session {
         lot.park(&mut open.ws);
     }
 
-    /// Gives every chunk back to the pool.
-    pub(crate) fn release(&mut self, pool: &mut Pool<'static>) {
-        let _ = self.queue.clear(pool);
+    /// Gives every chunk back to the pool; the data messages its queue still held (sent in
+    /// part or not at all), which the peer will never get.
+    pub(crate) fn release(&mut self, pool: &mut Pool<'static>) -> u32 {
+        let lost = self.clear_queue(pool);
         self.inbound.clear(pool);
         if let Some(deflate) = &mut self.deflate {
             deflate.release(pool);
         }
+        lost
     }
 
-    /// Drops what is queued and not yet started: the transport is gone.
-    pub(crate) fn clear_queue(&mut self, pool: &mut Pool<'static>) {
-        let _ = self.queue.clear(pool);
+    /// Drops everything queued, in flight or not: the transport is gone. Returns the data
+    /// messages it held.
+    pub(crate) fn clear_queue(&mut self, pool: &mut Pool<'static>) -> u32 {
+        self.queue.clear(pool).messages
     }
 }
 

@@ -292,7 +292,8 @@ fn each_slow_consumer_policy_acts_when_the_cap_is_reached() {
             }
             SlowConsumerPolicy::Conflate => unreachable!("checked above"),
             SlowConsumerPolicy::Close => {
-                assert!(matches!(at_cap, PushOutcome::MustClose { .. }), "{at_cap:?}");
+                // The new message and the four unsent ones the close discarded: all counted.
+                assert_eq!(at_cap, PushOutcome::MustClose { limit: Limit::Cap, messages: 5 });
                 assert_eq!(outcomes.len(), 5, "nothing is queued once the close started");
                 pair.step(usize::MAX);
                 let closed = pair.client.closed.expect("the client hears why");
@@ -303,6 +304,47 @@ fn each_slow_consumer_policy_acts_when_the_cap_is_reached() {
             }
         }
     }
+}
+
+/// The rest of a published frame the socket took in part (a fan-out writes straight to an
+/// idle subscriber) is queued whatever the policy and the pool's share say: the message is in
+/// flight, and cutting it would tear the stream. Here every policy's queue has a cap of 32
+/// bytes and the frame is 1,004.
+#[test]
+fn the_rest_of_a_frame_written_in_part_always_goes_out() {
+    let marks = Watermarks::new(8, 16, 32).unwrap();
+    let payload = [5u8; 1000];
+    for policy in SlowConsumerPolicy::ALL {
+        let mut pair = Pair::with(SendQueue::new(marks, policy), 1 << 20);
+        let (head, n) = crate::topics::header(MessageKind::Binary, payload.len());
+        let frame = Frame::from_parts(&mut pair.server.pool, &[&head[..n], &payload]).unwrap();
+        let bytes: Vec<u8> = frame.segments(&pair.server.pool).flatten().copied().collect();
+        let mut written = bytes[..100].to_vec();
+        let (session, mut cx) = pair.server.cx(pair.now);
+        let outcome = session.send_frame_rest(&mut cx, &frame, written.len());
+        assert_eq!(outcome, Some(PushOutcome::QueuedAboveHigh), "{policy:?}");
+        frame.release(&mut pair.server.pool);
+        pair.client.read(pair.now, &mut written, usize::MAX);
+        pair.step(usize::MAX);
+        assert_eq!(pair.client.received, [(MessageKind::Binary, payload.to_vec())], "{policy:?}");
+        assert_eq!(pair.server.session.state(), State::Open, "{policy:?}");
+        assert_eq!(pair.server.pool.chunks_in_use(), 0, "{policy:?}");
+    }
+}
+
+/// What a connection's queue still holds when it goes — unsent, or in flight — is counted as
+/// lost, control frames aside.
+#[test]
+fn a_released_session_counts_the_data_messages_it_held() {
+    let mut pair = Pair::new();
+    for _ in 0..3 {
+        pair.server.send(pair.now, MessageKind::Binary, &[1; 1000]).unwrap();
+    }
+    pair.server.close(pair.now, CloseCode::GOING_AWAY, "");
+    let mut some = pair.server.write(10); // the first message is in flight
+    pair.client.read(pair.now, &mut some, usize::MAX);
+    assert_eq!(pair.server.session.release(&mut pair.server.pool), 3);
+    assert_eq!(pair.server.pool.chunks_in_use(), 0);
 }
 
 #[test]
@@ -427,7 +469,8 @@ fn a_queue_past_its_share_is_reclaimed_without_a_push() {
         let reclaimed = session.reclaim(&mut cx);
         match policy {
             SlowConsumerPolicy::Close => {
-                assert_eq!(reclaimed, Some(PushOutcome::MustClose { limit: Limit::Pool }));
+                let closed = PushOutcome::MustClose { limit: Limit::Pool, messages: held };
+                assert_eq!(reclaimed, Some(closed), "every unsent message counted");
                 pair.step(usize::MAX);
                 let closed = pair.client.closed.expect("the client hears why");
                 assert_eq!(closed.code, CloseCode::POLICY_VIOLATION);

@@ -181,7 +181,9 @@ impl Endpoint {
         }
         let needed = 16 * config.chunk_size;
         let pool_config = PoolConfig::new().with_chunk_size(config.chunk_size);
-        let pool = match Pool::new(Budget::new(config.memory), pool_config) {
+        // The topic tables (who subscribes to what) are held in their own part of the budget.
+        let tables = Budget::new(config.memory / topics::TABLE_SHARE);
+        let pool = match Pool::new(Budget::new(config.memory - tables.limit()), pool_config) {
             Ok(pool) if pool.chunks_total() >= 16 => pool,
             _ => return Err(ConfigError::Memory { memory: config.memory, threads: 1, needed }),
         };
@@ -193,7 +195,7 @@ impl Endpoint {
                 lot: ParkingLot::new(config.protocol),
                 masks: MaskSource::new(),
                 open: 0,
-                subscriptions: LocalTopics::new(0, config.max_topics_per_connection),
+                subscriptions: LocalTopics::new(0, config.max_topics_per_connection, tables),
                 subscribers: Slab::new(),
                 fan_out: Vec::new(),
                 spare: Vec::new(),
