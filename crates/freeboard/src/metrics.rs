@@ -966,7 +966,7 @@ impl Metrics {
             &mut SlowConsumerPolicy::ALL
                 .iter()
                 .map(|p| p.name())
-                .chain([POOL_EXHAUSTED])
+                .chain([POOL_EXHAUSTED, CLOSED])
                 .map(|r| (r.to_string(), self.drops_for(r)))
                 .chain(
                     TOPIC_DROP_REASONS
