@@ -395,39 +395,6 @@ impl TopicsConfig {
         Watermarks::new(self.send_low, self.send_high, self.send_cap)
             .map_err(|_| ConfigError::Watermarks { prefix: "topics." })
     }
-
-    /// Starts the connect webhook's workers, if one is configured.
-    pub fn webhook(&self) -> Result<Option<crate::webhook::ConnectWebhook>, ConfigError> {
-        self.connect_webhook
-            .as_deref()
-            .map(|url| {
-                crate::webhook::ConnectWebhook::new(
-                    url,
-                    self.webhook_timeout,
-                    self.webhook_in_flight,
-                )
-            })
-            .transpose()
-    }
-
-    /// The verifier of subscribers' tokens, if a secret or a key set is configured (reads
-    /// the JWKS file).
-    pub fn verifier(&self) -> Result<Option<crate::auth::TokenVerifier>, ConfigError> {
-        let verifier = crate::auth::TokenVerifier::from_config(
-            self.jwt_secret.as_deref(),
-            self.jwks_file.as_deref(),
-        )?;
-        Ok(verifier.map(|mut v| {
-            v = v.leeway(self.jwt_leeway);
-            if let Some(issuer) = &self.jwt_issuer {
-                v = v.issuer(issuer);
-            }
-            if let Some(audience) = &self.jwt_audience {
-                v = v.audience(audience);
-            }
-            v
-        }))
-    }
 }
 
 impl std::fmt::Debug for TopicsConfig {
@@ -514,6 +481,7 @@ impl ServerConfig {
 
     /// Checks that the limits fit together; the error says which does not.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        crate::features::check(self)?;
         if self.threads == 0 {
             return Err(ConfigError::NoThreads);
         }
@@ -564,15 +532,7 @@ impl ServerConfig {
         crate::auth::Origins::new(&self.allowed_origins)?;
         crate::auth::Origins::new(&topics.cors_origins)?;
         crate::auth::TrustedProxies::new(&self.trusted_proxies)?;
-        topics.verifier()?;
-        if let Some(url) = &topics.connect_webhook
-            && (!url.starts_with("http://")
-                || topics.webhook_in_flight == 0
-                || topics.webhook_timeout.is_zero())
-        {
-            let why = "an http:// URL, in-flight requests and a timeout above zero";
-            return Err(ConfigError::Webhook(format!("{url}: needs {why}")));
-        }
+        topics.check_service()?;
         if self.max_pending_upgrades == 0 {
             return Err(ConfigError::PendingUpgrades);
         }
@@ -842,6 +802,8 @@ pub enum ConfigError {
     TlsStateShare(usize),
     /// `compression_window` is not 9–15 bits (zlib cannot compress raw deflate with 8).
     CompressionWindow(u8),
+    /// A setting needs an optional part of freeboard this build leaves out.
+    MissingFeature(crate::MissingFeature),
 }
 
 impl std::fmt::Display for ConfigError {
@@ -903,6 +865,7 @@ impl std::fmt::Display for ConfigError {
             Self::CompressionWindow(bits) => {
                 write!(f, "compression_window is {bits}; it must be 9 to 15 bits")
             }
+            Self::MissingFeature(missing) => missing.fmt(f),
         }
     }
 }

@@ -453,7 +453,7 @@ impl Conn<'_> {
     }
 
     /// The first topic this connection subscribed to (its name shared, not copied).
-    pub(crate) fn first_topic(&self) -> Option<Arc<str>> {
+    pub fn first_topic(&self) -> Option<Arc<str>> {
         self.topics.first_topic_of(self.token)
     }
 

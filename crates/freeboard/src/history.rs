@@ -220,6 +220,7 @@ impl History {
     /// message of the topic after it, `data` with envelopes, up to `newest`, the stream's
     /// last), while this node was already subscribed: the ring then holds every message after
     /// `since`.
+    #[cfg(feature = "topic-service")]
     pub(crate) fn fill(
         &self,
         topic: &str,
@@ -238,6 +239,7 @@ impl History {
 
     /// With Redis: forgets `topic`'s ring (this node no longer receives it), or every ring
     /// (`None`: the subscription to Redis was lost).
+    #[cfg(feature = "topic-service")]
     pub(crate) fn forget(&self, topic: Option<&str>) {
         let mut state = self.lock();
         let State { rings, bytes, kept, .. } = &mut *state;
@@ -501,6 +503,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "topic-service")]
     fn with_redis_a_ring_vouches_only_after_a_fill() {
         let history = History::new("", 5, None, 1 << 20, Source::Redis);
         let message = |o: Offset| (o, MessageKind::Text, format!("{o}:m").into_bytes().into());

@@ -29,10 +29,15 @@
 #![warn(missing_debug_implementations)]
 
 pub mod auth;
+#[cfg(feature = "topic-service")]
+mod backplane;
+#[cfg(not(feature = "topic-service"))]
+#[path = "backplane/disabled.rs"]
 mod backplane;
 pub mod client;
 pub mod config;
 mod dashboard;
+mod features;
 pub mod handler;
 pub mod history;
 pub mod metrics;
@@ -47,12 +52,15 @@ pub use session::bench as session_bench;
 pub mod tls;
 #[cfg(feature = "tokio")]
 pub mod tokio;
+#[cfg(feature = "topic-service")]
 mod topic_route;
 pub mod topics;
 mod transport;
+#[cfg(feature = "topic-service")]
 pub mod webhook;
 
 pub use config::{ServerConfig, TlsConfig};
+pub use features::MissingFeature;
 pub use freeboard_buf::ConflateKey;
 pub use freeboard_buf::SlowConsumerPolicy;
 pub use freeboard_buf::Watermarks;
@@ -66,10 +74,12 @@ pub use metrics::Metrics;
 pub use server::{RunningServer, Server, ServerHandle};
 pub use session::SendOutcome;
 pub use session::deflate::{Agreement, Compression, NegotiationError};
+#[cfg(feature = "topic-service")]
 pub use topic_route::TopicRoute;
 pub use topics::{Published, Reach};
 
-/// The README's examples, compiled with the doctests so that they stay true.
-#[cfg(doctest)]
+/// The README's examples, compiled with the doctests so that they stay true (one of them is
+/// the `axum` feature's).
+#[cfg(all(doctest, feature = "axum"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

@@ -1052,29 +1052,9 @@ impl Metrics {
         self.tls_refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
     }
 
-    /// Counts publications that did not reach the Redis backplane.
-    pub(crate) fn backplane_lost(&self, reason: &str, n: u64) {
-        self.backplane_lost.get_or_create(&Reason { reason: reason.to_owned() }).inc_by(n);
-    }
-
-    /// Counts publications the Redis backplane confirmed.
-    pub(crate) fn backplane_published(&self, n: u64) {
-        self.backplane_published.inc_by(n);
-    }
-
-    /// Counts a publication received from another node.
-    pub(crate) fn backplane_received(&self) {
-        self.backplane_received.inc();
-    }
-
     /// Counts a subscription refused by a topic limit.
     pub(crate) fn topic_refusal(&self, reason: &str) {
         self.topic_refusals.get_or_create(&Reason { reason: reason.to_owned() }).inc();
-    }
-
-    /// Whether Redis is mapped and the servers holding the subscriptions are connected.
-    pub(crate) fn set_backplane_up(&self, up: bool) {
-        self.backplane_up.set(i64::from(up));
     }
 
     /// Counts an access refusal by reason.

@@ -1,4 +1,5 @@
-//! The topic endpoint of `freeboard serve`: an application handler on the topic registry.
+//! The topic endpoint of `freeboard serve`: an application handler on the topic registry, and
+//! what the `[topics]` settings of the service build (its token verifier, its webhook).
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -8,9 +9,10 @@ use freeboard_proto::CloseCode;
 use freeboard_proto::handshake::Request;
 
 use crate::auth::{Grant, TokenError, TokenVerifier, bearer_token};
-use crate::config::TopicsConfig;
+use crate::config::{ConfigError, TopicsConfig};
 use crate::handler::{Accepted, Conn, Decision, Handler, Message, RouteOptions, Router};
 use crate::history::HISTORY_GONE;
+use crate::server::query_value;
 use crate::topics::{SubscribeError, topics_in_target};
 use crate::webhook::ConnectWebhook;
 
@@ -196,8 +198,45 @@ impl Router {
     }
 }
 
-/// The value of `key` in the query of `target`, if any.
-pub(crate) fn query_value<'t>(target: &'t str, key: &str) -> Option<&'t str> {
-    let (_, query) = target.split_once('?')?;
-    query.split('&').find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+/// The service's settings in the `[topics]` table: what they build.
+impl TopicsConfig {
+    /// Starts the connect webhook's workers, if one is configured.
+    pub fn webhook(&self) -> Result<Option<ConnectWebhook>, ConfigError> {
+        self.connect_webhook
+            .as_deref()
+            .map(|url| ConnectWebhook::new(url, self.webhook_timeout, self.webhook_in_flight))
+            .transpose()
+    }
+
+    /// The verifier of subscribers' tokens, if a secret or a key set is configured (reads
+    /// the JWKS file).
+    pub fn verifier(&self) -> Result<Option<TokenVerifier>, ConfigError> {
+        let verifier =
+            TokenVerifier::from_config(self.jwt_secret.as_deref(), self.jwks_file.as_deref())?;
+        Ok(verifier.map(|mut v| {
+            v = v.leeway(self.jwt_leeway);
+            if let Some(issuer) = &self.jwt_issuer {
+                v = v.issuer(issuer);
+            }
+            if let Some(audience) = &self.jwt_audience {
+                v = v.audience(audience);
+            }
+            v
+        }))
+    }
+
+    /// The service's own settings, for [`ServerConfig::validate`](crate::ServerConfig::validate):
+    /// the token keys (reads the JWKS file) and the webhook's URL and limits.
+    pub(crate) fn check_service(&self) -> Result<(), ConfigError> {
+        self.verifier()?;
+        if let Some(url) = &self.connect_webhook
+            && (!url.starts_with("http://")
+                || self.webhook_in_flight == 0
+                || self.webhook_timeout.is_zero())
+        {
+            let why = "an http:// URL, in-flight requests and a timeout above zero";
+            return Err(ConfigError::Webhook(format!("{url}: needs {why}")));
+        }
+        Ok(())
+    }
 }

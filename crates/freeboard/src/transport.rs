@@ -15,14 +15,13 @@
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown};
-use std::sync::Arc;
 
 use freeboard_buf::{Frame, Pool};
 use mio::net::TcpStream;
 
 use crate::session::Session;
 pub(crate) use crate::tls::Io;
-use crate::tls::TlsStream;
+use crate::tls::{ServerTls, TlsStream};
 
 /// Slices per `writev`: 256 segments cover 1 MiB of 4 KiB chunks.
 const IOV: usize = 256;
@@ -39,7 +38,7 @@ pub(crate) trait Transport: mio::event::Source + Sized {
     /// whose client is named later). `None` (counted) refuses it.
     fn accepted(
         stream: TcpStream,
-        tls: Option<&Arc<rustls::ServerConfig>>,
+        tls: Option<&ServerTls>,
         io: &mut Io<'_>,
         client: Option<IpAddr>,
     ) -> Option<Self>;
@@ -83,7 +82,7 @@ pub(crate) trait Transport: mio::event::Source + Sized {
 impl Transport for TcpStream {
     fn accepted(
         stream: TcpStream,
-        _tls: Option<&Arc<rustls::ServerConfig>>,
+        _tls: Option<&ServerTls>,
         _io: &mut Io<'_>,
         _client: Option<IpAddr>,
     ) -> Option<Self> {
@@ -200,7 +199,7 @@ pub(crate) enum Stream {
 impl Transport for Stream {
     fn accepted(
         stream: TcpStream,
-        tls: Option<&Arc<rustls::ServerConfig>>,
+        tls: Option<&ServerTls>,
         io: &mut Io<'_>,
         client: Option<IpAddr>,
     ) -> Option<Self> {

@@ -108,7 +108,7 @@ impl ConnectWebhook {
         })
         .to_string();
         let topics = topics.iter().map(|t| (*t).to_owned()).collect();
-        let since = crate::topic_route::query_value(path, "since").map(str::to_owned);
+        let since = crate::server::query_value(path, "since").map(str::to_owned);
         match self.jobs.try_send(Job { decision, body, topics, since }) {
             Ok(()) => {}
             Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => {

@@ -68,7 +68,7 @@ pub(crate) use self::shards::RedisAddr;
 use self::shards::{Shards, TIMEOUT, Topology};
 use crate::handler::{Accepted, Decision};
 use crate::history::{History, Offset};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Reason};
 
 /// Publications the queue towards Redis holds at most, whatever their size.
 const QUEUE_MESSAGES: usize = 65_536;
@@ -262,6 +262,30 @@ impl Backplane {
             return false;
         }
         true
+    }
+}
+
+/// The backplane's counters (registered with the others in `metrics.rs`, so that they are
+/// listed at 0 on a node without Redis).
+impl Metrics {
+    /// Counts publications that did not reach the Redis backplane.
+    pub(crate) fn backplane_lost(&self, reason: &str, n: u64) {
+        self.backplane_lost.get_or_create(&Reason { reason: reason.to_owned() }).inc_by(n);
+    }
+
+    /// Counts publications the Redis backplane confirmed.
+    pub(crate) fn backplane_published(&self, n: u64) {
+        self.backplane_published.inc_by(n);
+    }
+
+    /// Counts a publication received from another node.
+    pub(crate) fn backplane_received(&self) {
+        self.backplane_received.inc();
+    }
+
+    /// Whether Redis is mapped and the servers holding the subscriptions are connected.
+    pub(crate) fn set_backplane_up(&self, up: bool) {
+        self.backplane_up.set(i64::from(up));
     }
 }
 

@@ -16,10 +16,10 @@ use freeboard_proto::{CloseCode, Connection, Instant, MessageKind, Role, State};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
+use super::ClientStream;
 use super::handshake::{self, Opened};
 use super::message::{CloseEvent, Event, Message};
 use super::outbox::{Direct, Outbox, Shared, Writer};
-use super::tls::ClientStream;
 use super::{ClientConfig, ClientError, ReadyState, Target};
 use crate::session::deflate::{self, Agreement, Codec, Deflate, NegotiationError};
 use crate::session::{
@@ -111,10 +111,7 @@ impl Client {
             false => None,
         };
         let stream = TcpStream::from_std(stream);
-        let mut stream = match tls {
-            Some(conn) => ClientStream::Tls(Box::new((stream, conn))),
-            None => ClientStream::Plain(stream),
-        };
+        let mut stream = ClientStream::new(stream, tls);
         let poll = Poll::new()?;
         let interest = match writer {
             Some(_) => Interest::READABLE,

@@ -3,7 +3,6 @@
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::ToSocketAddrs;
-use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
 use freeboard_buf::{Pool, SendQueue};
@@ -13,8 +12,9 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
+use super::ClientStream;
 use super::handshake::{self, Refusal};
-use super::tls::{ClientStream, is_tls, tls_client_config, tls_connection, tls_or_io};
+use super::tls::{Connector, is_tls, tls_or_io};
 use super::{ClientConfig, ClientError, CloseEvent, Target};
 use crate::parking::{ParkingLot, Ws};
 use crate::session::deflate::{Codec, Deflate, NegotiationError};
@@ -84,7 +84,7 @@ pub struct ClientLoop<H> {
     sessions: Slab<Connecting>,
     config: ClientConfig,
     /// The TLS configuration of every `wss://` connection, built at the first.
-    tls: Option<Arc<rustls::ClientConfig>>,
+    tls: Option<Connector>,
     start: StdInstant,
     handler: H,
 }
@@ -152,11 +152,12 @@ impl<H: ClientHandler> ClientLoop<H> {
         let target = Target::parse(url)?;
         let tls = match (target.is_secure(), &self.tls) {
             (false, _) => None,
-            (true, Some(config)) => Some(tls_connection(config.clone(), target.host())?),
+            (true, Some(connector)) => Some(connector.connect(target.host())?),
             (true, None) => {
-                let config = tls_client_config(&self.config.tls_roots)?;
-                self.tls = Some(config.clone());
-                Some(tls_connection(config, target.host())?)
+                let connector = Connector::new(&self.config.tls_roots)?;
+                let conn = connector.connect(target.host())?;
+                self.tls = Some(connector);
+                Some(conn)
             }
         };
         let addr = (target.host(), target.port())
@@ -170,10 +171,7 @@ impl<H: ClientHandler> ClientLoop<H> {
         let tcp = TcpStream::connect(addr)
             .map_err(|source| ClientError::Connect { addr: addr.to_string(), source })?;
         let _ = tcp.set_nodelay(true);
-        let mut stream = match tls {
-            Some(conn) => ClientStream::Tls(Box::new((tcp, conn))),
-            None => ClientStream::Plain(tcp),
-        };
+        let mut stream = ClientStream::new(tcp, tls);
         let key = handshake::new_key()?;
         let offer = handshake::deflate_offer(&self.config, true);
         let request = handshake::encode_request(&target, &self.config, &key, offer)?;

@@ -9,6 +9,7 @@ use freeboard_proto::handshake::{
     ClientRequest, DEFAULT_MAX_HEAD_LEN, EMPTY_HEADER, HandshakeError, Key, Response, generate_key,
 };
 
+use super::tls::{Connection, Connector, Handshaking};
 use super::{ClientConfig, ClientError, Target};
 use crate::session::deflate::{self, Agreement};
 
@@ -19,7 +20,7 @@ const BODY_EXCERPT: usize = 512;
 pub(super) struct Opened {
     pub(super) stream: TcpStream,
     /// The TLS connection over `stream` (`wss://`).
-    pub(super) tls: Option<rustls::ClientConnection>,
+    pub(super) tls: Option<Connection>,
     /// What the server's `101` agreed to.
     pub(super) answer: Answer,
     /// Bytes that followed the `101` head (the server's first frames).
@@ -54,9 +55,8 @@ pub(super) fn open(target: &Target, config: &ClientConfig) -> Result<Opened, Cli
         false => handshake(&mut stream, target, config, offer, deadline)
             .map(|(answer, leftover)| Opened { stream, tls: None, answer, leftover }),
         true => {
-            let tls_config = super::tls::tls_client_config(&config.tls_roots)?;
-            let conn = super::tls::tls_connection(tls_config, target.host())?;
-            let mut tls = rustls::StreamOwned::new(conn, stream);
+            let conn = Connector::new(&config.tls_roots)?.connect(target.host())?;
+            let mut tls = Handshaking::new(conn, stream);
             handshake(&mut tls, target, config, offer, deadline).map(|(answer, leftover)| {
                 let (conn, stream) = tls.into_parts();
                 Opened { stream, tls: Some(conn), answer, leftover }
@@ -83,7 +83,7 @@ impl HandshakeStream for TcpStream {
     }
 }
 
-impl HandshakeStream for rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+impl HandshakeStream for Handshaking {
     fn tcp(&self) -> &TcpStream {
         &self.sock
     }

@@ -71,7 +71,12 @@ mod event_loop;
 mod handshake;
 mod message;
 mod outbox;
+mod stream;
 mod target;
+#[cfg(feature = "tls")]
+mod tls;
+#[cfg(not(feature = "tls"))]
+#[path = "tls/disabled.rs"]
 mod tls;
 
 use std::fmt;
@@ -88,8 +93,23 @@ pub use freeboard_proto::MessageKind;
 use freeboard_proto::UsageError;
 use freeboard_proto::handshake::HandshakeError;
 pub use message::{CloseEvent, Event, Message};
+pub use stream::ClientStream;
 pub use target::Target;
-pub use tls::{ClientStream, TlsRoots, tls_client_config, tls_connection};
+#[cfg(feature = "tls")]
+pub use tls::{tls_client_config, tls_connection};
+
+/// Which certificates a `wss://` server may present.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TlsRoots {
+    /// The operating system's trusted roots (the default).
+    #[default]
+    Native,
+    /// Only the CA certificates in this PEM file.
+    CaFile(std::path::PathBuf),
+    /// Any certificate, for any name: no authentication at all. For tests only.
+    Insecure,
+}
 
 /// Everything a client can be told, with defaults for a script talking to one server.
 ///
@@ -149,7 +169,9 @@ pub struct ClientConfig {
     /// roots. Over TLS the caller writes (no writer thread: reading and writing share the
     /// TLS state).
     pub tls_roots: TlsRoots,
-    /// Offer permessage-deflate (RFC 7692). Default `true`, as browsers do. The offer names
+    /// Offer permessage-deflate (RFC 7692). Default `true`, as browsers do, when freeboard is
+    /// built with its `deflate` feature (`false` without; `true` is then refused with
+    /// [`ClientError::MissingFeature`]). The offer names
     /// `client_no_context_takeover` (this client compresses each message afresh, so the
     /// server keeps no inflate state for it); [`ClientLoop`] also asks for
     /// `server_no_context_takeover`, so none of its connections holds compression state
@@ -180,7 +202,7 @@ impl Default for ClientConfig {
             ping_interval: None,
             pong_timeout: Duration::from_secs(10),
             tls_roots: TlsRoots::Native,
-            compression: true,
+            compression: crate::features::DEFLATE,
             compression_threshold: 64,
         }
     }
@@ -190,12 +212,17 @@ impl ClientConfig {
     /// The pool that holds received messages (the client loop's holds everything), with
     /// `bytes` of budget of which `reserve` stays outside its chunks; with compression on,
     /// so do one compressor and one decompressor of the largest window (about 300 KiB), so
-    /// that they are drawn from the same budget.
+    /// that they are drawn from the same budget. Compression in a build without it is
+    /// refused here, where every client starts.
     pub(crate) fn receive_pool(
         &self,
         bytes: usize,
         reserve: usize,
     ) -> Result<Pool<'static>, ClientError> {
+        if self.compression && !crate::features::DEFLATE {
+            let missing = crate::MissingFeature { setting: "compression", feature: "deflate" };
+            return Err(ClientError::MissingFeature(missing));
+        }
         let reserve = match self.compression {
             true => reserve + crate::session::deflate::STATE_BYTES,
             false => reserve,
@@ -376,6 +403,9 @@ pub enum ClientError {
     Usage(UsageError),
     /// The configuration cannot work (e.g. the memory budget is too small for one chunk).
     Config(String),
+    /// A setting (a `wss://` URL, `compression`) needs an optional part of freeboard this
+    /// build leaves out.
+    MissingFeature(crate::MissingFeature),
 }
 
 impl ClientError {
@@ -411,6 +441,7 @@ impl fmt::Display for ClientError {
             Self::AlreadyClosed => f.write_str("the connection is closed"),
             Self::Usage(e) => write!(f, "not allowed by the protocol: {e}"),
             Self::Config(why) => write!(f, "invalid client configuration: {why}"),
+            Self::MissingFeature(missing) => missing.fmt(f),
         }
     }
 }

@@ -2,8 +2,9 @@
 //! upgrade request need.
 
 use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use url::{Host, Url};
+use http::Uri;
 
 use super::ClientError;
 
@@ -46,35 +47,42 @@ impl Target {
     /// The same as [`parse`](Self::parse) (kept for callers from before TLS).
     pub fn parse_any(input: &str) -> Result<Self, ClientError> {
         let invalid = |why: String| ClientError::InvalidUrl { url: input.to_owned(), why };
-        let url = Url::parse(input).map_err(|e| invalid(e.to_string()))?;
-        let secure = match url.scheme() {
-            "ws" => false,
-            "wss" => true,
-            other => return Err(invalid(format!("scheme {other}: is not ws: or wss:"))),
-        };
-        if url.fragment().is_some() {
+        // `http`'s URI parser drops a fragment silently; RFC 6455 refuses it.
+        if input.contains('#') {
             return Err(invalid("a WebSocket URL has no fragment (#…)".into()));
         }
-        let (host, bracketed) = match url.host() {
-            Some(Host::Domain(name)) => (name.to_owned(), name.to_owned()),
-            Some(Host::Ipv4(ip)) => (ip.to_string(), ip.to_string()),
-            Some(Host::Ipv6(ip)) => (ip.to_string(), format!("[{ip}]")),
-            None => return Err(invalid("no host".into())),
+        let uri: Uri = input.parse().map_err(|e: http::uri::InvalidUri| invalid(e.to_string()))?;
+        let secure = match uri.scheme_str() {
+            Some(s) if s.eq_ignore_ascii_case("ws") => false,
+            Some(s) if s.eq_ignore_ascii_case("wss") => true,
+            Some(other) => return Err(invalid(format!("scheme {other}: is not ws: or wss:"))),
+            None => return Err(invalid("no scheme: not ws: or wss:".into())),
         };
-        // NOTE(unwrap): ws and wss are special schemes to the url crate, with default ports.
-        let port = url.port_or_known_default().unwrap_or(if secure { 443 } else { 80 });
-        let host_header = match url.port() {
-            Some(port) => format!("{bracketed}:{port}"),
-            None => bracketed,
+        let name = uri.host().filter(|h| !h.is_empty()).ok_or_else(|| invalid("no host".into()))?;
+        // Host names are case-insensitive (RFC 3986 §3.2.2); IP literals are written the one
+        // way the standard library prints them.
+        let (host, bracketed) = match name.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(v6) => match v6.parse::<Ipv6Addr>() {
+                Ok(ip) => (ip.to_string(), format!("[{ip}]")),
+                Err(_) => return Err(invalid(format!("{v6:?} is not an IPv6 address"))),
+            },
+            None => match name.parse::<Ipv4Addr>() {
+                Ok(ip) => (ip.to_string(), ip.to_string()),
+                Err(_) => (name.to_ascii_lowercase(), name.to_ascii_lowercase()),
+            },
         };
-        let mut resource = url.path().to_owned();
-        if resource.is_empty() {
-            resource.push('/');
-        }
-        if let Some(query) = url.query() {
-            resource.push('?');
-            resource.push_str(query);
-        }
+        let default_port = if secure { 443 } else { 80 };
+        let port = uri.port_u16().unwrap_or(default_port);
+        // The scheme's own port is left out of the `Host` header, as browsers do.
+        let host_header = match port == default_port {
+            true => bracketed,
+            false => format!("{bracketed}:{port}"),
+        };
+        let resource = uri.path_and_query().map_or("/", |p| p.as_str());
+        let resource = match resource.starts_with('/') {
+            true => resource.to_owned(),
+            false => format!("/{resource}"),
+        };
         Ok(Self { host, port, host_header, resource, secure })
     }
 
@@ -125,16 +133,36 @@ mod tests {
 
         let t = Target::parse("ws://[::1]/").unwrap();
         assert_eq!((t.host(), t.port(), t.host_header()), ("::1", 80, "[::1]"));
-        // The url crate drops an explicit default port; the Host header then omits it too.
+        // An explicit default port is left out of the Host header.
         let t = Target::parse("ws://example.com:80/x").unwrap();
         assert_eq!((t.port(), t.host_header()), (80, "example.com"));
         let t = Target::parse_any("wss://example.com/x").unwrap();
         assert_eq!((t.port(), t.is_secure()), (443, true));
+        // Case-insensitive parts come out in lower case; a query without a path gets `/`.
+        let t = Target::parse("WS://Example.COM:8080?q=A").unwrap();
+        assert_eq!(
+            (t.host(), t.host_header(), t.resource()),
+            ("example.com", "example.com:8080", "/?q=A")
+        );
+        let t = Target::parse("wss://[0:0::1]:443/").unwrap();
+        assert_eq!((t.host(), t.host_header(), t.is_secure()), ("::1", "[::1]", true));
+        let t = Target::parse("ws://user:pw@10.0.0.1/").unwrap();
+        assert_eq!((t.host(), t.host_header()), ("10.0.0.1", "10.0.0.1"));
     }
 
     #[test]
     fn refuses_what_is_not_a_websocket_url() {
-        for bad in ["http://example.com/", "ws://", "ws://host/#frag", "not a url", "ws://[::1"] {
+        for bad in [
+            "http://example.com/",
+            "ws://",
+            "ws://host/#frag",
+            "not a url",
+            "ws://[::1",
+            "ws://[not:v6]/",
+            "example.com:80",
+            "/just/a/path",
+            "ws://bücher.example/",
+        ] {
             assert!(
                 matches!(Target::parse(bad), Err(ClientError::InvalidUrl { .. })),
                 "{bad} should be refused"

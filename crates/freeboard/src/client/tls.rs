@@ -1,6 +1,7 @@
-//! `wss://` for the clients: rustls' buffered `ClientConnection` over the socket, one
-//! [`ClientStream`] for the blocking client, the [`ClientLoop`](super::ClientLoop) and the load
-//! generator (`freeboard-bench`).
+//! `wss://` for the clients (the `tls` feature): rustls' buffered `ClientConnection` over the
+//! socket, inside one [`ClientStream`](super::ClientStream) for the blocking client, the
+//! [`ClientLoop`](super::ClientLoop) and the load generator (`freeboard-bench`). A build
+//! without the feature has `tls/disabled.rs` in its place, which refuses `wss://` URLs.
 //!
 //! A client holds few connections, so the per-connection buffers rustls keeps (its received
 //! records, at most 64 KiB of records to send) are not the concern they are on a server with
@@ -13,8 +14,7 @@
 //! tests; `freeboard client --insecure` prints a warning).
 
 use std::io::{self, IoSlice, Read, Write};
-use std::net::Shutdown;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use mio::net::TcpStream;
@@ -23,19 +23,26 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConnection, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use super::ClientError;
+use super::{ClientError, TlsRoots};
 
-/// Which certificates a `wss://` server may present.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TlsRoots {
-    /// The operating system's trusted roots (the default).
-    #[default]
-    Native,
-    /// Only the CA certificates in this PEM file.
-    CaFile(PathBuf),
-    /// Any certificate, for any name: no authentication at all. For tests only.
-    Insecure,
+/// A client connection's TLS state.
+pub(super) type Connection = ClientConnection;
+
+/// The blocking stream the opening handshake runs over.
+pub(super) type Handshaking = rustls::StreamOwned<ClientConnection, std::net::TcpStream>;
+
+/// Makes the TLS state of connections to servers that present a certificate `roots` trust.
+pub(super) struct Connector(Arc<rustls::ClientConfig>);
+
+impl Connector {
+    pub(super) fn new(roots: &TlsRoots) -> Result<Self, ClientError> {
+        tls_client_config(roots).map(Self)
+    }
+
+    /// The TLS state of a new connection to `host`.
+    pub(super) fn connect(&self, host: &str) -> Result<Connection, ClientError> {
+        tls_connection(self.0.clone(), host)
+    }
 }
 
 /// The rustls configuration for `roots`: TLS 1.3 and 1.2 on the `ring` provider, ALPN
@@ -128,153 +135,60 @@ pub(super) fn tls_or_io(e: io::Error) -> ClientError {
     }
 }
 
-/// A client's socket: plain TCP, or TLS over it (a [`tls_connection`]), blocking or not as
-/// the socket is, and a mio event source.
-///
-/// `Read` returns decrypted bytes (`Ok(0)` at the server's close_notify); a TLS error is an
-/// `InvalidData` error carrying the `rustls::Error`. `Write` encrypts what rustls' send
-/// buffer (64 KiB) takes and writes records until the socket is full; what stays is written
-/// first by the next write, or by [`flush_tls`](Self::flush_tls) when the socket is
-/// writable again ([`wants_write`](Self::wants_write) says whether anything stays).
-#[derive(Debug)]
-pub enum ClientStream {
-    /// Plain TCP (`ws://`).
-    Plain(TcpStream),
-    /// TLS over TCP (`wss://`).
-    Tls(Box<(TcpStream, ClientConnection)>),
+/// Writes the TLS records that wait; `WouldBlock` if the socket is full.
+pub(super) fn flush((tcp, conn): &mut (TcpStream, ClientConnection)) -> io::Result<()> {
+    while conn.wants_write() {
+        conn.write_tls(tcp)?;
+    }
+    Ok(())
 }
 
-impl ClientStream {
-    /// The socket.
-    pub fn tcp(&self) -> &TcpStream {
-        match self {
-            Self::Plain(tcp) => tcp,
-            Self::Tls(tls) => &tls.0,
+/// Reads decrypted bytes (`Ok(0)` at the server's close_notify).
+pub(super) fn read(
+    (tcp, conn): &mut (TcpStream, ClientConnection),
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    loop {
+        match conn.reader().read(buf) {
+            Ok(n) => return Ok(n), // 0: the server's close_notify
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
         }
-    }
-
-    /// Whether TLS records wait to be written.
-    pub fn wants_write(&self) -> bool {
-        match self {
-            Self::Plain(_) => false,
-            Self::Tls(tls) => tls.1.wants_write(),
-        }
-    }
-
-    /// Writes the TLS records that wait; `WouldBlock` if the socket is full.
-    pub fn flush_tls(&mut self) -> io::Result<()> {
-        match self {
-            Self::Plain(_) => Ok(()),
-            Self::Tls(tls) => {
-                let (tcp, conn) = &mut **tls;
-                while conn.wants_write() {
-                    conn.write_tls(tcp)?;
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// Shuts the socket down (after a close_notify over TLS).
-    pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
-        if let Self::Tls(tls) = self {
-            tls.1.send_close_notify();
-            let _ = self.flush_tls();
-        }
-        self.tcp_mut().shutdown(how)
-    }
-
-    fn tcp_mut(&mut self) -> &mut TcpStream {
-        match self {
-            Self::Plain(tcp) => tcp,
-            Self::Tls(tls) => &mut tls.0,
-        }
-    }
-}
-
-impl Read for ClientStream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let (tcp, conn) = match self {
-            Self::Plain(tcp) => return tcp.read(buf),
-            Self::Tls(tls) => &mut **tls,
-        };
-        loop {
-            match conn.reader().read(buf) {
-                Ok(n) => return Ok(n), // 0: the server's close_notify
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-            conn.read_tls(tcp)?; // 0 at EOF: the reader then says UnexpectedEof
-            let processed = conn.process_new_packets();
-            // What the records asked for (an alert, a key update) goes at once.
-            while conn.wants_write() {
-                if conn.write_tls(tcp).is_err() {
-                    break;
-                }
-            }
-            if let Err(e) = processed {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-            }
-        }
-    }
-}
-
-impl Write for ClientStream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.write_vectored(&[IoSlice::new(buf)])
-    }
-
-    /// TLS: encrypts what rustls' send buffer (64 KiB) takes, then writes records until the
-    /// socket is full; what stays is written first next time.
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let (tcp, conn) = match self {
-            Self::Plain(tcp) => return tcp.write_vectored(bufs),
-            Self::Tls(tls) => &mut **tls,
-        };
+        conn.read_tls(tcp)?; // 0 at EOF: the reader then says UnexpectedEof
+        let processed = conn.process_new_packets();
+        // What the records asked for (an alert, a key update) goes at once.
         while conn.wants_write() {
-            conn.write_tls(tcp)?;
-        }
-        let n = conn.writer().write_vectored(bufs)?;
-        while conn.wants_write() {
-            match conn.write_tls(tcp) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e),
+            if conn.write_tls(tcp).is_err() {
+                break;
             }
         }
-        if n == 0 && bufs.iter().any(|b| !b.is_empty()) {
-            return Err(io::ErrorKind::WouldBlock.into());
+        if let Err(e) = processed {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
         }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.flush_tls()
     }
 }
 
-impl mio::event::Source for ClientStream {
-    fn register(
-        &mut self,
-        registry: &mio::Registry,
-        token: mio::Token,
-        interests: mio::Interest,
-    ) -> io::Result<()> {
-        self.tcp_mut().register(registry, token, interests)
+/// Encrypts what rustls' send buffer (64 KiB) takes, then writes records until the socket is
+/// full; what stays is written first next time.
+pub(super) fn write_vectored(
+    (tcp, conn): &mut (TcpStream, ClientConnection),
+    bufs: &[IoSlice<'_>],
+) -> io::Result<usize> {
+    while conn.wants_write() {
+        conn.write_tls(tcp)?;
     }
-
-    fn reregister(
-        &mut self,
-        registry: &mio::Registry,
-        token: mio::Token,
-        interests: mio::Interest,
-    ) -> io::Result<()> {
-        self.tcp_mut().reregister(registry, token, interests)
+    let n = conn.writer().write_vectored(bufs)?;
+    while conn.wants_write() {
+        match conn.write_tls(tcp) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
     }
-
-    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
-        self.tcp_mut().deregister(registry)
+    if n == 0 && bufs.iter().any(|b| !b.is_empty()) {
+        return Err(io::ErrorKind::WouldBlock.into());
     }
+    Ok(n)
 }
 
 /// Accepts any certificate (`TlsRoots::Insecure`), but still checks that the handshake is

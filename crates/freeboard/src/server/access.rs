@@ -9,11 +9,11 @@ use freeboard_proto::{Instant, Role};
 
 use super::event_loop::{EventLoop, PendingUpgrade, Upgrading};
 use super::http::{BEARER_CHALLENGE, BUDGET_EXHAUSTED, RETRY_SOON, bearer_token, constant_time_eq};
+use super::query_value;
 use crate::auth::TOKEN_EXPIRED;
 use crate::handler::{Accepted, Completion, Verdict};
 use crate::parking::Ws;
 use crate::session::Phase;
-use crate::topic_route::query_value;
 use crate::topics::topics_in_target;
 use crate::transport::Transport;
 

@@ -98,7 +98,7 @@ pub(crate) struct EventLoop<T> {
     listeners: Option<Listeners>,
     /// The TLS configuration of the connections accepted on `tls_listener`, or on `listener`
     /// when there is no `tls_listener`.
-    tls_config: Option<Arc<rustls::ServerConfig>>,
+    tls_config: Option<crate::tls::ServerTls>,
     /// The TLS scratch buffers every TLS connection of the loop uses in turn, and the budget
     /// their rustls state is charged to.
     pub(super) tls: TlsScratch,

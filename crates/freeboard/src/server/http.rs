@@ -613,6 +613,12 @@ fn content_length(headers: &[httparse::Header<'_>]) -> Result<Option<u64>, ()> {
     Ok(length)
 }
 
+/// The value of `key` in the query of `target`, if any.
+pub(crate) fn query_value<'t>(target: &'t str, key: &str) -> Option<&'t str> {
+    let (_, query) = target.split_once('?')?;
+    query.split('&').find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+}
+
 /// The token of an `Authorization: Bearer <token>` header (RFC 6750 §2.1; the scheme is
 /// case-insensitive), if there is one.
 pub(super) fn bearer_token<'h>(headers: &[httparse::Header<'h>]) -> Option<&'h str> {

@@ -31,6 +31,8 @@ use event_loop::{EventLoop, Listeners, WAKER};
 use freeboard_proto::MessageKind;
 use shared::Shared;
 
+pub(crate) use http::query_value;
+
 /// A bound server, ready to [`run`](Self::run).
 ///
 /// ```no_run
@@ -339,13 +341,19 @@ impl ServerHandle {
     /// [`Published::dropped`]).
     ///
     /// ```no_run
-    /// use freeboard::{MessageKind, Router, Server, ServerConfig, TopicRoute};
+    /// use freeboard::{Conn, Handler, Message, MessageKind, Router, Server, ServerConfig};
     ///
-    /// let server = Server::bind(ServerConfig::default(), || {
-    ///     Router::new().route_with("/topic/", TopicRoute::new("/topic/", false),
-    ///         freeboard::RouteOptions::new().prefix())
-    /// })?
-    /// .spawn();
+    /// struct Subscriber;
+    /// impl Handler for Subscriber {
+    ///     fn on_open(&mut self, conn: &mut Conn<'_>) {
+    ///         let _ = conn.subscribe("scores");
+    ///     }
+    ///     fn on_message(&mut self, _: &mut Conn<'_>, _: Message<'_>) {}
+    /// }
+    ///
+    /// let server =
+    ///     Server::bind(ServerConfig::default(), || Router::new().route("/scores", Subscriber))?
+    ///         .spawn();
     /// let scores = server.handle();
     /// std::thread::spawn(move || {
     ///     scores.publish("scores", MessageKind::Text, b"{\"home\":1,\"away\":0}");

@@ -11,7 +11,7 @@ use crate::config::{Reload, ServerConfig};
 use crate::handler::RouterFactory;
 use crate::metrics::Metrics;
 use crate::rate::Bucket;
-use crate::tls::{HandshakeAdmission, TlsIdentity};
+use crate::tls::{HandshakeAdmission, ServerTls, TlsIdentity};
 use crate::topics::Hub;
 
 /// State every event loop of a server shares: configuration, metrics, connection counts.
@@ -42,7 +42,7 @@ pub(crate) struct Shared {
     /// Upgrade decisions pending across all loops (at most `config.max_pending_upgrades`).
     pub(crate) pending: AtomicUsize,
     /// The rustls configuration of the TLS listener, and the certificate it serves.
-    pub(crate) tls: Option<(Arc<rustls::ServerConfig>, Arc<TlsIdentity>)>,
+    pub(crate) tls: Option<(ServerTls, Arc<TlsIdentity>)>,
     /// With TLS: every address's share of the handshakes (`tls.handshakes_per_ip`,
     /// `tls.handshake_rate_per_ip`), across the loops.
     pub(crate) handshakes: Option<Arc<HandshakeAdmission>>,
@@ -54,7 +54,7 @@ impl Shared {
         metrics: Arc<Metrics>,
         hub: Hub,
         factory: RouterFactory,
-        tls: Option<(Arc<rustls::ServerConfig>, Arc<TlsIdentity>)>,
+        tls: Option<(ServerTls, Arc<TlsIdentity>)>,
     ) -> Self {
         let handshakes = config
             .tls

@@ -112,6 +112,7 @@ impl Reassembler {
     }
 
     /// Puts a whole message (an inflated one) where [`take`](Self::take) finds it.
+    #[cfg(feature = "deflate")]
     pub(crate) fn put(&mut self, message: ChunkChain) {
         debug_assert!(self.partial.is_empty());
         self.partial = message;

@@ -1,6 +1,7 @@
 use freeboard_buf::{Budget, ChunkChain, Pool, PoolConfig};
 use freeboard_proto::handshake::Extension;
 
+use super::zlib::*;
 use super::*;
 
 fn ext(name: &'static str, params: &'static str) -> Extension<'static> {
