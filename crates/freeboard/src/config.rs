@@ -300,7 +300,7 @@ pub struct TopicsConfig {
     pub inbox: usize,
     /// HS256 secret (at least 32 bytes) of the JWTs a topic upgrade must carry
     /// (`Authorization: Bearer`, or `?access_token=` for browsers); see
-    /// [`TokenVerifier`](crate::auth::TokenVerifier). Default: none.
+    /// `auth::TokenVerifier` (the `topic-service` feature). Default: none.
     pub jwt_secret: Option<String>,
     /// A JWKS file (RFC 7517) of RSA and P-256 keys for RS256 / ES256 tokens. Default: none.
     /// With neither a secret nor a key set, topics need no token.
@@ -321,7 +321,7 @@ pub struct TopicsConfig {
     /// with `Access-Control-Allow-Origin`. Default: none.
     pub cors_origins: Vec<String>,
     /// The connect webhook (`http://host[:port]/path`) that decides every topic upgrade; see
-    /// [`ConnectWebhook`](crate::webhook::ConnectWebhook). Default: none.
+    /// `webhook::ConnectWebhook` (the `topic-service` feature). Default: none.
     pub connect_webhook: Option<String>,
     /// How long the webhook may take to answer (then 503). Default 2 s.
     #[serde(with = "duration")]

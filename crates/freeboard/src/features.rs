@@ -4,6 +4,7 @@
 use std::fmt;
 
 use crate::config::{ConfigError, ServerConfig};
+use crate::handler::Router;
 
 /// wss:// for the server and the clients (rustls).
 pub(crate) const TLS: bool = cfg!(feature = "tls");
@@ -63,6 +64,22 @@ pub(crate) fn check(config: &ServerConfig) -> Result<(), ConfigError> {
             Err(ConfigError::MissingFeature(MissingFeature { setting, feature }))
         }
         None => Ok(()),
+    }
+}
+
+/// Refuses routes that compress ([`RouteOptions::compression`](crate::RouteOptions)) in a
+/// build that cannot: one loop's router is built to look (only in such a build).
+pub(crate) fn check_routes(routes: &impl Fn() -> Router) -> Result<(), ConfigError> {
+    if DEFLATE {
+        return Ok(());
+    }
+    let compresses = |mode: &crate::Compression| *mode != crate::Compression::Off;
+    match routes().all_options().any(|o| o.compression.as_ref().is_some_and(compresses)) {
+        true => {
+            let missing = MissingFeature { setting: "a route's compression", feature: "deflate" };
+            Err(ConfigError::MissingFeature(missing))
+        }
+        false => Ok(()),
     }
 }
 

@@ -607,6 +607,11 @@ impl Router {
     pub(crate) fn path(&self, route: usize) -> &str {
         &self.routes[route].path
     }
+
+    /// Every route's options, in order.
+    pub(crate) fn all_options(&self) -> impl Iterator<Item = &RouteOptions> {
+        self.routes.iter().map(|r| &r.options)
+    }
 }
 
 /// How a route matches and the send-queue settings its connections get instead of the

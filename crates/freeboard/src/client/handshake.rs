@@ -47,15 +47,20 @@ pub(super) fn deflate_offer(
 /// Resolves `target`, connects to each address in turn until one accepts within the connect
 /// timeout, and completes the opening handshake within the handshake timeout.
 pub(super) fn open(target: &Target, config: &ClientConfig) -> Result<Opened, ClientError> {
+    // wss://: the TLS state first (a bad CA file, or a build without TLS, fails before any
+    // connection is made).
+    let tls = match target.is_secure() {
+        true => Some(Connector::new(&config.tls_roots)?.connect(target.host())?),
+        false => None,
+    };
     let mut stream = connect_tcp(target, config.connect_timeout)?;
     stream.set_nodelay(true)?;
     let deadline = Instant::now() + config.handshake_timeout;
     let offer = deflate_offer(config, false);
-    let opened = match target.is_secure() {
-        false => handshake(&mut stream, target, config, offer, deadline)
+    let opened = match tls {
+        None => handshake(&mut stream, target, config, offer, deadline)
             .map(|(answer, leftover)| Opened { stream, tls: None, answer, leftover }),
-        true => {
-            let conn = Connector::new(&config.tls_roots)?.connect(target.host())?;
+        Some(conn) => {
             let mut tls = Handshaking::new(conn, stream);
             handshake(&mut tls, target, config, offer, deadline).map(|(answer, leftover)| {
                 let (conn, stream) = tls.into_parts();

@@ -171,13 +171,13 @@ pub struct ClientConfig {
     pub tls_roots: TlsRoots,
     /// Offer permessage-deflate (RFC 7692). Default `true`, as browsers do, when freeboard is
     /// built with its `deflate` feature (`false` without; `true` is then refused with
-    /// [`ClientError::MissingFeature`]). The offer names
-    /// `client_no_context_takeover` (this client compresses each message afresh, so the
-    /// server keeps no inflate state for it); [`ClientLoop`] also asks for
-    /// `server_no_context_takeover`, so none of its connections holds compression state
-    /// between messages. A server may decline; a response this client cannot honour fails
-    /// the connection ([`ClientError::Compression`]). Compressed messages are inflated into
-    /// the receive pool under `max_message_size` (1009 as soon as it is passed).
+    /// [`ClientError::MissingFeature`]). The offer names `client_no_context_takeover` (this
+    /// client compresses each message afresh, so the server keeps no inflate state for it);
+    /// [`ClientLoop`] also asks for `server_no_context_takeover`, so none of its connections
+    /// holds compression state between messages. A server may decline; a response this client
+    /// cannot honour fails the connection ([`ClientError::Compression`]). Compressed messages
+    /// are inflated into the receive pool under `max_message_size` (1009 as soon as it is
+    /// passed).
     pub compression: bool,
     /// Messages shorter than this are sent uncompressed. Default 64 bytes; 0 compresses
     /// every message.

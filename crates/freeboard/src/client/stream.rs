@@ -9,9 +9,8 @@ use rustls::ClientConnection;
 
 use super::tls::Connection;
 
-/// A client's socket: plain TCP, or TLS over it (a
-/// [`tls_connection`](super::tls_connection), with the `tls` feature), blocking or not as the
-/// socket is, and a mio event source.
+/// A client's socket: plain TCP, or TLS over it (a `tls_connection`, with the `tls` feature),
+/// blocking or not as the socket is, and a mio event source.
 ///
 /// `Read` returns decrypted bytes (`Ok(0)` at the server's close_notify); a TLS error is an
 /// `InvalidData` error carrying the `rustls::Error`. `Write` encrypts what rustls' send

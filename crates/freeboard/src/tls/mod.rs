@@ -19,7 +19,7 @@
 //! so that one address cannot spend the budget and lock the others out.
 //!
 //! The rustls side is `stream.rs` and `identity.rs` (the `tls` feature). A build without it
-//! has `disabled.rs` in their place: the same names, with a [`TlsStream`] that cannot be made,
+//! has `disabled.rs` in their place: the same names, with a `TlsStream` that cannot be made,
 //! and a server whose configuration asks for TLS is refused at bind, naming the feature.
 
 use freeboard_buf::Pool;

@@ -1,4 +1,6 @@
-use freeboard_buf::{Budget, ChunkChain, Pool, PoolConfig};
+use freeboard_buf::{Budget, ChunkChain, Frame, Pool, PoolConfig};
+use freeboard_proto::MessageKind;
+use freeboard_proto::frame::FrameHeader;
 use freeboard_proto::handshake::Extension;
 
 use super::zlib::*;

@@ -494,7 +494,7 @@ pub(crate) fn receive<'b>(
 }
 
 /// Validates inflated text (the core skips compressed messages: it sees only deflate data).
-fn valid_utf8(pool: &Pool<'static>, chain: &ChunkChain) -> bool {
+pub(super) fn valid_utf8(pool: &Pool<'static>, chain: &ChunkChain) -> bool {
     let mut v = Utf8Validator::new();
     let mut segments = chain.segments(pool).peekable();
     if segments.peek().is_none() {
