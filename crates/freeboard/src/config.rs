@@ -397,6 +397,15 @@ impl TopicsConfig {
     }
 }
 
+#[cfg(not(feature = "topic-service"))]
+impl TopicsConfig {
+    /// Nothing of the service to check in a build without it: `check_features` refused its
+    /// settings (with the feature, `topic_route.rs` checks them).
+    pub(crate) fn check_service(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
+}
+
 impl std::fmt::Debug for TopicsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TopicsConfig")
@@ -481,7 +490,7 @@ impl ServerConfig {
 
     /// Checks that the limits fit together; the error says which does not.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        crate::features::check(self)?;
+        self.check_features()?;
         if self.threads == 0 {
             return Err(ConfigError::NoThreads);
         }
@@ -555,6 +564,31 @@ impl ServerConfig {
             return Err(ConfigError::Memory { memory: self.memory, threads: self.threads, needed });
         }
         Ok(())
+    }
+
+    /// Refuses the first setting whose part this build leaves out, naming its feature.
+    fn check_features(&self) -> Result<(), ConfigError> {
+        use crate::features::{DEFLATE, TLS, TOPIC_SERVICE};
+        let topics = &self.topics;
+        let wanted = [
+            ("tls", "tls", TLS, self.tls.is_some()),
+            ("compression", "deflate", DEFLATE, self.compression != crate::Compression::Off),
+            ("topics.jwt_secret", "topic-service", TOPIC_SERVICE, topics.jwt_secret.is_some()),
+            ("topics.jwks_file", "topic-service", TOPIC_SERVICE, topics.jwks_file.is_some()),
+            (
+                "topics.connect_webhook",
+                "topic-service",
+                TOPIC_SERVICE,
+                topics.connect_webhook.is_some(),
+            ),
+            ("topics.redis", "topic-service", TOPIC_SERVICE, topics.redis.is_some()),
+        ];
+        match wanted.into_iter().find(|&(_, _, built, asked)| asked && !built) {
+            Some((setting, feature, ..)) => {
+                Err(ConfigError::MissingFeature(crate::MissingFeature { setting, feature }))
+            }
+            None => Ok(()),
+        }
     }
 
     /// Fills the settings derived from others that were not given (`given("send_cap")`

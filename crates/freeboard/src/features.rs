@@ -1,10 +1,9 @@
 //! The optional parts of freeboard (Cargo features) and the error a setting that needs a part
-//! left out of the build gets: it is refused, naming the feature, never ignored.
+//! left out of the build gets: it is refused, naming the feature, never ignored. The checks
+//! live with what they read (`ServerConfig::validate`, `Router::check_features`, the
+//! clients); this module names nothing of the crate, so everything may name it.
 
 use std::fmt;
-
-use crate::config::{ConfigError, ServerConfig};
-use crate::handler::Router;
 
 /// wss:// for the server and the clients (rustls).
 pub(crate) const TLS: bool = cfg!(feature = "tls");
@@ -42,51 +41,3 @@ impl fmt::Display for MissingFeature {
 }
 
 impl std::error::Error for MissingFeature {}
-
-/// Refuses the first setting of `config` whose part this build leaves out.
-pub(crate) fn check(config: &ServerConfig) -> Result<(), ConfigError> {
-    let topics = &config.topics;
-    let wanted = [
-        ("tls", "tls", TLS, config.tls.is_some()),
-        ("compression", "deflate", DEFLATE, config.compression != crate::Compression::Off),
-        ("topics.jwt_secret", "topic-service", TOPIC_SERVICE, topics.jwt_secret.is_some()),
-        ("topics.jwks_file", "topic-service", TOPIC_SERVICE, topics.jwks_file.is_some()),
-        (
-            "topics.connect_webhook",
-            "topic-service",
-            TOPIC_SERVICE,
-            topics.connect_webhook.is_some(),
-        ),
-        ("topics.redis", "topic-service", TOPIC_SERVICE, topics.redis.is_some()),
-    ];
-    match wanted.into_iter().find(|&(_, _, built, asked)| asked && !built) {
-        Some((setting, feature, ..)) => {
-            Err(ConfigError::MissingFeature(MissingFeature { setting, feature }))
-        }
-        None => Ok(()),
-    }
-}
-
-/// Refuses routes that compress ([`RouteOptions::compression`](crate::RouteOptions)) in a
-/// build that cannot: one loop's router is built to look (only in such a build).
-pub(crate) fn check_routes(routes: &impl Fn() -> Router) -> Result<(), ConfigError> {
-    if DEFLATE {
-        return Ok(());
-    }
-    let compresses = |mode: &crate::Compression| *mode != crate::Compression::Off;
-    match routes().all_options().any(|o| o.compression.as_ref().is_some_and(compresses)) {
-        true => {
-            let missing = MissingFeature { setting: "a route's compression", feature: "deflate" };
-            Err(ConfigError::MissingFeature(missing))
-        }
-        false => Ok(()),
-    }
-}
-
-#[cfg(not(feature = "topic-service"))]
-impl crate::config::TopicsConfig {
-    /// Nothing of the service to check in a build without it: [`check`] refused its settings.
-    pub(crate) fn check_service(&self) -> Result<(), ConfigError> {
-        Ok(())
-    }
-}

@@ -10,6 +10,7 @@ use freeboard_buf::{ConflateKey, PushOutcome, SlowConsumerPolicy, Watermarks};
 use freeboard_proto::handshake::Request;
 use freeboard_proto::{CloseCode, MessageKind};
 
+use crate::MissingFeature;
 use crate::backplane::Recoverer;
 use crate::history::Recovery;
 use crate::metrics::{LoopStats, Metrics};
@@ -608,9 +609,18 @@ impl Router {
         &self.routes[route].path
     }
 
-    /// Every route's options, in order.
-    pub(crate) fn all_options(&self) -> impl Iterator<Item = &RouteOptions> {
-        self.routes.iter().map(|r| &r.options)
+    /// Refuses routes that compress ([`RouteOptions::compression`]) in a build without
+    /// permessage-deflate: one loop's router is built to look (in such a build only).
+    pub(crate) fn check_features(routes: &impl Fn() -> Router) -> Result<(), MissingFeature> {
+        if crate::features::DEFLATE {
+            return Ok(());
+        }
+        let compresses = |mode: &crate::Compression| *mode != crate::Compression::Off;
+        match routes().routes.iter().any(|r| r.options.compression.as_ref().is_some_and(compresses))
+        {
+            true => Err(MissingFeature { setting: "a route's compression", feature: "deflate" }),
+            false => Ok(()),
+        }
     }
 }
 
@@ -641,9 +651,9 @@ pub struct RouteOptions {
     /// dashboard are).
     pub admin: bool,
     /// The upgrade subscribes to the topics its target names under the route's path
-    /// (`{path}{name}?also=…`, as a [`TopicRoute`](crate::TopicRoute) does in `on_open`): the
-    /// loop answers 503 instead of its 101 when its budget for topic tables cannot hold
-    /// them (counted in `freeboard_topic_refusals_total{reason="budget"}`).
+    /// (`{path}{name}?also=…`, as `TopicRoute` of the `topic-service` feature does in
+    /// `on_open`): the loop answers 503 instead of its 101 when its budget for topic tables
+    /// cannot hold them (counted in `freeboard_topic_refusals_total{reason="budget"}`).
     pub subscribes: bool,
 }
 

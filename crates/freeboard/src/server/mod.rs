@@ -75,7 +75,7 @@ impl Server {
         routes: impl Fn() -> Router + Send + Sync + 'static,
     ) -> io::Result<Self> {
         config.validate().map_err(io::Error::other)?;
-        crate::features::check_routes(&routes).map_err(io::Error::other)?;
+        Router::check_features(&routes).map_err(io::Error::other)?;
         if let Some(machine) = machine_memory()
             && config.memory > machine
         {
