@@ -82,15 +82,7 @@ fn clients_that_never_read_are_closed_and_the_reader_loses_nothing() {
         .map(|_| {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                let socket = socket2::Socket::new(
-                    socket2::Domain::IPV4,
-                    socket2::Type::STREAM,
-                    Some(socket2::Protocol::TCP),
-                )
-                .unwrap();
-                socket.set_recv_buffer_size(4096).unwrap();
-                socket.connect(&addr.into()).unwrap();
-                let stream: TcpStream = socket.into();
+                let stream = small_buffer_stream(addr);
                 stream.set_write_timeout(Some(Duration::from_millis(500))).unwrap();
                 let mut client = WsClient::raw(stream);
                 client.send_raw(upgrade_request("/echo", "").as_bytes()).unwrap();
@@ -256,15 +248,7 @@ fn attack(
     let threads: Vec<_> = (0..clients)
         .map(|_| {
             std::thread::spawn(move || {
-                let socket = socket2::Socket::new(
-                    socket2::Domain::IPV4,
-                    socket2::Type::STREAM,
-                    Some(socket2::Protocol::TCP),
-                )
-                .unwrap();
-                socket.set_recv_buffer_size(4096).unwrap();
-                socket.connect(&addr.into()).unwrap();
-                let stream: TcpStream = socket.into();
+                let stream = small_buffer_stream(addr);
                 stream.set_write_timeout(Some(Duration::from_secs(4))).unwrap();
                 let (mut client, status, _) =
                     WsClient::handshake_over(stream, &upgrade_request("/echo", "")).unwrap();
@@ -285,4 +269,18 @@ fn attack(
         })
         .collect();
     threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// A connection to `addr` with a 4 KiB receive buffer, so what the server sends it piles up
+/// in the server rather than in the kernel.
+fn small_buffer_stream(addr: std::net::SocketAddr) -> TcpStream {
+    let socket = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&addr.into()).unwrap();
+    socket.into()
 }

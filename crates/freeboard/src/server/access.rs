@@ -34,16 +34,13 @@ impl<T: Transport> EventLoop<T> {
         let admin = &self.config.admin;
         let entry = &self.conns[token];
         let now_secs = now.as_millis() as f64 / 1000.0;
-        let retry_after = format!("Retry-After: {}\r\n", self.config.retry_after.as_secs().max(1));
         let refusal = if admin.listen.is_some() && !entry.admin_listener {
             Some((404, "", "", "no such route"))
         } else if !self.shared.admin_request(&self.config, entry.peer.ip(), now_secs) {
-            Some((
-                429,
-                retry_after.as_str(),
-                "admin_rate",
-                "too many admin requests from this address",
-            ))
+            self.shared.metrics.access_refusal("admin_rate");
+            let why = "too many admin requests from this address";
+            self.refuse(token, now, 429, &self.retry_after(), why);
+            return false;
         } else if let Some(expected) = &admin.token {
             match bearer_token(headers).or_else(|| query_value(target, "token")) {
                 None => Some((

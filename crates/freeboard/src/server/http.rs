@@ -221,14 +221,13 @@ impl<T: Transport> EventLoop<T> {
         }
         let config = &self.config;
         let peer = self.conns[token].peer;
-        let retry_after = format!("Retry-After: {}\r\n", config.retry_after.as_secs().max(1));
         if let Some(status) = self.conns[token].limited {
             let why = "connecting too fast: accept rate limit";
-            return self.refuse(token, now, status, &retry_after, why);
+            return self.refuse(token, now, status, &self.retry_after(), why);
         }
         if self.shared.per_ip(peer) > config.max_connections_per_ip {
             let why = "too many connections from this address";
-            return self.refuse(token, now, 429, &retry_after, why);
+            return self.refuse(token, now, 429, &self.retry_after(), why);
         }
         if self.shared.open.load(Ordering::Relaxed) > config.max_connections
             || self.drain_deadline.is_some()
@@ -365,6 +364,11 @@ impl<T: Transport> EventLoop<T> {
                 Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
             let _ = entry.stream.write_vectored(&mut io, &slices);
         }
+    }
+
+    /// The `Retry-After` header line a 429 carries (`retry_after`, at least a second).
+    pub(super) fn retry_after(&self) -> String {
+        format!("Retry-After: {}\r\n", self.config.retry_after.as_secs().max(1))
     }
 
     /// `POST {path}{topic}` (or `POST {path}` with a batch): checks the bearer token, the
