@@ -197,10 +197,9 @@ fn buffers_soak_delivers_frames_through_a_small_budget() {
     config.max_message_size = 16 << 10;
     config.connection_reserve = 16 << 10;
     config.idle_timeout = None;
-    config.topics.client_publish = true;
-    let topics = config.topics.clone();
+    let service = topic_service(&config);
     let routes =
-        move || Router::new().route("/", Echo).topics(&topics).http("/metrics", HttpRoute::Metrics);
+        move || service.mount(Router::new().route("/", Echo).http("/metrics", HttpRoute::Metrics));
     let server = Server::bind(config, routes).unwrap().spawn();
     let settings = Soak {
         target: Target::parse(&format!("ws://{}/topic/led", server.local_addr())).unwrap(),
@@ -289,12 +288,11 @@ fn broadcast_reaches_every_subscriber() {
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.threads = 1;
     config.idle_timeout = None;
-    config.topics.client_publish = true;
     config.topics.slow_consumer = freeboard::SlowConsumerPolicy::DropOldest;
     config.topics.send_cap = 4 << 20;
     config.compression = freeboard::Compression::Shared;
-    let topics = config.topics.clone();
-    let server = Server::bind(config, move || Router::new().topics(&topics)).unwrap().spawn();
+    let service = topic_service(&config);
+    let server = Server::bind(config, move || service.mount(Router::new())).unwrap().spawn();
     let target = Target::parse(&format!("ws://{}/topic/bench", server.local_addr())).unwrap();
     let mut rows = Vec::new();
     for (subscribers, size, deflate) in [(5, 64, false), (20, 1024, false), (20, 1024, true)] {
@@ -337,4 +335,12 @@ fn broadcast_reaches_every_subscriber() {
     assert_eq!(report.broadcasts_csv().lines().count(), 4);
     server.handle().shutdown();
     server.join().unwrap();
+}
+
+/// The topic service on `config`'s hub settings, clients allowed to publish.
+fn topic_service(config: &ServerConfig) -> freeboard_topics::Service {
+    let mut topics = freeboard_topics::Config::default();
+    topics.hub = config.topics.clone();
+    topics.endpoint.client_publish = true;
+    freeboard_topics::Service::new(&topics).unwrap()
 }

@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 #[cfg(feature = "bench")]
@@ -11,7 +10,8 @@ mod bench;
 mod client;
 
 use clap::{Args, Parser, Subcommand};
-use freeboard::{Echo, HttpRoute, Router, Server, ServerConfig, ServerHandle};
+use freeboard::{Echo, HttpRoute, Router, ServerConfig, ServerHandle};
+use freeboard_topics::Service;
 use serde::Deserialize;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -347,24 +347,20 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
-    let config = server_config(&args)?;
-    let topics = config.topics.clone();
-    let webhook = topics.webhook().map_err(|e| e.to_string())?.map(Arc::new);
+    let Settings { server: config, topics } = settings(&args)?;
+    // The topic service reads its key files and starts its webhook once, for every loop.
+    let service = Service::new(&topics).map_err(|e| e.to_string())?;
     let dashboard = !args.no_dashboard;
-    let server = Server::bind(config, move || {
-        let router = Router::new()
-            .route("/", Echo)
-            .route("/echo", Echo)
-            .topics_with(&topics, webhook.clone())
-            .http("/healthz", HttpRoute::Health)
-            .http("/metrics", HttpRoute::Metrics);
-        let router = if dashboard { router.dashboard("/dashboard") } else { router };
-        match topics.http_publish && !topics.path.is_empty() {
-            true => router.http(&topics.path, HttpRoute::Publish),
-            false => router,
-        }
-    })
-    .map_err(|e| e.to_string())?;
+    let server = service
+        .bind(config, move |service| {
+            let router = Router::new()
+                .route("/", Echo)
+                .route("/echo", Echo)
+                .http("/healthz", HttpRoute::Health)
+                .http("/metrics", HttpRoute::Metrics);
+            service.mount(if dashboard { router.dashboard("/dashboard") } else { router })
+        })
+        .map_err(|e| e.to_string())?;
     let addr = server.local_addr();
     match server.tls_addr() {
         Some(tls) if tls == addr => println!("freeboard listening on wss://{addr}/"),
@@ -385,7 +381,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         let mut stopping = false;
         for signal in signals.forever() {
             match signal {
-                SIGHUP => reload(&handle, &args),
+                SIGHUP => reload(&handle, &args, &topics),
                 _ if stopping => {
                     tracing::warn!("second signal: exiting now");
                     std::process::exit(130);
@@ -402,8 +398,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
 }
 
 /// SIGHUP: reads the configuration again (the file, then the same flags) and applies what a
-/// running server can change; logs each change, and each setting that needs a restart.
-fn reload(handle: &ServerHandle, args: &ServeArgs) {
+/// running server can change; logs each change, and each setting that needs a restart (every
+/// setting of the topic service, `running`, does).
+fn reload(handle: &ServerHandle, args: &ServeArgs, running: &freeboard_topics::Config) {
     // The certificate first: a configuration that no longer parses must not keep an expiring
     // certificate in service.
     match handle.reload_tls() {
@@ -411,8 +408,12 @@ fn reload(handle: &ServerHandle, args: &ServeArgs) {
         Ok(false) => {}
         Err(e) => tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the old pair"),
     }
-    let report = match server_config(args).and_then(|c| handle.reload(c).map_err(|e| e.to_string()))
-    {
+    let reloaded = settings(args).and_then(|Settings { server, topics }| {
+        let mut report = handle.reload(server).map_err(|e| e.to_string())?;
+        report.needs_restart.extend(running.changes(&topics));
+        Ok(report)
+    });
+    let report = match reloaded {
         Ok(report) => report,
         Err(e) => {
             tracing::warn!(error = %e, "SIGHUP: configuration not reloaded");
@@ -430,10 +431,18 @@ fn reload(handle: &ServerHandle, args: &ServeArgs) {
     }
 }
 
+/// What `freeboard serve` runs with: the runtime's settings and the topic service's (the
+/// `[topics]` table feeds both: the hub's keys are the runtime's).
+#[derive(Debug)]
+struct Settings {
+    server: ServerConfig,
+    topics: freeboard_topics::Config,
+}
+
 /// The file's settings with the flags laid over them, read by one parser: each flag becomes
 /// its TOML key, so a flag and a file line mean the same thing, and the derived settings
 /// (`ServerConfig::derive_unset`) follow from whichever was given.
-fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
+fn settings(args: &ServeArgs) -> Result<Settings, String> {
     use toml::Value;
     let mut table = match &args.config {
         Some(path) => {
@@ -541,14 +550,31 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig, String> {
             return Err(format!("{flag} needs --tls-cert and --tls-key"));
         }
     }
-    let mut config =
-        ServerConfig::deserialize(Value::Table(table.clone())).map_err(|e| match &args.config {
-            Some(path) => format!("{}: {e}", path.display()),
-            None => e.to_string(),
-        })?;
+    let in_file = |e: String| match &args.config {
+        Some(path) => format!("{}: {e}", path.display()),
+        None => e,
+    };
+    let Settings { server: mut config, mut topics } = parse(table.clone()).map_err(in_file)?;
     config.derive_unset(given);
     config.validate().map_err(|e| e.to_string())?;
-    Ok(config)
+    topics.hub = config.topics.clone();
+    topics.validate().map_err(|e| e.to_string())?;
+    Ok(Settings { server: config, topics })
+}
+
+/// The runtime's settings from `table`, and the topic service's from its `[topics]` table (with
+/// the hub's keys, which the runtime gets too).
+fn parse(mut table: toml::Table) -> Result<Settings, String> {
+    let topics = match table.remove("topics") {
+        Some(topics) => {
+            freeboard_topics::Config::deserialize(topics).map_err(|e| format!("[topics]: {e}"))?
+        }
+        None => freeboard_topics::Config::default(),
+    };
+    let mut server =
+        ServerConfig::deserialize(toml::Value::Table(table)).map_err(|e| e.to_string())?;
+    server.topics = topics.hub.clone();
+    Ok(Settings { server, topics })
 }
 
 /// A size flag: `4096`, `64K`, `256M`, `1.5G` (powers of 1024), as in the TOML file.
@@ -587,11 +613,11 @@ mod tests {
     }
 
     /// `freeboard serve ARGS` parsed into its configuration (or the error it prints).
-    fn config_of(args: &[&str]) -> Result<ServerConfig, String> {
+    fn config_of(args: &[&str]) -> Result<Settings, String> {
         let cli = Cli::try_parse_from(["freeboard", "serve"].iter().chain(args))
             .map_err(|e| e.to_string())?;
         let Command::Serve(args) = cli.command else { panic!("parsed as serve") };
-        server_config(&args)
+        settings(&args)
     }
 
     fn with_file(name: &str, text: &str, f: impl FnOnce(&str)) {
@@ -654,6 +680,7 @@ mod tests {
         // The derived settings follow from either: a 20 MiB message fits the send cap (so a
         // 20 MiB echo works from a file as from the flags), and the topic watermarks fit
         // under the smaller topic cap.
+        let from_flags = from_flags.server;
         assert_eq!(from_flags.memory, 256 << 20);
         assert_eq!(from_flags.send_cap, (20 << 20) + (64 << 10));
         assert_eq!(from_flags.topics.send_high, 48 << 10);
@@ -662,13 +689,15 @@ mod tests {
         // An explicit cap is kept as given.
         let capped =
             config_of(&["--max-message-size", "20M", "--send-cap", "1M", "--send-high", "64K"]);
-        assert_eq!(capped.unwrap().send_cap, 1 << 20);
+        assert_eq!(capped.unwrap().server.send_cap, 1 << 20);
     }
 
     #[test]
     fn tls_access_redis_and_topic_limits_take_the_same_language() {
-        let jwks =
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../freeboard/tests/fixtures/test-jwks.json");
+        let jwks = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../freeboard-topics/tests/fixtures/test-jwks.json"
+        );
         let secret = "0123456789abcdef0123456789abcdef";
         let flags = [
             "--tls-cert",
@@ -750,16 +779,17 @@ mod tests {
             let from_file = config_of(&["--config", file]).unwrap();
             assert_eq!(format!("{from_file:?}"), format!("{from_flags:?}"));
         });
-        assert_eq!(from_flags.topics.redis_queue, 8 << 20);
-        assert_eq!(from_flags.topics.webhook_timeout, Duration::from_millis(1500));
-        assert_eq!(from_flags.topics.jwt_leeway, Duration::from_secs(45));
-        let tls = from_flags.tls.unwrap();
+        assert_eq!(from_flags.topics.redis.redis_queue, 8 << 20);
+        assert_eq!(from_flags.topics.webhook.webhook_timeout, Duration::from_millis(1500));
+        assert_eq!(from_flags.topics.tokens.jwt_leeway, Duration::from_secs(45));
+        assert_eq!(from_flags.server.topics.max_topics, 500);
+        let tls = from_flags.server.tls.unwrap();
         assert_eq!(tls.listen, Some("127.0.0.1:9443".parse().unwrap()));
         assert_eq!((tls.handshakes_per_ip, tls.handshake_rate_per_ip), (16, 50));
         // The file's TLS pair with the flag's listener: both layers meet in one table.
         with_file("tls-layers", "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", |file| {
             let config = config_of(&["--config", file, "--listen-tls", "127.0.0.1:9443"]).unwrap();
-            let tls = config.tls.unwrap();
+            let tls = config.server.tls.unwrap();
             assert_eq!((tls.cert.to_str(), tls.listen.is_some()), (Some("c.pem"), true));
         });
         let error = config_of(&["--listen-tls", "127.0.0.1:9443"]).unwrap_err();
@@ -817,7 +847,7 @@ mod tests {
             "2",
         ]);
         let Command::Serve(args) = cli.command else { panic!("parsed as serve") };
-        let config = server_config(&args).unwrap();
+        let config = settings(&args).unwrap().server;
         assert_eq!(config.max_connections, 7);
         assert_eq!(config.threads, 2);
         assert_eq!(config.idle_timeout, None);
@@ -828,8 +858,11 @@ mod tests {
     #[test]
     fn the_example_config_is_the_defaults() {
         let text = include_str!("../serve.example.toml");
-        let parsed: ServerConfig = toml::from_str(text).unwrap();
-        let defaults = ServerConfig::default();
+        let parsed = parse(toml::from_str(text).unwrap()).unwrap();
+        let defaults = Settings {
+            server: ServerConfig::default(),
+            topics: freeboard_topics::Config::default(),
+        };
         assert_eq!(format!("{parsed:?}"), format!("{defaults:?}"));
     }
 

@@ -44,11 +44,11 @@ pub fn forged_token(i: u64, exp: u64) -> String {
 
 /// The JWKS of the RSA and P-256 test keys (`kid` `rsa-1` for the RSA one), for `--jwks`.
 pub const TEST_JWKS: &str =
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../freeboard/tests/fixtures/test-jwks.json");
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../freeboard-topics/tests/fixtures/test-jwks.json");
 
 /// `claims` signed RS256 with the RSA test key of [`TEST_JWKS`].
 pub fn rs256_token(claims: &serde_json::Value) -> String {
-    let der = include_bytes!("../../freeboard/tests/fixtures/test-rsa-private.der");
+    let der = include_bytes!("../../freeboard-topics/tests/fixtures/test-rsa-private.der");
     let key = jsonwebtoken::EncodingKey::from_rsa_der(der);
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
     header.kid = Some("rsa-1".into());

@@ -1,7 +1,6 @@
-//! Who may connect, from where, and to which topics: the `Origin` allow-list, the addresses of
-//! trusted reverse proxies ([`TrustedProxies`]) whose forwarding headers name the real client,
-//! and (with the `topic-service` feature) bearer tokens verified as JWTs whose claims list
-//! topics (`TokenVerifier`, `Grant`, in `token.rs`).
+//! Who may connect and from where: the `Origin` allow-list, the addresses of trusted reverse
+//! proxies ([`TrustedProxies`]) whose forwarding headers name the real client, and the close
+//! code of a lapsed authorization. (Tokens are `freeboard-topics`' JWT verifier's.)
 //!
 //! Everything here is a pure function of the request and the configuration; the event loop
 //! decides what a refusal costs (a status, a counter, a rate-limited log line).
@@ -9,14 +8,6 @@
 use std::net::IpAddr;
 
 use crate::config::ConfigError;
-
-#[cfg(feature = "topic-service")]
-mod token;
-
-#[cfg(feature = "topic-service")]
-pub(crate) use token::unix_time;
-#[cfg(feature = "topic-service")]
-pub use token::{Grant, TokenError, TokenVerifier, bearer_token};
 
 /// The close code of a connection whose authorization lapsed
 /// ([`Accepted::expires_at`](crate::Accepted::expires_at), a token's `exp`): 4001, reason

@@ -1,7 +1,6 @@
 //! Server configuration: one `#[non_exhaustive]` struct with explicit limits.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use freeboard_buf::{SlowConsumerPolicy, Watermarks};
@@ -250,22 +249,14 @@ impl TlsConfig {
     }
 }
 
-/// Pub/sub settings: the `/topic/{name}` endpoints of `freeboard serve`, `POST /topic/{name}`,
-/// and the limits of every topic route.
+/// The topic hub's settings: its limits, the send queues of topic subscribers, the history it
+/// keeps, and `POST` publishing ([`HttpRoute::Publish`](crate::HttpRoute::Publish)). The
+/// `/topic/` service of `freeboard-topics` (its route, tokens, webhook and Redis backplane)
+/// reads them from the same `[topics]` table.
 #[derive(Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct TopicsConfig {
-    /// Path prefix of the topic endpoints: a WebSocket upgrade at `{path}{name}` subscribes to
-    /// `name`, a `POST {path}{name}` publishes its body. Must start and end with `/`.
-    /// Default `/topic/`.
-    pub path: String,
-    /// Whether messages clients send on a topic connection are published to its topic (else
-    /// they are answered with close 1008). Default `false`.
-    pub client_publish: bool,
-    /// Whether `POST {path}{name}` publishes its body (text if it is UTF-8 and the
-    /// `Content-Type` is `text/*`, else binary). Default `true`.
-    pub http_publish: bool,
     /// Bearer token `POST` must carry (`Authorization: Bearer <token>`; 401 without, 403 if
     /// wrong). Default: none, anyone may publish.
     pub publish_token: Option<String>,
@@ -298,51 +289,13 @@ pub struct TopicsConfig {
     /// Publications from other threads a loop's inbox holds before further ones are dropped
     /// (counted in `freeboard_topic_drops_total{reason="inbox_full"}`). Default 4096.
     pub inbox: usize,
-    /// HS256 secret (at least 32 bytes) of the JWTs a topic upgrade must carry
-    /// (`Authorization: Bearer`, or `?access_token=` for browsers); see
-    /// `auth::TokenVerifier` (the `topic-service` feature). Default: none.
-    pub jwt_secret: Option<String>,
-    /// A JWKS file (RFC 7517) of RSA and P-256 keys for RS256 / ES256 tokens. Default: none.
-    /// With neither a secret nor a key set, topics need no token.
-    pub jwks_file: Option<PathBuf>,
-    /// The `iss` tokens must carry. Default: not checked.
-    pub jwt_issuer: Option<String>,
-    /// The `aud` tokens must carry. Default: not checked.
-    pub jwt_audience: Option<String>,
-    /// Clock skew allowed with the tokens' issuer: a token is accepted up to this long past
-    /// its `exp` (its connection is then closed with 4001 that much later), and up to this
-    /// long before its `nbf` or `iat`; beyond, 401 (`token_expired`, `token_not_yet_valid`,
-    /// `token_issued_in_future`). Default 30 s: more than NTP-synchronised clocks drift
-    /// apart, little next to a token's lifetime.
-    #[serde(with = "duration")]
-    pub jwt_leeway: Duration,
     /// Origins whose pages may `POST` to the publish endpoint from a browser (CORS; same
     /// syntax as `allowed_origins`): their requests and `OPTIONS` preflights are answered
     /// with `Access-Control-Allow-Origin`. Default: none.
     pub cors_origins: Vec<String>,
-    /// The connect webhook (`http://host[:port]/path`) that decides every topic upgrade; see
-    /// `webhook::ConnectWebhook` (the `topic-service` feature). Default: none.
-    pub connect_webhook: Option<String>,
-    /// How long the webhook may take to answer (then 503). Default 2 s.
-    #[serde(with = "duration")]
-    pub webhook_timeout: Duration,
-    /// Requests to the webhook in flight at once (worker threads). Default 16.
-    pub webhook_in_flight: usize,
-    /// A Redis backplane (`redis://HOST:PORT/`, optionally `redis://:PASSWORD@HOST:PORT/`):
-    /// every publication of this node goes to every node on the same Redis, and this node
-    /// subscribes in Redis to the topics it has local subscribers to. A Redis Cluster is
-    /// found by itself and used with sharded pub/sub; several comma-separated URLs are seeds
-    /// of one cluster. Default: none, topics stay on this machine. See the crate's README,
-    /// Pub/sub.
-    pub redis: Option<String>,
-    /// Bytes of publications the queue towards Redis holds (while Redis is slow or down)
-    /// before further ones are counted lost (`freeboard_backplane_lost_total{reason="queue_full"}`).
-    /// Default 16 MiB.
-    #[serde(with = "size")]
-    pub redis_queue: usize,
     /// Messages of history kept per topic, for subscribers that reconnect with `?since=` (see
-    /// [`history`](crate::history)); 0 keeps none and adds no offsets. Default 0. With
-    /// `redis`, kept in Redis streams.
+    /// [`history`](crate::history)); 0 keeps none and adds no offsets. Default 0. With a
+    /// backplane that keeps history (Redis), kept there.
     pub history: usize,
     /// The oldest a kept message may be, in seconds; 0 for no age limit. Default 0.
     pub history_seconds: u64,
@@ -358,9 +311,6 @@ pub struct TopicsConfig {
 impl Default for TopicsConfig {
     fn default() -> Self {
         Self {
-            path: "/topic/".into(),
-            client_publish: false,
-            http_publish: true,
             publish_token: None,
             slow_consumer: SlowConsumerPolicy::Conflate,
             conflate_key: None,
@@ -370,17 +320,7 @@ impl Default for TopicsConfig {
             max_topics_per_connection: 64,
             max_topics: 100_000,
             inbox: 4096,
-            jwt_secret: None,
-            jwks_file: None,
-            jwt_issuer: None,
-            jwt_audience: None,
-            jwt_leeway: Duration::from_secs(30),
             cors_origins: Vec::new(),
-            connect_webhook: None,
-            webhook_timeout: Duration::from_secs(2),
-            webhook_in_flight: 16,
-            redis: None,
-            redis_queue: 16 << 20,
             history: 0,
             history_seconds: 0,
             history_memory: 8 << 20,
@@ -397,21 +337,9 @@ impl TopicsConfig {
     }
 }
 
-#[cfg(not(feature = "topic-service"))]
-impl TopicsConfig {
-    /// Nothing of the service to check in a build without it: `check_features` refused its
-    /// settings (with the feature, `topic_route.rs` checks them).
-    pub(crate) fn check_service(&self) -> Result<(), ConfigError> {
-        Ok(())
-    }
-}
-
 impl std::fmt::Debug for TopicsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TopicsConfig")
-            .field("path", &self.path)
-            .field("client_publish", &self.client_publish)
-            .field("http_publish", &self.http_publish)
             .field("publish_token", &self.publish_token.as_ref().map(|_| "<redacted>"))
             .field("slow_consumer", &self.slow_consumer)
             .field("conflate_key", &self.conflate_key)
@@ -421,20 +349,7 @@ impl std::fmt::Debug for TopicsConfig {
             .field("max_topics_per_connection", &self.max_topics_per_connection)
             .field("max_topics", &self.max_topics)
             .field("inbox", &self.inbox)
-            .field("jwt_secret", &self.jwt_secret.as_ref().map(|_| "<redacted>"))
-            .field("jwks_file", &self.jwks_file)
-            .field("jwt_issuer", &self.jwt_issuer)
-            .field("jwt_audience", &self.jwt_audience)
-            .field("jwt_leeway", &self.jwt_leeway)
             .field("cors_origins", &self.cors_origins)
-            .field("connect_webhook", &self.connect_webhook)
-            .field("webhook_timeout", &self.webhook_timeout)
-            .field("webhook_in_flight", &self.webhook_in_flight)
-            .field(
-                "redis",
-                &self.redis.as_deref().map(|u| if u.contains('@') { "<redacted>" } else { u }),
-            )
-            .field("redis_queue", &self.redis_queue)
             .field("history", &self.history)
             .field("history_seconds", &self.history_seconds)
             .field("history_memory", &self.history_memory)
@@ -528,10 +443,6 @@ impl ServerConfig {
         }
         let topics = &self.topics;
         topics.watermarks()?;
-        let path = &topics.path;
-        if !(path.is_empty() || path.starts_with('/') && path.ends_with('/')) {
-            return Err(ConfigError::TopicsPath(path.clone()));
-        }
         if topics.inbox == 0 || topics.max_topics_per_connection == 0 || topics.max_topics == 0 {
             return Err(ConfigError::TopicLimits);
         }
@@ -541,7 +452,6 @@ impl ServerConfig {
         crate::auth::Origins::new(&self.allowed_origins)?;
         crate::auth::Origins::new(&topics.cors_origins)?;
         crate::auth::TrustedProxies::new(&self.trusted_proxies)?;
-        topics.check_service()?;
         if self.max_pending_upgrades == 0 {
             return Err(ConfigError::PendingUpgrades);
         }
@@ -568,20 +478,10 @@ impl ServerConfig {
 
     /// Refuses the first setting whose part this build leaves out, naming its feature.
     fn check_features(&self) -> Result<(), ConfigError> {
-        use crate::features::{DEFLATE, TLS, TOPIC_SERVICE};
-        let topics = &self.topics;
+        use crate::features::{DEFLATE, TLS};
         let wanted = [
             ("tls", "tls", TLS, self.tls.is_some()),
             ("compression", "deflate", DEFLATE, self.compression != crate::Compression::Off),
-            ("topics.jwt_secret", "topic-service", TOPIC_SERVICE, topics.jwt_secret.is_some()),
-            ("topics.jwks_file", "topic-service", TOPIC_SERVICE, topics.jwks_file.is_some()),
-            (
-                "topics.connect_webhook",
-                "topic-service",
-                TOPIC_SERVICE,
-                topics.connect_webhook.is_some(),
-            ),
-            ("topics.redis", "topic-service", TOPIC_SERVICE, topics.redis.is_some()),
         ];
         match wanted.into_iter().find(|&(_, _, built, asked)| asked && !built) {
             Some((setting, feature, ..)) => {
@@ -658,6 +558,24 @@ pub struct Change {
     pub to: String,
 }
 
+impl Change {
+    /// A change of `setting` from `from` to `to`, as `Debug` shows them.
+    pub fn new(
+        setting: &'static str,
+        from: &impl std::fmt::Debug,
+        to: &impl std::fmt::Debug,
+    ) -> Self {
+        Self { setting, from: format!("{from:?}"), to: format!("{to:?}") }
+    }
+
+    /// Hides the values of a secret (a value that is not set stays `None`), so that a log of
+    /// the change does not show them.
+    pub fn redact(&mut self) {
+        let redact = |v: &str| if v == "None" { v.to_owned() } else { "<redacted>".into() };
+        (self.from, self.to) = (redact(&self.from), redact(&self.to));
+    }
+}
+
 impl ServerConfig {
     /// Takes from `new` the settings a running server can change and lists what differed,
     /// applied or not. Both must have passed [`validate`](Self::validate). The one place
@@ -708,9 +626,6 @@ impl ServerConfig {
             false "max_message_size" max_message_size;
             false "idle_timeout" idle_timeout;
             false "pong_timeout" pong_timeout;
-            false "topics.path" topics.path;
-            false "topics.client_publish" topics.client_publish;
-            false "topics.http_publish" topics.http_publish;
             false "topics.slow_consumer" topics.slow_consumer;
             false "topics.send_low" topics.send_low;
             false "topics.send_high" topics.send_high;
@@ -725,29 +640,12 @@ impl ServerConfig {
             false "compression_window" compression_window;
             false "compression_threshold" compression_threshold;
             false "topics.max_topics" topics.max_topics;
-            false "topics.jwt_secret" topics.jwt_secret;
-            false "topics.jwks_file" topics.jwks_file;
-            false "topics.jwt_issuer" topics.jwt_issuer;
-            false "topics.jwt_audience" topics.jwt_audience;
-            false "topics.jwt_leeway" topics.jwt_leeway;
             false "topics.cors_origins" topics.cors_origins;
-            false "topics.connect_webhook" topics.connect_webhook;
-            false "topics.webhook_timeout" topics.webhook_timeout;
-            false "topics.webhook_in_flight" topics.webhook_in_flight;
-            false "topics.redis" topics.redis;
-            false "topics.redis_queue" topics.redis_queue;
             false "tls" tls;
         }
         for change in reload.applied.iter_mut().chain(&mut reload.needs_restart) {
-            // Secrets, and a Redis URL with a password, are not written to the log.
-            let secret = match change.setting {
-                "topics.publish_token" | "topics.jwt_secret" | "admin.token" => true,
-                "topics.redis" => change.from.contains('@') || change.to.contains('@'),
-                _ => false,
-            };
-            if secret {
-                let redact = |v: &str| if v == "None" { v.to_owned() } else { "<redacted>".into() };
-                (change.from, change.to) = (redact(&change.from), redact(&change.to));
+            if matches!(change.setting, "topics.publish_token" | "admin.token") {
+                change.redact();
             }
         }
         reload
@@ -792,8 +690,6 @@ pub enum ConfigError {
         /// The largest accepted.
         max: usize,
     },
-    /// `topics.path` does not start and end with `/`.
-    TopicsPath(String),
     /// `topics.inbox` or `topics.max_topics_per_connection` is 0.
     TopicLimits,
     /// `topics.conflate_key` is not an ASCII character.
@@ -813,15 +709,8 @@ pub enum ConfigError {
     Origin(String),
     /// A `trusted_proxies` entry is not an address or a CIDR block.
     TrustedProxy(String),
-    /// The JWKS file cannot be read or holds no usable key.
-    Jwks(String),
-    /// `topics.jwt_secret` is shorter than 32 bytes (RFC 7518 §3.2: an HS256 key must be at
-    /// least as long as the hash).
-    JwtSecret,
     /// `max_pending_upgrades` is 0.
     PendingUpgrades,
-    /// The connect webhook's URL or limits cannot work.
-    Webhook(String),
     /// A setting that must be more than 0 is 0 (its name).
     Zero(&'static str),
     /// `memory` is more than the machine (or the process's cgroup) has: the budget could not
@@ -861,9 +750,6 @@ impl std::fmt::Display for ConfigError {
                 write!(f, "chunk_size must be {min} to {max} bytes, not {given}")
             }
             Self::Zero(setting) => write!(f, "{setting} must be more than 0"),
-            Self::TopicsPath(path) => {
-                write!(f, "topics.path must start and end with '/', not {path:?}")
-            }
             Self::ConflateKey => f.write_str("topics.conflate_key must be one ASCII character"),
             Self::TopicLimits => {
                 f.write_str(
@@ -885,10 +771,7 @@ impl std::fmt::Display for ConfigError {
             Self::TrustedProxy(entry) => {
                 write!(f, "trusted_proxies entry {entry:?} is not an address or CIDR block")
             }
-            Self::Jwks(why) => write!(f, "topics.jwks_file: {why}"),
-            Self::JwtSecret => f.write_str("topics.jwt_secret must be at least 32 bytes"),
             Self::PendingUpgrades => f.write_str("max_pending_upgrades must be at least 1"),
-            Self::Webhook(why) => write!(f, "topics.connect_webhook: {why}"),
             Self::UnknownPolicy(name) => write!(
                 f,
                 "unknown slow-consumer policy {name:?} (one of: block, drop-newest, drop-oldest, conflate, close)"
@@ -976,13 +859,14 @@ impl<'de> Deserialize<'de> for Scalar {
     }
 }
 
-mod size {
+/// A size in a TOML file or a flag, for `#[serde(with = "freeboard::config::size")]`: bytes,
+/// or a string with a unit (`"256M"`, [`parse_size`]).
+pub mod size {
     use super::Scalar;
     use serde::{Deserialize, Deserializer, de::Error};
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>, T: TryFrom<u64>>(
-        d: D,
-    ) -> Result<T, D::Error> {
+    /// Deserializes a size.
+    pub fn deserialize<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<T, D::Error> {
         let bytes = match Scalar::deserialize(d)? {
             Scalar::Int(n) => n,
             Scalar::Float(f) if f >= 0.0 && f.fract() == 0.0 => f as u64,
@@ -995,12 +879,15 @@ mod size {
     }
 }
 
-mod duration {
+/// A duration in a TOML file or a flag, for `#[serde(with = "freeboard::config::duration")]`:
+/// seconds, or a string with units (`"1m 30s"`, [`parse_duration`]).
+pub mod duration {
     use super::Scalar;
     use serde::{Deserialize, Deserializer, de::Error};
     use std::time::Duration;
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    /// Deserializes a duration.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         match Scalar::deserialize(d)? {
             Scalar::Int(secs) => Ok(Duration::from_secs(secs)),
             Scalar::Float(secs) => Duration::try_from_secs_f64(secs).map_err(D::Error::custom),

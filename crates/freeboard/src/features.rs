@@ -9,8 +9,6 @@ use std::fmt;
 pub(crate) const TLS: bool = cfg!(feature = "tls");
 /// permessage-deflate (zlib-rs).
 pub(crate) const DEFLATE: bool = cfg!(feature = "deflate");
-/// The /topic/ service: JWT, the connect webhook, the Redis backplane and its history.
-pub(crate) const TOPIC_SERVICE: bool = cfg!(feature = "topic-service");
 
 /// A setting that needs an optional part of freeboard this build was compiled without.
 ///
@@ -22,7 +20,7 @@ pub(crate) const TOPIC_SERVICE: bool = cfg!(feature = "topic-service");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MissingFeature {
-    /// The setting, by its TOML key (`tls`, `compression`, `topics.redis`) or the client's
+    /// The setting, by its TOML key (`tls`, `compression`) or the client's
     /// (`wss://`, `compression`).
     pub setting: &'static str,
     /// The Cargo feature of the `freeboard` crate that builds it.

@@ -90,8 +90,8 @@ pub struct Decision {
     peer: SocketAddr,
     decisions: Arc<Decisions>,
     done: bool,
-    /// Fetches history from Redis before an upgrade with `?since=` is accepted, if it is kept
-    /// there.
+    /// Fetches history from the backplane before an upgrade with `?since=` is accepted, if it
+    /// is kept there.
     recoverer: Option<Recoverer>,
 }
 
@@ -124,13 +124,14 @@ impl Decision {
 
     /// Accepts the upgrade of a subscriber to `topic` that reconnects having last seen the
     /// offset `since`, once what it missed is at hand for [`Conn::recover`] in `on_open`:
-    /// at once when history is kept in memory; with a Redis backplane, once it is fetched
-    /// from Redis (503 if Redis cannot be reached, or too many are being fetched).
+    /// at once when history is kept in memory; with a backplane that keeps it, once it is
+    /// fetched from there (503 if it cannot be reached, or too many are being fetched).
     pub fn accept_recovering(mut self, accepted: Accepted, topic: &str, since: &str) {
-        match self.recoverer.take() {
-            Some(recoverer) => recoverer.recover(topic, since, self, accepted),
-            None => self.accept(accepted),
-        }
+        let Some(recoverer) = self.recoverer.take() else { return self.accept(accepted) };
+        recoverer.recover(topic, since, move |fetched| match fetched {
+            Ok(()) => self.accept(accepted),
+            Err(reason) => self.reject_because(503, reason),
+        });
     }
 
     /// Refuses the upgrade with `status` (a 4xx or 5xx).
@@ -611,7 +612,7 @@ impl Router {
 
     /// Refuses routes that compress ([`RouteOptions::compression`]) in a build without
     /// permessage-deflate: one loop's router is built to look (in such a build only).
-    pub(crate) fn check_features(routes: &impl Fn() -> Router) -> Result<(), MissingFeature> {
+    pub(crate) fn check_features(routes: &dyn Fn() -> Router) -> Result<(), MissingFeature> {
         if crate::features::DEFLATE {
             return Ok(());
         }
@@ -651,7 +652,7 @@ pub struct RouteOptions {
     /// dashboard are).
     pub admin: bool,
     /// The upgrade subscribes to the topics its target names under the route's path
-    /// (`{path}{name}?also=…`, as `TopicRoute` of the `topic-service` feature does in
+    /// (`{path}{name}?also=…`, as `freeboard-topics`' route does in
     /// `on_open`): the loop answers 503 instead of its 101 when its budget for topic tables
     /// cannot hold them (counted in `freeboard_topic_refusals_total{reason="budget"}`).
     pub subscribes: bool,

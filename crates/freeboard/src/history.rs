@@ -43,13 +43,14 @@ pub const HISTORY_GONE: CloseCode = CloseCode(4410);
 const ENTRY_OVERHEAD: usize = 96;
 
 /// A publication's offset, `{a}-{b}`, ordered as a pair: `(server epoch, sequence)` in
-/// memory, the stream entry ID `(ms, sequence)` with Redis.
+/// memory, what the backplane numbers it with otherwise (a Redis stream entry ID:
+/// `(ms, sequence)`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Offset(pub(crate) u64, pub(crate) u64);
+pub struct Offset(pub u64, pub u64);
 
 impl Offset {
     /// `a-b` in decimal.
-    pub(crate) fn parse(text: &str) -> Option<Self> {
+    pub fn parse(text: &str) -> Option<Self> {
         let (a, b) = text.split_once('-')?;
         Some(Offset(a.parse().ok()?, b.parse().ok()?))
     }
@@ -63,24 +64,36 @@ impl std::fmt::Display for Offset {
 
 /// Where offsets come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Source {
+pub enum Source {
     /// This server numbers its publications: `(epoch, sequence)`.
     Memory,
-    /// Redis streams number them; the rings hold what this node received while subscribed,
-    /// and what it fetched for a reconnecting subscriber.
-    Redis,
+    /// The backplane numbers them (it keeps the history); the rings hold what this node
+    /// received while subscribed, and what was fetched for a reconnecting subscriber.
+    Backplane,
 }
 
 /// The server's topic history: offsets and the bounded rings.
-pub(crate) struct History {
+pub struct History {
     prefix: String,
-    pub(crate) messages: usize,
-    pub(crate) max_age: Option<Duration>,
+    messages: usize,
+    max_age: Option<Duration>,
     memory: usize,
     source: Source,
     /// The offset epoch in memory: when this server started, in ms since 1970.
     epoch: u64,
     state: Mutex<State>,
+}
+
+impl std::fmt::Debug for History {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("History")
+            .field("prefix", &self.prefix)
+            .field("messages", &self.messages)
+            .field("max_age", &self.max_age)
+            .field("memory", &self.memory)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
 }
 
 struct State {
@@ -104,7 +117,7 @@ struct Ring {
     /// Invariant: sorted by offset, no offset twice.
     entries: VecDeque<Entry>,
     /// The ring holds every message of its topic after this offset, but for those up to
-    /// `lost`; `None`: it vouches for nothing (with Redis, until a [`fill`](History::fill)).
+    /// `lost`; `None`: it vouches for nothing (with a backplane, until a [`fill`](History::fill)).
     since: Option<Offset>,
     /// Invariant: the highest offset of the topic dropped from the ring (by count, age or
     /// memory, or too large to keep).
@@ -188,13 +201,23 @@ impl History {
     }
 
     /// Whether `topic`'s publications carry offsets and are kept.
-    pub(crate) fn applies(&self, topic: &str) -> bool {
+    pub fn applies(&self, topic: &str) -> bool {
         topic.starts_with(&self.prefix)
     }
 
     /// Where offsets come from.
-    pub(crate) fn source(&self) -> Source {
+    pub fn source(&self) -> Source {
         self.source
+    }
+
+    /// The most messages a topic keeps.
+    pub fn messages(&self) -> usize {
+        self.messages
+    }
+
+    /// The oldest a kept message may be, if limited.
+    pub fn max_age(&self) -> Option<Duration> {
+        self.max_age
     }
 
     /// In memory: gives a publication to `topic` (which [`applies`](Self::applies)) its
@@ -209,19 +232,18 @@ impl History {
         envelope
     }
 
-    /// With Redis: keeps a message of `topic` that arrived with `offset`, `data` being its
+    /// With a backplane: keeps a message of `topic` that arrived with `offset`, `data` being its
     /// envelope and payload.
     pub(crate) fn record_at(&self, topic: &str, offset: Offset, kind: MessageKind, data: &[u8]) {
         let mut state = self.lock();
         self.keep(&mut state, topic, offset, kind, data.into());
     }
 
-    /// With Redis: keeps what was fetched for a subscriber that last saw `since` (every
+    /// With a backplane: keeps what was fetched for a subscriber that last saw `since` (every
     /// message of the topic after it, `data` with envelopes, up to `newest`, the stream's
     /// last), while this node was already subscribed: the ring then holds every message after
     /// `since`.
-    #[cfg(feature = "topic-service")]
-    pub(crate) fn fill(
+    pub fn fill(
         &self,
         topic: &str,
         since: Offset,
@@ -237,10 +259,9 @@ impl History {
         ring.newest = ring.newest.max(newest);
     }
 
-    /// With Redis: forgets `topic`'s ring (this node no longer receives it), or every ring
-    /// (`None`: the subscription to Redis was lost).
-    #[cfg(feature = "topic-service")]
-    pub(crate) fn forget(&self, topic: Option<&str>) {
+    /// With a backplane: forgets `topic`'s ring (this node no longer receives it), or every ring
+    /// (`None`: the backplane lost its subscriptions).
+    pub fn forget(&self, topic: Option<&str>) {
         let mut state = self.lock();
         let State { rings, bytes, kept, .. } = &mut *state;
         let mut drop_ring = |ring: Ring| {
@@ -280,7 +301,7 @@ impl History {
             *bytes -= ring.pop_front();
             *kept -= 1;
         }
-        let foreign = self.source == Source::Redis && seen > ring.newest;
+        let foreign = self.source == Source::Backplane && seen > ring.newest;
         if ring.since.is_none_or(|s| seen < s) || seen < ring.lost || foreign {
             return Recovery::Gone;
         }
@@ -352,7 +373,7 @@ impl State {
         if !self.rings.contains_key(topic) {
             let since = match source {
                 Source::Memory => Some(self.forgotten),
-                Source::Redis => None,
+                Source::Backplane => None,
             };
             let ring = Ring {
                 entries: VecDeque::new(),
@@ -391,7 +412,7 @@ impl State {
 
     /// Forgets eviction-order entries of messages gone by count or age once they outnumber
     /// the kept ones, so the order stays within a small multiple of what is kept. In memory,
-    /// rings emptied by age go too (with Redis a ring lives while its topic is subscribed).
+    /// rings emptied by age go too (with a backplane a ring lives while its topic is subscribed).
     fn compact(&mut self, source: Source) {
         if self.order.len() <= 2 * self.kept + 64 {
             return;
@@ -503,9 +524,8 @@ mod tests {
     }
 
     #[test]
-    #[cfg(feature = "topic-service")]
-    fn with_redis_a_ring_vouches_only_after_a_fill() {
-        let history = History::new("", 5, None, 1 << 20, Source::Redis);
+    fn with_a_backplane_a_ring_vouches_only_after_a_fill() {
+        let history = History::new("", 5, None, 1 << 20, Source::Backplane);
         let message = |o: Offset| (o, MessageKind::Text, format!("{o}:m").into_bytes().into());
         // Live messages while subscribed: not enough alone, the node may have missed some.
         history.record_at("a", Offset(10, 0), MessageKind::Text, b"10-0:m");

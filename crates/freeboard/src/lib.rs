@@ -29,11 +29,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod auth;
-#[cfg(feature = "topic-service")]
-mod backplane;
-#[cfg(not(feature = "topic-service"))]
-#[path = "backplane/disabled.rs"]
-mod backplane;
+pub mod backplane;
 pub mod client;
 pub mod config;
 mod dashboard;
@@ -52,12 +48,8 @@ pub use session::bench as session_bench;
 pub mod tls;
 #[cfg(feature = "tokio")]
 pub mod tokio;
-#[cfg(feature = "topic-service")]
-mod topic_route;
 pub mod topics;
 mod transport;
-#[cfg(feature = "topic-service")]
-pub mod webhook;
 
 pub use config::{ServerConfig, TlsConfig};
 pub use features::MissingFeature;
@@ -71,11 +63,9 @@ pub use handler::{
     Upgrade,
 };
 pub use metrics::Metrics;
-pub use server::{RunningServer, Server, ServerHandle};
+pub use server::{RunningServer, Server, ServerHandle, query_value};
 pub use session::SendOutcome;
 pub use session::deflate::{Agreement, Compression, NegotiationError};
-#[cfg(feature = "topic-service")]
-pub use topic_route::TopicRoute;
 pub use topics::{Published, Reach};
 
 /// The README's examples, compiled with the doctests so that they stay true (one of them is

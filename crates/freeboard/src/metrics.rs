@@ -1267,6 +1267,30 @@ pub(crate) fn close_label(code: CloseCode) -> &'static str {
     }
 }
 
+/// A backplane's counters (listed at 0 on a node without one).
+impl Metrics {
+    /// Counts publications that did not reach the backplane, by `reason` (the Redis
+    /// backplane's: `queue_full`, `redis_down`, `unconfirmed`, `refused`).
+    pub fn backplane_lost(&self, reason: &str, n: u64) {
+        self.backplane_lost.get_or_create(&Reason { reason: reason.to_owned() }).inc_by(n);
+    }
+
+    /// Counts publications the backplane confirmed.
+    pub fn backplane_published(&self, n: u64) {
+        self.backplane_published.inc_by(n);
+    }
+
+    /// Counts a publication received from another node.
+    pub fn backplane_received(&self) {
+        self.backplane_received.inc();
+    }
+
+    /// Whether the backplane is connected where it holds the subscriptions.
+    pub fn set_backplane_up(&self, up: bool) {
+        self.backplane_up.set(i64::from(up));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,7 +48,7 @@ use freeboard_proto::{MessageKind, OpCode};
 use mio::Waker;
 use slab::Slab;
 
-use crate::backplane::{Backplane, Incoming, Recoverer};
+use crate::backplane::{Arrival, Backplane, Recoverer};
 use crate::history::{Envelope, History, Recovery, Source};
 use crate::metrics::Metrics;
 
@@ -249,9 +249,9 @@ pub(crate) struct Hub {
     capacity: usize,
     receivers: Mutex<Vec<Option<Receiver<Publication>>>>,
     metrics: Arc<Metrics>,
-    /// The Redis backplane, if one is configured: told when a topic gets its first subscriber
-    /// on this node and loses its last, and given every publication of this node.
-    backplane: OnceLock<Backplane>,
+    /// The backplane, if the server has one: told when a topic gets its first subscriber on
+    /// this node and loses its last, and given every publication of this node.
+    backplane: OnceLock<Arc<dyn Backplane>>,
     /// Offsets and kept messages of the topics that keep history, if configured.
     history: Option<Arc<History>>,
 }
@@ -316,8 +316,8 @@ impl Hub {
         }
     }
 
-    /// Attaches the Redis backplane (before any loop runs).
-    pub(crate) fn attach_backplane(&self, backplane: Backplane) {
+    /// Attaches the backplane (before any loop runs).
+    pub(crate) fn attach_backplane(&self, backplane: Arc<dyn Backplane>) {
         let _ = self.backplane.set(backplane);
     }
 
@@ -326,16 +326,18 @@ impl Hub {
         self.history.as_ref()
     }
 
-    /// Where upgrades with `?since=` go to have history fetched from Redis, if it is kept
-    /// there.
+    /// Where upgrades with `?since=` go to have history fetched from the backplane, if it
+    /// keeps the history.
     pub(crate) fn recoverer(&self) -> Option<Recoverer> {
-        self.backplane.get()?.recoverer.clone()
+        let history = self.history.as_ref().filter(|h| h.source() == Source::Backplane)?;
+        let backplane = self.backplane.get()?.clone();
+        Some(Recoverer { backplane, history: history.clone() })
     }
 
-    /// Whether a publication to `topic` goes to Redis first, to be kept in its stream and
-    /// delivered to every node, this one too, with the offset Redis gives it.
-    pub(crate) fn kept_in_redis(&self, topic: &str) -> bool {
-        self.history.as_ref().is_some_and(|h| h.source() == Source::Redis && h.applies(topic))
+    /// Whether a publication to `topic` goes to the backplane first, to be kept there and
+    /// delivered to every node, this one too, with the offset the backplane gives it.
+    pub(crate) fn kept_by_backplane(&self, topic: &str) -> bool {
+        self.history.as_ref().is_some_and(|h| h.source() == Source::Backplane && h.applies(topic))
             && self.backplane.get().is_some()
     }
 
@@ -349,7 +351,7 @@ impl Hub {
         published: &mut Published,
     ) {
         if let Some(backplane) = self.backplane.get() {
-            if backplane.publish(topic, kind, payload, self.kept_in_redis(topic)) {
+            if backplane.publish(topic, kind, payload, self.kept_by_backplane(topic)) {
                 published.redis += 1;
             } else {
                 published.redis_lost += 1;
@@ -362,10 +364,10 @@ impl Hub {
         self.backplane.get().is_some()
     }
 
-    /// Delivers a publication from Redis to every loop of this node that has a subscriber to
-    /// its topic (keeping it in the topic's ring if it carries an offset).
-    pub(crate) fn deliver_from_backplane(&self, incoming: Incoming<'_>) {
-        let Incoming { topic, kind, data, offset } = incoming;
+    /// Delivers a publication from the backplane to every loop of this node that has a
+    /// subscriber to its topic (keeping it in the topic's ring if it carries an offset).
+    pub(crate) fn deliver_from_backplane(&self, arrival: Arrival<'_>) {
+        let Arrival { topic, kind, data, offset } = arrival;
         if let (Some(offset), Some(history)) = (offset, &self.history) {
             history.record_at(topic, offset, kind, data);
         }
@@ -838,8 +840,8 @@ impl LocalTopics {
     ) -> Published {
         hub.metrics.publishes.inc();
         let mut published = Published::default();
-        if hub.kept_in_redis(topic) {
-            // Delivered here too once Redis has kept it, with its offset.
+        if hub.kept_by_backplane(topic) {
+            // Delivered here too once the backplane has kept it, with its offset.
             hub.send_to_backplane(topic, kind, payload, &mut published);
             return published;
         }

@@ -11,7 +11,6 @@ use freeboard::{
 
 const TLS: bool = cfg!(feature = "tls");
 const DEFLATE: bool = cfg!(feature = "deflate");
-const TOPIC_SERVICE: bool = cfg!(feature = "topic-service");
 
 fn config() -> ServerConfig {
     let mut config = ServerConfig::default();
@@ -24,33 +23,9 @@ fn config() -> ServerConfig {
 #[test]
 fn server_settings_are_refused_naming_the_feature_they_need() {
     type Set = fn(&mut ServerConfig);
-    let cases: [(Set, &str, &str, bool); 6] = [
+    let cases: [(Set, &str, &str, bool); 2] = [
         (|c| c.tls = Some(TlsConfig::new("cert.pem", "key.pem")), "tls", "tls", TLS),
         (|c| c.compression = Compression::Shared, "compression", "deflate", DEFLATE),
-        (
-            |c| c.topics.jwt_secret = Some("0123456789abcdef0123456789abcdef".into()),
-            "topics.jwt_secret",
-            "topic-service",
-            TOPIC_SERVICE,
-        ),
-        (
-            |c| c.topics.jwks_file = Some("jwks.json".into()),
-            "topics.jwks_file",
-            "topic-service",
-            TOPIC_SERVICE,
-        ),
-        (
-            |c| c.topics.connect_webhook = Some("http://127.0.0.1:9/hook".into()),
-            "topics.connect_webhook",
-            "topic-service",
-            TOPIC_SERVICE,
-        ),
-        (
-            |c| c.topics.redis = Some("redis://127.0.0.1:9/".into()),
-            "topics.redis",
-            "topic-service",
-            TOPIC_SERVICE,
-        ),
     ];
     for (set, setting, feature, built) in cases {
         let mut config = config();

@@ -618,7 +618,7 @@ fn content_length(headers: &[httparse::Header<'_>]) -> Result<Option<u64>, ()> {
 }
 
 /// The value of `key` in the query of `target`, if any.
-pub(crate) fn query_value<'t>(target: &'t str, key: &str) -> Option<&'t str> {
+pub fn query_value<'t>(target: &'t str, key: &str) -> Option<&'t str> {
     let (_, query) = target.split_once('?')?;
     query.split('&').find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
 }

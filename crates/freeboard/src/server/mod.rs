@@ -19,7 +19,7 @@ mod plain;
 mod shared;
 mod turn;
 
-use crate::backplane::{Backplane, Incoming, RedisAddr};
+use crate::backplane::{Arrival, Backplane, Link};
 use crate::config::{ConfigError, Reload, ServerConfig};
 use crate::handler::Router;
 use crate::history::{History, Source};
@@ -31,7 +31,7 @@ use event_loop::{EventLoop, Listeners, WAKER};
 use freeboard_proto::MessageKind;
 use shared::Shared;
 
-pub(crate) use http::query_value;
+pub use http::query_value;
 
 /// A bound server, ready to [`run`](Self::run).
 ///
@@ -74,8 +74,27 @@ impl Server {
         config: ServerConfig,
         routes: impl Fn() -> Router + Send + Sync + 'static,
     ) -> io::Result<Self> {
+        Self::bind_inner(config, Arc::new(routes), None)
+    }
+
+    /// [`bind`](Self::bind), with a [`Backplane`] that carries the topics to the other nodes
+    /// (`freeboard-topics` has one on Redis). It is started here, before any loop runs; an
+    /// error starting it fails the bind.
+    pub fn bind_with_backplane(
+        config: ServerConfig,
+        routes: impl Fn() -> Router + Send + Sync + 'static,
+        backplane: impl Backplane,
+    ) -> io::Result<Self> {
+        Self::bind_inner(config, Arc::new(routes), Some(Box::new(backplane)))
+    }
+
+    fn bind_inner(
+        config: ServerConfig,
+        routes: crate::handler::RouterFactory,
+        backplane: Option<Box<dyn Backplane>>,
+    ) -> io::Result<Self> {
         config.validate().map_err(io::Error::other)?;
-        Router::check_features(&routes).map_err(io::Error::other)?;
+        Router::check_features(&*routes).map_err(io::Error::other)?;
         if let Some(machine) = machine_memory()
             && config.memory > machine
         {
@@ -128,32 +147,26 @@ impl Server {
             let max_age = (topics.history_seconds > 0)
                 .then(|| std::time::Duration::from_secs(topics.history_seconds));
             let prefix = &topics.history_prefix;
-            let source = if topics.redis.is_some() { Source::Redis } else { Source::Memory };
+            let source = match &backplane {
+                Some(backplane) if backplane.keeps_history() => Source::Backplane,
+                _ => Source::Memory,
+            };
             Arc::new(History::new(prefix, topics.history, max_age, topics.history_memory, source))
         });
         let hub = Hub::new(&wakers, topics.inbox, topics.max_topics, history, metrics.clone());
-        let redis = match &config.topics.redis {
-            Some(url) => Some(
-                RedisAddr::parse(url)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
-            ),
-            None => None,
-        };
-        let queue_bytes = config.topics.redis_queue;
-        let shared = Arc::new(Shared::new(config, metrics, hub, Arc::new(routes), tls));
-        if let Some(redis) = redis {
+        let shared = Arc::new(Shared::new(config, metrics, hub, routes, tls));
+        if let Some(mut backplane) = backplane {
             let weak = Arc::downgrade(&shared);
-            let deliver = move |incoming: Incoming<'_>| match weak.upgrade() {
+            let deliver = move |arrival: Arrival<'_>| match weak.upgrade() {
                 Some(shared) => {
-                    shared.hub.deliver_from_backplane(incoming);
+                    shared.hub.deliver_from_backplane(arrival);
                     true
                 }
                 None => false,
             };
             let history = shared.hub.history().cloned();
-            let metrics = shared.metrics.clone();
-            let backplane = Backplane::start(redis, queue_bytes, metrics, history, deliver)?;
-            shared.hub.attach_backplane(backplane);
+            backplane.start(Link::new(deliver, history, shared.metrics.clone()))?;
+            shared.hub.attach_backplane(Arc::from(backplane));
         }
         Ok(Self { shared, seeds: loops, wakers, local_addr: addr, tls_addr, admin_addr })
     }
@@ -365,7 +378,7 @@ impl ServerHandle {
         self.shared.metrics.publishes.inc();
         let hub = &self.shared.hub;
         let mut published = Published::default();
-        if !hub.kept_in_redis(topic) {
+        if !hub.kept_by_backplane(topic) {
             let stamp = hub.stamp(topic, kind, payload);
             hub.publish_remote(topic, &stamp.parts(payload), None, &mut published, None);
         }

@@ -286,8 +286,8 @@ fn topic_server(
     c.compression = mode;
     c.compression_threshold = 16;
     tweak(&mut c);
-    let topics = TopicsConfig::default();
-    Server::bind(c, move || Router::new().topics(&topics)).unwrap().spawn()
+    let service = common::service(&TopicsConfig::default(), false);
+    Server::bind(c, move || service.mount(Router::new())).unwrap().spawn()
 }
 
 /// Reads the publications `0..n` of a subscriber: compressed ones (RSV1) are inflated

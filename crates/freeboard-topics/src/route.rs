@@ -1,20 +1,18 @@
-//! The topic endpoint of `freeboard serve`: an application handler on the topic registry, and
-//! what the `[topics]` settings of the service build (its token verifier, its webhook).
+//! The topic endpoint of `freeboard serve`: an application handler on the runtime's topic hub.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use freeboard_buf::ConflateKey;
-use freeboard_proto::CloseCode;
-use freeboard_proto::handshake::Request;
+use freeboard::config::{ConfigError, TopicsConfig};
+use freeboard::history::HISTORY_GONE;
+use freeboard::topics::{SubscribeError, topics_in_target};
+use freeboard::{
+    Accepted, CloseCode, ConflateKey, Conn, Decision, Handler, Message, Request, RouteOptions,
+};
 
-use crate::auth::{Grant, TokenError, TokenVerifier, bearer_token};
-use crate::config::{ConfigError, TopicsConfig};
-use crate::handler::{Accepted, Conn, Decision, Handler, Message, RouteOptions, Router};
-use crate::history::HISTORY_GONE;
-use crate::server::query_value;
-use crate::topics::{SubscribeError, topics_in_target};
+use crate::token::{Grant, TokenError, TokenVerifier, bearer_token};
 use crate::webhook::ConnectWebhook;
+use freeboard::query_value;
 
 /// The `/topic/{name}` endpoint of `freeboard serve`: the upgrade subscribes the connection to
 /// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`; an
@@ -27,11 +25,11 @@ use crate::webhook::ConnectWebhook;
 /// `?access_token=` for browsers) whose `subscribe` claim grants every topic asked for (401
 /// without a valid token, 403 when a topic is not granted; counted in
 /// `freeboard_access_refusals_total{reason}`); the connection is closed with
-/// [`TOKEN_EXPIRED`](crate::auth::TOKEN_EXPIRED) when the token's `exp` passes, and a client
+/// [`TOKEN_EXPIRED`](freeboard::auth::TOKEN_EXPIRED) when the token's `exp` passes, and a client
 /// publishes only to topics its `publish` claim grants (else close 1008).
 ///
-/// Mount it with [`Router::route_with`](crate::Router::route_with) under a prefix, with the
-/// topic routes' slow-consumer policy (see [`TopicsConfig`]).
+/// [`Service::mount`](crate::Service::mount) mounts it under a prefix, with the topic hub's
+/// slow-consumer policy and send queues (see [`TopicsConfig`]).
 #[derive(Debug, Clone)]
 pub struct TopicRoute {
     prefix: String,
@@ -148,95 +146,17 @@ impl Handler for TopicRoute {
     }
 }
 
-impl Router {
-    /// Mounts a [`TopicRoute`] at `config.path` (a prefix route) with the topic routes'
-    /// slow-consumer policy and send-queue limits, requiring tokens when `config` names a
-    /// JWT secret or key set. Does nothing if the path is empty (or the configuration is
-    /// invalid: [`ServerConfig::validate`](crate::ServerConfig::validate) says why, and
-    /// `Server::bind` refuses it).
-    ///
-    /// ```
-    /// use freeboard::{Echo, Router, ServerConfig};
-    ///
-    /// let config = ServerConfig::default();
-    /// let topics = config.topics.clone();
-    /// let routes = move || Router::new().route("/", Echo).topics(&topics);
-    /// # let _ = routes;
-    /// ```
-    pub fn topics(self, config: &TopicsConfig) -> Self {
-        self.topics_with(config, None)
+/// The options of the topic route: a prefix route that subscribes on upgrade, with the topic
+/// hub's slow-consumer policy and send-queue limits.
+pub(crate) fn topic_route_options(hub: &TopicsConfig) -> Result<RouteOptions, ConfigError> {
+    let mut options = RouteOptions::new()
+        .prefix()
+        .subscribes()
+        .slow_consumer(hub.slow_consumer)
+        .watermarks(hub.watermarks()?);
+    if let Some(delimiter) = hub.conflate_key.filter(char::is_ascii) {
+        let after_envelope = hub.history > 0;
+        options = options.conflate_key(ConflateKey { delimiter: delimiter as u8, after_envelope });
     }
-
-    /// [`topics`](Self::topics), with a connect webhook deciding every upgrade. Build the
-    /// webhook once ([`TopicsConfig::webhook`]) and give every loop's router a clone of the
-    /// `Arc`: its workers and its bounds are the server's.
-    pub fn topics_with(self, config: &TopicsConfig, webhook: Option<Arc<ConnectWebhook>>) -> Self {
-        let Ok(marks) = config.watermarks() else { return self };
-        let Ok(verifier) = config.verifier() else { return self };
-        if config.path.is_empty() {
-            return self;
-        }
-        let mut options = RouteOptions::new()
-            .prefix()
-            .subscribes()
-            .slow_consumer(config.slow_consumer)
-            .watermarks(marks);
-        if let Some(delimiter) = config.conflate_key.filter(char::is_ascii) {
-            let after_envelope = config.history > 0;
-            options =
-                options.conflate_key(ConflateKey { delimiter: delimiter as u8, after_envelope });
-        }
-        let mut route = TopicRoute::new(&config.path, config.client_publish)
-            .max_topics(config.max_topics_per_connection);
-        if let Some(verifier) = verifier {
-            route = route.with_tokens(Arc::new(verifier));
-        }
-        if let Some(webhook) = webhook {
-            route = route.with_webhook(webhook);
-        }
-        self.route_with(&config.path, route, options)
-    }
-}
-
-/// The service's settings in the `[topics]` table: what they build.
-impl TopicsConfig {
-    /// Starts the connect webhook's workers, if one is configured.
-    pub fn webhook(&self) -> Result<Option<ConnectWebhook>, ConfigError> {
-        self.connect_webhook
-            .as_deref()
-            .map(|url| ConnectWebhook::new(url, self.webhook_timeout, self.webhook_in_flight))
-            .transpose()
-    }
-
-    /// The verifier of subscribers' tokens, if a secret or a key set is configured (reads
-    /// the JWKS file).
-    pub fn verifier(&self) -> Result<Option<TokenVerifier>, ConfigError> {
-        let verifier =
-            TokenVerifier::from_config(self.jwt_secret.as_deref(), self.jwks_file.as_deref())?;
-        Ok(verifier.map(|mut v| {
-            v = v.leeway(self.jwt_leeway);
-            if let Some(issuer) = &self.jwt_issuer {
-                v = v.issuer(issuer);
-            }
-            if let Some(audience) = &self.jwt_audience {
-                v = v.audience(audience);
-            }
-            v
-        }))
-    }
-
-    /// The service's own settings, for [`ServerConfig::validate`](crate::ServerConfig::validate):
-    /// the token keys (reads the JWKS file) and the webhook's URL and limits.
-    pub(crate) fn check_service(&self) -> Result<(), ConfigError> {
-        self.verifier()?;
-        if let Some(url) = &self.connect_webhook
-            && (!url.starts_with("http://")
-                || self.webhook_in_flight == 0
-                || self.webhook_timeout.is_zero())
-        {
-            let why = "an http:// URL, in-flight requests and a timeout above zero";
-            return Err(ConfigError::Webhook(format!("{url}: needs {why}")));
-        }
-        Ok(())
-    }
+    Ok(options)
 }

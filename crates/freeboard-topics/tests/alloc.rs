@@ -156,10 +156,9 @@ fn wss_echo_allocates_per_tls_record_not_per_message() {
 fn steady_state_fan_out_does_not_allocate_per_message() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     UNCOUNTED.with(|u| u.set(true)); // the clients are this thread
-    let mut config = common::config();
-    config.topics.client_publish = true;
-    let topics = config.topics.clone();
-    let server = freeboard::Server::bind(config, move || freeboard::Router::new().topics(&topics))
+    let config = common::config();
+    let service = common::service(&config.topics, true);
+    let server = freeboard::Server::bind(config, move || service.mount(freeboard::Router::new()))
         .unwrap()
         .spawn();
     let connect = || {

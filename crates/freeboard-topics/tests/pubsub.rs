@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use freeboard::config::TopicsConfig;
 use freeboard::{
     Conn, Handler, HttpRoute, Message, MessageKind, Published, RouteOptions, Router, RunningServer,
-    Server, ServerConfig, SlowConsumerPolicy, TopicRoute, Watermarks,
+    Server, ServerConfig, SlowConsumerPolicy, Watermarks,
 };
+use freeboard_topics::TopicRoute;
 
 fn start(
     config: ServerConfig,
@@ -21,13 +22,13 @@ fn start(
     Server::bind(config, routes).unwrap().spawn()
 }
 
+/// The hub's settings for topic subscribers with `policy` and a send cap of `cap`.
 fn topics(policy: SlowConsumerPolicy, cap: usize) -> TopicsConfig {
     let mut topics = TopicsConfig::default();
     topics.slow_consumer = policy;
     topics.send_low = cap / 4;
     topics.send_high = cap / 2;
     topics.send_cap = cap;
-    topics.client_publish = true;
     topics
 }
 
@@ -56,8 +57,8 @@ fn every_subscriber_on_every_loop_gets_every_message_in_order() {
     let mut config = common::config();
     config.threads = 3;
     config.topics = topics(SlowConsumerPolicy::DropOldest, 4 << 20);
-    let t = config.topics.clone();
-    let server = start(config, move || Router::new().topics(&t));
+    let service = common::service(&config.topics, true);
+    let server = start(config, move || service.mount(Router::new()));
     let addr = server.local_addr();
     let metrics = server.metrics();
     let mut subscribers: Vec<_> = (0..SUBSCRIBERS)
@@ -125,13 +126,13 @@ fn never_reading(
     // close frame only after all of it: the drain must wait that long (the common 1 s can pass
     // on a slow build, such as the AddressSanitizer one, and drop the close frame unsent).
     config.close_timeout = std::time::Duration::from_secs(60);
-    let t = config.topics.clone();
+    let service = common::service(&config.topics, true);
     let server = start(config, move || {
         let fast = RouteOptions::new()
             .prefix()
             .slow_consumer(SlowConsumerPolicy::Close)
             .watermarks(Watermarks::new(1 << 20, 2 << 20, 16 << 20).unwrap());
-        Router::new().topics(&t).route_with("/fast/", TopicRoute::new("/fast/", false), fast)
+        service.mount(Router::new()).route_with("/fast/", TopicRoute::new("/fast/", false), fast)
     });
     let addr = server.local_addr();
     let metrics = server.metrics();
@@ -190,8 +191,8 @@ fn a_publication_the_socket_takes_in_part_arrives_whole_and_in_order() {
     const SIZE: usize = 50 << 10; // a dozen pool chunks, written straight in one call
     let mut config = common::config();
     config.topics = topics(SlowConsumerPolicy::DropOldest, 16 << 20);
-    let t = config.topics.clone();
-    let server = start(config, move || Router::new().topics(&t));
+    let service = common::service(&config.topics, true);
+    let server = start(config, move || service.mount(Router::new()));
     let metrics = server.metrics();
     let (mut slow, status, _) = common::Client::connect(server.local_addr(), "/topic/t");
     assert_eq!(status, 101);
@@ -235,8 +236,8 @@ fn a_new_subscriber_gets_its_101_before_any_message_under_conflate() {
     let mut config = common::config();
     config.threads = 2;
     config.topics = topics(SlowConsumerPolicy::Conflate, 64 << 10);
-    let t = config.topics.clone();
-    let server = start(config, move || Router::new().topics(&t));
+    let service = common::service(&config.topics, true);
+    let server = start(config, move || service.mount(Router::new()));
     let addr = server.local_addr();
     let stop_publishing = Arc::new(AtomicBool::new(false));
     let publisher = {
@@ -287,8 +288,8 @@ fn http_publish_checks_the_bearer_token_and_the_length() {
     config.max_message_size = 4096;
     config.topics = topics(SlowConsumerPolicy::DropOldest, 1 << 20);
     config.topics.publish_token = Some("s3cret".into());
-    let t = config.topics.clone();
-    let server = start(config, move || Router::new().topics(&t).http(&t.path, HttpRoute::Publish));
+    let service = common::service(&config.topics, true);
+    let server = start(config, move || service.mount(Router::new()));
     let addr = server.local_addr();
     let (mut sub, status, _) = common::Client::connect(addr, "/topic/scores");
     assert_eq!(status, 101);
@@ -379,8 +380,8 @@ impl Handler for Publisher {
 #[test]
 fn post_framing_follows_rfc_9112() {
     let config = common::config();
-    let t = config.topics.clone();
-    let server = start(config, move || Router::new().topics(&t).http(&t.path, HttpRoute::Publish));
+    let service = common::service(&config.topics, true);
+    let server = start(config, move || service.mount(Router::new()));
     let addr = server.local_addr();
     let post = |lengths: &str| {
         common::http(addr, &format!("POST /topic/x HTTP/1.1\r\nHost: x\r\n{lengths}\r\nhi"))
@@ -449,10 +450,9 @@ fn a_publish_to_nobody_costs_no_pool_chunks() {
 
 #[test]
 fn also_subscribes_to_more_topics_and_client_publish_needs_permission() {
-    let mut config = common::config();
-    config.topics.client_publish = false;
-    let t = config.topics.clone();
-    let server = start(config, move || Router::new().topics(&t));
+    let config = common::config();
+    let service = common::service(&config.topics, false);
+    let server = start(config, move || service.mount(Router::new()));
     let addr = server.local_addr();
     let metrics = server.metrics();
     let (mut client, status, _) = common::Client::connect(addr, "/topic/a?also=b&also=c");

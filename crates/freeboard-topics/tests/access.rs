@@ -15,6 +15,7 @@ use freeboard::{
     Accepted, Conn, Decision, Echo, Handler, HttpRoute, Message, Request, Router, RunningServer,
     Server, ServerConfig,
 };
+use freeboard_topics::{Config as Topics, Service};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
 
@@ -50,11 +51,13 @@ fn bearer(token: &str) -> String {
     format!("Authorization: Bearer {token}\r\n")
 }
 
-/// An echo at `/echo`, topics at `/topic/` under `config`'s tokens, `/metrics`.
-fn topic_server(config: ServerConfig) -> RunningServer {
-    let topics = config.topics.clone();
+/// An echo at `/echo`, the topic service of `topics` at `/topic/` (on `config`'s hub
+/// settings), `/metrics`.
+fn topic_server(config: ServerConfig, mut topics: Topics) -> RunningServer {
+    topics.hub = config.topics.clone();
+    let service = Service::new(&topics).unwrap();
     let routes = move || {
-        Router::new().route("/echo", Echo).topics(&topics).http("/metrics", HttpRoute::Metrics)
+        service.mount(Router::new().route("/echo", Echo).http("/metrics", HttpRoute::Metrics))
     };
     Server::bind(config, routes).unwrap().spawn()
 }
@@ -68,7 +71,7 @@ fn stop(server: RunningServer) {
 fn a_forged_origin_is_refused_and_counted() {
     let mut config = config();
     config.allowed_origins = vec!["https://app.example".into(), "https://*.example.org".into()];
-    let server = topic_server(config);
+    let server = topic_server(config, Topics::default());
     let addr = server.local_addr();
     let forged = status(addr, "/topic/admin?also=billing", "Origin: https://evil.example\r\n");
     assert_eq!(forged, 403);
@@ -85,9 +88,10 @@ fn a_forged_origin_is_refused_and_counted() {
 
 #[test]
 fn tokens_grant_the_topics_they_list() {
-    let mut config = config();
-    config.topics.jwt_secret = Some(SECRET.into());
-    let server = topic_server(config);
+    let config = config();
+    let mut topics = Topics::default();
+    topics.tokens.jwt_secret = Some(SECRET.into());
+    let server = topic_server(config, topics);
     let addr = server.local_addr();
     let exp = now_secs() + 3600;
     let token = hs256(json!({"sub": "u42", "exp": exp, "subscribe": ["scores", "user-42.*"]}));
@@ -125,11 +129,12 @@ fn tokens_grant_the_topics_they_list() {
 
 #[test]
 fn an_open_connection_is_closed_with_4001_when_its_token_expires() {
-    let mut config = config();
-    config.topics.jwt_secret = Some(SECRET.into());
+    let config = config();
+    let mut topics = Topics::default();
+    topics.tokens.jwt_secret = Some(SECRET.into());
     // The grant lapses at `exp` plus the leeway: none here, so the test waits 2 s, not 32.
-    config.topics.jwt_leeway = Duration::ZERO;
-    let server = topic_server(config);
+    topics.tokens.jwt_leeway = Duration::ZERO;
+    let server = topic_server(config, topics);
     let addr = server.local_addr();
     let token = hs256(json!({"exp": now_secs() + 2, "subscribe": ["scores"]}));
     let (mut client, status, _) = connect_with(addr, "/topic/scores", &bearer(&token));
@@ -143,10 +148,11 @@ fn an_open_connection_is_closed_with_4001_when_its_token_expires() {
 
 #[test]
 fn publishing_needs_a_publish_grant() {
-    let mut config = config();
-    config.topics.jwt_secret = Some(SECRET.into());
-    config.topics.client_publish = true;
-    let server = topic_server(config);
+    let config = config();
+    let mut topics = Topics::default();
+    topics.tokens.jwt_secret = Some(SECRET.into());
+    topics.endpoint.client_publish = true;
+    let server = topic_server(config, topics);
     let addr = server.local_addr();
     let exp = now_secs() + 3600;
     let reader = hs256(json!({"exp": exp, "subscribe": ["scores"]}));
@@ -165,10 +171,11 @@ fn publishing_needs_a_publish_grant() {
 
 #[test]
 fn rs256_and_es256_tokens_are_checked_against_the_jwks() {
-    let mut config = config();
+    let config = config();
+    let mut topics = Topics::default();
     let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
-    config.topics.jwks_file = Some(format!("{fixtures}/test-jwks.json").into());
-    let server = topic_server(config);
+    topics.tokens.jwks_file = Some(format!("{fixtures}/test-jwks.json").into());
+    let server = topic_server(config, topics);
     let addr = server.local_addr();
     let claims = json!({"exp": now_secs() + 3600, "subscribe": ["scores"]});
     let rsa = EncodingKey::from_rsa_der(include_bytes!("fixtures/test-rsa-private.der"));
@@ -366,7 +373,7 @@ fn a_trusted_proxy_forwards_the_client_address_for_limits() {
     let mut config = config();
     config.max_connections_per_ip = 2;
     config.trusted_proxies = vec!["127.0.0.1/32".into()];
-    let server = topic_server(config);
+    let server = topic_server(config, Topics::default());
     let addr = server.local_addr();
     let from = |ip: &str| format!("X-Forwarded-For: {ip}\r\n");
     let mut open = Vec::new();
@@ -399,7 +406,7 @@ fn a_trusted_proxy_forwards_the_client_address_for_limits() {
 
     let mut config = common::config();
     config.max_connections_per_ip = 2;
-    let server = topic_server(config);
+    let server = topic_server(config, Topics::default());
     let addr = server.local_addr();
     let a = connect_with(addr, "/echo", &from("203.0.113.1"));
     let b = connect_with(addr, "/echo", &from("203.0.113.2"));
@@ -415,7 +422,7 @@ fn the_proxy_protocol_names_the_client() {
     let mut config = config();
     config.max_connections_per_ip = 1;
     config.proxy_protocol = true;
-    let server = topic_server(config);
+    let server = topic_server(config, Topics::default());
     let addr = server.local_addr();
     let v1 = |ip: &str| format!("PROXY TCP4 {ip} 127.0.0.1 40000 9001\r\n");
     let connect = |preamble: &[u8]| {
@@ -489,14 +496,14 @@ fn webhook(n: usize, answer: fn(&str) -> Option<(u16, String)>) -> String {
 }
 
 fn webhook_server(url: String, timeout: Duration) -> RunningServer {
-    let mut config = config();
-    config.topics.connect_webhook = Some(url);
-    config.topics.webhook_timeout = timeout;
-    config.topics.client_publish = true;
-    let topics = config.topics.clone();
-    let hook = Arc::new(topics.webhook().unwrap().unwrap());
-    let routes = move || Router::new().topics_with(&topics, Some(hook.clone()));
-    Server::bind(config, routes).unwrap().spawn()
+    let config = config();
+    let mut topics = Topics::default();
+    topics.webhook.connect_webhook = Some(url);
+    topics.webhook.webhook_timeout = timeout;
+    topics.endpoint.client_publish = true;
+    topics.hub = config.topics.clone();
+    let service = Service::new(&topics).unwrap();
+    Server::bind(config, move || service.mount(Router::new())).unwrap().spawn()
 }
 
 /// The backend decides: it sees the client, the topics and the token, grants topics (the

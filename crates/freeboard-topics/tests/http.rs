@@ -12,13 +12,11 @@ use common::{Client, config, metric, wait_until};
 use freeboard::{HttpRoute, Router, RunningServer, Server, ServerConfig, SlowConsumerPolicy};
 
 fn server(config: ServerConfig) -> RunningServer {
-    let topics = config.topics.clone();
+    let service = common::service(&config.topics, false);
     let routes = move || {
-        Router::new()
-            .topics(&topics)
-            .http(&topics.path, HttpRoute::Publish)
-            .http("/healthz", HttpRoute::Health)
-            .http("/metrics", HttpRoute::Metrics)
+        service.mount(
+            Router::new().http("/healthz", HttpRoute::Health).http("/metrics", HttpRoute::Metrics),
+        )
     };
     Server::bind(config, routes).unwrap().spawn()
 }

@@ -16,12 +16,14 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::auth::Grant;
-use crate::config::ConfigError;
-use crate::handler::{Accepted, Decision};
+use freeboard::{Accepted, Decision};
+
+use crate::Error;
+use crate::config::WebhookConfig;
+use crate::token::{Grant, unix_time};
 
 /// Upgrades that may wait for a worker.
-pub const QUEUE: usize = 1024;
+pub(crate) const QUEUE: usize = 1024;
 /// The largest backend answer read.
 const MAX_ANSWER: usize = 64 << 10;
 
@@ -59,31 +61,30 @@ struct Answer {
 }
 
 impl ConnectWebhook {
+    /// The webhook `config` names, started; `None` if it names none.
+    pub fn from_config(config: &WebhookConfig) -> Result<Option<Self>, Error> {
+        let Some(url) = &config.connect_webhook else { return Ok(None) };
+        Self::new(url, config.webhook_timeout, config.webhook_in_flight).map(Some)
+    }
+
     /// Starts `in_flight` worker threads posting to `url` (`http://host[:port]/path`), each
     /// request bounded by `timeout`.
-    pub fn new(url: &str, timeout: Duration, in_flight: usize) -> Result<Self, ConfigError> {
-        let bad = |why: &str| ConfigError::Webhook(format!("{url}: {why}"));
-        let rest = url.strip_prefix("http://").ok_or_else(|| bad("only http:// is supported"))?;
-        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        let path = if path.is_empty() { "/" } else { path };
-        let with_port =
-            if authority.contains(':') { authority.to_owned() } else { format!("{authority}:80") };
-        let addr = with_port
+    pub fn new(url: &str, timeout: Duration, in_flight: usize) -> Result<Self, Error> {
+        let target = Target::parse(url, timeout, in_flight)?;
+        let bad = |why: &str| Error::Webhook(format!("{url}: {why}"));
+        let addr = (target.host.as_str(), target.port)
             .to_socket_addrs()
             .ok()
             .and_then(|mut a| a.next())
             .ok_or_else(|| bad("the host does not resolve"))?;
-        if in_flight == 0 || timeout.is_zero() {
-            return Err(bad("in-flight requests and the timeout must be above zero"));
-        }
-        let target = Arc::new(Target { addr, host: authority.to_owned(), path: path.to_owned() });
+        let target = Arc::new((addr, target));
         let (jobs, queue) = sync_channel::<Job>(QUEUE);
         let queue = Arc::new(Mutex::new(queue));
         for i in 0..in_flight {
             let (queue, target) = (queue.clone(), target.clone());
             std::thread::Builder::new()
                 .name(format!("freeboard-webhook-{i}"))
-                .spawn(move || work(&queue, &target, timeout))
+                .spawn(move || work(&queue, &target.0, &target.1, timeout))
                 .map_err(|e| bad(&e.to_string()))?;
         }
         Ok(Self { jobs })
@@ -108,7 +109,7 @@ impl ConnectWebhook {
         })
         .to_string();
         let topics = topics.iter().map(|t| (*t).to_owned()).collect();
-        let since = crate::server::query_value(path, "since").map(str::to_owned);
+        let since = freeboard::query_value(path, "since").map(str::to_owned);
         match self.jobs.try_send(Job { decision, body, topics, since }) {
             Ok(()) => {}
             Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => {
@@ -118,20 +119,58 @@ impl ConnectWebhook {
     }
 }
 
+/// Where the webhook posts: an `http://` URL's host, port and path (with its query).
 struct Target {
-    addr: SocketAddr,
     host: String,
+    port: u16,
+    /// `Host:` as the URL gives it (with the port if it names one).
+    authority: String,
     path: String,
 }
 
+impl Target {
+    /// Checks the URL (`url`'s WHATWG parser) and the limits.
+    fn parse(url: &str, timeout: Duration, in_flight: usize) -> Result<Self, Error> {
+        let bad = |why: &str| Error::Webhook(format!("{url}: {why}"));
+        let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+        if parsed.scheme() != "http" {
+            return Err(bad("only http:// is supported"));
+        }
+        let host = parsed.host_str().ok_or_else(|| bad("no host"))?;
+        let port = parsed.port_or_known_default().unwrap_or(80);
+        let authority = match parsed.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_owned(),
+        };
+        let path = match parsed.query() {
+            Some(query) => format!("{}?{query}", parsed.path()),
+            None => parsed.path().to_owned(),
+        };
+        if in_flight == 0 || timeout.is_zero() {
+            return Err(bad("in-flight requests and the timeout must be above zero"));
+        }
+        // An IPv6 host is written in brackets in a URL and bare in a socket address.
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        Ok(Self { host, port, authority, path })
+    }
+}
+
+/// Checks the webhook settings without starting it.
+pub(crate) fn check(config: &WebhookConfig) -> Result<(), Error> {
+    match &config.connect_webhook {
+        Some(url) => Target::parse(url, config.webhook_timeout, config.webhook_in_flight).map(drop),
+        None => Ok(()),
+    }
+}
+
 /// One worker: takes jobs until the webhook is dropped.
-fn work(queue: &Mutex<Receiver<Job>>, target: &Target, timeout: Duration) {
+fn work(queue: &Mutex<Receiver<Job>>, addr: &SocketAddr, target: &Target, timeout: Duration) {
     loop {
         let job = match queue.lock().unwrap_or_else(|e| e.into_inner()).recv() {
             Ok(job) => job,
             Err(_) => return,
         };
-        match post(target, &job.body, timeout) {
+        match post(addr, target, &job.body, timeout) {
             Err(reason) => job.decision.reject_because(503, reason),
             Ok((200, body)) => {
                 let Ok(answer) = serde_json::from_slice::<Answer>(&body) else {
@@ -139,7 +178,7 @@ fn work(queue: &Mutex<Receiver<Job>>, target: &Target, timeout: Duration) {
                     continue;
                 };
                 let subscribe = answer.subscribe.unwrap_or_else(|| job.topics.clone());
-                let expires = crate::auth::unix_time(answer.expires_at.unwrap_or(u64::MAX));
+                let expires = unix_time(answer.expires_at.unwrap_or(u64::MAX));
                 let grant = Grant { subject: None, expires, subscribe, publish: answer.publish };
                 if !job.topics.iter().all(|t| grant.may_subscribe(t)) {
                     job.decision.reject_because(403, "topic_not_granted");
@@ -164,19 +203,24 @@ fn work(queue: &Mutex<Receiver<Job>>, target: &Target, timeout: Duration) {
 }
 
 /// `POST`s `body` and reads the answer's status and body, all within `timeout`.
-fn post(target: &Target, body: &str, timeout: Duration) -> Result<(u16, Vec<u8>), &'static str> {
+fn post(
+    addr: &SocketAddr,
+    target: &Target,
+    body: &str,
+    timeout: Duration,
+) -> Result<(u16, Vec<u8>), &'static str> {
     let deadline = Instant::now() + timeout;
     let left = || deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero());
     let timed_out = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => "webhook_timeout",
         _ => "webhook_error",
     };
-    let mut stream = TcpStream::connect_timeout(&target.addr, timeout).map_err(timed_out)?;
+    let mut stream = TcpStream::connect_timeout(addr, timeout).map_err(timed_out)?;
     stream.set_write_timeout(left()).map_err(|_| "webhook_timeout")?;
     let request = format!(
         "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         target.path,
-        target.host,
+        target.authority,
         body.len()
     );
     stream.write_all(request.as_bytes()).map_err(timed_out)?;

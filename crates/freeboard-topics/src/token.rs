@@ -9,7 +9,8 @@ use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use crate::config::ConfigError;
+use crate::Error;
+use crate::config::TokenConfig;
 
 /// Verifies bearer tokens as JWTs: HS256 with a shared secret, RS256 and ES256 with the keys
 /// of a JWKS document. The algorithm a token names must match the kind of key it is checked
@@ -157,9 +158,8 @@ impl TokenVerifier {
     /// A verifier of RS256 and ES256 tokens signed by the keys of a JWKS document (RFC 7517
     /// `{"keys":[…]}`); a token picks its key by `kid`, or uses the only key of its kind.
     /// Keys of other types (HMAC `oct` keys among them) are refused.
-    pub fn jwks(json: &str) -> Result<Self, ConfigError> {
-        let set: JwkSet =
-            serde_json::from_str(json).map_err(|e| ConfigError::Jwks(e.to_string()))?;
+    pub fn jwks(json: &str) -> Result<Self, Error> {
+        let set: JwkSet = serde_json::from_str(json).map_err(|e| Error::Jwks(e.to_string()))?;
         let mut keys = Vec::new();
         for jwk in &set.keys {
             use jsonwebtoken::jwk::AlgorithmParameters as P;
@@ -168,34 +168,46 @@ impl TokenVerifier {
                 P::EllipticCurve(ec) if ec.curve == jsonwebtoken::jwk::EllipticCurve::P256 => {
                     Algorithm::ES256
                 }
-                _ => return Err(ConfigError::Jwks("only RSA and P-256 keys are supported".into())),
+                _ => return Err(Error::Jwks("only RSA and P-256 keys are supported".into())),
             };
-            let key = DecodingKey::from_jwk(jwk).map_err(|e| ConfigError::Jwks(e.to_string()))?;
+            let key = DecodingKey::from_jwk(jwk).map_err(|e| Error::Jwks(e.to_string()))?;
             keys.push((jwk.common.key_id.clone(), algorithm, key));
         }
         if keys.is_empty() {
-            return Err(ConfigError::Jwks("the key set is empty".into()));
+            return Err(Error::Jwks("the key set is empty".into()));
         }
         Ok(Self { secret: None, keys, issuer: None, audience: None, leeway: Duration::ZERO })
     }
 
-    /// A verifier from the configuration: an HS256 secret, a JWKS file, or both (a token's
-    /// `alg` says which it is checked with). `None` when neither is set.
-    pub fn from_config(
-        secret: Option<&str>,
-        jwks_file: Option<&Path>,
-    ) -> Result<Option<Self>, ConfigError> {
+    /// A verifier from the configuration: an HS256 secret, a JWKS file (read now), or both (a
+    /// token's `alg` says which it is checked with), with the issuer, audience and leeway it
+    /// requires. `None` when neither a secret nor a key set is set.
+    pub fn from_config(config: &TokenConfig) -> Result<Option<Self>, Error> {
+        Ok(Self::keys(config.jwt_secret.as_deref(), config.jwks_file.as_deref())?.map(|mut v| {
+            v = v.leeway(config.jwt_leeway);
+            if let Some(issuer) = &config.jwt_issuer {
+                v = v.issuer(issuer);
+            }
+            if let Some(audience) = &config.jwt_audience {
+                v = v.audience(audience);
+            }
+            v
+        }))
+    }
+
+    /// A verifier of an HS256 secret, a JWKS file, or both.
+    fn keys(secret: Option<&str>, jwks_file: Option<&Path>) -> Result<Option<Self>, Error> {
         let mut verifier = match jwks_file {
             Some(path) => {
                 let json = std::fs::read_to_string(path)
-                    .map_err(|e| ConfigError::Jwks(format!("{}: {e}", path.display())))?;
+                    .map_err(|e| Error::Jwks(format!("{}: {e}", path.display())))?;
                 Some(Self::jwks(&json)?)
             }
             None => None,
         };
         if let Some(secret) = secret {
             if secret.len() < 32 {
-                return Err(ConfigError::JwtSecret);
+                return Err(Error::JwtSecret);
             }
             let key = DecodingKey::from_secret(secret.as_bytes());
             match &mut verifier {
@@ -220,7 +232,7 @@ impl TokenVerifier {
 
     /// Allows `leeway` of clock skew with the issuer: a token is accepted up to `leeway` past
     /// its `exp` (and its grant lapses then), and up to `leeway` before its `nbf` or `iat`.
-    /// Default zero ([`TopicsConfig::jwt_leeway`](crate::config::TopicsConfig::jwt_leeway),
+    /// Default zero ([`TopicsConfig::jwt_leeway`](crate::TokenConfig::jwt_leeway),
     /// what `freeboard serve` uses, defaults to 30 s).
     pub fn leeway(mut self, leeway: Duration) -> Self {
         self.leeway = leeway;
@@ -394,7 +406,7 @@ mod tests {
             (IssuedInFuture, "token_issued_in_future"),
         ] {
             assert_eq!((error.status(), error.label()), (401, label));
-            assert!(crate::metrics::ACCESS_REFUSAL_REASONS.contains(&label), "{label}");
+            assert!(freeboard::metrics::ACCESS_REFUSAL_REASONS.contains(&label), "{label}");
         }
     }
 

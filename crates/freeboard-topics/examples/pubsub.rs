@@ -1,13 +1,14 @@
 //! Pub/sub: a score board fanned out to every browser watching a match.
 //!
 //! ```text
-//! cargo run -p freeboard --example pubsub
+//! cargo run -p freeboard-topics --example pubsub
 //! websocat ws://127.0.0.1:9001/topic/match-1?also=news   # subscribe to two topics
 //! curl -d 'kick-off' -H 'Content-Type: text/plain' http://127.0.0.1:9001/topic/news
 //! ```
 //!
-//! - `/topic/{name}` (the [`TopicRoute`](freeboard::TopicRoute) mounted by
-//!   [`Router::topics`]) subscribes a connection; `POST /topic/{name}` publishes its body.
+//! - `/topic/{name}` (the [`TopicRoute`](freeboard_topics::TopicRoute) mounted by
+//!   [`Service::mount`](freeboard_topics::Service::mount)) subscribes a connection;
+//!   `POST /topic/{name}` publishes its body.
 //! - A ticker thread publishes the score to `match-1` every second through a
 //!   [`ServerHandle`](freeboard::ServerHandle): framed once, queued to every subscriber by
 //!   reference. Under the topic routes' default `conflate` policy a subscriber that falls
@@ -17,7 +18,7 @@
 
 use std::time::Duration;
 
-use freeboard::{Conn, Handler, HttpRoute, Message, MessageKind, Router, Server, ServerConfig};
+use freeboard::{Conn, Handler, Message, MessageKind, Router, Server, ServerConfig};
 
 /// Everyone on `/chat` hears everyone (themselves included).
 struct Chat;
@@ -35,10 +36,11 @@ impl Handler for Chat {
 
 fn main() -> std::io::Result<()> {
     let config = ServerConfig::default();
-    let topics = config.topics.clone();
-    let server = Server::bind(config, move || {
-        Router::new().topics(&topics).http(&topics.path, HttpRoute::Publish).route("/chat", Chat)
-    })?;
+    let mut topics = freeboard_topics::Config::default();
+    topics.hub = config.topics.clone();
+    // The /topic/ route and `POST /topic/NAME`, beside the application's own route.
+    let service = freeboard_topics::Service::new(&topics).map_err(std::io::Error::other)?;
+    let server = Server::bind(config, move || service.mount(Router::new().route("/chat", Chat)))?;
     println!("ws://{}/topic/match-1 and ws://{0}/chat", server.local_addr());
     let running = server.spawn();
     let handle = running.handle();

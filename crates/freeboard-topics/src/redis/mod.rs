@@ -1,6 +1,6 @@
 //! Topics across machines: a Redis pub/sub backplane.
 //!
-//! With [`TopicsConfig::redis`](crate::config::TopicsConfig) set, every publication of this node
+//! With [`RedisConfig::redis`](crate::RedisConfig) set, every publication of this node
 //! (a handler's, [`ServerHandle::publish`](crate::ServerHandle::publish), `POST`) is delivered
 //! to the local subscribers at once, as without a backplane, and also sent to the Redis channel
 //! `freeboard:` + topic; every node that has a local subscriber to the topic is subscribed to
@@ -13,11 +13,11 @@
 //!
 //! A node skips what carries its own id (its subscribers already have it), so nothing is
 //! delivered twice. A node subscribes in Redis when its first local subscriber to a topic
-//! arrives and unsubscribes after the last leaves (the [`Hub`](crate::topics) tells it).
+//! arrives and unsubscribes after the last leaves (the runtime's topic hub tells it).
 //!
 //! Threads, each with its own blocking connections — the event loops never wait on Redis:
 //! - the **publisher** takes publications from a queue bounded in bytes
-//!   ([`TopicsConfig::redis_queue`](crate::config::TopicsConfig)) and pipelines them, one
+//!   ([`RedisConfig::redis_queue`](crate::RedisConfig)) and pipelines them, one
 //!   connection and one pipeline per Redis server;
 //! - the **subscriber** follows the hub's changes and has a **shard thread** per Redis server
 //!   that serves a subscribed topic, which holds those subscriptions on its own connection and
@@ -65,10 +65,15 @@ use freeboard_proto::MessageKind;
 use redis::{Connection, RedisError, RetryMethod, Value};
 
 pub(crate) use self::shards::RedisAddr;
+
+/// A message from a channel, as the runtime takes it.
+type Incoming<'m> = Arrival<'m>;
 use self::shards::{Shards, TIMEOUT, Topology};
-use crate::handler::{Accepted, Decision};
-use crate::history::{History, Offset};
-use crate::metrics::{Metrics, Reason};
+use freeboard::backplane::{self, Arrival, AwaitingHistory, Backplane};
+use freeboard::history::{History, Offset};
+use freeboard::metrics::Metrics;
+
+use crate::Error;
 
 /// Publications the queue towards Redis holds at most, whatever their size.
 const QUEUE_MESSAGES: usize = 65_536;
@@ -95,15 +100,6 @@ struct Outgoing {
     message: Vec<u8>,
 }
 
-/// A message from another node (or, for a topic kept in Redis, from any node).
-pub(crate) struct Incoming<'m> {
-    pub(crate) topic: &'m str,
-    pub(crate) kind: MessageKind,
-    /// The payload; for a topic kept in Redis, with its envelope (`{offset}:` first).
-    pub(crate) data: &'m [u8],
-    pub(crate) offset: Option<Offset>,
-}
-
 /// The Lua script that keeps a publication in its topic's stream and publishes it with the
 /// entry's ID as its offset, atomically, so every node sees the streams' order. The stream's
 /// key is the channel's name (one slot on a cluster, where the script runs on its master).
@@ -126,35 +122,35 @@ return id
 struct Recovery {
     topic: Arc<str>,
     since: Offset,
-    decision: Decision,
-    accepted: Accepted,
+    awaiting: AwaitingHistory,
 }
 
-/// Where upgrades with `?since=` on topics kept in Redis go to have their history fetched.
-#[derive(Clone)]
-pub(crate) struct Recoverer {
-    requests: SyncSender<Recovery>,
-    history: Arc<History>,
+/// A Redis / Redis Cluster backplane ([`Backplane`]): built from the `topics.redis` URLs,
+/// started by the server it is bound with
+/// ([`Server::bind_with_backplane`](freeboard::Server::bind_with_backplane)).
+#[derive(Debug)]
+pub struct RedisBackplane {
+    /// Until started.
+    addr: Option<RedisAddr>,
+    queue_bytes: usize,
+    keeps_history: bool,
+    /// Once started.
+    running: Option<Running>,
 }
 
-impl Recoverer {
-    /// Accepts `decision` once `topic`'s history after `since` is in this node's ring (at
-    /// once if the topic keeps none); 503 if too many are being fetched.
-    pub(crate) fn recover(&self, topic: &str, since: &str, decision: Decision, accepted: Accepted) {
-        let Some(since) = Offset::parse(since).filter(|_| self.history.applies(topic)) else {
-            return decision.accept(accepted); // on_open tells a bad offset
-        };
-        let request = Recovery { topic: Arc::from(topic), since, decision, accepted };
-        if let Err(TrySendError::Full(r) | TrySendError::Disconnected(r)) =
-            self.requests.try_send(request)
-        {
-            r.decision.reject_because(503, "history_busy");
-        }
+impl RedisBackplane {
+    /// A backplane on the Redis servers `urls` names (comma-separated seeds of one cluster, or
+    /// one server), holding at most `queue_bytes` of publications while Redis is slow or down;
+    /// `keeps_history`: topics that keep history keep it in Redis streams.
+    pub fn new(urls: &str, queue_bytes: usize, keeps_history: bool) -> Result<Self, Error> {
+        let addr = RedisAddr::parse(urls).map_err(Error::Redis)?;
+        Ok(Self { addr: Some(addr), queue_bytes, keeps_history, running: None })
     }
 }
 
-/// This node's end of the backplane, held by the [`Hub`](crate::topics).
-pub(crate) struct Backplane {
+/// This node's end of the backplane, once started.
+#[derive(Debug)]
+struct Running {
     node: [u8; 16],
     changes: Arc<Mutex<Sender<Change>>>,
     outgoing: SyncSender<Outgoing>,
@@ -163,24 +159,25 @@ pub(crate) struct Backplane {
     queue_bytes: usize,
     metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
-    /// With history kept in Redis streams.
-    pub(crate) recoverer: Option<Recoverer>,
+    /// With history kept in Redis streams: where reconnecting subscribers' fetches queue.
+    recoveries: Option<SyncSender<Recovery>>,
 }
 
-impl Backplane {
-    /// Starts the publisher and subscriber threads (and, with `history`, the thread that
-    /// fetches it for reconnecting subscribers). `deliver` hands a message from Redis to this
-    /// node's loops; it returns `false` once the server is gone, which ends the subscriber
-    /// thread.
-    pub(crate) fn start(
-        addr: RedisAddr,
-        queue_bytes: usize,
-        metrics: Arc<Metrics>,
-        history: Option<Arc<History>>,
-        deliver: impl Fn(Incoming<'_>) -> bool + Send + Sync + 'static,
-    ) -> io::Result<Self> {
+impl Backplane for RedisBackplane {
+    fn keeps_history(&self) -> bool {
+        self.keeps_history
+    }
+
+    /// Starts the publisher and subscriber threads (and, with history, the thread that
+    /// fetches it for reconnecting subscribers). The link's `deliver` hands a message from
+    /// Redis to this node's loops; it returns `false` once the server is gone, which ends the
+    /// subscriber thread.
+    fn start(&mut self, link: backplane::Link) -> io::Result<()> {
+        let addr = self.addr.take().ok_or_else(|| io::Error::other("started twice"))?;
         let shards = Arc::new(Shards::new(addr));
         let node = node_id();
+        let metrics = link.metrics().clone();
+        let history = link.history().filter(|_| self.keeps_history).cloned();
         let (changes, changes_rx) = std::sync::mpsc::channel();
         let changes = Arc::new(Mutex::new(changes));
         let (outgoing, outgoing_rx) = std::sync::mpsc::sync_channel(QUEUE_MESSAGES);
@@ -194,7 +191,7 @@ impl Backplane {
                 .name("freeboard-redis-pub".into())
                 .spawn(move || publisher(shards, outgoing_rx, queued, metrics, history, stop))?;
         }
-        let recoverer = match &history {
+        let recoveries = match &history {
             Some(history) => {
                 let (requests, requests_rx) = std::sync::mpsc::sync_channel(RECOVERIES);
                 let (shards, changes, stop) = (shards.clone(), changes.clone(), stop.clone());
@@ -202,43 +199,75 @@ impl Backplane {
                 std::thread::Builder::new()
                     .name("freeboard-redis-history".into())
                     .spawn(move || fetcher(shards, requests_rx, changes, h, stop))?;
-                Some(Recoverer { requests, history: history.clone() })
+                Some(requests)
             }
             None => None,
         };
         {
             let (metrics, stop) = (metrics.clone(), stop.clone());
             let events = changes.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let deliver: Arc<Deliver> = Arc::new(deliver);
+            let deliver: Arc<Deliver> = Arc::new(move |arrival| link.deliver(arrival));
             std::thread::Builder::new().name("freeboard-redis-map".into()).spawn(move || {
                 subscriber(shards, node, changes_rx, events, metrics, history, stop, deliver);
             })?;
         }
-        Ok(Self { node, changes, outgoing, queued, queue_bytes, metrics, stop, recoverer })
+        let queue_bytes = self.queue_bytes;
+        self.running = Some(Running {
+            node,
+            changes,
+            outgoing,
+            queued,
+            queue_bytes,
+            metrics,
+            stop,
+            recoveries,
+        });
+        Ok(())
     }
 
     /// The node's first local subscriber to `topic` arrived.
-    pub(crate) fn subscribe(&self, topic: &Arc<str>) {
-        let changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = changes.send(Change::Subscribe(topic.clone()));
+    fn subscribe(&self, topic: &Arc<str>) {
+        if let Some(running) = &self.running {
+            running.change(Change::Subscribe(topic.clone()));
+        }
     }
 
     /// The node's last local subscriber to `topic` left.
-    pub(crate) fn unsubscribe(&self, topic: &Arc<str>) {
-        let changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = changes.send(Change::Unsubscribe(topic.clone()));
+    fn unsubscribe(&self, topic: &Arc<str>) {
+        if let Some(running) = &self.running {
+            running.change(Change::Unsubscribe(topic.clone()));
+        }
     }
 
     /// Queues a publication of this node for the other nodes (`kept`: for every node, this
     /// one too, once Redis has kept it and given it its offset); `false`, counted as lost, if
     /// the queue is full.
-    pub(crate) fn publish(
-        &self,
-        topic: &str,
-        kind: MessageKind,
-        payload: &[u8],
-        kept: bool,
-    ) -> bool {
+    fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8], kept: bool) -> bool {
+        self.running.as_ref().is_some_and(|running| running.publish(topic, kind, payload, kept))
+    }
+
+    /// Queues the fetch of `topic`'s history after `since`; 503 if too many are being
+    /// fetched.
+    fn recover(&self, topic: &str, since: Offset, awaiting: AwaitingHistory) {
+        let Some(requests) = self.running.as_ref().and_then(|r| r.recoveries.as_ref()) else {
+            return awaiting.ready();
+        };
+        let request = Recovery { topic: Arc::from(topic), since, awaiting };
+        if let Err(TrySendError::Full(r) | TrySendError::Disconnected(r)) =
+            requests.try_send(request)
+        {
+            r.awaiting.unavailable("history_busy");
+        }
+    }
+}
+
+impl Running {
+    fn change(&self, change: Change) {
+        let changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = changes.send(change);
+    }
+
+    fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8], kept: bool) -> bool {
         let len = payload.len() + if kept { 1 } else { 18 };
         let before = self.queued.fetch_add(len, Ordering::AcqRel);
         if before + len > self.queue_bytes && before > 0 {
@@ -265,31 +294,7 @@ impl Backplane {
     }
 }
 
-/// The backplane's counters (registered with the others in `metrics.rs`, so that they are
-/// listed at 0 on a node without Redis).
-impl Metrics {
-    /// Counts publications that did not reach the Redis backplane.
-    pub(crate) fn backplane_lost(&self, reason: &str, n: u64) {
-        self.backplane_lost.get_or_create(&Reason { reason: reason.to_owned() }).inc_by(n);
-    }
-
-    /// Counts publications the Redis backplane confirmed.
-    pub(crate) fn backplane_published(&self, n: u64) {
-        self.backplane_published.inc_by(n);
-    }
-
-    /// Counts a publication received from another node.
-    pub(crate) fn backplane_received(&self) {
-        self.backplane_received.inc();
-    }
-
-    /// Whether Redis is mapped and the servers holding the subscriptions are connected.
-    pub(crate) fn set_backplane_up(&self, up: bool) {
-        self.backplane_up.set(i64::from(up));
-    }
-}
-
-impl Drop for Backplane {
+impl Drop for Running {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
     }
@@ -343,7 +348,7 @@ fn publisher(
     let mut links: HashMap<Arc<str>, Link> = HashMap::new();
     let limits = history
         .as_ref()
-        .map(|h| (h.messages, h.max_age.map_or(0, |a| a.as_millis().max(1) as u64)));
+        .map(|h| (h.messages(), h.max_age().map_or(0, |a| a.as_millis().max(1) as u64)));
     while !stop.load(Ordering::Acquire) {
         let first = match outgoing.recv_timeout(Duration::from_millis(200)) {
             Ok(first) => first,
@@ -944,20 +949,20 @@ fn fetcher(
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
         };
-        let Recovery { topic, since, decision, accepted } = request;
+        let Recovery { topic, since, awaiting } = request;
         let (done, subscribed) = std::sync::mpsc::sync_channel(1);
         {
             let changes = changes.lock().unwrap_or_else(|e| e.into_inner());
             let _ = changes.send(Change::Pin(topic.clone(), done));
         }
         if subscribed.recv_timeout(TIMEOUT).is_err() {
-            decision.reject_because(503, "history_unavailable");
+            awaiting.unavailable("history_unavailable");
             continue;
         }
         // The stream is where the channel is (a cluster's master of its slot).
         let key = channel(&topic);
         let Some(server) = shards.get().and_then(|t| t.node(key.as_bytes()).cloned()) else {
-            decision.reject_because(503, "history_unavailable");
+            awaiting.unavailable("history_unavailable");
             continue;
         };
         if !conns.contains_key(&server)
@@ -966,7 +971,7 @@ fn fetcher(
             conns.insert(server.clone(), c);
         }
         let Some(c) = conns.get_mut(&server) else {
-            decision.reject_because(503, "history_unavailable");
+            awaiting.unavailable("history_unavailable");
             continue;
         };
         match fetch(c, &key, since) {
@@ -978,11 +983,11 @@ fn fetcher(
                     shards.refresh();
                 }
                 conns.remove(&server);
-                decision.reject_because(503, "history_unavailable");
+                awaiting.unavailable("history_unavailable");
                 continue;
             }
         }
-        decision.accept(accepted);
+        awaiting.ready();
     }
 }
 

@@ -4,18 +4,19 @@
 //! token expires.
 //!
 //!     FREEBOARD_JWT_SECRET=0123456789abcdef0123456789abcdef \
-//!       cargo run --release -p freeboard --example upgrade
+//!       cargo run --release -p freeboard-topics --example upgrade
 //!     # then connect to ws://127.0.0.1:9001/chat?access_token=JWT with subprotocol "chat.v1"
 //!     # (the JWT signed with that secret, with "sub" and "exp" claims)
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use freeboard::auth::{Origins, TokenVerifier, bearer_token};
+use freeboard::auth::Origins;
 use freeboard::{
     Accepted, CloseCode, Conn, ConnId, Decision, Handler, Message, Request, Router, Server,
     ServerConfig,
 };
+use freeboard_topics::{TokenVerifier, bearer_token};
 
 /// Who the token says the client is.
 struct User {

@@ -1,0 +1,166 @@
+//! freeboard's `/topic/` service, built on the runtime's topic hub: the route that subscribes
+//! an upgrade to the topics its path names, JWT and connect-webhook access control, and the
+//! Redis / Redis Cluster backplane that carries topics across machines and keeps their
+//! history in Redis streams.
+//!
+//! `freeboard serve` is this crate and the runtime composed; a library user does the same:
+//!
+//! ```no_run
+//! use freeboard::{Echo, Router, ServerConfig};
+//! use freeboard_topics::{Config, Service};
+//!
+//! let mut topics = Config::default();
+//! topics.tokens.jwt_secret = Some("a secret of at least thirty-two bytes".into());
+//! let mut config = ServerConfig::default();
+//! config.topics = topics.hub.clone();
+//! // Checks every setting, reads the key files and starts the webhook's workers, once.
+//! let service = Service::new(&topics)?;
+//! let server = service.bind(config, |service| service.mount(Router::new().route("/", Echo)))?;
+//! server.run()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_debug_implementations)]
+
+mod config;
+mod redis;
+mod route;
+mod token;
+mod webhook;
+
+use std::sync::Arc;
+
+pub use config::{Config, EndpointConfig, RedisConfig, TokenConfig, WebhookConfig};
+pub use redis::RedisBackplane;
+pub use route::TopicRoute;
+use route::topic_route_options;
+pub use token::{Grant, TokenError, TokenVerifier, bearer_token};
+pub use webhook::ConnectWebhook;
+
+use freeboard::{HttpRoute, Router, Server, ServerConfig};
+
+/// A setting of the service that cannot work, or a part of it that could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// `topics.path` does not start and end with `/`.
+    Path(String),
+    /// The JWKS file cannot be read or holds no usable key.
+    Jwks(String),
+    /// `topics.jwt_secret` is shorter than 32 bytes (RFC 7518 §3.2: an HS256 key must be at
+    /// least as long as the hash).
+    JwtSecret,
+    /// The connect webhook's URL or limits cannot work, or its workers cannot start.
+    Webhook(String),
+    /// A `topics.redis` URL cannot be used.
+    Redis(String),
+    /// A setting of the topic hub (the runtime's `[topics]` keys) cannot work.
+    Hub(freeboard::config::ConfigError),
+    /// The server (and its backplane) could not be bound.
+    Bind(std::io::Error),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Path(path) => write!(f, "topics.path must start and end with '/', not {path:?}"),
+            Self::Jwks(why) => write!(f, "topics.jwks_file: {why}"),
+            Self::JwtSecret => f.write_str("topics.jwt_secret must be at least 32 bytes"),
+            Self::Webhook(why) => write!(f, "topics.connect_webhook: {why}"),
+            Self::Redis(why) => write!(f, "topics.redis: {why}"),
+            Self::Hub(e) => e.fmt(f),
+            Self::Bind(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Bind(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// The service, built once from its [`Config`]: the token verifier (the JWKS file read here),
+/// the connect webhook's workers, and the Redis backplane's address. Every loop's router gets
+/// the route from it ([`mount`](Self::mount)), sharing these.
+#[derive(Debug)]
+pub struct Service {
+    config: Config,
+    verifier: Option<Arc<TokenVerifier>>,
+    webhook: Option<Arc<ConnectWebhook>>,
+}
+
+impl Service {
+    /// Checks `config` (the error names the setting), reads the key files and starts the
+    /// connect webhook's workers.
+    pub fn new(config: &Config) -> Result<Self, Error> {
+        config.validate()?;
+        let verifier = TokenVerifier::from_config(&config.tokens)?.map(Arc::new);
+        let webhook = ConnectWebhook::from_config(&config.webhook)?.map(Arc::new);
+        Ok(Self { config: config.clone(), verifier, webhook })
+    }
+
+    /// The service's settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// `router` with the topic route at `topics.path` (a prefix route with the topic hub's
+    /// send-queue settings and the configured tokens and webhook) and, with `http_publish`,
+    /// `POST {path}{topic}` ([`HttpRoute::Publish`]). An empty path mounts neither.
+    pub fn mount(&self, router: Router) -> Router {
+        let endpoint = &self.config.endpoint;
+        if endpoint.path.is_empty() {
+            return router;
+        }
+        let mut route = TopicRoute::new(&endpoint.path, endpoint.client_publish)
+            .max_topics(self.config.hub.max_topics_per_connection);
+        if let Some(verifier) = &self.verifier {
+            route = route.with_tokens(verifier.clone());
+        }
+        if let Some(webhook) = &self.webhook {
+            route = route.with_webhook(webhook.clone());
+        }
+        // NOTE: `Config::validate` checked the hub's send queues when the service was built.
+        let Ok(options) = topic_route_options(&self.config.hub) else { return router };
+        let router = router.route_with(&endpoint.path, route, options);
+        match endpoint.http_publish {
+            true => router.http(&endpoint.path, HttpRoute::Publish),
+            false => router,
+        }
+    }
+
+    /// The Redis backplane, if `topics.redis` names one.
+    pub fn backplane(&self) -> Result<Option<RedisBackplane>, Error> {
+        let redis = &self.config.redis;
+        let Some(urls) = &redis.redis else { return Ok(None) };
+        RedisBackplane::new(urls, redis.redis_queue, self.config.hub.history > 0).map(Some)
+    }
+
+    /// Binds a server with `config` (whose [`topics`](ServerConfig::topics) should be this
+    /// service's hub settings), its routes from `routes` (given the service, to
+    /// [`mount`](Self::mount) it), and the Redis backplane if one is configured.
+    pub fn bind(
+        self,
+        config: ServerConfig,
+        routes: impl Fn(&Service) -> Router + Send + Sync + 'static,
+    ) -> Result<Server, Error> {
+        let backplane = self.backplane()?;
+        let routes = move || routes(&self);
+        match backplane {
+            Some(backplane) => Server::bind_with_backplane(config, routes, backplane),
+            None => Server::bind(config, routes),
+        }
+        .map_err(Error::Bind)
+    }
+}
+
+/// `router` with the `/topic/` service of `config` mounted ([`Service::mount`]): for a router
+/// built once. A server builds a router per loop: build the [`Service`] once and mount it in
+/// each, so the key files are read and the webhook started once.
+pub fn mount(router: Router, config: &Config) -> Result<Router, Error> {
+    Ok(Service::new(config)?.mount(router))
+}
