@@ -11,7 +11,6 @@ use freeboard::config::{Change, TopicsConfig};
 use serde::Deserialize;
 use serde::de::{Deserializer, Error as _, IgnoredAny};
 
-use crate::Error;
 
 /// The `/topic/` service's settings and the topic hub's, as one `[topics]` table.
 ///
@@ -257,23 +256,6 @@ fn fields<T: Deserialize<'static>>() -> &'static [&'static str] {
 }
 
 impl Config {
-    /// Checks the service's own settings (the hub's are checked by
-    /// [`ServerConfig::validate`](freeboard::ServerConfig::validate)): the path, the token
-    /// keys (reads the JWKS file), the webhook's URL and limits, the Redis URLs.
-    pub fn validate(&self) -> Result<(), Error> {
-        self.hub.watermarks().map_err(Error::Hub)?;
-        let path = &self.endpoint.path;
-        if !(path.is_empty() || path.starts_with('/') && path.ends_with('/')) {
-            return Err(Error::Path(path.clone()));
-        }
-        crate::TokenVerifier::from_config(&self.tokens)?;
-        crate::webhook::check(&self.webhook)?;
-        if let Some(urls) = &self.redis.redis {
-            crate::redis::RedisAddr::parse(urls).map_err(Error::Redis)?;
-        }
-        Ok(())
-    }
-
     /// The service's settings that differ in `new`, for a reload: none of them can change
     /// while the server runs (secrets, and a Redis URL with a password, redacted).
     pub fn changes(&self, new: &Config) -> Vec<Change> {

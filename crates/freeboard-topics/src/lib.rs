@@ -158,6 +158,25 @@ impl Service {
     }
 }
 
+impl Config {
+    /// Checks the service's own settings (the hub's are checked by
+    /// [`ServerConfig::validate`](freeboard::ServerConfig::validate)): the path, the token
+    /// keys (reads the JWKS file), the webhook's URL and limits, the Redis URLs.
+    pub fn validate(&self) -> Result<(), Error> {
+        self.hub.watermarks().map_err(Error::Hub)?;
+        let path = &self.endpoint.path;
+        if !(path.is_empty() || path.starts_with('/') && path.ends_with('/')) {
+            return Err(Error::Path(path.clone()));
+        }
+        TokenVerifier::from_config(&self.tokens)?;
+        crate::webhook::check(&self.webhook)?;
+        if let Some(urls) = &self.redis.redis {
+            crate::redis::RedisAddr::parse(urls).map_err(Error::Redis)?;
+        }
+        Ok(())
+    }
+}
+
 /// `router` with the `/topic/` service of `config` mounted ([`Service::mount`]): for a router
 /// built once. A server builds a router per loop: build the [`Service`] once and mount it in
 /// each, so the key files are read and the webhook started once.

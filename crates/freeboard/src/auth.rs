@@ -7,8 +7,6 @@
 
 use std::net::IpAddr;
 
-use crate::config::ConfigError;
-
 /// The close code of a connection whose authorization lapsed
 /// ([`Accepted::expires_at`](crate::Accepted::expires_at), a token's `exp`): 4001, reason
 /// "token expired". A
@@ -44,8 +42,9 @@ pub struct Origins {
 }
 
 impl Origins {
-    /// Parses the allow-list; an entry without `scheme://` is refused.
-    pub fn new<S: AsRef<str>>(list: &[S]) -> Result<Self, ConfigError> {
+    /// Parses the allow-list; an entry without `scheme://` is refused (the error is that
+    /// entry).
+    pub fn new<S: AsRef<str>>(list: &[S]) -> Result<Self, String> {
         let mut origins = Self::default();
         for entry in list {
             let entry = entry.as_ref().trim().to_ascii_lowercase();
@@ -54,16 +53,16 @@ impl Origins {
                 continue;
             }
             let Some((scheme, host)) = entry.split_once("://") else {
-                return Err(ConfigError::Origin(entry));
+                return Err(entry);
             };
             if scheme.is_empty() || host.is_empty() || host.contains('/') {
-                return Err(ConfigError::Origin(entry));
+                return Err(entry);
             }
             match host.strip_prefix("*.") {
                 Some(domain) if !domain.is_empty() => {
                     origins.subdomains.push((format!("{scheme}://"), format!(".{domain}")));
                 }
-                Some(_) => return Err(ConfigError::Origin(entry)),
+                Some(_) => return Err(entry),
                 None => origins.exact.push(entry),
             }
         }
@@ -109,12 +108,12 @@ pub struct TrustedProxies {
 }
 
 impl TrustedProxies {
-    /// Parses CIDR blocks.
-    pub fn new<S: AsRef<str>>(list: &[S]) -> Result<Self, ConfigError> {
+    /// Parses addresses and CIDR blocks (the error is the entry that is neither).
+    pub fn new<S: AsRef<str>>(list: &[S]) -> Result<Self, String> {
         let mut blocks = Vec::new();
         for entry in list {
             let entry = entry.as_ref().trim();
-            let bad = || ConfigError::TrustedProxy(entry.to_owned());
+            let bad = || entry.to_owned();
             let (addr, bits) = match entry.split_once('/') {
                 Some((addr, bits)) => (addr, Some(bits)),
                 None => (entry, None),

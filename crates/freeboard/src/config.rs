@@ -449,9 +449,10 @@ impl ServerConfig {
         if topics.conflate_key.is_some_and(|c| !c.is_ascii()) {
             return Err(ConfigError::ConflateKey);
         }
-        crate::auth::Origins::new(&self.allowed_origins)?;
-        crate::auth::Origins::new(&topics.cors_origins)?;
-        crate::auth::TrustedProxies::new(&self.trusted_proxies)?;
+        crate::auth::Origins::new(&self.allowed_origins).map_err(ConfigError::Origin)?;
+        crate::auth::Origins::new(&topics.cors_origins).map_err(ConfigError::Origin)?;
+        crate::auth::TrustedProxies::new(&self.trusted_proxies)
+            .map_err(ConfigError::TrustedProxy)?;
         if self.max_pending_upgrades == 0 {
             return Err(ConfigError::PendingUpgrades);
         }

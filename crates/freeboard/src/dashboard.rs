@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use freeboard_proto::handshake::Request;
 use freeboard_proto::{CloseCode, MessageKind};
 
-use crate::handler::{Accepted, Conn, Decision, Handler, Message};
+use crate::SlowConsumerPolicy;
+use crate::handler::{Accepted, Conn, Decision, Handler, HttpRoute, Message, RouteOptions, Router};
 
 /// The page served at the dashboard's path.
 pub(crate) const PAGE: &str = include_str!("dashboard.html");
@@ -63,5 +64,17 @@ impl Handler for DashboardStream {
         }
         let snapshot = conn.metrics.shared_snapshot();
         let _ = conn.send(MessageKind::Text, snapshot.as_bytes());
+    }
+}
+
+impl Router {
+    /// Serves the live dashboard: the page at `GET {path}` ([`HttpRoute::Dashboard`]) and
+    /// the WebSocket it reads the server's figures from at `{path}/stream` (a snapshot of the
+    /// metrics for every message, at most ten a second, conflated so a slow page never holds
+    /// a backlog). Both are admin routes.
+    pub fn dashboard(self, path: &str) -> Self {
+        let stream = format!("{}/stream", path.trim_end_matches('/'));
+        let options = RouteOptions::new().slow_consumer(SlowConsumerPolicy::Conflate).admin();
+        self.http(path, HttpRoute::Dashboard).route_with(&stream, DashboardStream, options)
     }
 }

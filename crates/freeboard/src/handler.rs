@@ -567,20 +567,6 @@ impl Router {
         self
     }
 
-    /// Serves the live dashboard: the page at `GET {path}` ([`HttpRoute::Dashboard`]) and
-    /// the WebSocket it reads the server's figures from at `{path}/stream` (a snapshot of the
-    /// metrics for every message, at most ten a second, conflated so a slow page never holds
-    /// a backlog). Both are admin routes.
-    pub fn dashboard(self, path: &str) -> Self {
-        let stream = format!("{}/stream", path.trim_end_matches('/'));
-        let options = RouteOptions::new().slow_consumer(SlowConsumerPolicy::Conflate).admin();
-        self.http(path, HttpRoute::Dashboard).route_with(
-            &stream,
-            crate::dashboard::DashboardStream,
-            options,
-        )
-    }
-
     /// The plain HTTP endpoint for `path`, and the rest of the path after a prefix.
     pub(crate) fn find_http<'p>(&self, path: &'p str) -> Option<(HttpRoute, &'p str)> {
         self.http.iter().find_map(|(at, route)| match route {

@@ -44,7 +44,7 @@ mod server;
 mod session;
 /// The session's per-message path without a socket, for `benches/session.rs` only.
 #[doc(hidden)]
-pub use session::bench as session_bench;
+pub mod session_bench;
 pub mod tls;
 #[cfg(feature = "tokio")]
 pub mod tokio;

@@ -35,8 +35,6 @@ use freeboard_proto::{
 
 use crate::parking::{ParkingLot, Ws};
 
-#[doc(hidden)]
-pub mod bench;
 mod cork;
 pub(crate) mod deflate;
 mod framing;

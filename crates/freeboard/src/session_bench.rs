@@ -7,9 +7,9 @@ use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue, Watermarks};
 use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{Instant, Role};
 
-use super::{Context, Cork, Reassembly, Received, Session, Share};
 use crate::ServerConfig;
 use crate::parking::{ParkingLot, Ws};
+use crate::session::{Context, Cork, Reassembly, Received, Session, Share};
 
 /// An open server session with what the loop lends it, and one read's worth of input.
 pub struct EchoSession {
