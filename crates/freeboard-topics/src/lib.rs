@@ -22,6 +22,11 @@
 
 #![warn(missing_debug_implementations)]
 
+/// The README's example, compiled with the doctests so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod config;
 mod redis;
 mod route;
