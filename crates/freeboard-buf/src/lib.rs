@@ -91,9 +91,9 @@ pub use chain::{ChunkChain, Frame, Part, Segments};
 #[cfg(feature = "std")]
 pub use mapping::{PageBuffer, resident_set_bytes};
 pub use pool::{
-    ChunkId, ChunkSlot, ConfigError, Counters, DEFAULT_CHUNK_SIZE, DEFAULT_IDLE_TICKS,
+    ChunkId, ChunkSlot, Counters, DEFAULT_CHUNK_SIZE, DEFAULT_IDLE_TICKS,
     DEFAULT_SEGMENTS_PER_CHUNK, DEFAULT_WARM_RESERVE, DropTally, MAX_CHUNK_SIZE, MAX_CHUNKS, Pool,
-    PoolConfig, PoolError, Released, SegmentSlot, fragmentation_index,
+    PoolConfig, PoolConfigError, PoolError, Released, SegmentSlot, fragmentation_index,
 };
 pub use queue::{ConflateKey, Discarded, Limit, MAX_CONTROL_FRAME, PushOutcome, Pushed, SendQueue};
 pub use ring::{Empty, Full, RingBuffer};

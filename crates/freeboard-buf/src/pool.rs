@@ -156,11 +156,11 @@ impl<'a> Pool<'a> {
         data: &'a mut [u8],
         chunks: &'a mut [ChunkSlot],
         segments: &'a mut [SegmentSlot],
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, PoolConfigError> {
         check_shape(chunk_size, chunks.len(), segments.len())?;
         let expected = chunk_size * chunks.len();
         if data.len() != expected {
-            return Err(ConfigError::RegionMismatch { expected, actual: data.len() });
+            return Err(PoolConfigError::RegionMismatch { expected, actual: data.len() });
         }
         let footprint = Self::footprint(chunk_size, chunks.len(), segments.len());
         budget.try_draw(footprint)?;
@@ -1075,12 +1075,12 @@ impl Pool<'static> {
     /// [`release_idle`](Self::release_idle) gives back (falling back to the heap should the
     /// system refuse the mapping); with `alloc` alone one zeroed allocation each. Nothing is
     /// written here and nothing is allocated after this returns.
-    pub fn new(mut budget: Budget, config: PoolConfig) -> Result<Self, ConfigError> {
+    pub fn new(mut budget: Budget, config: PoolConfig) -> Result<Self, PoolConfigError> {
         use alloc::vec;
 
         let chunk_size = config.chunk_size;
         if chunk_size == 0 || chunk_size > MAX_CHUNK_SIZE {
-            return Err(ConfigError::ChunkSize { chunk_size });
+            return Err(PoolConfigError::ChunkSize { chunk_size });
         }
         let chunks = match config.chunk_count {
             Some(n) => n,
@@ -1136,18 +1136,18 @@ impl fmt::Debug for Pool<'_> {
     }
 }
 
-fn check_shape(chunk_size: usize, chunks: usize, segments: usize) -> Result<(), ConfigError> {
+fn check_shape(chunk_size: usize, chunks: usize, segments: usize) -> Result<(), PoolConfigError> {
     if chunk_size == 0 || chunk_size > MAX_CHUNK_SIZE {
-        return Err(ConfigError::ChunkSize { chunk_size });
+        return Err(PoolConfigError::ChunkSize { chunk_size });
     }
     if chunks == 0 {
-        return Err(ConfigError::NoChunks);
+        return Err(PoolConfigError::NoChunks);
     }
     if chunks > MAX_CHUNKS || chunk_size.checked_mul(chunks).is_none() {
-        return Err(ConfigError::TooManyChunks { chunks });
+        return Err(PoolConfigError::TooManyChunks { chunks });
     }
     if segments == 0 || segments > MAX_SEGMENTS {
-        return Err(ConfigError::Segments { segments });
+        return Err(PoolConfigError::Segments { segments });
     }
     Ok(())
 }
@@ -1403,13 +1403,13 @@ impl core::error::Error for PoolError {}
 /// A pool that cannot be built as asked.
 ///
 /// ```
-/// use freeboard_buf::{Budget, ConfigError, Pool, PoolConfig};
+/// use freeboard_buf::{Budget, PoolConfigError, Pool, PoolConfig};
 ///
 /// let err = Pool::new(Budget::new(100), PoolConfig::new().with_chunk_count(1)).unwrap_err();
-/// assert!(matches!(err, ConfigError::Budget(_)));
+/// assert!(matches!(err, PoolConfigError::Budget(_)));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConfigError {
+pub enum PoolConfigError {
     /// The chunk size is 0 or above [`MAX_CHUNK_SIZE`].
     ChunkSize {
         /// The size asked for.
@@ -1438,30 +1438,32 @@ pub enum ConfigError {
     Budget(BudgetExceeded),
 }
 
-impl From<BudgetExceeded> for ConfigError {
+impl From<BudgetExceeded> for PoolConfigError {
     fn from(e: BudgetExceeded) -> Self {
-        ConfigError::Budget(e)
+        PoolConfigError::Budget(e)
     }
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for PoolConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConfigError::ChunkSize { chunk_size } => {
+            PoolConfigError::ChunkSize { chunk_size } => {
                 write!(f, "chunk size {chunk_size} outside 1..={MAX_CHUNK_SIZE}")
             }
-            ConfigError::NoChunks => f.write_str("the pool would hold no chunk"),
-            ConfigError::TooManyChunks { chunks } => write!(f, "too many chunks: {chunks}"),
-            ConfigError::Segments { segments } => write!(f, "invalid segment count: {segments}"),
-            ConfigError::RegionMismatch { expected, actual } => {
+            PoolConfigError::NoChunks => f.write_str("the pool would hold no chunk"),
+            PoolConfigError::TooManyChunks { chunks } => write!(f, "too many chunks: {chunks}"),
+            PoolConfigError::Segments { segments } => {
+                write!(f, "invalid segment count: {segments}")
+            }
+            PoolConfigError::RegionMismatch { expected, actual } => {
                 write!(f, "data region is {actual} bytes, expected {expected}")
             }
-            ConfigError::Budget(e) => write!(f, "pool footprint: {e}"),
+            PoolConfigError::Budget(e) => write!(f, "pool footprint: {e}"),
         }
     }
 }
 
-impl core::error::Error for ConfigError {}
+impl core::error::Error for PoolConfigError {}
 
 /// Messages and bytes removed by a policy or a discard.
 ///
@@ -1662,13 +1664,13 @@ mod tests {
     fn config_errors() {
         let (mut d, mut c, mut s) = ([0u8; 10], [ChunkSlot::EMPTY; 2], [SegmentSlot::EMPTY; 2]);
         let err = Pool::from_slices(Budget::new(1000), 4, &mut d, &mut c, &mut s).unwrap_err();
-        assert_eq!(err, ConfigError::RegionMismatch { expected: 8, actual: 10 });
+        assert_eq!(err, PoolConfigError::RegionMismatch { expected: 8, actual: 10 });
         let (mut d, mut c, mut s) = ([0u8; 8], [ChunkSlot::EMPTY; 2], [SegmentSlot::EMPTY; 2]);
         let err = Pool::from_slices(Budget::new(10), 4, &mut d, &mut c, &mut s).unwrap_err();
-        assert!(matches!(err, ConfigError::Budget(_)));
+        assert!(matches!(err, PoolConfigError::Budget(_)));
         let (mut d, mut c, mut s) = ([0u8; 0], [ChunkSlot::EMPTY; 0], [SegmentSlot::EMPTY; 2]);
         let err = Pool::from_slices(Budget::new(1000), 4, &mut d, &mut c, &mut s).unwrap_err();
-        assert_eq!(err, ConfigError::NoChunks);
+        assert_eq!(err, PoolConfigError::NoChunks);
     }
 
     #[cfg(feature = "std")]

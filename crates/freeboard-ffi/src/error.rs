@@ -7,7 +7,7 @@
 
 use core::ffi::{CStr, c_char};
 
-use freeboard_buf::{ConfigError, PoolError};
+use freeboard_buf::{PoolConfigError, PoolError};
 use freeboard_proto::handshake::HandshakeError;
 use freeboard_proto::{ProtocolError, UsageError};
 
@@ -197,9 +197,9 @@ pub(crate) fn pool_code(error: PoolError) -> i32 {
     }
 }
 
-pub(crate) fn pool_config_code(error: ConfigError) -> i32 {
+pub(crate) fn pool_config_code(error: PoolConfigError) -> i32 {
     match error {
-        ConfigError::Budget(_) => FB_ERR_POOL_BUDGET,
+        PoolConfigError::Budget(_) => FB_ERR_POOL_BUDGET,
         _ => FB_ERR_POOL_CONFIG,
     }
 }

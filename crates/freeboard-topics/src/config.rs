@@ -7,10 +7,9 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use freeboard::config::{Change, TopicsConfig};
+use freeboard::config::{SettingChange, TopicsConfig};
 use serde::Deserialize;
 use serde::de::{Deserializer, Error as _, IgnoredAny};
-
 
 /// The `/topic/` service's settings and the topic hub's, as one `[topics]` table.
 ///
@@ -258,12 +257,12 @@ fn fields<T: Deserialize<'static>>() -> &'static [&'static str] {
 impl Config {
     /// The service's settings that differ in `new`, for a reload: none of them can change
     /// while the server runs (secrets, and a Redis URL with a password, redacted).
-    pub fn changes(&self, new: &Config) -> Vec<Change> {
+    pub fn changes(&self, new: &Config) -> Vec<SettingChange> {
         let mut changes = Vec::new();
         macro_rules! settings {
             ($($name:literal $($field:ident).+;)*) => {$(
                 if self.$($field).+ != new.$($field).+ {
-                    changes.push(Change::new($name, &self.$($field).+, &new.$($field).+));
+                    changes.push(SettingChange::new($name, &self.$($field).+, &new.$($field).+));
                 }
             )*};
         }

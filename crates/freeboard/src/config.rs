@@ -540,17 +540,17 @@ pub struct Reload {
     /// Settings now in force: for connections accepted from now on (admission limits,
     /// timeouts of new requests and closes, send queues and policies), and for every request
     /// (the publish token).
-    pub applied: Vec<Change>,
+    pub applied: Vec<SettingChange>,
     /// Settings that differ but need a restart (listeners, threads, memory, the protocol
     /// limits parked connections resume with, the topic routes); left as they were.
-    pub needs_restart: Vec<Change>,
+    pub needs_restart: Vec<SettingChange>,
 }
 
 /// One setting a reload found changed, by its TOML key, with its old and new values
 /// (secrets redacted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Change {
+pub struct SettingChange {
     /// The setting's TOML key (`max_connections`, `topics.publish_token`).
     pub setting: &'static str,
     /// The value before.
@@ -559,7 +559,7 @@ pub struct Change {
     pub to: String,
 }
 
-impl Change {
+impl SettingChange {
     /// A change of `setting` from `from` to `to`, as `Debug` shows them.
     pub fn new(
         setting: &'static str,
@@ -586,11 +586,7 @@ impl ServerConfig {
         macro_rules! settings {
             ($($reloadable:literal $name:literal $($field:ident).+;)*) => {$(
                 if self.$($field).+ != new.$($field).+ {
-                    let change = Change {
-                        setting: $name,
-                        from: format!("{:?}", self.$($field).+),
-                        to: format!("{:?}", new.$($field).+),
-                    };
+                    let change = SettingChange::new($name, &self.$($field).+, &new.$($field).+);
                     if $reloadable {
                         self.$($field).+ = new.$($field).+.clone();
                         reload.applied.push(change);

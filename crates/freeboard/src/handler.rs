@@ -12,7 +12,7 @@ use freeboard_proto::{CloseCode, MessageKind};
 
 use crate::MissingFeature;
 use crate::backplane::Recoverer;
-use crate::history::Recovery;
+use crate::history::Replay;
 use crate::metrics::{LoopStats, Metrics};
 use crate::session::{Context, SendOutcome, Session};
 use crate::topics::{Hub, LocalTopics, Outbox, Published, SubscribeError};
@@ -482,7 +482,7 @@ impl Conn<'_> {
     /// [`HISTORY_GONE`](crate::history::HISTORY_GONE). A topic without history has nothing to
     /// recover.
     pub fn recover(&mut self, topic: &str, since: &str) -> bool {
-        let Recovery::Missed(missed) = self.hub.recover(topic, since) else { return false };
+        let Replay::Missed(missed) = self.hub.recover(topic, since) else { return false };
         missed.iter().all(|(kind, data)| {
             matches!(self.send(*kind, data), SendOutcome::Queued | SendOutcome::QueuedAboveHigh)
         })

@@ -162,7 +162,7 @@ impl Envelope {
 
 /// What a reconnecting subscriber missed.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Recovery {
+pub(crate) enum Replay {
     /// These messages (envelope included), in offset order; maybe none.
     Missed(Vec<(MessageKind, Box<[u8]>)>),
     /// Some are no longer kept (or the offset is not one of this server's).
@@ -282,19 +282,19 @@ impl History {
     }
 
     /// What a subscriber of `topic` that last saw `since` missed.
-    pub(crate) fn recover(&self, topic: &str, since: &str) -> Recovery {
-        let Some(seen) = Offset::parse(since) else { return Recovery::Gone };
+    pub(crate) fn recover(&self, topic: &str, since: &str) -> Replay {
+        let Some(seen) = Offset::parse(since) else { return Replay::Gone };
         let mut state = self.lock();
         if self.source == Source::Memory && (seen.0 != self.epoch || seen.1 >= state.next) {
-            return Recovery::Gone;
+            return Replay::Gone;
         }
         let now = Instant::now();
         let forgotten = state.forgotten;
         let State { rings, bytes, kept, .. } = &mut *state;
         let Some(ring) = rings.get_mut(topic) else {
             return match self.source {
-                Source::Memory if seen >= forgotten => Recovery::Missed(Vec::new()),
-                _ => Recovery::Gone,
+                Source::Memory if seen >= forgotten => Replay::Missed(Vec::new()),
+                _ => Replay::Gone,
             };
         };
         while ring.entries.front().is_some_and(|e| expired(e, now, self.max_age)) {
@@ -303,7 +303,7 @@ impl History {
         }
         let foreign = self.source == Source::Backplane && seen > ring.newest;
         if ring.since.is_none_or(|s| seen < s) || seen < ring.lost || foreign {
-            return Recovery::Gone;
+            return Replay::Gone;
         }
         let missed = ring
             .entries
@@ -311,7 +311,7 @@ impl History {
             .filter(|e| e.offset > seen)
             .map(|e| (e.kind, e.data.clone()))
             .collect();
-        Recovery::Missed(missed)
+        Replay::Missed(missed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -461,8 +461,8 @@ mod tests {
         std::str::from_utf8(envelope.as_bytes()).unwrap().trim_end_matches(':').to_owned()
     }
 
-    fn payloads(recovery: Recovery) -> Vec<String> {
-        let Recovery::Missed(missed) = recovery else { panic!("gone") };
+    fn payloads(recovery: Replay) -> Vec<String> {
+        let Replay::Missed(missed) = recovery else { panic!("gone") };
         missed.iter().map(|(_, d)| String::from_utf8(d.to_vec()).unwrap()).collect()
     }
 
@@ -495,11 +495,11 @@ mod tests {
         }
         assert_eq!(payloads(history.recover("h:a", &since)).len(), 3, "exactly the last 3");
         history.record("h:a", MessageKind::Text, b"n");
-        assert_eq!(history.recover("h:a", &since), Recovery::Gone, "one evicted by count");
-        assert_eq!(history.recover("h:a", "1-1"), Recovery::Gone, "another epoch");
-        assert_eq!(history.recover("h:a", "garbage"), Recovery::Gone);
+        assert_eq!(history.recover("h:a", &since), Replay::Gone, "one evicted by count");
+        assert_eq!(history.recover("h:a", "1-1"), Replay::Gone, "another epoch");
+        assert_eq!(history.recover("h:a", "garbage"), Replay::Gone);
         let future = format!("{}-999", history.epoch);
-        assert_eq!(history.recover("h:a", &future), Recovery::Gone, "never issued");
+        assert_eq!(history.recover("h:a", &future), Replay::Gone, "never issued");
     }
 
     #[test]
@@ -516,11 +516,11 @@ mod tests {
         assert!(!state.rings.contains_key("old"));
         assert!(state.order.len() <= 2 * 10 + 64);
         drop(state);
-        assert_eq!(history.recover("old", &since), Recovery::Gone);
+        assert_eq!(history.recover("old", &since), Replay::Gone);
         // Larger than the whole limit: never kept, and a `since` before it is told.
         let before = offset(&history.record("big", MessageKind::Binary, b"0"));
         history.record("big", MessageKind::Binary, &vec![0; 20 * size]);
-        assert_eq!(history.recover("big", &before), Recovery::Gone);
+        assert_eq!(history.recover("big", &before), Replay::Gone);
     }
 
     #[test]
@@ -530,22 +530,22 @@ mod tests {
         // Live messages while subscribed: not enough alone, the node may have missed some.
         history.record_at("a", Offset(10, 0), MessageKind::Text, b"10-0:m");
         history.record_at("a", Offset(12, 0), MessageKind::Text, b"12-0:m");
-        assert_eq!(history.recover("a", "9-0"), Recovery::Gone);
-        assert_eq!(history.recover("b", "9-0"), Recovery::Gone, "never received");
+        assert_eq!(history.recover("a", "9-0"), Replay::Gone);
+        assert_eq!(history.recover("b", "9-0"), Replay::Gone, "never received");
         // Fetched from Redis after the subscription: merged in order, without twins.
         let fetched = vec![message(Offset(11, 0)), message(Offset(12, 0))];
         history.fill("a", Offset(9, 0), Offset(12, 0), fetched);
-        assert_eq!(history.recover("a", "13-0"), Recovery::Gone, "never issued");
+        assert_eq!(history.recover("a", "13-0"), Replay::Gone, "never issued");
         assert_eq!(payloads(history.recover("a", "9-0")), ["10-0:m", "11-0:m", "12-0:m"]);
         assert_eq!(payloads(history.recover("a", "11-0")), ["12-0:m"]);
-        assert_eq!(history.recover("a", "8-0"), Recovery::Gone, "before the fill");
+        assert_eq!(history.recover("a", "8-0"), Replay::Gone, "before the fill");
         for t in 13..16 {
             history.record_at("a", Offset(t, 0), MessageKind::Text, b"x");
         }
-        assert_eq!(history.recover("a", "9-0"), Recovery::Gone, "evicted by count");
+        assert_eq!(history.recover("a", "9-0"), Replay::Gone, "evicted by count");
         assert_eq!(payloads(history.recover("a", "10-0")).len(), 5);
         history.forget(None);
-        assert_eq!(history.recover("a", "14-0"), Recovery::Gone, "no longer received");
+        assert_eq!(history.recover("a", "14-0"), Replay::Gone, "no longer received");
         assert_eq!(history.state.lock().unwrap().bytes, 0);
     }
 
@@ -556,6 +556,6 @@ mod tests {
         let since = offset(&history.record("a", MessageKind::Text, b"0"));
         history.record("a", MessageKind::Text, b"1");
         std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(history.recover("a", &since), Recovery::Gone);
+        assert_eq!(history.recover("a", &since), Replay::Gone);
     }
 }

@@ -10,43 +10,43 @@ use freeboard_proto::{Config, Connection, Instant, Parked, Role, State};
 const SPARE: usize = 256;
 
 /// One connection's protocol state.
-pub(crate) enum Ws {
+pub(crate) enum ProtocolState {
     Awake(Box<Connection>),
     Parked(Parked),
 }
 
-impl Ws {
+impl ProtocolState {
     /// A connection whose opening handshake has just completed: parked from the start.
     pub(crate) fn new(role: Role, config: &Config, now: Instant) -> Self {
-        Ws::Parked(Parked::new(role, config, now))
+        ProtocolState::Parked(Parked::new(role, config, now))
     }
 
     pub(crate) fn state(&self) -> State {
         match self {
-            Ws::Awake(ws) => ws.state(),
-            Ws::Parked(_) => State::Open,
+            ProtocolState::Awake(ws) => ws.state(),
+            ProtocolState::Parked(_) => State::Open,
         }
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         match self {
-            Ws::Awake(ws) => ws.poll_timeout(),
-            Ws::Parked(parked) => parked.poll_timeout(),
+            ProtocolState::Awake(ws) => ws.poll_timeout(),
+            ProtocolState::Parked(parked) => parked.poll_timeout(),
         }
     }
 
     /// The full state if awake; a parked connection has no events and owes no frames.
     pub(crate) fn awake(&mut self) -> Option<&mut Connection> {
         match self {
-            Ws::Awake(ws) => Some(ws),
-            Ws::Parked(_) => None,
+            ProtocolState::Awake(ws) => Some(ws),
+            ProtocolState::Parked(_) => None,
         }
     }
 }
 
 /// The spare boxes of one event loop and the configuration parked connections resume with.
 pub(crate) struct ParkingLot {
-    #[expect(clippy::vec_box, reason = "the boxes move into `Ws::Awake` as they are")]
+    #[expect(clippy::vec_box, reason = "the boxes move into `ProtocolState::Awake` as they are")]
     spare: Vec<Box<Connection>>,
     config: Config,
 }
@@ -61,10 +61,10 @@ impl ParkingLot {
     }
 
     /// The full state of `ws`, waking it if parked.
-    pub(crate) fn wake<'w>(&mut self, ws: &'w mut Ws) -> &'w mut Connection {
-        if let Ws::Parked(parked) = *ws {
+    pub(crate) fn wake<'w>(&mut self, ws: &'w mut ProtocolState) -> &'w mut Connection {
+        if let ProtocolState::Parked(parked) = *ws {
             let state = parked.resume(self.config);
-            *ws = Ws::Awake(match self.spare.pop() {
+            *ws = ProtocolState::Awake(match self.spare.pop() {
                 Some(mut spare) => {
                     *spare = state;
                     spare
@@ -73,8 +73,8 @@ impl ParkingLot {
             });
         }
         match ws {
-            Ws::Awake(connection) => connection,
-            Ws::Parked(_) => unreachable!("woken above"),
+            ProtocolState::Awake(connection) => connection,
+            ProtocolState::Parked(_) => unreachable!("woken above"),
         }
     }
 
@@ -84,10 +84,10 @@ impl ParkingLot {
     }
 
     /// Parks `ws` if it is awake with nothing in flight, keeping its box for the next wake.
-    pub(crate) fn park(&mut self, ws: &mut Ws) {
-        let Ws::Awake(awake) = ws else { return };
+    pub(crate) fn park(&mut self, ws: &mut ProtocolState) {
+        let ProtocolState::Awake(awake) = ws else { return };
         let Some(parked) = awake.park() else { return };
-        if let Ws::Awake(spare) = std::mem::replace(ws, Ws::Parked(parked))
+        if let ProtocolState::Awake(spare) = std::mem::replace(ws, ProtocolState::Parked(parked))
             && self.spare.len() < SPARE
         {
             self.spare.push(spare);
@@ -103,13 +103,13 @@ mod tests {
     fn a_connection_parks_wakes_and_reuses_the_box() {
         let config = Config::default();
         let mut lot = ParkingLot::new(config);
-        let mut ws = Ws::new(Role::Server, &config, Instant::default());
+        let mut ws = ProtocolState::new(Role::Server, &config, Instant::default());
         assert!(ws.awake().is_none(), "parked from the start");
         let first: *const Connection = lot.wake(&mut ws);
         assert_eq!(ws.state(), State::Open);
         lot.park(&mut ws);
-        assert!(matches!(ws, Ws::Parked(_)));
-        let mut other = Ws::new(Role::Server, &config, Instant::default());
+        assert!(matches!(ws, ProtocolState::Parked(_)));
+        let mut other = ProtocolState::new(Role::Server, &config, Instant::default());
         let second: *const Connection = lot.wake(&mut other);
         assert_eq!(first, second, "the spare box is reused");
 

@@ -8,7 +8,7 @@ use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{Instant, Role};
 
 use crate::ServerConfig;
-use crate::parking::{ParkingLot, Ws};
+use crate::parking::{ParkingLot, ProtocolState};
 use crate::session::{Context, Cork, Reassembly, Received, Session, Share};
 
 /// An open server session with what the loop lends it, and one read's worth of input.
@@ -36,7 +36,7 @@ impl EchoSession {
         let pool_config = PoolConfig::new().with_chunk_size(config.chunk_size);
         let pool = Pool::new(Budget::new(64 << 20), pool_config).expect("a 64 MiB pool");
         let protocol = config.protocol();
-        let ws = Ws::new(Role::Server, &protocol, Instant::default());
+        let ws = ProtocolState::new(Role::Server, &protocol, Instant::default());
         // NOTE(unwrap): the defaults are valid watermarks.
         let marks = Watermarks::new(config.send_low, config.send_high, config.send_cap).unwrap();
         let queue = SendQueue::new(marks, config.slow_consumer);

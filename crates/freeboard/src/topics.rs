@@ -49,7 +49,7 @@ use mio::Waker;
 use slab::Slab;
 
 use crate::backplane::{Arrival, Backplane, Recoverer};
-use crate::history::{Envelope, History, Recovery, Source};
+use crate::history::{Envelope, History, Replay, Source};
 use crate::metrics::Metrics;
 
 /// The longest topic name, in bytes.
@@ -157,13 +157,13 @@ pub(crate) fn header(kind: MessageKind, len: usize) -> ([u8; 14], usize) {
 
 /// How a publication to a topic is framed: its WebSocket header, and the envelope with its
 /// offset if the topic keeps history.
-pub(crate) struct Stamp {
+pub(crate) struct PublicationHead {
     head: [u8; 14],
     head_len: usize,
     envelope: Option<Envelope>,
 }
 
-impl Stamp {
+impl PublicationHead {
     /// The frame's parts around `payload`.
     pub(crate) fn parts<'p>(&'p self, payload: &'p [u8]) -> [&'p [u8]; 3] {
         let envelope = self.envelope.as_ref().map_or(&[][..], Envelope::as_bytes);
@@ -289,7 +289,12 @@ impl Hub {
 
     /// Frames a publication of this node to `topic`: records it in the topic's history (which
     /// gives it its offset), if the topic keeps one.
-    pub(crate) fn stamp(&self, topic: &str, kind: MessageKind, payload: &[u8]) -> Stamp {
+    pub(crate) fn publication_head(
+        &self,
+        topic: &str,
+        kind: MessageKind,
+        payload: &[u8],
+    ) -> PublicationHead {
         let envelope = self
             .history
             .as_ref()
@@ -297,7 +302,7 @@ impl Hub {
             .map(|h| h.record(topic, kind, payload));
         let len = envelope.as_ref().map_or(0, |e| e.as_bytes().len()) + payload.len();
         let (head, head_len) = header(kind, len);
-        Stamp { head, head_len, envelope }
+        PublicationHead { head, head_len, envelope }
     }
 
     /// The bytes `topic`'s messages carry in front of their payload (an offset's envelope
@@ -309,10 +314,10 @@ impl Hub {
 
     /// What a subscriber of `topic` that last saw offset `since` missed (nothing if the topic
     /// keeps no history).
-    pub(crate) fn recover(&self, topic: &str, since: &str) -> Recovery {
+    pub(crate) fn recover(&self, topic: &str, since: &str) -> Replay {
         match &self.history {
             Some(history) if history.applies(topic) => history.recover(topic, since),
-            _ => Recovery::Missed(Vec::new()),
+            _ => Replay::Missed(Vec::new()),
         }
     }
 
@@ -538,11 +543,11 @@ pub(crate) struct Outbox {
     /// In publish order.
     pub(crate) publications: Vec<(Arc<str>, Frame)>,
     /// In the order they were made; only while `publications` is not empty.
-    changes: Vec<Change>,
+    changes: Vec<SubscriptionChange>,
 }
 
 /// Connection `token` subscribed to `topic` (or left it) after the first `at` publications.
-struct Change {
+struct SubscriptionChange {
     token: usize,
     topic: Arc<str>,
     subscribed: bool,
@@ -562,7 +567,12 @@ impl Outbox {
     pub(crate) fn subscription_changed(&mut self, token: usize, topic: &str, subscribed: bool) {
         let at = self.publications.len();
         if at > 0 {
-            self.changes.push(Change { token, topic: Arc::from(topic), subscribed, at });
+            self.changes.push(SubscriptionChange {
+                token,
+                topic: Arc::from(topic),
+                subscribed,
+                at,
+            });
         }
     }
 
@@ -573,7 +583,7 @@ impl Outbox {
 
     /// Connections that left `topic` while its publications waited, and are still out.
     pub(crate) fn leavers<'o>(&'o self, topic: &'o str) -> impl Iterator<Item = usize> + 'o {
-        let mine = move |c: &Change| &*c.topic == topic;
+        let mine = move |c: &SubscriptionChange| &*c.topic == topic;
         let later = move |i: usize, token| {
             self.changes[i + 1..].iter().any(|e| mine(e) && e.token == token)
         };
@@ -845,8 +855,8 @@ impl LocalTopics {
             hub.send_to_backplane(topic, kind, payload, &mut published);
             return published;
         }
-        let stamp = hub.stamp(topic, kind, payload);
-        let parts = stamp.parts(payload);
+        let head = hub.publication_head(topic, kind, payload);
+        let parts = head.parts(payload);
         if let Some((name, _)) = self.by_name.get_key_value(topic) {
             match Frame::from_parts(pool, &parts) {
                 Ok(frame) => {

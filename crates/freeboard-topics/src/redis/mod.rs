@@ -119,7 +119,7 @@ return id
 "#;
 
 /// A reconnecting subscriber whose history is to be fetched before its upgrade is accepted.
-struct Recovery {
+struct HistoryFetch {
     topic: Arc<str>,
     since: Offset,
     awaiting: AwaitingHistory,
@@ -152,7 +152,7 @@ impl RedisBackplane {
 #[derive(Debug)]
 struct Running {
     node: [u8; 16],
-    changes: Arc<Mutex<Sender<Change>>>,
+    changes: Arc<Mutex<Sender<SubscriberEvent>>>,
     outgoing: SyncSender<Outgoing>,
     /// Invariant: the bytes of the publications in `outgoing`.
     queued: Arc<AtomicUsize>,
@@ -160,7 +160,7 @@ struct Running {
     metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
     /// With history kept in Redis streams: where reconnecting subscribers' fetches queue.
-    recoveries: Option<SyncSender<Recovery>>,
+    recoveries: Option<SyncSender<HistoryFetch>>,
 }
 
 impl Backplane for RedisBackplane {
@@ -228,14 +228,14 @@ impl Backplane for RedisBackplane {
     /// The node's first local subscriber to `topic` arrived.
     fn subscribe(&self, topic: &Arc<str>) {
         if let Some(running) = &self.running {
-            running.change(Change::Subscribe(topic.clone()));
+            running.change(SubscriberEvent::Subscribe(topic.clone()));
         }
     }
 
     /// The node's last local subscriber to `topic` left.
     fn unsubscribe(&self, topic: &Arc<str>) {
         if let Some(running) = &self.running {
-            running.change(Change::Unsubscribe(topic.clone()));
+            running.change(SubscriberEvent::Unsubscribe(topic.clone()));
         }
     }
 
@@ -252,7 +252,7 @@ impl Backplane for RedisBackplane {
         let Some(requests) = self.running.as_ref().and_then(|r| r.recoveries.as_ref()) else {
             return awaiting.ready();
         };
-        let request = Recovery { topic: Arc::from(topic), since, awaiting };
+        let request = HistoryFetch { topic: Arc::from(topic), since, awaiting };
         if let Err(TrySendError::Full(r) | TrySendError::Disconnected(r)) =
             requests.try_send(request)
         {
@@ -262,7 +262,7 @@ impl Backplane for RedisBackplane {
 }
 
 impl Running {
-    fn change(&self, change: Change) {
+    fn change(&self, change: SubscriberEvent) {
         let changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         let _ = changes.send(change);
     }
@@ -515,7 +515,7 @@ fn send(
 }
 
 /// A subscription change for the subscriber thread, or news from one of its shards.
-enum Change {
+enum SubscriberEvent {
     Subscribe(Arc<str>),
     Unsubscribe(Arc<str>),
     /// Stay subscribed for [`PIN`] even without local subscribers, and say so on the sender
@@ -536,8 +536,8 @@ enum Change {
 fn subscriber(
     shards: Arc<Shards>,
     node: [u8; 16],
-    changes: Receiver<Change>,
-    events: Sender<Change>,
+    changes: Receiver<SubscriberEvent>,
+    events: Sender<SubscriberEvent>,
     metrics: Arc<Metrics>,
     history: Option<Arc<History>>,
     stop: Arc<AtomicBool>,
@@ -560,25 +560,25 @@ fn subscriber(
         let mut next = changes.recv_timeout(Duration::from_millis(100));
         loop {
             match next {
-                Ok(Change::Subscribe(t)) => dirty |= wanted.insert(t),
-                Ok(Change::Unsubscribe(t)) => dirty |= wanted.remove(&t),
-                Ok(Change::Pin(t, done)) => {
+                Ok(SubscriberEvent::Subscribe(t)) => dirty |= wanted.insert(t),
+                Ok(SubscriberEvent::Unsubscribe(t)) => dirty |= wanted.remove(&t),
+                Ok(SubscriberEvent::Pin(t, done)) => {
                     pins.insert(t.clone(), Instant::now() + PIN);
                     to_confirm.push(t.clone());
                     waiting.push((t, done));
                     dirty = true;
                 }
-                Ok(Change::Confirmed(t)) => waiting.retain(|(topic, done)| {
+                Ok(SubscriberEvent::Confirmed(t)) => waiting.retain(|(topic, done)| {
                     let confirmed = *topic == t;
                     if confirmed {
                         let _ = done.try_send(());
                     }
                     !confirmed
                 }),
-                Ok(Change::Up(server, true)) => {
+                Ok(SubscriberEvent::Up(server, true)) => {
                     down.remove(&server);
                 }
-                Ok(Change::Up(server, false)) => {
+                Ok(SubscriberEvent::Up(server, false)) => {
                     // Recoveries waiting on that server fail (503).
                     waiting.retain(|(t, _)| {
                         topology.as_ref().and_then(|m| m.node(channel(t).as_bytes()))
@@ -589,7 +589,7 @@ fn subscriber(
                         down.insert(server); // else a thread that is ending
                     }
                 }
-                Ok(Change::Stale) => stale = true,
+                Ok(SubscriberEvent::Stale) => stale = true,
                 Err(RecvTimeoutError::Timeout) => break,
                 Err(RecvTimeoutError::Disconnected) => return,
             }
@@ -710,7 +710,7 @@ struct Shard {
     node: [u8; 16],
     /// What the subscriber thread tells it.
     assigned: Arc<Mutex<Assignment>>,
-    events: Sender<Change>,
+    events: Sender<SubscriberEvent>,
     metrics: Arc<Metrics>,
     history: Option<Arc<History>>,
     stop: Arc<AtomicBool>,
@@ -735,13 +735,13 @@ impl Shard {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(redis = %self.server, error = %e, "backplane subscriber cannot connect");
-                    let _ = self.events.send(Change::Up(self.server.clone(), false));
+                    let _ = self.events.send(SubscriberEvent::Up(self.server.clone(), false));
                     self.pause(&mut backoff);
                     continue;
                 }
             };
             tracing::info!(redis = %self.server, topics = topics.len(), "backplane subscriber connected");
-            let _ = self.events.send(Change::Up(self.server.clone(), true));
+            let _ = self.events.send(SubscriberEvent::Up(self.server.clone(), true));
             backoff = BACKOFF_MIN;
             // What was asked of Redis (subscribed or being subscribed), and the requests
             // whose replies are awaited, in order: (subscribe?, topic).
@@ -803,7 +803,7 @@ impl Shard {
                 for topic in confirms.drain(..) {
                     // Else its subscription's reply tells.
                     if asked.contains(&topic) && !requests.iter().any(|(_, t)| *t == topic) {
-                        let _ = self.events.send(Change::Confirmed(topic));
+                        let _ = self.events.send(SubscriberEvent::Confirmed(topic));
                     }
                 }
             }
@@ -843,7 +843,7 @@ impl Shard {
                 if let Some((_, topic)) = requests.pop_front() {
                     tracing::warn!(redis = %self.server, %topic, error = %RedisError::from(e), "redis refused a subscription");
                     asked.remove(&topic);
-                    let _ = self.events.send(Change::Stale);
+                    let _ = self.events.send(SubscriberEvent::Stale);
                 }
                 return true;
             }
@@ -870,7 +870,7 @@ impl Shard {
                 if requests.front().is_some_and(|(s, t)| *s && **t == *topic)
                     && let Some((_, topic)) = requests.pop_front()
                 {
-                    let _ = self.events.send(Change::Confirmed(topic));
+                    let _ = self.events.send(SubscriberEvent::Confirmed(topic));
                 }
                 true
             }
@@ -881,7 +881,7 @@ impl Shard {
                     // Not asked for: the topic's slot left this server.
                     tracing::info!(redis = %self.server, %topic, "redis dropped a shard subscription");
                     self.forget(&topic);
-                    let _ = self.events.send(Change::Stale);
+                    let _ = self.events.send(SubscriberEvent::Stale);
                 }
                 true
             }
@@ -893,7 +893,7 @@ impl Shard {
     fn lost(&self, e: &RedisError, asked: &HashSet<Arc<str>>, backoff: &mut Duration) {
         tracing::warn!(redis = %self.server, error = %e, "backplane subscriber lost its connection");
         asked.iter().for_each(|t| self.forget(t));
-        let _ = self.events.send(Change::Up(self.server.clone(), false));
+        let _ = self.events.send(SubscriberEvent::Up(self.server.clone(), false));
         self.pause(backoff);
     }
 
@@ -937,8 +937,8 @@ fn decode<'m>(topic: &'m str, message: &'m [u8], node: [u8; 16]) -> Option<Incom
 /// the upgrade. The connection's `on_open` replays from the ring.
 fn fetcher(
     shards: Arc<Shards>,
-    requests: Receiver<Recovery>,
-    changes: Arc<Mutex<Sender<Change>>>,
+    requests: Receiver<HistoryFetch>,
+    changes: Arc<Mutex<Sender<SubscriberEvent>>>,
     history: Arc<History>,
     stop: Arc<AtomicBool>,
 ) {
@@ -949,11 +949,11 @@ fn fetcher(
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
         };
-        let Recovery { topic, since, awaiting } = request;
+        let HistoryFetch { topic, since, awaiting } = request;
         let (done, subscribed) = std::sync::mpsc::sync_channel(1);
         {
             let changes = changes.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = changes.send(Change::Pin(topic.clone(), done));
+            let _ = changes.send(SubscriberEvent::Pin(topic.clone(), done));
         }
         if subscribed.recv_timeout(TIMEOUT).is_err() {
             awaiting.unavailable("history_unavailable");

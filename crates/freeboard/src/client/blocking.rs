@@ -716,7 +716,7 @@ fn pools(config: &ClientConfig) -> Result<(Pool<'static>, Pool<'static>), Client
             config.memory
         ))
     })?;
-    let invalid = |e: freeboard_buf::ConfigError| ClientError::Config(e.to_string());
+    let invalid = |e: freeboard_buf::PoolConfigError| ClientError::Config(e.to_string());
     let send = Pool::new(Budget::new(send_bytes), send_config).map_err(invalid)?;
     Ok((send, config.receive_pool(receive_bytes, 0)?))
 }

@@ -16,7 +16,7 @@ use super::ClientStream;
 use super::handshake::{self, Refusal};
 use super::tls::{Connector, is_tls, tls_or_io};
 use super::{ClientConfig, ClientError, CloseEvent, Target};
-use crate::parking::{ParkingLot, Ws};
+use crate::parking::{ParkingLot, ProtocolState};
 use crate::session::deflate::{Codec, Deflate, NegotiationError};
 use crate::session::{
     Assembly, Context, MaskSource, Reassembly, Received, SendOutcome, Session, Share,
@@ -456,7 +456,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                     let mut leftover = response.split_off(head_len);
                     let now = Instant::from_millis(self.start.elapsed().as_millis() as u64);
                     session.deadline = None;
-                    let ws = Ws::new(Role::Client, self.lot.config(), now);
+                    let ws = ProtocolState::new(Role::Client, self.lot.config(), now);
                     let queue = SendQueue::new(self.config.watermarks, self.config.policy);
                     let mut opened = Session::open(ws, queue);
                     if let Some(deflate) = deflate {

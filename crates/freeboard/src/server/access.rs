@@ -12,7 +12,7 @@ use super::http::{BEARER_CHALLENGE, BUDGET_EXHAUSTED, RETRY_SOON, bearer_token, 
 use super::query_value;
 use crate::auth::TOKEN_EXPIRED;
 use crate::handler::{Accepted, Completion, Verdict};
-use crate::parking::Ws;
+use crate::parking::ProtocolState;
 use crate::session::Phase;
 use crate::topics::topics_in_target;
 use crate::transport::Transport;
@@ -185,7 +185,7 @@ impl<T: Transport> EventLoop<T> {
             Phase::Request { deadline } => Some(deadline),
             _ => None,
         };
-        let ws = Ws::new(Role::Server, self.lot.config(), now);
+        let ws = ProtocolState::new(Role::Server, self.lot.config(), now);
         if entry.session.upgrade(&mut self.pool, ws, queue, &response[..n]).is_err() {
             if let Some(d) = &mut deflate {
                 d.release(&mut self.pool);

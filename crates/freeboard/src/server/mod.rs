@@ -47,7 +47,7 @@ pub struct Server {
     shared: Arc<Shared>,
     /// One poll and listener per loop; the loop itself (pool, router) is built on its thread,
     /// so handlers need not be `Send`.
-    seeds: Vec<Seed>,
+    seeds: Vec<UnstartedLoop>,
     wakers: Vec<Arc<Waker>>,
     local_addr: SocketAddr,
     tls_addr: Option<SocketAddr>,
@@ -55,7 +55,7 @@ pub struct Server {
 }
 
 /// What a loop is built from on its thread: its poll and its listeners.
-struct Seed {
+struct UnstartedLoop {
     poll: Poll,
     listeners: Listeners,
 }
@@ -136,7 +136,7 @@ impl Server {
             };
             let poll = Poll::new()?;
             wakers.push(Arc::new(Waker::new(poll.registry(), WAKER)?));
-            loops.push(Seed { poll, listeners });
+            loops.push(UnstartedLoop { poll, listeners });
         }
         let tls_addr = match (&tls, tls_addr) {
             (Some(_), None) => Some(addr),
@@ -215,7 +215,7 @@ impl Server {
                 std::thread::Builder::new()
                     .name(format!("freeboard-loop-{i}"))
                     .spawn(move || {
-                        let Seed { poll, listeners } = seed;
+                        let UnstartedLoop { poll, listeners } = seed;
                         EventLoop::<Stream>::new(i as u32, poll, listeners, shared, waker)?.run()
                     })
                     .expect("the OS can start a thread")
@@ -379,8 +379,8 @@ impl ServerHandle {
         let hub = &self.shared.hub;
         let mut published = Published::default();
         if !hub.kept_by_backplane(topic) {
-            let stamp = hub.stamp(topic, kind, payload);
-            hub.publish_remote(topic, &stamp.parts(payload), None, &mut published, None);
+            let head = hub.publication_head(topic, kind, payload);
+            hub.publish_remote(topic, &head.parts(payload), None, &mut published, None);
         }
         hub.send_to_backplane(topic, kind, payload, &mut published);
         published

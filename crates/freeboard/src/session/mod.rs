@@ -33,7 +33,7 @@ use freeboard_proto::{
     CloseCode, Connection, Event, Instant, MessageKind, ProtocolError, State, UsageError, Whole,
 };
 
-use crate::parking::{ParkingLot, Ws};
+use crate::parking::{ParkingLot, ProtocolState};
 
 mod cork;
 pub(crate) mod deflate;
@@ -131,7 +131,7 @@ pub(crate) enum Phase {
 
 /// The state of an open WebSocket connection.
 pub(crate) struct Open {
-    ws: Ws,
+    ws: ProtocolState,
     /// Reading stopped: the send queue is above its high watermark.
     paused: bool,
     /// The close has been reported ([`Session::poll_close`]).
@@ -225,7 +225,7 @@ impl Session {
     }
 
     /// A session whose opening handshake is done.
-    pub(crate) fn open(ws: Ws, queue: SendQueue) -> Self {
+    pub(crate) fn open(ws: ProtocolState, queue: SendQueue) -> Self {
         Self::with_phase(Phase::Open(Open::new(ws)), queue)
     }
 
@@ -239,7 +239,7 @@ impl Session {
     pub(crate) fn upgrade(
         &mut self,
         pool: &mut Pool<'static>,
-        ws: Ws,
+        ws: ProtocolState,
         queue: Option<SendQueue>,
         response: &[u8],
     ) -> Result<(), freeboard_buf::Limit> {
@@ -908,7 +908,7 @@ impl Session {
 }
 
 impl Open {
-    fn new(ws: Ws) -> Self {
+    fn new(ws: ProtocolState) -> Self {
         Self { ws, paused: false, close_reported: false, change: None, read_after_close: 0 }
     }
 }

@@ -36,7 +36,7 @@ impl End {
             Role::Client => (Some(MaskSource::new()), Reassembly::CLIENT),
             Role::Server => (None, Reassembly::server(4096)),
         };
-        let ws = Ws::new(role, &config, Instant::default());
+        let ws = ProtocolState::new(role, &config, Instant::default());
         Self {
             session: Session::open(ws, queue),
             share: Share::new(&pool, 1),
@@ -391,7 +391,7 @@ fn the_upgrade_response_leads_and_no_policy_drops_it() {
     server.session = Session::request(conflate, Instant::default());
     assert!(!server.session.wants_input(), "no WebSocket input before the upgrade");
     let response = b"HTTP/1.1 101 Switching Protocols\r\n\r\n";
-    let ws = Ws::new(Role::Server, &Config::default(), Instant::default());
+    let ws = ProtocolState::new(Role::Server, &Config::default(), Instant::default());
     server.session.upgrade(&mut server.pool, ws, None, response).unwrap();
     for i in 0..3u8 {
         server.send(Instant::default(), MessageKind::Binary, &[i; 100]).unwrap();

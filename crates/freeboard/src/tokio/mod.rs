@@ -73,7 +73,7 @@ use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State, UsageError};
 
 use crate::SendOutcome;
 use crate::client::CloseEvent;
-use crate::parking::Ws;
+use crate::parking::ProtocolState;
 use crate::session::{Cork, Session};
 
 #[cfg(feature = "axum")]
@@ -333,7 +333,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         protocol: Option<String>,
     ) -> Self {
         let now = endpoint.now();
-        let ws = Ws::new(role, &endpoint.protocol, now);
+        let ws = ProtocolState::new(role, &endpoint.protocol, now);
         let queue = SendQueue::new(config.watermarks, config.policy);
         endpoint.lock().count_open(1);
         let conn = Conn {

@@ -311,7 +311,7 @@ impl Deflate {
         &mut self,
         pool: &mut Pool<'static>,
         codec: &mut Codec,
-        input: Compressed<'_>,
+        input: Deflated<'_>,
         max: usize,
         out: &mut ChunkChain,
     ) -> Result<(), InflateError> {
@@ -320,7 +320,7 @@ impl Deflate {
             None => match codec.shared_inflater(pool) {
                 Some(inflater) => inflater,
                 None => {
-                    if let Compressed::Chain(mut chain) = input {
+                    if let Deflated::Chain(mut chain) = input {
                         chain.clear(pool);
                     }
                     return Err(InflateError::Pool);
@@ -328,14 +328,14 @@ impl Deflate {
             },
         };
         match input {
-            Compressed::Slice(data) => inflater.inflate(pool, [data], max, out),
-            Compressed::Chain(chain) => inflater.inflate_chain(pool, chain, max, out),
+            Deflated::Slice(data) => inflater.inflate(pool, [data], max, out),
+            Deflated::Chain(chain) => inflater.inflate_chain(pool, chain, max, out),
         }
     }
 }
 
 /// A compressed message as received.
-pub(crate) enum Compressed<'b> {
+pub(crate) enum Deflated<'b> {
     /// Whole in one read.
     Slice(&'b [u8]),
     /// Reassembled in pool chunks.
@@ -462,17 +462,17 @@ pub(crate) fn receive<'b>(
 ) -> Option<Received<'b>> {
     let kind = piece.kind;
     let input = if piece.message_start && piece.message_fin {
-        Compressed::Slice(piece.data)
+        Deflated::Slice(piece.data)
     } else {
         match inbound.piece(pool, limits, room, now, ws, piece)? {
-            Received::Assembled(_) => Compressed::Chain(inbound.take()),
+            Received::Assembled(_) => Deflated::Chain(inbound.take()),
             Received::Whole(..) => return None,
         }
     };
     let max = usize::try_from(ws.config().max_message_size).unwrap_or(usize::MAX);
     let mut out = ChunkChain::new();
     let Some(codec) = codec else {
-        if let Compressed::Chain(mut chain) = input {
+        if let Deflated::Chain(mut chain) = input {
             chain.clear(pool);
         }
         let _ = ws.close(now, CloseCode::INTERNAL_ERROR, "no decompressor");
