@@ -284,26 +284,36 @@ impl Stream {
     }
 }
 
-impl mio::event::Source for Stream {
-    fn register(
-        &mut self,
-        registry: &mio::Registry,
-        token: mio::Token,
-        interests: mio::Interest,
-    ) -> io::Result<()> {
-        self.tcp().register(registry, token, interests)
-    }
+/// `mio::event::Source` for a stream over one socket (`$socket`: the method that lends it,
+/// TLS or not): its registration is the socket's. The server's `Stream` and the clients'
+/// `ClientStream` are such streams.
+macro_rules! registered_by_socket {
+    ($stream:ty, $socket:ident) => {
+        impl mio::event::Source for $stream {
+            fn register(
+                &mut self,
+                registry: &mio::Registry,
+                token: mio::Token,
+                interests: mio::Interest,
+            ) -> std::io::Result<()> {
+                self.$socket().register(registry, token, interests)
+            }
 
-    fn reregister(
-        &mut self,
-        registry: &mio::Registry,
-        token: mio::Token,
-        interests: mio::Interest,
-    ) -> io::Result<()> {
-        self.tcp().reregister(registry, token, interests)
-    }
+            fn reregister(
+                &mut self,
+                registry: &mio::Registry,
+                token: mio::Token,
+                interests: mio::Interest,
+            ) -> std::io::Result<()> {
+                self.$socket().reregister(registry, token, interests)
+            }
 
-    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
-        self.tcp().deregister(registry)
-    }
+            fn deregister(&mut self, registry: &mio::Registry) -> std::io::Result<()> {
+                self.$socket().deregister(registry)
+            }
+        }
+    };
 }
+pub(crate) use registered_by_socket;
+
+registered_by_socket!(Stream, tcp);

@@ -118,26 +118,4 @@ impl Write for ClientStream {
     }
 }
 
-impl mio::event::Source for ClientStream {
-    fn register(
-        &mut self,
-        registry: &mio::Registry,
-        token: mio::Token,
-        interests: mio::Interest,
-    ) -> io::Result<()> {
-        self.tcp_mut().register(registry, token, interests)
-    }
-
-    fn reregister(
-        &mut self,
-        registry: &mio::Registry,
-        token: mio::Token,
-        interests: mio::Interest,
-    ) -> io::Result<()> {
-        self.tcp_mut().reregister(registry, token, interests)
-    }
-
-    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
-        self.tcp_mut().deregister(registry)
-    }
-}
+crate::transport::registered_by_socket!(ClientStream, tcp_mut);
