@@ -24,7 +24,8 @@
 use core::fmt::Write as _;
 
 use freeboard_buf::{Pool, PushOutcome, SendQueue, SlowConsumerPolicy, Watermarks};
-use freeboard_proto::handshake::{self, EMPTY_HEADER, Request};
+use freeboard_proto::handshake::{EMPTY_HEADER, Request};
+use freeboard_proto::http;
 use freeboard_proto::{
     CloseCode, Config, Connection, Event, Instant, MessageKind, OpCode, Role, State,
 };
@@ -243,7 +244,7 @@ impl Server {
             }
             Ok(Some(_)) if !self.reserve(i) => {
                 self.stats.refused_busy += 1;
-                let n = handshake::write_refusal(503, "Retry-After: 1\r\n", "pool full", &mut out)
+                let n = http::write_refusal(503, "Retry-After: 1\r\n", "pool full", &mut out)
                     .unwrap_or(0);
                 self.respond_and_close(i, &out[..n], now_us);
                 return true;

@@ -5,7 +5,9 @@
 //! HTTP status and writes its own response with [`HandshakeError::write_response`].
 //! Client side: [`ClientRequest::encode`] writes the request and [`Response::parse`] checks the
 //! answer. Bytes after the end of a request or response are not consumed: they are the first
-//! frames and stay in the caller's buffer.
+//! frames and stay in the caller's buffer. The HTTP/1.1 pieces the handshake shares with
+//! plain requests (header lists, the origin form of a target, response heads) are
+//! [`http`](crate::http)'s.
 //!
 //! ```
 //! use freeboard_proto::handshake::{Request, EMPTY_HEADER};
@@ -22,13 +24,14 @@
 //! assert!(out[..n].ends_with(b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"));
 //! ```
 
-use core::fmt;
+use core::fmt::{self, Write as _};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use sha1::{Digest as _, Sha1};
 
 use crate::InsufficientSize;
+use crate::http::{HeadWriter, elements, header, list, origin_form, single_header, write_refusal};
 
 pub use httparse::{EMPTY_HEADER, Header};
 
@@ -143,25 +146,6 @@ impl fmt::Display for HandshakeError {
 
 impl core::error::Error for HandshakeError {}
 
-/// Writes a complete refusal: `HTTP/1.1 {status}`, `extra_headers` (each ending in CRLF),
-/// `Connection: close`, and `body` as `text/plain`.
-pub fn write_refusal(
-    status: u16,
-    extra_headers: &str,
-    body: &str,
-    out: &mut [u8],
-) -> Result<usize, InsufficientSize> {
-    let mut w = HeadWriter::new(out);
-    let _ = write!(
-        w,
-        "HTTP/1.1 {status} {}\r\n{extra_headers}Content-Type: text/plain; charset=utf-8\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}\n",
-        reason_phrase(status),
-        body.len() + 1,
-    );
-    w.finish()
-}
-
 /// A parsed, checked upgrade request. Borrows the request bytes and the header array.
 #[derive(Debug)]
 pub struct Request<'h, 'b> {
@@ -203,25 +187,23 @@ impl<'h, 'b> Request<'h, 'b> {
             return Err(HandshakeError::HttpVersion);
         }
         // §4.2.1, items 2–6, in the order a browser developer would want them reported.
-        let upgrade = headers.iter().filter(|h| h.name.eq_ignore_ascii_case("upgrade"));
-        if !upgrade.flat_map(|h| tokens(h.value)).any(|t| t.eq_ignore_ascii_case(b"websocket")) {
+        if !list(headers, "upgrade").any(|t| t.eq_ignore_ascii_case(b"websocket")) {
             return Err(HandshakeError::UpgradeRequired);
         }
-        if single(headers, "host").is_none() {
+        if single_header(headers, "host").is_none() {
             return Err(HandshakeError::Host);
         }
-        let connection = headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection"));
-        if !connection.flat_map(|h| tokens(h.value)).any(|t| t.eq_ignore_ascii_case(b"upgrade")) {
+        if !list(headers, "connection").any(|t| t.eq_ignore_ascii_case(b"upgrade")) {
             return Err(HandshakeError::ConnectionNotUpgrade);
         }
-        let key = single(headers, "sec-websocket-key").ok_or(HandshakeError::Key)?;
+        let key = single_header(headers, "sec-websocket-key").ok_or(HandshakeError::Key)?;
         let mut decoded = [0u8; 18];
         if key.len() != 24 || BASE64.decode_slice(key, &mut decoded) != Ok(16) {
             return Err(HandshakeError::Key);
         }
         // Like `Host` and the key, the version must be given once: two values cannot both be
         // the one the client speaks.
-        match single(headers, "sec-websocket-version") {
+        match single_header(headers, "sec-websocket-version") {
             None => return Err(HandshakeError::VersionMissing),
             Some(version) if version.trim_ascii() != b"13" => {
                 return Err(HandshakeError::UnsupportedVersion);
@@ -239,7 +221,7 @@ impl<'h, 'b> Request<'h, 'b> {
     /// The `Host` header.
     pub fn host(&self) -> &'b [u8] {
         // NOTE(unwrap): parse checked that there is exactly one.
-        single(self.headers, "host").unwrap_or_default()
+        single_header(self.headers, "host").unwrap_or_default()
     }
 
     /// The `Origin` header, sent by browsers.
@@ -249,7 +231,7 @@ impl<'h, 'b> Request<'h, 'b> {
 
     /// The first header called `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&'b [u8]> {
-        self.headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value)
+        header(self.headers, name)
     }
 
     /// All headers, in order.
@@ -259,7 +241,7 @@ impl<'h, 'b> Request<'h, 'b> {
 
     /// The subprotocols the client offers, in its order of preference.
     pub fn protocols(&self) -> impl Iterator<Item = &'b str> + '_ {
-        self.header_tokens("sec-websocket-protocol").filter_map(|t| core::str::from_utf8(t).ok())
+        list(self.headers, "sec-websocket-protocol").filter_map(|t| core::str::from_utf8(t).ok())
     }
 
     /// The first of `supported` that the client offers (server preference order).
@@ -270,7 +252,7 @@ impl<'h, 'b> Request<'h, 'b> {
     /// The extensions the client offers, each with its parameters, e.g.
     /// `permessage-deflate; client_max_window_bits`. The hook for extension negotiation.
     pub fn extensions(&self) -> impl Iterator<Item = Extension<'b>> + '_ {
-        self.header_tokens("sec-websocket-extensions").filter_map(Extension::parse)
+        list(self.headers, "sec-websocket-extensions").filter_map(Extension::parse)
     }
 
     /// Refuses the request unless its `Origin` is one of `allowed` (compared
@@ -316,14 +298,6 @@ impl<'h, 'b> Request<'h, 'b> {
         }
         w.push(b"\r\n");
         w.finish()
-    }
-
-    /// Comma-separated tokens across every header called `name`.
-    fn header_tokens(&self, name: &'static str) -> impl Iterator<Item = &'b [u8]> + '_ {
-        self.headers
-            .iter()
-            .filter(move |h| h.name.eq_ignore_ascii_case(name))
-            .flat_map(|h| tokens(h.value))
     }
 }
 
@@ -446,14 +420,13 @@ impl<'h, 'b> Response<'h, 'b> {
         let headers = &*res.headers;
         // §4.1: the client MUST _Fail_ unless Upgrade is websocket, Connection is upgrade, the
         // accept key matches, and protocol and extensions were among those offered.
-        let upgrade = single(headers, "upgrade").unwrap_or_default();
-        let connection = headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection"));
+        let upgrade = single_header(headers, "upgrade").unwrap_or_default();
         if !upgrade.trim_ascii().eq_ignore_ascii_case(b"websocket")
-            || !connection.flat_map(|h| tokens(h.value)).any(|t| t.eq_ignore_ascii_case(b"upgrade"))
+            || !list(headers, "connection").any(|t| t.eq_ignore_ascii_case(b"upgrade"))
         {
             return Err(HandshakeError::UpgradeRequired);
         }
-        if single(headers, "sec-websocket-accept").map(<[u8]>::trim_ascii)
+        if single_header(headers, "sec-websocket-accept").map(<[u8]>::trim_ascii)
             != Some(&accept_key(request.key)[..])
         {
             return Err(HandshakeError::AcceptMismatch);
@@ -467,7 +440,7 @@ impl<'h, 'b> Response<'h, 'b> {
             // Extension names are compared as the server compares the offer's: a server
             // that answers `Permessage-Deflate` to `permessage-deflate` chose what was offered.
             let same = |o: Extension<'_>| o.name.eq_ignore_ascii_case(accepted.name);
-            if !tokens(offered).filter_map(Extension::parse).any(same) {
+            if !elements(offered).filter_map(Extension::parse).any(same) {
                 return Err(HandshakeError::UnexpectedExtension);
             }
         }
@@ -476,17 +449,13 @@ impl<'h, 'b> Response<'h, 'b> {
 
     /// The subprotocol the server chose.
     pub fn protocol(&self) -> Option<&'b str> {
-        single(self.headers, "sec-websocket-protocol")
+        single_header(self.headers, "sec-websocket-protocol")
             .and_then(|v| core::str::from_utf8(v.trim_ascii()).ok())
     }
 
     /// The extensions the server accepted.
     pub fn extensions(&self) -> impl Iterator<Item = Extension<'b>> + '_ {
-        self.headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case("sec-websocket-extensions"))
-            .flat_map(|h| tokens(h.value))
-            .filter_map(Extension::parse)
+        list(self.headers, "sec-websocket-extensions").filter_map(Extension::parse)
     }
 
     /// All headers, in order.
@@ -494,116 +463,6 @@ impl<'h, 'b> Response<'h, 'b> {
         self.headers
     }
 }
-
-/// The value of the only header called `name`; `None` if absent or repeated.
-fn single<'b>(headers: &[Header<'b>], name: &str) -> Option<&'b [u8]> {
-    let mut found = headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name));
-    match (found.next(), found.next()) {
-        (Some(h), None) => Some(h.value),
-        _ => None,
-    }
-}
-
-/// The path of a request target. RFC 9112 §3.2.2: a server MUST accept the absolute form
-/// (`http://host/path`) that proxies send; it is routed by its path and query.
-pub fn origin_form(target: &str) -> &str {
-    let Some(scheme_end) = target.find("://") else { return target };
-    let scheme = &target[..scheme_end];
-    if !(scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")) {
-        return target;
-    }
-    let rest = &target[scheme_end + 3..];
-    match rest.find(['/', '?']) {
-        Some(at) => &rest[at..],
-        None => "/",
-    }
-}
-
-/// The non-empty, trimmed, comma-separated tokens of a header value.
-fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> + Clone {
-    value.split(|&b| b == b',').map(<[u8]>::trim_ascii).filter(|t| !t.is_empty())
-}
-
-/// The reason phrase RFC 9110 §15 gives `status` ("Unknown" for a code it does not name).
-pub fn reason_phrase(status: u16) -> &'static str {
-    match status {
-        100 => "Continue",
-        101 => "Switching Protocols",
-        200 => "OK",
-        201 => "Created",
-        202 => "Accepted",
-        204 => "No Content",
-        301 => "Moved Permanently",
-        302 => "Found",
-        304 => "Not Modified",
-        307 => "Temporary Redirect",
-        308 => "Permanent Redirect",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        406 => "Not Acceptable",
-        408 => "Request Timeout",
-        409 => "Conflict",
-        410 => "Gone",
-        411 => "Length Required",
-        412 => "Precondition Failed",
-        413 => "Content Too Large",
-        414 => "URI Too Long",
-        415 => "Unsupported Media Type",
-        417 => "Expectation Failed",
-        422 => "Unprocessable Content",
-        426 => "Upgrade Required",
-        428 => "Precondition Required",
-        429 => "Too Many Requests",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        501 => "Not Implemented",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        504 => "Gateway Timeout",
-        505 => "HTTP Version Not Supported",
-        _ => "Unknown",
-    }
-}
-
-/// Writes into a fixed buffer, counting what would not fit so the error can say how much
-/// space was required.
-struct HeadWriter<'o> {
-    out: &'o mut [u8],
-    len: usize,
-}
-
-impl<'o> HeadWriter<'o> {
-    fn new(out: &'o mut [u8]) -> Self {
-        Self { out, len: 0 }
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        if let Some(dst) = self.out.get_mut(self.len..self.len + bytes.len()) {
-            dst.copy_from_slice(bytes);
-        }
-        self.len += bytes.len();
-    }
-
-    fn finish(self) -> Result<usize, InsufficientSize> {
-        if self.len > self.out.len() {
-            Err(InsufficientSize { required: self.len })
-        } else {
-            Ok(self.len)
-        }
-    }
-}
-
-impl fmt::Write for HeadWriter<'_> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.push(s.as_bytes());
-        Ok(())
-    }
-}
-
-use fmt::Write as _;
 
 #[cfg(test)]
 mod tests {

@@ -5,6 +5,8 @@
 //! server and a microcontroller on bare metal (`#![no_std]`, no `alloc`, no `unsafe`).
 //!
 //! - [`handshake`] — the opening handshake, server and client side, over `httparse`.
+//! - [`http`] — HTTP/1.1 heads beside the upgrade: header lists, body framing (a chunked
+//!   decoder, a strict `Content-Length`), query values, bearer tokens, response heads.
 //! - [`frame`] — the frame header as a typed view over raw bytes.
 //! - [`mask`] — payload masking at memory speed, continuing across partial chunks.
 //! - [`utf8`] — streaming UTF-8 validation that fails as soon as a prefix cannot be valid.
@@ -27,6 +29,7 @@ pub mod frame;
 #[cfg(fuzzing)]
 pub mod fuzzing;
 pub mod handshake;
+pub mod http;
 pub mod mask;
 mod timer;
 pub mod utf8;

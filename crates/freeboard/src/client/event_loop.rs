@@ -478,8 +478,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                     feed(id, open, &mut leftover, parts, &mut self.assembly, &mut self.handler);
                     return Ok(());
                 }
-                Err(Refusal::Status { status, head_len }) => {
-                    let reason = handshake::reason_phrase(&response[..head_len]);
+                Err(Refusal::Status { status, head_len, reason, .. }) => {
                     let end = response.len().min(head_len + 512);
                     let body = String::from_utf8_lossy(&response[head_len..end]).into_owned();
                     return Err(ClientError::Refused { status, reason, body });

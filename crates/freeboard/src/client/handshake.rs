@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use freeboard_proto::handshake::{
     ClientRequest, DEFAULT_MAX_HEAD_LEN, EMPTY_HEADER, HandshakeError, Key, Response, generate_key,
 };
+use freeboard_proto::http;
 
 use super::tls::{Connection, Connector, Handshaking};
 use super::{ClientConfig, ClientError, Target};
@@ -154,10 +155,9 @@ fn handshake(
                 stream.tcp().set_write_timeout(None)?;
                 return Ok((answer, leftover));
             }
-            Err(Refusal::Status { status, head_len }) => {
-                let reason = reason_phrase(&buf[..head_len]);
+            Err(Refusal::Status { status, head_len, reason, body_len }) => {
                 buf.truncate(len);
-                let body = body_excerpt(stream, buf, head_len, deadline);
+                let body = body_excerpt(stream, buf, head_len, body_len, deadline);
                 return Err(ClientError::Refused { status, reason, body });
             }
             Err(Refusal::Invalid(e)) => return Err(ClientError::Handshake(e)),
@@ -205,8 +205,9 @@ pub(super) fn encode_request(
 
 /// Why a response is not a usable `101`.
 pub(super) enum Refusal {
-    /// Another status; the head is `head_len` bytes.
-    Status { status: u16, head_len: usize },
+    /// Another status; the head is `head_len` bytes, with this reason phrase and, if it says
+    /// so, a body of `body_len` bytes.
+    Status { status: u16, head_len: usize, reason: String, body_len: Option<u64> },
     /// A `101` that fails RFC 6455 §4.1, or not HTTP.
     Invalid(HandshakeError),
     /// A `101` whose permessage-deflate parameters this client cannot honour.
@@ -250,7 +251,8 @@ pub(super) fn check_response(
             Ok(Some((Answer { protocol, compression }, head_len)))
         }
         Err(HandshakeError::Refused { status, head_len }) => {
-            Err(Refusal::Status { status, head_len })
+            let (reason, body_len) = refusal_head(&buf[..head_len]);
+            Err(Refusal::Status { status, head_len, reason, body_len })
         }
         Err(e) => Err(Refusal::Invalid(e)),
     }
@@ -263,11 +265,16 @@ pub(super) fn eof_during_handshake() -> ClientError {
     ))
 }
 
-/// The reason phrase of a status line (`HTTP/1.1 404 Not Found` → `Not Found`).
-pub(super) fn reason_phrase(head: &[u8]) -> String {
-    let line = head.split(|&b| b == b'\r' || b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    line.splitn(3, ' ').nth(2).unwrap_or_default().trim().to_owned()
+/// The reason phrase of a refusal's status line (`HTTP/1.1 404 Not Found` → `Not Found`) and
+/// the length of its body, if its `Content-Length` is valid.
+fn refusal_head(head: &[u8]) -> (String, Option<u64>) {
+    let mut headers = [EMPTY_HEADER; 64];
+    let mut response = httparse::Response::new(&mut headers);
+    if response.parse(head).is_err() {
+        return (String::new(), None);
+    }
+    let reason = response.reason.unwrap_or_default().trim().to_owned();
+    (reason, http::content_length(response.headers).ok().flatten())
 }
 
 /// Up to [`BODY_EXCERPT`] bytes of a refusal's body: what came with the head, plus what
@@ -276,10 +283,11 @@ fn body_excerpt(
     stream: &mut impl HandshakeStream,
     mut buf: Vec<u8>,
     head_len: usize,
+    body_len: Option<u64>,
     deadline: Instant,
 ) -> String {
-    let length = content_length(&buf[..head_len]).unwrap_or(BODY_EXCERPT);
-    let want = head_len + length.min(BODY_EXCERPT);
+    let length = body_len.map_or(BODY_EXCERPT, |n| n.min(BODY_EXCERPT as u64) as usize);
+    let want = head_len + length;
     let wait_until = deadline.min(Instant::now() + Duration::from_millis(500));
     while buf.len() < want {
         let Ok(left) = remaining(wait_until) else { break };
@@ -294,15 +302,6 @@ fn body_excerpt(
     }
     let body = &buf[head_len..buf.len().min(want)];
     String::from_utf8_lossy(body).into_owned()
-}
-
-/// The `Content-Length` of a response head, if it has one.
-fn content_length(head: &[u8]) -> Option<usize> {
-    let mut headers = [EMPTY_HEADER; 64];
-    let mut response = httparse::Response::new(&mut headers);
-    response.parse(head).ok()?;
-    let header = response.headers.iter().find(|h| h.name.eq_ignore_ascii_case("content-length"))?;
-    std::str::from_utf8(header.value).ok()?.trim().parse().ok()
 }
 
 fn remaining(deadline: Instant) -> Result<Duration, ClientError> {

@@ -5,11 +5,11 @@ use std::net::SocketAddr;
 
 use freeboard_buf::SendQueue;
 use freeboard_proto::handshake::AcceptKey;
+use freeboard_proto::http::{BEARER_CHALLENGE, bearer_token, constant_time_eq, query_value};
 use freeboard_proto::{Instant, Role};
 
 use super::event_loop::{EventLoop, PendingUpgrade, Upgrading};
-use super::http::{BEARER_CHALLENGE, BUDGET_EXHAUSTED, RETRY_SOON, bearer_token, constant_time_eq};
-use super::query_value;
+use super::requests::{BUDGET_EXHAUSTED, RETRY_SOON};
 use crate::auth::TOKEN_EXPIRED;
 use crate::handler::{Accepted, Completion, Verdict};
 use crate::parking::ProtocolState;

@@ -22,6 +22,8 @@ use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
+use super::compressed_copies::CompressedCopies;
+use super::requests::{AwaitingPublish, PlainRequest};
 use super::shared::Shared;
 use crate::config::ServerConfig;
 use crate::handler::{Completion, Decisions, RouteOptions, Router};
@@ -179,7 +181,7 @@ pub(crate) struct EventLoop<T> {
     /// at once.
     pub(super) reading: Option<usize>,
     /// One fan-out's compressed frames, by publication (kept for its allocation).
-    pub(super) compressed: Vec<super::fan_out::Compressed>,
+    pub(super) compressed: Vec<CompressedCopies>,
     /// Writability changes a fan-out caused, reported once it is done.
     pub(super) changes: Vec<(usize, Writability)>,
     /// Upgrade decisions completed (on any thread) and not yet acted on.
@@ -192,9 +194,9 @@ pub(crate) struct EventLoop<T> {
     pub(super) data: HashMap<usize, Box<dyn Any + Send>>,
     /// Plain requests whose body is still arriving: how to answer them (keep-alive, CORS)
     /// and a chunked body's decoder, by slot.
-    pub(super) plain: HashMap<usize, super::plain::PlainRequest>,
+    pub(super) plain: HashMap<usize, PlainRequest>,
     /// HTTP publishes whose answer waits for other loops' reports, by slot.
-    pub(super) awaiting: HashMap<usize, super::plain::AwaitingPublish>,
+    pub(super) awaiting: HashMap<usize, AwaitingPublish>,
     /// Set by a plain request answered with keep-alive when bytes of a pipelined request
     /// follow it: where they start in the buffer it was given.
     pub(super) next_request: Option<usize>,

@@ -1,12 +1,11 @@
 //! The loop's side of pub/sub: fanning out its own handlers' publishes and the publications
 //! other loops sent to its inbox, by reference, to its subscribers' sessions.
 
-use freeboard_buf::{Frame, Pool, PushOutcome, SlowConsumerPolicy};
+use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::Instant;
 
+use super::compressed_copies::CompressedCopies;
 use super::event_loop::{EventLoop, loop_context};
-use crate::metrics::LoopStats;
-use crate::session::deflate::{Codec, NoMemory};
 use crate::topics::{Outbox, Reach};
 use crate::transport::{Transport, write_frames};
 
@@ -103,7 +102,8 @@ impl<T: Transport> EventLoop<T> {
             let policy = entry.session.queue().policy();
             let compression = entry.session.shared_compression();
             if let Some(bits) = compression {
-                compressed.resize_with(compressed.len().max(publications), Compressed::default);
+                compressed
+                    .resize_with(compressed.len().max(publications), CompressedCopies::default);
                 for (i, frame) in frames.clone().enumerate().filter(|(i, _)| wants(*i)) {
                     compressed[i].make(
                         bits,
@@ -209,51 +209,5 @@ impl<T: Transport> EventLoop<T> {
         }
         self.changes = changes;
         reach
-    }
-}
-
-/// One publication's compressed frames in one fan-out, by window bits − 9 (nearly always
-/// one: 15 bits, unless a client asked for a smaller window).
-#[derive(Default)]
-pub(super) struct Compressed([Option<Option<Frame>>; 7]);
-
-impl Compressed {
-    /// Compresses the frame for a `bits` window, unless done already. It goes uncompressed
-    /// when under the threshold, or when the budget could not cover it (counted; the
-    /// uncompressed frame is always valid).
-    fn make(
-        &mut self,
-        bits: u8,
-        frame: &Frame,
-        codec: &mut Codec,
-        pool: &mut Pool<'static>,
-        stats: &mut LoopStats,
-    ) {
-        let slot = &mut self.0[Self::slot(bits)];
-        slot.get_or_insert_with(|| match codec.compress_frame(pool, frame, bits) {
-            Ok(compressed) => {
-                stats.compressions += u64::from(compressed.is_some());
-                compressed
-            }
-            Err(NoMemory) => {
-                stats.compression_fallbacks += 1;
-                None
-            }
-        });
-    }
-
-    /// The frame [`make`](Self::make) compressed for a `bits` window, if it did.
-    fn get(&self, bits: u8) -> Option<&Frame> {
-        self.0[Self::slot(bits)].as_ref()?.as_ref()
-    }
-
-    fn slot(bits: u8) -> usize {
-        usize::from(bits.clamp(9, 15) - 9)
-    }
-
-    fn release(self, pool: &mut Pool<'static>) {
-        for frame in self.0.into_iter().flatten().flatten() {
-            frame.release(pool);
-        }
     }
 }

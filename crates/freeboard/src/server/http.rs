@@ -6,10 +6,14 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
 use freeboard_proto::handshake::{self, EMPTY_HEADER, HandshakeError, Request};
+use freeboard_proto::http::{
+    self, BEARER_CHALLENGE, Chunked, bearer_token, chunked_body, constant_time_eq, content_length,
+    has_token, header, is_text,
+};
 use freeboard_proto::{Instant, MessageKind};
 
 use super::event_loop::{EventLoop, LINGER, PendingUpgrade, READ_BYTES_PER_TURN, Upgrading};
-use super::plain::{Chunked, PlainRequest, Reply, chunked_body, has_token, header, is_text};
+use super::requests::{BUDGET_EXHAUSTED, PlainRequest, RETRY_SOON, Reply};
 use crate::handler::{Decision, Verdict};
 use crate::session::{Body, Phase};
 use crate::transport::{Io, Transport};
@@ -18,9 +22,8 @@ use crate::transport::{Io, Transport};
 /// and that request bodies may hold together: neither can starve the open connections.
 const HEAD_SHARE: usize = 4;
 const BODY_SHARE: usize = 4;
-pub(super) const RETRY_SOON: &str = "Retry-After: 1\r\n";
-pub(super) const BEARER_CHALLENGE: &str = "WWW-Authenticate: Bearer\r\n";
-pub(super) const BUDGET_EXHAUSTED: &str = "server memory budget exhausted";
+/// Pipelined requests handled from one read before the rest waits for the next loop turn.
+const PIPELINE_PER_READ: usize = 8;
 
 impl<T: Transport> EventLoop<T> {
     /// Reads (more of) the request head; handles it once complete.
@@ -55,7 +58,7 @@ impl<T: Transport> EventLoop<T> {
             let open = self.request(token, now, &mut buf[at..have], eof);
             match self.next_request.take() {
                 // Keep-alive: the next pipelined request, up to a few per read.
-                Some(used) if handled < super::plain::PIPELINE_PER_READ => {
+                Some(used) if handled < PIPELINE_PER_READ => {
                     at += used;
                     handled += 1;
                 }
@@ -167,8 +170,8 @@ impl<T: Transport> EventLoop<T> {
                 return false;
             }
             Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => (
-                handshake::origin_form(req.path.unwrap_or("/")),
-                req.headers.iter().any(|h| h.name.eq_ignore_ascii_case("upgrade")),
+                http::origin_form(req.path.unwrap_or("/")),
+                header(req.headers, "upgrade").is_some(),
                 len,
             ),
             Ok(_) | Err(httparse::Error::TooManyHeaders) => {
@@ -186,7 +189,7 @@ impl<T: Transport> EventLoop<T> {
         // the connection, so a request smuggled in a body a proxy framed otherwise is never
         // read (see `chunked_body` for the RFC's words).
         if let Err(refused) = chunked_body(req.headers) {
-            return self.refuse(token, now, refused.status(), "", refused.why());
+            return self.refuse(token, now, refused.status(), "", refused.message());
         }
         let route = self.router.find(path);
         if !upgrade {
@@ -328,7 +331,7 @@ impl<T: Transport> EventLoop<T> {
         body: &str,
     ) -> bool {
         let mut out = [0u8; 512];
-        let n = handshake::write_refusal(status, extra, body, &mut out).unwrap_or(0);
+        let n = http::write_refusal(status, extra, body, &mut out).unwrap_or(0);
         self.send_final(token, now, status, &out[..n], &body);
         false
     }
@@ -388,8 +391,7 @@ impl<T: Transport> EventLoop<T> {
         if let Some(expected) = &config.topics.publish_token {
             match bearer_token(headers) {
                 None => {
-                    let challenge = "WWW-Authenticate: Bearer\r\n";
-                    self.refuse(token, now, 401, challenge, "a bearer token is required");
+                    self.refuse(token, now, 401, BEARER_CHALLENGE, "a bearer token is required");
                     return None;
                 }
                 Some(given) if !constant_time_eq(given.as_bytes(), expected.as_bytes()) => {
@@ -421,8 +423,8 @@ impl<T: Transport> EventLoop<T> {
                 self.refuse(token, now, 411, "", "a Content-Length is required");
                 return None;
             }
-            (None, Err(())) => {
-                self.refuse(token, now, 400, "", "Content-Length must be one run of digits");
+            (None, Err(refused)) => {
+                self.refuse(token, now, refused.status(), "", refused.message());
                 return None;
             }
         };
@@ -596,42 +598,4 @@ impl<T: Transport> EventLoop<T> {
 /// The chunks a partial request head of `len` bytes is counted as holding.
 fn head_chunks(len: usize, chunk_size: usize) -> usize {
     len.div_ceil(chunk_size)
-}
-
-/// The body length a request declares. RFC 9112 §6.3: `Content-Length = 1*DIGIT`, and
-/// several fields (or a list) must all agree, else the message's framing is invalid.
-fn content_length(headers: &[httparse::Header<'_>]) -> Result<Option<u64>, ()> {
-    let mut length = None;
-    let fields = headers.iter().filter(|h| h.name.eq_ignore_ascii_case("content-length"));
-    for value in fields.flat_map(|h| h.value.split(|&b| b == b',')) {
-        let digits = value.trim_ascii();
-        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-            return Err(());
-        }
-        let n = std::str::from_utf8(digits).ok().and_then(|d| d.parse().ok()).ok_or(())?;
-        if length.is_some_and(|l| l != n) {
-            return Err(());
-        }
-        length = Some(n);
-    }
-    Ok(length)
-}
-
-/// The value of `key` in the query of `target`, if any.
-pub fn query_value<'t>(target: &'t str, key: &str) -> Option<&'t str> {
-    let (_, query) = target.split_once('?')?;
-    query.split('&').find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
-}
-
-/// The token of an `Authorization: Bearer <token>` header (RFC 6750 §2.1; the scheme is
-/// case-insensitive), if there is one.
-pub(super) fn bearer_token<'h>(headers: &[httparse::Header<'h>]) -> Option<&'h str> {
-    let value = std::str::from_utf8(header(headers, "authorization")?).ok()?.trim();
-    let scheme = value.get(..7)?;
-    scheme.eq_ignore_ascii_case("bearer ").then(|| value[7..].trim())
-}
-
-/// Compares secrets in time that depends on their lengths only.
-pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

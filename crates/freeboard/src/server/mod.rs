@@ -10,12 +10,14 @@ use mio::{Poll, Waker};
 use socket2::{Domain, Protocol, Socket, Type};
 
 mod access;
+mod compressed_copies;
 mod compression;
 mod event_loop;
 mod fan_out;
 mod handlers;
 mod http;
 mod plain;
+mod requests;
 mod shared;
 mod turn;
 
@@ -31,7 +33,8 @@ use event_loop::{EventLoop, Listeners, WAKER};
 use freeboard_proto::MessageKind;
 use shared::Shared;
 
-pub use http::query_value;
+// `freeboard::query_value`, for the topic service (the parser is freeboard-proto's).
+pub use freeboard_proto::http::query_value;
 
 /// A bound server, ready to [`run`](Self::run).
 ///

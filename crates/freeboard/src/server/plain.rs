@@ -6,74 +6,17 @@
 
 use std::sync::Arc;
 
-use freeboard_proto::handshake::{HandshakeError, reason_phrase};
+use freeboard_proto::handshake::HandshakeError;
+use freeboard_proto::http::{self, ChunkError, ResponseHead, chunked_body, content_length, header};
 use freeboard_proto::{Instant, MessageKind};
 use serde::Deserialize;
 
 use super::event_loop::{EventLoop, READ_BYTES_PER_TURN};
-use super::http::{BUDGET_EXHAUSTED, RETRY_SOON};
+use super::requests::{AwaitingPublish, BUDGET_EXHAUSTED, PublishAnswer, RETRY_SOON, Reply};
 use crate::handler::{Completion, HttpRoute, Verdict};
 use crate::session::Phase;
-use crate::topics::{Reach, Receipt};
+use crate::topics::Receipt;
 use crate::transport::{Io, Transport};
-
-/// Pipelined requests handled from one read before the rest waits for the next loop turn.
-pub(super) const PIPELINE_PER_READ: usize = 8;
-
-/// How a response is sent: kept alive or not, with or without its body (`HEAD`).
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Reply {
-    pub(super) keep_alive: bool,
-    pub(super) head_only: bool,
-}
-
-/// A plain request whose body is still arriving: what its response needs, kept beside the
-/// session (in the loop's side table) so that the connection's slot stays small.
-#[derive(Debug, Default)]
-pub(super) struct PlainRequest {
-    pub(super) reply: Reply,
-    /// `Access-Control-Allow-Origin` and `Vary` lines for a browser's cross-origin publish.
-    pub(super) cors: String,
-    /// A `Transfer-Encoding: chunked` body's decoder.
-    pub(super) chunked: Option<Chunked>,
-}
-
-/// What a publish reached so far: its messages, this loop's subscribers, the other loops.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct PublishAnswer {
-    messages: u32,
-    local: Reach,
-    other_loops: u32,
-    other_loops_dropped: u32,
-    /// With a Redis backplane: messages queued towards Redis, and lost to its full queue.
-    redis: Option<(u32, u32)>,
-}
-
-impl PublishAnswer {
-    /// The JSON answer, with the other loops' `remote` (delivered, dropped) counts added.
-    fn json(&self, remote: (u64, u64), complete: bool) -> String {
-        let redis = self.redis.map_or(String::new(), |(queued, lost)| {
-            format!(",\"redis\":{queued},\"redis_lost\":{lost}")
-        });
-        format!(
-            "{{\"messages\":{},\"delivered\":{},\"dropped\":{},\"other_loops\":{},\"other_loops_dropped\":{}{redis},\"complete\":{complete}}}\n",
-            self.messages,
-            self.local.delivered + remote.0,
-            self.local.dropped + remote.1,
-            self.other_loops,
-            self.other_loops_dropped,
-        )
-    }
-}
-
-/// A publish whose answer waits for other loops' reports.
-pub(super) struct AwaitingPublish {
-    serial: u64,
-    answer: PublishAnswer,
-    receipt: Arc<Receipt>,
-    reply: Reply,
-    cors: String,
-}
 
 /// One item of a batch publish (`POST {publish path}` with a JSON array of these): `data` is
 /// published as text, a string as itself and any other JSON value as its JSON text.
@@ -99,14 +42,15 @@ impl<T: Transport> EventLoop<T> {
         eof: bool,
     ) -> Option<usize> {
         let method = req.method.unwrap_or("");
-        let target = path.split('?').next().unwrap_or(path);
+        let target = http::target_path(path);
         let header = |name: &str| header(req.headers, name);
-        let has_body = header("transfer-encoding").is_some()
-            || header("content-length").is_some_and(|v| v.iter().any(|b| *b != b'0'));
+        // `request` refused every invalid transfer coding before routing.
+        let has_body = chunked_body(req.headers) == Ok(true)
+            || !matches!(content_length(req.headers), Ok(None | Some(0)));
         let keep_alive = req.version == Some(1)
             && !eof
             && self.drain_deadline.is_none()
-            && !header("connection").is_some_and(|v| has_token(v, b"close"))
+            && !header("connection").is_some_and(|v| http::has_token(v, b"close"))
             && (method == "POST" || !has_body);
         let reply = Reply { keep_alive, head_only: method == "HEAD" };
         let found = self.router.find_http(target);
@@ -193,19 +137,16 @@ impl<T: Transport> EventLoop<T> {
         reply: Reply,
     ) -> bool {
         let keep_alive = reply.keep_alive && self.conns[token].session.queue().is_writable();
-        let content_type = match content_type {
-            "" => String::new(),
-            kind => format!("Content-Type: {kind}\r\n"),
-        };
-        let length = match status {
-            204 => String::new(),
-            _ => format!("Content-Length: {}\r\n", body.len()),
-        };
-        let connection = if keep_alive { "" } else { "Connection: close\r\n" };
-        let head = format!(
-            "HTTP/1.1 {status} {}\r\n{extra}{content_type}{length}{connection}\r\n",
-            reason_phrase(status)
-        );
+        let head = ResponseHead {
+            status,
+            headers: extra,
+            content_type: (!content_type.is_empty()).then_some(content_type),
+            // RFC 9110 §8.6: "A server MUST NOT send a Content-Length header field in any
+            // response with a status code of [...] 204 (No Content)".
+            content_length: (status != 204).then_some(body.len()),
+            close: !keep_alive,
+        }
+        .to_string();
         let body = if reply.head_only || status == 204 { &[][..] } else { body };
         self.queue_final(token, now, &[head.as_bytes(), body]);
         let entry = &mut self.conns[token];
@@ -468,356 +409,5 @@ impl<T: Transport> EventLoop<T> {
         let extra = if status.0 == 503 { RETRY_SOON } else { "" };
         self.refuse(token, now, status.0, extra, status.1);
         Some(input.len())
-    }
-}
-
-/// The value of the first header called `name`.
-pub(super) fn header<'b>(headers: &[httparse::Header<'b>], name: &str) -> Option<&'b [u8]> {
-    headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value)
-}
-
-/// Whether a comma-separated header value lists `token` (case-insensitively).
-pub(super) fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value.split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
-}
-
-/// Why a request's framing was refused: answered with [`status`](Self::status), then the
-/// connection is closed (whatever follows the head cannot be told from a next request).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum FramingError {
-    /// The `Transfer-Encoding` list does not end in exactly one `chunked` (400).
-    NotFinalChunked,
-    /// `chunked` after a coding the server does not implement (501).
-    UnsupportedCoding,
-    /// `Transfer-Encoding` and `Content-Length` together (400).
-    BothLengths,
-}
-
-impl FramingError {
-    /// The status the request is answered with.
-    pub(super) fn status(self) -> u16 {
-        match self {
-            Self::UnsupportedCoding => 501,
-            Self::NotFinalChunked | Self::BothLengths => 400,
-        }
-    }
-
-    /// What the answer's body says.
-    pub(super) fn why(self) -> &'static str {
-        match self {
-            Self::NotFinalChunked => "Transfer-Encoding must end in one chunked",
-            Self::UnsupportedCoding => "only the chunked transfer coding is supported",
-            Self::BothLengths => "Transfer-Encoding with Content-Length",
-        }
-    }
-}
-
-/// Whether a request's body is chunked, from its `Transfer-Encoding` fields read as one list
-/// (several fields are one comma-separated list, RFC 9110 §5.3; empty elements are skipped,
-/// §5.6.1; a coding's parameters are ignored). `Ok(false)`: no field, the body (if any) has a
-/// `Content-Length`.
-///
-/// RFC 9112 §6.3: "If a Transfer-Encoding header field is present in a request and the
-/// chunked transfer coding is not the final encoding, the message body length cannot be
-/// determined reliably; the server MUST respond with the 400 (Bad Request) status code and
-/// then close the connection." §6.1: "A sender MUST NOT apply the chunked transfer coding
-/// more than once", and a server that receives "a transfer coding it does not understand
-/// SHOULD respond with 501": every coding but `chunked` here, since none is implemented.
-/// With `Content-Length` beside it the framing is ambiguous (request smuggling, §6.3 and
-/// §11.2): 400.
-pub(super) fn chunked_body(headers: &[httparse::Header<'_>]) -> Result<bool, FramingError> {
-    let mut fields =
-        headers.iter().filter(|h| h.name.eq_ignore_ascii_case("transfer-encoding")).peekable();
-    if fields.peek().is_none() {
-        return Ok(false);
-    }
-    let codings = fields
-        .flat_map(|h| h.value.split(|&b| b == b','))
-        .map(|element| element.split(|&b| b == b';').next().unwrap_or_default().trim_ascii())
-        .filter(|name| !name.is_empty());
-    let (mut chunked, mut last_is_chunked, mut others) = (0usize, false, false);
-    for name in codings {
-        last_is_chunked = name.eq_ignore_ascii_case(b"chunked");
-        chunked += usize::from(last_is_chunked);
-        others |= !last_is_chunked;
-    }
-    if !last_is_chunked || chunked != 1 {
-        return Err(FramingError::NotFinalChunked);
-    }
-    if others {
-        return Err(FramingError::UnsupportedCoding);
-    }
-    if header(headers, "content-length").is_some() {
-        return Err(FramingError::BothLengths);
-    }
-    Ok(true)
-}
-
-/// Whether a `Content-Type` is published as a text message: `text/*`, `application/json` and
-/// `application/*+json` (a browser then gets a string, not a `Blob`).
-pub(super) fn is_text(content_type: &[u8]) -> bool {
-    let essence = content_type.split(|&b| b == b';').next().unwrap_or(b"").trim_ascii();
-    let lower = essence.to_ascii_lowercase();
-    lower.starts_with(b"text/")
-        || lower == b"application/json"
-        || (lower.starts_with(b"application/") && lower.ends_with(b"+json"))
-}
-
-/// An incremental decoder of a `Transfer-Encoding: chunked` body (RFC 9112 §7.1): sizes in
-/// hex, extensions skipped, CRLF after each chunk, a trailer section ignored. Every byte is
-/// bounded: the decoded body by `limit`, a size line's extensions and the trailer section by
-/// [`Chunked::MAX_LINE`].
-#[derive(Debug)]
-pub(super) struct Chunked {
-    state: ChunkState,
-    /// The current chunk's size (while reading its size line) or what is left of it.
-    size: u64,
-    digits: u32,
-    /// Decoded bytes so far.
-    decoded: u64,
-    limit: u64,
-    /// Bytes of the current extension or trailer text.
-    line: usize,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChunkState {
-    Size,
-    Extension,
-    SizeLf,
-    Data,
-    DataCr,
-    DataLf,
-    Trailer,
-    Done,
-}
-
-/// Why a chunked body was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ChunkError {
-    /// Not chunked framing (400).
-    Malformed,
-    /// Larger than the limit (413).
-    TooLarge,
-}
-
-impl Chunked {
-    /// The longest chunk extension, and trailer section, accepted.
-    const MAX_LINE: usize = 4096;
-
-    pub(super) fn new(limit: u64) -> Self {
-        Self { state: ChunkState::Size, size: 0, digits: 0, decoded: 0, limit, line: 0 }
-    }
-
-    /// Decodes `input`, giving the data to `out` (which returns `false` to stop). Returns the
-    /// bytes used and whether the body is complete.
-    pub(super) fn feed(
-        &mut self,
-        input: &[u8],
-        mut out: impl FnMut(&[u8]) -> bool,
-    ) -> Result<(usize, bool), ChunkError> {
-        use ChunkState::*;
-        let mut i = 0;
-        while i < input.len() {
-            let b = input[i];
-            match self.state {
-                Size => match (b as char).to_digit(16) {
-                    Some(d) => {
-                        self.digits += 1;
-                        self.size = self
-                            .size
-                            .checked_mul(16)
-                            .map(|s| s + u64::from(d))
-                            .filter(|s| {
-                                self.decoded.saturating_add(*s) <= self.limit && self.digits <= 16
-                            })
-                            .ok_or(ChunkError::TooLarge)?;
-                    }
-                    None if self.digits == 0 => return Err(ChunkError::Malformed),
-                    None if b == b';' => {
-                        self.state = Extension;
-                        self.line = 0;
-                    }
-                    None if b == b'\r' => self.state = SizeLf,
-                    None => return Err(ChunkError::Malformed),
-                },
-                Extension => {
-                    if b == b'\r' {
-                        self.state = SizeLf;
-                    } else {
-                        self.line += 1;
-                        if self.line > Self::MAX_LINE || b == b'\n' {
-                            return Err(ChunkError::Malformed);
-                        }
-                    }
-                }
-                SizeLf if b == b'\n' => {
-                    self.digits = 0;
-                    self.line = 0;
-                    self.state = if self.size == 0 { Trailer } else { Data };
-                }
-                Data => {
-                    let n = (self.size as usize).min(input.len() - i);
-                    if !out(&input[i..i + n]) {
-                        return Ok((i + n, false));
-                    }
-                    self.size -= n as u64;
-                    self.decoded += n as u64;
-                    i += n;
-                    if self.size == 0 {
-                        self.state = DataCr;
-                    }
-                    continue;
-                }
-                DataCr if b == b'\r' => self.state = DataLf,
-                DataLf if b == b'\n' => self.state = Size,
-                Trailer => {
-                    // Lines until an empty one; `line` counts the section's bytes and the
-                    // bit 1 << 63 is never reached (bounded by MAX_LINE).
-                    if b == b'\n' {
-                        if self.size == 0 {
-                            self.state = Done;
-                            return Ok((i + 1, true));
-                        }
-                        self.size = 0;
-                    } else if b != b'\r' {
-                        self.size += 1; // this line is not empty
-                        self.line += 1;
-                        if self.line > Self::MAX_LINE {
-                            return Err(ChunkError::Malformed);
-                        }
-                    }
-                }
-                Done => return Ok((i, true)),
-                SizeLf | DataCr | DataLf => return Err(ChunkError::Malformed),
-            }
-            i += 1;
-        }
-        Ok((i, self.state == Done))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn decode(input: &[u8], limit: u64) -> Result<(Vec<u8>, usize), ChunkError> {
-        let mut chunked = Chunked::new(limit);
-        let mut out = Vec::new();
-        let (used, done) = chunked.feed(input, |d| {
-            out.extend_from_slice(d);
-            true
-        })?;
-        assert!(done, "incomplete");
-        Ok((out, used))
-    }
-
-    #[test]
-    fn chunked_bodies_decode_at_every_split() {
-        let body = b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nX-Trailer: 1\r\n\r\nGET / HTTP/1.1";
-        let end = body.len() - b"GET / HTTP/1.1".len();
-        assert_eq!(decode(body, 100), Ok((b"hello, world".to_vec(), end)));
-        for split in 0..end {
-            let mut chunked = Chunked::new(100);
-            let mut out = Vec::new();
-            let (used, done) = chunked
-                .feed(&body[..split], |d| {
-                    out.extend_from_slice(d);
-                    true
-                })
-                .unwrap();
-            assert_eq!((used, done), (split, false), "split at {split}");
-            let (used, done) = chunked
-                .feed(&body[split..], |d| {
-                    out.extend_from_slice(d);
-                    true
-                })
-                .unwrap();
-            assert!(done);
-            assert_eq!(split + used, end);
-            assert_eq!(out, b"hello, world");
-        }
-        assert_eq!(decode(b"0\r\n\r\n", 0), Ok((Vec::new(), 5)));
-    }
-
-    #[test]
-    fn bad_chunked_bodies_are_refused() {
-        assert_eq!(decode(b"5\r\nhello\r\n0\r\n\r\n", 4), Err(ChunkError::TooLarge));
-        assert_eq!(decode(b"fffffffffffffffff\r\n", u64::MAX), Err(ChunkError::TooLarge));
-        assert_eq!(decode(b"x\r\n", 100), Err(ChunkError::Malformed));
-        assert_eq!(decode(b"5\r\nhelloX\r\n", 100), Err(ChunkError::Malformed));
-        assert_eq!(decode(b"5\nhello\r\n", 100), Err(ChunkError::Malformed));
-        let long = [b"1;".as_slice(), &[b'a'; 5000]].concat();
-        assert_eq!(decode(&long, 100), Err(ChunkError::Malformed));
-    }
-
-    /// Every way of listing codings, over one field and several: only one final `chunked`
-    /// frames a body; the RFC's statuses otherwise.
-    #[test]
-    fn transfer_codings() {
-        use FramingError::{BothLengths, NotFinalChunked, UnsupportedCoding};
-        let framing = |fields: &[&str]| {
-            let headers: Vec<_> = fields
-                .iter()
-                .map(|v| match v.split_once(": ") {
-                    Some((name, value)) => httparse::Header { name, value: value.as_bytes() },
-                    None => httparse::Header { name: "Transfer-Encoding", value: v.as_bytes() },
-                })
-                .collect();
-            chunked_body(&headers)
-        };
-        assert_eq!(framing(&[]), Ok(false));
-        assert_eq!(framing(&["Content-Length: 5"]), Ok(false));
-        for chunked in [&["chunked"][..], &["Chunked"], &[" chunked "], &["CHUNKED;x=1"]] {
-            assert_eq!(framing(chunked), Ok(true), "{chunked:?}");
-        }
-        assert_eq!(framing(&[", chunked,"]), Ok(true), "empty elements are skipped");
-        assert_eq!(framing(&["", "chunked"]), Ok(true), "an empty field adds nothing");
-        // Not ending in exactly one chunked, in one field or across several: 400.
-        for list in [
-            &["chunked, identity"][..],
-            &["chunked", "identity"],
-            &["chunked", "chunked"],
-            &["chunked, chunked"],
-            &["gzip"],
-            &["identity"],
-            &["chunked, gzip"],
-            &["gzip, chunked, chunked"],
-            &["gzip", "chunked, chunked"],
-            &[""],
-            &[","],
-            &["chunked\"\""],
-            &["chunked;x=\"a, chunked\""],
-        ] {
-            assert_eq!(framing(list), Err(NotFinalChunked), "{list:?}");
-            assert_eq!(NotFinalChunked.status(), 400);
-        }
-        // A coding before the final chunked that is not implemented: 501.
-        for list in [
-            &["gzip, chunked"][..],
-            &["gzip", "chunked"],
-            &["deflate, chunked"],
-            &["compress, chunked"],
-            &["x-gzip, chunked"],
-            &["identity, chunked"],
-            &["br;q=1, chunked"],
-            &["gzip, deflate", "chunked"],
-        ] {
-            assert_eq!(framing(list), Err(UnsupportedCoding), "{list:?}");
-            assert_eq!(UnsupportedCoding.status(), 501);
-        }
-        // With Content-Length beside a valid chunked: 400.
-        assert_eq!(framing(&["chunked", "Content-Length: 4"]), Err(BothLengths));
-        assert_eq!(BothLengths.status(), 400);
-    }
-
-    #[test]
-    fn json_is_text() {
-        assert!(is_text(b"application/json"));
-        assert!(is_text(b"Application/JSON; charset=utf-8"));
-        assert!(is_text(b"application/ld+json"));
-        assert!(is_text(b"text/plain"));
-        assert!(!is_text(b"application/octet-stream"));
-        assert!(!is_text(b"application/jsonx"));
     }
 }

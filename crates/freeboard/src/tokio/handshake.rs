@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use freeboard_proto::handshake::{DEFAULT_MAX_HEAD_LEN, EMPTY_HEADER, HandshakeError, Request};
+use freeboard_proto::http;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{Endpoint, WsConfig};
@@ -99,8 +100,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         let mut out = [0u8; 512];
         let headers = "Retry-After: 1\r\n";
         let body = "server memory budget exhausted";
-        let n = freeboard_proto::handshake::write_refusal(503, headers, body, &mut out)
-            .unwrap_or_default();
+        let n = http::write_refusal(503, headers, body, &mut out).unwrap_or_default();
         io.write_all(&out[..n]).await?;
         let _ = io.shutdown().await;
         return Err(AcceptError::Busy);
@@ -129,8 +129,7 @@ async fn refuse_with<S: AsyncWrite + Unpin>(
     error: HandshakeError,
 ) -> AcceptError {
     let mut out = [0u8; 512];
-    let n =
-        freeboard_proto::handshake::write_refusal(status, "", why, &mut out).unwrap_or_default();
+    let n = http::write_refusal(status, "", why, &mut out).unwrap_or_default();
     if let Err(e) = io.write_all(&out[..n]).await {
         return AcceptError::Io(e);
     }

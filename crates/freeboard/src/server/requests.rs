@@ -1,0 +1,72 @@
+//! The plain HTTP requests a loop keeps across reads, in its side tables by slot: how a
+//! response is sent ([`Reply`]), a request whose body is still arriving ([`PlainRequest`]),
+//! a publish whose answer waits for other loops' reports ([`AwaitingPublish`]); and the
+//! lines and reasons the loop's HTTP answers share. A leaf: the loop and its HTTP files
+//! name these, and these name none of them.
+
+use std::sync::Arc;
+
+use freeboard_proto::http::Chunked;
+
+use crate::topics::{Reach, Receipt};
+
+/// The `Retry-After` line of a 503 for a shortage that passes (memory, upgrade slots).
+pub(super) const RETRY_SOON: &str = "Retry-After: 1\r\n";
+/// The reason a request is refused when the pool cannot hold what it needs.
+pub(super) const BUDGET_EXHAUSTED: &str = "server memory budget exhausted";
+
+/// How a response is sent: kept alive or not, with or without its body (`HEAD`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Reply {
+    pub(super) keep_alive: bool,
+    pub(super) head_only: bool,
+}
+
+/// A plain request whose body is still arriving: what its response needs, kept beside the
+/// session (in the loop's side table) so that the connection's slot stays small.
+#[derive(Debug, Default)]
+pub(super) struct PlainRequest {
+    pub(super) reply: Reply,
+    /// `Access-Control-Allow-Origin` and `Vary` lines for a browser's cross-origin publish.
+    pub(super) cors: String,
+    /// A `Transfer-Encoding: chunked` body's decoder.
+    pub(super) chunked: Option<Chunked>,
+}
+
+/// What a publish reached so far: its messages, this loop's subscribers, the other loops.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct PublishAnswer {
+    pub(super) messages: u32,
+    pub(super) local: Reach,
+    pub(super) other_loops: u32,
+    pub(super) other_loops_dropped: u32,
+    /// With a Redis backplane: messages queued towards Redis, and lost to its full queue.
+    pub(super) redis: Option<(u32, u32)>,
+}
+
+impl PublishAnswer {
+    /// The JSON answer, with the other loops' `remote` (delivered, dropped) counts added.
+    pub(super) fn json(&self, remote: (u64, u64), complete: bool) -> String {
+        let redis = self.redis.map_or(String::new(), |(queued, lost)| {
+            format!(",\"redis\":{queued},\"redis_lost\":{lost}")
+        });
+        format!(
+            "{{\"messages\":{},\"delivered\":{},\"dropped\":{},\"other_loops\":{},\"other_loops_dropped\":{}{redis},\"complete\":{complete}}}\n",
+            self.messages,
+            self.local.delivered + remote.0,
+            self.local.dropped + remote.1,
+            self.other_loops,
+            self.other_loops_dropped,
+        )
+    }
+}
+
+/// A publish whose answer waits for other loops' reports.
+pub(super) struct AwaitingPublish {
+    /// The serial of the connection that asked (a slot is reused once it closes).
+    pub(super) serial: u64,
+    pub(super) answer: PublishAnswer,
+    pub(super) receipt: Arc<Receipt>,
+    pub(super) reply: Reply,
+    pub(super) cors: String,
+}
