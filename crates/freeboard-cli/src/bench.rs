@@ -104,7 +104,7 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 10_000)]
         connections: usize,
         /// Idle time watched after the close and after the drain: 10s, 1m.
-        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        #[arg(long, default_value = "10s", value_parser = crate::duration)]
         idle: Duration,
         /// Fraction of the pools' chunks the burst fills.
         #[arg(long, default_value_t = 0.9)]
@@ -317,10 +317,10 @@ pub(crate) enum BuffersCommand {
         #[arg(long, default_value = "400K", value_parser = crate::parse_size)]
         budget: usize,
         /// Length of each run: 90s, 10m, 1h.
-        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        #[arg(long, default_value = "10m", value_parser = crate::duration)]
         duration: Duration,
         /// Time between samples.
-        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        #[arg(long, default_value = "60s", value_parser = crate::duration)]
         sample: Duration,
         /// Publishing clients.
         #[arg(long, default_value_t = 2)]
@@ -332,7 +332,7 @@ pub(crate) enum BuffersCommand {
         #[arg(long, default_value_t = 960)]
         frame: usize,
         /// Time between pattern switches (clients take turns); 0s for none.
-        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        #[arg(long, default_value = "30s", value_parser = crate::duration)]
         pattern_every: Duration,
         /// Payload bytes of a pattern message.
         #[arg(long, default_value = "8K", value_parser = crate::parse_size)]
@@ -841,19 +841,6 @@ fn memory(
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (digits, unit) = match s.char_indices().last() {
-        Some((i, 's')) if s[..i].ends_with('m') => (&s[..i - 1], 0.001),
-        Some((i, 's')) => (&s[..i], 1.0),
-        Some((i, 'm')) => (&s[..i], 60.0),
-        Some((i, 'h')) => (&s[..i], 3600.0),
-        _ => (s, 1.0),
-    };
-    let v: f64 = digits.trim().parse().map_err(|_| format!("not a duration: {s:?}"))?;
-    Duration::try_from_secs_f64(v * unit).map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// `freeboard bench buffers simulate|soak`.
@@ -1467,11 +1454,14 @@ mod tests {
 
     #[test]
     fn durations_parse_with_units() {
+        // The bench's flags read durations with the configuration's one grammar.
+        use crate::duration as parse_duration;
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
         assert!(parse_duration("soon").is_err());
     }
 

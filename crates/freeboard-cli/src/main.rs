@@ -590,7 +590,7 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
 
 /// A duration flag: seconds (`30`, `0.5`) or with units (`30s`, `500ms`, `2m`), as in the TOML
 /// file.
-fn duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     freeboard::config::parse_duration(s)
 }
 
