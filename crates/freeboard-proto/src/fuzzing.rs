@@ -6,6 +6,7 @@
 //!
 //! - [`frames`]: a [`Connection`] of either role reading arbitrary bytes.
 //! - [`handshake`]: [`Request::parse`] and [`Response::parse`] on arbitrary bytes.
+//! - [`chunked`]: the chunked-body decoder, split at any point.
 //! - [`utf8`]: the streaming [`Utf8Validator`] against `core::str::from_utf8`.
 //! - [`close_payload`]: [`close::parse_payload`] against an independent model.
 //! - [`pair`]: a client and a server wired together in memory, driven by an operation script.
@@ -22,6 +23,7 @@ use std::vec::Vec;
 use crate::close::{self, MAX_REASON_LEN};
 use crate::frame::{MAX_CONTROL_PAYLOAD, MAX_HEADER_LEN};
 use crate::handshake::{ClientRequest, EMPTY_HEADER, HandshakeError, Key, Request, Response};
+use crate::http;
 use crate::mask::apply_mask;
 use crate::utf8::Utf8Validator;
 use crate::{
@@ -123,6 +125,73 @@ pub fn handshake(data: &[u8]) {
         let mut headers = vec![EMPTY_HEADER; header_count];
         let complete = httparse::Response::new(&mut headers).parse(input);
         check_prefix_stability(input, complete, max_head_len, outcome);
+    }
+}
+
+/// The chunked-body decoder ([`http::Chunked`]) over arbitrary bytes cut at fuzzer-chosen
+/// points.
+///
+/// Layout: `limit` (the body limit is `limit * 8` bytes), `count`, then `count % 8` piece
+/// lengths, then the bytes (their remainder is the last piece).
+///
+/// Asserts: the bytes used are at most those given, and all of them while the body is
+/// unfinished; the data handed over is at most the limit and is what [`http::Chunked::decoded`]
+/// counts; split invariance: the input fed whole, in the fuzzer's pieces, and one byte at a
+/// time gives the same data, bytes used, completion and error; a body complete after `U` bytes
+/// is complete, with the same data, from those `U` bytes alone.
+pub fn chunked(data: &[u8]) {
+    let mut script = Script::new(data);
+    let limit = u64::from(script.byte()) * 8;
+    let count = usize::from(script.byte() % 8);
+    let lens: Vec<usize> = (0..count).map(|_| usize::from(script.byte())).collect();
+    let input = script.rest();
+    let decode = |cuts: &mut dyn Iterator<Item = usize>| {
+        let mut chunked = http::Chunked::new(limit);
+        let mut body = Vec::new();
+        let (mut at, mut used) = (0, 0);
+        loop {
+            let end = cuts.next().map_or(input.len(), |len| (at + len).min(input.len()));
+            let piece = &input[at..end];
+            let fed = chunked.feed(piece, |d| {
+                body.extend_from_slice(d);
+                true
+            });
+            let outcome = match fed {
+                Err(e) => Err(e),
+                Ok((n, done)) => {
+                    assert!(n <= piece.len(), "used {n} of {} bytes", piece.len());
+                    assert!(done || n == piece.len(), "an unfinished body uses all its input");
+                    assert_eq!(done, chunked.is_done());
+                    used += n;
+                    Ok(done)
+                }
+            };
+            assert!(body.len() as u64 <= limit, "{} bytes past the limit {limit}", body.len());
+            assert_eq!(chunked.decoded(), body.len() as u64);
+            if outcome.is_err() {
+                // An error reports no count: the body is refused whatever came before.
+                return (outcome, body, 0);
+            }
+            if outcome == Ok(true) || end == input.len() {
+                return (outcome, body, used);
+            }
+            at = end;
+        }
+    };
+    let whole = decode(&mut core::iter::empty());
+    let pieces = decode(&mut lens.into_iter());
+    let bytes = decode(&mut core::iter::repeat(1));
+    assert_eq!(pieces, whole, "the fuzzer's pieces");
+    assert_eq!(bytes, whole, "one byte at a time");
+    if let (Ok(true), body, used) = &whole {
+        let mut alone = http::Chunked::new(limit);
+        let mut again = Vec::new();
+        let fed = alone.feed(&input[..*used], |d| {
+            again.extend_from_slice(d);
+            true
+        });
+        assert_eq!(fed, Ok((*used, true)), "complete from its own bytes");
+        assert_eq!(&again, body);
     }
 }
 
