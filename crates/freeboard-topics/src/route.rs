@@ -12,7 +12,7 @@ use freeboard::{
 
 use crate::token::{Grant, TokenError, TokenVerifier, bearer_token};
 use crate::webhook::ConnectWebhook;
-use freeboard::query_value;
+use freeboard_proto::http::query_value;
 
 /// The `/topic/{name}` endpoint of `freeboard serve`: the upgrade subscribes the connection to
 /// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`; an

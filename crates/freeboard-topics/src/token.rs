@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use freeboard_proto::handshake::Request;
+use freeboard_proto::http;
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
@@ -309,16 +310,12 @@ pub(crate) fn unix_time(secs: u64) -> SystemTime {
 /// `access_token` query parameter (RFC 6750 §2.3), which is what browsers can send — they
 /// cannot set headers on a WebSocket.
 pub fn bearer_token<'b>(request: &Request<'_, 'b>) -> Option<&'b str> {
-    if let Some(value) = request.header("authorization") {
-        let value = std::str::from_utf8(value).ok()?.trim();
-        return value
-            .get(..7)
-            .filter(|s| s.eq_ignore_ascii_case("bearer "))
-            .map(|_| value[7..].trim())
-            .filter(|t| !t.is_empty());
-    }
-    let (_, query) = request.path().split_once('?')?;
-    query.split('&').find_map(|pair| pair.strip_prefix("access_token=")).filter(|t| !t.is_empty())
+    // An `Authorization` header of another scheme is not overridden by the query.
+    let token = match request.header("authorization") {
+        Some(_) => http::bearer_token(request.headers()),
+        None => http::query_value(request.path(), "access_token"),
+    };
+    token.filter(|t| !t.is_empty())
 }
 
 /// `pattern` is a topic name, a prefix ending in `*`, or `*`.

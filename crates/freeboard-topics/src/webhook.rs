@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use freeboard::{Accepted, Decision};
+use freeboard_proto::http;
 
 use crate::Error;
 use crate::config::WebhookConfig;
@@ -109,7 +110,7 @@ impl ConnectWebhook {
         })
         .to_string();
         let topics = topics.iter().map(|t| (*t).to_owned()).collect();
-        let since = freeboard::query_value(path, "since").map(str::to_owned);
+        let since = http::query_value(path, "since").map(str::to_owned);
         match self.jobs.try_send(Job { decision, body, topics, since }) {
             Ok(()) => {}
             Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => {
@@ -235,29 +236,95 @@ fn post(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(timed_out(e)),
         }
-        if let Some(whole) = complete(&answer, false) {
+        if let Some(whole) = complete(&answer, false)? {
             return Ok(whole);
         }
     }
-    complete(&answer, true).ok_or("webhook_error")
+    complete(&answer, true)?.ok_or("webhook_error")
 }
 
-/// The status and body of a complete answer: its `Content-Length` bytes, or all of it at
-/// `eof`.
-fn complete(answer: &[u8], eof: bool) -> Option<(u16, Vec<u8>)> {
+/// The status and body of an answer once it is complete (`None`: not yet): its
+/// `Content-Length` bytes, its chunked body, or all of it at `eof` (RFC 9112 §6.3). An answer
+/// whose framing cannot be trusted is an error, never guessed at.
+fn complete(answer: &[u8], eof: bool) -> Result<Option<(u16, Vec<u8>)>, &'static str> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut response = httparse::Response::new(&mut headers);
-    let httparse::Status::Complete(head) = response.parse(answer).ok()? else { return None };
-    let status = response.code?;
-    let length = response
-        .headers
-        .iter()
-        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok());
-    let body = match length {
-        Some(length) => answer.get(head..head + length)?,
-        None if eof => &answer[head..],
-        None => return None,
+    let head = match response.parse(answer) {
+        Ok(httparse::Status::Complete(head)) => head,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err("webhook_error"),
     };
-    Some((status, body.to_vec()))
+    let status = response.code.ok_or("webhook_error")?;
+    let rest = &answer[head..];
+    if http::chunked_body(response.headers).map_err(|_| "webhook_error")? {
+        let mut body = Vec::new();
+        let mut chunked = http::Chunked::new(MAX_ANSWER as u64);
+        let (_, done) = chunked
+            .feed(rest, |data| {
+                body.extend_from_slice(data);
+                true
+            })
+            .map_err(|_| "webhook_error")?;
+        return Ok(done.then_some((status, body)));
+    }
+    let body = match http::content_length(response.headers).map_err(|_| "webhook_error")? {
+        Some(length) => usize::try_from(length).ok().and_then(|n| rest.get(..n)),
+        None if eof => Some(rest),
+        None => None,
+    };
+    Ok(body.map(|body| (status, body.to_vec())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_read_by_their_framing() {
+        let ok = |text: &str, eof| complete(text.as_bytes(), eof);
+        let whole = Ok(Some((200, b"{}".to_vec())));
+        assert_eq!(ok("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", false), whole);
+        assert_eq!(ok("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{", false), Ok(None));
+        assert_eq!(ok("HTTP/1.1 200 OK\r\nContent-Len", false), Ok(None));
+        // Chunked, as many frameworks answer: complete at its last chunk, not at the close.
+        let chunked =
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n1\r\n}\r\n0\r\n\r\n";
+        assert_eq!(ok(chunked, false), whole);
+        assert_eq!(ok(&chunked[..chunked.len() - 5], false), Ok(None));
+        // Without a length, the body is what came before the close.
+        assert_eq!(ok("HTTP/1.1 200 OK\r\n\r\n{}", true), whole);
+        assert_eq!(ok("HTTP/1.1 200 OK\r\n\r\n{}", false), Ok(None));
+        // Framing that cannot be trusted is an error, not a guess (RFC 9112 §6.3).
+        for bad in [
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+            "HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n{}",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            "HTTP/9 200\r\n\r\n",
+        ] {
+            assert_eq!(ok(bad, true), Err("webhook_error"), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_url_is_read_by_the_url_crate() {
+        let second = Duration::from_secs(1);
+        let target = Target::parse("http://127.0.0.1:8080/connect?app=a", second, 1).unwrap();
+        assert_eq!((target.host.as_str(), target.port), ("127.0.0.1", 8080));
+        assert_eq!(
+            (target.authority.as_str(), target.path.as_str()),
+            ("127.0.0.1:8080", "/connect?app=a")
+        );
+        let target = Target::parse("http://[::1]/", second, 1).unwrap();
+        assert_eq!(
+            (target.host.as_str(), target.port, target.authority.as_str()),
+            ("::1", 80, "[::1]")
+        );
+        let refused = |url: &str| Target::parse(url, second, 1).err().map(|e| e.to_string());
+        assert!(refused("https://example.com/").unwrap().contains("only http://"));
+        assert!(refused("http://:8080/").is_some());
+        assert!(refused("not a url").is_some());
+        assert!(Target::parse("http://127.0.0.1/", Duration::ZERO, 1).is_err());
+        assert!(Target::parse("http://127.0.0.1/", second, 0).is_err());
+    }
 }

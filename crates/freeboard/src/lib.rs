@@ -63,7 +63,7 @@ pub use handler::{
     Upgrade,
 };
 pub use metrics::Metrics;
-pub use server::{RunningServer, Server, ServerHandle, query_value};
+pub use server::{RunningServer, Server, ServerHandle};
 pub use session::SendOutcome;
 pub use session::deflate::{Agreement, Compression, NegotiationError};
 pub use topics::{Published, Reach};

@@ -44,6 +44,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use freeboard_buf::{Budget, Frame, Pool, SharedFrame};
 use freeboard_proto::frame::FrameHeader;
+use freeboard_proto::http;
 use freeboard_proto::{MessageKind, OpCode};
 use mio::Waker;
 use slab::Slab;
@@ -135,9 +136,8 @@ pub fn valid_topic(name: &str) -> bool {
 /// `name`, `a`, `b` (other query keys are ignored). `None` if the path is not under the prefix
 /// or a name is invalid.
 pub fn topics_in_target<'t>(prefix: &str, target: &'t str) -> Option<Vec<&'t str>> {
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let first = path.strip_prefix(prefix)?;
-    let also = query.split('&').filter_map(|pair| pair.strip_prefix("also="));
+    let first = http::target_path(target).strip_prefix(prefix)?;
+    let also = http::query_values(target, "also");
     let names: Vec<&str> = std::iter::once(first).chain(also).collect();
     names.iter().all(|n| valid_topic(n)).then_some(names)
 }

@@ -33,9 +33,6 @@ use event_loop::{EventLoop, Listeners, WAKER};
 use freeboard_proto::MessageKind;
 use shared::Shared;
 
-// `freeboard::query_value`, for the topic service (the parser is freeboard-proto's).
-pub use freeboard_proto::http::query_value;
-
 /// A bound server, ready to [`run`](Self::run).
 ///
 /// ```no_run
