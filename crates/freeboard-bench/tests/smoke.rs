@@ -16,7 +16,7 @@ fn server() -> freeboard::RunningServer {
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.threads = 1;
     config.memory = 64 << 20;
-    config.idle_timeout = None;
+    config.limits.idle_timeout = None;
     config.max_connections_per_ip = 100_000;
     Server::bind(config, || Router::new().route("/", Echo).route("/echo", Echo)).unwrap().spawn()
 }
@@ -194,9 +194,9 @@ fn buffers_soak_delivers_frames_through_a_small_budget() {
     config.threads = 1;
     config.memory = 400 << 10;
     config.read_buffer = 16 << 10;
-    config.max_message_size = 16 << 10;
+    config.limits.max_message_size = 16 << 10;
     config.connection_reserve = 16 << 10;
-    config.idle_timeout = None;
+    config.limits.idle_timeout = None;
     let service = topic_service(&config);
     let routes =
         move || service.mount(Router::new().route("/", Echo).http("/metrics", HttpRoute::Metrics));
@@ -234,9 +234,9 @@ fn watermarks_score_every_iteration() {
     let mut config = ServerConfig::default();
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.threads = 1;
-    config.idle_timeout = None;
-    config.send_low = 4 << 10;
-    config.send_high = 16 << 10;
+    config.limits.idle_timeout = None;
+    config.limits.send_low = 4 << 10;
+    config.limits.send_high = 16 << 10;
     let server = Server::bind(config, || Router::new().route("/", Echo)).unwrap().spawn();
     let target = Target::parse(&format!("ws://{}/", server.local_addr())).unwrap();
     let plan = Plan { batch: 300, burst: 200, bursts: 2, size: 1024, warmup: 1, iterations: 3 };
@@ -266,7 +266,7 @@ fn compressing_connections_have_their_memory_measured() {
     let mut config = ServerConfig::default();
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.threads = 1;
-    config.idle_timeout = None;
+    config.limits.idle_timeout = None;
     config.compression = freeboard::Compression::Shared;
     let server =
         Server::bind(config, || Router::new().route("/", freeboard::Echo)).unwrap().spawn();
@@ -287,7 +287,7 @@ fn broadcast_reaches_every_subscriber() {
     let mut config = ServerConfig::default();
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.threads = 1;
-    config.idle_timeout = None;
+    config.limits.idle_timeout = None;
     config.topics.slow_consumer = freeboard::SlowConsumerPolicy::DropOldest;
     config.topics.send_cap = 4 << 20;
     config.compression = freeboard::Compression::Shared;

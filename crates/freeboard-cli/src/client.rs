@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use freeboard::client::{
-    Client, ClientConfig, ClientError, CloseCode, Event, MessageKind, SendOutcome,
+    Client, ClientConfig, ClientError, CloseCode, Event, MessageKind, PushOutcome, SendOutcome,
 };
 
 /// Exit statuses, as documented in `--help`.
@@ -156,8 +156,12 @@ fn session(
         .map_err(|e| ClientError::Config(format!("--timeout: {e}")))?;
     let mut config = ClientConfig::default()
         .connect_timeout(timeout)
-        .handshake_timeout(timeout)
-        .max_message_size(args.max_message_size)
+        .limits(|limits| {
+            limits
+                .handshake_timeout(timeout)
+                .max_message_size(args.max_message_size)
+                .idle_timeout(args.ping)
+        })
         .memory((args.max_message_size * 2).max(32 << 20))
         .compression(!args.no_compression);
     config.headers = args.headers.clone();
@@ -172,7 +176,6 @@ fn session(
         );
         config = config.insecure(true);
     }
-    config.ping_interval = args.ping;
     let mut client = Client::connect(&args.url, config)?;
     if let Some(agreed) = client.compression() {
         eprintln!("freeboard client: {}", agreed.response());
@@ -276,12 +279,12 @@ fn send_line(client: &mut Client, kind: MessageKind, line: Vec<u8>) -> Result<bo
         return Ok(false);
     }
     let mut pushed = client.send(kind, &line)?;
-    while let SendOutcome::Blocked = pushed {
+    while let SendOutcome::Queue(PushOutcome::WouldBlock { .. }) = pushed {
         // The send queue is full: wait until the socket takes some of it, then retry.
         client.flush(Some(Duration::from_millis(100)))?;
         pushed = client.send(kind, &line)?;
     }
-    if let SendOutcome::Dropped { .. } = pushed {
+    if let SendOutcome::Queue(PushOutcome::Dropped { .. }) = pushed {
         eprintln!("freeboard client: a message larger than the send queue's cap was dropped");
     }
     Ok(true)

@@ -682,14 +682,14 @@ mod tests {
         // under the smaller topic cap.
         let from_flags = from_flags.server;
         assert_eq!(from_flags.memory, 256 << 20);
-        assert_eq!(from_flags.send_cap, (20 << 20) + (64 << 10));
+        assert_eq!(from_flags.limits.send_cap, (20 << 20) + (64 << 10));
         assert_eq!(from_flags.topics.send_high, 48 << 10);
         assert_eq!(from_flags.topics.send_low, 32 << 10);
-        assert_eq!(from_flags.idle_timeout, Some(Duration::from_secs(45)));
+        assert_eq!(from_flags.limits.idle_timeout, Some(Duration::from_secs(45)));
         // An explicit cap is kept as given.
         let capped =
             config_of(&["--max-message-size", "20M", "--send-cap", "1M", "--send-high", "64K"]);
-        assert_eq!(capped.unwrap().server.send_cap, 1 << 20);
+        assert_eq!(capped.unwrap().server.limits.send_cap, 1 << 20);
     }
 
     #[test]
@@ -850,8 +850,8 @@ mod tests {
         let config = settings(&args).unwrap().server;
         assert_eq!(config.max_connections, 7);
         assert_eq!(config.threads, 2);
-        assert_eq!(config.idle_timeout, None);
-        assert_eq!(config.slow_consumer, freeboard::SlowConsumerPolicy::DropOldest);
+        assert_eq!(config.limits.idle_timeout, None);
+        assert_eq!(config.limits.slow_consumer, freeboard::SlowConsumerPolicy::DropOldest);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

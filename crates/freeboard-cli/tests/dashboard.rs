@@ -160,7 +160,7 @@ fn the_dashboard_shows_the_numbers_move_in_chromium() {
             // Batches well under the watermarks: every send is queued, every echo comes back.
             for _ in 0..20 {
                 let outcome = client.send_binary(&payload).unwrap();
-                assert_eq!(outcome, freeboard::SendOutcome::Queued);
+                assert_eq!(outcome, freeboard::SendOutcome::Queue(freeboard::PushOutcome::Queued));
             }
             for _ in 0..20 {
                 let event = client.recv_timeout(Some(Duration::from_secs(30))).unwrap();

@@ -311,7 +311,7 @@ impl Handler for NeverDecides {
 fn pending_decisions_are_bounded_and_time_out() {
     let mut config = config();
     config.max_pending_upgrades = 5;
-    config.handshake_timeout = Duration::from_secs(1);
+    config.limits.handshake_timeout = Duration::from_secs(1);
     let parked = Arc::new(Mutex::new(Vec::new()));
     let held = parked.clone();
     let routes =

@@ -181,7 +181,7 @@ fn dedicated_mode_echoes_compressed_with_its_window() {
 #[test]
 fn dedicated_mode_keeps_no_server_context_under_a_dropping_policy() {
     for policy in [SlowConsumerPolicy::DropNewest, SlowConsumerPolicy::Block] {
-        let running = server(Compression::Dedicated, |c| c.slow_consumer = policy);
+        let running = server(Compression::Dedicated, |c| c.limits.slow_consumer = policy);
         let c = DeflateClient::connect(running.local_addr(), "permessage-deflate");
         assert_eq!(c.extensions(), Some("permessage-deflate; server_no_context_takeover"));
         running.handle().shutdown();
@@ -380,7 +380,7 @@ fn dedicated_subscribers_with_context_takeover_decode_publications_among_their_e
     let mut c = config();
     c.compression = Compression::Dedicated;
     c.compression_threshold = 16;
-    c.slow_consumer = SlowConsumerPolicy::Close; // the server keeps its context only then
+    c.limits.slow_consumer = SlowConsumerPolicy::Close; // the server keeps its context only then
     let server =
         Server::bind(c, || Router::new().route_with("/", SubscribeAndEcho, RouteOptions::new()))
             .unwrap()
@@ -437,7 +437,7 @@ fn a_publication_the_budget_cannot_compress_goes_uncompressed_and_is_counted() {
     c.memory = 2 << 20;
     c.compression = Compression::Dedicated;
     c.compression_threshold = 16;
-    c.slow_consumer = SlowConsumerPolicy::Close;
+    c.limits.slow_consumer = SlowConsumerPolicy::Close;
     let server =
         Server::bind(c, || Router::new().route_with("/", SubscribeAndEcho, RouteOptions::new()))
             .unwrap()

@@ -238,7 +238,7 @@ fn methods_reason_phrases_and_cors() {
 #[test]
 fn json_is_text_the_answer_counts_subscribers_and_batches_publish_many() {
     let mut config = config();
-    config.max_message_size = 4 << 20;
+    config.limits.max_message_size = 4 << 20;
     config.topics.send_low = 16 << 10;
     config.topics.send_high = 32 << 10;
     config.topics.send_cap = 64 << 10;

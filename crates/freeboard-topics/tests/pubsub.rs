@@ -125,7 +125,7 @@ fn never_reading(
     // Under `close` the slow subscriber is closed early in the publication, and reads its
     // close frame only after all of it: the drain must wait that long (the common 1 s can pass
     // on a slow build, such as the AddressSanitizer one, and drop the close frame unsent).
-    config.close_timeout = std::time::Duration::from_secs(60);
+    config.limits.close_timeout = std::time::Duration::from_secs(60);
     let service = common::service(&config.topics, true);
     let server = start(config, move || {
         let fast = RouteOptions::new()
@@ -285,7 +285,7 @@ fn close_policy_closes_a_never_reading_subscriber_with_1008() {
 #[test]
 fn http_publish_checks_the_bearer_token_and_the_length() {
     let mut config = common::config();
-    config.max_message_size = 4096;
+    config.limits.max_message_size = 4096;
     config.topics = topics(SlowConsumerPolicy::DropOldest, 1 << 20);
     config.topics.publish_token = Some("s3cret".into());
     let service = common::service(&config.topics, true);
@@ -559,10 +559,10 @@ fn a_subscriber_handler_called_during_anothers_read_sends_to_its_own_connection(
     const PUBLICATIONS: usize = 20;
     const SIZE: usize = 400 << 10;
     let mut config = common::config();
-    (config.send_low, config.send_high) = (512, 1024);
+    (config.limits.send_low, config.limits.send_high) = (512, 1024);
     // 8 MB for a subscriber that does not read: more than the socket buffers hold, and under
     // the cap, so nothing is dropped.
-    config.send_cap = 16 << 20;
+    config.limits.send_cap = 16 << 20;
     let server = start(config, || Router::new().route("/", Commands));
     let addr = server.local_addr();
     let (mut publisher, mut subscriber) = (common::Client::open(addr), common::Client::open(addr));

@@ -23,7 +23,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use freeboard::client::{Client, ClientConfig, Event, MessageKind, SendOutcome};
+use freeboard::client::{Client, ClientConfig, Event, MessageKind, PushOutcome, SendOutcome};
 use freeboard::{Echo, Router, Server, ServerConfig};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::{Bytes, Message, Utf8Bytes};
@@ -56,7 +56,9 @@ fn send(c: &mut Criterion) {
                 b.iter_batched(
                     || payload.clone(),
                     |owned| {
-                        if let SendOutcome::Blocked = caller.send_owned(kind, owned).unwrap() {
+                        if let SendOutcome::Queue(PushOutcome::WouldBlock { .. }) =
+                            caller.send_owned(kind, owned).unwrap()
+                        {
                             caller.flush(None).unwrap(); // counted: a refused send is retried
                             send_all(&mut caller, kind, &payload);
                         }
@@ -192,7 +194,9 @@ fn timed_sends(client: &mut Client, iters: u64, kind: MessageKind, payload: &[u8
 
 /// Sends one message, waiting for the socket when the policy (`Block`) refuses it.
 fn send_all(client: &mut Client, kind: MessageKind, payload: &[u8]) {
-    while let SendOutcome::Blocked = client.send(kind, payload).unwrap() {
+    while let SendOutcome::Queue(PushOutcome::WouldBlock { .. }) =
+        client.send(kind, payload).unwrap()
+    {
         client.flush(None).unwrap();
     }
 }

@@ -15,7 +15,7 @@
 use std::process::ExitCode;
 use std::sync::OnceLock;
 
-use freeboard::client::{Client, ClientConfig, ClientError, CloseCode, Event, Watermarks};
+use freeboard::client::{Client, ClientConfig, ClientError, CloseCode, Event};
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -50,14 +50,17 @@ static CA: OnceLock<Option<String>> = OnceLock::new();
 
 fn config() -> ClientConfig {
     // Section 9 sends messages of up to 16 MiB, and may have several in flight.
-    // NOTE(unwrap): the marks are ordered.
-    let marks = Watermarks::new(32 << 20, 64 << 20, 128 << 20).unwrap();
     // permessage-deflate is offered (sections 12-13); every message is compressed, as the
     // conformance run expects (threshold 0).
     let config = ClientConfig::default()
         .memory(256 << 20)
-        .max_message_size(64 << 20)
-        .watermarks(marks)
+        .limits(|limits| {
+            limits
+                .max_message_size(64 << 20)
+                .send_low(32 << 20)
+                .send_high(64 << 20)
+                .send_cap(128 << 20)
+        })
         .compression_threshold(0);
     match CA.get() {
         Some(Some(ca)) => config.ca_file(ca),

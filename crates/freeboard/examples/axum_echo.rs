@@ -14,7 +14,7 @@ use axum::routing::get;
 use axum::{Extension, Router};
 use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
 use freeboard::tokio::{Endpoint, EndpointConfig, Message, WsConfig};
-use freeboard::{SendOutcome, SlowConsumerPolicy, Watermarks};
+use freeboard::{PushOutcome, SendOutcome, SlowConsumerPolicy, Watermarks};
 use futures_util::StreamExt;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
@@ -33,14 +33,14 @@ async fn main() -> std::io::Result<()> {
 }
 
 /// freeboard's echo: each message goes back as it came; a client that stops reading meets
-/// the `block` policy at its queue's cap (`send` says `Blocked`) and is no longer read.
+/// the `block` policy at its queue's cap (`send` says `WouldBlock`) and is no longer read.
 async fn echo(ws: WebSocketUpgrade) -> Response {
     ws.on_upgrade(|mut socket: AxumWebSocket| async move {
         while let Some(message) = socket.next().await {
             if let Message::Close(_) = message {
                 break;
             }
-            if socket.send(message) == SendOutcome::Blocked {
+            if let SendOutcome::Queue(PushOutcome::WouldBlock { .. }) = socket.send(message) {
                 socket.writable().await;
             }
         }
@@ -50,7 +50,8 @@ async fn echo(ws: WebSocketUpgrade) -> Response {
 /// A broadcast room: what one member sends, every member gets (the endpoint's topic "room").
 async fn join(ws: WebSocketUpgrade) -> Response {
     let marks = Watermarks::new(64 << 10, 256 << 10, 1 << 20).expect("low <= high <= cap");
-    let config = WsConfig::default().watermarks(marks).policy(SlowConsumerPolicy::DropOldest);
+    let config =
+        WsConfig::default().watermarks(marks).slow_consumer(SlowConsumerPolicy::DropOldest);
     ws.config(config).on_upgrade(|mut socket: AxumWebSocket| async move {
         if socket.subscribe("room").is_err() {
             return;

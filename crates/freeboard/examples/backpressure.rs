@@ -4,7 +4,7 @@
 //!     cargo run --release -p freeboard --example backpressure
 //!     # connect to ws://127.0.0.1:9001/stream and send anything to start
 
-use freeboard::{Conn, Handler, Message, Router, SendOutcome, Server, ServerConfig};
+use freeboard::{Conn, Handler, Message, PushOutcome, Router, SendOutcome, Server, ServerConfig};
 
 #[derive(Default)]
 struct Stream {
@@ -17,8 +17,8 @@ impl Stream {
         loop {
             self.next += 1;
             match conn.send_text(&format!("message {}", self.next)) {
-                SendOutcome::Queued => {}
-                SendOutcome::QueuedAboveHigh => return,
+                SendOutcome::Queue(PushOutcome::Queued) => {}
+                SendOutcome::Queue(PushOutcome::QueuedAboveHigh) => return,
                 other => {
                     println!("stopping at {}: {other:?}", self.next);
                     return;

@@ -6,6 +6,8 @@ use std::time::Duration;
 use freeboard_buf::{SlowConsumerPolicy, Watermarks};
 use serde::Deserialize;
 
+use crate::{Limits, LimitsError};
+
 /// The smallest pool chunk: a frame header and a useful piece of payload.
 pub const MIN_CHUNK_SIZE: usize = 256;
 
@@ -14,10 +16,11 @@ pub const MIN_CHUNK_SIZE: usize = 256;
 /// Deserializes from TOML in the same language as `freeboard serve`'s flags: sizes as bytes
 /// or with a suffix (`"256M"`, `"64K"`, `"1.5G"`; powers of 1024, see [`parse_size()`]),
 /// durations as seconds or with a unit (`"30s"`, `"500ms"`, `"2m"`, see
-/// [`parse_duration`]); missing fields keep their defaults. Settings derived from others
-/// follow [`derive_unset`](Self::derive_unset).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// [`parse_duration`]); missing fields keep their defaults, an unknown key is refused. The
+/// [`limits`](Self::limits)' keys sit at the top level beside the server's own
+/// (`send_cap = "1M"`, as `--send-cap 1M`). Settings derived from others follow
+/// [`derive_unset`](Self::derive_unset).
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ServerConfig {
     /// Address to listen on. Default `127.0.0.1:9001`.
@@ -32,21 +35,18 @@ pub struct ServerConfig {
     /// The memory budget in bytes for all buffers (pool chunks, message assembly, read
     /// buffers), split evenly between the event loops. Default 1 GiB. Chunk pages cost RSS
     /// only once used; the pool's free lists (about 3 % of the budget) are written at start.
-    #[serde(with = "size")]
     pub memory: usize,
     /// Pool chunk size in bytes. Default 4096.
-    #[serde(with = "size")]
     pub chunk_size: usize,
     /// Per-loop shared read buffer in bytes, at least 16 KiB. Default 128 KiB. Each loop also
     /// keeps a cork of this size (the replies to one read, written at once); both come out of
-    /// the loop's share of `memory`. With `send_high` at least this large, an echo's replies
-    /// to one read leave in one write.
-    #[serde(with = "size")]
+    /// the loop's share of `memory`. With `limits.send_high` at least this large, an echo's
+    /// replies to one read leave in one write.
     pub read_buffer: usize,
-    /// Largest message accepted (all its frames together); beyond it the connection is closed
-    /// with 1009. Default 16 MiB.
-    #[serde(with = "size")]
-    pub max_message_size: u64,
+    /// Every connection's send queue (watermarks, cap, slow-consumer policy), largest message
+    /// and frame, and timeouts (handshake, idle, pong, close); a route may give its own send
+    /// queue ([`RouteOptions`](crate::RouteOptions)). Default [`Limits::DEFAULT`].
+    pub limits: Limits,
     /// Open connections (WebSocket and HTTP) across all loops; beyond it upgrades get 503.
     /// Default 100,000.
     pub max_connections: usize,
@@ -60,45 +60,12 @@ pub struct ServerConfig {
     /// worth); beyond it upgrades get 429 with `Retry-After`. 0 (the default) turns it off.
     pub accept_rate_per_ip: f64,
     /// Seconds a client is told to wait in `Retry-After` (429). Default 1.
-    #[serde(with = "duration")]
     pub retry_after: Duration,
-    /// Time from accept to a complete upgrade request; slower clients are dropped
-    /// (slowloris). Default 10 s.
-    #[serde(with = "duration")]
-    pub handshake_timeout: Duration,
-    /// Send a ping after this long without input; `None` disables automatic pings.
-    /// Default 30 s.
-    #[serde(with = "opt_duration")]
-    pub idle_timeout: Option<Duration>,
-    /// How long a ping may stay unanswered before the connection is dropped. Default 10 s.
-    #[serde(with = "duration")]
-    pub pong_timeout: Duration,
-    /// How long to wait for the peer's close frame after ours. Default 5 s.
-    #[serde(with = "duration")]
-    pub close_timeout: Duration,
     /// On shutdown, how long to wait for close handshakes before exiting. Default 5 s.
-    #[serde(with = "duration")]
     pub drain_timeout: Duration,
-    /// Send queue low watermark (writable again at or below). Default 64 KiB.
-    #[serde(with = "size")]
-    pub send_low: usize,
-    /// Send queue high watermark (not writable above; the connection's reads pause). Default
-    /// 128 KiB, the default `read_buffer`: corked replies count as queued, so an echo's
-    /// replies to one read fit under it and leave in one write.
-    #[serde(with = "size")]
-    pub send_high: usize,
-    /// Send queue hard cap; at it the slow-consumer policy decides. Default: 16 MiB + 64 KiB,
-    /// enough to echo one message of the default maximum size.
-    #[serde(with = "size")]
-    pub send_cap: usize,
-    /// What happens to a message that would pass the cap: `block`, `drop-newest`,
-    /// `drop-oldest`, `conflate` or `close` (1008). Default `close`.
-    #[serde(with = "policy")]
-    pub slow_consumer: SlowConsumerPolicy,
     /// Pool bytes that must be free for an upgrade to be accepted (else 503). Messages that
     /// arrive in pieces may not take the pool below half of it (else close 1013), so the open
     /// connections keep room to send. Default 64 KiB.
-    #[serde(with = "size")]
     pub connection_reserve: usize,
     /// Origins browsers may open WebSockets from (`scheme://host[:port]`,
     /// `scheme://*.domain`, `*`); any other `Origin` gets 403, counted in
@@ -126,7 +93,6 @@ pub struct ServerConfig {
     pub compression_window: u8,
     /// Messages shorter than this are sent uncompressed. Default 64 bytes; 0 compresses
     /// every message.
-    #[serde(with = "size")]
     pub compression_threshold: usize,
     /// Pub/sub: the topic endpoints, their send queues and who may publish (the `[topics]`
     /// table in TOML).
@@ -367,21 +333,13 @@ impl Default for ServerConfig {
             memory: 1 << 30,
             chunk_size: freeboard_buf::DEFAULT_CHUNK_SIZE,
             read_buffer: 128 << 10,
-            max_message_size: 16 << 20,
+            limits: Limits::DEFAULT,
             max_connections: 100_000,
             max_connections_per_ip: 1_000,
             accept_rate: 0.0,
             accept_rate_per_ip: 0.0,
             retry_after: Duration::from_secs(1),
-            handshake_timeout: Duration::from_secs(10),
-            idle_timeout: Some(Duration::from_secs(30)),
-            pong_timeout: Duration::from_secs(10),
-            close_timeout: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(5),
-            send_low: 64 << 10,
-            send_high: 128 << 10,
-            send_cap: (16 << 20) + (64 << 10),
-            slow_consumer: SlowConsumerPolicy::Close,
             connection_reserve: 64 << 10,
             allowed_origins: Vec::new(),
             trusted_proxies: Vec::new(),
@@ -397,6 +355,80 @@ impl Default for ServerConfig {
     }
 }
 
+/// Every top-level key of `freeboard serve`'s TOML file: the field it sets and how its value is
+/// read. One table for the parser and for the keys it names when it refuses an unknown one;
+/// the [`Limits`]' keys sit beside the server's own, as their flags do.
+macro_rules! server_keys {
+    ($($key:literal => $($field:ident).+ as $read:ident;)*) => {
+        const SERVER_KEYS: &[&str] = &[$($key),*];
+
+        impl<'de> Deserialize<'de> for ServerConfig {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_struct("ServerConfig", SERVER_KEYS, ServerKeys)
+            }
+        }
+
+        struct ServerKeys;
+
+        impl<'de> serde::de::Visitor<'de> for ServerKeys {
+            type Value = ServerConfig;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a table of server settings")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ServerConfig, A::Error> {
+                let mut config = ServerConfig::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        $($key => config.$($field).+ = map.next_value::<$read<_>>()?.0,)*
+                        key => return Err(serde::de::Error::unknown_field(key, SERVER_KEYS)),
+                    }
+                }
+                Ok(config)
+            }
+        }
+    };
+}
+
+server_keys! {
+    "listen" => listen as Plain;
+    "share_port" => share_port as Plain;
+    "threads" => threads as Plain;
+    "memory" => memory as Size;
+    "chunk_size" => chunk_size as Size;
+    "read_buffer" => read_buffer as Size;
+    "max_message_size" => limits.max_message_size as Size;
+    "max_connections" => max_connections as Plain;
+    "max_connections_per_ip" => max_connections_per_ip as Plain;
+    "accept_rate" => accept_rate as Plain;
+    "accept_rate_per_ip" => accept_rate_per_ip as Plain;
+    "retry_after" => retry_after as Time;
+    "handshake_timeout" => limits.handshake_timeout as Time;
+    "idle_timeout" => limits.idle_timeout as Time;
+    "pong_timeout" => limits.pong_timeout as Time;
+    "close_timeout" => limits.close_timeout as Time;
+    "drain_timeout" => drain_timeout as Time;
+    "send_low" => limits.send_low as Size;
+    "send_high" => limits.send_high as Size;
+    "send_cap" => limits.send_cap as Size;
+    "slow_consumer" => limits.slow_consumer as Policy;
+    "connection_reserve" => connection_reserve as Size;
+    "allowed_origins" => allowed_origins as Plain;
+    "trusted_proxies" => trusted_proxies as Plain;
+    "proxy_protocol" => proxy_protocol as Plain;
+    "max_pending_upgrades" => max_pending_upgrades as Plain;
+    "compression" => compression as Plain;
+    "compression_window" => compression_window as Plain;
+    "compression_threshold" => compression_threshold as Size;
+    "topics" => topics as Plain;
+    "tls" => tls as Plain;
+    "admin" => admin as Plain;
+}
+
 impl ServerConfig {
     /// The default configuration.
     pub fn new() -> Self {
@@ -409,22 +441,15 @@ impl ServerConfig {
         if self.threads == 0 {
             return Err(ConfigError::NoThreads);
         }
+        self.limits.validate()?;
         for (setting, value) in [
-            ("max_message_size", self.max_message_size),
-            ("max_connections", self.max_connections as u64),
-            ("max_connections_per_ip", self.max_connections_per_ip as u64),
-            ("send_cap", self.send_cap as u64),
-            ("topics.send_cap", self.topics.send_cap as u64),
-            ("handshake_timeout", self.handshake_timeout.as_millis() as u64),
-            ("pong_timeout", self.pong_timeout.as_millis() as u64),
-            ("close_timeout", self.close_timeout.as_millis() as u64),
+            ("max_connections", self.max_connections),
+            ("max_connections_per_ip", self.max_connections_per_ip),
+            ("topics.send_cap", self.topics.send_cap),
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero(setting));
             }
-        }
-        if !(self.send_low <= self.send_high && self.send_high <= self.send_cap) {
-            return Err(ConfigError::Watermarks { prefix: "" });
         }
         if !(self.accept_rate >= 0.0
             && self.accept_rate_per_ip >= 0.0
@@ -502,13 +527,13 @@ impl ServerConfig {
     /// - a cap given without its watermarks: `send_high` lowered to the cap and `send_low` to
     ///   `send_high` when they would exceed it (the same for `topics.`).
     pub fn derive_unset(&mut self, given: impl Fn(&str) -> bool) {
+        let limits = &mut self.limits;
         if !given("send_cap") {
-            let needed = usize::try_from(self.max_message_size).unwrap_or(usize::MAX);
-            self.send_cap = self.send_cap.max(needed.saturating_add(64 << 10));
+            limits.send_cap = limits.send_cap.max(limits.max_message_size.saturating_add(64 << 10));
         }
         let topics = &mut self.topics;
         for (prefix, low, high, cap) in [
-            ("", &mut self.send_low, &mut self.send_high, self.send_cap),
+            ("", &mut limits.send_low, &mut limits.send_high, limits.send_cap),
             ("topics.", &mut topics.send_low, &mut topics.send_high, topics.send_cap),
         ] {
             if !given(&format!("{prefix}send_high")) {
@@ -518,17 +543,6 @@ impl ServerConfig {
                 *low = (*low).min(*high);
             }
         }
-    }
-
-    /// The protocol core's per-connection configuration derived from this one.
-    pub fn protocol(&self) -> freeboard_proto::Config {
-        freeboard_proto::Config::builder()
-            .max_message_size(self.max_message_size)
-            .max_frame_size(self.max_message_size)
-            .ping_interval(self.idle_timeout)
-            .pong_timeout(self.pong_timeout)
-            .close_timeout(self.close_timeout)
-            .build()
     }
 }
 
@@ -602,13 +616,13 @@ impl ServerConfig {
             true "accept_rate" accept_rate;
             true "accept_rate_per_ip" accept_rate_per_ip;
             true "retry_after" retry_after;
-            true "handshake_timeout" handshake_timeout;
-            true "close_timeout" close_timeout;
+            true "handshake_timeout" limits.handshake_timeout;
+            true "close_timeout" limits.close_timeout;
             true "drain_timeout" drain_timeout;
-            true "send_low" send_low;
-            true "send_high" send_high;
-            true "send_cap" send_cap;
-            true "slow_consumer" slow_consumer;
+            true "send_low" limits.send_low;
+            true "send_high" limits.send_high;
+            true "send_cap" limits.send_cap;
+            true "slow_consumer" limits.slow_consumer;
             true "connection_reserve" connection_reserve;
             true "topics.publish_token" topics.publish_token;
             true "admin.token" admin.token;
@@ -620,9 +634,9 @@ impl ServerConfig {
             false "memory" memory;
             false "chunk_size" chunk_size;
             false "read_buffer" read_buffer;
-            false "max_message_size" max_message_size;
-            false "idle_timeout" idle_timeout;
-            false "pong_timeout" pong_timeout;
+            false "max_message_size" limits.max_message_size;
+            false "idle_timeout" limits.idle_timeout;
+            false "pong_timeout" limits.pong_timeout;
             false "topics.slow_consumer" topics.slow_consumer;
             false "topics.send_low" topics.send_low;
             false "topics.send_high" topics.send_high;
@@ -724,6 +738,14 @@ pub enum ConfigError {
     CompressionWindow(u8),
     /// A setting needs an optional part of freeboard this build leaves out.
     MissingFeature(crate::MissingFeature),
+    /// A connection limit cannot work ([`ServerConfig::limits`]).
+    Limits(LimitsError),
+}
+
+impl From<LimitsError> for ConfigError {
+    fn from(e: LimitsError) -> Self {
+        Self::Limits(e)
+    }
 }
 
 impl std::fmt::Display for ConfigError {
@@ -780,6 +802,7 @@ impl std::fmt::Display for ConfigError {
                 write!(f, "compression_window is {bits}; it must be 9 to 15 bits")
             }
             Self::MissingFeature(missing) => missing.fmt(f),
+            Self::Limits(e) => e.fmt(f),
         }
     }
 }
@@ -856,6 +879,43 @@ impl<'de> Deserialize<'de> for Scalar {
     }
 }
 
+/// How a key of [`ServerConfig`] is read: by its type's own `Deserialize`, as a size, as a
+/// duration (`Option<Duration>`: 0 is `None`) or as a slow-consumer policy's name.
+struct Plain<T>(T);
+struct Size<T>(T);
+struct Time<T>(T);
+struct Policy<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Plain<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::deserialize(d).map(Plain)
+    }
+}
+
+impl<'de, T: TryFrom<u64>> Deserialize<'de> for Size<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        size::deserialize(d).map(Size)
+    }
+}
+
+impl<'de> Deserialize<'de> for Time<Duration> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        duration::deserialize(d).map(Time)
+    }
+}
+
+impl<'de> Deserialize<'de> for Time<Option<Duration>> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        opt_duration::deserialize(d).map(Time)
+    }
+}
+
+impl<'de> Deserialize<'de> for Policy<SlowConsumerPolicy> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        policy::deserialize(d).map(Policy)
+    }
+}
+
 /// A size in a TOML file or a flag, for `#[serde(with = "freeboard::config::size")]`: bytes,
 /// or a string with a unit (`"256M"`, [`parse_size`]).
 pub mod size {
@@ -915,5 +975,62 @@ mod policy {
     ) -> Result<SlowConsumerPolicy, D::Error> {
         let name = String::deserialize(d)?;
         super::parse_policy(&name).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limits_keys_are_read_at_the_top_level_in_the_language_of_the_flags() {
+        let file = serde_json::json!({
+            "threads": 2,
+            "max_message_size": "1M",
+            "send_low": "8K",
+            "send_high": 16384,
+            "send_cap": "2M",
+            "slow_consumer": "drop-oldest",
+            "handshake_timeout": "500ms",
+            "idle_timeout": 0,
+            "pong_timeout": 2.5,
+            "close_timeout": "1s",
+            "topics": { "send_cap": "64K" },
+        });
+        let config = ServerConfig::deserialize(file).unwrap();
+        let limits = Limits::DEFAULT
+            .max_message_size(1 << 20)
+            .send_low(8 << 10)
+            .send_high(16 << 10)
+            .send_cap(2 << 20)
+            .slow_consumer(SlowConsumerPolicy::DropOldest)
+            .handshake_timeout(Duration::from_millis(500))
+            .idle_timeout(None)
+            .pong_timeout(Duration::from_millis(2500))
+            .close_timeout(Duration::from_secs(1));
+        assert_eq!(config.limits, limits);
+        assert_eq!((config.threads, config.topics.send_cap), (2, 64 << 10));
+        assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_with_every_key_there_is() {
+        let error = ServerConfig::deserialize(serde_json::json!({ "send_capp": 1 })).unwrap_err();
+        let error = error.to_string();
+        assert!(error.starts_with("unknown field `send_capp`, expected one of"), "{error}");
+        for key in ["listen", "send_cap", "slow_consumer", "idle_timeout", "topics", "admin"] {
+            assert!(error.contains(&format!("`{key}`")), "{key} missing from: {error}");
+        }
+    }
+
+    #[test]
+    fn a_limit_that_cannot_work_fails_the_configuration_by_its_name() {
+        let mut config = ServerConfig::default();
+        config.limits.send_low = config.limits.send_cap + 1;
+        let error = config.validate().unwrap_err();
+        assert!(matches!(error, ConfigError::Limits(LimitsError::Watermarks { .. })));
+        assert!(error.to_string().contains("send_low <= send_high <= send_cap"), "{error}");
+        config.limits = Limits::DEFAULT.close_timeout(Duration::ZERO);
+        assert_eq!(config.validate().unwrap_err().to_string(), "close_timeout must be more than 0");
     }
 }

@@ -370,7 +370,7 @@ impl Conn<'_> {
         match self.session.send(&mut self.cx, kind, data) {
             Some(PushOutcome::Queued) => {
                 self.stats.messages_out += 1;
-                SendOutcome::Queued
+                SendOutcome::Queue(PushOutcome::Queued)
             }
             Some(outcome) => self.count_send(outcome),
             None => SendOutcome::Closed,
@@ -484,7 +484,10 @@ impl Conn<'_> {
     pub fn recover(&mut self, topic: &str, since: &str) -> bool {
         let Replay::Missed(missed) = self.hub.recover(topic, since) else { return false };
         missed.iter().all(|(kind, data)| {
-            matches!(self.send(*kind, data), SendOutcome::Queued | SendOutcome::QueuedAboveHigh)
+            matches!(
+                self.send(*kind, data),
+                SendOutcome::Queue(PushOutcome::Queued | PushOutcome::QueuedAboveHigh)
+            )
         })
     }
 }
@@ -719,7 +722,9 @@ pub struct Echo;
 
 impl Handler for Echo {
     fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
-        if conn.send(message.kind, message.data) == SendOutcome::Blocked {
+        if let SendOutcome::Queue(PushOutcome::WouldBlock { .. }) =
+            conn.send(message.kind, message.data)
+        {
             // `block` holds the sender back above the high watermark; a message that still
             // finds no room (pool exhausted, or past the cap) cannot be kept for later, so
             // the sender hears why instead of losing its echo in silence.

@@ -36,6 +36,7 @@ mod dashboard;
 mod features;
 pub mod handler;
 pub mod history;
+mod limits;
 pub mod metrics;
 mod parking;
 mod proxy_header;
@@ -54,6 +55,7 @@ mod transport;
 pub use config::{ServerConfig, TlsConfig};
 pub use features::MissingFeature;
 pub use freeboard_buf::ConflateKey;
+pub use freeboard_buf::PushOutcome;
 pub use freeboard_buf::SlowConsumerPolicy;
 pub use freeboard_buf::Watermarks;
 pub use freeboard_proto::handshake::Request;
@@ -62,6 +64,7 @@ pub use handler::{
     Accepted, Conn, ConnId, Decision, Echo, Handler, HttpRoute, Message, RouteOptions, Router,
     Upgrade,
 };
+pub use limits::{Limits, LimitsError};
 pub use metrics::Metrics;
 pub use server::{RunningServer, Server, ServerHandle};
 pub use session::SendOutcome;

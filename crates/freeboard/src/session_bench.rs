@@ -3,7 +3,7 @@
 //! each message is echoed by `Session::send` as the `Echo` handler does, and the replies are
 //! written the way the loop writes them — so a change on the path shows in nanoseconds.
 
-use freeboard_buf::{Budget, Pool, PoolConfig, SendQueue, Watermarks};
+use freeboard_buf::{Budget, Pool, PoolConfig};
 use freeboard_proto::mask::apply_mask;
 use freeboard_proto::{Instant, Role};
 
@@ -35,11 +35,9 @@ impl EchoSession {
         let config = ServerConfig::default();
         let pool_config = PoolConfig::new().with_chunk_size(config.chunk_size);
         let pool = Pool::new(Budget::new(64 << 20), pool_config).expect("a 64 MiB pool");
-        let protocol = config.protocol();
+        let protocol = config.limits.protocol();
         let ws = ProtocolState::new(Role::Server, &protocol, Instant::default());
-        // NOTE(unwrap): the defaults are valid watermarks.
-        let marks = Watermarks::new(config.send_low, config.send_high, config.send_cap).unwrap();
-        let queue = SendQueue::new(marks, config.slow_consumer);
+        let queue = config.limits.send_queue();
         // A masked binary frame (§5.2), as a client sends it.
         let key = [0x37, 0xfa, 0x21, 0x3d];
         let mut frame = vec![0x82];

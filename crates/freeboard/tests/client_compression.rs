@@ -23,7 +23,7 @@ fn server(mode: Compression) -> RunningServer {
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.threads = 1;
     config.memory = 64 << 20;
-    config.idle_timeout = None;
+    config.limits.idle_timeout = None;
     config.compression = mode;
     config.compression_threshold = 0;
     Server::bind(config, || Router::new().route("/echo", Echo)).unwrap().spawn()
@@ -303,7 +303,7 @@ fn a_bomb_from_the_server_gets_1009() {
         let mut rest = Vec::new();
         let _ = stream.read_to_end(&mut rest);
     });
-    let config = ClientConfig::default().max_message_size(1 << 20);
+    let config = ClientConfig::default().limits(|limits| limits.max_message_size(1 << 20));
     let mut client = Client::connect(&format!("ws://{addr}/"), config).unwrap();
     match client.recv().unwrap() {
         Event::Closed(close) => assert_eq!(close.code, CloseCode::MESSAGE_TOO_BIG, "{close:?}"),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use freeboard::client::{
     ClientConfig, ClientError, ClientHandler, ClientId, ClientLoop, CloseCode, CloseEvent,
-    LoopConn, MessageKind, SendOutcome, Watermarks,
+    LoopConn, MessageKind, PushOutcome, SendOutcome, Watermarks,
 };
 use freeboard::{Echo, Router, Server, ServerConfig, TlsConfig};
 use freeboard_test::tls::TestCa;
@@ -58,7 +58,7 @@ fn a_thousand_connections_in_one_thread() {
     config.threads = 1;
     config.memory = 256 << 20;
     config.max_connections_per_ip = 100_000;
-    config.idle_timeout = None;
+    config.limits.idle_timeout = None;
     let server = Server::bind(config, || Router::new().route("/", Echo)).unwrap().spawn();
     let url = format!("ws://{}/", server.local_addr());
 
@@ -91,7 +91,8 @@ fn a_thousand_connections_in_one_thread() {
 fn connection_failures_reach_the_handler() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let silent = format!("ws://{}/", listener.local_addr().unwrap());
-    let config = ClientConfig::default().handshake_timeout(Duration::from_millis(200));
+    let config = ClientConfig::default()
+        .limits(|limits| limits.handshake_timeout(Duration::from_millis(200)));
     let mut clients = ClientLoop::new(config, PingPong::default()).unwrap();
     clients.connect(&silent).unwrap();
     clients.run_until(|h| !h.errors.is_empty()).unwrap();
@@ -275,7 +276,7 @@ impl ClientHandler for Large {
     fn on_open(&mut self, conn: &mut LoopConn<'_>) {
         for i in 0..BIG {
             let outcome = conn.send(MessageKind::Binary, &large_payload(i)).unwrap();
-            assert_eq!(outcome, SendOutcome::Queued);
+            assert_eq!(outcome, SendOutcome::Queue(PushOutcome::Queued));
         }
     }
 
@@ -306,8 +307,10 @@ fn large_messages_leave_as_the_socket_drains_and_are_reassembled_over_wss_and_ws
         [format!("wss://localhost:{port}/echo"), format!("ws://{}/echo", server.local_addr())];
     for url in urls {
         let marks = Watermarks::new(8 << 20, 16 << 20, 32 << 20).unwrap();
-        let config =
-            ClientConfig::default().ca_file(ca.ca_pem()).memory(64 << 20).watermarks(marks);
+        let config = ClientConfig::default()
+            .ca_file(ca.ca_pem())
+            .memory(64 << 20)
+            .limits(|limits| limits.watermarks(marks));
         let mut clients = ClientLoop::new(config, Large::default()).unwrap();
         clients.connect(&url).unwrap();
         let started = Instant::now();

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 
 use freeboard::client::{
-    Client, ClientConfig, CloseCode, Event, MessageKind, SendOutcome, Watermarks,
+    Client, ClientConfig, CloseCode, Event, MessageKind, PushOutcome, SendOutcome, Watermarks,
 };
 
 #[test]
@@ -41,7 +41,7 @@ fn exercise(peer: &Peer) {
             } else {
                 client.send_owned(kind, payload.clone()).unwrap()
             };
-            assert_eq!(pushed, SendOutcome::Queued);
+            assert_eq!(pushed, SendOutcome::Queue(PushOutcome::Queued));
             assert_eq!(next(&mut client), (kind, payload), "echo of {kind:?} {size} B");
         }
     }
@@ -63,7 +63,10 @@ fn exercise(peer: &Peer) {
     for id in 0..1000 {
         let request = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"echo","params":[{id}]}}"#);
         let pushed = client.send_text(&request).unwrap();
-        assert!(matches!(pushed, SendOutcome::Queued | SendOutcome::QueuedAboveHigh));
+        assert!(matches!(
+            pushed,
+            SendOutcome::Queue(PushOutcome::Queued | PushOutcome::QueuedAboveHigh)
+        ));
     }
     let mut answered = vec![false; 1000];
     let mut in_order = true;
@@ -147,7 +150,8 @@ impl Peer {
     fn connect(&self, path: &str) -> Client {
         // 16 MiB messages: room in the pool and the queue for one in each direction.
         let marks = Watermarks::new(8 << 20, 16 << 20, 32 << 20).unwrap();
-        let config = ClientConfig::default().memory(96 << 20).watermarks(marks);
+        let config =
+            ClientConfig::default().memory(96 << 20).limits(|limits| limits.watermarks(marks));
         Client::connect(&format!("ws://127.0.0.1:{}{path}", self.port), config).unwrap()
     }
 }

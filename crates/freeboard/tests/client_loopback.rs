@@ -7,8 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use freeboard::client::{
-    Client, ClientConfig, ClientError, CloseCode, Event, MessageKind, ReadyState, SendOutcome,
-    SlowConsumerPolicy, Watermarks,
+    Client, ClientConfig, ClientError, CloseCode, Event, MessageKind, PushOutcome, ReadyState,
+    SendOutcome, SlowConsumerPolicy, Watermarks,
 };
 use freeboard::{Echo, Router, RunningServer, Server, ServerConfig};
 
@@ -17,9 +17,9 @@ fn echo_server() -> RunningServer {
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.threads = 1;
     config.memory = 128 << 20;
-    config.max_message_size = 16 << 20;
-    config.send_cap = 64 << 20;
-    config.idle_timeout = None;
+    config.limits.max_message_size = 16 << 20;
+    config.limits.send_cap = 64 << 20;
+    config.limits.idle_timeout = None;
     Server::bind(config, || Router::new().route("/", Echo).route("/echo", Echo)).unwrap().spawn()
 }
 
@@ -60,11 +60,14 @@ fn echoes_text_and_binary_of_every_size_borrowed_and_owned() {
         let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
         let pushed = client.send_binary(&payload).unwrap();
         // A 64 KiB copy waits in the queue above its high watermark (64 KiB).
-        assert!(matches!(pushed, SendOutcome::Queued | SendOutcome::QueuedAboveHigh));
+        assert!(matches!(
+            pushed,
+            SendOutcome::Queue(PushOutcome::Queued | PushOutcome::QueuedAboveHigh)
+        ));
         assert_eq!(next_message(&mut client), (MessageKind::Binary, payload.clone()), "{size}");
 
         let pushed = client.send_owned(MessageKind::Binary, payload.clone()).unwrap();
-        assert_eq!(pushed, SendOutcome::Queued);
+        assert_eq!(pushed, SendOutcome::Queue(PushOutcome::Queued));
         assert_eq!(next_message(&mut client).1.len(), size);
 
         let text = "é".repeat(size / 2);
@@ -84,7 +87,10 @@ fn a_thousand_requests_in_flight_are_all_answered_and_matched() {
     for id in 0..1000 {
         let request = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"echo","params":[{id}]}}"#);
         let pushed = client.send_text(&request).unwrap();
-        assert!(matches!(pushed, SendOutcome::Queued | SendOutcome::QueuedAboveHigh));
+        assert!(matches!(
+            pushed,
+            SendOutcome::Queue(PushOutcome::Queued | PushOutcome::QueuedAboveHigh)
+        ));
     }
     let mut seen = vec![false; 1000];
     for _ in 0..1000 {
@@ -108,12 +114,15 @@ fn buffered_amount_counts_what_the_socket_has_not_taken_and_block_refuses_past_t
         thread::sleep(Duration::from_secs(3));
     });
     let marks = Watermarks::new(64 << 10, 128 << 10, 256 << 10).unwrap();
-    let config = ClientConfig::default().watermarks(marks).policy(SlowConsumerPolicy::Block);
+    let config = ClientConfig::default()
+        .limits(|limits| limits.watermarks(marks).slow_consumer(SlowConsumerPolicy::Block));
     let mut client = Client::connect(&url(addr, "/"), config).unwrap();
     let payload = vec![7u8; 16 << 10];
     let mut refused = 0;
     for _ in 0..10_000 {
-        if let SendOutcome::Blocked = client.send_binary(&payload).unwrap() {
+        if let SendOutcome::Queue(PushOutcome::WouldBlock { .. }) =
+            client.send_binary(&payload).unwrap()
+        {
             // The queue reached its cap; the writer thread may not have filled the socket yet
             // (on a busy machine it may not have run at all). Refused again after it had time
             // to, the queue stays at the cap: the socket takes nothing more.
@@ -137,12 +146,13 @@ fn drop_newest_drops_and_counts_what_does_not_fit() {
         thread::sleep(Duration::from_secs(3));
     });
     let marks = Watermarks::new(16 << 10, 32 << 10, 64 << 10).unwrap();
-    let config = ClientConfig::default().watermarks(marks).policy(SlowConsumerPolicy::DropNewest);
+    let config = ClientConfig::default()
+        .limits(|limits| limits.watermarks(marks).slow_consumer(SlowConsumerPolicy::DropNewest));
     let mut client = Client::connect(&url(addr, "/"), config).unwrap();
     let payload = vec![1u8; 8 << 10];
     let mut dropped = 0;
     for _ in 0..2_000 {
-        if let SendOutcome::Dropped { newest: true, messages: 1, .. } =
+        if let SendOutcome::Queue(PushOutcome::Dropped { newest: true, messages: 1, .. }) =
             client.send_binary(&payload).unwrap()
         {
             dropped += 1;
@@ -158,7 +168,7 @@ fn drop_newest_drops_and_counts_what_does_not_fit() {
 #[test]
 fn a_message_over_max_message_size_closes_with_1009() {
     let server = echo_server();
-    let config = ClientConfig::default().max_message_size(1000);
+    let config = ClientConfig::default().limits(|limits| limits.max_message_size(1000));
     let mut client = Client::connect(&url(server.local_addr(), "/"), config).unwrap();
     let _ = client.send_binary(&[1u8; 1001]).unwrap();
     match client.recv().unwrap() {
@@ -239,7 +249,8 @@ fn headers_subprotocols_and_ipv6_reach_the_server() {
 fn connect_and_handshake_time_out() {
     // A listener that accepts (the kernel does) but never answers.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let config = ClientConfig::default().handshake_timeout(Duration::from_millis(200));
+    let config = ClientConfig::default()
+        .limits(|limits| limits.handshake_timeout(Duration::from_millis(200)));
     let started = Instant::now();
     let err = Client::connect(&url(listener.local_addr().unwrap(), "/"), config).unwrap_err();
     assert!(matches!(err, ClientError::HandshakeTimeout(_)), "{err:?}");
@@ -255,7 +266,8 @@ fn connect_and_handshake_time_out() {
 
     // wss://: the TLS handshake counts inside the handshake timeout.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let config = ClientConfig::default().handshake_timeout(Duration::from_millis(200));
+    let config = ClientConfig::default()
+        .limits(|limits| limits.handshake_timeout(Duration::from_millis(200)));
     let wss = format!("wss://127.0.0.1:{}/", listener.local_addr().unwrap().port());
     let started = Instant::now();
     let err = Client::connect(&wss, config.insecure(true)).unwrap_err();
@@ -306,13 +318,16 @@ fn queued_sends_leave_without_another_call_when_the_server_reads_again() {
         done_tx.send(()).unwrap();
     });
     let marks = Watermarks::new(32 << 20, 48 << 20, 64 << 20).unwrap();
-    let config = ClientConfig::default().watermarks(marks).memory(96 << 20);
+    let config = ClientConfig::default().limits(|limits| limits.watermarks(marks)).memory(96 << 20);
     let mut client = Client::connect(&url(addr, "/"), config).unwrap();
     let mut payload = vec![0u8; 1024];
     for i in 0..COUNT {
         payload[..4].copy_from_slice(&i.to_be_bytes());
         let pushed = client.send_binary(&payload).unwrap();
-        assert!(matches!(pushed, SendOutcome::Queued | SendOutcome::QueuedAboveHigh));
+        assert!(matches!(
+            pushed,
+            SendOutcome::Queue(PushOutcome::Queued | PushOutcome::QueuedAboveHigh)
+        ));
     }
     assert!(client.buffered_amount() > 0, "the socket buffers should have filled");
     read_tx.send(()).unwrap();
@@ -329,7 +344,7 @@ fn a_message_larger_than_the_cap_waits_for_the_queue_and_keeps_its_place() {
     for i in 0..50u8 {
         let _ = client.send_binary(&[i; 10]).unwrap();
     }
-    assert_eq!(client.send_binary(&large).unwrap(), SendOutcome::Queued);
+    assert_eq!(client.send_binary(&large).unwrap(), SendOutcome::Queue(PushOutcome::Queued));
     let _ = client.send_binary(b"after").unwrap();
     for i in 0..50u8 {
         assert_eq!(next_message(&mut client).1, [i; 10]);

@@ -167,7 +167,7 @@ fn accept_rate_limits_answer_429_per_ip_and_503_globally() {
 #[test]
 fn handshake_timeout_drops_slow_clients() {
     let mut cfg = config();
-    cfg.handshake_timeout = Duration::from_millis(200);
+    cfg.limits.handshake_timeout = Duration::from_millis(200);
     let server = start(cfg);
     let addr = server.local_addr();
     let mut s = TcpStream::connect(addr).unwrap();
@@ -215,7 +215,7 @@ fn oversized_head_answers_431() {
 #[test]
 fn oversized_message_closes_with_1009() {
     let mut cfg = config();
-    cfg.max_message_size = 1024;
+    cfg.limits.max_message_size = 1024;
     let server = start(cfg);
     let addr = server.local_addr();
     let mut c = Client::open(addr);
@@ -235,7 +235,7 @@ fn budget_admission_answers_503_while_the_pool_is_short() {
     // sixteenth.
     cfg.memory = 9 << 18;
     cfg.read_buffer = 64 << 10;
-    cfg.max_message_size = 1 << 20;
+    cfg.limits.max_message_size = 1 << 20;
     cfg.connection_reserve = 768 << 10;
     let server = start(cfg);
     let addr = server.local_addr();
@@ -278,7 +278,7 @@ fn shutdown_closes_every_connection_with_1001() {
 fn a_message_the_pool_cannot_hold_closes_with_1013() {
     let mut cfg = config();
     cfg.memory = 1 << 20; // about 170 chunks: less than the message below
-    cfg.max_message_size = 1 << 20;
+    cfg.limits.max_message_size = 1 << 20;
     cfg.connection_reserve = 4096;
     let server = start(cfg);
     let addr = server.local_addr();
@@ -301,8 +301,8 @@ fn a_message_the_pool_cannot_hold_closes_with_1013() {
 #[test]
 fn idle_connections_are_pinged_and_dropped_without_a_pong() {
     let mut cfg = config();
-    cfg.idle_timeout = Some(Duration::from_millis(100));
-    cfg.pong_timeout = Duration::from_millis(100);
+    cfg.limits.idle_timeout = Some(Duration::from_millis(100));
+    cfg.limits.pong_timeout = Duration::from_millis(100);
     let server = start(cfg);
     let addr = server.local_addr();
     let mut answering = Client::open(addr);
@@ -336,8 +336,8 @@ fn idle_connections_are_pinged_and_dropped_without_a_pong() {
 #[test]
 fn a_pause_above_the_high_watermark_keeps_the_bytes_already_read() {
     let mut config = config();
-    config.send_low = 4 << 10;
-    config.send_high = 16 << 10;
+    config.limits.send_low = 4 << 10;
+    config.limits.send_high = 16 << 10;
     let server = start(config);
     let mut c = Client::open(server.local_addr());
     let count = 300u32;
@@ -363,11 +363,11 @@ fn an_exhausted_pool_still_answers_503() {
     cfg.memory = 2 << 20; // ~320 chunks after the read buffer, the cork and the assembly reserve
     // Watermarks and cap above the pool: the pool runs out first, and drop-newest keeps
     // reading (and counting drops) once it has.
-    cfg.send_low = 3 << 20;
-    cfg.send_high = 3 << 20;
-    cfg.send_cap = 4 << 20;
-    cfg.slow_consumer = freeboard::SlowConsumerPolicy::DropNewest;
-    cfg.close_timeout = Duration::from_secs(10);
+    cfg.limits.send_low = 3 << 20;
+    cfg.limits.send_high = 3 << 20;
+    cfg.limits.send_cap = 4 << 20;
+    cfg.limits.slow_consumer = freeboard::SlowConsumerPolicy::DropNewest;
+    cfg.limits.close_timeout = Duration::from_secs(10);
     // The chunks a new connection's reserve needs: fewer free, and its upgrade gets 503.
     let reserve = (cfg.connection_reserve / cfg.chunk_size) as f64;
     let server = start(cfg);
@@ -396,10 +396,10 @@ fn an_exhausted_pool_still_answers_503() {
 #[test]
 fn echo_under_block_loses_no_echo_and_closes_only_with_1013() {
     let mut cfg = config();
-    cfg.send_low = 8 << 10;
-    cfg.send_high = 16 << 10;
-    cfg.send_cap = 20 << 10;
-    cfg.slow_consumer = freeboard::SlowConsumerPolicy::Block;
+    cfg.limits.send_low = 8 << 10;
+    cfg.limits.send_high = 16 << 10;
+    cfg.limits.send_cap = 20 << 10;
+    cfg.limits.slow_consumer = freeboard::SlowConsumerPolicy::Block;
     let server = start(cfg);
     let mut c = Client::open(server.local_addr());
     // 20 MB of 100-byte messages, written by a thread while nothing is read: the server echoes
@@ -445,11 +445,11 @@ fn echo_under_block_loses_no_echo_and_closes_only_with_1013() {
 #[test]
 fn a_closed_connection_whose_peer_stops_reading_is_dropped_at_the_close_timeout() {
     let mut cfg = config();
-    cfg.close_timeout = Duration::from_millis(500);
+    cfg.limits.close_timeout = Duration::from_millis(500);
     // Watermarks above all the flood's sends: the server never stops reading it.
-    cfg.send_low = 16 << 20;
-    cfg.send_high = 16 << 20;
-    cfg.send_cap = 32 << 20;
+    cfg.limits.send_low = 16 << 20;
+    cfg.limits.send_high = 16 << 20;
+    cfg.limits.send_cap = 32 << 20;
     let routes = || Router::new().route("/", Flood).http("/metrics", HttpRoute::Metrics);
     let server = Server::bind(cfg, routes).unwrap().spawn();
     let addr = server.local_addr();

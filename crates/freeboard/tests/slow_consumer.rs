@@ -5,7 +5,9 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use freeboard::{Conn, Echo, Handler, Message, Router, SendOutcome, Server, SlowConsumerPolicy};
+use freeboard::{
+    Conn, Echo, Handler, Message, PushOutcome, Router, SendOutcome, Server, SlowConsumerPolicy,
+};
 
 const CAP: usize = 64 << 10;
 
@@ -29,10 +31,10 @@ impl Handler for Pusher {
 
 fn run(policy: SlowConsumerPolicy) -> (Vec<SendOutcome>, usize, Arc<freeboard::Metrics>) {
     let mut cfg = common::config();
-    cfg.send_low = 8 << 10;
-    cfg.send_high = 16 << 10;
-    cfg.send_cap = CAP;
-    cfg.slow_consumer = policy;
+    cfg.limits.send_low = 8 << 10;
+    cfg.limits.send_high = 16 << 10;
+    cfg.limits.send_cap = CAP;
+    cfg.limits.slow_consumer = policy;
     let log = Arc::new(Mutex::new((Vec::new(), 0)));
     let shared = log.clone();
     let server = Server::bind(cfg, move || {
@@ -65,11 +67,13 @@ fn run(policy: SlowConsumerPolicy) -> (Vec<SendOutcome>, usize, Arc<freeboard::M
 fn drop_newest_keeps_the_queue_under_its_cap_and_counts_drops() {
     let (results, max, metrics) = run(SlowConsumerPolicy::DropNewest);
     assert!(max <= CAP, "{max} bytes buffered, cap {CAP}");
-    assert_eq!(results[0], SendOutcome::Queued);
-    assert!(results.contains(&SendOutcome::QueuedAboveHigh));
+    assert_eq!(results[0], SendOutcome::Queue(PushOutcome::Queued));
+    assert!(results.contains(&SendOutcome::Queue(PushOutcome::QueuedAboveHigh)));
     let dropped = results
         .iter()
-        .filter(|r| matches!(r, SendOutcome::Dropped { newest: true, messages: 1, .. }))
+        .filter(|r| {
+            matches!(r, SendOutcome::Queue(PushOutcome::Dropped { newest: true, messages: 1, .. }))
+        })
         .count();
     assert!(dropped > 900, "{dropped} of 1000 dropped");
     assert_eq!(metrics.drops_for("drop-newest"), dropped as u64);
@@ -88,10 +92,14 @@ fn close_policy_closes_the_slow_consumer_with_1008() {
 fn block_policy_refuses_at_the_cap_without_dropping() {
     let (results, max, metrics) = run(SlowConsumerPolicy::Block);
     assert!(max <= CAP, "{max} bytes buffered, cap {CAP}");
-    let blocked = results.iter().filter(|r| **r == SendOutcome::Blocked).count();
+    let blocked = results
+        .iter()
+        .filter(|r| matches!(r, SendOutcome::Queue(PushOutcome::WouldBlock { .. })))
+        .count();
     assert!(blocked > 900, "{blocked} of 1000 blocked");
-    assert!(
-        results.iter().all(|r| !matches!(r, SendOutcome::Dropped { .. } | SendOutcome::Closed))
-    );
+    assert!(results.iter().all(|r| !matches!(
+        r,
+        SendOutcome::Queue(PushOutcome::Dropped { .. }) | SendOutcome::Closed
+    )));
     assert_eq!(metrics.drops_for("block"), 0);
 }

@@ -279,7 +279,7 @@ fn an_address_past_its_share_of_handshakes_is_refused_at_accept() {
     let ca = TestCa::new("per-ip");
     let mut config = tls_config(&ca);
     config.tls.as_mut().unwrap().handshakes_per_ip = 2;
-    config.handshake_timeout = Duration::from_secs(30);
+    config.limits.handshake_timeout = Duration::from_secs(30);
     let server = start(config);
     let addr = server.tls_addr().unwrap();
     let metrics = server.metrics();
@@ -346,7 +346,7 @@ fn read_to_end(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, Duration) {
 fn hostile_peers_get_an_outcome_and_a_counter_while_an_innocent_client_echoes() {
     let ca = TestCa::new("hostile");
     let mut config = tls_config(&ca);
-    config.handshake_timeout = Duration::from_secs(1);
+    config.limits.handshake_timeout = Duration::from_secs(1);
     let server = start(config);
     let addr = server.tls_addr().unwrap();
     let metrics = server.metrics();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use freeboard::client::CloseEvent;
 use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
 use freeboard::tokio::{Endpoint, EndpointConfig, Message, WebSocket, WsConfig};
-use freeboard::{CloseCode, SendOutcome, SlowConsumerPolicy, Watermarks};
+use freeboard::{CloseCode, PushOutcome, SendOutcome, SlowConsumerPolicy, Watermarks};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -69,7 +69,7 @@ async fn echo(mut ws: WebSocket<TcpStream>) -> Option<CloseEvent> {
         match message {
             Message::Close(close) => return Some(close),
             message => {
-                if ws.send(message) == SendOutcome::Blocked {
+                if let SendOutcome::Queue(PushOutcome::WouldBlock { .. }) = ws.send(message) {
                     ws.writable().await;
                 }
             }
@@ -154,7 +154,7 @@ async fn a_client_that_never_reads_meets_each_policy_at_the_cap() {
         for policy in SlowConsumerPolicy::ALL {
             let endpoint = endpoint(EndpointConfig::default().memory(8 << 20));
             let (listener, url) = listen().await;
-            let config = WsConfig::default().watermarks(marks).policy(policy);
+            let config = WsConfig::default().watermarks(marks).slow_consumer(policy);
             let server = {
                 let endpoint = Arc::clone(&endpoint);
                 tokio::spawn(async move {
@@ -179,15 +179,27 @@ async fn a_client_that_never_reads_meets_each_policy_at_the_cap() {
             let (ws, outcomes) = server.await.unwrap();
             let seen = |f: fn(&SendOutcome) -> bool| outcomes.iter().any(f);
             if policy != SlowConsumerPolicy::Conflate {
-                assert!(seen(|o| *o == SendOutcome::QueuedAboveHigh), "{policy:?}");
+                assert!(
+                    seen(|o| *o == SendOutcome::Queue(PushOutcome::QueuedAboveHigh)),
+                    "{policy:?}"
+                );
             }
             match policy {
-                SlowConsumerPolicy::Block => assert!(seen(|o| *o == SendOutcome::Blocked)),
+                SlowConsumerPolicy::Block => assert!(seen(|o| matches!(
+                    o,
+                    SendOutcome::Queue(PushOutcome::WouldBlock { .. })
+                ))),
                 SlowConsumerPolicy::DropNewest => {
-                    assert!(seen(|o| matches!(o, SendOutcome::Dropped { newest: true, .. })))
+                    assert!(seen(|o| matches!(
+                        o,
+                        SendOutcome::Queue(PushOutcome::Dropped { newest: true, .. })
+                    )))
                 }
                 SlowConsumerPolicy::DropOldest | SlowConsumerPolicy::Conflate => {
-                    assert!(seen(|o| matches!(o, SendOutcome::Dropped { newest: false, .. })))
+                    assert!(seen(|o| matches!(
+                        o,
+                        SendOutcome::Queue(PushOutcome::Dropped { newest: false, .. })
+                    )))
                 }
                 SlowConsumerPolicy::Close => {
                     assert_eq!(outcomes.last(), Some(&SendOutcome::Closed), "closed 1008")
@@ -214,7 +226,9 @@ async fn writable_waits_for_the_low_watermark() {
         let (server, mut client) = connected(&endpoint, config, |ws| async move {
             let (mut reader, writer) = ws.split();
             let mut sent = 0usize;
-            while writer.send_binary(&[1u8; 1000]) != SendOutcome::QueuedAboveHigh {
+            while writer.send_binary(&[1u8; 1000])
+                != SendOutcome::Queue(PushOutcome::QueuedAboveHigh)
+            {
                 sent += 1;
             }
             sent += 1;
@@ -288,11 +302,9 @@ async fn idle_connections_hold_no_read_buffer_no_cork_and_no_chunk() {
 #[tokio::test]
 async fn a_peer_that_does_not_answer_keep_alive_pings_is_dropped_with_1006() {
     tokio::time::timeout(BOUND, async {
-        let protocol = freeboard_proto::Config::builder()
-            .ping_interval(Some(Duration::from_millis(100)))
-            .pong_timeout(Duration::from_millis(200))
-            .build();
-        let endpoint = endpoint(EndpointConfig::default().protocol(protocol));
+        let endpoint = endpoint(EndpointConfig::default().limits(|limits| {
+            limits.idle_timeout(Some(Duration::from_millis(100))).pong_timeout(Duration::from_millis(200))
+        }));
         let (listener, _) = listen().await;
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
@@ -542,7 +554,10 @@ async fn a_send_while_the_reader_waits_is_written_by_the_reader() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let producer = tokio::spawn(async move {
             for i in 0..10 {
-                assert_eq!(writer.send_text(&format!("n{i}")), SendOutcome::Queued);
+                assert_eq!(
+                    writer.send_text(&format!("n{i}")),
+                    SendOutcome::Queue(PushOutcome::Queued)
+                );
             }
         });
         producer.await.unwrap();
@@ -601,7 +616,7 @@ async fn replies_corked_when_the_reader_is_dropped_leave_with_the_next_flush() {
                 let (mut reader, writer) = ws.split();
                 let message = reader.next().await.expect("a message");
                 // The reply joins the cork the reader holds since its read…
-                assert_eq!(writer.send(message), SendOutcome::Queued);
+                assert_eq!(writer.send(message), SendOutcome::Queue(PushOutcome::Queued));
                 assert!(writer.buffered_amount() > 0, "corked bytes count as buffered");
                 assert_eq!(corks.corks_in_use(), 1);
                 // …and the reader goes away before writing it: the reply is not lost.

@@ -109,7 +109,7 @@ async fn a_subscriber_that_never_reads_loses_messages_by_its_policy_and_delays_n
         let marks = Watermarks::new(16 << 10, 64 << 10, 256 << 10).unwrap();
         for policy in [SlowConsumerPolicy::DropOldest, SlowConsumerPolicy::Block] {
             let endpoint = endpoint(EndpointConfig::default().memory(16 << 20));
-            let slow = WsConfig::default().watermarks(marks).policy(policy);
+            let slow = WsConfig::default().watermarks(marks).slow_consumer(policy);
             let (mut clients, _server) =
                 subscribers(&endpoint, "feed", vec![WsConfig::default(), slow]).await;
             let mut fast = clients.remove(0);

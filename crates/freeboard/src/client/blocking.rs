@@ -8,7 +8,6 @@ use std::time::{Duration, Instant as StdInstant};
 
 use freeboard_buf::{
     Budget, ChunkChain, Counters, Limit, MAX_CONTROL_FRAME, Pool, PoolConfig, PushOutcome, Pushed,
-    SendQueue,
 };
 use freeboard_proto::frame::MAX_HEADER_LEN;
 use freeboard_proto::mask::apply_mask;
@@ -103,8 +102,7 @@ impl Client {
             None => None,
         };
         stream.set_nonblocking(true)?;
-        let out =
-            Shared::new(Outbox::new(send_pool, SendQueue::new(config.watermarks, config.policy)));
+        let out = Shared::new(Outbox::new(send_pool, config.limits.send_queue()));
         // Over TLS the caller writes: reading and writing share the TLS state.
         let writer = match config.writer_thread && tls.is_none() {
             true => Some(Writer::spawn(Arc::clone(&out), stream.try_clone()?)?),
@@ -119,7 +117,7 @@ impl Client {
         };
         poll.registry().register(&mut stream, SOCKET, interest)?;
 
-        let mut conn = Connection::new(Role::Client, config.protocol(), Instant::default());
+        let mut conn = Connection::new(Role::Client, config.limits.protocol(), Instant::default());
         if deflate.is_some() {
             // RFC 7692 §6: RSV1 marks a compressed message's first frame.
             conn.set_allowed_rsv(0b100);
@@ -138,7 +136,7 @@ impl Client {
             writer,
             writable: true,
             pool,
-            close_timeout: config.close_timeout,
+            close_timeout: config.limits.close_timeout,
             rbuf: rbuf.into_boxed_slice(),
             rpos: 0,
             rlen: leftover.len(),
@@ -699,8 +697,9 @@ impl Payload<'_> {
 /// The send pool, sized for the queue's cap (plus control frames past it, and a partly used
 /// chunk at either end), and the receive pool, which gets the rest of `config.memory`.
 fn pools(config: &ClientConfig) -> Result<(Pool<'static>, Pool<'static>), ClientError> {
+    config.check()?;
     let chunk = config.chunk_size.max(1);
-    let cap = config.watermarks.cap();
+    let cap = config.limits.send_cap;
     let chunks = (cap + 2 * MAX_CONTROL_FRAME).div_ceil(chunk) + 2;
     let segments = (cap / SMALL_MESSAGE).max(chunks * 8);
     let per_chunk = segments.div_ceil(chunks);

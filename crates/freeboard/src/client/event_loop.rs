@@ -5,7 +5,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant as StdInstant};
 
-use freeboard_buf::{Pool, SendQueue};
+use freeboard_buf::Pool;
 use freeboard_proto::handshake::{DEFAULT_MAX_HEAD_LEN, Key};
 use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
 use mio::net::TcpStream;
@@ -127,7 +127,8 @@ impl<H: ClientHandler> ClientLoop<H> {
         // A message that arrived in pieces is copied into one contiguous buffer for the
         // handler, drawn from the budget: keep room for it outside the chunks (as the server
         // does), else any message larger than a read would fail with 1009.
-        let assembly_reserve = config.max_message_size.min(config.memory / 4);
+        config.check()?;
+        let assembly_reserve = config.limits.max_message_size.min(config.memory / 4);
         let pool = config.receive_pool(config.memory, assembly_reserve)?;
         Ok(Self {
             share: Share::new(&pool, 1),
@@ -137,7 +138,7 @@ impl<H: ClientHandler> ClientLoop<H> {
             rbuf: vec![0u8; config.read_buffer.max(1024)].into_boxed_slice(),
             assembly: Assembly::default(),
             masks: MaskSource::new(),
-            lot: ParkingLot::new(config.protocol()),
+            lot: ParkingLot::new(config.limits.protocol()),
             codec: Codec::new(config.compression_threshold),
             sessions: Slab::new(),
             config,
@@ -321,7 +322,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                                 ),
                             }
                         } else {
-                            ClientError::HandshakeTimeout(self.config.handshake_timeout)
+                            ClientError::HandshakeTimeout(self.config.limits.handshake_timeout)
                         };
                         self.fail(id, error);
                     }
@@ -415,7 +416,8 @@ impl<H: ClientHandler> ClientLoop<H> {
                     *sent += n;
                     if *sent == request.len() {
                         // Connected and asked: the handshake timeout starts.
-                        session.deadline = Some(StdInstant::now() + self.config.handshake_timeout);
+                        session.deadline =
+                            Some(StdInstant::now() + self.config.limits.handshake_timeout);
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => session.writable = false,
@@ -457,7 +459,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                     let now = Instant::from_millis(self.start.elapsed().as_millis() as u64);
                     session.deadline = None;
                     let ws = ProtocolState::new(Role::Client, self.lot.config(), now);
-                    let queue = SendQueue::new(self.config.watermarks, self.config.policy);
+                    let queue = self.config.limits.send_queue();
                     let mut opened = Session::open(ws, queue);
                     if let Some(deflate) = deflate {
                         opened.set_deflate(deflate);

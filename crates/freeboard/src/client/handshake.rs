@@ -56,7 +56,7 @@ pub(super) fn open(target: &Target, config: &ClientConfig) -> Result<Opened, Cli
     };
     let mut stream = connect_tcp(target, config.connect_timeout)?;
     stream.set_nodelay(true)?;
-    let deadline = Instant::now() + config.handshake_timeout;
+    let deadline = Instant::now() + config.limits.handshake_timeout;
     let offer = deflate_offer(config, false);
     let opened = match tls {
         None => handshake(&mut stream, target, config, offer, deadline)
@@ -71,7 +71,7 @@ pub(super) fn open(target: &Target, config: &ClientConfig) -> Result<Opened, Cli
     };
     opened.map_err(|e| match e {
         ClientError::Io(io) if is_timeout(&io) => {
-            ClientError::HandshakeTimeout(config.handshake_timeout)
+            ClientError::HandshakeTimeout(config.limits.handshake_timeout)
         }
         ClientError::Io(io) => super::tls::tls_or_io(io),
         other => other,

@@ -11,10 +11,12 @@
 //! Once open, the client behaves like a browser's `WebSocket`:
 //! - [`ready_state`](Client::ready_state): connecting, open, closing, closed;
 //! - [`send`](Client::send) queues and returns at once with what happened to the message (a
-//!   [`SendOutcome`]: queued, above the high watermark, dropped or refused by the
-//!   [`SlowConsumerPolicy`]); [`buffered_amount`](Client::buffered_amount) is O(1);
+//!   [`SendOutcome`]: the send queue's answer — queued, above the high watermark, dropped or
+//!   refused by the [`SlowConsumerPolicy`] — or closed);
+//!   [`buffered_amount`](Client::buffered_amount) is O(1);
 //! - [`recv`](Client::recv) gives whole messages, reassembled into pool chunks up to
-//!   `max_message_size` (beyond it the connection closes with 1009), or the close event with
+//!   [`Limits::max_message_size`] (beyond it the connection closes with 1009), or the close
+//!   event with
 //!   `code`, `reason` and `was_clean`;
 //! - [`close`](Client::close) starts the close handshake; `recv` then reports its end.
 //!
@@ -84,10 +86,11 @@ use std::io;
 use std::time::Duration;
 
 pub use crate::session::SendOutcome;
+pub use crate::{Limits, LimitsError};
 pub use blocking::Client;
 pub use event_loop::{ClientHandler, ClientId, ClientLoop, LoopConn};
 use freeboard_buf::{Budget, DEFAULT_SEGMENTS_PER_CHUNK, Pool, PoolConfig};
-pub use freeboard_buf::{Limit, SlowConsumerPolicy, Watermarks, Writability};
+pub use freeboard_buf::{Limit, PushOutcome, SlowConsumerPolicy, Watermarks, Writability};
 pub use freeboard_proto::CloseCode;
 pub use freeboard_proto::MessageKind;
 use freeboard_proto::UsageError;
@@ -121,7 +124,7 @@ pub enum TlsRoots {
 ///     .header("Authorization", "Bearer t0k3n")
 ///     .subprotocol("jsonrpc")
 ///     .connect_timeout(Duration::from_secs(2))
-///     .policy(SlowConsumerPolicy::DropOldest);
+///     .limits(|limits| limits.slow_consumer(SlowConsumerPolicy::DropOldest));
 /// assert_eq!(config.protocols, ["jsonrpc"]);
 /// ```
 #[derive(Debug, Clone)]
@@ -129,8 +132,6 @@ pub enum TlsRoots {
 pub struct ClientConfig {
     /// Time allowed to open the TCP connection (each resolved address in turn). Default 10 s.
     pub connect_timeout: Duration,
-    /// Time allowed from connected to a checked `101` response. Default 10 s.
-    pub handshake_timeout: Duration,
     /// Extra request headers (`Origin`, `Authorization`, …).
     pub headers: Vec<(String, String)>,
     /// Subprotocols to offer, most preferred first.
@@ -142,15 +143,12 @@ pub struct ClientConfig {
     pub memory: usize,
     /// Bytes per pool chunk. Default 4 KiB.
     pub chunk_size: usize,
-    /// The largest message received; a larger one closes the connection with 1009.
-    /// Default 16 MiB.
-    pub max_message_size: usize,
-    /// Send-queue watermarks and hard cap. Default 32 KiB / 64 KiB / 256 KiB.
-    pub watermarks: Watermarks,
-    /// What happens to a message that would pass the cap. Default
-    /// [`SlowConsumerPolicy::Block`]: the send is refused with `SendOutcome::Blocked`; call
-    /// [`Client::flush`] and retry.
-    pub policy: SlowConsumerPolicy,
+    /// The send queue, the largest message received (a larger one closes the connection with
+    /// 1009) and the timeouts: [`Limits::DEFAULT`] but for a client's send queue of 32 KiB /
+    /// 64 KiB / 256 KiB whose policy is [`SlowConsumerPolicy::Block`] (a send past the cap
+    /// answers `WouldBlock`: call [`Client::flush`] and retry), and no keep-alive pings
+    /// (`idle_timeout` `None`). `handshake_timeout` counts from connected to a checked `101`.
+    pub limits: Limits,
     /// Write from a thread of the client's own (`true`, the default): [`Client::send`] only
     /// queues, the thread writes at once, and what queues while it is in the kernel leaves in
     /// its next write (up to 64 KiB, copied into the thread's buffer). When `false`, each
@@ -159,12 +157,6 @@ pub struct ClientConfig {
     pub writer_thread: bool,
     /// The read buffer, allocated once. Default 64 KiB.
     pub read_buffer: usize,
-    /// How long to wait for the server's close frame after ours. Default 5 s.
-    pub close_timeout: Duration,
-    /// Send a ping after this long without input. Default off.
-    pub ping_interval: Option<Duration>,
-    /// How long such a ping may stay unanswered. Default 10 s.
-    pub pong_timeout: Duration,
     /// Which certificates a `wss://` server may present. Default: the operating system's
     /// roots. Over TLS the caller writes (no writer thread: reading and writing share the
     /// TLS state).
@@ -176,8 +168,8 @@ pub struct ClientConfig {
     /// [`ClientLoop`] also asks for `server_no_context_takeover`, so none of its connections
     /// holds compression state between messages. A server may decline; a response this client
     /// cannot honour fails the connection ([`ClientError::Compression`]). Compressed messages
-    /// are inflated into the receive pool under `max_message_size` (1009 as soon as it is
-    /// passed).
+    /// are inflated into the receive pool under `limits.max_message_size` (1009 as soon as it
+    /// is passed).
     pub compression: bool,
     /// Messages shorter than this are sent uncompressed. Default 64 bytes; 0 compresses
     /// every message.
@@ -188,19 +180,16 @@ impl Default for ClientConfig {
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(10),
-            handshake_timeout: Duration::from_secs(10),
             headers: Vec::new(),
             protocols: Vec::new(),
             memory: 32 << 20,
             chunk_size: freeboard_buf::DEFAULT_CHUNK_SIZE,
-            max_message_size: 16 << 20,
-            watermarks: Watermarks::DEFAULT,
-            policy: SlowConsumerPolicy::Block,
+            limits: Limits::DEFAULT
+                .watermarks(Watermarks::DEFAULT)
+                .slow_consumer(SlowConsumerPolicy::Block)
+                .idle_timeout(None),
             writer_thread: true,
             read_buffer: 64 << 10,
-            close_timeout: Duration::from_secs(5),
-            ping_interval: None,
-            pong_timeout: Duration::from_secs(10),
             tls_roots: TlsRoots::Native,
             compression: crate::features::DEFLATE,
             compression_threshold: 64,
@@ -209,20 +198,26 @@ impl Default for ClientConfig {
 }
 
 impl ClientConfig {
+    /// Refuses limits that cannot work, and compression in a build without it: called first
+    /// where every client starts.
+    pub(crate) fn check(&self) -> Result<(), ClientError> {
+        self.limits.validate().map_err(ClientError::Limits)?;
+        if self.compression && !crate::features::DEFLATE {
+            let missing = crate::MissingFeature { setting: "compression", feature: "deflate" };
+            return Err(ClientError::MissingFeature(missing));
+        }
+        Ok(())
+    }
+
     /// The pool that holds received messages (the client loop's holds everything), with
     /// `bytes` of budget of which `reserve` stays outside its chunks; with compression on,
     /// so do one compressor and one decompressor of the largest window (about 300 KiB), so
-    /// that they are drawn from the same budget. Compression in a build without it is
-    /// refused here, where every client starts.
+    /// that they are drawn from the same budget.
     pub(crate) fn receive_pool(
         &self,
         bytes: usize,
         reserve: usize,
     ) -> Result<Pool<'static>, ClientError> {
-        if self.compression && !crate::features::DEFLATE {
-            let missing = crate::MissingFeature { setting: "compression", feature: "deflate" };
-            return Err(ClientError::MissingFeature(missing));
-        }
         let reserve = match self.compression {
             true => reserve + crate::session::deflate::STATE_BYTES,
             false => reserve,
@@ -231,16 +226,6 @@ impl ClientConfig {
         let chunks = (bytes.saturating_sub(reserve) / per_chunk).min(freeboard_buf::MAX_CHUNKS);
         let config = PoolConfig::new().with_chunk_size(self.chunk_size).with_chunk_count(chunks);
         Pool::new(Budget::new(bytes), config).map_err(|e| ClientError::Config(e.to_string()))
-    }
-
-    /// The protocol core's settings.
-    pub(crate) fn protocol(&self) -> freeboard_proto::Config {
-        freeboard_proto::Config::builder()
-            .max_message_size(self.max_message_size as u64)
-            .close_timeout(self.close_timeout)
-            .pong_timeout(self.pong_timeout)
-            .ping_interval(self.ping_interval)
-            .build()
     }
 
     /// Adds a request header.
@@ -261,33 +246,16 @@ impl ClientConfig {
         self
     }
 
-    /// Sets [`handshake_timeout`](Self::handshake_timeout).
-    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
-        self.handshake_timeout = timeout;
-        self
-    }
-
     /// Sets [`memory`](Self::memory).
     pub fn memory(mut self, bytes: usize) -> Self {
         self.memory = bytes;
         self
     }
 
-    /// Sets [`max_message_size`](Self::max_message_size).
-    pub fn max_message_size(mut self, bytes: usize) -> Self {
-        self.max_message_size = bytes;
-        self
-    }
-
-    /// Sets [`watermarks`](Self::watermarks).
-    pub fn watermarks(mut self, watermarks: Watermarks) -> Self {
-        self.watermarks = watermarks;
-        self
-    }
-
-    /// Sets [`policy`](Self::policy).
-    pub fn policy(mut self, policy: SlowConsumerPolicy) -> Self {
-        self.policy = policy;
+    /// Changes [`limits`](Self::limits), starting from the client's:
+    /// `.limits(|limits| limits.max_message_size(1 << 20).idle_timeout(Some(ping)))`.
+    pub fn limits(mut self, change: impl FnOnce(Limits) -> Limits) -> Self {
+        self.limits = change(self.limits);
         self
     }
 
@@ -323,12 +291,6 @@ impl ClientConfig {
     /// Sets [`compression_threshold`](Self::compression_threshold).
     pub fn compression_threshold(mut self, bytes: usize) -> Self {
         self.compression_threshold = bytes;
-        self
-    }
-
-    /// Sets [`close_timeout`](Self::close_timeout).
-    pub fn close_timeout(mut self, timeout: Duration) -> Self {
-        self.close_timeout = timeout;
         self
     }
 }
@@ -403,6 +365,8 @@ pub enum ClientError {
     Usage(UsageError),
     /// The configuration cannot work (e.g. the memory budget is too small for one chunk).
     Config(String),
+    /// A limit cannot work ([`ClientConfig::limits`]); the error names it.
+    Limits(LimitsError),
     /// A setting (a `wss://` URL, `compression`) needs an optional part of freeboard this
     /// build leaves out.
     MissingFeature(crate::MissingFeature),
@@ -441,6 +405,7 @@ impl fmt::Display for ClientError {
             Self::AlreadyClosed => f.write_str("the connection is closed"),
             Self::Usage(e) => write!(f, "not allowed by the protocol: {e}"),
             Self::Config(why) => write!(f, "invalid client configuration: {why}"),
+            Self::Limits(e) => write!(f, "invalid client configuration: {e}"),
             Self::MissingFeature(missing) => missing.fmt(f),
         }
     }
@@ -455,6 +420,7 @@ impl std::error::Error for ClientError {
             Self::Handshake(e) => Some(e),
             Self::Compression(e) => Some(e),
             Self::Usage(e) => Some(e),
+            Self::Limits(e) => Some(e),
             _ => None,
         }
     }

@@ -201,7 +201,7 @@ impl<T: Transport> EventLoop<T> {
         self.shared.metrics.connections.inc();
         if let Some(deadline) = deadline {
             // Accepted at the deadline less the handshake timeout (one clock, milliseconds).
-            let timeout = self.config.handshake_timeout.as_millis() as u64;
+            let timeout = self.config.limits.handshake_timeout.as_millis() as u64;
             let taken = (now.as_millis() + timeout).saturating_sub(deadline.as_millis());
             self.shared.metrics.handshake_duration.observe(taken);
         }

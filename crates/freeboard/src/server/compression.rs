@@ -27,7 +27,8 @@ impl<T: Transport> EventLoop<T> {
         // the queue cannot take closes the connection); under the others a dropped or
         // refused message would corrupt every later one, so the server keeps no context
         // (§7.1.1.1 lets a server add server_no_context_takeover on its own).
-        if options.slow_consumer.unwrap_or(config.slow_consumer) != SlowConsumerPolicy::Close {
+        if options.slow_consumer.unwrap_or(config.limits.slow_consumer) != SlowConsumerPolicy::Close
+        {
             agreement.server_no_context_takeover = true;
         }
         Some(agreement)

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use freeboard_buf::{Budget, PageBuffer, Pool, PoolConfig, SendQueue, Watermarks, Writability};
+use freeboard_buf::{Budget, PageBuffer, Pool, PoolConfig, Writability};
 use freeboard_proto::{CloseCode, Instant};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
@@ -280,8 +280,7 @@ impl<T: Transport> EventLoop<T> {
             poll.registry().register(admin, ADMIN_LISTENER, Interest::READABLE)?;
         }
         let per_loop = config.memory / config.threads;
-        let assembly_reserve =
-            usize::try_from(config.max_message_size).unwrap_or(usize::MAX).min(per_loop / 4);
+        let assembly_reserve = config.limits.max_message_size.min(per_loop / 4);
         // TLS: the scratch buffers and a share of the budget for rustls state come off the
         // pool's part.
         let tls_bytes = match &config.tls {
@@ -332,7 +331,7 @@ impl<T: Transport> EventLoop<T> {
             listeners: Some(listeners),
             tls_config,
             tls,
-            lot: ParkingLot::new(config.protocol()),
+            lot: ParkingLot::new(config.limits.protocol()),
             read_buf: PageBuffer::new(config.read_buffer),
             cork: Cork::new(config.read_buffer),
             corking: None,
@@ -594,16 +593,12 @@ impl<T: Transport> EventLoop<T> {
             self.shared.metrics.accepted.inc();
             let limited = self.shared.admit(&self.config, peer, now.as_millis() as f64 / 1000.0);
             self.serial += 1;
-            let config = &self.config;
-            // NOTE(unwrap): validated in `ServerConfig::validate`.
-            let marks =
-                Watermarks::new(config.send_low, config.send_high, config.send_cap).unwrap();
-            let queue = SendQueue::new(marks, config.slow_consumer);
+            let limits = &self.config.limits;
             entry.insert(Entry {
                 serial: self.serial,
                 stream,
                 peer,
-                session: Session::request(queue, now + config.handshake_timeout),
+                session: Session::request(limits.send_queue(), now + limits.handshake_timeout),
                 route: 0,
                 limited,
                 attributed: !self.shared.forwards(&self.config, peer),

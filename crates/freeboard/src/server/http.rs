@@ -407,7 +407,7 @@ impl<T: Transport> EventLoop<T> {
             return None;
         }
         let cors = self.cors_headers(headers, false);
-        let max = config.max_message_size;
+        let max = config.limits.max_message_size as u64;
         let text = topic.is_empty() || header("content-type").is_some_and(is_text);
         let kind = if text { MessageKind::Text } else { MessageKind::Binary };
         // `request` refused every other framing before routing.
@@ -470,7 +470,7 @@ impl<T: Transport> EventLoop<T> {
         let entry = &mut self.conns[token];
         let deadline = match entry.session.phase {
             Phase::Request { deadline } => deadline,
-            _ => now + self.config.handshake_timeout,
+            _ => now + self.config.limits.handshake_timeout,
         };
         let is_chunked = chunked.is_some();
         if !is_chunked {

@@ -152,7 +152,7 @@ impl<T: Transport> EventLoop<T> {
         let entry = &mut self.conns[token];
         // Queued (not written straight to the socket for want of pool): keep it alive.
         if keep_alive && entry.session.buffered() > 0 {
-            let deadline = now + self.config.handshake_timeout;
+            let deadline = now + self.config.limits.handshake_timeout;
             entry.session.phase = Phase::Request { deadline };
             return true;
         }
@@ -258,7 +258,7 @@ impl<T: Transport> EventLoop<T> {
         match receipt {
             Some(receipt) if !receipt.release() => {
                 let entry = &mut self.conns[token];
-                let deadline = now + self.config.handshake_timeout;
+                let deadline = now + self.config.limits.handshake_timeout;
                 entry.session.phase = Phase::Request { deadline };
                 let cors = cors.to_owned();
                 let waiting =

@@ -200,7 +200,7 @@ impl<T: Transport> EventLoop<T> {
         let config = &self.config;
         let entry = &mut self.conns[token];
         let transition =
-            entry.session.after_flush(&mut self.pool, now, config.close_timeout, LINGER);
+            entry.session.after_flush(&mut self.pool, now, config.limits.close_timeout, LINGER);
         if transition.closed {
             self.shared.metrics.connections.dec();
             self.topics.drop_conn(&self.shared.hub, token);

@@ -52,29 +52,30 @@ use share::Verdict;
 use deflate::{Codec, Deflate};
 
 /// What happened to a message given to a send, on the server
-/// ([`Conn::send`](crate::Conn::send)) and on the clients alike.
+/// ([`Conn::send`](crate::Conn::send)), the clients and the tokio driver alike: the send
+/// queue's own answer while the connection is open, or `Closed`.
+///
+/// ```
+/// use freeboard::{PushOutcome, SendOutcome};
+///
+/// fn must_wait(outcome: SendOutcome) -> bool {
+///     matches!(
+///         outcome,
+///         SendOutcome::Queue(PushOutcome::QueuedAboveHigh | PushOutcome::WouldBlock { .. })
+///     )
+/// }
+/// assert!(!must_wait(SendOutcome::Queue(PushOutcome::Queued)));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOutcome {
-    /// Queued; the queue is at or under its high watermark.
-    Queued,
-    /// Queued; the queue is above its high watermark — pause until
-    /// [`Handler::on_writable`](crate::Handler::on_writable) (on a client: until `is_writable`).
-    QueuedAboveHigh,
-    /// The slow-consumer policy dropped `messages` messages (`bytes` bytes); `newest` says
-    /// whether this one is among them.
-    Dropped {
-        /// Whether the message just sent was dropped.
-        newest: bool,
-        /// Messages dropped.
-        messages: u32,
-        /// Their bytes.
-        bytes: usize,
-    },
-    /// Not queued: under [`SlowConsumerPolicy::Block`] the queue is at its cap, or the pool is
-    /// short through no fault of this connection (counted as `pool_exhausted` under the other
-    /// policies). Retry after [`Handler::on_writable`](crate::Handler::on_writable) or a later
-    /// turn (on a client: after a flush).
-    Blocked,
+    /// The send queue's answer ([`PushOutcome`]): `Queued`; `QueuedAboveHigh` (pause until
+    /// [`Handler::on_writable`](crate::Handler::on_writable), on a client until
+    /// `is_writable`); `Dropped` by the slow-consumer policy; or `WouldBlock`, not queued:
+    /// under [`SlowConsumerPolicy::Block`] the queue is at its cap, or the pool is short
+    /// through no fault of this connection (counted as `pool_exhausted` under the other
+    /// policies) — retry after `on_writable` or a later turn (on a client: after a flush).
+    /// Never `MustClose`: the session closes the connection itself and answers `Closed`.
+    Queue(PushOutcome),
     /// Not queued: the connection is closing or closed (possibly just now, 1008, by the
     /// `close` policy).
     Closed,
@@ -83,13 +84,8 @@ pub enum SendOutcome {
 impl From<PushOutcome> for SendOutcome {
     fn from(outcome: PushOutcome) -> Self {
         match outcome {
-            PushOutcome::Queued => Self::Queued,
-            PushOutcome::QueuedAboveHigh => Self::QueuedAboveHigh,
-            PushOutcome::Dropped { newest, messages, bytes } => {
-                Self::Dropped { newest, messages, bytes }
-            }
-            PushOutcome::WouldBlock { .. } => Self::Blocked,
             PushOutcome::MustClose { .. } => Self::Closed,
+            outcome => Self::Queue(outcome),
         }
     }
 }

@@ -9,7 +9,7 @@
 //! use futures_util::StreamExt;
 //!
 //! async fn echo(ws: WebSocketUpgrade) -> Response {
-//!     ws.config(WsConfig::default().policy(SlowConsumerPolicy::DropOldest))
+//!     ws.config(WsConfig::default().slow_consumer(SlowConsumerPolicy::DropOldest))
 //!         .on_upgrade(|mut socket: AxumWebSocket| async move {
 //!             while let Some(message) = socket.next().await {
 //!                 if let Message::Close(_) = message {

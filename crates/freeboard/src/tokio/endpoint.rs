@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use freeboard_buf::{Budget, Counters, Pool, PoolConfig};
+use freeboard_buf::{Budget, Counters, Frame, Pool, PoolConfig, SendQueue};
 use freeboard_proto::{Instant, Role};
 use slab::Slab;
 
@@ -12,9 +12,7 @@ use crate::metrics::Metrics;
 use crate::parking::ParkingLot;
 use crate::session::{Context, Cork, MaskSource, Reassembly, Share};
 use crate::topics::{self, LocalTopics};
-
-use super::fan_out::Subscriber;
-use crate::{SlowConsumerPolicy, Watermarks};
+use crate::{Limits, SlowConsumerPolicy, Watermarks};
 
 /// The budget and limits every connection of an [`Endpoint`] shares. One
 /// `#[non_exhaustive]` struct: start from [`default`](Self::default) and set fields.
@@ -34,9 +32,13 @@ pub struct EndpointConfig {
     /// 503 below it), and twice what a message arriving in pieces must leave free (else close
     /// 1013). Default 64 KiB.
     pub connection_reserve: usize,
-    /// The protocol limits and timers of every connection: `max_message_size`,
-    /// `close_timeout`, keep-alive `ping_interval` and `pong_timeout`.
-    pub protocol: freeboard_proto::Config,
+    /// Every connection's send queue (a route's [`WsConfig`] may give its own), largest
+    /// message and frame, and timeouts: `handshake_timeout` bounds
+    /// [`WebSocket::accept`](super::WebSocket::accept)'s wait for the request (an axum or
+    /// hyper server times its own). [`Limits::DEFAULT`] but for a send queue of 32 KiB /
+    /// 64 KiB (the high mark at least `read_buffer`, so the replies to one read leave in one
+    /// write) and no keep-alive pings (`idle_timeout` `None`).
+    pub limits: Limits,
     /// Topics one connection may subscribe to. Default 64.
     pub max_topics_per_connection: usize,
     /// Topics (with at least one subscriber) the endpoint may have at once. Default 100,000.
@@ -50,7 +52,7 @@ impl Default for EndpointConfig {
             chunk_size: 4096,
             read_buffer: 64 << 10,
             connection_reserve: 64 << 10,
-            protocol: freeboard_proto::Config::DEFAULT,
+            limits: Limits::DEFAULT.send_low(32 << 10).send_high(64 << 10).idle_timeout(None),
             max_topics_per_connection: 64,
             max_topics: 100_000,
         }
@@ -64,9 +66,10 @@ impl EndpointConfig {
         self
     }
 
-    /// Sets [`protocol`](Self::protocol).
-    pub fn protocol(mut self, protocol: freeboard_proto::Config) -> Self {
-        self.protocol = protocol;
+    /// Changes [`limits`](Self::limits), starting from the endpoint's:
+    /// `.limits(|limits| limits.max_message_size(1 << 20))`.
+    pub fn limits(mut self, change: impl FnOnce(Limits) -> Limits) -> Self {
+        self.limits = change(self.limits);
         self
     }
 
@@ -77,41 +80,32 @@ impl EndpointConfig {
     }
 }
 
-/// One connection's send queue settings and the subprotocols it may speak: per route.
-#[derive(Debug, Clone)]
+/// What a route's connections get instead of their endpoint's: a send queue of their own
+/// (as [`RouteOptions`](crate::RouteOptions) gives a server route), and the subprotocols they
+/// may speak.
+#[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct WsConfig {
-    /// Send queue watermarks and hard cap. Default 32 KiB low and 64 KiB high (the high one
-    /// at least [`EndpointConfig::read_buffer`], so the replies to one read leave in one
-    /// write), a cap of 16 MiB + 64 KiB (a largest message and then some), as `freeboard
-    /// serve`'s.
-    pub watermarks: Watermarks,
+    /// The send queue's watermarks and cap. Default: the endpoint's
+    /// ([`Limits::send_low`], `send_high`, `send_cap`).
+    pub watermarks: Option<Watermarks>,
     /// What happens at the cap (and, while the pool is contended, past the connection's fair
-    /// share). Default as `freeboard serve`: [`SlowConsumerPolicy::Close`] (1008).
-    pub policy: SlowConsumerPolicy,
+    /// share). Default: the endpoint's ([`Limits::slow_consumer`]).
+    pub slow_consumer: Option<SlowConsumerPolicy>,
     /// Subprotocols the server speaks, in order of preference.
     pub protocols: Vec<String>,
 }
 
-impl Default for WsConfig {
-    fn default() -> Self {
-        // NOTE(unwrap): 32 KiB <= 64 KiB <= 16 MiB + 64 KiB.
-        let watermarks = Watermarks::new(32 << 10, 64 << 10, (16 << 20) + (64 << 10))
-            .expect("ordered watermarks");
-        Self { watermarks, policy: SlowConsumerPolicy::Close, protocols: Vec::new() }
-    }
-}
-
 impl WsConfig {
     /// Sets [`watermarks`](Self::watermarks).
-    pub fn watermarks(mut self, watermarks: Watermarks) -> Self {
-        self.watermarks = watermarks;
+    pub fn watermarks(mut self, marks: Watermarks) -> Self {
+        self.watermarks = Some(marks);
         self
     }
 
-    /// Sets [`policy`](Self::policy).
-    pub fn policy(mut self, policy: SlowConsumerPolicy) -> Self {
-        self.policy = policy;
+    /// Sets [`slow_consumer`](Self::slow_consumer).
+    pub fn slow_consumer(mut self, policy: SlowConsumerPolicy) -> Self {
+        self.slow_consumer = Some(policy);
         self
     }
 
@@ -122,6 +116,14 @@ impl WsConfig {
     }
 }
 
+/// A connection a publication can be queued to, whatever its transport (`fan_out.rs`
+/// implements it for a connection): the endpoint's table of subscribers holds them.
+pub(super) trait Subscriber: Send + Sync {
+    /// Queues `frame` by reference: `Some(true)` if the queue took it, `Some(false)` if it
+    /// was dropped for this subscriber, `None` if the connection no longer sends.
+    fn deliver(&self, frame: &Frame) -> Option<bool>;
+}
+
 /// The memory every connection of a tokio service shares: one chunk pool carved from one
 /// budget, the parked protocol states, spare read buffers, and the topics its connections
 /// subscribe to ([`publish`](Self::publish)). Cheap to share (`Arc`); any task of any runtime
@@ -130,6 +132,8 @@ pub struct Endpoint {
     hub: Mutex<Hub>,
     /// Which topics have subscribers (the server's registry with one loop and no inboxes).
     pub(super) topics: topics::Hub,
+    /// Invariant: validated ([`Limits::validate`]).
+    pub(super) limits: Limits,
     pub(super) protocol: freeboard_proto::Config,
     pub(super) read_buffer: usize,
     pub(super) reserve: usize,
@@ -172,9 +176,11 @@ pub(super) struct Hub {
 }
 
 impl Endpoint {
-    /// An endpoint with `config`'s budget; `Err` if the chunk size is out of range or the
-    /// budget cannot hold 16 chunks.
+    /// An endpoint with `config`'s budget; `Err` if a limit cannot work, the chunk size is
+    /// out of range or the budget cannot hold 16 chunks.
     pub fn new(config: EndpointConfig) -> Result<Arc<Self>, ConfigError> {
+        config.limits.validate()?;
+        let protocol = config.limits.protocol();
         let (min, max) = (crate::config::MIN_CHUNK_SIZE, freeboard_buf::MAX_CHUNK_SIZE);
         if !(min..=max).contains(&config.chunk_size) {
             return Err(ConfigError::ChunkSize { given: config.chunk_size, min, max });
@@ -192,7 +198,7 @@ impl Endpoint {
             hub: Mutex::new(Hub {
                 share: Share::new(&pool, 1),
                 pool,
-                lot: ParkingLot::new(config.protocol),
+                lot: ParkingLot::new(protocol),
                 masks: MaskSource::new(),
                 open: 0,
                 subscriptions: LocalTopics::new(0, config.max_topics_per_connection, tables),
@@ -206,7 +212,8 @@ impl Endpoint {
                 server_limits: Reassembly::server(config.connection_reserve),
             }),
             topics: topics::Hub::new(&[], 1, config.max_topics, None, metrics),
-            protocol: config.protocol,
+            limits: config.limits,
+            protocol,
             read_buffer: config.read_buffer.max(1024),
             reserve: config.connection_reserve,
             start: ::tokio::time::Instant::now(),
@@ -250,6 +257,15 @@ impl Endpoint {
 
     pub(super) fn now(&self) -> Instant {
         Instant::from_millis(self.start.elapsed().as_millis() as u64)
+    }
+
+    /// An empty send queue for a connection of a route with `config`.
+    pub(super) fn send_queue(&self, config: &WsConfig) -> SendQueue {
+        // NOTE(unwrap): `new` validated the limits.
+        let marks = config
+            .watermarks
+            .unwrap_or_else(|| self.limits.send_watermarks().expect("validated limits"));
+        SendQueue::new(marks, config.slow_consumer.unwrap_or(self.limits.slow_consumer))
     }
 }
 

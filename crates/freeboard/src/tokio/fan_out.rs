@@ -10,15 +10,9 @@ use ::tokio::io::{AsyncRead, AsyncWrite};
 use freeboard_buf::{Frame, PushOutcome};
 use freeboard_proto::{MessageKind, Role};
 
-use super::{Endpoint, Shared, WsWriter};
+use super::endpoint::{Endpoint, Subscriber};
+use super::{Shared, WsWriter};
 use crate::topics::{self, Reach, SubscribeError};
-
-/// A connection a publication can be queued to, whatever its transport.
-pub(super) trait Subscriber: Send + Sync {
-    /// Queues `frame` by reference: `Some(true)` if the queue took it, `Some(false)` if it
-    /// was dropped for this subscriber, `None` if the connection no longer sends.
-    fn deliver(&self, frame: &Frame) -> Option<bool>;
-}
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Subscriber for Shared<S> {
     fn deliver(&self, frame: &Frame) -> Option<bool> {

@@ -2,16 +2,12 @@
 //! size and time), answer `101` or refuse with the status the failure earns.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use freeboard_proto::handshake::{DEFAULT_MAX_HEAD_LEN, EMPTY_HEADER, HandshakeError, Request};
 use freeboard_proto::http;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{Endpoint, WsConfig};
-
-/// How long a client may take to send its upgrade request (a slowloris guard).
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why [`WebSocket::accept`](super::WebSocket::accept) did not open a connection.
 #[derive(Debug)]
@@ -68,7 +64,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     config: &WsConfig,
 ) -> Result<(Option<String>, Vec<u8>), AcceptError> {
     let mut head = Vec::with_capacity(1024);
-    let len = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+    let len = tokio::time::timeout(endpoint.limits.handshake_timeout, async {
         loop {
             let mut chunk = [0u8; 1024];
             let n = io.read(&mut chunk).await?;

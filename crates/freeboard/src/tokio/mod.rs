@@ -54,7 +54,7 @@
 //!     match message {
 //!         Message::Close(_) => break,
 //!         message => {
-//!             let _ = ws.send(message); // a SendOutcome: Queued, QueuedAboveHigh, Dropped…
+//!             let _ = ws.send(message); // a SendOutcome: the queue's answer, or Closed
 //!         }
 //!     }
 //! }
@@ -68,7 +68,6 @@ use std::task::{self, Poll, Waker};
 
 use ::tokio::io::{AsyncRead, AsyncWrite};
 use ::tokio::time::Sleep;
-use freeboard_buf::SendQueue;
 use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State, UsageError};
 
 use crate::SendOutcome;
@@ -334,7 +333,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
     ) -> Self {
         let now = endpoint.now();
         let ws = ProtocolState::new(role, &endpoint.protocol, now);
-        let queue = SendQueue::new(config.watermarks, config.policy);
+        let queue = endpoint.send_queue(config);
         endpoint.lock().count_open(1);
         let conn = Conn {
             io,
@@ -389,10 +388,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsReader<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
     /// Queues a message (copied into the cork or pool chunks; its buffer is kept for a
-    /// message received later) and says what the queue did with it:
-    /// `Queued`, `QueuedAboveHigh` (slow down: await [`writable`](Self::writable)),
-    /// `Dropped` (the policy dropped it or older ones; counted), `Blocked` (the `block`
-    /// policy: not queued, retry after `writable`), `Closed`. A `Close` message is `Closed`.
+    /// message received later) and says what the queue did with it, as a
+    /// [`SendOutcome::Queue`] of `Queued`, `QueuedAboveHigh` (slow down: await
+    /// [`writable`](Self::writable)), `Dropped` (the policy dropped it or older ones; counted)
+    /// or `WouldBlock` (the `block` policy: not queued, retry after `writable`); or
+    /// `Closed`. A `Close` message is `Closed`.
     pub fn send(&self, message: Message) -> SendOutcome {
         match message.into_data() {
             Some((kind, payload)) => self.shared.send(kind, Payload::Owned(payload)),

@@ -14,11 +14,11 @@ pub fn config() -> ServerConfig {
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.threads = 1;
     config.memory = 64 << 20;
-    config.max_message_size = 1 << 20;
-    config.send_cap = 2 << 20;
-    config.idle_timeout = None;
+    config.limits.max_message_size = 1 << 20;
+    config.limits.send_cap = 2 << 20;
+    config.limits.idle_timeout = None;
     config.drain_timeout = Duration::from_secs(5);
-    config.close_timeout = Duration::from_secs(1);
+    config.limits.close_timeout = Duration::from_secs(1);
     config
 }
 
