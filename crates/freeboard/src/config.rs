@@ -917,7 +917,7 @@ impl<'de> Deserialize<'de> for Policy<SlowConsumerPolicy> {
 }
 
 /// A size in a TOML file or a flag, for `#[serde(with = "freeboard::config::size")]`: bytes,
-/// or a string with a unit (`"256M"`, [`parse_size`]).
+/// or a string with a unit (`"256M"`, [`parse_size()`]).
 pub mod size {
     use super::Scalar;
     use serde::{Deserialize, Deserializer, de::Error};
