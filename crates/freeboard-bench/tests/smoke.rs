@@ -341,6 +341,6 @@ fn broadcast_reaches_every_subscriber() {
 fn topic_service(config: &ServerConfig) -> freeboard_topics::Service {
     let mut topics = freeboard_topics::Config::default();
     topics.hub = config.topics.clone();
-    topics.endpoint.client_publish = true;
+    topics.route.client_publish = true;
     freeboard_topics::Service::new(&topics).unwrap()
 }

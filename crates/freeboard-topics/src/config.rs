@@ -1,5 +1,5 @@
 //! The service's settings: the `[topics]` table of `freeboard serve`, one flat table whose keys
-//! fall into sections (the endpoint, tokens, the connect webhook, Redis) beside the topic hub's
+//! fall into sections (the route, tokens, the connect webhook, Redis) beside the topic hub's
 //! own settings ([`freeboard::config::TopicsConfig`]: limits, send queues, history, `POST`).
 
 use std::collections::BTreeMap;
@@ -17,7 +17,7 @@ use serde::de::{Deserializer, Error as _, IgnoredAny};
 /// use freeboard_topics::Config;
 ///
 /// let config = Config::default();
-/// assert_eq!(config.endpoint.path, "/topic/");
+/// assert_eq!(config.route.path, "/topic/");
 /// config.validate()?;
 /// # Ok::<(), freeboard_topics::Error>(())
 /// ```
@@ -28,7 +28,7 @@ pub struct Config {
     /// [`ServerConfig::topics`](freeboard::ServerConfig::topics).
     pub hub: TopicsConfig,
     /// Where the topics are served and what clients may do there.
-    pub endpoint: EndpointConfig,
+    pub route: RouteConfig,
     /// The JWTs a subscriber must carry.
     pub tokens: TokenConfig,
     /// The connect webhook that decides every topic upgrade.
@@ -37,11 +37,11 @@ pub struct Config {
     pub redis: RedisConfig,
 }
 
-/// The topic endpoint.
+/// The topic route.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default)]
 #[non_exhaustive]
-pub struct EndpointConfig {
+pub struct RouteConfig {
     /// Path prefix of the topic endpoints: a WebSocket upgrade at `{path}{name}` subscribes to
     /// `name`, a `POST {path}{name}` publishes its body. Must start and end with `/`; empty
     /// serves no topic endpoint. Default `/topic/`.
@@ -54,7 +54,7 @@ pub struct EndpointConfig {
     pub http_publish: bool,
 }
 
-impl Default for EndpointConfig {
+impl Default for RouteConfig {
     fn default() -> Self {
         Self { path: "/topic/".into(), client_publish: false, http_publish: true }
     }
@@ -178,7 +178,7 @@ impl<'de> Deserialize<'de> for Config {
             #[serde(flatten)]
             hub: TopicsConfig,
             #[serde(flatten)]
-            endpoint: EndpointConfig,
+            route: RouteConfig,
             #[serde(flatten)]
             tokens: TokenConfig,
             #[serde(flatten)]
@@ -189,11 +189,11 @@ impl<'de> Deserialize<'de> for Config {
             #[serde(flatten)]
             rest: BTreeMap<String, IgnoredAny>,
         }
-        let Table { hub, endpoint, tokens, webhook, redis, rest } = Table::deserialize(d)?;
+        let Table { hub, route, tokens, webhook, redis, rest } = Table::deserialize(d)?;
         if let Some(key) = rest.keys().next() {
             return Err(D::Error::unknown_field(key, keys()));
         }
-        Ok(Self { hub, endpoint, tokens, webhook, redis })
+        Ok(Self { hub, route, tokens, webhook, redis })
     }
 }
 
@@ -203,7 +203,7 @@ fn keys() -> &'static [&'static str] {
     KEYS.get_or_init(|| {
         [
             fields::<TopicsConfig>(),
-            fields::<EndpointConfig>(),
+            fields::<RouteConfig>(),
             fields::<TokenConfig>(),
             fields::<WebhookConfig>(),
             fields::<RedisConfig>(),
@@ -267,9 +267,9 @@ impl Config {
             )*};
         }
         settings! {
-            "topics.path" endpoint.path;
-            "topics.client_publish" endpoint.client_publish;
-            "topics.http_publish" endpoint.http_publish;
+            "topics.path" route.path;
+            "topics.client_publish" route.client_publish;
+            "topics.http_publish" route.http_publish;
             "topics.jwt_secret" tokens.jwt_secret;
             "topics.jwks_file" tokens.jwks_file;
             "topics.jwt_issuer" tokens.jwt_issuer;

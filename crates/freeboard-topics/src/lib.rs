@@ -35,7 +35,7 @@ mod webhook;
 
 use std::sync::Arc;
 
-pub use config::{Config, EndpointConfig, RedisConfig, TokenConfig, WebhookConfig};
+pub use config::{Config, RedisConfig, RouteConfig, TokenConfig, WebhookConfig};
 pub use redis::RedisBackplane;
 pub use route::TopicRoute;
 use route::topic_route_options;
@@ -117,11 +117,11 @@ impl Service {
     /// send-queue settings and the configured tokens and webhook) and, with `http_publish`,
     /// `POST {path}{topic}` ([`HttpRoute::Publish`]). An empty path mounts neither.
     pub fn mount(&self, router: Router) -> Router {
-        let endpoint = &self.config.endpoint;
-        if endpoint.path.is_empty() {
+        let config = &self.config.route;
+        if config.path.is_empty() {
             return router;
         }
-        let mut route = TopicRoute::new(&endpoint.path, endpoint.client_publish)
+        let mut route = TopicRoute::new(&config.path, config.client_publish)
             .max_topics(self.config.hub.max_topics_per_connection);
         if let Some(verifier) = &self.verifier {
             route = route.with_tokens(verifier.clone());
@@ -131,9 +131,9 @@ impl Service {
         }
         // NOTE: `Config::validate` checked the hub's send queues when the service was built.
         let Ok(options) = topic_route_options(&self.config.hub) else { return router };
-        let router = router.route_with(&endpoint.path, route, options);
-        match endpoint.http_publish {
-            true => router.http(&endpoint.path, HttpRoute::Publish),
+        let router = router.route_with(&config.path, route, options);
+        match config.http_publish {
+            true => router.http(&config.path, HttpRoute::Publish),
             false => router,
         }
     }
@@ -169,7 +169,7 @@ impl Config {
     /// keys (reads the JWKS file), the webhook's URL and limits, the Redis URLs.
     pub fn validate(&self) -> Result<(), Error> {
         self.hub.watermarks().map_err(Error::Hub)?;
-        let path = &self.endpoint.path;
+        let path = &self.route.path;
         if !(path.is_empty() || path.starts_with('/') && path.ends_with('/')) {
             return Err(Error::Path(path.clone()));
         }

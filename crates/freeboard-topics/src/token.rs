@@ -50,7 +50,7 @@ pub struct Grant {
     /// The `sub` claim.
     pub subject: Option<String>,
     /// When the grant lapses: the `exp` claim plus the verifier's leeway (the connection is
-    /// closed with [`TOKEN_EXPIRED`](super::TOKEN_EXPIRED) then).
+    /// closed with [`TOKEN_EXPIRED`](freeboard::auth::TOKEN_EXPIRED) then).
     pub expires: SystemTime,
     /// The `subscribe` claim.
     pub subscribe: Vec<String>,

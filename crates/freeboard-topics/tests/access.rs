@@ -151,7 +151,7 @@ fn publishing_needs_a_publish_grant() {
     let config = config();
     let mut topics = Topics::default();
     topics.tokens.jwt_secret = Some(SECRET.into());
-    topics.endpoint.client_publish = true;
+    topics.route.client_publish = true;
     let server = topic_server(config, topics);
     let addr = server.local_addr();
     let exp = now_secs() + 3600;
@@ -500,7 +500,7 @@ fn webhook_server(url: String, timeout: Duration) -> RunningServer {
     let mut topics = Topics::default();
     topics.webhook.connect_webhook = Some(url);
     topics.webhook.webhook_timeout = timeout;
-    topics.endpoint.client_publish = true;
+    topics.route.client_publish = true;
     topics.hub = config.topics.clone();
     let service = Service::new(&topics).unwrap();
     Server::bind(config, move || service.mount(Router::new())).unwrap().spawn()

@@ -13,7 +13,7 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::{Extension, Router};
 use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
-use freeboard::tokio::{Endpoint, EndpointConfig, Message, WsConfig};
+use freeboard::tokio::{Endpoint, EndpointConfig, OwnedMessage, WsConfig};
 use freeboard::{PushOutcome, SendOutcome, SlowConsumerPolicy, Watermarks};
 use futures_util::StreamExt;
 
@@ -37,7 +37,7 @@ async fn main() -> std::io::Result<()> {
 async fn echo(ws: WebSocketUpgrade) -> Response {
     ws.on_upgrade(|mut socket: AxumWebSocket| async move {
         while let Some(message) = socket.next().await {
-            if let Message::Close(_) = message {
+            if let OwnedMessage::Close(_) = message {
                 break;
             }
             if let SendOutcome::Queue(PushOutcome::WouldBlock { .. }) = socket.send(message) {

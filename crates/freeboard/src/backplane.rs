@@ -8,7 +8,8 @@
 //! publication of this node; the backplane delivers what arrives from other nodes through its
 //! [`Link`]. A backplane may also keep the topics' history (it gives publications their
 //! offsets, and fetches what a reconnecting subscriber missed): the node's own history is
-//! then a cache of what the backplane keeps ([`History`] of [`Source::Backplane`]).
+//! then a cache of what the backplane keeps ([`History`] of
+//! [`Source::Backplane`](crate::history::Source::Backplane)).
 
 use std::io;
 use std::sync::Arc;

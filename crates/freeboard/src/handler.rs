@@ -119,7 +119,7 @@ impl Decision {
 
     /// Accepts the upgrade.
     pub fn accept(mut self, accepted: Accepted) {
-        self.send(Verdict::Accept(accepted));
+        self.send(DecisionOutcome::Accept(accepted));
     }
 
     /// Accepts the upgrade of a subscriber to `topic` that reconnects having last seen the
@@ -136,14 +136,14 @@ impl Decision {
 
     /// Refuses the upgrade with `status` (a 4xx or 5xx).
     pub fn reject(mut self, status: u16) {
-        self.send(Verdict::Reject { status, reason: "refused" });
+        self.send(DecisionOutcome::Reject { status, reason: "refused" });
     }
 
     /// Refuses the upgrade with `status`, counting it in
     /// `freeboard_access_refusals_total{reason}` and saying `reason` in the response body and
     /// the (rate-limited) log line.
     pub fn reject_because(mut self, status: u16, reason: &'static str) {
-        self.send(Verdict::Reject { status, reason });
+        self.send(DecisionOutcome::Reject { status, reason });
     }
 
     /// Completes the decision with a synchronous [`Upgrade`] answer.
@@ -154,16 +154,16 @@ impl Decision {
         }
     }
 
-    fn send(&mut self, verdict: Verdict) {
+    fn send(&mut self, outcome: DecisionOutcome) {
         self.done = true;
-        self.decisions.push(Completion { token: self.token, serial: self.serial, verdict });
+        self.decisions.push(Completion { token: self.token, serial: self.serial, outcome });
     }
 }
 
 impl Drop for Decision {
     fn drop(&mut self) {
         if !self.done {
-            self.send(Verdict::Reject { status: 500, reason: "upgrade decision dropped" });
+            self.send(DecisionOutcome::Reject { status: 500, reason: "upgrade decision dropped" });
         }
     }
 }
@@ -232,7 +232,7 @@ impl Accepted {
 }
 
 /// What a [`Decision`] came to.
-pub(crate) enum Verdict {
+pub(crate) enum DecisionOutcome {
     Accept(Accepted),
     Reject {
         status: u16,
@@ -246,7 +246,7 @@ pub(crate) enum Verdict {
 pub(crate) struct Completion {
     pub(crate) token: usize,
     pub(crate) serial: u64,
-    pub(crate) verdict: Verdict,
+    pub(crate) outcome: DecisionOutcome,
 }
 
 /// The completed decisions of one event loop, pushed from any thread. A push from outside

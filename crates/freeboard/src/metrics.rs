@@ -337,7 +337,7 @@ pub(crate) struct LoopStats {
 }
 
 /// The `drops` reason of a message refused because the pool was short through no fault of its
-/// connection (not a slow consumer: see `session/share.rs`).
+/// connection (not a slow consumer: see `session/fair_share.rs`).
 pub(crate) const POOL_EXHAUSTED: &str = "pool_exhausted";
 
 /// The `drops` reason of a data message its connection's closing took: still queued (unsent,

@@ -9,7 +9,7 @@ use freeboard_proto::{Instant, Role};
 
 use crate::ServerConfig;
 use crate::parking::{ParkingLot, ProtocolState};
-use crate::session::{Context, Cork, Reassembly, Received, Session, Share};
+use crate::session::{Context, Cork, FairShare, Reassembly, Received, Session};
 
 /// An open server session with what the loop lends it, and one read's worth of input.
 pub struct EchoSession {
@@ -17,7 +17,7 @@ pub struct EchoSession {
     pool: Pool<'static>,
     lot: ParkingLot,
     limits: Reassembly,
-    share: Share,
+    share: FairShare,
     cork: Cork,
     /// `messages` masked binary frames of `size` bytes, as a client sends them.
     input: Vec<u8>,
@@ -59,7 +59,7 @@ impl EchoSession {
         let input = frame.repeat(messages);
         Self {
             session: Session::open(ws, queue),
-            share: Share::new(&pool, 1),
+            share: FairShare::new(&pool, 1),
             cork: Cork::new(config.read_buffer),
             pool,
             lot: ParkingLot::new(protocol),

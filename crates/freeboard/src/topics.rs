@@ -65,13 +65,14 @@ pub struct Published {
     /// Event loops with subscribers that could not take it (inbox full, or no pool chunk for
     /// the frame); counted in `topic_drops`.
     pub dropped: u32,
-    /// With a Redis backplane: publications queued towards Redis for the other nodes (and,
-    /// for a topic whose history Redis keeps, for this node too: its loops then count 0
-    /// here and get it back from Redis with its offset).
-    pub redis: u32,
-    /// With a Redis backplane: publications its full queue could not take (counted in
-    /// `backplane_lost_total{reason="queue_full"}`).
-    pub redis_lost: u32,
+    /// With a backplane: publications it took for the other nodes (and, for a topic whose
+    /// history it keeps, for this node too: its loops then count 0 here and get it back with
+    /// its offset). In the `POST` answer: `"redis"`.
+    pub backplane: u32,
+    /// With a backplane: publications it could not take (the Redis backplane's full queue,
+    /// counted in `backplane_lost_total{reason="queue_full"}`). In the `POST` answer:
+    /// `"redis_lost"`.
+    pub backplane_lost: u32,
 }
 
 /// How many subscribers a publication reached, and for how many it was dropped (by their
@@ -357,9 +358,9 @@ impl Hub {
     ) {
         if let Some(backplane) = self.backplane.get() {
             if backplane.publish(topic, kind, payload, self.kept_by_backplane(topic)) {
-                published.redis += 1;
+                published.backplane += 1;
             } else {
-                published.redis_lost += 1;
+                published.backplane_lost += 1;
             }
         }
     }

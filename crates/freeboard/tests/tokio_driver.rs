@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use freeboard::client::CloseEvent;
 use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
-use freeboard::tokio::{Endpoint, EndpointConfig, Message, WebSocket, WsConfig};
+use freeboard::tokio::{Endpoint, EndpointConfig, OwnedMessage, WebSocket, WsConfig};
 use freeboard::{CloseCode, PushOutcome, SendOutcome, SlowConsumerPolicy, Watermarks};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -67,7 +67,7 @@ where
 async fn echo(mut ws: WebSocket<TcpStream>) -> Option<CloseEvent> {
     while let Some(message) = ws.next().await {
         match message {
-            Message::Close(close) => return Some(close),
+            OwnedMessage::Close(close) => return Some(close),
             message => {
                 if let SendOutcome::Queue(PushOutcome::WouldBlock { .. }) = ws.send(message) {
                     ws.writable().await;
@@ -137,7 +137,7 @@ async fn the_servers_close_code_reaches_the_client_and_ends_the_stream() {
         while client.next().await.is_some() {}
         let items = server.await.unwrap();
         assert!(
-            matches!(&items[..], [Message::Close(c)] if c.code == CloseCode(4001) && c.was_clean),
+            matches!(&items[..], [OwnedMessage::Close(c)] if c.code == CloseCode(4001) && c.was_clean),
             "{items:?}"
         );
     })
@@ -324,7 +324,7 @@ async fn a_peer_that_does_not_answer_keep_alive_pings_is_dropped_with_1006() {
         raw.read_exact(&mut head).await.unwrap();
         assert_eq!(&head, b"HTTP/1.1 101");
         match server.await.unwrap() {
-            Some(Message::Close(close)) => {
+            Some(OwnedMessage::Close(close)) => {
                 assert_eq!((close.code, close.was_clean), (CloseCode::ABNORMAL, false))
             }
             other => panic!("expected a 1006 close, got {other:?}"),
@@ -340,7 +340,8 @@ async fn sink_and_stream_forward_an_echo() {
         let endpoint = endpoint(EndpointConfig::default());
         let (_server, mut client) = connected(&endpoint, WsConfig::default(), |ws| async move {
             let (reader, writer) = ws.split();
-            let data = reader.take_while(|m| std::future::ready(!matches!(m, Message::Close(_))));
+            let data =
+                reader.take_while(|m| std::future::ready(!matches!(m, OwnedMessage::Close(_))));
             let _ = data.map(Ok).forward(writer).await;
         })
         .await;
@@ -389,7 +390,7 @@ async fn axum_echo(ws: WebSocketUpgrade) -> axum::response::Response {
             let _ = socket.send_text(&format!("protocol {protocol}"));
         }
         while let Some(message) = socket.next().await {
-            if let Message::Close(_) = message {
+            if let OwnedMessage::Close(_) = message {
                 break;
             }
             let _ = socket.send(message);
@@ -543,7 +544,7 @@ async fn a_send_while_the_reader_waits_is_written_by_the_reader() {
             let (mut reader, writer) = ws.split();
             let _ = ready_tx.send(writer);
             while let Some(message) = reader.next().await {
-                if let Message::Close(_) = message {
+                if let OwnedMessage::Close(_) = message {
                     break;
                 }
             }

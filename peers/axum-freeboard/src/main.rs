@@ -7,13 +7,13 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::{Extension, Router};
 use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
-use freeboard::tokio::{Endpoint, EndpointConfig, Message};
+use freeboard::tokio::{Endpoint, EndpointConfig, OwnedMessage};
 use futures_util::StreamExt;
 
 async fn echo(ws: WebSocketUpgrade) -> Response {
     ws.on_upgrade(|mut socket: AxumWebSocket| async move {
         while let Some(message) = socket.next().await {
-            if let Message::Close(_) = message {
+            if let OwnedMessage::Close(_) = message {
                 break;
             }
             let _ = socket.send(message);

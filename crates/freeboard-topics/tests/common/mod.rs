@@ -14,6 +14,6 @@ use freeboard_topics::{Config, Service};
 pub fn service(hub: &TopicsConfig, client_publish: bool) -> Service {
     let mut topics = Config::default();
     topics.hub = hub.clone();
-    topics.endpoint.client_publish = client_publish;
+    topics.route.client_publish = client_publish;
     Service::new(&topics).unwrap()
 }

@@ -17,7 +17,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::ClientStream;
 use super::handshake::{self, Opened};
-use super::message::{CloseEvent, Event, Message};
+use super::message::{CloseEvent, Event, ReceivedMessage};
 use super::outbox::{Direct, Outbox, Shared, Writer};
 use super::{ClientConfig, ClientError, ReadyState, Target};
 use crate::session::deflate::{self, Agreement, Codec, Deflate, NegotiationError};
@@ -314,7 +314,7 @@ impl Client {
         };
         Ok(Some(match ready {
             Some(kind) => {
-                Event::Message(Message { kind, chain: &self.delivered, pool: &self.pool })
+                Event::Message(ReceivedMessage { kind, chain: &self.delivered, pool: &self.pool })
             }
             None => Event::Closed(self.finish()),
         }))

@@ -19,7 +19,7 @@ use super::{ClientConfig, ClientError, CloseEvent, Target};
 use crate::parking::{ParkingLot, ProtocolState};
 use crate::session::deflate::{Codec, Deflate, NegotiationError};
 use crate::session::{
-    Assembly, Context, MaskSource, Reassembly, Received, SendOutcome, Session, Share,
+    Assembly, Context, FairShare, MaskSource, Reassembly, Received, SendOutcome, Session,
 };
 
 const IOV: usize = 64;
@@ -77,7 +77,7 @@ pub struct ClientLoop<H> {
     /// Where idle connections' protocol state waits.
     lot: ParkingLot,
     /// What one connection may take from the pool while it is contended, as of the last turn.
-    share: Share,
+    share: FairShare,
     /// permessage-deflate: one compressor per window and one decompressor for every
     /// connection (each asks for no context takeover both ways), drawn from the pool's budget.
     codec: Codec,
@@ -131,7 +131,7 @@ impl<H: ClientHandler> ClientLoop<H> {
         let assembly_reserve = config.limits.max_message_size.min(config.memory / 4);
         let pool = config.receive_pool(config.memory, assembly_reserve)?;
         Ok(Self {
-            share: Share::new(&pool, 1),
+            share: FairShare::new(&pool, 1),
             poll: Poll::new()?,
             events: Events::with_capacity(1024),
             pool,
@@ -253,7 +253,7 @@ impl<H: ClientHandler> ClientLoop<H> {
     /// Writes pending output, waits up to `timeout` for readiness or the next deadline, and
     /// runs what became ready.
     pub fn turn(&mut self, timeout: Option<Duration>) -> Result<(), ClientError> {
-        self.share = Share::new(&self.pool, self.sessions.len());
+        self.share = FairShare::new(&self.pool, self.sessions.len());
         self.flush_all();
         let timeout = match (timeout, self.next_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -662,7 +662,7 @@ struct Parts<'p> {
     pool: &'p mut Pool<'static>,
     lot: &'p mut ParkingLot,
     masks: &'p mut MaskSource,
-    share: &'p Share,
+    share: &'p FairShare,
     codec: &'p mut Codec,
     now: Instant,
 }

@@ -8,7 +8,7 @@ use freeboard_proto::{CloseCode, MessageKind};
 #[derive(Debug)]
 pub enum Event<'a> {
     /// A whole message.
-    Message(Message<'a>),
+    Message(ReceivedMessage<'a>),
     /// The connection closed; no further events follow.
     Closed(CloseEvent),
 }
@@ -27,13 +27,13 @@ pub struct CloseEvent {
 
 /// A received message, reassembled in pool chunks and borrowed until the next `recv`.
 #[derive(Debug)]
-pub struct Message<'a> {
+pub struct ReceivedMessage<'a> {
     pub(super) kind: MessageKind,
     pub(super) chain: &'a ChunkChain,
     pub(super) pool: &'a Pool<'static>,
 }
 
-impl<'a> Message<'a> {
+impl<'a> ReceivedMessage<'a> {
     /// Text or binary.
     pub fn kind(&self) -> MessageKind {
         self.kind

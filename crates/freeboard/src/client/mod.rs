@@ -95,7 +95,7 @@ pub use freeboard_proto::CloseCode;
 pub use freeboard_proto::MessageKind;
 use freeboard_proto::UsageError;
 use freeboard_proto::handshake::HandshakeError;
-pub use message::{CloseEvent, Event, Message};
+pub use message::{CloseEvent, Event, ReceivedMessage};
 pub use stream::ClientStream;
 pub use target::Target;
 #[cfg(feature = "tls")]

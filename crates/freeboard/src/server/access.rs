@@ -11,7 +11,7 @@ use freeboard_proto::{Instant, Role};
 use super::event_loop::{EventLoop, PendingUpgrade, Upgrading};
 use super::requests::{BUDGET_EXHAUSTED, RETRY_SOON};
 use crate::auth::TOKEN_EXPIRED;
-use crate::handler::{Accepted, Completion, Verdict};
+use crate::handler::{Accepted, Completion, DecisionOutcome};
 use crate::parking::ProtocolState;
 use crate::session::Phase;
 use crate::topics::topics_in_target;
@@ -75,8 +75,8 @@ impl<T: Transport> EventLoop<T> {
             return;
         }
         for completion in std::mem::take(&mut self.completed) {
-            match completion.verdict {
-                Verdict::Published => {
+            match completion.outcome {
+                DecisionOutcome::Published => {
                     self.answer_publish(completion.token, completion.serial, now, true);
                 }
                 _ => self.finish_decision(completion, now),
@@ -225,12 +225,12 @@ impl<T: Transport> EventLoop<T> {
         // NOTE(unwrap): looked up just above.
         let pending = self.pending.remove(&token).unwrap();
         self.shared.release_pending();
-        match completion.verdict {
-            Verdict::Reject { status, reason } => {
+        match completion.outcome {
+            DecisionOutcome::Reject { status, reason } => {
                 self.refuse_upgrade(token, now, status, reason);
             }
-            Verdict::Published => {} // routed by `run_decisions`, never here
-            Verdict::Accept(accepted) => {
+            DecisionOutcome::Published => {} // routed by `run_decisions`, never here
+            DecisionOutcome::Accept(accepted) => {
                 let reserve = self.config.connection_reserve;
                 if self.pool.chunks_free() * self.pool.chunk_size() < reserve {
                     self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);

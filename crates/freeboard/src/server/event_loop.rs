@@ -30,7 +30,7 @@ use crate::handler::{Completion, Decisions, RouteOptions, Router};
 use crate::metrics::{LogThrottle, LoopGauges, LoopLabel, LoopStats};
 use crate::parking::ParkingLot;
 use crate::session::deflate::Codec;
-use crate::session::{Assembly, Context, Cork, Phase, Reassembly, Session, Share};
+use crate::session::{Assembly, Context, Cork, FairShare, Phase, Reassembly, Session};
 use crate::tls::TlsScratch;
 use crate::topics::{LocalTopics, Outbox, Publication};
 use crate::transport::{Io, Transport};
@@ -127,7 +127,7 @@ pub(crate) struct EventLoop<T> {
     pub(super) limits: Reassembly,
     /// What one connection may take from the pool while it is contended, as of the last
     /// turn's connection count.
-    pub(super) share: Share,
+    pub(super) share: FairShare,
     /// The pool's free chunks and slots after the last sweep of a contended pool (see
     /// [`reclaim`](Self::reclaim)); `None` while it is not contended.
     pub(super) swept: Option<(usize, usize)>,
@@ -336,7 +336,7 @@ impl<T: Transport> EventLoop<T> {
             cork: Cork::new(config.read_buffer),
             corking: None,
             limits: Reassembly::server(config.connection_reserve),
-            share: Share::new(&pool, 0),
+            share: FairShare::new(&pool, 0),
             swept: None,
             codec: Codec::new(config.compression_threshold),
             gauges: LoopGauges::new(&shared.metrics, index),

@@ -14,7 +14,7 @@ use freeboard_proto::{Instant, MessageKind};
 
 use super::event_loop::{EventLoop, LINGER, PendingUpgrade, READ_BYTES_PER_TURN, Upgrading};
 use super::requests::{BUDGET_EXHAUSTED, PlainRequest, RETRY_SOON, Reply};
-use crate::handler::{Decision, Verdict};
+use crate::handler::{Decision, DecisionOutcome};
 use crate::session::{Body, Phase};
 use crate::transport::{Io, Transport};
 
@@ -251,14 +251,16 @@ impl<T: Transport> EventLoop<T> {
         self.decisions.deciding.store(false, Ordering::SeqCst);
         self.decisions.drain_into(&mut self.completed);
         let mine = self.completed.iter().position(|c| {
-            c.token == token && c.serial == serial && !matches!(c.verdict, Verdict::Published)
+            c.token == token
+                && c.serial == serial
+                && !matches!(c.outcome, DecisionOutcome::Published)
         });
-        match mine.map(|i| self.completed.swap_remove(i).verdict) {
-            Some(Verdict::Reject { status, reason }) => {
+        match mine.map(|i| self.completed.swap_remove(i).outcome) {
+            Some(DecisionOutcome::Reject { status, reason }) => {
                 self.refuse_upgrade(token, now, status, reason)
             }
-            Some(Verdict::Published) => false, // excluded above
-            Some(Verdict::Accept(accepted)) => {
+            Some(DecisionOutcome::Published) => false, // excluded above
+            Some(DecisionOutcome::Accept(accepted)) => {
                 let key = request.accept_key();
                 let upgrade = Upgrading { route, options, compression };
                 if !self.open_upgraded(token, now, upgrade, path, &key, accepted) {

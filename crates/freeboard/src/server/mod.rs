@@ -12,14 +12,14 @@ use socket2::{Domain, Protocol, Socket, Type};
 mod access;
 mod compressed_copies;
 mod compression;
+mod dispatch;
+mod end_of_turn;
 mod event_loop;
 mod fan_out;
-mod handlers;
 mod http;
-mod plain;
+mod http_routes;
 mod requests;
 mod shared;
-mod turn;
 
 use crate::backplane::{Arrival, Backplane, Link};
 use crate::config::{ConfigError, Reload, ServerConfig};

@@ -40,14 +40,15 @@ pub(super) struct PublishAnswer {
     pub(super) local: Reach,
     pub(super) other_loops: u32,
     pub(super) other_loops_dropped: u32,
-    /// With a Redis backplane: messages queued towards Redis, and lost to its full queue.
-    pub(super) redis: Option<(u32, u32)>,
+    /// With a backplane: messages it took, and messages it could not (`"redis"` and
+    /// `"redis_lost"` in the answer, the backplane `freeboard serve` has).
+    pub(super) backplane: Option<(u32, u32)>,
 }
 
 impl PublishAnswer {
     /// The JSON answer, with the other loops' `remote` (delivered, dropped) counts added.
     pub(super) fn json(&self, remote: (u64, u64), complete: bool) -> String {
-        let redis = self.redis.map_or(String::new(), |(queued, lost)| {
+        let redis = self.backplane.map_or(String::new(), |(queued, lost)| {
             format!(",\"redis\":{queued},\"redis_lost\":{lost}")
         });
         format!(

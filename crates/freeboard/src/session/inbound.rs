@@ -60,7 +60,7 @@ pub(crate) struct Reassembler {
 impl Reassembler {
     /// Takes one piece of a data message from the core. A message that does not fit (the
     /// pool, or `room`: what the connection may hold of it, see
-    /// [`Share::reassembly_room`](super::Share::reassembly_room)) closes the connection with
+    /// [`FairShare::reassembly_room`](super::FairShare::reassembly_room)) closes the connection with
     /// the limits' code rather than reach the application truncated.
     #[inline]
     pub(crate) fn piece<'b>(

@@ -37,17 +37,17 @@ use crate::parking::{ParkingLot, ProtocolState};
 
 mod cork;
 pub(crate) mod deflate;
+mod fair_share;
 mod framing;
 mod inbound;
-mod share;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use cork::Cork;
+pub(crate) use fair_share::FairShare;
+use fair_share::Room;
 pub(crate) use framing::{MaskSource, queue_control, truncate};
 pub(crate) use inbound::{Assembly, Reassembler, Reassembly, Received};
-pub(crate) use share::Share;
-use share::Verdict;
 
 use deflate::{Codec, Deflate};
 
@@ -99,7 +99,7 @@ pub(crate) struct Context<'a> {
     pub(crate) masks: Option<&'a mut MaskSource>,
     pub(crate) limits: &'a Reassembly,
     /// What this connection may take from the pool while it is contended.
-    pub(crate) share: &'a Share,
+    pub(crate) share: &'a FairShare,
     /// The loop's compression (permessage-deflate); `None` where no connection compresses.
     pub(crate) codec: Option<&'a mut Codec>,
     /// The driver's cork, lent while it reads this connection: replies go there while the
@@ -572,13 +572,13 @@ impl Session {
     }
 
     /// Whether messages of `bytes` in all would be queued as they are, none dropped or refused:
-    /// under the queue's cap, and within what the pool's [`Share`] lets it take. A driver may
+    /// under the queue's cap, and within what the pool's [`FairShare`] lets it take. A driver may
     /// write such messages straight to the socket while the queue is empty — what the socket
     /// does not take then goes in the queue with [`send_frame_rest`](Self::send_frame_rest),
     /// which cannot refuse it.
     pub(crate) fn takes_whole(&self, cx: &Context<'_>, bytes: usize) -> bool {
         self.queue.len() + bytes <= self.queue.watermarks().cap()
-            && cx.share.judge(cx.pool, &self.queue, bytes) == Verdict::Fits
+            && cx.share.judge(cx.pool, &self.queue, bytes) == Room::Fits
     }
 
     /// [`send_frame`](Self::send_frame) for a frame of which the socket already took the first
@@ -609,7 +609,7 @@ impl Session {
         }
     }
 
-    /// Pushes a message of `bytes` as the pool's [`Share`] allows, notes what it did to the
+    /// Pushes a message of `bytes` as the pool's [`FairShare`] allows, notes what it did to the
     /// watermarks, and closes with 1008 when the `close` policy says this peer cannot keep
     /// up.
     #[inline]
@@ -622,10 +622,10 @@ impl Session {
         let refused =
             |limit| Pushed { outcome: PushOutcome::WouldBlock { limit }, writability: None };
         let pushed = match cx.share.judge(cx.pool, &self.queue, bytes) {
-            Verdict::Fits => push(&mut self.queue, cx.pool),
-            Verdict::Exhausted => refused(Limit::Pool),
+            Room::Fits => push(&mut self.queue, cx.pool),
+            Room::Exhausted => refused(Limit::Pool),
             // Behind and past its share: its own policy acts, as at its cap.
-            Verdict::Culprit => match self.queue.policy() {
+            Room::Culprit => match self.queue.policy() {
                 SlowConsumerPolicy::Block => refused(Limit::Pool),
                 SlowConsumerPolicy::Close => Pushed {
                     outcome: PushOutcome::MustClose { limit: Limit::Pool, messages: 1 },
@@ -669,7 +669,7 @@ impl Session {
     }
 
     /// Applies this connection's policy to what it already holds when it is behind and past
-    /// its share of a contended pool ([`Share::over_share`]): `close` ends it (1008) and
+    /// its share of a contended pool ([`FairShare::over_share`]): `close` ends it (1008) and
     /// `drop_oldest`/`conflate` discard its unsent messages; `drop_newest` and `block` keep
     /// what they queued. Returns what was done, or `None`.
     pub(crate) fn reclaim(&mut self, cx: &mut Context<'_>) -> Option<PushOutcome> {

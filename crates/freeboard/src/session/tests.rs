@@ -9,7 +9,7 @@ use freeboard_buf::{
 };
 use freeboard_proto::{CloseCode, Config, Instant, MessageKind, Role, State};
 
-use super::share;
+use super::fair_share;
 use super::*;
 
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -22,7 +22,7 @@ struct End {
     lot: ParkingLot,
     masks: Option<MaskSource>,
     limits: Reassembly,
-    share: Share,
+    share: FairShare,
     /// Whole messages delivered to the application, in order.
     received: Vec<(MessageKind, Vec<u8>)>,
     closed: Option<Closed>,
@@ -39,7 +39,7 @@ impl End {
         let ws = ProtocolState::new(role, &config, Instant::default());
         Self {
             session: Session::open(ws, queue),
-            share: Share::new(&pool, 1),
+            share: FairShare::new(&pool, 1),
             pool,
             lot: ParkingLot::new(config),
             masks,
@@ -422,19 +422,19 @@ fn a_contended_pool_is_charged_to_the_queue_that_is_behind() {
         Pool::new(Budget::new(64 * 1100), PoolConfig::new().with_chunk_size(chunk)).unwrap();
     let total = pool.chunks_total();
     let marks = Watermarks::new(2 * chunk, 4 * chunk, 64 * chunk).unwrap();
-    let share = Share::new(&pool, 4);
+    let share = FairShare::new(&pool, 4);
     let mut behind = SendQueue::new(marks, SlowConsumerPolicy::Close);
     let keeping_up = SendQueue::new(marks, SlowConsumerPolicy::Close);
-    assert_eq!(share.judge(&pool, &behind, 100), share::Verdict::Fits, "plenty free");
+    assert_eq!(share.judge(&pool, &behind, 100), fair_share::Room::Fits, "plenty free");
     // The reader that stopped fills its queue past its high watermark and beyond a quarter
     // of the pool: once the pool is contended, it is the culprit.
     while pool.chunks_free() > total / 5 {
         let _ = behind.push_message(&mut pool, &[&[0u8; 1000]]);
     }
     assert!(!behind.is_writable());
-    assert_eq!(share.judge(&pool, &behind, 100), share::Verdict::Culprit);
+    assert_eq!(share.judge(&pool, &behind, 100), fair_share::Room::Culprit);
     assert!(share.over_share(&pool, &behind), "the loop's sweep charges it too");
-    assert_eq!(share.judge(&pool, &keeping_up, 100), share::Verdict::Fits, "room for readers");
+    assert_eq!(share.judge(&pool, &keeping_up, 100), fair_share::Room::Fits, "room for readers");
     assert!(!share.over_share(&pool, &keeping_up));
     // Short for everyone: the reader's new message is refused, not the reader closed.
     let mut others = SendQueue::new(
@@ -442,7 +442,7 @@ fn a_contended_pool_is_charged_to_the_queue_that_is_behind() {
         SlowConsumerPolicy::Block,
     );
     while others.push_message(&mut pool, &[&[0u8; 1000]]).outcome == PushOutcome::Queued {}
-    assert_eq!(share.judge(&pool, &keeping_up, 100), share::Verdict::Exhausted);
+    assert_eq!(share.judge(&pool, &keeping_up, 100), fair_share::Room::Exhausted);
     let _ = behind.clear(&mut pool);
     let _ = others.clear(&mut pool);
 }
@@ -458,7 +458,7 @@ fn a_queue_past_its_share_is_reclaimed_without_a_push() {
     for policy in SlowConsumerPolicy::ALL.into_iter().filter(|&p| p != SlowConsumerPolicy::Conflate)
     {
         let mut pair = Pair::with(SendQueue::new(marks, policy), 64 * 1100);
-        pair.server.share = Share::new(&pair.server.pool, 4);
+        pair.server.share = FairShare::new(&pair.server.pool, 4);
         // It fills its queue while the pool is not contended, then stops.
         while pair.server.share.uncontended(&pair.server.pool, 0) {
             let outcome = pair.server.send(pair.now, MessageKind::Binary, &[7; 1000]);
@@ -500,7 +500,7 @@ fn a_queue_past_its_share_is_reclaimed_without_a_push() {
 fn a_message_in_pieces_is_held_to_its_share_of_a_contended_pool() {
     let queue = || SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Close);
     let mut pair = Pair::with(queue(), 64 * 1100);
-    pair.server.share = Share::new(&pair.server.pool, 8);
+    pair.server.share = FairShare::new(&pair.server.pool, 8);
     let total = pair.server.pool.chunks_total();
     // Other connections' queues contend the pool (below a quarter free).
     let mut others = SendQueue::new(

@@ -4,7 +4,7 @@
 //! ```no_run
 //! use axum::{Extension, Router, response::Response, routing::get};
 //! use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
-//! use freeboard::tokio::{Endpoint, EndpointConfig, Message, WsConfig};
+//! use freeboard::tokio::{Endpoint, EndpointConfig, OwnedMessage, WsConfig};
 //! use freeboard::SlowConsumerPolicy;
 //! use futures_util::StreamExt;
 //!
@@ -12,7 +12,7 @@
 //!     ws.config(WsConfig::default().slow_consumer(SlowConsumerPolicy::DropOldest))
 //!         .on_upgrade(|mut socket: AxumWebSocket| async move {
 //!             while let Some(message) = socket.next().await {
-//!                 if let Message::Close(_) = message {
+//!                 if let OwnedMessage::Close(_) = message {
 //!                     break;
 //!                 }
 //!                 let _ = socket.send(message);

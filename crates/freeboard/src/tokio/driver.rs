@@ -13,8 +13,8 @@ use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
 
 use super::endpoint::Hub;
 use super::{
-    Conn, Cork, Error, IOV, Input, Message, Payload, Rare, SPARE_PAYLOAD_BYTES, SPARE_PAYLOADS,
-    SPARE_READ_BUFFERS, Shared,
+    Conn, Cork, Error, IOV, Input, OwnedMessage, Payload, Rare, SPARE_PAYLOAD_BYTES,
+    SPARE_PAYLOADS, SPARE_READ_BUFFERS, Shared,
 };
 use crate::SendOutcome;
 use crate::client::CloseEvent;
@@ -100,7 +100,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
 
     /// The driver's turn for the reader: write what is queued, deliver what was read, run
     /// the timers, read.
-    pub(super) fn poll_recv(&self, task: &mut task::Context<'_>) -> Poll<Option<Message>> {
+    pub(super) fn poll_recv(&self, task: &mut task::Context<'_>) -> Poll<Option<OwnedMessage>> {
         let endpoint = &*self.endpoint;
         let mut guard = self.lock();
         let conn = &mut *guard;
@@ -134,7 +134,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
                 let _ = conn.write(&mut hub, task);
                 conn.ended = true;
                 conn.release_input(&mut hub);
-                return Poll::Ready(Some(Message::Close(*close)));
+                return Poll::Ready(Some(OwnedMessage::Close(*close)));
             }
             if conn.ended || conn.session.state() == State::Closed {
                 conn.ended = true;
@@ -313,7 +313,7 @@ impl<S> Conn<S> {
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// Parses read bytes until a message completes or they are used up (then the buffer goes
     /// back to the endpoint).
-    pub(super) fn parse(&mut self, hub: &mut Hub) -> Option<Message> {
+    pub(super) fn parse(&mut self, hub: &mut Hub) -> Option<OwnedMessage> {
         let input = self.input.as_mut()?;
         while input.at < input.end && self.close.is_none() {
             let (at, end) = (input.at as usize, input.end as usize);
@@ -325,14 +325,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 Some(Received::Whole(kind, data)) => {
                     let mut payload = hub.payload(data.len());
                     payload.extend_from_slice(data);
-                    Some(Message::received(kind, payload))
+                    Some(OwnedMessage::received(kind, payload))
                 }
                 Some(Received::Assembled(kind)) => {
                     let mut chain = self.session.take_message();
                     let mut data = hub.payload(chain.len());
                     chain.segments(&hub.pool).for_each(|s| data.extend_from_slice(s));
                     chain.clear(&mut hub.pool);
-                    Some(Message::received(kind, data))
+                    Some(OwnedMessage::received(kind, data))
                 }
             };
             if let Some(closed) = self.session.poll_close() {

@@ -10,7 +10,7 @@ use slab::Slab;
 use crate::config::ConfigError;
 use crate::metrics::Metrics;
 use crate::parking::ParkingLot;
-use crate::session::{Context, Cork, MaskSource, Reassembly, Share};
+use crate::session::{Context, Cork, FairShare, MaskSource, Reassembly};
 use crate::topics::{self, LocalTopics};
 use crate::{Limits, SlowConsumerPolicy, Watermarks};
 
@@ -149,7 +149,7 @@ pub(super) struct Hub {
     /// Connections alive: each one's fair share of a contended pool divides by it.
     open: usize,
     /// The pool share of each of `open` connections.
-    share: Share,
+    share: FairShare,
     /// Subscribers by topic, topics by connection token.
     pub(super) subscriptions: LocalTopics,
     /// The connections that subscribed to something, by token.
@@ -196,7 +196,7 @@ impl Endpoint {
         let metrics = Arc::new(Metrics::new());
         Ok(Arc::new(Self {
             hub: Mutex::new(Hub {
-                share: Share::new(&pool, 1),
+                share: FairShare::new(&pool, 1),
                 pool,
                 lot: ParkingLot::new(protocol),
                 masks: MaskSource::new(),
@@ -285,7 +285,7 @@ impl Hub {
     /// One more connection (`1`) or one less (`-1`): the fair share of each changes.
     pub(super) fn count_open(&mut self, change: isize) {
         self.open = self.open.saturating_add_signed(change);
-        self.share = Share::new(&self.pool, self.open);
+        self.share = FairShare::new(&self.pool, self.open);
     }
 
     /// What a session borrows for one call.

@@ -11,7 +11,7 @@
 //!   for all their send queues and partial messages, one parking lot for idle protocol state.
 //! - A [`WebSocket`] is one connection over any `AsyncRead + AsyncWrite + Unpin` (a
 //!   `TcpStream`, a TLS stream, a Unix socket, hyper's upgraded connection). It is a
-//!   [`Stream`](futures_core::Stream) of [`Message`]s with the calls of its writer: the
+//!   [`Stream`](futures_core::Stream) of [`OwnedMessage`]s with the calls of its writer: the
 //!   browser's calls — [`send`](WsWriter::send) reports at once what the queue did
 //!   ([`SendOutcome`]), [`buffered_amount`](WsWriter::buffered_amount) is O(1),
 //!   [`writable`](WsWriter::writable) waits for the low watermark — and pub/sub
@@ -38,12 +38,12 @@
 //! as they are parsed (a buffer stays with a connection only while messages it read wait for
 //! the application); its cork goes back once the replies are written. Their protocol state
 //! parks in 24 bytes as on the server. A received message's payload comes from the
-//! endpoint's spare buffers, and [`send`](WsWriter::send) of a `Message` gives its buffer
+//! endpoint's spare buffers, and [`send`](WsWriter::send) of an `OwnedMessage` gives its buffer
 //! back: an echo or a forward allocates nothing per message.
 //!
 //! ```no_run
 //! # async fn run() -> std::io::Result<()> {
-//! use freeboard::tokio::{Endpoint, EndpointConfig, Message, WebSocket, WsConfig};
+//! use freeboard::tokio::{Endpoint, EndpointConfig, OwnedMessage, WebSocket, WsConfig};
 //! use futures_util::StreamExt;
 //!
 //! let endpoint = Endpoint::new(EndpointConfig::default()).expect("a valid budget");
@@ -52,7 +52,7 @@
 //! let mut ws = WebSocket::accept(stream, &endpoint, &WsConfig::default()).await?;
 //! while let Some(message) = ws.next().await {
 //!     match message {
-//!         Message::Close(_) => break,
+//!         OwnedMessage::Close(_) => break,
 //!         message => {
 //!             let _ = ws.send(message); // a SendOutcome: the queue's answer, or Closed
 //!         }
@@ -106,7 +106,7 @@ enum Payload<'a> {
 
 /// A whole received message, or the close that ends the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Message {
+pub enum OwnedMessage {
     /// A text message (validated UTF-8).
     Text(String),
     /// A binary message.
@@ -116,52 +116,52 @@ pub enum Message {
     Close(CloseEvent),
 }
 
-impl Message {
+impl OwnedMessage {
     /// The kind and bytes of a data message; `None` for `Close`.
     pub fn as_data(&self) -> Option<(MessageKind, &[u8])> {
         match self {
-            Message::Text(text) => Some((MessageKind::Text, text.as_bytes())),
-            Message::Binary(bytes) => Some((MessageKind::Binary, bytes)),
-            Message::Close(_) => None,
+            OwnedMessage::Text(text) => Some((MessageKind::Text, text.as_bytes())),
+            OwnedMessage::Binary(bytes) => Some((MessageKind::Binary, bytes)),
+            OwnedMessage::Close(_) => None,
         }
     }
 
     /// The kind and bytes of a data message, taken; `None` for `Close`.
     fn into_data(self) -> Option<(MessageKind, Vec<u8>)> {
         match self {
-            Message::Text(text) => Some((MessageKind::Text, text.into_bytes())),
-            Message::Binary(bytes) => Some((MessageKind::Binary, bytes)),
-            Message::Close(_) => None,
+            OwnedMessage::Text(text) => Some((MessageKind::Text, text.into_bytes())),
+            OwnedMessage::Binary(bytes) => Some((MessageKind::Binary, bytes)),
+            OwnedMessage::Close(_) => None,
         }
     }
 
     fn received(kind: MessageKind, data: Vec<u8>) -> Self {
         match kind {
             // NOTE: the core validated the text as it streamed (§8.1, 1007 otherwise).
-            MessageKind::Text => Message::Text(
+            MessageKind::Text => OwnedMessage::Text(
                 String::from_utf8(data)
                     .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
             ),
-            MessageKind::Binary => Message::Binary(data),
+            MessageKind::Binary => OwnedMessage::Binary(data),
         }
     }
 }
 
-impl From<String> for Message {
+impl From<String> for OwnedMessage {
     fn from(text: String) -> Self {
-        Message::Text(text)
+        OwnedMessage::Text(text)
     }
 }
 
-impl From<&str> for Message {
+impl From<&str> for OwnedMessage {
     fn from(text: &str) -> Self {
-        Message::Text(text.to_owned())
+        OwnedMessage::Text(text.to_owned())
     }
 }
 
-impl From<Vec<u8>> for Message {
+impl From<Vec<u8>> for OwnedMessage {
     fn from(bytes: Vec<u8>) -> Self {
-        Message::Binary(bytes)
+        OwnedMessage::Binary(bytes)
     }
 }
 
@@ -363,15 +363,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         (self.reader, writer)
     }
 
-    /// The next message; `Message::Close` is the last one, then `None`.
-    pub async fn recv(&mut self) -> Option<Message> {
+    /// The next message; `OwnedMessage::Close` is the last one, then `None`.
+    pub async fn recv(&mut self) -> Option<OwnedMessage> {
         self.reader.recv().await
     }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> WsReader<S> {
-    /// The next message; `Message::Close` is the last one, then `None`.
-    pub async fn recv(&mut self) -> Option<Message> {
+    /// The next message; `OwnedMessage::Close` is the last one, then `None`.
+    pub async fn recv(&mut self) -> Option<OwnedMessage> {
         poll_fn(|task| self.writer.shared.poll_recv(task)).await
     }
 
@@ -393,7 +393,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
     /// [`writable`](Self::writable)), `Dropped` (the policy dropped it or older ones; counted)
     /// or `WouldBlock` (the `block` policy: not queued, retry after `writable`); or
     /// `Closed`. A `Close` message is `Closed`.
-    pub fn send(&self, message: Message) -> SendOutcome {
+    pub fn send(&self, message: OwnedMessage) -> SendOutcome {
         match message.into_data() {
             Some((kind, payload)) => self.shared.send(kind, Payload::Owned(payload)),
             None => SendOutcome::Closed,
@@ -483,17 +483,17 @@ impl<S> Drop for WsReader<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> futures_core::Stream for WebSocket<S> {
-    type Item = Message;
+    type Item = OwnedMessage;
 
-    fn poll_next(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Option<Message>> {
+    fn poll_next(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Option<OwnedMessage>> {
         self.reader.writer.shared.poll_recv(task)
     }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> futures_core::Stream for WsReader<S> {
-    type Item = Message;
+    type Item = OwnedMessage;
 
-    fn poll_next(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Option<Message>> {
+    fn poll_next(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Option<OwnedMessage>> {
         self.writer.shared.poll_recv(task)
     }
 }
@@ -502,14 +502,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> futures_core::Stream for WsReader<S> {
 /// `poll_ready` waits for the queue to be writable, `start_send` queues (a message the policy
 /// drops is not an error: it is counted, and [`send`](WsWriter::send) reports it),
 /// `poll_flush` writes everything, `poll_close` closes with 1000.
-impl<S: AsyncRead + AsyncWrite + Unpin> futures_sink::Sink<Message> for WsWriter<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> futures_sink::Sink<OwnedMessage> for WsWriter<S> {
     type Error = Error;
 
     fn poll_ready(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Result<(), Error>> {
         self.shared.poll_writable(task, false).map(|()| self.shared.open_or_closed())
     }
 
-    fn start_send(self: Pin<&mut Self>, message: Message) -> Result<(), Error> {
+    fn start_send(self: Pin<&mut Self>, message: OwnedMessage) -> Result<(), Error> {
         let (kind, payload) = message.into_data().ok_or(Error::NotData)?;
         match self.shared.send(kind, Payload::Owned(payload)) {
             SendOutcome::Closed => Err(Error::Closed),

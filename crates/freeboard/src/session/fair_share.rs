@@ -13,11 +13,11 @@
 //!   acts as if it had reached its cap;
 //! - a connection that is behind is not read (its queue is above its high watermark), so it may
 //!   never push again: while the pool is contended the loop also sweeps its connections and
-//!   applies the policy of each one behind and past its share ([`Share::over_share`]) to what
+//!   applies the policy of each one behind and past its share ([`FairShare::over_share`]) to what
 //!   it already holds, before a reader's reply can find the pool short;
 //! - a message that arrives in pieces is judged the same way: under contention what it holds
 //!   and what its connection has queued may not pass the fair share
-//!   ([`Share::reassembly_room`]), else the connection is closed 1013;
+//!   ([`FairShare::reassembly_room`]), else the connection is closed 1013;
 //! - when the pool is short for other reasons, the new work is refused
 //!   ([`PushOutcome::WouldBlock`](freeboard_buf::PushOutcome::WouldBlock) with
 //!   [`Limit::Pool`](freeboard_buf::Limit::Pool), counted as `pool_exhausted`); a connection
@@ -30,7 +30,7 @@ use freeboard_buf::{Pool, SendQueue};
 
 /// One loop's pool as its data path may use it now.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Share {
+pub(crate) struct FairShare {
     /// Chunks (and slots) data must leave free.
     floor: usize,
     /// Chunks a connection that is behind may hold while the pool is contended.
@@ -46,7 +46,7 @@ pub(crate) struct Share {
 
 /// What a push of a message may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub(crate) enum Room {
     /// Room for it.
     Fits,
     /// The queue is behind and past its share: its policy acts as at its cap.
@@ -55,7 +55,7 @@ pub(crate) enum Verdict {
     Exhausted,
 }
 
-impl Share {
+impl FairShare {
     /// The share of a loop whose pool serves `open` connections.
     pub(crate) fn new(pool: &Pool<'_>, open: usize) -> Self {
         let open = open.max(1);
@@ -84,16 +84,16 @@ impl Share {
     /// Judges a push of `bytes` (header included) onto `queue`. Costs two comparisons while
     /// the pool is not contended.
     #[inline]
-    pub(crate) fn judge(&self, pool: &Pool<'_>, queue: &SendQueue, bytes: usize) -> Verdict {
+    pub(crate) fn judge(&self, pool: &Pool<'_>, queue: &SendQueue, bytes: usize) -> Room {
         if self.uncontended(pool, bytes) {
-            return Verdict::Fits;
+            return Room::Fits;
         }
         self.judge_contended(pool, queue, bytes)
     }
 
     /// [`judge`](Self::judge) while the pool is contended.
     #[inline(never)]
-    fn judge_contended(&self, pool: &Pool<'_>, queue: &SendQueue, bytes: usize) -> Verdict {
+    fn judge_contended(&self, pool: &Pool<'_>, queue: &SendQueue, bytes: usize) -> Room {
         let free_chunks = pool.chunks_free();
         let free_slots = pool.segments_total() - pool.segments_in_use();
         let chunk = pool.chunk_size();
@@ -101,14 +101,14 @@ impl Share {
         let need = bytes.div_ceil(chunk) + 1;
         let short = free_chunks < self.floor + need || free_slots < self.floor + need;
         if !short && free_chunks >= self.contended_chunks && free_slots >= self.contended_slots {
-            return Verdict::Fits;
+            return Room::Fits;
         }
         let behind = !queue.is_writable();
         let past_share = self.past_share(pool, queue, need);
         match (behind, short) {
-            (true, _) if past_share || short => Verdict::Culprit,
-            (false, true) => Verdict::Exhausted,
-            _ => Verdict::Fits,
+            (true, _) if past_share || short => Room::Culprit,
+            (false, true) => Room::Exhausted,
+            _ => Room::Fits,
         }
     }
 

@@ -13,7 +13,7 @@ use slab::Slab;
 use super::event_loop::{EventLoop, INITIAL_CONNS, LINGER, RELEASE_INTERVAL, loop_context};
 use crate::handler::ConnId;
 use crate::metrics::close_label;
-use crate::session::{Phase, Share};
+use crate::session::{FairShare, Phase};
 use crate::transport::{Io, Transport};
 
 impl<T: Transport> EventLoop<T> {
@@ -81,7 +81,7 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         self.dirty.clear();
-        self.share = Share::new(&self.pool, self.conns.len());
+        self.share = FairShare::new(&self.pool, self.conns.len());
         if self.conns.is_empty() && self.conns.capacity() > INITIAL_CONNS {
             // A burst of connections is over: give its memory back rather than keep the peak.
             // The old tables go first and the new ones start empty (they grow again on

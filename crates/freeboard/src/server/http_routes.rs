@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use super::event_loop::{EventLoop, READ_BYTES_PER_TURN};
 use super::requests::{AwaitingPublish, BUDGET_EXHAUSTED, PublishAnswer, RETRY_SOON, Reply};
-use crate::handler::{Completion, HttpRoute, Verdict};
+use crate::handler::{Completion, DecisionOutcome, HttpRoute};
 use crate::session::Phase;
 use crate::topics::Receipt;
 use crate::transport::{Io, Transport};
@@ -205,7 +205,7 @@ impl<T: Transport> EventLoop<T> {
         let receipt = (self.config.threads > 1).then(|| {
             let (decisions, serial) = (self.decisions.clone(), self.conns[token].serial);
             Arc::new(Receipt::new(move || {
-                decisions.push(Completion { token, serial, verdict: Verdict::Published });
+                decisions.push(Completion { token, serial, outcome: DecisionOutcome::Published });
             }))
         });
         let mut answer = PublishAnswer::default();
@@ -225,9 +225,9 @@ impl<T: Transport> EventLoop<T> {
             answer.other_loops += published.loops - local;
             answer.other_loops_dropped += published.dropped;
             if this.shared.hub.has_backplane() {
-                let (queued, lost) = answer.redis.get_or_insert((0, 0));
-                *queued += published.redis;
-                *lost += published.redis_lost;
+                let (queued, lost) = answer.backplane.get_or_insert((0, 0));
+                *queued += published.backplane;
+                *lost += published.backplane_lost;
             }
             answer.messages += 1;
         };
