@@ -325,3 +325,33 @@ fn the_answer_counts_the_subscribers_of_every_loop() {
     drop(subscribers);
     stop(server);
 }
+
+/// A refused request whose sender writes the whole body before it reads (as most simple
+/// clients do) still gets its answer: the server reads and discards what was in flight, up to
+/// a bound, instead of closing on unread bytes, which would reset the connection and lose the
+/// answer (RFC 9112 §9.6). Without the discarding, the sender would wait for the server's
+/// linger deadline (2 s) to end the stalled transfer: the answer must come well before it.
+#[test]
+fn a_refused_body_is_read_and_discarded_so_its_sender_gets_the_answer() {
+    let mut config = config();
+    config.topics.send_cap = 64 << 10;
+    let server = server(config);
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let body = vec![b'x'; 900 << 10];
+        let head = format!(
+            "POST /topic/big HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let started = std::time::Instant::now();
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.write_all(&body).expect("the refused body is read, not reset");
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+        assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
+    }
+    stop(server);
+}

@@ -648,22 +648,30 @@ impl<T: Transport> EventLoop<T> {
     /// Reads and discards what the peer sends after our final response or close frame. At
     /// EOF a lingering connection goes; a draining one goes once its output is out.
     ///
-    /// At most [`READ_BYTES_PER_TURN`] per readiness event, never resumed (the close handshake
-    /// is over: nothing the peer sends now matters): a peer that keeps
-    /// writing after the close fills its socket buffer and waits, at no cost to the loop,
-    /// until its EOF is read on a next arrival or the deadline removes it.
+    /// At most [`READ_BYTES_PER_TURN`] a turn, resumed after everyone else until the peer has
+    /// sent [`READ_AFTER_CLOSE`](crate::session::READ_AFTER_CLOSE) (what it had in flight: a
+    /// refused request's body, whose sender reads our answer once it has written it — RFC
+    /// 9112 §9.6); a peer that keeps writing past that fills its socket buffer and waits, at
+    /// no cost to the loop, until its EOF is read on a next arrival or the deadline removes
+    /// it.
     pub(super) fn read_discard(&mut self, token: usize) {
         let entry = &mut self.conns[token];
         let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
         let mut bytes = 0;
         let eof = loop {
             if bytes >= READ_BYTES_PER_TURN {
+                if entry.session.count_discarded(bytes) {
+                    self.resume.push(token);
+                }
                 break false;
             }
             match entry.stream.read(&mut io, &mut self.read_buf) {
                 Ok(0) => break true,
                 Ok(n) => bytes += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    entry.session.count_discarded(bytes);
+                    break false;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break true,
             }

@@ -163,7 +163,7 @@ impl<T: Transport> EventLoop<T> {
                 if buf.is_empty() && entry.session.buffered() > 0 {
                     // A kept-alive connection's client is done: its last response still
                     // leaves, then our FIN.
-                    entry.session.phase = Phase::Draining { deadline: now + LINGER };
+                    entry.session.phase = Phase::Draining { deadline: now + LINGER, discarded: 0 };
                     return false;
                 }
                 self.remove(token);
@@ -554,7 +554,7 @@ impl<T: Transport> EventLoop<T> {
                     if done {
                         let Phase::Body(post) = std::mem::replace(
                             &mut entry.session.phase,
-                            Phase::Draining { deadline: now },
+                            Phase::Draining { deadline: now, discarded: 0 },
                         ) else {
                             unreachable!("matched above")
                         };

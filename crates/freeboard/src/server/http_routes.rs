@@ -162,7 +162,10 @@ impl<T: Transport> EventLoop<T> {
     /// Queues `HTTP/1.1 100 Continue`: the client may send the body it holds back.
     pub(super) fn continue_100(&mut self, token: usize, now: Instant) {
         let entry = &mut self.conns[token];
-        let phase = std::mem::replace(&mut entry.session.phase, Phase::Draining { deadline: now });
+        let phase = std::mem::replace(
+            &mut entry.session.phase,
+            Phase::Draining { deadline: now, discarded: 0 },
+        );
         let _ =
             entry.session.respond_final(&mut self.pool, &[b"HTTP/1.1 100 Continue\r\n\r\n"], now);
         entry.session.phase = phase;
@@ -379,9 +382,10 @@ impl<T: Transport> EventLoop<T> {
             }
             Ok((used, true)) if !full => {
                 let entry = &mut self.conns[token];
-                let Phase::Body(post) =
-                    std::mem::replace(&mut entry.session.phase, Phase::Draining { deadline: now })
-                else {
+                let Phase::Body(post) = std::mem::replace(
+                    &mut entry.session.phase,
+                    Phase::Draining { deadline: now, discarded: 0 },
+                ) else {
                     return Some(input.len());
                 };
                 let body = entry.session.take_message();

@@ -118,11 +118,12 @@ pub(crate) enum Phase {
     Body(Box<Body>),
     /// A WebSocket connection.
     Open(Open),
-    /// A final HTTP response or the close's last frames are leaving; then our FIN.
-    Draining { deadline: Instant },
+    /// A final HTTP response or the close's last frames are leaving; then our FIN. What the
+    /// peer sends meanwhile is read and discarded (`discarded` bytes so far).
+    Draining { deadline: Instant, discarded: u32 },
     /// Our FIN is sent; reading until the peer's EOF so unread bytes cannot turn our close
     /// into a reset.
-    Linger { deadline: Instant },
+    Linger { deadline: Instant, discarded: u32 },
 }
 
 /// The state of an open WebSocket connection.
@@ -306,6 +307,19 @@ impl Session {
         })
     }
 
+    /// Counts `n` bytes read and discarded after our final response or close (draining or
+    /// lingering); whether the peer may send more before we stop reading it: what it had in
+    /// flight (a refused request's body, a large message's rest), up to [`READ_AFTER_CLOSE`].
+    pub(crate) fn count_discarded(&mut self, n: usize) -> bool {
+        match &mut self.phase {
+            Phase::Draining { discarded, .. } | Phase::Linger { discarded, .. } => {
+                *discarded = discarded.saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+                *discarded < READ_AFTER_CLOSE
+            }
+            _ => false,
+        }
+    }
+
     /// Counts `n` bytes read, against [`READ_AFTER_CLOSE`] once our close frame is queued.
     #[inline]
     pub(crate) fn count_read(&mut self, n: usize) {
@@ -426,8 +440,8 @@ impl Session {
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         match &self.phase {
             Phase::Request { deadline }
-            | Phase::Draining { deadline }
-            | Phase::Linger { deadline } => Some(*deadline),
+            | Phase::Draining { deadline, .. }
+            | Phase::Linger { deadline, .. } => Some(*deadline),
             Phase::Body(body) => Some(body.deadline),
             Phase::Open(open) => open.ws.poll_timeout(),
         }
@@ -713,7 +727,7 @@ impl Session {
         deadline: Instant,
     ) -> Result<(), &'p [&'p [u8]]> {
         let pushed = self.queue.push_message(pool, parts);
-        self.phase = Phase::Draining { deadline };
+        self.phase = Phase::Draining { deadline, discarded: 0 };
         match pushed.outcome {
             PushOutcome::Queued | PushOutcome::QueuedAboveHigh => Ok(()),
             _ => Err(parts),
@@ -861,11 +875,13 @@ impl Session {
             && open.ws.state() == State::Closed
         {
             self.inbound.clear(pool);
-            self.phase = Phase::Draining { deadline: now + close_timeout };
+            self.phase = Phase::Draining { deadline: now + close_timeout, discarded: 0 };
             transition.closed = true;
         }
-        if matches!(self.phase, Phase::Draining { .. }) && self.queue.is_empty() {
-            self.phase = Phase::Linger { deadline: now + linger };
+        if let Phase::Draining { discarded, .. } = self.phase
+            && self.queue.is_empty()
+        {
+            self.phase = Phase::Linger { deadline: now + linger, discarded };
             transition.shutdown_write = true;
         }
         transition
