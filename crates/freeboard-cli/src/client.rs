@@ -33,7 +33,8 @@ Exit status:
   4  the connection closed with another code (e.g. 1002, 1008, 1009, 1011, 4000): printed
   5  reading stdin or writing stdout failed
 Ctrl-C or SIGTERM sends close 1000 and waits up to 2 s for the server's answer (exit 0 if it
-came). With --reconnect, 1 and 3 lead to another attempt instead of an exit.";
+came). With --reconnect, 1, 3 and a close with 1001 (going away: a server restarting), 1012
+(service restart) or 1013 (try again later) lead to another attempt instead of an exit.";
 
 /// How long Ctrl-C waits for the server's close frame.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
@@ -44,6 +45,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 #[derive(Args)]
 pub(crate) struct ClientArgs {
     /// The server: ws:// or wss://host[:port][/path][?query]; IPv6 as ws://[::1]:9001/.
+    /// Without a scheme, ws:// is assumed (`localhost:9001/echo`); a port alone is a server
+    /// on this machine (`9001`: ws://127.0.0.1:9001/).
     #[arg(value_name = "URL")]
     url: String,
     /// Send each stdin line as a binary message (default: text; lines must be UTF-8).
@@ -86,11 +89,49 @@ pub(crate) struct ClientArgs {
     /// the connection as abnormal (exit 3, or a reconnect).
     #[arg(long, value_name = "DURATION", value_parser = crate::duration)]
     ping: Option<Duration>,
-    /// Connect again after a failed connect or an abnormal end, waiting 0.5 s, then twice as
-    /// long each time up to 30 s (reset by a connection that lasted 30 s); stops on a clean
-    /// close, a usage error or Ctrl-C.
+    /// Connect again after a failed connect, an abnormal end, or a close with 1001 (going
+    /// away: a server restarting or deploying), 1012 (service restart) or 1013 (try again
+    /// later): after about 0.5 s, then twice as long each time up to 30 s, each wait drawn at
+    /// random between half and all of it (so clients that lost one server do not all come
+    /// back at once; reset by a connection that lasted 30 s); stops on a close with 1000 or
+    /// another code, a usage error or Ctrl-C.
     #[arg(long)]
     reconnect: bool,
+    /// Show the connection on stderr: the address, the request and the server's `101`
+    /// answer (headers), the subprotocol and the extensions agreed, each close and reconnect.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+/// What a connection's end leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Exit with this status (with --reconnect too).
+    Exit(u8),
+    /// Exit with this status, or connect again with --reconnect.
+    Retry(u8),
+}
+
+/// The URL `given` names: with `ws://` assumed when it has no scheme, and a bare port taken as
+/// `ws://127.0.0.1:PORT/`.
+fn websocket_url(given: &str) -> String {
+    if given.parse::<u16>().is_ok() {
+        return format!("ws://127.0.0.1:{given}/");
+    }
+    match given.contains("://") {
+        true => given.to_owned(),
+        false => format!("ws://{given}"),
+    }
+}
+
+/// A wait drawn between half and all of `backoff` ("equal jitter"), from the standard
+/// library's per-process random hasher keys and the clock: spread, not secret.
+fn jittered(backoff: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    let fraction = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    backoff.mul_f64(0.5 + 0.5 * fraction)
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -111,31 +152,39 @@ pub(crate) fn run(args: ClientArgs) -> ExitCode {
         }
     }
     let lines = (!args.listen).then(spawn_stdin_reader);
+    let url = websocket_url(&args.url);
+    if args.verbose && url != args.url {
+        eprintln!("freeboard client: {:?} taken as {url}", args.url);
+    }
     let mut backoff = Duration::from_millis(500);
     loop {
         let started = Instant::now();
-        let status = match session(&args, lines.as_ref(), &interrupted) {
-            Ok(status) => status,
+        let ending = match session(&args, &url, lines.as_ref(), &interrupted) {
+            Ok(ending) => ending,
             Err(e) => {
                 eprintln!("freeboard client: {e}");
                 match e {
-                    ClientError::Io(_) => EXIT_ABNORMAL,
-                    e if e.is_connect_failure() => EXIT_CONNECT,
-                    _ => EXIT_ABNORMAL,
+                    ClientError::Io(_) => Ending::Retry(EXIT_ABNORMAL),
+                    ClientError::Config(_) | ClientError::Limits(_) | ClientError::Usage(_) => {
+                        Ending::Exit(EXIT_CONNECT)
+                    }
+                    e if e.is_connect_failure() => Ending::Retry(EXIT_CONNECT),
+                    _ => Ending::Retry(EXIT_ABNORMAL),
                 }
             }
         };
-        let again = args.reconnect
-            && matches!(status, EXIT_CONNECT | EXIT_ABNORMAL)
-            && !interrupted.load(Ordering::Relaxed);
-        if !again {
-            return ExitCode::from(status);
-        }
+        let status = match ending {
+            Ending::Retry(status) if args.reconnect && !interrupted.load(Ordering::Relaxed) => {
+                status
+            }
+            Ending::Exit(status) | Ending::Retry(status) => return ExitCode::from(status),
+        };
         if started.elapsed() >= MAX_BACKOFF {
             backoff = Duration::from_millis(500);
         }
-        eprintln!("freeboard client: reconnecting in {:.1} s", backoff.as_secs_f64());
-        let until = Instant::now() + backoff;
+        let wait = jittered(backoff);
+        eprintln!("freeboard client: reconnecting in {:.1} s", wait.as_secs_f64());
+        let until = Instant::now() + wait;
         while Instant::now() < until {
             if interrupted.load(Ordering::Relaxed) {
                 return ExitCode::from(status);
@@ -146,12 +195,14 @@ pub(crate) fn run(args: ClientArgs) -> ExitCode {
     }
 }
 
-/// One connection, until it ends; the exit status it earns.
+/// One connection to `url`, until it ends; the exit status it earns, and whether
+/// `--reconnect` tries again.
 fn session(
     args: &ClientArgs,
+    url: &str,
     lines: Option<&Receiver<io::Result<Vec<u8>>>>,
     interrupted: &AtomicBool,
-) -> Result<u8, ClientError> {
+) -> Result<Ending, ClientError> {
     let timeout = Duration::try_from_secs_f64(args.timeout)
         .map_err(|e| ClientError::Config(format!("--timeout: {e}")))?;
     let mut config = ClientConfig::default()
@@ -176,8 +227,22 @@ fn session(
         );
         config = config.insecure(true);
     }
-    let mut client = Client::connect(&args.url, config)?;
-    if let Some(agreed) = client.compression() {
+    if args.verbose {
+        eprintln!("freeboard client: connecting to {url}");
+    }
+    let mut client = Client::connect(url, config)?;
+    if args.verbose {
+        let heads = client.handshake();
+        for (what, head) in [("sent", &heads.request), ("received", &heads.response)] {
+            eprintln!("freeboard client: {what}:");
+            for line in head.lines().filter(|l| !l.is_empty()) {
+                eprintln!("  {line}");
+            }
+        }
+        eprintln!("freeboard client: subprotocol: {}", client.protocol().unwrap_or("none"));
+        let extensions = client.compression().map(|a| a.response().to_string());
+        eprintln!("freeboard client: extensions: {}", extensions.as_deref().unwrap_or("none"));
+    } else if let Some(agreed) = client.compression() {
         eprintln!("freeboard client: {}", agreed.response());
     }
 
@@ -199,7 +264,7 @@ fn session(
         }
         if close_deadline.is_some_and(|at| Instant::now() >= at) {
             eprintln!("freeboard client: no close answer within {} s", CLOSE_WAIT.as_secs());
-            return Ok(EXIT_ABNORMAL);
+            return Ok(Ending::Exit(EXIT_ABNORMAL));
         }
         // Send what stdin has, paced by --interval.
         while let Some(lines) =
@@ -214,7 +279,7 @@ fn session(
                 }
                 Ok(Err(e)) => {
                     eprintln!("freeboard client: reading stdin: {e}");
-                    return Ok(EXIT_LOCAL_IO);
+                    return Ok(Ending::Exit(EXIT_LOCAL_IO));
                 }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => stdin_open = false,
@@ -244,7 +309,7 @@ fn session(
                     .and_then(|()| out.flush());
                 if let Err(e) = written {
                     eprintln!("freeboard client: writing stdout: {e}");
-                    return Ok(EXIT_LOCAL_IO);
+                    return Ok(Ending::Exit(EXIT_LOCAL_IO));
                 }
                 received += 1;
                 if args.count.is_some_and(|n| received >= n) && !closing {
@@ -253,20 +318,31 @@ fn session(
                 }
             }
             Some(Event::Closed(close)) => {
+                // A server going away or restarting (1001, 1012) or asking for patience
+                // (1013) is where a subscriber most wants to come back.
+                let come_back = matches!(
+                    close.code,
+                    CloseCode::GOING_AWAY | CloseCode::SERVICE_RESTART | CloseCode::TRY_AGAIN_LATER
+                ) && !closing;
                 let normal = matches!(
                     close.code,
                     CloseCode::NORMAL | CloseCode::GOING_AWAY | CloseCode::NO_STATUS
                 );
-                if close.was_clean && normal {
-                    return Ok(EXIT_CLEAN);
+                if args.verbose || !(close.was_clean && normal) || (come_back && args.reconnect) {
+                    eprintln!(
+                        "freeboard client: closed {} with {} {:?}",
+                        if close.was_clean { "cleanly" } else { "abnormally" },
+                        close.code,
+                        close.reason
+                    );
                 }
-                eprintln!(
-                    "freeboard client: closed {} with {} {:?}",
-                    if close.was_clean { "cleanly" } else { "abnormally" },
-                    close.code,
-                    close.reason
-                );
-                return Ok(if close.was_clean { EXIT_ERROR_CODE } else { EXIT_ABNORMAL });
+                return Ok(match (close.was_clean, normal, come_back) {
+                    (false, _, _) => Ending::Retry(EXIT_ABNORMAL),
+                    (true, true, true) => Ending::Retry(EXIT_CLEAN),
+                    (true, true, false) => Ending::Exit(EXIT_CLEAN),
+                    (true, false, true) => Ending::Retry(EXIT_ERROR_CODE),
+                    (true, false, false) => Ending::Exit(EXIT_ERROR_CODE),
+                });
             }
         }
     }
@@ -323,6 +399,22 @@ fn spawn_stdin_reader() -> Receiver<io::Result<Vec<u8>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_without_a_scheme_is_ws() {
+        assert_eq!(websocket_url("127.0.0.1:9001"), "ws://127.0.0.1:9001");
+        assert_eq!(websocket_url("localhost:9001/echo"), "ws://localhost:9001/echo");
+        assert_eq!(websocket_url("9001"), "ws://127.0.0.1:9001/");
+        assert_eq!(websocket_url("wss://example.com/"), "wss://example.com/");
+    }
+
+    #[test]
+    fn waits_are_spread_between_half_and_all_of_the_backoff() {
+        let backoff = Duration::from_secs(8);
+        let waits: Vec<Duration> = (0..64).map(|_| jittered(backoff)).collect();
+        assert!(waits.iter().all(|w| *w >= backoff / 2 && *w <= backoff), "{waits:?}");
+        assert!(waits.iter().any(|w| *w != waits[0]), "spread: {waits:?}");
+    }
 
     #[test]
     fn headers_are_name_colon_value() {

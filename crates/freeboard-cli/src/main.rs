@@ -63,10 +63,11 @@ struct ServeArgs {
     /// override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:9001]. An address another process listens
-    /// on is refused ("address in use") unless --share-port. With --tls-cert and no
-    /// --listen-tls it speaks TLS (wss://).
-    #[arg(long, value_name = "ADDR")]
+    /// Address to listen on: HOST:PORT (0.0.0.0:9001 for every interface, [::]:9001,
+    /// localhost:9001) or a port alone (on loopback) [default: 127.0.0.1:9001]. An address
+    /// another process listens on is refused ("address in use") unless --share-port. With
+    /// --tls-cert and no --listen-tls it speaks TLS (wss://).
+    #[arg(long, value_name = "ADDR", value_parser = listen)]
     listen: Option<SocketAddr>,
     /// Join the SO_REUSEPORT group of another process listening on the same address (a
     /// rolling restart), instead of failing with "address in use"; TOML `share_port`.
@@ -79,8 +80,9 @@ struct ServeArgs {
     /// PEM private key (PKCS#8, PKCS#1 or SEC1) of --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// A TLS listener beside the plain --listen one (then --listen stays ws://).
-    #[arg(long, value_name = "ADDR")]
+    /// A TLS listener beside the plain --listen one (then --listen stays ws://); the same
+    /// forms as --listen.
+    #[arg(long, value_name = "ADDR", value_parser = listen)]
     listen_tls: Option<SocketAddr>,
     /// TLS handshakes one client address (an IPv6 /64) may have in progress at once; beyond
     /// it a connection is closed at accept, before it holds TLS state (counted as
@@ -283,8 +285,8 @@ struct ServeArgs {
     admin_token: Option<String>,
     /// Serve the admin routes (and /healthz) on this address only, plain HTTP, to any client
     /// that reaches it (firewall it, or set --admin-token too); on the public listener they
-    /// answer 404. TOML `[admin] listen`. Default: none.
-    #[arg(long, value_name = "ADDR")]
+    /// answer 404. TOML `[admin] listen` (the same forms as --listen). Default: none.
+    #[arg(long, value_name = "ADDR", value_parser = listen)]
     admin_listen: Option<SocketAddr>,
     /// Admin requests (and dashboard-stream upgrades) one address may make per second; beyond
     /// it 429. 0 turns the limit off. TOML `[admin] rate_per_ip` [default: 100].
@@ -580,6 +582,11 @@ fn parse(mut table: toml::Table) -> Result<Settings, String> {
 /// A size flag: `4096`, `64K`, `256M`, `1.5G` (powers of 1024), as in the TOML file.
 fn size(s: &str) -> Result<u64, String> {
     freeboard::config::parse_size(s)
+}
+
+/// A listen address flag: `HOST:PORT` (names resolve) or a port alone, as in the TOML file.
+fn listen(s: &str) -> Result<SocketAddr, String> {
+    freeboard::config::parse_listen(s)
 }
 
 /// A size as a `usize` (the bench's flags).

@@ -29,6 +29,8 @@ impl CloseCode {
     pub const MANDATORY_EXTENSION: Self = Self(1010);
     /// 1011: the server hit an unexpected condition.
     pub const INTERNAL_ERROR: Self = Self(1011);
+    /// 1012: the service is restarting. Registered with IANA.
+    pub const SERVICE_RESTART: Self = Self(1012);
     /// 1013: try again later (out of memory budget). Registered with IANA.
     pub const TRY_AGAIN_LATER: Self = Self(1013);
 

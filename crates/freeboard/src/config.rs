@@ -23,7 +23,9 @@ pub const MIN_CHUNK_SIZE: usize = 256;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ServerConfig {
-    /// Address to listen on. Default `127.0.0.1:9001`.
+    /// Address to listen on. Default `127.0.0.1:9001`. In TOML, anything [`parse_listen`]
+    /// reads: `"0.0.0.0:9001"`, `"localhost:9001"`, `"[::]:9001"`, or a bare port (`9001`:
+    /// loopback).
     pub listen: SocketAddr,
     /// Join the `SO_REUSEPORT` group of another process already listening on `listen`
     /// (a rolling restart). Default `false`: a taken address fails `Server::bind` with
@@ -121,6 +123,7 @@ pub struct AdminConfig {
     /// A listener of their own: the admin routes (and `/healthz`) are served there only, to
     /// any client that reaches it (unless `token` is set too), and answer 404 on the public
     /// listener. Default: none.
+    #[serde(with = "opt_listen")]
     pub listen: Option<SocketAddr>,
     /// Admin requests (plain requests and dashboard-stream upgrades) one address may make per
     /// second, a token bucket with a second's burst; beyond it 429 with `Retry-After`. 0
@@ -164,7 +167,7 @@ pub struct TlsConfig {
     /// PEM file with the private key (PKCS#8, PKCS#1 or SEC1).
     pub key: std::path::PathBuf,
     /// A TLS listener beside the plain one. Default: none (the one listener is TLS).
-    #[serde(default)]
+    #[serde(default, with = "opt_listen")]
     pub listen: Option<SocketAddr>,
     /// The share of each loop's memory budget (1 / this) kept for TLS connections' rustls
     /// state: 8 KiB per handshake in progress, 4 KiB per established connection. Default 4.
@@ -395,7 +398,7 @@ macro_rules! server_keys {
 }
 
 server_keys! {
-    "listen" => listen as Plain;
+    "listen" => listen as Listen;
     "share_port" => share_port as Plain;
     "threads" => threads as Plain;
     "memory" => memory as Size;
@@ -846,6 +849,53 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{text:?} is not a duration ({e}); e.g. 30s, 500ms, 2m, or seconds"))
 }
 
+/// Parses a listen address: `HOST:PORT` with an IP address (`0.0.0.0:9001`, `[::]:9001`) or a
+/// name that resolves (`localhost:9001`: its first IPv4 address, else its first address), or
+/// a bare port (`9001`), which listens on loopback (`127.0.0.1`), as the default does. The one
+/// parser behind `--listen`, `--listen-tls`, `--admin-listen` and their TOML keys.
+///
+/// ```
+/// use freeboard::config::parse_listen;
+/// assert_eq!(parse_listen("9301").unwrap().to_string(), "127.0.0.1:9301");
+/// assert_eq!(parse_listen("0.0.0.0:9301").unwrap().to_string(), "0.0.0.0:9301");
+/// assert_eq!(parse_listen("[::1]:9301").unwrap().to_string(), "[::1]:9301");
+/// assert!(parse_listen("localhost:9301").unwrap().ip().is_loopback());
+/// assert!(parse_listen(":9301").unwrap_err().contains("0.0.0.0:9301"));
+/// ```
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let text = text.trim();
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let example = "e.g. 127.0.0.1:9001, 0.0.0.0:9001 (every interface), [::]:9001, localhost:9001, \
+                   or a port alone (9001, on loopback)";
+    let port = text.rsplit_once(':').map(|(_, port)| port);
+    match text.rsplit_once(':') {
+        Some(("", port)) if port.parse::<u16>().is_ok() => {
+            return Err(format!(
+                "{text:?} names no host: give 0.0.0.0:{port} to listen on every interface, or \
+                 {port} for loopback"
+            ));
+        }
+        Some((host, _)) if !host.is_empty() && port.is_some_and(|p| p.parse::<u16>().is_ok()) => {}
+        _ => return Err(format!("{text:?} is not HOST:PORT or a port; {example}")),
+    }
+    let addrs: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| format!("{text:?}: the host name does not resolve ({e}); {example}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{text:?}: the host name resolves to no address"))
+}
+
 /// Reads a size or a duration given as a TOML integer, float or string.
 #[derive(Debug)]
 enum Scalar {
@@ -885,6 +935,7 @@ struct Plain<T>(T);
 struct Size<T>(T);
 struct Time<T>(T);
 struct Policy<T>(T);
+struct Listen<T>(T);
 
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for Plain<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -907,6 +958,12 @@ impl<'de> Deserialize<'de> for Time<Duration> {
 impl<'de> Deserialize<'de> for Time<Option<Duration>> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         opt_duration::deserialize(d).map(Time)
+    }
+}
+
+impl<'de> Deserialize<'de> for Listen<SocketAddr> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        listen::deserialize(d).map(Listen)
     }
 }
 
@@ -963,6 +1020,38 @@ mod opt_duration {
     ) -> Result<Option<Duration>, D::Error> {
         let duration = super::duration::deserialize(d)?;
         Ok((!duration.is_zero()).then_some(duration))
+    }
+}
+
+/// A listen address in TOML: a string [`parse_listen`] reads, or a port number.
+mod listen {
+    use serde::{Deserialize, Deserializer, de::Error};
+    use std::net::SocketAddr;
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        Port(u16),
+        Text(String),
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+        match Given::deserialize(d)? {
+            Given::Port(port) => Ok(SocketAddr::from(([127, 0, 0, 1], port))),
+            Given::Text(text) => super::parse_listen(&text).map_err(D::Error::custom),
+        }
+    }
+}
+
+/// An optional listen address in TOML (`[tls] listen`, `[admin] listen`).
+mod opt_listen {
+    use serde::Deserializer;
+    use std::net::SocketAddr;
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<SocketAddr>, D::Error> {
+        super::listen::deserialize(d).map(Some)
     }
 }
 

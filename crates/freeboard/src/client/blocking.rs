@@ -16,7 +16,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use super::ClientStream;
-use super::handshake::{self, Opened};
+use super::handshake::{self, Heads, Opened};
 use super::message::{CloseEvent, Event, ReceivedMessage};
 use super::outbox::{Direct, Outbox, Shared, Writer};
 use super::{ClientConfig, ClientError, ReadyState, Target};
@@ -51,6 +51,8 @@ pub struct Client {
     conn: Connection,
     start: StdInstant,
     protocol: Option<String>,
+    /// The opening handshake's request and response heads.
+    heads: Box<Heads>,
     masks: MaskSource,
     /// The send queue and its pool, shared with the writer thread.
     out: Arc<Shared>,
@@ -131,6 +133,7 @@ impl Client {
             conn,
             start: StdInstant::now(),
             protocol: answer.protocol,
+            heads: Box::new(answer.heads),
             masks: MaskSource::new(),
             out,
             writer,
@@ -163,6 +166,12 @@ impl Client {
     /// The subprotocol the server chose, if any.
     pub fn protocol(&self) -> Option<&str> {
         self.protocol.as_deref()
+    }
+
+    /// The opening handshake as it went: the request's head and the `101` response's
+    /// (`freeboard client -v` prints them).
+    pub fn handshake(&self) -> &Heads {
+        &self.heads
     }
 
     /// The permessage-deflate parameters the server agreed to, if it accepted the offer.

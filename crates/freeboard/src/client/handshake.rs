@@ -34,6 +34,18 @@ pub(super) struct Answer {
     pub(super) protocol: Option<String>,
     /// The permessage-deflate parameters, if the server accepted the offer.
     pub(super) compression: Option<Agreement>,
+    /// The request's head and the `101` response's, as sent and received (the blocking
+    /// client shows them: [`Client::handshake`](super::Client::handshake)).
+    pub(super) heads: Heads,
+}
+
+/// The heads of an opening handshake, as text (lossily decoded).
+#[derive(Debug, Default, Clone)]
+pub struct Heads {
+    /// The upgrade request's head, as sent.
+    pub request: String,
+    /// The `101` response's head, as received.
+    pub response: String,
 }
 
 /// The permessage-deflate offer a client makes under `config`: `None` when compression is
@@ -149,7 +161,8 @@ fn handshake(
         len += n;
         match check_response(&buf[..len], config, &key, offer) {
             Ok(None) => continue,
-            Ok(Some((answer, head_len))) => {
+            Ok(Some((mut answer, head_len))) => {
+                answer.heads.request = String::from_utf8_lossy(&request).into_owned();
                 let leftover = buf[head_len..len].to_vec();
                 stream.tcp().set_read_timeout(None)?;
                 stream.tcp().set_write_timeout(None)?;
@@ -248,7 +261,9 @@ pub(super) fn check_response(
                 _ => return Err(Refusal::Compression(deflate::NegotiationError::Unacceptable)),
             };
             let protocol = response.protocol().map(str::to_owned);
-            Ok(Some((Answer { protocol, compression }, head_len)))
+            let response = String::from_utf8_lossy(&buf[..head_len]).into_owned();
+            let heads = Heads { request: String::new(), response };
+            Ok(Some((Answer { protocol, compression, heads }, head_len)))
         }
         Err(HandshakeError::Refused { status, head_len }) => {
             let (reason, body_len) = refusal_head(&buf[..head_len]);

@@ -95,6 +95,7 @@ pub use freeboard_proto::CloseCode;
 pub use freeboard_proto::MessageKind;
 use freeboard_proto::UsageError;
 use freeboard_proto::handshake::HandshakeError;
+pub use handshake::Heads;
 pub use message::{CloseEvent, Event, ReceivedMessage};
 pub use stream::ClientStream;
 pub use target::Target;
