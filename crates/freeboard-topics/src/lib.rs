@@ -121,8 +121,10 @@ impl Service {
         if config.path.is_empty() {
             return router;
         }
+        let hub = &self.config.hub;
         let mut route = TopicRoute::new(&config.path, config.client_publish)
-            .max_topics(self.config.hub.max_topics_per_connection);
+            .max_topics(hub.max_topics_per_connection)
+            .history((hub.history > 0).then_some(hub.history_prefix.as_str()));
         if let Some(verifier) = &self.verifier {
             route = route.with_tokens(verifier.clone());
         }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use freeboard::config::{ConfigError, TopicsConfig};
-use freeboard::history::HISTORY_GONE;
+use freeboard::history::{HISTORY_GONE, Offset};
 use freeboard::topics::{SubscribeError, topics_in_target};
 use freeboard::{
     Accepted, CloseCode, ConflateKey, Conn, Decision, Handler, Message, Request, RouteOptions,
@@ -37,6 +37,8 @@ pub struct TopicRoute {
     verifier: Option<Arc<TokenVerifier>>,
     webhook: Option<Arc<ConnectWebhook>>,
     max_topics: usize,
+    /// The name prefix of the topics that keep history, if the hub keeps any.
+    history_prefix: Option<String>,
 }
 
 impl TopicRoute {
@@ -48,7 +50,41 @@ impl TopicRoute {
             verifier: None,
             webhook: None,
             max_topics: 64,
+            history_prefix: None,
         }
+    }
+
+    /// The topics whose names start with `prefix` keep history (`?since=` works there);
+    /// `None`: none does. [`Service::mount`](crate::Service::mount) sets it from the hub's
+    /// `history` and `history_prefix`.
+    pub fn history(mut self, prefix: Option<&str>) -> Self {
+        self.history_prefix = prefix.map(str::to_owned);
+        self
+    }
+
+    /// Why `since` cannot be honoured on `topic`, if it cannot.
+    fn since_refusal(&self, topic: &str, since: &str) -> Option<(&'static str, String)> {
+        if Offset::parse(since).is_none() {
+            let why = format!(
+                "since={since:?} is not an offset: give the A-B before the ':' of the last \
+                 message received"
+            );
+            return Some(("since_malformed", why));
+        }
+        if !self.history_prefix.as_deref().is_some_and(|p| topic.starts_with(p)) {
+            let why = match &self.history_prefix {
+                None => format!(
+                    "topic {topic:?} keeps no history (the server keeps none: topics.history is \
+                     0), so since= cannot be honoured; connect without it"
+                ),
+                Some(prefix) => format!(
+                    "topic {topic:?} keeps no history (only topics named {prefix:?}... do), so \
+                     since= cannot be honoured; connect without it"
+                ),
+            };
+            return Some(("since_without_history", why));
+        }
+        None
     }
 
     /// The most topics one upgrade may name (its own and its `also=` list); default 64, as
@@ -107,6 +143,11 @@ impl Handler for TopicRoute {
         else {
             return decision.reject(400);
         };
+        if let Some((reason, why)) = query_value(request.path(), "since")
+            .and_then(|since| self.since_refusal(topics[0], since))
+        {
+            return decision.reject_saying(400, reason, why);
+        }
         match (self.authorize(request, &topics), &self.webhook) {
             (Ok(_), Some(webhook)) => {
                 let origin = request.origin().and_then(|o| std::str::from_utf8(o).ok());

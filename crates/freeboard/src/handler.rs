@@ -136,14 +136,22 @@ impl Decision {
 
     /// Refuses the upgrade with `status` (a 4xx or 5xx).
     pub fn reject(mut self, status: u16) {
-        self.send(DecisionOutcome::Reject { status, reason: "refused" });
+        self.send(DecisionOutcome::Reject { status, reason: "refused", why: None });
     }
 
     /// Refuses the upgrade with `status`, counting it in
     /// `freeboard_access_refusals_total{reason}` and saying `reason` in the response body and
     /// the (rate-limited) log line.
     pub fn reject_because(mut self, status: u16, reason: &'static str) {
-        self.send(DecisionOutcome::Reject { status, reason });
+        self.send(DecisionOutcome::Reject { status, reason, why: None });
+    }
+
+    /// Refuses the upgrade with `status`, counted under `reason` as
+    /// [`reject_because`](Self::reject_because) does, with `why` (a sentence for the person
+    /// reading the client's error) in the response body and the log line.
+    pub fn reject_saying(mut self, status: u16, reason: &'static str, why: impl Into<String>) {
+        let why = Some(why.into().into_boxed_str());
+        self.send(DecisionOutcome::Reject { status, reason, why });
     }
 
     /// Completes the decision with a synchronous [`Upgrade`] answer.
@@ -163,7 +171,8 @@ impl Decision {
 impl Drop for Decision {
     fn drop(&mut self) {
         if !self.done {
-            self.send(DecisionOutcome::Reject { status: 500, reason: "upgrade decision dropped" });
+            let reason = "upgrade decision dropped";
+            self.send(DecisionOutcome::Reject { status: 500, reason, why: None });
         }
     }
 }
@@ -237,6 +246,8 @@ pub(crate) enum DecisionOutcome {
     Reject {
         status: u16,
         reason: &'static str,
+        /// What the response body says, when not `reason`.
+        why: Option<Box<str>>,
     },
     /// Not an upgrade: every loop has reported on the connection's HTTP publish.
     Published,

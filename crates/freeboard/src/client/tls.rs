@@ -12,16 +12,27 @@
 //! with [`ClientConfig::ca_file`](super::ClientConfig::ca_file) for a private CA alone, or no
 //! verification at all with [`ClientConfig::insecure`](super::ClientConfig::insecure) (for
 //! tests; `freeboard client --insecure` prints a warning).
+//!
+//! A certificate that does not verify is explained in a sentence with its fix
+//! ([`Untrusted`]): self-signed, signed by an unknown CA, a CA certificate used as the
+//! server's own, issued for another name, expired or not valid yet. A CA file that holds the
+//! very certificate the server presents trusts it as it is, as curl and Python do, even when
+//! it is marked as a CA (the certificate the usual `openssl req -x509` line makes): its name
+//! and dates are still checked, and the handshake's signature proves the server holds its key.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use mio::net::TcpStream;
+use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConnection, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{
+    CertificateError, ClientConnection, DigitallySignedStruct, OtherError, RootCertStore,
+    SignatureScheme,
+};
 
 use super::{ClientError, TlsRoots};
 
@@ -61,16 +72,17 @@ pub fn tls_client_config(roots: &TlsRoots) -> Result<Arc<rustls::ClientConfig>, 
                                 (install ca-certificates, or give a CA file)"
                         .to_owned());
                 }
-                build(store).map_err(|e| e.to_string())
+                build(store, Vec::new()).map_err(|e| e.to_string())
             })
             .clone()
             .map_err(ClientError::Tls),
         TlsRoots::CaFile(path) => {
             let mut store = RootCertStore::empty();
-            for cert in read_certs(path)? {
-                store.add(cert).map_err(|e| tls_error(path, e))?;
+            let certs = read_certs(path)?;
+            for cert in &certs {
+                store.add(cert.clone()).map_err(|e| tls_error(path, e))?;
             }
-            build(store).map_err(|e| ClientError::Tls(e.to_string()))
+            build(store, certs).map_err(|e| ClientError::Tls(e.to_string()))
         }
         TlsRoots::Insecure => {
             let provider = crate::tls::provider();
@@ -86,10 +98,21 @@ pub fn tls_client_config(roots: &TlsRoots) -> Result<Arc<rustls::ClientConfig>, 
     }
 }
 
-fn build(store: RootCertStore) -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
-    let mut config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+/// The configuration for the roots in `store`; `pinned`: the CA file's certificates, each
+/// trusted as the server's own certificate too.
+fn build(
+    store: RootCertStore,
+    pinned: Vec<CertificateDer<'static>>,
+) -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
+    let provider = crate::tls::provider();
+    let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider.clone())
+        .build()
+        .map_err(|e| rustls::Error::General(e.to_string()))?;
+    let verifier = Arc::new(Explaining { webpki, ca_file: !pinned.is_empty(), pinned });
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(rustls::ALL_VERSIONS)?
-        .with_root_certificates(store)
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
@@ -127,11 +150,324 @@ pub(super) fn is_tls(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>())
 }
 
-/// A socket error as the client reports it: [`ClientError::Tls`] when TLS failed.
+/// A socket error as the client reports it: [`ClientError::Tls`] when TLS failed, in the
+/// words of [`Untrusted`] when the certificate did not verify.
 pub(super) fn tls_or_io(e: io::Error) -> ClientError {
-    match is_tls(&e) {
-        true => ClientError::Tls(e.to_string()),
-        false => e.into(),
+    let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) else {
+        return e.into();
+    };
+    let explained = match tls {
+        rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(other))) => {
+            other.downcast_ref::<Untrusted>().map(ToString::to_string)
+        }
+        rustls::Error::AlertReceived(alert) => Some(format!(
+            "the server ended the TLS handshake ({alert:?}): it may want a client certificate, \
+             or another TLS version or cipher suite"
+        )),
+        _ => None,
+    };
+    ClientError::Tls(explained.unwrap_or_else(|| tls.to_string()))
+}
+
+/// Why the server's certificate is not trusted, in a sentence that says what to do.
+#[derive(Debug)]
+pub(super) struct Untrusted(String);
+
+impl std::fmt::Display for Untrusted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Untrusted {}
+
+/// The WebPKI verifier, with its failures explained ([`Untrusted`]) and the CA file's own
+/// certificates trusted as the server's.
+#[derive(Debug)]
+struct Explaining {
+    webpki: Arc<WebPkiServerVerifier>,
+    /// The CA file's certificates.
+    pinned: Vec<CertificateDer<'static>>,
+    /// The roots are a CA file's (else the operating system's).
+    ca_file: bool,
+}
+
+impl Explaining {
+    /// The sentence for `error`, about `end_entity` presented as `name`.
+    fn explain(
+        &self,
+        error: &CertificateError,
+        end_entity: &[u8],
+        name: &ServerName<'_>,
+    ) -> String {
+        let name = name.to_str();
+        let facts = der::facts(end_entity);
+        let self_signed = facts.as_ref().is_some_and(|f| f.self_signed);
+        let trust = match self.ca_file {
+            true => "put it in the --ca file (ClientConfig::ca_file)",
+            false => "pass it with --ca FILE (ClientConfig::ca_file)",
+        };
+        match error {
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                let when =
+                    facts.map_or(String::new(), |f| format!(" on {}", der::date(f.not_after)));
+                format!(
+                    "the server's certificate expired{when}: renew it on the server (or, if it \
+                     is recent, check this machine's clock)"
+                )
+            }
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                let when =
+                    facts.map_or(String::new(), |f| format!(" until {}", der::date(f.not_before)));
+                format!(
+                    "the server's certificate is not valid yet{when}: check the clocks of this \
+                     machine and of the one that made the certificate"
+                )
+            }
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+                let presented = match error {
+                    CertificateError::NotValidForNameContext { presented, .. } => {
+                        // rustls writes them as `DnsName("a.example")`: the name alone.
+                        let bare = |p: &String| match (p.find('"'), p.rfind('"')) {
+                            (Some(a), Some(b)) if a < b => p[a + 1..b].to_owned(),
+                            _ => p.clone(),
+                        };
+                        let names: Vec<String> = presented.iter().map(bare).collect();
+                        format!(" (it names {})", names.join(", "))
+                    }
+                    _ => String::new(),
+                };
+                format!(
+                    "the server's certificate is not for {name}{presented}: connect with a name \
+                     it lists, or issue it with {name} in its subjectAltName"
+                )
+            }
+            _ if self_signed => format!(
+                "the server's certificate is not trusted (self-signed): {trust} if you trust \
+                 this server"
+            ),
+            CertificateError::Other(OtherError(other))
+                if other.to_string().contains("CaUsedAsEndEntity") =>
+            {
+                format!(
+                    "the server presents a CA certificate (basicConstraints CA:TRUE) as its own: \
+                     {trust} exactly as the server has it to trust it as it is, or give the \
+                     server a certificate signed by that CA"
+                )
+            }
+            CertificateError::UnknownIssuer
+            | CertificateError::BadSignature
+            | CertificateError::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
+                format!(
+                    "the server's certificate is signed by a CA this client does not trust: \
+                     {trust} with that CA's certificate (or have the server send its \
+                     intermediate certificates too)"
+                )
+            }
+            other => format!("the server's certificate does not verify ({other:?})"),
+        }
+    }
+
+    /// Trusts `end_entity` as it is when the CA file holds it: checks its name and dates.
+    fn pinned(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        name: &ServerName<'_>,
+        now: UnixTime,
+    ) -> Option<Result<ServerCertVerified, rustls::Error>> {
+        if !self.pinned.iter().any(|p| p.as_ref() == end_entity.as_ref()) {
+            return None;
+        }
+        let parsed = rustls::server::ParsedCertificate::try_from(end_entity);
+        let named = parsed.and_then(|p| rustls::client::verify_server_name(&p, name));
+        let facts = der::facts(end_entity)?;
+        let now = now.as_secs();
+        let error = match named {
+            Err(rustls::Error::InvalidCertificate(e)) => e,
+            Err(e) => return Some(Err(e)),
+            Ok(()) if now > facts.not_after => CertificateError::Expired,
+            Ok(()) if now < facts.not_before => CertificateError::NotValidYet,
+            Ok(()) => return Some(Ok(ServerCertVerified::assertion())),
+        };
+        Some(Err(self.untrusted(&error, end_entity, name)))
+    }
+
+    fn untrusted(
+        &self,
+        error: &CertificateError,
+        end_entity: &[u8],
+        name: &ServerName<'_>,
+    ) -> rustls::Error {
+        let why = Untrusted(self.explain(error, end_entity, name));
+        rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(why))))
+    }
+}
+
+impl ServerCertVerifier for Explaining {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified = self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        );
+        match verified {
+            Err(rustls::Error::InvalidCertificate(error)) => {
+                if let Some(pinned) = self.pinned(end_entity, server_name, now) {
+                    return pinned;
+                }
+                Err(self.untrusted(&error, end_entity, server_name))
+            }
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// The few facts of an X.509 certificate (RFC 5280 §4.1) the explanations need, read from its
+/// DER without a parser crate: whether issuer and subject are one name, and its validity.
+mod der {
+    /// What [`facts`] reads.
+    pub(super) struct Facts {
+        pub(super) self_signed: bool,
+        /// Seconds since 1970.
+        pub(super) not_before: u64,
+        pub(super) not_after: u64,
+    }
+
+    /// One TLV at the start of `input`: its tag, its value, and what follows it.
+    fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let (&tag, rest) = input.split_first()?;
+        let (&first, rest) = rest.split_first()?;
+        let (len, rest) = match first {
+            0..=0x7f => (usize::from(first), rest),
+            0x81..=0x84 => {
+                let n = usize::from(first & 0x7f);
+                let (bytes, rest) = (rest.get(..n)?, rest.get(n..)?);
+                (bytes.iter().fold(0usize, |len, &b| len << 8 | usize::from(b)), rest)
+            }
+            _ => return None,
+        };
+        Some((tag, rest.get(..len)?, rest.get(len..)?))
+    }
+
+    /// Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL,
+    /// serialNumber, signature, issuer, validity SEQUENCE { notBefore, notAfter }, subject,
+    /// ... }, ... }
+    pub(super) fn facts(cert: &[u8]) -> Option<Facts> {
+        let (_, certificate, _) = tlv(cert)?;
+        let (_, tbs, _) = tlv(certificate)?;
+        let (tag, _, mut rest) = tlv(tbs)?;
+        if tag != 0xa0 {
+            rest = tbs; // no version: the serial number comes first
+        }
+        let (_, _, rest) = tlv(rest)?; // serialNumber
+        let (_, _, rest) = tlv(rest)?; // signature
+        let (_, issuer, rest) = tlv(rest)?;
+        let (_, validity, rest) = tlv(rest)?;
+        let (_, subject, _) = tlv(rest)?;
+        let (before_tag, before, rest) = tlv(validity)?;
+        let (after_tag, after, _) = tlv(rest)?;
+        Some(Facts {
+            self_signed: issuer == subject,
+            not_before: time(before_tag, before)?,
+            not_after: time(after_tag, after)?,
+        })
+    }
+
+    /// A UTCTime (`YYMMDDHHMMSSZ`, RFC 5280 §4.1.2.5.1: years 50-99 are 19xx) or a
+    /// GeneralizedTime (`YYYYMMDDHHMMSSZ`), in seconds since 1970.
+    fn time(tag: u8, text: &[u8]) -> Option<u64> {
+        let digits = |s: &[u8]| -> Option<u64> {
+            s.iter()
+                .try_fold(0u64, |n, &d| d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0')))
+        };
+        let (year, rest) = match tag {
+            0x17 => {
+                let yy = digits(text.get(..2)?)?;
+                (if yy >= 50 { 1900 + yy } else { 2000 + yy }, text.get(2..)?)
+            }
+            0x18 => (digits(text.get(..4)?)?, text.get(4..)?),
+            _ => return None,
+        };
+        let field = |i: usize| digits(rest.get(i..i + 2)?);
+        let (month, day) = (field(0)?, field(2)?);
+        let seconds = field(4)? * 3600 + field(6)? * 60 + field(8)?;
+        Some(days_from_civil(year, month, day)? * 86_400 + seconds)
+    }
+
+    /// Days from 1970-01-01 to a date of the proleptic Gregorian calendar (Howard Hinnant's
+    /// `days_from_civil`).
+    fn days_from_civil(year: u64, month: u64, day: u64) -> Option<u64> {
+        if !(1..=12).contains(&month) || !(1..=31).contains(&day) || year < 1970 {
+            return None;
+        }
+        let y = if month <= 2 { year - 1 } else { year };
+        let era = y / 400;
+        let yoe = y - era * 400;
+        let mp = (month + 9) % 12;
+        let doy = (153 * mp + 2) / 5 + day - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        (era * 146_097 + doe).checked_sub(719_468)
+    }
+
+    /// `YYYY-MM-DD` (UTC) of seconds since 1970.
+    pub(super) fn date(secs: u64) -> String {
+        let z = secs / 86_400 + 719_468;
+        let era = z / 146_097;
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + u64::from(month <= 2);
+        format!("{year:04}-{month:02}-{day:02}")
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn dates_round_trip_and_times_read_both_forms() {
+            assert_eq!(days_from_civil(1970, 1, 1), Some(0));
+            assert_eq!(date(0), "1970-01-01");
+            assert_eq!(date(days_from_civil(2024, 2, 29).unwrap() * 86_400), "2024-02-29");
+            assert_eq!(time(0x17, b"250101000000Z"), Some(1_735_689_600));
+            assert_eq!(time(0x18, b"20250101000000Z"), Some(1_735_689_600));
+            assert_eq!(time(0x17, b"991231235959Z"), Some(946_684_799));
+            assert_eq!(time(0x17, b"garbage"), None);
+        }
     }
 }
 

@@ -109,20 +109,21 @@ impl<T: Transport> EventLoop<T> {
         self.mark(token);
     }
 
-    /// Refuses an upgrade its handler decided against; an application's own reason is
-    /// counted as an access refusal.
+    /// Refuses an upgrade its handler decided against (the body says `why`, else `reason`);
+    /// an application's own reason is counted as an access refusal.
     pub(super) fn refuse_upgrade(
         &mut self,
         token: usize,
         now: Instant,
         status: u16,
         reason: &str,
+        why: Option<&str>,
     ) -> bool {
         if reason != "refused" {
             self.shared.metrics.access_refusal(reason);
         }
         let challenge = if status == 401 { BEARER_CHALLENGE } else { "" };
-        self.refuse(token, now, status, challenge, reason)
+        self.refuse(token, now, status, challenge, why.unwrap_or(reason))
     }
 
     /// Switches the connection to WebSocket after an accepting decision: the `101`, the
@@ -226,8 +227,8 @@ impl<T: Transport> EventLoop<T> {
         let pending = self.pending.remove(&token).unwrap();
         self.shared.release_pending();
         match completion.outcome {
-            DecisionOutcome::Reject { status, reason } => {
-                self.refuse_upgrade(token, now, status, reason);
+            DecisionOutcome::Reject { status, reason, why } => {
+                self.refuse_upgrade(token, now, status, reason, why.as_deref());
             }
             DecisionOutcome::Published => {} // routed by `run_decisions`, never here
             DecisionOutcome::Accept(accepted) => {

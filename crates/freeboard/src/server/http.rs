@@ -256,8 +256,8 @@ impl<T: Transport> EventLoop<T> {
                 && !matches!(c.outcome, DecisionOutcome::Published)
         });
         match mine.map(|i| self.completed.swap_remove(i).outcome) {
-            Some(DecisionOutcome::Reject { status, reason }) => {
-                self.refuse_upgrade(token, now, status, reason)
+            Some(DecisionOutcome::Reject { status, reason, why }) => {
+                self.refuse_upgrade(token, now, status, reason, why.as_deref())
             }
             Some(DecisionOutcome::Published) => false, // excluded above
             Some(DecisionOutcome::Accept(accepted)) => {
