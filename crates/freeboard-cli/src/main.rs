@@ -274,9 +274,14 @@ struct ServeArgs {
     /// (beyond: counted lost); TOML `[topics] redis_queue` [default: 16M].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     redis_queue: Option<u64>,
-    /// Do not serve the live dashboard at /dashboard (and its stream at /dashboard/stream).
+    /// Do not serve the live dashboard at /dashboard (and its stream at /dashboard/stream);
+    /// TOML `[routes] dashboard = false`.
     #[arg(long)]
     no_dashboard: bool,
+    /// Serve the echo routes (`/` and `/echo`) in production too (they are on in the demo);
+    /// TOML `[routes] echo = true`.
+    #[arg(long)]
+    echo: bool,
     /// Bearer token the admin routes (/metrics, /dashboard and its stream) ask of every
     /// client: `Authorization: Bearer TOKEN`, or `/dashboard?token=TOKEN` in a browser (401
     /// without, 403 if wrong); TOML `[admin] token`. Default: none, and the admin routes
@@ -349,18 +354,28 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
-    let Settings { server: config, topics } = settings(&args)?;
+    let Settings { server: config, topics, routes } = settings(&args)?;
     // The topic service reads its key files and starts its webhook once, for every loop.
     let service = Service::new(&topics).map_err(|e| e.to_string())?;
-    let dashboard = !args.no_dashboard;
+    let admin_guarded = config.admin.token.is_some() || config.admin.listen.is_some();
+    // In production the admin routes are served only where they are guarded: on loopback a
+    // reverse proxy on the same machine would make every client look local.
+    let admin = routes.demo || admin_guarded;
+    let (metrics, dashboard) = (routes.metrics && admin, routes.dashboard && admin);
+    let echo = routes.echo;
     let server = service
         .bind(config, move |service| {
-            let router = Router::new()
-                .route("/", Echo)
-                .route("/echo", Echo)
-                .http("/healthz", HttpRoute::Health)
-                .http("/metrics", HttpRoute::Metrics);
-            service.mount(if dashboard { router.dashboard("/dashboard") } else { router })
+            let mut router = Router::new().http("/healthz", HttpRoute::Health);
+            if echo {
+                router = router.route("/", Echo).route("/echo", Echo);
+            }
+            if metrics {
+                router = router.http("/metrics", HttpRoute::Metrics);
+            }
+            if dashboard {
+                router = router.dashboard("/dashboard");
+            }
+            service.mount(router)
         })
         .map_err(|e| e.to_string())?;
     let addr = server.local_addr();
@@ -369,7 +384,11 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         Some(tls) => println!("freeboard listening on ws://{addr}/ and wss://{tls}/"),
         None => println!("freeboard listening on ws://{addr}/"),
     }
-    tracing::info!(%addr, tls = ?server.tls_addr(), "listening");
+    match server.tls_addr() {
+        Some(wss) => tracing::info!(%addr, %wss, "listening"),
+        None => tracing::info!(%addr, "listening"),
+    }
+    log_mode(&routes, &topics, echo, metrics, dashboard, admin_guarded);
     if let Some(admin) = server.admin_addr() {
         tracing::info!(url = %format_args!("http://{admin}/metrics"), "admin listener");
     }
@@ -399,6 +418,53 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     server.run().map_err(|e| e.to_string())
 }
 
+/// Says at start which defaults apply (the demo's or production's) and what they left open or
+/// closed, so that an operator reads it once rather than finds it out.
+fn log_mode(
+    routes: &Routes,
+    topics: &freeboard_topics::Config,
+    echo: bool,
+    metrics: bool,
+    dashboard: bool,
+    admin_guarded: bool,
+) {
+    let mode = if routes.demo { "demo" } else { "production" };
+    let publish = if topics.hub.publish_token.is_some()
+        || topics.tokens.jwt_secret.is_some()
+        || topics.tokens.jwks_file.is_some()
+    {
+        "needs a credential"
+    } else if topics.webhook.connect_webhook.is_some() || !topics.route.anonymous_publish {
+        "refused (no publish token is set)"
+    } else {
+        "open to anyone"
+    };
+    let admin = match (metrics || dashboard, admin_guarded) {
+        (false, _) => "not served",
+        (true, true) => "behind the admin token or listener",
+        (true, false) => "loopback clients only",
+    };
+    tracing::info!(
+        mode,
+        echo,
+        publish,
+        admin,
+        "defaults: docs/operating/serve.md#demo-and-production"
+    );
+    if !routes.demo && (routes.metrics || routes.dashboard) && !admin_guarded {
+        tracing::warn!(
+            "/metrics and /dashboard are not served: give [admin] listen or [admin] token \
+             (--admin-listen, --admin-token) to serve them"
+        );
+    }
+    if !routes.demo && publish == "refused (no publish token is set)" && topics.route.http_publish {
+        tracing::warn!(
+            "POST /topic/NAME is refused: set [topics] publish_token (--publish-token) or JWT \
+             keys with a publish claim"
+        );
+    }
+}
+
 /// SIGHUP: reads the configuration again (the file, then the same flags) and applies what a
 /// running server can change; logs each change, and each setting that needs a restart (every
 /// setting of the topic service, `running`, does).
@@ -410,7 +476,7 @@ fn reload(handle: &ServerHandle, args: &ServeArgs, running: &freeboard_topics::C
         Ok(false) => {}
         Err(e) => tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the old pair"),
     }
-    let reloaded = settings(args).and_then(|Settings { server, topics }| {
+    let reloaded = settings(args).and_then(|Settings { server, topics, .. }| {
         let mut report = handle.reload(server).map_err(|e| e.to_string())?;
         report.needs_restart.extend(running.changes(&topics));
         Ok(report)
@@ -434,11 +500,38 @@ fn reload(handle: &ServerHandle, args: &ServeArgs, running: &freeboard_topics::C
 }
 
 /// What `freeboard serve` runs with: the runtime's settings and the topic service's (the
-/// `[topics]` table feeds both: the hub's keys are the runtime's).
+/// `[topics]` table feeds both: the hub's keys are the runtime's), and the routes it serves.
 #[derive(Debug)]
 struct Settings {
     server: ServerConfig,
     topics: freeboard_topics::Config,
+    routes: Routes,
+}
+
+/// The routes `freeboard serve` serves beside `/topic/` and `/healthz`, and which defaults
+/// apply. The demo (no `--config`, listening on loopback only) serves the echo routes, and
+/// the admin routes to loopback clients; production (a `--config` file, or a listener beyond
+/// loopback) serves the echo routes only when asked, the admin routes only behind an admin
+/// token or on the admin listener, and `POST` only with a credential. The `[routes]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Routes {
+    /// The demo's defaults apply (else production's).
+    demo: bool,
+    /// `/` and `/echo` echo.
+    echo: bool,
+    /// `/metrics`, where admin routes are served.
+    metrics: bool,
+    /// `/dashboard`, where admin routes are served.
+    dashboard: bool,
+}
+
+/// The `[routes]` table as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoutesTable {
+    echo: Option<bool>,
+    metrics: Option<bool>,
+    dashboard: Option<bool>,
 }
 
 /// The file's settings with the flags laid over them, read by one parser: each flag becomes
@@ -520,6 +613,8 @@ fn settings(args: &ServeArgs) -> Result<Settings, String> {
         ("admin.token", args.admin_token.clone().map(Value::String)),
         ("admin.listen", args.admin_listen.map(|v| Value::String(v.to_string()))),
         ("admin.rate_per_ip", args.admin_rate_per_ip.map(Value::Float)),
+        ("routes.echo", args.echo.then_some(Value::Boolean(true))),
+        ("routes.dashboard", args.no_dashboard.then_some(Value::Boolean(false))),
     ];
     for (key, value) in flags {
         let Some(value) = value else { continue };
@@ -556,17 +651,38 @@ fn settings(args: &ServeArgs) -> Result<Settings, String> {
         Some(path) => format!("{}: {e}", path.display()),
         None => e,
     };
-    let Settings { server: mut config, mut topics } = parse(table.clone()).map_err(in_file)?;
+    let Settings { server: mut config, mut topics, mut routes } =
+        parse(table.clone()).map_err(in_file)?;
     config.derive_unset(given);
     config.validate().map_err(|e| e.to_string())?;
     topics.hub = config.topics.clone();
     topics.validate().map_err(|e| e.to_string())?;
-    Ok(Settings { server: config, topics })
+    let loopback = |addr: Option<SocketAddr>| addr.is_none_or(|a| a.ip().is_loopback());
+    let tls_listen = config.tls.as_ref().and_then(|t| t.listen);
+    routes.demo = args.config.is_none() && loopback(Some(config.listen)) && loopback(tls_listen);
+    if !routes.demo {
+        let table = table.get("routes").and_then(|t| t.as_table());
+        routes.echo = table.and_then(|t| t.get("echo")).and_then(|v| v.as_bool()).unwrap_or(false);
+        if !given("topics.anonymous_publish") {
+            topics.route.anonymous_publish = false;
+        }
+    }
+    Ok(Settings { server: config, topics, routes })
 }
 
-/// The runtime's settings from `table`, and the topic service's from its `[topics]` table (with
-/// the hub's keys, which the runtime gets too).
+/// The runtime's settings from `table`, the topic service's from its `[topics]` table (with
+/// the hub's keys, which the runtime gets too), and the `[routes]` (with the demo's defaults).
 fn parse(mut table: toml::Table) -> Result<Settings, String> {
+    let routes = match table.remove("routes") {
+        Some(routes) => RoutesTable::deserialize(routes).map_err(|e| format!("[routes]: {e}"))?,
+        None => RoutesTable::default(),
+    };
+    let routes = Routes {
+        demo: true,
+        echo: routes.echo.unwrap_or(true),
+        metrics: routes.metrics.unwrap_or(true),
+        dashboard: routes.dashboard.unwrap_or(true),
+    };
     let topics = match table.remove("topics") {
         Some(topics) => {
             freeboard_topics::Config::deserialize(topics).map_err(|e| format!("[topics]: {e}"))?
@@ -576,7 +692,7 @@ fn parse(mut table: toml::Table) -> Result<Settings, String> {
     let mut server =
         ServerConfig::deserialize(toml::Value::Table(table)).map_err(|e| e.to_string())?;
     server.topics = topics.hub.clone();
-    Ok(Settings { server, topics })
+    Ok(Settings { server, topics, routes })
 }
 
 /// A size flag: `4096`, `64K`, `256M`, `1.5G` (powers of 1024), as in the TOML file.
@@ -617,6 +733,38 @@ mod tests {
         assert_eq!(duration("2.5"), Ok(Duration::from_millis(2500)));
         assert_eq!(duration("1m 30s"), Ok(Duration::from_secs(90)));
         assert!(duration("soon").is_err());
+    }
+
+    /// The settings a file and flags both give: the runtime's and the topic service's, but
+    /// for the defaults production (a file) and the demo (flags alone) differ in.
+    fn comparable(settings: &Settings) -> String {
+        let mut topics = settings.topics.clone();
+        topics.route.anonymous_publish = true;
+        format!("{:?} {topics:?}", settings.server)
+    }
+
+    #[test]
+    fn the_demo_and_production_have_their_own_defaults() {
+        let demo = config_of(&[]).unwrap();
+        assert!(demo.routes.demo && demo.routes.echo && demo.topics.route.anonymous_publish);
+        let public = config_of(&["--listen", "0.0.0.0:9001"]).unwrap();
+        assert!(!public.routes.demo && !public.routes.echo);
+        assert!(!public.topics.route.anonymous_publish);
+        with_file(
+            "production",
+            "[routes]\necho = true\n[topics]\nanonymous_publish = true\n",
+            |file| {
+                let production = config_of(&["--config", file]).unwrap();
+                assert!(!production.routes.demo && production.routes.echo);
+                assert!(production.topics.route.anonymous_publish);
+            },
+        );
+        let echo = config_of(&["--listen", "0.0.0.0:9001", "--echo", "--no-dashboard"]).unwrap();
+        assert!(echo.routes.echo && !echo.routes.dashboard);
+        with_file("routes-typo", "[routes]\nmetric = false\n", |file| {
+            let error = config_of(&["--config", file]).unwrap_err();
+            assert!(error.contains("metric") && error.contains("dashboard"), "{error}");
+        });
     }
 
     /// `freeboard serve ARGS` parsed into its configuration (or the error it prints).
@@ -682,7 +830,7 @@ mod tests {
         let from_flags = config_of(&flags).unwrap();
         with_file("parity", toml, |file| {
             let from_file = config_of(&["--config", file]).unwrap();
-            assert_eq!(format!("{from_file:?}"), format!("{from_flags:?}"));
+            assert_eq!(comparable(&from_file), comparable(&from_flags));
         });
         // The derived settings follow from either: a 20 MiB message fits the send cap (so a
         // 20 MiB echo works from a file as from the flags), and the topic watermarks fit
@@ -784,7 +932,7 @@ mod tests {
         let from_flags = config_of(&flags).unwrap();
         with_file("parity-access", &toml, |file| {
             let from_file = config_of(&["--config", file]).unwrap();
-            assert_eq!(format!("{from_file:?}"), format!("{from_flags:?}"));
+            assert_eq!(comparable(&from_file), comparable(&from_flags));
         });
         assert_eq!(from_flags.topics.redis.redis_queue, 8 << 20);
         assert_eq!(from_flags.topics.webhook.webhook_timeout, Duration::from_millis(1500));
@@ -869,6 +1017,7 @@ mod tests {
         let defaults = Settings {
             server: ServerConfig::default(),
             topics: freeboard_topics::Config::default(),
+            routes: Routes { demo: true, echo: true, metrics: true, dashboard: true },
         };
         assert_eq!(format!("{parsed:?}"), format!("{defaults:?}"));
     }

@@ -13,6 +13,12 @@ use std::time::Duration;
 
 use common::{Process, Serve};
 
+/// The admin token of the servers these tests start in production (with `--config`).
+const ADMIN_TOKEN: &str = "operator-token";
+
+/// The `[routes]` table that serves the echo routes in production.
+const ECHO: &str = "\n[routes]\necho = true\n";
+
 /// A plain GET; the whole response. It asks the server to close after it: a kept-alive
 /// connection would only end at the server's idle timeout, as long as this read's.
 fn get(addr: &str, path: &str) -> String {
@@ -22,7 +28,11 @@ fn get(addr: &str, path: &str) -> String {
     }
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    // The admin token of the servers started with --config (production, where the admin
+    // routes need it); a server without one does not look at it.
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n")
+        .unwrap();
+    write!(s, "Connection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     text
@@ -152,10 +162,12 @@ fn sighup_lowers_a_limit_and_keeps_open_connections() {
     let dir = std::env::temp_dir().join(format!("freeboard-sighup-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("serve.toml");
-    std::fs::write(&file, "max_connections = 100\nslow_consumer = \"close\"\n").unwrap();
-    let serve = Serve::start(&["--config", file.to_str().unwrap()]);
+    std::fs::write(&file, format!("max_connections = 100\nslow_consumer = \"close\"\n{ECHO}"))
+        .unwrap();
+    let serve = Serve::start(&["--config", file.to_str().unwrap(), "--admin-token", ADMIN_TOKEN]);
     let mut open: Vec<TcpStream> = (0..2).map(|_| upgrade(&serve.addr).0).collect();
-    std::fs::write(&file, "max_connections = 1\nslow_consumer = \"drop-oldest\"\n").unwrap();
+    std::fs::write(&file, format!("max_connections = 1\nslow_consumer = \"drop-oldest\"\n{ECHO}"))
+        .unwrap();
     serve.signal(libc::SIGHUP);
     let changed = serve.log_line("max_connections");
     assert!(changed.contains("SIGHUP: changed") && changed.contains("100"), "{changed}");
@@ -168,7 +180,7 @@ fn sighup_lowers_a_limit_and_keeps_open_connections() {
     let metrics = get(&serve.addr, "/metrics");
     assert!(metrics.contains("freeboard_config_reloads_total 1"), "{metrics}");
     // A setting that needs a restart is reported and left alone; the server stays up.
-    std::fs::write(&file, "max_connections = 1\nchunk_size = \"8K\"\n").unwrap();
+    std::fs::write(&file, format!("max_connections = 1\nchunk_size = \"8K\"\n{ECHO}")).unwrap();
     serve.signal(libc::SIGHUP);
     assert!(serve.log_line("chunk_size").contains("needs a restart"));
     echo(&mut open[0], b"and still");
@@ -181,7 +193,7 @@ fn one_sighup_reloads_the_settings_and_the_tls_certificate() {
     use freeboard::client::{Client, ClientConfig, Event};
     let ca = freeboard_test::tls::TestCa::new("sighup");
     let file = ca.dir().join("serve.toml");
-    std::fs::write(&file, "max_connections = 100\n").unwrap();
+    std::fs::write(&file, format!("max_connections = 100\n{ECHO}")).unwrap();
     let (cert, key) = (ca.cert_pem(), ca.key_pem());
     let tls = ["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()];
     let listen_tls = ["--listen-tls", "127.0.0.1:0", "--config", file.to_str().unwrap()];
@@ -204,7 +216,7 @@ fn one_sighup_reloads_the_settings_and_the_tls_certificate() {
     let next = freeboard_test::tls::TestCa::new("sighup-next");
     std::fs::copy(next.cert_pem(), ca.cert_pem()).unwrap();
     std::fs::copy(next.key_pem(), ca.key_pem()).unwrap();
-    std::fs::write(&file, "max_connections = 50\n").unwrap();
+    std::fs::write(&file, format!("max_connections = 50\n{ECHO}")).unwrap();
     serve.signal(libc::SIGHUP);
     serve.log_line("SIGHUP: TLS certificate and key reloaded");
     let changed = serve.log_line("max_connections");

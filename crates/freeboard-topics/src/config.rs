@@ -50,13 +50,25 @@ pub struct RouteConfig {
     /// they are answered with close 1008). Default `false`.
     pub client_publish: bool,
     /// Whether `POST {path}{name}` publishes its body (text if it is UTF-8 and the
-    /// `Content-Type` is `text/*`, else binary). Default `true`.
+    /// `Content-Type` is `text/*`, `application/json` or `application/*+json`, else binary).
+    /// Default `true`.
     pub http_publish: bool,
+    /// Whether `POST` needs no credential when neither a publish token, JWT keys nor a
+    /// connect webhook is set. Default `true` for a library; `freeboard serve` turns it off
+    /// in production (with `--config`, or listening beyond loopback) unless the file sets it.
+    /// With any of those set, a `POST` always needs the publish token or a JWT whose
+    /// `publish` claim grants the topic.
+    pub anonymous_publish: bool,
 }
 
 impl Default for RouteConfig {
     fn default() -> Self {
-        Self { path: "/topic/".into(), client_publish: false, http_publish: true }
+        Self {
+            path: "/topic/".into(),
+            client_publish: false,
+            http_publish: true,
+            anonymous_publish: true,
+        }
     }
 }
 
@@ -270,6 +282,7 @@ impl Config {
             "topics.path" route.path;
             "topics.client_publish" route.client_publish;
             "topics.http_publish" route.http_publish;
+            "topics.anonymous_publish" route.anonymous_publish;
             "topics.jwt_secret" tokens.jwt_secret;
             "topics.jwks_file" tokens.jwks_file;
             "topics.jwt_issuer" tokens.jwt_issuer;

@@ -28,6 +28,7 @@
 struct ReadmeDoctests;
 
 mod config;
+mod publish_access;
 mod redis;
 mod route;
 mod token;
@@ -36,6 +37,7 @@ mod webhook;
 use std::sync::Arc;
 
 pub use config::{Config, RedisConfig, RouteConfig, TokenConfig, WebhookConfig};
+pub use publish_access::PublishGate;
 pub use redis::RedisBackplane;
 pub use route::TopicRoute;
 use route::topic_route_options;
@@ -134,10 +136,37 @@ impl Service {
         // NOTE: `Config::validate` checked the hub's send queues when the service was built.
         let Ok(options) = topic_route_options(&self.config.hub) else { return router };
         let router = router.route_with(&config.path, route, options);
-        match config.http_publish {
-            true => router.http(&config.path, HttpRoute::Publish),
-            false => router,
+        if !config.http_publish {
+            return router;
         }
+        let router = router.http(&config.path, HttpRoute::Publish);
+        match self.publish_gate() {
+            Some(gate) => router.publish_access(Arc::new(gate)),
+            None => router,
+        }
+    }
+
+    /// Who besides the publish token's holder may `POST`: with JWT keys, a token whose
+    /// `publish` claim grants the topic; with a connect webhook alone, or anonymous
+    /// publishing off ([`RouteConfig::anonymous_publish`]), nobody. `None`: anyone (when no
+    /// publish token is set either).
+    pub fn publish_gate(&self) -> Option<PublishGate> {
+        if let Some(verifier) = &self.verifier {
+            return Some(PublishGate::tokens(verifier.clone()));
+        }
+        if self.webhook.is_some() {
+            return Some(PublishGate::only_publish_token(
+                "the connect webhook decides subscriptions, not publications: POST needs the \
+                 publish token (topics.publish_token, --publish-token)",
+            ));
+        }
+        (!self.config.route.anonymous_publish).then(|| {
+            PublishGate::only_publish_token(
+                "publishing needs a credential: the publish token (topics.publish_token, \
+                 --publish-token) or a JWT with a publish claim; or set \
+                 topics.anonymous_publish = true",
+            )
+        })
     }
 
     /// The Redis backplane, if `topics.redis` names one.

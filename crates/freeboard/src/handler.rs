@@ -519,6 +519,39 @@ impl Conn<'_> {
 pub struct Router {
     routes: Vec<Route>,
     http: Vec<(String, HttpRoute)>,
+    publish_access: Option<Arc<dyn PublishAccess>>,
+}
+
+/// Who may `POST` to [`HttpRoute::Publish`] besides the holder of
+/// [`TopicsConfig::publish_token`](crate::config::TopicsConfig::publish_token): the `/topic/`
+/// service of `freeboard-topics` plugs its JWT verifier in here, so that a server whose
+/// subscribers need a token does not take publications from anyone. Set with
+/// [`Router::publish_access`]; without it, publishing needs the publish token if one is set,
+/// and nothing otherwise.
+pub trait PublishAccess: Send + Sync + 'static {
+    /// Decides a `POST` that carries the bearer token `bearer` (`None`: no `Authorization`)
+    /// and not the publish token: a grant (asked about each topic published to), or a
+    /// refusal.
+    fn authorize(&self, bearer: Option<&str>) -> Result<Box<dyn PublishGrant>, PublishRefusal>;
+}
+
+/// The topics a `POST` that [`PublishAccess`] let through may publish to.
+pub trait PublishGrant: Send + Sync {
+    /// Whether the publication may go to `topic` (403 otherwise).
+    fn may_publish(&self, topic: &str) -> bool;
+}
+
+/// A `POST` that [`PublishAccess`] refused: its status (401 gets a `WWW-Authenticate:
+/// Bearer` challenge), the reason counted in `freeboard_access_refusals_total{reason}`, and
+/// what the response body says.
+#[derive(Debug, Clone)]
+pub struct PublishRefusal {
+    /// The HTTP status: 401 (no valid credential) or 403 (not allowed).
+    pub status: u16,
+    /// The `reason` label.
+    pub reason: &'static str,
+    /// A sentence for the publisher.
+    pub why: String,
 }
 
 /// A plain HTTP endpoint the server answers itself, beside the WebSocket routes. None is
@@ -533,9 +566,12 @@ pub enum HttpRoute {
     /// [`ADMIN_REFRESH`](crate::metrics::ADMIN_REFRESH). An admin route.
     Metrics,
     /// A prefix: `POST {path}{topic}` publishes its body to `topic` (text when the
-    /// `Content-Type` is `text/*`, else binary), behind the bearer token of
+    /// `Content-Type` is `text/*`, `application/json` or `application/*+json`, else binary),
+    /// behind the bearer token of
     /// [`TopicsConfig::publish_token`](crate::config::TopicsConfig::publish_token) when one is
-    /// set, and answers what the publish reached.
+    /// set (or a credential [`Router::publish_access`] accepts), and answers what the publish
+    /// reached. A browser's request from another origin is refused (403) unless
+    /// [`TopicsConfig::cors_origins`](crate::config::TopicsConfig::cors_origins) allows it.
     Publish,
     /// `GET` answers the live dashboard page (mount it with [`Router::dashboard`], which also
     /// adds the WebSocket the page reads from). An admin route.
@@ -559,7 +595,18 @@ struct Route {
 impl Router {
     /// A router without routes.
     pub fn new() -> Self {
-        Self { routes: Vec::new(), http: Vec::new() }
+        Self { routes: Vec::new(), http: Vec::new(), publish_access: None }
+    }
+
+    /// Who besides the publish token's holder may `POST` to [`HttpRoute::Publish`].
+    pub fn publish_access(mut self, access: Arc<dyn PublishAccess>) -> Self {
+        self.publish_access = Some(access);
+        self
+    }
+
+    /// The publish access set with [`publish_access`](Self::publish_access).
+    pub(crate) fn publisher_access(&self) -> Option<&Arc<dyn PublishAccess>> {
+        self.publish_access.as_ref()
     }
 
     /// Adds `handler` at `path` (exact match), with the server's send-queue settings.
@@ -714,6 +761,7 @@ impl std::fmt::Debug for Router {
         f.debug_struct("Router")
             .field("routes", &self.routes.iter().map(|r| &r.path).collect::<Vec<_>>())
             .field("http", &self.http)
+            .field("publish_access", &self.publish_access.is_some())
             .finish()
     }
 }

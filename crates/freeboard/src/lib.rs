@@ -61,8 +61,8 @@ pub use freeboard_buf::Watermarks;
 pub use freeboard_proto::handshake::Request;
 pub use freeboard_proto::{CloseCode, MessageKind};
 pub use handler::{
-    Accepted, Conn, ConnId, Decision, Echo, Handler, HttpRoute, Message, RouteOptions, Router,
-    Upgrade,
+    Accepted, Conn, ConnId, Decision, Echo, Handler, HttpRoute, Message, PublishAccess,
+    PublishGrant, PublishRefusal, RouteOptions, Router, Upgrade,
 };
 pub use limits::{Limits, LimitsError};
 pub use metrics::Metrics;

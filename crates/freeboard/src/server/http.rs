@@ -13,7 +13,7 @@ use freeboard_proto::http::{
 use freeboard_proto::{Instant, MessageKind};
 
 use super::event_loop::{EventLoop, LINGER, PendingUpgrade, READ_BYTES_PER_TURN, Upgrading};
-use super::requests::{BUDGET_EXHAUSTED, PlainRequest, RETRY_SOON, Reply};
+use super::requests::{BUDGET_EXHAUSTED, Grant, PlainRequest, RETRY_SOON, Reply};
 use crate::handler::{Decision, DecisionOutcome};
 use crate::session::{Body, Phase};
 use crate::transport::{Io, Transport};
@@ -389,19 +389,56 @@ impl<T: Transport> EventLoop<T> {
         reply: Reply,
     ) -> Option<usize> {
         let header = |name: &str| header(headers, name);
-        let config = &self.config;
-        if let Some(expected) = &config.topics.publish_token {
-            match bearer_token(headers) {
-                None => {
-                    self.refuse(token, now, 401, BEARER_CHALLENGE, "a bearer token is required");
+        // A browser sends `Origin` with every POST; a page from another origin publishes
+        // only where `cors_origins` allows it. CORS alone would let the request through and
+        // only hide the answer from the page: refused here, before anything is published.
+        if let Some(origin) = header("origin").map(String::from_utf8_lossy)
+            && !same_origin(&origin, header("host"))
+            && !self.shared.cors_allows(&self.config, &origin)
+        {
+            self.shared.metrics.access_refusal("origin");
+            let why = format!(
+                "pages from {origin} may not publish here (topics.cors_origins, \
+                 --publish-cors-origin)"
+            );
+            self.refuse(token, now, 403, "", &why);
+            return None;
+        }
+        let bearer = bearer_token(headers);
+        let expected = self.config.topics.publish_token.as_deref();
+        let by_token = expected.zip(bearer).is_some_and(|(expected, given)| {
+            constant_time_eq(given.as_bytes(), expected.as_bytes())
+        });
+        let mut grant = None;
+        match (by_token, self.router.publisher_access(), expected, bearer) {
+            (true, ..) => {}
+            (false, Some(access), ..) => match access.authorize(bearer) {
+                Ok(granted) => grant = Some(Grant(granted)),
+                Err(refusal) => {
+                    self.shared.metrics.access_refusal(refusal.reason);
+                    let challenge = if refusal.status == 401 { BEARER_CHALLENGE } else { "" };
+                    self.refuse(token, now, refusal.status, challenge, &refusal.why);
                     return None;
                 }
-                Some(given) if !constant_time_eq(given.as_bytes(), expected.as_bytes()) => {
-                    self.refuse(token, now, 403, "", "wrong publish token");
-                    return None;
-                }
-                Some(_) => {}
+            },
+            (false, None, Some(_), None) => {
+                self.refuse(token, now, 401, BEARER_CHALLENGE, "a bearer token is required");
+                return None;
             }
+            (false, None, Some(_), Some(_)) => {
+                self.refuse(token, now, 403, "", "wrong publish token");
+                return None;
+            }
+            (false, None, None, _) => {}
+        }
+        if let Some(Grant(grant)) = &grant
+            && !topic.is_empty()
+            && !grant.may_publish(topic)
+        {
+            self.shared.metrics.access_refusal("topic_not_granted");
+            let why = format!("the token does not grant publishing to {topic:?}");
+            self.refuse(token, now, 403, "", &why);
+            return None;
         }
         // An empty topic is a batch (a JSON array of `{topic, data}`).
         if !(topic.is_empty() || crate::topics::valid_topic(topic)) {
@@ -409,7 +446,7 @@ impl<T: Transport> EventLoop<T> {
             return None;
         }
         let cors = self.cors_headers(headers, false);
-        let max = config.limits.max_message_size as u64;
+        let max = self.config.limits.max_message_size as u64;
         let text = topic.is_empty() || header("content-type").is_some_and(is_text);
         let kind = if text { MessageKind::Text } else { MessageKind::Binary };
         // `request` refused every other framing before routing.
@@ -444,7 +481,8 @@ impl<T: Transport> EventLoop<T> {
             return None;
         }
         if chunked.is_none() && body.len() >= len {
-            let kept = self.finish_publish(token, now, topic, kind, &body[..len], reply, &cors);
+            let body = &body[..len];
+            let kept = self.finish_publish(token, now, topic, kind, body, reply, &cors, &grant);
             if self.awaiting.contains_key(&token) && body.len() > len {
                 // A pipelined request waits for this one's answer.
                 self.keep_partial(token, now, &body[len..]);
@@ -491,7 +529,7 @@ impl<T: Transport> EventLoop<T> {
             remaining: len.saturating_sub(body.len()),
             reserved,
         }));
-        self.plain.insert(token, PlainRequest { reply, cors, chunked });
+        self.plain.insert(token, PlainRequest { reply, cors, chunked, grant });
         if is_chunked {
             let used = self.feed_chunked(token, now, body)?;
             if self.awaiting.contains_key(&token) {
@@ -572,6 +610,7 @@ impl<T: Transport> EventLoop<T> {
                                     body,
                                     state.reply,
                                     cors,
+                                    &state.grant,
                                 ) {
                                     // Kept alive: a pipelined request may be waiting already.
                                     self.resume.push(token);
@@ -600,4 +639,12 @@ impl<T: Transport> EventLoop<T> {
 /// The chunks a partial request head of `len` bytes is counted as holding.
 fn head_chunks(len: usize, chunk_size: usize) -> usize {
     len.div_ceil(chunk_size)
+}
+
+/// Whether a browser's `Origin` (`scheme://host[:port]`) names the host the request was sent
+/// to (its `Host`): a page of this server's own.
+fn same_origin(origin: &str, host: Option<&[u8]>) -> bool {
+    let Some(host) = host else { return false };
+    let Some((_, origin_host)) = origin.split_once("://") else { return false };
+    origin_host.as_bytes().eq_ignore_ascii_case(host)
 }

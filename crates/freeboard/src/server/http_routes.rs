@@ -12,7 +12,7 @@ use freeboard_proto::{Instant, MessageKind};
 use serde::Deserialize;
 
 use super::event_loop::{EventLoop, READ_BYTES_PER_TURN};
-use super::requests::{AwaitingPublish, BUDGET_EXHAUSTED, PublishAnswer, RETRY_SOON, Reply};
+use super::requests::{AwaitingPublish, BUDGET_EXHAUSTED, Grant, PublishAnswer, RETRY_SOON, Reply};
 use crate::handler::{Completion, DecisionOutcome, HttpRoute};
 use crate::session::Phase;
 use crate::topics::Receipt;
@@ -204,6 +204,7 @@ impl<T: Transport> EventLoop<T> {
         body: &[u8],
         reply: Reply,
         cors: &str,
+        grant: &Option<Grant>,
     ) -> bool {
         let receipt = (self.config.threads > 1).then(|| {
             let (decisions, serial) = (self.decisions.clone(), self.conns[token].serial);
@@ -242,6 +243,14 @@ impl<T: Transport> EventLoop<T> {
             if let Some(bad) = items.iter().find(|i| !crate::topics::valid_topic(&i.topic)) {
                 let why = format!("invalid topic name {:?}", bad.topic);
                 self.refuse(token, now, 400, "", &why);
+                return false;
+            }
+            if let Some(Grant(grant)) = grant
+                && let Some(bad) = items.iter().find(|i| !grant.may_publish(&i.topic))
+            {
+                self.shared.metrics.access_refusal("topic_not_granted");
+                let why = format!("the token does not grant publishing to {:?}", bad.topic);
+                self.refuse(token, now, 403, "", &why);
                 return false;
             }
             for item in &items {
@@ -392,9 +401,11 @@ impl<T: Transport> EventLoop<T> {
                 let mut assembly = std::mem::take(&mut self.assembly);
                 match assembly.fill(&mut self.pool, body) {
                     Some(body) => {
-                        let cors = state.cors;
+                        let (cors, grant) = (state.cors, state.grant);
                         let (topic, kind) = (&post.topic, post.kind);
-                        if self.finish_publish(token, now, topic, kind, body, state.reply, &cors) {
+                        let reply = state.reply;
+                        if self.finish_publish(token, now, topic, kind, body, reply, &cors, &grant)
+                        {
                             self.resume.push(token);
                         }
                     }

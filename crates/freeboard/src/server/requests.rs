@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use freeboard_proto::http::Chunked;
 
+use crate::handler::PublishGrant;
 use crate::topics::{Reach, Receipt};
 
 /// The `Retry-After` line of a 503 for a shortage that passes (memory, upgrade slots).
@@ -31,6 +32,20 @@ pub(super) struct PlainRequest {
     pub(super) cors: String,
     /// A `Transfer-Encoding: chunked` body's decoder.
     pub(super) chunked: Option<Chunked>,
+    /// The topics the publisher's credential grants, when [`PublishAccess`] let it through
+    /// (a batch's topics are checked once its body is read).
+    pub(super) grant: Option<Grant>,
+}
+
+/// What [`PublishAccess`] granted a `POST`.
+///
+/// [`PublishAccess`]: crate::PublishAccess
+pub(super) struct Grant(pub(super) Box<dyn PublishGrant>);
+
+impl std::fmt::Debug for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Grant")
+    }
 }
 
 /// What a publish reached so far: its messages, this loop's subscribers, the other loops.
