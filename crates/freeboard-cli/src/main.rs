@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[cfg(feature = "bench")]
@@ -21,7 +22,8 @@ use signal_hook::iterator::Signals;
 #[command(name = "freeboard", version, about)]
 struct Cli {
     /// Log lines on stderr as `text` (coloured only on a terminal) or `json` (one object per
-    /// line). Filter them with RUST_LOG (default `info`).
+    /// line: `timestamp`, `level`, `message`, `target` and the event's own fields beside them).
+    /// Filter them with RUST_LOG (default `info`).
     #[arg(long, global = true, value_enum, default_value = "text", value_name = "FORMAT")]
     log_format: LogFormat,
     #[command(subcommand)]
@@ -30,17 +32,25 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the echo and pub/sub server: `/` and `/echo` echo text as text and binary as
-    /// binary; a WebSocket at `/topic/NAME` subscribes to NAME, and to A and B with
-    /// `/topic/NAME?also=A&also=B` (names: 1-128 of A-Z a-z 0-9 - . _ ~ :); `POST /topic/NAME`
-    /// publishes its body (text for `Content-Type: text/*`, else binary; answers
+    /// Run the pub/sub server: a WebSocket at `/topic/NAME` subscribes to NAME, and to A and
+    /// B with `/topic/NAME?also=A&also=B` (names: 1-128 of A-Z a-z 0-9 - . _ ~ :);
+    /// `POST /topic/NAME` publishes its body (a text message for a `Content-Type` of text/*,
+    /// application/json or application/*+json, which must be UTF-8; else binary) and answers
     /// `{"messages":1,"delivered":D,"dropped":X,"other_loops":L,"other_loops_dropped":Y,
-    /// "complete":true}`); `/healthz`, `/metrics` (OpenMetrics) and `/dashboard` (a
-    /// live page of the server's figures) answer plain HTTP. Logs go to stderr, filtered by
-    /// RUST_LOG (default `info`). SIGTERM/SIGINT shut down gracefully (close 1001, drain); a
-    /// second signal exits at once. SIGHUP reads the configuration again and applies the
-    /// limits, policies and tokens that can change while running (new connections get them;
-    /// open ones are kept), and with TLS the certificate and key, logging each change.
+    /// "complete":true}` (with --redis also `"redis_queued":Q,"redis_lost":Z,
+    /// "redis_connected":true`) with status 200 when it went everywhere it had to, 202 when its
+    /// fate is not known yet (Redis not connected, or `"complete":false`), 503 when it was not
+    /// taken (Redis's queue full). `/healthz` answers plain HTTP. The demo (no --config,
+    /// listening on loopback) also echoes at `/` and `/echo` and serves `/metrics`
+    /// (OpenMetrics) and `/dashboard` (a live page of the server's figures) to loopback
+    /// clients; production (--config, or listening beyond loopback) serves the echo only with
+    /// --echo, /metrics and /dashboard only with --admin-token or --admin-listen, and `POST`
+    /// only with a credential. Logs go to stderr, filtered by RUST_LOG (default `info`).
+    /// SIGTERM/SIGINT shut down gracefully (close 1001, drain, a last `stopped` line with
+    /// counts); a second signal exits at once. SIGHUP reads the configuration again and
+    /// applies the limits, policies and tokens that can change while running (new
+    /// connections get them; open ones are kept), and with TLS the certificate and key,
+    /// logging each change.
     Serve(Box<ServeArgs>),
     /// Connect to a WebSocket server: stdin lines are sent as messages, received messages
     /// are written to stdout, one per line.
@@ -274,6 +284,10 @@ struct ServeArgs {
     /// (beyond: counted lost); TOML `[topics] redis_queue` [default: 16M].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     redis_queue: Option<u64>,
+    /// Refuse to start when --redis cannot be reached (exit 1 at once), instead of starting
+    /// and reconnecting until it answers; TOML `[topics] redis_required`.
+    #[arg(long)]
+    redis_required: bool,
     /// Do not serve the live dashboard at /dashboard (and its stream at /dashboard/stream);
     /// TOML `[routes] dashboard = false`.
     #[arg(long)]
@@ -327,7 +341,8 @@ fn main() -> ExitCode {
 enum LogFormat {
     /// Human-readable lines; coloured only when stderr is a terminal.
     Text,
-    /// One JSON object per line (`timestamp`, `level`, `fields`, `target`).
+    /// One JSON object per line: `timestamp`, `level`, `message`, `target`, and the event's
+    /// own fields beside them (`"addr":"127.0.0.1:9001"`).
     Json,
 }
 
@@ -397,25 +412,50 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         tracing::info!(url = %format_args!("http://{at}/dashboard"), "dashboard");
     }
     let handle = server.handle();
+    let metrics = server.metrics();
+    let started = std::time::Instant::now();
+    // What was open when shutdown began, and the closes counted by then.
+    let at_signal = Arc::new(Mutex::new(None::<(i64, u64)>));
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| e.to_string())?;
-    std::thread::spawn(move || {
-        let mut stopping = false;
-        for signal in signals.forever() {
-            match signal {
-                SIGHUP => reload(&handle, &args, &topics),
-                _ if stopping => {
-                    tracing::warn!("second signal: exiting now");
-                    std::process::exit(130);
-                }
-                _ => {
-                    tracing::info!("shutting down: closing connections with 1001");
-                    stopping = true;
-                    handle.shutdown();
+    {
+        let (metrics, at_signal) = (metrics.clone(), at_signal.clone());
+        std::thread::spawn(move || {
+            let mut stopping = false;
+            for signal in signals.forever() {
+                match signal {
+                    SIGHUP => reload(&handle, &args, &topics),
+                    _ if stopping => {
+                        tracing::warn!("second signal: exiting now");
+                        std::process::exit(130);
+                    }
+                    _ => {
+                        let open = metrics.connections();
+                        *at_signal.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some((open, metrics.closes_total()));
+                        tracing::info!(open, "shutting down: closing connections with 1001");
+                        stopping = true;
+                        handle.shutdown();
+                    }
                 }
             }
-        }
-    });
-    server.run().map_err(|e| e.to_string())
+        });
+    }
+    server.run().map_err(|e| e.to_string())?;
+    // The last line: what the shutdown drained, and what the server did in its life.
+    let (open, closes_before) =
+        at_signal.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or((0, metrics.closes_total()));
+    let drained = metrics.closes_total().saturating_sub(closes_before).min(open.max(0) as u64);
+    tracing::info!(
+        open_at_signal = open,
+        closed_in_drain = drained,
+        cut_at_drain_timeout = open.max(0) as u64 - drained,
+        accepted = metrics.accepted(),
+        messages_in = metrics.messages_in(),
+        messages_out = metrics.messages_out(),
+        uptime_s = started.elapsed().as_secs(),
+        "stopped"
+    );
+    Ok(())
 }
 
 /// Says at start which defaults apply (the demo's or production's) and what they left open or
@@ -604,6 +644,7 @@ fn settings(args: &ServeArgs) -> Result<Settings, String> {
         ("topics.cors_origins", list(&args.publish_cors_origins)),
         ("topics.redis", args.redis.clone().map(Value::String)),
         ("topics.redis_queue", args.redis_queue.map(int)),
+        ("topics.redis_required", args.redis_required.then_some(Value::Boolean(true))),
         ("topics.max_topics_per_connection", args.max_topics_per_connection.map(|v| int(v as u64))),
         ("topics.max_topics", args.max_topics.map(|v| int(v as u64))),
         ("topics.history", args.history.map(|v| int(v as u64))),

@@ -30,8 +30,7 @@ fn get(addr: &str, path: &str) -> String {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     // The admin token of the servers started with --config (production, where the admin
     // routes need it); a server without one does not look at it.
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n")
-        .unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n").unwrap();
     write!(s, "Connection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();

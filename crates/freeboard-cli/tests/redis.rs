@@ -169,8 +169,12 @@ fn two_nodes_deliver_every_publication_once_in_order_per_publisher() {
     let mut answer = String::new();
     let _ = post.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    // The answer counts the message queued towards Redis for the other node.
-    assert!(answer.contains("\"redis\":1,\"redis_lost\":0,"), "{answer}");
+    // The answer counts the message queued towards Redis for the other node, and says that
+    // Redis was connected (so 200).
+    assert!(
+        answer.contains("\"redis_queued\":1,\"redis_lost\":0,\"redis_connected\":true,"),
+        "{answer}"
+    );
     for (n, (reader, inbox)) in readers.iter_mut().enumerate() {
         let f = loop {
             let f = inbox.frame(reader).unwrap().expect("the POST's publication");

@@ -163,11 +163,15 @@ pub struct RedisConfig {
     /// (`freeboard_backplane_lost_total{reason="queue_full"}`). Default 16 MiB.
     #[serde(with = "freeboard::config::size")]
     pub redis_queue: usize,
+    /// Refuse to start when Redis cannot be reached at start (fail fast, for a deployment
+    /// that would rather restart than serve one node's topics alone). Default `false`: the
+    /// server starts, serves its own subscribers, and reconnects until Redis answers.
+    pub redis_required: bool,
 }
 
 impl Default for RedisConfig {
     fn default() -> Self {
-        Self { redis: None, redis_queue: 16 << 20 }
+        Self { redis: None, redis_queue: 16 << 20, redis_required: false }
     }
 }
 
@@ -177,6 +181,7 @@ impl std::fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("redis", &redis)
             .field("redis_queue", &self.redis_queue)
+            .field("redis_required", &self.redis_required)
             .finish()
     }
 }
@@ -293,6 +298,7 @@ impl Config {
             "topics.webhook_in_flight" webhook.webhook_in_flight;
             "topics.redis" redis.redis;
             "topics.redis_queue" redis.redis_queue;
+            "topics.redis_required" redis.redis_required;
         }
         for change in &mut changes {
             let secret = match change.setting {

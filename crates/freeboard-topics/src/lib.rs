@@ -173,7 +173,8 @@ impl Service {
     pub fn backplane(&self) -> Result<Option<RedisBackplane>, Error> {
         let redis = &self.config.redis;
         let Some(urls) = &redis.redis else { return Ok(None) };
-        RedisBackplane::new(urls, redis.redis_queue, self.config.hub.history > 0).map(Some)
+        let backplane = RedisBackplane::new(urls, redis.redis_queue, self.config.hub.history > 0)?;
+        Ok(Some(backplane.required(redis.redis_required)))
     }
 
     /// Binds a server with `config` (whose [`topics`](ServerConfig::topics) should be this

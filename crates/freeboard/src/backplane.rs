@@ -46,6 +46,13 @@ pub trait Backplane: Send + Sync + 'static {
     /// `freeboard_backplane_lost_total{reason}` ([`Metrics::backplane_lost`]).
     fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8], kept: bool) -> bool;
 
+    /// Whether the backplane is connected now: what it takes is on its way to the broker.
+    /// While it is not, a publication it queued may still be lost, so a `POST` answer says
+    /// its outcome is unknown (202). Default `true`.
+    fn is_connected(&self) -> bool {
+        true
+    }
+
     /// A subscriber reconnects to `topic` having last seen `since`, and the backplane keeps
     /// its history: bring what it missed into this node's [`History`]
     /// ([`History::fill`]), then say [`AwaitingHistory::ready`]. Default: ready at once.

@@ -859,6 +859,26 @@ impl Metrics {
         self.topic_drops.get_or_create(&Reason { reason: reason.to_owned() }).get()
     }
 
+    /// Connections accepted since start.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.get()
+    }
+
+    /// Messages received since start.
+    pub fn messages_in(&self) -> u64 {
+        self.messages_in.get()
+    }
+
+    /// Messages sent since start.
+    pub fn messages_out(&self) -> u64 {
+        self.messages_out.get()
+    }
+
+    /// WebSocket connections closed since start, whatever the reason.
+    pub fn closes_total(&self) -> u64 {
+        CLOSE_REASONS.iter().map(|r| self.closes_for(r)).sum()
+    }
+
     /// Open WebSocket connections.
     pub fn connections(&self) -> i64 {
         self.connections.get()

@@ -67,12 +67,16 @@ pub struct Published {
     pub dropped: u32,
     /// With a backplane: publications it took for the other nodes (and, for a topic whose
     /// history it keeps, for this node too: its loops then count 0 here and get it back with
-    /// its offset). In the `POST` answer: `"redis"`.
+    /// its offset). Queued, not yet delivered. In the `POST` answer: `"redis_queued"`.
     pub backplane: u32,
     /// With a backplane: publications it could not take (the Redis backplane's full queue,
     /// counted in `backplane_lost_total{reason="queue_full"}`). In the `POST` answer:
     /// `"redis_lost"`.
     pub backplane_lost: u32,
+    /// With a backplane: publications it took while it was not connected
+    /// ([`Backplane::is_connected`](crate::backplane::Backplane::is_connected)), whose fate
+    /// is not known yet. In the `POST` answer: `"redis_connected":false`, and 202.
+    pub backplane_unconnected: u32,
 }
 
 /// How many subscribers a publication reached, and for how many it was dropped (by their
@@ -359,6 +363,7 @@ impl Hub {
         if let Some(backplane) = self.backplane.get() {
             if backplane.publish(topic, kind, payload, self.kept_by_backplane(topic)) {
                 published.backplane += 1;
+                published.backplane_unconnected += u32::from(!backplane.is_connected());
             } else {
                 published.backplane_lost += 1;
             }

@@ -134,6 +134,8 @@ pub struct RedisBackplane {
     addr: Option<RedisAddr>,
     queue_bytes: usize,
     keeps_history: bool,
+    /// Fail the start (and so the bind) when Redis cannot be reached then.
+    required: bool,
     /// Once started.
     running: Option<Running>,
 }
@@ -144,7 +146,15 @@ impl RedisBackplane {
     /// `keeps_history`: topics that keep history keep it in Redis streams.
     pub fn new(urls: &str, queue_bytes: usize, keeps_history: bool) -> Result<Self, Error> {
         let addr = RedisAddr::parse(urls).map_err(Error::Redis)?;
-        Ok(Self { addr: Some(addr), queue_bytes, keeps_history, running: None })
+        Ok(Self { addr: Some(addr), queue_bytes, keeps_history, required: false, running: None })
+    }
+
+    /// With `required`, [`start`](Backplane::start) fails (and with it the server's bind)
+    /// when Redis cannot be reached then, instead of starting and reconnecting until it can
+    /// (`--redis-required`).
+    pub fn required(mut self, required: bool) -> Self {
+        self.required = required;
+        self
     }
 }
 
@@ -156,6 +166,8 @@ struct Running {
     outgoing: SyncSender<Outgoing>,
     /// Invariant: the bytes of the publications in `outgoing`.
     queued: Arc<AtomicUsize>,
+    /// The publisher holds a connection to every server of the map.
+    up: Arc<AtomicBool>,
     queue_bytes: usize,
     metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
@@ -174,7 +186,17 @@ impl Backplane for RedisBackplane {
     /// subscriber thread.
     fn start(&mut self, link: backplane::Link) -> io::Result<()> {
         let addr = self.addr.take().ok_or_else(|| io::Error::other("started twice"))?;
+        let host_port = addr.host_port.clone();
         let shards = Arc::new(Shards::new(addr));
+        if self.required && shards.get().is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!(
+                    "cannot reach Redis at {host_port} (--redis-required: refusing to start \
+                     without it)"
+                ),
+            ));
+        }
         let node = node_id();
         let metrics = link.metrics().clone();
         let history = link.history().filter(|_| self.keeps_history).cloned();
@@ -183,13 +205,15 @@ impl Backplane for RedisBackplane {
         let (outgoing, outgoing_rx) = std::sync::mpsc::sync_channel(QUEUE_MESSAGES);
         let queued = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
+        let up = Arc::new(AtomicBool::new(false));
         {
             let (shards, queued, metrics, stop) =
                 (shards.clone(), queued.clone(), metrics.clone(), stop.clone());
             let history = history.clone();
+            let publishing = Publishing { shards, queued, metrics, history, stop, up: up.clone() };
             std::thread::Builder::new()
                 .name("freeboard-redis-pub".into())
-                .spawn(move || publisher(shards, outgoing_rx, queued, metrics, history, stop))?;
+                .spawn(move || publisher(publishing, outgoing_rx))?;
         }
         let recoveries = match &history {
             Some(history) => {
@@ -217,6 +241,7 @@ impl Backplane for RedisBackplane {
             changes,
             outgoing,
             queued,
+            up,
             queue_bytes,
             metrics,
             stop,
@@ -244,6 +269,12 @@ impl Backplane for RedisBackplane {
     /// the queue is full.
     fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8], kept: bool) -> bool {
         self.running.as_ref().is_some_and(|running| running.publish(topic, kind, payload, kept))
+    }
+
+    /// Whether the publisher holds a connection to every Redis server of the map: what it
+    /// queues now is on its way, not waiting for a Redis that may not come back in time.
+    fn is_connected(&self) -> bool {
+        self.running.as_ref().is_some_and(|r| r.up.load(Ordering::Acquire))
     }
 
     /// Queues the fetch of `topic`'s history after `since`; 503 if too many are being
@@ -335,24 +366,46 @@ struct Sent {
     redirected: Vec<(usize, String, bool)>,
 }
 
-/// The publisher thread: `(S)PUBLISH`es (and, for topics kept in Redis, the script that keeps
-/// and publishes), pipelined, on one connection per server.
-fn publisher(
+/// What the publisher thread works with.
+struct Publishing {
     shards: Arc<Shards>,
-    outgoing: Receiver<Outgoing>,
     queued: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
     history: Option<Arc<History>>,
     stop: Arc<AtomicBool>,
-) {
+    /// Set while it holds a connection to every server of the map.
+    up: Arc<AtomicBool>,
+}
+
+/// The publisher thread: `(S)PUBLISH`es (and, for topics kept in Redis, the script that keeps
+/// and publishes), pipelined, on one connection per server. It connects at once and keeps
+/// trying while idle, so that `up` says whether a publication would go now.
+fn publisher(publishing: Publishing, outgoing: Receiver<Outgoing>) {
+    let Publishing { shards, queued, metrics, history, stop, up } = publishing;
     let mut links: HashMap<Arc<str>, Link> = HashMap::new();
+    let mut quiet = Repeated::default();
     let limits = history
         .as_ref()
         .map(|h| (h.messages(), h.max_age().map_or(0, |a| a.as_millis().max(1) as u64)));
+    let connect_all = |links: &mut HashMap<Arc<str>, Link>, quiet: &mut Repeated| {
+        let Some(topology) = shards.get() else { return false };
+        let mut all = true;
+        for node in &topology.nodes {
+            let link = links.entry(node.clone()).or_default();
+            all &= connect(&shards, node, link, limits, quiet);
+        }
+        all
+    };
+    up.store(connect_all(&mut links, &mut quiet), Ordering::Release);
     while !stop.load(Ordering::Acquire) {
         let first = match outgoing.recv_timeout(Duration::from_millis(200)) {
             Ok(first) => first,
-            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Timeout) => {
+                if !up.load(Ordering::Acquire) {
+                    up.store(connect_all(&mut links, &mut quiet), Ordering::Release);
+                }
+                continue;
+            }
             Err(RecvTimeoutError::Disconnected) => return,
         };
         // A batch: what is queued now, at most 256 publications.
@@ -366,6 +419,7 @@ fn publisher(
         let bytes: usize = batch.iter().map(|o| o.message.len()).sum();
         queued.fetch_sub(bytes, Ordering::AcqRel);
         let Some(topology) = shards.get() else {
+            up.store(false, Ordering::Release);
             metrics.backplane_lost("redis_down", batch.len() as u64);
             continue;
         };
@@ -382,7 +436,8 @@ fn publisher(
             let mut redirected = Shares::default();
             for (node, items) in by_node.0.drain(..) {
                 let link = links.entry(node.clone()).or_default();
-                let sent = send(&shards, &node, link, &batch, &items, &topology, limits);
+                connect(&shards, &node, link, limits, &mut quiet);
+                let sent = send(&node, link, &batch, &items, &topology, limits);
                 metrics.backplane_published(sent.published);
                 for (reason, n) in sent.lost {
                     metrics.backplane_lost(reason, n);
@@ -403,7 +458,79 @@ fn publisher(
         if stale {
             shards.refresh();
         }
+        let connected = |node: &Arc<str>| links.get(node).is_some_and(|l| l.conn.is_some());
+        up.store(topology.nodes.iter().all(connected), Ordering::Release);
     }
+}
+
+/// A warning repeated while a condition lasts (Redis unreachable): the first is logged, then
+/// one a minute with how many were left out, so a server waiting for Redis does not fill its
+/// log.
+#[derive(Default)]
+pub(crate) struct Repeated {
+    last: Option<Instant>,
+    left_out: u64,
+}
+
+impl Repeated {
+    /// How often a repeated warning is logged.
+    const EVERY: Duration = Duration::from_secs(60);
+
+    /// `Some(left out since the last one)` if this one is to be logged.
+    pub(crate) fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self.last.is_some_and(|at| now.duration_since(at) < Self::EVERY) {
+            self.left_out += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.left_out))
+    }
+
+    /// The condition is over: the next occurrence is logged at once.
+    pub(crate) fn reset(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// Connects `link` to `node` unless it is connected or waiting out its backoff; whether it
+/// is connected.
+fn connect(
+    shards: &Shards,
+    node: &str,
+    link: &mut Link,
+    limits: Option<(usize, u64)>,
+    quiet: &mut Repeated,
+) -> bool {
+    if link.conn.is_none() && link.next_attempt.is_none_or(|at| Instant::now() >= at) {
+        let connected = shards.addr.connect(node).and_then(|mut c| {
+            // The script's SHA1, from Redis itself (loaded again on every connection: a
+            // restarted Redis has forgotten it).
+            let sha = match limits {
+                Some(_) => {
+                    Some(redis::cmd("SCRIPT").arg("LOAD").arg(KEEP_AND_PUBLISH).query(&mut c)?)
+                }
+                None => None,
+            };
+            Ok((c, sha))
+        });
+        match connected {
+            Ok(c) => {
+                tracing::info!(redis = %node, "backplane publisher connected");
+                link.conn = Some(c);
+                link.backoff = BACKOFF_MIN;
+                quiet.reset();
+            }
+            Err(e) => {
+                if let Some(left_out) = quiet.allow() {
+                    tracing::warn!(redis = %node, error = %e, left_out, "backplane publisher cannot connect (retrying; repeated once a minute)");
+                }
+                link.backoff = (link.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+                link.next_attempt = Some(Instant::now() + link.backoff);
+            }
+        }
+    }
+    link.conn.is_some()
 }
 
 /// A server's publications of a batch: their index in it, and whether an `ASK` sent them there.
@@ -423,9 +550,8 @@ impl Shares {
 }
 
 /// Sends `items` of `batch` (with `ASKING` before those a node redirected with `ASK`) to
-/// `node` in one pipeline.
+/// `node` in one pipeline, if `link` is connected.
 fn send(
-    shards: &Shards,
     node: &str,
     link: &mut Link,
     batch: &[Outgoing],
@@ -435,31 +561,6 @@ fn send(
 ) -> Sent {
     let mut sent = Sent::default();
     let n = items.len() as u64;
-    if link.conn.is_none() && link.next_attempt.is_none_or(|at| Instant::now() >= at) {
-        let connected = shards.addr.connect(node).and_then(|mut c| {
-            // The script's SHA1, from Redis itself (loaded again on every connection: a
-            // restarted Redis has forgotten it).
-            let sha = match limits {
-                Some(_) => {
-                    Some(redis::cmd("SCRIPT").arg("LOAD").arg(KEEP_AND_PUBLISH).query(&mut c)?)
-                }
-                None => None,
-            };
-            Ok((c, sha))
-        });
-        match connected {
-            Ok(c) => {
-                tracing::info!(redis = %node, "backplane publisher connected");
-                link.conn = Some(c);
-                link.backoff = BACKOFF_MIN;
-            }
-            Err(e) => {
-                tracing::warn!(redis = %node, error = %e, "backplane publisher cannot connect");
-                link.backoff = (link.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
-                link.next_attempt = Some(Instant::now() + link.backoff);
-            }
-        }
-    }
     let Some((c, sha)) = link.conn.as_mut() else {
         sent.lost.push(("redis_down", n));
         return sent;
@@ -726,6 +827,7 @@ impl Shard {
         } else {
             ("SUBSCRIBE", "UNSUBSCRIBE")
         };
+        let mut quiet = Repeated::default();
         'connect: while !self.stop.load(Ordering::Acquire) {
             // The latest assignment, while disconnected too, so the resubscription is exact.
             if self.follow(&mut topics, &mut Vec::new()).is_none() {
@@ -734,12 +836,15 @@ impl Shard {
             let mut conn = match self.shards.addr.subscribe_to(&self.server) {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!(redis = %self.server, error = %e, "backplane subscriber cannot connect");
+                    if let Some(left_out) = quiet.allow() {
+                        tracing::warn!(redis = %self.server, error = %e, left_out, "backplane subscriber cannot connect (retrying; repeated once a minute)");
+                    }
                     let _ = self.events.send(SubscriberEvent::Up(self.server.clone(), false));
                     self.pause(&mut backoff);
                     continue;
                 }
             };
+            quiet.reset();
             tracing::info!(redis = %self.server, topics = topics.len(), "backplane subscriber connected");
             let _ = self.events.send(SubscriberEvent::Up(self.server.clone(), true));
             backoff = BACKOFF_MIN;

@@ -128,7 +128,7 @@ impl SubConn {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Topology {
     /// The masters, `host:port`.
-    nodes: Vec<Arc<str>>,
+    pub(crate) nodes: Vec<Arc<str>>,
     /// Slot ranges (first, last) and their master's index in `nodes`, sorted; none without
     /// a cluster.
     ranges: Vec<(u16, u16, usize)>,
@@ -245,11 +245,18 @@ pub(crate) struct Shards {
     current: Mutex<Option<Arc<Topology>>>,
     /// When the map may be asked for again.
     not_before: Mutex<Instant>,
+    /// The warning that Redis cannot be reached, repeated once a minute while it lasts.
+    quiet: Mutex<super::Repeated>,
 }
 
 impl Shards {
     pub(crate) fn new(addr: RedisAddr) -> Self {
-        Self { addr, current: Mutex::new(None), not_before: Mutex::new(Instant::now()) }
+        Self {
+            addr,
+            current: Mutex::new(None),
+            not_before: Mutex::new(Instant::now()),
+            quiet: Mutex::new(super::Repeated::default()),
+        }
     }
 
     /// The map, asked for if there is none yet.
@@ -291,11 +298,14 @@ impl Shards {
                 tracing::info!(redis = %node, cluster = topology.cluster(), sharded = topology.sharded, masters = topology.nodes.len(), "backplane mapped Redis");
             }
             *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(topology.clone());
+            self.quiet.lock().unwrap_or_else(|e| e.into_inner()).reset();
             *not_before = Instant::now() + REFRESH_MIN;
             return Some(topology);
         }
         *not_before = Instant::now() + REFRESH_FAILED;
-        tracing::warn!(redis = %self.addr.host_port, "backplane cannot reach Redis to map it");
+        if let Some(left_out) = self.quiet.lock().unwrap_or_else(|e| e.into_inner()).allow() {
+            tracing::warn!(redis = %self.addr.host_port, left_out, "backplane cannot reach Redis to map it (retrying; repeated once a minute)");
+        }
         current
     }
 }

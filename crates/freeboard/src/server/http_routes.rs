@@ -229,9 +229,10 @@ impl<T: Transport> EventLoop<T> {
             answer.other_loops += published.loops - local;
             answer.other_loops_dropped += published.dropped;
             if this.shared.hub.has_backplane() {
-                let (queued, lost) = answer.backplane.get_or_insert((0, 0));
+                let (queued, lost, unconnected) = answer.backplane.get_or_insert((0, 0, 0));
                 *queued += published.backplane;
                 *lost += published.backplane_lost;
+                *unconnected += published.backplane_unconnected;
             }
             answer.messages += 1;
         };
@@ -280,8 +281,7 @@ impl<T: Transport> EventLoop<T> {
             }
             receipt => {
                 let remote = receipt.map_or((0, 0), |r| r.counts());
-                let json = answer.json(remote, true);
-                self.reply(token, now, 200, cors, "application/json", json.as_bytes(), reply)
+                self.answer_with(token, now, &answer, remote, true, cors, reply)
             }
         }
     }
@@ -300,13 +300,35 @@ impl<T: Transport> EventLoop<T> {
         }
         // NOTE(unwrap): looked up just above.
         let waiting = self.awaiting.remove(&token).unwrap();
-        let json = waiting.answer.json(waiting.receipt.counts(), complete);
+        let (answer, remote) = (waiting.answer, waiting.receipt.counts());
         let (cors, reply) = (&waiting.cors, waiting.reply);
-        if self.reply(token, now, 200, cors, "application/json", json.as_bytes(), reply) {
+        if self.answer_with(token, now, &answer, remote, complete, cors, reply) {
             // A pipelined request may be waiting in the session already.
             self.resume.push(token);
         }
         self.mark(token);
+    }
+
+    /// Sends a publish's answer: its JSON, with the status it earns
+    /// ([`PublishAnswer::status`]; a 503 says when to try again).
+    #[allow(clippy::too_many_arguments)]
+    fn answer_with(
+        &mut self,
+        token: usize,
+        now: Instant,
+        answer: &PublishAnswer,
+        remote: (u64, u64),
+        complete: bool,
+        cors: &str,
+        reply: Reply,
+    ) -> bool {
+        let json = answer.json(remote, complete);
+        let status = answer.status(complete);
+        let extra = match status {
+            503 => format!("{cors}{RETRY_SOON}"),
+            _ => cors.to_owned(),
+        };
+        self.reply(token, now, status, &extra, "application/json", json.as_bytes(), reply)
     }
 
     /// Reads more of a chunked `POST` body, decoding it into the session; publishes it once

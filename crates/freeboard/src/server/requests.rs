@@ -55,16 +55,38 @@ pub(super) struct PublishAnswer {
     pub(super) local: Reach,
     pub(super) other_loops: u32,
     pub(super) other_loops_dropped: u32,
-    /// With a backplane: messages it took, and messages it could not (`"redis"` and
-    /// `"redis_lost"` in the answer, the backplane `freeboard serve` has).
-    pub(super) backplane: Option<(u32, u32)>,
+    /// With a backplane: messages it took, messages it could not, and messages it took while
+    /// it was not connected (`"redis_queued"`, `"redis_lost"` and `"redis_connected"` in the
+    /// answer, the backplane `freeboard serve` has).
+    pub(super) backplane: Option<(u32, u32, u32)>,
 }
 
 impl PublishAnswer {
+    /// The answer's status: 200 when every place the publication had to go took it; 202
+    /// when it was taken but its fate is not known yet (queued for a backplane that is not
+    /// connected, or other loops that did not report in time); 503 when it was not taken
+    /// where it had to go (the backplane's queue was full, or no loop with subscribers could
+    /// take it).
+    pub(super) fn status(&self, complete: bool) -> u16 {
+        let (queued, lost, unconnected) = self.backplane.unwrap_or_default();
+        let took_here = self.local.delivered + self.local.dropped > 0 || self.other_loops > 0;
+        let none_took = self.other_loops_dropped > 0 && !took_here && queued == 0;
+        if lost > 0 || none_took {
+            503
+        } else if unconnected > 0 || !complete {
+            202
+        } else {
+            200
+        }
+    }
+
     /// The JSON answer, with the other loops' `remote` (delivered, dropped) counts added.
     pub(super) fn json(&self, remote: (u64, u64), complete: bool) -> String {
-        let redis = self.backplane.map_or(String::new(), |(queued, lost)| {
-            format!(",\"redis\":{queued},\"redis_lost\":{lost}")
+        let redis = self.backplane.map_or(String::new(), |(queued, lost, unconnected)| {
+            let connected = unconnected == 0;
+            format!(
+                ",\"redis_queued\":{queued},\"redis_lost\":{lost},\"redis_connected\":{connected}"
+            )
         });
         format!(
             "{{\"messages\":{},\"delivered\":{},\"dropped\":{},\"other_loops\":{},\"other_loops_dropped\":{}{redis},\"complete\":{complete}}}\n",
