@@ -51,9 +51,27 @@ impl TestCa {
     /// As [`issue`](Self::issue), for the subject alternative `names` (DNS names or IP
     /// addresses).
     pub fn issue_for(&mut self, common_name: &str, names: &[&str]) {
+        self.issue_with(common_name, names, |_| {});
+    }
+
+    /// As [`issue`](Self::issue), with a certificate that expired at the end of 2021.
+    pub fn issue_expired(&mut self, common_name: &str) {
+        self.issue_with(common_name, &["localhost", "127.0.0.1", "::1"], |params| {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 12, 31);
+        });
+    }
+
+    fn issue_with(
+        &mut self,
+        common_name: &str,
+        names: &[&str],
+        change: impl FnOnce(&mut CertificateParams),
+    ) {
         let names = names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
         let mut params = CertificateParams::new(names).expect("server params");
         params.distinguished_name.push(DnType::CommonName, common_name);
+        change(&mut params);
         let key = KeyPair::generate().expect("server key");
         let cert = params.signed_by(&key, &self.issuer).expect("server certificate");
         let ca = std::fs::read_to_string(self.ca_pem()).expect("read ca.pem");

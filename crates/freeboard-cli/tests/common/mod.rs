@@ -22,12 +22,14 @@ pub(crate) struct Serve {
 }
 
 impl Serve {
-    /// Starts `freeboard serve` on `127.0.0.1:0` with `extra` flags; two event loops and a
-    /// 64 MiB budget unless `extra` sets them.
+    /// Starts `freeboard serve` with `extra` flags; on `127.0.0.1:0`, with two event loops and
+    /// a 64 MiB budget unless `extra` sets them.
     pub(crate) fn start(extra: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_freeboard"));
-        command.args(["serve", "--listen", "127.0.0.1:0"]);
-        for (flag, default) in [("--threads", "2"), ("--memory", "64M")] {
+        command.arg("serve");
+        for (flag, default) in
+            [("--listen", "127.0.0.1:0"), ("--threads", "2"), ("--memory", "64M")]
+        {
             if !extra.contains(&flag) {
                 command.args([flag, default]);
             }
