@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use freeboard::client::ClientStream;
 use freeboard_proto::handshake::{ClientRequest, EMPTY_HEADER, Response, generate_key};
-use freeboard_proto::{CloseCode, Config, Connection, Instant as ProtoInstant, Role, State};
+use freeboard_proto::{CloseCode, Config, Connection, Event, Instant as ProtoInstant, Role, State};
 use freeboard_test::{close_frame, encode_frame};
 use hdrhistogram::Histogram;
 use mio::{Events, Interest, Poll, Token};
@@ -41,6 +41,10 @@ pub struct Measured {
     pub connected: usize,
     /// Connections that could not connect, or that failed or closed during the run.
     pub failed: usize,
+    /// Why each failed connection failed, with how many failed so (`"closed by the server
+    /// with 1009 (message too big)"`).
+    #[serde(default)]
+    pub failures: Vec<(String, usize)>,
     /// Messages sent, all clients.
     pub sent: u64,
     /// Messages echoed back.
@@ -108,6 +112,7 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
                     received: 0,
                     partial: 0,
                     failed: false,
+                    failure: None,
                 });
             }
             Err(e) => {
@@ -188,15 +193,30 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
         }
         _ => None,
     };
+    let mut failures: Vec<(String, usize)> = Vec::new();
+    for why in clients.iter().filter(|c| c.failed).map(|c| c.failure.clone().unwrap_or_default()) {
+        match failures.iter_mut().find(|(w, _)| *w == why) {
+            Some((_, n)) => *n += 1,
+            None => failures.push((why, 1)),
+        }
+    }
     if received == 0 && sent > 0 {
-        let why =
-            format!("{target}: none of the {sent} messages sent came back (not an echo server?)");
+        let why = match failures.is_empty() {
+            true => "not an echo server?".to_owned(),
+            false => {
+                let each: Vec<String> =
+                    failures.iter().map(|(why, n)| format!("{n} × {why}")).collect();
+                format!("the connections failed: {}", each.join("; "))
+            }
+        };
+        let why = format!("{target}: none of the {sent} messages sent came back ({why})");
         return Err(io::Error::other(why));
     }
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     Ok(Measured {
         connected: clients.len(),
         failed: failed + clients.iter().filter(|c| c.failed).count(),
+        failures,
         sent,
         received,
         mismatched,
@@ -334,6 +354,8 @@ struct Client {
     /// Payload bytes of the message being received.
     partial: usize,
     failed: bool,
+    /// Why it failed, in words.
+    failure: Option<String>,
 }
 
 impl Client {
@@ -357,8 +379,8 @@ impl Client {
                 Ok(n) => self.out_at += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.failed = true;
+                Err(e) => {
+                    self.fail(format!("writing failed: {e}"));
                     return;
                 }
             }
@@ -377,24 +399,26 @@ impl Client {
         loop {
             let n = match self.stream.read(buf) {
                 Ok(0) => {
-                    self.failed = true;
+                    self.fail("the server closed the connection without a close frame".into());
                     break;
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    self.failed = true;
+                Err(e) => {
+                    self.fail(format!("reading failed: {e}"));
                     break;
                 }
             };
             let now = Instant::now();
             let mut at = 0;
             while at < n {
-                let Ok(input) = self.rx.handle_input(ProtoInstant::default(), &mut buf[at..n])
-                else {
-                    self.failed = true;
-                    break;
+                let input = match self.rx.handle_input(ProtoInstant::default(), &mut buf[at..n]) {
+                    Ok(input) => input,
+                    Err(e) => {
+                        self.fail(format!("the server broke the protocol: {e}"));
+                        break;
+                    }
                 };
                 at += input.consumed;
                 if let Some(piece) = input.payload {
@@ -410,14 +434,26 @@ impl Client {
                         }
                     }
                 }
-                while self.rx.poll_event().is_some() {}
+                while let Some(event) = self.rx.poll_event() {
+                    if let Event::Closed { code, reason, .. } = event {
+                        let reason =
+                            if reason.is_empty() { String::new() } else { format!(" ({reason})") };
+                        self.fail(format!("closed by the server with {}{reason}", code.0));
+                    }
+                }
             }
             if self.failed || self.rx.state() == State::Closed {
-                self.failed = true;
+                self.fail("closed by the server".into());
                 break;
             }
         }
         self.received - before
+    }
+
+    /// Marks the connection failed; the first reason is kept.
+    fn fail(&mut self, why: String) {
+        self.failed = true;
+        self.failure.get_or_insert(why);
     }
 
     /// Sends a close frame (best effort) and lets the socket go.

@@ -421,8 +421,13 @@ pub(crate) struct Common {
     threshold: Vec<Threshold>,
 }
 
+/// Exit status of a run whose tables were printed but some of whose connections failed (each
+/// failure explained on stderr): its figures count only the connections that stayed.
+const EXIT_CONNECTIONS_FAILED: u8 = 3;
+
 /// Runs `command` and prints its Markdown tables. A target that cannot be measured is an
-/// error; a failed `--threshold` is exit status 99.
+/// error; a failed `--threshold` is exit status 99; connections that failed during the runs,
+/// 3.
 pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
     let command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let (common, experiment) = match command {
@@ -590,6 +595,23 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             (common, Experiment::Connections(counts, cycles))
         }
     };
+    let began = std::time::Instant::now();
+    if let Experiment::Load(name, cases) = &experiment
+        && cases.iter().all(|c| c.messages.is_none())
+    {
+        // The plan's length up front: --duration is per run, and --repeat multiplies it.
+        let servers = common.peers.as_deref().map_or(1, |p| p.split(',').count());
+        let runs = common.repeat.max(1);
+        let each = cases.first().map_or(0.0, |c| c.duration.as_secs_f64());
+        let total = cases.len() * runs * servers;
+        let peers = if servers > 1 { format!(" × {servers} servers") } else { String::new() };
+        eprintln!(
+            "freeboard bench: {name}: {} cases × {runs} runs × {each} s{peers} = {:.0} s of load \
+             (plus connecting and draining); --repeat and --duration change it",
+            cases.len(),
+            total as f64 * each
+        );
+    }
     let pin = common.pin.as_deref().map(pin_load_generator).transpose()?;
     process::raise_fd_limit().map_err(|e| format!("raising the open-file limit: {e}"))?;
     let mut report = Report {
@@ -730,10 +752,59 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
     for failure in &failures {
         eprintln!("freeboard bench: {failure}");
     }
-    match failures.is_empty() {
-        true => Ok(ExitCode::SUCCESS),
-        false => Ok(ExitCode::from(threshold::EXIT_FAILED)),
+    let failed_connections = explain_failed_connections(&report);
+    eprintln!("freeboard bench: took {:.1} s", began.elapsed().as_secs_f64());
+    if !failures.is_empty() {
+        Ok(ExitCode::from(threshold::EXIT_FAILED))
+    } else if failed_connections > 0 {
+        Ok(ExitCode::from(EXIT_CONNECTIONS_FAILED))
+    } else {
+        Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Says on stderr why each connection that failed during a run failed, row by row; how many
+/// failed in all.
+fn explain_failed_connections(report: &Report) -> usize {
+    let (lines, total) = failed_connections(report);
+    for line in lines {
+        eprintln!("freeboard bench: {line}");
+    }
+    total
+}
+
+/// The lines that explain the connections that failed during the runs, and their number.
+fn failed_connections(report: &Report) -> (Vec<String>, usize) {
+    let (mut lines, mut total) = (Vec::new(), 0);
+    for row in &report.loads {
+        for (i, run) in row.runs.iter().enumerate().filter(|(_, r)| r.failed > 0) {
+            total += run.failed;
+            let mut reasons: Vec<String> =
+                run.failures.iter().map(|(why, n)| format!("{n} × {why}")).collect();
+            let unexplained = run.failed - run.failures.iter().map(|(_, n)| n).sum::<usize>();
+            if unexplained > 0 {
+                reasons.push(format!("{unexplained} × could not connect"));
+            }
+            lines.push(format!(
+                "{} {} ({} clients, {} B), run {}: {} of {} connections failed: {}",
+                row.server,
+                row.experiment,
+                row.clients,
+                row.size,
+                i + 1,
+                run.failed,
+                row.clients,
+                reasons.join("; ")
+            ));
+        }
+    }
+    if total > 0 {
+        lines.push(format!(
+            "{total} connections failed during the runs (above): the figures count only the \
+             messages of the connections that stayed; exit status {EXIT_CONNECTIONS_FAILED}"
+        ));
+    }
+    (lines, total)
 }
 
 /// A self-signed certificate for `localhost` and 127.0.0.1 made with `openssl` in `dir`
@@ -1451,6 +1522,33 @@ fn all(peers: Option<String>, out: &std::path::Path, quick: bool) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_connections_are_explained_run_by_run() {
+        use freeboard_bench::load::Measured;
+        use freeboard_bench::report::LoadRow;
+        let failing = Measured {
+            connected: 4,
+            failed: 2,
+            failures: vec![("closed by the server with 1001 (server shutting down)".into(), 2)],
+            sent: 100,
+            received: 98,
+            ..Measured::default()
+        };
+        let clean = Measured { connected: 4, sent: 100, received: 100, ..Measured::default() };
+        let row = LoadRow::new("pipeline", "freeboard", (4, 64, 64), vec![clean, failing]);
+        let report = Report { loads: vec![row], ..Report::default() };
+        let (lines, total) = failed_connections(&report);
+        assert_eq!(total, 2);
+        assert_eq!(
+            lines[0],
+            "freeboard pipeline (4 clients, 64 B), run 2: 2 of 4 connections failed: \
+             2 × closed by the server with 1001 (server shutting down)"
+        );
+        assert!(lines[1].contains("2 connections failed") && lines[1].contains("exit status 3"));
+        let (lines, total) = failed_connections(&Report::default());
+        assert!(lines.is_empty() && total == 0);
+    }
 
     #[test]
     fn durations_parse_with_units() {
