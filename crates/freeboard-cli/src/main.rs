@@ -378,6 +378,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let admin = routes.demo || admin_guarded;
     let (metrics, dashboard) = (routes.metrics && admin, routes.dashboard && admin);
     let echo = routes.echo;
+    let summary = summary(&config, &topics, &routes);
     let server = service
         .bind(config, move |service| {
             let mut router = Router::new().http("/healthz", HttpRoute::Health);
@@ -393,6 +394,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             service.mount(router)
         })
         .map_err(|e| e.to_string())?;
+    server.metrics().set_summary(&summary);
     let addr = server.local_addr();
     match server.tls_addr() {
         Some(tls) if tls == addr => println!("freeboard listening on wss://{addr}/"),
@@ -456,6 +458,65 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         "stopped"
     );
     Ok(())
+}
+
+/// What the dashboard shows of the configuration: the settings an operator looks for first,
+/// secrets left out (a token is "set"; a Redis URL loses its password).
+fn summary(
+    config: &ServerConfig,
+    topics: &freeboard_topics::Config,
+    routes: &Routes,
+) -> Vec<(&'static str, String)> {
+    let set = |given: bool| if given { "set" } else { "none" }.to_owned();
+    let size = |bytes: usize| match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    };
+    let redis =
+        topics.redis.redis.as_deref().map_or("none".to_owned(), |url| match url.split_once('@') {
+            Some((scheme_auth, host)) => {
+                let scheme = scheme_auth.split("://").next().unwrap_or("redis");
+                format!("{scheme}://…@{host}")
+            }
+            None => url.to_owned(),
+        });
+    let tls = config.tls.as_ref().map_or("off".to_owned(), |t| match t.listen {
+        Some(listen) => format!("on {listen}"),
+        None => "on the listener".to_owned(),
+    });
+    vec![
+        ("defaults", if routes.demo { "demo" } else { "production" }.to_owned()),
+        ("listen", config.listen.to_string()),
+        ("tls", tls),
+        ("threads", config.threads.to_string()),
+        ("memory", size(config.memory)),
+        ("max_connections", config.max_connections.to_string()),
+        ("max_message_size", size(config.limits.max_message_size)),
+        ("slow_consumer", config.limits.slow_consumer.name().to_owned()),
+        ("compression", format!("{:?}", config.compression).to_lowercase()),
+        ("echo routes", routes.echo.to_string()),
+        ("topics.publish_token", set(topics.hub.publish_token.is_some())),
+        (
+            "topics.jwt",
+            set(topics.tokens.jwt_secret.is_some() || topics.tokens.jwks_file.is_some()),
+        ),
+        (
+            "topics.connect_webhook",
+            // Its query (where a key might ride) left out.
+            topics
+                .webhook
+                .connect_webhook
+                .as_deref()
+                .map_or("none", |u| u.split('?').next().unwrap_or(u))
+                .to_owned(),
+        ),
+        ("topics.history", topics.hub.history.to_string()),
+        ("topics.redis", redis),
+        ("admin.token", set(config.admin.token.is_some())),
+        ("admin.listen", config.admin.listen.map_or("none".into(), |a| a.to_string())),
+    ]
 }
 
 /// Says at start which defaults apply (the demo's or production's) and what they left open or

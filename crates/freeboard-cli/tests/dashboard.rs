@@ -107,40 +107,8 @@ fn the_dashboard_shows_the_numbers_move_in_chromium() {
         "no CDN: every asset is inline"
     );
 
-    let profile = std::env::temp_dir().join(format!("freeboard-chromium-{}", std::process::id()));
-    let flags = ["--hide-scrollbars", "--window-size=1400,1250", "--remote-debugging-port=0"];
-    let flags = flags.map(String::from);
-    let _browser = Browser::start(&chromium, &profile, &flags, &format!("http://{addr}/dashboard"));
-
-    // Chromium writes its DevTools port into the profile once it listens.
-    let port_file = profile.join("DevToolsActivePort");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let port = loop {
-        if let Some(port) = std::fs::read_to_string(&port_file)
-            .ok()
-            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<u16>().ok()))
-        {
-            break port;
-        }
-        assert!(Instant::now() < deadline, "chromium did not start its DevTools endpoint");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let devtools = format!("127.0.0.1:{port}");
-    let page_url = loop {
-        let list = get(&devtools, "/json/list");
-        let body = list.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        let targets: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-        let page = targets.as_array().into_iter().flatten().find(|t| {
-            t["type"] == "page" && t["url"].as_str().is_some_and(|u| u.ends_with("/dashboard"))
-        });
-        if let Some(url) = page.and_then(|p| p["webSocketDebuggerUrl"].as_str()) {
-            break url.to_owned();
-        }
-        assert!(Instant::now() < deadline, "no dashboard page in {body}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let client = Client::connect(&page_url, ClientConfig::default()).unwrap();
-    let mut page = DevTools { client, next_id: 0 };
+    let (_browser, profile, mut page) =
+        open_page(&chromium, &format!("http://{addr}/dashboard"), "main");
 
     page.wait_for("a live stream", |p| p.text("status") == "live" && p.text("samples") != "0");
     let before: u64 = page.text("messages-in-total").parse().unwrap();
@@ -207,5 +175,102 @@ fn the_dashboard_shows_the_numbers_move_in_chromium() {
     std::fs::write(&path, &png).unwrap();
     eprintln!("dashboard screenshot: {}", path.display());
     drop(load);
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+/// Chromium showing `url`, its profile folder and the DevTools protocol over the page.
+fn open_page(chromium: &std::path::Path, url: &str, name: &str) -> (Browser, PathBuf, DevTools) {
+    let profile =
+        std::env::temp_dir().join(format!("freeboard-chromium-{name}-{}", std::process::id()));
+    let flags = ["--hide-scrollbars", "--window-size=1400,1250", "--remote-debugging-port=0"];
+    let flags = flags.map(String::from);
+    let browser = Browser::start(chromium, &profile, &flags, url);
+
+    // Chromium writes its DevTools port into the profile once it listens.
+    let port_file = profile.join("DevToolsActivePort");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let port = loop {
+        if let Some(port) = std::fs::read_to_string(&port_file)
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<u16>().ok()))
+        {
+            break port;
+        }
+        assert!(Instant::now() < deadline, "chromium did not start its DevTools endpoint");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let devtools = format!("127.0.0.1:{port}");
+    let page_url = loop {
+        let list = get(&devtools, "/json/list");
+        let body = list.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let targets: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        let page = targets.as_array().into_iter().flatten().find(|t| {
+            t["type"] == "page" && t["url"].as_str().is_some_and(|u| u.contains("/dashboard"))
+        });
+        if let Some(url) = page.and_then(|p| p["webSocketDebuggerUrl"].as_str()) {
+            break url.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no dashboard page in {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let client = Client::connect(&page_url, ClientConfig::default()).unwrap();
+    (browser, profile, DevTools { client, next_id: 0 })
+}
+
+/// A load of `rounds` × 20 echoes of 1 KiB on each of `load`'s connections.
+fn echo_load(load: &mut [Client], rounds: usize) {
+    let payload = vec![b'x'; 1024];
+    for _ in 0..rounds {
+        for client in load.iter_mut() {
+            for _ in 0..20 {
+                let outcome = client.send_binary(&payload).unwrap();
+                assert_eq!(outcome, freeboard::SendOutcome::Queue(freeboard::PushOutcome::Queued));
+            }
+            for _ in 0..20 {
+                let event = client.recv_timeout(Some(Duration::from_secs(30))).unwrap();
+                assert!(matches!(event, Some(Event::Message(_))), "an echo");
+            }
+        }
+    }
+}
+
+/// The first look: a page opened after a load has run shows that load at once (the server
+/// kept the last minutes), its two message lines told apart (solid and dashed), and the
+/// server's version, uptime and configuration, without its secrets.
+#[test]
+fn the_dashboards_first_look_shows_the_minutes_before_it_opened() {
+    let Some(chromium) = chromium() else { return };
+    let secret = "publish-s3cret-value";
+    let serve = Serve::start(&["--publish-token", secret]);
+    let addr = serve.addr.clone();
+    let mut load: Vec<Client> = (0..2)
+        .map(|_| Client::connect(&format!("ws://{addr}/echo"), ClientConfig::default()).unwrap())
+        .collect();
+    // Load spread over three seconds or more, so that it falls in several samples.
+    let until = Instant::now() + Duration::from_millis(3200);
+    while Instant::now() < until {
+        echo_load(&mut load, 5);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(load);
+    let (_browser, profile, mut page) =
+        open_page(&chromium, &format!("http://{addr}/dashboard"), "first-look");
+    page.wait_for("a live stream", |p| p.text("status") == "live");
+    let samples: u64 = page.text("samples").parse().unwrap();
+    assert!(samples >= 3, "the server's last minutes arrived at once: {samples} samples");
+    let peak = page.eval("Math.max(...history.map(h => h.messagesIn))");
+    assert!(peak.as_f64().is_some_and(|v| v > 0.0), "the load before the page opened: {peak}");
+    let dashes = page.eval(
+        "[...document.querySelectorAll('#legend-messages i')].map(i => i.dataset.dash).join()",
+    );
+    assert_eq!(dashes, "solid,dashed", "in and out drawn apart");
+    assert_eq!(page.text("version"), format!("freeboard {}", env!("CARGO_PKG_VERSION")));
+    let uptime = page.text("uptime");
+    assert!(uptime.ends_with(" s") || uptime.contains("min"), "uptime {uptime:?}");
+    let config = page.text("table-config");
+    assert!(config.contains("memory") && config.contains("64 MiB"), "{config}");
+    assert!(config.contains("topics.publish_token") && config.contains("set"), "{config}");
+    let html = page.eval("document.documentElement.outerHTML");
+    assert!(!html.as_str().unwrap().contains(secret), "the secret is not on the page");
     let _ = std::fs::remove_dir_all(&profile);
 }

@@ -28,7 +28,10 @@ pub(crate) const TOO_MANY_ASKS: &str = "dashboard stream: more than 10 messages 
 /// The dashboard's WebSocket (`{path}/stream`): answers each message with a JSON snapshot of
 /// the server's metrics ([`Metrics::shared_snapshot`](crate::Metrics::shared_snapshot), built
 /// at most once per [`ADMIN_REFRESH`](crate::metrics::ADMIN_REFRESH) for every dashboard), and
-/// sends one at once when it opens. The page asks once a second; it computes the rates itself.
+/// when it opens sends the last minutes of samples and the server's version, start and
+/// configuration summary
+/// ([`Metrics::dashboard_history_json`](crate::Metrics::dashboard_history_json)), then a
+/// snapshot. The page asks once a second; it computes the rates itself.
 /// More than [`MAX_ASKS`] messages in a [`WINDOW`] close the stream with 1008.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct DashboardStream;
@@ -47,6 +50,9 @@ impl Handler for DashboardStream {
     }
 
     fn on_open(&mut self, conn: &mut Conn<'_>) {
+        // The last minutes first, so that the page's first look has lines, then the now.
+        let history = conn.metrics.dashboard_history_json();
+        let _ = conn.send(MessageKind::Text, history.as_bytes());
         let snapshot = conn.metrics.shared_snapshot();
         let _ = conn.send(MessageKind::Text, snapshot.as_bytes());
     }

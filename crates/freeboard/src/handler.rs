@@ -604,6 +604,11 @@ impl Router {
         self
     }
 
+    /// Whether the loops keep the dashboard's last minutes (a router that serves it).
+    pub(crate) fn keeps_dashboard_samples(&self) -> bool {
+        self.http.iter().any(|(_, route)| *route == HttpRoute::Dashboard)
+    }
+
     /// The publish access set with [`publish_access`](Self::publish_access).
     pub(crate) fn publisher_access(&self) -> Option<&Arc<dyn PublishAccess>> {
         self.publish_access.as_ref()

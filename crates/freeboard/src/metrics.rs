@@ -525,6 +525,44 @@ pub struct Metrics {
     loops: AtomicU32,
     /// The dashboard snapshot and the exposition, as last built for the admin surfaces.
     admin: [Mutex<Built>; 2],
+    /// The dashboard's last minutes, so that a page opened now draws them at once.
+    samples: Mutex<Samples>,
+    /// When the server started, in ms since 1970.
+    started_at_ms: u64,
+    /// What the server runs with, for the dashboard (secrets left out): a JSON array of
+    /// `[setting, value]` pairs, set by whoever composed the server.
+    summary: Mutex<Arc<str>>,
+}
+
+/// How many dashboard samples are kept: five minutes, one a second.
+pub const DASHBOARD_SAMPLES: usize = 300;
+
+/// The dashboard's samples: taken at most once a second by an event loop at the end of a
+/// turn (a loop that does not turn has changed nothing, so a page fills the gaps with the
+/// sample before).
+#[derive(Debug, Default)]
+struct Samples {
+    ring: std::collections::VecDeque<Sample>,
+    /// When the last one was taken, in ms since 1970.
+    last_ms: u64,
+}
+
+/// The figures a dashboard chart draws, at one moment.
+#[derive(Debug)]
+struct Sample {
+    at_ms: u64,
+    /// Counters: messages in and out, bytes in and out, drops, closes, refusals.
+    counters: [u64; 7],
+    connections: i64,
+    /// Per loop: chunks in use, their high water, send-queue bytes.
+    loops: Box<[[i64; 3]]>,
+}
+
+/// Milliseconds since 1970.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// How old an admin answer may be before a request builds it again: whatever the number of
@@ -597,6 +635,9 @@ impl Metrics {
             topic_refusals: Family::default(),
             loops: AtomicU32::new(0),
             admin: Default::default(),
+            samples: Mutex::default(),
+            started_at_ms: now_ms(),
+            summary: Mutex::new(Arc::from("[]")),
         };
         for reason in CLOSE_REASONS {
             let _ = m.closes.get_or_create(&Reason { reason: reason.into() });
@@ -945,16 +986,100 @@ impl Metrics {
         self.sum_over_loops(&self.send_queue_bytes)
     }
 
+    /// Takes a dashboard sample if the last is a second old or more (any loop may call it at
+    /// the end of its turn; one of them takes it).
+    pub(crate) fn sample_for_dashboard(&self) {
+        let now = now_ms();
+        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        if now < samples.last_ms + 1000 {
+            return;
+        }
+        samples.last_ms = now;
+        let total = |family: &Family<Reason, Counter>, reasons: &mut dyn Iterator<Item = &str>| {
+            reasons.map(|r| family.get_or_create(&Reason { reason: r.to_owned() }).get()).sum()
+        };
+        let policies = SlowConsumerPolicy::ALL.iter().map(|p| p.name());
+        let drops = total(&self.drops, &mut policies.chain([POOL_EXHAUSTED, CLOSED]));
+        let closes = total(&self.closes, &mut CLOSE_REASONS.iter().copied());
+        let refusals = REFUSAL_STATUSES.iter().map(|&s| self.refusals_for(s)).sum();
+        let loop_figures = |i| {
+            let label = LoopLabel { event_loop: i };
+            [
+                self.chunks_in_use.get_or_create(&label).get(),
+                self.chunks_high_water.get_or_create(&label).get(),
+                self.send_queue_bytes.get_or_create(&label).get(),
+            ]
+        };
+        let sample = Sample {
+            at_ms: now,
+            counters: [
+                self.messages_in.get(),
+                self.messages_out.get(),
+                self.bytes_in.get(),
+                self.bytes_out.get(),
+                drops,
+                closes,
+                refusals,
+            ],
+            connections: self.connections.get(),
+            loops: (0..self.loops()).map(loop_figures).collect(),
+        };
+        if samples.ring.len() == DASHBOARD_SAMPLES {
+            samples.ring.pop_front();
+        }
+        samples.ring.push_back(sample);
+    }
+
+    /// What a dashboard page gets when it opens: the samples of the last minutes (`history`,
+    /// each `[at_ms, messages_in, messages_out, bytes_in, bytes_out, drops, closes, refusals,
+    /// connections, [[chunks_in_use, chunks_high_water, send_queue_bytes], …]]`), and the
+    /// server's `info` (version, start, configuration summary).
+    pub fn dashboard_history_json(&self) -> String {
+        use std::fmt::Write;
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::with_capacity(64 + samples.ring.len() * 96);
+        out.push_str("{\"history\":[");
+        for (i, sample) in samples.ring.iter().enumerate() {
+            let _ = write!(out, "{}[{}", if i == 0 { "" } else { "," }, sample.at_ms);
+            for n in sample.counters {
+                let _ = write!(out, ",{n}");
+            }
+            let _ = write!(out, ",{},[", sample.connections);
+            for (j, [a, b, c]) in sample.loops.iter().enumerate() {
+                let _ = write!(out, "{}[{a},{b},{c}]", if j == 0 { "" } else { "," });
+            }
+            out.push_str("]]");
+        }
+        drop(samples);
+        let summary = self.summary.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let _ = write!(
+            out,
+            "],\"info\":{{\"version\":\"{}\",\"started_at_ms\":{},\"config\":{summary}}}}}",
+            env!("CARGO_PKG_VERSION"),
+            self.started_at_ms,
+        );
+        out
+    }
+
+    /// Sets what the dashboard shows of the server's configuration: `[setting, value]` pairs,
+    /// with no secret among the values (say "set" for a token).
+    pub fn set_summary(&self, pairs: &[(&str, String)]) {
+        let json = serde_json::to_string(pairs).unwrap_or_else(|_| "[]".into());
+        *self.summary.lock().unwrap_or_else(|e| e.into_inner()) = json.into();
+    }
+
     /// A snapshot of the figures the dashboard draws, as one JSON object: when it was taken
-    /// (`at_ms`, milliseconds since the Unix epoch), totals (counters since start), and per
-    /// loop the pool, budget and send queues.
+    /// (`at_ms`, milliseconds since the Unix epoch), when the server started
+    /// (`started_at_ms`), totals (counters since start), and per loop the pool, budget and
+    /// send queues.
     pub fn snapshot_json(&self) -> String {
         use std::fmt::Write;
         let mut out = String::with_capacity(1024);
         let chunk = self.chunk_size.get();
+        let _ = write!(out, "{{\"started_at_ms\":{},", self.started_at_ms);
         let _ = write!(
             out,
-            "{{\"at_ms\":{},\"connections\":{},\"accepted\":{},\"messages_in\":{},\"messages_out\":{},\
+            "\"at_ms\":{},\"connections\":{},\"accepted\":{},\"messages_in\":{},\"messages_out\":{},\
              \"bytes_in\":{},\"bytes_out\":{},\"subscriptions\":{},\"publishes\":{},\
              \"deliveries\":{},\"handshakes\":{},\"chunk_size\":{chunk},\
              \"resident_memory_bytes\":{}",

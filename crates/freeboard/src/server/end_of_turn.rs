@@ -267,5 +267,8 @@ impl<T: Transport> EventLoop<T> {
         g.send_queue_bytes.set(self.buffered as i64);
         g.pool_resident_bytes.set(self.pool.resident_bytes() as i64);
         g.allocation_failures(c.allocation_failures);
+        if self.router.keeps_dashboard_samples() {
+            self.shared.metrics.sample_for_dashboard();
+        }
     }
 }
