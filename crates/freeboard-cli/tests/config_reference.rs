@@ -101,8 +101,13 @@ fn the_example_file_shows_every_key() {
 }
 
 /// The configuration's tables: the head that opens each in TOML, and its keys' prefix.
-const TABLES: [(&str, &str); 4] =
-    [("", ""), ("[topics]\n", "topics."), ("[tls]\n", "tls."), ("[admin]\n", "admin.")];
+const TABLES: [(&str, &str); 5] = [
+    ("", ""),
+    ("[topics]\n", "topics."),
+    ("[tls]\n", "tls."),
+    ("[admin]\n", "admin."),
+    ("[routes]\n", "routes."),
+];
 
 /// Whether a top-level key names a table.
 fn is_table(key: &str) -> bool {

@@ -45,3 +45,8 @@ pub use timer::{Instant, Timer};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The book's page on the protocol core, compiled with the doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library/proto.md")]
+struct GuideDoctests;

@@ -27,6 +27,11 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+/// The book's page on writing a server (it mounts this service), compiled with the doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library/server.md")]
+struct ServerGuideDoctests;
+
 mod config;
 mod publish_access;
 mod redis;

@@ -76,3 +76,15 @@ pub use topics::{Published, Reach};
 #[cfg(all(doctest, feature = "axum"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The repository's README and the book's tokio page: their Rust snippets compiled with the
+/// doctests (`scripts/test` runs them with the `axum` feature), so that what a reader copies
+/// builds.
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../../../README.md")]
+struct RepositoryReadmeDoctests;
+
+/// The book's page on tokio and axum (see [`RepositoryReadmeDoctests`]).
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../../../docs/library/tokio.md")]
+struct TokioGuideDoctests;
