@@ -567,3 +567,175 @@ fn shutdown_ends_with_a_line_of_counts() {
     }
     assert!(serve.wait().success());
 }
+
+/// The README's quick start, run as written (with the `freeboard` of this build on the PATH and
+/// a free port for 9001): it waits for the server and for the subscriber, so the echo and the
+/// publication arrive every time.
+#[test]
+fn the_readme_quick_start_runs_as_written() {
+    use std::os::unix::process::CommandExt;
+    if Command::new("curl").arg("--version").output().is_err() {
+        assert!(std::env::var_os("FREEBOARD_REQUIRE_TOOLS").is_none(), "curl is missing");
+        eprintln!("SKIPPED: curl is not installed");
+        return;
+    }
+    let readme = std::fs::read_to_string(repository().join("README.md")).unwrap();
+    let section = &readme[readme.find("## Quick start: run a server").unwrap()..];
+    let start = section.find("```sh\n").unwrap() + "```sh\n".len();
+    let block = &section[start..start + section[start..].find("```").unwrap()];
+    let port = common::free_port().to_string();
+    let script: String = block
+        .lines()
+        .filter(|line| !line.starts_with("cargo install"))
+        .map(|line| line.replace("9001", &port) + "\n")
+        .collect();
+    assert!(script.contains("freeboard serve") && script.contains("curl"), "{script}");
+    let dir = temp_dir("quick-start");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_freeboard"), dir.join("freeboard")).unwrap();
+    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
+    /// The shell and what it left in the background (its process group), ended when dropped.
+    struct Group(Process);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on the process group our own child leads (`process_group(0)`).
+            unsafe { libc::kill(-(self.0.0.id() as libc::pid_t), libc::SIGTERM) };
+        }
+    }
+    let mut shell = Process(
+        Command::new("bash")
+            .args(["-c", &script])
+            .env("PATH", path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap(),
+    );
+    let (lines, _) = lines_of(&mut shell);
+    let mut shell = Group(shell);
+    let shell = &mut shell.0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while shell.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the quick start did not finish within 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(shell.0.wait().unwrap().success());
+    // The server's URL line, then what the clients print.
+    let printed: Vec<String> = (0..3)
+        .filter_map(|_| lines.recv_timeout(Duration::from_secs(10)).ok())
+        .filter(|line| !line.starts_with("freeboard listening on"))
+        .collect();
+    // The server and the subscriber it left in the background: its process group.
+    // SAFETY: kill(2) on the process group our own child led (`process_group(0)`).
+    unsafe { libc::kill(-(shell.0.id() as libc::pid_t), libc::SIGTERM) };
+    assert_eq!(printed, ["hello", "2:1"], "what the quick start says it prints");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The repository's root.
+fn repository() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every Markdown file of the repository with a Rust snippet (README.md, the book, the crates'
+/// READMEs) is compiled with the doctests of some crate (`include_str!` under `cfg(doctest)`),
+/// and no snippet there opts out with `ignore`.
+#[test]
+fn every_rust_snippet_of_the_docs_is_compiled() {
+    let root = repository();
+    let mut files = vec![root.join("README.md")];
+    let mut dirs = vec![root.join("docs"), root.join("crates")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().map(Result::unwrap) {
+            let path = entry.path();
+            if path.is_dir() && !path.ends_with("target") {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                files.push(path);
+            }
+        }
+    }
+    // What the crates' doctests include: `include_str!("…")` in each lib.rs, resolved.
+    let mut included = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(root.join("crates")).unwrap().map(Result::unwrap) {
+        let src = entry.path().join("src");
+        let Ok(lib) = std::fs::read_to_string(src.join("lib.rs")) else { continue };
+        for (at, _) in lib.match_indices("include_str!(\"") {
+            let path = &lib[at + "include_str!(\"".len()..];
+            let path = &path[..path.find('"').unwrap()];
+            if let Ok(file) = src.join(path).canonicalize() {
+                included.insert(file);
+            }
+        }
+    }
+    let mut checked = 0;
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        if !text.contains("```rust") {
+            continue;
+        }
+        let relative = file.strip_prefix(&root).unwrap().display().to_string();
+        assert!(!text.contains("```rust,ignore"), "{relative}: a snippet opts out of compiling");
+        assert!(
+            included.contains(&file.canonicalize().unwrap()),
+            "{relative} has Rust snippets no doctest compiles"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 7, "Markdown files with Rust snippets: {checked}");
+}
+
+/// deploy/: the systemd unit passes `systemd-analyze verify` (with this build's binary where
+/// the unit says /usr/local/bin), the Dockerfile builds in one stage and runs in another as a
+/// non-root user, and the configuration both run with starts a production server; the
+/// licenses Cargo.toml names are there.
+#[test]
+fn the_deploy_recipes_hold() {
+    let root = repository();
+    let deploy = root.join("deploy");
+    if Command::new("systemd-analyze").arg("--version").output().is_ok() {
+        let dir = temp_dir("unit");
+        let unit = std::fs::read_to_string(deploy.join("freeboard.service")).unwrap();
+        let unit = unit.replace("/usr/local/bin/freeboard", env!("CARGO_BIN_EXE_freeboard"));
+        std::fs::write(dir.join("freeboard.service"), unit).unwrap();
+        let out = Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(dir.join("freeboard.service"))
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && said.trim().is_empty(), "systemd-analyze verify: {said}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    } else {
+        eprintln!("SKIPPED: systemd-analyze is not installed");
+    }
+
+    let dockerfile = std::fs::read_to_string(deploy.join("Dockerfile")).unwrap();
+    let stages: Vec<&str> = dockerfile.split("\nFROM ").skip(1).collect();
+    assert_eq!(stages.len(), 2, "a build stage and a run stage");
+    assert!(stages[0].contains("cargo build") && stages[0].contains("--profile dist"));
+    let run = stages[1];
+    assert!(run.contains("COPY --from=build") && !run.contains("cargo"), "a small final stage");
+    let user = run.lines().find_map(|l| l.strip_prefix("USER ")).expect("a USER line");
+    assert!(!user.starts_with('0') && !user.starts_with("root"), "non-root: {user}");
+    assert!(run.contains("deploy/serve.toml") && run.contains("--config"));
+
+    let production = Serve::start(&[
+        "--config",
+        deploy.join("serve.toml").to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(production.log_line("defaults").contains("production"));
+    assert_eq!(get(&production.addr, "/healthz", "").0, 200);
+
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    assert!(manifest.contains("license = \"MIT OR Apache-2.0\""));
+    let mit = std::fs::read_to_string(root.join("LICENSE-MIT")).unwrap();
+    let apache = std::fs::read_to_string(root.join("LICENSE-APACHE")).unwrap();
+    assert!(mit.starts_with("MIT License") && apache.contains("Apache License"));
+    assert!(apache.contains("Version 2.0, January 2004"));
+    assert!(std::fs::read_to_string(root.join("CHANGELOG.md")).unwrap().starts_with("# Changelog"));
+}
