@@ -1,4 +1,5 @@
-//! The dashboard in a real browser: headless Chromium loads `/dashboard` from `freeboard
+//! Browser tests in headless Chromium: a cross-origin `fetch` that publishes only with CORS
+//! permission, and the dashboard in a real browser: headless Chromium loads `/dashboard` from `freeboard
 //! serve`, a load runs, and the test reads the page's DOM over the DevTools protocol (spoken
 //! with freeboard's own client) until the numbers have moved; then it takes a screenshot
 //! (`FREEBOARD_DASHBOARD_SCREENSHOT=docs/dashboard.png` to keep it, as the book's).
@@ -49,6 +50,14 @@ impl DevTools {
     /// The value of a JavaScript expression in the page.
     fn eval(&mut self, expression: &str) -> serde_json::Value {
         let params = serde_json::json!({ "expression": expression, "returnByValue": true });
+        self.call("Runtime.evaluate", params)["result"]["value"].clone()
+    }
+
+    /// The value a JavaScript promise resolves to in the page.
+    fn eval_async(&mut self, expression: &str) -> serde_json::Value {
+        let params = serde_json::json!({
+            "expression": expression, "returnByValue": true, "awaitPromise": true
+        });
         self.call("Runtime.evaluate", params)["result"]["value"].clone()
     }
 
@@ -180,6 +189,17 @@ fn the_dashboard_shows_the_numbers_move_in_chromium() {
 
 /// Chromium showing `url`, its profile folder and the DevTools protocol over the page.
 fn open_page(chromium: &std::path::Path, url: &str, name: &str) -> (Browser, PathBuf, DevTools) {
+    open_url(chromium, url, name, "/dashboard")
+}
+
+/// Chromium showing `url` (its page found by `part` of its URL), its profile folder and the
+/// DevTools protocol over the page.
+fn open_url(
+    chromium: &std::path::Path,
+    url: &str,
+    name: &str,
+    part: &str,
+) -> (Browser, PathBuf, DevTools) {
     let profile =
         std::env::temp_dir().join(format!("freeboard-chromium-{name}-{}", std::process::id()));
     let flags = ["--hide-scrollbars", "--window-size=1400,1250", "--remote-debugging-port=0"];
@@ -204,13 +224,14 @@ fn open_page(chromium: &std::path::Path, url: &str, name: &str) -> (Browser, Pat
         let list = get(&devtools, "/json/list");
         let body = list.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         let targets: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-        let page = targets.as_array().into_iter().flatten().find(|t| {
-            t["type"] == "page" && t["url"].as_str().is_some_and(|u| u.contains("/dashboard"))
-        });
+        let page =
+            targets.as_array().into_iter().flatten().find(|t| {
+                t["type"] == "page" && t["url"].as_str().is_some_and(|u| u.contains(part))
+            });
         if let Some(url) = page.and_then(|p| p["webSocketDebuggerUrl"].as_str()) {
             break url.to_owned();
         }
-        assert!(Instant::now() < deadline, "no dashboard page in {body}");
+        assert!(Instant::now() < deadline, "no {part} page in {body}");
         std::thread::sleep(Duration::from_millis(100));
     };
     let client = Client::connect(&page_url, ClientConfig::default()).unwrap();
@@ -273,4 +294,70 @@ fn the_dashboards_first_look_shows_the_minutes_before_it_opened() {
     let html = page.eval("document.documentElement.outerHTML");
     assert!(!html.as_str().unwrap().contains(secret), "the secret is not on the page");
     let _ = std::fs::remove_dir_all(&profile);
+}
+
+/// The issue's browser case: a page of another origin (served here on another loopback port)
+/// `fetch`es a `POST text/plain`, which browsers send without a preflight. Without CORS
+/// permission the server refuses it (the page sees it fail) and no subscriber gets it; with
+/// the page's origin allowed, it publishes and the page reads the answer.
+#[test]
+fn a_cross_origin_fetch_publishes_nothing_without_cors_permission_in_chromium() {
+    use std::io::Read as _;
+    let Some(chromium) = chromium() else { return };
+    for allowed in [false, true] {
+        // The page's own server: an empty HTML page for every request (a few are made).
+        let pages = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let page_origin = format!("http://{}", pages.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for mut stream in pages.incoming().take(4).flatten() {
+                let mut head = [0u8; 2048];
+                let _ = stream.read(&mut head);
+                let body = "<!doctype html><title>elsewhere</title>";
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        let mut args = vec![];
+        if allowed {
+            args.extend(["--publish-cors-origin", page_origin.as_str()]);
+        }
+        let serve = Serve::start(&args);
+        let addr = serve.addr.clone();
+        let mut sub = TcpStream::connect(&addr).unwrap();
+        sub.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        sub.write_all(freeboard_test::upgrade_request("/topic/scores", "").as_bytes()).unwrap();
+        let mut inbox = freeboard_test::Inbox::default();
+        assert!(inbox.head(&mut sub).unwrap().unwrap().starts_with("HTTP/1.1 101"));
+
+        let name = if allowed { "cors-allowed" } else { "cors-refused" };
+        let (_browser, profile, mut page) =
+            open_url(&chromium, &format!("{page_origin}/page"), name, "/page");
+        page.wait_for("the page", |p| p.eval("document.title") == "elsewhere");
+        let outcome = page.eval_async(&format!(
+            "fetch('http://{addr}/topic/scores', {{method: 'POST', body: '2:1'}})
+               .then(r => 'status ' + r.status, e => 'failed: ' + e.name)"
+        ));
+        sub.set_read_timeout(Some(Duration::from_millis(800))).unwrap();
+        let got = inbox.frame(&mut sub).ok().flatten().map(|f| f.payload);
+        if allowed {
+            assert_eq!(outcome, "status 200", "an allowed origin publishes");
+            assert_eq!(got.as_deref(), Some(&b"2:1"[..]));
+        } else {
+            assert_eq!(outcome, "failed: TypeError", "the page sees the refusal");
+            assert_eq!(got, None, "the refused POST reached a subscriber");
+            let line = serve.log_line("refused");
+            assert!(line.contains(&format!("pages from {page_origin} may not publish")), "{line}");
+            let mut metrics = TcpStream::connect(&addr).unwrap();
+            write!(metrics, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut text = String::new();
+            metrics.read_to_string(&mut text).unwrap();
+            assert!(text.contains("freeboard_topic_publishes_total 0"), "nothing published");
+        }
+        let _ = std::fs::remove_dir_all(&profile);
+    }
 }
