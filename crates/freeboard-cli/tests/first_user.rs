@@ -221,7 +221,8 @@ fn keys(json: &str) -> Vec<String> {
     json.split('"')
         .collect::<Vec<_>>()
         .windows(2)
-        .filter_map(|w| w[1].trim_start().starts_with(':').then(|| w[0].to_owned()))
+        .filter(|w| w[1].trim_start().starts_with(':'))
+        .map(|w| w[0].to_owned())
         .collect()
 }
 

@@ -481,8 +481,8 @@ impl<T: Transport> EventLoop<T> {
             return None;
         }
         if chunked.is_none() && body.len() >= len {
-            let body = &body[..len];
-            let kept = self.finish_publish(token, now, topic, kind, body, reply, &cors, &grant);
+            let whole = &body[..len];
+            let kept = self.finish_publish(token, now, topic, kind, whole, reply, &cors, &grant);
             if self.awaiting.contains_key(&token) && body.len() > len {
                 // A pipelined request waits for this one's answer.
                 self.keep_partial(token, now, &body[len..]);
