@@ -74,7 +74,7 @@ pub struct Published {
     /// `"redis_lost"`.
     pub backplane_lost: u32,
     /// With a backplane: publications it took while it was not connected
-    /// ([`Backplane::is_connected`](crate::backplane::Backplane::is_connected)), whose fate
+    /// ([`Backplane::is_connected`]), whose fate
     /// is not known yet. In the `POST` answer: `"redis_connected":false`, and 202.
     pub backplane_unconnected: u32,
 }
