@@ -547,6 +547,12 @@ fn redis_required_fails_fast() {
     assert!(started.elapsed() < Duration::from_secs(10), "fast: {:?}", started.elapsed());
     let serve = Serve::start(&["--redis", &redis]);
     assert_eq!(get(&serve.addr, "/healthz", "").0, 200);
+    // While Redis stays away the server says so once (per connection it keeps trying), then
+    // once a minute: not a line every second or two.
+    let lines = serve.log_lines_for(Duration::from_secs(4));
+    let warnings = lines.iter().filter(|l| l.contains("WARN")).count();
+    assert!((1..=3).contains(&warnings), "{warnings} warnings in 4 s: {lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("repeated once a minute")), "{lines:#?}");
 }
 
 /// SIGTERM drains, then the last line says what was open, what the drain closed and what the

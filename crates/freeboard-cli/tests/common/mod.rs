@@ -77,6 +77,19 @@ impl Serve {
         }
     }
 
+    /// Every stderr line from now on for `span`.
+    pub(crate) fn log_lines_for(&self, span: Duration) -> Vec<String> {
+        let until = std::time::Instant::now() + span;
+        let mut lines = Vec::new();
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            match self.log.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(_) => break,
+            }
+        }
+        lines
+    }
+
     /// Sends `sig` to the server.
     pub(crate) fn signal(&self, sig: libc::c_int) {
         // SAFETY: kill(2) on our own child's pid.

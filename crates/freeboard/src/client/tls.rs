@@ -260,8 +260,8 @@ impl Explaining {
             | CertificateError::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
                 format!(
                     "the server's certificate is signed by a CA this client does not trust: \
-                     {trust} with that CA's certificate (or have the server send its \
-                     intermediate certificates too)"
+                     give that CA's certificate with --ca FILE (ClientConfig::ca_file), or have \
+                     the server send its intermediate certificates too"
                 )
             }
             other => format!("the server's certificate does not verify ({other:?})"),
