@@ -14,7 +14,7 @@
 //! tests; `freeboard client --insecure` prints a warning).
 //!
 //! A certificate that does not verify is explained in a sentence with its fix
-//! ([`Untrusted`]): self-signed, signed by an unknown CA, a CA certificate used as the
+//! (`Untrusted`): self-signed, signed by an unknown CA, a CA certificate used as the
 //! server's own, issued for another name, expired or not valid yet. A CA file that holds the
 //! very certificate the server presents trusts it as it is, as curl and Python do, even when
 //! it is marked as a CA (the certificate the usual `openssl req -x509` line makes): its name
@@ -151,15 +151,13 @@ pub(super) fn is_tls(e: &io::Error) -> bool {
 }
 
 /// A socket error as the client reports it: [`ClientError::Tls`] when TLS failed, in the
-/// words of [`Untrusted`] when the certificate did not verify.
+/// words of `Untrusted` when the certificate did not verify.
 pub(super) fn tls_or_io(e: io::Error) -> ClientError {
     let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) else {
         return e.into();
     };
     let explained = match tls {
-        rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(other))) => {
-            other.downcast_ref::<Untrusted>().map(ToString::to_string)
-        }
+        rustls::Error::InvalidCertificate(error) => Untrusted::take(error),
         rustls::Error::AlertReceived(alert) => Some(format!(
             "the server ended the TLS handshake ({alert:?}): it may want a client certificate, \
              or another TLS version or cipher suite"
@@ -169,19 +167,32 @@ pub(super) fn tls_or_io(e: io::Error) -> ClientError {
     ClientError::Tls(explained.unwrap_or_else(|| tls.to_string()))
 }
 
-/// Why the server's certificate is not trusted, in a sentence that says what to do.
-#[derive(Debug)]
-pub(super) struct Untrusted(String);
+/// Why the server's certificate is not trusted, in a sentence that says what to do. The
+/// verifier keeps it beside the error it returns (which keeps its own kind, so the alert the
+/// server gets names the reason: `unknown_ca`, `bad_certificate`, `certificate_expired`):
+/// rustls runs the verifier on the thread that drives the handshake, which reports the error
+/// right after.
+struct Untrusted;
 
-impl std::fmt::Display for Untrusted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+thread_local! {
+    /// The last verification failure on this thread: the error (as `Debug`) and its sentence.
+    static UNTRUSTED: std::cell::RefCell<Option<(String, String)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+impl Untrusted {
+    fn keep(error: &CertificateError, sentence: String) {
+        UNTRUSTED.with(|u| *u.borrow_mut() = Some((format!("{error:?}"), sentence)));
+    }
+
+    /// The sentence kept for `error`, if it is the last failure on this thread.
+    fn take(error: &CertificateError) -> Option<String> {
+        let kept = UNTRUSTED.with(|u| u.borrow_mut().take())?;
+        (kept.0 == format!("{error:?}")).then_some(kept.1)
     }
 }
 
-impl std::error::Error for Untrusted {}
-
-/// The WebPKI verifier, with its failures explained ([`Untrusted`]) and the CA file's own
+/// The WebPKI verifier, with its failures explained (`Untrusted`) and the CA file's own
 /// certificates trusted as the server's.
 #[derive(Debug)]
 struct Explaining {
@@ -258,11 +269,10 @@ impl Explaining {
             CertificateError::UnknownIssuer
             | CertificateError::BadSignature
             | CertificateError::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
-                format!(
-                    "the server's certificate is signed by a CA this client does not trust: \
-                     give that CA's certificate with --ca FILE (ClientConfig::ca_file), or have \
-                     the server send its intermediate certificates too"
-                )
+                "the server's certificate is signed by a CA this client does not trust: give \
+                 that CA's certificate with --ca FILE (ClientConfig::ca_file), or have the \
+                 server send its intermediate certificates too"
+                    .to_owned()
             }
             other => format!("the server's certificate does not verify ({other:?})"),
         }
@@ -289,17 +299,18 @@ impl Explaining {
             Ok(()) if now < facts.not_before => CertificateError::NotValidYet,
             Ok(()) => return Some(Ok(ServerCertVerified::assertion())),
         };
-        Some(Err(self.untrusted(&error, end_entity, name)))
+        Some(Err(self.untrusted(error, end_entity, name)))
     }
 
+    /// `error`, with its sentence kept for [`tls_or_io`].
     fn untrusted(
         &self,
-        error: &CertificateError,
+        error: CertificateError,
         end_entity: &[u8],
         name: &ServerName<'_>,
     ) -> rustls::Error {
-        let why = Untrusted(self.explain(error, end_entity, name));
-        rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(why))))
+        Untrusted::keep(&error, self.explain(&error, end_entity, name));
+        rustls::Error::InvalidCertificate(error)
     }
 }
 
@@ -324,7 +335,7 @@ impl ServerCertVerifier for Explaining {
                 if let Some(pinned) = self.pinned(end_entity, server_name, now) {
                     return pinned;
                 }
-                Err(self.untrusted(&error, end_entity, server_name))
+                Err(self.untrusted(error, end_entity, server_name))
             }
             other => other,
         }
