@@ -60,3 +60,42 @@ impl PublishGrant for Grant {
         Grant::may_publish(self, topic)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TokenConfig;
+
+    const SECRET: &str = "a secret of at least thirty-two bytes!";
+
+    fn verifier() -> Arc<TokenVerifier> {
+        let config = TokenConfig { jwt_secret: Some(SECRET.into()), ..TokenConfig::default() };
+        Arc::new(TokenVerifier::from_config(&config).unwrap().unwrap())
+    }
+
+    #[test]
+    fn a_jwt_grants_the_topics_of_its_publish_claim() {
+        let gate = PublishGate::tokens(verifier());
+        let token = freeboard_test::hs256_jwt(
+            SECRET,
+            r#"{"exp":4102444800,"publish":["scores","news:*"]}"#,
+        );
+        let grant = gate.authorize(Some(&token)).unwrap();
+        assert!(grant.may_publish("scores") && grant.may_publish("news:eu"));
+        assert!(!grant.may_publish("chat"));
+        let missing = gate.authorize(None).err().unwrap();
+        assert_eq!((missing.status, missing.reason), (401, "token_missing"));
+        let forged = gate.authorize(Some("a.b.c")).err().unwrap();
+        assert_eq!((forged.status, forged.reason), (401, "token_invalid"));
+    }
+
+    #[test]
+    fn without_a_verifier_only_the_publish_token_is_accepted() {
+        let gate = PublishGate::only_publish_token("the webhook decides connections");
+        let none = gate.authorize(None).err().unwrap();
+        assert_eq!(none.status, 401);
+        assert_eq!(none.why, "the webhook decides connections");
+        let other = gate.authorize(Some("anything")).err().unwrap();
+        assert_eq!(other.status, 403);
+    }
+}

@@ -108,3 +108,35 @@ pub(super) struct AwaitingPublish {
     pub(super) reply: Reply,
     pub(super) cors: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(local: u64, other_loops: u32, dropped: u32, redis: Option<(u32, u32, u32)>) -> u16 {
+        let reach = Reach { delivered: local, dropped: 0 };
+        let answer = PublishAnswer {
+            messages: 1,
+            local: reach,
+            other_loops,
+            other_loops_dropped: dropped,
+            backplane: redis,
+        };
+        answer.status(true)
+    }
+
+    #[test]
+    fn the_status_says_what_became_of_a_publication() {
+        assert_eq!(answer(0, 0, 0, None), 200, "nobody listens: taken, delivered to none");
+        assert_eq!(answer(3, 1, 0, None), 200);
+        assert_eq!(answer(3, 1, 0, Some((1, 0, 0))), 200, "queued to a connected Redis");
+        assert_eq!(answer(3, 1, 0, Some((1, 0, 1))), 202, "queued while Redis is down");
+        assert_eq!(answer(3, 1, 0, Some((0, 1, 0))), 503, "Redis's queue was full");
+        assert_eq!(answer(0, 0, 2, None), 503, "no loop with subscribers took it");
+        assert_eq!(answer(0, 1, 1, None), 200, "one loop of two took it (counted)");
+        let reach = Reach { delivered: 1, dropped: 0 };
+        let waiting =
+            PublishAnswer { messages: 1, local: reach, other_loops: 1, ..Default::default() };
+        assert_eq!(waiting.status(false), 202, "other loops did not report in time");
+    }
+}
