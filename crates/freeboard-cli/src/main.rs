@@ -529,6 +529,7 @@ fn log_mode(
     dashboard: bool,
     admin_guarded: bool,
 ) {
+    const REFUSED: &str = "refused (no publish token is set)";
     let mode = if routes.demo { "demo" } else { "production" };
     let publish = if topics.hub.publish_token.is_some()
         || topics.tokens.jwt_secret.is_some()
@@ -536,7 +537,7 @@ fn log_mode(
     {
         "needs a credential"
     } else if topics.webhook.connect_webhook.is_some() || !topics.route.anonymous_publish {
-        "refused (no publish token is set)"
+        REFUSED
     } else {
         "open to anyone"
     };
@@ -558,7 +559,7 @@ fn log_mode(
              (--admin-listen, --admin-token) to serve them"
         );
     }
-    if !routes.demo && publish == "refused (no publish token is set)" && topics.route.http_publish {
+    if publish == REFUSED && topics.route.http_publish {
         tracing::warn!(
             "POST /topic/NAME is refused: set [topics] publish_token (--publish-token) or JWT \
              keys with a publish claim"
