@@ -330,6 +330,18 @@ pub struct ConnId {
     pub serial: u64,
 }
 
+/// Where a connection lives on its loop: its slot (reused once it closes) and its serial
+/// (never reused). It reaches the connection between turns of a
+/// [`LocalServer`](crate::LocalServer) ([`with_conn`](crate::LocalServer::with_conn)) in
+/// O(1); a key whose connection has gone finds nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnKey {
+    /// The connection's slot on its loop.
+    pub slot: usize,
+    /// Its serial number on that loop ([`ConnId::serial`]).
+    pub serial: u64,
+}
+
 /// The handle a handler gets on one connection.
 pub struct Conn<'a> {
     pub(crate) id: ConnId,
@@ -365,6 +377,12 @@ impl Conn<'_> {
     /// This connection's id.
     pub fn id(&self) -> ConnId {
         self.id
+    }
+
+    /// Where this connection lives on its loop, to reach it later from outside a callback
+    /// ([`LocalServer::with_conn`](crate::LocalServer::with_conn)).
+    pub fn key(&self) -> ConnKey {
+        ConnKey { slot: self.token, serial: self.id.serial }
     }
 
     /// The peer's address.
@@ -668,9 +686,16 @@ impl Router {
         if crate::features::DEFLATE {
             return Ok(());
         }
+        routes().check_compression()
+    }
+
+    /// [`check_features`](Self::check_features) of this router.
+    pub(crate) fn check_compression(&self) -> Result<(), MissingFeature> {
+        if crate::features::DEFLATE {
+            return Ok(());
+        }
         let compresses = |mode: &crate::Compression| *mode != crate::Compression::Off;
-        match routes().routes.iter().any(|r| r.options.compression.as_ref().is_some_and(compresses))
-        {
+        match self.routes.iter().any(|r| r.options.compression.as_ref().is_some_and(compresses)) {
             true => Err(MissingFeature { setting: "a route's compression", feature: "deflate" }),
             false => Ok(()),
         }

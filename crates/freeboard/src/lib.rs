@@ -61,12 +61,12 @@ pub use freeboard_buf::Watermarks;
 pub use freeboard_proto::handshake::Request;
 pub use freeboard_proto::{CloseCode, MessageKind};
 pub use handler::{
-    Accepted, Conn, ConnId, Decision, Echo, Handler, HttpRoute, Message, PublishAccess,
+    Accepted, Conn, ConnId, ConnKey, Decision, Echo, Handler, HttpRoute, Message, PublishAccess,
     PublishGrant, PublishRefusal, RouteOptions, Router, Upgrade,
 };
 pub use limits::{Limits, LimitsError};
 pub use metrics::Metrics;
-pub use server::{RunningServer, Server, ServerHandle};
+pub use server::{LocalServer, RunningServer, Server, ServerHandle};
 pub use session::SendOutcome;
 pub use session::deflate::{Agreement, Compression, NegotiationError};
 pub use topics::{Published, Reach};

@@ -6,7 +6,7 @@ use freeboard_buf::Writability;
 use freeboard_proto::{CloseCode, Instant, MessageKind, State};
 
 use super::event_loop::{EventLoop, loop_context};
-use crate::handler::{Conn, ConnId, Handler, Message};
+use crate::handler::{Conn, ConnId, ConnKey, Handler, Message};
 use crate::metrics::close_label;
 use crate::session::{Phase, Received};
 use crate::transport::Transport;
@@ -152,6 +152,26 @@ impl<T: Transport> EventLoop<T> {
         let (handler, mut conn) = self.handle(token, now, target);
         f(handler, &mut conn);
         self.after_call(token, now);
+    }
+
+    /// Runs `f` with a handle on the open connection `key` outside any turn (for a
+    /// [`LocalServer`](crate::LocalServer)'s caller), then does what the loop does after a
+    /// handler's call: the writability change its sends caused, the mark, the fan-out of
+    /// what it published. `None` if the connection has gone or is not open.
+    pub(super) fn with_conn<R>(
+        &mut self,
+        key: ConnKey,
+        f: impl FnOnce(&mut Conn<'_>) -> R,
+    ) -> Option<R> {
+        let entry = self.conns.get(key.slot)?;
+        if entry.serial != key.serial || !matches!(entry.session.phase, Phase::Open(_)) {
+            return None;
+        }
+        let now = self.now();
+        let (_, mut conn) = self.handle(key.slot, now, "");
+        let result = f(&mut conn);
+        self.after_call(key.slot, now);
+        Some(result)
     }
 
     /// The route's handler, and a handle on `token`'s connection showing `target` as the

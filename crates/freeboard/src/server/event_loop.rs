@@ -270,6 +270,7 @@ impl<T: Transport> EventLoop<T> {
         mut listeners: Listeners,
         shared: Arc<Shared>,
         waker: Arc<mio::Waker>,
+        router: Router,
     ) -> io::Result<Self> {
         let config = shared.config();
         poll.registry().register(&mut listeners.plain, LISTENER, Interest::READABLE)?;
@@ -318,7 +319,6 @@ impl<T: Transport> EventLoop<T> {
             None => TlsScratch::none(),
         };
         let tls_config = shared.tls.as_ref().map(|(config, _)| config.clone());
-        let router = (shared.factory)();
         let inbox = shared
             .hub
             .take_receiver(index)
@@ -387,86 +387,107 @@ impl<T: Transport> EventLoop<T> {
     /// Runs until shutdown has drained every connection (or the drain deadline passed).
     pub(crate) fn run(mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
+        self.start();
+        while self.turn(&mut events, None)? {}
+        self.finish();
+        Ok(())
+    }
+
+    /// Publishes the loop's fixed gauges: call once before the first turn.
+    pub(crate) fn start(&mut self) {
         let label = LoopLabel { event_loop: self.index };
         let m = &self.shared.metrics;
         m.chunks_capacity.get_or_create(&label).set(self.pool.chunks_total() as i64);
         m.chunk_size.set(self.pool.chunk_size() as i64);
         m.budget_bytes.get_or_create(&label).set(self.pool.budget().limit() as i64);
         m.slots_total.get_or_create(&label).set(self.pool.segments_total() as i64);
-        loop {
-            let now = self.now();
-            let generation = self.shared.generation.load(Ordering::Acquire);
-            if generation != self.generation {
-                // A reload: connections accepted from now on get the new settings.
-                self.generation = generation;
-                self.config = self.shared.config();
-                self.limits = Reassembly::server(self.config.connection_reserve);
+    }
+
+    /// One turn: waits for readiness (at most until the loop's next deadline, and at most
+    /// `max_wait` if given), then accepts, reads, calls the handlers, runs the timers and
+    /// decisions, and flushes every connection touched. `Ok(false)` once a shutdown has
+    /// drained every connection (or its deadline passed): call [`finish`](Self::finish).
+    pub(crate) fn turn(
+        &mut self,
+        events: &mut Events,
+        max_wait: Option<Duration>,
+    ) -> io::Result<bool> {
+        let now = self.now();
+        let generation = self.shared.generation.load(Ordering::Acquire);
+        if generation != self.generation {
+            // A reload: connections accepted from now on get the new settings.
+            self.generation = generation;
+            self.config = self.shared.config();
+            self.limits = Reassembly::server(self.config.connection_reserve);
+        }
+        if self.shared.shutdown.load(Ordering::Acquire) && self.drain_deadline.is_none() {
+            self.begin_shutdown(now);
+            self.end_turn(now); // the close frames leave now, not after the next poll
+        }
+        if let Some(deadline) = self.drain_deadline
+            && (self.conns.is_empty() || now >= deadline)
+        {
+            return Ok(false);
+        }
+        let timeout = match (self.wait(now), max_wait) {
+            (Some(wait), Some(max)) => Some(wait.min(max)),
+            (wait, max) => wait.or(max),
+        };
+        match self.poll.poll(events, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(true),
+            Err(e) => return Err(e),
+        }
+        let now = self.now();
+        self.expire_timers(now);
+        if self.release_at.is_some_and(|at| at <= now) {
+            self.pool.release_idle();
+            self.release_at = None;
+            if !self.pool.has_memory_to_release() {
+                // Quiet long enough for the pool to give everything back: the read
+                // buffer's and the cork's pages go too.
+                self.read_buf.give_back();
+                self.cork.give_back();
             }
-            if self.shared.shutdown.load(Ordering::Acquire) && self.drain_deadline.is_none() {
-                self.begin_shutdown(now);
-                self.end_turn(now); // the close frames leave now, not after the next poll
-            }
-            if let Some(deadline) = self.drain_deadline
-                && (self.conns.is_empty() || now >= deadline)
-            {
-                break;
-            }
-            let timeout = if self.resume.is_empty() && !self.accept_more {
-                self.poll_timeout(now)
-            } else {
-                Some(Duration::ZERO)
-            };
-            match self.poll.poll(&mut events, timeout) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-            let now = self.now();
-            self.expire_timers(now);
-            if self.release_at.is_some_and(|at| at <= now) {
-                self.pool.release_idle();
-                self.release_at = None;
-                if !self.pool.has_memory_to_release() {
-                    // Quiet long enough for the pool to give everything back: the read
-                    // buffer's and the cork's pages go too.
-                    self.read_buf.give_back();
-                    self.cork.give_back();
-                }
-            }
-            if self.accept_more || self.accept_retry.is_some_and(|at| at <= now) {
-                self.accept_retry = None;
-                self.accept(now, Listening::Plain);
-                self.accept(now, Listening::Tls);
-                self.accept(now, Listening::Admin);
-            }
-            for token in std::mem::take(&mut self.resume) {
-                self.read(token, now);
-            }
-            for event in events.iter() {
-                match event.token() {
-                    LISTENER => self.accept(now, Listening::Plain),
-                    TLS_LISTENER => self.accept(now, Listening::Tls),
-                    ADMIN_LISTENER => self.accept(now, Listening::Admin),
-                    WAKER => {}
-                    Token(token) => {
-                        if event.is_read_closed()
-                            && let Some(entry) = self.conns.get_mut(token)
-                        {
-                            entry.read_closed = true;
-                        }
-                        if event.is_readable() || event.is_read_closed() || event.is_error() {
-                            self.read(token, now);
-                        }
-                        if event.is_writable() {
-                            self.mark(token);
-                        }
+        }
+        if self.accept_more || self.accept_retry.is_some_and(|at| at <= now) {
+            self.accept_retry = None;
+            self.accept(now, Listening::Plain);
+            self.accept(now, Listening::Tls);
+            self.accept(now, Listening::Admin);
+        }
+        for token in std::mem::take(&mut self.resume) {
+            self.read(token, now);
+        }
+        for event in events.iter() {
+            match event.token() {
+                LISTENER => self.accept(now, Listening::Plain),
+                TLS_LISTENER => self.accept(now, Listening::Tls),
+                ADMIN_LISTENER => self.accept(now, Listening::Admin),
+                WAKER => {}
+                Token(token) => {
+                    if event.is_read_closed()
+                        && let Some(entry) = self.conns.get_mut(token)
+                    {
+                        entry.read_closed = true;
+                    }
+                    if event.is_readable() || event.is_read_closed() || event.is_error() {
+                        self.read(token, now);
+                    }
+                    if event.is_writable() {
+                        self.mark(token);
                     }
                 }
             }
-            self.drain_inbox(now);
-            self.run_decisions(now);
-            self.end_turn(now);
         }
+        self.drain_inbox(now);
+        self.run_decisions(now);
+        self.end_turn(now);
+        Ok(true)
+    }
+
+    /// Releases what the loop still holds once its turns are over.
+    pub(crate) fn finish(&mut self) {
         for (token, mut entry) in std::mem::take(&mut self.conns) {
             self.topics.drop_conn(&self.shared.hub, token);
             self.stats.closed += u64::from(entry.session.release(&mut self.pool));
@@ -482,10 +503,30 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         self.publish_gauges();
-        Ok(())
     }
 
-    fn poll_timeout(&mut self, now: Instant) -> Option<Duration> {
+    /// How long the next turn may wait for readiness: zero while work is left over from the
+    /// last (a busy peer's next read, a backlog to accept), else until the next deadline.
+    pub(crate) fn wait(&self, now: Instant) -> Option<Duration> {
+        if self.resume.is_empty() && !self.accept_more {
+            self.poll_timeout(now)
+        } else {
+            Some(Duration::ZERO)
+        }
+    }
+
+    /// The loop's poll, whose descriptor a host event loop watches (see
+    /// [`LocalServer`](crate::LocalServer)).
+    pub(crate) fn poll(&self) -> &Poll {
+        &self.poll
+    }
+
+    /// Whether the loop is draining after a shutdown began.
+    pub(crate) fn shutting_down(&self) -> bool {
+        self.drain_deadline.is_some()
+    }
+
+    fn poll_timeout(&self, now: Instant) -> Option<Duration> {
         let next = [
             self.timers.peek().map(|Reverse((at, _, _))| *at),
             self.expiries.peek().map(|Reverse((at, _, _))| *at),

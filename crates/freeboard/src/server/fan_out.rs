@@ -2,11 +2,11 @@
 //! other loops sent to its inbox, by reference, to its subscribers' sessions.
 
 use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy};
-use freeboard_proto::Instant;
+use freeboard_proto::{Instant, MessageKind};
 
 use super::compressed_copies::CompressedCopies;
 use super::event_loop::{EventLoop, loop_context};
-use crate::topics::{Outbox, Reach};
+use crate::topics::{Outbox, Published, Reach};
 use crate::transport::{Transport, write_frames};
 
 impl<T: Transport> EventLoop<T> {
@@ -33,6 +33,22 @@ impl<T: Transport> EventLoop<T> {
         }
         self.fanning_out = false;
         reach
+    }
+
+    /// Publishes from outside any handler (a [`LocalServer`](crate::LocalServer)'s caller):
+    /// framed once for this loop's subscribers and fanned out now, once for the other loops
+    /// and the backplane. What the loops took, and what this loop's subscribers made of it.
+    pub(super) fn publish_here(
+        &mut self,
+        topic: &str,
+        kind: MessageKind,
+        payload: &[u8],
+    ) -> (Published, Reach) {
+        let hub = &self.shared.hub;
+        let published =
+            self.topics.publish(hub, &mut self.pool, &mut self.outbox, topic, kind, payload, None);
+        let reach = self.fan_out_outbox(self.now());
+        (published, reach)
     }
 
     /// Takes the publications other threads sent, each copied once into this loop's pool and

@@ -18,12 +18,13 @@ mod event_loop;
 mod fan_out;
 mod http;
 mod http_routes;
+mod local;
 mod requests;
 mod shared;
 
 use crate::backplane::{Arrival, Backplane, Link};
 use crate::config::{ConfigError, Reload, ServerConfig};
-use crate::handler::Router;
+use crate::handler::{Router, RouterFactory};
 use crate::history::{History, Source};
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsError, TlsIdentity};
@@ -31,6 +32,7 @@ use crate::topics::{Hub, Published};
 use crate::transport::Stream;
 use event_loop::{EventLoop, Listeners, WAKER};
 use freeboard_proto::MessageKind;
+pub use local::LocalServer;
 use shared::Shared;
 
 /// A bound server, ready to [`run`](Self::run).
@@ -45,6 +47,8 @@ use shared::Shared;
 /// ```
 pub struct Server {
     shared: Arc<Shared>,
+    /// Builds each loop's router, on the loop's thread.
+    routes: RouterFactory,
     /// One poll and listener per loop; the loop itself (pool, router) is built on its thread,
     /// so handlers need not be `Send`.
     seeds: Vec<UnstartedLoop>,
@@ -75,6 +79,25 @@ impl Server {
         routes: impl Fn() -> Router + Send + Sync + 'static,
     ) -> io::Result<Self> {
         Self::bind_inner(config, Arc::new(routes), None)
+    }
+
+    /// Binds a server whose one event loop runs on the caller's thread, a turn at a time,
+    /// driven by a host's event loop (Node's libuv, Python's asyncio): see [`LocalServer`].
+    /// `router` is that loop's, built here, so its handlers need not be `Send` (they may
+    /// share `Rc`s with the caller). `config.threads` is ignored: the one loop has the whole
+    /// budget. More cores take more processes or threads, each with its own local server on
+    /// the same address ([`ServerConfig::share_port`]).
+    ///
+    /// Fails as [`bind`](Self::bind) does.
+    pub fn bind_local(mut config: ServerConfig, router: Router) -> io::Result<LocalServer> {
+        config.threads = 1;
+        router.check_compression().map_err(io::Error::other)?;
+        let mut server = Self::bind_inner(config, Arc::new(Router::new), None)?;
+        let UnstartedLoop { poll, listeners } = server.seeds.remove(0);
+        let waker = server.wakers[0].clone();
+        let event_loop = EventLoop::new(0, poll, listeners, server.shared.clone(), waker, router)?;
+        let handle = ServerHandle { shared: server.shared, wakers: server.wakers };
+        Ok(LocalServer::new(event_loop, handle, server.local_addr, server.tls_addr))
     }
 
     /// [`bind`](Self::bind), with a [`Backplane`] that carries the topics to the other nodes
@@ -154,7 +177,7 @@ impl Server {
             Arc::new(History::new(prefix, topics.history, max_age, topics.history_memory, source))
         });
         let hub = Hub::new(&wakers, topics.inbox, topics.max_topics, history, metrics.clone());
-        let shared = Arc::new(Shared::new(config, metrics, hub, routes, tls));
+        let shared = Arc::new(Shared::new(config, metrics, hub, tls));
         if let Some(mut backplane) = backplane {
             let weak = Arc::downgrade(&shared);
             let deliver = move |arrival: Arrival<'_>| match weak.upgrade() {
@@ -168,7 +191,7 @@ impl Server {
             backplane.start(Link::new(deliver, history, shared.metrics.clone()))?;
             shared.hub.attach_backplane(Arc::from(backplane));
         }
-        Ok(Self { shared, seeds: loops, wakers, local_addr: addr, tls_addr, admin_addr })
+        Ok(Self { shared, routes, seeds: loops, wakers, local_addr: addr, tls_addr, admin_addr })
     }
 
     /// The address the server listens on (`config.listen`; TLS when `config.tls` has no
@@ -211,12 +234,15 @@ impl Server {
             .enumerate()
             .map(|(i, seed)| {
                 let shared = self.shared.clone();
+                let routes = self.routes.clone();
                 let waker = self.wakers[i].clone();
                 std::thread::Builder::new()
                     .name(format!("freeboard-loop-{i}"))
                     .spawn(move || {
                         let UnstartedLoop { poll, listeners } = seed;
-                        EventLoop::<Stream>::new(i as u32, poll, listeners, shared, waker)?.run()
+                        let router = routes();
+                        EventLoop::<Stream>::new(i as u32, poll, listeners, shared, waker, router)?
+                            .run()
                     })
                     .expect("the OS can start a thread")
             })

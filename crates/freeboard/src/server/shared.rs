@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::auth::{Origins, TrustedProxies};
 use crate::config::{Reload, ServerConfig};
-use crate::handler::RouterFactory;
 use crate::metrics::Metrics;
 use crate::rate::Bucket;
 use crate::tls::{HandshakeAdmission, ServerTls, TlsIdentity};
@@ -22,7 +21,6 @@ pub(crate) struct Shared {
     /// and takes the new one when this moves (one relaxed load per loop turn).
     pub(crate) generation: AtomicU64,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) factory: RouterFactory,
     pub(crate) start: std::time::Instant,
     /// TCP connections open across all loops (handshaking ones included).
     pub(crate) open: AtomicUsize,
@@ -53,7 +51,6 @@ impl Shared {
         config: ServerConfig,
         metrics: Arc<Metrics>,
         hub: Hub,
-        factory: RouterFactory,
         tls: Option<(ServerTls, Arc<TlsIdentity>)>,
     ) -> Self {
         let handshakes = config
@@ -65,7 +62,6 @@ impl Shared {
             handshakes,
             hub,
             metrics,
-            factory,
             start: std::time::Instant::now(),
             open: AtomicUsize::new(0),
             admission: Mutex::new(Admission {
