@@ -1,0 +1,187 @@
+//! The handler a Node server's loop calls: it does no work of its own, it writes what
+//! happened into the turn's [`Batch`], which crosses into JavaScript once per turn.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use freeboard::{Accepted, CloseCode, Conn, ConnId, Decision, Handler, Message, MessageKind};
+use freeboard::Request;
+use slab::Slab;
+
+/// Event codes, the first number of each event in [`Batch::numbers`] (`lib/events.js` reads
+/// the same layout).
+pub(crate) const OPEN: f64 = 0.0;
+pub(crate) const MESSAGE: f64 = 1.0;
+pub(crate) const DRAIN: f64 = 2.0;
+pub(crate) const CLOSE: f64 = 3.0;
+pub(crate) const UPGRADE: f64 = 4.0;
+
+/// What happened during a turn, in order, as JavaScript reads it: numbers (event code, then
+/// its fields), the payloads of the turn's messages back to back, and the few strings
+/// (request heads, close reasons).
+///
+/// - `OPEN slot serial port headers` + strings `url address (name value)*headers`
+/// - `MESSAGE serial binary offset length` (the payload at `offset` in `payload`)
+/// - `DRAIN serial`
+/// - `CLOSE serial code` + string `reason`
+/// - `UPGRADE decision port headers` + strings as `OPEN`'s
+#[derive(Default)]
+pub(crate) struct Batch {
+    pub(crate) numbers: Vec<f64>,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) strings: Vec<String>,
+}
+
+impl Batch {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.numbers.is_empty()
+    }
+
+    fn head(&mut self, head: RequestHead) {
+        self.numbers.push(f64::from(head.port));
+        self.numbers.push((head.headers.len() / 2) as f64);
+        self.strings.push(head.url);
+        self.strings.push(head.address);
+        self.strings.extend(head.headers);
+    }
+}
+
+/// An upgrade request copied out of the loop's read buffer, for the `'upgrade'` and
+/// `'connection'` events.
+pub(crate) struct RequestHead {
+    url: String,
+    address: String,
+    port: u16,
+    /// Names (lower case) and values, alternating.
+    headers: Vec<String>,
+}
+
+impl RequestHead {
+    fn new(request: &Request<'_, '_>, peer: std::net::SocketAddr) -> Self {
+        let mut headers = Vec::with_capacity(request.headers().len() * 2);
+        for header in request.headers() {
+            headers.push(header.name.to_ascii_lowercase());
+            headers.push(String::from_utf8_lossy(header.value).into_owned());
+        }
+        Self {
+            url: request.path().to_owned(),
+            address: peer.ip().to_string(),
+            port: peer.port(),
+            headers,
+        }
+    }
+}
+
+/// Upgrade decisions JavaScript holds, by the number its `'upgrade'` event carries; each is
+/// dropped (500, which the loop ignores past the handshake timeout) if JavaScript has not
+/// completed it by the time the loop gave up on it.
+#[derive(Default)]
+pub(crate) struct Decisions {
+    waiting: Slab<(Decision, Instant)>,
+}
+
+impl Decisions {
+    /// Completes decision `id`: 101 accepts (with the subprotocol `protocol`, an index into
+    /// the server's list), anything else refuses with that status. `false` if it has gone.
+    pub(crate) fn decide(&mut self, id: usize, status: u16, protocol: Option<&'static str>) -> bool {
+        let Some((decision, _)) = self.waiting.try_remove(id) else { return false };
+        if status == 101 {
+            let accepted = Accepted::new().data(None::<RequestHead>);
+            let accepted = match protocol {
+                Some(protocol) => accepted.protocol(protocol),
+                None => accepted,
+            };
+            decision.accept(accepted);
+        } else {
+            decision.reject(status);
+        }
+        true
+    }
+
+    /// Drops the decisions whose handshake timeout has passed.
+    pub(crate) fn sweep(&mut self, now: Instant) {
+        if !self.waiting.is_empty() {
+            self.waiting.retain(|_, (_, deadline)| *deadline > now);
+        }
+    }
+}
+
+/// The route's handler: every callback becomes an event of the turn's batch.
+pub(crate) struct Bridge {
+    pub(crate) batch: Rc<RefCell<Batch>>,
+    pub(crate) decisions: Rc<RefCell<Decisions>>,
+    /// JavaScript listens for `'upgrade'`: it decides, later.
+    pub(crate) decide_in_js: Rc<Cell<bool>>,
+    /// The subprotocols the server speaks, in order of preference.
+    pub(crate) protocols: &'static [&'static str],
+    pub(crate) handshake_timeout: Duration,
+    /// The head of the request accepted in `decide_upgrade`, for `on_open` right after it.
+    pub(crate) accepted: Option<RequestHead>,
+}
+
+impl Handler for Bridge {
+    fn decide_upgrade(&mut self, request: &Request<'_, '_>, decision: Decision) {
+        let head = RequestHead::new(request, decision.peer());
+        if self.decide_in_js.get() {
+            let deadline = Instant::now() + self.handshake_timeout;
+            let id = self.decisions.borrow_mut().waiting.insert((decision, deadline));
+            let mut batch = self.batch.borrow_mut();
+            batch.numbers.extend([UPGRADE, id as f64]);
+            batch.head(head);
+            return;
+        }
+        let accepted = match request.select_protocol(self.protocols) {
+            Some(protocol) => Accepted::new().protocol(protocol),
+            None if self.protocols.is_empty() || request.protocols().next().is_none() => {
+                Accepted::new()
+            }
+            // ws's default: a client that offers only protocols we do not speak is refused.
+            None => return decision.reject(400),
+        };
+        // Accepted now: the loop opens the connection as soon as this returns.
+        self.accepted = Some(head);
+        decision.accept(accepted);
+    }
+
+    fn on_open(&mut self, conn: &mut Conn<'_>) {
+        let head = match conn.data_mut::<Option<RequestHead>>() {
+            Some(later) => later.take(),
+            None => self.accepted.take(),
+        };
+        let key = conn.key();
+        let mut batch = self.batch.borrow_mut();
+        batch.numbers.extend([OPEN, key.slot as f64, key.serial as f64]);
+        match head {
+            Some(head) => batch.head(head),
+            None => {
+                batch.numbers.extend([0.0, 0.0]);
+                batch.strings.extend([conn.target().to_owned(), conn.peer().ip().to_string()]);
+            }
+        }
+    }
+
+    fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
+        let mut batch = self.batch.borrow_mut();
+        let offset = batch.payload.len();
+        batch.payload.extend_from_slice(message.data);
+        let binary = matches!(message.kind, MessageKind::Binary);
+        batch.numbers.extend([
+            MESSAGE,
+            conn.id().serial as f64,
+            f64::from(u8::from(binary)),
+            offset as f64,
+            message.data.len() as f64,
+        ]);
+    }
+
+    fn on_writable(&mut self, conn: &mut Conn<'_>) {
+        self.batch.borrow_mut().numbers.extend([DRAIN, conn.id().serial as f64]);
+    }
+
+    fn on_close(&mut self, id: ConnId, code: CloseCode, reason: &str) {
+        let mut batch = self.batch.borrow_mut();
+        batch.numbers.extend([CLOSE, id.serial as f64, f64::from(code.0)]);
+        batch.strings.push(reason.to_owned());
+    }
+}
