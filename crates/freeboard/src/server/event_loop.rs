@@ -506,9 +506,11 @@ impl<T: Transport> EventLoop<T> {
     }
 
     /// How long the next turn may wait for readiness: zero while work is left over from the
-    /// last (a busy peer's next read, a backlog to accept), else until the next deadline.
+    /// last (a busy peer's next read, a backlog to accept, a drain that has ended), else
+    /// until the next deadline.
     pub(crate) fn wait(&self, now: Instant) -> Option<Duration> {
-        if self.resume.is_empty() && !self.accept_more {
+        let drained = self.drain_deadline.is_some() && self.conns.is_empty();
+        if self.resume.is_empty() && !self.accept_more && !drained {
             self.poll_timeout(now)
         } else {
             Some(Duration::ZERO)

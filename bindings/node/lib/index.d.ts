@@ -1,0 +1,132 @@
+// Types of freeboard for Node.js (lib/index.js).
+import { EventEmitter } from 'node:events';
+
+/** What the session did with a sent message. */
+export type SendOutcome =
+  /** Queued; the queue is at or under its high watermark. */
+  | 'queued'
+  /** Queued; the queue is above its high watermark: pause until 'drain'. */
+  | 'above-high'
+  /** The slow-consumer policy dropped this message or older ones (counted). */
+  | 'dropped'
+  /** Not queued: the `block` policy's cap, or the memory budget is short: retry after 'drain'. */
+  | 'blocked'
+  /** Not queued: the connection is closing or closed. */
+  | 'closed';
+
+export type SlowConsumerPolicy = 'block' | 'drop-newest' | 'drop-oldest' | 'conflate' | 'close';
+
+/** A size: bytes, or text with a suffix ('64K', '256M', '1.5G'). */
+export type Size = number | string;
+/** A duration: milliseconds, or text ('30s', '500ms'). */
+export type Duration = number | string;
+
+export interface ServerOptions {
+  /** Port to listen on; 0 (the default) picks a free one. */
+  port?: number;
+  /** Address to listen on (default '0.0.0.0'). */
+  host?: string;
+  /** Serve upgrades on this path only (default: every path). */
+  path?: string;
+  /** Subprotocols the server speaks, in order of preference. */
+  protocols?: string[];
+  /** The memory budget of every buffer (default '1G', drawn on demand). */
+  memory?: Size;
+  /** Largest message accepted (larger: close 1009). ws's `maxPayload` is the same. */
+  maxMessageSize?: Size;
+  maxPayload?: Size;
+  /** Send queue: 'drain' at or below this level. */
+  lowWatermark?: Size;
+  /** Send queue: 'above-high' past this level. */
+  highWatermark?: Size;
+  /** Send queue: never more than this; the policy decides past it. */
+  maxBackpressure?: Size;
+  /** What happens to a slow consumer past its cap (default 'block'). */
+  slowConsumer?: SlowConsumerPolicy;
+  handshakeTimeout?: Duration;
+  idleTimeout?: Duration | null;
+  closeTimeout?: Duration;
+  drainTimeout?: Duration;
+  maxConnections?: number;
+  maxConnectionsPerIp?: number;
+  /** Join other processes' listeners on the same port (SO_REUSEPORT): one per core. */
+  sharePort?: boolean;
+  /** Topic settings of `freeboard serve` (`history`, `historySeconds`, …). */
+  topics?: Record<string, unknown>;
+  /** Any other setting of `freeboard serve`'s configuration file, in camelCase. */
+  [setting: string]: unknown;
+}
+
+/** The upgrade request, as far as a WebSocket server sees it. */
+export interface UpgradeRequest {
+  url: string;
+  method: 'GET';
+  /** Lower-case names; repeated headers joined with ', '. */
+  headers: Record<string, string>;
+  socket: { remoteAddress: string; remotePort: number };
+}
+
+/**
+ * Completes an upgrade decision: `true` (or nothing) accepts, a number refuses with that
+ * HTTP status, `false` refuses with 403. Undecided past `handshakeTimeout`: 503.
+ */
+export type Decide = (answer?: boolean | number, options?: { protocol?: string }) => void;
+
+export interface Reach {
+  /** Subscribers whose send queue took the message. */
+  delivered: number;
+  /** Subscribers whose slow-consumer policy dropped it (counted). */
+  dropped: number;
+}
+
+export declare class WebSocket extends EventEmitter {
+  static readonly CONNECTING: 0;
+  static readonly OPEN: 1;
+  static readonly CLOSING: 2;
+  static readonly CLOSED: 3;
+  readonly readyState: 0 | 1 | 2 | 3;
+  readonly remoteAddress: string;
+  readonly remotePort: number;
+  /** Unsent bytes in the connection's queue. */
+  readonly bufferedAmount: number;
+  send(data: string | Buffer | ArrayBuffer | ArrayBufferView, options?: { binary?: boolean },
+    callback?: (error: Error | null, outcome: SendOutcome) => void): SendOutcome;
+  send(data: string | Buffer | ArrayBuffer | ArrayBufferView,
+    callback: (error: Error | null, outcome: SendOutcome) => void): SendOutcome;
+  close(code?: number, reason?: string): void;
+  /** `true` if newly subscribed; throws once closed or when the topic budget is spent. */
+  subscribe(topic: string): boolean;
+  unsubscribe(topic: string): boolean;
+
+  /** `data` is valid during the call and after it: it is a view of the turn's batch. */
+  on(event: 'message', listener: (data: Buffer, isBinary: boolean) => void | Promise<void>): this;
+  on(event: 'drain', listener: () => void): this;
+  on(event: 'close', listener: (code: number, reason: Buffer) => void): this;
+  on(event: string | symbol, listener: (...args: any[]) => void): this;
+}
+
+export declare class Server extends EventEmitter {
+  constructor(options?: ServerOptions, callback?: () => void);
+  /** Open connections. */
+  readonly clients: Set<WebSocket>;
+  /** Handler throws and rejections, each of which closed its connection with 1011. */
+  readonly handlerErrors: number;
+  address(): { address: string; family: 'IPv4' | 'IPv6'; port: number };
+  /** Framed once, queued by reference to every subscriber of `topic`. */
+  publish(topic: string, data: string | Buffer | ArrayBuffer | ArrayBufferView,
+    options?: { binary?: boolean }): Reach;
+  /** The engine's metrics, as OpenMetrics text. */
+  metrics(): string;
+  /** Close 1001 to every connection, drain, then 'close'. */
+  close(callback?: (error?: Error) => void): void;
+
+  on(event: 'listening', listener: () => void): this;
+  on(event: 'connection', listener: (ws: WebSocket, request: UpgradeRequest) => void | Promise<void>): this;
+  on(event: 'upgrade', listener: (request: UpgradeRequest, decide: Decide) => void | Promise<void>): this;
+  on(event: 'handlerError', listener: (error: unknown, ws: WebSocket | null) => void): this;
+  on(event: 'close', listener: () => void): this;
+  on(event: string | symbol, listener: (...args: any[]) => void): this;
+}
+
+export { Server as WebSocketServer };
+export declare const OUTCOMES: readonly SendOutcome[];

@@ -1,0 +1,254 @@
+// The Node binding against real sockets on 127.0.0.1, with ws as the client.
+'use strict';
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { once } = require('node:events');
+const WS = require('ws');
+const { Server } = require('..');
+
+/** A server on an ephemeral loopback port, ready. */
+async function listen(options = {}) {
+  const server = new Server({ host: '127.0.0.1', port: 0, memory: '64M', ...options });
+  await once(server, 'listening');
+  return server;
+}
+
+function url(server, path = '/') {
+  return `ws://127.0.0.1:${server.address().port}${path}`;
+}
+
+async function connect(server, path, options) {
+  const client = new WS(url(server, path), options);
+  await once(client, 'open');
+  return client;
+}
+
+/** A client and the server's side of its connection. */
+async function pair(server, path) {
+  const [[ws], client] = await Promise.all([once(server, 'connection'), connect(server, path)]);
+  return [client, ws];
+}
+
+async function stop(server) {
+  await new Promise((resolve) => server.close(resolve));
+}
+
+/** The next message a client receives, as [data, isBinary]. */
+function nextMessage(client) {
+  return once(client, 'message');
+}
+
+test('echoes text and binary with their kind, and send says queued', async () => {
+  const server = await listen();
+  const outcomes = [];
+  server.on('connection', (ws) => {
+    ws.on('message', (data, isBinary) => outcomes.push(ws.send(data, { binary: isBinary })));
+  });
+  const client = await connect(server);
+  client.send('hello');
+  const [text, textIsBinary] = await nextMessage(client);
+  assert.equal(text.toString(), 'hello');
+  assert.equal(textIsBinary, false);
+  client.send(Buffer.from([0, 1, 2, 255]));
+  const [bytes, bytesIsBinary] = await nextMessage(client);
+  assert.deepEqual([...bytes], [0, 1, 2, 255]);
+  assert.equal(bytesIsBinary, true);
+  assert.deepEqual(outcomes, ['queued', 'queued']);
+  client.close();
+  await once(client, 'close');
+  await stop(server);
+});
+
+test('messages of one read arrive in order, each a Buffer of its own bytes', async () => {
+  const server = await listen();
+  const received = [];
+  server.on('connection', (ws) => ws.on('message', (data) => received.push(data.toString())));
+  const client = await connect(server);
+  const sent = [];
+  for (let i = 0; i < 500; i++) {
+    sent.push(`message ${i}`);
+    client.send(`message ${i}`);
+  }
+  while (received.length < sent.length) await new Promise((r) => setTimeout(r, 5));
+  assert.deepEqual(received, sent);
+  client.close();
+  await stop(server);
+});
+
+test('the connection event carries the request; close(code, reason) reaches the client', async () => {
+  const server = await listen();
+  let request;
+  const closed = new Promise((resolve) => {
+    server.on('connection', (ws, req) => {
+      request = req;
+      ws.on('close', (code, reason) => resolve([code, reason.toString()]));
+      ws.close(4000, 'done here');
+    });
+  });
+  const client = new WS(url(server, '/room?id=7'), { headers: { 'x-user': 'ada' } });
+  const [code, reason] = await once(client, 'close');
+  assert.equal(code, 4000);
+  assert.equal(reason.toString(), 'done here');
+  assert.deepEqual(await closed, [4000, 'done here']);
+  assert.equal(request.url, '/room?id=7');
+  assert.equal(request.headers['x-user'], 'ada');
+  assert.equal(request.socket.remoteAddress, '127.0.0.1');
+  await stop(server);
+});
+
+test('a slow reader: above-high, then drain once it reads; bufferedAmount follows', async () => {
+  const server = await listen({ lowWatermark: '16K', highWatermark: '64K', maxBackpressure: '8M' });
+  const [client, ws] = await pair(server);
+  client._socket.pause(); // stop reading: the server's queue fills once the kernel's does
+  const chunk = Buffer.alloc(16 << 10, 7);
+  let outcome;
+  let sent = 0;
+  // Loopback's kernel buffers take a few MiB before the queue holds anything.
+  for (; sent < 2000; sent++) {
+    outcome = ws.send(chunk);
+    if (outcome === 'above-high') break;
+    await new Promise((r) => setImmediate(r));
+  }
+  assert.equal(outcome, 'above-high');
+  assert.ok(ws.bufferedAmount > 64 << 10, `bufferedAmount ${ws.bufferedAmount}`);
+  const drained = once(ws, 'drain');
+  let bytes = 0;
+  client.on('message', (data) => {
+    bytes += data.length;
+  });
+  client._socket.resume();
+  await drained;
+  assert.ok(ws.bufferedAmount <= 16 << 10);
+  while (bytes < (sent + 1) * chunk.length) await new Promise((r) => setTimeout(r, 5));
+  client.close();
+  await stop(server);
+});
+
+test('drop-newest: past the cap sends are dropped and counted, nothing silently', async () => {
+  const server = await listen({
+    slowConsumer: 'drop-newest', lowWatermark: '16K', highWatermark: '32K', maxBackpressure: '64K',
+  });
+  const [client, ws] = await pair(server);
+  client._socket.pause();
+  const chunk = Buffer.alloc(8 << 10, 1);
+  const counts = {};
+  for (let i = 0; i < 400; i++) {
+    const outcome = ws.send(chunk);
+    counts[outcome] = (counts[outcome] || 0) + 1;
+    if (i % 8 === 7) await new Promise((r) => setImmediate(r));
+  }
+  assert.ok(counts.dropped > 0, JSON.stringify(counts));
+  assert.equal(counts.closed, undefined);
+  // Every drop the sends reported is in the server's counter.
+  await new Promise((r) => setImmediate(r));
+  const line = server.metrics().split('\n')
+    .find((l) => l.startsWith('freeboard_drops_total{reason="drop-newest"}'));
+  assert.ok(line, 'a drop counter');
+  assert.equal(Number(line.split(' ').pop()), counts.dropped);
+  client.terminate();
+  await stop(server);
+});
+
+test('topics: publish is framed once and says what it reached', async () => {
+  const server = await listen();
+  server.on('connection', (ws, request) => {
+    if (request.url === '/match') assert.equal(ws.subscribe('match'), true);
+  });
+  const fans = [await connect(server, '/match'), await connect(server, '/match')];
+  const other = await connect(server, '/other');
+  let otherGot = 0;
+  other.on('message', () => otherGot++);
+  while (server.clients.size < 3) await new Promise((r) => setTimeout(r, 5));
+  const got = fans.map((fan) => nextMessage(fan));
+  assert.deepEqual(server.publish('match', 'goal 1-0'), { delivered: 2, dropped: 0 });
+  for (const [data] of await Promise.all(got)) assert.equal(data.toString(), 'goal 1-0');
+  assert.deepEqual(server.publish('nobody', 'x'), { delivered: 0, dropped: 0 });
+  assert.equal(otherGot, 0);
+  for (const c of [...fans, other]) c.close();
+  await stop(server);
+});
+
+test('upgrades decided in JavaScript, later: accept, refuse, and the timeout answers 503', async () => {
+  const server = await listen({ handshakeTimeout: 300 });
+  server.on('upgrade', async (request, decide) => {
+    await new Promise((r) => setTimeout(r, 20));
+    if (request.url === '/yes') decide(true);
+    else if (request.url === '/no') decide(401);
+    // '/never': no answer; the runtime's handshake timeout refuses it.
+  });
+  const status = (path) => new Promise((resolve) => {
+    const client = new WS(url(server, path));
+    client.on('open', () => {
+      client.close();
+      resolve(101);
+    });
+    client.on('unexpected-response', (_, response) => resolve(response.statusCode));
+    client.on('error', () => {});
+  });
+  assert.equal(await status('/yes'), 101);
+  assert.equal(await status('/no'), 401);
+  assert.equal(await status('/never'), 503);
+  await stop(server);
+});
+
+test('a handler that throws closes its connection with 1011, is counted, and the server goes on', async () => {
+  const server = await listen();
+  server.on('handlerError', () => {});
+  server.on('connection', (ws) => {
+    ws.on('message', (data) => {
+      if (data.toString() === 'throw') throw new Error('boom');
+      if (data.toString() === 'reject') return Promise.reject(new Error('async boom'));
+      ws.send(data);
+    });
+    ws.on('message', async () => {});
+  });
+  for (const poison of ['throw', 'reject']) {
+    const client = await connect(server);
+    client.send(poison);
+    const [code] = await once(client, 'close');
+    assert.equal(code, 1011);
+  }
+  assert.equal(server.handlerErrors, 2);
+  const client = await connect(server);
+  client.send('still here');
+  const [data] = await nextMessage(client);
+  assert.equal(data.toString(), 'still here');
+  client.close();
+  await stop(server);
+});
+
+test('close() sends 1001 to everyone, drains, and the server refuses use after it', async () => {
+  const server = await listen();
+  const clients = [await connect(server), await connect(server)];
+  while (server.clients.size < 2) await new Promise((r) => setTimeout(r, 5));
+  const codes = clients.map((c) => once(c, 'close'));
+  const closed = once(server, 'close');
+  server.close();
+  for (const [code] of await Promise.all(codes)) assert.equal(code, 1001);
+  await closed;
+  assert.equal(server.clients.size, 0);
+  assert.throws(() => server.publish('t', 'x'), { code: 'ERR_FREEBOARD_CLOSED' });
+  assert.throws(() => server.metrics(), { code: 'ERR_FREEBOARD_CLOSED' });
+  await new Promise((resolve) => server.close((error) => {
+    assert.equal(error.code, 'ERR_FREEBOARD_CLOSED');
+    resolve();
+  }));
+});
+
+test('a message past maxMessageSize closes 1009; send on a closed socket says closed', async () => {
+  const server = await listen({ maxMessageSize: '1K' });
+  const [ws] = await Promise.all([
+    once(server, 'connection').then(([ws]) => ws),
+    (async () => {
+      const client = await connect(server);
+      client.send(Buffer.alloc(4096));
+      const [code] = await once(client, 'close');
+      assert.equal(code, 1009);
+    })(),
+  ]);
+  while (ws.readyState !== 3) await new Promise((r) => setTimeout(r, 5));
+  assert.equal(ws.send('late'), 'closed');
+  assert.throws(() => ws.subscribe('t'), { code: 'ERR_FREEBOARD_CLOSED' });
+  await stop(server);
+});
