@@ -285,6 +285,13 @@ impl<H: ClientHandler> ClientLoop<H> {
         Ok(())
     }
 
+    /// How long a host event loop that watches [`as_raw_fd`](AsRawFd::as_raw_fd) may wait
+    /// before it must [`turn`](Self::turn) anyway (a connect or handshake timeout, a close
+    /// or keep-alive timer); `None` when nothing is due.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.next_deadline()
+    }
+
     fn now(&self) -> Instant {
         Instant::from_millis(self.start.elapsed().as_millis() as u64)
     }
@@ -498,8 +505,9 @@ impl<H: ClientHandler> ClientLoop<H> {
         self.handler.on_error(ClientId(id), error);
     }
 
-    /// Writes every connection's queue that the socket will take.
-    fn flush_all(&mut self) {
+    /// Writes every connection's queue that the socket will take: what was sent through
+    /// [`conn`](Self::conn) since the last turn leaves now rather than at the next.
+    pub fn flush_all(&mut self) {
         let ids: Vec<usize> = self
             .sessions
             .iter()
@@ -569,6 +577,14 @@ impl<H: ClientHandler> ClientLoop<H> {
         }
         let _ = self.poll.registry().deregister(&mut session.stream);
         self.handler.on_close(ClientId(id), close);
+    }
+}
+
+impl<H> std::os::fd::AsRawFd for ClientLoop<H> {
+    /// The loop's epoll descriptor, for a host event loop to watch (Python's asyncio, libuv):
+    /// readable when a [`turn`](ClientLoop::turn) has work.
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.poll.as_raw_fd()
     }
 }
 

@@ -1,0 +1,668 @@
+"""freeboard for asyncio: bounded WebSockets with a websockets-like API.
+
+The freeboard engine's event loop runs on the asyncio thread: asyncio watches its descriptor
+(``loop.add_reader``) and its deadline (``loop.call_at``) and runs one turn of it each time.
+A turn's events (opens, messages, drains, closes) come back as one list; every call into the
+engine (``send``, ``close``, ``publish``) is synchronous and answers what the session did.
+
+    async def handler(ws):
+        async for message in ws:
+            await ws.send(message)
+
+    async with freeboard.serve(handler, "127.0.0.1", 8765, memory="64M"):
+        await asyncio.Future()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+from typing import Any, Awaitable, Callable, Optional, Union
+
+from ._native import NativeClient, NativeServer
+
+__all__ = [
+    "serve",
+    "connect",
+    "Server",
+    "ServerConnection",
+    "ClientConnection",
+    "ConnectionClosed",
+    "ConnectionClosedOK",
+    "ConnectionClosedError",
+    "InvalidHandshake",
+    "Reach",
+    "OUTCOMES",
+]
+
+logger = logging.getLogger("freeboard")
+
+# Event codes of a turn's tuples (src/lib.rs).
+_OPEN, _MESSAGE, _DRAIN, _CLOSE, _UPGRADE, _FAILED = range(6)
+
+#: What ``send`` answers, by the native number.
+OUTCOMES = ("queued", "above-high", "dropped", "blocked", "closed")
+
+Data = Union[str, bytes]
+
+#: Reach of a publication: subscribers whose queue took it, and those whose policy dropped it.
+Reach = collections.namedtuple("Reach", "delivered dropped")
+
+_ALIASES = {
+    "max_size": "max_message_size",
+    "high_watermark": "send_high",
+    "low_watermark": "send_low",
+    "max_backpressure": "send_cap",
+}
+
+
+class ConnectionClosed(Exception):
+    """The connection is closed: ``code`` and ``reason`` of its close."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"connection closed: {code} {reason}".rstrip())
+        self.code = code
+        self.reason = reason
+
+
+class ConnectionClosedOK(ConnectionClosed):
+    """Closed with 1000 (normal) or 1001 (going away)."""
+
+
+class ConnectionClosedError(ConnectionClosed):
+    """Closed with any other code."""
+
+
+class InvalidHandshake(Exception):
+    """The connection could not be opened (refused, unreachable, timed out)."""
+
+
+def _closed(code: int, reason: str) -> ConnectionClosed:
+    kind = ConnectionClosedOK if code in (1000, 1001) else ConnectionClosedError
+    return kind(code, reason)
+
+
+def _settings(settings: dict) -> dict:
+    """Keyword settings to freeboard's configuration keys; seconds become durations."""
+    out = {}
+    for key, value in settings.items():
+        if value is None and key != "idle_timeout":
+            continue
+        name = _ALIASES.get(key, key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            name.endswith("_timeout") or name == "retry_after"
+        ):
+            value = f"{int(value * 1000)}ms"
+        out[name] = value
+    return out
+
+
+class _Connection:
+    """What server and client connections share: the message queue, send, close."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_queue: int) -> None:
+        self._loop = loop
+        self._messages: collections.deque = collections.deque()
+        self._receiver: Optional[asyncio.Future] = None
+        self._drain: Optional[asyncio.Future] = None
+        self._closed = loop.create_future()
+        self._close_event: Optional[tuple] = None
+        self._max_queue = max_queue
+
+    # Native calls, per kind of connection.
+    def _send_native(self, message: Data) -> int:
+        raise NotImplementedError
+
+    def _close_native(self, code: int, reason: str) -> None:
+        raise NotImplementedError
+
+    def _after_call(self) -> None:
+        raise NotImplementedError
+
+    async def recv(self) -> Data:
+        """The next message: ``str`` for text, ``bytes`` for binary. Raises
+        :class:`ConnectionClosed` once the connection is closed and no message is left."""
+        while not self._messages:
+            if self._close_event is not None:
+                raise _closed(*self._close_event)
+            self._receiver = self._loop.create_future()
+            try:
+                await self._receiver
+            finally:
+                self._receiver = None
+        return self._messages.popleft()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Data:
+        try:
+            return await self.recv()
+        except ConnectionClosedOK:
+            raise StopAsyncIteration from None
+
+    async def send(self, message: Data) -> str:
+        """Sends ``message`` (``str``: text, bytes-like: binary) and returns what the session
+        did: ``'queued'``; ``'above-high'`` after waiting for the queue to drain to its low
+        watermark (asyncio backpressure); ``'dropped'`` when the slow-consumer policy dropped
+        this message or older ones (counted). Under the ``block`` policy a message with no
+        room waits for the drain and is sent then. Raises :class:`ConnectionClosed` if the
+        connection is closed."""
+        if isinstance(message, (bytearray, memoryview)):
+            message = bytes(message)
+        while True:
+            outcome = OUTCOMES[self._send_native(message)]
+            self._after_call()
+            if outcome == "closed":
+                raise _closed(*(self._close_event or (1006, "")))
+            if outcome == "queued" or outcome == "dropped":
+                return outcome
+            await self._wait_drain()
+            if outcome == "above-high":
+                return outcome
+
+    def send_nowait(self, message: Data) -> str:
+        """Sends without waiting: what the session did (``'closed'`` included)."""
+        outcome = OUTCOMES[self._send_native(message)]
+        self._after_call()
+        return outcome
+
+    async def _wait_drain(self) -> None:
+        if self._close_event is not None:
+            return
+        if self._drain is None:
+            self._drain = self._loop.create_future()
+        await asyncio.shield(self._drain)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        """Starts the close handshake and waits for it to end."""
+        if self._close_event is None:
+            self._close_native(code, reason)
+            self._after_call()
+        await asyncio.shield(self._closed)
+
+    async def wait_closed(self) -> None:
+        """Waits for the connection to close."""
+        await asyncio.shield(self._closed)
+
+    @property
+    def close_code(self) -> Optional[int]:
+        return self._close_event[0] if self._close_event else None
+
+    @property
+    def close_reason(self) -> Optional[str]:
+        return self._close_event[1] if self._close_event else None
+
+    # Events from the engine.
+    def _on_message(self, data: Data) -> None:
+        if len(self._messages) >= self._max_queue:
+            # The handler does not keep up: the queue is bounded, so the connection goes
+            # (1013, "try again later") rather than Python's memory growing without end.
+            if self._close_event is None:
+                self._close_native(1013, "handler too slow")
+            return
+        self._messages.append(data)
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.set_result(None)
+
+    def _on_drain(self) -> None:
+        if self._drain is not None:
+            if not self._drain.done():
+                self._drain.set_result(None)
+            self._drain = None
+
+    def _on_close(self, code: int, reason: str) -> None:
+        self._close_event = (code, reason)
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.set_result(None)
+        self._on_drain()
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+
+class ServerConnection(_Connection):
+    """One connection of a :class:`Server`, handed to the handler."""
+
+    def __init__(self, server: "Server", slot: int, serial: int, path: str, remote: tuple,
+                 headers: list) -> None:
+        super().__init__(server._loop, server._max_queue)
+        self._server = server
+        self._slot = slot
+        self._serial = serial
+        #: The request target (path and query).
+        self.path = path
+        #: ``(host, port)`` of the client.
+        self.remote_address = remote
+        #: The upgrade request's headers, as ``(name, value)`` pairs.
+        self.request_headers = headers
+
+    def _send_native(self, message: Data) -> int:
+        if self._server._native is None:
+            return 4
+        return self._server._native.send(self._slot, self._serial, message)
+
+    def _close_native(self, code: int, reason: str) -> None:
+        if self._server._native is not None:
+            self._server._native.close(self._slot, self._serial, code, reason)
+
+    def _after_call(self) -> None:
+        self._server._schedule_flush()
+
+    @property
+    def buffered_amount(self) -> int:
+        """Unsent bytes in the connection's queue."""
+        if self._server._native is None:
+            return 0
+        return max(0, self._server._native.buffered_amount(self._slot, self._serial))
+
+    def subscribe(self, topic: str) -> bool:
+        """Subscribes to ``topic`` (``server.publish`` reaches it, framed once for all);
+        ``True`` if newly subscribed. Raises :class:`ConnectionClosed` once closed and
+        ``MemoryError`` when the topic tables' budget is spent."""
+        native = self._server._native
+        answer = -1 if native is None else native.subscribe(self._slot, self._serial, topic)
+        if answer == -1:
+            raise _closed(*(self._close_event or (1006, "")))
+        if answer == -2:
+            raise MemoryError("freeboard: the memory budget for topic subscriptions is spent")
+        return answer == 1
+
+    def unsubscribe(self, topic: str) -> bool:
+        native = self._server._native
+        return bool(native and native.unsubscribe(self._slot, self._serial, topic))
+
+
+Handler = Callable[[ServerConnection], Awaitable[Any]]
+ProcessRequest = Callable[[str, list], Awaitable[Optional[int]]]
+
+
+class Server:
+    """A freeboard server on the running asyncio loop (made by :func:`serve`)."""
+
+    def __init__(self, handler: Handler, host: str, port: int, *, path: str = "",
+                 subprotocols: Optional[list] = None,
+                 process_request: Optional[ProcessRequest] = None, max_queue: int = 4096,
+                 **settings: Any) -> None:
+        self._loop = asyncio.get_running_loop()
+        config = _settings(settings)
+        config["listen"] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._protocols = list(subprotocols or [])
+        self._native: Optional[NativeServer] = NativeServer(json.dumps(config), path, self._protocols)
+        self._handler = handler
+        self._process_request = process_request
+        self._max_queue = max_queue
+        self._conns: dict = {}
+        self._tasks: set = set()
+        self._flush_queued = False
+        self._dispatching = False
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._deadline: Optional[float] = None
+        self._stopped = self._loop.create_future()
+        #: Handler exceptions, each of which closed its connection with 1011.
+        self.handler_errors = 0
+        if process_request is not None:
+            self._native.decide_upgrades(True)
+        self._fd = self._native.fileno()
+        self._loop.add_reader(self._fd, self._turn)
+        self._arm()
+
+    @property
+    def port(self) -> int:
+        return self._native.port if self._native else 0
+
+    @property
+    def sockets(self) -> list:
+        """``[(host, port)]`` of the listener (websockets gives socket objects)."""
+        return [(self._native.host, self._native.port)] if self._native else []
+
+    @property
+    def connections(self) -> list:
+        """The open connections."""
+        return list(self._conns.values())
+
+    def publish(self, topic: str, message: Data) -> Reach:
+        """Publishes ``message`` to every subscriber of ``topic``: framed once, queued by
+        reference. Returns what it reached (``delivered``, ``dropped`` by policies)."""
+        if self._native is None or self._stopped.done():
+            raise RuntimeError("freeboard: the server is closed")
+        if isinstance(message, (bytearray, memoryview)):
+            message = bytes(message)
+        reach = Reach(*self._native.publish(topic, message))
+        self._schedule_flush()
+        return reach
+
+    def metrics(self) -> str:
+        """The engine's metrics (budget, pool, drops by policy, closes) as OpenMetrics text."""
+        if self._native is None:
+            raise RuntimeError("freeboard: the server is closed")
+        return self._native.metrics()
+
+    def close(self) -> None:
+        """Stops accepting and closes every connection with 1001 (then drains)."""
+        if self._native is not None:
+            self._native.shutdown()
+
+    async def wait_closed(self) -> None:
+        """Waits until the server has stopped and its handlers have returned."""
+        await asyncio.shield(self._stopped)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def serve_forever(self) -> None:
+        await self.wait_closed()
+
+    async def __aenter__(self) -> "Server":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+        await self.wait_closed()
+
+    # The drive: a turn when the descriptor is readable or the deadline comes.
+    def _turn(self) -> None:
+        native = self._native
+        if native is None:
+            return
+        events = native.turn()
+        if events is None or native.stopped:
+            if events:
+                self._dispatch(events)
+            self._stop()
+            return
+        self._dispatch(events)
+        for _ in range(4):
+            events = native.flush()
+            if not events:
+                break
+            self._dispatch(events)
+        self._arm()
+
+    def _arm(self) -> None:
+        native = self._native
+        timeout = native.timeout() if native is not None else None
+        if timeout is None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = self._deadline = None
+            return
+        deadline = self._loop.time() + timeout
+        if self._deadline is not None and abs(self._deadline - deadline) < 0.001:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._deadline = deadline
+        self._timer = self._loop.call_at(deadline, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._timer = self._deadline = None
+        self._turn()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_queued and not self._dispatching and self._native is not None:
+            self._flush_queued = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_queued = False
+        native = self._native
+        if native is None:
+            return
+        for _ in range(4):
+            events = native.flush()
+            if not events:
+                break
+            self._dispatch(events)
+        self._arm()
+
+    def _dispatch(self, events: list) -> None:
+        self._dispatching = True
+        try:
+            for event in events:
+                code = event[0]
+                if code == _MESSAGE:
+                    conn = self._conns.get(event[1])
+                    if conn is not None:
+                        conn._on_message(event[2])
+                elif code == _OPEN:
+                    _, slot, serial, path, remote, headers = event
+                    conn = ServerConnection(self, slot, serial, path, remote, headers)
+                    self._conns[serial] = conn
+                    task = self._loop.create_task(self._run_handler(conn))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                elif code == _DRAIN:
+                    conn = self._conns.get(event[1])
+                    if conn is not None:
+                        conn._on_drain()
+                elif code == _CLOSE:
+                    conn = self._conns.pop(event[1], None)
+                    if conn is not None:
+                        conn._on_close(event[2], event[3])
+                elif code == _UPGRADE:
+                    _, decision, path, _remote, headers = event
+                    task = self._loop.create_task(self._decide(decision, path, headers))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        finally:
+            self._dispatching = False
+        self._schedule_flush()
+
+    async def _run_handler(self, conn: ServerConnection) -> None:
+        try:
+            await self._handler(conn)
+        except ConnectionClosed:
+            pass
+        except Exception:
+            self.handler_errors += 1
+            logger.exception("a handler failed; its connection is closed with 1011")
+            if conn._close_event is None:
+                conn._close_native(1011, "handler error")
+                self._schedule_flush()
+            return
+        if conn._close_event is None:
+            conn._close_native(1000, "")
+            self._schedule_flush()
+
+    async def _decide(self, decision: int, path: str, headers: list) -> None:
+        try:
+            status = await self._process_request(path, headers)
+        except Exception:
+            self.handler_errors += 1
+            logger.exception("process_request failed; the upgrade is refused with 500")
+            status = 500
+        native = self._native
+        if native is not None:
+            native.decide(decision, 101 if status is None else int(status), -1)
+            self._schedule_flush()
+
+    def _stop(self) -> None:
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            self._fd = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._native = None
+        for conn in self._conns.values():
+            conn._on_close(1001, "server shutting down")
+        self._conns.clear()
+        if not self._stopped.done():
+            self._stopped.set_result(None)
+
+
+class _Serve:
+    """What :func:`serve` returns: awaitable (gives the :class:`Server`) and an async
+    context manager (closes it on exit), as websockets' ``serve``."""
+
+    def __init__(self, handler: Handler, host: str, port: int, **kwargs: Any) -> None:
+        self._args = (handler, host, port)
+        self._kwargs = kwargs
+        self._server: Optional[Server] = None
+
+    def __await__(self):
+        return self._start().__await__()
+
+    async def _start(self) -> Server:
+        self._server = Server(*self._args, **self._kwargs)
+        return self._server
+
+    async def __aenter__(self) -> Server:
+        return await self._start()
+
+    async def __aexit__(self, *exc) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+
+def serve(handler: Handler, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> _Serve:
+    """Serves WebSocket connections on ``host:port`` with ``handler(connection)``, one task
+    per connection; the connection closes (1000) when the handler returns, 1011 when it
+    raises (counted in ``server.handler_errors``).
+
+    Settings are freeboard's (those of ``freeboard serve``): ``memory="256M"``,
+    ``max_size``/``max_message_size``, ``low_watermark``, ``high_watermark``,
+    ``max_backpressure``, ``slow_consumer`` (``"block"``, ``"drop-newest"``,
+    ``"drop-oldest"``, ``"conflate"``, ``"close"``), timeouts in seconds, ``share_port``, …
+    Also: ``path`` (only that path; default every path), ``subprotocols``,
+    ``process_request(path, headers)`` (async; ``None`` accepts, a status refuses),
+    ``max_queue`` (messages waiting for the handler before the connection is closed 1013).
+    """
+    return _Serve(handler, host, port, **kwargs)
+
+
+class _ClientLoop:
+    """The one native client loop of an asyncio loop, turned like the server's."""
+
+    _by_loop: dict = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, config: dict) -> None:
+        self._loop = loop
+        self.native = NativeClient(json.dumps(config))
+        self.conns: dict = {}
+        self._flush_queued = False
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._fd = self.native.fileno()
+        loop.add_reader(self._fd, self._turn)
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop, config: dict) -> "_ClientLoop":
+        client = cls._by_loop.get(loop)
+        if client is None or client._loop.is_closed():
+            client = cls(loop, config)
+            cls._by_loop[loop] = client
+        return client
+
+    def _turn(self) -> None:
+        self._dispatch(self.native.turn())
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        timeout = self.native.timeout()
+        if timeout is not None:
+            self._timer = self._loop.call_later(timeout, self._turn)
+        if not self.conns and len(self.native) == 0:
+            self._loop.remove_reader(self._fd)
+            type(self)._by_loop.pop(self._loop, None)
+
+    def schedule_flush(self) -> None:
+        if not self._flush_queued:
+            self._flush_queued = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_queued = False
+        self.native.flush()
+        self._arm()
+
+    def _dispatch(self, events: list) -> None:
+        for event in events:
+            code, id_ = event[0], event[1]
+            conn = self.conns.get(id_)
+            if conn is None:
+                continue
+            if code == _MESSAGE:
+                conn._on_message(event[2])
+            elif code == _OPEN:
+                conn.subprotocol = event[2]
+                if not conn._opened.done():
+                    conn._opened.set_result(None)
+            elif code == _CLOSE:
+                del self.conns[id_]
+                conn._on_close(event[2], event[3])
+                if not conn._opened.done():
+                    conn._opened.set_exception(InvalidHandshake(f"closed: {event[2]}"))
+            elif code == _FAILED:
+                del self.conns[id_]
+                conn._on_close(1006, event[2])
+                if not conn._opened.done():
+                    conn._opened.set_exception(InvalidHandshake(event[2]))
+        self.schedule_flush()
+
+
+class ClientConnection(_Connection):
+    """A client connection (made by :func:`connect`), with the server connection's
+    semantics: ``recv``, ``async for``, ``send`` that waits at the high watermark."""
+
+    def __init__(self, client: _ClientLoop, id_: int, max_queue: int) -> None:
+        super().__init__(client._loop, max_queue)
+        self._client = client
+        self._id = id_
+        self._opened = client._loop.create_future()
+        #: The subprotocol the server chose, if any.
+        self.subprotocol: Optional[str] = None
+
+    def _send_native(self, message: Data) -> int:
+        return self._client.native.send(self._id, message)
+
+    def _close_native(self, code: int, reason: str) -> None:
+        self._client.native.close(self._id, code, reason)
+
+    def _after_call(self) -> None:
+        self._client.schedule_flush()
+
+    @property
+    def buffered_amount(self) -> int:
+        return max(0, self._client.native.buffered_amount(self._id))
+
+
+class _Connect:
+    def __init__(self, uri: str, max_queue: int, settings: dict) -> None:
+        self._uri = uri
+        self._max_queue = max_queue
+        self._settings = settings
+        self._conn: Optional[ClientConnection] = None
+
+    def __await__(self):
+        return self._open().__await__()
+
+    async def _open(self) -> ClientConnection:
+        loop = asyncio.get_running_loop()
+        client = _ClientLoop.of(loop, _settings(self._settings))
+        try:
+            id_ = client.native.connect(self._uri)
+        except OSError as error:
+            raise InvalidHandshake(str(error)) from error
+        conn = ClientConnection(client, id_, self._max_queue)
+        client.conns[id_] = conn
+        client._arm()
+        await conn._opened
+        self._conn = conn
+        return conn
+
+    async def __aenter__(self) -> ClientConnection:
+        return await self._open()
+
+    async def __aexit__(self, *exc) -> None:
+        await self._conn.close()
+
+
+def connect(uri: str, *, max_queue: int = 4096, **settings: Any) -> _Connect:
+    """Opens a client connection to ``uri`` (``ws://``; ``wss://`` with the engine's TLS
+    feature). Awaitable, or an async context manager that closes it on exit. Settings as
+    for :func:`serve` (the first connection of an asyncio loop sets its client's budget)."""
+    return _Connect(uri, max_queue, settings)
