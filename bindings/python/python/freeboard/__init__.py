@@ -295,6 +295,8 @@ class Server:
         self._max_queue = max_queue
         self._conns: dict = {}
         self._tasks: set = set()
+        #: Upgrade decisions in progress: cancelled when the server stops.
+        self._deciding: set = set()
         self._flush_queued = False
         self._dispatching = False
         self._timer: Optional[asyncio.TimerHandle] = None
@@ -304,7 +306,7 @@ class Server:
         self.handler_errors = 0
         if process_request is not None:
             self._native.decide_upgrades(True)
-        self._fd = self._native.fileno()
+        self._fd: Optional[int] = self._native.fileno()
         self._loop.add_reader(self._fd, self._turn)
         self._arm()
 
@@ -443,8 +445,8 @@ class Server:
                 elif code == _UPGRADE:
                     _, decision, path, _remote, headers = event
                     task = self._loop.create_task(self._decide(decision, path, headers))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    self._deciding.add(task)
+                    task.add_done_callback(self._deciding.discard)
         finally:
             self._dispatching = False
         self._schedule_flush()
@@ -466,6 +468,7 @@ class Server:
             self._schedule_flush()
 
     async def _decide(self, decision: int, path: str, headers: list) -> None:
+        assert self._process_request is not None  # (only then are upgrades decided here)
         try:
             status = await self._process_request(path, headers)
         except Exception:
@@ -485,6 +488,8 @@ class Server:
             self._timer.cancel()
             self._timer = None
         self._native = None
+        for task in self._deciding:
+            task.cancel()
         for conn in self._conns.values():
             conn._on_close(1001, "server shutting down")
         self._conns.clear()
@@ -511,9 +516,10 @@ class _Serve:
     async def __aenter__(self) -> Server:
         return await self._start()
 
-    async def __aexit__(self, *exc) -> None:
-        self._server.close()
-        await self._server.wait_closed()
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
 
 
 def serve(handler: Handler, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> _Serve:
@@ -657,8 +663,9 @@ class _Connect:
     async def __aenter__(self) -> ClientConnection:
         return await self._open()
 
-    async def __aexit__(self, *exc) -> None:
-        await self._conn.close()
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._conn is not None:
+            await self._conn.close()
 
 
 def connect(uri: str, *, max_queue: int = 4096, **settings: Any) -> _Connect:

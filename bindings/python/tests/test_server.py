@@ -1,0 +1,272 @@
+"""The Python binding against real sockets on 127.0.0.1 (websockets as the peer client,
+and freeboard's own client)."""
+
+import asyncio
+
+import pytest
+import websockets
+
+import freeboard
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def url(server, path="/"):
+    return f"ws://127.0.0.1:{server.port}{path}"
+
+
+async def echo(ws):
+    async for message in ws:
+        await ws.send(message)
+
+
+def test_echoes_text_as_str_and_binary_as_bytes():
+    async def main():
+        async with freeboard.serve(echo, "127.0.0.1", 0, memory="64M") as server:
+            async with websockets.connect(url(server)) as client:
+                await client.send("hello")
+                assert await client.recv() == "hello"
+                await client.send(b"\x00\x01\xff")
+                assert await client.recv() == b"\x00\x01\xff"
+
+    run(main())
+
+
+def test_the_client_has_the_same_semantics():
+    async def main():
+        async with freeboard.serve(echo, "127.0.0.1", 0, memory="64M") as server:
+            async with freeboard.connect(url(server, "/x")) as client:
+                assert await client.send("hi") == "queued"
+                assert await client.recv() == "hi"
+                assert await client.send(b"raw") == "queued"
+                assert await client.recv() == b"raw"
+            assert client.close_code == 1000
+            with pytest.raises(freeboard.ConnectionClosed):
+                await client.send("late")
+            with pytest.raises(freeboard.InvalidHandshake):
+                await freeboard.connect(f"ws://127.0.0.1:{server.port + 1 or 1}/")
+
+    run(main())
+
+
+def test_messages_of_one_read_arrive_in_order():
+    received = []
+
+    async def collect(ws):
+        async for message in ws:
+            received.append(message)
+
+    async def main():
+        async with freeboard.serve(collect, "127.0.0.1", 0, memory="64M") as server:
+            async with websockets.connect(url(server)) as client:
+                sent = [f"message {i}" for i in range(500)]
+                for message in sent:
+                    await client.send(message)
+                while len(received) < len(sent):
+                    await asyncio.sleep(0.005)
+                assert received == sent
+
+    run(main())
+
+
+def test_request_path_and_headers_reach_the_handler_and_close_code_the_client():
+    seen = {}
+
+    async def handler(ws):
+        seen["path"] = ws.path
+        seen["user"] = dict(ws.request_headers).get("X-User")
+        seen["remote"] = ws.remote_address[0]
+        await ws.close(4000, "done here")
+
+    async def main():
+        async with freeboard.serve(handler, "127.0.0.1", 0, memory="64M") as server:
+            async with websockets.connect(
+                url(server, "/room?id=7"), additional_headers={"X-User": "ada"}
+            ) as client:
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await client.recv()
+                assert closed.value.rcvd.code == 4000
+                assert closed.value.rcvd.reason == "done here"
+        assert seen == {"path": "/room?id=7", "user": "ada", "remote": "127.0.0.1"}
+
+    run(main())
+
+
+def test_send_waits_at_the_high_watermark_until_the_reader_catches_up():
+    outcomes = []
+
+    async def producer(ws):
+        chunk = b"x" * (16 << 10)
+        for _ in range(2000):
+            outcome = await ws.send(chunk)
+            outcomes.append(outcome)
+            if outcome == "above-high":
+                assert ws.buffered_amount <= 16 << 10  # it waited for the drain
+                break
+        await ws.close()
+
+    async def main():
+        settings = dict(low_watermark="16K", high_watermark="64K", max_backpressure="8M",
+                        close_timeout=0.5)
+        async with freeboard.serve(producer, "127.0.0.1", 0, memory="64M", **settings) as server:
+            # A client that reads slowly: small reads with pauses.
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(
+                b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            )
+            await writer.drain()
+            await asyncio.sleep(0.3)  # the server fills the kernel's buffers, then its queue
+            while await reader.read(1 << 16):
+                pass
+            writer.close()
+
+    run(main())
+    assert outcomes[-1] == "above-high"
+    assert set(outcomes[:-1]) == {"queued"}
+
+
+def test_drop_newest_reports_every_drop_and_counts_it():
+    outcomes = []
+    server_ref = {}
+
+    async def producer(ws):
+        for i in range(400):
+            outcomes.append(ws.send_nowait(b"y" * (8 << 10)))
+            if i % 8 == 7:
+                await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        server_ref["metrics"] = server_ref["server"].metrics()
+
+    async def main():
+        settings = dict(slow_consumer="drop-newest", low_watermark="16K",
+                        high_watermark="32K", max_backpressure="64K")
+        async with freeboard.serve(producer, "127.0.0.1", 0, memory="64M", **settings) as server:
+            server_ref["server"] = server
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(
+                b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            )
+            while "metrics" not in server_ref:
+                await asyncio.sleep(0.01)  # never reads: the slow consumer
+            writer.close()
+
+    run(main())
+    dropped = outcomes.count("dropped")
+    assert dropped > 0 and "closed" not in outcomes
+    line = next(l for l in server_ref["metrics"].splitlines()
+                if l.startswith('freeboard_drops_total{reason="drop-newest"}'))
+    assert int(float(line.split()[-1])) == dropped
+
+
+def test_publish_is_framed_once_and_says_what_it_reached():
+    async def handler(ws):
+        if ws.path == "/match":
+            assert ws.subscribe("match") is True
+            assert ws.subscribe("match") is False
+        await ws.wait_closed()
+
+    async def main():
+        async with freeboard.serve(handler, "127.0.0.1", 0, memory="64M") as server:
+            fans = [await websockets.connect(url(server, "/match")) for _ in range(2)]
+            other = await websockets.connect(url(server, "/other"))
+            while len(server.connections) < 3:
+                await asyncio.sleep(0.005)
+            assert server.publish("match", "goal 1-0") == (2, 0)
+            for fan in fans:
+                assert await fan.recv() == "goal 1-0"
+            assert server.publish("nobody", "x") == freeboard.Reach(0, 0)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(other.recv(), 0.1)
+            for c in fans + [other]:
+                await c.close()
+
+    run(main())
+
+
+def test_process_request_decides_later_and_the_timeout_answers_503():
+    async def process_request(path, headers):
+        await asyncio.sleep(0.02)
+        if path == "/yes":
+            return None
+        if path == "/no":
+            return 401
+        await asyncio.sleep(10)  # past the handshake timeout
+
+    async def status(server, path):
+        try:
+            async with websockets.connect(url(server, path)):
+                return 101
+        except websockets.InvalidStatus as refused:
+            return refused.response.status_code
+
+    async def main():
+        async with freeboard.serve(echo, "127.0.0.1", 0, memory="64M", handshake_timeout=0.3,
+                                   process_request=process_request) as server:
+            assert await status(server, "/yes") == 101
+            assert await status(server, "/no") == 401
+            assert await status(server, "/never") == 503
+            server.close()
+
+    run(main())
+
+
+def test_a_handler_that_raises_closes_1011_is_counted_and_the_server_goes_on():
+    async def handler(ws):
+        message = await ws.recv()
+        if message == "raise":
+            raise RuntimeError("boom")
+        await ws.send(message)
+        await ws.wait_closed()
+
+    async def main():
+        async with freeboard.serve(handler, "127.0.0.1", 0, memory="64M") as server:
+            async with websockets.connect(url(server)) as client:
+                await client.send("raise")
+                with pytest.raises(websockets.ConnectionClosedError) as closed:
+                    await client.recv()
+                assert closed.value.rcvd.code == 1011
+            assert server.handler_errors == 1
+            async with websockets.connect(url(server)) as client:
+                await client.send("still here")
+                assert await client.recv() == "still here"
+
+    run(main())
+
+
+def test_close_sends_1001_drains_and_refuses_use_after_it():
+    async def handler(ws):
+        await ws.wait_closed()
+
+    async def main():
+        server = await freeboard.serve(handler, "127.0.0.1", 0, memory="64M")
+        clients = [await websockets.connect(url(server)) for _ in range(2)]
+        while len(server.connections) < 2:
+            await asyncio.sleep(0.005)
+        server.close()
+        for client in clients:
+            with pytest.raises(websockets.ConnectionClosedOK) as closed:
+                await client.recv()
+            assert closed.value.rcvd.code == 1001
+        await server.wait_closed()
+        with pytest.raises(RuntimeError, match="closed"):
+            server.publish("t", "x")
+        with pytest.raises(RuntimeError, match="closed"):
+            server.metrics()
+
+    run(main())
+
+
+def test_a_message_past_max_size_closes_1009():
+    async def main():
+        async with freeboard.serve(echo, "127.0.0.1", 0, memory="64M", max_size="1K") as server:
+            async with websockets.connect(url(server)) as client:
+                await client.send(b"z" * 4096)
+                with pytest.raises(websockets.ConnectionClosedError) as closed:
+                    await client.recv()
+                assert closed.value.rcvd.code == 1009
+
+    run(main())
