@@ -5,8 +5,8 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use freeboard::{Accepted, CloseCode, Conn, ConnId, Decision, Handler, Message, MessageKind};
 use freeboard::Request;
+use freeboard::{Accepted, CloseCode, Conn, ConnId, Decision, Handler, Message, MessageKind};
 use slab::Slab;
 
 /// Event codes, the first number of each event in [`Batch::numbers`] (`lib/events.js` reads
@@ -84,7 +84,12 @@ pub(crate) struct Decisions {
 impl Decisions {
     /// Completes decision `id`: 101 accepts (with the subprotocol `protocol`, an index into
     /// the server's list), anything else refuses with that status. `false` if it has gone.
-    pub(crate) fn decide(&mut self, id: usize, status: u16, protocol: Option<&'static str>) -> bool {
+    pub(crate) fn decide(
+        &mut self,
+        id: usize,
+        status: u16,
+        protocol: Option<&'static str>,
+    ) -> bool {
         let Some((decision, _)) = self.waiting.try_remove(id) else { return false };
         if status == 101 {
             let accepted = Accepted::new().data(None::<RequestHead>);

@@ -27,8 +27,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use freeboard::{
-    CloseCode, ConnKey, LocalServer, MessageKind, PushOutcome, RouteOptions, Router,
-    SendOutcome, Server, ServerConfig,
+    CloseCode, ConnKey, LocalServer, MessageKind, PushOutcome, RouteOptions, Router, SendOutcome,
+    Server, ServerConfig,
 };
 use napi::bindgen_prelude::*;
 use napi::sys;
@@ -84,12 +84,10 @@ impl NativeServer {
         protocols: Vec<String>,
         on_events: Function,
     ) -> Result<Self> {
-        let config: ServerConfig = napi_try(
-            serde_json::from_str(&config).map_err(|e| format!("invalid options: {e}")),
-        )?;
-        let protocols: &'static [&'static str] = Box::leak(
-            protocols.into_iter().map(|p| &*Box::leak(p.into_boxed_str())).collect(),
-        );
+        let config: ServerConfig =
+            napi_try(serde_json::from_str(&config).map_err(|e| format!("invalid options: {e}")))?;
+        let protocols: &'static [&'static str] =
+            Box::leak(protocols.into_iter().map(|p| &*Box::leak(p.into_boxed_str())).collect());
         let batch = Rc::new(RefCell::new(Batch::default()));
         let decisions = Rc::new(RefCell::new(Decisions::default()));
         let decide_in_js = Rc::new(Cell::new(false));
@@ -394,7 +392,9 @@ impl Core {
         let timeout = self.server.borrow().as_ref().and_then(LocalServer::timeout);
         if let Some(timer) = &*self.timer.borrow() {
             match timeout {
-                Some(after) => timer.start_timer(after.as_millis().min(1 << 40) as u64, on_deadline),
+                Some(after) => {
+                    timer.start_timer(after.as_millis().min(1 << 40) as u64, on_deadline)
+                }
                 None => timer.stop_timer(),
             }
         }
@@ -435,7 +435,12 @@ impl Core {
         // SAFETY: on the JavaScript thread inside a handle scope.
         unsafe {
             let mut text = ptr::null_mut();
-            sys::napi_create_string_utf8(env, message.as_ptr().cast(), message.len() as isize, &mut text);
+            sys::napi_create_string_utf8(
+                env,
+                message.as_ptr().cast(),
+                message.len() as isize,
+                &mut text,
+            );
             let mut error = ptr::null_mut();
             sys::napi_create_error(env, ptr::null_mut(), text, &mut error);
             sys::napi_fatal_exception(env, error);

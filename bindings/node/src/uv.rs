@@ -90,7 +90,10 @@ impl Handle {
     ///
     /// # Safety
     /// As for [`poll`](Self::poll).
-    pub(crate) unsafe fn timer(event_loop: *mut c_void, data: *const c_void) -> Result<Self, c_int> {
+    pub(crate) unsafe fn timer(
+        event_loop: *mut c_void,
+        data: *const c_void,
+    ) -> Result<Self, c_int> {
         let handle = Self::allocate(UV_TIMER, data)?;
         // SAFETY: as in `poll`.
         match unsafe { uv_timer_init(event_loop, handle.memory.cast()) } {

@@ -89,7 +89,10 @@ impl RequestHead {
         Self { path: request.path().to_owned(), peer, headers }
     }
 
-    fn into_py<'py>(self, py: Python<'py>) -> PyResult<(String, (String, u16), Bound<'py, PyList>)> {
+    fn into_py<'py>(
+        self,
+        py: Python<'py>,
+    ) -> PyResult<(String, (String, u16), Bound<'py, PyList>)> {
         let headers = PyList::new(py, self.headers)?;
         Ok((self.path, (self.peer.ip().to_string(), self.peer.port()), headers))
     }
@@ -145,7 +148,8 @@ impl Handler for Bridge {
         let key = conn.key();
         Python::attach(|py| {
             if let Ok(head) = head.into_py(py)
-                && let Ok(event) = (OPEN, key.slot, key.serial, head.0, head.1, head.2).into_pyobject(py)
+                && let Ok(event) =
+                    (OPEN, key.slot, key.serial, head.0, head.1, head.2).into_pyobject(py)
             {
                 push(&self.events, event);
             }
@@ -202,9 +206,8 @@ impl NativeServer {
     fn new(config: &str, path: &str, protocols: Vec<String>) -> PyResult<Self> {
         let config: ServerConfig = serde_json::from_str(config)
             .map_err(|e| PyValueError::new_err(format!("invalid setting: {e}")))?;
-        let protocols: &'static [&'static str] = Box::leak(
-            protocols.into_iter().map(|p| &*Box::leak(p.into_boxed_str())).collect(),
-        );
+        let protocols: &'static [&'static str] =
+            Box::leak(protocols.into_iter().map(|p| &*Box::leak(p.into_boxed_str())).collect());
         let events = Events::default();
         let decisions = Rc::new(RefCell::new(Slab::new()));
         let decide_in_py = Rc::new(Cell::new(false));
@@ -322,7 +325,9 @@ impl NativeServer {
         let Some(server) = &mut self.server else { return Ok(CLOSED) };
         if let Ok(text) = data.cast::<PyString>() {
             let text = text.to_str()?;
-            return Ok(outcome(server.with_conn(key, |c| c.send(MessageKind::Text, text.as_bytes()))));
+            return Ok(outcome(
+                server.with_conn(key, |c| c.send(MessageKind::Text, text.as_bytes())),
+            ));
         }
         let bytes = as_bytes(data)?;
         Ok(outcome(server.with_conn(key, |c| c.send(MessageKind::Binary, bytes))))
