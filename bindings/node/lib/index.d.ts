@@ -44,6 +44,7 @@ export interface ServerOptions {
   /** What happens to a slow consumer past its cap (default 'block'). */
   slowConsumer?: SlowConsumerPolicy;
   handshakeTimeout?: Duration;
+  /** null (or 0) turns the idle timeout off. */
   idleTimeout?: Duration | null;
   closeTimeout?: Duration;
   drainTimeout?: Duration;

@@ -44,8 +44,11 @@ function settings(options) {
   const out = {};
   for (const [key, value] of Object.entries(options)) {
     if (OWN.has(key) || value === undefined) continue;
+    // (null turns a timeout off; for other settings it means the default)
     const name = ALIASES[key] || snake(key);
-    if (typeof value === 'number' && /_timeout$|retry_after/.test(name)) {
+    if (value === null && /_timeout$/.test(name)) {
+      out[name] = '0s'; // no timer
+    } else if (typeof value === 'number' && /_timeout$|retry_after/.test(name)) {
       out[name] = `${value}ms`;
     } else if (value !== null && typeof value === 'object' && !Array.isArray(value)) {
       out[name] = settings(value);

@@ -88,9 +88,11 @@ def _settings(settings: dict) -> dict:
     """Keyword settings to freeboard's configuration keys; seconds become durations."""
     out = {}
     for key, value in settings.items():
-        if value is None and key != "idle_timeout":
-            continue
         name = _ALIASES.get(key, key)
+        if value is None:
+            if name.endswith("_timeout"):
+                out[name] = "0s"  # no timer
+            continue
         if isinstance(value, (int, float)) and not isinstance(value, bool) and (
             name.endswith("_timeout") or name == "retry_after"
         ):

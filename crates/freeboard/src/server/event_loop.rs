@@ -175,6 +175,9 @@ pub(crate) struct EventLoop<T> {
     /// during a fan-out waits its turn and one publisher's messages stay in order).
     pub(super) outbox_spare: Outbox,
     pub(super) fanning_out: bool,
+    /// A fan-out may write an idle subscriber's frames straight to its socket (else it only
+    /// queues them, for the end of the turn).
+    pub(super) write_straight: bool,
     /// The connection whose read's messages are being handled: their publishes wait in the
     /// outbox until the read is done (or the outbox holds
     /// [`OUTBOX_RUN`](super::handlers::OUTBOX_RUN) of them), so one subscriber takes them all
@@ -366,6 +369,7 @@ impl<T: Transport> EventLoop<T> {
             outbox: Outbox::default(),
             outbox_spare: Outbox::default(),
             fanning_out: false,
+            write_straight: true,
             reading: None,
             compressed: Vec::new(),
             changes: Vec::new(),

@@ -47,7 +47,12 @@ impl<T: Transport> EventLoop<T> {
         let hub = &self.shared.hub;
         let published =
             self.topics.publish(hub, &mut self.pool, &mut self.outbox, topic, kind, payload, None);
+        // Queued only: the caller publishes many times between two flushes (a host's
+        // callback), and each subscriber's queue then leaves in one `writev` at the flush
+        // rather than one `write` per publication.
+        self.write_straight = false;
         let reach = self.fan_out_outbox(self.now());
+        self.write_straight = true;
         (published, reach)
     }
 
@@ -114,7 +119,7 @@ impl<T: Transport> EventLoop<T> {
                 reach.dropped += wanted;
                 continue;
             };
-            let idle = !entry.dirty && entry.session.buffered() == 0;
+            let idle = self.write_straight && !entry.dirty && entry.session.buffered() == 0;
             let policy = entry.session.queue().policy();
             let compression = entry.session.shared_compression();
             if let Some(bits) = compression {
