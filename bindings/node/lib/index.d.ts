@@ -62,8 +62,8 @@ export interface ServerOptions {
 export interface UpgradeRequest {
   url: string;
   method: 'GET';
-  /** Lower-case names; repeated headers joined with ', '. */
-  headers: Record<string, string>;
+  /** Lower-case names; repeated headers joined with ', ' (parsed at first read). */
+  readonly headers: Record<string, string>;
   socket: { remoteAddress: string; remotePort: number };
 }
 
@@ -108,7 +108,7 @@ export declare class WebSocket extends EventEmitter {
 
 export declare class Server extends EventEmitter {
   constructor(options?: ServerOptions, callback?: () => void);
-  /** Open connections. */
+  /** Open connections (a new Set at each read). */
   readonly clients: Set<WebSocket>;
   /** Handler throws and rejections, each of which closed its connection with 1011. */
   readonly handlerErrors: number;

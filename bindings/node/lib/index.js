@@ -66,6 +66,34 @@ function closedError(what) {
 }
 
 /**
+ * An upgrade request as far as a WebSocket server sees it: `url`, `headers` (lower-case
+ * names; parsed at first use), `socket.remoteAddress`/`remotePort`, `method`.
+ */
+class UpgradeRequest {
+  constructor(url, address, port, rawHeaders) {
+    this.url = url;
+    this.method = 'GET';
+    this.socket = { remoteAddress: address, remotePort: port };
+    this._raw = rawHeaders;
+    this._headers = null;
+  }
+
+  get headers() {
+    if (this._headers === null) {
+      const headers = {};
+      const parts = this._raw.split('\n');
+      for (let h = 0; h + 1 < parts.length; h += 2) {
+        const name = parts[h];
+        headers[name] = name in headers ? `${headers[name]}, ${parts[h + 1]}` : parts[h + 1];
+      }
+      this._headers = headers;
+      this._raw = '';
+    }
+    return this._headers;
+  }
+}
+
+/**
  * One WebSocket connection of a `Server`. Its methods call the engine at once: `send` says
  * what the session did with the message.
  */
@@ -77,9 +105,9 @@ class WebSocket extends EventEmitter {
     this._slot = slot;
     this._serial = serial;
     this.readyState = OPEN_STATE;
-    /** The remote address and port, from the upgrade request. */
-    this.remoteAddress = undefined;
-    this.remotePort = undefined;
+    /** The client's address and port (the forwarded ones behind a trusted proxy). */
+    this.remoteAddress = '';
+    this.remotePort = 0;
   }
 
   /**
@@ -186,8 +214,6 @@ class Server extends EventEmitter {
     );
     /** Open connections, by serial. */
     this._conns = new Map();
-    /** Every open connection, as ws's `clients`. */
-    this.clients = new Set();
     /** Handler errors (throws and rejections): each closed its connection with 1011. */
     this.handlerErrors = 0;
     this._flushQueued = false;
@@ -208,6 +234,11 @@ class Server extends EventEmitter {
     });
     if (callback) this.once('listening', callback);
     process.nextTick(() => this.emit('listening'));
+  }
+
+  /** The open connections (a new Set each time: ws's `clients`, without a second table). */
+  get clients() {
+    return new Set(this._conns.values());
   }
 
   /** `{ address, family, port }` of the listener, as `net.Server#address()`. */
@@ -282,18 +313,7 @@ class Server extends EventEmitter {
   }
 
   _request(numbers, i, strings, s) {
-    const port = numbers[i];
-    const count = numbers[i + 1];
-    const url = strings[s];
-    const remoteAddress = strings[s + 1];
-    const headers = {};
-    for (let h = 0; h < count; h++) {
-      const name = strings[s + 2 + 2 * h];
-      const value = strings[s + 3 + 2 * h];
-      headers[name] = name in headers ? `${headers[name]}, ${value}` : value;
-    }
-    const request = { url, headers, method: 'GET', socket: { remoteAddress, remotePort: port } };
-    return [request, s + 2 + 2 * count];
+    return [new UpgradeRequest(strings[s], strings[s + 1], numbers[i], strings[s + 2]), s + 3];
   }
 
   _onEvents(numbers, payload, strings) {
@@ -320,12 +340,11 @@ class Server extends EventEmitter {
           case OPEN: {
             const ws = new WebSocket(this, numbers[i + 1], numbers[i + 2]);
             const [request, next] = this._request(numbers, i + 3, strings, s);
-            i += 5;
+            i += 4;
             s = next;
             ws.remoteAddress = request.socket.remoteAddress;
             ws.remotePort = request.socket.remotePort;
             this._conns.set(ws._serial, ws);
-            this.clients.add(ws);
             try {
               this.emit('connection', ws, request);
             } catch (error) {
@@ -352,7 +371,6 @@ class Server extends EventEmitter {
             s += 1;
             if (ws === undefined) break;
             this._conns.delete(ws._serial);
-            this.clients.delete(ws);
             ws.readyState = CLOSED;
             try {
               ws.emit('close', code, Buffer.from(reason));
@@ -364,7 +382,7 @@ class Server extends EventEmitter {
           case UPGRADE: {
             const id = numbers[i + 1];
             const [request, next] = this._request(numbers, i + 2, strings, s);
-            i += 4;
+            i += 3;
             s = next;
             this._upgrade(id, request);
             break;
@@ -423,7 +441,6 @@ class Server extends EventEmitter {
       ws.readyState = CLOSED;
     }
     this._conns.clear();
-    this.clients.clear();
     const callbacks = this._closeCallbacks;
     this._closeCallbacks = [];
     for (const callback of callbacks) callback();

@@ -21,11 +21,13 @@ pub(crate) const UPGRADE: f64 = 4.0;
 /// its fields), the payloads of the turn's messages back to back, and the few strings
 /// (request heads, close reasons).
 ///
-/// - `OPEN slot serial port headers` + strings `url address (name value)*headers`
+/// - `OPEN slot serial port` + strings `url address headers`, the headers one string of
+///   names (lower case) and values, each followed by `\n` (JavaScript parses it only if the
+///   application reads `request.headers`: an idle connection keeps one string, not an object)
 /// - `MESSAGE serial binary offset length` (the payload at `offset` in `payload`)
 /// - `DRAIN serial`
 /// - `CLOSE serial code` + string `reason`
-/// - `UPGRADE decision port headers` + strings as `OPEN`'s
+/// - `UPGRADE decision port` + strings as `OPEN`'s
 #[derive(Default)]
 pub(crate) struct Batch {
     pub(crate) numbers: Vec<f64>,
@@ -40,10 +42,7 @@ impl Batch {
 
     fn head(&mut self, head: RequestHead) {
         self.numbers.push(f64::from(head.port));
-        self.numbers.push((head.headers.len() / 2) as f64);
-        self.strings.push(head.url);
-        self.strings.push(head.address);
-        self.strings.extend(head.headers);
+        self.strings.extend([head.url, head.address, head.headers]);
     }
 }
 
@@ -53,16 +52,18 @@ pub(crate) struct RequestHead {
     url: String,
     address: String,
     port: u16,
-    /// Names (lower case) and values, alternating.
-    headers: Vec<String>,
+    /// Names (lower case) and values, each followed by `\n` (which no header holds).
+    headers: String,
 }
 
 impl RequestHead {
     fn new(request: &Request<'_, '_>, peer: std::net::SocketAddr) -> Self {
-        let mut headers = Vec::with_capacity(request.headers().len() * 2);
+        let mut headers = String::new();
         for header in request.headers() {
-            headers.push(header.name.to_ascii_lowercase());
-            headers.push(String::from_utf8_lossy(header.value).into_owned());
+            headers.extend(header.name.chars().map(|c| c.to_ascii_lowercase()));
+            headers.push('\n');
+            headers.push_str(&String::from_utf8_lossy(header.value));
+            headers.push('\n');
         }
         Self {
             url: request.path().to_owned(),
@@ -160,8 +161,9 @@ impl Handler for Bridge {
         match head {
             Some(head) => batch.head(head),
             None => {
-                batch.numbers.extend([0.0, 0.0]);
-                batch.strings.extend([conn.target().to_owned(), conn.peer().ip().to_string()]);
+                batch.numbers.push(f64::from(conn.peer().port()));
+                let (url, address) = (conn.target().to_owned(), conn.peer().ip().to_string());
+                batch.strings.extend([url, address, String::new()]);
             }
         }
     }
