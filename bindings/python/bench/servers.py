@@ -1,10 +1,13 @@
 """The benchmark servers of the Python comparison, one process each:
 
-    python servers.py freeboard|websockets|picows echo|idle HOST:PORT
+    python servers.py freeboard|websockets|picows echo|idle|broadcast HOST:PORT
 
-``echo`` sends every message back as it came; ``idle`` holds connections. Each is the
-library's ordinary usage: freeboard and websockets with a handler coroutine per connection,
-picows with its listener callbacks (it has no per-connection coroutine)."""
+``echo`` sends every message back as it came; ``idle`` holds connections; ``broadcast``
+makes every connection a subscriber until it sends, and publishes what it sends to the
+others (as bindings/node/bench/server.js). Each is the library's ordinary usage: freeboard
+and websockets with a handler coroutine per connection (websockets' ``broadcast()`` for the
+fan-out), picows with its listener callbacks (it has no per-connection coroutine, nor a
+broadcast helper: a loop over the subscribers)."""
 
 import asyncio
 import sys
@@ -20,9 +23,20 @@ async def freeboard_server(mode, host, port):
     async def idle(ws):
         await ws.wait_closed()
 
-    handler = echo if mode == "echo" else idle
+    async def broadcast(ws):
+        ws.subscribe("bench")
+        publishing = False
+        async for message in ws:
+            if not publishing:
+                publishing = True
+                ws.unsubscribe("bench")
+            server.publish("bench", message)
+
+    handler = {"echo": echo, "idle": idle, "broadcast": broadcast}[mode]
+    settings = dict(slow_consumer="drop-oldest", max_backpressure="4M") if mode == "broadcast" else {}
     async with freeboard.serve(handler, host, port, memory="1G", max_connections=100000,
-                               max_connections_per_ip=100000, idle_timeout=None):
+                               max_connections_per_ip=100000, idle_timeout=None,
+                               **settings) as server:
         print(f"freeboard-python {mode} listening on {host}:{port}", flush=True)
         await asyncio.Future()
 
@@ -37,7 +51,18 @@ async def websockets_server(mode, host, port):
     async def idle(ws):
         await ws.wait_closed()
 
-    handler = echo if mode == "echo" else idle
+    subscribers = set()
+
+    async def broadcast(ws):
+        subscribers.add(ws)
+        try:
+            async for message in ws:
+                subscribers.discard(ws)
+                websockets.broadcast(subscribers, message)
+        finally:
+            subscribers.discard(ws)
+
+    handler = {"echo": echo, "idle": idle, "broadcast": broadcast}[mode]
     async with websockets.serve(handler, host, port, compression=None, ping_interval=None,
                                 max_size=None):
         print(f"websockets {mode} listening on {host}:{port}", flush=True)
@@ -47,13 +72,28 @@ async def websockets_server(mode, host, port):
 async def picows_server(mode, host, port):
     import picows
 
+    subscribers = set()
+
     class Echo(picows.WSListener):
+        def on_ws_connected(self, transport):
+            if mode == "broadcast":
+                subscribers.add(transport)
+
+        def on_ws_disconnected(self, transport):
+            subscribers.discard(transport)
+
         def on_ws_frame(self, transport, frame):
             if frame.msg_type == picows.WSMsgType.CLOSE:
                 transport.send_close(frame.get_close_code())
                 transport.disconnect()
-            elif frame.msg_type in (picows.WSMsgType.TEXT, picows.WSMsgType.BINARY) and mode == "echo":
-                transport.send(frame.msg_type, frame.get_payload_as_memoryview())
+            elif frame.msg_type in (picows.WSMsgType.TEXT, picows.WSMsgType.BINARY):
+                if mode == "echo":
+                    transport.send(frame.msg_type, frame.get_payload_as_memoryview())
+                elif mode == "broadcast":
+                    subscribers.discard(transport)
+                    payload = frame.get_payload_as_bytes()
+                    for subscriber in subscribers:
+                        subscriber.send(frame.msg_type, payload)
             elif frame.msg_type == picows.WSMsgType.PING:
                 transport.send_pong(frame.get_payload_as_bytes())
 
