@@ -89,12 +89,18 @@ impl RequestHead {
         Self { path: request.path().to_owned(), peer, headers }
     }
 
-    fn into_py<'py>(
-        self,
-        py: Python<'py>,
-    ) -> PyResult<(String, (String, u16), Bound<'py, PyList>)> {
-        let headers = PyList::new(py, self.headers)?;
-        Ok((self.path, (self.peer.ip().to_string(), self.peer.port()), headers))
+    /// Path, `(host, port)`, and the headers as one string of names and values each followed
+    /// by `\n` (which no header holds): Python splits it at first use, so an idle
+    /// connection keeps one string rather than a list of tuples.
+    fn into_py(self) -> (String, (String, u16), String) {
+        let mut headers = String::new();
+        for (name, value) in &self.headers {
+            headers.push_str(name);
+            headers.push('\n');
+            headers.push_str(value);
+            headers.push('\n');
+        }
+        (self.path, (self.peer.ip().to_string(), self.peer.port()), headers)
     }
 }
 
@@ -116,9 +122,8 @@ impl Handler for Bridge {
             let deadline = Instant::now() + self.handshake_timeout;
             let id = self.decisions.borrow_mut().insert((decision, deadline));
             Python::attach(|py| {
-                if let Ok(head) = head.into_py(py)
-                    && let Ok(event) = (UPGRADE, id, head.0, head.1, head.2).into_pyobject(py)
-                {
+                let (path, peer, headers) = head.into_py();
+                if let Ok(event) = (UPGRADE, id, path, peer, headers).into_pyobject(py) {
                     push(&self.events, event);
                 }
             });
@@ -147,10 +152,9 @@ impl Handler for Bridge {
         });
         let key = conn.key();
         Python::attach(|py| {
-            if let Ok(head) = head.into_py(py)
-                && let Ok(event) =
-                    (OPEN, key.slot, key.serial, head.0, head.1, head.2).into_pyobject(py)
-            {
+            let (path, peer, headers) = head.into_py();
+            let event = (OPEN, key.slot, key.serial, path, peer, headers).into_pyobject(py);
+            if let Ok(event) = event {
                 push(&self.events, event);
             }
         });

@@ -104,14 +104,26 @@ def _settings(settings: dict) -> dict:
 class _Connection:
     """What server and client connections share: the message queue, send, close."""
 
+    # Slots, and the queue and futures made at first use: an idle connection holds a few
+    # words here, not a dict, a deque (0.6 KiB empty) and futures.
+    __slots__ = ("_loop", "_messages", "_receiver", "_drain", "_closed", "_close_event",
+                 "_max_queue")
+
     def __init__(self, loop: asyncio.AbstractEventLoop, max_queue: int) -> None:
         self._loop = loop
-        self._messages: collections.deque = collections.deque()
+        self._messages: Optional[collections.deque] = None
         self._receiver: Optional[asyncio.Future] = None
         self._drain: Optional[asyncio.Future] = None
-        self._closed = loop.create_future()
+        self._closed: Optional[asyncio.Future] = None
         self._close_event: Optional[tuple] = None
         self._max_queue = max_queue
+
+    def _closed_future(self) -> asyncio.Future:
+        if self._closed is None:
+            self._closed = self._loop.create_future()
+            if self._close_event is not None:
+                self._closed.set_result(None)
+        return self._closed
 
     # Native calls, per kind of connection.
     def _send_native(self, message: Data) -> int:
@@ -134,6 +146,7 @@ class _Connection:
                 await self._receiver
             finally:
                 self._receiver = None
+        assert self._messages is not None  # (it holds a message)
         return self._messages.popleft()
 
     def __aiter__(self):
@@ -183,11 +196,11 @@ class _Connection:
         if self._close_event is None:
             self._close_native(code, reason)
             self._after_call()
-        await asyncio.shield(self._closed)
+        await asyncio.shield(self._closed_future())
 
     async def wait_closed(self) -> None:
         """Waits for the connection to close."""
-        await asyncio.shield(self._closed)
+        await asyncio.shield(self._closed_future())
 
     @property
     def close_code(self) -> Optional[int]:
@@ -199,7 +212,9 @@ class _Connection:
 
     # Events from the engine.
     def _on_message(self, data: Data) -> None:
-        if len(self._messages) >= self._max_queue:
+        if self._messages is None:
+            self._messages = collections.deque()
+        elif len(self._messages) >= self._max_queue:
             # The handler does not keep up: the queue is bounded, so the connection goes
             # (1013, "try again later") rather than Python's memory growing without end.
             if self._close_event is None:
@@ -220,15 +235,17 @@ class _Connection:
         if self._receiver is not None and not self._receiver.done():
             self._receiver.set_result(None)
         self._on_drain()
-        if not self._closed.done():
+        if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
 
 
 class ServerConnection(_Connection):
     """One connection of a :class:`Server`, handed to the handler."""
 
+    __slots__ = ("_server", "_slot", "_serial", "path", "remote_address", "_headers")
+
     def __init__(self, server: "Server", slot: int, serial: int, path: str, remote: tuple,
-                 headers: list) -> None:
+                 headers: str) -> None:
         super().__init__(server._loop, server._max_queue)
         self._server = server
         self._slot = slot
@@ -237,8 +254,15 @@ class ServerConnection(_Connection):
         self.path = path
         #: ``(host, port)`` of the client.
         self.remote_address = remote
-        #: The upgrade request's headers, as ``(name, value)`` pairs.
-        self.request_headers = headers
+        self._headers: Union[str, list] = headers
+
+    @property
+    def request_headers(self) -> list:
+        """The upgrade request's headers, as ``(name, value)`` pairs."""
+        if isinstance(self._headers, str):
+            parts = self._headers.split("\n")
+            self._headers = list(zip(parts[0:-1:2], parts[1::2]))
+        return self._headers
 
     def _send_native(self, message: Data) -> int:
         if self._server._native is None:
@@ -469,7 +493,9 @@ class Server:
             conn._close_native(1000, "")
             self._schedule_flush()
 
-    async def _decide(self, decision: int, path: str, headers: list) -> None:
+    async def _decide(self, decision: int, path: str, raw_headers: str) -> None:
+        parts = raw_headers.split("\n")
+        headers = list(zip(parts[0:-1:2], parts[1::2]))
         assert self._process_request is not None  # (only then are upgrades decided here)
         try:
             status = await self._process_request(path, headers)
@@ -615,6 +641,8 @@ class _ClientLoop:
 class ClientConnection(_Connection):
     """A client connection (made by :func:`connect`), with the server connection's
     semantics: ``recv``, ``async for``, ``send`` that waits at the high watermark."""
+
+    __slots__ = ("_client", "_id", "_opened", "subprotocol")
 
     def __init__(self, client: _ClientLoop, id_: int, max_queue: int) -> None:
         super().__init__(client._loop, max_queue)
