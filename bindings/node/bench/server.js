@@ -5,16 +5,18 @@
 //                                       topic, as peers/node-ws-broadcast's /pub is no
 //                                       subscriber) and each message it sends is published
 //   node server.js idle HOST:PORT       accepts and holds connections (idle memory)
+// A third argument, JSON, adds settings (the hostile suite's budget and timeouts).
 // The send queue's settings are freeboard's defaults but for the broadcast, which runs
 // drop-oldest with a 4 MiB cap as `freeboard bench broadcast` runs freeboard serve.
 'use strict';
 const { Server } = require('..');
 
-const [mode = 'echo', at = '127.0.0.1:9005'] = process.argv.slice(2);
+const [mode = 'echo', at = '127.0.0.1:9005', extra = '{}'] = process.argv.slice(2);
 const [host, port] = at.split(':');
 const options = { host, port: Number(port), memory: '1G', maxConnections: 100000,
   maxConnectionsPerIp: 100000, idleTimeout: null };
 if (mode === 'broadcast') Object.assign(options, { slowConsumer: 'drop-oldest', maxBackpressure: '4M' });
+Object.assign(options, JSON.parse(extra));
 const server = new Server(options);
 server.on('connection', (ws) => {
   if (mode === 'echo') {

@@ -1,19 +1,21 @@
 """The benchmark servers of the Python comparison, one process each:
 
-    python servers.py freeboard|websockets|picows echo|idle|broadcast HOST:PORT
+    python servers.py freeboard|websockets|picows echo|idle|broadcast HOST:PORT [SETTINGS]
 
 ``echo`` sends every message back as it came; ``idle`` holds connections; ``broadcast``
 makes every connection a subscriber until it sends, and publishes what it sends to the
 others (as bindings/node/bench/server.js). Each is the library's ordinary usage: freeboard
 and websockets with a handler coroutine per connection (websockets' ``broadcast()`` for the
 fan-out), picows with its listener callbacks (it has no per-connection coroutine, nor a
-broadcast helper: a loop over the subscribers)."""
+broadcast helper: a loop over the subscribers). SETTINGS, JSON, adds freeboard settings (the
+hostile suite's budget and timeouts)."""
 
 import asyncio
+import json
 import sys
 
 
-async def freeboard_server(mode, host, port):
+async def freeboard_server(mode, host, port, extra):
     import freeboard
 
     async def echo(ws):
@@ -33,15 +35,17 @@ async def freeboard_server(mode, host, port):
             server.publish("bench", message)
 
     handler = {"echo": echo, "idle": idle, "broadcast": broadcast}[mode]
-    settings = dict(slow_consumer="drop-oldest", max_backpressure="4M") if mode == "broadcast" else {}
-    async with freeboard.serve(handler, host, port, memory="1G", max_connections=100000,
-                               max_connections_per_ip=100000, idle_timeout=None,
-                               **settings) as server:
+    settings = dict(memory="1G", max_connections=100000, max_connections_per_ip=100000,
+                    idle_timeout=None)
+    if mode == "broadcast":
+        settings.update(slow_consumer="drop-oldest", max_backpressure="4M")
+    settings.update(extra)
+    async with freeboard.serve(handler, host, port, **settings) as server:
         print(f"freeboard-python {mode} listening on {host}:{port}", flush=True)
         await asyncio.Future()
 
 
-async def websockets_server(mode, host, port):
+async def websockets_server(mode, host, port, extra):
     import websockets
 
     async def echo(ws):
@@ -69,7 +73,7 @@ async def websockets_server(mode, host, port):
         await asyncio.Future()
 
 
-async def picows_server(mode, host, port):
+async def picows_server(mode, host, port, extra):
     import picows
 
     subscribers = set()
@@ -105,10 +109,11 @@ async def picows_server(mode, host, port):
 
 def main():
     impl, mode, at = sys.argv[1:4]
+    extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     host, port = at.rsplit(":", 1)
     run = {"freeboard": freeboard_server, "websockets": websockets_server,
            "picows": picows_server}[impl]
-    asyncio.run(run(mode, host, int(port)))
+    asyncio.run(run(mode, host, int(port), extra))
 
 
 if __name__ == "__main__":

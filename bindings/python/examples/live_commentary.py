@@ -6,7 +6,6 @@ import freeboard
 
 SECRET = os.environ.get("COMMENTATOR_SECRET", "let-me-talk")
 
-
 async def handler(ws):
     url = urllib.parse.urlsplit(ws.path)
     match = re.fullmatch(r"/match/(\w+)", url.path)

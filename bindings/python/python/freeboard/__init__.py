@@ -174,9 +174,16 @@ class _Connection:
                 raise _closed(*(self._close_event or (1006, "")))
             if outcome == "queued" or outcome == "dropped":
                 return outcome
-            await self._wait_drain()
             if outcome == "above-high":
+                await self._wait_drain()
                 return outcome
+            # 'blocked': the queue is at its cap (a drain comes) or the shared pool is short
+            # (no event of this connection says when it has room): retry at the drain or
+            # after a few turns, whichever comes first.
+            try:
+                await asyncio.wait_for(self._wait_drain(), 0.02)
+            except asyncio.TimeoutError:
+                pass
 
     def send_nowait(self, message: Data) -> str:
         """Sends without waiting: what the session did (``'closed'`` included)."""
