@@ -285,7 +285,7 @@ impl<H: ClientHandler> ClientLoop<H> {
         Ok(())
     }
 
-    /// How long a host event loop that watches [`as_raw_fd`](AsRawFd::as_raw_fd) may wait
+    /// How long a host event loop that watches [`as_raw_fd`](std::os::fd::AsRawFd::as_raw_fd) may wait
     /// before it must [`turn`](Self::turn) anyway (a connect or handshake timeout, a close
     /// or keep-alive timer); `None` when nothing is due.
     pub fn timeout(&self) -> Option<Duration> {
