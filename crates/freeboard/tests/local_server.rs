@@ -194,3 +194,46 @@ fn shutdown_closes_with_1001_and_the_last_turn_says_stopped() {
     assert!(seen.borrow().contains(&Seen::Close(1001)));
     peer.join().unwrap();
 }
+
+/// A held connection is not read: what its peer sends waits in the socket (TCP's flow
+/// control) until the host resumes it, then arrives whole and in order.
+#[test]
+fn held_input_waits_in_the_socket_until_resumed() {
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let mut server = bind(&seen);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let peer = client(server.local_addr(), move |mut c| {
+        rx.recv().unwrap(); // send only once the server holds the connection
+        for i in 0..10u8 {
+            c.send(0x82, &[i]);
+        }
+        c.send(0x88, &1000u16.to_be_bytes());
+        assert_eq!(c.recv_close(), Some(1000));
+    });
+    drive_until(&mut server, |_| seen.borrow().iter().any(|s| matches!(s, Seen::Open(_))));
+    let key = match seen.borrow_mut().remove(0) {
+        Seen::Open(key) => key,
+        other => panic!("{other:?}"),
+    };
+    assert!(server.hold_input(key, true));
+    tx.send(()).unwrap();
+    let until = Instant::now() + Duration::from_millis(300);
+    drive_until(&mut server, |_| Instant::now() >= until);
+    assert!(seen.borrow().is_empty(), "a held connection was read: {:?}", seen.borrow());
+    assert!(server.hold_input(key, false));
+    assert_eq!(server.timeout(), Some(Duration::ZERO), "a resumed connection is read at once");
+    drive_until(&mut server, |_| seen.borrow().contains(&Seen::Close(1000)));
+    let messages: Vec<Vec<u8>> = seen
+        .borrow()
+        .iter()
+        .filter_map(|s| match s {
+            Seen::Message(_, data) => Some(data.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(messages, (0..10u8).map(|i| vec![i]).collect::<Vec<_>>());
+    peer.join().unwrap();
+    assert!(!server.hold_input(key, true), "a closed connection cannot be held");
+    server.shutdown();
+    drive_until(&mut server, |server| server.is_finished());
+}

@@ -174,6 +174,21 @@ impl<T: Transport> EventLoop<T> {
         Some(result)
     }
 
+    /// Stops or resumes reading the open connection `key` for its application (see
+    /// [`LocalServer::hold_input`](crate::LocalServer::hold_input)); a resumed one is read at
+    /// the next turn, since what waits in its socket raises no new readiness event. Whether
+    /// it is open.
+    pub(super) fn hold_input(&mut self, key: ConnKey, held: bool) -> bool {
+        let Some(entry) = self.conns.get_mut(key.slot) else { return false };
+        if entry.serial != key.serial || !entry.session.hold_input(held) {
+            return false;
+        }
+        if !held {
+            self.resume.push(key.slot);
+        }
+        true
+    }
+
     /// The route's handler, and a handle on `token`'s connection showing `target` as the
     /// request target.
     fn handle<'s>(

@@ -133,6 +133,15 @@ impl LocalServer {
         self.event_loop.with_conn(key, f)
     }
 
+    /// Stops (`held`) or resumes reading the open connection `key`: for a host whose handler
+    /// takes messages at its own pace (an `async for` over a bounded queue), so the peer meets
+    /// TCP's flow control rather than the host's memory growing. Messages of a read already
+    /// made are still delivered; a resumed connection is read at the next turn
+    /// ([`timeout`](Self::timeout) says zero). `false` if the connection has closed.
+    pub fn hold_input(&mut self, key: ConnKey, held: bool) -> bool {
+        !self.finished && self.event_loop.hold_input(key, held)
+    }
+
     /// Publishes one message to every subscriber of `topic`, between turns: framed once and
     /// queued by reference to this loop's subscribers now (they get it at the next
     /// [`flush`](Self::flush) or turn; one that was idle gets it written at once), and sent to

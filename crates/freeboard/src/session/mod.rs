@@ -131,6 +131,9 @@ pub(crate) struct Open {
     ws: ProtocolState,
     /// Reading stopped: the send queue is above its high watermark.
     paused: bool,
+    /// Reading stopped by the application ([`Session::hold_input`]): its handler cannot take
+    /// more messages yet.
+    held: bool,
     /// The close has been reported ([`Session::poll_close`]).
     close_reported: bool,
     /// A watermark crossing not yet taken by the driver.
@@ -298,13 +301,26 @@ impl Session {
     }
 
     /// Whether the driver should read the socket for this session's WebSocket input: open,
-    /// not closed, not paused above the high watermark.
+    /// not closed, not paused above the high watermark, not held by the application.
     pub(crate) fn wants_input(&self) -> bool {
-        matches!(&self.phase, Phase::Open(open) if !open.paused && match open.ws.state() {
+        matches!(&self.phase, Phase::Open(open) if !open.paused && !open.held && match open.ws.state() {
             State::Open => true,
             State::CloseSent => open.read_after_close < READ_AFTER_CLOSE,
             State::Closed => false,
         })
+    }
+
+    /// Stops (`true`) or resumes reading this session's input for its application, whose
+    /// handler cannot take more messages yet: the peer then meets TCP's flow control, as a
+    /// reader above the high watermark does. Whether the session is open.
+    pub(crate) fn hold_input(&mut self, held: bool) -> bool {
+        match &mut self.phase {
+            Phase::Open(open) => {
+                open.held = held;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Counts `n` bytes read and discarded after our final response or close (draining or
@@ -921,6 +937,13 @@ impl Session {
 
 impl Open {
     fn new(ws: ProtocolState) -> Self {
-        Self { ws, paused: false, close_reported: false, change: None, read_after_close: 0 }
+        Self {
+            ws,
+            paused: false,
+            held: false,
+            close_reported: false,
+            change: None,
+            read_after_close: 0,
+        }
     }
 }
