@@ -95,6 +95,10 @@ export declare class WebSocket extends EventEmitter {
   send(data: string | Buffer | ArrayBuffer | ArrayBufferView,
     callback: (error: Error | null, outcome: SendOutcome) => void): SendOutcome;
   close(code?: number, reason?: string): void;
+  /** Stops reading the connection (the peer meets TCP's flow control) until `resume()`. */
+  pause(): void;
+  resume(): void;
+  readonly isPaused: boolean;
   /** `true` if newly subscribed; throws once closed or when the topic budget is spent. */
   subscribe(topic: string): boolean;
   unsubscribe(topic: string): boolean;

@@ -105,6 +105,8 @@ class WebSocket extends EventEmitter {
     this._slot = slot;
     this._serial = serial;
     this.readyState = OPEN_STATE;
+    /** Whether `pause()` stopped reading it. */
+    this.isPaused = false;
     /** The client's address and port (the forwarded ones behind a trusted proxy). */
     this.remoteAddress = '';
     this.remotePort = 0;
@@ -153,6 +155,22 @@ class WebSocket extends EventEmitter {
     this.readyState = CLOSING;
     this._server._native.close(this._slot, this._serial, code, String(reason));
     this._server._scheduleFlush();
+  }
+
+  /**
+   * Stops reading the connection: its messages wait in the socket (the peer meets TCP's flow
+   * control) until `resume()`. Messages already read in this turn still arrive.
+   */
+  pause() {
+    if (this.readyState !== OPEN_STATE || this.isPaused) return;
+    this.isPaused = this._server._native.holdInput(this._slot, this._serial, true);
+  }
+
+  /** Reads the connection again after `pause()`. */
+  resume() {
+    if (!this.isPaused) return;
+    this.isPaused = false;
+    this._server._native.holdInput(this._slot, this._serial, false);
   }
 
   /** Unsent bytes in the connection's queue (0 once closed). */

@@ -200,6 +200,19 @@ impl NativeServer {
         self.core.with_conn(slot, serial, |conn| conn.close(code, &reason)).is_some()
     }
 
+    /// Stops (`held`) or resumes reading `(slot, serial)` (`ws.pause()`, `ws.resume()`);
+    /// `false` if it has closed.
+    #[napi]
+    pub fn hold_input(&self, slot: u32, serial: f64, held: bool) -> bool {
+        let key = ConnKey { slot: slot as usize, serial: serial as u64 };
+        let held = match self.core.server.borrow_mut().as_mut() {
+            Some(server) => server.hold_input(key, held),
+            None => false,
+        };
+        self.core.arm_timer(); // a resumed connection is read at the next turn
+        held
+    }
+
     /// Unsent bytes of `(slot, serial)`, or -1 when it has closed.
     #[napi]
     pub fn buffered_amount(&self, slot: u32, serial: f64) -> f64 {

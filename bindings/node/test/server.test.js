@@ -252,3 +252,20 @@ test('a message past maxMessageSize closes 1009; send on a closed socket says cl
   assert.throws(() => ws.subscribe('t'), { code: 'ERR_FREEBOARD_CLOSED' });
   await stop(server);
 });
+
+test('pause() leaves what the client sends in the socket until resume()', async () => {
+  const server = await listen();
+  const [client, ws] = await pair(server);
+  const received = [];
+  ws.on('message', (data) => received.push(data.toString()));
+  ws.pause();
+  assert.equal(ws.isPaused, true);
+  for (let i = 0; i < 10; i++) client.send(`m${i}`);
+  await new Promise((r) => setTimeout(r, 200));
+  assert.deepEqual(received, []);
+  ws.resume();
+  while (received.length < 10) await new Promise((r) => setTimeout(r, 5));
+  assert.deepEqual(received, [...Array(10).keys()].map((i) => `m${i}`));
+  client.close();
+  await stop(server);
+});

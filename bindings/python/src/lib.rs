@@ -343,6 +343,12 @@ impl NativeServer {
         server.with_conn(ConnKey { slot, serial }, |c| c.close(CloseCode(code), reason)).is_some()
     }
 
+    /// Stops (`held`) or resumes reading `(slot, serial)`; `False` if it has closed.
+    fn hold_input(&mut self, slot: usize, serial: u64, held: bool) -> bool {
+        let Some(server) = &mut self.server else { return false };
+        server.hold_input(ConnKey { slot, serial }, held)
+    }
+
     /// Unsent bytes of `(slot, serial)`; -1 once closed.
     fn buffered_amount(&mut self, slot: usize, serial: u64) -> i64 {
         let Some(server) = &mut self.server else { return -1 };

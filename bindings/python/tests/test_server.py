@@ -270,3 +270,29 @@ def test_a_message_past_max_size_closes_1009():
                 assert closed.value.rcvd.code == 1009
 
     run(main())
+
+
+def test_a_handler_that_reads_slowly_stops_the_reads_not_the_connection():
+    received = []
+    longest = []
+
+    async def slow(ws):
+        async for message in ws:
+            received.append(message)
+            longest.append(len(ws._messages))
+            await asyncio.sleep(0.001)  # slower than the client sends
+
+    async def main():
+        async with freeboard.serve(slow, "127.0.0.1", 0, memory="64M", max_queue=8) as server:
+            async with websockets.connect(url(server)) as client:
+                sent = [i.to_bytes(2, "big") * 2048 for i in range(300)]
+                for message in sent:
+                    await client.send(message)
+                while len(received) < len(sent):
+                    await asyncio.sleep(0.01)
+        assert received == sent
+        # Bounded: max_queue, plus what one turn had read when the hold came (at most
+        # 64 KiB and one more read of 128 KiB), not the 300 messages the client sent.
+        assert max(longest) <= 8 + (192 << 10) // 4096, max(longest)
+
+    run(main())

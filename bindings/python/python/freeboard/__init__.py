@@ -107,7 +107,7 @@ class _Connection:
     # Slots, and the queue and futures made at first use: an idle connection holds a few
     # words here, not a dict, a deque (0.6 KiB empty) and futures.
     __slots__ = ("_loop", "_messages", "_receiver", "_drain", "_closed", "_close_event",
-                 "_max_queue")
+                 "_max_queue", "_held")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_queue: int) -> None:
         self._loop = loop
@@ -117,6 +117,8 @@ class _Connection:
         self._closed: Optional[asyncio.Future] = None
         self._close_event: Optional[tuple] = None
         self._max_queue = max_queue
+        #: Reading is stopped: ``max_queue`` messages wait for the handler.
+        self._held = False
 
     def _closed_future(self) -> asyncio.Future:
         if self._closed is None:
@@ -135,6 +137,9 @@ class _Connection:
     def _after_call(self) -> None:
         raise NotImplementedError
 
+    def _hold_native(self, held: bool) -> None:
+        """Stops or resumes reading the connection (clients are never held)."""
+
     async def recv(self) -> Data:
         """The next message: ``str`` for text, ``bytes`` for binary. Raises
         :class:`ConnectionClosed` once the connection is closed and no message is left."""
@@ -147,7 +152,11 @@ class _Connection:
             finally:
                 self._receiver = None
         assert self._messages is not None  # (it holds a message)
-        return self._messages.popleft()
+        message = self._messages.popleft()
+        if self._held and len(self._messages) <= self._max_queue // 4:
+            self._held = False
+            self._hold_native(False)
+        return message
 
     def __aiter__(self):
         return self
@@ -221,13 +230,13 @@ class _Connection:
     def _on_message(self, data: Data) -> None:
         if self._messages is None:
             self._messages = collections.deque()
-        elif len(self._messages) >= self._max_queue:
-            # The handler does not keep up: the queue is bounded, so the connection goes
-            # (1013, "try again later") rather than Python's memory growing without end.
-            if self._close_event is None:
-                self._close_native(1013, "handler too slow")
-            return
         self._messages.append(data)
+        if len(self._messages) >= self._max_queue and not self._held:
+            # The handler does not keep up: stop reading the connection (its peer meets TCP's
+            # flow control) until the handler has taken three quarters of the queue. What
+            # the engine read already still arrives: at most one read beyond ``max_queue``.
+            self._held = True
+            self._hold_native(True)
         if self._receiver is not None and not self._receiver.done():
             self._receiver.set_result(None)
 
@@ -283,6 +292,12 @@ class ServerConnection(_Connection):
     def _after_call(self) -> None:
         self._server._schedule_flush()
 
+    def _hold_native(self, held: bool) -> None:
+        if self._server._native is not None:
+            self._server._native.hold_input(self._slot, self._serial, held)
+            if not held:
+                self._server._schedule_flush()  # (which re-arms: the next turn reads it)
+
     @property
     def buffered_amount(self) -> int:
         """Unsent bytes in the connection's queue."""
@@ -316,7 +331,7 @@ class Server:
 
     def __init__(self, handler: Handler, host: str, port: int, *, path: str = "",
                  subprotocols: Optional[list] = None,
-                 process_request: Optional[ProcessRequest] = None, max_queue: int = 4096,
+                 process_request: Optional[ProcessRequest] = None, max_queue: int = 16,
                  **settings: Any) -> None:
         self._loop = asyncio.get_running_loop()
         config = _settings(settings)
@@ -568,7 +583,8 @@ def serve(handler: Handler, host: str = "127.0.0.1", port: int = 0, **kwargs: An
     ``"drop-oldest"``, ``"conflate"``, ``"close"``), timeouts in seconds, ``share_port``, …
     Also: ``path`` (only that path; default every path), ``subprotocols``,
     ``process_request(path, headers)`` (async; ``None`` accepts, a status refuses),
-    ``max_queue`` (messages waiting for the handler before the connection is closed 1013).
+    ``max_queue`` (16: messages waiting for the handler before the connection is no longer
+    read, as websockets' ``max_queue``).
     """
     return _Serve(handler, host, port, **kwargs)
 
@@ -668,6 +684,13 @@ class ClientConnection(_Connection):
     def _after_call(self) -> None:
         self._client.schedule_flush()
 
+    def _hold_native(self, held: bool) -> None:
+        # The engine's client loop cannot stop reading one connection: past ``max_queue``
+        # the connection is closed 1013 rather than Python's memory growing without end.
+        if held and self._close_event is None:
+            self._close_native(1013, "handler too slow")
+            self._after_call()
+
     @property
     def buffered_amount(self) -> int:
         return max(0, self._client.native.buffered_amount(self._id))
@@ -708,5 +731,6 @@ class _Connect:
 def connect(uri: str, *, max_queue: int = 4096, **settings: Any) -> _Connect:
     """Opens a client connection to ``uri`` (``ws://``; ``wss://`` with the engine's TLS
     feature). Awaitable, or an async context manager that closes it on exit. Settings as
-    for :func:`serve` (the first connection of an asyncio loop sets its client's budget)."""
+    for :func:`serve` (the first connection of an asyncio loop sets its client's budget);
+    past ``max_queue`` messages waiting for the application it is closed 1013."""
     return _Connect(uri, max_queue, settings)
