@@ -86,6 +86,7 @@ impl NativeServer {
     ) -> Result<Self> {
         let config: ServerConfig =
             napi_try(serde_json::from_str(&config).map_err(|e| format!("invalid options: {e}")))?;
+        // Leaked once per server (a few bytes): `Accepted::protocol` takes a `&'static str`.
         let protocols: &'static [&'static str] =
             Box::leak(protocols.into_iter().map(|p| &*Box::leak(p.into_boxed_str())).collect());
         let batch = Rc::new(RefCell::new(Batch::default()));

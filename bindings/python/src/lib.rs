@@ -210,6 +210,7 @@ impl NativeServer {
     fn new(config: &str, path: &str, protocols: Vec<String>) -> PyResult<Self> {
         let config: ServerConfig = serde_json::from_str(config)
             .map_err(|e| PyValueError::new_err(format!("invalid setting: {e}")))?;
+        // Leaked once per server (a few bytes): `Accepted::protocol` takes a `&'static str`.
         let protocols: &'static [&'static str] =
             Box::leak(protocols.into_iter().map(|p| &*Box::leak(p.into_boxed_str())).collect());
         let events = Events::default();
