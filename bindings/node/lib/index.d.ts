@@ -99,8 +99,11 @@ export declare class WebSocket extends EventEmitter {
   pause(): void;
   resume(): void;
   readonly isPaused: boolean;
-  /** `true` if newly subscribed; throws once closed or when the topic budget is spent. */
-  subscribe(topic: string): boolean;
+  /**
+   * `true` if newly subscribed; throws once closed or when the topic budget is spent. With
+   * `since` (a history topic), what was missed after that offset comes first, or 4410.
+   */
+  subscribe(topic: string, options?: { since?: string }): boolean;
   unsubscribe(topic: string): boolean;
 
   /** `data` is valid during the call and after it: it is a view of the turn's batch. */

@@ -80,7 +80,8 @@ class UpgradeRequest {
 
   get headers() {
     if (this._headers === null) {
-      const headers = {};
+      // No prototype, as Node's own: a header named `__proto__` or `constructor` is data.
+      const headers = Object.create(null);
       const parts = this._raw.split('\n');
       for (let h = 0; h + 1 < parts.length; h += 2) {
         const name = parts[h];
@@ -181,17 +182,29 @@ class WebSocket extends EventEmitter {
 
   /**
    * Subscribes to `topic`: `server.publish(topic, …)` reaches this connection, framed once
-   * for all subscribers. `true` if newly subscribed, `false` if it already was. Throws
-   * when the memory budget for topic tables is spent (close with 1013 then), or once
-   * closed.
+   * for all subscribers. `true` if newly subscribed, `false` if it already was. With
+   * `{ since: offset }` (a topic with history: the `topics.history` setting), what it missed
+   * after that offset is sent first; if the history no longer holds it all, the connection
+   * is closed 4410 and `false` returned. Throws when the memory budget for topic tables is
+   * spent (close with 1013 then), or once closed.
    */
-  subscribe(topic) {
-    const answer = this._server._native.subscribe(this._slot, this._serial, String(topic));
+  subscribe(topic, options) {
+    topic = String(topic);
+    const answer = this._server._native.subscribe(this._slot, this._serial, topic);
     if (answer === -1) throw closedError('WebSocket');
     if (answer === -2) {
       const error = new Error('freeboard: the memory budget for topic subscriptions is spent');
       error.code = 'ERR_FREEBOARD_NO_MEMORY';
       throw error;
+    }
+    if (options && options.since !== undefined) {
+      // What it missed after `since`, in order, before the live stream; if the history no
+      // longer holds all of it, 4410 and the client starts afresh (as freeboard serve).
+      if (!this._server._native.recover(this._slot, this._serial, topic, String(options.since))) {
+        this.close(4410, 'history gone');
+        return false;
+      }
+      this._server._scheduleFlush();
     }
     return answer === 1;
   }

@@ -233,6 +233,13 @@ impl NativeServer {
         }
     }
 
+    /// Sends `(slot, serial)` what it missed on `topic` after the offset `since` (the topic's
+    /// history); `false` if the history no longer holds all of it (close with 4410 then).
+    #[napi]
+    pub fn recover(&self, slot: u32, serial: f64, topic: String, since: String) -> bool {
+        self.core.with_conn(slot, serial, |conn| conn.recover(&topic, &since)).unwrap_or(false)
+    }
+
     /// Unsubscribes `(slot, serial)` from `topic`; whether it was subscribed.
     #[napi]
     pub fn unsubscribe(&self, slot: u32, serial: f64, topic: String) -> bool {

@@ -86,13 +86,14 @@ test('the connection event carries the request; close(code, reason) reaches the 
       ws.close(4000, 'done here');
     });
   });
-  const client = new WS(url(server, '/room?id=7'), { headers: { 'x-user': 'ada' } });
+  const client = new WS(url(server, '/room?id=7'), { headers: { 'x-user': 'ada', constructor: 'data' } });
   const [code, reason] = await once(client, 'close');
   assert.equal(code, 4000);
   assert.equal(reason.toString(), 'done here');
   assert.deepEqual(await closed, [4000, 'done here']);
   assert.equal(request.url, '/room?id=7');
   assert.equal(request.headers['x-user'], 'ada');
+  assert.equal(request.headers.constructor, 'data'); // a header, not the prototype's
   assert.equal(request.socket.remoteAddress, '127.0.0.1');
   await stop(server);
 });
@@ -267,5 +268,35 @@ test('pause() leaves what the client sends in the socket until resume()', async 
   while (received.length < 10) await new Promise((r) => setTimeout(r, 5));
   assert.deepEqual(received, [...Array(10).keys()].map((i) => `m${i}`));
   client.close();
+  await stop(server);
+});
+
+test('history: a subscriber that comes back with since gets what it missed, in order', async () => {
+  const server = await listen({ topics: { history: 100 } });
+  server.on('connection', (ws, request) => {
+    const since = new URL(request.url, 'ws://x').searchParams.get('since');
+    ws.subscribe('match', since ? { since } : undefined);
+  });
+  const first = await connect(server, '/');
+  while (server.clients.size < 1) await new Promise((r) => setTimeout(r, 5));
+  const heard = nextMessage(first);
+  server.publish('match', 'kick-off');
+  const [envelope] = await heard;
+  // {epoch}-{sequence}:{payload}
+  const [, offset, payload] = /^(\d+-\d+):(.*)$/.exec(envelope.toString());
+  assert.equal(payload, 'kick-off');
+  first.close();
+  await once(first, 'close');
+  server.publish('match', 'goal 1-0');
+  server.publish('match', 'goal 2-0');
+  const back = new WS(url(server, `/?since=${offset}`));
+  const replay = [];
+  back.on('message', (data) => replay.push(data.toString().replace(/^\d+-\d+:/, '')));
+  while (replay.length < 2) await new Promise((r) => setTimeout(r, 5));
+  assert.deepEqual(replay, ['goal 1-0', 'goal 2-0']);
+  const stranger = new WS(url(server, '/?since=1-999999'));
+  const [code] = await once(stranger, 'close');
+  assert.equal(code, 4410);
+  back.close();
   await stop(server);
 });

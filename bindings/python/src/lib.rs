@@ -367,6 +367,13 @@ impl NativeServer {
         }
     }
 
+    /// Sends `(slot, serial)` what it missed on `topic` after the offset `since` (the
+    /// topic's history); `False` if the history no longer holds all of it.
+    fn recover(&mut self, slot: usize, serial: u64, topic: &str, since: &str) -> bool {
+        let Some(server) = &mut self.server else { return false };
+        server.with_conn(ConnKey { slot, serial }, |c| c.recover(topic, since)).unwrap_or(false)
+    }
+
     /// Whether it was subscribed.
     fn unsubscribe(&mut self, slot: usize, serial: u64, topic: &str) -> bool {
         let Some(server) = &mut self.server else { return false };

@@ -296,3 +296,34 @@ def test_a_handler_that_reads_slowly_stops_the_reads_not_the_connection():
         assert max(longest) <= 8 + (192 << 10) // 4096, max(longest)
 
     run(main())
+
+
+def test_history_a_subscriber_that_comes_back_with_since_gets_what_it_missed():
+    import re
+    import urllib.parse
+
+    async def handler(ws):
+        since = urllib.parse.parse_qs(urllib.parse.urlsplit(ws.path).query).get("since")
+        ws.subscribe("match", since=since[0] if since else None)
+        await ws.wait_closed()
+
+    async def main():
+        async with freeboard.serve(handler, "127.0.0.1", 0, memory="64M",
+                                   topics={"history": 100}) as server:
+            async with websockets.connect(url(server)) as first:
+                while len(server.connections) < 1:
+                    await asyncio.sleep(0.005)
+                server.publish("match", "kick-off")
+                offset, payload = re.fullmatch(r"(\d+-\d+):(.*)", await first.recv()).groups()
+                assert payload == "kick-off"
+            server.publish("match", "goal 1-0")
+            server.publish("match", "goal 2-0")
+            async with websockets.connect(url(server, f"/?since={offset}")) as back:
+                replay = [re.sub(r"^\d+-\d+:", "", await back.recv()) for _ in range(2)]
+                assert replay == ["goal 1-0", "goal 2-0"]
+            async with websockets.connect(url(server, "/?since=1-999999")) as stranger:
+                with pytest.raises(websockets.ConnectionClosedError) as closed:
+                    await stranger.recv()
+                assert closed.value.rcvd.code == 4410
+
+    run(main())

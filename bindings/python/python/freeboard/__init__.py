@@ -305,16 +305,25 @@ class ServerConnection(_Connection):
             return 0
         return max(0, self._server._native.buffered_amount(self._slot, self._serial))
 
-    def subscribe(self, topic: str) -> bool:
+    def subscribe(self, topic: str, since: Optional[str] = None) -> bool:
         """Subscribes to ``topic`` (``server.publish`` reaches it, framed once for all);
-        ``True`` if newly subscribed. Raises :class:`ConnectionClosed` once closed and
-        ``MemoryError`` when the topic tables' budget is spent."""
+        ``True`` if newly subscribed. With ``since`` (a topic with history: the ``topics``
+        setting's ``history``), what it missed after that offset is sent first; if the
+        history no longer holds it all the connection is closed 4410 and ``False``
+        returned. Raises :class:`ConnectionClosed` once closed and ``MemoryError`` when the
+        topic tables' budget is spent."""
         native = self._server._native
         answer = -1 if native is None else native.subscribe(self._slot, self._serial, topic)
         if answer == -1:
             raise _closed(*(self._close_event or (1006, "")))
         if answer == -2:
             raise MemoryError("freeboard: the memory budget for topic subscriptions is spent")
+        if since is not None and native is not None:
+            if not native.recover(self._slot, self._serial, topic, since):
+                self._close_native(4410, "history gone")
+                self._server._schedule_flush()
+                return False
+            self._server._schedule_flush()
         return answer == 1
 
     def unsubscribe(self, topic: str) -> bool:
