@@ -39,7 +39,9 @@ fn forged_tokens_are_refused_and_counted() {
         let at = i % guess.len();
         guess[at] = if guess[at] == b'x' { b'y' } else { b'x' };
         let guess = String::from_utf8(guess).unwrap();
-        assert_eq!(access::publish_with_token(serve.addr(), "scores", &guess), 403);
+        // With JWT access configured, a bearer that is neither the publish token nor a valid
+        // JWT is an invalid token: 401 (RFC 6750 §3.1), as for an upgrade.
+        assert_eq!(access::publish_with_token(serve.addr(), "scores", &guess), 401);
     }
     let claims = serde_json::json!({"exp": exp, "subscribe": ["admin"]});
     let key = jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes());
@@ -49,9 +51,9 @@ fn forged_tokens_are_refused_and_counted() {
     let figures = watch.finish();
     let after = serve.metrics();
     let invalid = "access_refusals_total{reason=\"token_invalid\"}";
-    assert_eq!(after.delta(&before, invalid), 2000.0);
-    assert_eq!(after.delta(&before, "refusals_total{status=\"401\"}"), 2000.0);
-    assert_eq!(after.delta(&before, "refusals_total{status=\"403\"}"), 1000.0);
+    assert_eq!(after.delta(&before, invalid), 3000.0);
+    assert_eq!(after.delta(&before, "refusals_total{status=\"401\"}"), 3000.0);
+    assert_eq!(after.delta(&before, "refusals_total{status=\"403\"}"), 0.0);
     figures.report("token_brute_force");
 }
 
