@@ -46,10 +46,12 @@ pub trait Backplane: Send + Sync + 'static {
     /// `freeboard_backplane_lost_total{reason}` ([`Metrics::backplane_lost`]).
     fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8], kept: bool) -> bool;
 
-    /// Whether the backplane is connected now: what it takes is on its way to the broker.
-    /// While it is not, a publication it queued may still be lost, so a `POST` answer says
-    /// its outcome is unknown (202). Default `true`.
-    fn is_connected(&self) -> bool {
+    /// Whether the backplane is connected now where `topic`'s publications go: what it takes
+    /// for the topic is on its way to the broker. While it is not, a publication it queued
+    /// may still be lost, so a `POST` answer says its outcome is unknown (202). Default
+    /// `true`.
+    fn is_connected(&self, topic: &str) -> bool {
+        let _ = topic;
         true
     }
 

@@ -363,7 +363,7 @@ impl Hub {
         if let Some(backplane) = self.backplane.get() {
             if backplane.publish(topic, kind, payload, self.kept_by_backplane(topic)) {
                 published.backplane += 1;
-                published.backplane_unconnected += u32::from(!backplane.is_connected());
+                published.backplane_unconnected += u32::from(!backplane.is_connected(topic));
             } else {
                 published.backplane_lost += 1;
             }

@@ -166,8 +166,9 @@ struct Running {
     outgoing: SyncSender<Outgoing>,
     /// Invariant: the bytes of the publications in `outgoing`.
     queued: Arc<AtomicUsize>,
-    /// The publisher holds a connection to every server of the map.
-    up: Arc<AtomicBool>,
+    /// The servers the publisher holds a connection to.
+    connected: Connected,
+    shards: Arc<Shards>,
     queue_bytes: usize,
     metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
@@ -205,12 +206,13 @@ impl Backplane for RedisBackplane {
         let (outgoing, outgoing_rx) = std::sync::mpsc::sync_channel(QUEUE_MESSAGES);
         let queued = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let up = Arc::new(AtomicBool::new(false));
+        let connected = Connected::default();
         {
             let (shards, queued, metrics, stop) =
                 (shards.clone(), queued.clone(), metrics.clone(), stop.clone());
             let history = history.clone();
-            let publishing = Publishing { shards, queued, metrics, history, stop, up: up.clone() };
+            let connected = connected.clone();
+            let publishing = Publishing { shards, queued, metrics, history, stop, connected };
             std::thread::Builder::new()
                 .name("freeboard-redis-pub".into())
                 .spawn(move || publisher(publishing, outgoing_rx))?;
@@ -231,6 +233,7 @@ impl Backplane for RedisBackplane {
             let (metrics, stop) = (metrics.clone(), stop.clone());
             let events = changes.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let deliver: Arc<Deliver> = Arc::new(move |arrival| link.deliver(arrival));
+            let shards = shards.clone();
             std::thread::Builder::new().name("freeboard-redis-map".into()).spawn(move || {
                 subscriber(shards, node, changes_rx, events, metrics, history, stop, deliver);
             })?;
@@ -241,7 +244,8 @@ impl Backplane for RedisBackplane {
             changes,
             outgoing,
             queued,
-            up,
+            connected,
+            shards,
             queue_bytes,
             metrics,
             stop,
@@ -271,10 +275,14 @@ impl Backplane for RedisBackplane {
         self.running.as_ref().is_some_and(|running| running.publish(topic, kind, payload, kept))
     }
 
-    /// Whether the publisher holds a connection to every Redis server of the map: what it
-    /// queues now is on its way, not waiting for a Redis that may not come back in time.
-    fn is_connected(&self) -> bool {
-        self.running.as_ref().is_some_and(|r| r.up.load(Ordering::Acquire))
+    /// Whether the publisher holds a connection to the Redis server that serves `topic` (on a
+    /// cluster, the master of its channel's slot): what it queues now for that topic is on
+    /// its way, not waiting for a Redis that may not come back in time.
+    fn is_connected(&self, topic: &str) -> bool {
+        let Some(running) = &self.running else { return false };
+        let Some(topology) = running.shards.get() else { return false };
+        let Some(node) = topology.node(channel(topic).as_bytes()) else { return false };
+        running.connected.lock().unwrap_or_else(|e| e.into_inner()).contains(node)
     }
 
     /// Queues the fetch of `topic`'s history after `since`; 503 if too many are being
@@ -373,36 +381,49 @@ struct Publishing {
     metrics: Arc<Metrics>,
     history: Option<Arc<History>>,
     stop: Arc<AtomicBool>,
-    /// Set while it holds a connection to every server of the map.
-    up: Arc<AtomicBool>,
+    /// The servers it holds a connection to.
+    connected: Connected,
 }
+
+/// The Redis servers (by address) the publisher holds a connection to, shared with the event
+/// loops: a publication to a topic whose server is among them is on its way.
+type Connected = Arc<Mutex<HashSet<Arc<str>>>>;
 
 /// The publisher thread: `(S)PUBLISH`es (and, for topics kept in Redis, the script that keeps
 /// and publishes), pipelined, on one connection per server. It connects at once and keeps
-/// trying while idle, so that `up` says whether a publication would go now.
+/// trying while idle, so that `connected` says where a publication would go now.
 fn publisher(publishing: Publishing, outgoing: Receiver<Outgoing>) {
-    let Publishing { shards, queued, metrics, history, stop, up } = publishing;
+    let Publishing { shards, queued, metrics, history, stop, connected } = publishing;
     let mut links: HashMap<Arc<str>, Link> = HashMap::new();
     let mut quiet = Repeated::default();
     let limits = history
         .as_ref()
         .map(|h| (h.messages(), h.max_age().map_or(0, |a| a.as_millis().max(1) as u64)));
+    let set_connected = |now: HashSet<Arc<str>>| {
+        *connected.lock().unwrap_or_else(|e| e.into_inner()) = now;
+    };
     let connect_all = |links: &mut HashMap<Arc<str>, Link>, quiet: &mut Repeated| {
-        let Some(topology) = shards.get() else { return false };
-        let mut all = true;
+        let Some(topology) = shards.get() else { return HashSet::new() };
+        let mut up = HashSet::new();
         for node in &topology.nodes {
             let link = links.entry(node.clone()).or_default();
-            all &= connect(&shards, node, link, limits, quiet);
+            if connect(&shards, node, link, limits, quiet) {
+                up.insert(node.clone());
+            }
         }
-        all
+        up
     };
-    up.store(connect_all(&mut links, &mut quiet), Ordering::Release);
+    let all_connected = || {
+        let up = connected.lock().unwrap_or_else(|e| e.into_inner());
+        shards.get().is_some_and(|t| t.nodes.iter().all(|n| up.contains(n)))
+    };
+    set_connected(connect_all(&mut links, &mut quiet));
     while !stop.load(Ordering::Acquire) {
         let first = match outgoing.recv_timeout(Duration::from_millis(200)) {
             Ok(first) => first,
             Err(RecvTimeoutError::Timeout) => {
-                if !up.load(Ordering::Acquire) {
-                    up.store(connect_all(&mut links, &mut quiet), Ordering::Release);
+                if !all_connected() {
+                    set_connected(connect_all(&mut links, &mut quiet));
                 }
                 continue;
             }
@@ -419,7 +440,7 @@ fn publisher(publishing: Publishing, outgoing: Receiver<Outgoing>) {
         let bytes: usize = batch.iter().map(|o| o.message.len()).sum();
         queued.fetch_sub(bytes, Ordering::AcqRel);
         let Some(topology) = shards.get() else {
-            up.store(false, Ordering::Release);
+            set_connected(HashSet::new());
             metrics.backplane_lost("redis_down", batch.len() as u64);
             continue;
         };
@@ -458,8 +479,8 @@ fn publisher(publishing: Publishing, outgoing: Receiver<Outgoing>) {
         if stale {
             shards.refresh();
         }
-        let connected = |node: &Arc<str>| links.get(node).is_some_and(|l| l.conn.is_some());
-        up.store(topology.nodes.iter().all(connected), Ordering::Release);
+        let linked = |node: &&Arc<str>| links.get(*node).is_some_and(|l| l.conn.is_some());
+        set_connected(topology.nodes.iter().filter(linked).cloned().collect());
     }
 }
 

@@ -249,6 +249,12 @@ pub(crate) struct Shards {
     quiet: Mutex<super::Repeated>,
 }
 
+impl std::fmt::Debug for Shards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shards").field("addr", &self.addr).finish_non_exhaustive()
+    }
+}
+
 impl Shards {
     pub(crate) fn new(addr: RedisAddr) -> Self {
         Self {
