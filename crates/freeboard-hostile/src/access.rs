@@ -12,18 +12,7 @@ use std::time::Duration;
 
 use crate::ws::{WsClient, upgrade_request};
 
-/// base64url without padding.
-pub fn b64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-        }
-    }
-    out
-}
+use freeboard_test::b64url;
 
 /// The `i`-th forged token: an all-topics HS256 claim with a guessed signature, `alg: none`,
 /// an RS256 header with no key behind it, or a truncated signature, in turn.

@@ -377,10 +377,15 @@ impl Pair {
 /// An HS256 JWT (RFC 7519) of `claims` (a JSON object) signed with `secret`: what a token
 /// server gives a client, for tests of the access rules.
 pub fn hs256_jwt(secret: &str, claims: &str) -> String {
-    use base64::Engine;
-    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
-    let signed = format!("{}.{}", b64(br#"{"alg":"HS256","typ":"JWT"}"#), b64(claims.as_bytes()));
+    let header = b64url(br#"{"alg":"HS256","typ":"JWT"}"#);
+    let signed = format!("{header}.{}", b64url(claims.as_bytes()));
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
     let tag = ring::hmac::sign(&key, signed.as_bytes());
-    format!("{signed}.{}", b64(tag.as_ref()))
+    format!("{signed}.{}", b64url(tag.as_ref()))
+}
+
+/// base64url without padding (RFC 4648 §5), as JWTs are written.
+pub fn b64url(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }

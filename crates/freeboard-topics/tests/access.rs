@@ -199,8 +199,8 @@ fn rs256_and_es256_tokens_are_checked_against_the_jwks() {
     // `alg: none` is never accepted.
     let none = format!(
         "{}.{}.",
-        b64(br#"{"alg":"none","typ":"JWT"}"#),
-        b64(claims.to_string().as_bytes())
+        freeboard_test::b64url(br#"{"alg":"none","typ":"JWT"}"#),
+        freeboard_test::b64url(claims.to_string().as_bytes())
     );
     assert_eq!(status(addr, "/topic/scores", &bearer(&none)), 401);
     // A kid the set does not have.
@@ -226,19 +226,6 @@ fn rs256_and_es256_tokens_are_checked_against_the_jwks() {
     assert_eq!(server.metrics().access_refusals_for("token_not_yet_valid"), 2);
     assert_eq!(server.metrics().access_refusals_for("token_issued_in_future"), 1);
     stop(server);
-}
-
-/// base64url without padding.
-fn b64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-        }
-    }
-    out
 }
 
 /// A user the authorizer looked up, attached to the connection.
