@@ -216,6 +216,7 @@ fn redis_restarted_during_a_stream_loses_counted_messages_and_delivery_resumes()
                 sent.store(i, Ordering::Release);
                 std::thread::sleep(Duration::from_millis(2));
             }
+            publisher // still node A's subscriber to the topic
         })
     };
     let mut last: Option<usize> = None;
@@ -252,7 +253,7 @@ fn redis_restarted_during_a_stream_loses_counted_messages_and_delivery_resumes()
         }
     }
     stop.store(true, Ordering::Release);
-    streamer.join().unwrap();
+    let _publisher = streamer.join().unwrap();
     let lost = metric(&addr_a, "freeboard_backplane_lost_total");
     assert!(lost > 0, "the publications sent while Redis was down are counted");
     eprintln!(
@@ -717,6 +718,7 @@ fn a_redis_cluster_carries_topics_on_sharded_pub_sub_and_survives_a_master_resta
                 sent.store(i, Ordering::Release);
                 std::thread::sleep(Duration::from_millis(2));
             }
+            publisher // still node A's subscriber to the topic
         })
     };
     let mut last: Option<usize> = None;
@@ -756,7 +758,7 @@ fn a_redis_cluster_carries_topics_on_sharded_pub_sub_and_survives_a_master_resta
         }
     }
     stop.store(true, Ordering::Release);
-    streamer.join().unwrap();
+    let _publisher = streamer.join().unwrap();
     let lost = metric(&addr_a, "freeboard_backplane_lost_total");
     assert!(lost > 0, "the publications sent while {topic}'s master was down are counted");
     let channel = format!("freeboard:{topic}");
