@@ -108,8 +108,9 @@ impl<T: Transport> EventLoop<T> {
         self.publish_gauges();
     }
 
-    /// Charges a contended pool to the connections behind it: each one past its share meets
-    /// its policy now ([`Session::reclaim`](crate::session::Session::reclaim)) rather than at
+    /// Charges a contended pool to the connections behind it: a message in pieces past its
+    /// share is ended (1013), and each connection behind and past its share meets its policy
+    /// now ([`Session::reclaim`](crate::session::Session::reclaim)) rather than at
     /// a next push that may never come (a connection behind is not read). One pass per new
     /// low of the pool's free chunks or slots, so a contention nothing can relieve (every
     /// culprit under `block`) is not swept again and again.
@@ -129,8 +130,10 @@ impl<T: Transport> EventLoop<T> {
         for (token, entry) in self.conns.iter_mut() {
             let policy = entry.session.queue().policy();
             let mut cx = loop_context!(self, now, None);
+            let ended = entry.session.reclaim_reassembly(&mut cx);
             match entry.session.reclaim(&mut cx) {
-                None => continue,
+                None if !ended => continue,
+                None => {}
                 Some(PushOutcome::Dropped { messages, .. }) => {
                     self.stats.policy_drops[policy] += u64::from(messages);
                 }

@@ -106,6 +106,18 @@ impl Reassembler {
         piece.message_fin.then_some(Received::Assembled(piece.kind))
     }
 
+    /// Whether the message being reassembled holds more than `room` bytes.
+    pub(crate) fn holds_more_than(&self, room: usize) -> bool {
+        !self.discarding && self.partial.len() > room
+    }
+
+    /// Gives the message's chunks back and drops its remaining pieces, as when a piece does
+    /// not fit.
+    pub(crate) fn abandon(&mut self, pool: &mut Pool<'static>) {
+        self.partial.clear(pool);
+        self.discarding = true;
+    }
+
     /// The message [`piece`](Self::piece) reported as assembled; the caller releases it.
     pub(crate) fn take(&mut self) -> ChunkChain {
         std::mem::take(&mut self.partial)

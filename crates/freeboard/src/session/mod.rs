@@ -698,6 +698,22 @@ impl Session {
         }
     }
 
+    /// Ends a message in pieces that holds more than what is left of its connection's share
+    /// of a contended pool ([`FairShare::reassembly_room`]), with the reassembly limits' code
+    /// (1013), as its next piece would. Shares shrink as connections open: what a sender took
+    /// when few were open is charged now, before a reply to a connection that keeps up finds
+    /// the pool short. Whether it did.
+    pub(crate) fn reclaim_reassembly(&mut self, cx: &mut Context<'_>) -> bool {
+        let Phase::Open(open) = &mut self.phase else { return false };
+        if !self.inbound.holds_more_than(cx.share.reassembly_room(cx.pool, &self.queue)) {
+            return false;
+        }
+        self.inbound.abandon(cx.pool);
+        let _ = cx.lot.wake(&mut open.ws).close(cx.now, cx.limits.code, cx.limits.reason);
+        self.queue_control(cx);
+        true
+    }
+
     /// Applies this connection's policy to what it already holds when it is behind and past
     /// its share of a contended pool ([`FairShare::over_share`]): `close` ends it (1008) and
     /// `drop_oldest`/`conflate` discard its unsent messages; `drop_newest` and `block` keep

@@ -532,6 +532,49 @@ fn a_message_in_pieces_is_held_to_its_share_of_a_contended_pool() {
     let _ = others.clear(&mut pair.server.pool);
 }
 
+/// A message in pieces taken while few connections were open keeps what it took until the
+/// loop's sweep: once more connections share the pool (the share shrinks) and the pool is
+/// contended, `reclaim_reassembly` ends it with 1013 and gives its pieces back without
+/// waiting for its next piece, which a sender that stalls may never write.
+#[test]
+fn a_message_in_pieces_past_a_shrunken_share_is_reclaimed_without_a_piece() {
+    let queue = || SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Close);
+    let mut pair = Pair::with(queue(), 64 * 1100);
+    // Alone on the loop: the whole pool is its share, and the pool is not contended.
+    pair.server.share = FairShare::new(&pair.server.pool, 1);
+    let piece = vec![5u8; 8 << 10];
+    let mut frames = freeboard_test::frame(0x02, &piece, freeboard_test::TEST_MASK);
+    frames.extend(freeboard_test::frame(0x00, &piece, freeboard_test::TEST_MASK));
+    pair.server.read(pair.now, &mut frames, usize::MAX);
+    assert_eq!(pair.server.session.state(), State::Open);
+    let held = pair.server.session.partial_mut().len();
+    assert_eq!(held, 16 << 10, "both pieces kept");
+    let (session, mut cx) = pair.server.cx(pair.now);
+    assert!(!session.reclaim_reassembly(&mut cx), "within its share: kept");
+    // Sixty-three more connections open and their queues contend the pool.
+    pair.server.share = FairShare::new(&pair.server.pool, 64);
+    let total = pair.server.pool.chunks_total();
+    let mut others = SendQueue::new(
+        Watermarks::new(1 << 20, 1 << 20, 1 << 20).unwrap(),
+        SlowConsumerPolicy::Block,
+    );
+    while pair.server.pool.chunks_free() > total / 5 {
+        let _ = others.push_message(&mut pair.server.pool, &[&[0u8; 1000]]);
+    }
+    let free = pair.server.pool.chunks_free();
+    let (session, mut cx) = pair.server.cx(pair.now);
+    assert!(session.reclaim_reassembly(&mut cx), "past its new share: ended");
+    assert!(pair.server.session.partial_mut().is_empty(), "its pieces went back");
+    assert!(pair.server.pool.chunks_free() > free);
+    assert_eq!(pair.server.session.state(), State::CloseSent);
+    pair.step(usize::MAX);
+    let closed = pair.client.closed.expect("the client hears why");
+    assert_eq!(closed.code, CloseCode::TRY_AGAIN_LATER);
+    let (session, mut cx) = pair.server.cx(pair.now);
+    assert!(!session.reclaim_reassembly(&mut cx), "once");
+    let _ = others.clear(&mut pair.server.pool);
+}
+
 /// The `close` policy closes a connection only when its own queue is behind: a pool that runs
 /// out under a queue that keeps up refuses the message (`WouldBlock` on the pool) instead.
 #[test]
