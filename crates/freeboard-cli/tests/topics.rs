@@ -101,7 +101,7 @@ fn a_subscriber_that_keeps_up_gets_every_publication_under_every_policy() {
 }
 
 /// The 413 counts what the subscriber's queue will hold: the frame header and, on a topic
-/// that keeps history, the offset envelope (at most 42 bytes) in front of the payload.
+/// that keeps history, the offset envelope (at most 59 bytes) in front of the payload.
 #[test]
 fn a_post_larger_than_a_subscriber_cap_is_refused_with_413() {
     // (extra flags, the largest body that fits a 64 KiB cap, whether an envelope leads it)

@@ -511,7 +511,7 @@ impl Conn<'_> {
     /// [`HISTORY_GONE`](crate::history::HISTORY_GONE). A topic without history has nothing to
     /// recover.
     pub fn recover(&mut self, topic: &str, since: &str) -> bool {
-        let Replay::Missed(missed) = self.hub.recover(topic, since) else { return false };
+        let Replay::Missed(missed, _) = self.hub.recover(topic, since) else { return false };
         missed.iter().all(|(kind, data)| {
             matches!(
                 self.send(*kind, data),

@@ -322,7 +322,7 @@ impl Hub {
     pub(crate) fn recover(&self, topic: &str, since: &str) -> Replay {
         match &self.history {
             Some(history) if history.applies(topic) => history.recover(topic, since),
-            _ => Replay::Missed(Vec::new()),
+            _ => Replay::Missed(Vec::new(), None),
         }
     }
 
