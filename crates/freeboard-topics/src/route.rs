@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use freeboard::config::{ConfigError, TopicsConfig};
-use freeboard::history::{HISTORY_GONE, Offset};
+use freeboard::history::HISTORY_GONE;
 use freeboard::topics::{SubscribeError, topics_in_target};
 use freeboard::{
     Accepted, CloseCode, ConflateKey, Conn, Decision, Handler, Message, Request, RouteOptions,
@@ -64,10 +64,14 @@ impl TopicRoute {
 
     /// Why `since` cannot be honoured on `topic`, if it cannot.
     fn since_refusal(&self, topic: &str, since: &str) -> Option<(&'static str, String)> {
-        if Offset::parse(since).is_none() {
+        // An offset's characters (`EPOCH.MS-SEQ`); one made of them that this server did not
+        // issue (truncated, forged, of an older version or another epoch) is told 4410 once
+        // open, as a client that resumes expects, never a partial replay.
+        let offset_like = |b: u8| b.is_ascii_alphanumeric() || b"._-".contains(&b);
+        if since.is_empty() || since.len() > 64 || !since.bytes().all(offset_like) {
             let why = format!(
-                "since={since:?} is not an offset: give the A-B before the ':' of the last \
-                 message received"
+                "since={since:?} is not an offset: give the EPOCH.MS-SEQ before the ':' of the \
+                 last message received"
             );
             return Some(("since_malformed", why));
         }
@@ -134,7 +138,18 @@ impl Handler for TopicRoute {
             conn.close(CloseCode::POLICY_VIOLATION, "the token does not grant publishing here");
             return;
         }
-        let _ = conn.publish(&topic, message.kind, message.data);
+        let published = conn.publish(&topic, message.kind, message.data);
+        if published.backplane_lost > 0
+            && self.history_prefix.as_deref().is_some_and(|p| topic.starts_with(p))
+        {
+            // A history topic's publication goes to Redis first: refused there (Redis
+            // unreachable, its queue full), it reached no one. The client is told to try
+            // again later rather than left to believe it was sent.
+            conn.close(
+                CloseCode::TRY_AGAIN_LATER,
+                "Redis cannot take this topic's publications now",
+            );
+        }
     }
 
     fn decide_upgrade(&mut self, request: &Request<'_, '_>, decision: Decision) {

@@ -84,6 +84,7 @@ pub struct Arrival<'m> {
 #[derive(Clone)]
 pub struct Link {
     deliver: Arc<dyn Fn(Arrival<'_>) -> bool + Send + Sync>,
+    end_history: Arc<dyn Fn(&str) + Send + Sync>,
     history: Option<Arc<History>>,
     metrics: Arc<Metrics>,
 }
@@ -91,10 +92,11 @@ pub struct Link {
 impl Link {
     pub(crate) fn new(
         deliver: impl Fn(Arrival<'_>) -> bool + Send + Sync + 'static,
+        end_history: impl Fn(&str) + Send + Sync + 'static,
         history: Option<Arc<History>>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        Self { deliver: Arc::new(deliver), history, metrics }
+        Self { deliver: Arc::new(deliver), end_history: Arc::new(end_history), history, metrics }
     }
 
     /// Delivers `arrival` to every loop of this node with a subscriber to its topic (keeping
@@ -102,6 +104,15 @@ impl Link {
     /// the backplane's threads should end then.
     pub fn deliver(&self, arrival: Arrival<'_>) -> bool {
         (self.deliver)(arrival)
+    }
+
+    /// The history of `topic` (one whose history the backplane keeps) can no longer be vouched
+    /// for on this node: a message of a new epoch arrived, or what it missed while its
+    /// subscription was away cannot be fetched. Every local subscriber of the topic is closed
+    /// with [`HISTORY_GONE`](crate::history::HISTORY_GONE) before the next message reaches it
+    /// (call it before delivering that message), and resumes or starts afresh.
+    pub fn end_history(&self, topic: &str) {
+        (self.end_history)(topic);
     }
 
     /// The node's history, if the server keeps one.

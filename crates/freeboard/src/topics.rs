@@ -182,6 +182,10 @@ pub(crate) struct Publication {
     pub(crate) frame: SharedFrame,
     /// Where the loop reports what its subscribers made of it (an HTTP publish's answer).
     pub(crate) receipt: Option<Arc<Receipt>>,
+    /// Not a message (`frame` is empty): the topic's history can no longer be vouched for
+    /// (a new epoch, a gap that cannot be filled), so its subscribers are closed with
+    /// [`HISTORY_GONE`](crate::history::HISTORY_GONE) to resume or start afresh.
+    pub(crate) ends_history: bool,
 }
 
 /// What the other loops' subscribers made of a publish: each loop handed a copy adds its
@@ -387,6 +391,32 @@ impl Hub {
         self.publish_remote(topic, &[&head[..n], data], None, &mut published, None);
     }
 
+    /// Tells every loop with a subscriber to `topic` that the topic's history can no longer be
+    /// vouched for: they close those subscribers with
+    /// [`HISTORY_GONE`](crate::history::HISTORY_GONE), after what their inbox already holds
+    /// and before what comes next.
+    pub(crate) fn end_history(&self, topic: &str) {
+        let map = self.loops_by_topic.read().unwrap_or_else(|e| e.into_inner());
+        let Some((name, loops)) = map.get_key_value(topic) else { return };
+        for index in loops.iter() {
+            let inbox = &self.inboxes[index as usize];
+            // Beyond the inbox's capacity if need be: a subscriber must not meet a new epoch
+            // without being told first, and this is one entry per loop.
+            inbox.queued.fetch_add(1, Ordering::AcqRel);
+            let publication = Publication {
+                topic: name.clone(),
+                frame: SharedFrame::from(&[][..]),
+                receipt: None,
+                ends_history: true,
+            };
+            if inbox.tx.send(publication).is_err() {
+                inbox.queued.fetch_sub(1, Ordering::AcqRel);
+            } else if !inbox.pending.swap(true, Ordering::AcqRel) {
+                let _ = inbox.waker.wake();
+            }
+        }
+    }
+
     /// Loop `index`'s end of its inbox (once).
     pub(crate) fn take_receiver(&self, index: u32) -> Option<Receiver<Publication>> {
         let mut receivers = self.receivers.lock().unwrap_or_else(|e| e.into_inner());
@@ -433,6 +463,7 @@ impl Hub {
                 topic: name.clone(),
                 frame: frame.clone(),
                 receipt: receipt.cloned(),
+                ends_history: false,
             };
             let room = inbox.queued.fetch_add(1, Ordering::AcqRel) < self.capacity;
             if !room {

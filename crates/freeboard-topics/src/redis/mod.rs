@@ -70,7 +70,7 @@ pub(crate) use self::shards::RedisAddr;
 type Incoming<'m> = Arrival<'m>;
 use self::shards::{Shards, TIMEOUT, Topology};
 use freeboard::backplane::{self, Arrival, AwaitingHistory, Backplane};
-use freeboard::history::{History, Offset};
+use freeboard::history::{History, Offset, Position};
 use freeboard::metrics::Metrics;
 
 use crate::Error;
@@ -97,15 +97,29 @@ struct Outgoing {
     channel: Vec<u8>,
     /// Kept in the topic's stream, then published with its offset.
     kept: bool,
+    /// For a topic without history, whether its sequence number is in `message` (given when
+    /// it is first sent, kept if a cluster redirects it).
+    numbered: bool,
     message: Vec<u8>,
 }
 
-/// The Lua script that keeps a publication in its topic's stream and publishes it with the
-/// entry's ID as its offset, atomically, so every node sees the streams' order. The stream's
-/// key is the channel's name (one slot on a cluster, where the script runs on its master).
-/// KEYS: stream and channel; ARGV: kind, payload, most messages, oldest age in ms (0: none),
-/// publish command (`PUBLISH`, or `SPUBLISH` on a cluster).
+/// The Lua script that keeps a publication in its topic's stream and publishes it with its
+/// offset, `{epoch}.{entry ID}`, atomically, so every node sees the streams' order. The
+/// stream's key is the channel's name; the epoch is a key beside it ([`epoch_key`], one slot
+/// on a cluster, where the script runs on its master). A new epoch is drawn whenever the
+/// stream or its epoch is missing (a Redis that lost its data, an expired or deleted stream):
+/// the stream's continuity then cannot be vouched for. It is the time of Redis (seconds and
+/// microseconds, 13 hex digits) and three hex digits of the publishing node, so two
+/// histories of one topic never share one.
+/// KEYS: stream and channel, epoch; ARGV: kind, payload, most messages, oldest age in ms
+/// (0: none), publish command (`PUBLISH`, or `SPUBLISH` on a cluster), the node's 3 digits.
 const KEEP_AND_PUBLISH: &str = r#"
+local epoch = redis.call('GET', KEYS[2])
+if not epoch or redis.call('EXISTS', KEYS[1]) == 0 then
+  local t = redis.call('TIME')
+  epoch = string.format('%x%05x', tonumber(t[1]), tonumber(t[2])) .. ARGV[6]
+  redis.call('SET', KEYS[2], epoch)
+end
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*', 'k', ARGV[1], 'm', ARGV[2])
 local age = tonumber(ARGV[4])
 if age > 0 then
@@ -113,9 +127,28 @@ if age > 0 then
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('XTRIM', KEYS[1], 'MINID', tostring(now - age))
   redis.call('PEXPIRE', KEYS[1], age)
+  redis.call('PEXPIRE', KEYS[2], age)
 end
-redis.call(ARGV[5], KEYS[1], 'S' .. ARGV[1] .. id .. ':' .. ARGV[2])
-return id
+local offset = epoch .. '.' .. id
+redis.call(ARGV[5], KEYS[1], 'S' .. ARGV[1] .. offset .. ':' .. ARGV[2])
+return offset
+"#;
+
+/// The Lua script that reads what a topic's stream holds after an offset, atomically with
+/// the epoch and the stream's bounds: `{}` if there is no stream or no epoch, `{epoch}` if
+/// the epoch is another, else `{epoch, max deleted ID, last ID, entries after ARGV[2]}`.
+/// KEYS: stream, epoch; ARGV: the offset's epoch, its position.
+const READ_AFTER: &str = r#"
+local epoch = redis.call('GET', KEYS[2])
+if not epoch or redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+if epoch ~= ARGV[1] then return {epoch} end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local deleted, last = '', ''
+for i = 1, #info, 2 do
+  if info[i] == 'max-deleted-entry-id' then deleted = info[i + 1] end
+  if info[i] == 'last-generated-id' then last = info[i + 1] end
+end
+return {epoch, deleted, last, redis.call('XRANGE', KEYS[1], '(' .. ARGV[2], '+')}
 "#;
 
 /// A reconnecting subscriber whose history is to be fetched before its upgrade is accepted.
@@ -212,7 +245,9 @@ impl Backplane for RedisBackplane {
                 (shards.clone(), queued.clone(), metrics.clone(), stop.clone());
             let history = history.clone();
             let connected = connected.clone();
-            let publishing = Publishing { shards, queued, metrics, history, stop, connected };
+            let nonce = format!("{:03x}", u16::from_be_bytes([node[0], node[1]]) & 0xfff);
+            let publishing =
+                Publishing { shards, queued, metrics, history, stop, connected, nonce };
             std::thread::Builder::new()
                 .name("freeboard-redis-pub".into())
                 .spawn(move || publisher(publishing, outgoing_rx))?;
@@ -232,10 +267,14 @@ impl Backplane for RedisBackplane {
         {
             let (metrics, stop) = (metrics.clone(), stop.clone());
             let events = changes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let ender = link.clone();
+            let end_history = Box::new(move |topic: &str| ender.end_history(topic));
+            let continuity = Arc::new(Continuity::new(end_history, metrics.clone()));
             let deliver: Arc<Deliver> = Arc::new(move |arrival| link.deliver(arrival));
             let shards = shards.clone();
             std::thread::Builder::new().name("freeboard-redis-map".into()).spawn(move || {
-                subscriber(shards, node, changes_rx, events, metrics, history, stop, deliver);
+                let receiving = Receiving { deliver, continuity };
+                subscriber(shards, node, changes_rx, events, metrics, history, stop, receiving);
             })?;
         }
         let queue_bytes = self.queue_bytes;
@@ -279,10 +318,7 @@ impl Backplane for RedisBackplane {
     /// cluster, the master of its channel's slot): what it queues now for that topic is on
     /// its way, not waiting for a Redis that may not come back in time.
     fn is_connected(&self, topic: &str) -> bool {
-        let Some(running) = &self.running else { return false };
-        let Some(topology) = running.shards.get() else { return false };
-        let Some(node) = topology.node(channel(topic).as_bytes()) else { return false };
-        running.connected.lock().unwrap_or_else(|e| e.into_inner()).contains(node)
+        self.running.as_ref().is_some_and(|running| running.connected_for(topic))
     }
 
     /// Queues the fetch of `topic`'s history after `since`; 503 if too many are being
@@ -301,13 +337,27 @@ impl Backplane for RedisBackplane {
 }
 
 impl Running {
+    /// Whether the publisher holds a connection to the server of `topic`'s channel.
+    fn connected_for(&self, topic: &str) -> bool {
+        let Some(topology) = self.shards.get() else { return false };
+        let Some(node) = topology.node(channel(topic).as_bytes()) else { return false };
+        self.connected.lock().unwrap_or_else(|e| e.into_inner()).contains(node)
+    }
+
     fn change(&self, change: SubscriberEvent) {
         let changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         let _ = changes.send(change);
     }
 
     fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8], kept: bool) -> bool {
-        let len = payload.len() + if kept { 1 } else { 18 };
+        if kept && !self.connected_for(topic) {
+            // A history topic's publication is delivered from Redis only, with the offset
+            // Redis gives it: while its server is unreachable it is refused (503 to a POST,
+            // 1013 to a client), never accepted to be lost.
+            self.metrics.backplane_lost("redis_down", 1);
+            return false;
+        }
+        let len = payload.len() + if kept { 1 } else { 26 };
         let before = self.queued.fetch_add(len, Ordering::AcqRel);
         if before + len > self.queue_bytes && before > 0 {
             self.queued.fetch_sub(len, Ordering::AcqRel);
@@ -321,10 +371,12 @@ impl Running {
         let message = if kept {
             [&[kind][..], payload].concat()
         } else {
-            [&[b'F', kind][..], &self.node, payload].concat()
+            // The sequence number is written by the publisher thread when it sends it.
+            [&[b'F', kind][..], &self.node, &[0; 8], payload].concat()
         };
         let channel = channel(topic).into_bytes();
-        if self.outgoing.try_send(Outgoing { channel, kept, message }).is_err() {
+        let outgoing = Outgoing { channel, kept, numbered: false, message };
+        if self.outgoing.try_send(outgoing).is_err() {
             self.queued.fetch_sub(len, Ordering::AcqRel);
             self.metrics.backplane_lost("queue_full", 1);
             return false;
@@ -383,6 +435,33 @@ struct Publishing {
     stop: Arc<AtomicBool>,
     /// The servers it holds a connection to.
     connected: Connected,
+    /// Three hex digits of this node's id, the end of the epochs it draws.
+    nonce: String,
+}
+
+/// The sequence numbers a node gives its publications to topics without history, per
+/// channel, so that a receiving node counts every gap; at most [`SEQUENCED`] channels (then
+/// every topic's numbering starts again at 1, which a receiver takes as a new start).
+#[derive(Default)]
+struct Sequences(HashMap<Vec<u8>, u64>);
+
+/// The most channels [`Sequences`] numbers at once.
+const SEQUENCED: usize = 65_536;
+
+impl Sequences {
+    /// Writes the next number of `o`'s channel into it, once.
+    fn stamp(&mut self, o: &mut Outgoing) {
+        if o.kept || o.numbered || o.message.len() < 26 {
+            return;
+        }
+        if self.0.len() >= SEQUENCED && !self.0.contains_key(&o.channel) {
+            self.0.clear();
+        }
+        let next = self.0.entry(o.channel.clone()).or_insert(0);
+        *next += 1;
+        o.message[18..26].copy_from_slice(&next.to_be_bytes());
+        o.numbered = true;
+    }
 }
 
 /// The Redis servers (by address) the publisher holds a connection to, shared with the event
@@ -393,8 +472,9 @@ type Connected = Arc<Mutex<HashSet<Arc<str>>>>;
 /// and publishes), pipelined, on one connection per server. It connects at once and keeps
 /// trying while idle, so that `connected` says where a publication would go now.
 fn publisher(publishing: Publishing, outgoing: Receiver<Outgoing>) {
-    let Publishing { shards, queued, metrics, history, stop, connected } = publishing;
+    let Publishing { shards, queued, metrics, history, stop, connected, nonce } = publishing;
     let mut links: HashMap<Arc<str>, Link> = HashMap::new();
+    let mut sequences = Sequences::default();
     let mut quiet = Repeated::default();
     let limits = history
         .as_ref()
@@ -458,7 +538,9 @@ fn publisher(publishing: Publishing, outgoing: Receiver<Outgoing>) {
             for (node, items) in by_node.0.drain(..) {
                 let link = links.entry(node.clone()).or_default();
                 connect(&shards, &node, link, limits, &mut quiet);
-                let sent = send(&node, link, &batch, &items, &topology, limits);
+                let (sequences, nonce) = (&mut sequences, nonce.as_str());
+                let sent =
+                    send(&node, link, &mut batch, &items, &topology, limits, sequences, nonce);
                 metrics.backplane_published(sent.published);
                 for (reason, n) in sent.lost {
                     metrics.backplane_lost(reason, n);
@@ -571,14 +653,18 @@ impl Shares {
 }
 
 /// Sends `items` of `batch` (with `ASKING` before those a node redirected with `ASK`) to
-/// `node` in one pipeline, if `link` is connected.
+/// `node` in one pipeline, if `link` is connected, numbering those of topics without history
+/// as they are first sent.
+#[allow(clippy::too_many_arguments)]
 fn send(
     node: &str,
     link: &mut Link,
-    batch: &[Outgoing],
+    batch: &mut [Outgoing],
     items: &[(usize, bool)],
     topology: &Topology,
     limits: Option<(usize, u64)>,
+    sequences: &mut Sequences,
+    nonce: &str,
 ) -> Sent {
     let mut sent = Sent::default();
     let n = items.len() as u64;
@@ -588,6 +674,7 @@ fn send(
     };
     let mut pipe = redis::pipe();
     for &(i, ask) in items {
+        sequences.stamp(&mut batch[i]);
         let o = &batch[i];
         if ask {
             pipe.cmd("ASKING").ignore();
@@ -596,8 +683,9 @@ fn send(
             (true, Some(sha), Some((most, age_ms))) => {
                 // The stream's key is the channel's name: one slot for both.
                 let (kind, payload) = o.message.split_at(1);
-                pipe.cmd("EVALSHA").arg(sha).arg(1).arg(&o.channel).arg(kind).arg(payload);
-                pipe.arg(most).arg(age_ms).arg(topology.publish());
+                let epoch = epoch_key_of(&o.channel);
+                pipe.cmd("EVALSHA").arg(sha).arg(2).arg(&o.channel).arg(epoch).arg(kind);
+                pipe.arg(payload).arg(most).arg(age_ms).arg(topology.publish()).arg(nonce);
             }
             _ => {
                 pipe.cmd(topology.publish()).arg(&o.channel).arg(&o.message);
@@ -663,7 +751,7 @@ fn subscriber(
     metrics: Arc<Metrics>,
     history: Option<Arc<History>>,
     stop: Arc<AtomicBool>,
-    deliver: Arc<Deliver>,
+    receiving: Receiving,
 ) {
     // Topics with local subscribers, and topics pinned by a recovery (until when).
     let mut wanted: HashSet<Arc<str>> = HashSet::new();
@@ -750,6 +838,8 @@ fn subscriber(
         };
         if dirty {
             dirty = false;
+            // What was delivered of topics no longer subscribed is of no more use.
+            receiving.continuity.retain(|t| wanted.contains(t) || pins.contains_key(t));
             // Each server's topics; a server that serves none has no thread.
             let mut assigned: HashMap<Arc<str>, HashSet<Arc<str>>> = HashMap::new();
             for topic in wanted.iter().chain(pins.keys()) {
@@ -785,7 +875,8 @@ fn subscriber(
                     metrics: metrics.clone(),
                     history: history.clone(),
                     stop: stop.clone(),
-                    deliver: deliver.clone(),
+                    receiving: receiving.clone(),
+                    reader: Mutex::new(None),
                 };
                 let spawned = std::thread::Builder::new()
                     .name("freeboard-redis-sub".into())
@@ -821,8 +912,126 @@ fn channel(topic: &str) -> String {
     format!("{PREFIX}{topic}")
 }
 
+/// The key of a history topic's epoch, beside its stream: `{freeboard:TOPIC}:epoch`. Its hash
+/// tag is the stream's whole key (a topic's name holds no brace), so on a cluster both lie in
+/// one slot, on one master, are replicated together and fail over together.
+fn epoch_key(topic: &str) -> String {
+    format!("{{{PREFIX}{topic}}}:epoch")
+}
+
+/// [`epoch_key`] of a channel's name.
+fn epoch_key_of(channel: &[u8]) -> Vec<u8> {
+    [b"{", channel, b"}:epoch"].concat()
+}
+
 /// What hands a message from Redis to this node's loops; `false` once the server is gone.
 type Deliver = dyn Fn(Incoming<'_>) -> bool + Send + Sync;
+
+/// How the shard threads hand what they receive to this node.
+#[derive(Clone)]
+struct Receiving {
+    deliver: Arc<Deliver>,
+    continuity: Arc<Continuity>,
+}
+
+/// What this node delivered of each topic it is subscribed to, shared by the shard threads (a
+/// topic moves from one to another with its slot) and kept across resubscriptions, so that
+/// what a node missed while its subscription was away is fetched (history topics) or counted
+/// (other topics), and nothing is delivered twice.
+struct Continuity {
+    delivered: Mutex<Delivered>,
+    /// Closes a history topic's local subscribers with 4410 ([`backplane::Link::end_history`]).
+    end_history: Box<dyn Fn(&str) + Send + Sync>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Default)]
+struct Delivered {
+    /// History topics: the offset of the last message delivered.
+    offsets: HashMap<Arc<str>, Offset>,
+    /// Topics without history: per publishing node, the last sequence number received.
+    sequences: HashMap<Arc<str>, HashMap<[u8; 16], u64>>,
+}
+
+/// The most publishing nodes a topic's sequence numbers are followed for (then it starts
+/// over: a node that is gone leaves its entry until the topic is unsubscribed).
+const PUBLISHERS: usize = 1024;
+
+impl Continuity {
+    fn new(end_history: Box<dyn Fn(&str) + Send + Sync>, metrics: Arc<Metrics>) -> Self {
+        Self { delivered: Mutex::default(), end_history, metrics }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Delivered> {
+        self.delivered.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a history topic's message at `offset` is to be delivered: not if it was
+    /// already (a catch-up and the live stream overlap). A message of a new epoch ends the
+    /// old history first: the topic's local subscribers are closed with 4410.
+    fn admit(&self, topic: &str, offset: Offset) -> bool {
+        let mut delivered = self.lock();
+        match delivered.offsets.get_mut(topic) {
+            Some(last) if last.epoch == offset.epoch => {
+                if offset.position <= last.position {
+                    return false;
+                }
+                last.position = offset.position;
+            }
+            Some(last) => {
+                tracing::warn!(%topic, from = %last, to = %offset, "a history topic's epoch changed: its subscribers are told (4410)");
+                (self.end_history)(topic);
+                *last = offset;
+            }
+            None => {
+                delivered.offsets.insert(Arc::from(topic), offset);
+            }
+        }
+        true
+    }
+
+    /// The offset of the last message of `topic` delivered, if it was subscribed before.
+    fn last(&self, topic: &str) -> Option<Offset> {
+        self.lock().offsets.get(topic).copied()
+    }
+
+    /// What `topic`'s subscribers missed cannot be fetched: they are closed with 4410, and
+    /// the next message starts afresh.
+    fn interrupt(&self, topic: &str) {
+        self.lock().offsets.remove(topic);
+        (self.end_history)(topic);
+    }
+
+    /// Counts in `backplane_lost_total{reason="gap"}` the publications of `node` to `topic`
+    /// missing before the one numbered `seq`.
+    fn count(&self, topic: &str, node: [u8; 16], seq: u64) {
+        let mut delivered = self.lock();
+        if !delivered.sequences.contains_key(topic) {
+            delivered.sequences.insert(Arc::from(topic), HashMap::new());
+        }
+        // NOTE(unwrap): inserted above if it was missing.
+        let publishers = delivered.sequences.get_mut(topic).unwrap();
+        if publishers.len() >= PUBLISHERS && !publishers.contains_key(&node) {
+            publishers.clear();
+        }
+        let missing = match publishers.insert(node, seq) {
+            Some(last) if seq > last => seq - last - 1,
+            // A new numbering (the publisher forgot the topic): what came before it.
+            Some(_) => seq.saturating_sub(1),
+            None => 0,
+        };
+        if missing > 0 {
+            self.metrics.backplane_lost("gap", missing);
+        }
+    }
+
+    /// Forgets the topics `wanted` no longer names.
+    fn retain(&self, wanted: impl Fn(&str) -> bool) {
+        let mut delivered = self.lock();
+        delivered.offsets.retain(|t, _| wanted(t));
+        delivered.sequences.retain(|t, _| wanted(t));
+    }
+}
 
 /// A shard thread: the subscriptions of the topics one server serves, on one connection.
 struct Shard {
@@ -836,7 +1045,9 @@ struct Shard {
     metrics: Arc<Metrics>,
     history: Option<Arc<History>>,
     stop: Arc<AtomicBool>,
-    deliver: Arc<Deliver>,
+    receiving: Receiving,
+    /// A connection to the server for reading streams (a catch-up after a resubscription).
+    reader: Mutex<Option<Connection>>,
 }
 
 impl Shard {
@@ -988,14 +1199,30 @@ impl Shard {
                 if !asked.contains(topic) {
                     return true;
                 }
-                let Some(incoming) = decode(topic, payload, self.node) else { return true };
+                let Some((incoming, numbered)) = decode(topic, payload, self.node) else {
+                    return true;
+                };
+                let continuity = &self.receiving.continuity;
+                if let Some(offset) = incoming.offset
+                    && !continuity.admit(topic, offset)
+                {
+                    return true;
+                }
+                if let Some((node, seq)) = numbered {
+                    continuity.count(topic, node, seq);
+                }
                 self.metrics.backplane_received();
-                (self.deliver)(incoming)
+                (self.receiving.deliver)(incoming)
             }
             (b"subscribe" | b"ssubscribe", _) => {
                 if requests.front().is_some_and(|(s, t)| *s && **t == *topic)
                     && let Some((_, topic)) = requests.pop_front()
                 {
+                    // Subscribed again (a reconnect, a slot that moved): what the topic got
+                    // meanwhile first, then the live stream.
+                    if !self.catch_up(&topic) {
+                        return false;
+                    }
                     let _ = self.events.send(SubscriberEvent::Confirmed(topic));
                 }
                 true
@@ -1013,6 +1240,51 @@ impl Shard {
             }
             _ => true,
         }
+    }
+
+    /// A history topic subscribed again after this node delivered some of it: delivers what
+    /// its stream got after that (from the reader connection, while the live messages wait in
+    /// the subscription's socket; those already delivered are then skipped), or, if the stream
+    /// cannot vouch for it (another epoch, trimmed, lost), closes the topic's local
+    /// subscribers with 4410. `false` once the server is gone.
+    fn catch_up(&self, topic: &Arc<str>) -> bool {
+        let continuity = &self.receiving.continuity;
+        let Some(since) = continuity.last(topic) else { return true };
+        let mut reader = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        if reader.is_none() {
+            *reader = self.shards.addr.connect(&self.server).ok();
+        }
+        let fetched = match reader.as_mut() {
+            Some(conn) => fetch(conn, topic, since),
+            None => Err(io::Error::other("cannot connect to read the stream").into()),
+        };
+        match fetched {
+            Ok(Some((_, entries))) => {
+                if !entries.is_empty() {
+                    tracing::info!(redis = %self.server, %topic, %since, missed = entries.len(), "backplane caught up with a history topic after resubscribing");
+                }
+                for (offset, kind, data) in &entries {
+                    if !continuity.admit(topic, *offset) {
+                        continue;
+                    }
+                    self.metrics.backplane_received();
+                    let incoming = Incoming { topic, kind: *kind, data, offset: Some(*offset) };
+                    if !(self.receiving.deliver)(incoming) {
+                        return false;
+                    }
+                }
+            }
+            Ok(None) => {
+                tracing::warn!(redis = %self.server, %topic, %since, "a history topic's stream no longer holds what followed the last message delivered: its subscribers are told (4410)");
+                continuity.interrupt(topic);
+            }
+            Err(e) => {
+                tracing::warn!(redis = %self.server, %topic, error = %e, "cannot catch up with a history topic after resubscribing: its subscribers are told (4410)");
+                *reader = None;
+                continuity.interrupt(topic);
+            }
+        }
+        true
     }
 
     /// The connection was lost: what arrives from now on may have a gap.
@@ -1037,14 +1309,26 @@ impl Shard {
     }
 }
 
-/// A message from a channel, as this node delivers it; `None` for its own publications (its
-/// subscribers have them already) and what it cannot read.
-fn decode<'m>(topic: &'m str, message: &'m [u8], node: [u8; 16]) -> Option<Incoming<'m>> {
+/// A publication's publishing node and its sequence number there (topics without history).
+type Numbered = ([u8; 16], u64);
+
+/// A message from a channel, as this node delivers it, with its publisher's id and sequence
+/// number for a topic without history; `None` for its own publications (its subscribers
+/// have them already) and what it cannot read.
+fn decode<'m>(
+    topic: &'m str,
+    message: &'m [u8],
+    node: [u8; 16],
+) -> Option<(Incoming<'m>, Option<Numbered>)> {
     let kind = |k: u8| if k == b't' { MessageKind::Text } else { MessageKind::Binary };
     match message {
-        [b'F', _, id @ ..] if id.len() >= 16 && id[..16] == node => None,
-        [b'F', k, rest @ ..] if rest.len() >= 16 => {
-            Some(Incoming { topic, kind: kind(*k), data: &rest[16..], offset: None })
+        [b'F', _, id @ ..] if id.len() >= 24 && id[..16] == node => None,
+        [b'F', k, rest @ ..] if rest.len() >= 24 => {
+            let (from, rest) = rest.split_at(16);
+            let (seq, data) = rest.split_at(8);
+            // NOTE(unwrap): split at 16 and 8 bytes.
+            let numbered = (from.try_into().unwrap(), u64::from_be_bytes(seq.try_into().unwrap()));
+            Some((Incoming { topic, kind: kind(*k), data, offset: None }, Some(numbered)))
         }
         // Kept in Redis: from every node, this one too, with its offset.
         [b'S', k, rest @ ..] => rest
@@ -1052,7 +1336,9 @@ fn decode<'m>(topic: &'m str, message: &'m [u8], node: [u8; 16]) -> Option<Incom
             .position(|b| *b == b':')
             .and_then(|colon| std::str::from_utf8(&rest[..colon]).ok())
             .and_then(Offset::parse)
-            .map(|offset| Incoming { topic, kind: kind(*k), data: rest, offset: Some(offset) }),
+            .map(|offset| {
+                (Incoming { topic, kind: kind(*k), data: rest, offset: Some(offset) }, None)
+            }),
         _ => None,
     }
 }
@@ -1100,7 +1386,7 @@ fn fetcher(
             awaiting.unavailable("history_unavailable");
             continue;
         };
-        match fetch(c, &key, since) {
+        match fetch(c, &topic, since) {
             Ok(Some((newest, fetched))) => history.fill(&topic, since, newest, fetched),
             Ok(None) => {} // gone: on_open says so
             Err(e) => {
@@ -1117,47 +1403,64 @@ fn fetcher(
     }
 }
 
-/// What the stream at `key` holds after `since`, envelopes made, and the stream's last offset;
-/// `None` if it no longer holds all of it (trimmed past `since`, expired, or `since` was
-/// never issued).
-#[allow(clippy::type_complexity)]
+/// What a history topic's stream holds after an offset, with envelopes made.
+type Entries = Vec<(Offset, MessageKind, Box<[u8]>)>;
+
+/// What `topic`'s stream holds after `since`, envelopes made, and the stream's last offset;
+/// `None` if it cannot vouch for all of it: no stream (expired, or a Redis that lost it),
+/// another epoch, trimmed past `since`, or `since` never issued (a future or forged offset,
+/// or one of entries a failover or restart lost).
 fn fetch(
     conn: &mut Connection,
-    stream: &str,
+    topic: &str,
     since: Offset,
-) -> Result<Option<(Offset, Vec<(Offset, MessageKind, Box<[u8]>)>)>, RedisError> {
-    let info: Option<HashMap<String, Value>> =
-        match redis::cmd("XINFO").arg("STREAM").arg(stream).query(conn) {
-            Ok(info) => Some(info),
-            Err(e) if e.code() == Some("ERR") => None, // no such key
-            Err(e) => return Err(e),
-        };
-    let Some(info) = info else { return Ok(None) };
-    let id = |name: &str| -> Option<Offset> {
-        match info.get(name)? {
-            Value::BulkString(b) => Offset::parse(std::str::from_utf8(b).ok()?),
-            Value::SimpleString(s) => Offset::parse(s),
-            _ => None,
-        }
+) -> Result<Option<(Offset, Entries)>, RedisError> {
+    // EVAL (the script is short, and read only when a subscriber resumes or a subscription
+    // comes back), so a restarted Redis needs nothing loaded again.
+    let reply: Value = redis::cmd("EVAL")
+        .arg(READ_AFTER)
+        .arg(2)
+        .arg(channel(topic))
+        .arg(epoch_key(topic))
+        .arg(format!("{:x}", since.epoch))
+        .arg(since.position.to_string())
+        .query(conn)?;
+    let Value::Array(items) = reply else { return Ok(None) };
+    let [epoch, deleted, last, Value::Array(entries)] = &items[..] else { return Ok(None) };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
     };
-    let (Some(deleted), Some(last)) = (id("max-deleted-entry-id"), id("last-generated-id")) else {
+    let epoch = text(epoch).and_then(|e| u64::from_str_radix(&e, 16).ok());
+    let deleted = text(deleted).and_then(|d| Position::parse(&d));
+    let last = text(last).and_then(|l| Position::parse(&l));
+    let (Some(epoch), Some(deleted), Some(last)) = (epoch, deleted, last) else {
         return Ok(None);
     };
-    if since < deleted || since > last {
+    if epoch != since.epoch || since.position < deleted || since.position > last {
         return Ok(None);
     }
-    let entries: Vec<(String, Vec<Vec<u8>>)> =
-        redis::cmd("XRANGE").arg(stream).arg(format!("({since}")).arg("+").query(conn)?;
     let fetched = entries
-        .into_iter()
-        .filter_map(|(id, fields)| {
-            let offset = Offset::parse(&id)?;
-            let [k, kind, m, payload] = fields.as_slice() else { return None };
+        .iter()
+        .filter_map(|entry| {
+            let Value::Array(entry) = entry else { return None };
+            let [id, Value::Array(fields)] = &entry[..] else { return None };
+            let offset = Offset { epoch, position: Position::parse(&text(id)?)? };
+            let [
+                Value::BulkString(k),
+                Value::BulkString(kind),
+                Value::BulkString(m),
+                Value::BulkString(payload),
+            ] = &fields[..]
+            else {
+                return None;
+            };
             (k == b"k" && m == b"m").then_some(())?;
             let kind = if kind == b"t" { MessageKind::Text } else { MessageKind::Binary };
             let data = [format!("{offset}:").as_bytes(), payload].concat().into_boxed_slice();
             Some((offset, kind, data))
         })
         .collect();
-    Ok(Some((last, fetched)))
+    Ok(Some((Offset { epoch, position: last }, fetched)))
 }

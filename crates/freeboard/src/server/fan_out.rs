@@ -61,6 +61,10 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn drain_inbox(&mut self, now: Instant) {
         self.shared.hub.begin_drain(self.index);
         while let Some(publication) = self.shared.hub.receive(self.index, &self.inbox) {
+            if publication.ends_history {
+                self.end_history(now, &publication.topic);
+                continue;
+            }
             let Some(subscribers) = self.topics.subscribers(&publication.topic) else {
                 // The last subscriber left after the publisher looked.
                 if let Some(receipt) = &publication.receipt {
@@ -83,6 +87,24 @@ impl<T: Transport> EventLoop<T> {
             if let Some(receipt) = &publication.receipt {
                 receipt.report(reach.delivered, reach.dropped);
             }
+        }
+    }
+
+    /// Closes every subscriber of `topic` on this loop with
+    /// [`HISTORY_GONE`](crate::history::HISTORY_GONE): the topic's history can no longer be
+    /// vouched for, and they must not meet what comes next without being told.
+    fn end_history(&mut self, now: Instant, topic: &str) {
+        let tokens: Vec<usize> =
+            self.topics.subscribers(topic).into_iter().flatten().map(|(_, t)| *t).collect();
+        for token in tokens {
+            if !self.conns.get(token).is_some_and(|e| e.session.is_open()) {
+                continue;
+            }
+            let (entry, mut cx) = self.split(token, now);
+            let why = "the topic's history was interrupted: resume with since, or start afresh";
+            let _ = entry.session.close(&mut cx, crate::history::HISTORY_GONE, why);
+            self.report_close(token);
+            self.mark(token);
         }
     }
 

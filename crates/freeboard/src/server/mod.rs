@@ -187,8 +187,14 @@ impl Server {
                 }
                 None => false,
             };
+            let weak = Arc::downgrade(&shared);
+            let end_history = move |topic: &str| {
+                if let Some(shared) = weak.upgrade() {
+                    shared.hub.end_history(topic);
+                }
+            };
             let history = shared.hub.history().cloned();
-            backplane.start(Link::new(deliver, history, shared.metrics.clone()))?;
+            backplane.start(Link::new(deliver, end_history, history, shared.metrics.clone()))?;
             shared.hub.attach_backplane(Arc::from(backplane));
         }
         Ok(Self { shared, routes, seeds: loops, wakers, local_addr: addr, tls_addr, admin_addr })
