@@ -349,6 +349,21 @@ fn history_in_redis_streams_recovers_a_reconnect_on_any_node_or_says_it_is_gone(
         assert_eq!(enveloped(&f.payload).1, live, "node {n}");
     }
 
+    // Offsets this stream did not issue: of another epoch (the same position), in the
+    // future, the epoch-less form of older versions, truncated.
+    let (epoch, position) = since.split_once('.').expect("EPOCH.MS-SEQ");
+    let (ms, _) = position.split_once('-').unwrap();
+    let other = format!("{:x}.{position}", u64::from_str_radix(epoch, 16).unwrap() ^ 1);
+    let future = format!("{epoch}.{}-0", ms.parse::<u64>().unwrap() + 3_600_000);
+    let truncated = &since[..=since.rfind('-').unwrap()];
+    for addr in [&addr_a, &addr_b] {
+        for since in [&other, &future, position, truncated, &format!("{epoch}.")] {
+            let (mut late, mut inbox) = subscribe(addr, &format!("feed?since={since}"));
+            let close = inbox.frame(&mut late).unwrap().expect("a close frame");
+            assert_eq!((close.opcode, close.close_code()), (0x8, 4410), "since={since}");
+        }
+    }
+
     // 200 more: the stream (150) no longer holds what followed m0.
     let burst: Vec<u8> = (101..301).flat_map(|i| text(format!("m{i}").as_bytes())).collect();
     publisher.write_all(&burst).unwrap();
@@ -773,4 +788,187 @@ fn a_redis_cluster_carries_topics_on_sharded_pub_sub_and_survives_a_master_resta
          publications: {lost} counted lost on node A ({})",
         losses(&addr_a)
     );
+}
+
+/// `redis-cli -p port ARGS…`, its output.
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli").arg("-p").arg(port.to_string()).args(args).output();
+    String::from_utf8_lossy(&out.expect("redis-cli").stdout).into_owned()
+}
+
+/// Publishes by POST until the answer's status line starts with `status` (Redis or a node's
+/// connection to it coming and going); how many were tried.
+fn post_until(addr: &str, topic: &str, body: &str, status: &str) -> usize {
+    let until = Instant::now() + Duration::from_secs(20);
+    for tried in 1.. {
+        if post(addr, topic, body).starts_with(status) {
+            return tried;
+        }
+        assert!(Instant::now() < until, "POST /topic/{topic} never answered {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    unreachable!()
+}
+
+#[test]
+fn a_history_topic_lost_by_redis_gets_a_new_epoch_and_its_subscribers_are_told() {
+    let port = common::free_port();
+    let Some(redis_process) = redis(port) else {
+        eprintln!("redis-server is not installed: skipped");
+        return;
+    };
+    let history = ["--history", "100", "--history-prefix", "feed"];
+    let (_a, addr_a) = node_with(port, &history);
+    let (_b, addr_b) = node_with(port, &history);
+    let (mut publisher, mut own) = subscribe(&addr_b, "feed");
+    let (mut reader, mut inbox) = subscribe(&addr_a, "feed");
+    warm_up_history(&mut publisher, &mut own, &mut reader, &mut inbox);
+    // The epoch lies beside the stream, in its slot: `{freeboard:feed}:epoch`.
+    let stored = redis_cli(port, &["GET", "{freeboard:feed}:epoch"]);
+    assert_eq!(
+        redis_cli(port, &["CLUSTER", "KEYSLOT", "{freeboard:feed}:epoch"]),
+        redis_cli(port, &["CLUSTER", "KEYSLOT", "freeboard:feed"])
+    );
+    publisher.write_all(&text(b"m0")).unwrap();
+    let since = read_until(&mut reader, &mut inbox, "m0");
+    assert_eq!(since.split_once('.').unwrap().0, stored.trim(), "the offset names the epoch");
+
+    // Redis goes away: a history topic's publication is refused (503), not accepted to be
+    // lost; a client publishing on it is told to try again later (1013).
+    drop(redis_process);
+    // (Once each node has found its connection gone: within its idle check, 200 ms.)
+    post_until(&addr_a, "feed", "while-down", "HTTP/1.1 503");
+    post_until(&addr_b, "feed", "while-down", "HTTP/1.1 503");
+    publisher.write_all(&text(b"while-down")).unwrap();
+    let close = loop {
+        let f = own.frame(&mut publisher).unwrap().expect("a close frame");
+        if f.opcode == 0x8 {
+            break f;
+        }
+    };
+    assert_eq!(close.close_code(), 1013);
+
+    // It comes back without its data: the stream and its epoch are gone. The subscriber that
+    // stayed connected is told (4410) as soon as its node has subscribed again, before any
+    // message of the new history could reach it.
+    let _redis = redis(port).expect("redis-server again");
+    let close = inbox.frame(&mut reader).unwrap().expect("a close frame");
+    assert_eq!((close.opcode, close.close_code()), (0x8, 4410));
+    let (mut fresh, mut inbox) = subscribe(&addr_a, "feed");
+    post_until(&addr_b, "feed", "n0", "HTTP/1.1 200");
+    let f = inbox.frame(&mut fresh).unwrap().expect("the new history's first message");
+    let (offset, message) = enveloped(&f.payload);
+    assert_eq!(message, "n0");
+    assert_ne!(offset.split_once('.').unwrap().0, since.split_once('.').unwrap().0, "a new epoch");
+    // The old offset cannot resume, on either node.
+    for addr in [&addr_a, &addr_b] {
+        let (mut late, mut inbox) = subscribe(addr, &format!("feed?since={since}"));
+        let close = inbox.frame(&mut late).unwrap().expect("a close frame");
+        assert_eq!((close.opcode, close.close_code()), (0x8, 4410), "the old epoch");
+    }
+    // The stream recreated by hand (deleted, then published to): another epoch again.
+    redis_cli(port, &["DEL", "freeboard:feed"]);
+    post_until(&addr_b, "feed", "n1", "HTTP/1.1 200");
+    let close = loop {
+        let f = inbox.frame(&mut fresh).unwrap().expect("a close frame");
+        if f.opcode == 0x8 {
+            break f;
+        }
+    };
+    assert_eq!(close.close_code(), 4410, "a subscriber meets no new epoch without being told");
+}
+
+#[test]
+fn resubscriptions_catch_up_history_topics_and_count_the_gaps_of_others() {
+    let port = common::free_port();
+    let Some(_redis) = redis(port) else {
+        eprintln!("redis-server is not installed: skipped");
+        return;
+    };
+    let history = ["--history", "5000", "--history-prefix", "h:"];
+    let (_a, addr_a) = node_with(port, &history);
+    let (_b, addr_b) = node_with(port, &history);
+    let (mut publisher, mut own) = subscribe(&addr_b, "h:feed");
+    let (mut kept_reader, mut kept_inbox) = subscribe(&addr_a, "h:feed");
+    warm_up_history(&mut publisher, &mut own, &mut kept_reader, &mut kept_inbox);
+    // The plain topic warmed up one message at a time, so none is in flight afterwards.
+    let (mut plain_publisher, _) = subscribe(&addr_b, "plain");
+    let (mut plain_reader, mut plain_inbox) = subscribe(&addr_a, "plain");
+    plain_reader.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !matches!(plain_inbox.frame(&mut plain_reader), Ok(Some(_))) {
+        assert!(Instant::now() < until, "node A never subscribed to the plain topic");
+        plain_publisher.write_all(&text(b"warm")).unwrap();
+    }
+    plain_reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(metric(&addr_a, "freeboard_backplane_lost_total{reason=\"gap\"}"), 0);
+
+    // Both nodes' subscriptions are cut six times while 2,000 publications go to each topic.
+    const N: usize = 2000;
+    let cutter = std::thread::spawn(move || {
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(250));
+            redis_cli(port, &["CLIENT", "KILL", "TYPE", "pubsub"]);
+        }
+    });
+    for i in 0..N {
+        publisher.write_all(&text(format!("h{i}").as_bytes())).unwrap();
+        plain_publisher.write_all(&text(format!("p{i}").as_bytes())).unwrap();
+        std::thread::sleep(Duration::from_micros(800));
+    }
+    cutter.join().unwrap();
+
+    // The history topic: every one, once, in order, on the other node as on the publisher's.
+    let want: Vec<String> = (0..N).map(|i| format!("h{i}")).collect();
+    for (who, (reader, inbox)) in
+        [("node A", (&mut kept_reader, &mut kept_inbox)), ("node B", (&mut publisher, &mut own))]
+    {
+        let mut next = 0;
+        while next < N {
+            let f = inbox.frame(reader).unwrap().unwrap_or_else(|| panic!("{who}: ended"));
+            assert_eq!(f.opcode, 0x1, "{who}: closed at {next} ({:?})", f.close_code());
+            let (_, message) = enveloped(&f.payload);
+            if message == "warm" {
+                continue;
+            }
+            assert_eq!(message, want[next], "{who}: lost, twice or out of order");
+            next += 1;
+        }
+    }
+
+    // The plain topic: at most once, and every publication that did not arrive is counted.
+    let mut received = 0;
+    let mut last = None;
+    let mut ends = 0;
+    plain_reader.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    loop {
+        match plain_inbox.frame(&mut plain_reader) {
+            Ok(Some(f)) => {
+                let got = String::from_utf8(f.payload).unwrap();
+                if got == "end" {
+                    received += 1;
+                    break;
+                }
+                if let Some(i) = got.strip_prefix('p').and_then(|i| i.parse::<usize>().ok()) {
+                    assert!(last.is_none_or(|l| i > l), "p{i} after p{last:?}");
+                    last = Some(i);
+                    received += 1;
+                }
+            }
+            // Sent until one arrives: the gap before it is counted when it does.
+            _ => {
+                plain_publisher.write_all(&text(b"end")).unwrap();
+                ends += 1;
+            }
+        }
+    }
+    let missing = (N + ends - received) as u64;
+    let gaps = metric(&addr_a, "freeboard_backplane_lost_total{reason=\"gap\"}");
+    eprintln!(
+        "6 cuts: the history topic delivered all {N} on both nodes; the plain topic lost \
+         {missing} of {} on node A, counted {gaps}",
+        N + ends
+    );
+    assert!(missing > 0, "the cuts opened no window");
+    assert_eq!(gaps, missing, "the gap counter equals what is missing");
 }

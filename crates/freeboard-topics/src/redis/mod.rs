@@ -502,7 +502,22 @@ fn publisher(publishing: Publishing, outgoing: Receiver<Outgoing>) {
         let first = match outgoing.recv_timeout(Duration::from_millis(200)) {
             Ok(first) => first,
             Err(RecvTimeoutError::Timeout) => {
-                if !all_connected() {
+                // Idle: a connection that no longer answers is found now, not by the next
+                // publication (a history topic's is then refused rather than lost).
+                let mut dropped = false;
+                for (node, link) in &mut links {
+                    let alive = link.conn.as_mut().is_none_or(|(c, _)| {
+                        redis::cmd("PING")
+                            .query::<Value>(c)
+                            .is_ok_and(|v| !matches!(v, Value::ServerError(_)))
+                    });
+                    if !alive {
+                        tracing::warn!(redis = %node, "backplane publisher lost its connection");
+                        link.conn = None;
+                        dropped = true;
+                    }
+                }
+                if dropped || !all_connected() {
                     set_connected(connect_all(&mut links, &mut quiet));
                 }
                 continue;
