@@ -178,7 +178,7 @@ fn enveloped(payload: &[u8]) -> (String, String) {
     (offset.to_owned(), message.to_owned())
 }
 
-/// An offset's sequence number (`{epoch}-{sequence}`).
+/// An offset's sequence number (`{epoch}.{ms}-{sequence}`).
 fn sequence(offset: &str) -> u64 {
     offset.rsplit_once('-').unwrap().1.parse().unwrap()
 }
@@ -232,7 +232,7 @@ fn a_reconnect_with_since_gets_what_it_missed_or_is_told_it_is_gone() {
 
         // 100 more: the ring (150) no longer holds what followed m0.
         publish(&mut publisher, &mut own, 102..202);
-        for target in [format!("/topic/feed?since={since}"), "/topic/feed?since=1-1".into()] {
+        for target in [format!("/topic/feed?since={since}"), "/topic/feed?since=1.1-1".into()] {
             let (mut late, mut inbox) = subscribe(&serve.addr, &target);
             let close = inbox.frame(&mut late).unwrap().expect("a close frame");
             assert_eq!((close.opcode, close.close_code()), (0x8, 4410), "{target}");
@@ -321,4 +321,55 @@ fn keyed_conflate_keeps_every_instrument_for_a_slow_subscriber() {
             assert!(last[0] < Some(last_round(0)), "{last:?}");
         }
     }
+}
+
+/// Subscribers resume with `since` while a publisher on another loop streams: the replay (read
+/// from the history) and the live stream (the publications already in the loop's inbox then)
+/// overlap, and each offset still arrives once, in order, none missing.
+#[test]
+fn a_replay_that_overlaps_the_live_stream_sends_each_offset_once() {
+    let serve = Serve::start(&[
+        "--client-publish",
+        "--threads",
+        "2",
+        "--history",
+        "100000",
+        "--history-prefix",
+        "feed",
+    ]);
+    let (publisher, _) = subscribe(&serve.addr, "/topic/feed");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let streamer = {
+        let (mut publisher, stop) = (publisher, stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Acquire) && i < 200_000 {
+                let burst: Vec<u8> =
+                    (i..i + 20).flat_map(|j| text(format!("m{j}").as_bytes())).collect();
+                publisher.write_all(&burst).unwrap();
+                i += 20;
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        })
+    };
+    let (mut reader, mut inbox) = subscribe(&serve.addr, "/topic/feed");
+    let f = inbox.frame(&mut reader).unwrap().expect("a first message");
+    let (mut since, _) = enveloped(&f.payload);
+    for round in 0..40 {
+        drop(reader);
+        std::thread::sleep(Duration::from_millis(5));
+        (reader, inbox) = subscribe(&serve.addr, &format!("/topic/feed?since={since}"));
+        let mut last = sequence(&since);
+        for _ in 0..300 {
+            let f = inbox.frame(&mut reader).unwrap().expect("the replay, then live");
+            assert_eq!(f.opcode, 0x1, "round {round}: closed {:?}", f.close_code());
+            let (offset, _) = enveloped(&f.payload);
+            let seq = sequence(&offset);
+            assert_eq!(seq, last + 1, "round {round}: {offset} after {last} (twice, or a gap)");
+            last = seq;
+            since = offset;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    streamer.join().unwrap();
 }

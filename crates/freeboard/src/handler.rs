@@ -509,15 +509,21 @@ impl Conn<'_> {
     /// right after [`subscribe`](Self::subscribe). `false` if the topic's history no longer
     /// holds all of it, or the send queue could not take it all: close the connection with
     /// [`HISTORY_GONE`](crate::history::HISTORY_GONE). A topic without history has nothing to
-    /// recover.
+    /// recover. Live publications of the topic that the replay already sent are not sent
+    /// again: each offset arrives once.
     pub fn recover(&mut self, topic: &str, since: &str) -> bool {
-        let Replay::Missed(missed, _) = self.hub.recover(topic, since) else { return false };
-        missed.iter().all(|(kind, data)| {
+        let Replay::Missed(missed, through) = self.hub.recover(topic, since) else {
+            return false;
+        };
+        let sent = missed.iter().all(|(kind, data)| {
             matches!(
                 self.send(*kind, data),
                 SendOutcome::Queue(PushOutcome::Queued | PushOutcome::QueuedAboveHigh)
             )
-        })
+        });
+        // What the replay sent may be in the loop's inbox too, on its way live: each offset
+        // is sent once.
+        sent && through.is_none_or(|through| self.topics.resumed(self.token, topic, through))
     }
 }
 

@@ -98,6 +98,19 @@ impl std::fmt::Display for Offset {
     }
 }
 
+/// The offset in the envelope of a server frame (unmasked, its header first) whose first
+/// bytes are `head` (at least [`Envelope::MAX`] after the header, or the whole frame).
+pub(crate) fn offset_in_frame(head: &[u8]) -> Option<Offset> {
+    let header = match head.get(1)? & 0x7f {
+        126 => 4,
+        127 => 10,
+        _ => 2,
+    };
+    let envelope = head.get(header..)?;
+    let colon = envelope.iter().take(Envelope::MAX).position(|b| *b == b':')?;
+    Offset::parse(std::str::from_utf8(&envelope[..colon]).ok()?)
+}
+
 /// A decimal `u64` made of ASCII digits only (no sign, unlike `str::parse`).
 fn decimal(text: &str) -> Option<u64> {
     (!text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())).then(|| text.parse().ok())?
@@ -587,6 +600,22 @@ mod tests {
         ] {
             assert_eq!(Offset::parse(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_frame_tells_its_offset() {
+        let o = Offset { epoch: 0xabc, position: Position(17, 4) };
+        let envelope = Envelope::new(o);
+        for (payload, header) in [
+            (10, &[0x81, 19][..]),
+            (300, &[0x81, 126, 1, 53]),
+            (70_000, &[0x82, 127, 0, 0, 0, 0, 0, 1, 17, 123]),
+        ] {
+            let frame = [header, envelope.as_bytes(), &vec![b'x'; payload]].concat();
+            assert_eq!(offset_in_frame(&frame[..frame.len().min(10 + Envelope::MAX)]), Some(o));
+        }
+        assert_eq!(offset_in_frame(&[0x81, 3, b'a', b'b', b'c']), None);
+        assert_eq!(offset_in_frame(&[0x81]), None);
     }
 
     #[test]

@@ -50,7 +50,7 @@ use mio::Waker;
 use slab::Slab;
 
 use crate::backplane::{Arrival, Backplane, Recoverer};
-use crate::history::{Envelope, History, Replay, Source};
+use crate::history::{Envelope, History, Offset, Replay, Source};
 use crate::metrics::Metrics;
 
 /// The longest topic name, in bytes.
@@ -677,6 +677,11 @@ pub(crate) struct LocalTopics {
     /// Per connection token with subscriptions: each topic and the connection's key among the
     /// topic's subscribers.
     by_conn: HashMap<usize, Vec<(Arc<str>, usize)>>,
+    /// Connections that were just sent a replay of a history topic, up to which offset: a
+    /// live publication of that topic up to it (already in the loop's inbox when the replay
+    /// was read) is not sent to them again. An entry goes with the first later publication,
+    /// the subscription or the connection.
+    resumed: HashMap<usize, (Arc<str>, Offset)>,
     max_per_conn: usize,
     /// The tables' part of the loop's budget.
     ///
@@ -695,6 +700,8 @@ const NAME_ENTRY: usize = size_of::<(Arc<str>, Slab<usize>)>();
 const CONN_ENTRY: usize = size_of::<(usize, Vec<(Arc<str>, usize)>)>();
 /// Bytes of one slot of a topic's subscribers (`slab::Entry<usize>`: a tag and a token).
 const SUBSCRIBER: usize = 2 * size_of::<usize>();
+/// Bytes of one entry of [`LocalTopics::resumed`].
+const RESUMED_ENTRY: usize = size_of::<(usize, (Arc<str>, Offset))>();
 /// Bytes of one subscription in a connection's list.
 const MEMBERSHIP: usize = size_of::<(Arc<str>, usize)>();
 
@@ -705,6 +712,7 @@ impl LocalTopics {
             index,
             by_name: HashMap::new(),
             by_conn: HashMap::new(),
+            resumed: HashMap::new(),
             max_per_conn,
             budget,
             owned: 0,
@@ -815,6 +823,9 @@ impl LocalTopics {
 
     /// Unsubscribes connection `token`; whether it was subscribed.
     pub(crate) fn unsubscribe(&mut self, hub: &Hub, token: usize, name: &str) -> bool {
+        if self.resumed_through(token, name).is_some() {
+            self.forget_resumed(token);
+        }
         let Some(mine) = self.by_conn.get_mut(&token) else { return false };
         let Some(at) = mine.iter().position(|(t, _)| &**t == name) else { return false };
         let room = mine.capacity();
@@ -834,8 +845,42 @@ impl LocalTopics {
         true
     }
 
+    /// Connection `token` was sent what it missed on `topic` up to `through`: live
+    /// publications of the topic up to that offset are not sent to it again. `false` if the
+    /// budget cannot cover the note (nothing noted).
+    pub(crate) fn resumed(&mut self, token: usize, topic: &str, through: Offset) -> bool {
+        let Some((name, _)) = self.by_name.get_key_value(topic) else { return true };
+        self.resumed.insert(token, (name.clone(), through));
+        if self.settle() {
+            return true;
+        }
+        self.forget_resumed(token);
+        false
+    }
+
+    /// Whether some connection was just sent a replay (the fan-out then looks).
+    pub(crate) fn any_resumed(&self) -> bool {
+        !self.resumed.is_empty()
+    }
+
+    /// Up to which offset connection `token` was sent `topic`'s history, if it just was.
+    pub(crate) fn resumed_through(&self, token: usize, topic: &str) -> Option<Offset> {
+        self.resumed.get(&token).filter(|(t, _)| &**t == topic).map(|(_, through)| *through)
+    }
+
+    /// Connection `token` no longer needs its replay noted.
+    pub(crate) fn forget_resumed(&mut self, token: usize) {
+        if self.resumed.remove(&token).is_some() {
+            if self.resumed.capacity() > 16 && self.resumed.len() < self.resumed.capacity() / 4 {
+                self.resumed.shrink_to(self.resumed.len() * 2);
+            }
+            self.settle();
+        }
+    }
+
     /// Drops every subscription of connection `token` (it is closing).
     pub(crate) fn drop_conn(&mut self, hub: &Hub, token: usize) {
+        self.forget_resumed(token);
         let Some(mine) = self.by_conn.remove(&token) else { return };
         self.owned -= heap_bytes(mine.capacity() * MEMBERSHIP);
         for (name, key) in mine {
@@ -867,6 +912,7 @@ impl LocalTopics {
     pub(crate) fn footprint(&self) -> usize {
         map_bytes(self.by_name.capacity(), NAME_ENTRY)
             + map_bytes(self.by_conn.capacity(), CONN_ENTRY)
+            + map_bytes(self.resumed.capacity(), RESUMED_ENTRY)
             + self.owned
     }
 

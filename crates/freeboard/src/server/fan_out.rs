@@ -6,6 +6,7 @@ use freeboard_proto::{Instant, MessageKind};
 
 use super::compressed_copies::CompressedCopies;
 use super::event_loop::{EventLoop, loop_context};
+use crate::history::{Envelope, Offset, offset_in_frame};
 use crate::topics::{Outbox, Published, Reach};
 use crate::transport::{Transport, write_frames};
 
@@ -129,9 +130,28 @@ impl<T: Transport> EventLoop<T> {
         let mut changes = std::mem::take(&mut self.changes);
         let mut compressed = std::mem::take(&mut self.compressed);
         let publications = frames.clone().count();
+        // The frames' offsets, read only if a subscriber was just sent a replay.
+        let offsets: Vec<Option<Offset>> = match self.topics.any_resumed() {
+            true => frames.clone().map(|f| offset_of(f, &self.pool)).collect(),
+            false => Vec::new(),
+        };
+        let mut resumed = Vec::new();
         for token in subscribers.chain(leavers) {
+            // Sent by its replay already (the frame was in the inbox when it was read).
+            let replayed = self.topics.resumed_through(token, topic);
+            let sent_before = |i: usize| {
+                replayed.is_some_and(|through| {
+                    offsets[i]
+                        .is_some_and(|o| o.epoch == through.epoch && o.position <= through.position)
+                })
+            };
+            if replayed.is_some() && (0..publications).any(|i| !sent_before(i)) {
+                resumed.push(token); // past its replay: no more to skip
+            }
             let wants = |i: usize| {
-                changed.is_none_or(|(outbox, first)| outbox.subscribed_at(token, topic, first + i))
+                !sent_before(i)
+                    && changed
+                        .is_none_or(|(outbox, first)| outbox.subscribed_at(token, topic, first + i))
             };
             let wanted = (0..publications).filter(|&i| wants(i)).count() as u64;
             // NOTE: a connection's subscriptions go before its slab entry does; one that
@@ -241,6 +261,9 @@ impl<T: Transport> EventLoop<T> {
                 self.dirty.push(token);
             }
         }
+        for token in resumed {
+            self.topics.forget_resumed(token);
+        }
         for c in compressed.drain(..) {
             c.release(&mut self.pool);
         }
@@ -253,4 +276,19 @@ impl<T: Transport> EventLoop<T> {
         self.changes = changes;
         reach
     }
+}
+
+/// The offset in a history topic's frame (its envelope), if it has one.
+fn offset_of(frame: &Frame, pool: &freeboard_buf::Pool<'_>) -> Option<Offset> {
+    let mut head = [0u8; 10 + Envelope::MAX];
+    let mut len = 0;
+    for segment in frame.segments(pool) {
+        let n = segment.len().min(head.len() - len);
+        head[len..len + n].copy_from_slice(&segment[..n]);
+        len += n;
+        if len == head.len() {
+            break;
+        }
+    }
+    offset_in_frame(&head[..len])
 }
