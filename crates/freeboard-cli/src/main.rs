@@ -288,6 +288,12 @@ struct ServeArgs {
     /// and reconnecting until it answers; TOML `[topics] redis_required`.
     #[arg(long)]
     redis_required: bool,
+    /// When a POST on a history topic kept in Redis is answered as accepted: `none` (once
+    /// queued towards Redis), `redis` (once Redis has kept it), `replica` (once a replica
+    /// has it too: it survives the loss of any one machine; needs replicas); TOML `[topics]
+    /// redis_durability` [default: redis].
+    #[arg(long, value_name = "WHEN", value_parser = ["none", "redis", "replica"])]
+    durability: Option<String>,
     /// Do not serve the live dashboard at /dashboard (and its stream at /dashboard/stream);
     /// TOML `[routes] dashboard = false`.
     #[arg(long)]
@@ -707,6 +713,7 @@ fn settings(args: &ServeArgs) -> Result<Settings, String> {
         ("topics.redis", args.redis.clone().map(Value::String)),
         ("topics.redis_queue", args.redis_queue.map(int)),
         ("topics.redis_required", args.redis_required.then_some(Value::Boolean(true))),
+        ("topics.redis_durability", args.durability.clone().map(Value::String)),
         ("topics.max_topics_per_connection", args.max_topics_per_connection.map(|v| int(v as u64))),
         ("topics.max_topics", args.max_topics.map(|v| int(v as u64))),
         ("topics.history", args.history.map(|v| int(v as u64))),

@@ -972,3 +972,119 @@ fn resubscriptions_catch_up_history_topics_and_count_the_gaps_of_others() {
     assert!(missing > 0, "the cuts opened no window");
     assert_eq!(gaps, missing, "the gap counter equals what is missing");
 }
+
+/// `redis-server` on `port` as a replica of the master on `master`, once its link is up.
+fn replica(port: u16, master: u16) -> Process {
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args(["--appendonly", "no", "--replicaof", "127.0.0.1", &master.to_string()])
+        // The master's snapshot loaded from the socket, never written as a dump.rdb.
+        .args(["--repl-diskless-load", "on-empty-db", "--repl-diskless-sync", "yes"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    let process = Process(child);
+    let until = Instant::now() + Duration::from_secs(10);
+    while !redis_cli(port, &["INFO", "replication"]).contains("master_link_status:up") {
+        assert!(Instant::now() < until, "the replica on {port} never linked to {master}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    process
+}
+
+/// A POST on a kept connection, timed: its status line and how long the answer took.
+fn timed_post(s: &mut TcpStream, topic: &str, body: &str) -> (String, Duration) {
+    let request = format!(
+        "POST /topic/{topic} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let started = Instant::now();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The answer is JSON with a Content-Length; it ends with a newline.
+    while !answer.ends_with(b"}\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the connection closed");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let took = started.elapsed();
+    let answer = String::from_utf8(answer).unwrap();
+    (answer.lines().next().unwrap_or_default().to_owned(), took)
+}
+
+/// `p`-th percentile of sorted `samples`, in µs.
+fn percentile(samples: &[Duration], p: f64) -> u128 {
+    let at = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[at].as_micros()
+}
+
+/// `--durability`: `redis` answers once Redis has the publication, `replica` once a replica
+/// has it too (`WAIT 1`), `none` once queued; with the replica gone, `replica` answers 503
+/// and `redis` 200. The latency of each, side by side in one run (POSTs interleaved, one kept
+/// connection each): `FREEBOARD_DURABILITY_POSTS=5000 cargo test --release -p freeboard-cli
+/// --test redis durable -- --nocapture` for the figures in docs/operating/history.md.
+#[test]
+fn durable_acknowledgements_wait_for_redis_or_a_replica_and_their_cost_is_measured() {
+    let port = common::free_port();
+    let Some(_master) = redis(port) else {
+        eprintln!("redis-server is not installed: skipped");
+        return;
+    };
+    let replica_port = common::free_port();
+    let mut replica_process = Some(replica(replica_port, port));
+    let modes = ["none", "redis", "replica"];
+    let nodes: Vec<(Serve, String)> = modes
+        .iter()
+        .map(|m| {
+            node_with(port, &["--history", "1000", "--history-prefix", "h:", "--durability", m])
+        })
+        .collect();
+    let posts: usize = std::env::var("FREEBOARD_DURABILITY_POSTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(300);
+    let mut conns: Vec<TcpStream> = nodes
+        .iter()
+        .map(|(_, addr)| {
+            post_until(addr, "h:t", "warm", "HTTP/1.1 200");
+            let s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.set_nodelay(true).unwrap();
+            s
+        })
+        .collect();
+    let mut samples = vec![Vec::with_capacity(posts); modes.len()];
+    for i in 0..posts {
+        for (m, conn) in conns.iter_mut().enumerate() {
+            let (status, took) = timed_post(conn, "h:t", &format!("{}-{i}", modes[m]));
+            assert!(status.starts_with("HTTP/1.1 200"), "{}: {status}", modes[m]);
+            samples[m].push(took);
+        }
+    }
+    let mut table = String::new();
+    for (m, samples) in samples.iter_mut().enumerate() {
+        samples.sort_unstable();
+        let (p50, p99) = (percentile(samples, 0.5), percentile(samples, 0.99));
+        table.push_str(&format!("{:>8}: p50 {p50} µs, p99 {p99} µs\n", modes[m]));
+    }
+    eprintln!("POST latency on a history topic, {posts} each, interleaved:\n{table}");
+    // Every acknowledged publication is in the stream, on the replica too.
+    let on_replica = redis_cli(replica_port, &["XLEN", "freeboard:h:t"]);
+    assert!(on_replica.trim().parse::<usize>().unwrap() >= 3 * posts.min(1000 / 3));
+
+    // The replica goes away: `replica` can no longer vouch (503, after WAIT's timeout), the
+    // others still answer 200.
+    drop(replica_process.take());
+    let until = Instant::now() + Duration::from_secs(10);
+    while !redis_cli(port, &["INFO", "replication"]).contains("connected_slaves:0") {
+        assert!(Instant::now() < until, "the master never saw its replica go");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, took) = timed_post(&mut conns[2], "h:t", "unreplicated");
+    assert!(status.starts_with("HTTP/1.1 503"), "replica without a replica: {status}");
+    assert!(took >= Duration::from_millis(900), "answered after WAIT's timeout: {took:?}");
+    assert!(timed_post(&mut conns[1], "h:t", "kept").0.starts_with("HTTP/1.1 200"));
+    assert!(timed_post(&mut conns[0], "h:t", "queued").0.starts_with("HTTP/1.1 200"));
+}

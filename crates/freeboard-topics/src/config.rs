@@ -167,11 +167,38 @@ pub struct RedisConfig {
     /// that would rather restart than serve one node's topics alone). Default `false`: the
     /// server starts, serves its own subscribers, and reconnects until Redis answers.
     pub redis_required: bool,
+    /// When a publish answer (`POST`) on a history topic kept in Redis says it was accepted.
+    /// Default [`Durability::Redis`].
+    pub redis_durability: Durability,
+}
+
+/// When a publication to a history topic kept in Redis counts as accepted: what a `POST`
+/// answer waits for before it says 200 (it says 503 if that did not happen, 202 if the
+/// request timed out first).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum Durability {
+    /// Once queued towards Redis (the answer does not wait; a publication lost on its way is
+    /// counted, not answered).
+    None,
+    /// Once Redis has kept it in the topic's stream (and published it): one round trip to
+    /// Redis. Lost with Redis' memory if Redis is lost before it persists or replicates it.
+    #[default]
+    Redis,
+    /// Once a replica has it too (`WAIT 1`): it survives the loss of any one machine, the
+    /// master included (a replica promoted in its place has it). Needs replicas.
+    Replica,
 }
 
 impl Default for RedisConfig {
     fn default() -> Self {
-        Self { redis: None, redis_queue: 16 << 20, redis_required: false }
+        Self {
+            redis: None,
+            redis_queue: 16 << 20,
+            redis_required: false,
+            redis_durability: Durability::default(),
+        }
     }
 }
 
@@ -182,6 +209,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("redis", &redis)
             .field("redis_queue", &self.redis_queue)
             .field("redis_required", &self.redis_required)
+            .field("redis_durability", &self.redis_durability)
             .finish()
     }
 }
@@ -299,6 +327,7 @@ impl Config {
             "topics.redis" redis.redis;
             "topics.redis_queue" redis.redis_queue;
             "topics.redis_required" redis.redis_required;
+            "topics.redis_durability" redis.redis_durability;
         }
         for change in &mut changes {
             let secret = match change.setting {

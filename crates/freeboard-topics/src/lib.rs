@@ -41,7 +41,7 @@ mod webhook;
 
 use std::sync::Arc;
 
-pub use config::{Config, RedisConfig, RouteConfig, TokenConfig, WebhookConfig};
+pub use config::{Config, Durability, RedisConfig, RouteConfig, TokenConfig, WebhookConfig};
 pub use publish_access::PublishGate;
 pub use redis::RedisBackplane;
 pub use route::TopicRoute;
@@ -179,7 +179,7 @@ impl Service {
         let redis = &self.config.redis;
         let Some(urls) = &redis.redis else { return Ok(None) };
         let backplane = RedisBackplane::new(urls, redis.redis_queue, self.config.hub.history > 0)?;
-        Ok(Some(backplane.required(redis.redis_required)))
+        Ok(Some(backplane.required(redis.redis_required).durability(redis.redis_durability)))
     }
 
     /// Binds a server with `config` (whose [`topics`](ServerConfig::topics) should be this

@@ -18,6 +18,7 @@ use freeboard_proto::MessageKind;
 
 use crate::history::{History, Offset};
 use crate::metrics::Metrics;
+use crate::topics::Receipt;
 
 /// A node's end of a backplane. Every method but [`start`](Self::start) is called from the
 /// event loops (and `ServerHandle::publish`'s threads): none may block.
@@ -53,6 +54,32 @@ pub trait Backplane: Send + Sync + 'static {
     fn is_connected(&self, topic: &str) -> bool {
         let _ = topic;
         true
+    }
+
+    /// Whether [`publish_acknowledged`](Self::publish_acknowledged) reports when a kept
+    /// publication is durable, so that a publish answer can wait for it (`--durability`).
+    /// Default `false`: answers do not wait.
+    fn acknowledges(&self) -> bool {
+        false
+    }
+
+    /// A publication of this node to a topic whose history the backplane keeps, whose answer
+    /// waits for `ack`: the backplane says [`Acknowledgement::durable`] once the publication
+    /// would survive what its durability promises (dropping `ack` says it would not).
+    /// `false`, as [`publish`](Self::publish), if it could not be taken. Default: taken as by
+    /// `publish`, acknowledged at once.
+    fn publish_acknowledged(
+        &self,
+        topic: &str,
+        kind: MessageKind,
+        payload: &[u8],
+        ack: Acknowledgement,
+    ) -> bool {
+        let taken = self.publish(topic, kind, payload, true);
+        if taken {
+            ack.durable();
+        }
+        taken
     }
 
     /// A subscriber reconnects to `topic` having last seen `since`, and the backplane keeps
@@ -129,6 +156,39 @@ impl Link {
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Link").field("history", &self.history.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// A publish answer waiting for the backplane to say whether one publication is durable.
+/// Dropping it unanswered says it is not (the answer is then 503).
+pub struct Acknowledgement {
+    receipt: Option<Arc<Receipt>>,
+}
+
+impl Acknowledgement {
+    pub(crate) fn new(receipt: Arc<Receipt>) -> Self {
+        Self { receipt: Some(receipt) }
+    }
+
+    /// The publication is durable: the answer may say it was accepted.
+    pub fn durable(mut self) {
+        if let Some(receipt) = self.receipt.take() {
+            receipt.acknowledge(true);
+        }
+    }
+}
+
+impl Drop for Acknowledgement {
+    fn drop(&mut self) {
+        if let Some(receipt) = self.receipt.take() {
+            receipt.acknowledge(false);
+        }
+    }
+}
+
+impl std::fmt::Debug for Acknowledgement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acknowledgement").finish_non_exhaustive()
     }
 }
 

@@ -194,6 +194,8 @@ pub(crate) struct Publication {
 pub(crate) struct Receipt {
     delivered: AtomicU64,
     dropped: AtomicU64,
+    /// Publications the backplane was to acknowledge and did not (not durable).
+    unacknowledged: AtomicU32,
     waiting: AtomicU32,
     notify: Box<dyn Fn() + Send + Sync>,
 }
@@ -203,6 +205,7 @@ impl Receipt {
         Self {
             delivered: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            unacknowledged: AtomicU32::new(0),
             waiting: AtomicU32::new(1),
             notify: Box::new(notify),
         }
@@ -216,6 +219,26 @@ impl Receipt {
         if self.waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
             (self.notify)();
         }
+    }
+
+    /// The backplane reports a publication it was to acknowledge: durable or not. Like a
+    /// loop's report, the last one notifies the publisher.
+    pub(crate) fn acknowledge(&self, durable: bool) {
+        if !durable {
+            self.unacknowledged.fetch_add(1, Ordering::Relaxed);
+        }
+        self.report(0, 0);
+    }
+
+    /// Publications the backplane did not acknowledge as durable, so far.
+    pub(crate) fn unacknowledged(&self) -> u32 {
+        self.unacknowledged.load(Ordering::Acquire)
+    }
+
+    /// Counts one more report to wait for (a copy handed out, a publication to acknowledge),
+    /// before it can come.
+    pub(crate) fn expect(&self) {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The publisher has handed out every copy; whether every loop has reported already (then
@@ -355,17 +378,40 @@ impl Hub {
             && self.backplane.get().is_some()
     }
 
+    /// Whether a publish answer waits for the backplane to acknowledge the publications it
+    /// keeps (`--durability`).
+    pub(crate) fn backplane_acknowledges(&self) -> bool {
+        self.backplane.get().is_some_and(|b| b.acknowledges())
+            && self.history.as_ref().is_some_and(|h| h.source() == Source::Backplane)
+    }
+
     /// Sends a publication of this node to the other nodes, if there is a backplane, and
-    /// counts it in `published` as queued towards Redis or lost.
+    /// counts it in `published` as queued towards Redis or lost. A publication the backplane
+    /// keeps and acknowledges reports to `receipt`, if given, once it is durable (or not).
     pub(crate) fn send_to_backplane(
         &self,
         topic: &str,
         kind: MessageKind,
         payload: &[u8],
         published: &mut Published,
+        receipt: Option<&Arc<Receipt>>,
     ) {
+        let kept = self.kept_by_backplane(topic);
+        if let (Some(backplane), Some(receipt), true) = (self.backplane.get(), receipt, kept)
+            && backplane.acknowledges()
+        {
+            receipt.expect();
+            let ack = crate::backplane::Acknowledgement::new(receipt.clone());
+            // Its fate is reported: connected or not, the answer says what became of it.
+            if backplane.publish_acknowledged(topic, kind, payload, ack) {
+                published.backplane += 1;
+            } else {
+                published.backplane_lost += 1;
+            }
+            return;
+        }
         if let Some(backplane) = self.backplane.get() {
-            if backplane.publish(topic, kind, payload, self.kept_by_backplane(topic)) {
+            if backplane.publish(topic, kind, payload, kept) {
                 published.backplane += 1;
                 published.backplane_unconnected += u32::from(!backplane.is_connected(topic));
             } else {
@@ -935,7 +981,7 @@ impl LocalTopics {
         let mut published = Published::default();
         if hub.kept_by_backplane(topic) {
             // Delivered here too once the backplane has kept it, with its offset.
-            hub.send_to_backplane(topic, kind, payload, &mut published);
+            hub.send_to_backplane(topic, kind, payload, &mut published, receipt);
             return published;
         }
         let head = hub.publication_head(topic, kind, payload);
@@ -953,7 +999,7 @@ impl LocalTopics {
             }
         }
         hub.publish_remote(topic, &parts, Some(self.index), &mut published, receipt);
-        hub.send_to_backplane(topic, kind, payload, &mut published);
+        hub.send_to_backplane(topic, kind, payload, &mut published, None);
         published
     }
 

@@ -69,11 +69,11 @@ pub(crate) use self::shards::RedisAddr;
 /// A message from a channel, as the runtime takes it.
 type Incoming<'m> = Arrival<'m>;
 use self::shards::{Shards, TIMEOUT, Topology};
-use freeboard::backplane::{self, Arrival, AwaitingHistory, Backplane};
+use freeboard::backplane::{self, Acknowledgement, Arrival, AwaitingHistory, Backplane};
 use freeboard::history::{History, Offset, Position};
 use freeboard::metrics::Metrics;
 
-use crate::Error;
+use crate::{Durability, Error};
 
 /// Publications the queue towards Redis holds at most, whatever their size.
 const QUEUE_MESSAGES: usize = 65_536;
@@ -92,8 +92,14 @@ const PIN: Duration = Duration::from_secs(10);
 /// Reconnecting subscribers whose history is being fetched at once; more get 503.
 const RECOVERIES: usize = 256;
 
+/// How long a publication waits for a replica to have it (`--durability replica`): `WAIT`'s
+/// timeout, after which it is answered as not durable.
+const REPLICA_WAIT: Duration = Duration::from_secs(1);
+
 /// A publication on its way to Redis.
 struct Outgoing {
+    /// Said once Redis (or a replica) has it; dropped unsaid if not.
+    ack: Option<Acknowledgement>,
     channel: Vec<u8>,
     /// Kept in the topic's stream, then published with its offset.
     kept: bool,
@@ -169,6 +175,8 @@ pub struct RedisBackplane {
     keeps_history: bool,
     /// Fail the start (and so the bind) when Redis cannot be reached then.
     required: bool,
+    /// What a kept publication's acknowledgement waits for.
+    durability: Durability,
     /// Once started.
     running: Option<Running>,
 }
@@ -179,7 +187,21 @@ impl RedisBackplane {
     /// `keeps_history`: topics that keep history keep it in Redis streams.
     pub fn new(urls: &str, queue_bytes: usize, keeps_history: bool) -> Result<Self, Error> {
         let addr = RedisAddr::parse(urls).map_err(Error::Redis)?;
-        Ok(Self { addr: Some(addr), queue_bytes, keeps_history, required: false, running: None })
+        Ok(Self {
+            addr: Some(addr),
+            queue_bytes,
+            keeps_history,
+            required: false,
+            durability: Durability::default(),
+            running: None,
+        })
+    }
+
+    /// What a publish answer on a history topic waits for before it says the publication was
+    /// accepted (`--durability`): nothing, Redis' reply, or a replica's too (`WAIT 1`).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
     }
 
     /// With `required`, [`start`](Backplane::start) fails (and with it the server's bind)
@@ -246,8 +268,9 @@ impl Backplane for RedisBackplane {
             let history = history.clone();
             let connected = connected.clone();
             let nonce = format!("{:03x}", u16::from_be_bytes([node[0], node[1]]) & 0xfff);
+            let durability = self.durability;
             let publishing =
-                Publishing { shards, queued, metrics, history, stop, connected, nonce };
+                Publishing { shards, queued, metrics, history, stop, connected, nonce, durability };
             std::thread::Builder::new()
                 .name("freeboard-redis-pub".into())
                 .spawn(move || publisher(publishing, outgoing_rx))?;
@@ -311,7 +334,29 @@ impl Backplane for RedisBackplane {
     /// one too, once Redis has kept it and given it its offset); `false`, counted as lost, if
     /// the queue is full.
     fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8], kept: bool) -> bool {
-        self.running.as_ref().is_some_and(|running| running.publish(topic, kind, payload, kept))
+        self.running
+            .as_ref()
+            .is_some_and(|running| running.publish(topic, kind, payload, kept, None))
+    }
+
+    /// With history kept in Redis and a durability other than `none`.
+    fn acknowledges(&self) -> bool {
+        self.keeps_history && self.durability != Durability::None
+    }
+
+    /// Queues a publication to a topic kept in Redis whose answer waits for `ack`: said once
+    /// Redis has run the script that keeps and publishes it (and, with
+    /// [`Durability::Replica`], once `WAIT 1` says a replica has it too).
+    fn publish_acknowledged(
+        &self,
+        topic: &str,
+        kind: MessageKind,
+        payload: &[u8],
+        ack: Acknowledgement,
+    ) -> bool {
+        self.running
+            .as_ref()
+            .is_some_and(|running| running.publish(topic, kind, payload, true, Some(ack)))
     }
 
     /// Whether the publisher holds a connection to the Redis server that serves `topic` (on a
@@ -349,7 +394,14 @@ impl Running {
         let _ = changes.send(change);
     }
 
-    fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8], kept: bool) -> bool {
+    fn publish(
+        &self,
+        topic: &str,
+        kind: MessageKind,
+        payload: &[u8],
+        kept: bool,
+        ack: Option<Acknowledgement>,
+    ) -> bool {
         if kept && !self.connected_for(topic) {
             // A history topic's publication is delivered from Redis only, with the offset
             // Redis gives it: while its server is unreachable it is refused (503 to a POST,
@@ -375,7 +427,7 @@ impl Running {
             [&[b'F', kind][..], &self.node, &[0; 8], payload].concat()
         };
         let channel = channel(topic).into_bytes();
-        let outgoing = Outgoing { channel, kept, numbered: false, message };
+        let outgoing = Outgoing { ack, channel, kept, numbered: false, message };
         if self.outgoing.try_send(outgoing).is_err() {
             self.queued.fetch_sub(len, Ordering::AcqRel);
             self.metrics.backplane_lost("queue_full", 1);
@@ -437,6 +489,7 @@ struct Publishing {
     connected: Connected,
     /// Three hex digits of this node's id, the end of the epochs it draws.
     nonce: String,
+    durability: Durability,
 }
 
 /// The sequence numbers a node gives its publications to topics without history, per
@@ -472,7 +525,8 @@ type Connected = Arc<Mutex<HashSet<Arc<str>>>>;
 /// and publishes), pipelined, on one connection per server. It connects at once and keeps
 /// trying while idle, so that `connected` says where a publication would go now.
 fn publisher(publishing: Publishing, outgoing: Receiver<Outgoing>) {
-    let Publishing { shards, queued, metrics, history, stop, connected, nonce } = publishing;
+    let Publishing { shards, queued, metrics, history, stop, connected, nonce, durability } =
+        publishing;
     let mut links: HashMap<Arc<str>, Link> = HashMap::new();
     let mut sequences = Sequences::default();
     let mut quiet = Repeated::default();
@@ -554,8 +608,8 @@ fn publisher(publishing: Publishing, outgoing: Receiver<Outgoing>) {
                 let link = links.entry(node.clone()).or_default();
                 connect(&shards, &node, link, limits, &mut quiet);
                 let (sequences, nonce) = (&mut sequences, nonce.as_str());
-                let sent =
-                    send(&node, link, &mut batch, &items, &topology, limits, sequences, nonce);
+                let how = Sending { topology: &topology, limits, nonce, durability };
+                let sent = send(&node, link, &mut batch, &items, &how, sequences);
                 metrics.backplane_published(sent.published);
                 for (reason, n) in sent.lost {
                     metrics.backplane_lost(reason, n);
@@ -667,20 +721,28 @@ impl Shares {
     }
 }
 
+/// How the publisher sends: where, with which limits and epoch digits, how durably.
+#[derive(Clone, Copy)]
+struct Sending<'s> {
+    topology: &'s Topology,
+    limits: Option<(usize, u64)>,
+    nonce: &'s str,
+    durability: Durability,
+}
+
 /// Sends `items` of `batch` (with `ASKING` before those a node redirected with `ASK`) to
 /// `node` in one pipeline, if `link` is connected, numbering those of topics without history
-/// as they are first sent.
-#[allow(clippy::too_many_arguments)]
+/// as they are first sent; with [`Durability::Replica`], `WAIT 1` after them if one is to be
+/// acknowledged. Acknowledges those that were.
 fn send(
     node: &str,
     link: &mut Link,
     batch: &mut [Outgoing],
     items: &[(usize, bool)],
-    topology: &Topology,
-    limits: Option<(usize, u64)>,
+    how: &Sending<'_>,
     sequences: &mut Sequences,
-    nonce: &str,
 ) -> Sent {
+    let Sending { topology, limits, nonce, durability } = *how;
     let mut sent = Sent::default();
     let n = items.len() as u64;
     let Some((c, sha)) = link.conn.as_mut() else {
@@ -707,12 +769,27 @@ fn send(
             }
         }
     }
+    // A replica has every write before `WAIT` once it counts one (Redis' `WAIT`: "all the
+    // previous write commands sent in the context of the current connection").
+    let wait =
+        durability == Durability::Replica && items.iter().any(|&(i, _)| batch[i].ack.is_some());
+    if wait {
+        pipe.cmd("WAIT").arg(1).arg(REPLICA_WAIT.as_millis() as u64);
+    }
     let replies: Result<Vec<redis::RedisResult<Value>>, _> = pipe.ignore_errors().query(c);
     match replies {
-        Ok(replies) => {
+        Ok(mut replies) => {
+            let replicated = !wait || matches!(replies.pop(), Some(Ok(Value::Int(n))) if n >= 1);
             for (reply, &(i, _)) in replies.iter().zip(items) {
                 match reply {
-                    Ok(_) => sent.published += 1,
+                    Ok(_) => {
+                        sent.published += 1;
+                        if let Some(ack) = batch[i].ack.take()
+                            && replicated
+                        {
+                            ack.durable();
+                        }
+                    }
                     Err(e) => match (e.retry_method(), e.redirect_node()) {
                         (RetryMethod::MovedRedirect, Some((to, _))) => {
                             sent.redirected.push((i, to.to_owned(), false));

@@ -206,7 +206,9 @@ impl<T: Transport> EventLoop<T> {
         cors: &str,
         grant: &Option<Grant>,
     ) -> bool {
-        let receipt = (self.config.threads > 1).then(|| {
+        // A receipt when other loops report, or the backplane acknowledges.
+        let acknowledged = self.shared.hub.backplane_acknowledges();
+        let receipt = (self.config.threads > 1 || acknowledged).then(|| {
             let (decisions, serial) = (self.decisions.clone(), self.conns[token].serial);
             Arc::new(Receipt::new(move || {
                 decisions.push(Completion { token, serial, outcome: DecisionOutcome::Published });
@@ -280,7 +282,9 @@ impl<T: Transport> EventLoop<T> {
                 false
             }
             receipt => {
-                let remote = receipt.map_or((0, 0), |r| r.counts());
+                let remote = receipt.as_ref().map_or((0, 0), |r| r.counts());
+                let mut answer = answer;
+                answer.unacknowledged(receipt.map_or(0, |r| r.unacknowledged()));
                 self.answer_with(token, now, &answer, remote, true, cors, reply)
             }
         }
@@ -300,7 +304,8 @@ impl<T: Transport> EventLoop<T> {
         }
         // NOTE(unwrap): looked up just above.
         let waiting = self.awaiting.remove(&token).unwrap();
-        let (answer, remote) = (waiting.answer, waiting.receipt.counts());
+        let (mut answer, remote) = (waiting.answer, waiting.receipt.counts());
+        answer.unacknowledged(waiting.receipt.unacknowledged());
         let (cors, reply) = (&waiting.cors, waiting.reply);
         if self.answer_with(token, now, &answer, remote, complete, cors, reply) {
             // A pipelined request may be waiting in the session already.

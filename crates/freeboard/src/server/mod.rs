@@ -414,7 +414,7 @@ impl ServerHandle {
             let head = hub.publication_head(topic, kind, payload);
             hub.publish_remote(topic, &head.parts(payload), None, &mut published, None);
         }
-        hub.send_to_backplane(topic, kind, payload, &mut published);
+        hub.send_to_backplane(topic, kind, payload, &mut published, None);
         published
     }
 }

@@ -62,6 +62,14 @@ pub(super) struct PublishAnswer {
 }
 
 impl PublishAnswer {
+    /// `n` publications the backplane was to acknowledge as durable and did not: they count
+    /// as lost (`"redis_lost"`, 503), whatever became of them.
+    pub(super) fn unacknowledged(&mut self, n: u32) {
+        if let Some((_, lost, _)) = &mut self.backplane {
+            *lost += n;
+        }
+    }
+
     /// The answer's status: 200 when every place the publication had to go took it; 202
     /// when it was taken but its fate is not known yet (queued for a backplane that is not
     /// connected, or other loops that did not report in time); 503 when it was not taken
