@@ -1088,3 +1088,123 @@ fn durable_acknowledgements_wait_for_redis_or_a_replica_and_their_cost_is_measur
     assert!(timed_post(&mut conns[1], "h:t", "kept").0.starts_with("HTTP/1.1 200"));
     assert!(timed_post(&mut conns[0], "h:t", "queued").0.starts_with("HTTP/1.1 200"));
 }
+
+/// A process's resident memory (`VmRSS`), in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// A reconnect storm: 10,000 subscribers of one history topic come back at once with the same
+/// `since`. The node reads the stream once for all of them (single flight), admits them at
+/// the pace its pending-upgrade limit allows (256 here; beyond, 503 with a jittered
+/// `Retry-After` of 1 to 5 s, which they honour), and stays within its memory budget; every
+/// one gets exactly what it missed. Sized by `FREEBOARD_STORM` (default 10,000; bounded,
+/// loopback only).
+#[test]
+fn a_reconnect_storm_reads_history_once_and_is_admitted_at_a_pace() {
+    let port = common::free_port();
+    let Some(_redis) = redis(port) else {
+        eprintln!("redis-server is not installed: skipped");
+        return;
+    };
+    let storm: usize =
+        std::env::var("FREEBOARD_STORM").ok().and_then(|n| n.parse().ok()).unwrap_or(10_000);
+    const BUDGET: u64 = 256 << 20;
+    let history = ["--history", "1000", "--history-prefix", "h:", "--memory", "256M"];
+    let limits = ["--max-connections-per-ip", "20000", "--max-pending-upgrades", "256"];
+    let (a, addr_a) = node_with(port, &[&history[..], &limits].concat());
+    let (_b, addr_b) = node_with(port, &history);
+    let (mut first, mut inbox) = subscribe(&addr_a, "h:storm");
+    // Until node A's subscription has reached Redis.
+    first.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !matches!(inbox.frame(&mut first), Ok(Some(_))) {
+        assert!(Instant::now() < until, "node A never subscribed");
+        post(&addr_b, "h:storm", "warm");
+    }
+    first.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert!(post(&addr_b, "h:storm", "m0").starts_with("HTTP/1.1 200"));
+    let since = read_until(&mut first, &mut inbox, "m0");
+    const MISSED: usize = 50;
+    for i in 1..=MISSED {
+        assert!(post(&addr_b, "h:storm", &format!("m{i}")).starts_with("HTTP/1.1 200"));
+    }
+    read_until(&mut first, &mut inbox, &format!("m{MISSED}"));
+    let reads_before = metric(&addr_a, "freeboard_backplane_history_reads_total");
+
+    // Each subscriber: when it is due, its connection, when it first tried.
+    let started = Instant::now();
+    let mut due: Vec<(Instant, usize)> = (0..storm).map(|i| (started, i)).collect();
+    let mut resumed: Vec<TcpStream> = Vec::with_capacity(storm);
+    let mut times = Vec::with_capacity(storm);
+    let (mut refused, mut gone) = (0usize, 0usize);
+    let request = freeboard_test::upgrade_request(&format!("/topic/h:storm?since={since}"), "");
+    let until = started + Duration::from_secs(120);
+    while !due.is_empty() {
+        assert!(Instant::now() < until, "{} subscribers never resumed", due.len());
+        due.sort_unstable();
+        let now = Instant::now();
+        let ready = due.partition_point(|(at, _)| *at <= now);
+        if ready == 0 {
+            std::thread::sleep(due[0].0 - now);
+            continue;
+        }
+        // All that are due connect at once, then each is read.
+        let wave: Vec<(usize, TcpStream)> = due
+            .drain(..ready)
+            .map(|(_, i)| {
+                let mut s = TcpStream::connect(&addr_a).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                s.write_all(request.as_bytes()).unwrap();
+                (i, s)
+            })
+            .collect();
+        for (i, mut s) in wave {
+            let mut inbox = Inbox::default();
+            let head = inbox.head(&mut s).unwrap().expect("a response");
+            if head.starts_with("HTTP/1.1 503") {
+                let after: u64 = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Retry-After: "))
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("a 503 without Retry-After: {head}"));
+                assert!((1..=5).contains(&after), "{head}");
+                refused += 1;
+                due.push((Instant::now() + Duration::from_secs(after), i));
+                continue;
+            }
+            assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+            for m in 1..=MISSED {
+                let f = inbox.frame(&mut s).unwrap().expect("the replay");
+                if f.opcode == 0x8 && f.close_code() == 4410 {
+                    gone += 1;
+                    break;
+                }
+                assert_eq!(enveloped(&f.payload).1, format!("m{m}"), "subscriber {i}");
+            }
+            times.push(started.elapsed());
+            resumed.push(s);
+        }
+    }
+    let reads = metric(&addr_a, "freeboard_backplane_history_reads_total") - reads_before;
+    let rss = rss(a.pid());
+    times.sort_unstable();
+    let p = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize].as_millis();
+    eprintln!(
+        "storm of {storm}: {} resumed, {gone} told 4410, {refused} refusals (503) retried; \
+         stream reads {reads}; time to resume p50 {} ms, p99 {} ms; node RSS {} MiB of a \
+         {} MiB budget",
+        resumed.len() - gone,
+        p(0.5),
+        p(0.99),
+        rss >> 20,
+        BUDGET >> 20
+    );
+    assert_eq!(gone, 0, "what they missed was kept");
+    assert_eq!(resumed.len(), storm, "every one resumed");
+    assert_eq!(reads, 1, "one read of the stream served the storm");
+    assert!(refused > 0, "256 pending upgrades at most: the rest were paced (503)");
+    assert!(rss <= BUDGET + BUDGET / 10, "RSS {rss} past the budget + 10 %");
+}

@@ -343,6 +343,19 @@ impl History {
         state.compact(self.source);
     }
 
+    /// With a backplane: whether `topic`'s ring holds every message after `since` (so a
+    /// subscriber resuming from it needs nothing fetched).
+    pub fn vouches(&self, topic: &str, since: Offset) -> bool {
+        let state = self.lock();
+        state.rings.get(topic).is_some_and(|ring| {
+            let at = since.position;
+            ring.epoch == since.epoch
+                && ring.since.is_some_and(|s| s <= at)
+                && at >= ring.lost
+                && at <= ring.newest
+        })
+    }
+
     /// What a subscriber of `topic` that last saw `since` missed.
     pub(crate) fn recover(&self, topic: &str, since: &str) -> Replay {
         let Some(seen) = Offset::parse(since) else { return Replay::Gone };
@@ -702,6 +715,8 @@ mod tests {
         // Fetched from Redis after the subscription: merged in order, without twins.
         let fetched = vec![message(at(7, 11)), message(at(7, 12))];
         history.fill("a", at(7, 9), at(7, 12), fetched);
+        assert!(history.vouches("a", at(7, 9)) && history.vouches("a", at(7, 12)));
+        assert!(!history.vouches("a", at(7, 8)) && !history.vouches("a", at(8, 9)));
         assert_eq!(history.recover("a", &s(at(7, 13))), Replay::Gone, "never issued");
         assert_eq!(history.recover("a", &s(at(8, 9))), Replay::Gone, "another epoch");
         assert_eq!(

@@ -50,8 +50,10 @@ pub const TOPIC_DROP_REASONS: [&str; 2] = ["inbox_full", "pool"];
 pub const TOPIC_REFUSAL_REASONS: [&str; 3] = ["connection_topics", "server_topics", "budget"];
 
 /// Why a publication did not reach the Redis backplane (`freeboard_backplane_lost_total{reason}`).
-pub const BACKPLANE_LOST_REASONS: [&str; 4] =
-    ["queue_full", "redis_down", "unconfirmed", "refused"];
+/// `gap`: publications of another node to a topic without history that this node, subscribed,
+/// never received (counted by their sequence numbers when the next one arrives).
+pub const BACKPLANE_LOST_REASONS: [&str; 5] =
+    ["queue_full", "redis_down", "unconfirmed", "refused", "gap"];
 
 /// Why an access check refused an upgrade (`freeboard_access_refusals_total{reason}`); an
 /// application's own reason is added when first used.
@@ -517,6 +519,9 @@ pub struct Metrics {
     pub(crate) backplane_published: Counter,
     /// Publications of other nodes received from the Redis backplane.
     pub(crate) backplane_received: Counter,
+    /// Reads of a history topic's stream for reconnecting subscribers (one serves every
+    /// subscriber of the topic that waits for it).
+    pub(crate) backplane_history_reads: Counter,
     /// 1 while Redis is mapped and every server holding this node's subscriptions is connected.
     pub(crate) backplane_up: Gauge,
     /// Subscriptions refused by a topic limit, by reason ([`TOPIC_REFUSAL_REASONS`]); an
@@ -631,6 +636,7 @@ impl Metrics {
             backplane_lost: Family::default(),
             backplane_published: Counter::default(),
             backplane_received: Counter::default(),
+            backplane_history_reads: Counter::default(),
             backplane_up: Gauge::default(),
             topic_refusals: Family::default(),
             loops: AtomicU32::new(0),
@@ -823,6 +829,11 @@ impl Metrics {
             "backplane_received",
             "Publications of other nodes received from the Redis backplane",
             m.backplane_received.clone(),
+        );
+        r.register(
+            "backplane_history_reads",
+            "Reads of history topics' streams for reconnecting subscribers",
+            m.backplane_history_reads.clone(),
         );
         r.register(
             "backplane_up",
@@ -1428,6 +1439,11 @@ impl Metrics {
     /// Counts a publication received from another node.
     pub fn backplane_received(&self) {
         self.backplane_received.inc();
+    }
+
+    /// Counts a read of a history topic's stream for reconnecting subscribers.
+    pub fn backplane_history_read(&self) {
+        self.backplane_history_reads.inc();
     }
 
     /// Whether the backplane is connected where it holds the subscriptions.

@@ -90,6 +90,11 @@ impl Serve {
         lines
     }
 
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `sig` to the server.
     pub(crate) fn signal(&self, sig: libc::c_int) {
         // SAFETY: kill(2) on our own child's pid.

@@ -89,8 +89,10 @@ const PREFIX: &str = "freeboard:";
 /// How long a recovery keeps its topic subscribed: time for the upgrade to finish and the
 /// connection to subscribe.
 const PIN: Duration = Duration::from_secs(10);
-/// Reconnecting subscribers whose history is being fetched at once; more get 503.
-const RECOVERIES: usize = 256;
+/// Reconnecting subscribers whose history waits to be fetched (as many as the default
+/// `max_pending_upgrades`, which refuses more upgrades first); more get 503, with a jittered
+/// `Retry-After`. The fetcher takes what has queued as one batch, one read per topic.
+const RECOVERIES: usize = 1024;
 
 /// How long a publication waits for a replica to have it (`--durability replica`): `WAIT`'s
 /// timeout, after which it is answered as not durable.
@@ -279,10 +281,10 @@ impl Backplane for RedisBackplane {
             Some(history) => {
                 let (requests, requests_rx) = std::sync::mpsc::sync_channel(RECOVERIES);
                 let (shards, changes, stop) = (shards.clone(), changes.clone(), stop.clone());
-                let h = history.clone();
+                let (h, m) = (history.clone(), metrics.clone());
                 std::thread::Builder::new()
                     .name("freeboard-redis-history".into())
-                    .spawn(move || fetcher(shards, requests_rx, changes, h, stop))?;
+                    .spawn(move || fetcher(shards, requests_rx, changes, h, m, stop))?;
                 Some(requests)
             }
             None => None,
@@ -1435,68 +1437,125 @@ fn decode<'m>(
     }
 }
 
-/// The thread that fetches history from Redis for reconnecting subscribers: it has the topic
-/// subscribed (pinned) first, so the node's ring gets every message from then on, then
-/// fetches what the stream holds after the subscriber's offset into the ring, then accepts
-/// the upgrade. The connection's `on_open` replays from the ring.
+/// The thread that fetches history from Redis for reconnecting subscribers. It takes what
+/// has queued at once as one batch and, per topic, has the topic subscribed (pinned) first,
+/// so the node's ring gets every message from then on; then, for the subscribers whose offset
+/// the ring does not cover yet, reads the stream once from the earliest of their offsets
+/// into the ring (single flight: a reconnect storm on a topic costs one read), then accepts
+/// their upgrades. Each connection's `on_open` replays from the ring.
 fn fetcher(
     shards: Arc<Shards>,
     requests: Receiver<HistoryFetch>,
     changes: Arc<Mutex<Sender<SubscriberEvent>>>,
     history: Arc<History>,
+    metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
 ) {
     let mut conns: HashMap<Arc<str>, Connection> = HashMap::new();
     while !stop.load(Ordering::Acquire) {
-        let request = match requests.recv_timeout(Duration::from_millis(200)) {
+        let first = match requests.recv_timeout(Duration::from_millis(200)) {
             Ok(request) => request,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
         };
-        let HistoryFetch { topic, since, awaiting } = request;
-        let (done, subscribed) = std::sync::mpsc::sync_channel(1);
+        let mut by_topic: HashMap<Arc<str>, Vec<HistoryFetch>> = HashMap::new();
+        for request in std::iter::once(first).chain(std::iter::from_fn(|| requests.try_recv().ok()))
+        {
+            by_topic.entry(request.topic.clone()).or_default().push(request);
+        }
+        // Every topic pinned at once; then each confirmation waited for.
+        let mut pinned = Vec::with_capacity(by_topic.len());
         {
             let changes = changes.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = changes.send(SubscriberEvent::Pin(topic.clone(), done));
-        }
-        if subscribed.recv_timeout(TIMEOUT).is_err() {
-            awaiting.unavailable("history_unavailable");
-            continue;
-        }
-        // The stream is where the channel is (a cluster's master of its slot).
-        let key = channel(&topic);
-        let Some(server) = shards.get().and_then(|t| t.node(key.as_bytes()).cloned()) else {
-            awaiting.unavailable("history_unavailable");
-            continue;
-        };
-        if !conns.contains_key(&server)
-            && let Ok(c) = shards.addr.connect(&server)
-        {
-            conns.insert(server.clone(), c);
-        }
-        let Some(c) = conns.get_mut(&server) else {
-            awaiting.unavailable("history_unavailable");
-            continue;
-        };
-        match fetch(c, &topic, since) {
-            Ok(Some((newest, fetched))) => history.fill(&topic, since, newest, fetched),
-            Ok(None) => {} // gone: on_open says so
-            Err(e) => {
-                tracing::warn!(redis = %server, error = %e, "history fetch failed");
-                if e.redirect_node().is_some() {
-                    shards.refresh();
-                }
-                conns.remove(&server);
-                awaiting.unavailable("history_unavailable");
-                continue;
+            for (topic, waiting) in by_topic {
+                let (done, subscribed) = std::sync::mpsc::sync_channel(1);
+                let _ = changes.send(SubscriberEvent::Pin(topic.clone(), done));
+                pinned.push((topic, waiting, subscribed));
             }
         }
-        awaiting.ready();
+        let deadline = Instant::now() + TIMEOUT;
+        for (topic, waiting, subscribed) in pinned {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if subscribed.recv_timeout(left).is_err() {
+                waiting.into_iter().for_each(|r| r.awaiting.unavailable("history_unavailable"));
+                continue;
+            }
+            // What the ring covers already needs no read.
+            let (covered, uncovered): (Vec<_>, Vec<_>) =
+                waiting.into_iter().partition(|r| history.vouches(&topic, r.since));
+            covered.into_iter().for_each(|r| r.awaiting.ready());
+            if uncovered.is_empty() {
+                continue;
+            }
+            // The stream is where the channel is (a cluster's master of its slot).
+            let key = channel(&topic);
+            let server = shards.get().and_then(|t| t.node(key.as_bytes()).cloned());
+            if let Some(server) = &server
+                && !conns.contains_key(server)
+                && let Ok(c) = shards.addr.connect(server)
+            {
+                conns.insert(server.clone(), c);
+            }
+            let Some((server, c)) = server.and_then(|s| conns.get_mut(&s).map(|c| (s.clone(), c)))
+            else {
+                uncovered.into_iter().for_each(|r| r.awaiting.unavailable("history_unavailable"));
+                continue;
+            };
+            // From the earliest offset of the stream's epoch (an offset of another epoch is
+            // told 4410 when its connection opens, and needs nothing read).
+            let epoch = read_epoch(c, &topic);
+            let from = uncovered
+                .iter()
+                .filter(|r| epoch.as_ref().is_ok_and(|e| *e == Some(r.since.epoch)))
+                .map(|r| r.since)
+                .min_by_key(|o| o.position);
+            let read = match (epoch, from) {
+                (Err(e), _) => Err(e),
+                (Ok(_), None) => Ok(None),
+                (Ok(_), Some(from)) => {
+                    metrics.backplane_history_read();
+                    read_after(c, &topic, from).map(|read| read.map(|r| (from, r)))
+                }
+            };
+            match read {
+                Ok(Some((from, read))) if from.position <= read.newest.position => {
+                    let since = Offset { position: from.position.max(read.deleted), ..from };
+                    history.fill(&topic, since, read.newest, read.entries);
+                }
+                Ok(_) => {} // nothing to keep: on_open says 4410 where it must
+                Err(e) => {
+                    tracing::warn!(redis = %server, error = %e, "history fetch failed");
+                    if e.redirect_node().is_some() {
+                        shards.refresh();
+                    }
+                    conns.remove(&server);
+                    uncovered
+                        .into_iter()
+                        .for_each(|r| r.awaiting.unavailable("history_unavailable"));
+                    continue;
+                }
+            }
+            uncovered.into_iter().for_each(|r| r.awaiting.ready());
+        }
     }
+}
+
+/// The epoch of `topic`'s stream, if it has one.
+fn read_epoch(conn: &mut Connection, topic: &str) -> Result<Option<u64>, RedisError> {
+    let epoch: Option<String> = redis::cmd("GET").arg(epoch_key(topic)).query(conn)?;
+    Ok(epoch.and_then(|e| u64::from_str_radix(&e, 16).ok()))
 }
 
 /// What a history topic's stream holds after an offset, with envelopes made.
 type Entries = Vec<(Offset, MessageKind, Box<[u8]>)>;
+
+/// What a topic's stream held when read: its last offset, the highest position trimmed or
+/// deleted from it, and its entries after the offset asked for (envelopes made).
+struct StreamRead {
+    newest: Offset,
+    deleted: Position,
+    entries: Entries,
+}
 
 /// What `topic`'s stream holds after `since`, envelopes made, and the stream's last offset;
 /// `None` if it cannot vouch for all of it: no stream (expired, or a Redis that lost it),
@@ -1507,6 +1566,18 @@ fn fetch(
     topic: &str,
     since: Offset,
 ) -> Result<Option<(Offset, Entries)>, RedisError> {
+    Ok(read_after(conn, topic, since)?
+        .filter(|r| since.position >= r.deleted && since.position <= r.newest.position)
+        .map(|r| (r.newest, r.entries)))
+}
+
+/// One read of `topic`'s stream after `since`, atomic with its epoch and bounds
+/// ([`READ_AFTER`]); `None` if there is no stream or its epoch is not `since`'s.
+fn read_after(
+    conn: &mut Connection,
+    topic: &str,
+    since: Offset,
+) -> Result<Option<StreamRead>, RedisError> {
     // EVAL (the script is short, and read only when a subscriber resumes or a subscription
     // comes back), so a restarted Redis needs nothing loaded again.
     let reply: Value = redis::cmd("EVAL")
@@ -1530,10 +1601,10 @@ fn fetch(
     let (Some(epoch), Some(deleted), Some(last)) = (epoch, deleted, last) else {
         return Ok(None);
     };
-    if epoch != since.epoch || since.position < deleted || since.position > last {
+    if epoch != since.epoch {
         return Ok(None);
     }
-    let fetched = entries
+    let entries = entries
         .iter()
         .filter_map(|entry| {
             let Value::Array(entry) = entry else { return None };
@@ -1554,5 +1625,5 @@ fn fetch(
             Some((offset, kind, data))
         })
         .collect();
-    Ok(Some((Offset { epoch, position: last }, fetched)))
+    Ok(Some(StreamRead { newest: Offset { epoch, position: last }, deleted, entries }))
 }

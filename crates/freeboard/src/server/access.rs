@@ -122,8 +122,16 @@ impl<T: Transport> EventLoop<T> {
         if reason != "refused" {
             self.shared.metrics.access_refusal(reason);
         }
-        let challenge = if status == 401 { BEARER_CHALLENGE } else { "" };
-        self.refuse(token, now, status, challenge, why.unwrap_or(reason))
+        let retry;
+        let extra = match status {
+            401 => BEARER_CHALLENGE,
+            503 => {
+                retry = super::requests::retry_soon_jittered();
+                &retry
+            }
+            _ => "",
+        };
+        self.refuse(token, now, status, extra, why.unwrap_or(reason))
     }
 
     /// Switches the connection to WebSocket after an accepting decision: the `101`, the

@@ -556,6 +556,9 @@ impl<T: Transport> EventLoop<T> {
         }
         self.drain_deadline = Some(now + self.config.drain_timeout);
         let tokens: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
+        // Each client is told when to come back, spread over a few seconds, so that a
+        // restarted node (or its neighbours) does not meet them all at once.
+        let spread = super::requests::RETRY_SPREAD * 1000;
         for token in tokens {
             match self.conns[token].session.phase {
                 Phase::Request { .. } | Phase::Body(_) => {
@@ -563,9 +566,10 @@ impl<T: Transport> EventLoop<T> {
                     continue;
                 }
                 Phase::Open(_) => {
+                    let retry_ms = 250 + super::requests::jitter(spread);
+                    let reason = format!("server shutting down; retry after {retry_ms} ms");
                     let (entry, mut cx) = self.split(token, now);
-                    let _ =
-                        entry.session.close(&mut cx, CloseCode::GOING_AWAY, "server shutting down");
+                    let _ = entry.session.close(&mut cx, CloseCode::GOING_AWAY, &reason);
                 }
                 Phase::Draining { .. } | Phase::Linger { .. } => {}
             }

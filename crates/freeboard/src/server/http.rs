@@ -13,7 +13,9 @@ use freeboard_proto::http::{
 use freeboard_proto::{Instant, MessageKind};
 
 use super::event_loop::{EventLoop, LINGER, PendingUpgrade, READ_BYTES_PER_TURN, Upgrading};
-use super::requests::{BUDGET_EXHAUSTED, Grant, PlainRequest, RETRY_SOON, Reply};
+use super::requests::{
+    BUDGET_EXHAUSTED, Grant, PlainRequest, RETRY_SOON, Reply, retry_soon_jittered,
+};
 use crate::handler::{Decision, DecisionOutcome};
 use crate::session::{Body, Phase};
 use crate::transport::{Io, Transport};
@@ -226,7 +228,9 @@ impl<T: Transport> EventLoop<T> {
         let peer = self.conns[token].peer;
         if let Some(status) = self.conns[token].limited {
             let why = "connecting too fast: accept rate limit";
-            return self.refuse(token, now, status, &self.retry_after(), why);
+            // The server's rate (503): spread, so that the refused do not return together.
+            let retry = if status == 503 { retry_soon_jittered() } else { self.retry_after() };
+            return self.refuse(token, now, status, &retry, why);
         }
         if self.shared.per_ip(peer) > config.max_connections_per_ip {
             let why = "too many connections from this address";
@@ -235,10 +239,11 @@ impl<T: Transport> EventLoop<T> {
         if self.shared.open.load(Ordering::Relaxed) > config.max_connections
             || self.drain_deadline.is_some()
         {
-            return self.refuse(token, now, 503, RETRY_SOON, "server at its connection limit");
+            let retry = retry_soon_jittered();
+            return self.refuse(token, now, 503, &retry, "server at its connection limit");
         }
         if self.pool.chunks_free() * self.pool.chunk_size() < config.connection_reserve {
-            return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
+            return self.refuse(token, now, 503, &retry_soon_jittered(), BUDGET_EXHAUSTED);
         }
         // permessage-deflate: what the route answers to the offers (server/compression.rs);
         // its budget is drawn when the connection opens.
@@ -279,7 +284,8 @@ impl<T: Transport> EventLoop<T> {
             }
             None if !self.shared.reserve_pending(&self.config) => {
                 self.shared.metrics.access_refusal("pending_full");
-                self.refuse(token, now, 503, RETRY_SOON, "too many upgrades awaiting a decision")
+                let retry = retry_soon_jittered();
+                self.refuse(token, now, 503, &retry, "too many upgrades awaiting a decision")
             }
             None => {
                 let accept_key = request.accept_key();

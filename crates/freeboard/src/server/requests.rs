@@ -13,6 +13,24 @@ use crate::topics::{Reach, Receipt};
 
 /// The `Retry-After` line of a 503 for a shortage that passes (memory, upgrade slots).
 pub(super) const RETRY_SOON: &str = "Retry-After: 1\r\n";
+/// The most seconds [`retry_soon_jittered`] spreads refused upgrades over.
+pub(super) const RETRY_SPREAD: u64 = 5;
+
+/// The `Retry-After` line of a 503 refusing an upgrade: 1 to [`RETRY_SPREAD`] seconds, drawn
+/// for each, so that subscribers refused together in a reconnect storm do not all come back
+/// in the same second.
+pub(super) fn retry_soon_jittered() -> String {
+    format!("Retry-After: {}\r\n", 1 + jitter(RETRY_SPREAD))
+}
+
+/// A number in `0..n` (0 if `n` is 0), different from call to call: each of the standard
+/// library's random hasher states has keys of its own. For spreading retries, not for secrets.
+pub(super) fn jitter(n: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.finish().checked_rem(n).unwrap_or(0)
+}
 /// The reason a request is refused when the pool cannot hold what it needs.
 pub(super) const BUDGET_EXHAUSTED: &str = "server memory budget exhausted";
 
