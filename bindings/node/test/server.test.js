@@ -283,7 +283,7 @@ test('history: a subscriber that comes back with since gets what it missed, in o
   server.publish('match', 'kick-off');
   const [envelope] = await heard;
   // {epoch}-{sequence}:{payload}
-  const [, offset, payload] = /^(\d+-\d+):(.*)$/.exec(envelope.toString());
+  const [, offset, payload] = /^([0-9a-f]+\.\d+-\d+):(.*)$/.exec(envelope.toString());
   assert.equal(payload, 'kick-off');
   first.close();
   await once(first, 'close');
