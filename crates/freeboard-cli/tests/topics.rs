@@ -106,7 +106,7 @@ fn a_subscriber_that_keeps_up_gets_every_publication_under_every_policy() {
 fn a_post_larger_than_a_subscriber_cap_is_refused_with_413() {
     // (extra flags, the largest body that fits a 64 KiB cap, whether an envelope leads it)
     for (extra, largest, envelope) in
-        [(&[][..], (64 << 10) - 4, false), (&["--history", "10"][..], (64 << 10) - 46, true)]
+        [(&[][..], (64 << 10) - 4, false), (&["--history", "10"][..], (64 << 10) - 63, true)]
     {
         let serve =
             Serve::start(&[&["--topic-send-cap", "64K", "--threads", "1"][..], extra].concat());
