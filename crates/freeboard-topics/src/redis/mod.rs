@@ -269,7 +269,7 @@ impl Backplane for RedisBackplane {
                 (shards.clone(), queued.clone(), metrics.clone(), stop.clone());
             let history = history.clone();
             let connected = connected.clone();
-            let nonce = format!("{:03x}", u16::from_be_bytes([node[0], node[1]]) & 0xfff);
+            let nonce = nonce(node);
             let durability = self.durability;
             let publishing =
                 Publishing { shards, queued, metrics, history, stop, connected, nonce, durability };
@@ -1348,12 +1348,15 @@ impl Shard {
         if reader.is_none() {
             *reader = self.shards.addr.connect(&self.server).ok();
         }
-        let fetched = match reader.as_mut() {
-            Some(conn) => fetch(conn, topic, since),
+        let read = match reader.as_mut() {
+            Some(conn) => read_after(conn, topic, since),
             None => Err(io::Error::other("cannot connect to read the stream").into()),
         };
-        match fetched {
-            Ok(Some((_, entries))) => {
+        let at = since.position;
+        match read {
+            Ok(Some(StreamRead { newest, deleted, entries }))
+                if at >= deleted && at <= newest.position =>
+            {
                 if !entries.is_empty() {
                     tracing::info!(redis = %self.server, %topic, %since, missed = entries.len(), "backplane caught up with a history topic after resubscribing");
                 }
@@ -1368,7 +1371,19 @@ impl Shard {
                     }
                 }
             }
-            Ok(None) => {
+            Ok(Some(StreamRead { newest, .. })) if at > newest.position => {
+                // The stream ends before what this node delivered: it lost entries (a replica
+                // promoted without them, a restart from an older snapshot). A new epoch, so
+                // that no offset of the lost ones, or before them, resumes into what follows.
+                tracing::warn!(redis = %self.server, %topic, %since, %newest, "a history topic's stream lost entries this node delivered: a new epoch, and its subscribers are told (4410)");
+                if let Some(conn) = reader.as_mut()
+                    && let Err(e) = renew_epoch(conn, topic, since.epoch, &nonce(self.node))
+                {
+                    tracing::warn!(redis = %self.server, %topic, error = %e, "cannot renew the epoch");
+                }
+                continuity.interrupt(topic);
+            }
+            Ok(_) => {
                 tracing::warn!(redis = %self.server, %topic, %since, "a history topic's stream no longer holds what followed the last message delivered: its subscribers are told (4410)");
                 continuity.interrupt(topic);
             }
@@ -1540,6 +1555,38 @@ fn fetcher(
     }
 }
 
+/// Three hex digits of a node's id: the end of the epochs it draws.
+fn nonce(node: [u8; 16]) -> String {
+    format!("{:03x}", u16::from_be_bytes([node[0], node[1]]) & 0xfff)
+}
+
+/// The Lua script that gives a topic's stream a new epoch if its epoch is still ARGV[1] (the
+/// stream lost entries a node delivered), keeping the key's expiry. KEYS: epoch; ARGV: the
+/// old epoch, the node's 3 digits.
+const RENEW_EPOCH: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+local t = redis.call('TIME')
+local epoch = string.format('%x%05x', tonumber(t[1]), tonumber(t[2])) .. ARGV[2]
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then
+  redis.call('SET', KEYS[1], epoch, 'PX', ttl)
+else
+  redis.call('SET', KEYS[1], epoch)
+end
+return epoch
+"#;
+
+/// Gives `topic`'s stream a new epoch, unless another node did already.
+fn renew_epoch(
+    conn: &mut Connection,
+    topic: &str,
+    old: u64,
+    nonce: &str,
+) -> Result<(), RedisError> {
+    let old = format!("{old:x}");
+    redis::cmd("EVAL").arg(RENEW_EPOCH).arg(1).arg(epoch_key(topic)).arg(old).arg(nonce).exec(conn)
+}
+
 /// The epoch of `topic`'s stream, if it has one.
 fn read_epoch(conn: &mut Connection, topic: &str) -> Result<Option<u64>, RedisError> {
     let epoch: Option<String> = redis::cmd("GET").arg(epoch_key(topic)).query(conn)?;
@@ -1557,22 +1604,10 @@ struct StreamRead {
     entries: Entries,
 }
 
-/// What `topic`'s stream holds after `since`, envelopes made, and the stream's last offset;
-/// `None` if it cannot vouch for all of it: no stream (expired, or a Redis that lost it),
-/// another epoch, trimmed past `since`, or `since` never issued (a future or forged offset,
-/// or one of entries a failover or restart lost).
-fn fetch(
-    conn: &mut Connection,
-    topic: &str,
-    since: Offset,
-) -> Result<Option<(Offset, Entries)>, RedisError> {
-    Ok(read_after(conn, topic, since)?
-        .filter(|r| since.position >= r.deleted && since.position <= r.newest.position)
-        .map(|r| (r.newest, r.entries)))
-}
-
 /// One read of `topic`'s stream after `since`, atomic with its epoch and bounds
-/// ([`READ_AFTER`]); `None` if there is no stream or its epoch is not `since`'s.
+/// ([`READ_AFTER`]); `None` if there is no stream or its epoch is not `since`'s. It vouches for
+/// every message after `since` only if `since` lies between the stream's `deleted` and its
+/// `newest` (else what followed `since` was trimmed, or `since` was never issued or was lost).
 fn read_after(
     conn: &mut Connection,
     topic: &str,
