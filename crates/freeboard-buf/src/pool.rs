@@ -200,6 +200,7 @@ impl<'a> Pool<'a> {
                 segments_in_use: 0,
                 interval_segments_high: 0,
                 allocation_failures: 0,
+                withheld: 0,
             },
             release: ReleaseState {
                 warm_reserve: DEFAULT_WARM_RESERVE.div_ceil(chunk_size),
@@ -242,10 +243,25 @@ impl<'a> Pool<'a> {
         self.state.chunks_in_use
     }
 
-    /// Chunks ready to be allocated.
+    /// Chunks ready to be allocated: neither in use nor [withheld](Self::withhold).
     #[inline]
     pub fn chunks_free(&self) -> usize {
-        self.chunks.len() - self.state.chunks_in_use
+        self.chunks.len().saturating_sub(self.state.chunks_in_use + self.state.withheld)
+    }
+
+    /// Withholds `chunks` of the pool's chunks for memory spent outside it, so that what
+    /// the pool hands out plus that memory stay within the budget: a server charges each
+    /// connection's kernel memory (its socket, its epoll entry) this way. The count replaces
+    /// the previous one. Chunks already in use stay in use; [`alloc`](Self::alloc) fails
+    /// while `chunks_in_use + withheld` is at [`chunks_total`](Self::chunks_total). Nothing
+    /// is touched: a withheld chunk costs no resident memory.
+    pub fn withhold(&mut self, chunks: usize) {
+        self.state.withheld = chunks;
+    }
+
+    /// Chunks currently withheld (see [`withhold`](Self::withhold)).
+    pub fn chunks_withheld(&self) -> usize {
+        self.state.withheld
     }
 
     /// Number of segment slots in the pool.
@@ -664,6 +680,8 @@ pub(crate) struct State {
     /// The most segment slots in use at once since the last `release_idle`.
     interval_segments_high: usize,
     allocation_failures: u64,
+    /// Chunks the pool may not hand out (`Pool::withhold`); may exceed the free chunks.
+    withheld: usize,
 }
 
 /// What [`Pool::release_idle`] keeps between calls, and its policy.
@@ -787,6 +805,10 @@ impl<'p> Slab<'p> {
 
     #[inline]
     pub(crate) fn alloc_chunk(&mut self) -> Result<u32, PoolError> {
+        if self.state.chunks_in_use + self.state.withheld >= self.chunks.len() {
+            self.state.allocation_failures += 1;
+            return Err(PoolError::ChunksExhausted);
+        }
         let idx = self.state.free_chunk;
         if idx == NIL {
             return alloc_cold_chunk(self.chunks, self.state);
@@ -1599,6 +1621,31 @@ mod tests {
         let size = data.len() / chunks.len();
         let budget = Budget::new(Pool::footprint(size, chunks.len(), segments.len()));
         Pool::from_slices(budget, size, data, chunks, segments).unwrap()
+    }
+
+    #[test]
+    fn withheld_chunks_are_not_handed_out() {
+        let (mut data, mut chunks, mut segments) =
+            ([0u8; 4 * 64], [ChunkSlot::EMPTY; 4], [SegmentSlot::EMPTY; 8]);
+        let mut pool = small_pool(&mut data, &mut chunks, &mut segments);
+        let a = pool.alloc().unwrap();
+        pool.withhold(2);
+        assert_eq!(pool.chunks_free(), 1);
+        let b = pool.alloc().unwrap();
+        assert_eq!(pool.alloc().unwrap_err(), PoolError::ChunksExhausted);
+        // More withheld than is free: what is in use stays, nothing more is handed out.
+        pool.withhold(4);
+        assert_eq!(pool.chunks_free(), 0);
+        pool.release(a);
+        assert_eq!(pool.alloc().unwrap_err(), PoolError::ChunksExhausted);
+        pool.withhold(0);
+        let c = pool.alloc().unwrap();
+        assert_eq!(
+            (pool.chunks_in_use(), pool.chunks_free(), pool.counters().allocation_failures),
+            (2, 2, 2)
+        );
+        pool.release(b);
+        pool.release(c);
     }
 
     #[test]

@@ -376,6 +376,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
     let Settings { server: config, topics, routes } = settings(&args)?;
+    // One descriptor per connection: the soft limit (often 1024) is raised to the hard one,
+    // which only the operator can raise (docs/operating/scaling.md).
+    let open_files = freeboard::capacity::raise_open_files_limit();
+    if let Err(e) = &open_files {
+        tracing::warn!(error = %e, "could not raise the open-file limit");
+    }
     // The topic service reads its key files and starts its webhook once, for every loop.
     let service = Service::new(&topics).map_err(|e| e.to_string())?;
     let admin_guarded = config.admin.token.is_some() || config.admin.listen.is_some();
@@ -401,6 +407,20 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         })
         .map_err(|e| e.to_string())?;
     server.metrics().set_summary(&summary);
+    let capacity = server.capacity();
+    tracing::info!(
+        connections = capacity.connections(),
+        binding = capacity.binding(),
+        "capacity: {capacity}"
+    );
+    if capacity.binding() == "open files" {
+        let hard = open_files.map_or(0, |(_, hard)| hard);
+        tracing::warn!(
+            hard_limit = hard,
+            "the open-file limit binds first: raise its hard limit (LimitNOFILE=, ulimit -Hn, \
+             and fs.nr_open above it) to hold more connections"
+        );
+    }
     let addr = server.local_addr();
     match server.tls_addr() {
         Some(tls) if tls == addr => println!("freeboard listening on wss://{addr}/"),

@@ -30,12 +30,14 @@
 
 pub mod auth;
 pub mod backplane;
+pub mod capacity;
 pub mod client;
 pub mod config;
 mod dashboard;
 mod features;
 pub mod handler;
 pub mod history;
+pub mod kernel_memory;
 mod limits;
 pub mod metrics;
 mod parking;

@@ -57,7 +57,8 @@ pub const BACKPLANE_LOST_REASONS: [&str; 5] =
 
 /// Why an access check refused an upgrade (`freeboard_access_refusals_total{reason}`); an
 /// application's own reason is added when first used.
-pub const ACCESS_REFUSAL_REASONS: [&str; 18] = [
+pub const ACCESS_REFUSAL_REASONS: [&str; 19] = [
+    "budget",
     "origin",
     "admin_rate",
     "admin_token_missing",
@@ -282,6 +283,7 @@ pub(crate) struct LoopGauges {
     pub(crate) slots_high_water: Gauge,
     pub(crate) send_queue_bytes: Gauge,
     pub(crate) pool_resident_bytes: Gauge,
+    pub(crate) chunks_withheld: Gauge,
     allocation_failures: Counter,
     /// The pool's failure count at the last turn (the pool counts from its start).
     failures_seen: u64,
@@ -298,6 +300,7 @@ impl LoopGauges {
             slots_high_water: gauge(&metrics.slots_high_water),
             send_queue_bytes: gauge(&metrics.send_queue_bytes),
             pool_resident_bytes: gauge(&metrics.pool_resident_bytes),
+            chunks_withheld: gauge(&metrics.chunks_withheld),
             allocation_failures: metrics.allocation_failures.get_or_create(&label).clone(),
             failures_seen: 0,
         }
@@ -504,6 +507,12 @@ pub struct Metrics {
     pub(crate) reloads: Counter,
     /// Pool bytes that may be resident (touched and not given back), per loop.
     pub(crate) pool_resident_bytes: Family<LoopLabel, Gauge>,
+    /// Pool chunks withheld for the connections' kernel memory and table entries, per loop.
+    pub(crate) chunks_withheld: Family<LoopLabel, Gauge>,
+    /// The kernel memory charged per connection ([`SocketCost`](crate::kernel_memory::SocketCost)).
+    pub(crate) connection_kernel_bytes: Gauge,
+    /// The kernel memory charged for every open connection: open connections × the charge.
+    pub(crate) kernel_estimate_bytes: Gauge,
     /// Origins, tokens, proxies and pending upgrade decisions.
     pub(crate) access: AccessMetrics,
     /// TLS handshakes completed.
@@ -629,6 +638,9 @@ impl Metrics {
             queue_delay: Histogram::new(&MILLIS_BUCKETS, 0.001),
             reloads: Counter::default(),
             pool_resident_bytes: Family::default(),
+            chunks_withheld: Family::default(),
+            connection_kernel_bytes: Gauge::default(),
+            kernel_estimate_bytes: Gauge::default(),
             access: AccessMetrics::default(),
             tls_handshakes: Counter::default(),
             tls_resumptions: Counter::default(),
@@ -667,6 +679,7 @@ impl Metrics {
             }
         }
         root.register_collector(Box::new(ProcessCollector));
+        root.register_collector(Box::new(KernelCollector));
         let r = root.sub_registry_with_prefix("freeboard");
         let version = env!("CARGO_PKG_VERSION");
         let rustc_min = env!("CARGO_PKG_RUST_VERSION");
@@ -740,6 +753,24 @@ impl Metrics {
             "Memory budget per event loop",
             bytes.clone(),
             m.budget_bytes.clone(),
+        );
+        r.register(
+            "pool_chunks_withheld",
+            "Pool chunks withheld for the open connections' kernel memory and table entries",
+            m.chunks_withheld.clone(),
+        );
+        r.register_with_unit(
+            "connection_kernel",
+            "Kernel memory charged to the budget per connection (socket, inode, file, epoll \
+             entry; measured from /proc/slabinfo)",
+            bytes.clone(),
+            m.connection_kernel_bytes.clone(),
+        );
+        r.register_with_unit(
+            "kernel_memory_estimate",
+            "Kernel memory charged to the budget for the open connections",
+            bytes.clone(),
+            m.kernel_estimate_bytes.clone(),
         );
         r.register(
             "pool_allocation_failures",
@@ -1093,7 +1124,8 @@ impl Metrics {
             "\"at_ms\":{},\"connections\":{},\"accepted\":{},\"messages_in\":{},\"messages_out\":{},\
              \"bytes_in\":{},\"bytes_out\":{},\"subscriptions\":{},\"publishes\":{},\
              \"deliveries\":{},\"handshakes\":{},\"chunk_size\":{chunk},\
-             \"resident_memory_bytes\":{}",
+             \"resident_memory_bytes\":{},\"connection_kernel_bytes\":{},\
+             \"kernel_memory_estimate_bytes\":{}",
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis()),
@@ -1108,6 +1140,8 @@ impl Metrics {
             self.deliveries.get(),
             self.handshake_duration.count(),
             resident_memory_bytes().unwrap_or(0),
+            self.connection_kernel_bytes.get(),
+            self.kernel_estimate_bytes.get(),
         );
         let mut labelled = |name: &str, pairs: &mut dyn Iterator<Item = (String, u64)>| {
             let _ = write!(out, ",\"{name}\":{{");
@@ -1141,7 +1175,7 @@ impl Metrics {
                 out,
                 "{}{{\"chunks_in_use\":{},\"chunks_high_water\":{},\"chunks_capacity\":{},\
                  \"budget_bytes\":{},\"pool_resident_bytes\":{},\"send_queue_bytes\":{},\
-                 \"allocation_failures\":{}}}",
+                 \"allocation_failures\":{},\"chunks_withheld\":{}}}",
                 if i == 0 { "" } else { "," },
                 self.chunks_in_use.get_or_create(&label).get(),
                 self.chunks_high_water.get_or_create(&label).get(),
@@ -1150,6 +1184,7 @@ impl Metrics {
                 self.pool_resident_bytes.get_or_create(&label).get(),
                 self.send_queue_bytes.get_or_create(&label).get(),
                 self.allocation_failures.get_or_create(&label).get(),
+                self.chunks_withheld.get_or_create(&label).get(),
             );
         }
         out.push_str("]}");
@@ -1171,6 +1206,7 @@ impl Metrics {
             let _ = self.send_queue_bytes.get_or_create(&label);
             let _ = self.allocation_failures.get_or_create(&label);
             let _ = self.pool_resident_bytes.get_or_create(&label);
+            let _ = self.chunks_withheld.get_or_create(&label);
         }
     }
 
@@ -1339,6 +1375,53 @@ impl Collector for ProcessCollector {
             if let Some(value) = value {
                 let mut e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
                 e.encode_gauge(&value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The kernel's own figures of its socket memory ([`KernelFigures`](crate::kernel_memory::KernelFigures)),
+/// read at each scrape, beside which `freeboard_kernel_memory_estimate_bytes` is judged.
+#[derive(Debug)]
+struct KernelCollector;
+
+impl Collector for KernelCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let k = crate::kernel_memory::KernelFigures::read();
+        let gauges = [
+            (
+                "freeboard_kernel_tcp_sockets",
+                "TCP sockets in use on the host (/proc/net/sockstat)",
+                k.tcp_sockets,
+            ),
+            (
+                "freeboard_kernel_tcp_buffer_bytes",
+                "TCP buffer memory of the host (/proc/net/sockstat mem)",
+                k.tcp_buffer_bytes,
+            ),
+            (
+                "freeboard_kernel_socket_slab_bytes",
+                "Slab memory of the host's TCP sockets, their inodes, files, dentries and epoll \
+                 entries (/proc/slabinfo)",
+                k.socket_slab_bytes,
+            ),
+            ("freeboard_cgroup_memory_bytes", "Memory of the server's cgroup", k.cgroup_bytes),
+            (
+                "freeboard_cgroup_kernel_memory_bytes",
+                "Kernel memory of the server's cgroup",
+                k.cgroup_kernel_bytes,
+            ),
+            (
+                "freeboard_cgroup_socket_memory_bytes",
+                "Socket buffer memory of the server's cgroup",
+                k.cgroup_socket_bytes,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            if let Some(value) = value {
+                let mut e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                e.encode_gauge(&(value as f64))?;
             }
         }
         Ok(())

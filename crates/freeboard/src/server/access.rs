@@ -242,6 +242,7 @@ impl<T: Transport> EventLoop<T> {
             DecisionOutcome::Accept(accepted) => {
                 let reserve = self.config.connection_reserve;
                 if self.pool.chunks_free() * self.pool.chunk_size() < reserve {
+                    self.shared.metrics.access_refusal("budget");
                     self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
                 } else {
                     let PendingUpgrade { upgrade, target, accept_key, .. } = pending;

@@ -233,6 +233,7 @@ impl<T: Transport> EventLoop<T> {
         self.topics.drop_conn(&self.shared.hub, token);
         self.forget_request(token);
         let mut entry = self.conns.remove(token);
+        self.charge_connections();
         self.buffered -= entry.counted as usize;
         self.stats.closed += u64::from(entry.session.release(&mut self.pool));
         let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
@@ -269,6 +270,10 @@ impl<T: Transport> EventLoop<T> {
         g.slots_high_water.set(c.segments_high_water as i64);
         g.send_queue_bytes.set(self.buffered as i64);
         g.pool_resident_bytes.set(self.pool.resident_bytes() as i64);
+        g.chunks_withheld.set(self.pool.chunks_withheld() as i64);
+        let open = self.shared.open.load(std::sync::atomic::Ordering::Relaxed);
+        let kernel = open * self.shared.socket_cost.bytes;
+        self.shared.metrics.kernel_estimate_bytes.set(kernel as i64);
         g.allocation_failures(c.allocation_failures);
         if self.router.keeps_dashboard_samples() {
             self.shared.metrics.sample_for_dashboard();

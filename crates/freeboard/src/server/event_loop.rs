@@ -155,6 +155,10 @@ pub(crate) struct EventLoop<T> {
     /// The backlog may hold more connections than the last batch took: accept again after
     /// the next (non-blocking) poll.
     accept_more: bool,
+    /// Budget bytes each connection of the loop is charged while it is open, handshaking or
+    /// not: the kernel's memory for its socket ([`Shared::socket_cost`]) and its entry in
+    /// `conns`. The pool withholds that many chunks (`charge_connections`).
+    connection_charge: usize,
     /// Bytes in the send queues, as of each connection's last flush (the `send_queue_bytes`
     /// gauge).
     ///
@@ -258,31 +262,22 @@ pub(super) struct Listeners {
     pub(super) admin: Option<TcpListener>,
 }
 
-/// Which listener an accepted connection came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Listening {
-    Plain,
-    Tls,
-    Admin,
+/// How a loop's share of `--memory` is split: the fixed parts, and the pool of chunks that
+/// buffers and the connections' charge draw on.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LoopBudget {
+    /// `memory / threads`.
+    pub(super) per_loop: usize,
+    /// TLS scratch buffers and the rustls state share (0 without TLS).
+    pub(super) tls_bytes: usize,
+    /// The topic tables' part.
+    pub(super) topics_reserve: usize,
+    /// Chunks of the pool.
+    pub(super) chunks: usize,
 }
 
-impl<T: Transport> EventLoop<T> {
-    pub(crate) fn new(
-        index: u32,
-        poll: Poll,
-        mut listeners: Listeners,
-        shared: Arc<Shared>,
-        waker: Arc<mio::Waker>,
-        router: Router,
-    ) -> io::Result<Self> {
-        let config = shared.config();
-        poll.registry().register(&mut listeners.plain, LISTENER, Interest::READABLE)?;
-        if let Some(tls) = &mut listeners.tls {
-            poll.registry().register(tls, TLS_LISTENER, Interest::READABLE)?;
-        }
-        if let Some(admin) = &mut listeners.admin {
-            poll.registry().register(admin, ADMIN_LISTENER, Interest::READABLE)?;
-        }
+impl LoopBudget {
+    pub(super) fn of(config: &ServerConfig) -> Self {
         let per_loop = config.memory / config.threads;
         let assembly_reserve = config.limits.max_message_size.min(per_loop / 4);
         // TLS: the scratch buffers and a share of the budget for rustls state come off the
@@ -307,6 +302,50 @@ impl<T: Transport> EventLoop<T> {
             - topics_reserve;
         let chunks = pool_bytes
             / Pool::footprint(config.chunk_size, 1, freeboard_buf::DEFAULT_SEGMENTS_PER_CHUNK);
+        LoopBudget { per_loop, tls_bytes, topics_reserve, chunks }
+    }
+
+    /// Connections the loop can hold while an upgrade still finds `connection_reserve` free
+    /// with no buffer in use, at `charge` bytes each.
+    pub(super) fn connections(&self, config: &ServerConfig, charge: usize) -> usize {
+        let room = (self.chunks * config.chunk_size).saturating_sub(config.connection_reserve);
+        room / charge.max(1)
+    }
+}
+
+/// Which listener an accepted connection came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listening {
+    Plain,
+    Tls,
+    Admin,
+}
+
+/// Budget bytes one connection is charged while open: the kernel's memory for its socket and
+/// its entry in the loop's table.
+pub(super) fn connection_charge<T>(shared: &Shared) -> usize {
+    shared.socket_cost.bytes + std::mem::size_of::<Entry<T>>()
+}
+
+impl<T: Transport> EventLoop<T> {
+    pub(crate) fn new(
+        index: u32,
+        poll: Poll,
+        mut listeners: Listeners,
+        shared: Arc<Shared>,
+        waker: Arc<mio::Waker>,
+        router: Router,
+    ) -> io::Result<Self> {
+        let config = shared.config();
+        poll.registry().register(&mut listeners.plain, LISTENER, Interest::READABLE)?;
+        if let Some(tls) = &mut listeners.tls {
+            poll.registry().register(tls, TLS_LISTENER, Interest::READABLE)?;
+        }
+        if let Some(admin) = &mut listeners.admin {
+            poll.registry().register(admin, ADMIN_LISTENER, Interest::READABLE)?;
+        }
+        let LoopBudget { per_loop, tls_bytes, topics_reserve, chunks, .. } =
+            LoopBudget::of(&config);
         let pool_config =
             PoolConfig::new().with_chunk_size(config.chunk_size).with_chunk_count(chunks);
         let mut pool = Pool::new(Budget::new(per_loop), pool_config).map_err(io::Error::other)?;
@@ -328,6 +367,7 @@ impl<T: Transport> EventLoop<T> {
             .ok_or_else(|| io::Error::other("event loop started twice"))?;
         let tables = pool.budget_mut().split(topics_reserve).map_err(io::Error::other)?;
         let topics = LocalTopics::new(index, config.topics.max_topics_per_connection, tables);
+        let connection_charge = connection_charge::<T>(&shared);
         Ok(Self {
             index,
             poll,
@@ -358,6 +398,7 @@ impl<T: Transport> EventLoop<T> {
             drain_deadline: None,
             accept_retry: None,
             release_at: None,
+            connection_charge,
             accept_failing: false,
             accept_more: false,
             buffered: 0,
@@ -660,9 +701,18 @@ impl<T: Transport> EventLoop<T> {
                 counted: 0,
                 queued_at: 0,
             });
+            self.charge_connections();
             self.mark(token);
         }
         self.accept_more = true;
+    }
+
+    /// Withholds from the pool the budget of the connections open now, so that buffers plus
+    /// what the connections cost the kernel and the loop's table stay within `--memory`: an
+    /// upgrade finds the pool short sooner (503) instead of the host running out.
+    pub(super) fn charge_connections(&mut self) {
+        let bytes = self.conns.len() * self.connection_charge;
+        self.pool.withhold(bytes.div_ceil(self.pool.chunk_size()));
     }
 
     /// Puts `token` on the list of connections to flush at the end of the turn.

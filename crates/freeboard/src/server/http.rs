@@ -243,6 +243,8 @@ impl<T: Transport> EventLoop<T> {
             return self.refuse(token, now, 503, &retry, "server at its connection limit");
         }
         if self.pool.chunks_free() * self.pool.chunk_size() < config.connection_reserve {
+            // The pool net of what the open connections cost the kernel (withheld chunks).
+            self.shared.metrics.access_refusal("budget");
             return self.refuse(token, now, 503, &retry_soon_jittered(), BUDGET_EXHAUSTED);
         }
         // permessage-deflate: what the route answers to the offers (server/compression.rs);

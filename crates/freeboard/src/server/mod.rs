@@ -1,5 +1,6 @@
 //! The server: its event loops, the limits they share, shutdown.
 
+use crate::capacity::Capacity;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -219,6 +220,25 @@ impl Server {
     /// The server's metrics.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.shared.metrics.clone()
+    }
+
+    /// How many connections the server can hold, by each of its limits (its open-file limit
+    /// as it is now: raise it first with
+    /// [`raise_open_files_limit`](crate::capacity::raise_open_files_limit)).
+    pub fn capacity(&self) -> Capacity {
+        let config = self.shared.config();
+        let charge = event_loop::connection_charge::<crate::transport::Stream>(&self.shared);
+        let per_loop = event_loop::LoopBudget::of(&config).connections(&config, charge);
+        let descriptors = crate::capacity::descriptors_left()
+            .saturating_sub(crate::capacity::RESERVED_DESCRIPTORS);
+        Capacity {
+            descriptors,
+            max_connections: config.max_connections,
+            budget: per_loop * config.threads,
+            charge_bytes: charge,
+            kernel_bytes: self.shared.socket_cost.bytes,
+            kernel_measured: self.shared.socket_cost.measured,
+        }
     }
 
     /// A handle that can publish to topics and stop the server from another thread (or a

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::auth::{Origins, TrustedProxies};
 use crate::config::{Reload, ServerConfig};
+use crate::kernel_memory::SocketCost;
 use crate::metrics::Metrics;
 use crate::rate::Bucket;
 use crate::tls::{HandshakeAdmission, ServerTls, TlsIdentity};
@@ -44,6 +45,8 @@ pub(crate) struct Shared {
     /// With TLS: every address's share of the handshakes (`tls.handshakes_per_ip`,
     /// `tls.handshake_rate_per_ip`), across the loops.
     pub(crate) handshakes: Option<Arc<HandshakeAdmission>>,
+    /// The kernel memory of one connection, charged against the budget by every loop.
+    pub(crate) socket_cost: SocketCost,
 }
 
 impl Shared {
@@ -57,7 +60,10 @@ impl Shared {
             .tls
             .as_ref()
             .map(|tls| HandshakeAdmission::new(tls.handshakes_per_ip, tls.handshake_rate_per_ip));
+        let socket_cost = SocketCost::measure(config.listen.is_ipv6());
+        metrics.connection_kernel_bytes.set(socket_cost.bytes as i64);
         Self {
+            socket_cost,
             tls,
             handshakes,
             hub,
