@@ -382,21 +382,28 @@ impl Report {
         }
         for c in &self.connections {
             let _ = writeln!(s, "\n### connections: {}\n", c.server);
-            s.push_str("| connections | connected | failed | connect ms | µs each | RSS before KiB | RSS open KiB | RSS closed KiB | KiB/conn |\n|---|---|---|---|---|---|---|---|---|\n");
+            s.push_str("| connections | connected | failed (causes) | connect ms | conn/s | RSS before KiB | RSS open KiB | RSS closed KiB | KiB/conn | kernel KiB/conn |\n|---|---|---|---|---|---|---|---|---|---|\n");
             let opt = |v: Option<u64>| v.map_or("–".into(), |v| v.to_string());
+            let kib = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
             for st in &c.steps {
+                let causes = if st.failed == 0 || st.causes.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", st.causes)
+                };
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {:.0} | {:.0} | {} | {} | {} | {} |",
+                    "| {} | {} | {}{causes} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
                     st.count,
                     st.connected,
                     st.failed,
                     st.connect_ms,
-                    st.connect_us_each,
+                    st.connects_per_sec,
                     opt(st.rss_before_kib),
                     opt(st.rss_open_kib),
                     opt(st.rss_closed_kib),
-                    st.kib_per_conn.map_or("–".into(), |v| format!("{v:.2}")),
+                    kib(st.kib_per_conn),
+                    kib(st.kernel_kib_per_conn),
                 );
             }
             if !c.cycle_rss_kib.is_empty() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::Target;
-use crate::connections;
+use crate::connections::{self, Opening, Step};
 use crate::load::{self, Load};
 use crate::report::{ConnectionsRow, LoadRow};
 
@@ -56,21 +56,38 @@ pub fn loads(
     Ok(rows)
 }
 
-/// Opens and closes `counts` idle connections one step after the other, then repeats the
-/// largest step `cycles` times to see whether the server's memory returns to its baseline.
+/// Opens and closes `counts` idle connections one step after the other (each opened in
+/// parallel as `opening` says), then repeats the largest step `cycles` times to see whether
+/// the server's memory returns to its baseline.
 pub fn connections(
     subject: &Subject,
     counts: &[usize],
     cycles: usize,
+    opening: &Opening,
 ) -> io::Result<ConnectionsRow> {
+    let mut quiet = |_: &crate::crowd::Progress| {};
     // A first connection may initialise the server's lazily built state (a pool, a slab):
     // that is not the cost of a connection.
-    connections::step(&subject.target, 1, None)?;
+    connections::step(&subject.target, 1, None, opening, &mut quiet)?;
     let mut steps = Vec::new();
-    for &count in counts {
-        let bar = spinner(format!("{} connections: {count}", subject.name));
-        steps.push(connections::step(&subject.target, count, subject.pid)?);
+    let run = |count: usize, label: String, pid: Option<u32>| -> io::Result<Step> {
+        let bar = ProgressBar::new(count as u64).with_prefix(label);
+        bar.set_style(
+            ProgressStyle::with_template("{prefix}: {pos}/{len} open, {elapsed} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        let mut shown = |p: &crate::crowd::Progress| {
+            bar.set_position(p.open as u64);
+            if p.lost > 0 {
+                bar.set_message(format!("({} connecting, {} lost)", p.connecting, p.lost));
+            }
+        };
+        let step = connections::step(&subject.target, count, pid, opening, &mut shown);
         bar.finish_and_clear();
+        step
+    };
+    for &count in counts {
+        steps.push(run(count, format!("{} connections", subject.name), subject.pid)?);
     }
     let mut cycle_rss_kib = Vec::new();
     if let (Some(&largest), Some(pid)) = (counts.iter().max(), subject.pid) {
@@ -78,10 +95,9 @@ pub fn connections(
             cycle_rss_kib.push(s.rss_kib);
         }
         for i in 0..cycles {
-            let bar = spinner(format!("{} connect/close cycle {}/{cycles}", subject.name, i + 1));
-            let step = connections::step(&subject.target, largest, Some(pid))?;
+            let label = format!("{} connect/close cycle {}/{cycles}", subject.name, i + 1);
+            let step = run(largest, label, Some(pid))?;
             cycle_rss_kib.extend(step.rss_closed_kib);
-            bar.finish_and_clear();
         }
     }
     Ok(ConnectionsRow { server: subject.name.clone(), steps, cycle_rss_kib })

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use freeboard_bench::Target;
+use freeboard_bench::connections::Opening;
 use freeboard_bench::load::Load;
 use freeboard_bench::peers::{Peer, Peers};
 use freeboard_bench::process;
@@ -82,6 +83,20 @@ pub(crate) enum BenchCommand {
         /// Connect/close cycles at the largest count.
         #[arg(long, default_value_t = 3)]
         cycles: usize,
+        /// Connections started per second; 0 starts them as fast as --in-flight allows.
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
+        /// Most connections between connect and 101 at once.
+        #[arg(long, default_value_t = 512)]
+        in_flight: usize,
+        /// Loopback source addresses (127.0.1.1 on), used in turn; 0 picks as many as the
+        /// count needs (one per 25,000 connections above 20,000).
+        #[arg(long, default_value_t = 0)]
+        sources: usize,
+        /// How long each step holds its connections once all are in, before reading the
+        /// server's memory: 300ms, 5s.
+        #[arg(long, default_value = "300ms", value_parser = crate::duration)]
+        hold: Duration,
         /// permessage-deflate instead: for each mode (off, shared, dedicated; a
         /// comma-separated list) start `freeboard serve --compression MODE`, open each count
         /// of connections offering the extension as browsers do, and read the server's RSS
@@ -586,13 +601,28 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
         BenchCommand::SlowConsumer { common, size, duration } => {
             (common, Experiment::SlowConsumer(size, Duration::from_secs_f64(duration)))
         }
-        BenchCommand::Connections { common, mut counts, max, cycles, compression } => {
+        BenchCommand::Connections {
+            common,
+            mut counts,
+            max,
+            cycles,
+            rate,
+            in_flight,
+            sources,
+            hold,
+            compression,
+        } => {
             counts.extend(max);
             if !compression.is_empty() {
                 return compression_memory(&common, &counts, &compression)
                     .map(|()| ExitCode::SUCCESS);
             }
-            (common, Experiment::Connections(counts, cycles))
+            let largest = counts.iter().copied().max().unwrap_or(0);
+            for missing in freeboard_bench::system::missing_settings(largest) {
+                eprintln!("freeboard bench: {missing}");
+            }
+            let opening = Opening { rate, in_flight, sources, hold, ..Opening::default() };
+            (common, Experiment::Connections(counts, cycles, opening))
         }
     };
     let began = std::time::Instant::now();
@@ -634,8 +664,8 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
                 suite::loads(subject, name, cases, repeat)
                     .map_err(|e| format!("{}: {e}", subject.name))?,
             ),
-            Experiment::Connections(counts, cycles) => report.connections.push(
-                suite::connections(subject, counts, *cycles)
+            Experiment::Connections(counts, cycles, opening) => report.connections.push(
+                suite::connections(subject, counts, *cycles, opening)
                     .map_err(|e| format!("{}: {e}", subject.name))?,
             ),
             Experiment::Handshakes(clients, duration) => {
@@ -849,7 +879,7 @@ fn print_markdown(report: &Report) {
 enum Experiment {
     Load(&'static str, Vec<Load>),
     Handshakes(Vec<usize>, Duration),
-    Connections(Vec<usize>, usize),
+    Connections(Vec<usize>, usize, Opening),
     SlowConsumer(usize, Duration),
 }
 

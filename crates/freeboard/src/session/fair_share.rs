@@ -56,10 +56,12 @@ pub(crate) enum Room {
 }
 
 impl FairShare {
-    /// The share of a loop whose pool serves `open` connections.
+    /// The share of a loop whose pool serves `open` connections. The chunks the pool withholds
+    /// for the connections' kernel memory are not the data path's: shares are of the rest.
     pub(crate) fn new(pool: &Pool<'_>, open: usize) -> Self {
         let open = open.max(1);
-        let (chunks, slots) = (pool.chunks_total(), pool.segments_total());
+        let chunks = pool.chunks_total().saturating_sub(pool.chunks_withheld());
+        let slots = pool.segments_total();
         let floor = open.min(chunks / 8);
         Self {
             floor,
