@@ -22,6 +22,9 @@ pub struct Opening {
     pub in_flight: usize,
     /// Loopback source addresses; 0 picks as many as the count needs.
     pub sources: usize,
+    /// The first of them (the others follow it): generators run side by side give each its
+    /// own range, so that they do not share ephemeral ports.
+    pub sources_from: std::net::Ipv4Addr,
     /// How long the connections are held once all are in (the figures are read at its end).
     pub hold: Duration,
     /// The longest a step may take.
@@ -34,6 +37,7 @@ impl Default for Opening {
             rate: 0.0,
             in_flight: 512,
             sources: 0,
+            sources_from: std::net::Ipv4Addr::new(127, 0, 1, 1),
             hold: Duration::from_millis(300),
             deadline: Duration::from_secs(900),
         }
@@ -103,7 +107,7 @@ pub fn step(
     let crowd = Crowd {
         rate: opening.rate,
         in_flight: opening.in_flight,
-        sources: Crowd::loopback_sources(sources),
+        sources: Crowd::loopback_sources(opening.sources_from, sources),
         hold: opening.hold.max(SETTLE),
         deadline: opening.deadline,
         ..Crowd::new(target.clone(), count)

@@ -68,10 +68,10 @@ impl Crowd {
         }
     }
 
-    /// `n` loopback source addresses from 127.0.1.1 on (127.0.1.1 … 127.0.x.y): enough for
-    /// `n × 28,000` connections to one destination.
-    pub fn loopback_sources(n: usize) -> Vec<Ipv4Addr> {
-        (0..n as u32).map(|i| Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 0, 1, 1)) + i)).collect()
+    /// `n` consecutive loopback source addresses from `first` on (127.0.1.1, 127.0.1.2, …):
+    /// enough for `n × 28,000` connections to one destination.
+    pub fn loopback_sources(first: Ipv4Addr, n: usize) -> Vec<Ipv4Addr> {
+        (0..n as u32).map(|i| Ipv4Addr::from(u32::from(first) + i)).collect()
     }
 
     /// Source addresses needed for `count` connections to `ports` destination ports, with the
@@ -664,7 +664,7 @@ mod tests {
         let n = Crowd::sources_needed(1_000_000, 1);
         assert!(n * range >= 1_000_000, "{n}");
         assert!(Crowd::sources_needed(1_000_000, 4) < n);
-        let sources = Crowd::loopback_sources(300);
+        let sources = Crowd::loopback_sources(Ipv4Addr::new(127, 0, 1, 1), 300);
         assert_eq!(sources[0], Ipv4Addr::new(127, 0, 1, 1));
         assert_eq!(sources[299], Ipv4Addr::new(127, 0, 2, 44));
     }

@@ -93,6 +93,9 @@ pub(crate) enum BenchCommand {
         /// count needs (one per 25,000 connections above 20,000).
         #[arg(long, default_value_t = 0)]
         sources: usize,
+        /// The first source address (generators run side by side each take their own).
+        #[arg(long, default_value = "127.0.1.1", value_name = "IPV4")]
+        sources_from: std::net::Ipv4Addr,
         /// How long each step holds its connections once all are in, before reading the
         /// server's memory: 300ms, 5s.
         #[arg(long, default_value = "300ms", value_parser = crate::duration)]
@@ -609,6 +612,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             rate,
             in_flight,
             sources,
+            sources_from,
             hold,
             compression,
         } => {
@@ -621,7 +625,8 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             for missing in freeboard_bench::system::missing_settings(largest) {
                 eprintln!("freeboard bench: {missing}");
             }
-            let opening = Opening { rate, in_flight, sources, hold, ..Opening::default() };
+            let opening =
+                Opening { rate, in_flight, sources, sources_from, hold, ..Opening::default() };
             (common, Experiment::Connections(counts, cycles, opening))
         }
     };
