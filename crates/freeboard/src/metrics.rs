@@ -1367,7 +1367,7 @@ impl Collector for ProcessCollector {
             (
                 "process_open_fds",
                 "Open file descriptors",
-                std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count().saturating_sub(1) as f64),
+                crate::capacity::open_descriptors().map(|n| n as f64),
             ),
             ("process_max_fds", "Maximum number of open file descriptors", max_fds()),
         ];
