@@ -119,7 +119,8 @@ fn connections_open_and_close() {
     let server = server();
     let target = Target::parse(&format!("ws://{}/", server.local_addr())).unwrap();
     let metrics = server.metrics();
-    let row = suite::connections(&subject(target), &[10, 200], 1).unwrap();
+    let opening = freeboard_bench::connections::Opening::default();
+    let row = suite::connections(&subject(target), &[10, 200], 1, &opening).unwrap();
     for step in &row.steps {
         assert_eq!((step.connected, step.failed), (step.count, 0), "{step:?}");
         assert!(step.kib_per_conn.is_some());
@@ -343,4 +344,44 @@ fn topic_service(config: &ServerConfig) -> freeboard_topics::Service {
     topics.hub = config.topics.clone();
     topics.route.client_publish = true;
     freeboard_topics::Service::new(&topics).unwrap()
+}
+
+#[test]
+fn a_crowd_beyond_the_budget_is_refused_503_counted_by_cause_and_the_rest_held() {
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    // A budget that pays for a few hundred connections' kernel memory.
+    config.memory = 3 << 20;
+    config.read_buffer = 16 << 10;
+    config.limits.max_message_size = 64 << 10;
+    config.limits.send_cap = 128 << 10;
+    config.limits.idle_timeout = None;
+    config.max_connections_per_ip = 100_000;
+    let server = Server::bind(config, || Router::new().route("/", Echo)).unwrap();
+    let admissible = server.capacity().budget;
+    let server = server.spawn();
+    let target = Target::parse(&format!("ws://{}/", server.local_addr())).unwrap();
+    let extra = 100;
+    let crowd = freeboard_bench::crowd::Crowd {
+        in_flight: 64,
+        sources: freeboard_bench::crowd::Crowd::loopback_sources(
+            std::net::Ipv4Addr::new(127, 0, 9, 1),
+            2,
+        ),
+        ..freeboard_bench::crowd::Crowd::new(target, admissible + extra)
+    };
+    let mut seen = 0;
+    let gathered =
+        freeboard_bench::crowd::gather(&crowd, &mut |p| seen = seen.max(p.open)).unwrap();
+    // Handshakes in flight hold pool chunks for their 101s: a few fewer may get in.
+    assert!(gathered.connected <= admissible + 1, "{gathered:?}");
+    assert!(gathered.connected + 64 >= admissible, "{gathered:?}");
+    let refused = gathered.refused.get(&503).copied().unwrap_or(0);
+    assert_eq!(gathered.connected + refused, admissible + extra, "{}", gathered.causes());
+    assert_eq!(gathered.refused_with_retry_after, refused);
+    assert_eq!(gathered.held, gathered.connected);
+    assert_eq!(server.metrics().access_refusals_for("budget"), refused as u64);
+    server.handle().shutdown();
+    server.join().unwrap();
 }

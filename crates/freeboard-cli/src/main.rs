@@ -60,7 +60,7 @@ enum Command {
     #[cfg(feature = "bench")]
     Bench {
         #[command(subcommand)]
-        command: bench::BenchCommand,
+        command: Box<bench::BenchCommand>,
     },
 }
 
@@ -332,7 +332,7 @@ fn main() -> ExitCode {
             }
         },
         #[cfg(feature = "bench")]
-        Command::Bench { command } => match bench::run(command) {
+        Command::Bench { command } => match bench::run(*command) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("freeboard bench: {e}");
