@@ -710,9 +710,15 @@ impl<T: Transport> EventLoop<T> {
     /// Withholds from the pool the budget of the connections open now, so that buffers plus
     /// what the connections cost the kernel and the loop's table stay within `--memory`: an
     /// upgrade finds the pool short sooner (503) instead of the host running out.
+    ///
+    /// Half the connection reserve is never withheld: the answers the loop owes (a 503, a
+    /// close, a pong) still find a chunk when a crowd has charged the rest. The budget is then
+    /// exceeded by at most that half reserve per loop.
     pub(super) fn charge_connections(&mut self) {
-        let bytes = self.conns.len() * self.connection_charge;
-        self.pool.withhold(bytes.div_ceil(self.pool.chunk_size()));
+        let chunk = self.pool.chunk_size();
+        let floor = self.config.connection_reserve.div_ceil(chunk) / 2;
+        let charged = (self.conns.len() * self.connection_charge).div_ceil(chunk);
+        self.pool.withhold(charged.min(self.pool.chunks_total().saturating_sub(floor)));
     }
 
     /// Puts `token` on the list of connections to flush at the end of the turn.

@@ -304,9 +304,16 @@ impl<T: Transport> EventLoop<T> {
     /// untrusted: together they may hold a share of the pool only, so slow clients cannot
     /// starve the connections already open.
     pub(super) fn keep_partial(&mut self, token: usize, now: Instant, buf: &[u8]) -> bool {
-        let chunks = head_chunks(buf.len(), self.pool.chunk_size());
+        let chunk = self.pool.chunk_size();
+        let chunks = head_chunks(buf.len(), chunk);
         if self.head_chunks + chunks > self.pool.chunks_total() / HEAD_SHARE {
             return self.refuse(token, now, 503, RETRY_SOON, "too many partial requests");
+        }
+        // What the connections' kernel memory leaves of the pool, less the floor kept for
+        // answers (this 503 among them): a head that does not fit is refused, not tried.
+        if self.pool.chunks_free() < chunks + self.config.connection_reserve.div_ceil(chunk) / 2 {
+            self.shared.metrics.access_refusal("budget");
+            return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
         }
         let partial = self.conns[token].session.partial_mut();
         if partial.append(&mut self.pool, buf).is_err() {
