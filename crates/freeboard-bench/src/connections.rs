@@ -29,6 +29,9 @@ pub struct Opening {
     pub hold: Duration,
     /// The longest a step may take.
     pub deadline: Duration,
+    /// Once every connection is in, stop the server (`SIGTERM` to its PID) and hold until it
+    /// has closed them all: its graceful shutdown seen from the clients.
+    pub shutdown: bool,
 }
 
 impl Default for Opening {
@@ -40,6 +43,7 @@ impl Default for Opening {
             sources_from: std::net::Ipv4Addr::new(127, 0, 1, 1),
             hold: Duration::from_millis(300),
             deadline: Duration::from_secs(900),
+            shutdown: false,
         }
     }
 }
@@ -82,6 +86,13 @@ pub struct Step {
     /// TCP buffer memory of the host with every connection open (`/proc/net/sockstat`), KiB.
     #[serde(default)]
     pub tcp_buffer_kib: Option<u64>,
+    /// With [`Opening::shutdown`]: the close codes the server sent, by code, and the
+    /// connections it dropped without one (code 1006).
+    #[serde(default)]
+    pub closed_by_server: std::collections::BTreeMap<u16, usize>,
+    /// From the first close frame to the last connection closed by the server, seconds.
+    #[serde(default)]
+    pub drain_seconds: Option<f64>,
 }
 
 /// How long the server gets to settle before its RSS is read.
@@ -110,11 +121,24 @@ pub fn step(
         sources: Crowd::loopback_sources(opening.sources_from, sources),
         hold: opening.hold.max(SETTLE),
         deadline: opening.deadline,
+        until_closed: opening.shutdown,
         ..Crowd::new(target.clone(), count)
     };
+    let mut stopped = false;
     let mut at_hold = None;
     let gathered = {
-        let mut watch = |p: &Progress| progress(p);
+        let mut watch = |p: &Progress| {
+            progress(p);
+            // Every connection in or lost: the server's graceful shutdown starts now.
+            if let (true, false, Some(pid)) = (opening.shutdown, stopped, server_pid)
+                && p.connecting == 0
+                && p.open + p.lost == count
+            {
+                // SAFETY: kill only sends a signal to the process the caller named.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                stopped = true;
+            }
+        };
         crowd::gather_then(&crowd, &mut watch, &mut || {
             at_hold = Some((rss(), freeboard::kernel_memory::KernelFigures::read()));
         })?
@@ -149,5 +173,13 @@ pub fn step(
         kib_per_conn,
         kernel_kib_per_conn,
         tcp_buffer_kib: kernel_open.tcp_buffer_bytes.map(|b| b / 1024),
+        closed_by_server: {
+            let mut codes = gathered.closed_by_server.clone();
+            if gathered.dropped_by_server > 0 {
+                *codes.entry(1006).or_default() += gathered.dropped_by_server;
+            }
+            codes
+        },
+        drain_seconds: gathered.close_seconds,
     })
 }

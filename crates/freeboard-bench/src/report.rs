@@ -406,6 +406,17 @@ impl Report {
                     kib(st.kernel_kib_per_conn),
                 );
             }
+            for st in c.steps.iter().filter(|st| !st.closed_by_server.is_empty()) {
+                let codes: Vec<String> =
+                    st.closed_by_server.iter().map(|(code, n)| format!("{code} ×{n}")).collect();
+                let _ = writeln!(
+                    s,
+                    "\n{} connections: the server closed {} in {:.2} s",
+                    st.count,
+                    codes.join(", "),
+                    st.drain_seconds.unwrap_or(0.0)
+                );
+            }
             if !c.cycle_rss_kib.is_empty() {
                 let cycles: Vec<String> = c.cycle_rss_kib.iter().map(u64::to_string).collect();
                 let _ = writeln!(

@@ -68,7 +68,7 @@ pub fn connections(
     let mut quiet = |_: &crate::crowd::Progress| {};
     // A first connection may initialise the server's lazily built state (a pool, a slab):
     // that is not the cost of a connection.
-    let warm_up = Opening { hold: Duration::ZERO, ..opening.clone() };
+    let warm_up = Opening { hold: Duration::ZERO, shutdown: false, ..opening.clone() };
     connections::step(&subject.target, 1, None, &warm_up, &mut quiet)?;
     let mut steps = Vec::new();
     let run = |count: usize, label: String, pid: Option<u32>| -> io::Result<Step> {

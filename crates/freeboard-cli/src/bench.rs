@@ -100,6 +100,11 @@ pub(crate) enum BenchCommand {
         /// server's memory: 300ms, 5s.
         #[arg(long, default_value = "300ms", value_parser = crate::duration)]
         hold: Duration,
+        /// Once a step's connections are in, stop the server (SIGTERM to --server-pid) and
+        /// count the close codes it sends and how long it takes to close them all (hold
+        /// with --hold long enough for the drain).
+        #[arg(long, requires = "server_pid")]
+        shutdown: bool,
         /// permessage-deflate instead: for each mode (off, shared, dedicated; a
         /// comma-separated list) start `freeboard serve --compression MODE`, open each count
         /// of connections offering the extension as browsers do, and read the server's RSS
@@ -614,6 +619,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             sources,
             sources_from,
             hold,
+            shutdown,
             compression,
         } => {
             counts.extend(max);
@@ -625,8 +631,15 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             for missing in freeboard_bench::system::missing_settings(largest) {
                 eprintln!("freeboard bench: {missing}");
             }
-            let opening =
-                Opening { rate, in_flight, sources, sources_from, hold, ..Opening::default() };
+            let opening = Opening {
+                rate,
+                in_flight,
+                sources,
+                sources_from,
+                hold,
+                shutdown,
+                ..Opening::default()
+            };
             (common, Experiment::Connections(counts, cycles, opening))
         }
     };
