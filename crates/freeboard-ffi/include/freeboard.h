@@ -224,7 +224,7 @@
 #define FB_KEY_LEN 24
 
 // Bytes of an [`FbPool`] handle.
-#define FB_POOL_SIZE 432
+#define FB_POOL_SIZE 440
 
 // The largest chunk size.
 #define FB_POOL_MAX_CHUNK_SIZE (1 << 30)
@@ -317,7 +317,7 @@ typedef struct FbHandshake {
 // Storage for one pool (its bookkeeping; the chunks live in the regions lent to
 // `fb_pool_init`). Opaque.
 typedef struct FbPool {
-  uint64_t _opaque[54];
+  uint64_t _opaque[55];
 } FbPool;
 
 // Metadata of one chunk (8 bytes); lend an array of these to `fb_pool_init`.

@@ -13,7 +13,7 @@ use crate::{
 };
 
 /// Bytes of an [`FbPool`] handle.
-pub const FB_POOL_SIZE: usize = 432;
+pub const FB_POOL_SIZE: usize = 440;
 /// The largest chunk size.
 pub const FB_POOL_MAX_CHUNK_SIZE: usize = 1 << 30;
 const _: () = assert!(FB_POOL_MAX_CHUNK_SIZE == freeboard_buf::MAX_CHUNK_SIZE);
@@ -24,7 +24,7 @@ const _: () = assert!(FB_POOL_MAX_CHUNK_SIZE == freeboard_buf::MAX_CHUNK_SIZE);
 pub struct FbPool {
     // `MaybeUninit`: the value inside has padding bytes, so the words are not all initialised
     // integers and a Rust move of the handle must not claim they are (C copies bytes).
-    _opaque: [MaybeUninit<u64>; 54],
+    _opaque: [MaybeUninit<u64>; 55],
 }
 // 128 bytes of slack: with freeboard-buf's `std` feature (unified in when a host build links
 // freeboard too) the pool's regions are mappings it can give pages back through, each with its
