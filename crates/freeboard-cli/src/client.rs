@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use freeboard::client::{
     Client, ClientConfig, ClientError, CloseCode, Event, MessageKind, PushOutcome, SendOutcome,
+    Subscription, SubscriptionEvent,
 };
 
 /// Exit statuses, as documented in `--help`.
@@ -38,8 +39,6 @@ came). With --reconnect, 1, 3 and a close with 1001 (going away: a server restar
 
 /// How long Ctrl-C waits for the server's close frame.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
-/// The longest wait between two reconnection attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Options of `freeboard client`.
 #[derive(Args)]
@@ -90,13 +89,20 @@ pub(crate) struct ClientArgs {
     #[arg(long, value_name = "DURATION", value_parser = crate::duration)]
     ping: Option<Duration>,
     /// Connect again after a failed connect, an abnormal end, or a close with 1001 (going
-    /// away: a server restarting or deploying), 1012 (service restart) or 1013 (try again
-    /// later): after about 0.5 s, then twice as long each time up to 30 s, each wait drawn at
-    /// random between half and all of it (so clients that lost one server do not all come
-    /// back at once; reset by a connection that lasted 30 s); stops on a close with 1000 or
-    /// another code, a usage error or Ctrl-C.
+    /// away: a server restarting or deploying), 1011, 1012 (service restart) or 1013 (try
+    /// again later): after about 0.25 s, then twice as long each time up to 30 s, each wait
+    /// drawn at random between half and all of it (so clients that lost one server do not all
+    /// come back at once; reset by a connection that delivered a message); stops on a close
+    /// with 1000 or another code, a usage error or Ctrl-C. On a history topic it resumes:
+    /// it reconnects with `?since=` the last offset received, drops a message whose offset
+    /// it already printed, and prints the payloads without their envelope; a close with 4410
+    /// (cannot resume from there) is said on stderr and the subscription starts afresh.
     #[arg(long)]
     reconnect: bool,
+    /// With --reconnect: print each message of a history topic as `OFFSET:payload`, the
+    /// envelope as the server sent it (a message without one is printed as it came).
+    #[arg(long, requires = "reconnect")]
+    offsets: bool,
     /// Show the connection on stderr: the address, the request and the server's `101`
     /// answer (headers), the subprotocol and the extensions agreed, each close and reconnect.
     #[arg(short, long)]
@@ -124,16 +130,6 @@ fn websocket_url(given: &str) -> String {
     }
 }
 
-/// A wait drawn between half and all of `backoff` ("equal jitter"), from the standard
-/// library's per-process random hasher keys and the clock: spread, not secret.
-fn jittered(backoff: Duration) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
-    let fraction = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
-    backoff.mul_f64(0.5 + 0.5 * fraction)
-}
-
 fn parse_header(s: &str) -> Result<(String, String), String> {
     let (name, value) = s.split_once(':').ok_or("expected NAME:VALUE")?;
     let name = name.trim();
@@ -156,43 +152,21 @@ pub(crate) fn run(args: ClientArgs) -> ExitCode {
     if args.verbose && url != args.url {
         eprintln!("freeboard client: {:?} taken as {url}", args.url);
     }
-    let mut backoff = Duration::from_millis(500);
-    loop {
-        let started = Instant::now();
-        let ending = match session(&args, &url, lines.as_ref(), &interrupted) {
-            Ok(ending) => ending,
-            Err(e) => {
-                eprintln!("freeboard client: {e}");
-                match e {
-                    ClientError::Io(_) => Ending::Retry(EXIT_ABNORMAL),
-                    ClientError::Config(_) | ClientError::Limits(_) | ClientError::Usage(_) => {
-                        Ending::Exit(EXIT_CONNECT)
-                    }
-                    e if e.is_connect_failure() => Ending::Retry(EXIT_CONNECT),
-                    _ => Ending::Retry(EXIT_ABNORMAL),
-                }
-            }
-        };
-        let status = match ending {
-            Ending::Retry(status) if args.reconnect && !interrupted.load(Ordering::Relaxed) => {
-                status
-            }
-            Ending::Exit(status) | Ending::Retry(status) => return ExitCode::from(status),
-        };
-        if started.elapsed() >= MAX_BACKOFF {
-            backoff = Duration::from_millis(500);
-        }
-        let wait = jittered(backoff);
-        eprintln!("freeboard client: reconnecting in {:.1} s", wait.as_secs_f64());
-        let until = Instant::now() + wait;
-        while Instant::now() < until {
-            if interrupted.load(Ordering::Relaxed) {
-                return ExitCode::from(status);
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+    if args.reconnect {
+        return run_resuming(&args, &url, lines.as_ref(), &interrupted);
     }
+    let status = match session(&args, &url, lines.as_ref(), &interrupted) {
+        Ok(Ending::Exit(status) | Ending::Retry(status)) => status,
+        Err(e) => {
+            eprintln!("freeboard client: {e}");
+            match e {
+                ClientError::Io(_) => EXIT_ABNORMAL,
+                e if e.is_connect_failure() => EXIT_CONNECT,
+                _ => EXIT_ABNORMAL,
+            }
+        }
+    };
+    ExitCode::from(status)
 }
 
 /// One connection to `url`, until it ends; the exit status it earns, and whether
@@ -203,48 +177,12 @@ fn session(
     lines: Option<&Receiver<io::Result<Vec<u8>>>>,
     interrupted: &AtomicBool,
 ) -> Result<Ending, ClientError> {
-    let timeout = Duration::try_from_secs_f64(args.timeout)
-        .map_err(|e| ClientError::Config(format!("--timeout: {e}")))?;
-    let mut config = ClientConfig::default()
-        .connect_timeout(timeout)
-        .limits(|limits| {
-            limits
-                .handshake_timeout(timeout)
-                .max_message_size(args.max_message_size)
-                .idle_timeout(args.ping)
-        })
-        .memory((args.max_message_size * 2).max(32 << 20))
-        .compression(!args.no_compression);
-    config.headers = args.headers.clone();
-    config.protocols = args.subprotocols.clone();
-    if let Some(ca) = &args.ca {
-        config = config.ca_file(ca);
-    }
-    if args.insecure {
-        eprintln!(
-            "freeboard client: warning: --insecure: the server's certificate is not verified; \
-             anyone on the path can read and change this connection"
-        );
-        config = config.insecure(true);
-    }
+    let config = client_config(args)?;
     if args.verbose {
         eprintln!("freeboard client: connecting to {url}");
     }
     let mut client = Client::connect(url, config)?;
-    if args.verbose {
-        let heads = client.handshake();
-        for (what, head) in [("sent", &heads.request), ("received", &heads.response)] {
-            eprintln!("freeboard client: {what}:");
-            for line in head.lines().filter(|l| !l.is_empty()) {
-                eprintln!("  {line}");
-            }
-        }
-        eprintln!("freeboard client: subprotocol: {}", client.protocol().unwrap_or("none"));
-        let extensions = client.compression().map(|a| a.response().to_string());
-        eprintln!("freeboard client: extensions: {}", extensions.as_deref().unwrap_or("none"));
-    } else if let Some(agreed) = client.compression() {
-        eprintln!("freeboard client: {}", agreed.response());
-    }
+    describe(&client, args.verbose);
 
     let interval = Duration::from_millis(args.interval.unwrap_or(0));
     let kind = if args.binary { MessageKind::Binary } else { MessageKind::Text };
@@ -348,6 +286,172 @@ fn session(
     }
 }
 
+/// Says on stderr what the handshake agreed: everything with `-v`, else the extensions.
+fn describe(client: &Client, verbose: bool) {
+    if verbose {
+        let heads = client.handshake();
+        for (what, head) in [("sent", &heads.request), ("received", &heads.response)] {
+            eprintln!("freeboard client: {what}:");
+            for line in head.lines().filter(|l| !l.is_empty()) {
+                eprintln!("  {line}");
+            }
+        }
+        eprintln!("freeboard client: subprotocol: {}", client.protocol().unwrap_or("none"));
+        let extensions = client.compression().map(|a| a.response().to_string());
+        eprintln!("freeboard client: extensions: {}", extensions.as_deref().unwrap_or("none"));
+    } else if let Some(agreed) = client.compression() {
+        eprintln!("freeboard client: {}", agreed.response());
+    }
+}
+
+/// The client's configuration from the command line.
+fn client_config(args: &ClientArgs) -> Result<ClientConfig, ClientError> {
+    let timeout = Duration::try_from_secs_f64(args.timeout)
+        .map_err(|e| ClientError::Config(format!("--timeout: {e}")))?;
+    let mut config = ClientConfig::default()
+        .connect_timeout(timeout)
+        .limits(|limits| {
+            limits
+                .handshake_timeout(timeout)
+                .max_message_size(args.max_message_size)
+                .idle_timeout(args.ping)
+        })
+        .memory((args.max_message_size * 2).max(32 << 20))
+        .compression(!args.no_compression);
+    config.headers = args.headers.clone();
+    config.protocols = args.subprotocols.clone();
+    if let Some(ca) = &args.ca {
+        config = config.ca_file(ca);
+    }
+    if args.insecure {
+        eprintln!(
+            "freeboard client: warning: --insecure: the server's certificate is not verified; \
+             anyone on the path can read and change this connection"
+        );
+        config = config.insecure(true);
+    }
+    Ok(config)
+}
+
+/// `--reconnect`: one [`Subscription`] that resumes with `since` until it stops, Ctrl-C comes
+/// or `--count` messages arrived; stdin lines are sent while a connection is open.
+fn run_resuming(
+    args: &ClientArgs,
+    url: &str,
+    lines: Option<&Receiver<io::Result<Vec<u8>>>>,
+    interrupted: &AtomicBool,
+) -> ExitCode {
+    let config = match client_config(args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("freeboard client: {e}");
+            return ExitCode::from(EXIT_CONNECT);
+        }
+    };
+    let kind = if args.binary { MessageKind::Binary } else { MessageKind::Text };
+    let interval = Duration::from_millis(args.interval.unwrap_or(0));
+    let mut feed = Subscription::new(url, config);
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    let mut received = 0u64;
+    let mut next_send = Instant::now();
+    let mut stdin_open = lines.is_some();
+    // The status the last connection's end earned, should Ctrl-C come during a wait.
+    let mut status = EXIT_CLEAN;
+    loop {
+        let done = args.count.is_some_and(|n| received >= n) || (lines.is_some() && !stdin_open);
+        if interrupted.load(Ordering::Relaxed) || done {
+            let open = feed.client().is_some();
+            return match feed.close() {
+                Ok(()) if open => ExitCode::from(EXIT_CLEAN),
+                Ok(()) => ExitCode::from(status),
+                Err(_) => ExitCode::from(EXIT_ABNORMAL),
+            };
+        }
+        while let Some(lines) = lines.filter(|_| stdin_open && Instant::now() >= next_send) {
+            let Some(client) = feed.client() else { break };
+            match lines.try_recv() {
+                Ok(Ok(line)) => {
+                    // A send on a connection that just failed is lost with it: the
+                    // subscription reports the end at its next event.
+                    if let Ok(true) = send_line(client, kind, line) {
+                        next_send = Instant::now() + interval;
+                    }
+                }
+                Ok(Err(e)) => {
+                    eprintln!("freeboard client: reading stdin: {e}");
+                    return ExitCode::from(EXIT_LOCAL_IO);
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => stdin_open = false,
+            }
+        }
+        let event = match feed.recv_timeout(Duration::from_millis(50)) {
+            Ok(Some(event)) => event,
+            Ok(None) => continue,
+            Err(e) => {
+                eprintln!("freeboard client: {e}");
+                return ExitCode::from(EXIT_CONNECT);
+            }
+        };
+        match event {
+            SubscriptionEvent::Opened { since } => {
+                let since = since.map(|s| s.to_string());
+                if let Some(client) = feed.client() {
+                    describe(client, args.verbose);
+                }
+                if let (true, Some(since)) = (args.verbose, since) {
+                    eprintln!("freeboard client: resuming after {since}");
+                }
+            }
+            SubscriptionEvent::Message { offset, payload, .. } => {
+                let written = match (args.offsets, offset) {
+                    (true, Some(offset)) => write!(out, "{offset}:"),
+                    _ => Ok(()),
+                }
+                .and_then(|()| out.write_all(payload))
+                .and_then(|()| out.write_all(b"\n"))
+                .and_then(|()| out.flush());
+                if let Err(e) = written {
+                    eprintln!("freeboard client: writing stdout: {e}");
+                    return ExitCode::from(EXIT_LOCAL_IO);
+                }
+                received += 1;
+            }
+            SubscriptionEvent::Gone { last } => {
+                let last = last.map_or("(none)".to_owned(), |l| l.to_string());
+                eprintln!(
+                    "freeboard client: cannot resume after {last} (4410): what was published \
+                     meanwhile is gone; going on from the current stream"
+                );
+            }
+            SubscriptionEvent::Reconnecting { after, cause } => {
+                eprintln!("freeboard client: {cause}");
+                eprintln!("freeboard client: reconnecting in {:.1} s", after.as_secs_f64());
+                status = match cause.contains("closed with") {
+                    true => EXIT_ABNORMAL,
+                    false => EXIT_CONNECT,
+                };
+            }
+            SubscriptionEvent::Closed(close) => {
+                let normal = matches!(close.code, CloseCode::NORMAL | CloseCode::NO_STATUS);
+                if args.verbose || !(close.was_clean && normal) {
+                    eprintln!(
+                        "freeboard client: closed {} with {} {:?}",
+                        if close.was_clean { "cleanly" } else { "abnormally" },
+                        close.code,
+                        close.reason
+                    );
+                }
+                return ExitCode::from(match normal && close.was_clean {
+                    true => EXIT_CLEAN,
+                    false => EXIT_ERROR_CODE,
+                });
+            }
+        }
+    }
+}
+
 /// Sends one stdin line; `false` if it was skipped (not UTF-8 in text mode).
 fn send_line(client: &mut Client, kind: MessageKind, line: Vec<u8>) -> Result<bool, ClientError> {
     if kind == MessageKind::Text && std::str::from_utf8(&line).is_err() {
@@ -406,14 +510,6 @@ mod tests {
         assert_eq!(websocket_url("localhost:9001/echo"), "ws://localhost:9001/echo");
         assert_eq!(websocket_url("9001"), "ws://127.0.0.1:9001/");
         assert_eq!(websocket_url("wss://example.com/"), "wss://example.com/");
-    }
-
-    #[test]
-    fn waits_are_spread_between_half_and_all_of_the_backoff() {
-        let backoff = Duration::from_secs(8);
-        let waits: Vec<Duration> = (0..64).map(|_| jittered(backoff)).collect();
-        assert!(waits.iter().all(|w| *w >= backoff / 2 && *w <= backoff), "{waits:?}");
-        assert!(waits.iter().any(|w| *w != waits[0]), "spread: {waits:?}");
     }
 
     #[test]

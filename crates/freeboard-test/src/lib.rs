@@ -11,8 +11,10 @@
 //! - [`tls::TestCa`]: a certificate authority made at test time, and server certificates it
 //!   signs, in PEM files.
 //! - [`browser::Browser`]: headless Chromium for the browser tests.
+//! - [`proxy::CutProxy`]: a loopback TCP proxy whose connections are cut on command.
 
 pub mod browser;
+pub mod proxy;
 pub mod tls;
 
 use std::time::Duration;

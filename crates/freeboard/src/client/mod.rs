@@ -73,7 +73,9 @@ mod event_loop;
 mod handshake;
 mod message;
 mod outbox;
+pub mod resume;
 mod stream;
+mod subscription;
 mod target;
 #[cfg(feature = "tls")]
 mod tls;
@@ -98,6 +100,7 @@ use freeboard_proto::handshake::HandshakeError;
 pub use handshake::Heads;
 pub use message::{CloseEvent, Event, ReceivedMessage};
 pub use stream::ClientStream;
+pub use subscription::{Subscription, SubscriptionEvent, SubscriptionStats, TokenSource};
 pub use target::Target;
 #[cfg(feature = "tls")]
 pub use tls::{tls_client_config, tls_connection};
