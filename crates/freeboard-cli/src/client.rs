@@ -433,6 +433,10 @@ fn run_resuming(
                     false => EXIT_CONNECT,
                 };
             }
+            SubscriptionEvent::Failed(e) => {
+                eprintln!("freeboard client: {e}");
+                return ExitCode::from(EXIT_CONNECT);
+            }
             SubscriptionEvent::Closed(close) => {
                 let normal = matches!(close.code, CloseCode::NORMAL | CloseCode::NO_STATUS);
                 if args.verbose || !(close.was_clean && normal) {

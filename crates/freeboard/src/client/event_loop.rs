@@ -150,6 +150,16 @@ impl<H: ClientHandler> ClientLoop<H> {
 
     /// Starts a connection to `url`.
     pub fn connect(&mut self, url: &str) -> Result<ClientId, ClientError> {
+        self.connect_with(url, &[])
+    }
+
+    /// Starts a connection to `url` whose request carries `headers` besides the
+    /// configuration's (a bearer token of its own, say).
+    pub fn connect_with(
+        &mut self,
+        url: &str,
+        headers: &[(String, String)],
+    ) -> Result<ClientId, ClientError> {
         let target = Target::parse(url)?;
         let tls = match (target.is_secure(), &self.tls) {
             (false, _) => None,
@@ -175,7 +185,14 @@ impl<H: ClientHandler> ClientLoop<H> {
         let mut stream = ClientStream::new(tcp, tls);
         let key = handshake::new_key()?;
         let offer = handshake::deflate_offer(&self.config, true);
-        let request = handshake::encode_request(&target, &self.config, &key, offer)?;
+        let request = match headers.is_empty() {
+            true => handshake::encode_request(&target, &self.config, &key, offer)?,
+            false => {
+                let mut config = self.config.clone();
+                config.headers.extend_from_slice(headers);
+                handshake::encode_request(&target, &config, &key, offer)?
+            }
+        };
         let entry = self.sessions.vacant_entry();
         let id = entry.key();
         self.poll.registry().register(

@@ -76,6 +76,7 @@ mod outbox;
 pub mod resume;
 mod stream;
 mod subscription;
+mod subscription_loop;
 mod target;
 #[cfg(feature = "tls")]
 mod tls;
@@ -101,6 +102,7 @@ pub use handshake::Heads;
 pub use message::{CloseEvent, Event, ReceivedMessage};
 pub use stream::ClientStream;
 pub use subscription::{Subscription, SubscriptionEvent, SubscriptionStats, TokenSource};
+pub use subscription_loop::{SubscriptionHandler, SubscriptionId, SubscriptionLoop};
 pub use target::Target;
 #[cfg(feature = "tls")]
 pub use tls::{tls_client_config, tls_connection};

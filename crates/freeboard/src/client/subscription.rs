@@ -46,6 +46,10 @@ pub enum SubscriptionEvent<'a> {
     /// The server ended the subscription for good (1000, a policy violation, a 4xxx other
     /// than 4410): no further attempt.
     Closed(CloseEvent),
+    /// An attempt failed in a way retrying cannot fix (a bad URL, an upgrade refused with 400,
+    /// 403 or 404): the subscription has stopped. Only a [`SubscriptionLoop`](super::SubscriptionLoop)
+    /// reports it; [`Subscription::recv`] returns the error instead.
+    Failed(ClientError),
 }
 
 /// Counts of what the subscription did, for a report.
@@ -349,7 +353,7 @@ impl std::fmt::Debug for Subscription {
 /// Whether a failed attempt may succeed later: the network, a timeout, a server restarting
 /// (5xx, 429) or a token that a refresh may fix (401); not a bad URL, a configuration, or an
 /// upgrade refused for what the request is (400, 403, 404).
-fn retryable(e: &ClientError) -> bool {
+pub(super) fn retryable(e: &ClientError) -> bool {
     match e {
         ClientError::Refused { status, .. } => matches!(status, 401 | 408 | 429 | 500..=599),
         ClientError::InvalidUrl { .. }
