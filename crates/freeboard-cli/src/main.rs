@@ -17,6 +17,17 @@ use serde::Deserialize;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
+/// The browser's resuming subscription (bindings/browser), served at `/js/freeboard.js`.
+const BROWSER_MODULE: HttpRoute = HttpRoute::File {
+    content_type: "text/javascript; charset=utf-8",
+    body: include_bytes!("../../../bindings/browser/freeboard.js"),
+};
+/// Its TypeScript declarations, at `/js/freeboard.d.ts`.
+const BROWSER_TYPES: HttpRoute = HttpRoute::File {
+    content_type: "application/typescript; charset=utf-8",
+    body: include_bytes!("../../../bindings/browser/freeboard.d.ts"),
+};
+
 /// A WebSocket server whose memory is bounded and whose backpressure works.
 #[derive(Parser)]
 #[command(name = "freeboard", version, about)]
@@ -393,7 +404,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let summary = summary(&config, &topics, &routes);
     let server = service
         .bind(config, move |service| {
-            let mut router = Router::new().http("/healthz", HttpRoute::Health);
+            let mut router = Router::new()
+                .http("/healthz", HttpRoute::Health)
+                .http("/js/freeboard.js", BROWSER_MODULE)
+                .http("/js/freeboard.d.ts", BROWSER_TYPES);
             if echo {
                 router = router.route("/", Echo).route("/echo", Echo);
             }

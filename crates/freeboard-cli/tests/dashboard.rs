@@ -1,5 +1,6 @@
 //! Browser tests in headless Chromium: a cross-origin `fetch` that publishes only with CORS
-//! permission, and the dashboard in a real browser: headless Chromium loads `/dashboard` from `freeboard
+//! permission, the resuming subscription module (`/js/freeboard.js`) across cut connections,
+//! and the dashboard in a real browser: headless Chromium loads `/dashboard` from `freeboard
 //! serve`, a load runs, and the test reads the page's DOM over the DevTools protocol (spoken
 //! with freeboard's own client) until the numbers have moved; then it takes a screenshot
 //! (`FREEBOARD_DASHBOARD_SCREENSHOT=docs/dashboard.png` to keep it, as the book's).
@@ -360,4 +361,94 @@ fn a_cross_origin_fetch_publishes_nothing_without_cors_permission_in_chromium() 
         }
         let _ = std::fs::remove_dir_all(&profile);
     }
+}
+
+/// The browser module that resumes (`/js/freeboard.js`, bindings/browser) on Chromium's own
+/// `WebSocket`: a subscription through a proxy cut every 25 of 100 publications (each time
+/// once it is back) delivers all 100 once, in order; a `since` the server cannot resume from
+/// is reported by `onGone`, and the subscription goes on without it.
+#[test]
+fn the_browser_module_resumes_across_cuts_in_chromium() {
+    let Some(chromium) = chromium() else { return };
+    let serve = Serve::start(&["--history", "1000"]);
+    let proxy = freeboard_test::proxy::CutProxy::start(serve.socket_addr());
+    let module = get(&serve.addr, "/js/freeboard.js");
+    assert!(module.contains("Access-Control-Allow-Origin: *"), "importable from any origin");
+    assert!(module.contains("text/javascript"), "{}", &module[..200]);
+    // The page comes from the server itself; only the WebSocket goes through the proxy.
+    let url = format!("http://{}/healthz", serve.addr);
+    let (_browser, profile, mut page) = open_url(&chromium, &url, "resume", "/healthz");
+    page.wait_for("the page loaded", |p| {
+        p.eval("document.readyState") == "complete" && p.eval("location.pathname") == "/healthz"
+    });
+    let started = page.eval_async(&format!(
+        r#"(async () => {{ try {{
+            const m = await import("http://{addr}/js/freeboard.js");
+            window.got = []; window.events = [];
+            const on = (name) => (...args) => events.push(name + " " + args[0]);
+            window.sub = new m.Subscription("ws://{proxy}/topic/web", {{
+                backoff: {{ initial: 20, max: 200 }},
+                onOpen: on("open"), onGone: on("gone"), onClose: on("close"),
+                onMessage: (payload) => got.push(payload),
+            }});
+            return typeof m.parseOffset;
+        }} catch (e) {{ return String(e); }} }})()"#,
+        proxy = proxy.addr,
+        addr = serve.addr
+    ));
+    assert_eq!(started, "function");
+    let until = Instant::now() + Duration::from_secs(30);
+    while page.eval("events.length") == 0 {
+        assert!(Instant::now() < until, "the module never opened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(page.eval("events[0]"), "open null");
+    for i in 0..100u64 {
+        post(&serve.addr, "web", &format!("m{i}"));
+        if i % 25 == 24 {
+            // Cut once the page is connected again after the cuts before.
+            let cuts = i / 25;
+            while proxy.accepted() < cuts + 1 {
+                assert!(Instant::now() < until, "the page did not come back");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            proxy.cut();
+        }
+    }
+    page.wait_for("100 messages", |p| p.eval("got.length") == 100);
+    let want: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
+    assert_eq!(page.eval("got"), serde_json::json!(want), "each once, in order");
+    let stats = page.eval("sub.stats");
+    assert!(stats["reconnects"].as_u64() >= Some(3), "{stats}");
+
+    // An offset this server cannot resume from (epoch-less: of no epoch it has): the
+    // connection opens, closes with 4410, which is said once, then a fresh start.
+    page.eval(&format!(
+        r#"sub.close(); window.seen = [];
+           window.fresh = new (sub.constructor)("ws://{addr}/topic/web?since=1-1", {{
+               backoff: {{ initial: 20, max: 200 }},
+               onGone: (last) => seen.push("gone " + last),
+               onOpen: (since) => seen.push("open " + since),
+           }}); 0"#,
+        addr = serve.addr
+    ));
+    page.wait_for("a fresh start", |p| p.eval("seen.includes('open null')") == true);
+    let events = page.eval("seen");
+    assert_eq!(events, serde_json::json!(["open 1-1", "gone 1-1", "open null"]), "{events}");
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+/// `POST /topic/{topic}` with a text body, expecting 200.
+fn post(addr: &str, topic: &str, body: &str) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /topic/{topic} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }

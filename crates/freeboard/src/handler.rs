@@ -600,6 +600,15 @@ pub enum HttpRoute {
     /// `GET` answers the live dashboard page (mount it with [`Router::dashboard`], which also
     /// adds the WebSocket the page reads from). An admin route.
     Dashboard,
+    /// `GET` answers a fixed file: `body` as `content_type`, readable from any origin
+    /// (`Access-Control-Allow-Origin: *`), so that a page elsewhere may import it (the
+    /// browser module `freeboard serve` serves at `/js/freeboard.js`).
+    File {
+        /// The `Content-Type`.
+        content_type: &'static str,
+        /// The bytes.
+        body: &'static [u8],
+    },
 }
 
 impl HttpRoute {

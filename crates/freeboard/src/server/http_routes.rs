@@ -88,6 +88,7 @@ impl<T: Transport> EventLoop<T> {
             Some((route, _)) => match method {
                 "GET" | "HEAD" => {
                     let metrics;
+                    let mut extra = "";
                     let (kind, body) = match route {
                         HttpRoute::Metrics => {
                             metrics = self.shared.metrics.shared_exposition();
@@ -96,9 +97,13 @@ impl<T: Transport> EventLoop<T> {
                         HttpRoute::Dashboard => {
                             ("text/html; charset=utf-8", crate::dashboard::PAGE.as_bytes())
                         }
+                        HttpRoute::File { content_type, body } => {
+                            extra = "Access-Control-Allow-Origin: *\r\n";
+                            (content_type, body)
+                        }
                         _ => ("text/plain", &b"ok\n"[..]),
                     };
-                    self.reply(token, now, 200, "", kind, body, reply).then_some(0)
+                    self.reply(token, now, 200, extra, kind, body, reply).then_some(0)
                 }
                 "OPTIONS" => {
                     let allow = "Allow: GET, HEAD, OPTIONS\r\n";
