@@ -21,6 +21,7 @@
 
 pub mod broadcast;
 pub mod buffers;
+pub mod chaos;
 pub mod charts;
 pub mod compression;
 pub mod connections;
