@@ -27,6 +27,7 @@ pub mod compression;
 pub mod connections;
 pub mod corpus;
 pub mod crowd;
+pub mod drops;
 pub mod handshakes;
 pub mod load;
 pub mod memory;

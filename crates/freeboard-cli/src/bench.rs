@@ -210,6 +210,33 @@ pub(crate) enum BenchCommand {
         #[command(flatten)]
         output: Output,
     },
+    /// Delivery under repeated network drops: N subscribers of a history topic per client
+    /// kind — freeboard's resuming subscription, freeboard's client reconnecting without
+    /// `since` (the baseline), Node's `ws` with its reconnect loop (when interop/node has it:
+    /// `npm ci` there) — a publisher at a steady rate, and every connection cut by a loopback
+    /// proxy at the same moments, the network then down for --outage: delivered %,
+    /// duplicates, reconnects, and the resume latency (end of an outage to the first delivery
+    /// after it, p50/p99), side by side in one run, against `freeboard serve --history`.
+    Drops {
+        /// Subscribers per client kind.
+        #[arg(long, default_value_t = 20)]
+        subscribers: usize,
+        /// Publications per second.
+        #[arg(long, default_value_t = 100)]
+        rate: u32,
+        /// Seconds of publishing.
+        #[arg(long, default_value_t = 30.0)]
+        duration: f64,
+        /// Seconds between two drops.
+        #[arg(long, default_value_t = 5.0)]
+        every: f64,
+        /// Seconds the network stays down at each drop.
+        #[arg(long, default_value_t = 2.0)]
+        outage: f64,
+        /// Seeds the Rust clients' jitter.
+        #[arg(long, default_value_t = 37)]
+        seed: u64,
+    },
     /// One publisher, N subscribers on a topic: deliveries/s and the latency of the last
     /// subscriber (p50/p99/max), against `freeboard serve` (started with --client-publish,
     /// drop-oldest and a 4 MiB subscriber cap) and, with --peers, a raw TCP fan-out (the limit)
@@ -580,6 +607,30 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             };
             return watermarks(url, &pairs, &plan, serve_args, output, command_line)
                 .map(|()| ExitCode::SUCCESS);
+        }
+        BenchCommand::Drops { subscribers, rate, duration, every, outage, seed } => {
+            let secs = |what: &str, s: f64| {
+                Duration::try_from_secs_f64(s).map_err(|e| format!("--{what}: {e}"))
+            };
+            let plan = freeboard_bench::drops::Plan {
+                subscribers: subscribers.max(1),
+                rate,
+                duration: secs("duration", duration)?,
+                every: secs("every", every)?,
+                outage: secs("outage", outage)?,
+                seed,
+            };
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+            let script = root.join("interop/node/reconnecting_subscriber.js");
+            let node_ready = root.join("interop/node/node_modules/ws").exists()
+                && std::process::Command::new("node").arg("--version").output().is_ok();
+            if !node_ready {
+                eprintln!("freeboard bench drops: no Node ws (npm ci in interop/node): left out");
+            }
+            let rows = freeboard_bench::drops::run(&plan, &exe, node_ready.then_some(&*script))?;
+            print!("{}", freeboard_bench::drops::markdown(&plan, &rows));
+            return Ok(ExitCode::SUCCESS);
         }
         BenchCommand::Echo { common, clients, size, messages } => {
             let cases = product(&clients, &size, |clients, size| Load {

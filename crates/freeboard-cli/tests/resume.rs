@@ -325,3 +325,26 @@ fn the_cli_client_resumes_and_prints_offsets() {
     unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
     assert_eq!(child.0.wait().unwrap().code(), Some(0));
 }
+
+/// `freeboard bench drops`, briefly: the resuming client gets every publication once across
+/// the drops, beside the baseline that reconnects without `since` in the same run.
+#[test]
+#[cfg(feature = "bench")]
+fn the_drops_benchmark_reports_the_resuming_client_beside_the_baseline() {
+    let out = Command::new(env!("CARGO_BIN_EXE_freeboard"))
+        .args(["bench", "drops", "--subscribers", "3", "--rate", "50", "--duration", "6"])
+        .args(["--every", "2", "--outage", "0.5"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}{}", String::from_utf8_lossy(&out.stderr));
+    let row = |kind: &str| -> Vec<String> {
+        let line = table.lines().find(|l| l.starts_with(&format!("| {kind} |"))).expect(kind);
+        line.split('|').map(|c| c.trim().to_owned()).filter(|c| !c.is_empty()).collect()
+    };
+    let resuming = row("resuming");
+    assert_eq!((resuming[1].as_str(), resuming[2].as_str()), ("100.000 %", "0"), "{table}");
+    let baseline = row("baseline");
+    assert!(baseline[1].ends_with('%'), "{table}");
+    assert!(table.contains(" drops)"), "{table}");
+}
