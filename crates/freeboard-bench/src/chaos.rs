@@ -141,6 +141,19 @@ impl Verdict {
         self.counts.get(&class).copied().unwrap_or(0)
     }
 
+    /// Distinct publications with at least one pair of `class` (a failing one).
+    pub fn publications(&self, class: Class) -> usize {
+        let mut seen: Vec<(u32, u32, u64)> = self
+            .findings
+            .iter()
+            .filter(|f| f.class == class)
+            .map(|f| (f.topic, f.publisher, f.seq))
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.len()
+    }
+
     /// Whether no pair failed.
     pub fn passed(&self) -> bool {
         self.findings.is_empty()
@@ -154,8 +167,13 @@ impl fmt::Display for Verdict {
             "{} acknowledged publications ({} not acknowledged, {} of them received)",
             self.acked, self.unacked, self.unacked_delivered
         )?;
+        writeln!(f, "  (publication, subscriber) pairs by class:")?;
         for class in Class::ALL {
-            writeln!(f, "  {:<26} {}", class.name(), self.count(class))?;
+            write!(f, "  {:<26} {}", class.name(), self.count(class))?;
+            match class.fails() {
+                true => writeln!(f, " ({} publications)", self.publications(class))?,
+                false => writeln!(f)?,
+            }
         }
         Ok(())
     }
@@ -301,6 +319,7 @@ mod tests {
             failing,
             [(Class::SilentlyLost, 2), (Class::Duplicated, 6), (Class::OutOfOrder, 7)]
         );
+        assert_eq!(verdict.publications(Class::SilentlyLost), 1);
         assert!(!verdict.passed());
     }
 

@@ -23,7 +23,8 @@
 //! fills with `go install`); skipped with a message without them, unless
 //! `FREEBOARD_REQUIRE_TOOLS` is set.
 //!
-//! `FREEBOARD_CHAOS_FAULTS` (comma-separated names; default all) chooses the kinds. The run
+//! `FREEBOARD_CHAOS_FAULTS` (comma-separated names; default all) chooses the kinds;
+//! `FREEBOARD_CHAOS_BIN` runs the nodes from another `freeboard` binary (a release build). The run
 //! fails on any silently lost, duplicated or out-of-order acknowledged publication; the report
 //! prints each class by fault kind. `scripts/test` leaves out `kill-master` and
 //! `stall-master` until acknowledgements wait for a replica (docs/operating/chaos.md: with
@@ -334,7 +335,8 @@ impl Node {
     }
 
     fn restart(&mut self) {
-        let bin = env!("CARGO_BIN_EXE_freeboard");
+        let bin = std::env::var("FREEBOARD_CHAOS_BIN");
+        let bin = bin.as_deref().unwrap_or(env!("CARGO_BIN_EXE_freeboard"));
         let mut command = match &self.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
