@@ -24,7 +24,8 @@
 //! `FREEBOARD_REQUIRE_TOOLS` is set.
 //!
 //! `FREEBOARD_CHAOS_FAULTS` (comma-separated names; default all) chooses the kinds;
-//! `FREEBOARD_CHAOS_BIN` runs the nodes from another `freeboard` binary (a release build). The run
+//! `FREEBOARD_CHAOS_BIN` runs the nodes from another `freeboard` binary (a release build),
+//! `FREEBOARD_CHAOS_SERVE_ARGS` gives them more flags (split at spaces). The run
 //! fails on any silently lost, duplicated or out-of-order acknowledged publication; the report
 //! prints each class by fault kind. `scripts/test` leaves out `kill-master` and
 //! `stall-master` until acknowledgements wait for a replica (docs/operating/chaos.md: with
@@ -349,6 +350,9 @@ impl Node {
             .args(["serve", "--listen", &self.listen.to_string(), "--threads", "1"])
             .args(["--memory", "64M", "--redis", &self.redis])
             .args(["--history", "100000", "--history-prefix", "chaos"])
+            .args(
+                std::env::var("FREEBOARD_CHAOS_SERVE_ARGS").unwrap_or_default().split_whitespace(),
+            )
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
