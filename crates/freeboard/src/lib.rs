@@ -86,6 +86,11 @@ struct ReadmeDoctests;
 #[doc = include_str!("../../../README.md")]
 struct RepositoryReadmeDoctests;
 
+/// The book's page on the Rust client, compiled with the doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library/client.md")]
+struct ClientGuideDoctests;
+
 /// The book's page on tokio and axum (see [`RepositoryReadmeDoctests`]).
 #[cfg(all(doctest, feature = "axum"))]
 #[doc = include_str!("../../../docs/library/tokio.md")]
