@@ -91,6 +91,12 @@ impl Class {
         matches!(self, Self::SilentlyLost | Self::Duplicated | Self::OutOfOrder)
     }
 
+    /// The class named `name` as in `FREEBOARD_CHAOS_GATE` (`silently-lost`, `duplicated`,
+    /// `out-of-order`, `signalled`, `delivered`).
+    pub fn parse(name: &str) -> Option<Class> {
+        Self::ALL.into_iter().find(|c| c.name().split(' ').next() == name.split('-').next())
+    }
+
     /// The report's name.
     pub fn name(self) -> &'static str {
         match self {
@@ -320,6 +326,9 @@ mod tests {
             [(Class::SilentlyLost, 2), (Class::Duplicated, 6), (Class::OutOfOrder, 7)]
         );
         assert_eq!(verdict.publications(Class::SilentlyLost), 1);
+        let names = ["delivered", "signalled", "silently-lost", "duplicated", "out-of-order"];
+        assert_eq!(names.map(|n| Class::parse(n).unwrap()), Class::ALL);
+        assert_eq!(Class::parse("lost"), None);
         assert!(!verdict.passed());
     }
 
