@@ -1,8 +1,9 @@
 //! The chaos harness: a Redis Cluster of three masters with a replica each (real
 //! `redis-server` processes), three `freeboard serve` nodes on it — one of them in a network
 //! namespace behind a veth pair, one behind a toxiproxy — publishers that `POST` numbered
-//! publications to any node, and resuming subscribers (`freeboard::client::Subscription`) on
-//! every node and topic. Faults, drawn from a seeded deck so that every kind comes round:
+//! publications to any node, and resuming subscribers on every node and topic: the Rust
+//! `freeboard::client::Subscription`, and the browser module (`/js/freeboard.js`) in headless
+//! Chromium. Faults, drawn from a seeded deck so that every kind comes round:
 //! - `kill-node`: `kill -9` of a node, restarted on its port a moment later;
 //! - `kill-master`: `kill -9` of a Redis master (its replica takes over), restarted later
 //!   (it comes back as a replica, without data);
@@ -585,9 +586,59 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
             }
         }
     }
+    // Browser subscribers: the module that `freeboard serve` serves, on headless Chromium's
+    // own WebSocket, one on each node and topic.
+    let mut browser_names = Vec::new();
+    for (n, _) in reach.iter().enumerate() {
+        for t in 0..TOPICS {
+            browser_names.push((format!("browser/node{n}/{}", topic_name(t)), t));
+        }
+    }
+    let mut browser = freeboard_test::browser::chromium().map(|chromium| {
+        let page_url = format!("http://{}/healthz", nodes[0].listen);
+        let (browser, profile, mut page) =
+            common::devtools::open_url(&chromium, &page_url, "chaos", "/healthz");
+        page.wait_for("the page loaded", |p| {
+            p.eval("document.readyState") == "complete" && p.eval("location.pathname") == "/healthz"
+        });
+        let urls: Vec<String> = reach
+            .iter()
+            .flat_map(|addr| {
+                (0..TOPICS).map(move |t| format!("ws://{addr}/topic/{}", topic_name(t)))
+            })
+            .collect();
+        let script = format!(
+            r#"(async () => {{
+                const m = await import("http://{node0}/js/freeboard.js");
+                window.logs = []; window.warm = [];
+                {urls:?}.forEach((url, i) => {{
+                    logs.push([]); warm.push(false);
+                    new m.Subscription(url, {{
+                        backoff: {{ initial: 50, max: 1000 }},
+                        onMessage: (p) => {{
+                            if (p === "warm") {{ warm[i] = true; return; }}
+                            const [a, b] = p.slice(1).split("-");
+                            logs[i].push([Number(a), Number(b)]);
+                        }},
+                        onGone: () => logs[i].push(["gone"]),
+                    }});
+                }});
+                return logs.length;
+            }})()"#,
+            node0 = nodes[0].listen
+        );
+        assert_eq!(page.eval_async(&script), urls.len(), "the browser's subscriptions");
+        (browser, profile, page)
+    });
+
     // Warm up: every node's subscription has reached Redis once each subscriber saw "warm".
     let until = Instant::now() + Duration::from_secs(30);
-    while subscribers.iter().any(|(_, warm, _)| !warm.load(Ordering::Relaxed)) {
+    let browser_warm = |browser: &mut Option<(_, _, common::devtools::DevTools)>| {
+        browser.as_mut().is_none_or(|(_, _, page)| page.eval("warm.every(Boolean)") == true)
+    };
+    while subscribers.iter().any(|(_, warm, _)| !warm.load(Ordering::Relaxed))
+        || !browser_warm(&mut browser)
+    {
         assert!(Instant::now() < until, "the subscribers never all saw a warm-up publication");
         for t in 0..TOPICS {
             for node in &nodes {
@@ -599,6 +650,10 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
     let from = start.elapsed();
     for (log, _, _) in &subscribers {
         log.lock().unwrap().from = from;
+    }
+    if let Some((_, _, page)) = &mut browser {
+        // What the browser received so far was warm-up: its logs start now.
+        page.eval("logs.forEach((l) => { l.length = 0; }), 0");
     }
 
     // Publishers: each POSTs `p{id}-{seq}` to the topics in turn, on a node drawn at random,
@@ -710,8 +765,14 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
         publisher.join().unwrap();
     }
     // Settled: no subscriber received anything for 3 s (20 s at most).
-    let total =
-        || subscribers.iter().map(|(l, _, _)| l.lock().unwrap().entries.len()).sum::<usize>();
+    let mut total = || {
+        let rust =
+            subscribers.iter().map(|(l, _, _)| l.lock().unwrap().entries.len()).sum::<usize>();
+        let in_browser = browser.as_mut().map_or(0, |(_, _, page)| {
+            page.eval("logs.reduce((n, l) => n + l.length, 0)").as_u64().unwrap_or(0) as usize
+        });
+        rust + in_browser
+    };
     let mut last = (total(), Instant::now());
     while last.1.elapsed() < Duration::from_secs(3)
         && settle_from.elapsed() < Duration::from_secs(20)
@@ -727,6 +788,24 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
     for (log, _, handle) in subscribers {
         stats.push(handle.join().unwrap());
         logs.push(Arc::try_unwrap(log).unwrap().into_inner().unwrap());
+    }
+    if let Some((_browser, profile, mut page)) = browser.take() {
+        let received = page.eval("logs");
+        for ((name, topic), got) in browser_names.iter().zip(received.as_array().unwrap()) {
+            let entries = got
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| match (e[0].as_u64(), e[1].as_u64()) {
+                    (Some(publisher), Some(seq)) => {
+                        Entry::Message { publisher: publisher as u32, seq, at: Duration::ZERO }
+                    }
+                    _ => Entry::Gone { at: Duration::ZERO },
+                })
+                .collect();
+            logs.push(SubscriberLog { name: name.clone(), topic: *topic, from, entries });
+        }
+        let _ = std::fs::remove_dir_all(profile);
     }
     let publications = Arc::try_unwrap(publications).unwrap().into_inner().unwrap();
     let verdict = chaos::check(&publications, &logs);
@@ -764,6 +843,17 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
     eprintln!(
         "  client: {reconnects} reconnects, {gone} told 4410, {duplicates_dropped} repeated offsets dropped"
     );
+    let in_browser: usize = logs
+        .iter()
+        .filter(|l| l.name.starts_with("browser/"))
+        .map(|l| l.entries.iter().filter(|e| matches!(e, Entry::Message { .. })).count())
+        .sum();
+    if logs.iter().any(|l| l.name.starts_with("browser/")) {
+        eprintln!(
+            "  browser: {in_browser} deliveries to its {} subscriptions",
+            browser_names.len()
+        );
+    }
     eprint!("{verdict}");
     let examples = [Class::SilentlyLost, Class::Duplicated, Class::OutOfOrder]
         .map(|c| verdict.findings.iter().filter(move |f| f.class == c).take(2));

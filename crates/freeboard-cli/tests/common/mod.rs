@@ -5,6 +5,8 @@
 // Each test file uses its own part of this module.
 #![allow(dead_code)]
 
+pub(crate) mod devtools;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, ExitStatus, Stdio};
