@@ -587,7 +587,7 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
         }
     }
     // Browser subscribers: the module that `freeboard serve` serves, on headless Chromium's
-    // own WebSocket, one on each node and topic.
+    // own WebSocket, one on each node and topic, in a page of node 0's.
     let mut browser_names = Vec::new();
     for (n, _) in reach.iter().enumerate() {
         for t in 0..TOPICS {
@@ -609,7 +609,10 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
             .collect();
         let script = format!(
             r#"(async () => {{
-                const m = await import("http://{node0}/js/freeboard.js");
+                // The repository's module (served at /js/freeboard.js; loaded from its source
+                // here, so that a FREEBOARD_CHAOS_BIN without that route runs it too).
+                const source = new Blob([{module:?}], {{ type: "text/javascript" }});
+                const m = await import(URL.createObjectURL(source));
                 window.logs = []; window.warm = [];
                 {urls:?}.forEach((url, i) => {{
                     logs.push([]); warm.push(false);
@@ -625,7 +628,7 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
                 }});
                 return logs.length;
             }})()"#,
-            node0 = nodes[0].listen
+            module = include_str!("../../../bindings/browser/freeboard.js")
         );
         assert_eq!(page.eval_async(&script), urls.len(), "the browser's subscriptions");
         (browser, profile, page)
