@@ -542,9 +542,10 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
                     entries: Vec::new(),
                 }));
                 let warm = Arc::new(AtomicBool::new(false));
+                let up = Arc::new(AtomicBool::new(false));
                 let handle = {
-                    let (log, warm, stop) =
-                        (Arc::clone(&log), Arc::clone(&warm), Arc::clone(&stop));
+                    let (log, warm, up, stop) =
+                        (Arc::clone(&log), Arc::clone(&warm), Arc::clone(&up), Arc::clone(&stop));
                     thread::spawn(move || {
                         let mut feed = Subscription::with_resume(resume, config);
                         while !stop.load(Ordering::Relaxed) {
@@ -571,10 +572,17 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
                                     log.lock().unwrap().entries.push(entry);
                                 }
                                 SubscriptionEvent::Gone { .. } => {
+                                    up.store(false, Ordering::Relaxed);
                                     log.lock().unwrap().entries.push(Entry::Gone { at })
                                 }
                                 SubscriptionEvent::Closed(close) => {
                                     panic!("a subscription was closed for good: {close:?}")
+                                }
+                                SubscriptionEvent::Opened { .. } => {
+                                    up.store(true, Ordering::Relaxed)
+                                }
+                                SubscriptionEvent::Reconnecting { .. } => {
+                                    up.store(false, Ordering::Relaxed)
                                 }
                                 _ => {}
                             }
@@ -582,7 +590,7 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
                         feed.stats()
                     })
                 };
-                subscribers.push((log, warm, handle));
+                subscribers.push((log, warm, up, handle));
             }
         }
     }
@@ -613,9 +621,9 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
                 // here, so that a FREEBOARD_CHAOS_BIN without that route runs it too).
                 const source = new Blob([{module:?}], {{ type: "text/javascript" }});
                 const m = await import(URL.createObjectURL(source));
-                window.logs = []; window.warm = [];
+                window.logs = []; window.warm = []; window.up = [];
                 {urls:?}.forEach((url, i) => {{
-                    logs.push([]); warm.push(false);
+                    logs.push([]); warm.push(false); up.push(false);
                     new m.Subscription(url, {{
                         backoff: {{ initial: 50, max: 1000 }},
                         onMessage: (p) => {{
@@ -623,7 +631,9 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
                             const [a, b] = p.slice(1).split("-");
                             logs[i].push([Number(a), Number(b)]);
                         }},
-                        onGone: () => logs[i].push(["gone"]),
+                        onGone: () => {{ up[i] = false; logs[i].push(["gone"]); }},
+                        onOpen: () => {{ up[i] = true; }},
+                        onReconnecting: () => {{ up[i] = false; }},
                     }});
                 }});
                 return logs.length;
@@ -639,7 +649,7 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
     let browser_warm = |browser: &mut Option<(_, _, common::devtools::DevTools)>| {
         browser.as_mut().is_none_or(|(_, _, page)| page.eval("warm.every(Boolean)") == true)
     };
-    while subscribers.iter().any(|(_, warm, _)| !warm.load(Ordering::Relaxed))
+    while subscribers.iter().any(|(_, warm, _, _)| !warm.load(Ordering::Relaxed))
         || !browser_warm(&mut browser)
     {
         assert!(Instant::now() < until, "the subscribers never all saw a warm-up publication");
@@ -651,7 +661,7 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
         thread::sleep(Duration::from_millis(100));
     }
     let from = start.elapsed();
-    for (log, _, _) in &subscribers {
+    for (log, _, _, _) in &subscribers {
         log.lock().unwrap().from = from;
     }
     if let Some((_, _, page)) = &mut browser {
@@ -662,9 +672,11 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
     // Publishers: each POSTs `p{id}-{seq}` to the topics in turn, on a node drawn at random,
     // one at a time (a publication is sent only once its predecessor was answered).
     let publications = Arc::new(Mutex::new(Vec::<Publication>::new()));
+    // The publishers stop first; the subscribers (`stop`) once they have settled.
+    let publishing_over = Arc::new(AtomicBool::new(false));
     let publishers: Vec<_> = (0..PUBLISHERS)
         .map(|id| {
-            let (publications, stop) = (Arc::clone(&publications), Arc::clone(&stop));
+            let (publications, stop) = (Arc::clone(&publications), Arc::clone(&publishing_over));
             let mut rng = Rng(seed ^ 0x5851_f42d_4c95_7f2du64.wrapping_mul(id as u64 + 1) | 1);
             let targets: Vec<SocketAddr> = nodes.iter().map(|n| n.listen).collect();
             thread::spawn(move || {
@@ -762,33 +774,41 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
     netns.link(true);
     let settle_from = Instant::now();
     thread::sleep(Duration::from_secs(1));
-    let stop_publishers = Arc::clone(&stop);
-    stop_publishers.store(true, Ordering::Relaxed);
+    publishing_over.store(true, Ordering::Relaxed);
     for publisher in publishers {
         publisher.join().unwrap();
     }
-    // Settled: no subscriber received anything for 3 s (20 s at most).
-    let mut total = || {
+    // Settled: every subscriber connected, and none received anything for 3 s (30 s at
+    // most: one still away then misses what it misses, and the checker says so).
+    let mut state = || {
         let rust =
-            subscribers.iter().map(|(l, _, _)| l.lock().unwrap().entries.len()).sum::<usize>();
-        let in_browser = browser.as_mut().map_or(0, |(_, _, page)| {
-            page.eval("logs.reduce((n, l) => n + l.length, 0)").as_u64().unwrap_or(0) as usize
+            subscribers.iter().map(|(l, _, _, _)| l.lock().unwrap().entries.len()).sum::<usize>();
+        let rust_up = subscribers.iter().all(|(_, _, up, _)| up.load(Ordering::Relaxed));
+        let (in_browser, browser_up) = browser.as_mut().map_or((0, true), |(_, _, page)| {
+            let n = page.eval("logs.reduce((n, l) => n + l.length, 0)").as_u64().unwrap_or(0);
+            (n as usize, page.eval("up.every(Boolean)") == true)
         });
-        rust + in_browser
+        (rust + in_browser, rust_up && browser_up)
     };
-    let mut last = (total(), Instant::now());
-    while last.1.elapsed() < Duration::from_secs(3)
-        && settle_from.elapsed() < Duration::from_secs(20)
-    {
+    let mut last = (state().0, Instant::now());
+    loop {
         thread::sleep(Duration::from_millis(200));
-        let now = total();
+        let (now, all_up) = state();
         if now != last.0 {
             last = (now, Instant::now());
         }
+        let settled = all_up && last.1.elapsed() >= Duration::from_secs(3);
+        if settled || settle_from.elapsed() >= Duration::from_secs(30) {
+            if !settled {
+                eprintln!("chaos: not every subscriber was back and quiet within 30 s");
+            }
+            break;
+        }
     }
+    stop.store(true, Ordering::Relaxed);
     let mut stats = Vec::new();
     let mut logs = Vec::new();
-    for (log, _, handle) in subscribers {
+    for (log, _, _, handle) in subscribers {
         stats.push(handle.join().unwrap());
         logs.push(Arc::try_unwrap(log).unwrap().into_inner().unwrap());
     }
