@@ -16,10 +16,12 @@
 //! Afterwards every fault is healed, the subscribers are given time to settle, and the checker
 //! (`freeboard_bench::chaos`) classifies every acknowledged publication at every subscriber.
 //!
-//! `FREEBOARD_CHAOS_SECS` (default 45) is the time under faults and `FREEBOARD_CHAOS_SEED`
+//! `FREEBOARD_CHAOS_SECS` (default 45) is the time under faults, `FREEBOARD_CHAOS_CUTS`
+//! (default 2) the single subscriber connections cut per second besides (each Rust
+//! subscriber reaches its node through a `CutProxy` of its own), and `FREEBOARD_CHAOS_SEED`
 //! (default 37) the seed; `scripts/test` runs the short run, the long one is
-//! `FREEBOARD_CHAOS_SECS=1800 cargo test --release -p freeboard-cli --test chaos -- --ignored
-//! --nocapture` (docs/operating/chaos.md). Needs root (network namespaces), `redis-server`,
+//! `FREEBOARD_CHAOS_SECS=1800 FREEBOARD_CHAOS_CUTS=6 cargo test -p freeboard-cli --test chaos
+//! -- --ignored --nocapture` (docs/operating/chaos.md). Needs root (network namespaces), `redis-server`,
 //! `redis-cli` and `toxiproxy-server` (on the PATH or in `target/tools`, which `scripts/test`
 //! fills with `go install`); skipped with a message without them, unless
 //! `FREEBOARD_REQUIRE_TOOLS` is set.
@@ -50,6 +52,7 @@ use std::time::{Duration, Instant};
 use freeboard::client::resume::{Backoff, Resume};
 use freeboard::client::{ClientConfig, Subscription, SubscriptionEvent};
 use freeboard_bench::chaos::{self, Class, Entry, Publication, SubscriberLog};
+use freeboard_test::proxy::CutProxy;
 
 /// Topics: on different slots, so on different masters as the cluster spreads them.
 const TOPICS: u32 = 3;
@@ -523,11 +526,15 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let mut subscribers = Vec::new();
+    let mut cut_proxies = Vec::new();
     for (n, addr) in reach.iter().enumerate() {
         for t in 0..TOPICS {
             for k in 0..PER_NODE_TOPIC {
                 let name = format!("node{n}/{}#{k}", topic_name(t));
-                let url = format!("ws://{addr}/topic/{}", topic_name(t));
+                // Each Rust subscriber through a proxy of its own, which cuts it at random.
+                let proxy = CutProxy::start(*addr);
+                let url = format!("ws://{}/topic/{}", proxy.addr, topic_name(t));
+                cut_proxies.push(proxy);
                 let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
                 let resume = Resume::with_seed(
                     &url,
@@ -706,6 +713,24 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
     let mut faults: Vec<(Fault, Duration, Duration)> = Vec::new();
     let mut deck: Vec<Fault> = Vec::new();
     let chaos_until = Instant::now() + Duration::from_secs(secs);
+    // Besides the deck: single connections cut at random (FREEBOARD_CHAOS_CUTS per second,
+    // default 2), each a subscriber's drop and resume.
+    let cuts_per_sec = env_u64("FREEBOARD_CHAOS_CUTS", 2);
+    let cut_proxies = Arc::new(cut_proxies);
+    let cutter = {
+        let (proxies, over) = (Arc::clone(&cut_proxies), Arc::clone(&publishing_over));
+        let mut rng = Rng(seed ^ 0xc2b2_ae3d_27d4_eb4f | 1);
+        thread::spawn(move || {
+            let mut cuts = 0u64;
+            while cuts_per_sec > 0 && Instant::now() < chaos_until && !over.load(Ordering::Relaxed)
+            {
+                thread::sleep(Duration::from_millis(1000 / cuts_per_sec));
+                let victim = &proxies[rng.below(proxies.len() as u64) as usize];
+                cuts += victim.cut() as u64;
+            }
+            cuts
+        })
+    };
     while Instant::now() < chaos_until {
         if deck.is_empty() {
             deck = chosen.clone();
@@ -850,10 +875,16 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
     for (f, _, _) in &faults {
         *counts.entry(*f).or_default() += 1;
     }
+    let cuts = cutter.join().unwrap();
     let reconnects: u64 = stats.iter().map(|s| s.reconnects).sum();
     let gone: u64 = stats.iter().map(|s| s.gone).sum();
     let duplicates_dropped: u64 = stats.iter().map(|s| s.duplicates).sum();
-    eprintln!("\nchaos report (seed {seed}, {secs} s of faults, {} subscribers):", logs.len());
+    eprintln!(
+        "\nchaos report (seed {seed}, {secs} s of faults, {} subscribers, {} faults from the deck \
+         and {cuts} single connections cut):",
+        logs.len(),
+        faults.len()
+    );
     let mut kinds: Vec<_> = counts.iter().collect();
     kinds.sort();
     for (fault, n) in kinds {
