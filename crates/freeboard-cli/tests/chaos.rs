@@ -32,9 +32,7 @@
 //! `FREEBOARD_CHAOS_BIN` runs the nodes from another `freeboard` binary (a release build),
 //! `FREEBOARD_CHAOS_SERVE_ARGS` gives them more flags (split at spaces). The run
 //! fails, by default, on any silently lost, duplicated or out-of-order acknowledged
-//! publication; the report prints each class by fault kind. `scripts/test` gates on
-//! duplicates only until acknowledgements wait for the stream (docs/operating/chaos.md: on
-//! the server without them, acknowledged publications are lost and reordered).
+//! publication; the report prints each class by fault kind.
 #![cfg(feature = "bench")]
 
 mod common;
