@@ -400,16 +400,27 @@ impl Toxiproxy {
         proxy
     }
 
-    /// An HTTP request to the API; its status.
+    /// An HTTP request to the API; its status (0 when it did not answer, after five tries a
+    /// second apart: its API can stall on a loaded machine).
     fn request(&self, method: &str, path: &str, body: &str) -> u16 {
-        let mut s = TcpStream::connect(self.api).unwrap();
+        for _ in 0..5 {
+            match self.try_request(method, path, body) {
+                0 => thread::sleep(Duration::from_secs(1)),
+                status => return status,
+            }
+        }
+        0
+    }
+
+    fn try_request(&self, method: &str, path: &str, body: &str) -> u16 {
+        let Ok(mut s) = TcpStream::connect(self.api) else { return 0 };
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         write!(
             s,
             "{method} {path} HTTP/1.1\r\nHost: toxiproxy\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         )
-        .unwrap();
+        .unwrap_or(());
         let mut answer = String::new();
         let _ = s.read_to_string(&mut answer);
         answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
@@ -422,7 +433,9 @@ impl Toxiproxy {
             let body = format!(
                 r#"{{"name":"{name}","type":"{kind}","stream":"{stream}","toxicity":1.0,"attributes":{attributes}}}"#
             );
-            assert_eq!(self.request("POST", "/proxies/node/toxics", &body), 200, "toxic {name}");
+            // 409: a retried request whose first try was applied.
+            let status = self.request("POST", "/proxies/node/toxics", &body);
+            assert!(matches!(status, 200 | 409), "toxic {name}: {status}");
         }
     }
 
