@@ -18,7 +18,7 @@ use freeboard_proto::MessageKind;
 
 use crate::history::{History, Offset};
 use crate::metrics::Metrics;
-use crate::topics::Receipt;
+use crate::receipt::Receipt;
 
 /// A node's end of a backplane. Every method but [`start`](Self::start) is called from the
 /// event loops (and `ServerHandle::publish`'s threads): none may block.

@@ -43,6 +43,7 @@ pub mod metrics;
 mod parking;
 mod proxy_header;
 mod rate;
+mod receipt;
 mod server;
 mod session;
 /// The session's per-message path without a socket, for `benches/session.rs` only.

@@ -38,7 +38,7 @@
 //! by that count times `max_message_size`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
@@ -52,6 +52,7 @@ use slab::Slab;
 use crate::backplane::{Arrival, Backplane, Recoverer};
 use crate::history::{Envelope, History, Offset, Replay, Source};
 use crate::metrics::Metrics;
+use crate::receipt::Receipt;
 
 /// The longest topic name, in bytes.
 pub const MAX_TOPIC_LEN: usize = 128;
@@ -186,71 +187,6 @@ pub(crate) struct Publication {
     /// (a new epoch, a gap that cannot be filled), so its subscribers are closed with
     /// [`HISTORY_GONE`](crate::history::HISTORY_GONE) to resume or start afresh.
     pub(crate) ends_history: bool,
-}
-
-/// What the other loops' subscribers made of a publish: each loop handed a copy adds its
-/// counts; the last report tells the publisher (`notify`). The publisher holds one count of
-/// `waiting` until it has handed out every copy, so an early report cannot finish it.
-pub(crate) struct Receipt {
-    delivered: AtomicU64,
-    dropped: AtomicU64,
-    /// Publications the backplane was to acknowledge and did not (not durable).
-    unacknowledged: AtomicU32,
-    waiting: AtomicU32,
-    notify: Box<dyn Fn() + Send + Sync>,
-}
-
-impl Receipt {
-    pub(crate) fn new(notify: impl Fn() + Send + Sync + 'static) -> Self {
-        Self {
-            delivered: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-            unacknowledged: AtomicU32::new(0),
-            waiting: AtomicU32::new(1),
-            notify: Box::new(notify),
-        }
-    }
-
-    /// A loop reports: `delivered` subscribers took the message, it was dropped for
-    /// `dropped`. The last report notifies the publisher.
-    pub(crate) fn report(&self, delivered: u64, dropped: u64) {
-        self.delivered.fetch_add(delivered, Ordering::Relaxed);
-        self.dropped.fetch_add(dropped, Ordering::Relaxed);
-        if self.waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
-            (self.notify)();
-        }
-    }
-
-    /// The backplane reports a publication it was to acknowledge: durable or not. Like a
-    /// loop's report, the last one notifies the publisher.
-    pub(crate) fn acknowledge(&self, durable: bool) {
-        if !durable {
-            self.unacknowledged.fetch_add(1, Ordering::Relaxed);
-        }
-        self.report(0, 0);
-    }
-
-    /// Publications the backplane did not acknowledge as durable, so far.
-    pub(crate) fn unacknowledged(&self) -> u32 {
-        self.unacknowledged.load(Ordering::Acquire)
-    }
-
-    /// Counts one more report to wait for (a copy handed out, a publication to acknowledge),
-    /// before it can come.
-    pub(crate) fn expect(&self) {
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// The publisher has handed out every copy; whether every loop has reported already (then
-    /// nobody is notified).
-    pub(crate) fn release(&self) -> bool {
-        self.waiting.fetch_sub(1, Ordering::AcqRel) == 1
-    }
-
-    /// Subscribers reached and dropped so far.
-    pub(crate) fn counts(&self) -> (u64, u64) {
-        (self.delivered.load(Ordering::Acquire), self.dropped.load(Ordering::Acquire))
-    }
 }
 
 /// One loop's inbox, as other threads see it: an unbounded channel (its blocks are allocated as
@@ -503,7 +439,7 @@ impl Hub {
             let inbox = &self.inboxes[index as usize];
             let receipt = receipt.inspect(|r| {
                 // Counted before the loop can see it, so its report cannot come first.
-                r.waiting.fetch_add(1, Ordering::AcqRel);
+                r.expect();
             });
             let publication = Publication {
                 topic: name.clone(),
@@ -529,8 +465,7 @@ impl Hub {
                     published.dropped += 1;
                     self.metrics.topic_drop("inbox_full");
                     if let Some(r) = receipt {
-                        // The publisher's hold keeps this above zero.
-                        r.waiting.fetch_sub(1, Ordering::AcqRel);
+                        r.withdraw();
                     }
                 }
             }

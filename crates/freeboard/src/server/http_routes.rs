@@ -14,8 +14,8 @@ use serde::Deserialize;
 use super::event_loop::{EventLoop, READ_BYTES_PER_TURN};
 use super::requests::{AwaitingPublish, BUDGET_EXHAUSTED, Grant, PublishAnswer, RETRY_SOON, Reply};
 use crate::handler::{Completion, DecisionOutcome, HttpRoute};
+use crate::receipt::Receipt;
 use crate::session::Phase;
-use crate::topics::Receipt;
 use crate::transport::{Io, Transport};
 
 /// One item of a batch publish (`POST {publish path}` with a JSON array of these): `data` is

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use freeboard_proto::http::Chunked;
 
 use crate::handler::PublishGrant;
-use crate::topics::{Reach, Receipt};
+use crate::receipt::Receipt;
+use crate::topics::Reach;
 
 /// The `Retry-After` line of a 503 for a shortage that passes (memory, upgrade slots).
 pub(super) const RETRY_SOON: &str = "Retry-After: 1\r\n";
