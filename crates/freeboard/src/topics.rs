@@ -498,6 +498,16 @@ impl Hub {
                 && let Some((name, _)) = map.remove_entry(topic)
                 && let Some(backplane) = self.backplane.get()
             {
+                // The node stops receiving the topic: from now on its ring cannot vouch for
+                // what comes after it. Forgotten here, under the lock a new subscriber takes,
+                // not when the backplane gets round to unsubscribing: a subscriber resuming
+                // in between would be replayed from a ring the node is about to leave, and
+                // miss what is published until the node subscribes again.
+                if let Some(history) =
+                    self.history.as_ref().filter(|h| h.source() == Source::Backplane)
+                {
+                    history.forget(Some(&name));
+                }
                 backplane.unsubscribe(&name);
             }
         }
