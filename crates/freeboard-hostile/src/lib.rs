@@ -29,6 +29,7 @@
 
 pub mod access;
 pub mod admin;
+pub mod budget;
 pub mod churn;
 pub mod faults;
 pub mod floods;

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use freeboard_hostile::{Innocent, WsClient, frames, raise_fd_limit, slowloris, upgrade_request};
+use freeboard_hostile::budget::attack;
+use freeboard_hostile::{Innocent, frames, raise_fd_limit, slowloris};
 
 /// A binding's echo server, killed on drop.
 struct Binding {
@@ -142,45 +143,4 @@ fn slowloris_connections_are_dropped_at_the_handshake_timeout() {
         assert_eq!(outcome.dropped, 1000, "{name} kept slowloris connections: {outcome:?}");
         println!("{}: slowloris family as freeboard serve ({outcome:?})", server.name);
     }
-}
-
-/// Runs `clients` attackers at once, each writing with `write` until a write waits 4 s (a
-/// 4 KiB receive buffer, never reading), then reads what each was answered: the close code,
-/// `None` if the server only stopped reading it, or `Err(status)` if its upgrade was refused.
-/// (As `tests/budget.rs`' helper.)
-fn attack(
-    addr: SocketAddr,
-    clients: usize,
-    write: impl Fn(&mut WsClient) -> std::io::Result<()> + Send + Sync + Copy + 'static,
-) -> Vec<Result<Option<u16>, u16>> {
-    let threads: Vec<_> = (0..clients)
-        .map(|_| {
-            std::thread::spawn(move || {
-                let socket = socket2::Socket::new(
-                    socket2::Domain::IPV4,
-                    socket2::Type::STREAM,
-                    Some(socket2::Protocol::TCP),
-                )
-                .unwrap();
-                socket.set_recv_buffer_size(4096).unwrap();
-                socket.connect(&addr.into()).unwrap();
-                let stream: TcpStream = socket.into();
-                stream.set_write_timeout(Some(Duration::from_secs(4))).unwrap();
-                let (mut client, status, _) =
-                    WsClient::handshake_over(stream, &upgrade_request("/echo", "")).unwrap();
-                if status != 101 {
-                    return Err(status);
-                }
-                let _ = write(&mut client);
-                client.stream.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
-                let code = client.recv_close().ok().flatten();
-                if let Some(code) = code {
-                    let _ = client.send(0x88, &code.to_be_bytes());
-                    client.sees_eof();
-                }
-                Ok(code)
-            })
-        })
-        .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use freeboard_hostile::budget::{attack, small_buffer_stream};
 use freeboard_hostile::{Innocent, Serve, Watch, WsClient, raise_fd_limit, upgrade_request};
 
 /// The attacks run one at a time: each measures an innocent client beside one attack, not
@@ -234,53 +235,4 @@ fn large_messages_never_read_pay_for_the_pool_not_the_innocents() {
     assert!(charged > 0.0, "no never-reading client was charged for the pool");
     figures.assert_rss_within(16);
     figures.report("large_messages_never_read");
-}
-
-/// Runs `clients` attackers on `/echo` at once, each writing with `write` until a write waits
-/// 4 s (small receive buffers, never reading), then reads what each was answered: the close
-/// code, `None` if the server only stopped reading it or dropped it, or `Err(status)` if its
-/// upgrade was refused (503 once the pool cannot cover a new connection's reserve).
-fn attack(
-    addr: std::net::SocketAddr,
-    clients: usize,
-    write: impl Fn(&mut WsClient) -> std::io::Result<()> + Send + Sync + Copy + 'static,
-) -> Vec<Result<Option<u16>, u16>> {
-    let threads: Vec<_> = (0..clients)
-        .map(|_| {
-            std::thread::spawn(move || {
-                let stream = small_buffer_stream(addr);
-                stream.set_write_timeout(Some(Duration::from_secs(4))).unwrap();
-                let (mut client, status, _) =
-                    WsClient::handshake_over(stream, &upgrade_request("/echo", "")).unwrap();
-                if status != 101 {
-                    return Err(status);
-                }
-                let _ = write(&mut client);
-                client.stream.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
-                let code = client.recv_close().ok().flatten();
-                if let Some(code) = code {
-                    // Answered as RFC 6455 §5.5.1 asks, so the server counts the close by its
-                    // code rather than as abnormal.
-                    let _ = client.send(0x88, &code.to_be_bytes());
-                    client.sees_eof();
-                }
-                Ok(code)
-            })
-        })
-        .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
-}
-
-/// A connection to `addr` with a 4 KiB receive buffer, so what the server sends it piles up
-/// in the server rather than in the kernel.
-fn small_buffer_stream(addr: std::net::SocketAddr) -> TcpStream {
-    let socket = socket2::Socket::new(
-        socket2::Domain::IPV4,
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )
-    .unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    socket.connect(&addr.into()).unwrap();
-    socket.into()
 }
