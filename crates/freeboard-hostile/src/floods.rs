@@ -105,6 +105,12 @@ fn read_pongs(client: &mut WsClient, outcome: &mut PingOutcome) {
                 outcome.echo_after = frame.payload == b"after";
                 break;
             }
+            0x8 => panic!(
+                "the server closed during the ping flood after pong {:?}: {:?} {:?}",
+                outcome.last,
+                frame.payload.get(..2).map(|c| u16::from_be_bytes([c[0], c[1]])),
+                String::from_utf8_lossy(frame.payload.get(2..).unwrap_or_default()),
+            ),
             other => panic!("unexpected opcode {other} during the ping flood"),
         }
     }

@@ -109,9 +109,10 @@ impl<T: Transport> EventLoop<T> {
     }
 
     /// Charges a contended pool to the connections behind it: a message in pieces past its
-    /// share is ended (1013), and each connection behind and past its share meets its policy
-    /// now ([`Session::reclaim`](crate::session::Session::reclaim)) rather than at
-    /// a next push that may never come (a connection behind is not read). One pass per new
+    /// share is ended (1013), and each connection behind and past its share — or, while the
+    /// pool is tight, past its share at all — meets its policy now
+    /// ([`Session::reclaim`](crate::session::Session::reclaim)) rather than at a next push
+    /// that may never come (a connection behind is not read). One pass per new
     /// low of the pool's free chunks or slots, so a contention nothing can relieve (every
     /// culprit under `block`) is not swept again and again.
     pub(super) fn reclaim(&mut self, now: Instant) {
@@ -129,6 +130,7 @@ impl<T: Transport> EventLoop<T> {
         let mut changes = std::mem::take(&mut self.changes);
         for (token, entry) in self.conns.iter_mut() {
             let policy = entry.session.queue().policy();
+            let behind = !entry.session.queue().is_writable();
             let mut cx = loop_context!(self, now, None);
             let ended = entry.session.reclaim_reassembly(&mut cx);
             match entry.session.reclaim(&mut cx) {
@@ -141,7 +143,9 @@ impl<T: Transport> EventLoop<T> {
                     if let PushOutcome::MustClose { messages, .. } = outcome {
                         self.stats.policy_drops[policy] += u64::from(messages);
                     }
-                    self.shared.metrics.slow_consumer_closes.inc();
+                    if behind {
+                        self.shared.metrics.slow_consumer_closes.inc();
+                    }
                 }
             }
             if let Some(change) = entry.session.take_writability() {

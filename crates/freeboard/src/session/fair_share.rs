@@ -15,6 +15,10 @@
 //!   never push again: while the pool is contended the loop also sweeps its connections and
 //!   applies the policy of each one behind and past its share ([`FairShare::over_share`]) to what
 //!   it already holds, before a reader's reply can find the pool short;
+//! - a connection not yet behind may still hold several shares (a high watermark is per
+//!   connection, a share is of the pool): once the pool is *tight* — less free than the floor
+//!   and one share — the sweep charges what such a connection holds past its share too, with
+//!   1013 rather than 1008 when its policy closes it (it may be reading; the pool is short);
 //! - a message that arrives in pieces is judged the same way: under contention what it holds
 //!   and what its connection has queued may not pass the fair share
 //!   ([`FairShare::reassembly_room`]), else the connection is closed 1013;
@@ -114,10 +118,28 @@ impl FairShare {
         }
     }
 
-    /// Whether `queue` is behind and holds its fair share or more, while the pool is contended:
-    /// the connections the loop's sweep charges for the contention.
+    /// Whether the loop's sweep charges `queue` for a contended pool: it is behind and holds
+    /// its fair share or more; or the pool is [tight](Self::tight) and it holds more than its
+    /// share, behind or not.
     pub(crate) fn over_share(&self, pool: &Pool<'_>, queue: &SendQueue) -> bool {
-        !queue.is_writable() && !self.uncontended(pool, 0) && self.past_share(pool, queue, 1)
+        if self.uncontended(pool, 0) {
+            return false;
+        }
+        if queue.is_writable() {
+            self.tight(pool) && self.past_share(pool, queue, 0)
+        } else {
+            self.past_share(pool, queue, 1)
+        }
+    }
+
+    /// Whether the pool has less free than the floor plus one fair share: a connection within
+    /// its share could not count on the rest of it. Queues that keep up may hold more than
+    /// their share while the pool is merely contended (they drain); when it is tight, what
+    /// they hold past it is what leaves a reader's next reply without a chunk.
+    pub(crate) fn tight(&self, pool: &Pool<'_>) -> bool {
+        pool.chunks_free() < self.floor + self.fair_chunks.min(self.contended_chunks)
+            || pool.segments_total() - pool.segments_in_use()
+                < self.floor + self.fair_slots.min(self.contended_slots)
     }
 
     /// How many bytes a message that `queue`'s connection is reassembling may hold in all:

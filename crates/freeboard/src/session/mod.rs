@@ -714,10 +714,11 @@ impl Session {
         true
     }
 
-    /// Applies this connection's policy to what it already holds when it is behind and past
-    /// its share of a contended pool ([`FairShare::over_share`]): `close` ends it (1008) and
-    /// `drop_oldest`/`conflate` discard its unsent messages; `drop_newest` and `block` keep
-    /// what they queued. Returns what was done, or `None`.
+    /// Applies this connection's policy to what it already holds when it is past its share of
+    /// a contended pool ([`FairShare::over_share`]): `close` ends it — 1008 if it is behind,
+    /// else 1013 (the pool is tight, it may be reading) — and `drop_oldest`/`conflate` discard
+    /// its unsent messages; `drop_newest` and `block` keep what they queued. Returns what was
+    /// done, or `None`.
     pub(crate) fn reclaim(&mut self, cx: &mut Context<'_>) -> Option<PushOutcome> {
         if !matches!(self.phase, Phase::Open(_)) || !cx.share.over_share(cx.pool, &self.queue) {
             return None;
@@ -726,10 +727,15 @@ impl Session {
         if matches!(policy, SlowConsumerPolicy::Block | SlowConsumerPolicy::DropNewest) {
             return None;
         }
+        let behind = !self.queue.is_writable();
         let gone = self.queue.discard_unsent(cx.pool);
         self.note(gone.writability);
         if policy == SlowConsumerPolicy::Close {
-            let _ = self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
+            let _ = if behind {
+                self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer")
+            } else {
+                self.close(cx, CloseCode::TRY_AGAIN_LATER, "server memory short")
+            };
             return Some(PushOutcome::MustClose { limit: Limit::Pool, messages: gone.messages });
         }
         Some(PushOutcome::Dropped { newest: false, messages: gone.messages, bytes: gone.bytes })

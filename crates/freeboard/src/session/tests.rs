@@ -493,6 +493,46 @@ fn a_queue_past_its_share_is_reclaimed_without_a_push() {
     }
 }
 
+/// A queue that keeps up (under its high watermark) but holds several shares is left alone
+/// while the pool is merely contended, and charged once it is tight: closed 1013, not as a
+/// slow consumer, so the next reply to a reader that holds nothing still finds its chunks.
+#[test]
+fn a_queue_that_keeps_up_pays_for_a_tight_pool_past_its_share() {
+    // High watermark far above a share: it never goes behind here.
+    let marks = Watermarks::new(48 << 10, 64 << 10, 1 << 20).unwrap();
+    let mut pair = Pair::with(SendQueue::new(marks, SlowConsumerPolicy::Close), 64 * 1100);
+    pair.server.share = FairShare::new(&pair.server.pool, 16);
+    let total = pair.server.pool.chunks_total();
+    for _ in 0..12 {
+        let outcome = pair.server.send(pair.now, MessageKind::Binary, &[7; 1000]);
+        assert_eq!(outcome, Some(PushOutcome::Queued));
+    }
+    // Others (under `block`, so never charged) contend the pool: a quarter free, not tight.
+    let mut others = SendQueue::new(
+        Watermarks::new(1 << 20, 1 << 20, 1 << 20).unwrap(),
+        SlowConsumerPolicy::Block,
+    );
+    while pair.server.pool.chunks_free() > total / 5 {
+        let _ = others.push_message(&mut pair.server.pool, &[&[0u8; 1000]]);
+    }
+    let (session, mut cx) = pair.server.cx(pair.now);
+    assert!(session.queue().is_writable());
+    assert!(!cx.share.tight(cx.pool), "contended, not tight");
+    assert_eq!(session.reclaim(&mut cx), None, "it keeps up: it may hold more while it drains");
+    // Tight: less free than the floor and one share.
+    while pair.server.pool.chunks_free() > 2 {
+        let _ = others.push_message(&mut pair.server.pool, &[&[0u8; 1000]]);
+    }
+    let (session, mut cx) = pair.server.cx(pair.now);
+    assert!(cx.share.tight(cx.pool));
+    let closed = PushOutcome::MustClose { limit: Limit::Pool, messages: 12 };
+    assert_eq!(session.reclaim(&mut cx), Some(closed));
+    pair.step(usize::MAX);
+    let closed = pair.client.closed.expect("the client hears why");
+    assert_eq!(closed.code, CloseCode::TRY_AGAIN_LATER, "not a slow consumer: the pool is short");
+    let _ = others.clear(&mut pair.server.pool);
+}
+
 /// A message that arrives in pieces is held to its connection's fair share of a contended
 /// pool: once the pool is contended, a sender whose unfinished message passes the share is
 /// closed 1013 and gives its pieces back, while a message within the share still arrives.
