@@ -38,6 +38,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::fs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -376,16 +377,19 @@ struct Toxiproxy {
     api: SocketAddr,
     /// Where the node is reached through it.
     listen: SocketAddr,
-    _server: Proc,
+    server: Proc,
+    /// Its standard error, for the panic message when its API stops answering.
+    log: PathBuf,
 }
 
 impl Toxiproxy {
     fn start(binary: &Path, upstream: SocketAddr) -> Self {
         let api: SocketAddr = format!("127.0.0.1:{}", common::free_port()).parse().unwrap();
+        let log = std::env::temp_dir().join(format!("chaos-toxiproxy-{}.log", std::process::id()));
         let server = Command::new(binary)
             .args(["-host", "127.0.0.1", "-port", &api.port().to_string()])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("toxiproxy's log file"))
             .spawn()
             .expect("start toxiproxy-server");
         let until = Instant::now() + Duration::from_secs(10);
@@ -394,7 +398,7 @@ impl Toxiproxy {
             thread::sleep(Duration::from_millis(20));
         }
         let listen: SocketAddr = format!("127.0.0.1:{}", common::free_port()).parse().unwrap();
-        let proxy = Toxiproxy { api, listen, _server: Proc(Some(server)) };
+        let proxy = Toxiproxy { api, listen, server: Proc(Some(server)), log };
         let body = format!(r#"{{"name":"node","listen":"{listen}","upstream":"{upstream}"}}"#);
         assert_eq!(proxy.request("POST", "/proxies", &body), 201);
         proxy
@@ -435,13 +439,40 @@ impl Toxiproxy {
             );
             // 409: a retried request whose first try was applied.
             let status = self.request("POST", "/proxies/node/toxics", &body);
-            assert!(matches!(status, 200 | 409), "toxic {name}: {status}");
+            assert!(matches!(status, 200 | 409), "toxic {name}: {status}; {}", self.state());
         }
+    }
+
+    /// Whether toxiproxy-server still runs, and the end of its log.
+    fn state(&self) -> String {
+        let stat =
+            self.server.pid().and_then(|pid| fs::read_to_string(format!("/proc/{pid}/stat")).ok());
+        // The state is the field after the parenthesised command name: Z for exited.
+        let running = stat
+            .as_deref()
+            .and_then(|s| s.rsplit(") ").next())
+            .is_some_and(|s| !s.starts_with('Z'));
+        let log = fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!(
+            "toxiproxy-server {}; its log ({}) ends:\n{}",
+            if running { "still runs" } else { "has exited" },
+            self.log.display(),
+            tail.join("\n")
+        )
     }
 
     fn remove(&self, name: &str) {
         self.request("DELETE", &format!("/proxies/node/toxics/{name}"), "");
         self.request("DELETE", &format!("/proxies/node/toxics/{name}_up"), "");
+    }
+}
+
+impl Drop for Toxiproxy {
+    fn drop(&mut self) {
+        self.server.kill();
+        let _ = fs::remove_file(&self.log);
     }
 }
 
