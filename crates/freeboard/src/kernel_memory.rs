@@ -33,7 +33,7 @@ const CACHES: [(&str, usize); 8] = [
     ("lsm_file_cache", 1),
 ];
 
-/// Used when `/proc/slabinfo` cannot be read (not root, not Linux): the sum of [`CACHES`]'
+/// Used when `/proc/slabinfo` cannot be read (not root, not Linux): the sum of `CACHES`'
 /// object sizes measured on Linux 6.18 x86_64 (2368 + 832 + 192 + 192 + 128 + 16 + 32 + 24).
 pub const FALLBACK_SOCKET_BYTES: usize = 3784;
 
@@ -47,7 +47,7 @@ pub struct SocketCost {
 }
 
 impl SocketCost {
-    /// Reads the object sizes of [`CACHES`] from `/proc/slabinfo`; `ipv6` counts the `TCPv6`
+    /// Reads the object sizes of `CACHES` from `/proc/slabinfo`; `ipv6` counts the `TCPv6`
     /// socket instead of `TCP`. Falls back to [`FALLBACK_SOCKET_BYTES`] when the file cannot
     /// be read or has no `TCP` cache.
     pub fn measure(ipv6: bool) -> Self {
@@ -89,7 +89,7 @@ pub struct KernelFigures {
     pub tcp_sockets: Option<u64>,
     /// Bytes of TCP buffer memory (`TCP: mem`, pages, times the page size).
     pub tcp_buffer_bytes: Option<u64>,
-    /// Bytes of the slab objects of [`CACHES`] in use (active objects × object size), every
+    /// Bytes of the slab objects of `CACHES` in use (active objects × object size), every
     /// process's: the kernel's own count of what the estimate estimates.
     pub socket_slab_bytes: Option<u64>,
     /// The memory cgroup's usage (v2 `memory.current`, v1 `memory.usage_in_bytes`).
