@@ -2,7 +2,7 @@
 //! — its own (RSS) and the kernel's (the slab objects of their sockets) — and whether it gives
 //! the memory back when they close.
 //!
-//! Each step opens its connections in parallel with the [`crowd`](crate::crowd) generator
+//! Each step opens its connections in parallel with the [`crowd`] generator
 //! (from many loopback source addresses when the count needs them), holds them, and closes
 //! them.
 
