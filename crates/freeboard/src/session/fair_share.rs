@@ -32,6 +32,10 @@
 
 use freeboard_buf::{Pool, SendQueue};
 
+/// Chunks a queue that keeps up may hold whatever its share: one message, which may start in
+/// one chunk and end in the next.
+const IN_FLIGHT_CHUNKS: usize = 2;
+
 /// One loop's pool as its data path may use it now.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct FairShare {
@@ -120,16 +124,25 @@ impl FairShare {
 
     /// Whether the loop's sweep charges `queue` for a contended pool: it is behind and holds
     /// its fair share or more; or the pool is [tight](Self::tight) and it holds more than its
-    /// share, behind or not.
+    /// share and more than one message in flight, behind or not.
     pub(crate) fn over_share(&self, pool: &Pool<'_>, queue: &SendQueue) -> bool {
         if self.uncontended(pool, 0) {
             return false;
         }
         if queue.is_writable() {
-            self.tight(pool) && self.past_share(pool, queue, 0)
+            self.tight(pool)
+                && self.past_share(pool, queue, 0)
+                && self.beyond_in_flight(pool, queue)
         } else {
             self.past_share(pool, queue, 1)
         }
+    }
+
+    /// Whether `queue` holds more than [`IN_FLIGHT_CHUNKS`]: where shares are smaller than
+    /// that (a budget spent on connections' kernel memory), a reader's one reply — or its 101
+    /// — is not what starves the pool.
+    fn beyond_in_flight(&self, pool: &Pool<'_>, queue: &SendQueue) -> bool {
+        queue.len().div_ceil(pool.chunk_size()) + usize::from(!queue.is_empty()) > IN_FLIGHT_CHUNKS
     }
 
     /// Whether the pool has less free than the floor plus one fair share: a connection within
