@@ -283,6 +283,17 @@ struct ServeArgs {
     /// [default: every topic].
     #[arg(long, value_name = "PREFIX")]
     history_prefix: Option<String>,
+    /// Topics whose name starts with PREFIX get per-topic series on /metrics
+    /// (`freeboard_named_topic_*{topic}`) and a row in the dashboard's topics table
+    /// (repeatable, or a comma-separated list; `""` names every topic); TOML `[topics]
+    /// metrics_prefixes` [default: none].
+    #[arg(long = "topic-metrics-prefix", value_name = "PREFIX", value_delimiter = ',')]
+    topic_metrics_prefixes: Vec<String>,
+    /// Named topics that may have per-topic series at once (a subscription to one more is
+    /// counted in `freeboard_named_topic_left_out_total`); TOML `[topics] metrics_topics`
+    /// [default: 100].
+    #[arg(long, value_name = "N")]
+    topic_metrics_max: Option<usize>,
     /// Topics one connection may subscribe to (its topic and its `also=` list; an upgrade
     /// naming more gets 400); TOML `[topics] max_topics_per_connection` [default: 64].
     #[arg(long, value_name = "N")]
@@ -553,6 +564,7 @@ fn summary(
                 .to_owned(),
         ),
         ("topics.history", topics.hub.history.to_string()),
+        ("topics.metrics_prefixes", format!("{:?}", topics.hub.metrics_prefixes)),
         ("topics.redis", redis),
         ("admin.token", set(config.admin.token.is_some())),
         ("admin.listen", config.admin.listen.map_or("none".into(), |a| a.to_string())),
@@ -754,6 +766,8 @@ fn settings(args: &ServeArgs) -> Result<Settings, String> {
         ("topics.history_seconds", args.history_seconds.map(int)),
         ("topics.history_memory", args.history_memory.map(int)),
         ("topics.history_prefix", args.history_prefix.clone().map(Value::String)),
+        ("topics.metrics_prefixes", list(&args.topic_metrics_prefixes)),
+        ("topics.metrics_topics", args.topic_metrics_max.map(|v| int(v as u64))),
         ("admin.token", args.admin_token.clone().map(Value::String)),
         ("admin.listen", args.admin_listen.map(|v| Value::String(v.to_string()))),
         ("admin.rate_per_ip", args.admin_rate_per_ip.map(Value::Float)),

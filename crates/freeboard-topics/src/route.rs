@@ -122,7 +122,13 @@ impl TopicRoute {
         if !topics.iter().all(|t| grant.may_subscribe(t)) {
             return Err(TokenError::NotGranted);
         }
-        Ok(Accepted::new().expires_at(grant.expires).data(grant))
+        let accepted = Accepted::new().expires_at(grant.expires);
+        // The dashboard names a subscriber by its token's `sub` beside its address.
+        let accepted = match &grant.subject {
+            Some(sub) => accepted.subject(sub),
+            None => accepted,
+        };
+        Ok(accepted.data(grant))
     }
 }
 

@@ -275,6 +275,13 @@ pub struct TopicsConfig {
     /// Only topics whose name starts with this keep history and carry offsets. Default: every
     /// topic.
     pub history_prefix: String,
+    /// Topics whose name starts with one of these get per-topic series on `/metrics`
+    /// (`freeboard_named_topic_*{topic}`) and a row in the dashboard's topics table (`""`
+    /// names every topic). Default: none, no per-topic series.
+    pub metrics_prefixes: Vec<String>,
+    /// Topics that may have per-topic series at once; a subscription to one more named topic
+    /// is counted in `freeboard_named_topic_left_out_total` instead. Default 100.
+    pub metrics_topics: usize,
 }
 
 impl Default for TopicsConfig {
@@ -294,6 +301,8 @@ impl Default for TopicsConfig {
             history_seconds: 0,
             history_memory: 8 << 20,
             history_prefix: String::new(),
+            metrics_prefixes: Vec::new(),
+            metrics_topics: 100,
         }
     }
 }
@@ -323,6 +332,8 @@ impl std::fmt::Debug for TopicsConfig {
             .field("history_seconds", &self.history_seconds)
             .field("history_memory", &self.history_memory)
             .field("history_prefix", &self.history_prefix)
+            .field("metrics_prefixes", &self.metrics_prefixes)
+            .field("metrics_topics", &self.metrics_topics)
             .finish()
     }
 }
@@ -655,6 +666,8 @@ impl ServerConfig {
             false "compression_threshold" compression_threshold;
             false "topics.max_topics" topics.max_topics;
             false "topics.cors_origins" topics.cors_origins;
+            false "topics.metrics_prefixes" topics.metrics_prefixes;
+            false "topics.metrics_topics" topics.metrics_topics;
             false "tls" tls;
         }
         for change in reload.applied.iter_mut().chain(&mut reload.needs_restart) {

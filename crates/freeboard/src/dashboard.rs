@@ -74,13 +74,20 @@ impl Handler for DashboardStream {
 }
 
 impl Router {
-    /// Serves the live dashboard: the page at `GET {path}` ([`HttpRoute::Dashboard`]) and
-    /// the WebSocket it reads the server's figures from at `{path}/stream` (a snapshot of the
+    /// Serves the live dashboard: the page at `GET {path}` ([`HttpRoute::Dashboard`]), the
+    /// WebSocket it reads the server's figures from at `{path}/stream` (a snapshot of the
     /// metrics for every message, at most ten a second, conflated so a slow page never holds
-    /// a backlog). Both are admin routes.
+    /// a backlog), and the JSON it reads topics and subscribers from: `{path}/topics`
+    /// ([`HttpRoute::Topics`]), `{path}/slowest` ([`HttpRoute::Slowest`]) and
+    /// `{path}/connection?id=` ([`HttpRoute::Connection`]). All are admin routes.
     pub fn dashboard(self, path: &str) -> Self {
-        let stream = format!("{}/stream", path.trim_end_matches('/'));
+        let base = path.trim_end_matches('/');
+        let stream = format!("{base}/stream");
         let options = RouteOptions::new().slow_consumer(SlowConsumerPolicy::Conflate).admin();
-        self.http(path, HttpRoute::Dashboard).route_with(&stream, DashboardStream, options)
+        self.http(path, HttpRoute::Dashboard)
+            .http(&format!("{base}/topics"), HttpRoute::Topics)
+            .http(&format!("{base}/slowest"), HttpRoute::Slowest)
+            .http(&format!("{base}/connection"), HttpRoute::Connection)
+            .route_with(&stream, DashboardStream, options)
     }
 }

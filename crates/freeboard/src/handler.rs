@@ -194,6 +194,7 @@ pub struct Accepted {
     protocol: Option<&'static str>,
     data: Option<Box<dyn Any + Send>>,
     expires: Option<SystemTime>,
+    subject: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Accepted {
@@ -202,6 +203,7 @@ impl std::fmt::Debug for Accepted {
             .field("protocol", &self.protocol)
             .field("data", &self.data.is_some())
             .field("expires", &self.expires)
+            .field("subject", &self.subject)
             .finish()
     }
 }
@@ -233,12 +235,21 @@ impl Accepted {
         self
     }
 
-    pub(crate) fn into_parts(
-        self,
-    ) -> (Option<&'static str>, Option<Box<dyn Any + Send>>, Option<SystemTime>) {
-        (self.protocol, self.data, self.expires)
+    /// Who the connection is, as an operator should see it (a token's `sub`): the
+    /// dashboard names it beside the client's address among the slowest subscribers.
+    pub fn subject(mut self, subject: &str) -> Self {
+        self.subject = Some(Arc::from(subject));
+        self
+    }
+
+    pub(crate) fn into_parts(self) -> AcceptedParts {
+        (self.protocol, self.data, self.expires, self.subject)
     }
 }
+
+/// An [`Accepted`]'s subprotocol, data, expiry and subject.
+pub(crate) type AcceptedParts =
+    (Option<&'static str>, Option<Box<dyn Any + Send>>, Option<SystemTime>, Option<Arc<str>>);
 
 /// What a [`Decision`] came to.
 pub(crate) enum DecisionOutcome {
@@ -600,6 +611,19 @@ pub enum HttpRoute {
     /// `GET` answers the live dashboard page (mount it with [`Router::dashboard`], which also
     /// adds the WebSocket the page reads from). An admin route.
     Dashboard,
+    /// `GET` answers the topics the operator named for per-topic figures, as JSON
+    /// ([`Metrics::topics_json`](crate::Metrics::topics_json)); [`Router::dashboard`] mounts it
+    /// at `{path}/topics`. An admin route.
+    Topics,
+    /// `GET` answers the slowest subscribers and the lag distribution, as JSON
+    /// ([`Metrics::slowest_json`](crate::Metrics::slowest_json); `?n=` of them, default 10, at
+    /// most 100); [`Router::dashboard`] mounts it at `{path}/slowest`. An admin route.
+    Slowest,
+    /// `GET ?id=ID` answers one connection among the slowest, as JSON
+    /// ([`Metrics::connection_json`](crate::Metrics::connection_json)), or 404 when no loop's
+    /// last sweep counted it among its slowest; [`Router::dashboard`] mounts it at
+    /// `{path}/connection`. An admin route.
+    Connection,
     /// `GET` answers a fixed file: `body` as `content_type`, readable from any origin
     /// (`Access-Control-Allow-Origin: *`), so that a page elsewhere may import it (the
     /// browser module `freeboard serve` serves at `/js/freeboard.js`).
@@ -615,7 +639,10 @@ impl HttpRoute {
     /// Whether it is an admin route, served only to the clients
     /// [`ServerConfig::admin`](crate::ServerConfig::admin) allows.
     pub fn is_admin(self) -> bool {
-        matches!(self, Self::Metrics | Self::Dashboard)
+        matches!(
+            self,
+            Self::Metrics | Self::Dashboard | Self::Topics | Self::Slowest | Self::Connection
+        )
     }
 }
 
@@ -640,6 +667,12 @@ impl Router {
     /// Whether the loops keep the dashboard's last minutes (a router that serves it).
     pub(crate) fn keeps_dashboard_samples(&self) -> bool {
         self.http.iter().any(|(_, route)| *route == HttpRoute::Dashboard)
+    }
+
+    /// Whether the loops sweep their subscribers' lag (a router that serves `/metrics` or the
+    /// dashboard).
+    pub(crate) fn serves_admin_views(&self) -> bool {
+        self.http.iter().any(|(_, route)| route.is_admin())
     }
 
     /// The publish access set with [`publish_access`](Self::publish_access).

@@ -38,6 +38,7 @@ mod features;
 pub mod handler;
 pub mod history;
 pub mod kernel_memory;
+mod lag;
 mod limits;
 pub mod metrics;
 mod parking;
@@ -52,6 +53,7 @@ pub mod session_bench;
 pub mod tls;
 #[cfg(feature = "tokio")]
 pub mod tokio;
+mod topic_series;
 pub mod topics;
 mod transport;
 

@@ -353,6 +353,13 @@ pub(crate) const CLOSED: &str = "closed";
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct PolicyCounts([u64; SlowConsumerPolicy::ALL.len()]);
 
+impl PolicyCounts {
+    /// The counts added since `before` (an earlier copy), per policy.
+    pub(crate) fn since(&self, before: &Self) -> [u64; SlowConsumerPolicy::ALL.len()] {
+        std::array::from_fn(|i| self.0[i] - before.0[i])
+    }
+}
+
 impl std::ops::Index<SlowConsumerPolicy> for PolicyCounts {
     type Output = u64;
     fn index(&self, policy: SlowConsumerPolicy) -> &u64 {
@@ -536,6 +543,10 @@ pub struct Metrics {
     /// Subscriptions refused by a topic limit, by reason ([`TOPIC_REFUSAL_REASONS`]); an
     /// upgrade naming too many topics is counted in `refusals` (400).
     pub(crate) topic_refusals: Family<Reason, Counter>,
+    /// Each loop's slowest subscribers and lag distribution, from its last sweep.
+    pub(crate) lag: Arc<crate::lag::LagBoard>,
+    /// The per-topic figures of the topics the operator named.
+    pub(crate) topic_series: Arc<crate::topic_series::TopicSeries>,
     loops: AtomicU32,
     /// The dashboard snapshot and the exposition, as last built for the admin surfaces.
     admin: [Mutex<Built>; 2],
@@ -573,7 +584,7 @@ struct Sample {
 }
 
 /// Milliseconds since 1970.
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -651,6 +662,8 @@ impl Metrics {
             backplane_history_reads: Counter::default(),
             backplane_up: Gauge::default(),
             topic_refusals: Family::default(),
+            lag: Arc::default(),
+            topic_series: Arc::default(),
             loops: AtomicU32::new(0),
             admin: Default::default(),
             samples: Mutex::default(),
@@ -680,6 +693,10 @@ impl Metrics {
         }
         root.register_collector(Box::new(ProcessCollector));
         root.register_collector(Box::new(KernelCollector));
+        root.register_collector(Box::new(crate::lag::LagCollector(m.lag.clone())));
+        root.register_collector(Box::new(crate::topic_series::TopicSeriesCollector(
+            m.topic_series.clone(),
+        )));
         let r = root.sub_registry_with_prefix("freeboard");
         let version = env!("CARGO_PKG_VERSION");
         let rustc_min = env!("CARGO_PKG_RUST_VERSION");
@@ -1191,9 +1208,51 @@ impl Metrics {
         out
     }
 
+    /// Keeps per-topic series (`freeboard_named_topic_*{topic}`, the dashboard's topics
+    /// table) for the topics whose name starts with one of `prefixes` (`""` names every
+    /// topic), at most `max_topics` at once; a subscription to one more is counted in
+    /// `freeboard_named_topic_left_out_total`. Only the first call counts (the server makes it
+    /// from [`TopicsConfig::metrics_prefixes`](crate::config::TopicsConfig::metrics_prefixes)).
+    pub fn watch_topics(&self, prefixes: &[String], max_topics: usize) {
+        self.topic_series.watch(prefixes, max_topics);
+    }
+
+    /// Topics with per-topic series now.
+    pub fn named_topics(&self) -> usize {
+        self.topic_series.len()
+    }
+
+    /// Subscriptions to named topics that got no series (the series were at their cap).
+    pub fn named_topics_left_out(&self) -> u64 {
+        self.topic_series.left_out()
+    }
+
+    /// The dashboard's topics table as JSON: `prefixes`, `max_topics`, `left_out`, and
+    /// `topics`, each `{topic, subscribers, publishes, deliveries, drops: {policy: n}}`
+    /// (counters since the topic's series began; most subscribers first).
+    pub fn topics_json(&self) -> String {
+        self.topic_series.json().to_string()
+    }
+
+    /// The `n` slowest subscribers (largest send queue first) of each loop's last sweep, with
+    /// the lag distribution, as JSON: `subscribers`, `slowest` (each `{id, peer, sub, path,
+    /// policy, queue_bytes, queued_messages, oldest_unsent_ms, high_watermark, cap, writable,
+    /// compressed, topics, topic_count}`), `queue_bytes` and
+    /// `oldest_unsent_seconds` (cumulative `[le, subscribers]` pairs), `sweeps` (per loop).
+    pub fn slowest_json(&self, n: usize) -> String {
+        self.lag.slowest_json(n, now_ms()).to_string()
+    }
+
+    /// One connection among the slowest of its loop's last sweep, by `id` (`loop.token.serial`,
+    /// as [`slowest_json`](Self::slowest_json) names it), as JSON.
+    pub fn connection_json(&self, id: &str) -> Option<String> {
+        self.lag.connection_json(id, now_ms()).map(|v| v.to_string())
+    }
+
     /// Creates every per-loop series at zero, so a scrape lists each loop from the start.
     pub(crate) fn set_loops(&self, n: u32) {
         self.loops.store(n, Ordering::Relaxed);
+        self.lag.set_loops(n);
         for event_loop in 0..n {
             let label = LoopLabel { event_loop };
             let _ = self.chunks_in_use.get_or_create(&label);

@@ -761,6 +761,7 @@ impl LocalTopics {
         mine.push((name.clone(), key));
         self.owned += heap_bytes(mine.capacity() * MEMBERSHIP) - heap_bytes(room * MEMBERSHIP);
         hub.metrics.subscriptions.inc();
+        hub.metrics.topic_series.subscribed(&name);
         if !self.settle() {
             // A hash table grew further than foreseen (it rehashes at a moment of its own):
             // undone, and refused like any subscription the budget cannot cover.
@@ -888,6 +889,12 @@ impl LocalTopics {
         mine.iter().map(|(t, _)| &**t)
     }
 
+    /// The topics connection `token` is subscribed to, as the names the tables share.
+    pub(crate) fn topic_names_of(&self, token: usize) -> impl Iterator<Item = &Arc<str>> {
+        let mine = self.by_conn.get(&token).map_or(&[][..], Vec::as_slice);
+        mine.iter().map(|(t, _)| t)
+    }
+
     /// The first topic connection `token` subscribed to (shared, not copied).
     pub(crate) fn first_topic_of(&self, token: usize) -> Option<Arc<str>> {
         let (topic, _) = self.by_conn.get(&token)?.first()?;
@@ -923,6 +930,7 @@ impl LocalTopics {
         receipt: Option<&Arc<Receipt>>,
     ) -> Published {
         hub.metrics.publishes.inc();
+        hub.metrics.topic_series.published(topic);
         let mut published = Published::default();
         if hub.kept_by_backplane(topic) {
             // Delivered here too once the backplane has kept it, with its offset.
@@ -961,6 +969,7 @@ impl LocalTopics {
     /// keys updated in their lists.
     fn leave(&mut self, hub: &Hub, name: &Arc<str>, key: usize) {
         hub.metrics.subscriptions.dec();
+        hub.metrics.topic_series.unsubscribed(name);
         // NOTE: every subscription in a connection's list is in its topic's subscribers.
         let Some(subscribers) = self.by_name.get_mut(name) else { return };
         let room = subscribers.capacity();

@@ -156,7 +156,7 @@ impl<T: Transport> EventLoop<T> {
             self.shared.metrics.topic_refusal("budget");
             return self.refuse(token, now, 503, RETRY_SOON, TOPICS_EXHAUSTED);
         }
-        let (protocol, data, expires) = accepted.into_parts();
+        let (protocol, data, expires, subject) = accepted.into_parts();
         let expires = match expires.map(|at| at.duration_since(std::time::SystemTime::now())) {
             None => None,
             Some(Ok(left)) => Some(now + left),
@@ -216,6 +216,9 @@ impl<T: Transport> EventLoop<T> {
         }
         if let Some(data) = data {
             self.data.insert(token, data);
+        }
+        if let Some(subject) = subject {
+            self.subjects.insert(token, subject);
         }
         if let Some(at) = expires {
             self.expiries.push(std::cmp::Reverse((at, token, serial)));

@@ -247,6 +247,7 @@ impl<T: Transport> EventLoop<T> {
             self.shared.release_pending();
         }
         self.data.remove(&token);
+        self.subjects.remove(&token);
         self.plain.remove(&token);
         self.awaiting.remove(&token);
         if let Phase::Open(_) = entry.session.phase {
@@ -281,6 +282,9 @@ impl<T: Transport> EventLoop<T> {
         g.allocation_failures(c.allocation_failures);
         if self.router.keeps_dashboard_samples() {
             self.shared.metrics.sample_for_dashboard();
+        }
+        if self.router.serves_admin_views() {
+            self.sweep_lag(self.now());
         }
     }
 }

@@ -199,6 +199,10 @@ pub(crate) struct EventLoop<T> {
     /// The data open connections' upgrade decisions attached, by slot: a side table, so
     /// that connections without any pay nothing in their `Entry`.
     pub(super) data: HashMap<usize, Box<dyn Any + Send>>,
+    /// Who each connection is, for those whose access said ([`Accepted::subject`](crate::Accepted::subject)).
+    pub(super) subjects: HashMap<usize, Arc<str>>,
+    /// The sweep of the subscribers' lag in progress.
+    pub(super) sweep: super::lag_sweep::LagSweep,
     /// Plain requests whose body is still arriving: how to answer them (keep-alive, CORS)
     /// and a chunked body's decoder, by slot.
     pub(super) plain: HashMap<usize, PlainRequest>,
@@ -418,6 +422,8 @@ impl<T: Transport> EventLoop<T> {
             completed: Vec::new(),
             pending: HashMap::new(),
             data: HashMap::new(),
+            subjects: HashMap::new(),
+            sweep: Default::default(),
             expiries: BinaryHeap::new(),
             plain: HashMap::new(),
             awaiting: HashMap::new(),

@@ -124,6 +124,7 @@ impl<T: Transport> EventLoop<T> {
         from: Option<(&Outbox, usize)>,
     ) -> Reach {
         let mut reach = Reach::default();
+        let drops_before = self.stats.policy_drops;
         let changed = from.filter(|(outbox, _)| outbox.changed(topic));
         let subscribers = self.topics.subscribers(topic).into_iter().flatten().map(|(_, t)| *t);
         let leavers = changed.into_iter().flat_map(|(outbox, _)| outbox.leavers(topic));
@@ -274,6 +275,8 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         self.changes = changes;
+        let drops = self.stats.policy_drops.since(&drops_before);
+        self.shared.metrics.topic_series.fanned_out(topic, reach.delivered, &drops);
         reach
     }
 }

@@ -88,8 +88,29 @@ impl<T: Transport> EventLoop<T> {
             Some((route, _)) => match method {
                 "GET" | "HEAD" => {
                     let metrics;
+                    let json: String;
                     let mut extra = "";
+                    const JSON: &str = "application/json";
                     let (kind, body) = match route {
+                        HttpRoute::Topics => {
+                            json = self.shared.metrics.topics_json();
+                            (JSON, json.as_bytes())
+                        }
+                        HttpRoute::Slowest => {
+                            let n = http::query_value(path, "n").and_then(|n| n.parse().ok());
+                            json = self.shared.metrics.slowest_json(n.unwrap_or(10).min(100));
+                            (JSON, json.as_bytes())
+                        }
+                        HttpRoute::Connection => {
+                            let id = http::query_value(path, "id").unwrap_or("");
+                            let Some(found) = self.shared.metrics.connection_json(id) else {
+                                let why = "no such connection among the slowest of the last sweep";
+                                self.refuse(token, now, 404, "", why);
+                                return None;
+                            };
+                            json = found;
+                            (JSON, json.as_bytes())
+                        }
                         HttpRoute::Metrics => {
                             metrics = self.shared.metrics.shared_exposition();
                             (crate::metrics::CONTENT_TYPE, metrics.as_bytes())

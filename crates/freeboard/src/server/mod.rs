@@ -19,6 +19,7 @@ mod event_loop;
 mod fan_out;
 mod http;
 mod http_routes;
+mod lag_sweep;
 mod local;
 mod requests;
 mod shared;
@@ -138,6 +139,7 @@ impl Server {
         };
         let metrics = Arc::new(Metrics::new());
         metrics.set_loops(config.threads as u32);
+        metrics.watch_topics(&config.topics.metrics_prefixes, config.topics.metrics_topics);
         let mut addr = config.listen;
         let mut tls_addr = config.tls.as_ref().and_then(|tls| tls.listen);
         let mut admin_addr = config.admin.listen;
@@ -428,6 +430,7 @@ impl ServerHandle {
     /// ```
     pub fn publish(&self, topic: &str, kind: MessageKind, payload: &[u8]) -> Published {
         self.shared.metrics.publishes.inc();
+        self.shared.metrics.topic_series.published(topic);
         let hub = &self.shared.hub;
         let mut published = Published::default();
         if !hub.kept_by_backplane(topic) {

@@ -1,0 +1,107 @@
+//! The loop's sweep of its subscribers' lag (see [`lag`](crate::lag) for why it is spread over
+//! turns): a cursor over the connection table, the largest queues seen so far, and the
+//! distribution, reported to the [`LagBoard`](crate::lag::LagBoard) when the cursor passes the
+//! end of the table.
+
+use freeboard_proto::Instant;
+
+use super::event_loop::EventLoop;
+use crate::lag::{LoopLag, SLOWEST, SWEEP_INTERVAL, SWEEP_STEP, SlowSubscriber, TOPICS_SHOWN};
+use crate::session::Phase;
+use crate::transport::Transport;
+
+/// A sweep in progress, or the wait for the next.
+#[derive(Debug, Default)]
+pub(super) struct LagSweep {
+    /// The next slot to look at; `None` between sweeps.
+    cursor: Option<usize>,
+    /// When the running sweep began, or the last one ended (the loop's clock).
+    started: Option<Instant>,
+    /// The distribution so far.
+    lag: LoopLag,
+    /// The largest queues so far, `(bytes, token, serial)`, largest first.
+    ///
+    /// Invariant: at most [`SLOWEST`] entries.
+    slowest: Vec<(usize, usize, u64)>,
+}
+
+impl<T: Transport> EventLoop<T> {
+    /// Sweeps at most [`SWEEP_STEP`] slots of the connection table; starts a sweep if the last
+    /// began [`SWEEP_INTERVAL`] ago, reports one that reached the end.
+    pub(super) fn sweep_lag(&mut self, now: Instant) {
+        let sweep = &mut self.sweep;
+        let cursor = match sweep.cursor {
+            Some(cursor) => cursor,
+            None if sweep.started.is_none_or(|at| now >= at + SWEEP_INTERVAL) => {
+                sweep.started = Some(now);
+                0
+            }
+            None => return,
+        };
+        let now_ms = now.as_millis() as u32;
+        let end = (cursor + SWEEP_STEP).min(self.conns.capacity());
+        for token in cursor..end {
+            let Some(entry) = self.conns.get(token) else { continue };
+            if !matches!(entry.session.phase, Phase::Open(_)) {
+                continue;
+            }
+            if self.topics.topics_of(token).next().is_none() {
+                continue; // not a subscriber
+            }
+            let bytes = entry.session.buffered();
+            let age = match entry.queued_at {
+                0 => 0,
+                at => now_ms.wrapping_sub(at - 1),
+            };
+            sweep.lag.observe(bytes as u64, u64::from(age));
+            let slowest = &mut sweep.slowest;
+            if bytes > 0 && (slowest.len() < SLOWEST || slowest[SLOWEST - 1].0 < bytes) {
+                let at = slowest.partition_point(|s| s.0 >= bytes);
+                slowest.insert(at, (bytes, token, entry.serial));
+                slowest.truncate(SLOWEST);
+            }
+        }
+        if end < self.conns.capacity() {
+            sweep.cursor = Some(end);
+            return;
+        }
+        // The end of the table: the records of the slowest, as they are now.
+        let wall_ms = crate::metrics::now_ms();
+        let mut lag = std::mem::take(&mut sweep.lag);
+        let started = sweep.started.unwrap_or(now);
+        lag.took_ms = now.as_millis().saturating_sub(started.as_millis());
+        lag.swept_at_ms = wall_ms;
+        sweep.cursor = None;
+        sweep.started = Some(now);
+        for (_, token, serial) in std::mem::take(&mut sweep.slowest) {
+            let Some(entry) = self.conns.get(token).filter(|e| e.serial == serial) else {
+                continue; // gone since
+            };
+            let queue = entry.session.queue();
+            let age = match entry.queued_at {
+                0 => 0,
+                at => now_ms.wrapping_sub(at - 1),
+            };
+            let mut topics = self.topics.topic_names_of(token);
+            let shown: Vec<_> = topics.by_ref().take(TOPICS_SHOWN).cloned().collect();
+            lag.slowest.push(SlowSubscriber {
+                id: format!("{}.{token}.{serial}", self.index),
+                peer: entry.peer,
+                subject: self.subjects.get(&token).cloned(),
+                path: self.router.path(entry.route as usize).to_owned(),
+                policy: queue.policy(),
+                queue_bytes: entry.session.buffered(),
+                queued_messages: queue.messages(),
+                unsent_since_ms: wall_ms.saturating_sub(u64::from(age)),
+                high_watermark: queue.watermarks().high(),
+                cap: queue.watermarks().cap(),
+                writable: queue.is_writable(),
+                compressed: entry.session.shared_compression().is_some(),
+                topic_count: shown.len() + topics.count(),
+                topics: shown,
+            });
+        }
+        lag.slowest.sort_by(|a, b| b.queue_bytes.cmp(&a.queue_bytes));
+        self.shared.metrics.lag.report(self.index, lag);
+    }
+}
