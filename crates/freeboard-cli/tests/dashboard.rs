@@ -323,3 +323,290 @@ fn post(addr: &str, topic: &str, body: &str) {
     let _ = s.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+/// The issue's target: 1,000 subscribers of a named topic, each with a token of its own and
+/// an inbox topic of its own; eight of them get a heavy inbox feed, and one of those stops
+/// reading. The dashboard (behind an admin token) lists the named topics with their
+/// subscribers and names the one that stopped, by its address and its token's `sub`, among
+/// the slowest; a click shows its detail. The picture is the book's
+/// (`FREEBOARD_TOPICS_SCREENSHOT=docs/topics-dashboard.png`).
+///
+/// Why the heavy feed: on loopback the kernel grows a socket's send buffer to 4 MiB
+/// (`tcp_wmem`), so a subscriber that stops reading holds about that much in the kernel
+/// before its queue on the server holds a byte; 4 MiB to each of 1,000 subscribers would be
+/// 4 GiB of traffic.
+#[test]
+fn the_dashboard_names_the_one_slow_subscriber_of_a_thousand_in_chromium() {
+    let Some(chromium) = chromium() else { return };
+    const JWT: &str = "topics-view-jwt-secret-of-32-bytes-or-more";
+    const ADMIN: &str = "topics-view-admin-token";
+    const PUBLISH: &str = "topics-view-publish-token";
+    const SLOW: usize = 7;
+    let serve = Serve::start(&[
+        "--jwt-secret",
+        JWT,
+        "--admin-token",
+        ADMIN,
+        "--publish-token",
+        PUBLISH,
+        "--topic-metrics-prefix",
+        "scores.",
+        "--max-connections-per-ip",
+        "2000",
+    ]);
+    let addr = serve.addr.clone();
+    let far = 4_102_444_800u64; // 2100
+    let token = |i: usize| {
+        let claims =
+            format!(r#"{{"exp":{far},"sub":"fan-{i}","subscribe":["scores.*","inbox.fan-{i}"]}}"#);
+        freeboard_test::hs256_jwt(JWT, &claims)
+    };
+    // Every fan: the live scores, its inbox, and for every other fan the odds too.
+    let target = |i: usize| {
+        let odds = if i % 2 == 0 { "&also=scores.odds" } else { "" };
+        format!("scores.live?also=inbox.fan-{i}{odds}")
+    };
+
+    // 999 subscribers that read everything (one thread drains them all), and fan 7, with a
+    // small receive buffer, that stops reading after its upgrade.
+    let mut readers = Vec::new();
+    let mut slow = None;
+    for i in 0..1000 {
+        if i == SLOW {
+            let domain = socket2::Domain::IPV4;
+            let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None).unwrap();
+            socket.set_recv_buffer_size(4096).unwrap();
+            socket.connect(&serve.socket_addr().into()).unwrap();
+            slow = Some(upgrade(socket.into(), &target(i), &token(i)));
+        } else {
+            readers.push(upgrade(TcpStream::connect(&addr).unwrap(), &target(i), &token(i)));
+        }
+    }
+    let slow = slow.unwrap();
+    let slow_peer = slow.local_addr().unwrap().to_string();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let drain = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 << 10];
+            for r in &readers {
+                r.set_nonblocking(true).unwrap();
+            }
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for r in &mut readers {
+                    while matches!(r.read(&mut buf), Ok(n) if n > 0) {}
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            readers
+        })
+    };
+    // Twenty batches a second until the test ends (at most two minutes): the scores to all,
+    // the odds to half, and 32 KiB to each of the first eight fans' inboxes.
+    let publisher = {
+        let (stop, addr) = (stop.clone(), addr.clone());
+        std::thread::spawn(move || {
+            let mut batch = vec![
+                serde_json::json!({ "topic": "scores.live", "data": { "home": 2, "away": 1 } }),
+                serde_json::json!({ "topic": "scores.odds", "data": { "home": 1.8 } }),
+            ];
+            for i in 0..8 {
+                let topic = format!("inbox.fan-{i}");
+                batch.push(serde_json::json!({ "topic": topic, "data": "m".repeat(32 << 10) }));
+            }
+            let body = serde_json::Value::from(batch).to_string();
+            let until = Instant::now() + Duration::from_secs(120);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < until {
+                post_as(&addr, "", PUBLISH, &body);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+
+    let (_browser, profile, mut page) =
+        open_page(&chromium, &format!("http://{addr}/dashboard?token={ADMIN}"), "topics-view");
+    page.wait_for("a live stream", |p| p.text("status") == "live");
+    page.wait_for("the topic and its 1,000 subscribers", |p| {
+        let row = p.eval("document.querySelector('#table-topics tbody tr')?.textContent ?? ''");
+        row.as_str()
+            .is_some_and(|r| r.starts_with("scores.live1,000") || r.starts_with("scores.live1000"))
+    });
+    let slowest = |p: &mut DevTools| {
+        p.eval(
+            "[...document.querySelectorAll('#table-slowest tbody tr[data-id]')]\
+             .map(tr => [tr.querySelector('.peer').textContent, tr.querySelector('.sub').textContent])",
+        )
+    };
+    page.wait_for("the slow subscriber among the slowest", |p| {
+        let rows = slowest(p);
+        rows.as_array().into_iter().flatten().any(|r| r[0] == slow_peer.as_str())
+    });
+    let rows = slowest(&mut page);
+    let first = &rows[0];
+    eprintln!("slowest subscribers shown: {rows}");
+    let named = rows.as_array().unwrap().iter().find(|r| r[0] == slow_peer.as_str()).unwrap();
+    assert_eq!(named[1], "fan-7", "named by its token's sub: {rows}");
+    assert!(
+        rows.as_array().unwrap().iter().filter(|r| r[1] == "fan-7").count() == 1,
+        "one row for it: {rows}"
+    );
+    // A click shows its detail: the address, the sub, the topic, the policy and its queue.
+    page.eval(&format!(
+        "[...document.querySelectorAll('#table-slowest tbody tr[data-id]')]\
+         .find(tr => tr.querySelector('.peer').textContent === '{slow_peer}').click()"
+    ));
+    page.wait_for("the connection's detail", |p| {
+        p.eval("document.getElementById('connection-detail').hidden") == false
+            && p.text("detail-fields").contains("fan-7")
+    });
+    let detail = page.text("detail-fields");
+    let topics = "scores.live, inbox.fan-7";
+    assert!(detail.contains(&slow_peer) && detail.contains(topics), "{detail}");
+    assert!(detail.contains("conflate"), "the topics' policy: {detail}");
+    // Its queue has held unsent bytes for a while, and keeps doing so.
+    page.wait_for("its oldest unsent message a second old", |p| {
+        let fields = p.text("detail-fields");
+        fields.contains("oldest unsent") && (fields.contains(" s") || fields.contains(" min"))
+    });
+
+    // The picture: the tables in view, the slow one picked out.
+    page.eval(
+        "window.scrollTo(0, document.getElementById('table-topics').getBoundingClientRect().top \
+         + window.scrollY - 470)",
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let shot = page.call("Page.captureScreenshot", serde_json::json!({ "format": "png" }));
+    use base64::Engine;
+    let png =
+        base64::engine::general_purpose::STANDARD.decode(shot["data"].as_str().unwrap()).unwrap();
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a real picture");
+    let path = std::env::var_os("FREEBOARD_TOPICS_SCREENSHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("freeboard-topics-dashboard.png"));
+    std::fs::write(&path, &png).unwrap();
+    eprintln!("topics dashboard screenshot: {} (first row {first})", path.display());
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    publisher.join().unwrap();
+    drop(drain.join().unwrap());
+    drop(slow);
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+/// The dashboard's JSON names clients: without the admin token each endpoint answers 401
+/// (403 with a wrong one), and with it the JSON.
+#[test]
+fn the_topic_and_subscriber_endpoints_need_the_admin_token() {
+    let serve = Serve::start(&["--admin-token", "the-admin-token"]);
+    for path in ["/dashboard/topics", "/dashboard/slowest", "/dashboard/connection?id=0.1.1"] {
+        let answer = get(&serve.addr, path);
+        assert!(answer.starts_with("HTTP/1.1 401"), "{path}: {answer}");
+        assert!(answer.contains("WWW-Authenticate: Bearer"), "{path}: {answer}");
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let answer = get(&serve.addr, &format!("{path}{sep}token=wrong"));
+        assert!(answer.starts_with("HTTP/1.1 403"), "{path}: {answer}");
+    }
+    let topics = get(&serve.addr, "/dashboard/topics?token=the-admin-token");
+    assert!(topics.starts_with("HTTP/1.1 200") && topics.contains("\"topics\":[]"), "{topics}");
+    let slowest = get(&serve.addr, "/dashboard/slowest?token=the-admin-token");
+    assert!(slowest.starts_with("HTTP/1.1 200") && slowest.contains("\"slowest\":[]"), "{slowest}");
+    let unknown = get(&serve.addr, "/dashboard/connection?id=0.1.1&token=the-admin-token");
+    assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
+}
+
+/// Per-topic series only for the named prefix, and at most `--topic-metrics-max` of them: a
+/// subscriber of 60 topics (50 named) and a publication to each leave 16 series on
+/// `/metrics`, the 34 others counted as left out, none for the unnamed topics; the series go
+/// with the subscriber.
+#[test]
+fn per_topic_series_stay_within_the_prefix_and_the_cap() {
+    let serve = Serve::start(&["--topic-metrics-prefix", "room.", "--topic-metrics-max", "16"]);
+    let named: Vec<String> = (0..50).map(|i| format!("room.{i}")).collect();
+    let others: Vec<String> = (0..10).map(|i| format!("lobby.{i}")).collect();
+    let also: String = named[1..].iter().chain(&others).map(|t| format!("&also={t}")).collect();
+    let target = format!("{}?x=1{also}", named[0]);
+    let subscriber = upgrade(TcpStream::connect(&serve.addr).unwrap(), &target, "");
+    let batch: Vec<serde_json::Value> = named
+        .iter()
+        .chain(&others)
+        .map(|t| serde_json::json!({ "topic": t, "data": "hello" }))
+        .collect();
+    post_as(&serve.addr, "", "", &serde_json::Value::from(batch).to_string());
+
+    let series = |metrics: &str, name: &str| -> Vec<String> {
+        metrics.lines().filter(|l| l.starts_with(name)).map(str::to_owned).collect()
+    };
+    let metrics = get(&serve.addr, "/metrics");
+    let subscribers = series(&metrics, "freeboard_named_topic_subscribers{");
+    assert_eq!(subscribers.len(), 16, "{subscribers:?}");
+    assert!(subscribers.iter().all(|l| l.contains("topic=\"room.") && l.ends_with(" 1")));
+    let publishes = series(&metrics, "freeboard_named_topic_publishes_total{");
+    assert_eq!(publishes.len(), 16);
+    assert!(publishes.iter().all(|l| l.ends_with(" 1")), "each published once: {publishes:?}");
+    let deliveries = series(&metrics, "freeboard_named_topic_deliveries_total{");
+    assert!(deliveries.iter().all(|l| l.ends_with(" 1")), "{deliveries:?}");
+    let drops = series(&metrics, "freeboard_named_topic_drops_total{");
+    assert_eq!(drops.len(), 16 * 5, "one per topic and policy");
+    assert!(!metrics.contains("topic=\"lobby."), "no series for a topic not named");
+    assert!(metrics.contains("freeboard_named_topic_series 16\n"), "{metrics}");
+    assert!(metrics.contains("freeboard_named_topic_left_out_total 34\n"), "{metrics}");
+    let total = metrics.lines().filter(|l| l.contains("topic=\"")).count();
+    assert_eq!(total, 16 * (3 + 5), "every per-topic series, bounded by the cap");
+
+    drop(subscriber);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = get(&serve.addr, "/metrics");
+        if metrics.contains("freeboard_named_topic_series 0\n") {
+            assert!(!metrics.contains("topic=\""), "the series went with the subscriber");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the series stayed after the subscriber left");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Upgrades `stream` to a subscriber of `/topic/{target}` (with `?access_token=` when
+/// `token` is given) and returns it once the `101` is read.
+fn upgrade(mut stream: TcpStream, target: &str, token: &str) -> TcpStream {
+    let sep = if target.contains('?') { '&' } else { '?' };
+    let query = if token.is_empty() { String::new() } else { format!("{sep}access_token={token}") };
+    write!(
+        stream,
+        "GET /topic/{target}{query} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    .unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(stream.read(&mut byte).unwrap(), 1, "closed during the upgrade");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    stream
+}
+
+/// `POST /topic/{topic}` (a batch when `topic` is empty) with `bearer` as the publish token
+/// (none when empty), expecting 200.
+fn post_as(addr: &str, topic: &str, bearer: &str, body: &str) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = if bearer.is_empty() {
+        String::new()
+    } else {
+        format!("Authorization: Bearer {bearer}\r\n")
+    };
+    let kind = if topic.is_empty() { "application/json" } else { "text/plain" };
+    write!(
+        s,
+        "POST /topic/{topic} HTTP/1.1\r\nHost: x\r\nContent-Type: {kind}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
