@@ -245,3 +245,61 @@ impl Collector for LagCollector {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slow(id: &str, queue_bytes: usize) -> SlowSubscriber {
+        SlowSubscriber {
+            id: id.into(),
+            peer: "127.0.0.1:4000".parse().unwrap(),
+            subject: Some(Arc::from("someone")),
+            path: "/topic/".into(),
+            policy: SlowConsumerPolicy::Conflate,
+            queue_bytes,
+            queued_messages: 1,
+            unsent_since_ms: 1_000,
+            high_watermark: 64 << 10,
+            cap: 1 << 20,
+            writable: true,
+            compressed: false,
+            topics: vec![Arc::from("scores")],
+            topic_count: 1,
+        }
+    }
+
+    #[test]
+    fn the_slowest_of_every_loop_merge_largest_first_and_the_distribution_adds_up() {
+        let board = LagBoard::default();
+        board.set_loops(2);
+        let mut a =
+            LoopLag { slowest: vec![slow("0.1.1", 500), slow("0.2.2", 20)], ..Default::default() };
+        a.observe(500, 2_000);
+        a.observe(20, 5);
+        a.observe(0, 0);
+        let mut b = LoopLag { slowest: vec![slow("1.1.1", 9_000)], ..Default::default() };
+        b.observe(9_000, 70_000);
+        board.report(0, a);
+        board.report(1, b);
+        board.report(7, LoopLag::default()); // no such loop: ignored
+
+        let json = board.slowest_json(2, 3_500);
+        let ids: Vec<&str> =
+            json["slowest"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+        assert_eq!(ids, ["1.1.1", "0.1.1"], "largest queue first, at most n");
+        assert_eq!(json["slowest"][0]["oldest_unsent_ms"], 2_500);
+        assert_eq!(json["subscribers"], 4);
+        // Cumulative: at most 0 bytes: 1; at most 1 KiB: 3; above 16 MiB: none more.
+        assert_eq!(json["queue_bytes"][0], serde_json::json!([0.0, 1]));
+        assert_eq!(json["queue_bytes"][1], serde_json::json!([1024.0, 3]));
+        assert_eq!(json["queue_bytes"][QUEUE_BOUNDS.len()], serde_json::json!(["+Inf", 4]));
+        // 70 s is above the last bound (60 s).
+        let age = &json["oldest_unsent_seconds"];
+        assert_eq!(age[AGE_BOUNDS_MS.len() - 1], serde_json::json!([60.0, 3]));
+        assert_eq!(age[AGE_BOUNDS_MS.len()], serde_json::json!(["+Inf", 4]));
+
+        assert_eq!(board.connection_json("0.2.2", 3_500).unwrap()["sub"], "someone");
+        assert!(board.connection_json("0.9.9", 3_500).is_none());
+    }
+}

@@ -242,3 +242,45 @@ impl Collector for TopicSeriesCollector {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_named_topics_get_series_and_no_more_than_the_cap() {
+        let series = TopicSeries::default();
+        let name = |t: &str| Arc::<str>::from(t);
+        // Nothing named: nothing kept, nothing counted as left out.
+        series.subscribed(&name("room.1"));
+        assert_eq!((series.len(), series.left_out()), (0, 0));
+
+        series.watch(&["room.".into(), "desk.".into()], 3);
+        for topic in ["room.1", "room.2", "lobby", "desk.9", "room.3", "room.4"] {
+            series.subscribed(&name(topic));
+        }
+        // room.1, room.2, desk.9 took the three series; room.3 and room.4 were left out.
+        assert_eq!((series.len(), series.left_out()), (3, 2));
+        series.subscribed(&name("room.1"));
+        assert_eq!(series.len(), 3, "a second subscriber of a topic with a series");
+        series.published("room.1");
+        series.published("lobby");
+        series.fanned_out("room.1", 2, &[0, 1, 0, 3, 0]);
+        let json = series.json();
+        let room = json["topics"].as_array().unwrap().iter().find(|t| t["topic"] == "room.1");
+        let room = room.unwrap();
+        assert_eq!(room["subscribers"], 2);
+        assert_eq!((room["publishes"].as_u64(), room["deliveries"].as_u64()), (Some(1), Some(2)));
+        assert_eq!(room["drops"]["conflate"], 3);
+        assert_eq!(json["topics"][0]["topic"], "room.1", "most subscribers first");
+
+        // A series goes with its topic's last subscriber, and makes room for another.
+        series.unsubscribed("room.1");
+        assert_eq!(series.len(), 3);
+        series.unsubscribed("room.1");
+        series.unsubscribed("room.3"); // left out: nothing to take away
+        assert_eq!(series.len(), 2);
+        series.subscribed(&name("room.3"));
+        assert_eq!((series.len(), series.left_out()), (3, 2));
+    }
+}
