@@ -363,7 +363,7 @@ fn the_dashboard_names_the_one_slow_subscriber_of_a_thousand_in_chromium() {
     };
     // Every fan: the live scores, its inbox, and for every other fan the odds too.
     let target = |i: usize| {
-        let odds = if i % 2 == 0 { "&also=scores.odds" } else { "" };
+        let odds = if i.is_multiple_of(2) { "&also=scores.odds" } else { "" };
         format!("scores.live?also=inbox.fan-{i}{odds}")
     };
 

@@ -213,24 +213,23 @@ impl Collector for LagCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let loops = self.0.loops.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (queue, age) = totals(&loops);
-        let families: [(&str, &str, &[u64], f64, &[u64]); 2] = [
-            (
-                "freeboard_subscriber_lag_queue_bytes",
-                "Subscribers whose send queue holds at most le bytes (each loop's last sweep)",
-                &QUEUE_BOUNDS,
-                1.0,
-                &queue,
-            ),
-            (
-                "freeboard_subscriber_lag_oldest_unsent_seconds",
-                "Subscribers whose send queue has held unsent bytes for at most le seconds \
-                 (each loop's last sweep)",
-                &AGE_BOUNDS_MS,
-                0.001,
-                &age,
-            ),
-        ];
-        for (name, help, bounds, scale, counts) in families {
+        // Name, help, bounds (in units), what one unit is in the exposed one, counts.
+        let queue_bytes = (
+            "freeboard_subscriber_lag_queue_bytes",
+            "Subscribers whose send queue holds at most le bytes (each loop's last sweep)",
+            &QUEUE_BOUNDS[..],
+            1.0,
+            &queue[..],
+        );
+        let oldest_unsent = (
+            "freeboard_subscriber_lag_oldest_unsent_seconds",
+            "Subscribers whose send queue has held unsent bytes for at most le seconds \
+             (each loop's last sweep)",
+            &AGE_BOUNDS_MS[..],
+            0.001,
+            &age[..],
+        );
+        for (name, help, bounds, scale, counts) in [queue_bytes, oldest_unsent] {
             let mut e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             let mut total = 0;
             for (i, n) in counts.iter().enumerate() {

@@ -101,7 +101,7 @@ impl<T: Transport> EventLoop<T> {
                 topics: shown,
             });
         }
-        lag.slowest.sort_by(|a, b| b.queue_bytes.cmp(&a.queue_bytes));
+        lag.slowest.sort_by_key(|s| std::cmp::Reverse(s.queue_bytes));
         self.shared.metrics.lag.report(self.index, lag);
     }
 }
