@@ -38,6 +38,7 @@ impl<T: Transport> EventLoop<T> {
             }
             None => return,
         };
+        let step_began = std::time::Instant::now();
         let now_ms = now.as_millis() as u32;
         let end = (cursor + SWEEP_STEP).min(self.conns.capacity());
         for token in cursor..end {
@@ -45,7 +46,10 @@ impl<T: Transport> EventLoop<T> {
             if !matches!(entry.session.phase, Phase::Open(_)) {
                 continue;
             }
-            if self.topics.topics_of(token).next().is_none() {
+            // A topic route's connections subscribe; on other routes a handler may have
+            // subscribed it (a hash look-up, so asked only there).
+            let subscribes = self.router.options(entry.route as usize).subscribes;
+            if !subscribes && self.topics.topics_of(token).next().is_none() {
                 continue; // not a subscriber
             }
             let bytes = entry.session.buffered();
@@ -63,6 +67,8 @@ impl<T: Transport> EventLoop<T> {
         }
         if end < self.conns.capacity() {
             sweep.cursor = Some(end);
+            let step = step_began.elapsed().as_micros() as u64;
+            sweep.lag.longest_step_us = sweep.lag.longest_step_us.max(step);
             return;
         }
         // The end of the table: the records of the slowest, as they are now.
@@ -102,6 +108,8 @@ impl<T: Transport> EventLoop<T> {
             });
         }
         lag.slowest.sort_by_key(|s| std::cmp::Reverse(s.queue_bytes));
+        let step = step_began.elapsed().as_micros() as u64;
+        lag.longest_step_us = lag.longest_step_us.max(step);
         self.shared.metrics.lag.report(self.index, lag);
     }
 }
