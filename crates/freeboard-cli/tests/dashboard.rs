@@ -566,6 +566,48 @@ fn per_topic_series_stay_within_the_prefix_and_the_cap() {
     }
 }
 
+/// A loop sweeps its connections 1,024 slots a turn: with 2,500 subscribers on one loop, the
+/// sweep takes several turns, counts every subscriber in the lag distribution, and still finds
+/// the one that stopped reading, subscribed last (the end of the table).
+#[test]
+fn the_sweep_finds_the_slow_subscriber_past_its_first_step() {
+    let serve = Serve::start(&["--threads", "1", "--max-connections-per-ip", "3000"]);
+    let readers: Vec<TcpStream> =
+        (0..2499).map(|_| upgrade(TcpStream::connect(&serve.addr).unwrap(), "lobby", "")).collect();
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&serve.socket_addr().into()).unwrap();
+    let slow = upgrade(socket.into(), "lobby?also=inbox.last", "");
+    let slow_peer = slow.local_addr().unwrap().to_string();
+    // 64 KiB batches to the last one's inbox until its queue on the server holds bytes (the
+    // kernel takes some 4 MiB first), then the sweep's answer.
+    let body = serde_json::json!([{ "topic": "inbox.last", "data": "m".repeat(64 << 10) }]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let slowest = loop {
+        post_as(&serve.addr, "", "", &body.to_string());
+        let answer = get(&serve.addr, "/dashboard/slowest");
+        let json: serde_json::Value =
+            serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap();
+        if json["slowest"].as_array().unwrap().iter().any(|s| s["peer"] == slow_peer.as_str()) {
+            break json;
+        }
+        assert!(Instant::now() < deadline, "never named the slow subscriber: {json}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(slowest["subscribers"], 2500, "every subscriber counted: {slowest}");
+    let buckets = slowest["queue_bytes"].as_array().unwrap();
+    assert_eq!(buckets.last().unwrap()[1], 2500);
+    assert!(buckets[0][1].as_u64().unwrap() >= 2490, "the others keep up: {slowest}");
+    let first = &slowest["slowest"][0];
+    assert_eq!(first["peer"], slow_peer.as_str(), "largest queue first: {slowest}");
+    assert_eq!(first["topics"], serde_json::json!(["lobby", "inbox.last"]));
+    let sweep = &slowest["sweeps"][0];
+    eprintln!("sweep of 2,500 subscribers: {sweep}");
+    assert!(sweep["steps"].as_u64().unwrap() >= 3, "2,500 slots in steps of 1,024: {sweep}");
+    assert!(sweep["longest_step_us"].as_u64().unwrap() > 0, "{sweep}");
+    drop((readers, slow));
+}
+
 /// Upgrades `stream` to a subscriber of `/topic/{target}` (with `?access_token=` when
 /// `token` is given) and returns it once the `101` is read.
 fn upgrade(mut stream: TcpStream, target: &str, token: &str) -> TcpStream {

@@ -87,6 +87,8 @@ pub(crate) struct LoopLag {
     pub(crate) took_ms: u64,
     /// The longest one turn's step of it took, in microseconds: what the sweep adds to a turn.
     pub(crate) longest_step_us: u64,
+    /// The turns it took (steps of at most [`SWEEP_STEP`] slots).
+    pub(crate) steps: u32,
 }
 
 impl LoopLag {
@@ -137,6 +139,7 @@ impl LagBoard {
                     "swept_at_ms": l.swept_at_ms,
                     "took_ms": l.took_ms,
                     "longest_step_us": l.longest_step_us,
+                    "steps": l.steps,
                 })
             })
             .collect();

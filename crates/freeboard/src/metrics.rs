@@ -1238,7 +1238,7 @@ impl Metrics {
     /// the lag distribution, as JSON: `subscribers`, `slowest` (each `{id, peer, sub, path,
     /// policy, queue_bytes, queued_messages, oldest_unsent_ms, high_watermark, cap, writable,
     /// compressed, topics, topic_count}`), `queue_bytes` and
-    /// `oldest_unsent_seconds` (cumulative `[le, subscribers]` pairs), `sweeps` (per loop: `swept_at_ms`, `took_ms`, `longest_step_us`).
+    /// `oldest_unsent_seconds` (cumulative `[le, subscribers]` pairs), `sweeps` (per loop: `swept_at_ms`, `took_ms`, `steps`, `longest_step_us`).
     pub fn slowest_json(&self, n: usize) -> String {
         self.lag.slowest_json(n, now_ms()).to_string()
     }

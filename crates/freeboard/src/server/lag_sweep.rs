@@ -65,6 +65,7 @@ impl<T: Transport> EventLoop<T> {
                 slowest.truncate(SLOWEST);
             }
         }
+        sweep.lag.steps += 1;
         if end < self.conns.capacity() {
             sweep.cursor = Some(end);
             let step = step_began.elapsed().as_micros() as u64;
