@@ -53,11 +53,7 @@ impl<T: Transport> EventLoop<T> {
                 continue; // not a subscriber
             }
             let bytes = entry.session.buffered();
-            let age = match entry.queued_at {
-                0 => 0,
-                at => now_ms.wrapping_sub(at - 1),
-            };
-            sweep.lag.observe(bytes as u64, u64::from(age));
+            sweep.lag.observe(bytes as u64, u64::from(unsent_for(entry.queued_at, now_ms)));
             let slowest = &mut sweep.slowest;
             if bytes > 0 && (slowest.len() < SLOWEST || slowest[SLOWEST - 1].0 < bytes) {
                 let at = slowest.partition_point(|s| s.0 >= bytes);
@@ -85,10 +81,7 @@ impl<T: Transport> EventLoop<T> {
                 continue; // gone since
             };
             let queue = entry.session.queue();
-            let age = match entry.queued_at {
-                0 => 0,
-                at => now_ms.wrapping_sub(at - 1),
-            };
+            let age = unsent_for(entry.queued_at, now_ms);
             let mut topics = self.topics.topic_names_of(token);
             let shown: Vec<_> = topics.by_ref().take(TOPICS_SHOWN).cloned().collect();
             lag.slowest.push(SlowSubscriber {
@@ -112,5 +105,14 @@ impl<T: Transport> EventLoop<T> {
         let step = step_began.elapsed().as_micros() as u64;
         lag.longest_step_us = lag.longest_step_us.max(step);
         self.shared.metrics.lag.report(self.index, lag);
+    }
+}
+
+/// How long a queue has held unsent bytes, in ms: `queued_at` is when it got its first byte,
+/// in the loop's milliseconds plus one (0: empty), as the end of the turn keeps it.
+fn unsent_for(queued_at: u32, now_ms: u32) -> u32 {
+    match queued_at {
+        0 => 0,
+        at => now_ms.wrapping_sub(at - 1),
     }
 }
