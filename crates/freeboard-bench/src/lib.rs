@@ -8,6 +8,9 @@
 //!
 //! - [`load`]: the client side — connect, handshake, keep W messages in flight per client,
 //!   record latency in an HDR histogram, count what came back.
+//! - [`latency`]: latency at a fixed rate — an open-loop generator timing each round trip
+//!   from its intended send time (coordinated omission corrected), and the highest rate whose
+//!   p99 stays under a bound.
 //! - [`connections`]: many idle connections and the server memory they cost.
 //! - [`handshakes`]: new `wss://` connections per second, full or resumed, and the server's
 //!   CPU time per handshake.
@@ -29,6 +32,7 @@ pub mod corpus;
 pub mod crowd;
 pub mod drops;
 pub mod handshakes;
+pub mod latency;
 pub mod load;
 pub mod memory;
 pub mod peers;

@@ -42,6 +42,11 @@ pub enum Peer {
     /// The same axum app upgraded to freeboard's tokio driver (`freeboard::tokio::axum`), one
     /// worker. Not in [`Peer::ALL`]: named with `--peers`.
     AxumFreeboard,
+    /// uWebSockets' echo (`peers/uwebsockets`), one thread, compression off. Its sources come
+    /// from GitHub, so it is not built here: `peers/uwebsockets/build.sh DIR` builds it from a
+    /// checkout into the cache, or `FREEBOARD_UWEBSOCKETS=DIR` names the checkout to build
+    /// from on first use. Not in [`Peer::ALL`]: named with `--peers`.
+    Uwebsockets,
 }
 
 impl Peer {
@@ -70,6 +75,7 @@ impl Peer {
             Peer::TokioTungsteniteRustls => "tokio-tungstenite-rustls",
             Peer::AxumWs => "axum-ws",
             Peer::AxumFreeboard => "axum-freeboard",
+            Peer::Uwebsockets => "uwebsockets",
         }
     }
 
@@ -82,6 +88,7 @@ impl Peer {
             Peer::TokioTungsteniteRustls,
             Peer::AxumWs,
             Peer::AxumFreeboard,
+            Peer::Uwebsockets,
         ];
         let all = Self::ALL.into_iter().chain(others);
         all.clone().find(|p| p.name() == name).ok_or_else(|| {
@@ -163,6 +170,21 @@ impl Peers {
                 }
                 return Ok(output.join("server.js"));
             }
+            Peer::Uwebsockets => {
+                let binary = self.cache.join("uws-echo");
+                if binary.exists() {
+                    return Ok(binary);
+                }
+                let Some(checkout) = std::env::var_os("FREEBOARD_UWEBSOCKETS") else {
+                    return Err(io::Error::other(format!(
+                        "{} is not built: run peers/uwebsockets/build.sh DIR with a uWebSockets \
+                         checkout (and its uSockets submodule), or set FREEBOARD_UWEBSOCKETS=DIR",
+                        binary.display()
+                    )));
+                };
+                run(Command::new(source.join("build.sh")).arg(checkout))?;
+                return Ok(binary);
+            }
             Peer::Gorilla => {
                 std::fs::create_dir_all(&self.cache)?;
                 run(Command::new("go")
@@ -226,7 +248,12 @@ impl Peers {
             }
             command.arg("--listen");
         }
-        command.arg(addr.to_string()).env("RUST_LOG", "warn").stdout(Stdio::null());
+        match peer {
+            // uWebSockets' echo listens on 127.0.0.1 and takes the port alone.
+            Peer::Uwebsockets => command.arg(addr.port().to_string()),
+            _ => command.arg(addr.to_string()),
+        };
+        command.env("RUST_LOG", "warn").stdout(Stdio::null());
         if let (Peer::TokioTungsteniteRustls, Some((cert, key))) = (peer, &self.tls) {
             command.arg(cert).arg(key);
         }

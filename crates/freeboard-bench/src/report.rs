@@ -163,6 +163,9 @@ pub struct Report {
     /// New `wss://` connections per second, full and resumed.
     #[serde(default)]
     pub handshakes: Vec<HandshakeRow>,
+    /// Latency at a fixed rate and capacity under a p99 bound.
+    #[serde(default)]
+    pub latency: crate::latency::LatencyReport,
 }
 
 /// New `wss://` connections against one server with one number of clients, full or resumed
@@ -213,6 +216,7 @@ impl Report {
         self.watermarks.extend(other.watermarks);
         self.broadcasts.extend(other.broadcasts);
         self.handshakes.extend(other.handshakes);
+        self.latency.merge(other.latency);
         self.simulation = other.simulation.or(self.simulation.take());
     }
 
@@ -561,6 +565,7 @@ impl Report {
                 );
             }
         }
+        s.push_str(&self.latency.markdown());
         s
     }
 

@@ -292,6 +292,90 @@ pub(crate) enum BenchCommand {
         #[command(flatten)]
         output: Output,
     },
+    /// Latency at a fixed rate, as users feel it (wrk2, k6's constant-arrival-rate): every
+    /// connection sends --rate messages per second on a schedule that never waits for echoes,
+    /// and each round trip is timed from the message's intended send time, so a stall counts
+    /// for every message it held up (coordinated omission corrected). Reports p50, p90, p99,
+    /// p99.9 and max (HDR histogram), the rate achieved (marked when short of the target by
+    /// more than 3 %), the send lag (intended time to written: the generator's own lateness)
+    /// and both sides' CPU. With --sweep, finds instead the highest total rate whose p99 stays
+    /// under --bound ("capacity at p99 < 1 ms"), then runs every server at --at of the first
+    /// server's capacity. With --peers the servers are started in turn each round (the first
+    /// is the reference), pinned to one CPU and the generator to another.
+    #[command(
+        after_help = "Example: capacity at p99 < 1 ms, freeboard beside uWebSockets and the raw echo, \
+                      100 and 10,000 connections, 3 rounds:\n  freeboard bench latency --peers \
+                      freeboard,uwebsockets,raw-tcp-echo --sweep --connections 100,10000 --repeat 3"
+    )]
+    Latency {
+        /// The echo server: ws://host:port/path, or tcp://host:port for a raw TCP echo. Not
+        /// needed with --peers.
+        url: Option<String>,
+        /// Servers to start one after the other, a comma-separated list: freeboard,
+        /// raw-tcp-echo, uwebsockets (built by peers/uwebsockets/build.sh DIR, or set
+        /// FREEBOARD_UWEBSOCKETS=DIR), tokio-tungstenite, …; without a value those three.
+        #[arg(long, num_args = 0..=1, default_missing_value = "freeboard,uwebsockets,raw-tcp-echo", value_name = "LIST")]
+        peers: Option<String>,
+        /// Connections; a comma-separated list runs each (10,000 and more need the open-file
+        /// limit raised: the bench raises its own to the hard limit and says what else is
+        /// missing).
+        #[arg(long, value_delimiter = ',', default_value = "100")]
+        connections: Vec<usize>,
+        /// Messages per second per connection, one run each (a comma-separated list);
+        /// ignored with --sweep.
+        #[arg(long, value_delimiter = ',', default_value = "100")]
+        rate: Vec<f64>,
+        /// Payload bytes per message.
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        /// Length of each run, warm-up included: 2s, 1500ms.
+        #[arg(long, default_value = "2s", value_parser = crate::duration)]
+        duration: Duration,
+        /// The first part of each run, sent but not measured.
+        #[arg(long, default_value = "500ms", value_parser = crate::duration)]
+        warmup: Duration,
+        /// Find the highest total rate whose p99 stays under --bound: doubling from --from
+        /// while runs pass, halving while they fail, then bisecting to --resolution. A run
+        /// passes when it reaches its rate, its p99 is under the bound and no message is lost.
+        #[arg(long)]
+        sweep: bool,
+        /// The p99 bound of --sweep: 1ms, 500us.
+        #[arg(long, default_value = "1ms", value_parser = crate::duration)]
+        bound: Duration,
+        /// The total rate (all connections, msg/s) a sweep starts at.
+        #[arg(long, default_value_t = 20_000.0)]
+        from: f64,
+        /// A sweep stops bisecting when its highest pass and lowest failure are within this
+        /// factor.
+        #[arg(long, default_value_t = 1.1)]
+        resolution: f64,
+        /// Most runs per sweep.
+        #[arg(long, default_value_t = 14)]
+        max_steps: usize,
+        /// After each sweep, a run of every server at this fraction of the first server's
+        /// capacity found in the same round (0: none).
+        #[arg(long, default_value_t = 0.5)]
+        at: f64,
+        /// Rounds; tables show the median with min and max. Each round starts every server in
+        /// turn.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// Pin the servers started and the generator: SERVER_CPU,CLIENT_CPU. With --peers and
+        /// two CPUs or more, 0,1 unless given.
+        #[arg(long, value_name = "SERVER,CLIENT")]
+        pin: Option<String>,
+        /// Do not pin anything.
+        #[arg(long, conflicts_with = "pin")]
+        no_pin: bool,
+        /// Further arguments for `freeboard serve` under --peers, split at spaces.
+        #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+        serve_args: Option<String>,
+        /// PID of the server behind URL, for its CPU time.
+        #[arg(long, value_name = "PID")]
+        server_pid: Option<u32>,
+        #[command(flatten)]
+        output: Output,
+    },
     /// The whole suite, one experiment after the other with its defaults (echo over payloads
     /// and clients, pipeline, connections, slow consumer, broadcast, watermarks, buffers
     /// simulation and soak), each written to OUT as NAME.json, NAME.csv and NAME.md; then
@@ -504,6 +588,69 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             if let Some(dir) = charts.or_else(|| file.is_dir().then(|| file.clone())) {
                 write_charts(&all, &dir)?;
             }
+            return Ok(ExitCode::SUCCESS);
+        }
+        BenchCommand::Latency {
+            url,
+            peers,
+            connections,
+            rate,
+            size,
+            duration,
+            warmup,
+            sweep,
+            bound,
+            from,
+            resolution,
+            max_steps,
+            at,
+            repeat,
+            pin,
+            no_pin,
+            serve_args,
+            server_pid,
+            output,
+        } => {
+            if warmup >= duration {
+                return Err("--warmup must be shorter than --duration".into());
+            }
+            if !sweep && rate.iter().any(|&r| !(r > 0.0 && r.is_finite())) {
+                return Err("--rate must be above 0".into());
+            }
+            if sweep && !(from > 0.0 && resolution > 1.0) {
+                return Err("--from must be above 0 and --resolution above 1".into());
+            }
+            let pin = match (pin, no_pin, &peers) {
+                (Some(pin), _, _) => Some(pin),
+                (None, false, Some(_)) if two_cpus() => Some("0,1".to_string()),
+                _ => None,
+            };
+            let plan = LatencyPlan {
+                connections,
+                rates: rate,
+                size,
+                duration,
+                warmup,
+                sweep: sweep.then_some(freeboard_bench::latency::SweepPlan {
+                    bound,
+                    from,
+                    resolution,
+                    max_steps: max_steps.max(1),
+                    duration,
+                    warmup,
+                }),
+                at,
+                repeat: repeat.max(1),
+                pin: pin.as_deref().map(pin_load_generator).transpose()?,
+                server_pid,
+                serve_args: serve_args
+                    .iter()
+                    .flat_map(|a| a.split_whitespace())
+                    .map(String::from)
+                    .collect(),
+            };
+            let report = latency(url, peers, &plan, command_line)?;
+            finish(&report, &output, |r| r.latency.csv())?;
             return Ok(ExitCode::SUCCESS);
         }
         BenchCommand::Buffers { part } => {
@@ -1298,6 +1445,169 @@ fn pin_load_generator(s: &str) -> Result<(usize, usize), String> {
         .ok_or_else(|| format!("--pin {s}: expected SERVER_CPU,CLIENT_CPU"))?;
     process::pin_current_thread(client).map_err(|e| format!("pinning to CPU {client}: {e}"))?;
     Ok((server, client))
+}
+
+/// What `freeboard bench latency` runs.
+struct LatencyPlan {
+    connections: Vec<usize>,
+    /// Messages per second per connection, one fixed-rate run each (without a sweep).
+    rates: Vec<f64>,
+    size: usize,
+    duration: Duration,
+    warmup: Duration,
+    sweep: Option<freeboard_bench::latency::SweepPlan>,
+    /// After a sweep, each server at this fraction of the first server's capacity.
+    at: f64,
+    repeat: usize,
+    /// The CPUs of the servers started and of the generator (pinned already).
+    pin: Option<(usize, usize)>,
+    server_pid: Option<u32>,
+    serve_args: Vec<String>,
+}
+
+/// Whether this host has two CPUs or more to pin the server and the generator apart.
+fn two_cpus() -> bool {
+    std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2)
+}
+
+/// `freeboard bench latency`: for each round, connection count and server (started in turn,
+/// or the one URL), a sweep or fixed-rate runs, with the connections opened once and reused.
+fn latency(
+    url: Option<String>,
+    peers: Option<String>,
+    plan: &LatencyPlan,
+    command_line: String,
+) -> Result<Report, String> {
+    use freeboard_bench::latency::{self, FixedRate, Generator};
+
+    process::raise_fd_limit().map_err(|e| format!("raising the open-file limit: {e}"))?;
+    let largest = plan.connections.iter().copied().max().unwrap_or(0);
+    for missing in freeboard_bench::system::missing_settings(largest) {
+        eprintln!("freeboard bench: {missing}");
+    }
+    let mut report = Report {
+        command: command_line,
+        load_average: (process::load_average(), None),
+        pinned: plan.pin,
+        ..Report::default()
+    };
+    let servers: Vec<Option<Peer>> = match (&url, &peers) {
+        (Some(_), Some(_)) => return Err("give a server URL or --peers, not both".into()),
+        (None, None) => return Err("give a server URL or --peers".into()),
+        (Some(_), None) => vec![None],
+        (None, Some(list)) => {
+            list.split(',').map(|n| Peer::parse(n.trim()).map(Some)).collect::<Result<_, _>>()?
+        }
+    };
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut starter = Peers::in_repository(exe);
+    starter.serve_args = plan.serve_args.clone();
+    let show = |r: &FixedRate| {
+        format!(
+            "{:.0} msg/s → achieved {:.0}{}, p50 {:.0} µs, p99 {:.0} µs, p99.9 {:.0} µs, max {:.0} µs, send lag p99 {:.0} µs{}",
+            r.target_rate,
+            r.achieved_rate,
+            if r.reached { "" } else { " (not reached)" },
+            r.latency_us.p50,
+            r.latency_us.p99,
+            r.latency_us.p999,
+            r.latency_us.max,
+            r.send_lag_us.p99,
+            match (r.unanswered, r.failures.len()) {
+                (0, 0) => String::new(),
+                (u, f) => format!(", {u} unanswered, {f} kinds of connection failure"),
+            }
+        )
+    };
+    let mut skipped: Vec<Peer> = Vec::new();
+    for round in 1..=plan.repeat {
+        for &connections in &plan.connections {
+            // The first server's capacity in this round: the others run at `at` of it.
+            let mut reference: Option<(String, f64)> = None;
+            for server in &servers {
+                if server.is_some_and(|p| skipped.contains(&p)) {
+                    continue;
+                }
+                let (running, target, name, pid) = match server {
+                    Some(peer) => {
+                        let running = match starter.start(*peer, plan.pin.map(|(s, _)| s)) {
+                            Ok(running) => running,
+                            Err(e) => {
+                                eprintln!("freeboard bench: skipping {}: {e}", peer.name());
+                                skipped.push(*peer);
+                                continue;
+                            }
+                        };
+                        let (target, pid) = (running.target.clone(), Some(running.pid));
+                        (Some(running), target, peer.name().to_string(), pid)
+                    }
+                    None => {
+                        let url = url.clone().unwrap_or_default();
+                        (None, Target::parse(&url)?, url, plan.server_pid)
+                    }
+                };
+                let context = |e: std::io::Error| {
+                    format!("{name}, {connections} connections, round {round}: {e}")
+                };
+                let mut generator =
+                    Generator::connect(&target, connections, plan.size).map_err(context)?;
+                let label =
+                    format!("{name}, {connections} connections, round {round}/{}", plan.repeat);
+                match &plan.sweep {
+                    Some(sweep_plan) => {
+                        let sweep =
+                            latency::sweep(&mut generator, sweep_plan, pid, &mut |r, passed| {
+                                eprintln!(
+                                    "{label}: {}{}",
+                                    show(r),
+                                    if passed { " — pass" } else { " — fail" }
+                                );
+                            })
+                            .map_err(context)?;
+                        eprintln!(
+                            "{label}: capacity at p99 < {:?}: {:.0} msg/s",
+                            sweep_plan.bound, sweep.capacity
+                        );
+                        let capacity = sweep.capacity;
+                        report.latency.add_sweep(&name, connections, plan.size, sweep);
+                        let (reference_name, reference_capacity) =
+                            reference.get_or_insert((name.clone(), capacity)).clone();
+                        if plan.at > 0.0 && reference_capacity > 0.0 && generator.live() > 0 {
+                            let total = plan.at * reference_capacity;
+                            let run = generator
+                                .run(total / connections as f64, plan.duration, plan.warmup, pid)
+                                .map_err(context)?;
+                            eprintln!(
+                                "{label}: at {:.0} % of {reference_name}'s capacity: {}",
+                                plan.at * 100.0,
+                                show(&run)
+                            );
+                            let rate =
+                                format!("{:.0} % of {reference_name}'s capacity", plan.at * 100.0);
+                            report.latency.add_fixed(&name, &rate, run);
+                        }
+                    }
+                    None => {
+                        for &rate in &plan.rates {
+                            let run = generator
+                                .run(rate, plan.duration, plan.warmup, pid)
+                                .map_err(context)?;
+                            eprintln!("{label}: {}", show(&run));
+                            report.latency.add_fixed(
+                                &name,
+                                &format!("{rate}/s per connection"),
+                                run,
+                            );
+                        }
+                    }
+                }
+                drop(generator);
+                drop(running);
+            }
+        }
+    }
+    report.load_average.1 = process::load_average();
+    Ok(report)
 }
 
 /// What `freeboard bench broadcast` runs.
