@@ -1,5 +1,6 @@
 //! SVG charts of a [`Report`]: latency percentiles by payload, msg/s by clients, RSS by
-//! connections, fragmentation over time, delivered FPS by buffer size, and soak FPS over time.
+//! connections, fragmentation over time, delivered FPS by buffer size, soak FPS over time, and
+//! the latency sweeps' p99 by offered rate.
 //!
 //! SVG keeps text as text, so charts need no font files (plotters' own font handling is off:
 //! label sizes are estimated, the viewer renders the glyphs).
@@ -173,6 +174,30 @@ pub fn charts(report: &Report) -> Vec<Chart> {
         y: "operations per second (ops/s)",
         log_x: true,
         series: lines(marks),
+    });
+    // Every run of every latency sweep: p99 by the total rate offered, one line per server and
+    // connection count, capped at ten times the bound so the runs near it stay readable.
+    let mut sweep: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut bound_us = 0.0f64;
+    for row in &report.latency.capacities {
+        for w in &row.sweeps {
+            bound_us = bound_us.max(w.bound_us);
+            let key = format!("{} × {} connections", row.server, row.connections);
+            for step in &w.steps {
+                let p99 = step.latency_us.p99.min(10.0 * w.bound_us);
+                sweep.entry(key.clone()).or_default().push((step.target_rate, p99));
+            }
+        }
+    }
+    charts.push(Chart {
+        file: "latency_sweep.svg",
+        title: format!(
+            "latency: p99 by offered rate, every run of every sweep (bound {bound_us:.0} µs; capped at 10×)"
+        ),
+        x: "offered rate, all connections (msg/s)",
+        y: "p99 round trip from the intended send time (µs)",
+        log_x: true,
+        series: lines(sweep),
     });
     charts.retain(|c| c.series.iter().any(|s| !s.points.is_empty()));
     charts

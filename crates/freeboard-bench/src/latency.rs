@@ -384,8 +384,10 @@ impl Generator {
 /// Finds the highest total rate whose p99 stays under `plan.bound` with `generator`: from
 /// `plan.from`, doubling while runs pass (halving while they fail), then bisecting between
 /// the highest pass and the lowest failure. A run passes when it reached its rate, its p99 is
-/// under the bound and no connection failed nor message went unanswered. `step` sees each
-/// run as it ends.
+/// under the bound and no connection failed nor message went unanswered. A run that failed
+/// while the generator itself was late (send lag p99 at half the bound or more: it was
+/// starved of its CPU, or saturated) says little about the server and is made once more; both
+/// are kept in the steps. `step` sees each run as it ends.
 pub fn sweep(
     generator: &mut Generator,
     plan: &SweepPlan,
@@ -396,13 +398,20 @@ pub fn sweep(
     let mut steps = Vec::new();
     let connections = generator.clients.len().max(1) as f64;
     let (capacity, failed_at) = search(plan.from, plan.resolution, plan.max_steps, |total| {
-        let run = generator.run(total / connections, plan.duration, plan.warmup, server_pid)?;
-        let passed = run.reached
-            && run.latency_us.p99 < bound_us
-            && run.failures.is_empty()
-            && run.unanswered == 0;
-        step(&run, passed);
-        steps.push(run);
+        let mut passed = false;
+        for attempt in 0..2 {
+            let run = generator.run(total / connections, plan.duration, plan.warmup, server_pid)?;
+            passed = run.reached
+                && run.latency_us.p99 < bound_us
+                && run.failures.is_empty()
+                && run.unanswered == 0;
+            let generator_late = run.send_lag_us.p99 >= bound_us / 2.0;
+            step(&run, passed);
+            steps.push(run);
+            if passed || !generator_late || attempt == 1 {
+                break;
+            }
+        }
         Ok(passed)
     })?;
     Ok(Sweep { bound_us, steps, capacity, failed_at })
@@ -794,10 +803,10 @@ impl LatencyReport {
             );
             let _ = writeln!(
                 s,
-                "| connections | server | rounds | capacity msg/s | {} ÷ this (same round) | p99.9 µs at capacity | runs per sweep |",
+                "| connections | server | rounds | capacity msg/s | {} ÷ this (same round) | p99.9 µs at capacity | lowest p99 µs of a sweep | send lag p99 µs (median run) | runs per sweep |",
                 first.server
             );
-            s.push_str("|---|---|---|---|---|---|---|\n");
+            s.push_str("|---|---|---|---|---|---|---|---|---|\n");
             for row in &self.capacities {
                 let reference = self.capacities.iter().find(|r| {
                     r.server == first.server
@@ -811,24 +820,46 @@ impl LatencyReport {
                             .zip(&row.sweeps)
                             .filter(|(_, b)| b.capacity > 0.0)
                             .map(|(a, b)| a.capacity / b.capacity);
-                        spread(Spread::of(ratios), 2)
+                        let ratios: Vec<f64> = ratios.collect();
+                        match ratios.is_empty() {
+                            true => "–".into(),
+                            false => spread(Spread::of(ratios), 2),
+                        }
                     }
                     _ => "–".into(),
                 };
                 let lower = row.sweeps.iter().any(|w| w.failed_at.is_none());
-                let at_capacity = row.sweeps.iter().filter_map(|w| {
-                    w.steps.iter().find(|r| r.target_rate == w.capacity).map(|r| r.latency_us.p999)
+                let at_capacity: Vec<f64> = row
+                    .sweeps
+                    .iter()
+                    .filter_map(|w| {
+                        let passed = w.steps.iter().rev().find(|r| r.target_rate == w.capacity);
+                        passed.map(|r| r.latency_us.p999)
+                    })
+                    .collect();
+                let at_capacity = match at_capacity.is_empty() {
+                    true => "–".into(),
+                    false => spread(Spread::of(at_capacity), 0),
+                };
+                // The floor under the bound: the best p99 each sweep saw, and how late the
+                // generator itself was (when that is near the bound, the host, not the server,
+                // set the p99).
+                let lowest = row.sweeps.iter().map(|w| {
+                    w.steps.iter().map(|r| r.latency_us.p99).fold(f64::INFINITY, f64::min)
                 });
+                let lag = row.sweeps.iter().flat_map(|w| w.steps.iter().map(|r| r.send_lag_us.p99));
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {}{} | {} | {} | {} |",
+                    "| {} | {} | {} | {}{} | {} | {} | {} | {} | {} |",
                     row.connections,
                     row.server,
                     row.sweeps.len(),
                     spread(Spread::of(row.sweeps.iter().map(|w| w.capacity)), 0),
                     if lower { " (at least: no rate failed)" } else { "" },
                     ratio,
-                    spread(Spread::of(at_capacity), 0),
+                    at_capacity,
+                    spread(Spread::of(lowest.filter(|v| v.is_finite())), 0),
+                    Spread::of(lag).median.round(),
                     spread(Spread::of(row.sweeps.iter().map(|w| w.steps.len() as f64)), 0),
                 );
             }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use freeboard::{Echo, Router, Server, ServerConfig};
 use freeboard_bench::Target;
 use freeboard_bench::latency::{self, Generator, LatencyReport, SweepPlan};
+use freeboard_bench::report::Report;
 
 /// A raw TCP echo for one connection on loopback, which `serve` drives; stops when `stop` is
 /// set or the connection closes.
@@ -164,4 +165,8 @@ fn against_freeboard_every_message_comes_back_and_a_sweep_steps_up() {
     let mut report = LatencyReport::default();
     report.add_sweep("freeboard", 10, 64, sweep);
     assert!(report.markdown().contains("at least"), "{}", report.markdown());
+    let report = Report { latency: report, ..Report::default() };
+    let charts = freeboard_bench::charts::charts(&report);
+    let chart = charts.iter().find(|c| c.file == "latency_sweep.svg").expect("a sweep chart");
+    assert_eq!(chart.series[0].points.len(), 3);
 }

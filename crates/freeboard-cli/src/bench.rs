@@ -349,7 +349,8 @@ pub(crate) enum BenchCommand {
         /// factor.
         #[arg(long, default_value_t = 1.1)]
         resolution: f64,
-        /// Most runs per sweep.
+        /// Most rates a sweep tries. A failed run made while the generator itself was late
+        /// (its send lag p99 at half the bound or more) is made once more, at no extra count.
         #[arg(long, default_value_t = 14)]
         max_steps: usize,
         /// After each sweep, a run of every server at this fraction of the first server's
