@@ -314,7 +314,7 @@ pub(crate) enum BenchCommand {
         /// Servers to start one after the other, a comma-separated list: freeboard,
         /// raw-tcp-echo, uwebsockets (built by peers/uwebsockets/build.sh DIR, or set
         /// FREEBOARD_UWEBSOCKETS=DIR), tokio-tungstenite, …; without a value those three.
-        #[arg(long, num_args = 0..=1, default_missing_value = "freeboard,uwebsockets,raw-tcp-echo", value_name = "LIST")]
+        #[arg(long, num_args = 0..=1, default_missing_value = LATENCY_PEERS, value_name = "LIST")]
         peers: Option<String>,
         /// Connections; a comma-separated list runs each (10,000 and more need the open-file
         /// limit raised: the bench raises its own to the hard limit and says what else is
@@ -378,14 +378,14 @@ pub(crate) enum BenchCommand {
         output: Output,
     },
     /// The whole suite, one experiment after the other with its defaults (echo over payloads
-    /// and clients, pipeline, connections, slow consumer, broadcast, watermarks, buffers
+    /// and clients, pipeline, connections, slow consumer, broadcast, latency, watermarks, buffers
     /// simulation and soak), each written to OUT as NAME.json, NAME.csv and NAME.md; then
     /// REPORT.md with every table and the SVG charts of all of them. An experiment that fails
     /// is reported and the suite goes on (the exit status says whether any failed).
     All {
         /// Peers for the experiments that take them (echo, pipeline, connections, slow
-        /// consumer; broadcast runs raw-tcp-broadcast and node-ws-broadcast instead): all of
-        /// them, or a comma-separated list.
+        /// consumer; broadcast runs raw-tcp-broadcast and node-ws-broadcast instead, latency
+        /// uwebsockets and raw-tcp-echo): all of them, or a comma-separated list.
         /// Without it only freeboard runs.
         #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "LIST")]
         peers: Option<String>,
@@ -1448,6 +1448,9 @@ fn pin_load_generator(s: &str) -> Result<(usize, usize), String> {
     Ok((server, client))
 }
 
+/// The servers `bench latency --peers` compares unless told otherwise.
+const LATENCY_PEERS: &str = "freeboard,uwebsockets,raw-tcp-echo";
+
 /// What `freeboard bench latency` runs.
 struct LatencyPlan {
     connections: Vec<usize>,
@@ -1497,6 +1500,8 @@ fn latency(
         (None, None) => return Err("give a server URL or --peers".into()),
         (Some(_), None) => vec![None],
         (None, Some(list)) => {
+            // `bench all --peers` passes "all": the servers this experiment compares.
+            let list = if list == "all" { LATENCY_PEERS } else { list.as_str() };
             list.split(',').map(|n| Peer::parse(n.trim()).map(Some)).collect::<Result<_, _>>()?
         }
     };
@@ -1835,6 +1840,30 @@ fn suite(peers: &str, quick: bool) -> Vec<(&'static str, Vec<String>)> {
             with_peers(&q(&["slow-consumer"], &["slow-consumer", "--duration", "1"])),
         ),
         ("broadcast", broadcast),
+        (
+            "latency",
+            with_peers(&q(
+                &["latency", "--sweep", "--connections", "100,10000"],
+                &[
+                    "latency",
+                    "--sweep",
+                    "--bound",
+                    "50ms",
+                    "--connections",
+                    "10",
+                    "--from",
+                    "500",
+                    "--max-steps",
+                    "2",
+                    "--duration",
+                    "500ms",
+                    "--warmup",
+                    "100ms",
+                    "--repeat",
+                    "1",
+                ],
+            )),
+        ),
         (
             "watermarks",
             plain(&q(
