@@ -88,6 +88,10 @@ pub struct FixedRate {
     pub generator_cpu: f64,
     /// The server's CPU time over wall time, when its PID is known.
     pub server_cpu: Option<f64>,
+    /// The server's CPU time per echo, µs, when its PID is known: unlike the percentiles it
+    /// barely moves when other work shares the host.
+    #[serde(default)]
+    pub server_cpu_us_per_msg: Option<f64>,
     /// Connections that failed during the run, with why.
     pub failures: Vec<(String, usize)>,
 }
@@ -322,6 +326,12 @@ impl Generator {
             generator_cpu: cpu.as_secs_f64() / wall,
             server_cpu: match (server_before, server_after) {
                 (Some(b), Some(a)) => Some(a.cpu.saturating_sub(b.cpu).as_secs_f64() / wall),
+                _ => None,
+            },
+            server_cpu_us_per_msg: match (server_before, server_after) {
+                (Some(b), Some(a)) if tally.received > 0 => {
+                    Some(a.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e6 / tally.received as f64)
+                }
                 _ => None,
             },
             failures,
@@ -866,8 +876,8 @@ impl LatencyReport {
         }
         if !self.fixed.is_empty() {
             s.push_str("\n### at a fixed rate (round trip from the intended send time: coordinated omission corrected; median of rounds [min–max])\n\n");
-            s.push_str("| connections | server | rate | target msg/s | achieved msg/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | send lag p99 µs | generator CPU | server CPU | unanswered / failed |\n");
-            s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+            s.push_str("| connections | server | rate | target msg/s | achieved msg/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | send lag p99 µs | generator CPU | server CPU | server CPU µs/msg | unanswered / failed |\n");
+            s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
             for row in &self.fixed {
                 let of = |f: fn(&FixedRate) -> f64| Spread::of(row.runs.iter().map(f));
                 let short = row.runs.iter().filter(|r| !r.reached).count();
@@ -875,15 +885,18 @@ impl LatencyReport {
                     0 => String::new(),
                     n => format!(" (**target not reached** in {n} of {})", row.runs.len()),
                 };
-                let server_cpu = match row.runs.iter().all(|r| r.server_cpu.is_some()) {
-                    true => format!("{:.0} %", of(|r| r.server_cpu.unwrap_or(0.0)).median * 100.0),
-                    false => "–".into(),
+                let (server_cpu, per_msg) = match row.runs.iter().all(|r| r.server_cpu.is_some()) {
+                    true => (
+                        format!("{:.0} %", of(|r| r.server_cpu.unwrap_or(0.0)).median * 100.0),
+                        spread(of(|r| r.server_cpu_us_per_msg.unwrap_or(0.0)), 2),
+                    ),
+                    false => ("–".into(), "–".into()),
                 };
                 let failed: usize =
                     row.runs.iter().flat_map(|r| r.failures.iter().map(|(_, n)| n)).sum();
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {:.0} % | {} | {} / {} |",
+                    "| {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {:.0} % | {} | {} | {} / {} |",
                     row.connections,
                     row.server,
                     row.rate,
@@ -898,6 +911,7 @@ impl LatencyReport {
                     spread(of(|r| r.send_lag_us.p99), 0),
                     of(|r| r.generator_cpu).median * 100.0,
                     server_cpu,
+                    per_msg,
                     row.runs.iter().map(|r| r.unanswered).sum::<u64>(),
                     failed,
                 );
@@ -909,14 +923,14 @@ impl LatencyReport {
     /// One CSV line per run: every sweep step, then every fixed-rate run.
     pub fn csv(&self) -> String {
         let mut s = String::from(
-            "kind,server,connections,size,round,target_msgs_per_sec,achieved_msgs_per_sec,reached,p50_us,p90_us,p99_us,p999_us,max_us,send_lag_p99_us,unanswered,failed\n",
+            "kind,server,connections,size,round,target_msgs_per_sec,achieved_msgs_per_sec,reached,p50_us,p90_us,p99_us,p999_us,max_us,send_lag_p99_us,server_cpu_us_per_msg,unanswered,failed\n",
         );
         let mut line = |kind: &str, server: &str, round: usize, r: &FixedRate| {
             let l = r.latency_us;
             let failed: usize = r.failures.iter().map(|(_, n)| n).sum();
             let _ = writeln!(
                 s,
-                "{kind},{server},{},{},{round},{:.0},{:.0},{},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{},{failed}",
+                "{kind},{server},{},{},{round},{:.0},{:.0},{},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{},{},{failed}",
                 r.connections,
                 r.size,
                 r.target_rate,
@@ -928,6 +942,7 @@ impl LatencyReport {
                 l.p999,
                 l.max,
                 r.send_lag_us.p99,
+                r.server_cpu_us_per_msg.map_or(String::new(), |v| format!("{v:.3}")),
                 r.unanswered,
             );
         };
