@@ -219,7 +219,7 @@ impl Generator {
     }
 
     /// Sends `rate` messages per second on every connection for `duration`, measuring all
-    /// but the first `warmup`, then waits up to [`DRAIN`] for the echoes still owed.
+    /// but the first `warmup`, then waits up to 2 s for the echoes still owed.
     /// `server_pid` is sampled for its CPU time.
     pub fn run(
         &mut self,
