@@ -92,7 +92,8 @@ pub struct FixedRate {
     /// barely moves when other work shares the host.
     #[serde(default)]
     pub server_cpu_us_per_msg: Option<f64>,
-    /// Connections that failed during the run, with why.
+    /// Connections failed by the end of the run (in an earlier run of the same generator
+    /// included: they send no more), by why.
     pub failures: Vec<(String, usize)>,
 }
 
