@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::Target;
 use crate::load::{Rng, open};
 use crate::process::{Sample, own_cpu_time};
-use crate::report::Spread;
+use crate::spread::Spread;
 
 /// The connections of the open-loop generator, opened once and reused by every run.
 pub struct Generator {

@@ -21,6 +21,7 @@
 //! - [`peers`]: the servers measured side by side (freeboard, a raw TCP echo, tokio-tungstenite,
 //!   fastwebsockets), built on first use into a cache folder and started one after the other.
 //! - [`report`]: medians with min and max over repeats, as a Markdown table, JSON and CSV.
+//! - [`spread`]: the median of a figure over repeated runs, with its range.
 
 pub mod broadcast;
 pub mod buffers;
@@ -39,6 +40,7 @@ pub mod peers;
 pub mod process;
 pub mod report;
 pub mod slow_consumer;
+pub mod spread;
 pub mod suite;
 pub mod system;
 mod target;

@@ -72,6 +72,21 @@ pub(crate) struct SlowSubscriber {
 /// Topics a slow subscriber's record names.
 pub(crate) const TOPICS_SHOWN: usize = 8;
 
+/// A sweep in progress, or the wait for the next.
+#[derive(Debug, Default)]
+pub(crate) struct LagSweep {
+    /// The next slot to look at; `None` between sweeps.
+    pub(crate) cursor: Option<usize>,
+    /// When the running sweep began, or the last one ended (the loop's clock).
+    pub(crate) started: Option<freeboard_proto::Instant>,
+    /// The distribution so far.
+    pub(crate) lag: LoopLag,
+    /// The largest queues so far, `(bytes, token, serial)`, largest first.
+    ///
+    /// Invariant: at most [`SLOWEST`] entries.
+    pub(crate) slowest: Vec<(usize, usize, u64)>,
+}
+
 /// What one loop's last finished sweep found.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LoopLag {

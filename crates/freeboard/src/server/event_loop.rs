@@ -202,7 +202,7 @@ pub(crate) struct EventLoop<T> {
     /// Who each connection is, for those whose access said ([`Accepted::subject`](crate::Accepted::subject)).
     pub(super) subjects: HashMap<usize, Arc<str>>,
     /// The sweep of the subscribers' lag in progress.
-    pub(super) sweep: super::lag_sweep::LagSweep,
+    pub(super) sweep: crate::lag::LagSweep,
     /// Plain requests whose body is still arriving: how to answer them (keep-alive, CORS)
     /// and a chunked body's decoder, by slot.
     pub(super) plain: HashMap<usize, PlainRequest>,

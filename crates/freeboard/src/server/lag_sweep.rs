@@ -1,29 +1,14 @@
 //! The loop's sweep of its subscribers' lag (see [`lag`](crate::lag) for why it is spread over
-//! turns): a cursor over the connection table, the largest queues seen so far, and the
-//! distribution, reported to the [`LagBoard`](crate::lag::LagBoard) when the cursor passes the
-//! end of the table.
+//! turns): it moves the loop's [`LagSweep`](crate::lag::LagSweep) cursor over the connection
+//! table, keeps the largest queues seen so far and the distribution, and reports them to the
+//! [`LagBoard`](crate::lag::LagBoard) when the cursor passes the end of the table.
 
 use freeboard_proto::Instant;
 
 use super::event_loop::EventLoop;
-use crate::lag::{LoopLag, SLOWEST, SWEEP_INTERVAL, SWEEP_STEP, SlowSubscriber, TOPICS_SHOWN};
+use crate::lag::{SLOWEST, SWEEP_INTERVAL, SWEEP_STEP, SlowSubscriber, TOPICS_SHOWN};
 use crate::session::Phase;
 use crate::transport::Transport;
-
-/// A sweep in progress, or the wait for the next.
-#[derive(Debug, Default)]
-pub(super) struct LagSweep {
-    /// The next slot to look at; `None` between sweeps.
-    cursor: Option<usize>,
-    /// When the running sweep began, or the last one ended (the loop's clock).
-    started: Option<Instant>,
-    /// The distribution so far.
-    lag: LoopLag,
-    /// The largest queues so far, `(bytes, token, serial)`, largest first.
-    ///
-    /// Invariant: at most [`SLOWEST`] entries.
-    slowest: Vec<(usize, usize, u64)>,
-}
 
 impl<T: Transport> EventLoop<T> {
     /// Sweeps at most [`SWEEP_STEP`] slots of the connection table; starts a sweep if the last
