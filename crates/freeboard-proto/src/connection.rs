@@ -427,6 +427,14 @@ impl Connection {
         }
     }
 
+    /// Reports that the keep-alive just sent needs no answer: on a one-way transport (a
+    /// Server-Sent Events response, whose keep-alive is a comment the client cannot answer)
+    /// a write that succeeds is all the liveness there is. The keep-alive waits a full
+    /// interval again and no pong is awaited.
+    pub fn keep_alive_unanswered(&mut self, now: Instant) {
+        self.input_seen(now);
+    }
+
     /// The next deadline at which [`handle_timeout`](Self::handle_timeout) must be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.timers.next()

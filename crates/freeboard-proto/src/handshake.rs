@@ -146,6 +146,15 @@ impl fmt::Display for HandshakeError {
 
 impl core::error::Error for HandshakeError {}
 
+/// Whether `Accept` lists `text/event-stream`, as an `EventSource` request's does (WHATWG
+/// HTML §9.2.3: "Let request's header list contain `Accept`/`text/event-stream`").
+pub fn accepts_event_stream(headers: &[Header<'_>]) -> bool {
+    list(headers, "accept").any(|media| {
+        let media = media.split(|b| *b == b';').next().unwrap_or_default().trim_ascii();
+        media.eq_ignore_ascii_case(b"text/event-stream")
+    })
+}
+
 /// A parsed, checked upgrade request. Borrows the request bytes and the header array.
 #[derive(Debug)]
 pub struct Request<'h, 'b> {
@@ -211,6 +220,60 @@ impl<'h, 'b> Request<'h, 'b> {
             Some(_) => {}
         }
         Ok(Some((Self { path: origin_form(path), headers, key }, len)))
+    }
+
+    /// Parses and checks a Server-Sent Events request at the front of `buf`: a `GET` over
+    /// HTTP/1.1 with one `Host` whose `Accept` lists `text/event-stream` (what `EventSource`
+    /// sends). It subscribes as an upgrade does, so it is the same type, without a key
+    /// ([`is_event_stream`](Self::is_event_stream) tells them apart). `Ok(None)` while the
+    /// head is unfinished, as [`parse`](Self::parse).
+    pub fn parse_event_stream(
+        buf: &'b [u8],
+        headers: &'h mut [Header<'b>],
+        max_head_len: usize,
+    ) -> Result<Option<(Self, usize)>, HandshakeError> {
+        let mut req = httparse::Request::new(headers);
+        let len = match req.parse(buf) {
+            Ok(httparse::Status::Complete(len)) if len <= max_head_len => len,
+            Ok(httparse::Status::Partial) if buf.len() < max_head_len => return Ok(None),
+            Ok(_) | Err(httparse::Error::TooManyHeaders) => {
+                return Err(HandshakeError::HeadTooLarge);
+            }
+            Err(_) => return Err(HandshakeError::Malformed),
+        };
+        // NOTE(unwrap): a complete request has a method, path and version.
+        let (method, path, version) =
+            (req.method.unwrap(), req.path.unwrap(), req.version.unwrap());
+        let headers = &*req.headers;
+        if method != "GET" {
+            return Err(HandshakeError::MethodNotAllowed);
+        }
+        if version != 1 {
+            return Err(HandshakeError::HttpVersion);
+        }
+        if single_header(headers, "host").is_none() {
+            return Err(HandshakeError::Host);
+        }
+        if !accepts_event_stream(headers) {
+            return Err(HandshakeError::UpgradeRequired);
+        }
+        Ok(Some((Self { path: origin_form(path), headers, key: &[] }, len)))
+    }
+
+    /// Whether this is a Server-Sent Events request
+    /// ([`parse_event_stream`](Self::parse_event_stream)) rather than a WebSocket upgrade.
+    pub fn is_event_stream(&self) -> bool {
+        self.key.is_empty()
+    }
+
+    /// This request with `path` as its target (a server that rewrites the target, as it
+    /// does a Server-Sent Events request's `Last-Event-ID` into `since=`, before the
+    /// application sees it).
+    pub fn with_path<'p>(&self, path: &'p str) -> Request<'h, 'p>
+    where
+        'b: 'p,
+    {
+        Request { path, headers: self.headers, key: self.key }
     }
 
     /// The request target: path and query (of an absolute-form target too).

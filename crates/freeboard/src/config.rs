@@ -282,6 +282,10 @@ pub struct TopicsConfig {
     /// Topics that may have per-topic series at once; a subscription to one more named topic
     /// is counted in `freeboard_named_topic_left_out_total` instead. Default 100.
     pub metrics_topics: usize,
+    /// The reconnection delay, in milliseconds, a Server-Sent Events subscriber is told at
+    /// the start of its stream (`retry:`): how long its `EventSource` waits before it
+    /// reconnects with `Last-Event-ID` once the stream is cut. Default 1000.
+    pub sse_retry_ms: u64,
 }
 
 impl Default for TopicsConfig {
@@ -303,6 +307,7 @@ impl Default for TopicsConfig {
             history_prefix: String::new(),
             metrics_prefixes: Vec::new(),
             metrics_topics: 100,
+            sse_retry_ms: 1000,
         }
     }
 }
@@ -334,6 +339,7 @@ impl std::fmt::Debug for TopicsConfig {
             .field("history_prefix", &self.history_prefix)
             .field("metrics_prefixes", &self.metrics_prefixes)
             .field("metrics_topics", &self.metrics_topics)
+            .field("sse_retry_ms", &self.sse_retry_ms)
             .finish()
     }
 }

@@ -526,11 +526,24 @@ impl Conn<'_> {
         let Replay::Missed(missed, through) = self.hub.recover(topic, since) else {
             return false;
         };
+        let events = self.session.is_event_stream();
+        let resumes = events && self.first_topic().is_some_and(|first| *first == *topic);
         let sent = missed.iter().all(|(kind, data)| {
-            matches!(
-                self.send(*kind, data),
-                SendOutcome::Queue(PushOutcome::Queued | PushOutcome::QueuedAboveHigh)
-            )
+            let outcome = match events {
+                false => self.send(*kind, data),
+                // An event stream's replay is framed as its live events are: the offset is
+                // the `id:` (of the topic a reconnect resumes), the topic its `event:`.
+                true => {
+                    let (offset, payload) = crate::history::split_envelope(data);
+                    let id = offset.filter(|_| resumes);
+                    let sent = self.session.send_event(&mut self.cx, id, Some(topic), *kind, payload);
+                    match sent {
+                        Some(outcome) => self.count_send(outcome),
+                        None => SendOutcome::Closed,
+                    }
+                }
+            };
+            matches!(outcome, SendOutcome::Queue(PushOutcome::Queued | PushOutcome::QueuedAboveHigh))
         });
         // What the replay sent may be in the loop's inbox too, on its way live: each offset
         // is sent once.

@@ -44,6 +44,15 @@ use freeboard_proto::{CloseCode, MessageKind};
 /// missed are no longer kept: it starts afresh without `since`.
 pub const HISTORY_GONE: CloseCode = CloseCode(4410);
 
+/// The Server-Sent Events equivalent of [`HISTORY_GONE`]: the last event of a stream whose
+/// resume offset (`Last-Event-ID`) cannot be honoured, its data `4410 {reason}`. The client
+/// closes its `EventSource` and opens a new one, without the offset.
+pub const GAP_EVENT: &str = "freeboard-gap";
+
+/// The last event of a Server-Sent Events stream the server ends for any other reason, its
+/// data the WebSocket close code and reason (`1008 slow consumer`, `4001 token expired`).
+pub const CLOSE_EVENT: &str = "freeboard-close";
+
 /// Bytes each kept message costs beyond its payload (entry, eviction order, envelope).
 const ENTRY_OVERHEAD: usize = 96;
 
@@ -109,6 +118,17 @@ pub(crate) fn offset_in_frame(head: &[u8]) -> Option<Offset> {
     let envelope = head.get(header..)?;
     let colon = envelope.iter().take(Envelope::MAX).position(|b| *b == b':')?;
     Offset::parse(std::str::from_utf8(&envelope[..colon]).ok()?)
+}
+
+/// A history topic's payload, `{offset}:{payload}`: the offset and the payload after it.
+pub(crate) fn split_envelope(enveloped: &[u8]) -> (Option<Offset>, &[u8]) {
+    let colon = enveloped.iter().take(Envelope::MAX).position(|b| *b == b':');
+    let Some(colon) = colon else { return (None, enveloped) };
+    let offset = std::str::from_utf8(&enveloped[..colon]).ok().and_then(Offset::parse);
+    match offset {
+        Some(offset) => (Some(offset), &enveloped[colon + 1..]),
+        None => (None, enveloped),
+    }
 }
 
 /// A decimal `u64` made of ASCII digits only (no sign, unlike `str::parse`).

@@ -445,8 +445,10 @@ impl LoopStats {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    /// Open WebSocket connections.
+    /// Open subscriber sessions: WebSocket connections and Server-Sent Events streams.
     pub(crate) connections: Gauge,
+    /// Of `connections`, the Server-Sent Events streams.
+    pub(crate) event_streams: Gauge,
     /// Accepted TCP connections.
     pub(crate) accepted: Counter,
     /// Failed accepts (`EMFILE` and friends); the loop tries again every 50 ms.
@@ -617,6 +619,7 @@ impl Metrics {
         let m = Self {
             registry: Registry::default(),
             connections: Gauge::default(),
+            event_streams: Gauge::default(),
             accepted: Counter::default(),
             accept_errors: Counter::default(),
             messages_in: Counter::default(),
@@ -701,7 +704,16 @@ impl Metrics {
         let version = env!("CARGO_PKG_VERSION");
         let rustc_min = env!("CARGO_PKG_RUST_VERSION");
         r.register("build", "The running build", Info::new(BuildLabels { version, rustc_min }));
-        r.register("connections", "Open WebSocket connections", m.connections.clone());
+        r.register(
+            "connections",
+            "Open connections: WebSockets and Server-Sent Events streams",
+            m.connections.clone(),
+        );
+        r.register(
+            "sse_connections",
+            "Open Server-Sent Events streams (counted in connections too)",
+            m.event_streams.clone(),
+        );
         r.register("accepted", "Accepted TCP connections", m.accepted.clone());
         r.register(
             "accept_errors",
@@ -979,9 +991,14 @@ impl Metrics {
         CLOSE_REASONS.iter().map(|r| self.closes_for(r)).sum()
     }
 
-    /// Open WebSocket connections.
+    /// Open connections: WebSockets and Server-Sent Events streams.
     pub fn connections(&self) -> i64 {
         self.connections.get()
+    }
+
+    /// Open Server-Sent Events streams (counted in [`connections`](Self::connections) too).
+    pub fn sse_connections(&self) -> i64 {
+        self.event_streams.get()
     }
 
     /// Topic subscriptions (connection × topic) open.
@@ -1138,7 +1155,7 @@ impl Metrics {
         let _ = write!(out, "{{\"started_at_ms\":{},", self.started_at_ms);
         let _ = write!(
             out,
-            "\"at_ms\":{},\"connections\":{},\"accepted\":{},\"messages_in\":{},\"messages_out\":{},\
+            "\"at_ms\":{},\"connections\":{},\"sse_connections\":{},\"accepted\":{},\"messages_in\":{},\"messages_out\":{},\
              \"bytes_in\":{},\"bytes_out\":{},\"subscriptions\":{},\"publishes\":{},\
              \"deliveries\":{},\"handshakes\":{},\"chunk_size\":{chunk},\
              \"resident_memory_bytes\":{},\"connection_kernel_bytes\":{},\
@@ -1147,6 +1164,7 @@ impl Metrics {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis()),
             self.connections.get(),
+            self.event_streams.get(),
             self.accepted.get(),
             self.messages_in.get(),
             self.messages_out.get(),

@@ -138,6 +138,48 @@ pub fn valid_topic(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~:".contains(&b))
 }
 
+/// The target a Server-Sent Events request is served as: the offset it resumes from —
+/// its `Last-Event-ID` header (what `EventSource` sends when it reconnects), else
+/// `?lastEventId=` (for the first request of a browser, which cannot set the header) — as
+/// `since=`, replacing any `since=` and `lastEventId=` in the query; without either, the
+/// target as it is (its own `since=`, if any). `Err` says why an offset given is refused
+/// (400): it is not made of an offset's characters (`EPOCH.MS-SEQ`) or is longer than one,
+/// so it cannot be put in the query as it is.
+pub fn event_stream_target<'t>(
+    target: &'t str,
+    last_event_id: Option<&[u8]>,
+) -> Result<std::borrow::Cow<'t, str>, &'static str> {
+    let header = last_event_id.filter(|id| !id.is_empty());
+    let resume = match header {
+        Some(id) => id,
+        None => match http::query_value(target, "lastEventId") {
+            Some(id) => id.as_bytes(),
+            None => return Ok(std::borrow::Cow::Borrowed(target)),
+        },
+    };
+    let offset_like = |b: &u8| b.is_ascii_alphanumeric() || b"._-".contains(b);
+    if resume.is_empty() || resume.len() > 64 || !resume.iter().all(offset_like) {
+        return Err("Last-Event-ID is not an offset: give the id of the last event received");
+    }
+    // NOTE(unwrap): checked to be ASCII just above.
+    let resume = std::str::from_utf8(resume).unwrap_or_default();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let kept = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .filter(|pair| !pair.starts_with("since=") && !pair.starts_with("lastEventId="));
+    let mut rewritten = String::with_capacity(target.len() + resume.len() + 8);
+    rewritten.push_str(path);
+    rewritten.push('?');
+    for pair in kept {
+        rewritten.push_str(pair);
+        rewritten.push('&');
+    }
+    rewritten.push_str("since=");
+    rewritten.push_str(resume);
+    Ok(std::borrow::Cow::Owned(rewritten))
+}
+
 /// The topics named by a request target under `prefix`: `/topic/{name}?also=a&also=b` gives
 /// `name`, `a`, `b` (other query keys are ignored). `None` if the path is not under the prefix
 /// or a name is invalid.
@@ -1101,6 +1143,24 @@ mod tests {
         assert_eq!(topics_in_target("/topic/", "/topic/"), None);
         assert_eq!(topics_in_target("/topic/", "/topic/a/b"), None);
         assert_eq!(topics_in_target("/topic/", "/topic/a?also="), None);
+    }
+
+    #[test]
+    fn an_event_streams_resume_point_becomes_since() {
+        let t = |target, header: Option<&str>| {
+            event_stream_target(target, header.map(str::as_bytes)).map(|t| t.into_owned())
+        };
+        assert_eq!(t("/topic/a?also=b", None).as_deref(), Ok("/topic/a?also=b"));
+        assert_eq!(t("/topic/a?since=1.2-3", None).as_deref(), Ok("/topic/a?since=1.2-3"));
+        // The header is the newer: a reconnect keeps the page's URL and its `since=`.
+        assert_eq!(
+            t("/topic/a?since=1.2-3&also=b", Some("1.2-9")).as_deref(),
+            Ok("/topic/a?also=b&since=1.2-9")
+        );
+        assert_eq!(t("/topic/a?lastEventId=1.2-4", None).as_deref(), Ok("/topic/a?since=1.2-4"));
+        assert_eq!(t("/topic/a", Some("")).as_deref(), Ok("/topic/a"));
+        assert!(t("/topic/a", Some("x&also=secret")).is_err(), "no query injection");
+        assert!(t("/topic/a", Some(&"9".repeat(65))).is_err(), "huge");
         assert_eq!(topics_in_target("/topic/", "/other/a"), None);
     }
 

@@ -146,9 +146,11 @@ impl<T: Transport> EventLoop<T> {
         accept_key: &AcceptKey,
         accepted: Accepted,
     ) -> bool {
-        let Upgrading { route, options, compression } = upgrade;
+        let Upgrading { route, options, compression, event_stream } = upgrade;
+        let names = topics_in_target(self.router.path(route), target);
+        let several = names.as_ref().is_some_and(|names| names.len() > 1);
         if options.subscribes
-            && let Some(names) = topics_in_target(self.router.path(route), target)
+            && let Some(names) = names
             && !self.topics.affords(None, names)
         {
             // Refused before its 101 rather than closed after it (the subscriptions are made
@@ -170,7 +172,10 @@ impl<T: Transport> EventLoop<T> {
         let mut deflate = compression.and_then(|agreed| self.compression_state(agreed));
         let extensions = deflate.as_ref().map(|d| d.agreement.response());
         let mut response = [0u8; 1024];
-        let n = switching_protocols(accept_key, protocol, extensions.as_deref(), &mut response);
+        let n = match event_stream {
+            false => switching_protocols(accept_key, protocol, extensions.as_deref(), &mut response),
+            true => event_stream_ok(self.config.topics.sse_retry_ms, &mut response),
+        };
         let Some(n) = n else {
             if let Some(d) = &mut deflate {
                 d.release(&mut self.pool);
@@ -204,6 +209,10 @@ impl<T: Transport> EventLoop<T> {
         }
         if let Some(d) = deflate {
             entry.session.set_deflate(d);
+        }
+        if event_stream {
+            entry.session.set_event_stream(several);
+            self.shared.metrics.event_streams.inc();
         }
         entry.route = route as u32;
         let serial = entry.serial;
@@ -273,6 +282,25 @@ impl<T: Transport> EventLoop<T> {
         let entry = &mut self.conns[token];
         entry.limited = entry.limited.or(limited);
     }
+}
+
+/// Writes the `200` that opens a Server-Sent Events stream, and its first line: the
+/// reconnection delay (`retry`, ms); `None` if `out` is too small. The body runs until the
+/// connection closes (RFC 9112 §6.3: without a length or a transfer coding, "the message
+/// body length is determined by the number of octets received prior to the server closing
+/// the connection"), so no chunked framing costs bytes per event. Any origin may read it:
+/// origins the server does not allow were refused (403) before this.
+fn event_stream_ok(retry: u64, out: &mut [u8]) -> Option<usize> {
+    use std::io::Write;
+    let mut w = std::io::Cursor::new(out);
+    write!(
+        w,
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n\
+         Connection: close\r\nX-Accel-Buffering: no\r\nAccess-Control-Allow-Origin: *\r\n\r\n\
+         retry: {retry}\n\n"
+    )
+    .ok()?;
+    Some(w.position() as usize)
 }
 
 /// Writes the `101 Switching Protocols` answering a request whose key gave `accept_key`;

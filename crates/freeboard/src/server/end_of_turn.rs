@@ -210,6 +210,9 @@ impl<T: Transport> EventLoop<T> {
             entry.session.after_flush(&mut self.pool, now, config.limits.close_timeout, LINGER);
         if transition.closed {
             self.shared.metrics.connections.dec();
+            if entry.session.is_event_stream() {
+                self.shared.metrics.event_streams.dec();
+            }
             self.topics.drop_conn(&self.shared.hub, token);
         }
         if transition.shutdown_write {
@@ -252,6 +255,9 @@ impl<T: Transport> EventLoop<T> {
         self.awaiting.remove(&token);
         if let Phase::Open(_) = entry.session.phase {
             self.shared.metrics.connections.dec();
+            if entry.session.is_event_stream() {
+                self.shared.metrics.event_streams.dec();
+            }
             if !entry.session.close_reported() {
                 self.shared.metrics.close(close_label(CloseCode::ABNORMAL));
                 if let Some(suppressed) = self.log_throttle.allow(self.now().as_millis()) {

@@ -5,6 +5,7 @@ use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::{Instant, MessageKind};
 
 use super::compressed_copies::CompressedCopies;
+use super::event_copies::EventCopies;
 use super::event_loop::{EventLoop, loop_context};
 use crate::history::{Envelope, Offset, offset_in_frame};
 use crate::topics::{Outbox, Published, Reach};
@@ -130,6 +131,8 @@ impl<T: Transport> EventLoop<T> {
         let leavers = changed.into_iter().flat_map(|(outbox, _)| outbox.leavers(topic));
         let mut changes = std::mem::take(&mut self.changes);
         let mut compressed = std::mem::take(&mut self.compressed);
+        let mut events = std::mem::take(&mut self.event_copies);
+        let history = self.shared.hub.envelope_room(topic) > 0;
         let publications = frames.clone().count();
         // The frames' offsets, read only if a subscriber was just sent a replay.
         let offsets: Vec<Option<Offset>> = match self.topics.any_resumed() {
@@ -164,7 +167,24 @@ impl<T: Transport> EventLoop<T> {
             };
             let idle = self.write_straight && !entry.dirty && entry.session.buffered() == 0;
             let policy = entry.session.queue().policy();
-            let compression = entry.session.shared_compression();
+            // An event stream gets each publication framed as an event, made once per
+            // variant; its `id:` is the offset of the topic a reconnect resumes (the first).
+            let variant = match entry.session.is_event_stream() {
+                false => None,
+                true => {
+                    let first = self.topics.first_topic_of(token);
+                    let resumes = history && first.is_some_and(|first| *first == *topic);
+                    entry.session.event_variant(resumes)
+                }
+            };
+            if let Some(variant) = variant {
+                events.resize_with(events.len().max(publications), EventCopies::default);
+                for (i, frame) in frames.clone().enumerate().filter(|(i, _)| wants(*i)) {
+                    let scratch = &mut self.event_scratch;
+                    events[i].make(variant, frame, topic, history, &mut self.pool, scratch);
+                }
+            }
+            let compression = entry.session.shared_compression().filter(|_| variant.is_none());
             if let Some(bits) = compression {
                 compressed
                     .resize_with(compressed.len().max(publications), CompressedCopies::default);
@@ -178,10 +198,12 @@ impl<T: Transport> EventLoop<T> {
                     );
                 }
             }
-            // What this subscriber gets of publication `i`: compressed for it, or as is.
-            let as_sent = |i: usize, frame: &'f Frame| match compression {
-                Some(bits) => compressed[i].get(bits).unwrap_or(frame),
-                None => frame,
+            // What this subscriber gets of publication `i`: compressed for it, as an event (if
+            // the pool held it), or as is.
+            let as_sent = |i: usize, frame: &'f Frame| match (compression, variant) {
+                (_, Some(variant)) => events[i].get(variant),
+                (Some(bits), None) => Some(compressed[i].get(bits).unwrap_or(frame)),
+                (None, None) => Some(frame),
             };
             // With nothing else to send this turn, it gets the run written straight from the
             // shared frames, as a raw TCP fan-out does: its queue holds only what the socket
@@ -190,7 +212,9 @@ impl<T: Transport> EventLoop<T> {
             // whatever the policy says.
             let run_bytes = || {
                 let wanted = frames.clone().enumerate().filter(|(i, _)| wants(*i));
-                wanted.map(|(i, frame)| as_sent(i, frame).len()).sum::<usize>()
+                let sent = wanted.map(|(i, frame)| as_sent(i, frame).map(Frame::len));
+                // An event the pool could not hold is dropped below: not a run to write.
+                sent.sum::<Option<usize>>().unwrap_or(usize::MAX)
             };
             let straight = match entry.stream.plain() {
                 Some(tcp)
@@ -201,7 +225,7 @@ impl<T: Transport> EventLoop<T> {
                             .takes_whole(&loop_context!(self, now, None), run_bytes()) =>
                 {
                     let wanted = frames.clone().enumerate().filter(|(i, _)| wants(*i));
-                    let run = wanted.map(|(i, frame)| as_sent(i, frame));
+                    let run = wanted.filter_map(|(i, frame)| as_sent(i, frame));
                     // A failed write is the end of the turn's to meet again, and close.
                     write_frames(tcp, &self.pool, run).unwrap_or(0)
                 }
@@ -211,7 +235,12 @@ impl<T: Transport> EventLoop<T> {
             let mut unsent = straight;
             let run = frames.clone().enumerate().filter(|(i, _)| wants(*i));
             for (taken, (i, frame)) in (0..).zip(run) {
-                let frame = as_sent(i, frame);
+                let Some(frame) = as_sent(i, frame) else {
+                    // Its event could not be framed: the pool is short, as for a queue.
+                    self.stats.pool_exhausted += 1;
+                    reach.dropped += 1;
+                    continue;
+                };
                 let outcome = if unsent >= frame.len() {
                     unsent -= frame.len();
                     PushOutcome::Queued // already written
@@ -269,6 +298,10 @@ impl<T: Transport> EventLoop<T> {
             c.release(&mut self.pool);
         }
         self.compressed = compressed;
+        for e in events.drain(..) {
+            e.release(&mut self.pool);
+        }
+        self.event_copies = events;
         for (token, change) in changes.drain(..) {
             if self.conns.contains(token) {
                 self.writability_changed(token, now, change);

@@ -194,7 +194,13 @@ impl<T: Transport> EventLoop<T> {
             return self.refuse(token, now, refused.status(), "", refused.message());
         }
         let route = self.router.find(path);
-        if !upgrade {
+        // A Server-Sent Events request to a route that subscribes is served as its upgrade
+        // is: the same access, admission and session, framed as events.
+        let event_stream = !upgrade
+            && req.method == Some("GET")
+            && route.is_some_and(|r| self.router.options(r).subscribes)
+            && handshake::accepts_event_stream(req.headers);
+        if !upgrade && !event_stream {
             let ws = route.is_some();
             let used = self.plain_request(token, now, &req, path, ws, &buf[head_len..], eof);
             // Kept alive with bytes left: they are the next request.
@@ -215,7 +221,11 @@ impl<T: Transport> EventLoop<T> {
             return self.refuse(token, now, 404, "", "no such route");
         }
         let mut headers = [EMPTY_HEADER; 64];
-        let (request, len) = match Request::parse(buf, &mut headers, MAX_HEAD) {
+        let parsed = match event_stream {
+            false => Request::parse(buf, &mut headers, MAX_HEAD),
+            true => Request::parse_event_stream(buf, &mut headers, MAX_HEAD),
+        };
+        let (request, len) = match parsed {
             Ok(Some(parsed)) => parsed,
             Ok(None) => unreachable!("httparse found the head complete"),
             Err(e) => return self.refuse_error(token, now, e),
@@ -247,9 +257,25 @@ impl<T: Transport> EventLoop<T> {
             self.shared.metrics.access_refusal("budget");
             return self.refuse(token, now, 503, &retry_soon_jittered(), BUDGET_EXHAUSTED);
         }
+        // An event stream resumes from its `Last-Event-ID` as a WebSocket does from `since=`:
+        // the handler sees the offset in the target, where it looks for it.
+        let target = match event_stream {
+            false => std::borrow::Cow::Borrowed(path),
+            true => match crate::topics::event_stream_target(path, request.header("last-event-id")) {
+                Ok(target) => target,
+                Err(why) => {
+                    self.shared.metrics.access_refusal("since_malformed");
+                    return self.refuse(token, now, 400, "", why);
+                }
+            },
+        };
+        let (path, request) = (&*target, request.with_path(&target));
         // permessage-deflate: what the route answers to the offers (server/compression.rs);
-        // its budget is drawn when the connection opens.
-        let compression = self.compression_agreement(&options, &request);
+        // its budget is drawn when the connection opens. Not on an event stream.
+        let compression = match event_stream {
+            false => self.compression_agreement(&options, &request),
+            true => None,
+        };
         let serial = self.conns[token].serial;
         let recoverer = self.shared.hub.recoverer();
         let decision = Decision::new(token, serial, peer, self.decisions.clone(), recoverer);
@@ -269,7 +295,7 @@ impl<T: Transport> EventLoop<T> {
             Some(DecisionOutcome::Published) => false, // excluded above
             Some(DecisionOutcome::Accept(accepted)) => {
                 let key = request.accept_key();
-                let upgrade = Upgrading { route, options, compression };
+                let upgrade = Upgrading { route, options, compression, event_stream };
                 if !self.open_upgraded(token, now, upgrade, path, &key, accepted) {
                     return false;
                 }
@@ -292,7 +318,7 @@ impl<T: Transport> EventLoop<T> {
             None => {
                 let accept_key = request.accept_key();
                 let target = path.into();
-                let upgrade = Upgrading { route, options, compression };
+                let upgrade = Upgrading { route, options, compression, event_stream };
                 let pending = PendingUpgrade { serial, upgrade, target, accept_key };
                 self.pending.insert(token, pending);
                 false

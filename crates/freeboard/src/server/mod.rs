@@ -12,6 +12,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 mod access;
 mod compressed_copies;
+mod event_copies;
 mod compression;
 mod dispatch;
 mod end_of_turn;

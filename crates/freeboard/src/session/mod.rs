@@ -37,6 +37,7 @@ use crate::parking::{ParkingLot, ProtocolState};
 
 mod cork;
 pub(crate) mod deflate;
+pub(crate) mod events;
 mod fair_share;
 mod framing;
 mod inbound;
@@ -50,6 +51,7 @@ pub(crate) use framing::{MaskSource, queue_control, truncate};
 pub(crate) use inbound::{Assembly, Reassembler, Reassembly, Received};
 
 use deflate::{Codec, Deflate};
+use events::EventStream;
 
 /// What happened to a message given to a send, on the server
 /// ([`Conn::send`](crate::Conn::send)), the clients and the tokio driver alike: the send
@@ -216,6 +218,10 @@ pub(crate) struct Session {
     inbound: Reassembler,
     /// permessage-deflate, when the handshake agreed on it.
     deflate: Option<Box<Deflate>>,
+    /// A Server-Sent Events response rather than a WebSocket: its messages are events
+    /// ([`events`]), its input is ignored, its keep-alive is a comment and its close a last
+    /// event.
+    events: Option<Box<EventStream>>,
 }
 
 impl Session {
@@ -230,7 +236,7 @@ impl Session {
     }
 
     fn with_phase(phase: Phase, queue: SendQueue) -> Self {
-        Self { phase, queue, inbound: Reassembler::default(), deflate: None }
+        Self { phase, queue, inbound: Reassembler::default(), deflate: None, events: None }
     }
 
     /// Moves a server session from its request to the WebSocket protocol: the `101` response
@@ -251,6 +257,25 @@ impl Session {
         self.queue.push_preamble(pool, response)?;
         self.phase = Phase::Open(Open::new(ws));
         Ok(())
+    }
+
+    /// Makes this open session a Server-Sent Events response (after its `200` went as the
+    /// preamble): `several` when it carries several topics, so each event names its own.
+    pub(crate) fn set_event_stream(&mut self, several: bool) {
+        self.events = Some(Box::new(EventStream::new(several)));
+    }
+
+    /// How a fan-out frames publications to `topic` for this session, if it is a
+    /// Server-Sent Events response; `resumes` tells whether `topic` is the one a reconnect
+    /// resumes (its offsets are the events' ids).
+    pub(crate) fn event_variant(&self, resumes: bool) -> Option<events::Variant> {
+        let events = self.events.as_deref()?;
+        Some(events::Variant { id: resumes, topic: events.several })
+    }
+
+    /// Whether this session is a Server-Sent Events response.
+    pub(crate) fn is_event_stream(&self) -> bool {
+        self.events.is_some()
     }
 
     /// Turns permessage-deflate on for this open session (after the handshake agreed on it).
@@ -357,6 +382,11 @@ impl Session {
         buf: &'b mut [u8],
     ) -> (usize, Option<Received<'b>>) {
         let Phase::Open(open) = &mut self.phase else { return (buf.len(), None) };
+        if self.events.is_some() {
+            // An event stream's client has nothing to say after its request; what it sends
+            // is not WebSocket and is dropped.
+            return (buf.len(), None);
+        }
         let ws = cx.lot.wake(&mut open.ws);
         // The common message, whole in one frame (never a compressed one: RSV1 is not set).
         let len = buf.len();
@@ -435,7 +465,16 @@ impl Session {
     /// connection is over (1006 unless the close handshake was done).
     pub(crate) fn handle_eof(&mut self, cx: &mut Context<'_>) {
         if let Phase::Open(open) = &mut self.phase {
-            cx.lot.wake(&mut open.ws).handle_eof();
+            let ws = cx.lot.wake(&mut open.ws);
+            if let Some(events) = self.events.as_deref_mut()
+                && ws.state() != State::Closed
+                && events.closed.is_none()
+            {
+                // Hanging up is how an event stream's client leaves (`EventSource.close()`).
+                let left = Closed::new(CloseCode::GOING_AWAY, "the client left", true);
+                events.closed = Some(left);
+            }
+            ws.handle_eof();
         }
     }
 
@@ -473,7 +512,8 @@ impl Session {
         // NOTE: a closed connection is awake (only quiet, open ones park).
         let closed = Closed::poll(open.ws.awake()?)?;
         open.close_reported = true;
-        Some(closed)
+        // An event stream's end is its own: the core saw only its transport end.
+        Some(self.events.as_deref().and_then(|e| e.closed).unwrap_or(closed))
     }
 
     /// Whether the close was reported; a connection dropped before that reports 1006.
@@ -492,17 +532,52 @@ impl Session {
         kind: MessageKind,
         data: &[u8],
     ) -> Option<PushOutcome> {
-        if self.deflate.is_some() {
-            return self.send_compressed(cx, kind, data);
+        if self.deflate.is_some() || self.events.is_some() {
+            return self.send_other(cx, kind, data);
         }
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
         let len = data.len() as u64;
         self.queue_framed(cx, data, mask, |ws, out| ws.message_header(kind, 0, len, mask, out))
     }
 
-    /// [`send`](Self::send) for a connection that compresses, out of line (plain when the
-    /// driver lends no codec).
+    /// [`send`](Self::send) for a connection that compresses or is an event stream, out of
+    /// line.
     #[inline(never)]
+    fn send_other(
+        &mut self,
+        cx: &mut Context<'_>,
+        kind: MessageKind,
+        data: &[u8],
+    ) -> Option<PushOutcome> {
+        match self.events {
+            Some(_) => self.send_event(cx, None, None, kind, data),
+            None => self.send_compressed(cx, kind, data),
+        }
+    }
+
+    /// Queues one message of an event stream as an event ([`events::write_event`]): with
+    /// `id` and `topic` if given (a replay's), else its data alone. `None` if the session is
+    /// not open or not an event stream.
+    pub(crate) fn send_event(
+        &mut self,
+        cx: &mut Context<'_>,
+        id: Option<crate::history::Offset>,
+        topic: Option<&str>,
+        kind: MessageKind,
+        data: &[u8],
+    ) -> Option<PushOutcome> {
+        let several = self.events.as_deref()?.several;
+        if !self.is_open() {
+            return None;
+        }
+        let mut event = Vec::with_capacity(data.len() + 64);
+        events::write_event(&mut event, id, topic.filter(|_| several), kind, data);
+        self.spill_cork(cx);
+        Some(self.push(cx, event.len(), |queue, pool| queue.push_message(pool, &[&event])))
+    }
+
+    /// [`send`](Self::send) for a connection that compresses (plain when the driver lends no
+    /// codec).
     fn send_compressed(
         &mut self,
         cx: &mut Context<'_>,
@@ -780,6 +855,9 @@ impl Session {
         if !ws.wants_transmit() {
             return;
         }
+        if self.events.is_some() {
+            return self.queue_event_control(cx);
+        }
         if let Some(cork) = cx.cork.as_deref_mut()
             && !cork.is_empty()
         {
@@ -801,6 +879,62 @@ impl Session {
             Ok(change) => self.note(change),
             // No room even past the cap: the peer is not reading, the connection is over.
             Err(_) => ws.handle_eof(),
+        }
+    }
+
+    /// [`queue_control`](Self::queue_control) for an event stream: its keep-alive ping is a
+    /// comment that needs no answer, and its close is its last event, after which the
+    /// stream ends (there is no close frame to wait for).
+    #[cold]
+    fn queue_event_control(&mut self, cx: &mut Context<'_>) {
+        self.spill_cork(cx);
+        let Phase::Open(open) = &mut self.phase else { return };
+        let Some(ws) = open.ws.awake() else { return };
+        let mut out = [0u8; freeboard_buf::MAX_CONTROL_FRAME];
+        while let Ok(Some(n)) = ws.poll_transmit(None, &mut out) {
+            const PING: u8 = 0x89;
+            const CLOSE: u8 = 0x88;
+            let (change, close) = match out[0] {
+                PING => {
+                    ws.keep_alive_unanswered(cx.now);
+                    (self.queue.push_control(cx.pool, &[events::KEEP_ALIVE]), None)
+                }
+                CLOSE => {
+                    let payload = &out[2..n];
+                    let code = match payload {
+                        [a, b, ..] => CloseCode(u16::from_be_bytes([*a, *b])),
+                        _ => CloseCode::NORMAL,
+                    };
+                    let reason = std::str::from_utf8(payload.get(2..).unwrap_or_default());
+                    let closed = Closed::new(code, reason.unwrap_or_default(), true);
+                    let mut end = Vec::with_capacity(freeboard_buf::MAX_CONTROL_FRAME);
+                    let room = freeboard_buf::MAX_CONTROL_FRAME - events::END_OVERHEAD;
+                    events::write_end(&mut end, code, truncate(closed.reason(), room));
+                    // The last event may pass the cap as a close frame may.
+                    (self.queue.push_control(cx.pool, &[&end]), Some(closed))
+                }
+                _ => continue, // a pong: never owed, since no input is read
+            };
+            match change {
+                Ok(change) => {
+                    if let Some(change) = change {
+                        open.change = Some(change);
+                        open.paused = change == Writability::NotWritable;
+                    }
+                }
+                Err(_) => {
+                    ws.handle_eof();
+                    return;
+                }
+            }
+            if let Some(closed) = close {
+                // Nothing comes back on an event stream: it is over once the event is out.
+                if let Some(events) = self.events.as_deref_mut() {
+                    events.closed = Some(closed);
+                }
+                ws.handle_eof();
+                return;
+            }
         }
     }
 
