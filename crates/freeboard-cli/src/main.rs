@@ -294,6 +294,10 @@ struct ServeArgs {
     /// [default: 100].
     #[arg(long, value_name = "N")]
     topic_metrics_max: Option<usize>,
+    /// The reconnection delay a Server-Sent Events subscriber is told (`retry:`), in
+    /// milliseconds; TOML `[topics] sse_retry_ms` [default: 1000].
+    #[arg(long, value_name = "MS")]
+    sse_retry: Option<u64>,
     /// Topics one connection may subscribe to (its topic and its `also=` list; an upgrade
     /// naming more gets 400); TOML `[topics] max_topics_per_connection` [default: 64].
     #[arg(long, value_name = "N")]
@@ -768,6 +772,7 @@ fn settings(args: &ServeArgs) -> Result<Settings, String> {
         ("topics.history_prefix", args.history_prefix.clone().map(Value::String)),
         ("topics.metrics_prefixes", list(&args.topic_metrics_prefixes)),
         ("topics.metrics_topics", args.topic_metrics_max.map(|v| int(v as u64))),
+        ("topics.sse_retry_ms", args.sse_retry.map(int)),
         ("admin.token", args.admin_token.clone().map(Value::String)),
         ("admin.listen", args.admin_listen.map(|v| Value::String(v.to_string()))),
         ("admin.rate_per_ip", args.admin_rate_per_ip.map(Value::Float)),
