@@ -12,6 +12,11 @@
 //! would. A compressed message is inflated by the first subscriber only (it checks the
 //! sequence and reads the send time); the others count it in arrival order, which is publish
 //! order (one publisher, one queue per subscriber, and no drops at these windows).
+//!
+//! With `text`, payloads are text: the prefix is 32 hex digits (sequence, send time). That
+//! is what a Server-Sent Events subscriber (`sse`: a `GET` with `Accept: text/event-stream`
+//! on the same topic) can be sent without base64, so the WebSocket and SSE runs of one
+//! comparison carry the same payload bytes.
 
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -47,6 +52,10 @@ pub struct Broadcast {
     pub deflate: bool,
     /// The server's process, for its CPU time per publication.
     pub server_pid: Option<u32>,
+    /// Text payloads with a hex prefix (the WebSocket side of an SSE comparison).
+    pub text: bool,
+    /// Subscribers are Server-Sent Events streams (implies `text`).
+    pub sse: bool,
 }
 
 /// What a run measured.
@@ -78,6 +87,11 @@ pub struct BroadcastRow {
     /// Bytes the subscribers read per delivery (frame headers included).
     #[serde(default)]
     pub wire_bytes_per_delivery: f64,
+    /// The server's resident memory per subscriber, KiB: its RSS with every subscriber
+    /// connected and idle, less its RSS before they connected, over their number (kernel
+    /// socket memory is not in it).
+    #[serde(default)]
+    pub server_rss_kib_per_subscriber: Option<f64>,
 }
 
 impl BroadcastRow {
@@ -103,19 +117,27 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
         return Err(io::Error::other("no target to subscribe at"));
     }
     let mut compressing = 0;
+    let cpu = || b.server_pid.and_then(|pid| crate::process::Sample::of(pid).ok());
+    let rss_before = cpu().map(|s| s.rss_kib);
+    let (text, sse) = (b.text || b.sse, b.sse);
     for i in 0..b.subscribers {
         let target = b.subscribe[i % b.subscribe.len()].clone().with_deflate(b.deflate);
-        let (opened, leftover) = open_any(&target, Duration::from_secs(5), &mut rng)?;
-        compressing += usize::from(opened.deflate);
-        let s = opened.tcp;
+        let (s, leftover) = match sse {
+            true => open_event_stream(&target, Duration::from_secs(5))?,
+            false => {
+                let (opened, leftover) = open_any(&target, Duration::from_secs(5), &mut rng)?;
+                compressing += usize::from(opened.deflate);
+                (opened.tcp, leftover)
+            }
+        };
         s.set_nonblocking(true)?;
         let mut s = mio::net::TcpStream::from_std(s);
         poll.registry().register(&mut s, Token(i), Interest::READABLE)?;
         subs.push(Subscriber { stream: s, pending: leftover, received: 0 });
     }
     std::thread::sleep(Duration::from_millis(200)); // subscriptions settle
+    let rss_idle = cpu().map(|s| s.rss_kib);
     let (mut publisher, _) = open(&b.publish, Duration::from_secs(5), &mut rng)?;
-    let cpu = || b.server_pid.and_then(|pid| crate::process::Sample::of(pid).ok());
     let cpu_before = cpu();
     publisher.set_read_timeout(None)?;
     // A server that stops reading the publisher fails the run instead of hanging it.
@@ -134,12 +156,14 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
             // A raw fan-out passes frames on verbatim, so they go unmasked, as a server's. A
             // zero masking key is a valid key and leaves the payload as it is, so the frame is
             // written once and only the first 16 bytes of its payload change per message.
-            let header = RawHeader::new(0x82, size as u64, if raw { None } else { Some([0; 4]) });
+            let opcode = if text { 0x81 } else { 0x82 };
+            let header = RawHeader::new(opcode, size as u64, if raw { None } else { Some([0; 4]) });
             let head = header.len();
             let mut frame = vec![0u8; head];
             header.encode(&mut frame).map_err(io::Error::other)?;
-            frame.extend_from_slice(&[0; 16]);
-            frame.extend_from_slice(&crate::corpus::json(size - 16));
+            let prefix = if text { 32 } else { 16 };
+            frame.extend_from_slice(&[b'0'; 32][..prefix]);
+            frame.extend_from_slice(&crate::corpus::json(size - prefix));
             for seq in 0..messages {
                 while seq >= completed.load(Ordering::Acquire) + window {
                     if stop.load(Ordering::Relaxed) != 0 {
@@ -149,9 +173,14 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                     // take a core from the server and the subscribers.
                     std::thread::sleep(Duration::from_micros(20));
                 }
-                frame[head..head + 8].copy_from_slice(&seq.to_le_bytes());
                 let t = start.elapsed().as_nanos() as u64;
-                frame[head + 8..head + 16].copy_from_slice(&t.to_le_bytes());
+                if text {
+                    let hex = format!("{seq:016x}{t:016x}");
+                    frame[head..head + 32].copy_from_slice(hex.as_bytes());
+                } else {
+                    frame[head..head + 8].copy_from_slice(&seq.to_le_bytes());
+                    frame[head + 8..head + 16].copy_from_slice(&t.to_le_bytes());
+                }
                 publisher.write_all(&frame)?;
             }
             Ok(publisher)
@@ -214,6 +243,32 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
             }
             let mut at = 0;
             loop {
+                if sse {
+                    // An event: up to its empty line; ours have a data line with the prefix.
+                    let Some(end) = pending[at..].windows(2).position(|w| w == b"\n\n") else {
+                        break;
+                    };
+                    let event = &pending[at..at + end];
+                    at += end + 2;
+                    let Some(data) = event.split(|b| *b == b'\n').find_map(|l| l.strip_prefix(b"data: "))
+                    else {
+                        continue; // `retry:`, a keep-alive
+                    };
+                    let Some((seq, sent)) = hex_prefix(data) else { continue };
+                    if let Some(at) = sent_at.get_mut(seq) {
+                        *at = Some(sent);
+                    }
+                    *received += 1;
+                    let Some(count) = counts.get_mut(seq) else { continue };
+                    *count += 1;
+                    if *count == n {
+                        let now = start.elapsed().as_nanos() as u64;
+                        latencies.push(now.saturating_sub(sent_at[seq].unwrap_or_default()));
+                        done += 1;
+                        completed.store(done, Ordering::Release);
+                    }
+                    continue;
+                }
                 let (header, payload) = match parse_frame(&pending[at..]) {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break,
@@ -244,6 +299,12 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                         if let Some(at) = sent_at.get_mut(seq) {
                             *at = Some(sent);
                         }
+                    }
+                    seq
+                } else if text {
+                    let Some((seq, sent)) = hex_prefix(p) else { continue };
+                    if let Some(at) = sent_at.get_mut(seq) {
+                        *at = Some(sent);
                     }
                     seq
                 } else {
@@ -309,7 +370,52 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
         server_cpu_us_per_msg: per_publication(|s| s.cpu),
         server_sys_us_per_msg: per_publication(|s| s.system),
         wire_bytes_per_delivery: wire_bytes as f64 / (done * n as u64).max(1) as f64,
+        server_rss_kib_per_subscriber: match (rss_before, rss_idle) {
+            (Some(before), Some(idle)) => Some(idle.saturating_sub(before) as f64 / n as f64),
+            _ => None,
+        },
     })
+}
+
+/// Opens a Server-Sent Events stream on `target`'s path: the request, then its response head
+/// read up to its end. The stream, and what was read after the head.
+fn open_event_stream(
+    target: &Target,
+    timeout: Duration,
+) -> io::Result<(std::net::TcpStream, Vec<u8>)> {
+    let mut stream = std::net::TcpStream::connect_timeout(&target.addr, timeout)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "GET {} HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n",
+        target.path, target.host
+    )?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Err(io::Error::other("the server closed the event stream"));
+        }
+        head.extend_from_slice(&buf[..n]);
+        if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            if !head.starts_with(b"HTTP/1.1 200") {
+                let line = String::from_utf8_lossy(&head[..end]).lines().next().map(str::to_owned);
+                return Err(io::Error::other(format!("event stream refused: {line:?}")));
+            }
+            stream.set_read_timeout(None)?;
+            return Ok((stream, head.split_off(end + 4)));
+        }
+    }
+}
+
+/// The sequence number and send time at the front of a text payload (32 hex digits).
+fn hex_prefix(payload: &[u8]) -> Option<(usize, u64)> {
+    let hex = std::str::from_utf8(payload.get(..32)?).ok()?;
+    let seq = u64::from_str_radix(&hex[..16], 16).ok()?;
+    let sent = u64::from_str_radix(&hex[16..], 16).ok()?;
+    Some((seq as usize, sent))
 }
 
 /// One subscriber's socket, the bytes not yet parsed, and the data messages it has had.
@@ -333,6 +439,50 @@ fn inflate<'o>(z: &mut flate2::Decompress, data: &[u8], out: &'o mut [u8]) -> Op
         }
     }
     Some(&out[..n])
+}
+
+/// The SSE comparison of `freeboard bench broadcast --sse` as a Markdown table: each
+/// `…+sse` row beside the `…+ws-text` row of the same case before it (same subscribers and
+/// size), with the ratios SSE / WebSocket of CPU and bytes per delivery.
+pub fn sse_markdown(rows: &[BroadcastRow]) -> String {
+    use std::fmt::Write;
+    let mut out = String::from(
+        "| subscribers | payload B | CPU ns/delivery WS | SSE | SSE/WS | bytes/delivery WS | SSE \
+         | SSE/WS | RSS KiB/idle subscriber WS | SSE |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let fmt = |v: Option<f64>| v.map_or("–".to_owned(), |v| format!("{v:.0}"));
+    let kib = |v: Option<f64>| v.map_or("–".to_owned(), |v| format!("{v:.2}"));
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "–".to_owned(),
+    };
+    for (i, sse) in rows.iter().enumerate().filter(|(_, r)| r.server.ends_with("+sse")) {
+        let Some(ws) = rows[..i].iter().rev().find(|r| {
+            r.server.ends_with("+ws-text") && r.subscribers == sse.subscribers && r.size == sse.size
+        }) else {
+            continue;
+        };
+        let (ws_cpu, sse_cpu) = (
+            ws.cpu_ns_per_delivery().map(|c| c.0),
+            sse.cpu_ns_per_delivery().map(|c| c.0),
+        );
+        let (wb, sb) = (Some(ws.wire_bytes_per_delivery), Some(sse.wire_bytes_per_delivery));
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            sse.subscribers,
+            sse.size,
+            fmt(ws_cpu),
+            fmt(sse_cpu),
+            ratio(sse_cpu, ws_cpu),
+            fmt(wb),
+            fmt(sb),
+            ratio(sb, wb),
+            kib(ws.server_rss_kib_per_subscriber),
+            kib(sse.server_rss_kib_per_subscriber),
+        );
+    }
+    out
 }
 
 /// Messages per run for `subscribers`: 2,000,000 deliveries, 100 to 2,000 messages.

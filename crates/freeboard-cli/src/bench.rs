@@ -277,6 +277,13 @@ pub(crate) enum BenchCommand {
         /// server's CPU time per publication.
         #[arg(long)]
         compression: bool,
+        /// Server-Sent Events beside WebSocket: each case runs on freeboard twice per round,
+        /// each on a freshly started server (so each has its memory figure to itself):
+        /// WebSocket subscribers, then SSE subscribers (`Accept: text/event-stream`) on the
+        /// same topic, payloads text in both; with the server's CPU time and bytes per
+        /// delivery, its resident memory per idle subscriber, and the SSE/WebSocket ratios.
+        #[arg(long, conflicts_with = "compression")]
+        sse: bool,
         /// Rounds of every case (interleaved with --compression); medians [min–max]. With
         /// --peers, each round starts every server in turn, and each is compared with the
         /// first one of its own round.
@@ -693,6 +700,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             nodes,
             redis,
             compression,
+            sse,
             repeat,
             pin,
             server_pid,
@@ -720,6 +728,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
                 messages,
                 redis,
                 compression,
+                sse,
                 repeat: repeat.max(1),
                 pin: pin.as_deref().map(pin_load_generator).transpose()?,
                 server_pid,
@@ -729,6 +738,11 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             if compression {
                 use std::io::Write;
                 let table = freeboard_bench::compression::broadcast_markdown(&report.broadcasts);
+                let _ = writeln!(std::io::stdout().lock(), "{table}");
+            }
+            if sse {
+                use std::io::Write;
+                let table = freeboard_bench::broadcast::sse_markdown(&report.broadcasts);
                 let _ = writeln!(std::io::stdout().lock(), "{table}");
             }
             return Ok(ExitCode::SUCCESS);
@@ -1626,6 +1640,8 @@ struct BroadcastPlan {
     redis: Option<String>,
     /// Each case with plain subscribers, then compressing ones, on a compressing server.
     compression: bool,
+    /// Each case over WebSocket (text), then over Server-Sent Events, each on a fresh server.
+    sse: bool,
     /// Rounds of every case.
     repeat: usize,
     /// The CPUs of the servers started and of the load generator (pinned already).
@@ -1653,18 +1669,24 @@ fn broadcast(
     };
     let server_cpu = plan.pin.map(|(server, _)| server);
     let variants: &[bool] = if plan.compression { &[false, true] } else { &[false] };
+    // `Some(sse)`: one side of the SSE comparison.
     let mut measure = |name: &str,
                        subscribe: &[Target],
                        publish: &Target,
                        server_pid: Option<u32>,
-                       rounds: usize|
+                       rounds: usize,
+                       sse: Option<bool>|
      -> Result<(), String> {
         for _ in 0..rounds {
             for &n in &plan.subscribers {
                 for &size in &plan.sizes {
                     for &deflate in variants {
-                        let name =
-                            if deflate { format!("{name}+deflate") } else { name.to_string() };
+                        let name = match (deflate, sse) {
+                            (true, _) => format!("{name}+deflate"),
+                            (false, Some(false)) => format!("{name}+ws-text"),
+                            (false, Some(true)) => format!("{name}+sse"),
+                            (false, None) => name.to_string(),
+                        };
                         let messages =
                             plan.messages.unwrap_or_else(|| broadcast::default_messages(n));
                         let bar = ProgressBar::new(messages).with_style(
@@ -1681,6 +1703,8 @@ fn broadcast(
                             messages,
                             deflate,
                             server_pid,
+                            text: sse.is_some(),
+                            sse: sse == Some(true),
                         };
                         let row =
                             broadcast::run(&run, &name, &mut |done| bar.set_position(done))
@@ -1696,7 +1720,13 @@ fn broadcast(
     match (url, peers) {
         (Some(url), None) => {
             let target = Target::parse(&url)?;
-            measure(&url, std::slice::from_ref(&target), &target, plan.server_pid, plan.repeat)?;
+            let sides: &[Option<bool>] = if plan.sse { &[Some(false), Some(true)] } else { &[None] };
+            for _ in 0..plan.repeat {
+                for &side in sides {
+                    let one = std::slice::from_ref(&target);
+                    measure(&url, one, &target, plan.server_pid, 1, side)?;
+                }
+            }
         }
         (Some(_), Some(_)) => return Err("give a topic URL or --peers, not both".into()),
         (None, peers) => {
@@ -1736,17 +1766,27 @@ fn broadcast(
                     Peer::RawTcpBroadcast => ("/", "/"),
                     _ => return Err(format!("{name} has no broadcast route")),
                 };
-                let running = match servers.start(peer, server_cpu) {
-                    Ok(running) => running,
-                    Err(e) => {
-                        eprintln!("freeboard bench: skipping {name}: {e}");
-                        skipped.push(name);
-                        continue;
-                    }
+                let sides: &[Option<bool>] = match (plan.sse, peer) {
+                    (true, Peer::Freeboard) => &[Some(false), Some(true)],
+                    _ => &[None],
                 };
-                let at = |path: &str| Target::at(running.target.addr, path, running.target.raw);
-                measure(name, &[at(sub)], &at(publ), Some(running.pid), 1)?;
-                drop(running);
+                for &side in sides {
+                    let running = match servers.start(peer, server_cpu) {
+                        Ok(running) => running,
+                        Err(e) => {
+                            eprintln!("freeboard bench: skipping {name}: {e}");
+                            skipped.push(name);
+                            break;
+                        }
+                    };
+                    let at =
+                        |path: &str| Target::at(running.target.addr, path, running.target.raw);
+                    measure(name, &[at(sub)], &at(publ), Some(running.pid), 1, side)?;
+                    drop(running);
+                }
+                if skipped.contains(&name) {
+                    continue;
+                }
                 if let (Peer::Freeboard, Some(redis)) = (peer, &plan.redis) {
                     // The same load on two nodes of one Redis: subscribers on both, the
                     // publisher on the first.
@@ -1759,7 +1799,8 @@ fn broadcast(
                     let at = |r: &freeboard_bench::peers::Running| {
                         Target::at(r.target.addr, sub, r.target.raw)
                     };
-                    measure("freeboard-2-nodes-redis", &[at(&a), at(&b)], &at(&a), None, 1)?;
+                    let both = [at(&a), at(&b)];
+                    measure("freeboard-2-nodes-redis", &both, &at(&a), None, 1, None)?;
                 }
             }
         }
