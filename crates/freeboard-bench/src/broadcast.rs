@@ -250,7 +250,8 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                     };
                     let event = &pending[at..at + end];
                     at += end + 2;
-                    let Some(data) = event.split(|b| *b == b'\n').find_map(|l| l.strip_prefix(b"data: "))
+                    let Some(data) =
+                        event.split(|b| *b == b'\n').find_map(|l| l.strip_prefix(b"data: "))
                     else {
                         continue; // `retry:`, a keep-alive
                     };
@@ -462,10 +463,8 @@ pub fn sse_markdown(rows: &[BroadcastRow]) -> String {
         }) else {
             continue;
         };
-        let (ws_cpu, sse_cpu) = (
-            ws.cpu_ns_per_delivery().map(|c| c.0),
-            sse.cpu_ns_per_delivery().map(|c| c.0),
-        );
+        let (ws_cpu, sse_cpu) =
+            (ws.cpu_ns_per_delivery().map(|c| c.0), sse.cpu_ns_per_delivery().map(|c| c.0));
         let (wb, sb) = (Some(ws.wire_bytes_per_delivery), Some(sse.wire_bytes_per_delivery));
         let _ = writeln!(
             out,

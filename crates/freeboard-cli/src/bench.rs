@@ -1720,7 +1720,8 @@ fn broadcast(
     match (url, peers) {
         (Some(url), None) => {
             let target = Target::parse(&url)?;
-            let sides: &[Option<bool>] = if plan.sse { &[Some(false), Some(true)] } else { &[None] };
+            let sides: &[Option<bool>] =
+                if plan.sse { &[Some(false), Some(true)] } else { &[None] };
             for _ in 0..plan.repeat {
                 for &side in sides {
                     let one = std::slice::from_ref(&target);
@@ -1779,8 +1780,7 @@ fn broadcast(
                             break;
                         }
                     };
-                    let at =
-                        |path: &str| Target::at(running.target.addr, path, running.target.raw);
+                    let at = |path: &str| Target::at(running.target.addr, path, running.target.raw);
                     measure(name, &[at(sub)], &at(publ), Some(running.pid), 1, side)?;
                     drop(running);
                 }

@@ -542,6 +542,28 @@ mod tests {
         Request::parse(req, &mut headers, 1024).map(|r| r.map(|(_, len)| len))
     }
 
+    #[test]
+    fn an_event_stream_request_is_a_get_that_accepts_text_event_stream() {
+        fn parse(req: &[u8]) -> Result<Option<(&str, bool, usize)>, HandshakeError> {
+            let mut headers = [EMPTY_HEADER; 16];
+            Request::parse_event_stream(req, &mut headers, 1024)
+                .map(|r| r.map(|(r, len)| (r.path(), r.is_event_stream(), len)))
+        }
+        let req = b"GET /topic/a?also=b HTTP/1.1\r\nHost: h\r\nAccept: text/html, Text/Event-Stream;q=1\r\n\r\n";
+        assert_eq!(parse(req), Ok(Some(("/topic/a?also=b", true, req.len()))));
+        assert_eq!(parse(&req[..20]), Ok(None));
+        let no_accept = b"GET /t HTTP/1.1\r\nHost: h\r\nAccept: text/html\r\n\r\n";
+        assert_eq!(parse(no_accept), Err(HandshakeError::UpgradeRequired));
+        let post = b"POST /t HTTP/1.1\r\nHost: h\r\nAccept: text/event-stream\r\n\r\n";
+        assert_eq!(parse(post), Err(HandshakeError::MethodNotAllowed));
+        let no_host = b"GET /t HTTP/1.1\r\nAccept: text/event-stream\r\n\r\n";
+        assert_eq!(parse(no_host), Err(HandshakeError::Host));
+        let mut headers = [EMPTY_HEADER; 16];
+        let (ws, _) = Request::parse(RFC_REQUEST, &mut headers, 1024).unwrap().unwrap();
+        assert!(!ws.is_event_stream());
+        assert_eq!(ws.with_path("/other").path(), "/other");
+    }
+
     fn replace(from: &str, to: &str) -> Vec<u8> {
         String::from_utf8(RFC_REQUEST.to_vec()).unwrap().replace(from, to).into_bytes()
     }

@@ -169,6 +169,29 @@ fn keep_alive_pings_and_drops_a_silent_peer() {
     }
 }
 
+/// On a one-way transport the keep-alive is sent and nothing is awaited: the connection stays
+/// open through any number of intervals, and the next keep-alive is a full interval later.
+#[test]
+fn a_keep_alive_that_needs_no_answer_never_times_out() {
+    let config = Config::builder()
+        .ping_interval(Some(Duration::from_secs(30)))
+        .pong_timeout(Duration::from_secs(10))
+        .build();
+    let mut conn = Connection::new(Role::Server, config, Instant::default());
+    let mut out = [0u8; 131];
+    let mut now = Instant::default();
+    for _ in 0..10 {
+        let due = conn.poll_timeout().expect("a keep-alive is due");
+        assert_eq!(due, now + Duration::from_secs(30));
+        now = due;
+        conn.handle_timeout(now);
+        assert_eq!(conn.poll_transmit(None, &mut out), Ok(Some(2)), "a ping");
+        conn.keep_alive_unanswered(now);
+    }
+    conn.handle_timeout(now + Duration::from_secs(29));
+    assert_eq!(conn.state(), State::Open);
+}
+
 #[test]
 fn a_parked_connection_resumes_with_its_deadlines() {
     let config = Config::builder().ping_interval(Some(Duration::from_secs(30))).build();

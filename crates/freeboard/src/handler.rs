@@ -536,14 +536,18 @@ impl Conn<'_> {
                 true => {
                     let (offset, payload) = crate::history::split_envelope(data);
                     let id = offset.filter(|_| resumes);
-                    let sent = self.session.send_event(&mut self.cx, id, Some(topic), *kind, payload);
+                    let sent =
+                        self.session.send_event(&mut self.cx, id, Some(topic), *kind, payload);
                     match sent {
                         Some(outcome) => self.count_send(outcome),
                         None => SendOutcome::Closed,
                     }
                 }
             };
-            matches!(outcome, SendOutcome::Queue(PushOutcome::Queued | PushOutcome::QueuedAboveHigh))
+            matches!(
+                outcome,
+                SendOutcome::Queue(PushOutcome::Queued | PushOutcome::QueuedAboveHigh)
+            )
         });
         // What the replay sent may be in the loop's inbox too, on its way live: each offset
         // is sent once.

@@ -173,7 +173,9 @@ impl<T: Transport> EventLoop<T> {
         let extensions = deflate.as_ref().map(|d| d.agreement.response());
         let mut response = [0u8; 1024];
         let n = match event_stream {
-            false => switching_protocols(accept_key, protocol, extensions.as_deref(), &mut response),
+            false => {
+                switching_protocols(accept_key, protocol, extensions.as_deref(), &mut response)
+            }
             true => event_stream_ok(self.config.topics.sse_retry_ms, &mut response),
         };
         let Some(n) = n else {

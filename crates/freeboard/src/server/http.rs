@@ -261,7 +261,8 @@ impl<T: Transport> EventLoop<T> {
         // the handler sees the offset in the target, where it looks for it.
         let target = match event_stream {
             false => std::borrow::Cow::Borrowed(path),
-            true => match crate::topics::event_stream_target(path, request.header("last-event-id")) {
+            true => match crate::topics::event_stream_target(path, request.header("last-event-id"))
+            {
                 Ok(target) => target,
                 Err(why) => {
                     self.shared.metrics.access_refusal("since_malformed");

@@ -12,10 +12,10 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 mod access;
 mod compressed_copies;
-mod event_copies;
 mod compression;
 mod dispatch;
 mod end_of_turn;
+mod event_copies;
 mod event_loop;
 mod fan_out;
 mod http;

@@ -140,10 +140,7 @@ mod tests {
             event(None, None, MessageKind::Binary, &[0, 0xff, 1, 2]),
             "event: message+base64\ndata: AP8BAg==\n\n"
         );
-        assert_eq!(
-            event(None, Some("t"), MessageKind::Binary, b""),
-            "event: t+base64\ndata: \n\n"
-        );
+        assert_eq!(event(None, Some("t"), MessageKind::Binary, b""), "event: t+base64\ndata: \n\n");
     }
 
     #[test]

@@ -746,3 +746,87 @@ fn a_cork_is_written_early_only_when_the_next_frames_reply_might_not_fit() {
     }
     assert!(cork.must_write(high, &[]), "no room for another message's start");
 }
+
+/// A server session made an event stream, with keep-alives every second.
+fn event_stream(queue: SendQueue) -> End {
+    let config = Config::builder().ping_interval(Some(Duration::from_secs(1))).build();
+    let mut end = End::new(Role::Server, config, 64 << 10, queue);
+    end.session.set_event_stream(false);
+    end
+}
+
+#[test]
+fn an_event_stream_sends_events_and_ignores_input() {
+    let mut end = event_stream(SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Close));
+    let now = Instant::default();
+    assert_eq!(end.send(now, MessageKind::Text, b"a\nb"), Some(PushOutcome::Queued));
+    assert_eq!(end.send(now, MessageKind::Binary, &[1, 2, 3]), Some(PushOutcome::Queued));
+    assert_eq!(end.write(usize::MAX), b"data: a\ndata: b\n\nevent: message+base64\ndata: AQID\n\n");
+    // A client that sends anything (even a valid WebSocket frame) is not read as WebSocket.
+    let mut frame = *b"\x81\x82abcd\x00\x00";
+    end.read(now, &mut frame, 3);
+    assert!(end.received.is_empty() && end.session.is_open());
+}
+
+#[test]
+fn an_event_streams_keep_alive_is_a_comment_that_needs_no_answer() {
+    let mut end = event_stream(SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Close));
+    let mut now = Instant::default();
+    // Far past the pong timeout: the stream stays open, a comment each interval.
+    for _ in 0..30 {
+        now = end.session.poll_timeout().expect("a keep-alive is due");
+        assert!(!end.timeout(now));
+    }
+    assert!(end.session.is_open() && end.closed.is_none());
+    assert_eq!(end.write(usize::MAX), b": keep-alive\n\n".repeat(30));
+}
+
+#[test]
+fn an_event_stream_ends_with_an_event_saying_why() {
+    let mut end = event_stream(SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Close));
+    let now = Instant::default();
+    end.close(now, crate::history::HISTORY_GONE, "the messages since that offset are gone");
+    assert_eq!(
+        end.write(usize::MAX),
+        b"event: freeboard-gap\ndata: 4410 the messages since that offset are gone\n\n"
+    );
+    // Over at once: nothing comes back on a stream.
+    let closed = end.session.poll_close().expect("closed");
+    assert_eq!(
+        (closed.code, closed.reason(), closed.clean),
+        (crate::history::HISTORY_GONE, "the messages since that offset are gone", true)
+    );
+    assert_eq!(end.send(now, MessageKind::Text, b"late"), None);
+    let t = end.session.after_flush(&mut end.pool, now, CLOSE_TIMEOUT, LINGER);
+    assert!(t.closed && t.shutdown_write, "its last event out: our FIN");
+}
+
+#[test]
+fn an_event_stream_that_is_not_read_meets_its_policy() {
+    let marks = Watermarks::new(256, 512, 1024).unwrap();
+    let mut end = event_stream(SendQueue::new(marks, SlowConsumerPolicy::Close));
+    let now = Instant::default();
+    let mut outcomes = Vec::new();
+    for _ in 0..20 {
+        outcomes.push(end.send(now, MessageKind::Text, &[b'x'; 100]));
+    }
+    assert!(
+        outcomes.iter().any(|o| matches!(o, Some(PushOutcome::MustClose { .. }))),
+        "{outcomes:?}"
+    );
+    let out = end.write(usize::MAX);
+    assert_eq!(
+        out, b"event: freeboard-close\ndata: 1008 slow consumer\n\n",
+        "unsent events dropped"
+    );
+    assert_eq!(end.session.poll_close().map(|c| c.code), Some(CloseCode::POLICY_VIOLATION));
+}
+
+#[test]
+fn a_client_that_hangs_up_leaves_an_event_stream_cleanly() {
+    let mut end = event_stream(SendQueue::new(Watermarks::DEFAULT, SlowConsumerPolicy::Close));
+    let (session, mut cx) = end.cx(Instant::default());
+    session.handle_eof(&mut cx);
+    let closed = end.session.poll_close().expect("closed");
+    assert_eq!((closed.code, closed.clean), (CloseCode::GOING_AWAY, true));
+}
