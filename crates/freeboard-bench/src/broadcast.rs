@@ -245,7 +245,9 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
             loop {
                 if sse {
                     // An event: up to its empty line; ours have a data line with the prefix.
-                    let Some(end) = pending[at..].windows(2).position(|w| w == b"\n\n") else {
+                    // memmem, as a browser's parser runs at memory speed: a byte-by-byte
+                    // search would make the load generator, not the server, the limit.
+                    let Some(end) = memchr::memmem::find(&pending[at..], b"\n\n") else {
                         break;
                     };
                     let event = &pending[at..at + end];

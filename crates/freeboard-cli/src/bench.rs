@@ -281,7 +281,8 @@ pub(crate) enum BenchCommand {
         /// each on a freshly started server (so each has its memory figure to itself):
         /// WebSocket subscribers, then SSE subscribers (`Accept: text/event-stream`) on the
         /// same topic, payloads text in both; with the server's CPU time and bytes per
-        /// delivery, its resident memory per idle subscriber, and the SSE/WebSocket ratios.
+        /// delivery, its resident memory per idle subscriber (meaningful for the first case
+        /// each server runs), and the SSE/WebSocket ratios.
         #[arg(long, conflicts_with = "compression")]
         sse: bool,
         /// Rounds of every case (interleaved with --compression); medians [min–max]. With

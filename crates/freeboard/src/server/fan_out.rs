@@ -172,8 +172,9 @@ impl<T: Transport> EventLoop<T> {
             let variant = match entry.session.is_event_stream() {
                 false => None,
                 true => {
-                    let first = self.topics.first_topic_of(token);
-                    let resumes = history && first.is_some_and(|first| *first == *topic);
+                    // Looked up only where there are offsets to give.
+                    let resumes = history
+                        && self.topics.first_topic_of(token).is_some_and(|f| *f == *topic);
                     entry.session.event_variant(resumes)
                 }
             };

@@ -25,8 +25,8 @@ pub(crate) struct EventStream {
     /// The response carries several topics: each event names its topic.
     pub(crate) several: bool,
     /// The end of the stream, once it was written (the WebSocket core knows only that its
-    /// transport ended).
-    pub(crate) closed: Option<Closed>,
+    /// transport ended); boxed, so an open stream's state stays a few bytes.
+    pub(crate) closed: Option<Box<Closed>>,
 }
 
 impl EventStream {

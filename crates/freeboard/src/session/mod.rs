@@ -472,7 +472,7 @@ impl Session {
             {
                 // Hanging up is how an event stream's client leaves (`EventSource.close()`).
                 let left = Closed::new(CloseCode::GOING_AWAY, "the client left", true);
-                events.closed = Some(left);
+                events.closed = Some(Box::new(left));
             }
             ws.handle_eof();
         }
@@ -513,7 +513,7 @@ impl Session {
         let closed = Closed::poll(open.ws.awake()?)?;
         open.close_reported = true;
         // An event stream's end is its own: the core saw only its transport end.
-        Some(self.events.as_deref().and_then(|e| e.closed).unwrap_or(closed))
+        Some(self.events.as_deref().and_then(|e| e.closed.as_deref().copied()).unwrap_or(closed))
     }
 
     /// Whether the close was reported; a connection dropped before that reports 1006.
@@ -930,7 +930,7 @@ impl Session {
             if let Some(closed) = close {
                 // Nothing comes back on an event stream: it is over once the event is out.
                 if let Some(events) = self.events.as_deref_mut() {
-                    events.closed = Some(closed);
+                    events.closed = Some(Box::new(closed));
                 }
                 ws.handle_eof();
                 return;
