@@ -282,6 +282,54 @@ fn compressing_connections_have_their_memory_measured() {
     server.join().unwrap();
 }
 
+/// The same fan-out to WebSocket and to Server-Sent Events subscribers of the library's topic
+/// route: every subscriber gets every message, in order, and the comparison table pairs them.
+#[test]
+fn broadcast_reaches_event_stream_subscribers_as_websocket_ones() {
+    use freeboard_bench::broadcast::{self, Broadcast};
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 2;
+    config.limits.idle_timeout = None;
+    config.topics.slow_consumer = freeboard::SlowConsumerPolicy::DropOldest;
+    config.topics.send_cap = 4 << 20;
+    let service = topic_service(&config);
+    let server = Server::bind(config, move || service.mount(Router::new())).unwrap().spawn();
+    let target = Target::parse(&format!("ws://{}/topic/bench", server.local_addr())).unwrap();
+    let mut rows = Vec::new();
+    for sse in [false, true] {
+        let run = Broadcast {
+            subscribe: vec![target.clone()],
+            publish: target.clone(),
+            subscribers: 20,
+            size: 256,
+            window: 4,
+            messages: 200,
+            deflate: false,
+            server_pid: Some(std::process::id()),
+            text: true,
+            sse,
+        };
+        let name = if sse { "freeboard+sse" } else { "freeboard+ws-text" };
+        let row = broadcast::run(&run, name, &mut |_| {}).unwrap();
+        assert_eq!((row.subscribers, row.messages), (20, 200), "{row:?}");
+        // A text frame's 4-byte header, or an event's `data: ` and empty line.
+        let framing = if sse { 8.0 } else { 4.0 };
+        assert_eq!(row.wire_bytes_per_delivery, 256.0 + framing, "{row:?}");
+        rows.push(row);
+    }
+    // The server sees the streams' ends at its next turns.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while server.metrics().sse_connections() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(server.metrics().sse_connections(), 0, "the streams closed with the run");
+    let table = broadcast::sse_markdown(&rows);
+    assert!(table.contains("| 20 | 256 |") && table.contains("| 260 | 264 | 1.02 |"), "{table}");
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
 #[test]
 fn broadcast_reaches_every_subscriber() {
     use freeboard_bench::broadcast::{self, Broadcast};
@@ -306,6 +354,8 @@ fn broadcast_reaches_every_subscriber() {
             messages: 100,
             deflate,
             server_pid: Some(std::process::id()),
+            text: false,
+            sse: false,
         };
         let name = if deflate { "freeboard+deflate" } else { "freeboard" };
         let row = broadcast::run(&run, name, &mut |_| {}).unwrap();

@@ -28,6 +28,12 @@ use freeboard_proto::http::query_value;
 /// [`TOKEN_EXPIRED`](freeboard::auth::TOKEN_EXPIRED) when the token's `exp` passes, and a client
 /// publishes only to topics its `publish` claim grants (else close 1008).
 ///
+/// A `GET` with `Accept: text/event-stream` to the same URL is decided here as an upgrade is
+/// and opens a Server-Sent Events stream of the same topics (the runtime frames the messages
+/// as events); its `Last-Event-ID` reaches [`decide_upgrade`](Handler::decide_upgrade) and
+/// [`on_open`](Handler::on_open) as `since=` in the target, so it resumes as `?since=` does,
+/// and [`HISTORY_GONE`] ends the stream with a `freeboard-gap` event.
+///
 /// [`Service::mount`](crate::Service::mount) mounts it under a prefix, with the topic hub's
 /// slow-consumer policy and send queues (see [`TopicsConfig`]).
 #[derive(Debug, Clone)]

@@ -173,8 +173,8 @@ impl<T: Transport> EventLoop<T> {
                 false => None,
                 true => {
                     // Looked up only where there are offsets to give.
-                    let resumes = history
-                        && self.topics.first_topic_of(token).is_some_and(|f| *f == *topic);
+                    let resumes =
+                        history && self.topics.first_topic_of(token).is_some_and(|f| *f == *topic);
                     entry.session.event_variant(resumes)
                 }
             };
