@@ -41,6 +41,16 @@ fn the_dashboard_shows_the_numbers_move_in_chromium() {
     let before: u64 = page.text("messages-in-total").parse().unwrap();
     assert!(before < 100, "no load yet: {before}");
     assert_eq!(page.text("connections"), "1", "the dashboard's own stream is the one connection");
+    // A Server-Sent Events subscriber is counted beside the WebSockets.
+    let mut sse = TcpStream::connect(&addr).unwrap();
+    sse.write_all(b"GET /topic/news HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+        .unwrap();
+    page.wait_for("the SSE stream", |p| {
+        p.text("connections") == "2" && p.text("sse-connections") == "1"
+    });
+    assert_eq!(page.text("ws-connections"), "1");
+    drop(sse);
+    page.wait_for("the SSE stream gone", |p| p.text("sse-connections") == "0");
     // The process's RSS beside the budget: a real size, in MiB (a server holds more than 1 MiB).
     let rss = page.text("rss");
     assert!(rss.ends_with(" MiB") && rss != "0.00 MiB", "RSS shown as {rss:?}");
