@@ -192,9 +192,11 @@ impl<T: Transport> EventLoop<T> {
             let queue = entry.session.queue();
             let marks = options.watermarks.unwrap_or(*queue.watermarks());
             let queue = SendQueue::new(marks, options.slow_consumer.unwrap_or(queue.policy()));
+            // A key is read from the front of a queued WebSocket frame; an event starts with
+            // its `id:`/`event:` lines, so an event stream conflates without one.
             match options.conflate_key {
-                Some(key) => queue.with_conflate_key(key),
-                None => queue,
+                Some(key) if !event_stream => queue.with_conflate_key(key),
+                _ => queue,
             }
         });
         let deadline = match entry.session.phase {
