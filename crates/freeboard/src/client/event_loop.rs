@@ -486,7 +486,7 @@ impl<H: ClientHandler> ClientLoop<H> {
                     let queue = self.config.limits.send_queue();
                     let mut opened = Session::open(ws, queue);
                     if let Some(deflate) = deflate {
-                        opened.set_deflate(deflate);
+                        opened.set_deflate(*deflate);
                     }
                     let protocol = answer.protocol;
                     session.phase = Phase::Open(Open { session: opened, protocol, closed: None });

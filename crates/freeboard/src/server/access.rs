@@ -212,7 +212,7 @@ impl<T: Transport> EventLoop<T> {
             return false;
         }
         if let Some(d) = deflate {
-            entry.session.set_deflate(d);
+            entry.session.set_deflate(*d);
         }
         if event_stream {
             entry.session.set_event_stream(several);

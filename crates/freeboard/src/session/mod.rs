@@ -216,12 +216,49 @@ pub(crate) struct Session {
     /// A partial request head, a request body, or the message being reassembled. Empty (no
     /// chunk) when idle.
     inbound: Reassembler,
+    /// permessage-deflate, or a Server-Sent Events response; boxed and in one field, so a
+    /// plain WebSocket session pays one pointer for both.
+    encoding: Option<Box<Encoding>>,
+}
+
+/// How a session's messages differ from plain WebSocket frames: at most one of these.
+enum Encoding {
     /// permessage-deflate, when the handshake agreed on it.
-    deflate: Option<Box<Deflate>>,
+    Deflate(Deflate),
     /// A Server-Sent Events response rather than a WebSocket: its messages are events
     /// ([`events`]), its input is ignored, its keep-alive is a comment and its close a last
     /// event.
-    events: Option<Box<EventStream>>,
+    Events(EventStream),
+}
+
+impl Encoding {
+    fn deflate(encoding: &Option<Box<Self>>) -> Option<&Deflate> {
+        match encoding.as_deref()? {
+            Self::Deflate(deflate) => Some(deflate),
+            Self::Events(_) => None,
+        }
+    }
+
+    fn deflate_mut(encoding: &mut Option<Box<Self>>) -> Option<&mut Deflate> {
+        match encoding.as_deref_mut()? {
+            Self::Deflate(deflate) => Some(deflate),
+            Self::Events(_) => None,
+        }
+    }
+
+    fn events(encoding: &Option<Box<Self>>) -> Option<&EventStream> {
+        match encoding.as_deref()? {
+            Self::Events(events) => Some(events),
+            Self::Deflate(_) => None,
+        }
+    }
+
+    fn events_mut(encoding: &mut Option<Box<Self>>) -> Option<&mut EventStream> {
+        match encoding.as_deref_mut()? {
+            Self::Events(events) => Some(events),
+            Self::Deflate(_) => None,
+        }
+    }
 }
 
 impl Session {
@@ -236,7 +273,7 @@ impl Session {
     }
 
     fn with_phase(phase: Phase, queue: SendQueue) -> Self {
-        Self { phase, queue, inbound: Reassembler::default(), deflate: None, events: None }
+        Self { phase, queue, inbound: Reassembler::default(), encoding: None }
     }
 
     /// Moves a server session from its request to the WebSocket protocol: the `101` response
@@ -262,30 +299,30 @@ impl Session {
     /// Makes this open session a Server-Sent Events response (after its `200` went as the
     /// preamble): `several` when it carries several topics, so each event names its own.
     pub(crate) fn set_event_stream(&mut self, several: bool) {
-        self.events = Some(Box::new(EventStream::new(several)));
+        self.encoding = Some(Box::new(Encoding::Events(EventStream::new(several))));
     }
 
     /// How a fan-out frames publications to `topic` for this session, if it is a
     /// Server-Sent Events response; `resumes` tells whether `topic` is the one a reconnect
     /// resumes (its offsets are the events' ids).
     pub(crate) fn event_variant(&self, resumes: bool) -> Option<events::Variant> {
-        let events = self.events.as_deref()?;
+        let events = Encoding::events(&self.encoding)?;
         Some(events::Variant { id: resumes, topic: events.several })
     }
 
     /// Whether this session is a Server-Sent Events response.
     pub(crate) fn is_event_stream(&self) -> bool {
-        self.events.is_some()
+        Encoding::events(&self.encoding).is_some()
     }
 
     /// Turns permessage-deflate on for this open session (after the handshake agreed on it).
-    pub(crate) fn set_deflate(&mut self, deflate: Box<Deflate>) {
-        self.deflate = Some(deflate);
+    pub(crate) fn set_deflate(&mut self, deflate: Deflate) {
+        self.encoding = Some(Box::new(Encoding::Deflate(deflate)));
     }
 
     /// The permessage-deflate parameters agreed, if any.
     pub(crate) fn compression(&self) -> Option<&deflate::Agreement> {
-        self.deflate.as_ref().map(|d| &d.agreement)
+        Encoding::deflate(&self.encoding).map(|d| &d.agreement)
     }
 
     /// The window of the shared compressed frames this session can take in a topic fan-out
@@ -296,7 +333,7 @@ impl Session {
     /// queue (which reads each message's key from its payload); those take the uncompressed
     /// frame.
     pub(crate) fn shared_compression(&self) -> Option<u8> {
-        let agreement = &self.deflate.as_ref()?.agreement;
+        let agreement = &Encoding::deflate(&self.encoding)?.agreement;
         (agreement.server_no_context_takeover && self.queue.conflate_key().is_none())
             .then_some(agreement.server_max_window_bits)
     }
@@ -382,7 +419,7 @@ impl Session {
         buf: &'b mut [u8],
     ) -> (usize, Option<Received<'b>>) {
         let Phase::Open(open) = &mut self.phase else { return (buf.len(), None) };
-        if self.events.is_some() {
+        if Encoding::events(&self.encoding).is_some() {
             // An event stream's client has nothing to say after its request; what it sends
             // is not WebSocket and is dropped.
             return (buf.len(), None);
@@ -407,7 +444,7 @@ impl Session {
     ) -> (usize, Option<Received<'b>>) {
         let Phase::Open(open) = &mut self.phase else { return (buf.len(), None) };
         let ws = cx.lot.wake(&mut open.ws);
-        if self.deflate.is_some() {
+        if Encoding::deflate(&self.encoding).is_some() {
             // RFC 7692 §6: RSV1 marks a compressed message's first frame.
             ws.set_allowed_rsv(0b100);
         }
@@ -424,7 +461,7 @@ impl Session {
         // Asked only of a message in pieces.
         let (share, queue) = (cx.share, &self.queue);
         let room = |pool: &Pool<'static>| share.reassembly_room(pool, queue);
-        let received = match self.deflate.as_deref_mut() {
+        let received = match Encoding::deflate_mut(&mut self.encoding) {
             Some(deflate) if piece.compressed => {
                 let codec = cx.codec.as_deref_mut();
                 let (pool, limits, now) = (&mut *cx.pool, cx.limits, cx.now);
@@ -466,7 +503,7 @@ impl Session {
     pub(crate) fn handle_eof(&mut self, cx: &mut Context<'_>) {
         if let Phase::Open(open) = &mut self.phase {
             let ws = cx.lot.wake(&mut open.ws);
-            if let Some(events) = self.events.as_deref_mut()
+            if let Some(events) = Encoding::events_mut(&mut self.encoding)
                 && ws.state() != State::Closed
                 && events.closed.is_none()
             {
@@ -513,7 +550,8 @@ impl Session {
         let closed = Closed::poll(open.ws.awake()?)?;
         open.close_reported = true;
         // An event stream's end is its own: the core saw only its transport end.
-        Some(self.events.as_deref().and_then(|e| e.closed.as_deref().copied()).unwrap_or(closed))
+        let ended = Encoding::events(&self.encoding).and_then(|e| e.closed.as_deref().copied());
+        Some(ended.unwrap_or(closed))
     }
 
     /// Whether the close was reported; a connection dropped before that reports 1006.
@@ -532,7 +570,7 @@ impl Session {
         kind: MessageKind,
         data: &[u8],
     ) -> Option<PushOutcome> {
-        if self.deflate.is_some() || self.events.is_some() {
+        if self.encoding.is_some() {
             return self.send_other(cx, kind, data);
         }
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
@@ -549,7 +587,7 @@ impl Session {
         kind: MessageKind,
         data: &[u8],
     ) -> Option<PushOutcome> {
-        match self.events {
+        match Encoding::events(&self.encoding) {
             Some(_) => self.send_event(cx, None, None, kind, data),
             None => self.send_compressed(cx, kind, data),
         }
@@ -566,7 +604,7 @@ impl Session {
         kind: MessageKind,
         data: &[u8],
     ) -> Option<PushOutcome> {
-        let several = self.events.as_deref()?.several;
+        let several = Encoding::events(&self.encoding)?.several;
         if !self.is_open() {
             return None;
         }
@@ -585,7 +623,8 @@ impl Session {
         data: &[u8],
     ) -> Option<PushOutcome> {
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
-        let compressed = match (self.deflate.as_deref_mut(), cx.codec.as_deref_mut()) {
+        let compressed = match (Encoding::deflate_mut(&mut self.encoding), cx.codec.as_deref_mut())
+        {
             (Some(deflate), Some(codec)) => deflate.compress(cx.pool, codec, data),
             _ => None,
         };
@@ -855,7 +894,7 @@ impl Session {
         if !ws.wants_transmit() {
             return;
         }
-        if self.events.is_some() {
+        if Encoding::events(&self.encoding).is_some() {
             return self.queue_event_control(cx);
         }
         if let Some(cork) = cx.cork.as_deref_mut()
@@ -929,7 +968,7 @@ impl Session {
             }
             if let Some(closed) = close {
                 // Nothing comes back on an event stream: it is over once the event is out.
-                if let Some(events) = self.events.as_deref_mut() {
+                if let Some(events) = Encoding::events_mut(&mut self.encoding) {
                     events.closed = Some(Box::new(closed));
                 }
                 ws.handle_eof();
@@ -1078,7 +1117,7 @@ impl Session {
     pub(crate) fn release(&mut self, pool: &mut Pool<'static>) -> u32 {
         let lost = self.clear_queue(pool);
         self.inbound.clear(pool);
-        if let Some(deflate) = &mut self.deflate {
+        if let Some(deflate) = Encoding::deflate_mut(&mut self.encoding) {
             deflate.release(pool);
         }
         lost
