@@ -216,6 +216,7 @@ impl<T: Transport> EventLoop<T> {
         }
         if event_stream {
             entry.session.set_event_stream(several);
+            entry.event_stream = Some(several);
             self.shared.metrics.event_streams.inc();
         }
         entry.route = route as u32;

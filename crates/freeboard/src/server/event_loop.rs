@@ -83,6 +83,9 @@ pub(super) struct Entry<T> {
     read_closed: bool,
     /// Accepted on the admin listener: it is served the admin routes and `/healthz` only.
     pub(super) admin_listener: bool,
+    /// A Server-Sent Events stream (`Some`), carrying several topics (`Some(true)`): what a
+    /// fan-out needs of it, kept here (in padding) so that it reads nothing else per delivery.
+    pub(super) event_stream: Option<bool>,
     /// The deadline this entry has in the timer heap, if any.
     pub(super) armed: Option<Instant>,
     pub(super) dirty: bool,
@@ -714,6 +717,7 @@ impl<T: Transport> EventLoop<T> {
                 attributed: !self.shared.forwards(&self.config, peer),
                 read_closed: false,
                 admin_listener: from == Listening::Admin,
+                event_stream: None,
                 armed: None,
                 dirty: false,
                 counted: 0,

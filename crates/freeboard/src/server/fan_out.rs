@@ -8,6 +8,7 @@ use super::compressed_copies::CompressedCopies;
 use super::event_copies::EventCopies;
 use super::event_loop::{EventLoop, loop_context};
 use crate::history::{Envelope, Offset, offset_in_frame};
+use crate::session::events::Variant;
 use crate::topics::{Outbox, Published, Reach};
 use crate::transport::{Transport, write_frames};
 
@@ -169,15 +170,12 @@ impl<T: Transport> EventLoop<T> {
             let policy = entry.session.queue().policy();
             // An event stream gets each publication framed as an event, made once per
             // variant; its `id:` is the offset of the topic a reconnect resumes (the first).
-            let variant = match entry.session.is_event_stream() {
-                false => None,
-                true => {
-                    // Looked up only where there are offsets to give.
-                    let resumes =
-                        history && self.topics.first_topic_of(token).is_some_and(|f| *f == *topic);
-                    entry.session.event_variant(resumes)
-                }
-            };
+            let variant = entry.event_stream.map(|several| {
+                // Looked up only where there are offsets to give.
+                let resumes =
+                    history && self.topics.first_topic_of(token).is_some_and(|f| *f == *topic);
+                Variant { id: resumes, topic: several }
+            });
             if let Some(variant) = variant {
                 events.resize_with(events.len().max(publications), EventCopies::default);
                 for (i, frame) in frames.clone().enumerate().filter(|(i, _)| wants(*i)) {
@@ -185,7 +183,10 @@ impl<T: Transport> EventLoop<T> {
                     events[i].make(variant, frame, topic, history, &mut self.pool, scratch);
                 }
             }
-            let compression = entry.session.shared_compression().filter(|_| variant.is_none());
+            let compression = match variant {
+                Some(_) => None,
+                None => entry.session.shared_compression(),
+            };
             if let Some(bits) = compression {
                 compressed
                     .resize_with(compressed.len().max(publications), CompressedCopies::default);

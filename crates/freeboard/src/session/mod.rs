@@ -302,14 +302,6 @@ impl Session {
         self.encoding = Some(Box::new(Encoding::Events(EventStream::new(several))));
     }
 
-    /// How a fan-out frames publications to `topic` for this session, if it is a
-    /// Server-Sent Events response; `resumes` tells whether `topic` is the one a reconnect
-    /// resumes (its offsets are the events' ids).
-    pub(crate) fn event_variant(&self, resumes: bool) -> Option<events::Variant> {
-        let events = Encoding::events(&self.encoding)?;
-        Some(events::Variant { id: resumes, topic: events.several })
-    }
-
     /// Whether this session is a Server-Sent Events response.
     pub(crate) fn is_event_stream(&self) -> bool {
         Encoding::events(&self.encoding).is_some()
