@@ -253,7 +253,7 @@ fn a_new_subscriber_gets_its_101_before_any_message_under_conflate() {
         stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
         stream.write_all(common::upgrade_request("/topic/busy").as_bytes()).unwrap();
         let mut first = [0u8; 12];
-        stream.read_exact(&mut first).unwrap();
+        stream.read_exact(&mut first).unwrap_or_else(|e| panic!("subscriber {i}: {e}"));
         assert_eq!(&first, b"HTTP/1.1 101", "subscriber {i} read {first:?} first");
     }
     stop_publishing.store(true, Ordering::Relaxed);

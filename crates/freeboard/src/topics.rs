@@ -447,9 +447,14 @@ impl Hub {
         receivers.get_mut(index as usize)?.take()
     }
 
-    /// Clears loop `index`'s pending flag; call before draining its inbox.
-    pub(crate) fn begin_drain(&self, index: u32) {
-        self.inboxes[index as usize].pending.store(false, Ordering::Release);
+    /// Clears loop `index`'s pending flag; call before draining its inbox. Returns how many
+    /// publications wait in it now: the loop takes those and no more this turn, so publishers
+    /// faster than its fan-out cannot keep it from its sockets. What arrives meanwhile finds
+    /// the flag clear and wakes the loop for its next turn.
+    pub(crate) fn begin_drain(&self, index: u32) -> usize {
+        let inbox = &self.inboxes[index as usize];
+        inbox.pending.store(false, Ordering::Release);
+        inbox.queued.load(Ordering::Acquire)
     }
 
     /// The next publication in loop `index`'s inbox (`receiver`, its end), if any.

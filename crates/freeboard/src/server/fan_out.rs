@@ -59,11 +59,12 @@ impl<T: Transport> EventLoop<T> {
         (published, reach)
     }
 
-    /// Takes the publications other threads sent, each copied once into this loop's pool and
-    /// fanned out by reference.
+    /// Takes the publications other threads sent — those waiting when the drain began — each
+    /// copied once into this loop's pool and fanned out by reference.
     pub(super) fn drain_inbox(&mut self, now: Instant) {
-        self.shared.hub.begin_drain(self.index);
-        while let Some(publication) = self.shared.hub.receive(self.index, &self.inbox) {
+        let waiting = self.shared.hub.begin_drain(self.index);
+        for _ in 0..waiting {
+            let Some(publication) = self.shared.hub.receive(self.index, &self.inbox) else { break };
             if publication.ends_history {
                 self.end_history(now, &publication.topic);
                 continue;
