@@ -164,6 +164,35 @@ pub struct Request<'h, 'b> {
 }
 
 impl<'h, 'b> Request<'h, 'b> {
+    /// Parses the request head at the front of `buf` and checks what an upgrade and an event
+    /// stream both need — §4.2.1: "An HTTP/1.1 or higher GET request". The request without a
+    /// key, and its length; `Ok(None)` while the head is unfinished and shorter than
+    /// `max_head_len`.
+    fn parse_get(
+        buf: &'b [u8],
+        headers: &'h mut [Header<'b>],
+        max_head_len: usize,
+    ) -> Result<Option<(Self, usize)>, HandshakeError> {
+        let mut req = httparse::Request::new(headers);
+        let len = match req.parse(buf) {
+            Ok(httparse::Status::Complete(len)) if len <= max_head_len => len,
+            Ok(httparse::Status::Partial) if buf.len() < max_head_len => return Ok(None),
+            Ok(_) | Err(httparse::Error::TooManyHeaders) => {
+                return Err(HandshakeError::HeadTooLarge);
+            }
+            Err(_) => return Err(HandshakeError::Malformed),
+        };
+        let httparse::Request { method, path, version, headers } = req;
+        // NOTE(unwrap): a complete request has a method, path and version.
+        if method.unwrap() != "GET" {
+            return Err(HandshakeError::MethodNotAllowed);
+        }
+        if version.unwrap() != 1 {
+            return Err(HandshakeError::HttpVersion);
+        }
+        Ok(Some((Self { path: origin_form(path.unwrap()), headers, key: &[] }, len)))
+    }
+
     /// Parses and checks an upgrade request at the front of `buf`.
     ///
     /// Returns `Ok(None)` while the head is unfinished and shorter than `max_head_len`, and the
@@ -173,28 +202,10 @@ impl<'h, 'b> Request<'h, 'b> {
         headers: &'h mut [Header<'b>],
         max_head_len: usize,
     ) -> Result<Option<(Self, usize)>, HandshakeError> {
-        let mut req = httparse::Request::new(headers);
-        let len = match req.parse(buf) {
-            Ok(httparse::Status::Complete(len)) if len <= max_head_len => len,
-            Ok(httparse::Status::Complete(_)) => return Err(HandshakeError::HeadTooLarge),
-            Ok(httparse::Status::Partial) if buf.len() >= max_head_len => {
-                return Err(HandshakeError::HeadTooLarge);
-            }
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(httparse::Error::TooManyHeaders) => return Err(HandshakeError::HeadTooLarge),
-            Err(_) => return Err(HandshakeError::Malformed),
+        let Some((mut request, len)) = Self::parse_get(buf, headers, max_head_len)? else {
+            return Ok(None);
         };
-        // NOTE(unwrap): a complete request has a method, path and version.
-        let (method, path, version) =
-            (req.method.unwrap(), req.path.unwrap(), req.version.unwrap());
-        let headers = &*req.headers;
-        // §4.2.1: "An HTTP/1.1 or higher GET request".
-        if method != "GET" {
-            return Err(HandshakeError::MethodNotAllowed);
-        }
-        if version != 1 {
-            return Err(HandshakeError::HttpVersion);
-        }
+        let headers = request.headers;
         // §4.2.1, items 2–6, in the order a browser developer would want them reported.
         if !list(headers, "upgrade").any(|t| t.eq_ignore_ascii_case(b"websocket")) {
             return Err(HandshakeError::UpgradeRequired);
@@ -219,7 +230,8 @@ impl<'h, 'b> Request<'h, 'b> {
             }
             Some(_) => {}
         }
-        Ok(Some((Self { path: origin_form(path), headers, key }, len)))
+        request.key = key;
+        Ok(Some((request, len)))
     }
 
     /// Parses and checks a Server-Sent Events request at the front of `buf`: a `GET` over
@@ -232,32 +244,17 @@ impl<'h, 'b> Request<'h, 'b> {
         headers: &'h mut [Header<'b>],
         max_head_len: usize,
     ) -> Result<Option<(Self, usize)>, HandshakeError> {
-        let mut req = httparse::Request::new(headers);
-        let len = match req.parse(buf) {
-            Ok(httparse::Status::Complete(len)) if len <= max_head_len => len,
-            Ok(httparse::Status::Partial) if buf.len() < max_head_len => return Ok(None),
-            Ok(_) | Err(httparse::Error::TooManyHeaders) => {
-                return Err(HandshakeError::HeadTooLarge);
-            }
-            Err(_) => return Err(HandshakeError::Malformed),
+        let Some((request, len)) = Self::parse_get(buf, headers, max_head_len)? else {
+            return Ok(None);
         };
-        // NOTE(unwrap): a complete request has a method, path and version.
-        let (method, path, version) =
-            (req.method.unwrap(), req.path.unwrap(), req.version.unwrap());
-        let headers = &*req.headers;
-        if method != "GET" {
-            return Err(HandshakeError::MethodNotAllowed);
-        }
-        if version != 1 {
-            return Err(HandshakeError::HttpVersion);
-        }
+        let headers = request.headers;
         if single_header(headers, "host").is_none() {
             return Err(HandshakeError::Host);
         }
         if !accepts_event_stream(headers) {
             return Err(HandshakeError::UpgradeRequired);
         }
-        Ok(Some((Self { path: origin_form(path), headers, key: &[] }, len)))
+        Ok(Some((request, len)))
     }
 
     /// Whether this is a Server-Sent Events request
