@@ -25,7 +25,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use freeboard_proto::{Config, Connection, Event, Instant as ProtoInstant, Role, State};
+use freeboard_proto::{Connection, Event, Instant as ProtoInstant, State};
 use freeboard_test::encode_frame;
 use hdrhistogram::Histogram;
 use mio::net::TcpStream;
@@ -34,7 +34,7 @@ use mio::{Events, Interest, Poll, Token};
 use serde::{Deserialize, Serialize};
 
 use crate::Target;
-use crate::load::{Rng, open};
+use crate::load::{Rng, echo_reader, open};
 use crate::process::{Sample, own_cpu_time};
 use crate::spread::Spread;
 
@@ -187,12 +187,9 @@ impl Generator {
                 Token(i),
                 Interest::READABLE | Interest::WRITABLE,
             )?;
-            // A raw echo returns our own masked frames: read them as a server would.
-            let role = if target.raw { Role::Server } else { Role::Client };
-            let config = Config::builder().max_message_size(size.max(1 << 16) as u64).build();
             clients.push(Client {
                 stream,
-                rx: Connection::new(role, config, ProtoInstant::default()),
+                rx: echo_reader(target, size),
                 outstanding: VecDeque::new(),
                 unsent: 0,
                 offset: 0,

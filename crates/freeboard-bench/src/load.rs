@@ -99,12 +99,9 @@ pub fn run(target: &Target, load: &Load, tick: &mut dyn FnMut(u64)) -> io::Resul
                     token,
                     Interest::READABLE | Interest::WRITABLE,
                 )?;
-                // A raw echo returns our own masked frames: read them as a server would.
-                let role = if target.raw { Role::Server } else { Role::Client };
-                let config = Config::builder().max_message_size(size.max(1 << 16) as u64).build();
                 clients.push(Client {
                     stream,
-                    rx: Connection::new(role, config, ProtoInstant::default()),
+                    rx: echo_reader(target, size),
                     out: Vec::with_capacity(frame.len() * load.in_flight),
                     out_at: 0,
                     sent_at: VecDeque::with_capacity(load.in_flight),
@@ -242,6 +239,14 @@ pub struct Opened {
     pub tls: Option<rustls::ClientConnection>,
     /// The server accepted the permessage-deflate offer.
     pub deflate: bool,
+}
+
+/// The protocol state that reads `target`'s echoes of messages of `size` payload bytes: a raw
+/// echo returns our own masked frames, read as a server would.
+pub(crate) fn echo_reader(target: &Target, size: usize) -> Connection {
+    let role = if target.raw { Role::Server } else { Role::Client };
+    let config = Config::builder().max_message_size(size.max(1 << 16) as u64).build();
+    Connection::new(role, config, ProtoInstant::default())
 }
 
 impl Opened {
