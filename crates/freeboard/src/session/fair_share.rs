@@ -142,7 +142,7 @@ impl FairShare {
     /// that (a budget spent on connections' kernel memory), a reader's one reply — or its 101
     /// — is not what starves the pool.
     fn beyond_in_flight(&self, pool: &Pool<'_>, queue: &SendQueue) -> bool {
-        queue.len().div_ceil(pool.chunk_size()) + usize::from(!queue.is_empty()) > IN_FLIGHT_CHUNKS
+        held_chunks(pool, queue) > IN_FLIGHT_CHUNKS
     }
 
     /// Whether the pool has less free than the floor plus one fair share: a connection within
@@ -164,17 +164,19 @@ impl FairShare {
         if self.uncontended(pool, 0) {
             return usize::MAX;
         }
-        let chunk = pool.chunk_size();
-        let held = queue.len().div_ceil(chunk) + usize::from(!queue.is_empty());
         // (A message held in pieces may start and end mid-chunk: one chunk of slack.)
-        self.fair_chunks.saturating_sub(held + 1) * chunk
+        self.fair_chunks.saturating_sub(held_chunks(pool, queue) + 1) * pool.chunk_size()
     }
 
     /// Whether `queue` plus `need` more chunks (and slots) would pass its fair share.
     fn past_share(&self, pool: &Pool<'_>, queue: &SendQueue, need: usize) -> bool {
-        let chunk = pool.chunk_size();
-        let held_chunks = queue.len().div_ceil(chunk) + usize::from(!queue.is_empty());
+        let held_chunks = held_chunks(pool, queue);
         let held_slots = queue.messages() as usize + held_chunks;
         held_chunks + need > self.fair_chunks || held_slots + need > self.fair_slots
     }
+}
+
+/// The chunks `queue` holds: its bytes, and one more for a start or an end mid-chunk.
+fn held_chunks(pool: &Pool<'_>, queue: &SendQueue) -> usize {
+    queue.len().div_ceil(pool.chunk_size()) + usize::from(!queue.is_empty())
 }
