@@ -222,6 +222,8 @@ impl<T: Transport> EventLoop<T> {
         entry.route = route as u32;
         let serial = entry.serial;
         self.shared.metrics.connections.inc();
+        entry.upgraded = true;
+        self.upgraded += 1;
         if let Some(deadline) = deadline {
             // Accepted at the deadline less the handshake timeout (one clock, milliseconds).
             let timeout = self.config.limits.handshake_timeout.as_millis() as u64;

@@ -209,10 +209,8 @@ impl<T: Transport> EventLoop<T> {
         let transition =
             entry.session.after_flush(&mut self.pool, now, config.limits.close_timeout, LINGER);
         if transition.closed {
-            self.shared.metrics.connections.dec();
-            if entry.session.is_event_stream() {
-                self.shared.metrics.event_streams.dec();
-            }
+            let event_stream = entry.session.is_event_stream();
+            self.left_open(event_stream);
             self.topics.drop_conn(&self.shared.hub, token);
         }
         if transition.shutdown_write {
@@ -242,6 +240,7 @@ impl<T: Transport> EventLoop<T> {
         let mut entry = self.conns.remove(token);
         self.charge_connections();
         self.buffered -= entry.counted as usize;
+        self.upgraded -= usize::from(entry.upgraded);
         self.stats.closed += u64::from(entry.session.release(&mut self.pool));
         let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
         entry.stream.release(&mut io);
@@ -254,10 +253,7 @@ impl<T: Transport> EventLoop<T> {
         self.plain.remove(&token);
         self.awaiting.remove(&token);
         if let Phase::Open(_) = entry.session.phase {
-            self.shared.metrics.connections.dec();
-            if entry.session.is_event_stream() {
-                self.shared.metrics.event_streams.dec();
-            }
+            self.left_open(entry.session.is_event_stream());
             if !entry.session.close_reported() {
                 self.shared.metrics.close(close_label(CloseCode::ABNORMAL));
                 if let Some(suppressed) = self.log_throttle.allow(self.now().as_millis()) {
@@ -269,6 +265,14 @@ impl<T: Transport> EventLoop<T> {
             }
         }
         // Dropping the stream closes the socket and removes it from the poll.
+    }
+
+    /// A connection leaves the open phase (closed, or dropped while open): the gauges follow.
+    pub(super) fn left_open(&mut self, event_stream: bool) {
+        self.shared.metrics.connections.dec();
+        if event_stream {
+            self.shared.metrics.event_streams.dec();
+        }
     }
 
     pub(super) fn publish_gauges(&mut self) {

@@ -8,7 +8,7 @@
 
 use std::any::Any;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -89,6 +89,9 @@ pub(super) struct Entry<T> {
     /// The deadline this entry has in the timer heap, if any.
     pub(super) armed: Option<Instant>,
     pub(super) dirty: bool,
+    /// It has upgraded (it may be closing since): it no longer counts among the connections
+    /// whose share of the pool is bounded (see [`http`](super::http)).
+    pub(super) upgraded: bool,
     /// Its queue's length as last counted in the loop's `buffered` total (saturating at
     /// 4 GiB, which keeps the entry small).
     pub(super) counted: u32,
@@ -162,7 +165,15 @@ pub(crate) struct EventLoop<T> {
     /// Budget bytes each connection of the loop is charged while it is open, handshaking or
     /// not: the kernel's memory for its socket ([`Shared::socket_cost`]) and its entry in
     /// `conns`. The pool withholds that many chunks (`charge_connections`).
-    connection_charge: usize,
+    pub(super) connection_charge: usize,
+    /// Connections in `conns` that have upgraded. The others — not upgraded yet, refused, or
+    /// between plain HTTP requests — hold a bounded share of the pool (see
+    /// [`http`](super::http)).
+    pub(super) upgraded: usize,
+    /// The connections that have not upgraded, oldest first, by `(slot, serial)`: whom to
+    /// close when they hold their share and another arrives. Entries of connections that
+    /// upgraded or went since are skipped (and pruned once they outnumber the live ones).
+    pub(super) untrusted: VecDeque<(usize, u64)>,
     /// Bytes in the send queues, as of each connection's last flush (the `send_queue_bytes`
     /// gauge).
     ///
@@ -413,6 +424,8 @@ impl<T: Transport> EventLoop<T> {
             accept_retry: None,
             release_at: None,
             connection_charge,
+            upgraded: 0,
+            untrusted: VecDeque::new(),
             accept_failing: false,
             accept_more: false,
             buffered: 0,
@@ -561,11 +574,9 @@ impl<T: Transport> EventLoop<T> {
             if self.pending.remove(&token).is_some() {
                 self.shared.release_pending();
             }
+            self.upgraded -= usize::from(entry.upgraded);
             if let Phase::Open(_) = entry.session.phase {
-                self.shared.metrics.connections.dec();
-                if entry.session.is_event_stream() {
-                    self.shared.metrics.event_streams.dec();
-                }
+                self.left_open(entry.session.is_event_stream());
             }
         }
         self.publish_gauges();
@@ -682,6 +693,16 @@ impl<T: Transport> EventLoop<T> {
                     return;
                 }
             };
+            // A crowd of connections that are not open yet makes room for the new one: the
+            // oldest is closed, so that slow ones cannot keep a fast one out. The operator's
+            // own listener is never turned away for a crowd on the public one.
+            if from != Listening::Admin
+                && !self.untrusted_room(1, 0)
+                && !self.close_oldest_untrusted(now)
+            {
+                self.refuse_accepted(stream, peer, now, tls_config.is_some());
+                continue;
+            }
             // A TLS handshake counts against its address's share, unless a trusted proxy
             // names the client later.
             let client = (!self.shared.forwards(&self.config, peer)).then_some(peer.ip());
@@ -720,10 +741,12 @@ impl<T: Transport> EventLoop<T> {
                 event_stream: None,
                 armed: None,
                 dirty: false,
+                upgraded: false,
                 counted: 0,
                 queued_at: 0,
             });
             self.charge_connections();
+            self.trail_untrusted(token);
             self.mark(token);
         }
         self.accept_more = true;

@@ -20,10 +20,13 @@ use crate::handler::{Decision, DecisionOutcome};
 use crate::session::{Body, Phase};
 use crate::transport::{Io, Transport};
 
-/// The share of the pool's chunks (1 / this) that partial request heads may hold together,
+/// The share of the pool's chunks (1 / this) that the connections which have not upgraded
+/// may hold together — their partial request heads and what their sockets cost the kernel —
 /// and that request bodies may hold together: neither can starve the open connections.
 const HEAD_SHARE: usize = 4;
 const BODY_SHARE: usize = 4;
+/// Why a connection was closed or refused for the crowd of connections not open yet.
+const HANDSHAKES_FULL: &str = "too many connections awaiting their upgrade";
 /// Pipelined requests handled from one read before the rest waits for the next loop turn.
 const PIPELINE_PER_READ: usize = 8;
 
@@ -333,7 +336,7 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn keep_partial(&mut self, token: usize, now: Instant, buf: &[u8]) -> bool {
         let chunk = self.pool.chunk_size();
         let chunks = head_chunks(buf.len(), chunk);
-        if self.head_chunks + chunks > self.pool.chunks_total() / HEAD_SHARE {
+        if !self.untrusted_room(0, chunks) {
             return self.refuse(token, now, 503, RETRY_SOON, "too many partial requests");
         }
         // What the connections' kernel memory leaves of the pool, less the floor kept for
@@ -349,6 +352,88 @@ impl<T: Transport> EventLoop<T> {
         }
         self.head_chunks += chunks;
         false
+    }
+
+    /// Whether the connections that are not open, with `connections` more of them and `head`
+    /// more chunks of partial heads, stay within their [share](HEAD_SHARE) of the pool. Each
+    /// is counted its kernel memory and at least a chunk of head: a crowd of them, however
+    /// slow, cannot leave the open connections' data path short, and one let in has room for
+    /// its request.
+    pub(super) fn untrusted_room(&self, connections: usize, head: usize) -> bool {
+        let untrusted = self.conns.len() - self.upgraded + connections;
+        let charged = (untrusted * self.connection_charge).div_ceil(self.pool.chunk_size());
+        let heads = (self.head_chunks + head).max(untrusted);
+        heads + charged <= self.pool.chunks_total() / HEAD_SHARE
+    }
+
+    /// Puts the connection just accepted at the end of the [untrusted](EventLoop::untrusted)
+    /// queue, and prunes the queue when most of it is stale.
+    pub(super) fn trail_untrusted(&mut self, token: usize) {
+        self.untrusted.push_back((token, self.conns[token].serial));
+        if self.untrusted.len() > 2 * (self.conns.len() - self.upgraded) + 64 {
+            let conns = &self.conns;
+            self.untrusted.retain(|&(token, serial)| {
+                conns.get(token).is_some_and(|c| c.serial == serial && !c.upgraded)
+            });
+        }
+    }
+
+    /// Closes the oldest connection that has not upgraded, and gives back its socket and head
+    /// now: one still waiting for its request, its body or its upgrade decision gets a 503
+    /// straight away, counted in `access_refusals_total{reason="handshakes_full"}`; one
+    /// already answered (a refusal on its way out) is closed. `false` when there is none.
+    pub(super) fn close_oldest_untrusted(&mut self, now: Instant) -> bool {
+        while let Some((token, serial)) = self.untrusted.pop_front() {
+            let Some(entry) = self.conns.get_mut(token) else { continue };
+            if entry.serial != serial || entry.upgraded {
+                continue;
+            }
+            if !matches!(entry.session.phase, Phase::Request { .. } | Phase::Body(_)) {
+                self.remove(token);
+                return true;
+            }
+            self.shared.metrics.access_refusal("handshakes_full");
+            self.shared.metrics.refuse(503);
+            let mut out = [0u8; 512];
+            let retry = retry_soon_jittered();
+            let n = http::write_refusal(503, &retry, HANDSHAKES_FULL, &mut out).unwrap_or(0);
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            let _ = entry.stream.write_vectored(&mut io, &[std::io::IoSlice::new(&out[..n])]);
+            if let Some(suppressed) = self.log_throttle.allow(now.as_millis()) {
+                let peer = entry.peer;
+                tracing::info!(status = 503, %peer, why = HANDSHAKES_FULL, suppressed, "closed the oldest not open");
+            }
+            self.remove(token);
+            return true;
+        }
+        false
+    }
+
+    /// Refuses a connection as it is accepted, before it holds anything (counted in
+    /// `access_refusals_total{reason="handshakes_full"}`), when every connection not open is
+    /// already on its way out. A plain one gets its 503: what it sent is read first, so that
+    /// closing sends a FIN and the client reads the answer, not a reset. A TLS one is closed:
+    /// it has no session to answer through.
+    pub(super) fn refuse_accepted(
+        &mut self,
+        mut stream: mio::net::TcpStream,
+        peer: SocketAddr,
+        now: Instant,
+        tls: bool,
+    ) {
+        self.shared.metrics.access_refusal("handshakes_full");
+        if !tls {
+            let mut out = [0u8; 512];
+            let retry = retry_soon_jittered();
+            let n = http::write_refusal(503, &retry, HANDSHAKES_FULL, &mut out).unwrap_or(0);
+            let _ = std::io::Read::read(&mut stream, &mut self.read_buf);
+            let _ = std::io::Write::write(&mut stream, &out[..n]);
+            self.shared.metrics.refuse(503);
+        }
+        if let Some(suppressed) = self.log_throttle.allow(now.as_millis()) {
+            tracing::info!(status = 503, %peer, why = HANDSHAKES_FULL, tls, suppressed, "refused at accept");
+        }
     }
 
     pub(super) fn refuse_error(
