@@ -274,6 +274,33 @@ fn shutdown_closes_every_connection_with_1001() {
     joiner.join().unwrap().unwrap();
 }
 
+/// Every open connection is closed at once: each close frame is written as it is queued,
+/// so its pool chunk is free again for the next one (a million closes need one chunk, not
+/// a million).
+#[test]
+fn a_shutdown_writes_each_close_before_queuing_the_next() {
+    const CLIENTS: usize = 300;
+    let server = start(config());
+    let addr = server.local_addr();
+    let metrics = server.metrics();
+    let mut clients: Vec<Client> = (0..CLIENTS).map(|_| Client::open(addr)).collect();
+    let before = metrics.total_chunks_high_water();
+    let handle = server.handle();
+    let joiner = std::thread::spawn(move || server.join());
+    handle.shutdown();
+    for c in &mut clients {
+        assert_eq!(c.recv_close(), Some(1001));
+        c.send(0x88, &1001u16.to_be_bytes());
+    }
+    drop(clients);
+    joiner.join().unwrap().unwrap();
+    let during = metrics.total_chunks_high_water();
+    assert!(
+        during <= before + 4,
+        "{CLIENTS} closes took the pool from {before} to {during} chunks"
+    );
+}
+
 #[test]
 fn a_message_the_pool_cannot_hold_closes_with_1013() {
     let mut cfg = config();

@@ -643,6 +643,10 @@ impl<T: Transport> EventLoop<T> {
                     let reason = format!("server shutting down; retry after {retry_ms} ms");
                     let (entry, mut cx) = self.split(token, now);
                     let _ = entry.session.close(&mut cx, CloseCode::GOING_AWAY, &reason);
+                    // Written now, not at the end of the turn: the close frame's chunk goes
+                    // back to the pool before the next connection's is taken, so a million
+                    // closes need a chunk, not a million.
+                    self.flush(token, now);
                 }
                 Phase::Draining { .. } | Phase::Linger { .. } => {}
             }
