@@ -283,6 +283,27 @@ struct ServeArgs {
     /// [default: every topic].
     #[arg(long, value_name = "PREFIX")]
     history_prefix: Option<String>,
+    /// Topics named with this prefix have presence: `GET /topic/NAME/presence` lists their
+    /// subscribers, `?presence=1` sends join/leave events (`""`: every topic); TOML `[topics]
+    /// presence_prefix` [default: none].
+    #[arg(long, value_name = "PREFIX")]
+    presence_prefix: Option<String>,
+    /// Members one topic's presence holds; beyond, a subscriber is closed 1013; TOML
+    /// `[topics] presence_max_per_topic` [default: 100000].
+    #[arg(long, value_name = "N")]
+    presence_max_per_topic: Option<usize>,
+    /// Bytes all topics' presence may hold (about 150 per member); TOML `[topics]
+    /// presence_memory` [default: 8M].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    presence_memory: Option<u64>,
+    /// How long a node's members stay listed on other nodes (through Redis) unless refreshed:
+    /// a dead node leaves within it; TOML `[topics] presence_ttl` [default: 6s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    presence_ttl: Option<Duration>,
+    /// Token claims a presence entry shows beside `sub` (comma-separated); TOML `[topics]
+    /// presence_claims` [default: none].
+    #[arg(long, value_name = "CLAIMS", value_delimiter = ',')]
+    presence_claims: Vec<String>,
     /// Topics whose name starts with PREFIX get per-topic series on /metrics
     /// (`freeboard_named_topic_*{topic}`) and a row in the dashboard's topics table
     /// (repeatable, or a comma-separated list; `""` names every topic); TOML `[topics]
@@ -770,6 +791,11 @@ fn settings(args: &ServeArgs) -> Result<Settings, String> {
         ("topics.history_seconds", args.history_seconds.map(int)),
         ("topics.history_memory", args.history_memory.map(int)),
         ("topics.history_prefix", args.history_prefix.clone().map(Value::String)),
+        ("topics.presence_prefix", args.presence_prefix.clone().map(Value::String)),
+        ("topics.presence_max_per_topic", args.presence_max_per_topic.map(|v| int(v as u64))),
+        ("topics.presence_memory", args.presence_memory.map(int)),
+        ("topics.presence_ttl", args.presence_ttl.map(secs)),
+        ("topics.presence_claims", list(&args.presence_claims)),
         ("topics.metrics_prefixes", list(&args.topic_metrics_prefixes)),
         ("topics.metrics_topics", args.topic_metrics_max.map(|v| int(v as u64))),
         ("topics.sse_retry_ms", args.sse_retry.map(int)),

@@ -167,8 +167,9 @@ impl<'h, 'b> Request<'h, 'b> {
     /// Parses the request head at the front of `buf` and checks what an upgrade and an event
     /// stream both need — §4.2.1: "An HTTP/1.1 or higher GET request". The request without a
     /// key, and its length; `Ok(None)` while the head is unfinished and shorter than
-    /// `max_head_len`.
-    fn parse_get(
+    /// `max_head_len`. A server uses it alone for a plain `GET` it decides as it would an
+    /// upgrade of the same target (freeboard's presence listings).
+    pub fn parse_get(
         buf: &'b [u8],
         headers: &'h mut [Header<'b>],
         max_head_len: usize,

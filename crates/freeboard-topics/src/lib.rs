@@ -110,7 +110,8 @@ impl Service {
     /// connect webhook's workers.
     pub fn new(config: &Config) -> Result<Self, Error> {
         config.validate()?;
-        let verifier = TokenVerifier::from_config(&config.tokens)?.map(Arc::new);
+        let verifier = TokenVerifier::from_config(&config.tokens)?
+            .map(|v| Arc::new(v.presence_claims(&config.hub.presence_claims)));
         let webhook = ConnectWebhook::from_config(&config.webhook)?.map(Arc::new);
         Ok(Self { config: config.clone(), verifier, webhook })
     }
@@ -131,7 +132,8 @@ impl Service {
         let hub = &self.config.hub;
         let mut route = TopicRoute::new(&config.path, config.client_publish)
             .max_topics(hub.max_topics_per_connection)
-            .history((hub.history > 0).then_some(hub.history_prefix.as_str()));
+            .history((hub.history > 0).then_some(hub.history_prefix.as_str()))
+            .presence(hub.presence_prefix.as_deref());
         if let Some(verifier) = &self.verifier {
             route = route.with_tokens(verifier.clone());
         }

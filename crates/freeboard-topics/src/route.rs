@@ -45,6 +45,8 @@ pub struct TopicRoute {
     max_topics: usize,
     /// The name prefix of the topics that keep history, if the hub keeps any.
     history_prefix: Option<String>,
+    /// The name prefix of the topics with presence, if the hub keeps any.
+    presence_prefix: Option<String>,
 }
 
 impl TopicRoute {
@@ -57,7 +59,18 @@ impl TopicRoute {
             webhook: None,
             max_topics: 64,
             history_prefix: None,
+            presence_prefix: None,
         }
+    }
+
+    /// The topics whose names start with `prefix` have presence (see
+    /// [`freeboard::presence`]): a subscriber joins it (as its token's `sub` and the claims
+    /// the verifier keeps) and, with `?presence=1`, gets its join and leave events; a
+    /// publication that would read as an event is refused. `None`: none has.
+    /// [`Service::mount`](crate::Service::mount) sets it from the hub's `presence_prefix`.
+    pub fn presence(mut self, prefix: Option<&str>) -> Self {
+        self.presence_prefix = prefix.map(str::to_owned);
+        self
     }
 
     /// The topics whose names start with `prefix` keep history (`?since=` works there);
@@ -150,6 +163,12 @@ impl Handler for TopicRoute {
             conn.close(CloseCode::POLICY_VIOLATION, "the token does not grant publishing here");
             return;
         }
+        if self.presence_prefix.as_deref().is_some_and(|p| topic.starts_with(p))
+            && message.data.starts_with(freeboard::presence::EVENT_PREFIX.as_bytes())
+        {
+            conn.close(CloseCode::POLICY_VIOLATION, "a publication cannot look like a presence event");
+            return;
+        }
         let published = conn.publish(&topic, message.kind, message.data);
         if published.backplane_lost > 0
             && self.history_prefix.as_deref().is_some_and(|p| topic.starts_with(p))
@@ -170,6 +189,13 @@ impl Handler for TopicRoute {
         else {
             return decision.reject(400);
         };
+        if query_value(request.path(), "presence").is_some_and(|v| v == "1")
+            && let Some(topic) =
+                topics.iter().find(|t| !self.presence_prefix.as_deref().is_some_and(|p| t.starts_with(p)))
+        {
+            let why = format!("topic {topic:?} has no presence, so presence=1 cannot be honoured");
+            return decision.reject_saying(400, "presence_off", why);
+        }
         if let Some((reason, why)) = query_value(request.path(), "since")
             .and_then(|since| self.since_refusal(topics[0], since))
         {
@@ -192,9 +218,24 @@ impl Handler for TopicRoute {
     fn on_open(&mut self, conn: &mut Conn<'_>) {
         let target = conn.target().to_owned();
         let topics = topics_in_target(&self.prefix, &target).unwrap_or_default();
+        let watch = query_value(&target, "presence").is_some_and(|v| v == "1");
+        let grant = conn.data::<Grant>();
+        let sub = grant.and_then(|g| g.subject.clone());
+        let claims = grant.and_then(|g| g.presence_claims.clone());
         for name in &topics {
-            match conn.subscribe(name) {
-                Ok(_) => {}
+            // Watching first: the subscriber's own join is among the events it gets.
+            let watched = match watch {
+                true => conn.watch_presence(name).map(|_| ()),
+                false => Ok(()),
+            };
+            let subscribed = watched.and_then(|()| conn.subscribe(name));
+            let joined = subscribed.map(|_| conn.join_presence(name, sub.as_deref(), claims.as_deref()));
+            match joined {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    conn.close(CloseCode::TRY_AGAIN_LATER, &e.to_string());
+                    return;
+                }
                 // Not the client's fault: 1013, try again later.
                 Err(e @ SubscribeError::NoMemory) => {
                     conn.close(CloseCode::TRY_AGAIN_LATER, &e.to_string());

@@ -28,6 +28,8 @@ pub struct TokenVerifier {
     issuer: Option<String>,
     audience: Option<String>,
     leeway: Duration,
+    /// Claims a grant keeps for the subscriber's presence entry.
+    presence_claims: Vec<String>,
 }
 
 impl std::fmt::Debug for TokenVerifier {
@@ -56,6 +58,10 @@ pub struct Grant {
     pub subscribe: Vec<String>,
     /// The `publish` claim.
     pub publish: Vec<String>,
+    /// The claims the verifier keeps for presence
+    /// ([`TokenVerifier::presence_claims`]), as a JSON object; `None` if it keeps none or the
+    /// token has none of them.
+    pub presence_claims: Option<String>,
 }
 
 impl Grant {
@@ -142,6 +148,9 @@ struct Claims {
     subscribe: Vec<String>,
     #[serde(default)]
     publish: Vec<String>,
+    /// Every other claim, for the ones presence shows.
+    #[serde(flatten)]
+    other: serde_json::Map<String, serde_json::Value>,
 }
 
 impl TokenVerifier {
@@ -153,6 +162,7 @@ impl TokenVerifier {
             issuer: None,
             audience: None,
             leeway: Duration::ZERO,
+            presence_claims: Vec::new(),
         }
     }
 
@@ -177,7 +187,8 @@ impl TokenVerifier {
         if keys.is_empty() {
             return Err(Error::Jwks("the key set is empty".into()));
         }
-        Ok(Self { secret: None, keys, issuer: None, audience: None, leeway: Duration::ZERO })
+        let (issuer, audience, leeway) = (None, None, Duration::ZERO);
+        Ok(Self { secret: None, keys, issuer, audience, leeway, presence_claims: Vec::new() })
     }
 
     /// A verifier from the configuration: an HS256 secret, a JWKS file (read now), or both (a
@@ -217,6 +228,13 @@ impl TokenVerifier {
             }
         }
         Ok(verifier)
+    }
+
+    /// Keeps the token's claims named in `names` (those present) in the [`Grant`], as a JSON
+    /// object for the subscriber's presence entry ([`Grant::presence_claims`]).
+    pub fn presence_claims(mut self, names: &[String]) -> Self {
+        self.presence_claims = names.to_vec();
+        self
     }
 
     /// Requires `iss` to be `issuer`.
@@ -291,11 +309,20 @@ impl TokenVerifier {
         if claims.iat.is_some_and(|iat| unix_time(iat) > now + self.leeway) {
             return Err(TokenError::IssuedInFuture);
         }
+        let mut shown = serde_json::Map::new();
+        for name in &self.presence_claims {
+            if let Some(value) = claims.other.get(name) {
+                shown.insert(name.clone(), value.clone());
+            }
+        }
+        let presence_claims =
+            (!shown.is_empty()).then(|| serde_json::Value::Object(shown).to_string());
         Ok(Grant {
             subject: claims.sub,
             expires,
             subscribe: claims.subscribe,
             publish: claims.publish,
+            presence_claims,
         })
     }
 }

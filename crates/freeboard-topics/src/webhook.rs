@@ -180,7 +180,9 @@ fn work(queue: &Mutex<Receiver<Job>>, addr: &SocketAddr, target: &Target, timeou
                 };
                 let subscribe = answer.subscribe.unwrap_or_else(|| job.topics.clone());
                 let expires = unix_time(answer.expires_at.unwrap_or(u64::MAX));
-                let grant = Grant { subject: None, expires, subscribe, publish: answer.publish };
+                let publish = answer.publish;
+                let grant =
+                    Grant { subject: None, expires, subscribe, publish, presence_claims: None };
                 if !job.topics.iter().all(|t| grant.may_subscribe(t)) {
                     job.decision.reject_because(403, "topic_not_granted");
                     continue;

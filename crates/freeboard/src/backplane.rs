@@ -18,6 +18,7 @@ use freeboard_proto::MessageKind;
 
 use crate::history::{History, Offset};
 use crate::metrics::Metrics;
+use crate::presence::Presence;
 use crate::receipt::Receipt;
 
 /// A node's end of a backplane. Every method but [`start`](Self::start) is called from the
@@ -113,6 +114,7 @@ pub struct Link {
     deliver: Arc<dyn Fn(Arrival<'_>) -> bool + Send + Sync>,
     end_history: Arc<dyn Fn(&str) + Send + Sync>,
     history: Option<Arc<History>>,
+    presence: Option<Arc<Presence>>,
     metrics: Arc<Metrics>,
 }
 
@@ -121,9 +123,18 @@ impl Link {
         deliver: impl Fn(Arrival<'_>) -> bool + Send + Sync + 'static,
         end_history: impl Fn(&str) + Send + Sync + 'static,
         history: Option<Arc<History>>,
+        presence: Option<Arc<Presence>>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        Self { deliver: Arc::new(deliver), end_history: Arc::new(end_history), history, metrics }
+        let (deliver, end_history) = (Arc::new(deliver), Arc::new(end_history));
+        Self { deliver, end_history, history, presence, metrics }
+    }
+
+    /// The node's presence, if the server keeps one: a backplane that carries it
+    /// ([`Presence::carry`]) writes this node's members where the other nodes read them, and
+    /// gives this node the other nodes' parts ([`Presence::sync_node`]).
+    pub fn presence(&self) -> Option<&Arc<Presence>> {
+        self.presence.as_ref()
     }
 
     /// Delivers `arrival` to every loop of this node with a subscriber to its topic (keeping

@@ -286,6 +286,24 @@ pub struct TopicsConfig {
     /// the start of its stream (`retry:`): how long its `EventSource` waits before it
     /// reconnects with `Last-Event-ID` once the stream is cut. Default 1000.
     pub sse_retry_ms: u64,
+    /// Topics whose name starts with this have presence: their subscribers are listed
+    /// (`GET /topic/NAME/presence`), and those that ask get join/leave events (see
+    /// [`presence`](crate::presence)). `""` gives every topic presence. Default: none.
+    pub presence_prefix: Option<String>,
+    /// Members one topic's presence holds at most; a subscriber beyond is refused (counted in
+    /// `freeboard_topic_refusals_total{reason="presence_topic_full"}`). Default 100,000.
+    pub presence_max_per_topic: usize,
+    /// Bytes all topics' presence may hold together, members of other nodes included (about
+    /// 150 bytes each); a member beyond is refused (`reason="presence_memory"`). Default 8 MiB.
+    #[serde(with = "size")]
+    pub presence_memory: usize,
+    /// How long a node's members stay listed on the other nodes (through Redis) unless the
+    /// node refreshes them: a node that dies leaves every listing within this. Default 6 s.
+    #[serde(with = "duration")]
+    pub presence_ttl: std::time::Duration,
+    /// The claims of a subscriber's token that its presence entry shows beside its `sub`.
+    /// Default: none.
+    pub presence_claims: Vec<String>,
 }
 
 impl Default for TopicsConfig {
@@ -308,6 +326,11 @@ impl Default for TopicsConfig {
             metrics_prefixes: Vec::new(),
             metrics_topics: 100,
             sse_retry_ms: 1000,
+            presence_prefix: None,
+            presence_max_per_topic: 100_000,
+            presence_memory: 8 << 20,
+            presence_ttl: std::time::Duration::from_secs(6),
+            presence_claims: Vec::new(),
         }
     }
 }
@@ -340,6 +363,11 @@ impl std::fmt::Debug for TopicsConfig {
             .field("metrics_prefixes", &self.metrics_prefixes)
             .field("metrics_topics", &self.metrics_topics)
             .field("sse_retry_ms", &self.sse_retry_ms)
+            .field("presence_prefix", &self.presence_prefix)
+            .field("presence_max_per_topic", &self.presence_max_per_topic)
+            .field("presence_memory", &self.presence_memory)
+            .field("presence_ttl", &self.presence_ttl)
+            .field("presence_claims", &self.presence_claims)
             .finish()
     }
 }

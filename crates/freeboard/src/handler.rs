@@ -485,13 +485,48 @@ impl Conn<'_> {
         Ok(subscribed)
     }
 
-    /// Unsubscribes this connection from `topic`; whether it was subscribed.
+    /// Unsubscribes this connection from `topic`; whether it was subscribed. It leaves the
+    /// topic's presence too.
     pub fn unsubscribe(&mut self, topic: &str) -> bool {
         let left = self.topics.unsubscribe(self.hub, self.token, topic);
         if left {
             self.outbox.subscription_changed(self.token, topic, false);
+            if let Some(presence) = self.hub.presence() {
+                presence.leave(topic, self.id);
+            }
         }
         left
+    }
+
+    /// Makes this connection, subscribed to `topic`, a member of the topic's presence (see
+    /// [`presence`](crate::presence)), listed as `sub` with `claims` (a JSON object of the
+    /// claims an operator allows); the subscribers that watch the topic are told. It leaves
+    /// when it unsubscribes or closes. `Ok(false)` when the topic has no presence (the server
+    /// has none, or the name is outside its prefix). Refused when the topic's presence is full
+    /// or its budget spent: close with [`CloseCode::TRY_AGAIN_LATER`].
+    pub fn join_presence(
+        &mut self,
+        topic: &str,
+        sub: Option<&str>,
+        claims: Option<&str>,
+    ) -> Result<bool, crate::presence::PresenceError> {
+        let Some(presence) = self.hub.presence().filter(|p| p.applies(topic)) else {
+            return Ok(false);
+        };
+        presence.join(topic, self.id, sub, claims).map(|()| true)
+    }
+
+    /// Sends this connection the join and leave events of `topic`'s presence from now on, each
+    /// a text message in the envelope [`presence`](crate::presence) describes; `Ok(false)`
+    /// when the topic has no presence. It counts as one more of the connection's topics.
+    pub fn watch_presence(&mut self, topic: &str) -> Result<bool, SubscribeError> {
+        if !self.hub.presence().is_some_and(|p| p.applies(topic)) {
+            return Ok(false);
+        }
+        if !crate::topics::valid_topic(topic) {
+            return Err(SubscribeError::InvalidName);
+        }
+        self.subscribe(&crate::presence::watch_topic(topic))
     }
 
     /// The first topic this connection subscribed to (its name shared, not copied).

@@ -42,6 +42,7 @@ mod lag;
 mod limits;
 pub mod metrics;
 mod parking;
+pub mod presence;
 mod proxy_header;
 mod rate;
 mod receipt;

@@ -46,8 +46,10 @@ pub const REFUSAL_STATUSES: [u16; 14] =
 pub const TOPIC_DROP_REASONS: [&str; 2] = ["inbox_full", "pool"];
 
 /// Why a subscription was refused by a topic limit (`freeboard_topic_refusals_total{reason}`):
-/// a connection's topics, the server's topics, or the loop's budget for its topic tables.
-pub const TOPIC_REFUSAL_REASONS: [&str; 3] = ["connection_topics", "server_topics", "budget"];
+/// a connection's topics, the server's topics, the loop's budget for its topic tables, a
+/// topic's presence at its cap, or the presence budget spent.
+pub const TOPIC_REFUSAL_REASONS: [&str; 5] =
+    ["connection_topics", "server_topics", "budget", "presence_topic_full", "presence_memory"];
 
 /// Why a publication did not reach the Redis backplane (`freeboard_backplane_lost_total{reason}`).
 /// `gap`: publications of another node to a topic without history that this node, subscribed,

@@ -52,6 +52,7 @@ use slab::Slab;
 use crate::backplane::{Arrival, Backplane, Recoverer};
 use crate::history::{Envelope, History, Offset, Replay, Source};
 use crate::metrics::Metrics;
+use crate::presence::{Presence, WATCH_SUFFIX};
 use crate::receipt::Receipt;
 
 /// The longest topic name, in bytes.
@@ -264,6 +265,8 @@ pub(crate) struct Hub {
     backplane: OnceLock<Arc<dyn Backplane>>,
     /// Offsets and kept messages of the topics that keep history, if configured.
     history: Option<Arc<History>>,
+    /// Who subscribes to the topics with presence, if configured.
+    presence: OnceLock<Arc<Presence>>,
 }
 
 impl Hub {
@@ -294,7 +297,18 @@ impl Hub {
             metrics,
             backplane: OnceLock::new(),
             history,
+            presence: OnceLock::new(),
         }
+    }
+
+    /// Gives the hub its presence (before any loop runs).
+    pub(crate) fn attach_presence(&self, presence: Arc<Presence>) {
+        let _ = self.presence.set(presence);
+    }
+
+    /// The presence of the topics that have it, if configured.
+    pub(crate) fn presence(&self) -> Option<&Arc<Presence>> {
+        self.presence.get()
     }
 
     /// Frames a publication of this node to `topic`: records it in the topic's history (which
@@ -527,7 +541,10 @@ impl Hub {
             return false;
         }
         let loops = map.entry(topic.clone()).or_default();
+        // A topic's presence events are made on every node (from its members' changes), not
+        // carried between them.
         if loops.is_empty()
+            && !topic.ends_with(WATCH_SUFFIX)
             && let Some(backplane) = self.backplane.get()
         {
             // Told under the lock, so the backplane sees changes in the order they happen.
@@ -543,6 +560,7 @@ impl Hub {
             loops.remove(index);
             if loops.is_empty()
                 && let Some((name, _)) = map.remove_entry(topic)
+                && !name.ends_with(WATCH_SUFFIX)
                 && let Some(backplane) = self.backplane.get()
             {
                 // The node stops receiving the topic: from now on its ring cannot vouch for
@@ -765,7 +783,8 @@ impl LocalTopics {
         token: usize,
         name: &str,
     ) -> Result<bool, SubscribeError> {
-        if !valid_topic(name) {
+        let watch = name.strip_suffix(WATCH_SUFFIX).is_some_and(valid_topic);
+        if !valid_topic(name) && !watch {
             return Err(SubscribeError::InvalidName);
         }
         let mine = self.by_conn.get(&token).map_or(&[][..], Vec::as_slice);

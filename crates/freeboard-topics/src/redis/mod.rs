@@ -51,6 +51,7 @@
 //! slot map and the routing are [`shards`]; a subscription's connection is a socket read with
 //! the crate's RESP parser.
 
+mod presence;
 mod shards;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -260,9 +261,15 @@ impl Backplane for RedisBackplane {
         let history = link.history().filter(|_| self.keeps_history).cloned();
         let (changes, changes_rx) = std::sync::mpsc::channel();
         let changes = Arc::new(Mutex::new(changes));
+        let stop = Arc::new(AtomicBool::new(false));
+        if let Some(presence) = link.presence().cloned() {
+            let (shards, stop) = (shards.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("freeboard-redis-presence".into())
+                .spawn(move || presence::carrier(presence, shards, stop))?;
+        }
         let (outgoing, outgoing_rx) = std::sync::mpsc::sync_channel(QUEUE_MESSAGES);
         let queued = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
         let connected = Connected::default();
         {
             let (shards, queued, metrics, stop) =

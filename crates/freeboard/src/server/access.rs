@@ -146,7 +146,11 @@ impl<T: Transport> EventLoop<T> {
         accept_key: &AcceptKey,
         accepted: Accepted,
     ) -> bool {
-        let Upgrading { route, options, compression, event_stream } = upgrade;
+        let Upgrading { route, options, compression, event_stream, listing } = upgrade;
+        if let Some(listing) = listing {
+            self.answer_listing(token, now, &listing, target);
+            return false;
+        }
         let names = topics_in_target(self.router.path(route), target);
         let several = names.as_ref().is_some_and(|names| names.len() > 1);
         if options.subscribes

@@ -209,9 +209,9 @@ impl<T: Transport> EventLoop<T> {
         let transition =
             entry.session.after_flush(&mut self.pool, now, config.limits.close_timeout, LINGER);
         if transition.closed {
-            let event_stream = entry.session.is_event_stream();
+            let (event_stream, serial) = (entry.session.is_event_stream(), entry.serial);
             self.left_open(event_stream);
-            self.topics.drop_conn(&self.shared.hub, token);
+            self.drop_subscriptions(token, serial);
         }
         if transition.shutdown_write {
             // The server closes the TCP connection first (§7.1.1).
@@ -235,7 +235,7 @@ impl<T: Transport> EventLoop<T> {
     }
 
     pub(super) fn remove(&mut self, token: usize) {
-        self.topics.drop_conn(&self.shared.hub, token);
+        self.drop_subscriptions(token, self.conns[token].serial);
         self.forget_request(token);
         let mut entry = self.conns.remove(token);
         self.charge_connections();

@@ -244,7 +244,7 @@ pub(super) struct PendingUpgrade {
 }
 
 /// What an accepted upgrade opens with: its route and what the request negotiated.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(super) struct Upgrading {
     pub(super) route: usize,
     pub(super) options: RouteOptions,
@@ -252,6 +252,8 @@ pub(super) struct Upgrading {
     pub(super) compression: Option<crate::Agreement>,
     /// A Server-Sent Events request: it opens with a `200` and an event stream.
     pub(super) event_stream: bool,
+    /// A presence listing: answered with the topic's members once accepted, never opened.
+    pub(super) listing: Option<super::membership::Listing>,
 }
 
 /// The session [`Context`] of an event loop at `now`, with `cork`, or — `for token` — with
@@ -565,7 +567,7 @@ impl<T: Transport> EventLoop<T> {
     /// Releases what the loop still holds once its turns are over.
     pub(crate) fn finish(&mut self) {
         for (token, mut entry) in std::mem::take(&mut self.conns) {
-            self.topics.drop_conn(&self.shared.hub, token);
+            self.drop_subscriptions(token, entry.serial);
             self.stats.closed += u64::from(entry.session.release(&mut self.pool));
             let mut io =
                 Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };

@@ -203,7 +203,14 @@ impl<T: Transport> EventLoop<T> {
             && req.method == Some("GET")
             && route.is_some_and(|r| self.router.options(r).subscribes)
             && handshake::accepts_event_stream(req.headers);
-        if !upgrade && !event_stream {
+        // A presence listing of a route that subscribes is decided as its topic's upgrade.
+        let listing = match route.filter(|&r| self.router.options(r).subscribes) {
+            Some(r) if !upgrade && !event_stream && req.method == Some("GET") => {
+                super::membership::Listing::of(self.router.path(r), path)
+            }
+            _ => None,
+        };
+        if !upgrade && !event_stream && listing.is_none() {
             let ws = route.is_some();
             let used = self.plain_request(token, now, &req, path, ws, &buf[head_len..], eof);
             // Kept alive with bytes left: they are the next request.
@@ -224,9 +231,10 @@ impl<T: Transport> EventLoop<T> {
             return self.refuse(token, now, 404, "", "no such route");
         }
         let mut headers = [EMPTY_HEADER; 64];
-        let parsed = match event_stream {
-            false => Request::parse(buf, &mut headers, MAX_HEAD),
-            true => Request::parse_event_stream(buf, &mut headers, MAX_HEAD),
+        let parsed = match (event_stream, &listing) {
+            (_, Some(_)) => Request::parse_get(buf, &mut headers, MAX_HEAD),
+            (false, None) => Request::parse(buf, &mut headers, MAX_HEAD),
+            (true, None) => Request::parse_event_stream(buf, &mut headers, MAX_HEAD),
         };
         let (request, len) = match parsed {
             Ok(Some(parsed)) => parsed,
@@ -262,7 +270,15 @@ impl<T: Transport> EventLoop<T> {
         }
         // An event stream resumes from its `Last-Event-ID` as a WebSocket does from `since=`:
         // the handler sees the offset in the target, where it looks for it.
+        if let Some((status, reason, why)) =
+            listing.as_ref().and_then(|(l, _)| self.listing_refusal(l))
+        {
+            self.shared.metrics.access_refusal(reason);
+            return self.refuse(token, now, status, "", &why);
+        }
+        let (listing, decided) = listing.unzip();
         let target = match event_stream {
+            _ if decided.is_some() => std::borrow::Cow::Owned(decided.unwrap_or_default()),
             false => std::borrow::Cow::Borrowed(path),
             true => match crate::topics::event_stream_target(path, request.header("last-event-id"))
             {
@@ -299,7 +315,7 @@ impl<T: Transport> EventLoop<T> {
             Some(DecisionOutcome::Published) => false, // excluded above
             Some(DecisionOutcome::Accept(accepted)) => {
                 let key = request.accept_key();
-                let upgrade = Upgrading { route, options, compression, event_stream };
+                let upgrade = Upgrading { route, options, compression, event_stream, listing };
                 if !self.open_upgraded(token, now, upgrade, path, &key, accepted) {
                     return false;
                 }
@@ -322,7 +338,7 @@ impl<T: Transport> EventLoop<T> {
             None => {
                 let accept_key = request.accept_key();
                 let target = path.into();
-                let upgrade = Upgrading { route, options, compression, event_stream };
+                let upgrade = Upgrading { route, options, compression, event_stream, listing };
                 let pending = PendingUpgrade { serial, upgrade, target, accept_key };
                 self.pending.insert(token, pending);
                 false

@@ -282,16 +282,27 @@ impl<T: Transport> EventLoop<T> {
                 self.refuse(token, now, 403, "", &why);
                 return false;
             }
-            for item in &items {
-                let text = match &item.data {
-                    serde_json::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                publish(self, &item.topic, MessageKind::Text, text.as_bytes());
+            let texts: Vec<(&str, String)> = items
+                .iter()
+                .map(|item| match &item.data {
+                    serde_json::Value::String(s) => (&*item.topic, s.clone()),
+                    other => (&*item.topic, other.to_string()),
+                })
+                .collect();
+            if texts.iter().any(|(topic, text)| self.presence_reserves(topic, text.as_bytes())) {
+                self.refuse(token, now, 400, "", crate::presence::RESERVED);
+                return false;
+            }
+            for (topic, text) in &texts {
+                publish(self, topic, MessageKind::Text, text.as_bytes());
             }
         } else {
             if kind == MessageKind::Text && std::str::from_utf8(body).is_err() {
                 self.refuse(token, now, 400, "", "a text body must be UTF-8");
+                return false;
+            }
+            if self.presence_reserves(topic, body) {
+                self.refuse(token, now, 400, "", crate::presence::RESERVED);
                 return false;
             }
             publish(self, topic, kind, body);

@@ -22,6 +22,7 @@ mod http;
 mod http_routes;
 mod lag_sweep;
 mod local;
+mod membership;
 mod requests;
 mod shared;
 
@@ -30,6 +31,7 @@ use crate::config::{ConfigError, Reload, ServerConfig};
 use crate::handler::{Router, RouterFactory};
 use crate::history::{History, Source};
 use crate::metrics::Metrics;
+use crate::presence::Presence;
 use crate::tls::{self, TlsError, TlsIdentity};
 use crate::topics::{Hub, Published};
 use crate::transport::Stream;
@@ -181,7 +183,21 @@ impl Server {
             Arc::new(History::new(prefix, topics.history, max_age, topics.history_memory, source))
         });
         let hub = Hub::new(&wakers, topics.inbox, topics.max_topics, history, metrics.clone());
+        if let Some(presence) = Presence::new(topics, presence_node(), metrics.clone()) {
+            hub.attach_presence(Arc::new(presence));
+        }
         let shared = Arc::new(Shared::new(config, metrics, hub, tls));
+        if let Some(presence) = shared.hub.presence() {
+            // Events go to the subscribers that watch, on every loop of this node; no offset,
+            // no history, no backplane (each node makes its own from the members' changes).
+            let weak = Arc::downgrade(&shared);
+            presence.set_events(Box::new(move |watch: &str, payload: &[u8]| {
+                let Some(shared) = weak.upgrade() else { return };
+                let (head, n) = crate::topics::header(MessageKind::Text, payload.len());
+                let mut published = Published::default();
+                shared.hub.publish_remote(watch, &[&head[..n], payload], None, &mut published, None);
+            }));
+        }
         if let Some(mut backplane) = backplane {
             let weak = Arc::downgrade(&shared);
             let deliver = move |arrival: Arrival<'_>| match weak.upgrade() {
@@ -198,7 +214,9 @@ impl Server {
                 }
             };
             let history = shared.hub.history().cloned();
-            backplane.start(Link::new(deliver, end_history, history, shared.metrics.clone()))?;
+            let presence = shared.hub.presence().cloned();
+            let link = Link::new(deliver, end_history, history, presence, shared.metrics.clone());
+            backplane.start(link)?;
             shared.hub.attach_backplane(Arc::from(backplane));
         }
         Ok(Self { shared, routes, seeds: loops, wakers, local_addr: addr, tls_addr, admin_addr })
@@ -369,6 +387,21 @@ impl std::fmt::Debug for ServerHandle {
 }
 
 impl ServerHandle {
+    /// Who subscribes to the topics with presence, on this node and the others the backplane
+    /// tells of (see [`presence`](crate::presence)); `None` when
+    /// [`TopicsConfig::presence_prefix`](crate::config::TopicsConfig) is not set.
+    ///
+    /// ```no_run
+    /// # let handle: freeboard::ServerHandle = todo!();
+    /// if let Some(presence) = handle.presence() {
+    ///     let page = presence.page("room1", None, 100);
+    ///     println!("{} members, first page {:?}", presence.count("room1"), page.members);
+    /// }
+    /// ```
+    pub fn presence(&self) -> Option<&Arc<Presence>> {
+        self.shared.hub.presence()
+    }
+
     /// Starts the graceful shutdown. Idempotent.
     pub fn shutdown(&self) {
         self.shared.shutdown.store(true, Ordering::Release);
@@ -488,3 +521,14 @@ fn reuseport_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     socket.listen(1024)?;
     Ok(socket.into())
 }
+
+/// A name for this node's presence: `n` and 8 random hex digits (what the other nodes list
+/// its members under; a restarted node is another node, as its connections are new).
+fn presence_node() -> Arc<str> {
+    let mut bytes = [0u8; 4];
+    if getrandom::fill(&mut bytes).is_err() {
+        bytes = std::process::id().to_le_bytes();
+    }
+    Arc::from(format!("n{:08x}", u32::from_le_bytes(bytes)))
+}
+
