@@ -17,28 +17,7 @@ use freeboard_test::{Inbox, frame};
 
 /// `redis-server` on `port`, ready for connections; `None` if it is not installed.
 fn redis(port: u16) -> Option<Process> {
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let process = Process(child);
-    let until = Instant::now() + Duration::from_secs(10);
-    while !common::listening(("127.0.0.1", port)) {
-        assert!(Instant::now() < until, "redis-server did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(process)
+    common::redis_server(port)
 }
 
 /// A `freeboard serve` node on the Redis at `port`, and its address.

@@ -137,3 +137,21 @@ impl Drop for Process {
         let _ = self.0.wait();
     }
 }
+
+/// `redis-server` on `port` (no persistence), ready for connections; `None` if it is not
+/// installed.
+pub(crate) fn redis_server(port: u16) -> Option<Process> {
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let process = Process(child);
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !listening(("127.0.0.1", port)) {
+        assert!(std::time::Instant::now() < until, "redis-server did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(process)
+}
