@@ -174,6 +174,14 @@ pub(crate) enum BenchCommand {
         #[command(subcommand)]
         part: BuffersCommand,
     },
+    /// Presence memory: MEMBERS subscribers of one topic joined to a presence table (each with
+    /// a `sub`), the heap they take as glibc counts it and what the presence budget is charged,
+    /// per member (in this process, nothing else allocating).
+    Presence {
+        /// Members of the one topic.
+        #[arg(long, default_value_t = 10_000)]
+        members: usize,
+    },
     /// Write-buffer watermark pairs: for each LOW/HIGH pair `freeboard serve --send-low LOW
     /// --send-high HIGH` is started on loopback and measured with (a) sequential
     /// request/response batches and (b) bursts of requests in flight, warm-up iterations first,
@@ -664,6 +672,17 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
         }
         BenchCommand::Buffers { part } => {
             return buffers(part, command_line).map(|()| ExitCode::SUCCESS);
+        }
+        BenchCommand::Presence { members } => {
+            let measured = freeboard::presence::measure(members);
+            let heap = measured
+                .heap_per_member
+                .map_or("unknown (not glibc)".into(), |b| format!("{b:.0} B"));
+            println!(
+                "presence, {} members of one topic: heap {heap} per member, charged {:.0} B per member",
+                measured.members, measured.charged_per_member
+            );
+            return Ok(ExitCode::SUCCESS);
         }
         BenchCommand::All { peers, out, quick } => {
             return all(peers, &out, quick).map(|()| ExitCode::SUCCESS);

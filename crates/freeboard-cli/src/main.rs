@@ -292,7 +292,7 @@ struct ServeArgs {
     /// `[topics] presence_max_per_topic` [default: 100000].
     #[arg(long, value_name = "N")]
     presence_max_per_topic: Option<usize>,
-    /// Bytes all topics' presence may hold (about 150 per member); TOML `[topics]
+    /// Bytes all topics' presence may hold (about 145 per member); TOML `[topics]
     /// presence_memory` [default: 8M].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     presence_memory: Option<u64>,

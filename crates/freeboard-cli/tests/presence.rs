@@ -99,10 +99,19 @@ fn listings_are_paginated_counted_and_refused_where_presence_is_off() {
     let mut ids: Vec<_> = all.iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect();
     ids.dedup();
     assert_eq!(ids.len(), 25, "each member once across pages");
-    assert_eq!(get(addr, "/topic/room1/presence/count", ""), (200, r#"{"topic":"room1","count":25}"#.into()));
+    assert_eq!(
+        get(addr, "/topic/room1/presence/count", ""),
+        (200, r#"{"topic":"room1","count":25}"#.into())
+    );
     // A page never holds more than the maximum, whatever is asked.
     let (_, body) = get(addr, "/topic/room1/presence?limit=1000000", "");
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["members"].as_array().unwrap().len(), 25);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["members"]
+            .as_array()
+            .unwrap()
+            .len(),
+        25
+    );
     // Empty, not unknown: nobody subscribes to room2 yet.
     assert_eq!(get(addr, "/topic/room2/presence/count", "").0, 200);
     let (status, body) = get(addr, "/topic/lobby/presence", "");
@@ -110,7 +119,11 @@ fn listings_are_paginated_counted_and_refused_where_presence_is_off() {
     assert!(body.contains("has no presence"), "{body}");
     let (status, _) = get(addr, "/topic/a%20b/presence", "");
     assert_eq!(status, 404);
-    let (status, body) = get(addr, "/topic/lobby?presence=1", "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n");
+    let (status, body) = get(
+        addr,
+        "/topic/lobby?presence=1",
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n",
+    );
     assert_eq!(status, 400, "{body}");
     // The cap: the 31st member is refused, closed with 1013, counted.
     for _ in 0..5 {
@@ -120,7 +133,10 @@ fn listings_are_paginated_counted_and_refused_where_presence_is_off() {
     let close = inbox.frame(&mut s).unwrap().expect("a close");
     assert_eq!((close.opcode, &close.payload[..2]), (0x8, &1013u16.to_be_bytes()[..]));
     let (_, metrics) = get(addr, "/metrics", "");
-    assert!(metrics.contains("freeboard_topic_refusals_total{reason=\"presence_topic_full\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("freeboard_topic_refusals_total{reason=\"presence_topic_full\"} 1"),
+        "{metrics}"
+    );
     // A publication that would read as an event is refused.
     let mut post = TcpStream::connect(addr).unwrap();
     let body = "freeboard-presence:{}";
@@ -145,22 +161,32 @@ fn listings_need_what_subscribing_needs_and_show_the_allowed_claims() {
         SECRET,
     ]);
     let addr = &serve.addr;
-    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let exp =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
     let alice = hs256_jwt(
         SECRET,
-        &format!(r#"{{"sub":"alice","exp":{exp},"subscribe":["room*"],"name":"Alice","team":7,"secret":"x"}}"#),
+        &format!(
+            r#"{{"sub":"alice","exp":{exp},"subscribe":["room*"],"name":"Alice","team":7,"secret":"x"}}"#
+        ),
     );
     let other = hs256_jwt(SECRET, &format!(r#"{{"sub":"bob","exp":{exp},"subscribe":["lobby"]}}"#));
     let _alice = subscribe(addr, "/topic/room1", &format!("Authorization: Bearer {alice}\r\n"));
     assert_eq!(get(addr, "/topic/room1/presence", "").0, 401);
     assert_eq!(get(addr, "/topic/room1/presence/count", "").0, 401);
-    assert_eq!(get(addr, "/topic/room1/presence", &format!("Authorization: Bearer {other}\r\n")).0, 403);
+    assert_eq!(
+        get(addr, "/topic/room1/presence", &format!("Authorization: Bearer {other}\r\n")).0,
+        403
+    );
     let (status, body) = get(addr, &format!("/topic/room1/presence?access_token={alice}"), "");
     assert_eq!(status, 200, "{body}");
     let page: serde_json::Value = serde_json::from_str(&body).unwrap();
     let member = &page["members"][0];
     assert_eq!(member["sub"], "alice");
-    assert_eq!(member["claims"], serde_json::json!({"name": "Alice", "team": 7}), "only the allowed claims");
+    assert_eq!(
+        member["claims"],
+        serde_json::json!({"name": "Alice", "team": 7}),
+        "only the allowed claims"
+    );
 }
 
 #[test]
@@ -180,7 +206,9 @@ fn join_and_leave_events_arrive_in_order_per_connection() {
     while events < 80 {
         let e = event(&mut watcher, &mut inbox);
         assert_eq!(e["topic"], "room1");
-        seen.entry(e["id"].as_str().unwrap().to_owned()).or_default().push(e["event"].as_str().unwrap().to_owned());
+        seen.entry(e["id"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(e["event"].as_str().unwrap().to_owned());
         events += 1;
     }
     assert_eq!(seen.len(), 40);
@@ -223,7 +251,10 @@ fn across_two_nodes_a_killed_subscriber_and_a_killed_node_leave_within_the_ttl()
     };
     within(Duration::from_secs(10), "A's members listed on B", || on_a(&b.addr).len() == 2);
     let joins = [event(&mut watcher, &mut inbox), event(&mut watcher, &mut inbox)];
-    assert!(joins.iter().all(|e| e["event"] == "join" && e["node"] != b_node.as_str()), "{joins:?}");
+    assert!(
+        joins.iter().all(|e| e["event"] == "join" && e["node"] != b_node.as_str()),
+        "{joins:?}"
+    );
     let a_node = joins[0]["node"].as_str().unwrap().to_owned();
     assert_eq!(on_a(&a.addr).len(), 2, "A lists its own");
 
@@ -231,21 +262,33 @@ fn across_two_nodes_a_killed_subscriber_and_a_killed_node_leave_within_the_ttl()
     let killed_id = {
         first.kill().unwrap(); // SIGKILL
         first.wait().unwrap();
-        let gone = within(TTL, "the killed subscriber left B's listing", || on_a(&b.addr).len() == 1);
+        let gone =
+            within(TTL, "the killed subscriber left B's listing", || on_a(&b.addr).len() == 1);
         eprintln!("killed subscriber gone from node B after {gone:?}");
         let left = event(&mut watcher, &mut inbox);
-        assert_eq!((left["event"].as_str(), left["node"].as_str()), (Some("leave"), Some(a_node.as_str())));
+        assert_eq!(
+            (left["event"].as_str(), left["node"].as_str()),
+            (Some("leave"), Some(a_node.as_str()))
+        );
         left["id"].as_str().unwrap().to_owned()
     };
-    assert!(joins.iter().any(|j| j["id"] == killed_id.as_str()), "the leave is of a member that joined");
+    assert!(
+        joins.iter().any(|j| j["id"] == killed_id.as_str()),
+        "the leave is of a member that joined"
+    );
 
     // Node A killed: its part expires, B lists none of its members and tells its watcher.
     a.signal(libc::SIGKILL);
     a.wait();
-    let gone = within(TTL + Duration::from_secs(1), "the dead node left B's listing", || on_a(&b.addr).is_empty());
+    let gone = within(TTL + Duration::from_secs(1), "the dead node left B's listing", || {
+        on_a(&b.addr).is_empty()
+    });
     eprintln!("dead node's members gone from node B after {gone:?} (TTL {TTL:?})");
     let left = event(&mut watcher, &mut inbox);
-    assert_eq!((left["event"].as_str(), left["node"].as_str()), (Some("leave"), Some(a_node.as_str())));
+    assert_eq!(
+        (left["event"].as_str(), left["node"].as_str()),
+        (Some("leave"), Some(a_node.as_str()))
+    );
     assert_ne!(left["id"], killed_id.as_str());
     let _ = second.kill();
     let _ = second.wait();

@@ -166,7 +166,10 @@ impl Handler for TopicRoute {
         if self.presence_prefix.as_deref().is_some_and(|p| topic.starts_with(p))
             && message.data.starts_with(freeboard::presence::EVENT_PREFIX.as_bytes())
         {
-            conn.close(CloseCode::POLICY_VIOLATION, "a publication cannot look like a presence event");
+            conn.close(
+                CloseCode::POLICY_VIOLATION,
+                "a publication cannot look like a presence event",
+            );
             return;
         }
         let published = conn.publish(&topic, message.kind, message.data);
@@ -190,8 +193,9 @@ impl Handler for TopicRoute {
             return decision.reject(400);
         };
         if query_value(request.path(), "presence").is_some_and(|v| v == "1")
-            && let Some(topic) =
-                topics.iter().find(|t| !self.presence_prefix.as_deref().is_some_and(|p| t.starts_with(p)))
+            && let Some(topic) = topics
+                .iter()
+                .find(|t| !self.presence_prefix.as_deref().is_some_and(|p| t.starts_with(p)))
         {
             let why = format!("topic {topic:?} has no presence, so presence=1 cannot be honoured");
             return decision.reject_saying(400, "presence_off", why);
@@ -229,7 +233,8 @@ impl Handler for TopicRoute {
                 false => Ok(()),
             };
             let subscribed = watched.and_then(|()| conn.subscribe(name));
-            let joined = subscribed.map(|_| conn.join_presence(name, sub.as_deref(), claims.as_deref()));
+            let joined =
+                subscribed.map(|_| conn.join_presence(name, sub.as_deref(), claims.as_deref()));
             match joined {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {

@@ -294,7 +294,7 @@ pub struct TopicsConfig {
     /// `freeboard_topic_refusals_total{reason="presence_topic_full"}`). Default 100,000.
     pub presence_max_per_topic: usize,
     /// Bytes all topics' presence may hold together, members of other nodes included (about
-    /// 150 bytes each); a member beyond is refused (`reason="presence_memory"`). Default 8 MiB.
+    /// 145 bytes each); a member beyond is refused (`reason="presence_memory"`). Default 8 MiB.
     #[serde(with = "size")]
     pub presence_memory: usize,
     /// How long a node's members stay listed on the other nodes (through Redis) unless the

@@ -57,8 +57,8 @@
 //! [`presence_max_per_topic`](crate::config::TopicsConfig) members. A join either would pass
 //! is refused ([`PresenceError`]), counted in `freeboard_topic_refusals_total{reason=
 //! "presence_topic_full"|"presence_memory"}`; the `/topic/` route closes that subscriber with
-//! 1013 (try again later). Measured with `freeboard bench presence`: about 150 bytes per member
-//! (docs/operating/presence.md).
+//! 1013 (try again later). Measured with `freeboard bench presence`: 142 bytes per member of a
+//! topic of 10,000 (docs/operating/presence.md).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -77,8 +77,7 @@ pub const EVENT_PREFIX: &str = "freeboard-presence:";
 
 /// Why a publication was refused (400, close 1008): on a topic with presence it starts with
 /// [`EVENT_PREFIX`], and would read as an event.
-pub const RESERVED: &str =
-    "a publication to a topic with presence cannot start with \"freeboard-presence:\", the \
+pub const RESERVED: &str = "a publication to a topic with presence cannot start with \"freeboard-presence:\", the \
      envelope of its join and leave events";
 
 /// The most members one page lists.
@@ -240,7 +239,11 @@ struct Entry {
 
 impl Presence {
     /// The presence `config` asks for (`None` without a `presence_prefix`), of node `node`.
-    pub(crate) fn new(config: &TopicsConfig, node: Arc<str>, metrics: Arc<Metrics>) -> Option<Self> {
+    pub(crate) fn new(
+        config: &TopicsConfig,
+        node: Arc<str>,
+        metrics: Arc<Metrics>,
+    ) -> Option<Self> {
         let prefix = config.presence_prefix.clone()?;
         Some(Self {
             node: node.clone(),
@@ -306,7 +309,9 @@ impl Presence {
         let Some(members) = tables.topics.get(topic) else { return Page::default() };
         let after = cursor.and_then(parse_cursor);
         let range = match after {
-            Some(after) => members.range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded)),
+            Some(after) => {
+                members.range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+            }
             None => members.range(..),
         };
         let mut page = Page::default();
@@ -322,7 +327,10 @@ impl Presence {
         }
         if page.members.len() == limit
             && let Some(last) = last
-            && members.range((std::ops::Bound::Excluded(last), std::ops::Bound::Unbounded)).next().is_some()
+            && members
+                .range((std::ops::Bound::Excluded(last), std::ops::Bound::Unbounded))
+                .next()
+                .is_some()
         {
             page.next = Some(format!("{}.{}.{}", last.node, last.event_loop, last.serial));
         }
@@ -398,7 +406,11 @@ impl Presence {
         let tables = self.lock();
         let mut all = Vec::new();
         for (topic, members) in &tables.topics {
-            let local = Key { node: 0, event_loop: 0, serial: 0 }..Key { node: 1, event_loop: 0, serial: 0 };
+            let local = Key { node: 0, event_loop: 0, serial: 0 }..Key {
+                node: 1,
+                event_loop: 0,
+                serial: 0,
+            };
             for (key, entry) in members.range(local) {
                 all.push(LocalChange::Join {
                     topic: topic.clone(),
@@ -448,8 +460,11 @@ impl Presence {
                     (id.as_str(), Entry { sub, claims }),
                 );
             }
-            let range = Key { node: index, event_loop: 0, serial: 0 }
-                ..Key { node: index + 1, event_loop: 0, serial: 0 };
+            let range = Key { node: index, event_loop: 0, serial: 0 }..Key {
+                node: index + 1,
+                event_loop: 0,
+                serial: 0,
+            };
             let had: Vec<Key> = tables
                 .topics
                 .get(topic)
@@ -470,7 +485,9 @@ impl Presence {
                 let (sub, claims) = (entry.sub.clone(), entry.claims.clone());
                 match tables.insert(topic, key, entry, self.max_per_topic) {
                     Ok(()) => joined.push((id.to_owned(), sub, claims)),
-                    Err(PresenceError::TopicFull) => self.metrics.topic_refusal("presence_topic_full"),
+                    Err(PresenceError::TopicFull) => {
+                        self.metrics.topic_refusal("presence_topic_full")
+                    }
                     Err(PresenceError::NoMemory) => self.metrics.topic_refusal("presence_memory"),
                 }
             }
@@ -602,11 +619,70 @@ impl Tables {
     }
 }
 
+/// What presence costs per member of one topic, for `freeboard bench presence`.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    /// Members joined.
+    pub members: usize,
+    /// Heap bytes the table took for them, as glibc counts them (`mallinfo2`), per member;
+    /// `None` off glibc.
+    pub heap_per_member: Option<f64>,
+    /// Bytes charged to the presence budget, per member.
+    pub charged_per_member: f64,
+}
+
+/// Joins `members` connections (two loops, each with a `sub` of `user-N`, no claims) to one
+/// topic of a fresh presence and measures what they cost: the heap they took (glibc's count of
+/// allocated bytes before and after, this thread the only one allocating meanwhile), and what
+/// the budget was charged. Every member then leaves, and the heap must return to where it was.
+#[doc(hidden)]
+pub fn measure(members: usize) -> Measured {
+    let mut config = TopicsConfig::default();
+    config.presence_prefix = Some(String::new());
+    config.presence_max_per_topic = members;
+    config.presence_memory = members * 1024 + (1 << 20);
+    let presence = Presence::new(&config, Arc::from("n0"), Arc::new(Metrics::new()))
+        .expect("presence configured");
+    let subs: Vec<String> = (0..members).map(|i| format!("user-{i}")).collect();
+    let before = heap_in_use();
+    for (serial, sub) in subs.iter().enumerate() {
+        let id = ConnId { event_loop: (serial % 2) as u32, serial: serial as u64 };
+        // NOTE(unwrap): the cap and the budget were sized for them.
+        presence.join("room", id, Some(sub), None).unwrap();
+    }
+    let after = heap_in_use();
+    let charged = presence.memory().0;
+    for serial in 0..members {
+        presence.leave("room", ConnId { event_loop: (serial % 2) as u32, serial: serial as u64 });
+    }
+    Measured {
+        members,
+        heap_per_member: before
+            .zip(after)
+            .map(|(b, a)| a.saturating_sub(b) as f64 / members as f64),
+        charged_per_member: charged as f64 / members as f64,
+    }
+}
+
+/// Bytes glibc's malloc has handed out and not taken back.
+fn heap_in_use() -> Option<usize> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's counters.
+        let info = unsafe { libc::mallinfo2() };
+        Some(info.uordblks)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    None
+}
+
 /// Bytes one member costs (see [`ENTRY_BYTES`]); its `sub` and claims on the heap as glibc's
 /// malloc lays them out (an `Arc<str>`: two counts and the bytes, with an 8-byte header,
 /// rounded up to 16).
 fn entry_bytes(entry: &Entry) -> usize {
-    let heap = |s: &Option<Arc<str>>| s.as_ref().map_or(0, |s| (16 + s.len() + 8).next_multiple_of(16));
+    let heap =
+        |s: &Option<Arc<str>>| s.as_ref().map_or(0, |s| (16 + s.len() + 8).next_multiple_of(16));
     ENTRY_BYTES + heap(&entry.sub) + heap(&entry.claims)
 }
 
@@ -745,7 +821,9 @@ mod tests {
         let events = Arc::new(Mutex::new(Vec::new()));
         let sink = events.clone();
         p.set_events(Box::new(move |topic, payload| {
-            sink.lock().unwrap().push((topic.to_owned(), String::from_utf8(payload.to_vec()).unwrap()));
+            sink.lock()
+                .unwrap()
+                .push((topic.to_owned(), String::from_utf8(payload.to_vec()).unwrap()));
         }));
         let a = ("0.1".to_owned(), "{\"sub\":\"a\",\"claims\":{\"n\":1}}".to_owned());
         let b = ("0.2".to_owned(), "{}".to_owned());
@@ -762,7 +840,11 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds, ["join", "join", "leave", "leave"]);
-        assert!(events[0].1.contains(r#""id":"0.1","node":"there","sub":"a","claims":{"n":1}"#), "{}", events[0].1);
+        assert!(
+            events[0].1.contains(r#""id":"0.1","node":"there","sub":"a","claims":{"n":1}"#),
+            "{}",
+            events[0].1
+        );
         assert_eq!(p.count("room1"), 0);
         assert_eq!(p.memory().0, 0);
     }

@@ -118,9 +118,7 @@ impl Carrier {
                 true
             }
         };
-        let refresh = self
-            .last_refresh
-            .is_none_or(|at| at.elapsed() >= self.presence.ttl() / 3);
+        let refresh = self.last_refresh.is_none_or(|at| at.elapsed() >= self.presence.ttl() / 3);
         if changed {
             pipe.cmd("INCR").arg(&version).ignore();
         }
@@ -235,7 +233,10 @@ mod tests {
     #[test]
     fn a_nodes_keys_share_one_slot() {
         let (members, version) = keys("n1a2b3c4d");
-        assert_eq!(super::super::shards::slot(members.as_bytes()), super::super::shards::slot(version.as_bytes()));
+        assert_eq!(
+            super::super::shards::slot(members.as_bytes()),
+            super::super::shards::slot(version.as_bytes())
+        );
         assert_eq!(field("room1", "0.7").split_once('\n'), Some(("room1", "0.7")));
     }
 }

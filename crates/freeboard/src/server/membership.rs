@@ -98,7 +98,10 @@ impl<T: Transport> EventLoop<T> {
         let topic = &listing.topic;
         let body = if listing.count {
             let count = presence.count(topic);
-            format!("{{\"topic\":{},\"count\":{count}}}", serde_json::to_string(topic).unwrap_or_default())
+            format!(
+                "{{\"topic\":{},\"count\":{count}}}",
+                serde_json::to_string(topic).unwrap_or_default()
+            )
         } else {
             let limit = http::query_value(target, "limit").and_then(|l| l.parse().ok());
             let limit = limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);

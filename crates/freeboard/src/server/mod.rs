@@ -195,7 +195,13 @@ impl Server {
                 let Some(shared) = weak.upgrade() else { return };
                 let (head, n) = crate::topics::header(MessageKind::Text, payload.len());
                 let mut published = Published::default();
-                shared.hub.publish_remote(watch, &[&head[..n], payload], None, &mut published, None);
+                shared.hub.publish_remote(
+                    watch,
+                    &[&head[..n], payload],
+                    None,
+                    &mut published,
+                    None,
+                );
             }));
         }
         if let Some(mut backplane) = backplane {
@@ -531,4 +537,3 @@ fn presence_node() -> Arc<str> {
     }
     Arc::from(format!("n{:08x}", u32::from_le_bytes(bytes)))
 }
-
