@@ -494,6 +494,8 @@ impl ServerConfig {
             ("max_connections", self.max_connections),
             ("max_connections_per_ip", self.max_connections_per_ip),
             ("topics.send_cap", self.topics.send_cap),
+            ("topics.presence_max_per_topic", self.topics.presence_max_per_topic),
+            ("topics.presence_ttl", self.topics.presence_ttl.as_millis() as usize),
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero(setting));

@@ -492,7 +492,7 @@ impl Conn<'_> {
         if left {
             self.outbox.subscription_changed(self.token, topic, false);
             if let Some(presence) = self.hub.presence() {
-                presence.leave(topic, self.id);
+                presence.leave(topic, (self.id.event_loop, self.id.serial));
             }
         }
         left
@@ -513,7 +513,7 @@ impl Conn<'_> {
         let Some(presence) = self.hub.presence().filter(|p| p.applies(topic)) else {
             return Ok(false);
         };
-        presence.join(topic, self.id, sub, claims).map(|()| true)
+        presence.join(topic, (self.id.event_loop, self.id.serial), sub, claims).map(|()| true)
     }
 
     /// Sends this connection the join and leave events of `topic`'s presence from now on, each

@@ -69,7 +69,6 @@ use std::time::Duration;
 use freeboard_buf::Budget;
 
 use crate::config::TopicsConfig;
-use crate::handler::ConnId;
 use crate::metrics::Metrics;
 
 /// What every presence event starts with.
@@ -103,6 +102,9 @@ const ENTRY_BYTES: usize = 96;
 pub fn watch_topic(topic: &str) -> String {
     format!("{topic}{WATCH_SUFFIX}")
 }
+
+/// Delivers a presence event (`payload`) to every subscriber of a watch topic on this node.
+pub(crate) type EventSender = dyn Fn(&str, &[u8]) + Send + Sync;
 
 /// Why a join was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,7 +214,7 @@ pub struct Presence {
     carried: AtomicBool,
     changes: Mutex<Option<Vec<LocalChange>>>,
     /// Sends an event to the subscribers of a watch topic on every loop of this node.
-    events: OnceLock<Box<dyn Fn(&str, &[u8]) + Send + Sync>>,
+    events: OnceLock<Box<EventSender>>,
     metrics: Arc<Metrics>,
 }
 
@@ -342,11 +344,11 @@ impl Presence {
     pub(crate) fn join(
         &self,
         topic: &str,
-        id: ConnId,
+        (event_loop, serial): (u32, u64),
         sub: Option<&str>,
         claims: Option<&str>,
     ) -> Result<(), PresenceError> {
-        let key = Key { node: 0, event_loop: id.event_loop, serial: id.serial };
+        let key = Key { node: 0, event_loop, serial };
         let entry = Entry { sub: sub.map(Arc::from), claims: claims.map(Arc::from) };
         {
             let mut tables = self.lock();
@@ -358,7 +360,7 @@ impl Presence {
                 return Err(e);
             }
         }
-        let id = format!("{}.{}", id.event_loop, id.serial);
+        let id = format!("{event_loop}.{serial}");
         self.record(|| LocalChange::Join {
             topic: Arc::from(topic),
             id: id.clone(),
@@ -370,17 +372,17 @@ impl Presence {
 
     /// Connection `id` of this node leaves `topic`, if it was a member; the subscribers that
     /// watch the topic are told.
-    pub(crate) fn leave(&self, topic: &str, id: ConnId) {
-        let key = Key { node: 0, event_loop: id.event_loop, serial: id.serial };
+    pub(crate) fn leave(&self, topic: &str, (event_loop, serial): (u32, u64)) {
+        let key = Key { node: 0, event_loop, serial };
         let Some(entry) = self.lock().remove(topic, key) else { return };
-        let id = format!("{}.{}", id.event_loop, id.serial);
+        let id = format!("{event_loop}.{serial}");
         self.record(|| LocalChange::Leave { topic: Arc::from(topic), id: id.clone() });
         self.announce(topic, "leave", &id, &self.node, entry.sub.as_deref(), None);
     }
 
     /// Says where events go: `send(watch_topic, payload)` delivers a text message to every
     /// subscriber of `watch_topic` on this node (set once, when the server is bound).
-    pub(crate) fn set_events(&self, send: Box<dyn Fn(&str, &[u8]) + Send + Sync>) {
+    pub(crate) fn set_events(&self, send: Box<EventSender>) {
         let _ = self.events.set(send);
     }
 
@@ -638,23 +640,25 @@ pub struct Measured {
 /// the budget was charged. Every member then leaves, and the heap must return to where it was.
 #[doc(hidden)]
 pub fn measure(members: usize) -> Measured {
-    let mut config = TopicsConfig::default();
-    config.presence_prefix = Some(String::new());
-    config.presence_max_per_topic = members;
-    config.presence_memory = members * 1024 + (1 << 20);
+    let config = TopicsConfig {
+        presence_prefix: Some(String::new()),
+        presence_max_per_topic: members,
+        presence_memory: members * 1024 + (1 << 20),
+        ..TopicsConfig::default()
+    };
     let presence = Presence::new(&config, Arc::from("n0"), Arc::new(Metrics::new()))
         .expect("presence configured");
     let subs: Vec<String> = (0..members).map(|i| format!("user-{i}")).collect();
     let before = heap_in_use();
     for (serial, sub) in subs.iter().enumerate() {
-        let id = ConnId { event_loop: (serial % 2) as u32, serial: serial as u64 };
+        let id = ((serial % 2) as u32, serial as u64);
         // NOTE(unwrap): the cap and the budget were sized for them.
         presence.join("room", id, Some(sub), None).unwrap();
     }
     let after = heap_in_use();
     let charged = presence.memory().0;
     for serial in 0..members {
-        presence.leave("room", ConnId { event_loop: (serial % 2) as u32, serial: serial as u64 });
+        presence.leave("room", ((serial % 2) as u32, serial as u64));
     }
     Measured {
         members,
@@ -753,15 +757,17 @@ mod tests {
     use super::*;
 
     fn presence(max_per_topic: usize, memory: usize) -> Presence {
-        let mut config = TopicsConfig::default();
-        config.presence_prefix = Some("room".into());
-        config.presence_max_per_topic = max_per_topic;
-        config.presence_memory = memory;
+        let config = TopicsConfig {
+            presence_prefix: Some("room".into()),
+            presence_max_per_topic: max_per_topic,
+            presence_memory: memory,
+            ..TopicsConfig::default()
+        };
         Presence::new(&config, Arc::from("here"), Arc::new(Metrics::new())).unwrap()
     }
 
-    fn conn(serial: u64) -> ConnId {
-        ConnId { event_loop: (serial % 2) as u32, serial }
+    fn conn(serial: u64) -> (u32, u64) {
+        ((serial % 2) as u32, serial)
     }
 
     /// Pages list every member once, in order, never more than asked.

@@ -253,7 +253,7 @@ pub(super) struct Upgrading {
     /// A Server-Sent Events request: it opens with a `200` and an event stream.
     pub(super) event_stream: bool,
     /// A presence listing: answered with the topic's members once accepted, never opened.
-    pub(super) listing: Option<super::membership::Listing>,
+    pub(super) listing: Option<super::requests::Listing>,
 }
 
 /// The session [`Context`] of an event loop at `now`, with `cork`, or — `for token` — with

@@ -206,7 +206,7 @@ impl<T: Transport> EventLoop<T> {
         // A presence listing of a route that subscribes is decided as its topic's upgrade.
         let listing = match route.filter(|&r| self.router.options(r).subscribes) {
             Some(r) if !upgrade && !event_stream && req.method == Some("GET") => {
-                super::membership::Listing::of(self.router.path(r), path)
+                super::requests::Listing::of(self.router.path(r), path)
             }
             _ => None,
         };

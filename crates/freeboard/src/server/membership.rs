@@ -7,44 +7,16 @@ use freeboard_proto::Instant;
 use freeboard_proto::http;
 
 use super::event_loop::EventLoop;
-use super::requests::Reply;
-use crate::handler::ConnId;
+use super::requests::{Listing, Reply};
 use crate::presence::{DEFAULT_PAGE, MAX_PAGE};
 use crate::transport::Transport;
-
-/// A presence listing asked for: which topic, the count or a page.
-#[derive(Debug, Clone)]
-pub(super) struct Listing {
-    /// The topic, as the path names it (checked before the decision).
-    pub(super) topic: String,
-    /// `/presence/count` rather than `/presence`.
-    pub(super) count: bool,
-}
-
-impl Listing {
-    /// The listing `target` asks for under the route `prefix`, and the target its handler
-    /// decides (the topic's own: `{prefix}{topic}` and the query); `None` if it asks for none.
-    pub(super) fn of(prefix: &str, target: &str) -> Option<(Self, String)> {
-        let (path, query) = target.split_once('?').map_or((target, None), |(p, q)| (p, Some(q)));
-        let rest = path.strip_prefix(prefix)?;
-        let (topic, count) = match rest.strip_suffix("/presence/count") {
-            Some(topic) => (topic, true),
-            None => (rest.strip_suffix("/presence")?, false),
-        };
-        let decided = match query {
-            Some(query) => format!("{prefix}{topic}?{query}"),
-            None => format!("{prefix}{topic}"),
-        };
-        Some((Self { topic: topic.to_owned(), count }, decided))
-    }
-}
 
 impl<T: Transport> EventLoop<T> {
     /// Drops connection `token`'s subscriptions (it is closing), leaving the presence of its
     /// topics first.
     pub(super) fn drop_subscriptions(&mut self, token: usize, serial: u64) {
         if let Some(presence) = self.shared.hub.presence() {
-            let id = ConnId { event_loop: self.index, serial };
+            let id = (self.index, serial);
             for topic in self.topics.topics_of(token) {
                 if presence.applies(topic) {
                     presence.leave(topic, id);

@@ -167,3 +167,30 @@ mod tests {
         assert_eq!(waiting.status(false), 202, "other loops did not report in time");
     }
 }
+
+/// A presence listing asked for: which topic, the count or a page.
+#[derive(Debug, Clone)]
+pub(super) struct Listing {
+    /// The topic, as the path names it (checked before the decision).
+    pub(super) topic: String,
+    /// `/presence/count` rather than `/presence`.
+    pub(super) count: bool,
+}
+
+impl Listing {
+    /// The listing `target` asks for under the route `prefix`, and the target its handler
+    /// decides (the topic's own: `{prefix}{topic}` and the query); `None` if it asks for none.
+    pub(super) fn of(prefix: &str, target: &str) -> Option<(Self, String)> {
+        let (path, query) = target.split_once('?').map_or((target, None), |(p, q)| (p, Some(q)));
+        let rest = path.strip_prefix(prefix)?;
+        let (topic, count) = match rest.strip_suffix("/presence/count") {
+            Some(topic) => (topic, true),
+            None => (rest.strip_suffix("/presence")?, false),
+        };
+        let decided = match query {
+            Some(query) => format!("{prefix}{topic}?{query}"),
+            None => format!("{prefix}{topic}"),
+        };
+        Some((Self { topic: topic.to_owned(), count }, decided))
+    }
+}
