@@ -6,7 +6,7 @@
 //! ```text
 //! {freeboard:presence:NODE}:members   hash   "TOPIC\nLOOP.SERIAL" -> {"sub":…,"claims":…}
 //! {freeboard:presence:NODE}:version   string incremented with every change of the hash
-//! freeboard:presence:nodes            zset   NODE -> when its part expires (ms since the epoch)
+//! freeboard:presence:nodes            zset   NODE -> when its part expires (Redis' clock, ms)
 //! ```
 //!
 //! A node writes each change of its members (`HSET`/`HDEL` and `INCR` of its version, in one
@@ -24,7 +24,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use freeboard::presence::{LocalChange, LocalChanges, Presence};
 use redis::{Connection, RedisError};
@@ -134,7 +134,7 @@ impl Carrier {
             self.resync = false;
         }
         if refresh {
-            let until = now_ms() + ttl;
+            let until = self.now_ms()? + ttl;
             redis::cmd("ZADD").arg(NODES).arg(until).arg(&*node).exec(self.conn(NODES)?)?;
             self.last_refresh = Some(Instant::now());
         }
@@ -144,7 +144,7 @@ impl Carrier {
     /// Reads the other nodes' parts: the live nodes, their versions, the members of those
     /// whose version moved; nodes gone leave.
     fn read(&mut self) -> Result<(), RedisError> {
-        let now = now_ms();
+        let now = self.now_ms()?;
         let conn = self.conn(NODES)?;
         let _: () = redis::cmd("ZREMRANGEBYSCORE").arg(NODES).arg("-inf").arg(now).query(conn)?;
         let live: Vec<String> = redis::cmd("ZRANGE").arg(NODES).arg(0).arg(-1).query(conn)?;
@@ -195,6 +195,13 @@ impl Carrier {
         }
     }
 
+    /// Redis' clock, in ms since the epoch: every node's expiry is written and compared on
+    /// the clock of the server that holds the set, so the nodes' own clocks may disagree.
+    fn now_ms(&mut self) -> Result<u64, RedisError> {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(self.conn(NODES)?)?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
     /// The connection to the server of `key`'s slot.
     fn conn(&mut self, key: &str) -> Result<&mut Connection, RedisError> {
         let topology = self.shards.get().ok_or_else(|| std::io::Error::other("Redis unmapped"))?;
@@ -220,10 +227,6 @@ fn keys(node: &str) -> (String, String) {
 /// A member's field in its node's hash (a topic name holds no line feed).
 fn field(topic: &str, id: &str) -> String {
     format!("{topic}\n{id}")
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]
