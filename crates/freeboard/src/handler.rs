@@ -516,6 +516,14 @@ impl Conn<'_> {
         presence.join(topic, (self.id.event_loop, self.id.serial), sub, claims).map(|()| true)
     }
 
+    /// The presence of the topics that have it (who subscribes to them, on this node and the
+    /// others the backplane tells of), if the server keeps one: for a handler that answers
+    /// who is there ([`Presence::page`](crate::presence::Presence::page),
+    /// [`count`](crate::presence::Presence::count)).
+    pub fn presence(&self) -> Option<&Arc<crate::presence::Presence>> {
+        self.hub.presence()
+    }
+
     /// Sends this connection the join and leave events of `topic`'s presence from now on, each
     /// a text message in the envelope [`presence`](crate::presence) describes; `Ok(false)`
     /// when the topic has no presence. It counts as one more of the connection's topics.

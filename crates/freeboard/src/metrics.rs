@@ -495,6 +495,10 @@ pub struct Metrics {
     pub(crate) send_queue_bytes: Family<LoopLabel, Gauge>,
     /// Topic subscriptions (connection × topic) open.
     pub(crate) subscriptions: Gauge,
+    /// Members of topics' presence this node lists (its own and other nodes').
+    pub(crate) presence_members: Gauge,
+    /// Bytes the presence members are charged.
+    pub(crate) presence_bytes: Gauge,
     /// Messages published (from handlers, handles and HTTP), whether or not anyone listened.
     pub(crate) publishes: Counter,
     /// Published messages queued to subscribers (one per subscriber).
@@ -644,6 +648,8 @@ impl Metrics {
             allocation_failures: Family::default(),
             send_queue_bytes: Family::default(),
             subscriptions: Gauge::default(),
+            presence_members: Gauge::default(),
+            presence_bytes: Gauge::default(),
             publishes: Counter::default(),
             deliveries: Counter::default(),
             compressions: Counter::default(),
@@ -818,6 +824,17 @@ impl Metrics {
             "topic_subscriptions",
             "Topic subscriptions open (connection x topic)",
             m.subscriptions.clone(),
+        );
+        r.register(
+            "presence_members",
+            "Members of topics' presence listed on this node (its own and other nodes')",
+            m.presence_members.clone(),
+        );
+        r.register_with_unit(
+            "presence",
+            "Bytes the presence members are charged (presence_memory)",
+            bytes.clone(),
+            m.presence_bytes.clone(),
         );
         r.register("topic_publishes", "Messages published to topics", m.publishes.clone());
         r.register(

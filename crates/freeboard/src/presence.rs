@@ -222,8 +222,11 @@ struct Tables {
     topics: HashMap<Arc<str>, BTreeMap<Key, Entry>>,
     /// Node names by index; 0 is this node. Invariant: a node with members has its name here.
     nodes: Vec<Arc<str>>,
-    /// Invariant: `budget.drawn()` is the sum of [`entry_bytes`] over every member.
+    /// Invariant: `budget.drawn()` is the sum of [`entry_bytes`] over every member and of
+    /// [`topic_bytes`] over every topic.
     budget: Budget,
+    /// Members of every topic.
+    members: usize,
 }
 
 /// A member's place in its topic's table: ordered by node, then connection.
@@ -256,6 +259,7 @@ impl Presence {
                 topics: HashMap::new(),
                 nodes: vec![node],
                 budget: Budget::new(config.presence_memory),
+                members: 0,
             }),
             carried: AtomicBool::new(false),
             changes: Mutex::new(None),
@@ -359,6 +363,7 @@ impl Presence {
                 });
                 return Err(e);
             }
+            self.count_in_metrics(&tables);
         }
         let id = format!("{event_loop}.{serial}");
         self.record(|| LocalChange::Join {
@@ -374,7 +379,12 @@ impl Presence {
     /// watch the topic are told.
     pub(crate) fn leave(&self, topic: &str, (event_loop, serial): (u32, u64)) {
         let key = Key { node: 0, event_loop, serial };
-        let Some(entry) = self.lock().remove(topic, key) else { return };
+        let entry = {
+            let mut tables = self.lock();
+            let Some(entry) = tables.remove(topic, key) else { return };
+            self.count_in_metrics(&tables);
+            entry
+        };
         let id = format!("{event_loop}.{serial}");
         self.record(|| LocalChange::Leave { topic: Arc::from(topic), id: id.clone() });
         self.announce(topic, "leave", &id, &self.node, entry.sub.as_deref(), None);
@@ -494,6 +504,7 @@ impl Presence {
                 }
             }
             tables.forget_unused_nodes();
+            self.count_in_metrics(&tables);
         }
         let node: Arc<str> = Arc::from(node);
         for (id, entry) in &left {
@@ -542,6 +553,12 @@ impl Presence {
     fn lock(&self) -> MutexGuard<'_, Tables> {
         self.tables.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Sets `freeboard_presence_members` and `freeboard_presence_bytes` from `tables`.
+    fn count_in_metrics(&self, tables: &Tables) {
+        self.metrics.presence_members.set(tables.members as i64);
+        self.metrics.presence_bytes.set(tables.budget.drawn() as i64);
+    }
 }
 
 impl std::fmt::Debug for Presence {
@@ -576,8 +593,9 @@ impl Tables {
             Some(members) => members,
             None => self.topics.entry(Arc::from(topic)).or_default(),
         };
-        if let Some(replaced) = members.insert(key, entry) {
-            self.budget.give_back(entry_bytes(&replaced));
+        match members.insert(key, entry) {
+            Some(replaced) => self.budget.give_back(entry_bytes(&replaced)),
+            None => self.members += 1,
         }
         Ok(())
     }
@@ -586,6 +604,7 @@ impl Tables {
         let members = self.topics.get_mut(topic)?;
         let entry = members.remove(&key)?;
         self.budget.give_back(entry_bytes(&entry));
+        self.members -= 1;
         if members.is_empty() {
             self.topics.remove(topic);
             self.budget.give_back(topic_bytes(topic));
@@ -806,10 +825,13 @@ mod tests {
             p.join("room1", conn(serial), None, None).unwrap();
         }
         assert_eq!(p.join("room1", conn(9), None, None), Err(PresenceError::TopicFull));
+        assert_eq!(p.metrics.presence_members.get(), 3);
+        assert_eq!(p.metrics.presence_bytes.get(), p.memory().0 as i64);
         for serial in 0..3 {
             p.leave("room1", conn(serial));
         }
         assert_eq!(p.memory().0, 0);
+        assert_eq!((p.metrics.presence_members.get(), p.metrics.presence_bytes.get()), (0, 0));
         let p = presence(1_000_000, 4096);
         let mut joined = 0;
         while p.join("room1", conn(joined), Some("someone"), None).is_ok() {
