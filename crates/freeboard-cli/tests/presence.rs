@@ -293,3 +293,34 @@ fn across_two_nodes_a_killed_subscriber_and_a_killed_node_leave_within_the_ttl()
     let _ = second.kill();
     let _ = second.wait();
 }
+
+#[test]
+fn a_restarted_redis_gets_every_nodes_members_again() {
+    let port = common::free_port();
+    let Some(redis) = common::redis_server(port) else {
+        eprintln!("redis-server is not installed: skipped");
+        return;
+    };
+    let url = format!("redis://127.0.0.1:{port}/");
+    let flags = ["--redis", &url, "--presence-prefix", "room", "--presence-ttl", "2s"];
+    let a = Serve::start(&flags);
+    let b = Serve::start(&flags);
+    let (_held, _) = subscribe(&a.addr, "/topic/room1", "");
+    let count = |addr: &str| get(addr, "/topic/room1/presence/count", "").1;
+    within(Duration::from_secs(10), "A's member listed on B", || {
+        count(&b.addr).contains("\"count\":1}")
+    });
+    // Redis gone, its data with it: past the TTL, B can no longer vouch for A's member; A
+    // still lists its own.
+    drop(redis);
+    within(Duration::from_secs(10), "A's member dropped by B", || {
+        count(&b.addr).contains("\"count\":0}")
+    });
+    assert!(count(&a.addr).contains("\"count\":1}"));
+    // A new, empty Redis: A writes its part afresh, B reads it.
+    let _redis = common::redis_server(port).expect("redis-server again");
+    let back = within(Duration::from_secs(15), "A's member listed on B again", || {
+        count(&b.addr).contains("\"count\":1}")
+    });
+    eprintln!("listed again {back:?} after Redis restarted");
+}

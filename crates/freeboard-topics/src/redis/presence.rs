@@ -18,6 +18,9 @@
 //! watchers they left, within the TTL (and one poll) of its last refresh. A node whose keys
 //! are gone while it runs (Redis restarted without its data) writes them afresh.
 //!
+//! A node cut off from Redis for longer than the TTL drops the other nodes' members (it can no
+//! longer tell whether they are there) and reads them afresh once Redis is back; its own stay.
+//!
 //! One thread, with its own blocking connections; the event loops never wait on Redis. On a
 //! cluster each key goes to the master of its slot.
 
@@ -47,6 +50,8 @@ struct Carrier {
     /// too many changes to keep, after Redis lost them).
     resync: bool,
     last_refresh: Option<Instant>,
+    /// When the other nodes' parts were last read.
+    last_read: Instant,
     /// Other nodes: the version last read, and the topics they have members of.
     known: HashMap<String, (Option<i64>, HashSet<String>)>,
 }
@@ -60,6 +65,7 @@ pub(super) fn carrier(presence: Arc<Presence>, shards: Arc<Shards>, stop: Arc<At
         conns: HashMap::new(),
         resync: true,
         last_refresh: None,
+        last_read: Instant::now(),
         known: HashMap::new(),
     };
     while !stop.load(Ordering::Acquire) {
@@ -69,6 +75,15 @@ pub(super) fn carrier(presence: Arc<Presence>, shards: Arc<Shards>, stop: Arc<At
             carrier.resync = true;
             carrier.last_refresh = None;
             let _ = carrier.shards.refresh();
+            if carrier.last_read.elapsed() > carrier.presence.ttl() {
+                // Cut off from Redis for longer than a node's part lives there: what this
+                // node knows of the others can no longer be vouched for, and goes (they may
+                // be gone); it is read afresh once Redis is back. Its own members stay.
+                let nodes: Vec<String> = carrier.known.keys().cloned().collect();
+                for node in nodes {
+                    carrier.forget(&node);
+                }
+            }
         }
         std::thread::sleep(POLL);
     }
@@ -182,6 +197,7 @@ impl Carrier {
             }
             self.known.insert(node, (Some(read), by_topic.into_keys().collect()));
         }
+        self.last_read = Instant::now();
         Ok(())
     }
 
