@@ -332,7 +332,9 @@ impl Hub {
     /// The bytes `topic`'s messages carry in front of their payload (an offset's envelope
     /// when the topic keeps history; at most this many).
     pub(crate) fn envelope_room(&self, topic: &str) -> usize {
-        let kept = self.history.as_ref().is_some_and(|h| h.applies(topic));
+        // A topic's presence events carry no offset, whatever the history prefix.
+        let kept = self.history.as_ref().is_some_and(|h| h.applies(topic))
+            && !topic.ends_with(WATCH_SUFFIX);
         if kept { crate::history::Envelope::MAX } else { 0 }
     }
 

@@ -268,14 +268,15 @@ impl<T: Transport> EventLoop<T> {
             self.shared.metrics.access_refusal("budget");
             return self.refuse(token, now, 503, &retry_soon_jittered(), BUDGET_EXHAUSTED);
         }
-        // An event stream resumes from its `Last-Event-ID` as a WebSocket does from `since=`:
-        // the handler sees the offset in the target, where it looks for it.
         if let Some((status, reason, why)) =
             listing.as_ref().and_then(|(l, _)| self.listing_refusal(l))
         {
             self.shared.metrics.access_refusal(reason);
             return self.refuse(token, now, status, "", &why);
         }
+        // A listing is decided as its topic's upgrade (`{route}{topic}?query`); an event
+        // stream resumes from its `Last-Event-ID` as a WebSocket does from `since=`: the
+        // handler sees the offset in the target, where it looks for it.
         let (listing, decided) = listing.unzip();
         let target = match event_stream {
             _ if decided.is_some() => std::borrow::Cow::Owned(decided.unwrap_or_default()),
