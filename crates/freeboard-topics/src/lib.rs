@@ -1,7 +1,7 @@
 //! freeboard's `/topic/` service, built on the runtime's topic hub: the route that subscribes
-//! an upgrade to the topics its path names, JWT and connect-webhook access control, and the
-//! Redis / Redis Cluster backplane that carries topics across machines and keeps their
-//! history in Redis streams.
+//! an upgrade to the topics its path names (and lists who did: presence), JWT and
+//! connect-webhook access control, and the Redis / Redis Cluster backplane that carries topics
+//! and their presence across machines and keeps their history in Redis streams.
 //!
 //! `freeboard serve` is this crate and the runtime composed; a library user does the same:
 //!

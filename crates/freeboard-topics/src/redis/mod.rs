@@ -21,7 +21,9 @@
 //!   connection and one pipeline per Redis server;
 //! - the **subscriber** follows the hub's changes and has a **shard thread** per Redis server
 //!   that serves a subscribed topic, which holds those subscriptions on its own connection and
-//!   hands each message to the loops' inboxes.
+//!   hands each message to the loops' inboxes;
+//! - with presence configured, the **presence carrier** writes this node's members under keys
+//!   that expire unless refreshed and reads the other nodes' ([`presence`]).
 //!
 //! # Redis Cluster
 //!
