@@ -76,8 +76,8 @@ pub const EVENT_PREFIX: &str = "freeboard-presence:";
 
 /// Why a publication was refused (400, close 1008): on a topic with presence it starts with
 /// [`EVENT_PREFIX`], and would read as an event.
-pub const RESERVED: &str = "a publication to a topic with presence cannot start with \"freeboard-presence:\", the \
-     envelope of its join and leave events";
+pub const RESERVED: &str = "a publication to a topic with presence cannot start with \
+                            \"freeboard-presence:\", the envelope of its join and leave events";
 
 /// The most members one page lists.
 pub const MAX_PAGE: usize = 1000;

@@ -15,8 +15,8 @@
 //! leaves, what it has anew joins, each told to the subscribers that watch
 //! ([`Presence::sync_node`]). A node that stopped refreshing (it died, or lost Redis) is out of
 //! the set once its expiry passes: every other node takes its members out of its listings and
-//! tells their watchers they left, within the TTL (and one poll) of its last refresh. A node whose keys
-//! are gone while it runs (Redis restarted without its data) writes them afresh.
+//! tells their watchers they left, within the TTL (and one poll) of its last refresh. A node
+//! whose keys are gone while it runs (Redis restarted without its data) writes them afresh.
 //!
 //! A node cut off from Redis for longer than the TTL drops the other nodes' members (it can no
 //! longer tell whether they are there) and reads them afresh once Redis is back; its own stay.
