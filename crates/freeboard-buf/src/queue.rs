@@ -66,10 +66,11 @@ pub struct SendQueue {
 }
 
 /// How a keyed `conflate` queue tells a message's key: the bytes of the message's payload (an
-/// unmasked server WebSocket frame: its header is skipped) before the first `delimiter`,
-/// looked for in the first [`MAX_KEY`](ConflateKey::MAX_KEY) bytes; after a topic history
-/// envelope (`{digits}-{digits}:`) if `after_envelope`. A message without the delimiter there
-/// has the empty key.
+/// unmasked server WebSocket frame: its header is skipped; a Server-Sent Event if `events`:
+/// its first `data:` line) before the first `delimiter`, looked for in the first
+/// [`MAX_KEY`](ConflateKey::MAX_KEY) bytes; after a topic history envelope
+/// (`{digits}-{digits}:`) if `after_envelope`. A message without the delimiter there has the
+/// empty key.
 ///
 /// A queue behind its high watermark then drops only the unsent messages with the new one's
 /// key, so a feed of several instruments keeps the latest of each; at its cap it drops every
@@ -80,17 +81,25 @@ pub struct ConflateKey {
     pub delimiter: u8,
     /// Whether payloads start with a history envelope to skip.
     pub after_envelope: bool,
+    /// Whether the messages are Server-Sent Events (`id:` and `event:` lines, then `data:`)
+    /// rather than WebSocket frames. An event's offset is its `id:`, never in its data.
+    pub events: bool,
 }
 
 impl ConflateKey {
     /// The longest key, in bytes.
     pub const MAX_KEY: usize = 64;
-    /// Header (10), envelope (42) and key bytes a key is read from.
-    const PREFIX: usize = 10 + 42 + Self::MAX_KEY + 1;
+    /// The bytes a key is read from: a frame's header (10), envelope (42) and key; or an
+    /// event's `id:` line (4 + 42 + 1), its `event:` line (7 + a topic of 128 + `+base64` +
+    /// 1), `data: ` and the key.
+    const PREFIX: usize = 47 + 143 + 6 + Self::MAX_KEY + 1;
 
-    /// The key of the frame that starts with `bytes` (its first [`Self::PREFIX`] bytes or
+    /// The key of the message that starts with `bytes` (its first [`Self::PREFIX`] bytes or
     /// fewer).
     fn of<'b>(&self, bytes: &'b [u8]) -> &'b [u8] {
+        if self.events {
+            return self.key_in(event_data(bytes));
+        }
         let header = match bytes.get(1).map(|b| b & 0x7f) {
             Some(126) => 4,
             Some(127) => 10,
@@ -104,11 +113,30 @@ impl ConflateKey {
         {
             payload = &payload[colon + 1..];
         }
+        self.key_in(payload)
+    }
+
+    /// The bytes of `payload` before the delimiter, if it is within the key's reach.
+    fn key_in<'b>(&self, payload: &'b [u8]) -> &'b [u8] {
         let payload = &payload[..payload.len().min(Self::MAX_KEY + 1)];
         match payload.iter().position(|b| *b == self.delimiter) {
             Some(end) => &payload[..end],
             None => &[],
         }
+    }
+}
+
+/// What follows `data:` (and the one space the event-stream format allows after it) in the
+/// event that starts with `bytes`, once its `id:` and `event:` lines are passed; empty
+/// when no `data:` line starts within `bytes`.
+fn event_data(mut bytes: &[u8]) -> &[u8] {
+    while bytes.starts_with(b"id:") || bytes.starts_with(b"event:") {
+        let Some(end) = bytes.iter().position(|b| *b == b'\n') else { return &[] };
+        bytes = &bytes[end + 1..];
+    }
+    match bytes.strip_prefix(b"data:") {
+        Some(data) => data.strip_prefix(b" ").unwrap_or(data),
+        None => &[],
     }
 }
 
@@ -823,7 +851,7 @@ mod tests {
         for (after_envelope, prefix) in [(false, ""), (true, "12-3:"), (true, "99-100:")] {
             let mut pool =
                 Pool::new(Budget::new(1 << 20), PoolConfig::new().with_chunk_size(16)).unwrap();
-            let key = ConflateKey { delimiter: b'|', after_envelope };
+            let key = ConflateKey { delimiter: b'|', after_envelope, events: false };
             let marks = Watermarks::new(4, 8, 1024).unwrap();
             let mut queue =
                 SendQueue::new(marks, SlowConsumerPolicy::Conflate).with_conflate_key(key);
@@ -850,8 +878,21 @@ mod tests {
             let _ = queue.clear(&mut pool);
         }
         // A payload that merely contains a colon is not an envelope.
-        let key = ConflateKey { delimiter: b'|', after_envelope: true };
+        let key = ConflateKey { delimiter: b'|', after_envelope: true, events: false };
         assert_eq!(key.of(b"\x81\x0cEUR:x|{\"p\":1}"), b"EUR:x");
         assert_eq!(key.of(b"\x81\x0912-3:EUR|"), b"EUR");
+    }
+
+    #[test]
+    fn an_events_key_is_read_from_its_first_data_line() {
+        let key = ConflateKey { delimiter: b'|', after_envelope: true, events: true };
+        assert_eq!(key.of(b"data: EUR|1.08\n\n"), b"EUR");
+        assert_eq!(key.of(b"data:EUR|1.08\n\n"), b"EUR");
+        assert_eq!(key.of(b"id: 1764000000000.7-42\nevent: fx\ndata: USD|{\"p\":1}\n\n"), b"USD");
+        // The topic's name and offset are not the key; an event without a delimiter in its
+        // first data line, or with no data line in reach, has the empty key.
+        assert_eq!(key.of(b"id: 12-3\nevent: a|b\ndata: no key\n\n"), b"");
+        assert_eq!(key.of(b"id: 12-3\nevent: fx"), b"");
+        assert_eq!(key.of(b": keep-alive\n\n"), b"");
     }
 }

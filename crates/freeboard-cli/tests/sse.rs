@@ -182,6 +182,66 @@ fn a_subscriber_that_never_reads_meets_its_policy() {
     });
 }
 
+/// Under `conflate` with a key, an event stream that is behind keeps the latest event of each
+/// key, read from its `data:` line: a quiet instrument's last price survives the others'.
+#[test]
+fn keyed_conflate_keeps_every_instruments_latest_event_for_a_slow_subscriber() {
+    const INSTRUMENTS: [&str; 5] = ["AAA", "BBB", "CCC", "DDD", "EEE"];
+    const ROUNDS: usize = 300;
+    let serve = Serve::start(&[
+        "--threads",
+        "1",
+        "--topic-slow-consumer",
+        "conflate",
+        "--topic-conflate-key",
+        "|",
+    ]);
+    let request = "GET /topic/ticks HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n";
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&serve.socket_addr().into()).unwrap();
+    let mut slow: TcpStream = socket.into();
+    slow.write_all(request.as_bytes()).unwrap();
+    subscribed(&serve.addr, 1);
+    // AAA's prices stop halfway; 12 MB in all, 6 MB before AAA's last: far more than the
+    // socket buffers (a few MiB) and the queue's watermarks hold while the subscriber does
+    // not read.
+    let last_round = |i: usize| if i == 0 { ROUNDS / 2 - 1 } else { ROUNDS - 1 };
+    let pad = "x".repeat(8000);
+    for r in 0..ROUNDS {
+        for (i, name) in INSTRUMENTS.iter().enumerate() {
+            if r <= last_round(i) {
+                post(&serve.addr, "ticks", &format!("{name}|{r}|{pad}"));
+            }
+        }
+    }
+    // Only now does the subscriber read, until the very last price.
+    slow.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let last_event = format!("data: EEE|{}|", ROUNDS - 1);
+    let (mut text, mut buf) = (String::new(), vec![0u8; 64 << 10]);
+    while !text.contains(&last_event) {
+        let n = slow.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before the last price");
+        text.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+    }
+    let mut last = [None; INSTRUMENTS.len()];
+    let mut events = 0;
+    for data in text.split("\n\n").filter_map(|event| event.strip_prefix("data: ")) {
+        let mut fields = data.split('|');
+        let (Some(name), Some(round)) = (fields.next(), fields.next()) else { continue };
+        let i = INSTRUMENTS.iter().position(|n| *n == name).unwrap();
+        let round: usize = round.parse().unwrap();
+        assert!(last[i].is_none_or(|before| round > before), "{name} went back");
+        last[i] = Some(round);
+        events += 1;
+    }
+    for (i, name) in INSTRUMENTS.iter().enumerate() {
+        assert_eq!(last[i], Some(last_round(i)), "{name}'s latest price");
+    }
+    let sent = ROUNDS * INSTRUMENTS.len() - ROUNDS / 2;
+    assert!(events < sent, "nothing was conflated: {events} of {sent} events");
+}
+
 /// `Last-Event-ID`s the server cannot resume from: each has a defined outcome. Huge, or made
 /// of other characters than an offset's (a query injected through it): 400, counted. Of an
 /// epoch this server never had, or of a position it never issued: the stream opens and ends

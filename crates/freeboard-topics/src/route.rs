@@ -270,7 +270,11 @@ pub(crate) fn topic_route_options(hub: &TopicsConfig) -> Result<RouteOptions, Co
         .watermarks(hub.watermarks()?);
     if let Some(delimiter) = hub.conflate_key.filter(char::is_ascii) {
         let after_envelope = hub.history > 0;
-        options = options.conflate_key(ConflateKey { delimiter: delimiter as u8, after_envelope });
+        options = options.conflate_key(ConflateKey {
+            delimiter: delimiter as u8,
+            after_envelope,
+            events: false,
+        });
     }
     Ok(options)
 }

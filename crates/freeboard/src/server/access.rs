@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use freeboard_buf::SendQueue;
+use freeboard_buf::{ConflateKey, SendQueue};
 use freeboard_proto::handshake::AcceptKey;
 use freeboard_proto::http::{BEARER_CHALLENGE, bearer_token, constant_time_eq, query_value};
 use freeboard_proto::{Instant, Role};
@@ -196,11 +196,10 @@ impl<T: Transport> EventLoop<T> {
             let queue = entry.session.queue();
             let marks = options.watermarks.unwrap_or(*queue.watermarks());
             let queue = SendQueue::new(marks, options.slow_consumer.unwrap_or(queue.policy()));
-            // A key is read from the front of a queued WebSocket frame; an event starts with
-            // its `id:`/`event:` lines, so an event stream conflates without one.
+            // An event stream's key is read from its events' `data:` line.
             match options.conflate_key {
-                Some(key) if !event_stream => queue.with_conflate_key(key),
-                _ => queue,
+                Some(key) => queue.with_conflate_key(ConflateKey { events: event_stream, ..key }),
+                None => queue,
             }
         });
         let deadline = match entry.session.phase {
