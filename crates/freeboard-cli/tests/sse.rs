@@ -242,6 +242,40 @@ fn keyed_conflate_keeps_every_instruments_latest_event_for_a_slow_subscriber() {
     assert!(events < sent, "nothing was conflated: {events} of {sent} events");
 }
 
+/// An event stream's state on the heap is charged to the budget with its connection: 100 of
+/// them withhold more of the pool than 100 WebSocket subscribers.
+#[test]
+fn an_event_streams_state_is_charged_with_its_connection() {
+    let serve = Serve::start(&["--threads", "1"]);
+    let withheld = || {
+        let text = common::devtools::get(&serve.addr, "/metrics");
+        metric(&text, "freeboard_pool_chunks_withheld{event_loop=\"0\"}").expect("the gauge")
+    };
+    let open = |request: &str, status: &str| {
+        let mut s = TcpStream::connect(&serve.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).unwrap();
+        assert_eq!(&head[..], status.as_bytes());
+        s
+    };
+    let before = withheld();
+    let upgrade = "GET /topic/a HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                   Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+    let websockets: Vec<TcpStream> = (0..100).map(|_| open(upgrade, "HTTP/1.1 101")).collect();
+    let with_websockets = withheld();
+    let events = "GET /topic/a HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n";
+    let streams: Vec<TcpStream> = (0..100).map(|_| open(events, "HTTP/1.1 200")).collect();
+    let with_streams = withheld();
+    let (for_websockets, for_streams) = (with_websockets - before, with_streams - with_websockets);
+    assert!(
+        for_streams >= for_websockets + 2.0,
+        "100 WebSockets withheld {for_websockets} chunks, 100 event streams {for_streams}"
+    );
+    drop((websockets, streams));
+}
+
 /// `Last-Event-ID`s the server cannot resume from: each has a defined outcome. Huge, or made
 /// of other characters than an offset's (a query injected through it): 400, counted. Of an
 /// epoch this server never had, or of a position it never issued: the stream opens and ends

@@ -793,7 +793,7 @@ impl Metrics {
         );
         r.register(
             "pool_chunks_withheld",
-            "Pool chunks withheld for the open connections' kernel memory and table entries",
+            "Pool chunks withheld for the open connections' kernel memory, table entries and event-stream state",
             m.chunks_withheld.clone(),
         );
         r.register_with_unit(

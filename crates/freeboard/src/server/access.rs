@@ -227,6 +227,10 @@ impl<T: Transport> EventLoop<T> {
         self.shared.metrics.connections.inc();
         entry.upgraded = true;
         self.upgraded += 1;
+        if event_stream {
+            self.event_streams += 1;
+            self.charge_connections();
+        }
         if let Some(deadline) = deadline {
             // Accepted at the deadline less the handshake timeout (one clock, milliseconds).
             let timeout = self.config.limits.handshake_timeout.as_millis() as u64;

@@ -238,9 +238,10 @@ impl<T: Transport> EventLoop<T> {
         self.drop_subscriptions(token, self.conns[token].serial);
         self.forget_request(token);
         let mut entry = self.conns.remove(token);
+        self.upgraded -= usize::from(entry.upgraded);
+        self.event_streams -= usize::from(entry.event_stream.is_some());
         self.charge_connections();
         self.buffered -= entry.counted as usize;
-        self.upgraded -= usize::from(entry.upgraded);
         self.stats.closed += u64::from(entry.session.release(&mut self.pool));
         let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
         entry.stream.release(&mut io);

@@ -31,7 +31,9 @@ use crate::handler::{Completion, Decisions, RouteOptions, Router};
 use crate::metrics::{LogThrottle, LoopGauges, LoopLabel, LoopStats};
 use crate::parking::ParkingLot;
 use crate::session::deflate::Codec;
-use crate::session::{Assembly, Context, Cork, FairShare, Phase, Reassembly, Session};
+use crate::session::{
+    Assembly, Context, Cork, EVENT_STREAM_STATE, FairShare, Phase, Reassembly, Session,
+};
 use crate::tls::TlsScratch;
 use crate::topics::{LocalTopics, Outbox, Publication};
 use crate::transport::{Io, Transport};
@@ -174,6 +176,9 @@ pub(crate) struct EventLoop<T> {
     /// close when they hold their share and another arrives. Entries of connections that
     /// upgraded or went since are skipped (and pruned once they outnumber the live ones).
     pub(super) untrusted: VecDeque<(usize, u64)>,
+    /// Connections in `conns` that are event streams: each holds state on the heap
+    /// ([`EVENT_STREAM_STATE`]), charged with the connections (`charge_connections`).
+    pub(super) event_streams: usize,
     /// Bytes in the send queues, as of each connection's last flush (the `send_queue_bytes`
     /// gauge).
     ///
@@ -428,6 +433,7 @@ impl<T: Transport> EventLoop<T> {
             connection_charge,
             upgraded: 0,
             untrusted: VecDeque::new(),
+            event_streams: 0,
             accept_failing: false,
             accept_more: false,
             buffered: 0,
@@ -577,6 +583,7 @@ impl<T: Transport> EventLoop<T> {
                 self.shared.release_pending();
             }
             self.upgraded -= usize::from(entry.upgraded);
+            self.event_streams -= usize::from(entry.event_stream.is_some());
             if let Phase::Open(_) = entry.session.phase {
                 self.left_open(entry.session.is_event_stream());
             }
@@ -768,7 +775,9 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn charge_connections(&mut self) {
         let chunk = self.pool.chunk_size();
         let floor = self.config.connection_reserve.div_ceil(chunk) / 2;
-        let charged = (self.conns.len() * self.connection_charge).div_ceil(chunk);
+        let bytes =
+            self.conns.len() * self.connection_charge + self.event_streams * EVENT_STREAM_STATE;
+        let charged = bytes.div_ceil(chunk);
         self.pool.withhold(charged.min(self.pool.chunks_total().saturating_sub(floor)));
     }
 

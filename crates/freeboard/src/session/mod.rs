@@ -222,6 +222,12 @@ pub(crate) struct Session {
 }
 
 /// How a session's messages differ from plain WebSocket frames: at most one of these.
+/// Heap bytes a Server-Sent Events session may hold beyond its connection's entry: its
+/// encoding and, once it has ended, the record of its end (each with the allocator's header).
+/// A server charges them to the budget with the connection.
+pub(crate) const EVENT_STREAM_STATE: usize =
+    size_of::<Encoding>() + size_of::<Closed>() + 2 * size_of::<usize>();
+
 enum Encoding {
     /// permessage-deflate, when the handshake agreed on it.
     Deflate(Deflate),
