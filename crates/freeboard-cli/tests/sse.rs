@@ -335,21 +335,46 @@ fn an_event_stream_passes_the_same_access_checks() {
         let claims = format!(r#"{{"exp":{far},"subscribe":[{topics}]}}"#);
         freeboard_test::hs256_jwt(SECRET, &claims)
     };
-    let open = |target: &str, origin: &str| {
+    let answer = |target: &str, origin: &str| {
         let mut s = TcpStream::connect(&serve.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         write!(s, "GET {target} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n{origin}\r\n")
             .unwrap();
-        let mut head = [0u8; 12];
-        s.read_exact(&mut head).unwrap();
-        String::from_utf8_lossy(&head).into_owned()
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8];
+            s.read_exact(&mut byte).unwrap();
+            head.push(byte[0]);
+        }
+        String::from_utf8(head).unwrap()
     };
+    let open = |target: &str, origin: &str| answer(target, origin)[..12].to_owned();
     let good = token(r#""news""#);
     let with = |t: &str| format!("/topic/news?access_token={t}");
     assert_eq!(open(&with(&good), "Origin: https://evil.example\r\n"), "HTTP/1.1 403");
     assert_eq!(open("/topic/news", ""), "HTTP/1.1 401");
     assert_eq!(open(&with(&token(r#""other""#)), ""), "HTTP/1.1 403");
-    assert_eq!(open(&with(&good), "Origin: https://ok.example\r\n"), "HTTP/1.1 200");
+    // An allowed origin is named, credentials allowed: `EventSource`'s `withCredentials`.
+    let allowed = answer(&with(&good), "Origin: https://ok.example\r\n");
+    assert!(allowed.starts_with("HTTP/1.1 200"), "{allowed}");
+    for line in [
+        "Access-Control-Allow-Origin: https://ok.example\r\n",
+        "Access-Control-Allow-Credentials: true\r\n",
+        "Vary: Origin\r\n",
+    ] {
+        assert!(allowed.contains(line), "{line:?} missing: {allowed}");
+    }
+    // Without an allow-list, any origin may read, without credentials.
+    let open_to_all = Serve::start(&[]);
+    let mut s = TcpStream::connect(&open_to_all.addr).unwrap();
+    s.write_all(b"GET /topic/news HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nOrigin: https://any.example\r\n\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut head = [0u8; 256];
+    let n = s.read(&mut head).unwrap();
+    let head = String::from_utf8_lossy(&head[..n]);
+    assert!(head.contains("Access-Control-Allow-Origin: *\r\n"), "{head}");
+    assert!(!head.contains("Allow-Credentials"), "{head}");
     let metrics = common::devtools::get(&serve.addr, "/metrics");
     for reason in ["origin", "token_missing", "topic_not_granted"] {
         let name = format!("freeboard_access_refusals_total{{reason=\"{reason}\"}}");

@@ -146,7 +146,8 @@ impl<T: Transport> EventLoop<T> {
         accept_key: &AcceptKey,
         accepted: Accepted,
     ) -> bool {
-        let Upgrading { route, options, compression, event_stream, listing } = upgrade;
+        let Upgrading { route, options, compression, event_stream, credentialed_origin, listing } =
+            upgrade;
         if let Some(listing) = listing {
             self.answer_listing(token, now, &listing, target);
             return false;
@@ -180,7 +181,10 @@ impl<T: Transport> EventLoop<T> {
             false => {
                 switching_protocols(accept_key, protocol, extensions.as_deref(), &mut response)
             }
-            true => event_stream_ok(self.config.topics.sse_retry_ms, &mut response),
+            true => {
+                let retry = self.config.topics.sse_retry_ms;
+                event_stream_ok(retry, credentialed_origin.as_deref(), &mut response)
+            }
         };
         let Some(n) = n else {
             if let Some(d) = &mut deflate {
@@ -302,18 +306,30 @@ impl<T: Transport> EventLoop<T> {
 /// reconnection delay (`retry`, ms); `None` if `out` is too small. The body runs until the
 /// connection closes (RFC 9112 §6.3: without a length or a transfer coding, "the message
 /// body length is determined by the number of octets received prior to the server closing
-/// the connection"), so no chunked framing costs bytes per event. Any origin may read it:
-/// origins the server does not allow were refused (403) before this.
-fn event_stream_ok(retry: u64, out: &mut [u8]) -> Option<usize> {
+/// the connection"), so no chunked framing costs bytes per event. Any origin may read it
+/// (origins the server does not allow were refused, 403, before this); one an allow-list
+/// named, with credentials (`credentialed_origin`).
+fn event_stream_ok(retry: u64, credentialed_origin: Option<&str>, out: &mut [u8]) -> Option<usize> {
     use std::io::Write;
     let mut w = std::io::Cursor::new(out);
     write!(
         w,
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n\
-         Connection: close\r\nX-Accel-Buffering: no\r\nAccess-Control-Allow-Origin: *\r\n\r\n\
-         retry: {retry}\n\n"
+         Connection: close\r\nX-Accel-Buffering: no\r\n"
     )
     .ok()?;
+    // Fetch standard, CORS protocol: a credentialed request is shared only when the answer
+    // names its origin (not `*`) and allows credentials.
+    match credentialed_origin {
+        Some(origin) => write!(
+            w,
+            "Access-Control-Allow-Origin: {origin}\r\nAccess-Control-Allow-Credentials: true\r\n\
+             Vary: Origin\r\n"
+        ),
+        None => write!(w, "Access-Control-Allow-Origin: *\r\n"),
+    }
+    .ok()?;
+    write!(w, "\r\nretry: {retry}\n\n").ok()?;
     Some(w.position() as usize)
 }
 

@@ -257,6 +257,10 @@ pub(super) struct Upgrading {
     pub(super) compression: Option<crate::Agreement>,
     /// A Server-Sent Events request: it opens with a `200` and an event stream.
     pub(super) event_stream: bool,
+    /// The origin an event stream's answer names, credentials allowed (`EventSource`'s
+    /// `withCredentials`): the request's, when `allowed_origins` restricts origins and
+    /// allowed it. Otherwise the answer allows any origin, without credentials.
+    pub(super) credentialed_origin: Option<Box<str>>,
     /// A presence listing: answered with the topic's members once accepted, never opened.
     pub(super) listing: Option<super::requests::Listing>,
 }

@@ -297,6 +297,11 @@ impl<T: Transport> EventLoop<T> {
             false => self.compression_agreement(&options, &request),
             true => None,
         };
+        let credentialed_origin = (event_stream && self.shared.origins.is_restricted())
+            .then(|| request.origin().map(<[u8]>::trim_ascii))
+            .flatten()
+            .filter(|origin| origin.iter().all(u8::is_ascii_graphic))
+            .map(|origin| String::from_utf8_lossy(origin).into());
         let serial = self.conns[token].serial;
         let recoverer = self.shared.hub.recoverer();
         let decision = Decision::new(token, serial, peer, self.decisions.clone(), recoverer);
@@ -316,7 +321,14 @@ impl<T: Transport> EventLoop<T> {
             Some(DecisionOutcome::Published) => false, // excluded above
             Some(DecisionOutcome::Accept(accepted)) => {
                 let key = request.accept_key();
-                let upgrade = Upgrading { route, options, compression, event_stream, listing };
+                let upgrade = Upgrading {
+                    route,
+                    options,
+                    compression,
+                    event_stream,
+                    credentialed_origin,
+                    listing,
+                };
                 if !self.open_upgraded(token, now, upgrade, path, &key, accepted) {
                     return false;
                 }
@@ -339,7 +351,14 @@ impl<T: Transport> EventLoop<T> {
             None => {
                 let accept_key = request.accept_key();
                 let target = path.into();
-                let upgrade = Upgrading { route, options, compression, event_stream, listing };
+                let upgrade = Upgrading {
+                    route,
+                    options,
+                    compression,
+                    event_stream,
+                    credentialed_origin,
+                    listing,
+                };
                 let pending = PendingUpgrade { serial, upgrade, target, accept_key };
                 self.pending.insert(token, pending);
                 false
