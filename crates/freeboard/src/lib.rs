@@ -36,6 +36,7 @@ pub mod config;
 mod dashboard;
 mod features;
 pub mod handler;
+pub mod fossil;
 pub mod history;
 pub mod kernel_memory;
 mod lag;
