@@ -122,11 +122,8 @@ pub fn encode(source: &[u8], target: &[u8], encoder: &mut Encoder, delta: &mut V
                 let src = block as usize * NHASH;
                 let at = base + i;
                 // Forwards from the block's start, then backwards over the literal.
-                let forward = source[src..]
-                    .iter()
-                    .zip(&target[at..])
-                    .take_while(|(a, b)| a == b)
-                    .count();
+                let forward =
+                    source[src..].iter().zip(&target[at..]).take_while(|(a, b)| a == b).count();
                 let backward = (1..=i.min(src.saturating_sub(1)))
                     .take_while(|&k| source[src - k] == target[at - k])
                     .count();
@@ -422,10 +419,7 @@ mod tests {
         let mut other = old.clone();
         other[100] ^= 1;
         assert_eq!(apply(&other, &delta, usize::MAX, &mut out), Err(DeltaError::BadChecksum));
-        assert_eq!(
-            apply(&old, &delta, 10, &mut out),
-            Err(DeltaError::TooLarge { len: new.len() })
-        );
+        assert_eq!(apply(&old, &delta, 10, &mut out), Err(DeltaError::TooLarge { len: new.len() }));
         // Every truncation is refused, never a panic.
         for cut in 0..delta.len() {
             assert!(apply(&old, &delta[..cut], usize::MAX, &mut out).is_err(), "cut {cut}");
