@@ -304,6 +304,10 @@ struct ServeArgs {
     /// presence_claims` [default: none].
     #[arg(long, value_name = "CLAIMS", value_delimiter = ',')]
     presence_claims: Vec<String>,
+    /// Topics named with this prefix offer delta compression to subscribers that ask with
+    /// `?delta=fossil` (`""`: every topic); TOML `[topics] delta_prefix` [default: none].
+    #[arg(long, value_name = "PREFIX")]
+    delta_prefix: Option<String>,
     /// Topics whose name starts with PREFIX get per-topic series on /metrics
     /// (`freeboard_named_topic_*{topic}`) and a row in the dashboard's topics table
     /// (repeatable, or a comma-separated list; `""` names every topic); TOML `[topics]
@@ -796,6 +800,7 @@ fn settings(args: &ServeArgs) -> Result<Settings, String> {
         ("topics.presence_memory", args.presence_memory.map(int)),
         ("topics.presence_ttl", args.presence_ttl.map(secs)),
         ("topics.presence_claims", list(&args.presence_claims)),
+        ("topics.delta_prefix", args.delta_prefix.clone().map(Value::String)),
         ("topics.metrics_prefixes", list(&args.topic_metrics_prefixes)),
         ("topics.metrics_topics", args.topic_metrics_max.map(|v| int(v as u64))),
         ("topics.sse_retry_ms", args.sse_retry.map(int)),

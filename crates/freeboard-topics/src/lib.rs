@@ -133,7 +133,8 @@ impl Service {
         let mut route = TopicRoute::new(&config.path, config.client_publish)
             .max_topics(hub.max_topics_per_connection)
             .history((hub.history > 0).then_some(hub.history_prefix.as_str()))
-            .presence(hub.presence_prefix.as_deref());
+            .presence(hub.presence_prefix.as_deref())
+            .deltas(hub.delta_prefix.as_deref());
         if let Some(verifier) = &self.verifier {
             route = route.with_tokens(verifier.clone());
         }

@@ -18,7 +18,9 @@ use freeboard_proto::http::query_value;
 /// `name` and to every `also=` name in the query (`/topic/scores?also=news&also=ticks`; an
 /// upgrade naming more topics than [`max_topics`](Self::max_topics) gets 400); messages the
 /// client sends are published to `name` if client publishing is allowed, else answered with
-/// close 1008. With `since=OFFSET` in the query, the connection first gets what it missed on
+/// close 1008. With `delta=fossil` in the query, on a topic that offers it
+/// ([`deltas`](Self::deltas)), its publications come whole or as Fossil deltas
+/// ([`freeboard::delta`]). With `since=OFFSET` in the query, the connection first gets what it missed on
 /// `name` ([`Conn::recover`]), or is closed with [`HISTORY_GONE`] if that is no longer kept.
 ///
 /// With a [`TokenVerifier`] the upgrade needs a bearer token (`Authorization: Bearer`, or
@@ -47,6 +49,8 @@ pub struct TopicRoute {
     history_prefix: Option<String>,
     /// The name prefix of the topics with presence, if the hub keeps any.
     presence_prefix: Option<String>,
+    /// The name prefix of the topics that offer deltas, if any does.
+    delta_prefix: Option<String>,
 }
 
 impl TopicRoute {
@@ -60,6 +64,7 @@ impl TopicRoute {
             max_topics: 64,
             history_prefix: None,
             presence_prefix: None,
+            delta_prefix: None,
         }
     }
 
@@ -71,6 +76,46 @@ impl TopicRoute {
     pub fn presence(mut self, prefix: Option<&str>) -> Self {
         self.presence_prefix = prefix.map(str::to_owned);
         self
+    }
+
+    /// The topics whose names start with `prefix` offer deltas: an upgrade with
+    /// `?delta=fossil` gets its topic's publications as Fossil deltas
+    /// ([`Conn::receive_deltas`]); `None`: none does, and such an upgrade gets 400.
+    /// [`Service::mount`](crate::Service::mount) sets it from the hub's `delta_prefix`.
+    pub fn deltas(mut self, prefix: Option<&str>) -> Self {
+        self.delta_prefix = prefix.map(str::to_owned);
+        self
+    }
+
+    /// Why `?delta=` cannot be honoured on `topics`, if it cannot.
+    fn delta_refusal(&self, topics: &[&str], delta: &str) -> Option<(&'static str, String)> {
+        if delta != freeboard::delta::FOSSIL {
+            let why = format!(
+                "delta={delta:?} is not a delta format this server knows: ask for delta=fossil"
+            );
+            return Some(("delta_unknown", why));
+        }
+        if topics.len() > 1 {
+            let why = "delta=fossil takes one topic per connection (its messages carry no topic \
+                       name to pick the base of a delta by): drop also="
+                .to_owned();
+            return Some(("delta_several_topics", why));
+        }
+        let topic = topics[0];
+        if !self.delta_prefix.as_deref().is_some_and(|p| topic.starts_with(p)) {
+            let why = match &self.delta_prefix {
+                None => format!(
+                    "topic {topic:?} offers no deltas (the server offers none: topics.delta_prefix \
+                     is not set); connect without delta="
+                ),
+                Some(prefix) => format!(
+                    "topic {topic:?} offers no deltas (only topics named {prefix:?}... do); connect \
+                     without delta="
+                ),
+            };
+            return Some(("delta_not_offered", why));
+        }
+        None
     }
 
     /// The topics whose names start with `prefix` keep history (`?since=` works there);
@@ -205,6 +250,11 @@ impl Handler for TopicRoute {
         {
             return decision.reject_saying(400, reason, why);
         }
+        if let Some((reason, why)) = query_value(request.path(), "delta")
+            .and_then(|delta| self.delta_refusal(&topics, delta))
+        {
+            return decision.reject_saying(400, reason, why);
+        }
         match (self.authorize(request, &topics), &self.webhook) {
             (Ok(_), Some(webhook)) => {
                 let origin = request.origin().and_then(|o| std::str::from_utf8(o).ok());
@@ -248,6 +298,17 @@ impl Handler for TopicRoute {
                 }
                 Err(e) => {
                     conn.close(CloseCode::POLICY_VIOLATION, &e.to_string());
+                    return;
+                }
+            }
+        }
+        // Asked for and offered (checked at the upgrade): before the replay, so that the first
+        // live message after it goes whole.
+        if let (Some(_), Some(topic)) = (query_value(&target, "delta"), topics.first()) {
+            match conn.receive_deltas(topic) {
+                Ok(_) => {}
+                Err(e) => {
+                    conn.close(CloseCode::TRY_AGAIN_LATER, &e.to_string());
                     return;
                 }
             }

@@ -275,6 +275,11 @@ pub struct TopicsConfig {
     /// Only topics whose name starts with this keep history and carry offsets. Default: every
     /// topic.
     pub history_prefix: String,
+    /// Topics whose name starts with this offer delta compression: a subscriber that asks with
+    /// `?delta=fossil` gets each publication whole or as a Fossil delta against the one before
+    /// (see [`delta`](crate::delta)); the server keeps the last publication of each such topic
+    /// that has delta subscribers. `""` offers it on every topic. Default: none offers it.
+    pub delta_prefix: Option<String>,
     /// Topics whose name starts with one of these get per-topic series on `/metrics`
     /// (`freeboard_named_topic_*{topic}`) and a row in the dashboard's topics table (`""`
     /// names every topic). Default: none, no per-topic series.
@@ -323,6 +328,7 @@ impl Default for TopicsConfig {
             history_seconds: 0,
             history_memory: 8 << 20,
             history_prefix: String::new(),
+            delta_prefix: None,
             metrics_prefixes: Vec::new(),
             metrics_topics: 100,
             sse_retry_ms: 1000,
@@ -360,6 +366,7 @@ impl std::fmt::Debug for TopicsConfig {
             .field("history_seconds", &self.history_seconds)
             .field("history_memory", &self.history_memory)
             .field("history_prefix", &self.history_prefix)
+            .field("delta_prefix", &self.delta_prefix)
             .field("metrics_prefixes", &self.metrics_prefixes)
             .field("metrics_topics", &self.metrics_topics)
             .field("sse_retry_ms", &self.sse_retry_ms)

@@ -485,6 +485,16 @@ impl Conn<'_> {
         Ok(subscribed)
     }
 
+    /// This connection, subscribed to `topic`, gets its publications as Fossil deltas from
+    /// now on, each in the envelope [`delta`](crate::delta) describes (the first one whole).
+    /// One topic per connection: `Ok(false)` if it is not subscribed to `topic` or gets
+    /// deltas of another topic already. Held in the loop's budget for topic tables, as a
+    /// subscription is ([`SubscribeError::NoMemory`]). The server's event loops send deltas;
+    /// the tokio driver sends every message whole, without the envelope.
+    pub fn receive_deltas(&mut self, topic: &str) -> Result<bool, SubscribeError> {
+        self.topics.receive_deltas(self.hub, self.token, topic)
+    }
+
     /// Unsubscribes this connection from `topic`; whether it was subscribed. It leaves the
     /// topic's presence too.
     pub fn unsubscribe(&mut self, topic: &str) -> bool {

@@ -34,6 +34,7 @@ pub mod capacity;
 pub mod client;
 pub mod config;
 mod dashboard;
+pub mod delta;
 mod features;
 pub mod fossil;
 pub mod handler;

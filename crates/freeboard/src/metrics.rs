@@ -331,6 +331,10 @@ pub(crate) struct LoopStats {
     pub(crate) compressions: u64,
     /// Publications sent uncompressed to compressing subscribers: no budget to compress.
     pub(crate) compression_fallbacks: u64,
+    /// Publications a loop made a delta of, once for its delta subscribers.
+    pub(crate) deltas: u64,
+    /// Deltas queued to delta subscribers.
+    pub(crate) delta_deliveries: u64,
     /// Messages dropped by slow-consumer policies, counted here so a drop allocates nothing.
     pub(crate) policy_drops: PolicyCounts,
     /// Messages refused because the pool was short through no fault of their connection.
@@ -420,6 +424,8 @@ impl LoopStats {
             (&metrics.deliveries, self.deliveries),
             (&metrics.compressions, self.compressions),
             (&metrics.compression_fallbacks, self.compression_fallbacks),
+            (&metrics.deltas, self.deltas),
+            (&metrics.delta_deliveries, self.delta_deliveries),
         ] {
             if n > 0 {
                 counter.inc_by(n);
@@ -509,6 +515,11 @@ pub struct Metrics {
     /// Publications sent uncompressed to compressing subscribers because the budget could
     /// not cover their compression.
     pub(crate) compression_fallbacks: Counter,
+    /// Publications made into a delta for a loop's delta subscribers (once per publication
+    /// and loop).
+    pub(crate) deltas: Counter,
+    /// Deltas queued to delta subscribers (the rest of their deliveries went whole).
+    pub(crate) delta_deliveries: Counter,
     /// Publications a whole loop could not take, by reason ([`TOPIC_DROP_REASONS`]); drops
     /// for one subscriber are counted in `drops` by policy.
     pub(crate) topic_drops: Family<Reason, Counter>,
@@ -654,6 +665,8 @@ impl Metrics {
             deliveries: Counter::default(),
             compressions: Counter::default(),
             compression_fallbacks: Counter::default(),
+            deltas: Counter::default(),
+            delta_deliveries: Counter::default(),
             topic_drops: Family::default(),
             handshake_duration: Histogram::new(&MILLIS_BUCKETS, 0.001),
             message_size: Histogram::new(&MESSAGE_SIZE_BUCKETS, 1.0),
@@ -853,6 +866,16 @@ impl Metrics {
             m.compression_fallbacks.clone(),
         );
         r.register(
+            "topic_deltas",
+            "Publications made into a Fossil delta once per event loop for its delta subscribers",
+            m.deltas.clone(),
+        );
+        r.register(
+            "topic_delta_deliveries",
+            "Deltas queued to delta subscribers (their other deliveries went whole)",
+            m.delta_deliveries.clone(),
+        );
+        r.register(
             "topic_drops",
             "Publications a whole event loop could not take, by reason",
             m.topic_drops.clone(),
@@ -1044,6 +1067,17 @@ impl Metrics {
     /// Publications sent uncompressed to compressing subscribers for want of budget.
     pub fn topic_compression_fallbacks(&self) -> u64 {
         self.compression_fallbacks.get()
+    }
+
+    /// Publications made into a delta for delta subscribers (once per publication and event
+    /// loop).
+    pub fn topic_deltas(&self) -> u64 {
+        self.deltas.get()
+    }
+
+    /// Deltas queued to delta subscribers.
+    pub fn topic_delta_deliveries(&self) -> u64 {
+        self.delta_deliveries.get()
     }
 
     /// Handshakes (and plain HTTP requests) that timed out.

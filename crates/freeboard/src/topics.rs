@@ -50,6 +50,7 @@ use mio::Waker;
 use slab::Slab;
 
 use crate::backplane::{Arrival, Backplane, Recoverer};
+use crate::delta::{self, DeltaSubscriptions};
 use crate::history::{Envelope, History, Offset, Replay, Source};
 use crate::metrics::Metrics;
 use crate::presence::{Presence, WATCH_SUFFIX};
@@ -740,6 +741,8 @@ pub(crate) struct LocalTopics {
     /// was read) is not sent to them again. An entry goes with the first later publication,
     /// the subscription or the connection.
     resumed: HashMap<usize, (Arc<str>, Offset)>,
+    /// Connections that get a topic's publications as deltas ([`crate::delta`]).
+    pub(crate) deltas: DeltaSubscriptions,
     max_per_conn: usize,
     /// The tables' part of the loop's budget.
     ///
@@ -771,6 +774,7 @@ impl LocalTopics {
             by_name: HashMap::new(),
             by_conn: HashMap::new(),
             resumed: HashMap::new(),
+            deltas: DeltaSubscriptions::default(),
             max_per_conn,
             budget,
             owned: 0,
@@ -888,6 +892,7 @@ impl LocalTopics {
         }
         let Some(mine) = self.by_conn.get_mut(&token) else { return false };
         let Some(at) = mine.iter().position(|(t, _)| &**t == name) else { return false };
+        self.deltas.remove(token, Some(name));
         let room = mine.capacity();
         let (name, key) = mine.swap_remove(at);
         self.owned -= heap_bytes(room * MEMBERSHIP);
@@ -903,6 +908,30 @@ impl LocalTopics {
         self.shrink_maps();
         self.settle();
         true
+    }
+
+    /// Connection `token`, subscribed to `topic`, gets its publications as deltas from now
+    /// on. `Ok(false)` if it is not subscribed to it, or gets deltas of another topic.
+    pub(crate) fn receive_deltas(
+        &mut self,
+        hub: &Hub,
+        token: usize,
+        topic: &str,
+    ) -> Result<bool, SubscribeError> {
+        let mine = self.by_conn.get(&token).into_iter().flatten();
+        let Some((name, _)) = mine.into_iter().find(|(t, _)| &**t == topic) else {
+            return Ok(false);
+        };
+        let name = name.clone();
+        if !self.deltas.add(token, &name) {
+            return Ok(false);
+        }
+        if !self.settle() {
+            self.deltas.remove(token, None);
+            hub.metrics.topic_refusal("budget");
+            return Err(SubscribeError::NoMemory);
+        }
+        Ok(true)
     }
 
     /// Connection `token` was sent what it missed on `topic` up to `through`: live
@@ -941,6 +970,7 @@ impl LocalTopics {
     /// Drops every subscription of connection `token` (it is closing).
     pub(crate) fn drop_conn(&mut self, hub: &Hub, token: usize) {
         self.forget_resumed(token);
+        self.deltas.remove(token, None);
         let Some(mine) = self.by_conn.remove(&token) else { return };
         self.owned -= heap_bytes(mine.capacity() * MEMBERSHIP);
         for (name, key) in mine {
@@ -979,6 +1009,8 @@ impl LocalTopics {
         map_bytes(self.by_name.capacity(), NAME_ENTRY)
             + map_bytes(self.by_conn.capacity(), CONN_ENTRY)
             + map_bytes(self.resumed.capacity(), RESUMED_ENTRY)
+            + map_bytes(self.deltas.capacities().0, delta::SUBSCRIBER_ENTRY)
+            + map_bytes(self.deltas.capacities().1, delta::TOPIC_ENTRY)
             + self.owned
     }
 

@@ -277,6 +277,9 @@ impl<T: Transport> EventLoop<T> {
     }
 
     pub(super) fn publish_gauges(&mut self) {
+        let subscribed = &self.topics.deltas;
+        let (topics, has) = (subscribed.topic_count(), |t: &str| subscribed.has_topic(t));
+        self.topic_deltas.retire_unsubscribed(topics, has, &mut self.pool);
         self.stats.publish(&self.shared.metrics);
         let c = self.pool.counters();
         let g = &mut self.gauges;

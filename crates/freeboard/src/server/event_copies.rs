@@ -61,7 +61,7 @@ impl EventCopies {
 }
 
 /// The kind and payload of a published frame: one unmasked frame, FIN set, text or binary.
-fn published_payload(wire: &[u8]) -> (MessageKind, &[u8]) {
+pub(super) fn published_payload(wire: &[u8]) -> (MessageKind, &[u8]) {
     let kind = match wire.first().map(|b| b & 0x0f) {
         Some(0x2) => MessageKind::Binary,
         _ => MessageKind::Text,

@@ -23,6 +23,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use super::compressed_copies::CompressedCopies;
+use super::delta_copies::{DeltaCopies, TopicDeltas};
 use super::event_copies::EventCopies;
 use super::requests::{AwaitingPublish, PlainRequest};
 use super::shared::Shared;
@@ -213,6 +214,12 @@ pub(crate) struct EventLoop<T> {
     /// and the bytes they are framed through.
     pub(super) event_copies: Vec<EventCopies>,
     pub(super) event_scratch: (Vec<u8>, Vec<u8>),
+    /// The last publication of each topic with delta subscribers here, and one fan-out's
+    /// delta-subscriber copies, by publication (kept for its allocation).
+    pub(super) topic_deltas: TopicDeltas,
+    pub(super) delta_copies: Vec<DeltaCopies>,
+    /// One delta subscriber's choices for a fan-out's run: delta or whole, by publication.
+    pub(super) delta_plan: Vec<bool>,
     /// Writability changes a fan-out caused, reported once it is done.
     pub(super) changes: Vec<(usize, Writability)>,
     /// Upgrade decisions completed (on any thread) and not yet acted on.
@@ -454,6 +461,9 @@ impl<T: Transport> EventLoop<T> {
             compressed: Vec::new(),
             event_copies: Vec::new(),
             event_scratch: (Vec::new(), Vec::new()),
+            topic_deltas: TopicDeltas::default(),
+            delta_copies: Vec::new(),
+            delta_plan: Vec::new(),
             changes: Vec::new(),
             decisions: Arc::new(Decisions::new(waker)),
             completed: Vec::new(),

@@ -134,6 +134,16 @@ impl<T: Transport> EventLoop<T> {
         let mut changes = std::mem::take(&mut self.changes);
         let mut compressed = std::mem::take(&mut self.compressed);
         let mut events = std::mem::take(&mut self.event_copies);
+        // Delta subscribers get the whole message or the delta, each made once here.
+        let mut deltas = std::mem::take(&mut self.delta_copies);
+        let delta_topic = self.topics.deltas.has_topic(topic);
+        if delta_topic {
+            let (pool, stats) = (&mut self.pool, &mut self.stats);
+            self.topic_deltas.make(topic, frames.clone(), pool, &mut deltas, stats);
+        } else if self.topic_deltas.keeps(topic) {
+            self.topic_deltas.retire(topic, &mut self.pool);
+        }
+        let mut plan = std::mem::take(&mut self.delta_plan);
         let history = self.shared.hub.envelope_room(topic) > 0;
         let publications = frames.clone().count();
         // The frames' offsets, read only if a subscriber was just sent a replay.
@@ -188,7 +198,30 @@ impl<T: Transport> EventLoop<T> {
                 Some(_) => None,
                 None => entry.session.shared_compression(),
             };
-            if let Some(bits) = compression {
+            // A delta subscriber (not an event stream: its events are text) and its plan for
+            // the run if nothing is lost on the way: a delta wherever the one before went to
+            // it, whole otherwise.
+            let delta = match (delta_topic, variant) {
+                (true, None) => self.topics.deltas.subscriber(token, topic),
+                _ => None,
+            };
+            plan.clear();
+            plan.resize(publications, false);
+            if let Some(subscriber) = delta {
+                let mut base = subscriber.base.get();
+                for (i, copies) in deltas.iter_mut().enumerate() {
+                    let use_delta = wants(i) && copies.applies_to(base);
+                    plan[i] = use_delta;
+                    if wants(i) {
+                        base = copies.get(use_delta, None).map(|_| copies.seq);
+                        if let Some(bits) = compression {
+                            let (codec, stats) = (&mut self.codec, &mut self.stats);
+                            copies.compress(use_delta, bits, codec, &mut self.pool, stats);
+                        }
+                    }
+                }
+            }
+            if let Some(bits) = compression.filter(|_| delta.is_none()) {
                 compressed
                     .resize_with(compressed.len().max(publications), CompressedCopies::default);
                 for (i, frame) in frames.clone().enumerate().filter(|(i, _)| wants(*i)) {
@@ -202,9 +235,12 @@ impl<T: Transport> EventLoop<T> {
                 }
             }
             // What this subscriber gets of publication `i`: compressed for it, as an event (if
-            // the pool held it), or as is.
-            let as_sent = |i: usize, frame: &'f Frame| match (compression, variant) {
+            // the pool held it), its delta (`use_delta`) or whole in the delta envelope, or as
+            // is.
+            let as_sent = |i: usize, frame: &'f Frame, use_delta: bool| match (compression, variant)
+            {
                 (_, Some(variant)) => events[i].get(variant),
+                (bits, None) if delta.is_some() => deltas[i].get(use_delta, bits),
                 (Some(bits), None) => Some(compressed[i].get(bits).unwrap_or(frame)),
                 (None, None) => Some(frame),
             };
@@ -215,7 +251,7 @@ impl<T: Transport> EventLoop<T> {
             // whatever the policy says.
             let run_bytes = || {
                 let wanted = frames.clone().enumerate().filter(|(i, _)| wants(*i));
-                let sent = wanted.map(|(i, frame)| as_sent(i, frame).map(Frame::len));
+                let sent = wanted.map(|(i, frame)| as_sent(i, frame, plan[i]).map(Frame::len));
                 // An event the pool could not hold is dropped below: not a run to write.
                 sent.sum::<Option<usize>>().unwrap_or(usize::MAX)
             };
@@ -228,7 +264,7 @@ impl<T: Transport> EventLoop<T> {
                             .takes_whole(&loop_context!(self, now, None), run_bytes()) =>
                 {
                     let wanted = frames.clone().enumerate().filter(|(i, _)| wants(*i));
-                    let run = wanted.filter_map(|(i, frame)| as_sent(i, frame));
+                    let run = wanted.filter_map(|(i, frame)| as_sent(i, frame, plan[i]));
                     // A failed write is the end of the turn's to meet again, and close.
                     write_frames(tcp, &self.pool, run).unwrap_or(0)
                 }
@@ -236,14 +272,34 @@ impl<T: Transport> EventLoop<T> {
             };
             self.stats.bytes_out += straight as u64;
             let mut unsent = straight;
+            // A delta subscriber's base as the run goes: the plan's while the frames were
+            // written straight, then what each push makes of it.
+            let mut base = delta.and_then(|s| s.base.get());
             let run = frames.clone().enumerate().filter(|(i, _)| wants(*i));
             for (taken, (i, frame)) in (0..).zip(run) {
-                let Some(frame) = as_sent(i, frame) else {
-                    // Its event could not be framed: the pool is short, as for a queue.
+                let use_delta = match delta {
+                    Some(_) if unsent > 0 => plan[i],
+                    // Only a delta its queue takes whole: one that its policy would make room
+                    // for by dropping (or conflating) the message before it could not be
+                    // applied, so it goes whole, and the policy acts on that.
+                    Some(_) => {
+                        deltas[i].applies_to(base)
+                            && as_sent(i, frame, true).is_some_and(|d| {
+                                let cx = loop_context!(self, now, None);
+                                entry.session.takes_whole(&cx, d.len())
+                            })
+                    }
+                    None => false,
+                };
+                let Some(frame) = as_sent(i, frame, use_delta) else {
+                    // Its event (or delta copy) could not be framed: the pool is short, as for
+                    // a queue.
                     self.stats.pool_exhausted += 1;
                     reach.dropped += 1;
+                    base = None;
                     continue;
                 };
+                let seq = deltas.get(i).map_or(0, |c| c.seq);
                 let outcome = if unsent >= frame.len() {
                     unsent -= frame.len();
                     PushOutcome::Queued // already written
@@ -262,6 +318,15 @@ impl<T: Transport> EventLoop<T> {
                     };
                     outcome
                 };
+                // The next delta may name this one only if it is on its way with nothing
+                // before it lost: stored whole, or stored as a delta with no older message
+                // dropped to make room.
+                base = match outcome {
+                    PushOutcome::Queued | PushOutcome::QueuedAboveHigh => Some(seq),
+                    PushOutcome::Dropped { newest: false, .. } if !use_delta => Some(seq),
+                    _ => None,
+                };
+                self.stats.delta_deliveries += u64::from(use_delta && base.is_some());
                 match outcome {
                     PushOutcome::WouldBlock { .. } if policy == SlowConsumerPolicy::Block => {
                         // A publisher cannot be paused for one subscriber: the message is
@@ -283,6 +348,9 @@ impl<T: Transport> EventLoop<T> {
                     }
                 }
             }
+            if let Some(subscriber) = delta {
+                subscriber.base.set(base);
+            }
             if let Some(change) = entry.session.take_writability() {
                 changes.push((token, change));
             }
@@ -297,6 +365,11 @@ impl<T: Transport> EventLoop<T> {
         for token in resumed {
             self.topics.forget_resumed(token);
         }
+        for c in deltas.drain(..) {
+            c.release(&mut self.pool);
+        }
+        self.delta_copies = deltas;
+        self.delta_plan = plan;
         for c in compressed.drain(..) {
             c.release(&mut self.pool);
         }

@@ -13,6 +13,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 mod access;
 mod compressed_copies;
 mod compression;
+mod delta_copies;
 mod dispatch;
 mod end_of_turn;
 mod event_copies;
