@@ -69,6 +69,7 @@
 //! ```
 
 mod blocking;
+mod delta;
 mod event_loop;
 mod handshake;
 mod message;
@@ -91,6 +92,7 @@ use std::time::Duration;
 pub use crate::session::SendOutcome;
 pub use crate::{Limits, LimitsError};
 pub use blocking::Client;
+pub use delta::{Decoded, DeltaDecoder, DeltaRefusal};
 pub use event_loop::{ClientHandler, ClientId, ClientLoop, LoopConn};
 use freeboard_buf::{Budget, DEFAULT_SEGMENTS_PER_CHUNK, Pool, PoolConfig};
 pub use freeboard_buf::{Limit, PushOutcome, SlowConsumerPolicy, Watermarks, Writability};
