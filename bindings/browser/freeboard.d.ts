@@ -56,3 +56,27 @@ export declare class Subscription {
   /** Closes with 1000 and stops. */
   close(): void;
 }
+
+/** Applies a Fossil delta to `source`; throws naming what is wrong when it does not apply. */
+export declare function applyFossilDelta(
+  source: Uint8Array,
+  delta: Uint8Array,
+  maxLength?: number,
+): Uint8Array;
+
+/** A publication a {@link DeltaDecoder} gave back. */
+export interface DecodedPublication {
+  /** As published: a string for text, an ArrayBuffer for binary. */
+  data: string | ArrayBuffer;
+  /** Its sequence number; null for a message without the delta envelope (a replay). */
+  seq: bigint | null;
+  wasDelta: boolean;
+}
+
+/** The decoder of a `?delta=fossil` subscription's messages, fed `event.data` in order. */
+export declare class DeltaDecoder {
+  constructor(maxLength?: number);
+  /** null for a delta whose base was lost (counted in `gaps`); throws if it does not apply. */
+  decode(data: string | ArrayBuffer): DecodedPublication | null;
+  readonly gaps: number;
+}

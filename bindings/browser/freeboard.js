@@ -191,3 +191,137 @@ export class Subscription {
     return step * (0.5 + 0.5 * Math.random());
   }
 }
+
+// Delta subscriptions (`?delta=fossil`): each publication arrives as `F{seq}:{message}` (whole,
+// text or binary as published) or as a binary `T{seq}:{delta}` / `B{seq}:{delta}`, the Fossil
+// delta that turns message seq - 1 into message seq (text or binary). See the book's page on
+// topics (docs/operating/deltas.md).
+
+const B64 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz~";
+const B64_VALUE = new Int8Array(128).fill(-1);
+for (let i = 0; i < 64; i++) B64_VALUE[B64.charCodeAt(i)] = i;
+
+/** Fossil's checksum of `bytes`: the sum of its big-endian 32-bit words, modulo 2^32. */
+function fossilChecksum(bytes) {
+  let sum = 0;
+  const whole = bytes.length & ~3;
+  for (let i = 0; i < whole; i += 4) {
+    sum = (sum + ((bytes[i] << 24) | (bytes[i + 1] << 16) | (bytes[i + 2] << 8) | bytes[i + 3])) >>> 0;
+  }
+  let last = 0;
+  for (let i = whole, shift = 24; i < bytes.length; i++, shift -= 8) last |= bytes[i] << shift;
+  return (sum + (last >>> 0)) >>> 0;
+}
+
+/**
+ * Applies a Fossil delta (Uint8Array) to `source` (Uint8Array); the target as a Uint8Array.
+ * Throws an Error naming what is wrong for a malformed delta, one made against another base
+ * (a copy past its end, a wrong checksum) or a target longer than `maxLength`.
+ */
+export function applyFossilDelta(source, delta, maxLength = Infinity) {
+  let at = 0;
+  const int = () => {
+    let value = 0;
+    const start = at;
+    while (at < delta.length && delta[at] < 128 && B64_VALUE[delta[at]] >= 0) {
+      value = value * 64 + B64_VALUE[delta[at++]];
+      if (value > 0xffffffff) throw new Error("a number in the delta is too large");
+    }
+    if (at === start) throw new Error("not a Fossil delta");
+    return value;
+  };
+  const length = int();
+  if (length > maxLength) throw new Error(`the delta's target (${length} bytes) is too large`);
+  if (delta[at++] !== 10) throw new Error("not a Fossil delta");
+  const out = new Uint8Array(length);
+  let total = 0;
+  for (;;) {
+    const count = int();
+    const op = delta[at++];
+    if (op === 64) { // '@' copy
+      const offset = int();
+      if (delta[at++] !== 44) throw new Error("not a Fossil delta");
+      if (total + count > length) throw new Error("the delta makes more than it announces");
+      if (offset + count > source.length) throw new Error("a copy reaches past the end of the base");
+      out.set(source.subarray(offset, offset + count), total);
+      total += count;
+    } else if (op === 58) { // ':' insert
+      if (total + count > length) throw new Error("the delta makes more than it announces");
+      if (at + count > delta.length) throw new Error("not a Fossil delta");
+      out.set(delta.subarray(at, at + count), total);
+      total += count;
+      at += count;
+    } else if (op === 59) { // ';' end
+      if (total !== length) throw new Error("the delta makes another length than it announces");
+      if (count !== fossilChecksum(out)) throw new Error("the delta's checksum does not match (wrong base?)");
+      return out;
+    } else {
+      throw new Error("not a Fossil delta");
+    }
+  }
+}
+
+/** Splits a delta envelope (`F12:`, `T12:`, `B12:`) off bytes: [letter, seq, rest] or null. */
+function splitDeltaEnvelope(bytes) {
+  if (bytes.length === 0) return null;
+  const letter = String.fromCharCode(bytes[0]);
+  if (!"FTB".includes(letter)) return null;
+  const colon = bytes.subarray(1, 23).indexOf(58);
+  if (colon <= 0) return null;
+  const digits = String.fromCharCode(...bytes.subarray(1, colon + 1));
+  if (!DECIMAL.test(digits)) return null;
+  const seq = BigInt(digits);
+  if (seq > U64_MAX) return null;
+  return [letter, seq, bytes.subarray(colon + 2)];
+}
+
+/**
+ * The decoder of a `?delta=fossil` subscription: give it each message's `event.data` (set the
+ * socket's `binaryType = "arraybuffer"`) in order; `decode` returns
+ * `{ data, seq, wasDelta }` — `data` a string for text, an ArrayBuffer for binary, as published
+ * — or null for a delta whose base it does not hold (a message before it was lost; counted in
+ * `gaps`; the server sends the next one whole). Throws for a delta that does not apply.
+ */
+export class DeltaDecoder {
+  constructor(maxLength = 64 << 20) {
+    this.maxLength = maxLength;
+    this.base = new Uint8Array(0);
+    this.seq = null;
+    this.gaps = 0;
+  }
+
+  decode(data) {
+    const text = typeof data === "string";
+    const bytes = text ? new TextEncoder().encode(data) : new Uint8Array(data);
+    const split = splitDeltaEnvelope(bytes);
+    if (split === null) { // whole, without the envelope: a history replay
+      this.base = bytes.slice();
+      this.seq = null;
+      return { data, seq: null, wasDelta: false };
+    }
+    const [letter, seq, body] = split;
+    if (letter === "F") {
+      this.base = body.slice();
+      this.seq = seq;
+      return { data: text ? new TextDecoder().decode(body) : body.slice().buffer, seq, wasDelta: false };
+    }
+    if (this.seq === null || this.seq + 1n !== seq) {
+      this.seq = null;
+      this.gaps += 1;
+      return null;
+    }
+    let made, out;
+    try {
+      made = applyFossilDelta(this.base, body, this.maxLength);
+      out = letter === "T"
+        ? new TextDecoder("utf-8", { fatal: true }).decode(made)
+        : made.slice().buffer;
+    } catch (e) {
+      this.seq = null;
+      throw e;
+    }
+    this.base = made;
+    this.seq = seq;
+    return { data: out, seq, wasDelta: true };
+  }
+}
