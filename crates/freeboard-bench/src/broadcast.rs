@@ -17,6 +17,12 @@
 //! is what a Server-Sent Events subscriber (`sse`: a `GET` with `Accept: text/event-stream`
 //! on the same topic) can be sent without base64, so the WebSocket and SSE runs of one
 //! comparison carry the same payload bytes.
+//!
+//! With `document`, the text payload is a JSON document of rows of which each publication
+//! changes about 1 % (four 20-digit values and the prefix): the load of delta compression.
+//! With `delta` too, subscribers ask for it (`?delta=fossil`): each message comes whole or as
+//! a Fossil delta in its envelope; the first subscriber decodes every one (it checks the
+//! sequence and reads the send time), the others count them in arrival order.
 
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -56,6 +62,10 @@ pub struct Broadcast {
     pub text: bool,
     /// Subscribers are Server-Sent Events streams (implies `text`).
     pub sse: bool,
+    /// Payloads are a JSON document changing by about 1 % per publication (implies `text`).
+    pub document: bool,
+    /// Subscribers ask for deltas (`?delta=fossil`; implies `document`).
+    pub delta: bool,
 }
 
 /// What a run measured.
@@ -119,9 +129,14 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     let mut compressing = 0;
     let cpu = || b.server_pid.and_then(|pid| crate::process::Sample::of(pid).ok());
     let rss_before = cpu().map(|s| s.rss_kib);
-    let (text, sse) = (b.text || b.sse, b.sse);
+    let (document, delta) = (b.document || b.delta, b.delta);
+    let (text, sse) = (b.text || b.sse || document, b.sse);
     for i in 0..b.subscribers {
-        let target = b.subscribe[i % b.subscribe.len()].clone().with_deflate(b.deflate);
+        let mut target = b.subscribe[i % b.subscribe.len()].clone().with_deflate(b.deflate);
+        if delta {
+            let sep = if target.path.contains('?') { '&' } else { '?' };
+            target.path = format!("{}{sep}delta=fossil", target.path);
+        }
         let (s, leftover) = match sse {
             true => open_event_stream(&target, Duration::from_secs(5))?,
             false => {
@@ -163,7 +178,17 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
             header.encode(&mut frame).map_err(io::Error::other)?;
             let prefix = if text { 32 } else { 16 };
             frame.extend_from_slice(&[b'0'; 32][..prefix]);
-            frame.extend_from_slice(&crate::corpus::json(size - prefix));
+            let values = match document {
+                true => {
+                    let (json, values) = changing_document(size - prefix);
+                    frame.extend_from_slice(&json);
+                    values.into_iter().map(|v| v + head + prefix).collect()
+                }
+                false => {
+                    frame.extend_from_slice(&crate::corpus::json(size - prefix));
+                    Vec::new()
+                }
+            };
             for seq in 0..messages {
                 while seq >= completed.load(Ordering::Acquire) + window {
                     if stop.load(Ordering::Relaxed) != 0 {
@@ -174,6 +199,12 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                     std::thread::sleep(Duration::from_micros(20));
                 }
                 let t = start.elapsed().as_nanos() as u64;
+                // About 1 % of a document: four of its values change each time.
+                for k in 0..values.len().min(CHANGED_VALUES) {
+                    let at = values[(seq as usize * CHANGED_VALUES + k) % values.len()];
+                    let value = format!("{:020}", seq.wrapping_mul(2_654_435_761) + k as u64);
+                    frame[at..at + 20].copy_from_slice(value.as_bytes());
+                }
                 if text {
                     let hex = format!("{seq:016x}{t:016x}");
                     frame[head..head + 32].copy_from_slice(hex.as_bytes());
@@ -191,6 +222,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     // Send times by sequence, from the first subscriber that could read one.
     let mut sent_at = vec![None; messages as usize];
     let mut inflater = flate2::Decompress::new(false);
+    let mut decoder = freeboard::client::DeltaDecoder::new(1 << 20);
     let mut inflated = vec![0u8; size + 64];
     let mut wire_bytes = 0u64;
     let mut latencies = Vec::with_capacity(messages as usize);
@@ -282,7 +314,35 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
                 };
                 let p = &pending[at + payload.start..at + payload.end];
                 at += payload.end;
-                let seq = if header.rsv & 0b100 != 0 {
+                let seq = if delta {
+                    // Arrival order is publish order; the first subscriber decodes each.
+                    let seq = *received as usize;
+                    if first {
+                        let kind = match header.opcode {
+                            freeboard_proto::OpCode::Binary => freeboard::MessageKind::Binary,
+                            _ => freeboard::MessageKind::Text,
+                        };
+                        let decoded = match decoder.decode(kind, p) {
+                            Ok(d) => d.data,
+                            Err(e) => {
+                                failure = Some(format!("a delta did not decode: {e}"));
+                                break 'run;
+                            }
+                        };
+                        match hex_prefix(decoded) {
+                            Some((said, sent)) if said == seq => {
+                                if let Some(at) = sent_at.get_mut(seq) {
+                                    *at = Some(sent);
+                                }
+                            }
+                            said => {
+                                failure = Some(format!("message {said:?} arrived as number {seq}"));
+                                break 'run;
+                            }
+                        }
+                    }
+                    seq
+                } else if header.rsv & 0b100 != 0 {
                     // permessage-deflate: publish order; the first subscriber checks it.
                     let seq = *received as usize;
                     if first {
@@ -426,6 +486,85 @@ struct Subscriber {
     stream: mio::net::TcpStream,
     pending: Vec<u8>,
     received: u64,
+}
+
+/// Values a document's publication changes.
+const CHANGED_VALUES: usize = 4;
+
+/// A JSON document of `len` bytes: rows with a 20-digit value each (some of which change per
+/// publication), padded with spaces; and where each value starts.
+fn changing_document(len: usize) -> (Vec<u8>, Vec<usize>) {
+    let mut doc = br#"{"rows":["#.to_vec();
+    let mut values = Vec::new();
+    for id in 0.. {
+        let row = format!(
+            r#"{}{{"id":{id},"value":"{:020}","label":"sensor {id}, north wall, rack {}"}}"#,
+            if id == 0 { "" } else { "," },
+            id * 7,
+            id % 12
+        );
+        if doc.len() + row.len() + 2 > len {
+            break;
+        }
+        values.push(doc.len() + row.find("\"value\":\"").map_or(0, |v| v + 9));
+        doc.extend_from_slice(row.as_bytes());
+    }
+    doc.extend_from_slice(b"]}");
+    doc.resize(len.max(doc.len()), b' ');
+    doc.truncate(len);
+    (doc, values)
+}
+
+/// The delta comparison of `freeboard bench broadcast --delta` as a Markdown table: per case
+/// (subscribers, size), the `…+delta` rows against the `…+whole` row before each (same
+/// server, same documents), CPU and bytes per delivery as medians [min–max] over the rounds.
+pub fn delta_markdown(rows: &[BroadcastRow]) -> String {
+    use std::fmt::Write;
+    let mut out = String::from(
+        "| subscribers | payload B | rounds | CPU ns/delivery whole | delta | delta/whole \
+         | bytes/delivery whole | delta | delta/whole |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    // Per case: (whole CPU, delta CPU, CPU ratio, whole bytes, delta bytes, bytes ratio).
+    let mut cases: Vec<((usize, usize), Vec<[f64; 6]>)> = Vec::new();
+    for (i, d) in rows.iter().enumerate().filter(|(_, r)| r.server.ends_with("+delta")) {
+        let Some(w) = rows[..i].iter().rev().find(|r| {
+            r.server.ends_with("+whole") && r.subscribers == d.subscribers && r.size == d.size
+        }) else {
+            continue;
+        };
+        let cpu = |r: &BroadcastRow| r.cpu_ns_per_delivery().map_or(f64::NAN, |c| c.0);
+        let (wc, dc) = (cpu(w), cpu(d));
+        let (wb, db) = (w.wire_bytes_per_delivery, d.wire_bytes_per_delivery);
+        let sample = [wc, dc, dc / wc, wb, db, db / wb];
+        let key = (d.subscribers, d.size);
+        match cases.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, samples)) => samples.push(sample),
+            None => cases.push((key, vec![sample])),
+        }
+    }
+    for ((subscribers, size), samples) in cases {
+        let cell = |j: usize, digits: usize| {
+            let mut v: Vec<f64> = samples.iter().map(|s| s[j]).collect();
+            v.sort_by(f64::total_cmp);
+            let median = v[v.len() / 2];
+            match v.len() {
+                1 => format!("{median:.digits$}"),
+                _ => format!("{median:.digits$} [{:.digits$}–{:.digits$}]", v[0], v[v.len() - 1]),
+            }
+        };
+        let _ = writeln!(
+            out,
+            "| {subscribers} | {size} | {} | {} | {} | {} | {} | {} | {} |",
+            samples.len(),
+            cell(0, 0),
+            cell(1, 0),
+            cell(2, 2),
+            cell(3, 0),
+            cell(4, 0),
+            cell(5, 3)
+        );
+    }
+    out
 }
 
 /// Inflates one message compressed with no context (RFC 7692 §7.2.2: the tail put back)

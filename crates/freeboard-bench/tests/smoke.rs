@@ -309,6 +309,8 @@ fn broadcast_reaches_event_stream_subscribers_as_websocket_ones() {
             server_pid: Some(std::process::id()),
             text: true,
             sse,
+            document: false,
+            delta: false,
         };
         let name = if sse { "freeboard+sse" } else { "freeboard+ws-text" };
         let row = broadcast::run(&run, name, &mut |_| {}).unwrap();
@@ -326,6 +328,50 @@ fn broadcast_reaches_event_stream_subscribers_as_websocket_ones() {
     assert_eq!(server.metrics().sse_connections(), 0, "the streams closed with the run");
     let table = broadcast::sse_markdown(&rows);
     assert!(table.contains("| 20 | 256 |") && table.contains("| 260 | 264 | 1.02 |"), "{table}");
+    server.handle().shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn broadcast_of_a_changing_document_whole_and_as_deltas() {
+    use freeboard_bench::broadcast::{self, Broadcast};
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 2;
+    config.limits.idle_timeout = None;
+    config.topics.slow_consumer = freeboard::SlowConsumerPolicy::DropOldest;
+    config.topics.send_cap = 4 << 20;
+    config.topics.delta_prefix = Some(String::new());
+    let service = topic_service(&config);
+    let server = Server::bind(config, move || service.mount(Router::new())).unwrap().spawn();
+    let target = Target::parse(&format!("ws://{}/topic/bench", server.local_addr())).unwrap();
+    let mut rows = Vec::new();
+    for delta in [false, true] {
+        let run = Broadcast {
+            subscribe: vec![target.clone()],
+            publish: target.clone(),
+            subscribers: 20,
+            size: 10_000,
+            window: 4,
+            messages: 100,
+            deflate: false,
+            server_pid: Some(std::process::id()),
+            text: true,
+            sse: false,
+            document: true,
+            delta,
+        };
+        let name = if delta { "freeboard+delta" } else { "freeboard+whole" };
+        let row = broadcast::run(&run, name, &mut |_| {}).unwrap();
+        assert_eq!((row.subscribers, row.messages), (20, 100), "{row:?}");
+        rows.push(row);
+    }
+    // About 1 % of each document changes: a delta is a small part of it (the first message
+    // of each subscriber goes whole).
+    assert_eq!(rows[0].wire_bytes_per_delivery, 10_004.0);
+    assert!(rows[1].wire_bytes_per_delivery < 1000.0, "{:?}", rows[1]);
+    let table = broadcast::delta_markdown(&rows);
+    assert!(table.contains("| 20 | 10000 | 1 |"), "{table}");
     server.handle().shutdown();
     server.join().unwrap();
 }
@@ -356,6 +402,8 @@ fn broadcast_reaches_every_subscriber() {
             server_pid: Some(std::process::id()),
             text: false,
             sse: false,
+            document: false,
+            delta: false,
         };
         let name = if deflate { "freeboard+deflate" } else { "freeboard" };
         let row = broadcast::run(&run, name, &mut |_| {}).unwrap();

@@ -293,6 +293,13 @@ pub(crate) enum BenchCommand {
         /// each server runs), and the SSE/WebSocket ratios.
         #[arg(long, conflicts_with = "compression")]
         sse: bool,
+        /// Delta compression: freeboard runs with --delta-prefix "", payloads are a JSON
+        /// document of which each publication changes about 1 %, and each case runs twice per
+        /// round on the same server: subscribers taking every message whole, then asking for
+        /// deltas (`?delta=fossil`); with the server's CPU time and bytes per delivery, and
+        /// the delta/whole ratios as medians [min–max] over the rounds.
+        #[arg(long, conflicts_with_all = ["compression", "sse"])]
+        delta: bool,
         /// Rounds of every case (interleaved with --compression); medians [min–max]. With
         /// --peers, each round starts every server in turn, and each is compared with the
         /// first one of its own round.
@@ -721,6 +728,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             redis,
             compression,
             sse,
+            delta,
             repeat,
             pin,
             server_pid,
@@ -749,6 +757,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
                 redis,
                 compression,
                 sse,
+                delta,
                 repeat: repeat.max(1),
                 pin: pin.as_deref().map(pin_load_generator).transpose()?,
                 server_pid,
@@ -763,6 +772,11 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             if sse {
                 use std::io::Write;
                 let table = freeboard_bench::broadcast::sse_markdown(&report.broadcasts);
+                let _ = writeln!(std::io::stdout().lock(), "{table}");
+            }
+            if delta {
+                use std::io::Write;
+                let table = freeboard_bench::broadcast::delta_markdown(&report.broadcasts);
                 let _ = writeln!(std::io::stdout().lock(), "{table}");
             }
             return Ok(ExitCode::SUCCESS);
@@ -1662,6 +1676,8 @@ struct BroadcastPlan {
     compression: bool,
     /// Each case over WebSocket (text), then over Server-Sent Events, each on a fresh server.
     sse: bool,
+    /// Each case with subscribers taking a changing document whole, then as deltas.
+    delta: bool,
     /// Rounds of every case.
     repeat: usize,
     /// The CPUs of the servers started and of the load generator (pinned already).
@@ -1688,7 +1704,12 @@ fn broadcast(
         ..Report::default()
     };
     let server_cpu = plan.pin.map(|(server, _)| server);
-    let variants: &[bool] = if plan.compression { &[false, true] } else { &[false] };
+    // (deflate, delta): `Some(delta)` is one side of the delta comparison.
+    let variants: &[(bool, Option<bool>)] = match (plan.compression, plan.delta) {
+        (true, _) => &[(false, None), (true, None)],
+        (false, true) => &[(false, Some(false)), (false, Some(true))],
+        (false, false) => &[(false, None)],
+    };
     // `Some(sse)`: one side of the SSE comparison.
     let mut measure = |name: &str,
                        subscribe: &[Target],
@@ -1700,12 +1721,14 @@ fn broadcast(
         for _ in 0..rounds {
             for &n in &plan.subscribers {
                 for &size in &plan.sizes {
-                    for &deflate in variants {
-                        let name = match (deflate, sse) {
-                            (true, _) => format!("{name}+deflate"),
-                            (false, Some(false)) => format!("{name}+ws-text"),
-                            (false, Some(true)) => format!("{name}+sse"),
-                            (false, None) => name.to_string(),
+                    for &(deflate, delta) in variants {
+                        let name = match (deflate, sse, delta) {
+                            (_, _, Some(false)) => format!("{name}+whole"),
+                            (_, _, Some(true)) => format!("{name}+delta"),
+                            (true, _, None) => format!("{name}+deflate"),
+                            (false, Some(false), None) => format!("{name}+ws-text"),
+                            (false, Some(true), None) => format!("{name}+sse"),
+                            (false, None, None) => name.to_string(),
                         };
                         let messages =
                             plan.messages.unwrap_or_else(|| broadcast::default_messages(n));
@@ -1725,6 +1748,8 @@ fn broadcast(
                             server_pid,
                             text: sse.is_some(),
                             sse: sse == Some(true),
+                            document: delta.is_some(),
+                            delta: delta == Some(true),
                         };
                         let row =
                             broadcast::run(&run, &name, &mut |done| bar.set_position(done))
@@ -1767,8 +1792,14 @@ fn broadcast(
             if plan.compression {
                 servers.serve_args.extend(["--compression".to_string(), "shared".to_string()]);
             }
+            if plan.delta {
+                servers.serve_args.extend(["--delta-prefix".to_string(), String::new()]);
+            }
             let chosen: Vec<&str> = list.split(',').map(str::trim).collect();
             for name in &chosen {
+                if plan.delta && Peer::parse(name)? != Peer::Freeboard {
+                    return Err(format!("--delta runs freeboard only, not {name}"));
+                }
                 if plan.compression && Peer::parse(name)? != Peer::Freeboard {
                     return Err(format!("--compression runs freeboard only, not {name}"));
                 }
