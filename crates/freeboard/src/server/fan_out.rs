@@ -143,9 +143,12 @@ impl<T: Transport> EventLoop<T> {
         } else if self.topic_deltas.keeps(topic) {
             self.topic_deltas.retire(topic, &mut self.pool);
         }
+        // Filled whole for each delta subscriber; others ignore it.
         let mut plan = std::mem::take(&mut self.delta_plan);
         let history = self.shared.hub.envelope_room(topic) > 0;
         let publications = frames.clone().count();
+        plan.clear();
+        plan.resize(publications, false);
         // The frames' offsets, read only if a subscriber was just sent a replay.
         let offsets: Vec<Option<Offset>> = match self.topics.any_resumed() {
             true => frames.clone().map(|f| offset_of(f, &self.pool)).collect(),
@@ -205,8 +208,6 @@ impl<T: Transport> EventLoop<T> {
                 (true, None) => self.topics.deltas.subscriber(token, topic),
                 _ => None,
             };
-            plan.clear();
-            plan.resize(publications, false);
             if let Some(subscriber) = delta {
                 let mut base = subscriber.base.get();
                 for (i, copies) in deltas.iter_mut().enumerate() {
