@@ -524,8 +524,10 @@ pub fn delta_markdown(rows: &[BroadcastRow]) -> String {
         "| subscribers | payload B | rounds | CPU ns/delivery whole | delta | delta/whole \
          | bytes/delivery whole | delta | delta/whole |\n|---|---|---|---|---|---|---|---|---|\n",
     );
-    // Per case: (whole CPU, delta CPU, CPU ratio, whole bytes, delta bytes, bytes ratio).
-    let mut cases: Vec<((usize, usize), Vec<[f64; 6]>)> = Vec::new();
+    // Per case (subscribers, size), per round: whole CPU, delta CPU, CPU ratio, whole bytes,
+    // delta bytes, bytes ratio.
+    type Rounds = Vec<[f64; 6]>;
+    let mut cases: Vec<((usize, usize), Rounds)> = Vec::new();
     for (i, d) in rows.iter().enumerate().filter(|(_, r)| r.server.ends_with("+delta")) {
         let Some(w) = rows[..i].iter().rev().find(|r| {
             r.server.ends_with("+whole") && r.subscribers == d.subscribers && r.size == d.size

@@ -121,10 +121,8 @@ impl TopicDeltas {
 
     /// Lets go of `topic`'s last publication: it has no delta subscriber left here.
     pub(super) fn retire(&mut self, topic: &str, pool: &mut Pool<'static>) {
-        if let Some(last) = self.last.remove(topic) {
-            if let Some(frame) = last.frame {
-                frame.release(pool);
-            }
+        if let Some(frame) = self.last.remove(topic).and_then(|last| last.frame) {
+            frame.release(pool);
         }
         if self.last.capacity() > 16 && self.last.len() < self.last.capacity() / 4 {
             self.last.shrink_to(self.last.len() * 2);
