@@ -339,3 +339,50 @@ fn delta_refusals_and_garbage_from_a_delta_subscriber() {
         assert_eq!(close.close_code(), code);
     }
 }
+
+/// A history topic: the delta subscriber's decoded messages carry the offset envelope; one
+/// that resumes with `since` gets the replay whole (without the delta envelope), then the
+/// live stream whole first and as deltas after, each document exactly once.
+#[test]
+fn a_delta_subscriber_resumes_with_since_and_the_replay_goes_whole() {
+    let serve = Serve::start(&["--client-publish", "--history", "100", "--delta-prefix", "doc."]);
+    let path = "/topic/doc.h?delta=fossil";
+    let (mut first, mut inbox) = subscribe(&serve.addr, path, None);
+    let (mut publisher, _) = subscribe(&serve.addr, "/topic/doc.h", None);
+    publish(&serve, &mut publisher, 0..5, document);
+    let hashes: Vec<u64> = (0..12).map(|n| content_hash(&document(n))).collect();
+    // Reads `count` messages; each decoded one is `OFFSET:document`.
+    let read = |s: &mut TcpStream, inbox: &mut Inbox, decoder: &mut DeltaDecoder, count| {
+        let mut got = Vec::new();
+        for _ in 0..count {
+            let f = inbox.frame(s).unwrap().expect("a message");
+            let kind = if f.opcode == 0x2 { MessageKind::Binary } else { MessageKind::Text };
+            let d = decoder.decode(kind, &f.payload).unwrap();
+            let text = std::str::from_utf8(d.data).unwrap();
+            let (offset, doc) = text.split_once(':').expect("an offset envelope");
+            let seq = seq_of(doc.as_bytes());
+            assert_eq!(content_hash(doc.as_bytes()), hashes[seq], "document {seq}");
+            got.push((offset.to_owned(), seq, d.was_delta, d.seq.is_some()));
+        }
+        got
+    };
+    let mut decoder = DeltaDecoder::new(1 << 20);
+    let before = read(&mut first, &mut inbox, &mut decoder, 5);
+    let shape: Vec<_> = before.iter().map(|(_, n, delta, _)| (*n, *delta)).collect();
+    assert_eq!(shape, [(0, false), (1, true), (2, true), (3, true), (4, true)]);
+    drop(first);
+    // Gone after document 2; 5..8 published meanwhile; back with since = 2's offset.
+    publish(&serve, &mut publisher, 5..8, document);
+    let since = &before[2].0;
+    let path = format!("/topic/doc.h?delta=fossil&since={since}");
+    let (mut back, mut inbox) = subscribe(&serve.addr, &path, None);
+    let mut decoder = DeltaDecoder::new(1 << 20);
+    let replay = read(&mut back, &mut inbox, &mut decoder, 5);
+    // The replay: whole, without the delta envelope.
+    let shape: Vec<_> = replay.iter().map(|(_, n, delta, env)| (*n, *delta, *env)).collect();
+    assert_eq!(shape, [3, 4, 5, 6, 7].map(|n| (n, false, false)));
+    publish(&serve, &mut publisher, 8..12, document);
+    let live = read(&mut back, &mut inbox, &mut decoder, 4);
+    let shape: Vec<_> = live.iter().map(|(_, n, delta, _)| (*n, *delta)).collect();
+    assert_eq!(shape, [(8, false), (9, true), (10, true), (11, true)], "whole first, then deltas");
+}
