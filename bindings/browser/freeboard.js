@@ -280,7 +280,8 @@ function splitDeltaEnvelope(bytes) {
  * socket's `binaryType = "arraybuffer"`) in order; `decode` returns
  * `{ data, seq, wasDelta }` — `data` a string for text, an ArrayBuffer for binary, as published
  * — or null for a delta whose base it does not hold (a message before it was lost; counted in
- * `gaps`; the server sends the next one whole). Throws for a delta that does not apply.
+ * `gaps`; the server sends the next one whole). Throws for a delta that does not apply. A
+ * presence event (`freeboard-presence:…`) is returned as it is, the base left alone.
  */
 export class DeltaDecoder {
   constructor(maxLength = 64 << 20) {
@@ -292,6 +293,8 @@ export class DeltaDecoder {
 
   decode(data) {
     const text = typeof data === "string";
+    // A presence event (`freeboard-presence:…`) is no publication: passed on, base untouched.
+    if (text && data.startsWith("freeboard-presence:")) return { data, seq: null, wasDelta: false };
     const bytes = text ? new TextEncoder().encode(data) : new Uint8Array(data);
     const split = splitDeltaEnvelope(bytes);
     if (split === null) { // whole, without the envelope: a history replay

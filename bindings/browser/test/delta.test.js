@@ -65,7 +65,9 @@ test("a subscription decodes in sequence and waits for a whole message after a g
   assert.equal(d.decode(delta(4, 3, 4)), null, "3 was lost");
   assert.equal(d.decode(delta(5, 4, 5)), null, "and 4 with it");
   assert.equal(d.decode(`F6:${documentOf(6)}`).data, documentOf(6));
-  assert.equal(d.decode(delta(7, 6, 7)).data, documentOf(7));
+  const event = 'freeboard-presence:{"event":"join","topic":"t","id":"0.1"}';
+  assert.deepEqual(d.decode(event), { data: event, seq: null, wasDelta: false });
+  assert.equal(d.decode(delta(7, 6, 7)).data, documentOf(7), "a presence event leaves the base");
   assert.equal(d.gaps, 3);
   // Binary publications: whole and delta.
   const bin = new DeltaDecoder();

@@ -386,3 +386,34 @@ fn a_delta_subscriber_resumes_with_since_and_the_replay_goes_whole() {
     let shape: Vec<_> = live.iter().map(|(_, n, delta, _)| (*n, *delta)).collect();
     assert_eq!(shape, [(8, false), (9, true), (10, true), (11, true)], "whole first, then deltas");
 }
+
+/// A delta subscriber that also watches presence: the join and leave events come between the
+/// publications, and the deltas after them still apply.
+#[test]
+fn presence_events_between_deltas_leave_the_base_alone() {
+    let serve =
+        Serve::start(&["--client-publish", "--presence-prefix", "doc.", "--delta-prefix", "doc."]);
+    let (mut watcher, mut inbox) =
+        subscribe(&serve.addr, "/topic/doc.p?delta=fossil&presence=1", None);
+    let (mut publisher, _) = subscribe(&serve.addr, "/topic/doc.p", None);
+    publish(&serve, &mut publisher, 0..3, document);
+    let visitor = subscribe(&serve.addr, "/topic/doc.p", None);
+    drop(visitor);
+    std::thread::sleep(Duration::from_millis(200)); // the leave is seen
+    publish(&serve, &mut publisher, 3..6, document);
+    let mut decoder = DeltaDecoder::new(1 << 20);
+    let (mut docs, mut events) = (Vec::new(), 0);
+    while docs.len() < 6 {
+        let f = inbox.frame(&mut watcher).unwrap().expect("a message");
+        let kind = if f.opcode == 0x2 { MessageKind::Binary } else { MessageKind::Text };
+        let d = decoder.decode(kind, &f.payload).unwrap();
+        if d.data.starts_with(b"freeboard-presence:") {
+            events += 1;
+            continue;
+        }
+        assert_eq!(content_hash(d.data), content_hash(&document(seq_of(d.data))));
+        docs.push((seq_of(d.data), d.was_delta));
+    }
+    assert_eq!(docs, [(0, false), (1, true), (2, true), (3, true), (4, true), (5, true)]);
+    assert!(events >= 3, "its own join, the publisher's, the visitor's join and leave: {events}");
+}

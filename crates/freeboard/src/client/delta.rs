@@ -93,12 +93,17 @@ impl DeltaDecoder {
         Self { base: Vec::new(), seq: None, scratch: Vec::new(), max_len, gaps: 0 }
     }
 
-    /// The publication `message` (as received, `kind` its WebSocket kind) carries.
-    pub fn decode(
-        &mut self,
+    /// The publication `message` (as received, `kind` its WebSocket kind) carries. A presence
+    /// event (`freeboard-presence:…`, [`crate::presence`]) is given back as it is and leaves
+    /// the base alone: it is no publication.
+    pub fn decode<'d>(
+        &'d mut self,
         kind: MessageKind,
-        message: &[u8],
-    ) -> Result<Decoded<'_>, DeltaRefusal> {
+        message: &'d [u8],
+    ) -> Result<Decoded<'d>, DeltaRefusal> {
+        if message.starts_with(crate::presence::EVENT_PREFIX.as_bytes()) {
+            return Ok(Decoded { kind, data: message, seq: None, was_delta: false });
+        }
         let Some((letter, seq, body)) = split_envelope(message) else {
             // Whole, without the envelope: a history replay.
             self.base.clear();
@@ -169,22 +174,28 @@ mod tests {
         assert!(matches!(d.decode(bin, &delta('T', 1, b"", &v(1))), Err(DeltaRefusal::Gap { .. })));
         let whole = [b"F1:".as_slice(), &v(1)].concat();
         assert_eq!(d.decode(text, &whole).unwrap().data, v(1));
-        let got = d.decode(bin, &delta('T', 2, &v(1), &v(2))).unwrap();
+        let two = delta('T', 2, &v(1), &v(2));
+        let got = d.decode(bin, &two).unwrap();
         assert_eq!((got.kind, got.data, got.seq, got.was_delta), (text, &v(2)[..], Some(2), true));
         // Message 3 lost: 4's delta names it, and is refused; so is 5's after it.
-        let four = d.decode(bin, &delta('T', 4, &v(3), &v(4)));
-        assert_eq!(four, Err(DeltaRefusal::Gap { last: Some(2), seq: 4 }));
-        let five = d.decode(bin, &delta('T', 5, &v(4), &v(5)));
-        assert_eq!(five, Err(DeltaRefusal::Gap { last: None, seq: 5 }));
+        let four = delta('T', 4, &v(3), &v(4));
+        assert_eq!(d.decode(bin, &four), Err(DeltaRefusal::Gap { last: Some(2), seq: 4 }));
+        let five = delta('T', 5, &v(4), &v(5));
+        assert_eq!(d.decode(bin, &five), Err(DeltaRefusal::Gap { last: None, seq: 5 }));
         let whole = [b"F6:".as_slice(), &v(6)].concat();
         assert_eq!(d.decode(text, &whole).unwrap().data, v(6));
         assert_eq!(d.decode(bin, &delta('T', 7, &v(6), &v(7))).unwrap().data, v(7));
         assert_eq!(d.gaps(), 3);
+        // A presence event passes, and leaves the base as it was.
+        let event = br#"freeboard-presence:{"event":"join","topic":"t","id":"0.1"}"#;
+        assert_eq!(d.decode(text, event).unwrap().data, event);
+        assert_eq!(d.decode(bin, &delta('T', 8, &v(7), &v(8))).unwrap().data, v(8));
         // A delta against the right number but other bytes fails its checksum.
-        let wrong = d.decode(bin, &delta('T', 8, &v(99), &v(8)));
-        assert!(matches!(wrong, Err(DeltaRefusal::Corrupt(_))), "{wrong:?}");
+        let wrong = delta('T', 9, &v(99), &v(9));
+        let refused = d.decode(bin, &wrong);
+        assert!(matches!(refused, Err(DeltaRefusal::Corrupt(_))), "{refused:?}");
         // A replay comes without the envelope, and the next delta waits for a whole one.
         assert_eq!(d.decode(text, b"ab.1-2:{}").unwrap().seq, None);
-        assert!(d.decode(bin, &delta('T', 9, &v(8), &v(9))).is_err());
+        assert!(d.decode(bin, &delta('T', 10, &v(9), &v(10))).is_err());
     }
 }
