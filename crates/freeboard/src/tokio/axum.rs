@@ -32,6 +32,13 @@
 //! an `Extension<Arc<Endpoint>>` layer, or per route with
 //! [`endpoint`](WebSocketUpgrade::endpoint). An upgrade the budget cannot cover is answered
 //! `503` with `Retry-After` before the handler runs.
+//!
+//! With the `http2` feature the extractor also takes a WebSocket over HTTP/2 (RFC 8441): an
+//! extended `CONNECT` with `:protocol = websocket`, answered `200` (no `Sec-WebSocket-Accept`,
+//! RFC 8441 §5), whose stream then carries the same bounded session. Route it with `any` (or
+//! `on(MethodFilter::GET.or(MethodFilter::CONNECT), …)`): a `get` route answers a `CONNECT`
+//! `405` before the extractor runs. [`http2`](super::http2) serves such a router over TLS with
+//! `SETTINGS_ENABLE_CONNECT_PROTOCOL` on.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -51,7 +58,9 @@ pub type AxumWebSocket = WebSocket<TokioIo<Upgraded>>;
 /// [`on_upgrade`](Self::on_upgrade).
 pub struct WebSocketUpgrade {
     on_upgrade: OnUpgrade,
-    key: HeaderValue,
+    /// `Sec-WebSocket-Key` of an HTTP/1.1 upgrade; `None` for an HTTP/2 extended CONNECT,
+    /// which has none (RFC 8441 §5).
+    key: Option<HeaderValue>,
     /// The subprotocols the client offered, as sent.
     offered: Option<HeaderValue>,
     endpoint: Option<Arc<Endpoint>>,
@@ -62,7 +71,7 @@ pub struct WebSocketUpgrade {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UpgradeRejection {
-    /// Not a `GET` (405).
+    /// Not a `GET` (405), nor (with the `http2` feature) an extended `CONNECT`.
     Method,
     /// No `Connection: upgrade` / `Upgrade: websocket` (426).
     NotUpgrade,
@@ -72,6 +81,14 @@ pub enum UpgradeRejection {
     Key,
     /// The connection cannot be upgraded (HTTP/2 or a server without upgrades; 426).
     NotUpgradable,
+    /// An HTTP/2 `CONNECT` without `:protocol`: a tunnel request, which this route does not
+    /// serve (400).
+    NoProtocol,
+    /// An HTTP/2 extended `CONNECT` whose `:protocol` is not `websocket` (501).
+    UnknownProtocol,
+    /// An HTTP/2 extended `CONNECT` whose `Sec-WebSocket-Version` is not 13 (400, with
+    /// `Sec-WebSocket-Version: 13`).
+    Http2Version,
 }
 
 impl IntoResponse for UpgradeRejection {
@@ -82,9 +99,16 @@ impl IntoResponse for UpgradeRejection {
             Self::Version => (StatusCode::UPGRADE_REQUIRED, "Sec-WebSocket-Version must be 13"),
             Self::Key => (StatusCode::BAD_REQUEST, "missing or invalid Sec-WebSocket-Key"),
             Self::NotUpgradable => (StatusCode::UPGRADE_REQUIRED, "connection is not upgradable"),
+            Self::NoProtocol => {
+                (StatusCode::BAD_REQUEST, "a WebSocket over HTTP/2 needs :protocol websocket")
+            }
+            Self::UnknownProtocol => (StatusCode::NOT_IMPLEMENTED, "only :protocol websocket"),
+            // Not 426 as over HTTP/1.1: a 426 names `Upgrade`, a header HTTP/2 forbids
+            // (RFC 9113 §8.2.2).
+            Self::Http2Version => (StatusCode::BAD_REQUEST, "Sec-WebSocket-Version must be 13"),
         };
         let mut response = (status, why).into_response();
-        if self == Self::Version {
+        if matches!(self, Self::Version | Self::Http2Version) {
             response.headers_mut().insert("sec-websocket-version", HeaderValue::from_static("13"));
         }
         response
@@ -95,23 +119,35 @@ impl<S: Send + Sync> FromRequestParts<S> for WebSocketUpgrade {
     type Rejection = UpgradeRejection;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        // §4.2.1: "An HTTP/1.1 or higher GET request".
-        if parts.method != Method::GET {
-            return Err(UpgradeRejection::Method);
-        }
         let headers = &parts.headers;
-        if !has_token(headers, header::CONNECTION, "upgrade")
-            || !has_token(headers, header::UPGRADE, "websocket")
-        {
-            return Err(UpgradeRejection::NotUpgrade);
-        }
-        if headers.get(header::SEC_WEBSOCKET_VERSION).map(|v| v.as_bytes()) != Some(b"13") {
-            return Err(UpgradeRejection::Version);
-        }
-        let key = match headers.get(header::SEC_WEBSOCKET_KEY) {
-            // §4.2.1 item 5: base64 of 16 bytes.
-            Some(key) if key.len() == 24 => key.clone(),
-            _ => return Err(UpgradeRejection::Key),
+        let version_13 =
+            headers.get(header::SEC_WEBSOCKET_VERSION).map(|v| v.as_bytes()) == Some(b"13");
+        let key = if parts.method == Method::CONNECT {
+            extended_connect(parts)?;
+            // RFC 8441 §5: "The Sec-WebSocket-Version ... header fields ... are used as
+            // defined in RFC 6455"; a client MUST send 13 (RFC 6455 §4.1 item 9).
+            if !version_13 {
+                return Err(UpgradeRejection::Http2Version);
+            }
+            None
+        } else {
+            // §4.2.1: "An HTTP/1.1 or higher GET request".
+            if parts.method != Method::GET {
+                return Err(UpgradeRejection::Method);
+            }
+            if !has_token(headers, header::CONNECTION, "upgrade")
+                || !has_token(headers, header::UPGRADE, "websocket")
+            {
+                return Err(UpgradeRejection::NotUpgrade);
+            }
+            if !version_13 {
+                return Err(UpgradeRejection::Version);
+            }
+            match headers.get(header::SEC_WEBSOCKET_KEY) {
+                // §4.2.1 item 5: base64 of 16 bytes.
+                Some(key) if key.len() == 24 => Some(key.clone()),
+                _ => return Err(UpgradeRejection::Key),
+            }
         };
         let offered = headers.get(header::SEC_WEBSOCKET_PROTOCOL).cloned();
         let on_upgrade =
@@ -171,13 +207,23 @@ impl WebSocketUpgrade {
             return response;
         }
         let protocol = self.selected_protocol().map(str::to_owned);
-        let accept = freeboard_proto::handshake::accept_key(self.key.as_bytes());
-        let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
+        let mut response = match &self.key {
+            Some(key) => {
+                let accept = freeboard_proto::handshake::accept_key(key.as_bytes());
+                let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
+                let headers = response.headers_mut();
+                headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+                // NOTE(unwrap): base64 is a valid header value.
+                let accept = HeaderValue::from_bytes(&accept).unwrap();
+                headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+                response
+            }
+            // RFC 8441 §5: a 2xx answers the extended CONNECT; "the Sec-WebSocket-Key and
+            // Sec-WebSocket-Accept header fields are not used".
+            None => StatusCode::OK.into_response(),
+        };
         let headers = response.headers_mut();
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        // NOTE(unwrap): base64 is a valid header value.
-        headers.insert(header::SEC_WEBSOCKET_ACCEPT, HeaderValue::from_bytes(&accept).unwrap());
         if let Some(protocol) = &protocol
             && let Ok(value) = HeaderValue::from_str(protocol)
         {
@@ -208,6 +254,26 @@ impl std::fmt::Debug for WebSocketUpgrade {
             .field("offered", &self.offered)
             .field("config", &self.config)
             .finish_non_exhaustive()
+    }
+}
+
+/// Checks an HTTP/2 `CONNECT` for the extended CONNECT of a WebSocket (RFC 8441 §4).
+fn extended_connect(parts: &Parts) -> Result<(), UpgradeRejection> {
+    #[cfg(feature = "http2")]
+    {
+        match parts.extensions.get::<hyper::ext::Protocol>() {
+            Some(protocol) if protocol.as_str().eq_ignore_ascii_case("websocket") => Ok(()),
+            // RFC 9220 §3 (extended CONNECT as RFC 8441 defines it): an unsupported
+            // `:protocol` "SHOULD" be answered 501.
+            Some(_) => Err(UpgradeRejection::UnknownProtocol),
+            None => Err(UpgradeRejection::NoProtocol),
+        }
+    }
+    #[cfg(not(feature = "http2"))]
+    {
+        // Without HTTP/2 no extended CONNECT can arrive: a CONNECT is not an upgrade.
+        let _ = parts;
+        Err(UpgradeRejection::Method)
     }
 }
 

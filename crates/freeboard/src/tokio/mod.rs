@@ -81,6 +81,8 @@ mod driver;
 mod endpoint;
 mod fan_out;
 mod handshake;
+#[cfg(feature = "http2")]
+pub mod http2;
 
 pub use crate::topics::{Reach, SubscribeError};
 pub use endpoint::{Endpoint, EndpointConfig, WsConfig};

@@ -1,0 +1,470 @@
+//! WebSockets over HTTP/2 (RFC 8441, extended CONNECT) for the tokio driver: an HTTPS server
+//! that offers `h2` and `http/1.1` by ALPN and serves an axum router on both, and a client
+//! that opens several WebSockets as streams of one HTTP/2 connection.
+//!
+//! A WebSocket over HTTP/2 is a stream opened by an extended `CONNECT` with
+//! `:protocol = websocket`, answered `200`; the stream's DATA frames then carry the RFC 6455
+//! frames (still masked by the client). hyper hands the stream over as an upgraded
+//! connection, so each one runs the same bounded session as a WebSocket over its own TCP
+//! connection: the endpoint's budget, watermarks, cap and slow-consumer policy. Routes use
+//! [`WebSocketUpgrade`](super::axum::WebSocketUpgrade), which takes both forms; route them
+//! with `any`, since a `get` route refuses a `CONNECT`.
+//!
+//! The HTTP/2 state of a connection is bounded by [`Http2Config`]'s limits, set explicitly
+//! rather than left to library defaults: streams open at once, the size of a header list,
+//! the flow-control windows (what a peer may send before the server reads) and the bytes
+//! queued per stream for sending. hyper's HTTP/2 is the `h2` crate, which also bounds what
+//! the known attacks would grow: streams reset before they are accepted (rapid reset,
+//! CVE-2023-44487), CONTINUATION frames beyond the header list size (the CONTINUATION flood),
+//! HPACK tables beyond the advertised size, and pending PING / SETTINGS acknowledgements.
+//! This state lives in the h2 crate and is not drawn from the endpoint's budget; its bound
+//! per connection is what the limits give (see `docs/library/http2.md`).
+//!
+//! ```no_run
+//! # async fn run() -> std::io::Result<()> {
+//! use std::sync::Arc;
+//! use axum::{Extension, Router, response::Response, routing::any};
+//! use freeboard::tls::TlsIdentity;
+//! use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
+//! use freeboard::tokio::http2::{Http2Config, Http2Server};
+//! use freeboard::tokio::{Endpoint, EndpointConfig, OwnedMessage};
+//! use futures_util::StreamExt;
+//!
+//! async fn echo(ws: WebSocketUpgrade) -> Response {
+//!     ws.on_upgrade(|mut socket: AxumWebSocket| async move {
+//!         while let Some(message) = socket.next().await {
+//!             if let OwnedMessage::Close(_) = message {
+//!                 break;
+//!             }
+//!             let _ = socket.send(message);
+//!         }
+//!     })
+//! }
+//!
+//! let endpoint = Endpoint::new(EndpointConfig::default()).expect("a valid budget");
+//! let app = Router::new().route("/echo", any(echo)).layer(Extension(endpoint));
+//! let identity = TlsIdentity::load("cert.pem".as_ref(), "key.pem".as_ref()).expect("PEM files");
+//! let server = Http2Server::new(Arc::new(identity), Http2Config::default()).expect("TLS");
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8443").await?;
+//! server.serve(listener, app).await
+//! # }
+//! ```
+
+use std::convert::Infallible;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::SendRequest;
+use hyper::server::conn::{http1, http2};
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+
+use super::{Endpoint, WebSocket, WsConfig};
+use crate::tls::{TlsError, TlsIdentity};
+
+/// How long a client waits for the server's SETTINGS.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A WebSocket over a stream of an HTTP/2 connection (client side).
+pub type Http2WebSocket = WebSocket<TokioIo<Upgraded>>;
+
+/// The HTTPS server's limits: HTTP/2 settings that bound a connection's state, and the TLS
+/// handshake's time.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Http2Config {
+    /// Offer `h2` by ALPN (else `http/1.1` only). Default `true`.
+    pub http2: bool,
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`: streams a peer may have open at once; one more is
+    /// refused (`RST_STREAM` `REFUSED_STREAM`). Each WebSocket is one. Default 100 (the
+    /// RFC 9113 §6.5.2 recommended minimum).
+    pub max_concurrent_streams: u32,
+    /// `SETTINGS_MAX_HEADER_LIST_SIZE`: the largest request head (decoded) accepted; the
+    /// bound on HEADERS + CONTINUATION a request may send. Default 16 KiB.
+    pub max_header_list_size: u32,
+    /// The initial flow-control window of a stream: what a peer may send on one WebSocket
+    /// before the server reads it. Default 64 KiB.
+    pub initial_stream_window: u32,
+    /// The connection's flow-control window: what a peer may send on all streams together
+    /// before the server reads — the bound on the connection's received-but-unread bytes.
+    /// Default 256 KiB.
+    pub initial_connection_window: u32,
+    /// The bytes h2 holds for sending per stream beyond what the peer's window admits; the
+    /// session's send queue waits for the rest. Default 16 KiB.
+    pub max_send_buffer: usize,
+    /// Streams the peer reset before the server accepted them, kept at once; more ends the
+    /// connection with `GOAWAY` `ENHANCE_YOUR_CALM` (rapid reset, CVE-2023-44487). Default
+    /// 20 (h2's).
+    pub max_pending_reset_streams: usize,
+    /// Streams the server reset because of the peer's errors before the connection ends with
+    /// `GOAWAY` `ENHANCE_YOUR_CALM`. Default 1024 (h2's).
+    pub max_local_error_resets: usize,
+    /// A PING after this long without frames; the connection ends when its answer does not
+    /// come within the same time. Default 30 s.
+    pub keep_alive: Duration,
+    /// The time a TLS handshake (and an HTTP/1.1 request head) may take. Default 10 s.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for Http2Config {
+    fn default() -> Self {
+        Self {
+            http2: true,
+            max_concurrent_streams: 100,
+            max_header_list_size: 16 << 10,
+            initial_stream_window: 64 << 10,
+            initial_connection_window: 256 << 10,
+            max_send_buffer: 16 << 10,
+            max_pending_reset_streams: 20,
+            max_local_error_resets: 1024,
+            keep_alive: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Http2Config {
+    /// Offer `h2` by ALPN (`true`) or `http/1.1` only.
+    pub fn http2(mut self, on: bool) -> Self {
+        self.http2 = on;
+        self
+    }
+
+    /// See [`max_concurrent_streams`](Self::max_concurrent_streams).
+    pub fn max_concurrent_streams(mut self, streams: u32) -> Self {
+        self.max_concurrent_streams = streams;
+        self
+    }
+
+    /// See [`max_header_list_size`](Self::max_header_list_size).
+    pub fn max_header_list_size(mut self, bytes: u32) -> Self {
+        self.max_header_list_size = bytes;
+        self
+    }
+
+    /// The stream and connection flow-control windows.
+    pub fn windows(mut self, stream: u32, connection: u32) -> Self {
+        self.initial_stream_window = stream;
+        self.initial_connection_window = connection;
+        self
+    }
+
+    /// See [`max_send_buffer`](Self::max_send_buffer).
+    pub fn max_send_buffer(mut self, bytes: usize) -> Self {
+        self.max_send_buffer = bytes;
+        self
+    }
+}
+
+/// What the HTTPS server saw, counted since it started.
+#[derive(Debug, Default)]
+pub struct Http2Stats {
+    tcp_connections: AtomicU64,
+    tls_failures: AtomicU64,
+    http2_connections: AtomicU64,
+    http1_connections: AtomicU64,
+    http2_websockets: AtomicU64,
+    http1_websockets: AtomicU64,
+    refused_connects: AtomicU64,
+    most_websockets_on_a_connection: AtomicU64,
+}
+
+impl Http2Stats {
+    /// TCP connections accepted.
+    pub fn tcp_connections(&self) -> u64 {
+        self.tcp_connections.load(Ordering::Relaxed)
+    }
+
+    /// TLS handshakes that failed or timed out.
+    pub fn tls_failures(&self) -> u64 {
+        self.tls_failures.load(Ordering::Relaxed)
+    }
+
+    /// Connections that agreed on `h2`.
+    pub fn http2_connections(&self) -> u64 {
+        self.http2_connections.load(Ordering::Relaxed)
+    }
+
+    /// Connections that spoke HTTP/1.1.
+    pub fn http1_connections(&self) -> u64 {
+        self.http1_connections.load(Ordering::Relaxed)
+    }
+
+    /// WebSockets opened as HTTP/2 streams (extended CONNECT answered 200).
+    pub fn http2_websockets(&self) -> u64 {
+        self.http2_websockets.load(Ordering::Relaxed)
+    }
+
+    /// WebSockets opened by an HTTP/1.1 upgrade (answered 101).
+    pub fn http1_websockets(&self) -> u64 {
+        self.http1_websockets.load(Ordering::Relaxed)
+    }
+
+    /// The most WebSocket streams one HTTP/2 connection has opened: how many a client
+    /// carried on one TCP (and TLS) connection.
+    pub fn most_websockets_on_a_connection(&self) -> u64 {
+        self.most_websockets_on_a_connection.load(Ordering::Relaxed)
+    }
+
+    /// `CONNECT` requests refused (any status but 200).
+    pub fn refused_connects(&self) -> u64 {
+        self.refused_connects.load(Ordering::Relaxed)
+    }
+
+    fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// An HTTPS server for an axum router: TLS on rustls, ALPN `h2` and `http/1.1`, HTTP/2 with
+/// `SETTINGS_ENABLE_CONNECT_PROTOCOL` (RFC 8441 §3) and [`Http2Config`]'s limits, HTTP/1.1
+/// with upgrades. Cheap to clone: every connection's task holds a clone.
+#[derive(Clone)]
+pub struct Http2Server {
+    acceptor: TlsAcceptor,
+    h2: http2::Builder<TokioExecutor>,
+    h1: http1::Builder,
+    handshake_timeout: Duration,
+    stats: Arc<Http2Stats>,
+}
+
+impl Http2Server {
+    /// A server presenting `identity`, with `config`'s limits.
+    pub fn new(identity: Arc<TlsIdentity>, config: Http2Config) -> Result<Self, TlsError> {
+        let mut tls = rustls::ServerConfig::clone(&*crate::tls::server_config(identity)?);
+        tls.alpn_protocols = if config.http2 {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
+        let mut h2 = http2::Builder::new(TokioExecutor::new());
+        h2.timer(TokioTimer::new())
+            .enable_connect_protocol()
+            .max_concurrent_streams(config.max_concurrent_streams)
+            .max_header_list_size(config.max_header_list_size)
+            .initial_stream_window_size(config.initial_stream_window)
+            .initial_connection_window_size(config.initial_connection_window)
+            .max_send_buf_size(config.max_send_buffer)
+            .max_pending_accept_reset_streams(config.max_pending_reset_streams)
+            .max_local_error_reset_streams(config.max_local_error_resets)
+            .keep_alive_interval(config.keep_alive)
+            .keep_alive_timeout(config.keep_alive);
+        let mut h1 = http1::Builder::new();
+        h1.timer(TokioTimer::new()).header_read_timeout(config.handshake_timeout);
+        Ok(Self {
+            acceptor: TlsAcceptor::from(Arc::new(tls)),
+            h2,
+            h1,
+            handshake_timeout: config.handshake_timeout,
+            stats: Arc::default(),
+        })
+    }
+
+    /// What the server saw so far.
+    pub fn stats(&self) -> &Arc<Http2Stats> {
+        &self.stats
+    }
+
+    /// Accepts connections from `listener` and serves `router` on each, in a task of its
+    /// own, until accepting fails.
+    pub async fn serve(self, listener: TcpListener, router: Router) -> std::io::Result<()> {
+        loop {
+            let (tcp, _) = listener.accept().await?;
+            ::tokio::spawn(self.clone().serve_connection(tcp, router.clone()));
+        }
+    }
+
+    /// Serves `router` on one accepted TCP connection until it ends.
+    pub async fn serve_connection(self, tcp: TcpStream, router: Router) {
+        Http2Stats::add(&self.stats.tcp_connections);
+        let _ = tcp.set_nodelay(true);
+        let tls =
+            match ::tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                _ => {
+                    Http2Stats::add(&self.stats.tls_failures);
+                    return;
+                }
+            };
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        let io = TokioIo::new(tls);
+        let inner = TowerToHyperService::new(router);
+        let stats = Arc::clone(&self.stats);
+        // WebSocket streams opened on this connection.
+        let streams = Arc::new(AtomicU64::new(0));
+        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+            let connect = request.method() == Method::CONNECT;
+            let upgrade = request.headers().contains_key(header::UPGRADE);
+            let response = hyper::service::Service::call(&inner, request);
+            let (stats, streams) = (Arc::clone(&stats), Arc::clone(&streams));
+            async move {
+                let response: Response<Body> = response.await?;
+                match response.status() {
+                    StatusCode::OK if connect => {
+                        Http2Stats::add(&stats.http2_websockets);
+                        let on_this = streams.fetch_add(1, Ordering::Relaxed) + 1;
+                        stats.most_websockets_on_a_connection.fetch_max(on_this, Ordering::Relaxed);
+                    }
+                    StatusCode::SWITCHING_PROTOCOLS if upgrade => {
+                        Http2Stats::add(&stats.http1_websockets)
+                    }
+                    _ if connect => Http2Stats::add(&stats.refused_connects),
+                    _ => {}
+                }
+                Ok::<_, Infallible>(response)
+            }
+        });
+        let served = if h2 {
+            Http2Stats::add(&self.stats.http2_connections);
+            self.h2.serve_connection(io, service).await
+        } else {
+            Http2Stats::add(&self.stats.http1_connections);
+            self.h1.serve_connection(io, service).with_upgrades().await
+        };
+        if let Err(e) = served {
+            tracing::debug!(error = %e, "HTTPS connection ended");
+        }
+    }
+}
+
+impl std::fmt::Debug for Http2Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Http2Server").field("stats", &self.stats).finish_non_exhaustive()
+    }
+}
+
+/// One HTTP/2 connection to a server that speaks RFC 8441, on which each
+/// [`websocket`](Self::websocket) opens a WebSocket as a new stream. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Http2Client {
+    send: SendRequest<Body>,
+    /// `scheme://authority` of the requests' URIs.
+    origin: String,
+}
+
+/// Why an HTTP/2 connection or one of its WebSockets did not open.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Http2Error {
+    /// The HTTP/2 connection failed or ended.
+    Http(hyper::Error),
+    /// The server did not send `SETTINGS_ENABLE_CONNECT_PROTOCOL = 1` (RFC 8441 §3) within
+    /// 10 s.
+    NoExtendedConnect,
+    /// The server answered the extended CONNECT with this status instead of 200.
+    Status(u16),
+    /// The server chose a subprotocol the client did not offer (RFC 6455 §4.1).
+    Protocol(String),
+    /// The request could not be built (a path or origin that is not a URI).
+    Request(axum::http::Error),
+}
+
+impl std::fmt::Display for Http2Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Http2Error::Http(e) => write!(f, "HTTP/2: {e}"),
+            Http2Error::NoExtendedConnect => {
+                f.write_str("the server does not enable extended CONNECT (RFC 8441)")
+            }
+            Http2Error::Status(status) => write!(f, "the server answered {status}"),
+            Http2Error::Protocol(p) => write!(f, "the server chose an unoffered protocol {p:?}"),
+            Http2Error::Request(e) => write!(f, "bad request: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Http2Error {}
+
+impl From<hyper::Error> for Http2Error {
+    fn from(e: hyper::Error) -> Self {
+        Http2Error::Http(e)
+    }
+}
+
+impl Http2Client {
+    /// Speaks HTTP/2 on `io` (a TLS stream that agreed on `h2` by ALPN, or a plain stream with
+    /// prior knowledge) to `origin` (`https://host:port`), and waits for the server's
+    /// SETTINGS to enable extended CONNECT. The connection runs in a task of its own until
+    /// every clone of the client is dropped.
+    pub async fn handshake<I>(io: I, origin: &str) -> Result<Self, Http2Error>
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (send, mut connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .handshake(TokioIo::new(io))
+            .await?;
+        // The server's SETTINGS is its first frame (RFC 9113 §3.4), read by the task hyper
+        // spawned for the HTTP/2 connection, which wakes nobody here when it lands: look
+        // again every millisecond, for at most the handshake timeout.
+        let deadline = ::tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+        while !connection.is_extended_connect_protocol_enabled() {
+            match poll_fn(|cx| Poll::Ready(Pin::new(&mut connection).poll(cx))).await {
+                Poll::Ready(Ok(())) => return Err(Http2Error::NoExtendedConnect),
+                Poll::Ready(Err(e)) => return Err(Http2Error::Http(e)),
+                Poll::Pending if ::tokio::time::Instant::now() >= deadline => {
+                    return Err(Http2Error::NoExtendedConnect);
+                }
+                Poll::Pending => ::tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+        ::tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "HTTP/2 connection ended");
+            }
+        });
+        Ok(Self { send, origin: origin.trim_end_matches('/').to_owned() })
+    }
+
+    /// Opens a WebSocket at `path` as a new stream: an extended CONNECT with
+    /// `:protocol = websocket` (RFC 8441 §4), offering `config`'s subprotocols, whose `200`
+    /// turns the stream into a client session drawing on `endpoint`. Waits while the
+    /// connection has as many streams open as the server allows.
+    pub async fn websocket(
+        &self,
+        path: &str,
+        endpoint: &Arc<Endpoint>,
+        config: &WsConfig,
+    ) -> Result<Http2WebSocket, Http2Error> {
+        let mut request = Request::builder()
+            .method(Method::CONNECT)
+            .uri(format!("{}{}", self.origin, path))
+            .extension(hyper::ext::Protocol::from_static("websocket"))
+            // RFC 8441 §5 keeps RFC 6455's version header: 13.
+            .header(header::SEC_WEBSOCKET_VERSION, "13");
+        if !config.protocols.is_empty() {
+            request = request.header(header::SEC_WEBSOCKET_PROTOCOL, config.protocols.join(", "));
+        }
+        let request = request.body(Body::empty()).map_err(Http2Error::Request)?;
+        let mut send = self.send.clone();
+        send.ready().await?;
+        let mut response = send.send_request(request).await?;
+        if response.status() != StatusCode::OK {
+            return Err(Http2Error::Status(response.status().as_u16()));
+        }
+        let protocol = match response.headers().get(header::SEC_WEBSOCKET_PROTOCOL) {
+            None => None,
+            Some(chosen) => {
+                let chosen = chosen.to_str().unwrap_or_default();
+                if !config.protocols.iter().any(|p| p == chosen) {
+                    return Err(Http2Error::Protocol(chosen.to_owned()));
+                }
+                Some(chosen.to_owned())
+            }
+        };
+        let upgraded = hyper::upgrade::on(&mut response).await?;
+        Ok(WebSocket::client_from_upgraded(TokioIo::new(upgraded), endpoint, config, protocol))
+    }
+}

@@ -1,0 +1,514 @@
+//! WebSockets over HTTP/2 (RFC 8441) from the tokio driver's HTTPS server, with real clients:
+//! headless Chromium opening its sockets as streams of the HTTP/2 connection that loaded the
+//! page, freeboard's own HTTP/2 client (several WebSockets on one connection) beside an
+//! HTTP/1.1 upgrade on the same port, `curl --http2`, and a hand-written HTTP/2 client for
+//! what no polite client sends: a stream flood past `SETTINGS_MAX_CONCURRENT_STREAMS`, a
+//! `CONNECT` without `:protocol`, and wrong versions and protocols. Innocents keep echoing.
+//!
+//! Everything talks to 127.0.0.1, each test is bounded by a timeout, and Chromium is killed
+//! with its process group. Skipped (with a message) when no `chromium` is on the PATH;
+//! `FREEBOARD_REQUIRE_BROWSER=1` turns the skip into a failure.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, Uri};
+use axum::response::{Html, Response};
+use axum::routing::{any, get};
+use axum::{Extension, Router};
+use freeboard::tls::TlsIdentity;
+use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
+use freeboard::tokio::http2::{Http2Client, Http2Config, Http2Server, Http2Stats};
+use freeboard::tokio::{Endpoint, EndpointConfig, OwnedMessage, WsConfig};
+use freeboard_test::browser::{Browser, chromium};
+use freeboard_test::tls::TestCa;
+use futures_util::{SinkExt, StreamExt};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_tungstenite::tungstenite::Message as TMessage;
+
+/// A bound on every test: a hang fails instead of stalling CI.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// The server under test: its address, counts and endpoint.
+struct Running {
+    addr: SocketAddr,
+    stats: Arc<Http2Stats>,
+    endpoint: Arc<Endpoint>,
+}
+
+/// Starts the HTTPS server with `config` on loopback: `/echo` (both forms of WebSocket),
+/// and the routes of `extra`.
+async fn start(ca: &TestCa, config: Http2Config, extra: Router) -> Running {
+    let identity = TlsIdentity::load(&ca.cert_pem(), &ca.key_pem()).expect("test certificate");
+    let server = Http2Server::new(Arc::new(identity), config).expect("TLS configuration");
+    let endpoint = Endpoint::new(EndpointConfig::default().memory(32 << 20)).expect("a budget");
+    let app = Router::new()
+        .route("/echo", any(echo))
+        .merge(extra)
+        .layer(Extension(Arc::clone(&endpoint)));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stats = Arc::clone(server.stats());
+    tokio::spawn(server.serve(listener, app));
+    Running { addr, stats, endpoint }
+}
+
+async fn echo(ws: WebSocketUpgrade) -> Response {
+    ws.protocols(["echo"]).on_upgrade(|mut socket: AxumWebSocket| async move {
+        while let Some(message) = socket.next().await {
+            if let OwnedMessage::Close(_) = message {
+                break;
+            }
+            let _ = socket.send(message);
+        }
+    })
+}
+
+/// A TLS connection to `addr` that offers `alpn`, trusting the test CA.
+async fn tls(ca: &TestCa, addr: SocketAddr, alpn: &[u8]) -> TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca.ca_pem()).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let stream = TlsConnector::from(Arc::new(config)).connect(name, tcp).await.unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(alpn), "ALPN agreed");
+    stream
+}
+
+async fn http2_client(ca: &TestCa, addr: SocketAddr) -> Http2Client {
+    let io = tls(ca, addr, b"h2").await;
+    Http2Client::handshake(io, &format!("https://localhost:{}", addr.port())).await.unwrap()
+}
+
+fn client_endpoint() -> Arc<Endpoint> {
+    Endpoint::new(EndpointConfig::default().memory(8 << 20)).expect("a budget")
+}
+
+/// Sends a text and a binary message on a client WebSocket and checks both come back.
+async fn echo_twice(ws: &mut freeboard::tokio::http2::Http2WebSocket, tag: usize) {
+    let text = format!("stream {tag}");
+    let binary: Vec<u8> = (0..3000).map(|i| (i * 7 + tag) as u8).collect();
+    ws.send_text(&text);
+    ws.send_binary(&binary);
+    assert_eq!(ws.next().await, Some(OwnedMessage::Text(text)));
+    assert_eq!(ws.next().await, Some(OwnedMessage::Binary(binary)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_client_opens_ten_websockets_on_one_http2_connection_beside_http1() {
+    tokio::time::timeout(BOUND, async {
+        let ca = TestCa::new("h2-client");
+        let server = start(&ca, Http2Config::default(), Router::new()).await;
+        let client = http2_client(&ca, server.addr).await;
+        let endpoint = client_endpoint();
+        let config = WsConfig::default().protocols(["echo"]);
+        let mut sockets = Vec::new();
+        for _ in 0..10 {
+            sockets.push(client.websocket("/echo", &endpoint, &config).await.unwrap());
+        }
+        // Concurrently, each on its own stream of the one connection.
+        let tasks: Vec<_> = sockets
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut ws)| {
+                tokio::spawn(async move {
+                    assert_eq!(ws.protocol().as_deref(), Some("echo"));
+                    for round in 0..20 {
+                        echo_twice(&mut ws, i * 100 + round).await;
+                    }
+                    ws.close(freeboard::CloseCode::NORMAL, "done").unwrap();
+                    match ws.next().await {
+                        Some(OwnedMessage::Close(close)) => assert!(close.was_clean, "{close:?}"),
+                        other => panic!("expected the close, got {other:?}"),
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        // HTTP/1.1 upgrades on the same port, side by side (tungstenite over TLS).
+        let io = tls(&ca, server.addr, b"http/1.1").await;
+        let url = format!("wss://localhost:{}/echo", server.addr.port());
+        let (mut h1, _) = tokio_tungstenite::client_async(url, io).await.unwrap();
+        h1.send(TMessage::text("over HTTP/1.1")).await.unwrap();
+        assert_eq!(h1.next().await.unwrap().unwrap(), TMessage::text("over HTTP/1.1"));
+
+        let stats = &server.stats;
+        assert_eq!(stats.http2_websockets(), 10);
+        assert_eq!(stats.most_websockets_on_a_connection(), 10);
+        assert_eq!(stats.http2_connections(), 1);
+        assert_eq!(stats.http1_websockets(), 1);
+        assert_eq!(stats.http1_connections(), 1);
+        assert_eq!(stats.tcp_connections(), 2, "ten streams on one TCP connection, one for 1.1");
+        drop(h1);
+        drop(client);
+        // Every session of the server ends and gives its memory back.
+        while server.endpoint.connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_connect_errors_name_the_bad_input() {
+    tokio::time::timeout(BOUND, async {
+        let ca = TestCa::new("h2-errors");
+        let server = start(&ca, Http2Config::default(), Router::new()).await;
+        let io = hyper_util::rt::TokioIo::new(tls(&ca, server.addr, b"h2").await);
+        let (mut send, conn) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .handshake::<_, Body>(io)
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let origin = format!("https://localhost:{}", server.addr.port());
+        let request = |protocol: &'static str, version: Option<&str>| {
+            let mut builder = Request::builder()
+                .method(Method::CONNECT)
+                .uri(format!("{origin}/echo"))
+                .extension(hyper::ext::Protocol::from_static(protocol));
+            if let Some(version) = version {
+                builder = builder.header("sec-websocket-version", version);
+            }
+            builder.body(Body::empty()).unwrap()
+        };
+        // The first request waits for the server's SETTINGS to allow extended CONNECT.
+        send.ready().await.unwrap();
+        let mut answer = |request| {
+            let response = send.send_request(request);
+            async move {
+                let response = response.await.unwrap();
+                let status = response.status();
+                let version = response.headers().get("sec-websocket-version").cloned();
+                let body = axum::body::to_bytes(Body::new(response.into_body()), 1024).await;
+                (status, version, String::from_utf8(body.unwrap().to_vec()).unwrap())
+            }
+        };
+        let (status, _, why) = answer(request("chat", Some("13"))).await;
+        assert_eq!(
+            (status, why.as_str()),
+            (StatusCode::NOT_IMPLEMENTED, "only :protocol websocket")
+        );
+        let (status, version, why) = answer(request("websocket", Some("8"))).await;
+        assert_eq!(
+            (status, why.as_str()),
+            (StatusCode::BAD_REQUEST, "Sec-WebSocket-Version must be 13")
+        );
+        assert_eq!(version.unwrap(), "13", "the version the server speaks, as RFC 6455 §4.4");
+        let (status, _, _) = answer(request("websocket", None)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(server.stats.refused_connects(), 3);
+        assert_eq!(server.stats.http2_websockets(), 0);
+        // The connection still serves a good one after the refusals.
+        let (status, _, _) = answer(request("websocket", Some("13"))).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(server.stats.http2_websockets(), 1);
+    })
+    .await
+    .expect("bounded");
+}
+
+/// One HTTP/2 frame: a 9-byte header and its payload (RFC 9113 §4.1).
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.extend_from_slice(&[kind, flags]);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const GOAWAY: u8 = 0x7;
+const END_HEADERS: u8 = 0x4;
+const ACK: u8 = 0x1;
+const PROTOCOL_ERROR: u32 = 0x1;
+const REFUSED_STREAM: u32 = 0x7;
+
+/// A header block of literal fields without indexing, names and values sent raw (RFC 7541
+/// §6.2.2; every length here is under 127, so one octet).
+fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in fields {
+        out.push(0x00);
+        out.push(name.len() as u8);
+        out.extend_from_slice(name.as_bytes());
+        out.push(value.len() as u8);
+        out.extend_from_slice(value.as_bytes());
+    }
+    out
+}
+
+async fn read_frame(io: &mut TlsStream<TcpStream>) -> (u8, u8, u32, Vec<u8>) {
+    let mut head = [0u8; 9];
+    io.read_exact(&mut head).await.unwrap();
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0u8; len];
+    io.read_exact(&mut payload).await.unwrap();
+    (head[3], head[4], stream, payload)
+}
+
+/// A hand-written HTTP/2 client: the preface, an empty SETTINGS, the server's SETTINGS
+/// (returned as id → value) acknowledged.
+async fn raw_http2(ca: &TestCa, addr: SocketAddr) -> (TlsStream<TcpStream>, Vec<(u16, u32)>) {
+    let mut io = tls(ca, addr, b"h2").await;
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    io.write_all(&hello).await.unwrap();
+    loop {
+        let (kind, flags, _, payload) = read_frame(&mut io).await;
+        if kind == SETTINGS && flags & ACK == 0 {
+            let settings = payload
+                .chunks_exact(6)
+                .map(|s| {
+                    (u16::from_be_bytes([s[0], s[1]]), u32::from_be_bytes([s[2], s[3], s[4], s[5]]))
+                })
+                .collect();
+            io.write_all(&frame(SETTINGS, ACK, 0, &[])).await.unwrap();
+            return (io, settings);
+        }
+    }
+}
+
+fn extended_connect(port: u16) -> Vec<u8> {
+    let authority = format!("localhost:{port}");
+    header_block(&[
+        (":method", "CONNECT"),
+        (":protocol", "websocket"),
+        (":scheme", "https"),
+        (":path", "/echo"),
+        (":authority", &authority),
+        ("sec-websocket-version", "13"),
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_advertises_extended_connect_and_its_limits() {
+    tokio::time::timeout(BOUND, async {
+        let ca = TestCa::new("h2-settings");
+        let config = Http2Config::default()
+            .max_concurrent_streams(50)
+            .max_header_list_size(8 << 10)
+            .windows(32 << 10, 128 << 10);
+        let server = start(&ca, config, Router::new()).await;
+        let (_io, settings) = raw_http2(&ca, server.addr).await;
+        let get = |id: u16| settings.iter().find(|(i, _)| *i == id).map(|(_, v)| *v);
+        // RFC 8441 §3: SETTINGS_ENABLE_CONNECT_PROTOCOL (0x8) = 1.
+        assert_eq!(get(0x8), Some(1), "{settings:?}");
+        assert_eq!(get(0x3), Some(50), "MAX_CONCURRENT_STREAMS");
+        assert_eq!(get(0x4), Some(32 << 10), "INITIAL_WINDOW_SIZE");
+        assert_eq!(get(0x6), Some(8 << 10), "MAX_HEADER_LIST_SIZE");
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flood_past_the_limit_is_refused_and_innocents_keep_echoing() {
+    tokio::time::timeout(BOUND, async {
+        let ca = TestCa::new("h2-flood");
+        let limit = 8;
+        let server =
+            start(&ca, Http2Config::default().max_concurrent_streams(limit), Router::new()).await;
+        // The innocent: another connection with four WebSockets, echoing before and after.
+        let client = http2_client(&ca, server.addr).await;
+        let endpoint = client_endpoint();
+        let config = WsConfig::default();
+        let mut innocents = Vec::new();
+        for i in 0..4 {
+            let mut ws = client.websocket("/echo", &endpoint, &config).await.unwrap();
+            echo_twice(&mut ws, i).await;
+            innocents.push(ws);
+        }
+
+        // The attacker opens three times the limit at once, ignoring the SETTINGS.
+        let (mut io, _) = raw_http2(&ca, server.addr).await;
+        let block = extended_connect(server.addr.port());
+        let flood = 3 * limit;
+        let mut burst = Vec::new();
+        for n in 0..flood {
+            burst.extend(frame(HEADERS, END_HEADERS, 1 + 2 * n, &block));
+        }
+        io.write_all(&burst).await.unwrap();
+        let (mut accepted, mut refused) = (0, 0);
+        while accepted + refused < flood {
+            let (kind, _, stream, payload) = read_frame(&mut io).await;
+            match kind {
+                HEADERS => accepted += 1,
+                RST_STREAM => {
+                    let code = u32::from_be_bytes(payload[..4].try_into().unwrap());
+                    assert_eq!(code, REFUSED_STREAM, "stream {stream}");
+                    refused += 1;
+                }
+                GOAWAY => panic!("GOAWAY {:?}", &payload[4..8]),
+                _ => {}
+            }
+        }
+        assert_eq!((accepted, refused), (limit, 2 * limit), "the limit holds");
+        assert_eq!(server.stats.http2_websockets(), 4 + u64::from(limit));
+
+        // On a second connection, a CONNECT without :protocol but with :path: malformed
+        // (RFC 9113 §8.5: a CONNECT "MUST" omit :scheme and :path unless it is extended,
+        // RFC 8441 §4), so the stream is reset and the connection goes on.
+        let (mut other, _) = raw_http2(&ca, server.addr).await;
+        let authority = format!("localhost:{}", server.addr.port());
+        let malformed = header_block(&[
+            (":method", "CONNECT"),
+            (":scheme", "https"),
+            (":path", "/echo"),
+            (":authority", &authority),
+        ]);
+        let mut requests = frame(HEADERS, END_HEADERS, 1, &malformed);
+        requests.extend(frame(HEADERS, END_HEADERS, 3, &block));
+        other.write_all(&requests).await.unwrap();
+        let (mut reset, mut answered) = (None, false);
+        while reset.is_none() || !answered {
+            let (kind, _, stream, payload) = read_frame(&mut other).await;
+            match (kind, stream) {
+                (RST_STREAM, 1) => {
+                    reset = Some(u32::from_be_bytes(payload[..4].try_into().unwrap()))
+                }
+                // `:status 200`, indexed (RFC 7541 Appendix A: entry 8).
+                (HEADERS, 3) => answered = payload.first() == Some(&0x88),
+                (GOAWAY, _) => panic!("GOAWAY {:?}", &payload[4..8]),
+                _ => {}
+            }
+        }
+        assert_eq!(reset, Some(PROTOCOL_ERROR));
+
+        // The accepted streams are WebSockets: one echoes a masked frame over DATA.
+        let masked = [0x81, 0x82, 1, 2, 3, 4, b'h' ^ 1, b'i' ^ 2];
+        io.write_all(&frame(DATA, 0, 1, &masked)).await.unwrap();
+        loop {
+            let (kind, _, stream, payload) = read_frame(&mut io).await;
+            if kind == DATA && stream == 1 {
+                assert_eq!(payload, [0x81, 0x02, b'h', b'i']);
+                break;
+            }
+        }
+        // The innocents lost nothing.
+        for (i, ws) in innocents.iter_mut().enumerate() {
+            echo_twice(ws, 10 + i).await;
+        }
+        assert!(client.websocket("/echo", &endpoint, &config).await.is_ok());
+    })
+    .await
+    .expect("bounded");
+}
+
+#[test]
+fn curl_speaks_http2_to_the_server() {
+    let Ok(out) = std::process::Command::new("curl").arg("--version").output() else {
+        eprintln!("SKIPPED: curl is not installed");
+        return;
+    };
+    assert!(String::from_utf8_lossy(&out.stdout).contains("HTTP2"), "curl without HTTP/2");
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let ca = TestCa::new("h2-curl");
+    let hello = Router::new().route("/hello", get(|| async { "hello over HTTP/2\n" }));
+    let server = runtime.block_on(start(&ca, Http2Config::default(), hello));
+    let url = format!("https://localhost:{}/hello", server.addr.port());
+    let out = std::process::Command::new("curl")
+        .args(["--http2", "-sS", "-v", "--max-time", "20", "--cacert"])
+        .arg(ca.ca_pem())
+        .args(["--resolve", &format!("localhost:{}:127.0.0.1", server.addr.port()), &url])
+        .output()
+        .unwrap();
+    let verbose = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello over HTTP/2\n", "{verbose}");
+    assert!(verbose.contains("ALPN: server accepted h2"), "{verbose}");
+    assert!(verbose.contains("< HTTP/2 200"), "{verbose}");
+    assert_eq!(server.stats.http2_connections(), 1);
+}
+
+/// The page: `n` WebSockets to `/echo`, each echoing a text and a binary message, then the
+/// count reported with `fetch` (over the same connection).
+const PAGE: &str = r#"<!doctype html><title>freeboard over HTTP/2</title><script>
+const n = N;
+let done = 0, failed = 0;
+const finish = () => { if (done + failed === n) fetch(`/report?ok=${done}&failed=${failed}`); };
+for (let i = 0; i < n; i++) {
+  const ws = new WebSocket(`wss://${location.host}/echo`);
+  ws.binaryType = "arraybuffer";
+  const bytes = new Uint8Array(5000).map((_, k) => (k * 3 + i) & 255);
+  let step = 0;
+  ws.onopen = () => { ws.send(`hello ${i}`); ws.send(bytes); };
+  ws.onmessage = (e) => {
+    const ok = step === 0 ? e.data === `hello ${i}`
+      : new Uint8Array(e.data).every((v, k) => v === bytes[k]) && e.data.byteLength === 5000;
+    if (!ok) { failed++; finish(); ws.close(); return; }
+    step++;
+    if (step === 2) { done++; finish(); }
+  };
+  ws.onerror = () => { failed++; finish(); };
+}
+</script>"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_opens_its_websockets_as_streams_of_one_http2_connection() {
+    let Some(chromium) = chromium() else { return };
+    let sockets = 20;
+    let ca = TestCa::new("h2-browser");
+    let (tx, rx) = mpsc::channel::<String>();
+    let page = PAGE.replace("N", &sockets.to_string());
+    let routes = Router::new()
+        .route("/", get(move || async move { Html(page) }))
+        .route(
+            "/report",
+            get(
+                |Extension(tx): Extension<Arc<Mutex<mpsc::Sender<String>>>>, uri: Uri| async move {
+                    let _ = tx.lock().unwrap().send(uri.query().unwrap_or_default().to_owned());
+                },
+            ),
+        )
+        .layer(Extension(Arc::new(Mutex::new(tx))));
+    let server = start(&ca, Http2Config::default(), routes).await;
+    let profile = ca.dir().join("chromium-profile");
+    let flags = [format!("--ignore-certificate-errors-spki-list={}", ca.spki_sha256)];
+    let url = format!("https://localhost:{}/", server.addr.port());
+    let browser = Browser::start(&chromium, &profile, &flags, &url);
+    let report = tokio::task::spawn_blocking(move || rx.recv_timeout(BOUND)).await.unwrap();
+    // Stop this browser (by its process group) before asserting.
+    drop(browser);
+    let stats = &server.stats;
+    let report = report.unwrap_or_else(|_| panic!("no report from chromium; {stats:?}"));
+    assert_eq!(report, format!("ok={sockets}&failed=0"));
+    assert_eq!(stats.http2_websockets(), sockets);
+    assert_eq!(
+        stats.most_websockets_on_a_connection(),
+        sockets,
+        "every socket a stream of one HTTP/2 connection; {stats:?}"
+    );
+    assert_eq!(stats.http1_websockets(), 0);
+    assert_eq!(stats.http1_connections(), 0);
+    eprintln!(
+        "chromium: {} WebSockets over {} TCP connections ({} HTTP/2), most on one connection: {}",
+        stats.http2_websockets(),
+        stats.tcp_connections(),
+        stats.http2_connections(),
+        stats.most_websockets_on_a_connection()
+    );
+}
