@@ -245,6 +245,7 @@ const END_HEADERS: u8 = 0x4;
 const ACK: u8 = 0x1;
 const PROTOCOL_ERROR: u32 = 0x1;
 const REFUSED_STREAM: u32 = 0x7;
+const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 /// A header block of literal fields without indexing, names and values sent raw (RFC 7541
 /// §6.2.2; every length here is under 127, so one octet).
@@ -368,6 +369,7 @@ async fn a_stream_flood_past_the_limit_is_refused_and_innocents_keep_echoing() {
         }
         assert_eq!((accepted, refused), (limit, 2 * limit), "the limit holds");
         assert_eq!(server.stats.http2_websockets(), 4 + u64::from(limit));
+        assert_eq!(server.stats.refused_streams(), u64::from(2 * limit), "counted by the server");
 
         // On a second connection, a CONNECT without :protocol but with :path: malformed
         // (RFC 9113 §8.5: a CONNECT "MUST" omit :scheme and :path unless it is extended,
@@ -397,6 +399,8 @@ async fn a_stream_flood_past_the_limit_is_refused_and_innocents_keep_echoing() {
             }
         }
         assert_eq!(reset, Some(PROTOCOL_ERROR));
+        assert_eq!(server.stats.reset_streams(), 1);
+        assert_eq!(server.stats.goaways(), 0, "a bad stream does not end the connection");
 
         // The accepted streams are WebSockets: one echoes a masked frame over DATA.
         let masked = [0x81, 0x82, 1, 2, 3, 4, b'h' ^ 1, b'i' ^ 2];
@@ -408,6 +412,26 @@ async fn a_stream_flood_past_the_limit_is_refused_and_innocents_keep_echoing() {
                 break;
             }
         }
+        // Rapid reset (CVE-2023-44487): streams opened and reset at once, a thousand times.
+        // h2 keeps at most `max_pending_reset_streams` (20) such resets waiting, then ends
+        // the connection with GOAWAY ENHANCE_YOUR_CALM.
+        let (mut rapid, _) = raw_http2(&ca, server.addr).await;
+        let mut burst = Vec::new();
+        for n in 0..1000u32 {
+            burst.extend(frame(HEADERS, END_HEADERS, 1 + 2 * n, &block));
+            burst.extend(frame(RST_STREAM, 0, 1 + 2 * n, &0x8u32.to_be_bytes()));
+        }
+        // The server may close while the burst is still being written.
+        let _ = rapid.write_all(&burst).await;
+        let goaway = loop {
+            let (kind, _, _, payload) = read_frame(&mut rapid).await;
+            if kind == GOAWAY {
+                break u32::from_be_bytes(payload[4..8].try_into().unwrap());
+            }
+        };
+        assert_eq!(goaway, ENHANCE_YOUR_CALM);
+        assert_eq!((server.stats.goaways(), server.stats.goaway_errors()), (1, 1));
+
         // The innocents lost nothing.
         for (i, ws) in innocents.iter_mut().enumerate() {
             echo_twice(ws, 10 + i).await;

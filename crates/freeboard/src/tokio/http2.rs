@@ -179,6 +179,10 @@ pub struct Http2Stats {
     http1_websockets: AtomicU64,
     refused_connects: AtomicU64,
     most_websockets_on_a_connection: AtomicU64,
+    refused_streams: AtomicU64,
+    reset_streams: AtomicU64,
+    goaways: AtomicU64,
+    goaway_errors: AtomicU64,
 }
 
 impl Http2Stats {
@@ -221,6 +225,28 @@ impl Http2Stats {
     /// `CONNECT` requests refused (any status but 200).
     pub fn refused_connects(&self) -> u64 {
         self.refused_connects.load(Ordering::Relaxed)
+    }
+
+    /// Streams the server refused (`RST_STREAM` `REFUSED_STREAM`): opened past
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`.
+    pub fn refused_streams(&self) -> u64 {
+        self.refused_streams.load(Ordering::Relaxed)
+    }
+
+    /// Streams the server reset with any other code (a malformed request, a peer's error).
+    pub fn reset_streams(&self) -> u64 {
+        self.reset_streams.load(Ordering::Relaxed)
+    }
+
+    /// `GOAWAY` frames the server sent.
+    pub fn goaways(&self) -> u64 {
+        self.goaways.load(Ordering::Relaxed)
+    }
+
+    /// `GOAWAY` frames the server sent with an error code (anything but `NO_ERROR`: the
+    /// connection ended for the peer's misbehaviour, `ENHANCE_YOUR_CALM` for a flood).
+    pub fn goaway_errors(&self) -> u64 {
+        self.goaway_errors.load(Ordering::Relaxed)
     }
 
     fn add(counter: &AtomicU64) {
@@ -328,6 +354,7 @@ impl Http2Server {
         });
         let served = if h2 {
             Http2Stats::add(&self.stats.http2_connections);
+            let io = TokioIo::new(SentFrames::new(io.into_inner(), Arc::clone(&self.stats)));
             self.h2.serve_connection(io, service).await
         } else {
             Http2Stats::add(&self.stats.http1_connections);
@@ -342,6 +369,134 @@ impl Http2Server {
 impl std::fmt::Debug for Http2Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Http2Server").field("stats", &self.stats).finish_non_exhaustive()
+    }
+}
+
+/// The server's side of an HTTP/2 connection, counting the resets and GOAWAYs it writes:
+/// h2 refuses streams and ends connections by itself, and tells nobody but the peer.
+struct SentFrames<S> {
+    io: S,
+    stats: Arc<Http2Stats>,
+    /// The frame header being written (RFC 9113 §4.1: 9 bytes), then the first 8 bytes of
+    /// its payload (a RST_STREAM's code; a GOAWAY's last stream and code).
+    head: [u8; 17],
+    /// Bytes of `head` written so far.
+    have: usize,
+    /// Payload bytes of the current frame still to pass.
+    left: usize,
+}
+
+const RST_STREAM: u8 = 0x3;
+const GOAWAY: u8 = 0x7;
+const REFUSED_STREAM: u32 = 0x7;
+
+impl<S> SentFrames<S> {
+    fn new(io: S, stats: Arc<Http2Stats>) -> Self {
+        Self { io, stats, head: [0; 17], have: 0, left: 0 }
+    }
+
+    /// Follows `bytes`, the next ones written, through the frames.
+    fn follow(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.have < 9 {
+                let n = (9 - self.have).min(bytes.len());
+                self.head[self.have..self.have + n].copy_from_slice(&bytes[..n]);
+                (self.have, bytes) = (self.have + n, &bytes[n..]);
+                if self.have == 9 {
+                    self.left =
+                        u32::from_be_bytes([0, self.head[0], self.head[1], self.head[2]]) as usize;
+                    self.frame_done();
+                }
+                continue;
+            }
+            let n = self.left.min(bytes.len());
+            let keep = (17 - self.have).min(n);
+            self.head[self.have..self.have + keep].copy_from_slice(&bytes[..keep]);
+            (self.have, self.left, bytes) = (self.have + keep, self.left - n, &bytes[n..]);
+            self.frame_done();
+        }
+    }
+
+    /// Counts the frame once its payload has passed, and starts the next.
+    fn frame_done(&mut self) {
+        if self.left > 0 {
+            return;
+        }
+        let code = |at: usize| {
+            let b = self.head.get(at..at + 4).filter(|_| self.have >= at + 4);
+            b.map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let stats = &self.stats;
+        match self.head[3] {
+            RST_STREAM if code(9) == REFUSED_STREAM => Http2Stats::add(&stats.refused_streams),
+            RST_STREAM => Http2Stats::add(&stats.reset_streams),
+            GOAWAY => {
+                Http2Stats::add(&stats.goaways);
+                if code(13) != 0 {
+                    Http2Stats::add(&stats.goaway_errors);
+                }
+            }
+            _ => {}
+        }
+        self.have = 0;
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for SentFrames<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for SentFrames<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = written {
+            self.follow(&buf[..n]);
+        }
+        written
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(mut n)) = written {
+            for buf in bufs {
+                let part = n.min(buf.len());
+                self.follow(&buf[..part]);
+                n -= part;
+            }
+        }
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
