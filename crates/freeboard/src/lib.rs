@@ -101,3 +101,8 @@ struct ClientGuideDoctests;
 #[cfg(all(doctest, feature = "axum"))]
 #[doc = include_str!("../../../docs/library/tokio.md")]
 struct TokioGuideDoctests;
+
+/// The book's page on WebSockets over HTTP/2, compiled with the `http2` feature's doctests.
+#[cfg(all(doctest, feature = "http2"))]
+#[doc = include_str!("../../../docs/library/http2.md")]
+struct Http2GuideDoctests;

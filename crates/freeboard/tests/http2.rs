@@ -218,6 +218,15 @@ async fn extended_connect_errors_name_the_bad_input() {
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert_eq!(server.stats.refused_connects(), 3);
         assert_eq!(server.stats.http2_websockets(), 0);
+        // A tunnel CONNECT (no :protocol, :authority only): not a WebSocket, and not served.
+        let tunnel = Request::builder()
+            .method(Method::CONNECT)
+            .uri(format!("localhost:{}", server.addr.port()))
+            .body(Body::empty())
+            .unwrap();
+        let (status, _, _) = answer(tunnel).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "an authority-form target matches no route");
+        assert_eq!(server.stats.refused_connects(), 4);
         // The connection still serves a good one after the refusals.
         let (status, _, _) = answer(request("websocket", Some("13"))).await;
         assert_eq!(status, StatusCode::OK);

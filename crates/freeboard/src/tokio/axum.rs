@@ -37,7 +37,7 @@
 //! extended `CONNECT` with `:protocol = websocket`, answered `200` (no `Sec-WebSocket-Accept`,
 //! RFC 8441 §5), whose stream then carries the same bounded session. Route it with `any` (or
 //! `on(MethodFilter::GET.or(MethodFilter::CONNECT), …)`): a `get` route answers a `CONNECT`
-//! `405` before the extractor runs. [`http2`](super::http2) serves such a router over TLS with
+//! `405` before the extractor runs. `freeboard::tokio::http2` serves such a router over TLS with
 //! `SETTINGS_ENABLE_CONNECT_PROTOCOL` on.
 
 use std::future::Future;
@@ -81,8 +81,8 @@ pub enum UpgradeRejection {
     Key,
     /// The connection cannot be upgraded (HTTP/2 or a server without upgrades; 426).
     NotUpgradable,
-    /// An HTTP/2 `CONNECT` without `:protocol`: a tunnel request, which this route does not
-    /// serve (400).
+    /// A `CONNECT` without `:protocol` that reached the route: a tunnel request, which a
+    /// WebSocket route does not serve (400).
     NoProtocol,
     /// An HTTP/2 extended `CONNECT` whose `:protocol` is not `websocket` (501).
     UnknownProtocol,
