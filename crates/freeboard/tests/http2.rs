@@ -2,8 +2,9 @@
 //! headless Chromium opening its sockets as streams of the HTTP/2 connection that loaded the
 //! page, freeboard's own HTTP/2 client (several WebSockets on one connection) beside an
 //! HTTP/1.1 upgrade on the same port, `curl --http2`, and a hand-written HTTP/2 client for
-//! what no polite client sends: a stream flood past `SETTINGS_MAX_CONCURRENT_STREAMS`, a
-//! `CONNECT` without `:protocol`, and wrong versions and protocols. Innocents keep echoing.
+//! what no polite client sends: a stream flood past `SETTINGS_MAX_CONCURRENT_STREAMS`, rapid
+//! reset, a `CONNECT` without `:protocol`, wrong versions and protocols, and a stream whose
+//! flow-control window never opens. Innocents keep echoing.
 //!
 //! Everything talks to 127.0.0.1, each test is bounded by a timeout, and Chromium is killed
 //! with its process group. Skipped (with a message) when no `chromium` is on the PATH;
@@ -250,6 +251,7 @@ const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const GOAWAY: u8 = 0x7;
+const WINDOW_UPDATE: u8 = 0x8;
 const END_HEADERS: u8 = 0x4;
 const ACK: u8 = 0x1;
 const PROTOCOL_ERROR: u32 = 0x1;
@@ -283,9 +285,22 @@ async fn read_frame(io: &mut TlsStream<TcpStream>) -> (u8, u8, u32, Vec<u8>) {
 /// A hand-written HTTP/2 client: the preface, an empty SETTINGS, the server's SETTINGS
 /// (returned as id → value) acknowledged.
 async fn raw_http2(ca: &TestCa, addr: SocketAddr) -> (TlsStream<TcpStream>, Vec<(u16, u32)>) {
+    raw_http2_with(ca, addr, &[]).await
+}
+
+/// As [`raw_http2`], sending `settings` (id, value).
+async fn raw_http2_with(
+    ca: &TestCa,
+    addr: SocketAddr,
+    settings: &[(u16, u32)],
+) -> (TlsStream<TcpStream>, Vec<(u16, u32)>) {
     let mut io = tls(ca, addr, b"h2").await;
     let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    let ours: Vec<u8> = settings
+        .iter()
+        .flat_map(|(id, v)| [&id.to_be_bytes()[..], &v.to_be_bytes()].concat())
+        .collect();
+    hello.extend(frame(SETTINGS, 0, 0, &ours));
     io.write_all(&hello).await.unwrap();
     loop {
         let (kind, flags, _, payload) = read_frame(&mut io).await;
@@ -303,12 +318,16 @@ async fn raw_http2(ca: &TestCa, addr: SocketAddr) -> (TlsStream<TcpStream>, Vec<
 }
 
 fn extended_connect(port: u16) -> Vec<u8> {
+    extended_connect_to(port, "/echo")
+}
+
+fn extended_connect_to(port: u16, path: &str) -> Vec<u8> {
     let authority = format!("localhost:{port}");
     header_block(&[
         (":method", "CONNECT"),
         (":protocol", "websocket"),
         (":scheme", "https"),
-        (":path", "/echo"),
+        (":path", path),
         (":authority", &authority),
         ("sec-websocket-version", "13"),
     ])
@@ -544,4 +563,84 @@ async fn chromium_opens_its_websockets_as_streams_of_one_http2_connection() {
         stats.http2_connections(),
         stats.most_websockets_on_a_connection()
     );
+}
+
+/// Waits for the DATA frame of `stream` that echoes a masked "hi", skipping other frames.
+async fn echoed_hi(io: &mut TlsStream<TcpStream>, stream: u32) {
+    let masked = [0x81, 0x82, 1, 2, 3, 4, b'h' ^ 1, b'i' ^ 2];
+    io.write_all(&frame(DATA, 0, stream, &masked)).await.unwrap();
+    loop {
+        let (kind, _, on, payload) = read_frame(io).await;
+        assert_ne!(kind, GOAWAY, "the connection must go on");
+        if kind == DATA && on == stream {
+            assert_eq!(payload, [0x81, 0x02, b'h', b'i']);
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_window_never_opens_meets_its_policy_and_its_neighbour_keeps_echoing() {
+    tokio::time::timeout(BOUND, async {
+        let ca = TestCa::new("h2-window");
+        let (report, mut reports) = tokio::sync::mpsc::unbounded_channel::<String>();
+        // `/hog`: pushes 4,000-byte messages (as a subscription would) to a reader whose
+        // window never opens; its queue may hold 16 KiB, and the `close` policy ends it (1008).
+        let hog = Router::new().route(
+            "/hog",
+            any(move |ws: WebSocketUpgrade| {
+                let report = report.clone();
+                async move {
+                    let marks = freeboard::Watermarks::new(4 << 10, 8 << 10, 16 << 10).unwrap();
+                    let config = WsConfig::default()
+                        .watermarks(marks)
+                        .slow_consumer(freeboard::SlowConsumerPolicy::Close);
+                    ws.config(config).on_upgrade(|socket: AxumWebSocket| async move {
+                        let message = vec![7u8; 4000];
+                        for sent in 0..1000 {
+                            if socket.send_binary(&message) == freeboard::SendOutcome::Closed {
+                                let _ = report.send(format!("closed by the policy after {sent}"));
+                                return;
+                            }
+                            // Let hyper's connection task move what the window admits.
+                            tokio::task::yield_now().await;
+                        }
+                        let _ = report.send("never closed".into());
+                    })
+                }
+            }),
+        );
+        let server = start(&ca, Http2Config::default(), hog).await;
+        // Every stream's send window is 1 KiB (SETTINGS_INITIAL_WINDOW_SIZE) and only the
+        // echo's stream and the connection are ever opened wider.
+        let (mut io, _) = raw_http2_with(&ca, server.addr, &[(0x4, 1024)]).await;
+        let port = server.addr.port();
+        let mut opening = frame(WINDOW_UPDATE, 0, 0, &(8u32 << 20).to_be_bytes());
+        opening.extend(frame(HEADERS, END_HEADERS, 1, &extended_connect_to(port, "/hog")));
+        opening.extend(frame(HEADERS, END_HEADERS, 3, &extended_connect(port)));
+        opening.extend(frame(WINDOW_UPDATE, 0, 3, &(1u32 << 20).to_be_bytes()));
+        io.write_all(&opening).await.unwrap();
+        let mut answered = 0;
+        while answered < 2 {
+            if read_frame(&mut io).await.0 == HEADERS {
+                answered += 1;
+            }
+        }
+        echoed_hi(&mut io, 3).await;
+        let report = tokio::time::timeout(BOUND, reports.recv()).await.unwrap().unwrap();
+        // 1 KiB leaves, h2 holds at most `max_send_buffer` (16 KiB), the queue its cap
+        // (16 KiB): some 8 messages, then the ninth or so meets the policy.
+        let sent: usize = report
+            .strip_prefix("closed by the policy after ")
+            .unwrap_or_else(|| panic!("{report}"))
+            .parse()
+            .unwrap();
+        assert!((4..=12).contains(&sent), "{report}");
+        eprintln!("a reader whose window never opens: {report}");
+        // The neighbour on the same connection echoes on.
+        echoed_hi(&mut io, 3).await;
+        assert_eq!(server.stats.goaways(), 0);
+    })
+    .await
+    .expect("bounded");
 }
