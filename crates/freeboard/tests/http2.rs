@@ -160,8 +160,8 @@ async fn the_rust_client_opens_ten_websockets_on_one_http2_connection_beside_htt
         assert_eq!(stats.tcp_connections(), 2, "ten streams on one TCP connection, one for 1.1");
         drop(h1);
         drop(client);
-        // Every session of the server ends and gives its memory back.
-        while server.endpoint.connections() > 0 {
+        // Every session and connection of the server ends and gives its memory back.
+        while server.endpoint.connections() > 0 || stats.open_connections() > 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -640,6 +640,38 @@ async fn a_stream_whose_window_never_opens_meets_its_policy_and_its_neighbour_ke
         // The neighbour on the same connection echoes on.
         echoed_hi(&mut io, 3).await;
         assert_eq!(server.stats.goaways(), 0);
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_are_closed_and_counted() {
+    tokio::time::timeout(BOUND, async {
+        let ca = TestCa::new("h2-connections");
+        let server = start(&ca, Http2Config::default().max_connections(2), Router::new()).await;
+        let endpoint = client_endpoint();
+        let config = WsConfig::default();
+        let (first, second) =
+            (http2_client(&ca, server.addr).await, http2_client(&ca, server.addr).await);
+        let mut ws = first.websocket("/echo", &endpoint, &config).await.unwrap();
+        // The third TCP connection is closed before its TLS handshake completes.
+        let mut third = TcpStream::connect(server.addr).await.unwrap();
+        let mut byte = [0u8; 1];
+        assert_eq!(third.read(&mut byte).await.unwrap_or(0), 0, "closed at once");
+        assert_eq!(server.stats.refused_connections(), 1);
+        assert_eq!(server.stats.open_connections(), 2);
+        echo_twice(&mut ws, 1).await;
+        // A connection that ends makes room for the next.
+        drop(ws);
+        drop(first);
+        drop(second);
+        while server.stats.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let client = http2_client(&ca, server.addr).await;
+        let mut ws = client.websocket("/echo", &endpoint, &config).await.unwrap();
+        echo_twice(&mut ws, 2).await;
     })
     .await
     .expect("bounded");

@@ -116,6 +116,9 @@ pub struct Http2Config {
     pub keep_alive: Duration,
     /// The time a TLS handshake (and an HTTP/1.1 request head) may take. Default 10 s.
     pub handshake_timeout: Duration,
+    /// TCP connections served at once; one more is closed as it is accepted (counted).
+    /// Default 10,000.
+    pub max_connections: usize,
 }
 
 impl Default for Http2Config {
@@ -131,6 +134,7 @@ impl Default for Http2Config {
             max_local_error_resets: 1024,
             keep_alive: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
+            max_connections: 10_000,
         }
     }
 }
@@ -166,12 +170,21 @@ impl Http2Config {
         self.max_send_buffer = bytes;
         self
     }
+
+    /// See [`max_connections`](Self::max_connections).
+    pub fn max_connections(mut self, connections: usize) -> Self {
+        self.max_connections = connections;
+        self
+    }
 }
 
 /// What the HTTPS server saw, counted since it started.
 #[derive(Debug, Default)]
 pub struct Http2Stats {
     tcp_connections: AtomicU64,
+    /// Connections open now (a gauge, unlike the others).
+    open_connections: AtomicU64,
+    refused_connections: AtomicU64,
     tls_failures: AtomicU64,
     http2_connections: AtomicU64,
     http1_connections: AtomicU64,
@@ -189,6 +202,16 @@ impl Http2Stats {
     /// TCP connections accepted.
     pub fn tcp_connections(&self) -> u64 {
         self.tcp_connections.load(Ordering::Relaxed)
+    }
+
+    /// TCP connections being served now.
+    pub fn open_connections(&self) -> u64 {
+        self.open_connections.load(Ordering::Relaxed)
+    }
+
+    /// TCP connections closed as they were accepted: `max_connections` were open.
+    pub fn refused_connections(&self) -> u64 {
+        self.refused_connections.load(Ordering::Relaxed)
     }
 
     /// TLS handshakes that failed or timed out.
@@ -263,6 +286,7 @@ pub struct Http2Server {
     h2: http2::Builder<TokioExecutor>,
     h1: http1::Builder,
     handshake_timeout: Duration,
+    max_connections: u64,
     stats: Arc<Http2Stats>,
 }
 
@@ -294,6 +318,7 @@ impl Http2Server {
             h2,
             h1,
             handshake_timeout: config.handshake_timeout,
+            max_connections: config.max_connections as u64,
             stats: Arc::default(),
         })
     }
@@ -312,9 +337,24 @@ impl Http2Server {
         }
     }
 
-    /// Serves `router` on one accepted TCP connection until it ends.
+    /// Serves `router` on one accepted TCP connection until it ends; closes it at once when
+    /// `max_connections` are open.
     pub async fn serve_connection(self, tcp: TcpStream, router: Router) {
         Http2Stats::add(&self.stats.tcp_connections);
+        let open = &self.stats.open_connections;
+        if open.fetch_add(1, Ordering::Relaxed) >= self.max_connections {
+            open.fetch_sub(1, Ordering::Relaxed);
+            Http2Stats::add(&self.stats.refused_connections);
+            return;
+        }
+        /// Counts the connection closed however its task ends.
+        struct Open<'a>(&'a AtomicU64);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let _open = Open(open);
         let _ = tcp.set_nodelay(true);
         let tls =
             match ::tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(tcp)).await {
