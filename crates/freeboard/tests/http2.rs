@@ -3,7 +3,7 @@
 //! page, freeboard's own HTTP/2 client (several WebSockets on one connection) beside an
 //! HTTP/1.1 upgrade on the same port, `curl --http2`, and a hand-written HTTP/2 client for
 //! what no polite client sends: a stream flood past `SETTINGS_MAX_CONCURRENT_STREAMS`, rapid
-//! reset, a `CONNECT` without `:protocol`, wrong versions and protocols, and a stream whose
+//! reset, a CONTINUATION flood, a `CONNECT` without `:protocol`, wrong versions and protocols, and a stream whose
 //! flow-control window never opens. Innocents keep echoing.
 //!
 //! Everything talks to 127.0.0.1, each test is bounded by a timeout, and Chromium is killed
@@ -252,6 +252,7 @@ const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const GOAWAY: u8 = 0x7;
 const WINDOW_UPDATE: u8 = 0x8;
+const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
 const ACK: u8 = 0x1;
 const PROTOCOL_ERROR: u32 = 0x1;
@@ -355,7 +356,7 @@ async fn the_server_advertises_extended_connect_and_its_limits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_flood_past_the_limit_is_refused_and_innocents_keep_echoing() {
+async fn stream_reset_and_continuation_floods_meet_their_limits_and_innocents_keep_echoing() {
     tokio::time::timeout(BOUND, async {
         let ca = TestCa::new("h2-flood");
         let limit = 8;
@@ -459,6 +460,34 @@ async fn a_stream_flood_past_the_limit_is_refused_and_innocents_keep_echoing() {
         };
         assert_eq!(goaway, ENHANCE_YOUR_CALM);
         assert_eq!((server.stats.goaways(), server.stats.goaway_errors()), (1, 1));
+
+        // CONTINUATION flood: one request head sent as a HEADERS and then endless
+        // CONTINUATION frames, never ending it. h2 stops at the header list size.
+        let (mut flood_io, _) = raw_http2(&ca, server.addr).await;
+        let mut burst = frame(HEADERS, 0, 1, &block);
+        let pad = header_block(&[("x-pad", &"p".repeat(100))]);
+        for _ in 0..2000 {
+            burst.extend(frame(CONTINUATION, 0, 1, &pad));
+        }
+        let _ = flood_io.write_all(&burst).await;
+        let mut outcome = None;
+        while outcome.is_none() {
+            let (kind, _, stream, payload) = read_frame(&mut flood_io).await;
+            match kind {
+                GOAWAY => {
+                    outcome =
+                        Some(("GOAWAY", u32::from_be_bytes(payload[4..8].try_into().unwrap())))
+                }
+                RST_STREAM => {
+                    outcome =
+                        Some(("RST_STREAM", u32::from_be_bytes(payload[..4].try_into().unwrap())))
+                }
+                HEADERS if stream == 1 => outcome = Some(("HEADERS", u32::from(payload[0]))),
+                _ => {}
+            }
+        }
+        assert_eq!(outcome, Some(("GOAWAY", ENHANCE_YOUR_CALM)));
+        assert_eq!((server.stats.goaways(), server.stats.goaway_errors()), (2, 2));
 
         // The innocents lost nothing.
         for (i, ws) in innocents.iter_mut().enumerate() {

@@ -16,7 +16,8 @@
 //! queued per stream for sending. hyper's HTTP/2 is the `h2` crate, which also bounds what
 //! the known attacks would grow: streams reset before they are accepted (rapid reset,
 //! CVE-2023-44487), CONTINUATION frames beyond the header list size (the CONTINUATION flood),
-//! HPACK tables beyond the advertised size, and pending PING / SETTINGS acknowledgements.
+//! HPACK tables beyond the advertised size, resets the peer provokes; the tests drive the
+//! first two and a stream flood (`tests/http2.rs`).
 //! This state lives in the h2 crate and is not drawn from the endpoint's budget; its bound
 //! per connection is what the limits give (see `docs/library/http2.md`).
 //!
