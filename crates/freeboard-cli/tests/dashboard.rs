@@ -555,13 +555,21 @@ fn per_topic_series_stay_within_the_prefix_and_the_cap() {
     assert!(publishes.iter().all(|l| l.ends_with(" 1")), "each published once: {publishes:?}");
     let deliveries = series(&metrics, "freeboard_named_topic_deliveries_total{");
     assert!(deliveries.iter().all(|l| l.ends_with(" 1")), "{deliveries:?}");
+    // "hello" in a 2-byte frame header, sent as published (no compression, no delta).
+    for name in [
+        "freeboard_named_topic_delivered_bytes_as_published_total{",
+        "freeboard_named_topic_delivered_bytes_sent_total{",
+    ] {
+        let bytes = series(&metrics, name);
+        assert!(bytes.len() == 16 && bytes.iter().all(|l| l.ends_with(" 7")), "{bytes:?}");
+    }
     let drops = series(&metrics, "freeboard_named_topic_drops_total{");
     assert_eq!(drops.len(), 16 * 5, "one per topic and policy");
     assert!(!metrics.contains("topic=\"lobby."), "no series for a topic not named");
     assert!(metrics.contains("freeboard_named_topic_series 16\n"), "{metrics}");
     assert!(metrics.contains("freeboard_named_topic_left_out_total 34\n"), "{metrics}");
     let total = metrics.lines().filter(|l| l.contains("topic=\"")).count();
-    assert_eq!(total, 16 * (3 + 5), "every per-topic series, bounded by the cap");
+    assert_eq!(total, 16 * (5 + 5), "every per-topic series, bounded by the cap");
 
     drop(subscriber);
     let deadline = Instant::now() + Duration::from_secs(10);

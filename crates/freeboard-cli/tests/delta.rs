@@ -272,6 +272,8 @@ fn one_delta_per_publication_for_every_subscriber_and_under_permessage_deflate()
         "",
         "--compression",
         "shared",
+        "--topic-metrics-prefix",
+        "board",
     ]);
     let url = format!("ws://{}/topic/board?delta=fossil", serve.addr);
     let mut clients: Vec<Client> =
@@ -302,6 +304,15 @@ fn one_delta_per_publication_for_every_subscriber_and_under_permessage_deflate()
     // those above the 64-byte threshold), not once per subscriber.
     let compressions = metric(&serve.addr, "freeboard_topic_compressions_total");
     assert!((1..=2 * N as u64).contains(&compressions), "{compressions}");
+    // The topic's series (and the dashboard's topics table) show the saving: three of its
+    // four subscribers take deltas, compressed; the publisher takes the documents whole.
+    let topic = "{topic=\"board\"}";
+    let published = metric(
+        &serve.addr,
+        &format!("freeboard_named_topic_delivered_bytes_as_published_total{topic}"),
+    );
+    let sent = metric(&serve.addr, &format!("freeboard_named_topic_delivered_bytes_sent_total{topic}"));
+    assert!(sent * 3 < published, "{sent} bytes sent of {published} as published");
 }
 
 #[test]

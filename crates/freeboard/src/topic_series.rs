@@ -1,6 +1,7 @@
 //! Per-topic figures for the topics an operator names by prefix
 //! ([`TopicsConfig::metrics_prefixes`](crate::config::TopicsConfig::metrics_prefixes)): their
-//! subscribers, publications, deliveries and drops by policy, on `/metrics` as
+//! subscribers, publications, deliveries, the bytes those took as published and as sent
+//! (after delta and compression), and drops by policy, on `/metrics` as
 //! `freeboard_named_topic_*{topic}` and in the dashboard's topics table.
 //!
 //! The cardinality is bounded twice: only topics whose name starts with a prefix get a
@@ -26,8 +27,20 @@ pub(crate) struct TopicFigures {
     subscribers: AtomicI64,
     publishes: AtomicU64,
     deliveries: AtomicU64,
+    /// The deliveries' bytes as published (whole frames), and as queued: compressed, as a
+    /// delta, or as an event.
+    bytes_published: AtomicU64,
+    bytes_sent: AtomicU64,
     /// Messages dropped for this topic's subscribers, by [`SlowConsumerPolicy`].
     drops: [AtomicU64; SlowConsumerPolicy::ALL.len()],
+}
+
+/// What a fan-out queued: messages, and their bytes as published and as sent.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Delivered {
+    pub(crate) messages: u64,
+    pub(crate) bytes_published: u64,
+    pub(crate) bytes_sent: u64,
 }
 
 /// Which topics have series, and their figures; shared by every loop.
@@ -96,10 +109,12 @@ impl TopicSeries {
     }
 
     /// What one loop's fan-out of a run of publications to `topic` came to: messages queued,
-    /// and the drops by policy.
-    pub(crate) fn fanned_out(&self, topic: &str, delivered: u64, drops: &[u64]) {
+    /// their bytes as published and as sent, and the drops by policy.
+    pub(crate) fn fanned_out(&self, topic: &str, delivered: &Delivered, drops: &[u64]) {
         let Some(figures) = self.figures(topic) else { return };
-        figures.deliveries.fetch_add(delivered, Ordering::Relaxed);
+        figures.deliveries.fetch_add(delivered.messages, Ordering::Relaxed);
+        figures.bytes_published.fetch_add(delivered.bytes_published, Ordering::Relaxed);
+        figures.bytes_sent.fetch_add(delivered.bytes_sent, Ordering::Relaxed);
         for (counter, &n) in figures.drops.iter().zip(drops) {
             if n > 0 {
                 counter.fetch_add(n, Ordering::Relaxed);
@@ -142,6 +157,8 @@ impl TopicSeries {
                     "subscribers": f.subscribers.load(Ordering::Relaxed),
                     "publishes": f.publishes.load(Ordering::Relaxed),
                     "deliveries": f.deliveries.load(Ordering::Relaxed),
+                    "bytes_published": f.bytes_published.load(Ordering::Relaxed),
+                    "bytes_sent": f.bytes_sent.load(Ordering::Relaxed),
                     "drops": drops,
                 })
             })
@@ -220,6 +237,17 @@ impl Collector for TopicSeriesCollector {
                 "Publications of a named topic queued to its subscribers on this node",
                 |f: &TopicFigures| f.deliveries.load(Ordering::Relaxed),
             ),
+            (
+                "freeboard_named_topic_delivered_bytes_as_published",
+                "Bytes of a named topic's deliveries on this node as published (whole frames)",
+                |f: &TopicFigures| f.bytes_published.load(Ordering::Relaxed),
+            ),
+            (
+                "freeboard_named_topic_delivered_bytes_sent",
+                "Bytes of a named topic's deliveries on this node as queued to its subscribers: \
+                 compressed, as deltas or as events",
+                |f: &TopicFigures| f.bytes_sent.load(Ordering::Relaxed),
+            ),
         ] {
             let mut e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for (topic, f) in &rows {
@@ -265,13 +293,15 @@ mod tests {
         assert_eq!(series.len(), 3, "a second subscriber of a topic with a series");
         series.published("room.1");
         series.published("lobby");
-        series.fanned_out("room.1", 2, &[0, 1, 0, 3, 0]);
+        let delivered = Delivered { messages: 2, bytes_published: 2000, bytes_sent: 300 };
+        series.fanned_out("room.1", &delivered, &[0, 1, 0, 3, 0]);
         let json = series.json();
         let room = json["topics"].as_array().unwrap().iter().find(|t| t["topic"] == "room.1");
         let room = room.unwrap();
         assert_eq!(room["subscribers"], 2);
         assert_eq!((room["publishes"].as_u64(), room["deliveries"].as_u64()), (Some(1), Some(2)));
         assert_eq!(room["drops"]["conflate"], 3);
+        assert_eq!((room["bytes_published"].as_u64(), room["bytes_sent"].as_u64()), (Some(2000), Some(300)));
         assert_eq!(json["topics"][0]["topic"], "room.1", "most subscribers first");
 
         // A series goes with its topic's last subscriber, and makes room for another.

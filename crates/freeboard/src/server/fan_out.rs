@@ -9,6 +9,7 @@ use super::event_copies::EventCopies;
 use super::event_loop::{EventLoop, loop_context};
 use crate::history::{Envelope, Offset, offset_in_frame};
 use crate::session::events::Variant;
+use crate::topic_series::Delivered;
 use crate::topics::{Outbox, Published, Reach};
 use crate::transport::{Transport, write_frames};
 
@@ -127,6 +128,7 @@ impl<T: Transport> EventLoop<T> {
         from: Option<(&Outbox, usize)>,
     ) -> Reach {
         let mut reach = Reach::default();
+        let mut bytes = Delivered::default();
         let drops_before = self.stats.policy_drops;
         let changed = from.filter(|(outbox, _)| outbox.changed(topic));
         let subscribers = self.topics.subscribers(topic).into_iter().flatten().map(|(_, t)| *t);
@@ -292,6 +294,7 @@ impl<T: Transport> EventLoop<T> {
                     }
                     None => false,
                 };
+                let published = frame.len() as u64;
                 let Some(frame) = as_sent(i, frame, use_delta) else {
                     // Its event (or delta copy) could not be framed: the pool is short, as for
                     // a queue.
@@ -345,6 +348,8 @@ impl<T: Transport> EventLoop<T> {
                         let queued = self.stats.count_send(outcome, policy);
                         self.stats.deliveries += queued;
                         reach.delivered += queued;
+                        bytes.bytes_published += published * queued;
+                        bytes.bytes_sent += frame.len() as u64 * queued;
                         reach.dropped += 1 - queued;
                     }
                 }
@@ -386,7 +391,8 @@ impl<T: Transport> EventLoop<T> {
         }
         self.changes = changes;
         let drops = self.stats.policy_drops.since(&drops_before);
-        self.shared.metrics.topic_series.fanned_out(topic, reach.delivered, &drops);
+        bytes.messages = reach.delivered;
+        self.shared.metrics.topic_series.fanned_out(topic, &bytes, &drops);
         reach
     }
 }
