@@ -311,7 +311,8 @@ fn one_delta_per_publication_for_every_subscriber_and_under_permessage_deflate()
         &serve.addr,
         &format!("freeboard_named_topic_delivered_bytes_as_published_total{topic}"),
     );
-    let sent = metric(&serve.addr, &format!("freeboard_named_topic_delivered_bytes_sent_total{topic}"));
+    let sent =
+        metric(&serve.addr, &format!("freeboard_named_topic_delivered_bytes_sent_total{topic}"));
     assert!(sent * 3 < published, "{sent} bytes sent of {published} as published");
 }
 

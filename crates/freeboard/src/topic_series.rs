@@ -301,7 +301,10 @@ mod tests {
         assert_eq!(room["subscribers"], 2);
         assert_eq!((room["publishes"].as_u64(), room["deliveries"].as_u64()), (Some(1), Some(2)));
         assert_eq!(room["drops"]["conflate"], 3);
-        assert_eq!((room["bytes_published"].as_u64(), room["bytes_sent"].as_u64()), (Some(2000), Some(300)));
+        assert_eq!(
+            (room["bytes_published"].as_u64(), room["bytes_sent"].as_u64()),
+            (Some(2000), Some(300))
+        );
         assert_eq!(json["topics"][0]["topic"], "room.1", "most subscribers first");
 
         // A series goes with its topic's last subscriber, and makes room for another.
