@@ -54,12 +54,14 @@ impl CutProxy {
                     reset(&client);
                     continue;
                 };
-                accept.accepted.fetch_add(1, Ordering::Relaxed);
                 let _ = (client.set_nodelay(true), server.set_nodelay(true));
                 let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else { continue };
                 let mut live = accept.live.lock().unwrap();
                 live.retain(|(c, _)| c.peer_addr().is_ok());
                 live.push((c2, s2));
+                // Counted once a `cut` would end it: a caller that waits for the count and
+                // then cuts never misses the connection it waited for.
+                accept.accepted.fetch_add(1, Ordering::Relaxed);
                 drop(live);
                 pump(&client, &server);
                 pump(&server, &client);
