@@ -72,7 +72,11 @@ impl DevTools {
 pub(crate) fn get(addr: &str, path: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    // One write: `write!` would send the pieces of the format one by one, and a server whose
+    // budget cannot hold a partial head (`an_event_stream_the_budget_cannot_hold_gets_503`)
+    // answers one that arrives in pieces 503.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).unwrap();
     let mut bytes = Vec::new();
     let mut buf = [0u8; 16 << 10];
     loop {
