@@ -25,7 +25,7 @@ use crate::transport::{Io, Transport};
 /// and that request bodies may hold together: neither can starve the open connections.
 const HEAD_SHARE: usize = 4;
 const BODY_SHARE: usize = 4;
-/// Why a connection was closed or refused for the crowd of connections not open yet.
+/// Why a connection was closed or refused for the crowd of connections that have not upgraded.
 const HANDSHAKES_FULL: &str = "too many connections awaiting their upgrade";
 /// Pipelined requests handled from one read before the rest waits for the next loop turn.
 const PIPELINE_PER_READ: usize = 8;
@@ -390,11 +390,11 @@ impl<T: Transport> EventLoop<T> {
         false
     }
 
-    /// Whether the connections that are not open, with `connections` more of them and `head`
-    /// more chunks of partial heads, stay within their [share](HEAD_SHARE) of the pool. Each
-    /// is counted its kernel memory and at least a chunk of head: a crowd of them, however
-    /// slow, cannot leave the open connections' data path short, and one let in has room for
-    /// its request.
+    /// Whether the connections that have not upgraded, with `connections` more of them and
+    /// `head` more chunks of partial heads, stay within their [share](HEAD_SHARE) of the
+    /// pool. Each is counted its kernel memory and at least a chunk of head: a crowd of them,
+    /// however slow, cannot leave the open connections' data path short, and one let in has
+    /// room for its request.
     pub(super) fn untrusted_room(&self, connections: usize, head: usize) -> bool {
         let untrusted = self.conns.len() - self.upgraded + connections;
         let charged = (untrusted * self.connection_charge).div_ceil(self.pool.chunk_size());
