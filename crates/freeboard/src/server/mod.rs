@@ -399,11 +399,17 @@ impl ServerHandle {
     /// [`TopicsConfig::presence_prefix`](crate::config::TopicsConfig) is not set.
     ///
     /// ```no_run
-    /// # let handle: freeboard::ServerHandle = todo!();
+    /// use freeboard::{Router, Server, ServerConfig};
+    ///
+    /// let mut config = ServerConfig::default();
+    /// config.topics.presence_prefix = Some("room".into());
+    /// let server = Server::bind(config, Router::new)?;
+    /// let handle = server.handle();
     /// if let Some(presence) = handle.presence() {
     ///     let page = presence.page("room1", None, 100);
     ///     println!("{} members, first page {:?}", presence.count("room1"), page.members);
     /// }
+    /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn presence(&self) -> Option<&Arc<Presence>> {
         self.shared.hub.presence()
