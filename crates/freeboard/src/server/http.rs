@@ -314,6 +314,8 @@ impl<T: Transport> EventLoop<T> {
                 && c.serial == serial
                 && !matches!(c.outcome, DecisionOutcome::Published)
         });
+        let upgrade =
+            Upgrading { route, options, compression, event_stream, credentialed_origin, listing };
         match mine.map(|i| self.completed.swap_remove(i).outcome) {
             Some(DecisionOutcome::Reject { status, reason, why }) => {
                 self.refuse_upgrade(token, now, status, reason, why.as_deref())
@@ -321,14 +323,6 @@ impl<T: Transport> EventLoop<T> {
             Some(DecisionOutcome::Published) => false, // excluded above
             Some(DecisionOutcome::Accept(accepted)) => {
                 let key = request.accept_key();
-                let upgrade = Upgrading {
-                    route,
-                    options,
-                    compression,
-                    event_stream,
-                    credentialed_origin,
-                    listing,
-                };
                 if !self.open_upgraded(token, now, upgrade, path, &key, accepted) {
                     return false;
                 }
@@ -351,14 +345,6 @@ impl<T: Transport> EventLoop<T> {
             None => {
                 let accept_key = request.accept_key();
                 let target = path.into();
-                let upgrade = Upgrading {
-                    route,
-                    options,
-                    compression,
-                    event_stream,
-                    credentialed_origin,
-                    listing,
-                };
                 let pending = PendingUpgrade { serial, upgrade, target, accept_key };
                 self.pending.insert(token, pending);
                 false
