@@ -12,7 +12,9 @@
 //!   signs, in PEM files.
 //! - [`browser::Browser`]: headless Chromium for the browser tests.
 //! - [`proxy::CutProxy`]: a loopback TCP proxy whose connections are cut on command.
+//! - [`alloc::LiveBytes`]: a global allocator counting the bytes live on the heap.
 
+pub mod alloc;
 pub mod browser;
 pub mod proxy;
 pub mod tls;

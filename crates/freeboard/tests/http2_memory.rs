@@ -8,8 +8,6 @@
 //! Skipped (with a message) when no `chromium` is on the PATH; `FREEBOARD_REQUIRE_BROWSER=1`
 //! turns the skip into a failure.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,36 +18,14 @@ use freeboard::tls::TlsIdentity;
 use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
 use freeboard::tokio::http2::{Http2Config, Http2Server, Http2Stats};
 use freeboard::tokio::{Endpoint, EndpointConfig, OwnedMessage};
+use freeboard_test::alloc::LiveBytes;
 use freeboard_test::browser::{Browser, chromium};
 use freeboard_test::tls::TestCa;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator, only counting bytes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: LiveBytes = LiveBytes;
 
 const SOCKETS: usize = 100;
 
@@ -113,7 +89,7 @@ async fn settled_heap() -> isize {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut least = isize::MAX;
     for _ in 0..10 {
-        least = least.min(LIVE.load(Ordering::Relaxed));
+        least = least.min(LiveBytes::live());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     least

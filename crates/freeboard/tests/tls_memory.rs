@@ -4,40 +4,16 @@
 //! the server, with freeboard's configuration (ring, tickets, ALPN); a counting allocator
 //! adds up what the server's calls allocate and free, apart from the client's.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, Ordering};
 
+use freeboard_test::alloc::LiveBytes;
 use freeboard_test::tls::TestCa;
 use rustls::pki_types::pem::PemObject;
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{ConnectionState, UnbufferedStatus};
 
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator, only counting bytes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: LiveBytes = LiveBytes;
 
 const HANDSHAKE_CHARGE: isize = 8 * 1024;
 const ESTABLISHED_CHARGE: isize = 4 * 1024;
@@ -50,9 +26,9 @@ struct Meter {
 
 impl Meter {
     fn measure<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        let before = LIVE.load(Ordering::Relaxed);
+        let before = LiveBytes::live();
         let r = f();
-        self.server += LIVE.load(Ordering::Relaxed) - before;
+        self.server += LiveBytes::live() - before;
         self.peak = self.peak.max(self.server);
         r
     }
