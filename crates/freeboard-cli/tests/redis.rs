@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
@@ -398,33 +399,22 @@ impl Cluster {
     /// Node `i`'s `redis-server`, listening (its cluster state kept in `dir`).
     fn server(&self, i: usize) -> Option<Process> {
         let (port, bus, _) = self.nodes[i];
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .args(["--cluster-enabled", "yes", "--cluster-port", &bus.to_string()])
-            .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-            .args(["--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let process = Process(child);
-        let until = Instant::now() + Duration::from_secs(10);
-        while !common::listening(("127.0.0.1", port)) {
-            assert!(Instant::now() < until, "redis-server did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(process)
+        let (bus, config) = (bus.to_string(), format!("nodes-{port}.conf"));
+        let cluster = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-port",
+            &bus,
+            "--cluster-config-file",
+            &config,
+            "--cluster-node-timeout",
+            "1000",
+            "--cluster-require-full-coverage",
+            "no",
+            "--dir",
+        ];
+        let args = cluster.map(OsStr::new).into_iter().chain([self.dir.as_os_str()]);
+        common::redis_server_with(port, args)
     }
 
     /// Waits until node `i` says the cluster is ok.

@@ -141,6 +141,14 @@ impl Drop for Process {
 /// `redis-server` on `port` (no persistence), ready for connections; `None` if it is not
 /// installed.
 pub(crate) fn redis_server(port: u16) -> Option<Process> {
+    redis_server_with(port, std::iter::empty::<&str>())
+}
+
+/// [`redis_server`] with more arguments (a cluster node's).
+pub(crate) fn redis_server_with(
+    port: u16,
+    extra: impl IntoIterator<Item = impl AsRef<std::ffi::OsStr>>,
+) -> Option<Process> {
     let child = Command::new("redis-server")
         .args([
             "--port",
@@ -152,6 +160,7 @@ pub(crate) fn redis_server(port: u16) -> Option<Process> {
             "--appendonly",
             "no",
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
