@@ -17,7 +17,7 @@ use freeboard::MessageKind;
 use freeboard::client::{Client, ClientConfig, DeltaDecoder, DeltaRefusal, Event};
 use freeboard_test::{Inbox, frame};
 
-use common::Serve;
+use common::{Serve, subscribe, subscribe_slow, text};
 
 /// Publications in the burst a slow subscriber does not read, then after it caught up.
 const BURST: usize = 500;
@@ -113,26 +113,6 @@ fn apply_until(
     }
 }
 
-fn subscribe(addr: &str, path: &str, receive_buffer: Option<usize>) -> (TcpStream, Inbox) {
-    let addr: std::net::SocketAddr = addr.parse().unwrap();
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    if let Some(size) = receive_buffer {
-        socket.set_recv_buffer_size(size).unwrap();
-    }
-    socket.connect(&addr.into()).unwrap();
-    let mut s: TcpStream = socket.into();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(freeboard_test::upgrade_request(path, "").as_bytes()).unwrap();
-    let mut inbox = Inbox::default();
-    let head = inbox.head(&mut s).unwrap().expect("a response");
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    (s, inbox)
-}
-
-fn text(payload: &[u8]) -> Vec<u8> {
-    frame(0x81, payload, Some([1, 2, 3, 4]))
-}
-
 fn metric(addr: &str, name: &str) -> u64 {
     std::thread::sleep(freeboard::metrics::ADMIN_REFRESH);
     let mut s = TcpStream::connect(addr).unwrap();
@@ -188,9 +168,9 @@ fn delta_subscribers_get_every_document_and_one_that_drops_never_applies_a_wrong
         let path = "/topic/doc.board?delta=fossil";
         // Two that keep up (on both loops, with two connections each side), one that does not
         // read during the burst (an 8 KiB receive buffer: soon behind).
-        let keepers: Vec<_> = (0..2).map(|_| subscribe(&serve.addr, path, None)).collect();
-        let (mut slow, mut slow_inbox) = subscribe(&serve.addr, path, Some(8 << 10));
-        let (mut publisher, _) = subscribe(&serve.addr, "/topic/doc.board", None);
+        let keepers: Vec<_> = (0..2).map(|_| subscribe(&serve.addr, path)).collect();
+        let (mut slow, mut slow_inbox) = subscribe_slow(&serve.addr, path);
+        let (mut publisher, _) = subscribe(&serve.addr, "/topic/doc.board");
         // Every subscription is known to every loop before the burst: the publisher's first
         // document reaches the slow subscriber, which reads it.
         publish(&serve, &mut publisher, 0..1, doc);
@@ -281,7 +261,7 @@ fn one_delta_per_publication_for_every_subscriber_and_under_permessage_deflate()
     let mut clients: Vec<Client> =
         (0..3).map(|_| Client::connect(&url, ClientConfig::default()).unwrap()).collect();
     assert!(clients.iter().all(|c| c.compression().is_some()), "permessage-deflate agreed");
-    let (mut publisher, _) = subscribe(&serve.addr, "/topic/board", None);
+    let (mut publisher, _) = subscribe(&serve.addr, "/topic/board");
     publish(&serve, &mut publisher, 0..N, document);
     let hashes: Vec<u64> = (0..N).map(|n| content_hash(&document(n))).collect();
     // Message bytes as inflated: the envelopes and deltas, before permessage-deflate.
@@ -341,7 +321,7 @@ fn delta_refusals_and_garbage_from_a_delta_subscriber() {
     // Garbage: an unmasked frame (§5.1: the server MUST close) gets 1002; a message where
     // clients may not publish, 1008.
     for (bytes, code) in [(frame(0x81, b"hi", None), 1002), (text(b"hi"), 1008)] {
-        let (mut s, mut inbox) = subscribe(&serve.addr, "/topic/doc.a?delta=fossil", None);
+        let (mut s, mut inbox) = subscribe(&serve.addr, "/topic/doc.a?delta=fossil");
         s.write_all(&bytes).unwrap();
         let until = Instant::now() + Duration::from_secs(10);
         let close = loop {
@@ -361,8 +341,8 @@ fn delta_refusals_and_garbage_from_a_delta_subscriber() {
 fn a_delta_subscriber_resumes_with_since_and_the_replay_goes_whole() {
     let serve = Serve::start(&["--client-publish", "--history", "100", "--delta-prefix", "doc."]);
     let path = "/topic/doc.h?delta=fossil";
-    let (mut first, mut inbox) = subscribe(&serve.addr, path, None);
-    let (mut publisher, _) = subscribe(&serve.addr, "/topic/doc.h", None);
+    let (mut first, mut inbox) = subscribe(&serve.addr, path);
+    let (mut publisher, _) = subscribe(&serve.addr, "/topic/doc.h");
     publish(&serve, &mut publisher, 0..5, document);
     let hashes: Vec<u64> = (0..12).map(|n| content_hash(&document(n))).collect();
     // Reads `count` messages; each decoded one is `OFFSET:document`.
@@ -389,7 +369,7 @@ fn a_delta_subscriber_resumes_with_since_and_the_replay_goes_whole() {
     publish(&serve, &mut publisher, 5..8, document);
     let since = &before[2].0;
     let path = format!("/topic/doc.h?delta=fossil&since={since}");
-    let (mut back, mut inbox) = subscribe(&serve.addr, &path, None);
+    let (mut back, mut inbox) = subscribe(&serve.addr, &path);
     let mut decoder = DeltaDecoder::new(1 << 20);
     let replay = read(&mut back, &mut inbox, &mut decoder, 5);
     // The replay: whole, without the delta envelope.
@@ -407,11 +387,10 @@ fn a_delta_subscriber_resumes_with_since_and_the_replay_goes_whole() {
 fn presence_events_between_deltas_leave_the_base_alone() {
     let serve =
         Serve::start(&["--client-publish", "--presence-prefix", "doc.", "--delta-prefix", "doc."]);
-    let (mut watcher, mut inbox) =
-        subscribe(&serve.addr, "/topic/doc.p?delta=fossil&presence=1", None);
-    let (mut publisher, _) = subscribe(&serve.addr, "/topic/doc.p", None);
+    let (mut watcher, mut inbox) = subscribe(&serve.addr, "/topic/doc.p?delta=fossil&presence=1");
+    let (mut publisher, _) = subscribe(&serve.addr, "/topic/doc.p");
     publish(&serve, &mut publisher, 0..3, document);
-    let visitor = subscribe(&serve.addr, "/topic/doc.p", None);
+    let visitor = subscribe(&serve.addr, "/topic/doc.p");
     drop(visitor);
     std::thread::sleep(Duration::from_millis(200)); // the leave is seen
     publish(&serve, &mut publisher, 3..6, document);

@@ -51,13 +51,7 @@ fn members(addr: &str, topic: &str, limit: usize) -> Vec<serde_json::Value> {
 
 /// A WebSocket on `target`, its 101 read.
 fn subscribe(addr: &str, target: &str, extra: &str) -> (TcpStream, Inbox) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(freeboard_test::upgrade_request(target, extra).as_bytes()).unwrap();
-    let mut inbox = Inbox::default();
-    let head = inbox.head(&mut s).unwrap().expect("a response");
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    (s, inbox)
+    common::upgrade(TcpStream::connect(addr).unwrap(), target, extra)
 }
 
 /// The next presence event a watcher gets, as JSON (publications are not expected).

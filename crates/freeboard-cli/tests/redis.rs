@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Process, Serve};
-use freeboard_test::{Inbox, frame};
+use common::{Process, Serve, text};
+use freeboard_test::Inbox;
 
 /// `redis-server` on `port`, ready for connections; `None` if it is not installed.
 fn redis(port: u16) -> Option<Process> {
@@ -40,19 +40,7 @@ fn node_on(url: &str, extra: &[&str]) -> (Serve, String) {
 
 /// A WebSocket on `/topic/{topic}`, its 101 read.
 fn subscribe(addr: &str, topic: &str) -> (TcpStream, Inbox) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.set_nodelay(true).unwrap();
-    s.write_all(freeboard_test::upgrade_request(&format!("/topic/{topic}"), "").as_bytes())
-        .unwrap();
-    let mut inbox = Inbox::default();
-    let head = inbox.head(&mut s).unwrap().expect("a response");
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    (s, inbox)
-}
-
-fn text(payload: &[u8]) -> Vec<u8> {
-    frame(0x81, payload, Some([1, 2, 3, 4]))
+    common::subscribe(addr, &format!("/topic/{topic}"))
 }
 
 /// Publishes "warm" from `publisher` until every reader has seen one: every node's

@@ -9,42 +9,12 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use freeboard_test::{Inbox, frame};
+use freeboard_test::Inbox;
 
-use common::Serve;
+use common::{Serve, subscribe, subscribe_slow, text};
 
 /// Publications in the burst.
 const BURST: usize = 2000;
-
-/// A WebSocket on `path`, its 101 read.
-fn subscribe(addr: &str, path: &str) -> (TcpStream, Inbox) {
-    upgrade(TcpStream::connect(addr).unwrap(), path)
-}
-
-/// [`subscribe`] with an 8 KiB receive buffer (no autotuning), so that a subscriber that does
-/// not read is soon behind.
-fn subscribe_slow(addr: &str, path: &str) -> (TcpStream, Inbox) {
-    let addr: std::net::SocketAddr = addr.parse().unwrap();
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    socket.set_recv_buffer_size(8 << 10).unwrap();
-    socket.connect(&addr.into()).unwrap();
-    upgrade(socket.into(), path)
-}
-
-fn upgrade(mut s: TcpStream, path: &str) -> (TcpStream, Inbox) {
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.set_nodelay(true).unwrap();
-    s.write_all(freeboard_test::upgrade_request(path, "").as_bytes()).unwrap();
-    let mut inbox = Inbox::default();
-    let head = inbox.head(&mut s).unwrap().expect("a response");
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    (s, inbox)
-}
-
-/// A masked client text frame.
-fn text(payload: &[u8]) -> Vec<u8> {
-    frame(0x81, payload, Some([1, 2, 3, 4]))
-}
 
 /// Publishes "warm" from `publisher` until `reader` has seen one, so both subscriptions are
 /// known to every loop before the burst.

@@ -7,11 +7,13 @@
 
 pub(crate) mod devtools;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
+
+use freeboard_test::{Inbox, frame};
 
 /// A running `freeboard serve`.
 pub(crate) struct Serve {
@@ -172,4 +174,35 @@ pub(crate) fn redis_server_with(
         std::thread::sleep(Duration::from_millis(20));
     }
     Some(process)
+}
+
+/// A WebSocket on `target` (with `extra` header lines) over `s`, its 101 read.
+pub(crate) fn upgrade(mut s: TcpStream, target: &str, extra: &str) -> (TcpStream, Inbox) {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(freeboard_test::upgrade_request(target, extra).as_bytes()).unwrap();
+    let mut inbox = Inbox::default();
+    let head = inbox.head(&mut s).unwrap().expect("a response");
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    (s, inbox)
+}
+
+/// A WebSocket on `target` at `addr`, its 101 read.
+pub(crate) fn subscribe(addr: &str, target: &str) -> (TcpStream, Inbox) {
+    upgrade(TcpStream::connect(addr).unwrap(), target, "")
+}
+
+/// [`subscribe`] with an 8 KiB receive buffer (no autotuning), so that a subscriber that does
+/// not read is soon behind.
+pub(crate) fn subscribe_slow(addr: &str, target: &str) -> (TcpStream, Inbox) {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(8 << 10).unwrap();
+    socket.connect(&addr.into()).unwrap();
+    upgrade(socket.into(), target, "")
+}
+
+/// A masked client text frame.
+pub(crate) fn text(payload: &[u8]) -> Vec<u8> {
+    frame(0x81, payload, Some([1, 2, 3, 4]))
 }
