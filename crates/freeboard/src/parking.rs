@@ -60,6 +60,13 @@ impl ParkingLot {
         &self.config
     }
 
+    /// Resumes the connections it wakes next with `config`: a tokio worker thread keeps one
+    /// lot for the connections of every endpoint it drives.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn reconfigure(&mut self, config: Config) {
+        self.config = config;
+    }
+
     /// The full state of `ws`, waking it if parked.
     pub(crate) fn wake<'w>(&mut self, ws: &'w mut ProtocolState) -> &'w mut Connection {
         if let ProtocolState::Parked(parked) = *ws {

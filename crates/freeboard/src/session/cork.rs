@@ -36,6 +36,12 @@ impl Cork {
         self.bytes.give_back();
     }
 
+    /// Bytes it can hold.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn capacity(&self) -> usize {
+        self.bytes.len()
+    }
+
     /// Bytes held.
     pub(crate) fn len(&self) -> usize {
         self.len

@@ -432,6 +432,33 @@ impl Session {
         }
     }
 
+    /// [`receive`](Self::receive)'s common message alone, for a driver that lends the pool
+    /// only when it must (the tokio driver): one unfragmented text or binary frame whole at
+    /// the front of `buf`, unmasked and validated in place, on an awake session
+    /// ([`wake`](Self::wake)). `None` when the front of `buf` is anything else, the session
+    /// is parked, or the core failed the connection on it: call `receive` with the context
+    /// then (a failed core owes its close frame, which `receive` queues).
+    #[inline]
+    #[cfg(feature = "tokio")]
+    pub(crate) fn receive_whole<'b>(
+        &mut self,
+        now: Instant,
+        buf: &'b mut [u8],
+    ) -> Option<Whole<'b>> {
+        let Phase::Open(open) = &mut self.phase else { return None };
+        if self.encoding.is_some() {
+            return None;
+        }
+        match open.ws.awake()?.read_whole(now, buf) {
+            Ok(Ok(whole)) => Some(whole),
+            Ok(Err(_)) => None,
+            Err(error) => {
+                tracing::debug!(%error, "protocol error");
+                None
+            }
+        }
+    }
+
     /// [`receive`](Self::receive) for anything but the common message: a frame cut by the
     /// read, a fragment, a compressed message, a control frame, an error.
     #[inline(never)]
@@ -574,6 +601,36 @@ impl Session {
         let mask = cx.masks.as_deref_mut().map(MaskSource::next);
         let len = data.len() as u64;
         self.queue_framed(cx, data, mask, |ws, out| ws.message_header(kind, 0, len, mask, out))
+    }
+
+    /// [`send`](Self::send)'s common case alone, for a driver that lends the pool only when it
+    /// must (the tokio driver): a server's message framed into `cork` while the session is
+    /// awake and its queue empty, if the cork stays at or under the high watermark and within
+    /// `room` (what [`FairShare::uncontended_room`] said at the driver's last look at the
+    /// pool). `None` when any of that does not hold: call `send` with the context then.
+    #[inline(always)]
+    #[cfg(feature = "tokio")]
+    pub(crate) fn send_corked(
+        &mut self,
+        cork: &mut Cork,
+        room: usize,
+        kind: MessageKind,
+        data: &[u8],
+    ) -> Option<PushOutcome> {
+        let Phase::Open(open) = &mut self.phase else { return None };
+        if self.encoding.is_some() || !self.queue.is_empty() {
+            return None;
+        }
+        let held = cork.len();
+        let slot = cork.slot(data.len())?;
+        let ws = open.ws.awake()?;
+        let n = ws.message_header(kind, 0, data.len() as u64, None, slot).ok()?;
+        let corked = held + n + data.len();
+        if corked > self.queue.watermarks().high() || corked > room {
+            return None;
+        }
+        cork.commit(n, data);
+        Some(PushOutcome::Queued)
     }
 
     /// [`send`](Self::send) for a connection that compresses or is an event stream, out of
@@ -1094,6 +1151,16 @@ impl Session {
             transition.shutdown_write = true;
         }
         transition
+    }
+
+    /// Wakes the protocol state, if parked: before input arrives for the common paths that
+    /// take no [`Context`] ([`receive_whole`](Self::receive_whole),
+    /// [`send_corked`](Self::send_corked)).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn wake(&mut self, lot: &mut ParkingLot) {
+        if let Phase::Open(open) = &mut self.phase {
+            lot.wake(&mut open.ws);
+        }
     }
 
     /// Parks the protocol state if nothing is in flight (server: an idle connection keeps 24

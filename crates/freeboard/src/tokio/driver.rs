@@ -4,21 +4,91 @@
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::MutexGuard;
+use std::sync::atomic::Ordering;
 use std::task::{self, Poll, Waker};
 use std::time::Duration;
 
 use ::tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use freeboard_buf::Writability;
-use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
+use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State, Whole};
 
-use super::endpoint::Hub;
-use super::{
-    Conn, Cork, Error, IOV, Input, OwnedMessage, Payload, Rare, SPARE_PAYLOAD_BYTES,
-    SPARE_PAYLOADS, SPARE_READ_BUFFERS, Shared,
-};
+use super::endpoint::{Endpoint, Hub, HubGuard};
+use super::{Conn, Error, IOV, Input, OwnedMessage, Payload, Rare, Shared, spares};
 use crate::SendOutcome;
 use crate::client::CloseEvent;
-use crate::session::Received;
+use crate::parking::ParkingLot;
+use crate::session::{Context, Cork, Received};
+
+/// What one call of the driver borrows beside its connection's state (whose lock it holds):
+/// the endpoint's lock, taken the first time the call needs the pool and released before a
+/// system call that does not, and the thread's boxes for protocol states, taken the first
+/// time the call wakes or parks one and given back when it ends.
+pub(super) struct Turn<'e> {
+    endpoint: &'e Endpoint,
+    hub: Option<HubGuard<'e>>,
+    lot: Option<ParkingLot>,
+}
+
+impl<'e> Turn<'e> {
+    pub(super) fn new(endpoint: &'e Endpoint) -> Self {
+        Self { endpoint, hub: None, lot: None }
+    }
+
+    /// The thread's boxes for protocol states.
+    pub(super) fn lot(&mut self) -> &mut ParkingLot {
+        let config = self.endpoint.protocol;
+        self.lot.get_or_insert_with(|| spares::take_lot(config))
+    }
+
+    /// The endpoint's shared state, locked now if it is not yet.
+    pub(super) fn hub(&mut self) -> &mut Hub {
+        let endpoint = self.endpoint;
+        self.hub.get_or_insert_with(|| endpoint.lock())
+    }
+
+    /// Releases the endpoint's lock, if held.
+    pub(super) fn unlock(&mut self) {
+        self.hub = None;
+    }
+
+    /// What a session borrows for one call (the endpoint's lock taken).
+    pub(super) fn cx<'a>(
+        &'a mut self,
+        role: Role,
+        now: Instant,
+        cork: Option<&'a mut Cork>,
+    ) -> Context<'a> {
+        let (endpoint, config) = (self.endpoint, self.endpoint.protocol);
+        let lot = self.lot.get_or_insert_with(|| spares::take_lot(config));
+        self.hub.get_or_insert_with(|| endpoint.lock()).cx(lot, role, now, cork)
+    }
+
+    /// A cork for a connection that read.
+    fn lend_cork(&mut self) -> Box<Cork> {
+        self.endpoint.corking.fetch_add(1, Ordering::Relaxed);
+        spares::cork(self.endpoint.read_buffer)
+    }
+
+    /// Takes back an empty cork.
+    fn take_back_cork(&mut self, cork: Box<Cork>) {
+        self.endpoint.corking.fetch_sub(1, Ordering::Relaxed);
+        spares::keep_cork(cork);
+    }
+
+    /// Takes back a read buffer a connection held.
+    pub(super) fn give_back(&mut self, bytes: Box<[u8]>) {
+        self.endpoint.reading.fetch_sub(1, Ordering::Relaxed);
+        spares::keep_read_buffer(bytes);
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if let Some(lot) = self.lot.take() {
+            spares::keep_lot(lot);
+        }
+    }
+}
 
 impl<S> Shared<S> {
     pub(super) fn lock(&self) -> MutexGuard<'_, Conn<S>> {
@@ -38,35 +108,54 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
     pub(super) fn send(&self, kind: MessageKind, payload: Payload<'_>) -> SendOutcome {
         let mut guard = self.lock();
         let conn = &mut *guard;
-        let mut hub = self.endpoint.lock();
         if conn.session.state() != State::Open {
             return SendOutcome::Closed;
         }
+        let mut turn = Turn::new(&self.endpoint);
         let data = match &payload {
             Payload::Borrowed(data) => data,
             Payload::Owned(data) => &data[..],
         };
-        let cx = &mut hub.cx(conn.role, conn.read_at, conn.cork.as_deref_mut());
-        let outcome = conn.session.send(cx, kind, data);
+        // The common reply joins the cork under this connection's lock alone; anything else
+        // (a queue past the cork, a pool that is contended) takes the endpoint's.
+        let room = self.endpoint.cork_room.load(Ordering::Relaxed);
+        let corked = match (conn.role, conn.cork.as_deref_mut()) {
+            (Role::Server, Some(cork)) => conn.session.send_corked(cork, room, kind, data),
+            _ => None,
+        };
+        let outcome = match corked {
+            Some(outcome) => Some(outcome),
+            None => {
+                let cx = &mut turn.cx(conn.role, conn.read_at, conn.cork.as_deref_mut());
+                conn.session.send(cx, kind, data)
+            }
+        };
         if let Payload::Owned(spent) = payload {
-            hub.keep_payload(spent);
+            spares::keep_payload(spent);
         }
         conn.note_close();
-        conn.schedule_write(&mut hub);
+        if corked.is_none() && conn.input.is_none() && conn.cork.is_none() {
+            // A send outside the reader's turn (another task's, maybe on another worker) woke
+            // the state into this thread's boxes: it parks back into them at once, as the
+            // event loop parks at the end of a turn, so boxes do not drift from the threads
+            // that send to those that read.
+            conn.session.park(turn.lot());
+        }
+        conn.schedule_write(&mut turn);
         outcome.map_or(SendOutcome::Closed, SendOutcome::from)
     }
 
     pub(super) fn close(&self, code: CloseCode, reason: &str) -> Result<(), Error> {
         let mut guard = self.lock();
         let conn = &mut *guard;
-        let mut hub = self.endpoint.lock();
         if conn.session.state() != State::Open {
             return Err(Error::Closed);
         }
-        let cx = &mut hub.cx(conn.role, self.endpoint.now(), conn.cork.as_deref_mut());
+        let mut turn = Turn::new(&self.endpoint);
+        let cx = &mut turn.cx(conn.role, self.endpoint.now(), conn.cork.as_deref_mut());
         conn.session.close(cx, code, reason).map_err(Error::Usage)?;
         conn.note_close();
-        conn.schedule_write(&mut hub);
+        conn.schedule_write(&mut turn);
         Ok(())
     }
 
@@ -81,8 +170,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
     /// now (`Pending`), or the connection can no longer write.
     pub(super) fn poll_writable(&self, task: &mut task::Context<'_>, all: bool) -> Poll<()> {
         let mut conn = self.lock();
-        let mut hub = self.endpoint.lock();
-        let written = conn.write(&mut hub, task);
+        let mut turn = Turn::new(&self.endpoint);
+        let written = conn.write(&mut turn, task);
         let done = match conn.session.state() {
             State::Closed => true,
             _ if all => written.is_ready(),
@@ -104,12 +193,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
         let endpoint = &*self.endpoint;
         let mut guard = self.lock();
         let conn = &mut *guard;
+        let mut turn = Turn::new(endpoint);
         if conn.reader.as_ref().is_none_or(|w| !w.will_wake(task.waker())) {
             conn.reader = Some(task.waker().clone());
         }
         conn.reader_waits = false;
         loop {
-            let mut hub = endpoint.lock();
             // The application replies to a message once it is handed out, so the cork is
             // judged before the parse, against the frame about to be handed out.
             if let (Some(cork), Some(input)) = (conn.cork.as_deref(), conn.input.as_ref())
@@ -117,23 +206,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
                     .session
                     .cork_must_write(cork, &input.bytes[input.at as usize..input.end as usize])
             {
-                let _ = conn.write(&mut hub, task);
+                let _ = conn.write(&mut turn, task);
             }
-            if let Some(message) = conn.parse(&mut hub) {
+            if let Some(message) = conn.parse(&mut turn) {
                 // What the application queues while it takes the messages of one read leaves
                 // in one write once they are taken (or sooner: past the high watermark, or
                 // before a frame whose reply might not fit in the cork, above).
                 if !conn.session.queue().is_writable() {
-                    let _ = conn.write(&mut hub, task);
+                    let _ = conn.write(&mut turn, task);
                 }
                 return Poll::Ready(Some(message));
             }
-            let _ = conn.write(&mut hub, task);
+            let _ = conn.write(&mut turn, task);
             if let Some(close) = conn.close.take() {
                 // Our answer to the peer's close leaves before the application hears of it.
-                let _ = conn.write(&mut hub, task);
+                let _ = conn.write(&mut turn, task);
                 conn.ended = true;
-                conn.release_input(&mut hub);
+                conn.release_input(&mut turn);
                 return Poll::Ready(Some(OwnedMessage::Close(*close)));
             }
             if conn.ended || conn.session.state() == State::Closed {
@@ -144,7 +233,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             if let Some(at) = conn.session.poll_timeout() {
                 let now = endpoint.now();
                 if at <= now {
-                    conn.session.handle_timeout(&mut hub.cx(role, now, conn.cork.as_deref_mut()));
+                    conn.session.handle_timeout(&mut turn.cx(role, now, conn.cork.as_deref_mut()));
                     conn.note_close();
                     continue;
                 }
@@ -165,83 +254,42 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             }
             if !conn.session.wants_input() {
                 // Paused above the high watermark: the write that drains the queue wakes us.
-                conn.session.park(&mut hub.lot);
+                conn.session.park(turn.lot());
                 conn.reader_waits = true;
                 return Poll::Pending;
             }
-            let mut bytes = hub
-                .spare
-                .pop()
-                .unwrap_or_else(|| vec![0u8; endpoint.read_buffer].into_boxed_slice());
-            hub.reading += 1;
             // The read is a system call: other connections may use the pool meanwhile.
-            drop(hub);
+            turn.unlock();
+            let mut bytes = spares::read_buffer(endpoint.read_buffer);
             let mut buf = ReadBuf::new(&mut bytes);
             let read = Pin::new(&mut conn.io).poll_read(task, &mut buf);
             let n = buf.filled().len();
-            let mut hub = endpoint.lock();
             match read {
                 Poll::Ready(Ok(())) if n > 0 => {
                     conn.read_at = endpoint.now();
+                    endpoint.reading.fetch_add(1, Ordering::Relaxed);
                     conn.input = Some(Input { bytes, at: 0, end: n as u32 });
                     if conn.cork.is_none() {
-                        conn.cork = Some(hub.lend_cork(endpoint.read_buffer));
+                        conn.cork = Some(turn.lend_cork());
                     }
+                    // Awake for the common message and reply, which take no endpoint lock.
+                    conn.session.wake(turn.lot());
                 }
                 Poll::Ready(result) => {
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "read failed");
                     }
-                    hub.give_back(bytes);
-                    conn.session.handle_eof(&mut hub.cx(role, endpoint.now(), None));
+                    spares::keep_read_buffer(bytes);
+                    conn.session.handle_eof(&mut turn.cx(role, endpoint.now(), None));
                     conn.note_close();
                 }
                 Poll::Pending => {
-                    hub.give_back(bytes);
-                    conn.session.park(&mut hub.lot);
+                    spares::keep_read_buffer(bytes);
+                    conn.session.park(turn.lot());
                     conn.reader_waits = true;
                     return Poll::Pending;
                 }
             }
-        }
-    }
-}
-
-impl Hub {
-    /// An empty buffer for a received payload of `len` bytes: a spare one if any.
-    fn payload(&mut self, len: usize) -> Vec<u8> {
-        let mut payload = self.spare_payloads.pop().unwrap_or_default();
-        payload.reserve_exact(len);
-        payload
-    }
-
-    /// Keeps a sent message's buffer for a message received later.
-    fn keep_payload(&mut self, mut payload: Vec<u8>) {
-        let size = payload.capacity();
-        if size > 0 && size <= SPARE_PAYLOAD_BYTES && self.spare_payloads.len() < SPARE_PAYLOADS {
-            payload.clear();
-            self.spare_payloads.push(payload);
-        }
-    }
-
-    /// A cork of `size` bytes for a connection that read: a spare one if any.
-    fn lend_cork(&mut self, size: usize) -> Box<Cork> {
-        self.corking += 1;
-        self.spare_corks.pop().unwrap_or_else(|| Box::new(Cork::new(size)))
-    }
-
-    /// Takes back an empty cork.
-    fn take_back_cork(&mut self, cork: Box<Cork>) {
-        self.corking -= 1;
-        if self.spare_corks.len() < SPARE_READ_BUFFERS {
-            self.spare_corks.push(cork);
-        }
-    }
-
-    pub(super) fn give_back(&mut self, bytes: Box<[u8]>) {
-        self.reading -= 1;
-        if self.spare.len() < SPARE_READ_BUFFERS {
-            self.spare.push(bytes);
         }
     }
 }
@@ -258,30 +306,32 @@ impl<S> Conn<S> {
     }
 
     /// After a write that took `written` of the cork's bytes: the rest moves into the send
-    /// queue, and the cork goes back to the endpoint unless `keep` (more replies to a read
-    /// being parsed will follow). A failed write, or a pool that cannot hold the rest (the
-    /// stream would be torn), ends the connection.
-    pub(super) fn uncork(&mut self, hub: &mut Hub, written: io::Result<usize>, keep: bool) {
+    /// queue, and the cork goes back to the thread's spares unless `keep` (more replies to a
+    /// read being parsed will follow). A failed write, or a pool that cannot hold the rest
+    /// (the stream would be torn), ends the connection. A cork written whole needs no pool.
+    pub(super) fn uncork(&mut self, turn: &mut Turn<'_>, written: io::Result<usize>, keep: bool) {
         let Some(mut cork) = self.cork.take() else { return };
-        if !cork.is_empty() {
-            let written = self.session.corked_written(&mut cork, &mut hub.pool, written);
+        if matches!(written, Ok(n) if n == cork.len()) {
+            cork.clear();
+        } else if !cork.is_empty() {
+            let written = self.session.corked_written(&mut cork, &mut turn.hub().pool, written);
             if let Err(e) = written {
                 tracing::debug!(error = %e, "write failed");
-                self.fail(hub);
+                self.fail(turn);
             }
         }
         if keep && self.session.state() == State::Open {
             self.cork = Some(cork);
         } else {
-            hub.take_back_cork(cork);
+            turn.take_back_cork(cork);
         }
     }
 
     /// The transport failed: the connection is over (1006 unless the close handshake was
     /// done) and nothing it queued will leave.
-    fn fail(&mut self, hub: &mut Hub) {
-        self.session.handle_eof(&mut hub.cx(self.role, Instant::default(), None));
-        self.session.clear_queue(&mut hub.pool);
+    fn fail(&mut self, turn: &mut Turn<'_>) {
+        self.session.handle_eof(&mut turn.cx(self.role, Instant::default(), None));
+        self.session.clear_queue(&mut turn.hub().pool);
         self.note_close();
         self.wake_all();
     }
@@ -312,24 +362,33 @@ impl<S> Conn<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// Parses read bytes until a message completes or they are used up (then the buffer goes
-    /// back to the endpoint).
-    pub(super) fn parse(&mut self, hub: &mut Hub) -> Option<OwnedMessage> {
+    /// back to the thread's spares). The common message needs no pool, so no endpoint lock.
+    pub(super) fn parse(&mut self, turn: &mut Turn<'_>) -> Option<OwnedMessage> {
         let input = self.input.as_mut()?;
         while input.at < input.end && self.close.is_none() {
             let (at, end) = (input.at as usize, input.end as usize);
-            let cx = &mut hub.cx(self.role, self.read_at, self.cork.as_deref_mut());
-            let (used, received) = self.session.receive(cx, &mut input.bytes[at..end]);
+            let buf = &mut input.bytes[at..end];
+            let (used, received) = match self.session.receive_whole(self.read_at, buf) {
+                Some(Whole { consumed, kind, data }) => {
+                    (consumed, Some(Received::Whole(kind, data)))
+                }
+                None => {
+                    let cx = &mut turn.cx(self.role, self.read_at, self.cork.as_deref_mut());
+                    self.session.receive(cx, &mut input.bytes[at..end])
+                }
+            };
             input.at += used as u32;
             let message = match received {
                 None => None,
                 Some(Received::Whole(kind, data)) => {
-                    let mut payload = hub.payload(data.len());
+                    let mut payload = spares::payload(data.len());
                     payload.extend_from_slice(data);
                     Some(OwnedMessage::received(kind, payload))
                 }
                 Some(Received::Assembled(kind)) => {
                     let mut chain = self.session.take_message();
-                    let mut data = hub.payload(chain.len());
+                    let mut data = spares::payload(chain.len());
+                    let hub = turn.hub();
                     chain.segments(&hub.pool).for_each(|s| data.extend_from_slice(s));
                     chain.clear(&mut hub.pool);
                     Some(OwnedMessage::received(kind, data))
@@ -340,18 +399,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             }
             if message.is_some() {
                 if input.at == input.end {
-                    self.release_input(hub);
+                    self.release_input(turn);
                 }
                 return message;
             }
         }
-        self.release_input(hub);
+        self.release_input(turn);
         None
     }
 
-    pub(super) fn release_input(&mut self, hub: &mut Hub) {
+    pub(super) fn release_input(&mut self, turn: &mut Turn<'_>) {
         if let Some(input) = self.input.take() {
-            hub.give_back(input.bytes);
+            turn.give_back(input.bytes);
         }
     }
 
@@ -359,7 +418,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// if it waits for input; a reader that is handling a message writes when it asks for
     /// the next one, and waking its task would only poll it once more for nothing); without a
     /// reader they are written now, as far as the transport takes them.
-    pub(super) fn schedule_write(&mut self, hub: &mut Hub) {
+    pub(super) fn schedule_write(&mut self, turn: &mut Turn<'_>) {
         if self.session.buffered() == 0 || self.write_requested {
             return;
         }
@@ -372,7 +431,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             // A task waits in `writable` or `flush` with the transport's write interest.
             writer.wake_by_ref();
         } else {
-            let _ = self.write(hub, &mut task::Context::from_waker(Waker::noop()));
+            let _ = self.write(turn, &mut task::Context::from_waker(Waker::noop()));
         }
     }
 
@@ -380,11 +439,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// transport would block (`Pending`, its write interest registered for `task`). Wakes
     /// the reader and writers at a watermark crossing. After the close handshake the
     /// server's writing side is shut down once everything is out (§7.1.1).
-    pub(super) fn write(&mut self, hub: &mut Hub, task: &mut task::Context<'_>) -> Poll<()> {
+    pub(super) fn write(&mut self, turn: &mut Turn<'_>, task: &mut task::Context<'_>) -> Poll<()> {
         self.write_requested = false;
-        // The cork first: it holds replies queued before anything the queue holds.
+        // The cork first: it holds replies queued before anything the queue holds. It is the
+        // connection's own: no other connection waits on the endpoint's lock for this write.
         let corked = match &self.cork {
             Some(cork) if !cork.is_empty() => {
+                turn.unlock();
                 match Pin::new(&mut self.io).poll_write(task, cork.bytes()) {
                     Poll::Ready(Ok(0)) => Err(io::ErrorKind::WriteZero.into()),
                     Poll::Ready(written) => written,
@@ -393,21 +454,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             }
             _ => Ok(0),
         };
-        self.uncork(hub, corked, self.input.is_some());
+        self.uncork(turn, corked, self.input.is_some());
         let mut result = Poll::Ready(());
         while self.session.buffered() > 0 {
+            // The queue's bytes are pool chunks: they are written under the endpoint's lock.
             let written = {
+                let hub = turn.hub();
                 let mut iov = [IoSlice::new(&[]); IOV];
                 let n = self.session.io_slices(&hub.pool, &mut iov);
                 Pin::new(&mut self.io).poll_write_vectored(task, &iov[..n])
             };
             match written {
-                Poll::Ready(Ok(n)) if n > 0 => self.session.consume(&mut hub.pool, n),
+                Poll::Ready(Ok(n)) if n > 0 => self.session.consume(&mut turn.hub().pool, n),
                 Poll::Ready(result) => {
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "write failed");
                     }
-                    self.fail(hub);
+                    self.fail(turn);
                     break;
                 }
                 Poll::Pending => {
@@ -439,15 +502,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 impl<S> Drop for Shared<S> {
     fn drop(&mut self) {
         let conn = self.conn.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut hub = self.endpoint.lock();
-        conn.session.release(&mut hub.pool);
+        let mut turn = Turn::new(&self.endpoint);
         if let Some(input) = conn.input.take() {
-            hub.give_back(input.bytes);
+            turn.give_back(input.bytes);
         }
         if let Some(mut cork) = conn.cork.take() {
             cork.clear();
-            hub.take_back_cork(cork);
+            turn.take_back_cork(cork);
         }
+        let hub = turn.hub();
+        conn.session.release(&mut hub.pool);
         if let Some(token) = conn.rare.as_mut().and_then(|rare| rare.token.take()) {
             hub.subscriptions.drop_conn(&self.endpoint.topics, token);
             hub.subscribers.remove(token);

@@ -1,6 +1,7 @@
 //! The memory every connection of a tokio service shares ([`Endpoint`]) and the settings of
 //! the endpoint and of each route.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use freeboard_buf::{Budget, Counters, Frame, Pool, PoolConfig, SendQueue};
@@ -125,11 +126,22 @@ pub(super) trait Subscriber: Send + Sync {
 }
 
 /// The memory every connection of a tokio service shares: one chunk pool carved from one
-/// budget, the parked protocol states, spare read buffers, and the topics its connections
-/// subscribe to ([`publish`](Self::publish)). Cheap to share (`Arc`); any task of any runtime
-/// thread may use it.
+/// budget, and the topics its connections subscribe to ([`publish`](Self::publish)). Cheap to
+/// share (`Arc`); any task of any runtime thread may use it.
+///
+/// A connection takes the endpoint's lock only to use the pool (a queue past the cork, a
+/// message in pieces, a publication, a close): the common message is read, and its reply
+/// corked and written, under the connection's own lock alone, with the read buffers, corks,
+/// payload buffers and protocol-state boxes each worker thread keeps (`spares.rs`).
 pub struct Endpoint {
     hub: Mutex<Hub>,
+    /// Read buffers held by connections now.
+    pub(super) reading: AtomicUsize,
+    /// Corks held by connections now.
+    pub(super) corking: AtomicUsize,
+    /// What a reply may add to a cork without a look at the pool
+    /// ([`FairShare::uncontended_room`]), as of the last time the lock was released.
+    pub(super) cork_room: AtomicUsize,
     /// Which topics have subscribers (the server's registry with one loop and no inboxes).
     pub(super) topics: topics::Hub,
     /// Invariant: validated ([`Limits::validate`]).
@@ -144,7 +156,6 @@ pub struct Endpoint {
 /// What an endpoint lends its connections, behind one lock.
 pub(super) struct Hub {
     pub(super) pool: Pool<'static>,
-    pub(super) lot: ParkingLot,
     pub(super) masks: MaskSource,
     /// Connections alive: each one's fair share of a contended pool divides by it.
     open: usize,
@@ -156,20 +167,6 @@ pub(super) struct Hub {
     pub(super) subscribers: Slab<Weak<dyn Subscriber>>,
     /// Kept between publications: the subscribers one is fanned out to.
     pub(super) fan_out: Vec<Arc<dyn Subscriber>>,
-    /// Read buffers no connection holds.
-    pub(super) spare: Vec<Box<[u8]>>,
-    /// Read buffers held by connections now.
-    pub(super) reading: usize,
-    /// Corks no connection holds (a connection holds one from a read until its replies are
-    /// written).
-    // Boxed as a connection holds them (a cork is over a KiB inline): lending one moves a
-    // pointer, never allocates.
-    #[allow(clippy::vec_box)]
-    pub(super) spare_corks: Vec<Box<Cork>>,
-    /// Corks held by connections now.
-    pub(super) corking: usize,
-    /// Buffers of sent messages, for messages received next.
-    pub(super) spare_payloads: Vec<Vec<u8>>,
     /// What a server connection's partial message may take from the pool (a client's is
     /// [`Reassembly::CLIENT`]).
     server_limits: Reassembly,
@@ -194,23 +191,22 @@ impl Endpoint {
             _ => return Err(ConfigError::Memory { memory: config.memory, threads: 1, needed }),
         };
         let metrics = Arc::new(Metrics::new());
+        let share = FairShare::new(&pool, 1);
+        let cork_room = share.uncontended_room(&pool);
         Ok(Arc::new(Self {
             hub: Mutex::new(Hub {
-                share: FairShare::new(&pool, 1),
+                share,
                 pool,
-                lot: ParkingLot::new(protocol),
                 masks: MaskSource::new(),
                 open: 0,
                 subscriptions: LocalTopics::new(0, config.max_topics_per_connection, tables),
                 subscribers: Slab::new(),
                 fan_out: Vec::new(),
-                spare: Vec::new(),
-                reading: 0,
-                spare_corks: Vec::new(),
-                corking: 0,
-                spare_payloads: Vec::new(),
                 server_limits: Reassembly::server(config.connection_reserve),
             }),
+            reading: AtomicUsize::new(0),
+            corking: AtomicUsize::new(0),
+            cork_room: AtomicUsize::new(cork_room),
             topics: topics::Hub::new(&[], 1, config.max_topics, None, metrics),
             limits: config.limits,
             protocol,
@@ -239,20 +235,21 @@ impl Endpoint {
     /// Read buffers held by connections now (each [`EndpointConfig::read_buffer`] bytes; an
     /// idle connection holds none).
     pub fn read_buffers_in_use(&self) -> usize {
-        self.lock().reading
+        self.reading.load(Ordering::Relaxed)
     }
 
     /// Corks held by connections now (each [`EndpointConfig::read_buffer`] bytes: the
     /// replies to one read, framed back to back until they are written; an idle connection
     /// holds none).
     pub fn corks_in_use(&self) -> usize {
-        self.lock().corking
+        self.corking.load(Ordering::Relaxed)
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, Hub> {
+    pub(super) fn lock(&self) -> HubGuard<'_> {
         // A panic in another connection's call leaves the pool consistent (every change to it
         // is one call of freeboard-buf): go on.
-        self.hub.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        let guard = self.hub.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        HubGuard { guard, cork_room: &self.cork_room }
     }
 
     pub(super) fn now(&self) -> Instant {
@@ -275,9 +272,38 @@ impl std::fmt::Debug for Endpoint {
         f.debug_struct("Endpoint")
             .field("connections", &hub.open)
             .field("chunks_in_use", &hub.pool.chunks_in_use())
-            .field("read_buffers_in_use", &hub.reading)
-            .field("corks_in_use", &hub.corking)
+            .field("read_buffers_in_use", &self.read_buffers_in_use())
+            .field("corks_in_use", &self.corks_in_use())
             .finish_non_exhaustive()
+    }
+}
+
+/// The endpoint's lock, held. Releasing it publishes what a reply may add to a cork
+/// ([`Endpoint::cork_room`]) for the connections that cork without taking it.
+pub(super) struct HubGuard<'e> {
+    guard: MutexGuard<'e, Hub>,
+    cork_room: &'e AtomicUsize,
+}
+
+impl std::ops::Deref for HubGuard<'_> {
+    type Target = Hub;
+
+    fn deref(&self) -> &Hub {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for HubGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Hub {
+        &mut self.guard
+    }
+}
+
+impl Drop for HubGuard<'_> {
+    fn drop(&mut self) {
+        // Still under the lock: the figure is the pool's as this holder leaves it.
+        let room = self.guard.share.uncontended_room(&self.guard.pool);
+        self.cork_room.store(room, Ordering::Relaxed);
     }
 }
 
@@ -288,17 +314,19 @@ impl Hub {
         self.share = FairShare::new(&self.pool, self.open);
     }
 
-    /// What a session borrows for one call.
-    /// `cork`: the connection's, while it holds one.
+    /// What a session borrows for one call: the pool under this lock, and `lot`, the calling
+    /// thread's boxes for protocol states (`spares.rs`). `cork`: the connection's, while it
+    /// holds one.
     pub(super) fn cx<'a>(
         &'a mut self,
+        lot: &'a mut ParkingLot,
         role: Role,
         now: Instant,
         cork: Option<&'a mut Cork>,
     ) -> Context<'a> {
         Context {
             pool: &mut self.pool,
-            lot: &mut self.lot,
+            lot,
             masks: if role == Role::Client { Some(&mut self.masks) } else { None },
             limits: match role {
                 Role::Server => &self.server_limits,

@@ -10,6 +10,7 @@ use ::tokio::io::{AsyncRead, AsyncWrite};
 use freeboard_buf::{Frame, PushOutcome};
 use freeboard_proto::{MessageKind, Role};
 
+use super::driver::Turn;
 use super::endpoint::{Endpoint, Subscriber};
 use super::{Shared, WsWriter};
 use crate::topics::{self, Reach, SubscribeError};
@@ -18,11 +19,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Subscriber for Shared<S> {
     fn deliver(&self, frame: &Frame) -> Option<bool> {
         let mut guard = self.lock();
         let conn = &mut *guard;
-        let mut hub = self.endpoint.lock();
-        let cx = &mut hub.cx(conn.role, conn.read_at, conn.cork.as_deref_mut());
+        let mut turn = Turn::new(&self.endpoint);
+        let cx = &mut turn.cx(conn.role, conn.read_at, conn.cork.as_deref_mut());
         let outcome = conn.session.send_frame(cx, frame)?;
         conn.note_close();
-        conn.schedule_write(&mut hub);
+        conn.schedule_write(&mut turn);
         Some(match outcome {
             PushOutcome::Queued | PushOutcome::QueuedAboveHigh => true,
             PushOutcome::Dropped { newest, .. } => !newest,

@@ -33,13 +33,16 @@
 //! Timers use tokio's time driver: build the runtime with it (`#[tokio::main]` and
 //! `Builder::enable_all` do).
 //!
-//! Idle connections hold no read buffer and no cork: a connection takes one of the
-//! endpoint's read buffers only while the socket has bytes for it, and gives it back as soon
-//! as they are parsed (a buffer stays with a connection only while messages it read wait for
-//! the application); its cork goes back once the replies are written. Their protocol state
-//! parks in 24 bytes as on the server. A received message's payload comes from the
-//! endpoint's spare buffers, and [`send`](WsWriter::send) of an `OwnedMessage` gives its buffer
-//! back: an echo or a forward allocates nothing per message.
+//! Idle connections hold no read buffer and no cork: a connection takes a read buffer only
+//! while the socket has bytes for it, and gives it back as soon as they are parsed (a buffer
+//! stays with a connection only while messages it read wait for the application); its cork
+//! goes back once the replies are written. Their protocol state parks in 24 bytes as on the
+//! server. A received message's payload comes from spare buffers, and
+//! [`send`](WsWriter::send) of an `OwnedMessage` gives its buffer back: an echo or a forward
+//! allocates nothing per message. The spares are each worker thread's, so taking them needs
+//! no lock: the common message and its reply take the connection's lock alone, and the
+//! endpoint's only when the pool is needed (a queue past the cork, a message in pieces, a
+//! publication, a close).
 //!
 //! ```no_run
 //! # async fn run() -> std::io::Result<()> {
@@ -83,6 +86,7 @@ mod fan_out;
 mod handshake;
 #[cfg(feature = "http2")]
 pub mod http2;
+mod spares;
 
 pub use crate::topics::{Reach, SubscribeError};
 pub use endpoint::{Endpoint, EndpointConfig, WsConfig};
@@ -90,14 +94,6 @@ pub use handshake::AcceptError;
 
 /// Slices gathered for one vectored write.
 const IOV: usize = 64;
-/// Read buffers (and corks) an endpoint keeps for the next readable connection.
-const SPARE_READ_BUFFERS: usize = 64;
-/// Payload buffers an endpoint keeps for the next received messages: a message sent back
-/// (an echo, a forward) gives its buffer back, so a steady stream allocates nothing.
-const SPARE_PAYLOADS: usize = 64;
-/// The largest payload buffer kept (what the spares may hold is bounded:
-/// `SPARE_PAYLOADS` × this).
-const SPARE_PAYLOAD_BYTES: usize = 16 << 10;
 
 /// A payload to send: borrowed, or a received message's own buffer, kept for the next
 /// message received once copied into the queue.
@@ -137,13 +133,19 @@ impl OwnedMessage {
         }
     }
 
+    /// A message the session received: its text was validated once, by the core.
     fn received(kind: MessageKind, data: Vec<u8>) -> Self {
         match kind {
-            // NOTE: the core validated the text as it streamed (§8.1, 1007 otherwise).
-            MessageKind::Text => OwnedMessage::Text(
-                String::from_utf8(data)
-                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
-            ),
+            MessageKind::Text => {
+                debug_assert!(std::str::from_utf8(&data).is_ok(), "the core validates text");
+                // SAFETY: the core validated this text as it streamed, whole frame or pieces
+                // (§8.1: "When an endpoint is to interpret a byte stream as UTF-8 but finds
+                // that the byte stream is not, in fact, a valid UTF-8 stream, that endpoint
+                // MUST _Fail the WebSocket Connection_"), and delivers a text message only
+                // once its last piece passed; this driver declines permessage-deflate, so no
+                // text arrives compressed (validated after inflation, a layer up).
+                OwnedMessage::Text(unsafe { String::from_utf8_unchecked(data) })
+            }
             MessageKind::Binary => OwnedMessage::Binary(data),
         }
     }
@@ -216,7 +218,8 @@ pub struct WsWriter<S> {
 }
 
 /// One connection: its state behind a lock both halves take for the length of one call
-/// (never across an `.await`), and the endpoint it draws from. Lock order: `conn`, then the
+/// (never across an `.await`), and the endpoint it draws from. A call takes the endpoint's
+/// lock too only when it needs the pool (`driver::Turn`); lock order: `conn`, then the
 /// endpoint's hub.
 struct Shared<S> {
     endpoint: Arc<Endpoint>,
@@ -313,14 +316,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         if !leftover.is_empty() {
             // Frames the client sent right behind its request.
             let mut conn = ws.shared.lock();
-            let mut bytes = endpoint.lock().spare.pop().unwrap_or_else(|| {
-                vec![0u8; endpoint.read_buffer.max(leftover.len())].into_boxed_slice()
-            });
-            if bytes.len() < leftover.len() {
-                bytes = vec![0u8; leftover.len()].into_boxed_slice();
-            }
+            let mut bytes = if leftover.len() <= endpoint.read_buffer {
+                spares::read_buffer(endpoint.read_buffer)
+            } else {
+                vec![0u8; leftover.len()].into_boxed_slice()
+            };
             bytes[..leftover.len()].copy_from_slice(&leftover);
-            endpoint.lock().reading += 1;
+            endpoint.reading.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             conn.input = Some(Input { bytes, at: 0, end: leftover.len() as u32 });
         }
         Ok(ws)
@@ -479,8 +481,7 @@ impl<S> Drop for WsReader<S> {
         let mut conn = shared.lock();
         conn.reader = None;
         conn.write_requested = false;
-        let mut hub = shared.endpoint.lock();
-        conn.uncork(&mut hub, Ok(0), false);
+        conn.uncork(&mut driver::Turn::new(&shared.endpoint), Ok(0), false);
     }
 }
 
