@@ -515,6 +515,85 @@ async fn the_tokio_driver_declines_permessage_deflate() {
     .unwrap();
 }
 
+/// Text is validated once, by the core, as it streams: a message whose code point is split
+/// across fragments (and across writes) is delivered whole; invalid UTF-8 closes the
+/// connection with 1007 — whole in one frame, or in the last of three fragments, where
+/// nothing of the message reaches the application (Autobahn 6.x).
+#[tokio::test]
+async fn invalid_utf8_closes_1007_whole_or_in_fragments() {
+    tokio::time::timeout(BOUND, async {
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, _) = listen().await;
+        let addr = listener.local_addr().unwrap();
+        let served = Arc::clone(&endpoint);
+        let server = tokio::spawn(async move {
+            let mut closes = Vec::new();
+            for _ in 0..2 {
+                let mut ws = accept(&listener, &served, &WsConfig::default()).await;
+                let mut texts = Vec::new();
+                while let Some(message) = ws.next().await {
+                    match message {
+                        OwnedMessage::Close(close) => {
+                            closes.push((close.code, std::mem::take(&mut texts)));
+                        }
+                        OwnedMessage::Text(text) => {
+                            texts.push(text.clone());
+                            let _ = ws.send(OwnedMessage::Text(text));
+                        }
+                        OwnedMessage::Binary(_) => panic!("no binary message was sent"),
+                    }
+                }
+            }
+            closes
+        });
+        let mask = freeboard_test::TEST_MASK;
+        // "é" is 0xc3 0xa9; 0xed 0xa0 0x80 is a UTF-16 surrogate, never valid UTF-8 (§8.1).
+        let cases: [&[Vec<u8>]; 2] = [
+            &[
+                freeboard_test::frame(0x01, b"caf\xc3", mask),
+                freeboard_test::frame(0x80, b"\xa9!", mask),
+                freeboard_test::frame(0x81, b"\xed\xa0\x80", mask),
+            ],
+            &[
+                freeboard_test::frame(0x01, b"first ", mask),
+                freeboard_test::frame(0x00, b"\xce\xba", mask),
+                freeboard_test::frame(0x80, b"\xed\xa0\x80 last", mask),
+            ],
+        ];
+        for frames in cases {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            let request = freeboard_test::upgrade_request("/", "");
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut byte = [0u8; 1];
+                assert_eq!(stream.read(&mut byte).await.unwrap(), 1, "the head ended early");
+                head.push(byte[0]);
+            }
+            for frame in frames {
+                // Each frame in its own write: the validator carries state across reads.
+                stream.write_all(frame).await.unwrap();
+                stream.flush().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let mut answer = Vec::new();
+            let _ = stream.read_to_end(&mut answer).await;
+            // Whatever was echoed, then the close frame: 0x88, its length, the code.
+            let close = answer.windows(2).position(|w| w[0] == 0x88).expect("a close frame");
+            let code = u16::from_be_bytes([answer[close + 2], answer[close + 3]]);
+            assert_eq!(code, 1007, "{answer:?}");
+        }
+        let closes = server.await.unwrap();
+        let codes: Vec<_> = closes.iter().map(|(code, _)| *code).collect();
+        assert_eq!(codes, [CloseCode::INVALID_PAYLOAD; 2]);
+        assert_eq!(closes[0].1, ["café!"], "the valid message, split mid code point, arrived");
+        assert!(closes[1].1.is_empty(), "nothing of the invalid message reached the handler");
+        assert_eq!(endpoint.counters().chunks_in_use, 0, "the fragments' chunks went back");
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn axum_answers_503_when_the_budget_cannot_cover_a_connection() {
     tokio::time::timeout(BOUND, async {
