@@ -515,6 +515,84 @@ async fn the_tokio_driver_declines_permessage_deflate() {
     .unwrap();
 }
 
+/// Connections on a multi-worker runtime share the endpoint's pool but take its lock only for
+/// the pool: their common messages and corked replies use each worker's own spares, while
+/// large messages (read in pieces, queued in chunks) and publications go through the pool.
+/// Every connection gets its echoes and the publications in order, and once they close every
+/// chunk, read buffer and cork is back, whichever worker took it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_on_several_workers_echo_and_hear_publications_and_give_everything_back() {
+    tokio::time::timeout(BOUND, async {
+        const CLIENTS: usize = 8;
+        const MESSAGES: usize = 300;
+        const PUBLICATIONS: usize = 100;
+        let endpoint = endpoint(EndpointConfig::default());
+        let (listener, url) = listen().await;
+        let served = Arc::clone(&endpoint);
+        tokio::spawn(async move {
+            loop {
+                let ws = accept(&listener, &served, &WsConfig::default()).await;
+                ws.subscribe("news").unwrap();
+                tokio::spawn(echo(ws));
+            }
+        });
+        let mut clients = Vec::new();
+        for c in 0..CLIENTS {
+            let (client, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+            clients.push(tokio::spawn(async move {
+                let (mut write, mut read) = client.split();
+                let sizes = move |i: usize| [1, 64, 700, 5_000, 100_000][(i + c) % 5];
+                let sender = tokio::spawn(async move {
+                    for i in 0..MESSAGES {
+                        write.send(TMessage::binary(vec![i as u8; sizes(i)])).await.unwrap();
+                    }
+                    write
+                });
+                let (mut echoes, mut publications) = (0, 0);
+                while echoes < MESSAGES || publications < PUBLICATIONS {
+                    match read.next().await.unwrap().unwrap() {
+                        TMessage::Binary(data) => {
+                            assert_eq!(data.len(), sizes(echoes), "echo {echoes} of client {c}");
+                            assert!(data.iter().all(|&b| b == echoes as u8));
+                            echoes += 1;
+                        }
+                        TMessage::Text(text) => {
+                            assert_eq!(text.as_str(), format!("news {publications}"));
+                            publications += 1;
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+                let mut write = sender.await.unwrap();
+                write.send(TMessage::Close(None)).await.unwrap();
+                while read.next().await.is_some() {}
+            }));
+        }
+        while endpoint.subscribers("news") < CLIENTS {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for i in 0..PUBLICATIONS {
+            let reach = endpoint.publish(
+                "news",
+                freeboard::MessageKind::Text,
+                format!("news {i}").as_bytes(),
+            );
+            assert_eq!(reach.delivered as usize, CLIENTS, "publication {i}: {reach:?}");
+            tokio::task::yield_now().await;
+        }
+        for client in clients {
+            client.await.unwrap();
+        }
+        while endpoint.connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(endpoint.counters().chunks_in_use, 0, "every chunk went back");
+        assert_eq!((endpoint.read_buffers_in_use(), endpoint.corks_in_use()), (0, 0));
+    })
+    .await
+    .unwrap();
+}
+
 /// Text is validated once, by the core, as it streams: a message whose code point is split
 /// across fragments (and across writes) is delivered whole; invalid UTF-8 closes the
 /// connection with 1007 — whole in one frame, or in the last of three fragments, where
