@@ -91,8 +91,6 @@ impl FairShare {
             && bytes <= self.small
     }
 
-    /// Judges a push of `bytes` (header included) onto `queue`. Costs two comparisons while
-    /// the pool is not contended.
     /// The most bytes a reply may take while [`uncontended`](Self::uncontended) says yes for
     /// the pool as it is now, `0` if the pool is contended: a driver that decides without the
     /// pool at hand (the tokio driver's cork) keeps this as of its last look at the pool.
@@ -101,6 +99,8 @@ impl FairShare {
         if self.uncontended(pool, 0) { self.small } else { 0 }
     }
 
+    /// Judges a push of `bytes` (header included) onto `queue`. Costs two comparisons while
+    /// the pool is not contended.
     #[inline]
     pub(crate) fn judge(&self, pool: &Pool<'_>, queue: &SendQueue, bytes: usize) -> Room {
         if self.uncontended(pool, bytes) {
