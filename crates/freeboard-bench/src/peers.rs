@@ -17,8 +17,11 @@ pub enum Peer {
     /// `freeboard serve` over plain `ws://` in a `--tls` run: the figures beside which TLS's
     /// cost is read. Not in [`Peer::ALL`]: named with `--peers`.
     FreeboardWs,
-    /// An epoll (mio) TCP echo with no WebSocket work: the physical limit.
+    /// An epoll (mio) TCP echo with no WebSocket work: the physical limit of epoll.
     RawTcp,
+    /// An io_uring TCP echo with no WebSocket work (multishot receive into a provided buffer
+    /// ring, sends batched per loop turn): the physical limit on a kernel with io_uring.
+    RawUring,
     /// tokio-tungstenite on a one-worker multi-thread runtime.
     TokioTungstenite,
     /// fastwebsockets on a one-worker multi-thread runtime.
@@ -51,9 +54,10 @@ pub enum Peer {
 
 impl Peer {
     /// Every peer, in the order a run visits them.
-    pub const ALL: [Peer; 6] = [
+    pub const ALL: [Peer; 7] = [
         Peer::Freeboard,
         Peer::RawTcp,
+        Peer::RawUring,
         Peer::TokioTungstenite,
         Peer::Fastwebsockets,
         Peer::NodeWs,
@@ -66,6 +70,7 @@ impl Peer {
             Peer::Freeboard => "freeboard",
             Peer::FreeboardWs => "freeboard-ws",
             Peer::RawTcp => "raw-tcp-echo",
+            Peer::RawUring => "raw-uring-echo",
             Peer::TokioTungstenite => "tokio-tungstenite",
             Peer::Fastwebsockets => "fastwebsockets",
             Peer::NodeWs => "node-ws",
@@ -195,6 +200,7 @@ impl Peers {
                 return Ok(output);
             }
             Peer::RawTcp
+            | Peer::RawUring
             | Peer::RawTcpBroadcast
             | Peer::TokioTungstenite
             | Peer::TokioTungsteniteRustls
@@ -269,8 +275,12 @@ impl Peers {
         let pid = child.id();
         let mut running = Running {
             child,
-            target: Target::at(addr, "/", matches!(peer, Peer::RawTcp | Peer::RawTcpBroadcast))
-                .with_tls(tls.is_some()),
+            target: Target::at(
+                addr,
+                "/",
+                matches!(peer, Peer::RawTcp | Peer::RawUring | Peer::RawTcpBroadcast),
+            )
+            .with_tls(tls.is_some()),
             pid,
         };
         let start = Instant::now();

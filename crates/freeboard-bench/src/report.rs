@@ -179,8 +179,14 @@ impl HandshakeRow {
 }
 
 /// The servers a load row is compared with, when they ran in the same report.
-const BASELINES: [&str; 4] =
-    ["raw-tcp-echo", "fastwebsockets", "tokio-tungstenite", "tokio-tungstenite-rustls"];
+const BASELINES: [&str; 6] = [
+    "raw-tcp-echo",
+    "raw-uring-echo",
+    "uwebsockets",
+    "fastwebsockets",
+    "tokio-tungstenite",
+    "tokio-tungstenite-rustls",
+];
 
 impl Report {
     /// Adds `other`'s results to this report's (a later simulation replaces an earlier one).

@@ -326,17 +326,18 @@ pub(crate) enum BenchCommand {
     /// server's capacity. With --peers the servers are started in turn each round (the first
     /// is the reference), pinned to one CPU and the generator to another.
     #[command(
-        after_help = "Example: capacity at p99 < 1 ms, freeboard beside uWebSockets and the raw echo, \
+        after_help = "Example: capacity at p99 < 1 ms, freeboard beside uWebSockets and the raw echoes, \
                       100 and 10,000 connections, 3 rounds:\n  freeboard bench latency --peers \
-                      freeboard,uwebsockets,raw-tcp-echo --sweep --connections 100,10000 --repeat 3"
+                      freeboard,uwebsockets,raw-tcp-echo,raw-uring-echo --sweep --connections 100,10000 \
+                      --repeat 3"
     )]
     Latency {
         /// The echo server: ws://host:port/path, or tcp://host:port for a raw TCP echo. Not
         /// needed with --peers.
         url: Option<String>,
         /// Servers to start one after the other, a comma-separated list: freeboard,
-        /// raw-tcp-echo, uwebsockets (built by peers/uwebsockets/build.sh DIR, or set
-        /// FREEBOARD_UWEBSOCKETS=DIR), tokio-tungstenite, …; without a value those three.
+        /// raw-tcp-echo, raw-uring-echo, uwebsockets (built by peers/uwebsockets/build.sh DIR,
+        /// or set FREEBOARD_UWEBSOCKETS=DIR), tokio-tungstenite, …; without a value those four.
         #[arg(long, num_args = 0..=1, default_missing_value = LATENCY_PEERS, value_name = "LIST")]
         peers: Option<String>,
         /// Connections; a comma-separated list runs each (10,000 and more need the open-file
@@ -408,7 +409,7 @@ pub(crate) enum BenchCommand {
     All {
         /// Peers for the experiments that take them (echo, pipeline, connections, slow
         /// consumer; broadcast runs raw-tcp-broadcast and node-ws-broadcast instead, latency
-        /// uwebsockets and raw-tcp-echo): all of them, or a comma-separated list.
+        /// uwebsockets and both raw echoes): all of them, or a comma-separated list.
         /// Without it only freeboard runs.
         #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "LIST")]
         peers: Option<String>,
@@ -527,9 +528,9 @@ pub(crate) struct Common {
     /// come back verbatim). Not needed with --peers.
     url: Option<String>,
     /// Run against freeboard and the peer servers instead of URL: all of them, or a
-    /// comma-separated list of freeboard, raw-tcp-echo, tokio-tungstenite, fastwebsockets,
-    /// node-ws, gorilla (with --tls: freeboard, tokio-tungstenite-rustls, and freeboard-ws for
-    /// freeboard over plain ws:// beside them). Echo, pipeline and handshake runs are
+    /// comma-separated list of freeboard, raw-tcp-echo, raw-uring-echo, tokio-tungstenite,
+    /// fastwebsockets, node-ws, gorilla (with --tls: freeboard, tokio-tungstenite-rustls, and
+    /// freeboard-ws for freeboard over plain ws:// beside them). Echo, pipeline and handshake runs are
     /// interleaved: --repeat rounds, each starting every server in turn for one run. Peers are
     /// built into target/peers on first use (cargo, npm, go); one that cannot be built or
     /// started is skipped with a warning.
@@ -1497,7 +1498,7 @@ fn pin_load_generator(s: &str) -> Result<(usize, usize), String> {
 }
 
 /// The servers `bench latency --peers` compares unless told otherwise.
-const LATENCY_PEERS: &str = "freeboard,uwebsockets,raw-tcp-echo";
+const LATENCY_PEERS: &str = "freeboard,uwebsockets,raw-tcp-echo,raw-uring-echo";
 
 /// What `freeboard bench latency` runs.
 struct LatencyPlan {
