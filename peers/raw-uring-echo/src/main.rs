@@ -59,8 +59,8 @@ fn main() -> io::Result<()> {
     // Entering the ring by a registered index spares the fd lookup of each io_uring_enter.
     let _ = submitter.register_ring_fd();
     // Sockets live in the ring's file table, at their connection's key: no file lookup or
-    // reference count per operation. A key is below the number of descriptors open, so the
-    // open-file limit is enough slots.
+    // reference count per operation. The kernel allows as many slots as the open-file limit;
+    // a connection past them is closed as accepted.
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `limit` is a valid rlimit to fill.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
