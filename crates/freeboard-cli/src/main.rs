@@ -119,6 +119,13 @@ struct ServeArgs {
     /// Event loops (threads), each with its own SO_REUSEPORT listener [default: available cores].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// How the loops move plain-TCP bytes: epoll, or uring (io_uring, Linux 6.0+: multishot
+    /// accept and receive into pool buffers, one submission of sends per turn; TLS and admin
+    /// connections stay on epoll). A kernel that refuses io_uring (seccomp,
+    /// kernel.io_uring_disabled) gets epoll and one log line; freeboard_loop_io says which
+    /// each loop runs [default: epoll].
+    #[arg(long, value_name = "DRIVER", value_parser = ["epoll", "uring"])]
+    io: Option<String>,
     /// Memory budget for all buffers, split between the loops: bytes or with a suffix K, M,
     /// G (powers of 1024; fractions like 1.5G allowed) [default: 1G].
     #[arg(long, value_name = "SIZE", value_parser = size)]
@@ -571,6 +578,7 @@ fn summary(
         ("listen", config.listen.to_string()),
         ("tls", tls),
         ("threads", config.threads.to_string()),
+        ("io", config.io.name().to_owned()),
         ("memory", size(config.memory)),
         ("max_connections", config.max_connections.to_string()),
         ("max_message_size", size(config.limits.max_message_size)),
@@ -740,6 +748,7 @@ fn settings(args: &ServeArgs) -> Result<Settings, String> {
         ("listen", args.listen.map(|v| Value::String(v.to_string()))),
         ("share_port", args.share_port.then_some(Value::Boolean(true))),
         ("threads", args.threads.map(|v| int(v as u64))),
+        ("io", args.io.clone().map(Value::String)),
         ("memory", args.memory.map(int)),
         ("max_message_size", args.max_message_size.map(int)),
         ("max_connections", args.max_connections.map(|v| int(v as u64))),

@@ -11,6 +11,30 @@ use crate::{Limits, LimitsError};
 /// The smallest pool chunk: a frame header and a useful piece of payload.
 pub const MIN_CHUNK_SIZE: usize = 256;
 
+/// How a server's loops move the bytes of plain-TCP connections (`freeboard serve --io`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IoDriver {
+    /// Readiness from epoll, then a `read` per socket and a `writev` per connection touched.
+    #[default]
+    Epoll,
+    /// io_uring (Linux 6.0 or later): multishot accept, multishot receive into buffers
+    /// carved from the loop's pool, and the turn's sends in one submission. TLS and admin
+    /// connections stay on epoll. A loop whose kernel refuses io_uring (seccomp,
+    /// `kernel.io_uring_disabled`, a missing operation) runs on epoll instead.
+    Uring,
+}
+
+impl IoDriver {
+    /// The driver's name, as `--io` takes it and the metrics label it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Epoll => "epoll",
+            Self::Uring => "uring",
+        }
+    }
+}
+
 /// Everything `freeboard serve` can be told, with the defaults documented on each field.
 ///
 /// Deserializes from TOML in the same language as `freeboard serve`'s flags: sizes as bytes
@@ -45,6 +69,10 @@ pub struct ServerConfig {
     /// the loop's share of `memory`. With `limits.send_high` at least this large, an echo's
     /// replies to one read leave in one write.
     pub read_buffer: usize,
+    /// How the loops move plain-TCP bytes: [`IoDriver::Epoll`] (readiness, then `read` and
+    /// `writev`) or [`IoDriver::Uring`] (io_uring completions, Linux). A loop whose kernel
+    /// refuses io_uring runs on epoll and says so once in the log. Default `epoll`.
+    pub io: IoDriver,
     /// Every connection's send queue (watermarks, cap, slow-consumer policy), largest message
     /// and frame, and timeouts (handshake, idle, pong, close); a route may give its own send
     /// queue ([`RouteOptions`](crate::RouteOptions)). Default [`Limits::DEFAULT`].
@@ -388,6 +416,7 @@ impl Default for ServerConfig {
             memory: 1 << 30,
             chunk_size: freeboard_buf::DEFAULT_CHUNK_SIZE,
             read_buffer: 128 << 10,
+            io: IoDriver::Epoll,
             limits: Limits::DEFAULT,
             max_connections: 100_000,
             max_connections_per_ip: 1_000,
@@ -456,6 +485,7 @@ server_keys! {
     "memory" => memory as Size;
     "chunk_size" => chunk_size as Size;
     "read_buffer" => read_buffer as Size;
+    "io" => io as Plain;
     "max_message_size" => limits.max_message_size as Size;
     "max_connections" => max_connections as Plain;
     "max_connections_per_ip" => max_connections_per_ip as Plain;
@@ -691,6 +721,7 @@ impl ServerConfig {
             false "memory" memory;
             false "chunk_size" chunk_size;
             false "read_buffer" read_buffer;
+            false "io" io;
             false "max_message_size" limits.max_message_size;
             false "idle_timeout" limits.idle_timeout;
             false "pong_timeout" limits.pong_timeout;

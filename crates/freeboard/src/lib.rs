@@ -59,8 +59,10 @@ pub mod tokio;
 mod topic_series;
 pub mod topics;
 mod transport;
+#[cfg(target_os = "linux")]
+mod uring;
 
-pub use config::{ServerConfig, TlsConfig};
+pub use config::{IoDriver, ServerConfig, TlsConfig};
 pub use features::MissingFeature;
 pub use freeboard_buf::ConflateKey;
 pub use freeboard_buf::PushOutcome;

@@ -176,6 +176,15 @@ pub struct LoopLabel {
     pub event_loop: u32,
 }
 
+/// Labels naming one event loop and the I/O driver it runs (`freeboard_loop_io`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoopIoLabel {
+    /// The loop's index.
+    pub event_loop: u32,
+    /// `epoll` or `uring` ([`IoDriver::name`](crate::IoDriver::name)).
+    pub io: &'static str,
+}
+
 /// The labels of `freeboard_build_info`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
@@ -493,6 +502,8 @@ pub struct Metrics {
     pub(crate) slots_high_water: Family<LoopLabel, Gauge>,
     /// Budget bytes, per loop.
     pub(crate) budget_bytes: Family<LoopLabel, Gauge>,
+    /// 1 for the I/O driver each loop runs (io_uring may have been refused).
+    pub(crate) loop_io: Family<LoopIoLabel, Gauge>,
     /// Bytes of one pool chunk.
     pub(crate) chunk_size: Gauge,
     /// Chunk allocation failures, per loop.
@@ -655,6 +666,7 @@ impl Metrics {
             slots_total: Family::default(),
             slots_high_water: Family::default(),
             budget_bytes: Family::default(),
+            loop_io: Family::default(),
             chunk_size: Gauge::default(),
             allocation_failures: Family::default(),
             send_queue_bytes: Family::default(),
@@ -803,6 +815,11 @@ impl Metrics {
             "Memory budget per event loop",
             bytes.clone(),
             m.budget_bytes.clone(),
+        );
+        r.register(
+            "loop_io",
+            "The I/O driver an event loop runs (epoll, or uring unless the kernel refused it)",
+            m.loop_io.clone(),
         );
         r.register(
             "pool_chunks_withheld",

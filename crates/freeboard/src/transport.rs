@@ -77,6 +77,30 @@ pub(crate) trait Transport: mio::event::Source + Sized {
 
     /// The socket itself when the layer adds nothing (plain TCP), for [`write_frames`].
     fn plain(&mut self) -> Option<&mut TcpStream>;
+
+    /// Whether the replies to a read are corked and written at once after it (plain TCP on
+    /// epoll; TLS encrypts from its queue, io_uring sends from its queue when the turn ends).
+    fn corks(&self) -> bool {
+        self.tls_established().is_none()
+    }
+
+    /// A connection accepted through the loop's ring, for slot `token` of serial `serial`
+    /// (`Err`: this transport has no ring variant).
+    #[cfg(target_os = "linux")]
+    fn over_ring(
+        stream: TcpStream,
+        _ring: &std::rc::Rc<crate::uring::RingShared>,
+        _token: usize,
+        _serial: u64,
+    ) -> Result<Self, TcpStream> {
+        Err(stream)
+    }
+
+    /// The connection's ring side, if it is carried by the loop's ring.
+    #[cfg(target_os = "linux")]
+    fn ring_conn(&mut self) -> Option<&mut crate::uring::RingConn> {
+        None
+    }
 }
 
 impl Transport for TcpStream {
@@ -190,10 +214,13 @@ fn write_tcp(tcp: &mut TcpStream, bufs: &[IoSlice<'_>], total: usize) -> io::Res
     }
 }
 
-/// A server connection's transport: plain TCP or TLS over TCP.
+/// A server connection's transport: plain TCP, TLS over TCP, or plain TCP over the loop's
+/// io_uring.
 pub(crate) enum Stream {
     Plain(TcpStream),
     Tls(Box<TlsStream>),
+    #[cfg(target_os = "linux")]
+    Ring(Box<crate::uring::RingConn>),
 }
 
 impl Transport for Stream {
@@ -216,6 +243,8 @@ impl Transport for Stream {
         match self {
             Self::Plain(tcp) => Read::read(tcp, buf),
             Self::Tls(tls) => tls.read(io, buf),
+            #[cfg(target_os = "linux")]
+            Self::Ring(ring) => ring.read(buf),
         }
     }
 
@@ -223,6 +252,8 @@ impl Transport for Stream {
         match self {
             Self::Plain(_) => false,
             Self::Tls(tls) => tls.more_input(),
+            #[cfg(target_os = "linux")]
+            Self::Ring(ring) => ring.more_input(),
         }
     }
 
@@ -230,6 +261,8 @@ impl Transport for Stream {
         match self {
             Self::Plain(tcp) => tcp.write_queue(session, io),
             Self::Tls(tls) => tls.write_queue(session, io),
+            #[cfg(target_os = "linux")]
+            Self::Ring(ring) => ring.write_queue(session, io),
         }
     }
 
@@ -237,6 +270,8 @@ impl Transport for Stream {
         match self {
             Self::Plain(tcp) => Transport::write_vectored(tcp, io, bufs),
             Self::Tls(tls) => tls.write_vectored(io, bufs),
+            #[cfg(target_os = "linux")]
+            Self::Ring(ring) => ring.write_vectored(bufs),
         }
     }
 
@@ -244,13 +279,15 @@ impl Transport for Stream {
         match self {
             Self::Plain(_) => Ok(true),
             Self::Tls(tls) => tls.write_pending(io),
+            #[cfg(target_os = "linux")]
+            Self::Ring(ring) => Ok(!ring.sending()),
         }
     }
 
     fn plain(&mut self) -> Option<&mut TcpStream> {
         match self {
             Self::Plain(tcp) => Some(tcp),
-            Self::Tls(_) => None,
+            _ => None,
         }
     }
 
@@ -258,19 +295,47 @@ impl Transport for Stream {
         match self {
             Self::Plain(tcp) => tcp.shutdown(Shutdown::Write),
             Self::Tls(tls) => tls.shutdown_write(io),
+            #[cfg(target_os = "linux")]
+            Self::Ring(ring) => ring.shutdown_write(),
         }
     }
 
     fn release(&mut self, io: &mut Io<'_>) {
-        if let Self::Tls(tls) = self {
-            tls.release(io);
+        match self {
+            Self::Plain(_) => {}
+            Self::Tls(tls) => tls.release(io),
+            #[cfg(target_os = "linux")]
+            Self::Ring(ring) => ring.release(io.pool),
         }
     }
 
     fn tls_established(&self) -> Option<bool> {
         match self {
-            Self::Plain(_) => None,
             Self::Tls(tls) => Some(tls.established()),
+            _ => None,
+        }
+    }
+
+    fn corks(&self) -> bool {
+        matches!(self, Self::Plain(_))
+    }
+
+    #[cfg(target_os = "linux")]
+    fn over_ring(
+        stream: TcpStream,
+        ring: &std::rc::Rc<crate::uring::RingShared>,
+        token: usize,
+        serial: u64,
+    ) -> Result<Self, TcpStream> {
+        let conn = crate::uring::RingConn::new(stream, ring.clone(), token, serial);
+        Ok(Self::Ring(Box::new(conn)))
+    }
+
+    #[cfg(target_os = "linux")]
+    fn ring_conn(&mut self) -> Option<&mut crate::uring::RingConn> {
+        match self {
+            Self::Ring(ring) => Some(ring),
+            _ => None,
         }
     }
 }
@@ -280,6 +345,8 @@ impl Stream {
         match self {
             Self::Plain(tcp) => tcp,
             Self::Tls(tls) => tls.tcp(),
+            #[cfg(target_os = "linux")]
+            Self::Ring(ring) => ring.tcp(),
         }
     }
 }

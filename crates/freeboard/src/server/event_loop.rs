@@ -43,6 +43,9 @@ const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
 const TLS_LISTENER: Token = Token(usize::MAX - 3);
 const ADMIN_LISTENER: Token = Token(usize::MAX - 4);
+/// The loop's io_uring (`--io uring`): readable while completions wait.
+#[cfg(target_os = "linux")]
+pub(super) const RING: Token = Token(usize::MAX - 5);
 /// Connection slots (and timer and dirty-list entries) a loop starts with (address space only:
 /// an allocation this size is mapped, untouched). Tables grown past it are given back whole
 /// when the loop has no connection left, the timer heap halves when three quarters are unused.
@@ -62,7 +65,7 @@ pub(super) const RELEASE_INTERVAL: Duration = Duration::from_secs(1);
 pub(super) const LINGER: Duration = Duration::from_secs(2);
 /// How long accepting waits after `accept` failed for want of descriptors or memory
 /// (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) before it tries again.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+pub(super) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Connections accepted per loop turn. A storm of connects then cannot hold up the
 /// connections already open, and peers that hung up are seen (and their per-address count
 /// released) before the next batch is admitted.
@@ -106,8 +109,12 @@ pub(super) struct Entry<T> {
 pub(crate) struct EventLoop<T> {
     pub(super) index: u32,
     poll: Poll,
+    /// The io_uring that carries the plain listener's connections (`--io uring`), its
+    /// completions of one turn, and the connections to read after them.
+    #[cfg(target_os = "linux")]
+    pub(super) ring: Option<super::completions::RingSide>,
     /// Its listeners; taken at shutdown.
-    listeners: Option<Listeners>,
+    pub(super) listeners: Option<Listeners>,
     /// The TLS configuration of the connections accepted on `tls_listener`, or on `listener`
     /// when there is no `tls_listener`.
     tls_config: Option<crate::tls::ServerTls>,
@@ -146,7 +153,7 @@ pub(crate) struct EventLoop<T> {
     pub(super) timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     pub(super) dirty: Vec<usize>,
     pub(super) resume: Vec<usize>,
-    serial: u64,
+    pub(super) serial: u64,
     /// Where idle connections' protocol state waits.
     pub(super) lot: ParkingLot,
     pub(super) drain_deadline: Option<Instant>,
@@ -156,12 +163,12 @@ pub(crate) struct EventLoop<T> {
     /// When to try accepting again after `accept` failed. The connections waiting in the
     /// backlog raise no new readiness event (epoll is edge-triggered), so without this retry
     /// they would wait for the next connection to arrive.
-    accept_retry: Option<Instant>,
+    pub(super) accept_retry: Option<Instant>,
     /// When the pool next gives back the pages of chunks that stayed free (armed only while
     /// it holds touched memory, so a quiet loop never wakes for it).
     pub(super) release_at: Option<Instant>,
     /// The last `accept` failed (its warning is logged once per episode).
-    accept_failing: bool,
+    pub(super) accept_failing: bool,
     /// The backlog may hold more connections than the last batch took: accept again after
     /// the next (non-blocking) poll.
     accept_more: bool,
@@ -358,7 +365,7 @@ impl LoopBudget {
 
 /// Which listener an accepted connection came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Listening {
+pub(super) enum Listening {
     Plain,
     Tls,
     Admin,
@@ -380,7 +387,6 @@ impl<T: Transport> EventLoop<T> {
         router: Router,
     ) -> io::Result<Self> {
         let config = shared.config();
-        poll.registry().register(&mut listeners.plain, LISTENER, Interest::READABLE)?;
         if let Some(tls) = &mut listeners.tls {
             poll.registry().register(tls, TLS_LISTENER, Interest::READABLE)?;
         }
@@ -411,9 +417,32 @@ impl<T: Transport> EventLoop<T> {
         let tables = pool.budget_mut().split(topics_reserve).map_err(io::Error::other)?;
         let topics = LocalTopics::new(index, config.topics.max_topics_per_connection, tables);
         let connection_charge = connection_charge::<T>(&shared);
+        // The plain listener's connections go through the ring when there is one and the
+        // listener does not speak TLS; else it is watched by epoll.
+        #[cfg(target_os = "linux")]
+        let ring = match config.io {
+            crate::IoDriver::Uring => super::completions::RingSide::new(
+                index,
+                &poll,
+                &mut pool,
+                &config,
+                &listeners,
+                tls_config.is_some() && listeners.tls.is_none(),
+            ),
+            crate::IoDriver::Epoll => None,
+        };
+        #[cfg(target_os = "linux")]
+        let plain_on_epoll = ring.is_none();
+        #[cfg(not(target_os = "linux"))]
+        let plain_on_epoll = true;
+        if plain_on_epoll {
+            poll.registry().register(&mut listeners.plain, LISTENER, Interest::READABLE)?;
+        }
         Ok(Self {
             index,
             poll,
+            #[cfg(target_os = "linux")]
+            ring,
             listeners: Some(listeners),
             tls_config,
             tls,
@@ -499,6 +528,12 @@ impl<T: Transport> EventLoop<T> {
         m.chunk_size.set(self.pool.chunk_size() as i64);
         m.budget_bytes.get_or_create(&label).set(self.pool.budget().limit() as i64);
         m.slots_total.get_or_create(&label).set(self.pool.segments_total() as i64);
+        #[cfg(target_os = "linux")]
+        let io = if self.ring.is_some() { crate::IoDriver::Uring } else { crate::IoDriver::Epoll };
+        #[cfg(not(target_os = "linux"))]
+        let io = crate::IoDriver::Epoll;
+        let label = crate::metrics::LoopIoLabel { event_loop: self.index, io: io.name() };
+        m.loop_io.get_or_create(&label).set(1);
     }
 
     /// One turn: waits for readiness (at most until the loop's next deadline, and at most
@@ -531,6 +566,10 @@ impl<T: Transport> EventLoop<T> {
             (Some(wait), Some(max)) => Some(wait.min(max)),
             (wait, max) => wait.or(max),
         };
+        // What the last turn queued on the ring (its sends, re-armed receives) leaves in one
+        // submission before the wait.
+        #[cfg(target_os = "linux")]
+        self.submit_ring();
         match self.poll.poll(events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(true),
@@ -563,6 +602,8 @@ impl<T: Transport> EventLoop<T> {
                 TLS_LISTENER => self.accept(now, Listening::Tls),
                 ADMIN_LISTENER => self.accept(now, Listening::Admin),
                 WAKER => {}
+                #[cfg(target_os = "linux")]
+                RING => self.complete(now),
                 Token(token) => {
                     if event.is_read_closed()
                         && let Some(entry) = self.conns.get_mut(token)
@@ -586,6 +627,10 @@ impl<T: Transport> EventLoop<T> {
 
     /// Releases what the loop still holds once its turns are over.
     pub(crate) fn finish(&mut self) {
+        #[cfg(target_os = "linux")]
+        if let Some(ring) = &mut self.ring {
+            ring.ring.close(&mut self.pool);
+        }
         for (token, mut entry) in std::mem::take(&mut self.conns) {
             self.drop_subscriptions(token, entry.serial);
             self.stats.closed += u64::from(entry.session.release(&mut self.pool));
@@ -643,6 +688,8 @@ impl<T: Transport> EventLoop<T> {
     }
 
     fn begin_shutdown(&mut self, now: Instant) {
+        #[cfg(target_os = "linux")]
+        self.stop_ring_accept();
         if let Some(mut listeners) = self.listeners.take() {
             let registry = self.poll.registry();
             let _ = registry.deregister(&mut listeners.plain);
@@ -681,6 +728,10 @@ impl<T: Transport> EventLoop<T> {
     fn accept(&mut self, now: Instant, from: Listening) {
         if from == Listening::Plain {
             self.accept_more = false;
+            #[cfg(target_os = "linux")]
+            if self.ring.as_ref().is_some_and(|ring| ring.accepts) {
+                return; // the ring's multishot accept takes them
+            }
         }
         let Some(listeners) = &self.listeners else { return };
         // The one listener speaks TLS when there is no TLS listener beside it.
@@ -720,63 +771,95 @@ impl<T: Transport> EventLoop<T> {
                     return;
                 }
             };
-            // A crowd of connections that are not open yet makes room for the new one: the
-            // oldest is closed, so that slow ones cannot keep a fast one out. The operator's
-            // own listener is never turned away for a crowd on the public one.
-            if from != Listening::Admin
-                && !self.untrusted_room(1, 0)
-                && !self.close_oldest_untrusted(now)
-            {
-                self.refuse_accepted(stream, peer, now, tls_config.is_some());
-                continue;
-            }
-            // A TLS handshake counts against its address's share, unless a trusted proxy
-            // names the client later.
-            let client = (!self.shared.forwards(&self.config, peer)).then_some(peer.ip());
-            let mut io =
-                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
-            let Some(mut stream) = T::accepted(stream, tls_config.as_ref(), &mut io, client) else {
-                continue; // refused and counted (the address's share, the TLS budget)
-            };
-            let entry = self.conns.vacant_entry();
-            let token = entry.key();
-            if self
-                .poll
-                .registry()
-                .register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE)
-                .is_err()
-            {
-                let mut io =
-                    Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
-                stream.release(&mut io);
-                continue;
-            }
-            self.shared.metrics.accepted.inc();
-            let limited = self.shared.admit(&self.config, peer, now.as_millis() as f64 / 1000.0);
-            self.serial += 1;
-            let limits = &self.config.limits;
-            entry.insert(Entry {
-                serial: self.serial,
-                stream,
-                peer,
-                session: Session::request(limits.send_queue(), now + limits.handshake_timeout),
-                route: 0,
-                limited,
-                attributed: !self.shared.forwards(&self.config, peer),
-                read_closed: false,
-                admin_listener: from == Listening::Admin,
-                event_stream: None,
-                armed: None,
-                dirty: false,
-                upgraded: false,
-                counted: 0,
-                queued_at: 0,
-            });
-            self.charge_connections();
-            self.trail_untrusted(token);
-            self.mark(token);
+            self.open_accepted(stream, peer, from, tls_config.as_ref(), now);
         }
         self.accept_more = true;
+    }
+
+    /// Opens a connection accepted from `from` (through the ring when it carries the plain
+    /// listener's connections): refused if a crowd of connections that are not open yet
+    /// cannot make room, else given an entry and marked for the end of the turn.
+    pub(super) fn open_accepted(
+        &mut self,
+        stream: mio::net::TcpStream,
+        peer: SocketAddr,
+        from: Listening,
+        tls_config: Option<&crate::tls::ServerTls>,
+        now: Instant,
+    ) {
+        // A crowd of connections that are not open yet makes room for the new one: the
+        // oldest is closed, so that slow ones cannot keep a fast one out. The operator's
+        // own listener is never turned away for a crowd on the public one.
+        if from != Listening::Admin
+            && !self.untrusted_room(1, 0)
+            && !self.close_oldest_untrusted(now)
+        {
+            self.refuse_accepted(stream, peer, now, tls_config.is_some());
+            return;
+        }
+        let token = self.conns.vacant_key();
+        #[cfg(target_os = "linux")]
+        let ringed = match &self.ring {
+            Some(ring) if from == Listening::Plain && tls_config.is_none() => {
+                T::over_ring(stream, ring.ring.shared(), token, self.serial + 1)
+            }
+            _ => Err(stream),
+        };
+        #[cfg(not(target_os = "linux"))]
+        let ringed: Result<T, _> = Err(stream);
+        let stream = match ringed {
+            Ok(stream) => stream,
+            Err(stream) => {
+                // A TLS handshake counts against its address's share, unless a trusted proxy
+                // names the client later.
+                let client = (!self.shared.forwards(&self.config, peer)).then_some(peer.ip());
+                let mut io =
+                    Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+                let Some(mut stream) = T::accepted(stream, tls_config, &mut io, client) else {
+                    return; // refused and counted (the address's share, the TLS budget)
+                };
+                if self
+                    .poll
+                    .registry()
+                    .register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE)
+                    .is_err()
+                {
+                    let mut io = Io {
+                        pool: &mut self.pool,
+                        tls: &mut self.tls,
+                        metrics: &self.shared.metrics,
+                    };
+                    stream.release(&mut io);
+                    return;
+                }
+                stream
+            }
+        };
+        let entry = self.conns.vacant_entry();
+        self.shared.metrics.accepted.inc();
+        let limited = self.shared.admit(&self.config, peer, now.as_millis() as f64 / 1000.0);
+        self.serial += 1;
+        let limits = &self.config.limits;
+        entry.insert(Entry {
+            serial: self.serial,
+            stream,
+            peer,
+            session: Session::request(limits.send_queue(), now + limits.handshake_timeout),
+            route: 0,
+            limited,
+            attributed: !self.shared.forwards(&self.config, peer),
+            read_closed: false,
+            admin_listener: from == Listening::Admin,
+            event_stream: None,
+            armed: None,
+            dirty: false,
+            upgraded: false,
+            counted: 0,
+            queued_at: 0,
+        });
+        self.charge_connections();
+        self.trail_untrusted(token);
+        self.mark(token);
     }
 
     /// Withholds from the pool the budget of the connections open now, so that buffers plus
@@ -811,7 +894,7 @@ impl<T: Transport> EventLoop<T> {
         (&mut self.conns[token], cx)
     }
 
-    fn read(&mut self, token: usize, now: Instant) {
+    pub(super) fn read(&mut self, token: usize, now: Instant) {
         let Some(entry) = self.conns.get(token) else { return };
         match entry.session.phase {
             // Waiting for its upgrade decision: nothing is read (§4.1: the client sends
@@ -866,7 +949,7 @@ impl<T: Transport> EventLoop<T> {
         // Under contention, whoever is behind pays before this read's replies are judged.
         self.reclaim(now);
         let mut buf = std::mem::take(&mut self.read_buf);
-        let plain = self.conns.get(token).is_some_and(|e| e.stream.tls_established().is_none());
+        let plain = self.conns.get(token).is_some_and(|e| e.stream.corks());
         self.corking = plain.then_some(token);
         let (mut reads, mut bytes) = (0, 0);
         while let Some(entry) = self.conns.get_mut(token) {

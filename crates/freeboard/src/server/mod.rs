@@ -11,6 +11,8 @@ use mio::{Poll, Waker};
 use socket2::{Domain, Protocol, Socket, Type};
 
 mod access;
+#[cfg(target_os = "linux")]
+mod completions;
 mod compressed_copies;
 mod compression;
 mod delta_copies;

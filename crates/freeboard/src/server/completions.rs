@@ -1,0 +1,241 @@
+//! A loop's io_uring completions (`--io uring`): accepted connections are opened, received
+//! bytes are read by the session exactly as after a readiness event, completed sends let the
+//! queue go on; the turn's operations leave in one submission at its end.
+
+use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use freeboard_proto::Instant;
+use io_uring::cqueue;
+use mio::{Interest, Poll};
+
+use super::event_loop::{ACCEPT_BACKOFF, EventLoop, Listeners, Listening, RING};
+use crate::config::ServerConfig;
+use crate::transport::Transport;
+use crate::uring::{Op, Ring, Tag};
+
+/// The slot in the accept's tag (no connection has it).
+const ACCEPTING: usize = u32::MAX as usize;
+
+/// The loop's ring and what a turn keeps beside it.
+pub(super) struct RingSide {
+    pub(super) ring: Ring,
+    /// The ring accepts the plain listener's connections (it does not speak TLS).
+    pub(super) accepts: bool,
+    /// A multishot accept is on the ring.
+    accept_armed: bool,
+    /// One batch of completions (kept for its allocation).
+    completed: Vec<cqueue::Entry>,
+    /// Connections that received something this turn, to read once the batch is handled.
+    ready: Vec<usize>,
+    /// Connections whose receive ended for want of buffers: `(slot, serial)`.
+    starved: Vec<(usize, u64)>,
+}
+
+impl RingSide {
+    /// The loop's ring, or `None` (logged once per process) if the kernel refuses io_uring:
+    /// the loop then runs on epoll.
+    pub(super) fn new(
+        index: u32,
+        poll: &Poll,
+        pool: &mut freeboard_buf::Pool<'static>,
+        config: &ServerConfig,
+        listeners: &Listeners,
+        plain_speaks_tls: bool,
+    ) -> Option<Self> {
+        // The receive buffers: as much of the pool as the read buffer and the cork an epoll
+        // loop keeps beside it.
+        let buffers = 2 * config.read_buffer / config.chunk_size;
+        let mut ring = match Ring::new(pool, buffers) {
+            Ok(ring) => ring,
+            Err(error) => {
+                refused(index, &error);
+                return None;
+            }
+        };
+        let fd = ring.fd();
+        let registered =
+            poll.registry().register(&mut mio::unix::SourceFd(&fd), RING, Interest::READABLE);
+        if let Err(error) = registered {
+            ring.close(pool);
+            refused(index, &error);
+            return None;
+        }
+        let accepts = !plain_speaks_tls;
+        if accepts {
+            ring.accept(&listeners.plain, Tag::new(ACCEPTING, 0, Op::Accept));
+        }
+        Some(Self {
+            ring,
+            accepts,
+            accept_armed: accepts,
+            completed: Vec::with_capacity(1024),
+            ready: Vec::with_capacity(64),
+            starved: Vec::new(),
+        })
+    }
+}
+
+/// Says once per process that io_uring was refused, and why.
+fn refused(index: u32, error: &std::io::Error) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        tracing::warn!(event_loop = index, %error, "io_uring refused; the loops run on epoll");
+    }
+}
+
+impl<T: Transport> EventLoop<T> {
+    /// Handles the completions waiting, then reads the connections that received.
+    pub(super) fn complete(&mut self, now: Instant) {
+        let Some(side) = &mut self.ring else { return };
+        let mut completed = std::mem::take(&mut side.completed);
+        loop {
+            let Some(side) = &mut self.ring else { return };
+            side.ring.completions(&mut completed);
+            if completed.is_empty() {
+                break;
+            }
+            for cqe in completed.drain(..) {
+                self.completion(&cqe, now);
+            }
+        }
+        let Some(side) = &mut self.ring else { return };
+        side.completed = completed;
+        let ready = std::mem::take(&mut side.ready);
+        for &token in &ready {
+            if self.conns.contains(token) {
+                self.read(token, now);
+            }
+        }
+        if let Some(side) = &mut self.ring {
+            side.ready = ready;
+            side.ready.clear();
+        }
+    }
+
+    fn completion(&mut self, cqe: &cqueue::Entry, now: Instant) {
+        let tag = Tag::from_user_data(cqe.user_data());
+        let (res, more) = (cqe.result(), cqueue::more(cqe.flags()));
+        let Some(side) = &mut self.ring else { return };
+        match tag.op() {
+            Some(Op::Accept) => self.ring_accepted(res, more, now),
+            Some(Op::Recv) => {
+                let bid = cqueue::buffer_select(cqe.flags());
+                let token = tag.token();
+                let conn = match self.conns.get_mut(token) {
+                    Some(entry) if tag.is_of(entry.serial) => entry.stream.ring_conn(),
+                    _ => None,
+                };
+                match conn {
+                    Some(conn) => {
+                        let (read, starved) = conn.received(res, bid, more);
+                        if read && side.ready.last() != Some(&token) {
+                            side.ready.push(token);
+                        }
+                        if starved {
+                            side.starved.push((token, self.conns[token].serial));
+                        }
+                    }
+                    None => {
+                        // Its connection went: the buffer goes straight back.
+                        if let Some(bid) = bid.filter(|_| res > 0) {
+                            side.ring.shared().take_buffer();
+                            side.ring.shared().recycle(bid);
+                        }
+                    }
+                }
+            }
+            Some(Op::Send) => {
+                let token = tag.token();
+                let conn = match self.conns.get_mut(token) {
+                    Some(entry) if tag.is_of(entry.serial) => entry.stream.ring_conn(),
+                    _ => None,
+                };
+                let Some(conn) = conn else {
+                    if let Some(staged) = side.ring.shared().orphan_completed(tag) {
+                        staged.release(&mut self.pool);
+                    }
+                    return;
+                };
+                match conn.sent(res, &mut self.pool) {
+                    Ok(true) => self.mark(token), // the queue may go on
+                    Ok(false) => {}
+                    Err(_) => {
+                        let entry = &mut self.conns[token];
+                        self.stats.closed += u64::from(entry.session.clear_queue(&mut self.pool));
+                        self.end_of_input(token, now);
+                        self.remove(token);
+                    }
+                }
+            }
+            Some(Op::Cancel) | None => {}
+        }
+    }
+
+    /// A multishot accept's completion: a connection (`res` its descriptor) or an error.
+    fn ring_accepted(&mut self, res: i32, more: bool, now: Instant) {
+        if let Some(side) = &mut self.ring
+            && !more
+        {
+            side.accept_armed = false;
+        }
+        if res < 0 {
+            let error = std::io::Error::from_raw_os_error(-res);
+            match -res {
+                libc::ECANCELED | libc::EINTR | libc::ECONNABORTED => {}
+                _ => {
+                    // EMFILE and friends, as on epoll: try again shortly.
+                    if !std::mem::replace(&mut self.accept_failing, true) {
+                        tracing::warn!(%error, "accept failed; retrying every 50 ms");
+                    }
+                    self.shared.metrics.accept_errors.inc();
+                    self.accept_retry = Some(now + ACCEPT_BACKOFF);
+                }
+            }
+            return;
+        }
+        // SAFETY: the descriptor the kernel just gave us, owned by nothing else.
+        let stream = unsafe { mio::net::TcpStream::from_raw_fd(res) };
+        if self.listeners.is_none() {
+            return; // shutting down: dropped, closed
+        }
+        if std::mem::take(&mut self.accept_failing) {
+            tracing::info!("accepting again");
+        }
+        let Ok(peer) = stream.peer_addr() else { return };
+        self.open_accepted(stream, peer, Listening::Plain, None, now);
+    }
+
+    /// Submits the turn's operations (one system call), after re-arming what waited: the
+    /// receives that found no buffer, the accept after a failure's pause.
+    pub(super) fn submit_ring(&mut self) {
+        let Some(side) = &mut self.ring else { return };
+        let conns = &mut self.conns;
+        side.starved.retain(|&(token, serial)| match conns.get_mut(token) {
+            Some(entry) if entry.serial == serial => {
+                entry.stream.ring_conn().is_some_and(|conn| !conn.rearm_starved())
+            }
+            _ => false,
+        });
+        if side.accepts
+            && !side.accept_armed
+            && self.accept_retry.is_none()
+            && let Some(listeners) = &self.listeners
+        {
+            side.ring.accept(&listeners.plain, Tag::new(ACCEPTING, 0, Op::Accept));
+            side.accept_armed = true;
+        }
+        if let Err(error) = side.ring.submit() {
+            tracing::error!(%error, "io_uring submission failed");
+        }
+    }
+
+    /// Cancels the multishot accept: shutdown has begun.
+    pub(super) fn stop_ring_accept(&mut self) {
+        if let Some(side) = &mut self.ring
+            && std::mem::take(&mut side.accept_armed)
+        {
+            side.ring.cancel(Tag::new(ACCEPTING, 0, Op::Accept));
+        }
+    }
+}

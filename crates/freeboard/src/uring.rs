@@ -1,0 +1,705 @@
+//! The io_uring side of a server loop (`--io uring`, Linux): the ring, the buffers the kernel
+//! receives into, and a connection's transport over them ([`RingConn`]).
+//!
+//! The ring's descriptor is registered with the loop's mio `Poll` (readable while completions
+//! wait), so timers, the waker, the admin and TLS listeners stay on epoll; a plain-TCP
+//! connection accepted through the ring is never registered with epoll. Its bytes arrive by
+//! one multishot receive into a provided buffer ring whose buffers are chunks taken from the
+//! loop's pool at start (read memory stays inside the budget, and a connection holds a buffer
+//! only from its completion until the session has read it). Its sends are staged in pool
+//! chunks when the turn ends, all submitted at once; the session's queue is consumed at
+//! staging (as a `writev` into the socket's buffer would), so the policies never meet bytes
+//! the kernel is still reading.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+
+use freeboard_buf::{ChunkId, Pool};
+use io_uring::{IoUring, Probe, cqueue, opcode, squeue, types};
+use mio::net::TcpStream;
+
+use crate::session::Session;
+use crate::transport::{Io, Transport};
+
+/// The buffer group of the receive buffers.
+const GROUP: u16 = 0;
+/// Receive buffers a connection may hold before its multishot receive is cancelled (it is
+/// not reading: its session is paused or waits for a decision); re-armed once it has read
+/// them, so one connection cannot take the ring's buffers from the others.
+const HOLD: usize = 4;
+/// Pool chunks one send stages at most (64 KiB of 4 KiB chunks); the rest leaves with the
+/// next send, once this one completes.
+const STAGE_CHUNKS: usize = 16;
+/// Submission queue entries; the completion queue has eight times as many (a multishot
+/// receive posts one completion per buffer).
+const ENTRIES: u32 = 1024;
+
+/// What an operation's completion is about, in the low four bits of its `user_data`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Accept = 1,
+    Recv = 2,
+    Send = 3,
+    Cancel = 4,
+}
+
+/// An operation's `user_data`: the connection's slot (or the listener) in the high 32 bits,
+/// the low 28 bits of its serial, then the [`Op`]. A completion that arrives for a slot
+/// taken since by another connection has another serial and is not given to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tag(u64);
+
+impl Tag {
+    /// The tag of `op` for connection `token` of serial `serial`.
+    pub(crate) fn new(token: usize, serial: u64, op: Op) -> Self {
+        Self(((token as u64) << 32) | ((serial & 0x0fff_ffff) << 4) | op as u64)
+    }
+
+    /// The tag a completion carries back.
+    pub(crate) fn from_user_data(user_data: u64) -> Self {
+        Self(user_data)
+    }
+
+    /// The connection's slot.
+    pub(crate) fn token(self) -> usize {
+        (self.0 >> 32) as usize
+    }
+
+    /// Whether the tag was made for a connection of serial `serial`.
+    pub(crate) fn is_of(self, serial: u64) -> bool {
+        (self.0 >> 4) & 0x0fff_ffff == serial & 0x0fff_ffff
+    }
+
+    pub(crate) fn op(self) -> Option<Op> {
+        match self.0 & 0xf {
+            1 => Some(Op::Accept),
+            2 => Some(Op::Recv),
+            3 => Some(Op::Send),
+            4 => Some(Op::Cancel),
+            _ => None,
+        }
+    }
+
+    fn with(self, op: Op) -> Self {
+        Self((self.0 & !0xf) | op as u64)
+    }
+}
+
+/// A loop's ring: the io_uring instance and what its connections share.
+pub(crate) struct Ring {
+    uring: IoUring,
+    shared: Rc<RingShared>,
+}
+
+/// What a loop's ring connections share with the loop: the operations queued for the end of
+/// the turn, the receive buffers, and the sends of connections that went meanwhile.
+pub(crate) struct RingShared {
+    /// Operations to submit when the turn ends (one `io_uring_enter` for them all).
+    queued: RefCell<Vec<squeue::Entry>>,
+    buffers: ProvidedBuffers,
+    /// Staged sends of connections removed while the kernel still read them: their chunks go
+    /// back to the pool with the completion.
+    orphans: RefCell<Vec<(Tag, Staged)>>,
+}
+
+/// The provided buffer ring: `count` pool chunks the kernel picks from for each receive.
+struct ProvidedBuffers {
+    /// The ring of buffer descriptors (an anonymous mapping, registered as [`GROUP`]).
+    ///
+    /// Invariant: `count * 16` bytes, page-aligned, mapped until `Ring` drops.
+    entries: *mut types::BufRingEntry,
+    mapped: usize,
+    mask: u16,
+    /// Our copy of the ring's tail, published after each recycle.
+    tail: Cell<u16>,
+    /// Each buffer's address (the chunk's memory) by buffer id.
+    addrs: Vec<*mut u8>,
+    len: u32,
+    /// The chunks, given back to the pool when the ring closes.
+    chunks: RefCell<Vec<ChunkId>>,
+    /// Buffers not held by a completion that was not read yet.
+    available: Cell<usize>,
+}
+
+impl Ring {
+    /// Sets up a ring with `buffers` receive buffers (rounded to a power of two) taken from
+    /// `pool`. `Err` says why the kernel or the pool refused: the loop then runs on epoll.
+    pub(crate) fn new(pool: &mut Pool<'static>, buffers: usize) -> io::Result<Self> {
+        kernel_has_multishot()?;
+        let uring = IoUring::builder().setup_cqsize(8 * ENTRIES).build(ENTRIES)?;
+        let mut probe = Probe::new();
+        uring.submitter().register_probe(&mut probe)?;
+        for (code, name) in [
+            (opcode::Accept::CODE, "accept"),
+            (opcode::Recv::CODE, "recv"),
+            (opcode::Send::CODE, "send"),
+            (opcode::Writev::CODE, "writev"),
+            (opcode::AsyncCancel::CODE, "async_cancel"),
+        ] {
+            if !probe.is_supported(code) {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("io_uring has no {name} operation"),
+                ));
+            }
+        }
+        let count = buffers.clamp(8, 1 << 15).next_power_of_two();
+        let len = pool.chunk_size();
+        let mut chunks = Vec::with_capacity(count);
+        let mut addrs = Vec::with_capacity(count);
+        for _ in 0..count {
+            match pool.alloc() {
+                Ok(chunk) => {
+                    addrs.push(pool.spare_mut(&chunk).as_mut_ptr());
+                    chunks.push(chunk);
+                }
+                Err(_) => {
+                    chunks.into_iter().for_each(|c| pool.release(c));
+                    return Err(io::Error::other("the pool cannot hold the receive buffers"));
+                }
+            }
+        }
+        let mapped = (count * size_of::<types::BufRingEntry>()).next_multiple_of(4096);
+        // SAFETY: an anonymous private mapping, checked below; it is zero-filled and page
+        // aligned as the buffer ring requires.
+        let entries = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if entries == libc::MAP_FAILED {
+            chunks.into_iter().for_each(|c| pool.release(c));
+            return Err(io::Error::last_os_error());
+        }
+        let buffers = ProvidedBuffers {
+            entries: entries.cast(),
+            mapped,
+            mask: (count - 1) as u16,
+            tail: Cell::new(0),
+            addrs,
+            len: len as u32,
+            chunks: RefCell::new(chunks),
+            available: Cell::new(count),
+        };
+        // SAFETY: the mapping stays until `Ring` drops, after the ring itself (which
+        // unregisters it when it closes).
+        let registered = unsafe {
+            uring.submitter().register_buf_ring_with_flags(entries as u64, count as u16, GROUP, 0)
+        };
+        if let Err(e) = registered {
+            buffers.close(pool);
+            return Err(e);
+        }
+        for bid in 0..count as u16 {
+            buffers.push(bid);
+        }
+        buffers.publish();
+        let shared = Rc::new(RingShared {
+            queued: RefCell::new(Vec::with_capacity(256)),
+            buffers,
+            orphans: RefCell::new(Vec::new()),
+        });
+        Ok(Self { uring, shared })
+    }
+
+    /// The ring's descriptor, for the loop's `Poll`.
+    pub(crate) fn fd(&self) -> i32 {
+        self.uring.as_raw_fd()
+    }
+
+    /// What the ring's connections share.
+    pub(crate) fn shared(&self) -> &Rc<RingShared> {
+        &self.shared
+    }
+
+    /// Queues a multishot accept on `listener`.
+    pub(crate) fn accept(&self, listener: &impl AsRawFd, tag: Tag) {
+        let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+        let sqe = opcode::AcceptMulti::new(types::Fd(listener.as_raw_fd())).flags(flags).build();
+        self.shared.queue(sqe.user_data(tag.0));
+    }
+
+    /// Queues the cancellation of the operation tagged `tag`.
+    pub(crate) fn cancel(&self, tag: Tag) {
+        self.shared.cancel(tag);
+    }
+
+    /// Submits what the turn queued: one system call.
+    pub(crate) fn submit(&mut self) -> io::Result<()> {
+        let mut queued = self.shared.queued.borrow_mut();
+        if queued.is_empty() && !self.uring.submission().cq_overflow() {
+            return Ok(());
+        }
+        let mut at = 0;
+        while at < queued.len() {
+            let mut sq = self.uring.submission();
+            let room = sq.capacity() - sq.len();
+            let n = room.min(queued.len() - at);
+            // SAFETY: every entry's buffers (the staged chunks and their iovecs, the ring's
+            // receive buffers) stay alive until its completion (see `Staged`, `RingConn`).
+            unsafe { sq.push_multiple(&queued[at..at + n]) }
+                .map_err(|_| io::Error::other("submission queue full"))?;
+            drop(sq);
+            at += n;
+            if at < queued.len() {
+                self.uring.submit()?;
+            }
+        }
+        queued.clear();
+        loop {
+            match self.uring.submit() {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                // The completion queue is full: the next turn drains it and submits again.
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The completions waiting, in order (at most `out`'s room: call again while it fills).
+    pub(crate) fn completions(&mut self, out: &mut Vec<cqueue::Entry>) {
+        out.clear();
+        out.extend(self.uring.completion().take(out.capacity().max(256)));
+    }
+
+    /// Gives the receive buffers back to the pool; the loop is over.
+    pub(crate) fn close(&mut self, pool: &mut Pool<'static>) {
+        for (_, staged) in self.shared.orphans.borrow_mut().drain(..) {
+            staged.release(pool);
+        }
+        self.shared.buffers.close(pool);
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        let _ = self.uring.submitter().unregister_buf_ring(GROUP);
+        // SAFETY: the mapping made in `new`, unregistered above.
+        unsafe { libc::munmap(self.shared.buffers.entries.cast(), self.shared.buffers.mapped) };
+    }
+}
+
+impl RingShared {
+    fn queue(&self, sqe: squeue::Entry) {
+        self.queued.borrow_mut().push(sqe);
+    }
+
+    fn cancel(&self, tag: Tag) {
+        let sqe = opcode::AsyncCancel::new(tag.0).build().user_data(tag.with(Op::Cancel).0);
+        self.queue(sqe);
+    }
+
+    /// A receive completion's buffer: its bytes, now held by a connection.
+    pub(crate) fn take_buffer(&self) {
+        let available = &self.buffers.available;
+        available.set(available.get().saturating_sub(1));
+    }
+
+    /// Gives buffer `bid` back to the kernel without reading it (its connection went).
+    pub(crate) fn recycle(&self, bid: u16) {
+        self.buffers.recycle(bid);
+    }
+
+    /// Whether a receive would find a buffer.
+    pub(crate) fn has_buffers(&self) -> bool {
+        self.buffers.available.get() > 0
+    }
+
+    /// The staged send of a connection that went, completed now: `Some` of its chunks.
+    pub(crate) fn orphan_completed(&self, tag: Tag) -> Option<Staged> {
+        let mut orphans = self.orphans.borrow_mut();
+        let at = orphans.iter().position(|(t, _)| *t == tag)?;
+        Some(orphans.swap_remove(at).1)
+    }
+}
+
+impl ProvidedBuffers {
+    /// Puts `bid` at the ring's tail (seen by the kernel once [`publish`](Self::publish)ed).
+    fn push(&self, bid: u16) {
+        let tail = self.tail.get();
+        // SAFETY: `tail & mask` is below the ring's `count` entries (the invariant).
+        let entry = unsafe { &mut *self.entries.add(usize::from(tail & self.mask)) };
+        entry.set_addr(self.addrs[usize::from(bid)] as u64);
+        entry.set_len(self.len);
+        entry.set_bid(bid);
+        self.tail.set(tail.wrapping_add(1));
+    }
+
+    fn publish(&self) {
+        // SAFETY: the tail field of the ring's first entry, in the mapping; the kernel reads it
+        // with acquire ordering.
+        let tail = unsafe {
+            &*(types::BufRingEntry::tail(self.entries) as *const std::sync::atomic::AtomicU16)
+        };
+        tail.store(self.tail.get(), std::sync::atomic::Ordering::Release);
+    }
+
+    fn recycle(&self, bid: u16) {
+        self.push(bid);
+        self.publish();
+        self.available.set(self.available.get() + 1);
+    }
+
+    fn close(&self, pool: &mut Pool<'static>) {
+        for chunk in self.chunks.borrow_mut().drain(..) {
+            pool.release(chunk);
+        }
+    }
+}
+
+/// Whether the kernel has multishot receive (Linux 6.0); older ones refuse it per request.
+fn kernel_has_multishot() -> io::Result<()> {
+    // SAFETY: `uname` fills the zeroed struct.
+    let mut name: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a utsname.
+    if unsafe { libc::uname(&mut name) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `release` is NUL-terminated by the kernel.
+    let release = unsafe { std::ffi::CStr::from_ptr(name.release.as_ptr()) };
+    let major: u32 = release
+        .to_str()
+        .ok()
+        .and_then(|r| r.split('.').next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    if major >= 6 {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("kernel {release:?} has no multishot receive (6.0)"),
+        ))
+    }
+}
+
+/// One receive completion's bytes, held until the session has read them.
+#[derive(Debug, Clone, Copy)]
+struct Received {
+    bid: u16,
+    len: u32,
+    /// Bytes read so far.
+    at: u32,
+}
+
+/// Where a connection's multishot receive stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Receiving {
+    Armed,
+    /// Cancelled for holding [`HOLD`] buffers: re-armed once they are read.
+    Cancelling,
+    Paused,
+    /// Ended for want of buffers: the loop re-arms it when buffers come back.
+    Starved,
+    /// The stream ended or failed.
+    Done,
+}
+
+/// A send's bytes, copied from the session's queue into pool chunks, while the kernel has
+/// them.
+#[derive(Default)]
+pub(crate) struct Staged {
+    chunks: Vec<ChunkId>,
+    /// One per chunk, over its staged bytes; rebuilt from `sent` after a short send.
+    ///
+    /// Invariant: not touched while `in_flight` (the kernel may read it).
+    iov: Vec<libc::iovec>,
+    len: usize,
+    sent: usize,
+    in_flight: bool,
+}
+
+impl Staged {
+    /// Gives its chunks back (the kernel is done with them).
+    pub(crate) fn release(mut self, pool: &mut Pool<'static>) {
+        self.chunks.drain(..).for_each(|c| pool.release(c));
+    }
+}
+
+/// A plain-TCP connection over the loop's ring.
+pub(crate) struct RingConn {
+    tcp: TcpStream,
+    shared: Rc<RingShared>,
+    /// The tag of its operations (with [`Op::Recv`]).
+    tag: Tag,
+    received: VecDeque<Received>,
+    receiving: Receiving,
+    /// The receive ended: at the stream's end (`None`) or with an error.
+    ended: Option<Option<i32>>,
+    staged: Staged,
+    /// Our FIN waits for the send in flight.
+    shutdown_after_send: bool,
+}
+
+impl RingConn {
+    /// A connection accepted through the ring, its receive armed.
+    pub(crate) fn new(tcp: TcpStream, shared: Rc<RingShared>, token: usize, serial: u64) -> Self {
+        let _ = tcp.set_nodelay(true);
+        let mut conn = Self {
+            tcp,
+            shared,
+            tag: Tag::new(token, serial, Op::Recv),
+            received: VecDeque::new(),
+            receiving: Receiving::Done,
+            ended: None,
+            staged: Staged::default(),
+            shutdown_after_send: false,
+        };
+        conn.arm();
+        conn
+    }
+
+    fn arm(&mut self) {
+        let sqe = opcode::RecvMulti::new(types::Fd(self.tcp.as_raw_fd()), GROUP).build();
+        self.shared.queue(sqe.user_data(self.tag.0));
+        self.receiving = Receiving::Armed;
+    }
+
+    /// Re-arms a receive that ended for want of buffers; `false` if there are none yet.
+    pub(crate) fn rearm_starved(&mut self) -> bool {
+        if self.receiving != Receiving::Starved {
+            return true;
+        }
+        if !self.shared.has_buffers() {
+            return false;
+        }
+        self.arm();
+        true
+    }
+
+    /// A receive completion: `bid`'s `len` bytes (`Some`), and whether the multishot goes
+    /// on (`more`), else how it ended (`res`). Returns whether the loop should read it now,
+    /// and whether it is starved (to re-arm when buffers come back).
+    pub(crate) fn received(&mut self, res: i32, bid: Option<u16>, more: bool) -> (bool, bool) {
+        if let (Some(bid), true) = (bid, res > 0) {
+            self.shared.take_buffer();
+            self.received.push_back(Received { bid, len: res as u32, at: 0 });
+            if more && self.received.len() >= HOLD && self.receiving == Receiving::Armed {
+                self.shared.cancel(self.tag);
+                self.receiving = Receiving::Cancelling;
+            }
+        }
+        if more {
+            return (true, false);
+        }
+        match res {
+            0 => self.end(None),
+            e if e == -libc::ENOBUFS => {
+                self.receiving = Receiving::Starved;
+                return (true, true);
+            }
+            e if e == -libc::ECANCELED => {
+                self.receiving = Receiving::Paused;
+                if self.received.is_empty() {
+                    self.arm();
+                }
+            }
+            // The last buffer of a multishot that the kernel ends (its CQ overflowed, say):
+            // armed again once it is read.
+            r if r > 0 => self.receiving = Receiving::Paused,
+            e => self.end(Some(-e)),
+        }
+        (true, false)
+    }
+
+    fn end(&mut self, error: Option<i32>) {
+        self.ended = Some(error);
+        self.receiving = Receiving::Done;
+    }
+
+    /// Reads what the ring received, into `buf`.
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut n = 0;
+        while let Some(front) = self.received.front_mut()
+            && n < buf.len()
+        {
+            let take = (front.len - front.at).min((buf.len() - n) as u32) as usize;
+            let from = self.shared.buffers.addrs[usize::from(front.bid)];
+            // SAFETY: the kernel wrote `front.len` bytes into buffer `front.bid` and gave it to
+            // us with the completion; it is not back in the ring until recycled below.
+            let bytes = unsafe { std::slice::from_raw_parts(from.add(front.at as usize), take) };
+            buf[n..n + take].copy_from_slice(bytes);
+            n += take;
+            front.at += take as u32;
+            if front.at == front.len {
+                self.shared.recycle(front.bid);
+                self.received.pop_front();
+            }
+        }
+        if self.received.is_empty() && self.receiving == Receiving::Paused {
+            self.arm();
+        }
+        match (n, self.ended) {
+            (0, Some(None)) => Ok(0),
+            (0, Some(Some(e))) => Err(io::Error::from_raw_os_error(e)),
+            (0, None) => Err(io::ErrorKind::WouldBlock.into()),
+            (n, _) => Ok(n),
+        }
+    }
+
+    /// Whether a read would return something now (bytes, the end or an error).
+    pub(crate) fn more_input(&self) -> bool {
+        !self.received.is_empty() || self.ended.is_some()
+    }
+
+    /// Whether a send is in flight.
+    pub(crate) fn sending(&self) -> bool {
+        self.staged.in_flight
+    }
+
+    /// Stages what the session's queue holds (up to [`STAGE_CHUNKS`] chunks) and queues its
+    /// send; the queue is consumed by what was staged. With no chunk to stage into (the pool
+    /// is exhausted), writes straight to the socket instead.
+    pub(crate) fn write_queue(
+        &mut self,
+        session: &mut Session,
+        io: &mut Io<'_>,
+    ) -> io::Result<(usize, bool)> {
+        if self.staged.in_flight {
+            return Ok((0, false));
+        }
+        let pool = &mut *io.pool;
+        let chunk = pool.chunk_size();
+        let want = session.buffered().min(STAGE_CHUNKS * chunk);
+        let staged = &mut self.staged;
+        staged.iov.clear();
+        while staged.chunks.len() * chunk < want {
+            match pool.alloc() {
+                Ok(c) => staged.chunks.push(c),
+                Err(_) => break,
+            }
+        }
+        if staged.chunks.is_empty() {
+            return Transport::write_queue(&mut self.tcp, session, io);
+        }
+        let room = (staged.chunks.len() * chunk).min(want);
+        let mut targets = [std::ptr::null_mut::<u8>(); STAGE_CHUNKS];
+        for (target, c) in targets.iter_mut().zip(&staged.chunks) {
+            *target = pool.spare_mut(c).as_mut_ptr();
+        }
+        let mut slices = [IoSlice::new(&[]); 64];
+        let described = session.io_slices(pool, &mut slices);
+        let mut copied = 0;
+        'copy: for slice in &slices[..described] {
+            let mut from = &slice[..];
+            while !from.is_empty() {
+                if copied == room {
+                    break 'copy;
+                }
+                let (index, at) = (copied / chunk, copied % chunk);
+                let n = from.len().min(chunk - at).min(room - copied);
+                // SAFETY: `targets[index]` is the start of a chunk we hold alone (allocated
+                // above, in no queue); `at + n <= chunk`. The source is another chunk.
+                unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), targets[index].add(at), n) };
+                copied += n;
+                from = &from[n..];
+            }
+        }
+        // Chunks a short slice list left unused go back.
+        let used = copied.div_ceil(chunk);
+        for c in staged.chunks.drain(used..) {
+            pool.release(c);
+        }
+        staged.len = copied;
+        staged.sent = 0;
+        session.consume(pool, copied);
+        self.submit_send(pool);
+        Ok((copied, false))
+    }
+
+    /// Queues the send of the staged bytes from `sent` on.
+    fn submit_send(&mut self, pool: &mut Pool<'static>) {
+        let chunk = pool.chunk_size();
+        let staged = &mut self.staged;
+        staged.iov.clear();
+        let mut at = staged.sent;
+        while at < staged.len {
+            let (index, offset) = (at / chunk, at % chunk);
+            let n = (chunk - offset).min(staged.len - at);
+            let base = pool.spare_mut(&staged.chunks[index]).as_mut_ptr();
+            // SAFETY: within the chunk (`offset + n <= chunk`).
+            let base = unsafe { base.add(offset) };
+            staged.iov.push(libc::iovec { iov_base: base.cast(), iov_len: n });
+            at += n;
+        }
+        let fd = types::Fd(self.tcp.as_raw_fd());
+        let tag = self.tag.with(Op::Send).0;
+        let sqe = match staged.iov.as_slice() {
+            [one] => opcode::Send::new(fd, one.iov_base.cast(), one.iov_len as u32).build(),
+            iov => opcode::Writev::new(fd, iov.as_ptr(), iov.len() as u32).build(),
+        };
+        staged.in_flight = true;
+        self.shared.queue(sqe.user_data(tag));
+    }
+
+    /// A send completed with `res`: `Ok(true)` once everything staged is out (the session's
+    /// queue may go on), `Ok(false)` while the rest goes on, `Err` if the socket failed.
+    pub(crate) fn sent(&mut self, res: i32, pool: &mut Pool<'static>) -> io::Result<bool> {
+        self.staged.in_flight = false;
+        if res < 0 {
+            self.staged.chunks.drain(..).for_each(|c| pool.release(c));
+            return Err(io::Error::from_raw_os_error(-res));
+        }
+        self.staged.sent += res as usize;
+        if self.staged.sent < self.staged.len && res > 0 {
+            self.submit_send(pool); // a short send continues
+            return Ok(false);
+        }
+        self.staged.chunks.drain(..).for_each(|c| pool.release(c));
+        if std::mem::take(&mut self.shutdown_after_send) {
+            let _ = self.tcp.shutdown(std::net::Shutdown::Write);
+        }
+        Ok(true)
+    }
+
+    /// Writes `bufs` straight to the socket (a refusal the pool could not queue), unless a
+    /// send is in flight (its bytes must go first).
+    pub(crate) fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        if self.staged.in_flight {
+            return Ok(0);
+        }
+        io::Write::write_vectored(&mut self.tcp, bufs)
+    }
+
+    /// Our FIN, after the send in flight if there is one.
+    pub(crate) fn shutdown_write(&mut self) -> io::Result<()> {
+        if self.staged.in_flight {
+            self.shutdown_after_send = true;
+            return Ok(());
+        }
+        self.tcp.shutdown(std::net::Shutdown::Write)
+    }
+
+    /// The connection goes: its buffers go back to the ring, a send in flight keeps its
+    /// chunks until it completes, and the receive in flight ends (the ring holds the socket
+    /// open while an operation is on it, so it is shut down rather than only closed).
+    pub(crate) fn release(&mut self, pool: &mut Pool<'static>) {
+        for received in self.received.drain(..) {
+            self.shared.recycle(received.bid);
+        }
+        let staged = std::mem::take(&mut self.staged);
+        if self.receiving != Receiving::Done || staged.in_flight {
+            let _ = self.tcp.shutdown(std::net::Shutdown::Both);
+        }
+        if staged.in_flight {
+            self.shared.orphans.borrow_mut().push((self.tag.with(Op::Send), staged));
+        } else {
+            staged.release(pool);
+        }
+        self.receiving = Receiving::Done;
+    }
+
+    /// The socket (its registration with epoll is never used).
+    pub(crate) fn tcp(&mut self) -> &mut TcpStream {
+        &mut self.tcp
+    }
+}
