@@ -504,6 +504,8 @@ pub struct Metrics {
     pub(crate) budget_bytes: Family<LoopLabel, Gauge>,
     /// 1 for the I/O driver each loop runs (io_uring may have been refused).
     pub(crate) loop_io: Family<LoopIoLabel, Gauge>,
+    /// Pool chunks a loop's io_uring receives into, in use for the loop's life (0 on epoll).
+    pub(crate) receive_buffer_chunks: Family<LoopLabel, Gauge>,
     /// Bytes of one pool chunk.
     pub(crate) chunk_size: Gauge,
     /// Chunk allocation failures, per loop.
@@ -667,6 +669,7 @@ impl Metrics {
             slots_high_water: Family::default(),
             budget_bytes: Family::default(),
             loop_io: Family::default(),
+            receive_buffer_chunks: Family::default(),
             chunk_size: Gauge::default(),
             allocation_failures: Family::default(),
             send_queue_bytes: Family::default(),
@@ -786,7 +789,11 @@ impl Metrics {
             "Connections closed with 1008 because their send queue reached its cap",
             m.slow_consumer_closes.clone(),
         );
-        r.register("pool_chunks_in_use", "Pool chunks in use", m.chunks_in_use.clone());
+        r.register(
+            "pool_chunks_in_use",
+            "Pool chunks in use (an io_uring loop's receive buffers counted apart)",
+            m.chunks_in_use.clone(),
+        );
         r.register("pool_chunks_capacity", "Pool chunks in total", m.chunks_capacity.clone());
         r.register(
             "pool_chunks_high_water",
@@ -820,6 +827,11 @@ impl Metrics {
             "loop_io",
             "The I/O driver an event loop runs (epoll, or uring unless the kernel refused it)",
             m.loop_io.clone(),
+        );
+        r.register(
+            "pool_receive_buffer_chunks",
+            "Pool chunks an event loop's io_uring receives into (in use while the loop runs; 0 on epoll)",
+            m.receive_buffer_chunks.clone(),
         );
         r.register(
             "pool_chunks_withheld",

@@ -14,6 +14,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
+use std::mem::ManuallyDrop;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
@@ -100,10 +101,21 @@ pub(crate) struct RingShared {
     /// Operations to submit when the turn ends (one `io_uring_enter` for them all).
     queued: RefCell<Vec<squeue::Entry>>,
     buffers: ProvidedBuffers,
-    /// Staged sends of connections removed while the kernel still read them: their chunks go
-    /// back to the pool with the completion.
-    orphans: RefCell<Vec<(Tag, Staged)>>,
+    /// Staged sends of connections removed while the kernel still read them, with when they
+    /// were left: their chunks go back to the pool with the completion (cancelled after
+    /// [`ORPHAN_LINGER`], a peer that reads nothing cannot hold them).
+    orphans: RefCell<Vec<(Tag, Staged, std::time::Instant)>>,
+    /// Sends are written straight to the socket, not staged (a shutdown's close frames: a
+    /// million closes need one chunk, not a million).
+    pub(crate) direct: Cell<bool>,
+    /// Sockets of connections that went this turn: an operation queued for them names their
+    /// descriptor, which must not be closed (and its number taken by a new connection) before
+    /// the submission; the kernel holds its own reference from then on.
+    closing: RefCell<Vec<TcpStream>>,
 }
+
+/// How long a removed connection's last send may hold its chunks.
+const ORPHAN_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The provided buffer ring: `count` pool chunks the kernel picks from for each receive.
 struct ProvidedBuffers {
@@ -125,9 +137,9 @@ struct ProvidedBuffers {
 }
 
 impl Ring {
-    /// Sets up a ring with `buffers` receive buffers (rounded to a power of two) taken from
-    /// `pool`. `Err` says why the kernel or the pool refused: the loop then runs on epoll.
-    pub(crate) fn new(pool: &mut Pool<'static>, buffers: usize) -> io::Result<Self> {
+    /// Sets up a ring with `count` receive buffers ([`receive_buffers`]) taken from `pool`.
+    /// `Err` says why the kernel or the pool refused: the loop then runs on epoll.
+    pub(crate) fn new(pool: &mut Pool<'static>, count: usize) -> io::Result<Self> {
         kernel_has_multishot()?;
         let uring = IoUring::builder().setup_cqsize(8 * ENTRIES).build(ENTRIES)?;
         let mut probe = Probe::new();
@@ -146,7 +158,6 @@ impl Ring {
                 ));
             }
         }
-        let count = buffers.clamp(8, 1 << 15).next_power_of_two();
         let len = pool.chunk_size();
         let mut chunks = Vec::with_capacity(count);
         let mut addrs = Vec::with_capacity(count);
@@ -206,8 +217,20 @@ impl Ring {
             queued: RefCell::new(Vec::with_capacity(256)),
             buffers,
             orphans: RefCell::new(Vec::new()),
+            direct: Cell::new(false),
+            closing: RefCell::new(Vec::new()),
         });
         Ok(Self { uring, shared })
+    }
+
+    /// The pool chunks its receive buffers hold (0 once closed).
+    pub(crate) fn buffer_chunks(&self) -> usize {
+        self.shared.buffers.chunks.borrow().len()
+    }
+
+    /// The pool chunks its receive buffers took at start.
+    pub(crate) fn buffer_count(&self) -> usize {
+        self.shared.buffers.addrs.len()
     }
 
     /// The ring's descriptor, for the loop's `Poll`.
@@ -234,6 +257,17 @@ impl Ring {
 
     /// Submits what the turn queued: one system call.
     pub(crate) fn submit(&mut self) -> io::Result<()> {
+        let mut orphans = self.shared.orphans.borrow_mut();
+        if !orphans.is_empty() {
+            let now = std::time::Instant::now();
+            for (tag, _, left) in orphans.iter_mut() {
+                if now.duration_since(*left) > ORPHAN_LINGER {
+                    *left = now; // cancelled once a linger
+                    self.shared.cancel(*tag);
+                }
+            }
+        }
+        drop(orphans);
         let mut queued = self.shared.queued.borrow_mut();
         if queued.is_empty() && !self.uring.submission().cq_overflow() {
             return Ok(());
@@ -254,15 +288,17 @@ impl Ring {
             }
         }
         queued.clear();
-        loop {
+        let submitted = loop {
             match self.uring.submit() {
-                Ok(_) => return Ok(()),
+                Ok(_) => break Ok(()),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                 // The completion queue is full: the next turn drains it and submits again.
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(()),
-                Err(e) => return Err(e),
+                Err(e) => break Err(e),
             }
-        }
+        };
+        self.shared.closing.borrow_mut().clear();
+        submitted
     }
 
     /// The completions waiting, in order (at most `out`'s room: call again while it fills).
@@ -273,7 +309,7 @@ impl Ring {
 
     /// Gives the receive buffers back to the pool; the loop is over.
     pub(crate) fn close(&mut self, pool: &mut Pool<'static>) {
-        for (_, staged) in self.shared.orphans.borrow_mut().drain(..) {
+        for (_, staged, _) in self.shared.orphans.borrow_mut().drain(..) {
             staged.release(pool);
         }
         self.shared.buffers.close(pool);
@@ -317,7 +353,7 @@ impl RingShared {
     /// The staged send of a connection that went, completed now: `Some` of its chunks.
     pub(crate) fn orphan_completed(&self, tag: Tag) -> Option<Staged> {
         let mut orphans = self.orphans.borrow_mut();
-        let at = orphans.iter().position(|(t, _)| *t == tag)?;
+        let at = orphans.iter().position(|(t, _, _)| *t == tag)?;
         Some(orphans.swap_remove(at).1)
     }
 }
@@ -354,6 +390,12 @@ impl ProvidedBuffers {
             pool.release(chunk);
         }
     }
+}
+
+/// The receive buffers (pool chunks) of a loop's ring: as much of the pool as the read buffer
+/// and the cork an epoll loop keeps beside it, a power of two (as the buffer ring needs).
+pub(crate) fn receive_buffers(config: &crate::ServerConfig) -> usize {
+    (2 * config.read_buffer / config.chunk_size).clamp(8, 1 << 15).next_power_of_two()
 }
 
 /// Whether the kernel has multishot receive (Linux 6.0); older ones refuse it per request.
@@ -427,7 +469,8 @@ impl Staged {
 
 /// A plain-TCP connection over the loop's ring.
 pub(crate) struct RingConn {
-    tcp: TcpStream,
+    /// Invariant: taken only by `drop`.
+    tcp: ManuallyDrop<TcpStream>,
     shared: Rc<RingShared>,
     /// The tag of its operations (with [`Op::Recv`]).
     tag: Tag,
@@ -445,7 +488,7 @@ impl RingConn {
     pub(crate) fn new(tcp: TcpStream, shared: Rc<RingShared>, token: usize, serial: u64) -> Self {
         let _ = tcp.set_nodelay(true);
         let mut conn = Self {
-            tcp,
+            tcp: ManuallyDrop::new(tcp),
             shared,
             tag: Tag::new(token, serial, Op::Recv),
             received: VecDeque::new(),
@@ -567,6 +610,9 @@ impl RingConn {
         if self.staged.in_flight {
             return Ok((0, false));
         }
+        if self.shared.direct.get() {
+            return Transport::write_queue(&mut *self.tcp, session, io);
+        }
         let pool = &mut *io.pool;
         let chunk = pool.chunk_size();
         let want = session.buffered().min(STAGE_CHUNKS * chunk);
@@ -579,7 +625,7 @@ impl RingConn {
             }
         }
         if staged.chunks.is_empty() {
-            return Transport::write_queue(&mut self.tcp, session, io);
+            return Transport::write_queue(&mut *self.tcp, session, io);
         }
         let room = (staged.chunks.len() * chunk).min(want);
         let mut targets = [std::ptr::null_mut::<u8>(); STAGE_CHUNKS];
@@ -667,7 +713,7 @@ impl RingConn {
         if self.staged.in_flight {
             return Ok(0);
         }
-        io::Write::write_vectored(&mut self.tcp, bufs)
+        io::Write::write_vectored(&mut *self.tcp, bufs)
     }
 
     /// Our FIN, after the send in flight if there is one.
@@ -680,18 +726,21 @@ impl RingConn {
     }
 
     /// The connection goes: its buffers go back to the ring, a send in flight keeps its
-    /// chunks until it completes, and the receive in flight ends (the ring holds the socket
-    /// open while an operation is on it, so it is shut down rather than only closed).
+    /// chunks until it completes (the socket closes after it, as a closed socket's buffer
+    /// still drains), and the receive in flight ends (the ring holds the socket open while
+    /// an operation is on it, so its reading side is shut down rather than only closed).
     pub(crate) fn release(&mut self, pool: &mut Pool<'static>) {
         for received in self.received.drain(..) {
             self.shared.recycle(received.bid);
         }
         let staged = std::mem::take(&mut self.staged);
-        if self.receiving != Receiving::Done || staged.in_flight {
-            let _ = self.tcp.shutdown(std::net::Shutdown::Both);
+        if self.receiving != Receiving::Done {
+            let _ = self.tcp.shutdown(std::net::Shutdown::Read);
+            self.shared.cancel(self.tag);
         }
         if staged.in_flight {
-            self.shared.orphans.borrow_mut().push((self.tag.with(Op::Send), staged));
+            let left = std::time::Instant::now();
+            self.shared.orphans.borrow_mut().push((self.tag.with(Op::Send), staged, left));
         } else {
             staged.release(pool);
         }
@@ -701,5 +750,13 @@ impl RingConn {
     /// The socket (its registration with epoll is never used).
     pub(crate) fn tcp(&mut self) -> &mut TcpStream {
         &mut self.tcp
+    }
+}
+
+impl Drop for RingConn {
+    fn drop(&mut self) {
+        // SAFETY: `tcp` is not used again (the invariant).
+        let tcp = unsafe { ManuallyDrop::take(&mut self.tcp) };
+        self.shared.closing.borrow_mut().push(tcp);
     }
 }

@@ -2,6 +2,7 @@
 //! bytes are read by the session exactly as after a readiness event, completed sends let the
 //! queue go on; the turn's operations leave in one submission at its end.
 
+use std::collections::VecDeque;
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -30,6 +31,9 @@ pub(super) struct RingSide {
     ready: Vec<usize>,
     /// Connections whose receive ended for want of buffers: `(slot, serial)`.
     starved: Vec<(usize, u64)>,
+    /// Connections the multishot accept took and the loop has not opened yet: a batch a
+    /// turn, as on epoll, so a storm of connects cannot hold up the connections open.
+    backlog: VecDeque<mio::net::TcpStream>,
 }
 
 impl RingSide {
@@ -43,10 +47,7 @@ impl RingSide {
         listeners: &Listeners,
         plain_speaks_tls: bool,
     ) -> Option<Self> {
-        // The receive buffers: as much of the pool as the read buffer and the cork an epoll
-        // loop keeps beside it.
-        let buffers = 2 * config.read_buffer / config.chunk_size;
-        let mut ring = match Ring::new(pool, buffers) {
+        let mut ring = match Ring::new(pool, crate::uring::receive_buffers(config)) {
             Ok(ring) => ring,
             Err(error) => {
                 refused(index, &error);
@@ -72,6 +73,7 @@ impl RingSide {
             completed: Vec::with_capacity(1024),
             ready: Vec::with_capacity(64),
             starved: Vec::new(),
+            backlog: VecDeque::new(),
         })
     }
 }
@@ -202,8 +204,23 @@ impl<T: Transport> EventLoop<T> {
         if std::mem::take(&mut self.accept_failing) {
             tracing::info!("accepting again");
         }
-        let Ok(peer) = stream.peer_addr() else { return };
-        self.open_accepted(stream, peer, Listening::Plain, None, now);
+        if let Some(side) = &mut self.ring {
+            side.backlog.push_back(stream);
+            self.accept_more = true;
+        }
+    }
+
+    /// Opens up to `batch` of the connections the ring accepted; the rest wait for the next
+    /// turn (which does not wait for readiness meanwhile).
+    pub(super) fn open_ring_backlog(&mut self, now: Instant, batch: usize) {
+        for _ in 0..batch {
+            let Some(stream) = self.ring.as_mut().and_then(|side| side.backlog.pop_front()) else {
+                return;
+            };
+            let Ok(peer) = stream.peer_addr() else { continue };
+            self.open_accepted(stream, peer, Listening::Plain, None, now);
+        }
+        self.accept_more = self.ring.as_ref().is_some_and(|side| !side.backlog.is_empty());
     }
 
     /// Submits the turn's operations (one system call), after re-arming what waited: the
@@ -232,10 +249,12 @@ impl<T: Transport> EventLoop<T> {
 
     /// Cancels the multishot accept: shutdown has begun.
     pub(super) fn stop_ring_accept(&mut self) {
-        if let Some(side) = &mut self.ring
-            && std::mem::take(&mut side.accept_armed)
-        {
-            side.ring.cancel(Tag::new(ACCEPTING, 0, Op::Accept));
+        if let Some(side) = &mut self.ring {
+            side.backlog.clear();
+            side.ring.shared().direct.set(true);
+            if std::mem::take(&mut side.accept_armed) {
+                side.ring.cancel(Tag::new(ACCEPTING, 0, Op::Accept));
+            }
         }
     }
 }

@@ -282,9 +282,18 @@ impl<T: Transport> EventLoop<T> {
         self.topic_deltas.retire_unsubscribed(topics, has, &mut self.pool);
         self.stats.publish(&self.shared.metrics);
         let c = self.pool.counters();
+        // An io_uring loop's receive buffers are its read buffer, not anyone's data: counted
+        // apart (`pool_receive_buffer_chunks`), as an epoll loop's read buffer is not a chunk.
+        #[cfg(target_os = "linux")]
+        let (own, taken) = self
+            .ring
+            .as_ref()
+            .map_or((0, 0), |side| (side.ring.buffer_chunks(), side.ring.buffer_count()));
+        #[cfg(not(target_os = "linux"))]
+        let (own, taken) = (0, 0);
         let g = &mut self.gauges;
-        g.chunks_in_use.set(c.chunks_in_use as i64);
-        g.chunks_high_water.set(c.chunks_high_water as i64);
+        g.chunks_in_use.set(c.chunks_in_use.saturating_sub(own) as i64);
+        g.chunks_high_water.set(c.chunks_high_water.saturating_sub(taken) as i64);
         g.slots_in_use.set(c.segments_in_use as i64);
         g.slots_high_water.set(c.segments_high_water as i64);
         g.send_queue_bytes.set(self.buffered as i64);

@@ -69,7 +69,7 @@ pub(super) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Connections accepted per loop turn. A storm of connects then cannot hold up the
 /// connections already open, and peers that hung up are seen (and their per-address count
 /// released) before the next batch is admitted.
-const ACCEPT_BATCH: usize = 64;
+pub(super) const ACCEPT_BATCH: usize = 64;
 
 /// One connection of a loop: its session, its transport, and the loop's bookkeeping.
 pub(super) struct Entry<T> {
@@ -171,7 +171,7 @@ pub(crate) struct EventLoop<T> {
     pub(super) accept_failing: bool,
     /// The backlog may hold more connections than the last batch took: accept again after
     /// the next (non-blocking) poll.
-    accept_more: bool,
+    pub(super) accept_more: bool,
     /// Budget bytes each connection of the loop is charged while it is open, handshaking or
     /// not: the kernel's memory for its socket ([`Shared::socket_cost`]) and its entry in
     /// `conns`. The pool withholds that many chunks (`charge_connections`).
@@ -358,7 +358,17 @@ impl LoopBudget {
     /// Connections the loop can hold while an upgrade still finds `connection_reserve` free
     /// with no buffer in use, at `charge` bytes each.
     pub(super) fn connections(&self, config: &ServerConfig, charge: usize) -> usize {
-        let room = (self.chunks * config.chunk_size).saturating_sub(config.connection_reserve);
+        // An io_uring loop's receive buffers are pool chunks too.
+        #[cfg(target_os = "linux")]
+        let chunks = match config.io {
+            crate::IoDriver::Uring => {
+                self.chunks.saturating_sub(crate::uring::receive_buffers(config))
+            }
+            crate::IoDriver::Epoll => self.chunks,
+        };
+        #[cfg(not(target_os = "linux"))]
+        let chunks = self.chunks;
+        let room = (chunks * config.chunk_size).saturating_sub(config.connection_reserve);
         room / charge.max(1)
     }
 }
@@ -524,12 +534,24 @@ impl<T: Transport> EventLoop<T> {
     pub(crate) fn start(&mut self) {
         let label = LoopLabel { event_loop: self.index };
         let m = &self.shared.metrics;
-        m.chunks_capacity.get_or_create(&label).set(self.pool.chunks_total() as i64);
+        // An io_uring loop's receive buffers are counted apart (see `publish_gauges`).
+        #[cfg(target_os = "linux")]
+        let own = self.ring.as_ref().map_or(0, |side| side.ring.buffer_chunks());
+        #[cfg(not(target_os = "linux"))]
+        let own = 0;
+        m.chunks_capacity.get_or_create(&label).set((self.pool.chunks_total() - own) as i64);
         m.chunk_size.set(self.pool.chunk_size() as i64);
         m.budget_bytes.get_or_create(&label).set(self.pool.budget().limit() as i64);
         m.slots_total.get_or_create(&label).set(self.pool.segments_total() as i64);
         #[cfg(target_os = "linux")]
-        let io = if self.ring.is_some() { crate::IoDriver::Uring } else { crate::IoDriver::Epoll };
+        let io = match &self.ring {
+            Some(side) => {
+                let chunks = side.ring.buffer_chunks() as i64;
+                m.receive_buffer_chunks.get_or_create(&label).set(chunks);
+                crate::IoDriver::Uring
+            }
+            None => crate::IoDriver::Epoll,
+        };
         #[cfg(not(target_os = "linux"))]
         let io = crate::IoDriver::Epoll;
         let label = crate::metrics::LoopIoLabel { event_loop: self.index, io: io.name() };
@@ -730,7 +752,9 @@ impl<T: Transport> EventLoop<T> {
             self.accept_more = false;
             #[cfg(target_os = "linux")]
             if self.ring.as_ref().is_some_and(|ring| ring.accepts) {
-                return; // the ring's multishot accept takes them
+                // The ring's multishot accept takes them: a batch of those it took is opened.
+                self.open_ring_backlog(now, ACCEPT_BATCH);
+                return;
             }
         }
         let Some(listeners) = &self.listeners else { return };

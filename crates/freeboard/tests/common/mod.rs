@@ -8,9 +8,16 @@ use std::time::Duration;
 use freeboard::{Echo, HttpRoute, Router, RunningServer, Server, ServerConfig};
 use freeboard_test::Inbox;
 
-/// A config for tests: one loop, an ephemeral port, a small budget, no pings.
+/// A config for tests: one loop, an ephemeral port, a small budget, no pings; the I/O driver
+/// `FREEBOARD_TEST_IO` names (`epoll` or `uring`; default epoll), so that the same tests run
+/// under each (`scripts/test` runs them with `uring` too).
 pub fn config() -> ServerConfig {
     let mut config = ServerConfig::default();
+    config.io = match std::env::var("FREEBOARD_TEST_IO").as_deref() {
+        Ok("uring") => freeboard::IoDriver::Uring,
+        Ok("epoll") | Err(_) => freeboard::IoDriver::Epoll,
+        Ok(other) => panic!("FREEBOARD_TEST_IO={other}: epoll or uring"),
+    };
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.threads = 1;
     config.memory = 64 << 20;
