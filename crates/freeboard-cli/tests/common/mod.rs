@@ -29,7 +29,14 @@ impl Serve {
     /// Starts `freeboard serve` with `extra` flags; on `127.0.0.1:0`, with two event loops and
     /// a 64 MiB budget unless `extra` sets them.
     pub(crate) fn start(extra: &[&str]) -> Self {
+        Self::start_with(extra, |_| {})
+    }
+
+    /// [`start`](Self::start), with `prepare` given the command before it spawns (a
+    /// `pre_exec` hook, say).
+    pub(crate) fn start_with(extra: &[&str], prepare: impl FnOnce(&mut Command)) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_freeboard"));
+        prepare(&mut command);
         command.arg("serve");
         for (flag, default) in
             [("--listen", "127.0.0.1:0"), ("--threads", "2"), ("--memory", "64M")]

@@ -1,0 +1,105 @@
+//! `freeboard serve --io uring`: the loops run on io_uring where the kernel allows it, and on
+//! epoll — with one log line and the `freeboard_loop_io` gauge saying so — where it refuses,
+//! the refusal forced for real by a seccomp filter installed in the server's process.
+#![cfg(target_os = "linux")]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+use common::Serve;
+
+/// `GET /metrics`, the response's body.
+fn metrics(addr: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// One binary message echoed by the server at `/`.
+fn echoes(addr: &str) {
+    let stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (mut stream, mut inbox) = common::upgrade(stream, "/", "");
+    let payload = vec![7u8; 3000];
+    stream.write_all(&freeboard_test::frame(0x82, &payload, freeboard_test::TEST_MASK)).unwrap();
+    let echo = inbox.frame(&mut stream).unwrap().expect("an echo");
+    assert_eq!((echo.opcode, echo.payload), (0x2, payload));
+}
+
+/// A seccomp filter that fails `io_uring_setup` with `EPERM` (as Docker's default profile and
+/// `kernel.io_uring_disabled=2` do) and allows every other call. Only the system call number
+/// is looked at: the test runs native binaries of the build's own architecture.
+fn refuse_io_uring() -> Vec<libc::sock_filter> {
+    use libc::{BPF_ABS, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_RET, BPF_W};
+    let stmt = |code: u32, k: u32| libc::sock_filter { code: code as u16, jt: 0, jf: 0, k };
+    let jump =
+        |code: u32, k: u32, jt: u8, jf: u8| libc::sock_filter { code: code as u16, jt, jf, k };
+    vec![
+        // seccomp_data.nr, at offset 0.
+        stmt(BPF_LD | BPF_W | BPF_ABS, 0),
+        jump(BPF_JMP | BPF_JEQ | BPF_K, libc::SYS_io_uring_setup as u32, 0, 1),
+        stmt(BPF_RET | BPF_K, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        stmt(BPF_RET | BPF_K, libc::SECCOMP_RET_ALLOW),
+    ]
+}
+
+#[test]
+fn a_kernel_that_refuses_io_uring_gets_epoll_and_one_log_line() {
+    let mut filter = refuse_io_uring();
+    // The filter's address crosses into the child as a number (a raw pointer is not `Send`).
+    let (at, len) = (filter.as_mut_ptr() as usize, filter.len() as u16);
+    let prepare = |command: &mut std::process::Command| {
+        // SAFETY: between fork and exec the closure makes two prctl calls (async-signal-safe)
+        // on the filter the parent allocated before the fork and keeps alive until `spawn`
+        // returns (`filter` outlives the command).
+        unsafe {
+            command.pre_exec(move || {
+                let program = libc::sock_fprog { len, filter: at as *mut libc::sock_filter };
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || libc::prctl(
+                        libc::PR_SET_SECCOMP,
+                        libc::SECCOMP_MODE_FILTER,
+                        &program as *const libc::sock_fprog,
+                    ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    };
+    let serve = Serve::start_with(&["--io", "uring", "--threads", "2"], prepare);
+    let line = serve.log_line("io_uring refused");
+    assert!(line.contains("Operation not permitted"), "{line}");
+    // One line for the process, not one per loop.
+    let more = serve.log_lines_for(Duration::from_millis(500));
+    assert!(!more.iter().any(|l| l.contains("io_uring refused")), "{more:?}");
+    let metrics = metrics(&serve.addr);
+    for event_loop in 0..2 {
+        let series = format!("freeboard_loop_io{{event_loop=\"{event_loop}\",io=\"epoll\"}} 1");
+        assert!(metrics.contains(&series), "{series} not in\n{metrics}");
+    }
+    assert!(!metrics.contains("io=\"uring\""), "{metrics}");
+    echoes(&serve.addr);
+}
+
+#[test]
+fn a_kernel_that_allows_io_uring_gets_it() {
+    let serve = Serve::start(&["--io", "uring", "--threads", "2"]);
+    echoes(&serve.addr);
+    let scraped = metrics(&serve.addr);
+    for event_loop in 0..2 {
+        let series = format!("freeboard_loop_io{{event_loop=\"{event_loop}\",io=\"uring\"}} 1");
+        assert!(scraped.contains(&series), "{series} not in\n{scraped}");
+    }
+    let epoll = Serve::start(&["--io", "epoll", "--threads", "1"]);
+    let series = "freeboard_loop_io{event_loop=\"0\",io=\"epoll\"} 1";
+    assert!(metrics(&epoll.addr).contains(series));
+}
