@@ -103,3 +103,48 @@ fn a_kernel_that_allows_io_uring_gets_it() {
     let series = "freeboard_loop_io{event_loop=\"0\",io=\"epoll\"} 1";
     assert!(metrics(&epoll.addr).contains(series));
 }
+
+/// A fan-out through the ring: 40 subscribers over two loops each get every publication of a
+/// burst, in order, and then a publication of 200 KiB whole (sends of several staged chunks).
+#[test]
+fn a_fan_out_over_io_uring_reaches_every_subscriber_in_order() {
+    const SUBSCRIBERS: usize = 40;
+    const BURST: usize = 500;
+    let serve = Serve::start(&["--io", "uring", "--client-publish", "--threads", "2"]);
+    let mut subscribers: Vec<_> =
+        (0..SUBSCRIBERS).map(|_| common::subscribe(&serve.addr, "/topic/feed")).collect();
+    let (mut publisher, _) = common::subscribe(&serve.addr, "/topic/feed");
+    // Every subscription is known to every loop once each subscriber has seen a "warm".
+    for (reader, inbox) in &mut subscribers {
+        reader.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        'warm: loop {
+            publisher.write_all(&common::text(b"warm")).unwrap();
+            while let Ok(Some(f)) = inbox.frame(reader) {
+                if f.payload == b"warm" {
+                    break 'warm;
+                }
+            }
+        }
+        reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    }
+    let burst: Vec<u8> =
+        (0..BURST).flat_map(|i| common::text(format!("m{i}").as_bytes())).collect();
+    publisher.write_all(&burst).unwrap();
+    let big: Vec<u8> = b"0123456789abcdef".iter().copied().cycle().take(200 << 10).collect();
+    publisher.write_all(&common::text(&big)).unwrap();
+    for (i, (reader, inbox)) in subscribers.iter_mut().enumerate() {
+        let mut next = 0;
+        while next <= BURST {
+            let f = inbox.frame(reader).unwrap().expect("the stream goes on");
+            if f.payload == b"warm" {
+                continue;
+            }
+            if next == BURST {
+                assert!(f.payload == big, "subscriber {i}: the large publication differs");
+            } else {
+                assert_eq!(f.payload, format!("m{next}").as_bytes(), "subscriber {i}");
+            }
+            next += 1;
+        }
+    }
+}

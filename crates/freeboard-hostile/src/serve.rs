@@ -31,7 +31,9 @@ impl Serve {
     pub fn start_with_fd_limit(flags: &[&str], limit: Option<u64>) -> Self {
         let mut command = Command::new(binary());
         command.args(["serve", "--listen", "127.0.0.1:0"]);
-        for (flag, default) in [("--threads", "2"), ("--memory", "64M")] {
+        // The I/O driver `HOSTILE_IO` names (`epoll`, `uring`), so the suite runs under each.
+        let io = std::env::var("HOSTILE_IO").unwrap_or_else(|_| "epoll".into());
+        for (flag, default) in [("--threads", "2"), ("--memory", "64M"), ("--io", io.as_str())] {
             if !flags.contains(&flag) {
                 command.args([flag, default]);
             }

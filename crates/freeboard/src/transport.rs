@@ -244,7 +244,7 @@ impl Transport for Stream {
             Self::Plain(tcp) => Read::read(tcp, buf),
             Self::Tls(tls) => tls.read(io, buf),
             #[cfg(target_os = "linux")]
-            Self::Ring(ring) => ring.read(buf),
+            Self::Ring(ring) => ring.read(io.pool, buf),
         }
     }
 

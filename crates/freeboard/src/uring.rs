@@ -29,7 +29,8 @@ use crate::transport::{Io, Transport};
 const GROUP: u16 = 0;
 /// Receive buffers a connection may hold before its multishot receive is cancelled (it is
 /// not reading: its session is paused or waits for a decision); re-armed once it has read
-/// them, so one connection cannot take the ring's buffers from the others.
+/// them. What arrives beyond them before the cancellation takes effect is copied into pool
+/// chunks of its own, so one connection cannot take the ring's buffers from the others.
 const HOLD: usize = 4;
 /// Pool chunks one send stages at most (64 KiB of 4 KiB chunks); the rest leaves with the
 /// next send, once this one completes.
@@ -475,6 +476,9 @@ pub(crate) struct RingConn {
     /// The tag of its operations (with [`Op::Recv`]).
     tag: Tag,
     received: VecDeque<Received>,
+    /// Bytes received beyond [`HOLD`] buffers, moved out of the ring into pool chunks:
+    /// `(chunk, read so far)`; read before `received`.
+    spilled: VecDeque<(ChunkId, u32)>,
     receiving: Receiving,
     /// The receive ended: at the stream's end (`None`) or with an error.
     ended: Option<Option<i32>>,
@@ -492,6 +496,7 @@ impl RingConn {
             shared,
             tag: Tag::new(token, serial, Op::Recv),
             received: VecDeque::new(),
+            spilled: VecDeque::new(),
             receiving: Receiving::Done,
             ended: None,
             staged: Staged::default(),
@@ -522,13 +527,36 @@ impl RingConn {
     /// A receive completion: `bid`'s `len` bytes (`Some`), and whether the multishot goes
     /// on (`more`), else how it ended (`res`). Returns whether the loop should read it now,
     /// and whether it is starved (to re-arm when buffers come back).
-    pub(crate) fn received(&mut self, res: i32, bid: Option<u16>, more: bool) -> (bool, bool) {
+    pub(crate) fn received(
+        &mut self,
+        res: i32,
+        bid: Option<u16>,
+        more: bool,
+        pool: &mut Pool<'static>,
+    ) -> (bool, bool) {
         if let (Some(bid), true) = (bid, res > 0) {
             self.shared.take_buffer();
             self.received.push_back(Received { bid, len: res as u32, at: 0 });
             if more && self.received.len() >= HOLD && self.receiving == Receiving::Armed {
                 self.shared.cancel(self.tag);
                 self.receiving = Receiving::Cancelling;
+            }
+            while self.received.len() > HOLD {
+                // NOTE(unwrap): more than HOLD entries.
+                let front = *self.received.front().unwrap();
+                let Ok(chunk) = pool.alloc() else { break }; // the pool is short: kept
+                let from = self.shared.buffers.addrs[usize::from(front.bid)];
+                // SAFETY: as in `read`: the kernel's bytes of a buffer we hold.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(
+                        from.add(front.at as usize),
+                        (front.len - front.at) as usize,
+                    )
+                };
+                pool.append(&chunk, bytes);
+                self.spilled.push_back((chunk, 0));
+                self.shared.recycle(front.bid);
+                self.received.pop_front();
             }
         }
         if more {
@@ -560,8 +588,22 @@ impl RingConn {
     }
 
     /// Reads what the ring received, into `buf`.
-    pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(crate) fn read(&mut self, pool: &mut Pool<'static>, buf: &mut [u8]) -> io::Result<usize> {
         let mut n = 0;
+        while let Some((chunk, at)) = self.spilled.front_mut()
+            && n < buf.len()
+        {
+            let bytes = &pool.bytes(chunk)[*at as usize..];
+            let take = bytes.len().min(buf.len() - n);
+            buf[n..n + take].copy_from_slice(&bytes[..take]);
+            n += take;
+            *at += take as u32;
+            if take == bytes.len() {
+                // NOTE(unwrap): the front just read.
+                let (chunk, _) = self.spilled.pop_front().unwrap();
+                pool.release(chunk);
+            }
+        }
         while let Some(front) = self.received.front_mut()
             && n < buf.len()
         {
@@ -591,7 +633,7 @@ impl RingConn {
 
     /// Whether a read would return something now (bytes, the end or an error).
     pub(crate) fn more_input(&self) -> bool {
-        !self.received.is_empty() || self.ended.is_some()
+        !self.spilled.is_empty() || !self.received.is_empty() || self.ended.is_some()
     }
 
     /// Whether a send is in flight.
@@ -732,6 +774,9 @@ impl RingConn {
     pub(crate) fn release(&mut self, pool: &mut Pool<'static>) {
         for received in self.received.drain(..) {
             self.shared.recycle(received.bid);
+        }
+        for (chunk, _) in self.spilled.drain(..) {
+            pool.release(chunk);
         }
         let staged = std::mem::take(&mut self.staged);
         if self.receiving != Receiving::Done {

@@ -38,9 +38,15 @@ impl Serve {
         let mut command = Command::new(env!("CARGO_BIN_EXE_freeboard"));
         prepare(&mut command);
         command.arg("serve");
-        for (flag, default) in
-            [("--listen", "127.0.0.1:0"), ("--threads", "2"), ("--memory", "64M")]
-        {
+        // The I/O driver `FREEBOARD_TEST_IO` names (`epoll`, `uring`), so the same tests run
+        // under each.
+        let io = std::env::var("FREEBOARD_TEST_IO").unwrap_or_else(|_| "epoll".into());
+        for (flag, default) in [
+            ("--listen", "127.0.0.1:0"),
+            ("--threads", "2"),
+            ("--memory", "64M"),
+            ("--io", io.as_str()),
+        ] {
             if !extra.contains(&flag) {
                 command.args([flag, default]);
             }

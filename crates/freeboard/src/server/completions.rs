@@ -130,7 +130,7 @@ impl<T: Transport> EventLoop<T> {
                 };
                 match conn {
                     Some(conn) => {
-                        let (read, starved) = conn.received(res, bid, more);
+                        let (read, starved) = conn.received(res, bid, more, &mut self.pool);
                         if read && side.ready.last() != Some(&token) {
                             side.ready.push(token);
                         }
