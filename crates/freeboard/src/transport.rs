@@ -78,6 +78,10 @@ pub(crate) trait Transport: mio::event::Source + Sized {
     /// The socket itself when the layer adds nothing (plain TCP), for [`write_frames`].
     fn plain(&mut self) -> Option<&mut TcpStream>;
 
+    /// Nothing more is read from the peer (it sent what a closed connection reads and
+    /// discards): a layer that receives without being asked stops, and drops what it holds.
+    fn stop_input(&mut self, _io: &mut Io<'_>) {}
+
     /// Whether the replies to a read are corked and written at once after it (plain TCP on
     /// epoll; TLS encrypts from its queue, io_uring sends from its queue when the turn ends).
     fn corks(&self) -> bool {
@@ -318,6 +322,13 @@ impl Transport for Stream {
 
     fn corks(&self) -> bool {
         matches!(self, Self::Plain(_))
+    }
+
+    #[cfg(target_os = "linux")]
+    fn stop_input(&mut self, io: &mut Io<'_>) {
+        if let Self::Ring(ring) = self {
+            ring.stop_input(io.pool);
+        }
     }
 
     #[cfg(target_os = "linux")]

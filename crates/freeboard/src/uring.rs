@@ -149,7 +149,7 @@ impl Ring {
             (opcode::Accept::CODE, "accept"),
             (opcode::Recv::CODE, "recv"),
             (opcode::Send::CODE, "send"),
-            (opcode::Writev::CODE, "writev"),
+            (opcode::SendMsg::CODE, "sendmsg"),
             (opcode::AsyncCancel::CODE, "async_cancel"),
         ] {
             if !probe.is_supported(code) {
@@ -445,6 +445,8 @@ pub(crate) enum Receiving {
     Starved,
     /// The stream ended or failed.
     Done,
+    /// Nothing more is read ([`RingConn::stop_input`]).
+    Stopped,
 }
 
 /// A send's bytes, copied from the session's queue into pool chunks, while the kernel has
@@ -456,6 +458,9 @@ pub(crate) struct Staged {
     ///
     /// Invariant: not touched while `in_flight` (the kernel may read it).
     iov: Vec<libc::iovec>,
+    /// The `sendmsg` header over `iov` (boxed: a `Staged` moves when its connection goes,
+    /// while its operation may still wait for the submission).
+    msg: Option<Box<libc::msghdr>>,
     len: usize,
     sent: usize,
     in_flight: bool,
@@ -534,6 +539,14 @@ impl RingConn {
         more: bool,
         pool: &mut Pool<'static>,
     ) -> (bool, bool) {
+        if self.receiving == Receiving::Stopped {
+            // What arrived before the cancellation took effect is discarded.
+            if let (Some(bid), true) = (bid, res > 0) {
+                self.shared.take_buffer();
+                self.shared.recycle(bid);
+            }
+            return (false, false);
+        }
         if let (Some(bid), true) = (bid, res > 0) {
             self.shared.take_buffer();
             self.received.push_back(Received { bid, len: res as u32, at: 0 });
@@ -631,6 +644,21 @@ impl RingConn {
         }
     }
 
+    /// Stops receiving for good (a closed connection read all it discards): the receive is
+    /// cancelled and what it holds goes back, as epoll leaves further bytes in the socket.
+    pub(crate) fn stop_input(&mut self, pool: &mut Pool<'static>) {
+        if matches!(self.receiving, Receiving::Armed | Receiving::Starved) {
+            self.shared.cancel(self.tag);
+        }
+        self.receiving = Receiving::Stopped;
+        for received in self.received.drain(..) {
+            self.shared.recycle(received.bid);
+        }
+        for (chunk, _) in self.spilled.drain(..) {
+            pool.release(chunk);
+        }
+    }
+
     /// Whether a read would return something now (bytes, the end or an error).
     pub(crate) fn more_input(&self) -> bool {
         !self.spilled.is_empty() || !self.received.is_empty() || self.ended.is_some()
@@ -721,9 +749,18 @@ impl RingConn {
         }
         let fd = types::Fd(self.tcp.as_raw_fd());
         let tag = self.tag.with(Op::Send).0;
+        // `send` and `sendmsg`, not `writev`: io_uring answers a read or write on a
+        // non-blocking descriptor with EAGAIN when the socket is full, while its socket
+        // operations wait for room.
         let sqe = match staged.iov.as_slice() {
             [one] => opcode::Send::new(fd, one.iov_base.cast(), one.iov_len as u32).build(),
-            iov => opcode::Writev::new(fd, iov.as_ptr(), iov.len() as u32).build(),
+            iov => {
+                // SAFETY: an all-zero msghdr is valid (no name, no control data).
+                let msg = staged.msg.get_or_insert_with(|| Box::new(unsafe { std::mem::zeroed() }));
+                msg.msg_iov = iov.as_ptr().cast_mut();
+                msg.msg_iovlen = iov.len() as _;
+                opcode::SendMsg::new(fd, &**msg as *const libc::msghdr).build()
+            }
         };
         staged.in_flight = true;
         self.shared.queue(sqe.user_data(tag));

@@ -950,6 +950,8 @@ impl<T: Transport> EventLoop<T> {
             if bytes >= READ_BYTES_PER_TURN {
                 if entry.session.count_discarded(bytes) {
                     self.resume.push(token);
+                } else {
+                    entry.stream.stop_input(&mut io);
                 }
                 break false;
             }
@@ -957,7 +959,9 @@ impl<T: Transport> EventLoop<T> {
                 Ok(0) => break true,
                 Ok(n) => bytes += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    entry.session.count_discarded(bytes);
+                    if !entry.session.count_discarded(bytes) {
+                        entry.stream.stop_input(&mut io);
+                    }
                     break false;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
