@@ -1076,7 +1076,11 @@ mod tests {
     #[test]
     fn idle_connection_state_stays_small() {
         let entry = size_of::<Entry<crate::transport::Stream>>();
-        println!("Entry {entry} B");
-        assert!(entry <= 216, "Entry is {entry} bytes");
+        println!("Entry {entry} B, Stream {} B", size_of::<crate::transport::Stream>());
+        // A debug build's mio `TcpStream` also carries its selector's id (16 bytes, not 4):
+        // the fd's one niche then no longer names the third `Stream` variant (io_uring), which
+        // takes a tag of its own. A release build keeps the tag beside the fd.
+        let bound = if cfg!(debug_assertions) { 224 } else { 216 };
+        assert!(entry <= bound, "Entry is {entry} bytes");
     }
 }
