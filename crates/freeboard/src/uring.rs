@@ -23,7 +23,7 @@ use io_uring::{IoUring, Probe, cqueue, opcode, squeue, types};
 use mio::net::TcpStream;
 
 use crate::session::Session;
-use crate::transport::{Io, Transport};
+use crate::tls::Io;
 
 /// The buffer group of the receive buffers.
 const GROUP: u16 = 0;
@@ -670,18 +670,19 @@ impl RingConn {
     }
 
     /// Stages what the session's queue holds (up to [`STAGE_CHUNKS`] chunks) and queues its
-    /// send; the queue is consumed by what was staged. With no chunk to stage into (the pool
-    /// is exhausted), writes straight to the socket instead.
+    /// send; the queue is consumed by what was staged. `None` when it is to be written
+    /// straight to the socket instead ([`tcp`](Self::tcp)): the loop is shutting down, or no
+    /// chunk is there to stage into (the pool is exhausted).
     pub(crate) fn write_queue(
         &mut self,
         session: &mut Session,
         io: &mut Io<'_>,
-    ) -> io::Result<(usize, bool)> {
+    ) -> io::Result<Option<(usize, bool)>> {
         if self.staged.in_flight {
-            return Ok((0, false));
+            return Ok(Some((0, false)));
         }
         if self.shared.direct.get() {
-            return Transport::write_queue(&mut *self.tcp, session, io);
+            return Ok(None);
         }
         let pool = &mut *io.pool;
         let chunk = pool.chunk_size();
@@ -695,7 +696,7 @@ impl RingConn {
             }
         }
         if staged.chunks.is_empty() {
-            return Transport::write_queue(&mut *self.tcp, session, io);
+            return Ok(None);
         }
         let room = (staged.chunks.len() * chunk).min(want);
         let mut targets = [std::ptr::null_mut::<u8>(); STAGE_CHUNKS];
@@ -729,7 +730,7 @@ impl RingConn {
         staged.sent = 0;
         session.consume(pool, copied);
         self.submit_send(pool);
-        Ok((copied, false))
+        Ok(Some((copied, false)))
     }
 
     /// Queues the send of the staged bytes from `sent` on.

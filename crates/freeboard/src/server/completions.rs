@@ -2,89 +2,15 @@
 //! bytes are read by the session exactly as after a readiness event, completed sends let the
 //! queue go on; the turn's operations leave in one submission at its end.
 
-use std::collections::VecDeque;
 use std::os::fd::FromRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use freeboard_proto::Instant;
 use io_uring::cqueue;
-use mio::{Interest, Poll};
 
-use super::event_loop::{ACCEPT_BACKOFF, EventLoop, Listeners, Listening, RING};
-use crate::config::ServerConfig;
+use super::event_loop::{ACCEPT_BACKOFF, EventLoop, Listening};
+use super::ring_side::ACCEPTING;
 use crate::transport::Transport;
-use crate::uring::{Op, Ring, Tag};
-
-/// The slot in the accept's tag (no connection has it).
-const ACCEPTING: usize = u32::MAX as usize;
-
-/// The loop's ring and what a turn keeps beside it.
-pub(super) struct RingSide {
-    pub(super) ring: Ring,
-    /// The ring accepts the plain listener's connections (it does not speak TLS).
-    pub(super) accepts: bool,
-    /// A multishot accept is on the ring.
-    accept_armed: bool,
-    /// One batch of completions (kept for its allocation).
-    completed: Vec<cqueue::Entry>,
-    /// Connections that received something this turn, to read once the batch is handled.
-    ready: Vec<usize>,
-    /// Connections whose receive ended for want of buffers: `(slot, serial)`.
-    starved: Vec<(usize, u64)>,
-    /// Connections the multishot accept took and the loop has not opened yet: a batch a
-    /// turn, as on epoll, so a storm of connects cannot hold up the connections open.
-    backlog: VecDeque<mio::net::TcpStream>,
-}
-
-impl RingSide {
-    /// The loop's ring, or `None` (logged once per process) if the kernel refuses io_uring:
-    /// the loop then runs on epoll.
-    pub(super) fn new(
-        index: u32,
-        poll: &Poll,
-        pool: &mut freeboard_buf::Pool<'static>,
-        config: &ServerConfig,
-        listeners: &Listeners,
-        plain_speaks_tls: bool,
-    ) -> Option<Self> {
-        let mut ring = match Ring::new(pool, crate::uring::receive_buffers(config)) {
-            Ok(ring) => ring,
-            Err(error) => {
-                refused(index, &error);
-                return None;
-            }
-        };
-        let fd = ring.fd();
-        let registered =
-            poll.registry().register(&mut mio::unix::SourceFd(&fd), RING, Interest::READABLE);
-        if let Err(error) = registered {
-            ring.close(pool);
-            refused(index, &error);
-            return None;
-        }
-        let accepts = !plain_speaks_tls;
-        if accepts {
-            ring.accept(&listeners.plain, Tag::new(ACCEPTING, 0, Op::Accept));
-        }
-        Some(Self {
-            ring,
-            accepts,
-            accept_armed: accepts,
-            completed: Vec::with_capacity(1024),
-            ready: Vec::with_capacity(64),
-            starved: Vec::new(),
-            backlog: VecDeque::new(),
-        })
-    }
-}
-
-/// Says once per process that io_uring was refused, and why.
-fn refused(index: u32, error: &std::io::Error) {
-    static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        tracing::warn!(event_loop = index, %error, "io_uring refused; the loops run on epoll");
-    }
-}
+use crate::uring::{Op, Tag};
 
 impl<T: Transport> EventLoop<T> {
     /// Handles the completions waiting, then reads the connections that received.

@@ -43,9 +43,6 @@ const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
 const TLS_LISTENER: Token = Token(usize::MAX - 3);
 const ADMIN_LISTENER: Token = Token(usize::MAX - 4);
-/// The loop's io_uring (`--io uring`): readable while completions wait.
-#[cfg(target_os = "linux")]
-pub(super) const RING: Token = Token(usize::MAX - 5);
 /// Connection slots (and timer and dirty-list entries) a loop starts with (address space only:
 /// an allocation this size is mapped, untouched). Tables grown past it are given back whole
 /// when the loop has no connection left, the timer heap halves when three quarters are unused.
@@ -112,7 +109,7 @@ pub(crate) struct EventLoop<T> {
     /// The io_uring that carries the plain listener's connections (`--io uring`), its
     /// completions of one turn, and the connections to read after them.
     #[cfg(target_os = "linux")]
-    pub(super) ring: Option<super::completions::RingSide>,
+    pub(super) ring: Option<super::ring_side::RingSide>,
     /// Its listeners; taken at shutdown.
     pub(super) listeners: Option<Listeners>,
     /// The TLS configuration of the connections accepted on `tls_listener`, or on `listener`
@@ -431,12 +428,12 @@ impl<T: Transport> EventLoop<T> {
         // listener does not speak TLS; else it is watched by epoll.
         #[cfg(target_os = "linux")]
         let ring = match config.io {
-            crate::IoDriver::Uring => super::completions::RingSide::new(
+            crate::IoDriver::Uring => super::ring_side::RingSide::new(
                 index,
                 &poll,
                 &mut pool,
                 &config,
-                &listeners,
+                &listeners.plain,
                 tls_config.is_some() && listeners.tls.is_none(),
             ),
             crate::IoDriver::Epoll => None,
@@ -625,7 +622,7 @@ impl<T: Transport> EventLoop<T> {
                 ADMIN_LISTENER => self.accept(now, Listening::Admin),
                 WAKER => {}
                 #[cfg(target_os = "linux")]
-                RING => self.complete(now),
+                super::ring_side::RING => self.complete(now),
                 Token(token) => {
                     if event.is_read_closed()
                         && let Some(entry) = self.conns.get_mut(token)

@@ -27,6 +27,8 @@ mod lag_sweep;
 mod local;
 mod membership;
 mod requests;
+#[cfg(target_os = "linux")]
+mod ring_side;
 mod shared;
 
 use crate::backplane::{Arrival, Backplane, Link};
