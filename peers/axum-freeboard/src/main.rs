@@ -1,7 +1,7 @@
 //! The same axum app as `axum-ws`, its route upgraded to a freeboard WebSocket (the tokio
 //! driver of freeboard's session) instead: one memory budget for every connection, send
-//! queues in pool chunks, `freeboard serve`'s queue defaults (close 1008 at a 16 MiB + 64 KiB
-//! cap). Same one-worker multi-thread runtime.
+//! queues in pool chunks, the endpoint's queue defaults (32/64 KiB watermarks, close 1008 at a
+//! 16 MiB + 64 KiB cap). Same one-worker multi-thread runtime.
 
 use axum::response::Response;
 use axum::routing::get;
