@@ -42,6 +42,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::extract::FromRequestParts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header, request::Parts};
@@ -65,6 +66,23 @@ pub struct WebSocketUpgrade {
     offered: Option<HeaderValue>,
     endpoint: Option<Arc<Endpoint>>,
     config: WsConfig,
+    /// Where the server that carried the request counts the session while it runs.
+    gauge: Option<SessionGauge>,
+}
+
+/// A gauge of running sessions a server puts in a request's extensions (the HTTPS server:
+/// its WebSockets over HTTP/2); the upgrade counts its session in it until the session's
+/// task ends.
+#[derive(Clone, Debug)]
+pub(crate) struct SessionGauge(pub(crate) Arc<AtomicU64>);
+
+/// One session counted in a [`SessionGauge`] until dropped.
+struct Running(Arc<AtomicU64>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Why a request could not be upgraded; its response is the status and a one-line reason.
@@ -153,7 +171,8 @@ impl<S: Send + Sync> FromRequestParts<S> for WebSocketUpgrade {
         let on_upgrade =
             parts.extensions.remove::<OnUpgrade>().ok_or(UpgradeRejection::NotUpgradable)?;
         let endpoint = parts.extensions.get::<Arc<Endpoint>>().cloned();
-        Ok(Self { on_upgrade, key, offered, endpoint, config: WsConfig::default() })
+        let gauge = parts.extensions.remove::<SessionGauge>();
+        Ok(Self { on_upgrade, key, offered, endpoint, config: WsConfig::default(), gauge })
     }
 }
 
@@ -229,7 +248,7 @@ impl WebSocketUpgrade {
         {
             headers.insert(header::SEC_WEBSOCKET_PROTOCOL, value);
         }
-        let (on_upgrade, config) = (self.on_upgrade, self.config);
+        let (on_upgrade, config, gauge) = (self.on_upgrade, self.config, self.gauge);
         tokio::spawn(async move {
             let upgraded = match on_upgrade.await {
                 Ok(upgraded) => upgraded,
@@ -242,7 +261,20 @@ impl WebSocketUpgrade {
             // The connection's life is a task of its own holding only the callback's future:
             // this one (the endpoint, the route's config, the upgrade) ends here, and a task
             // is what an idle connection costs beside its state.
-            ::tokio::spawn(callback(WebSocket::from_upgraded(io, &endpoint, &config, protocol)));
+            let socket = WebSocket::from_upgraded(io, &endpoint, &config, protocol);
+            match gauge {
+                None => {
+                    ::tokio::spawn(callback(socket));
+                }
+                Some(SessionGauge(gauge)) => {
+                    gauge.fetch_add(1, Ordering::Relaxed);
+                    let running = Running(gauge);
+                    ::tokio::spawn(async move {
+                        callback(socket).await;
+                        drop(running);
+                    });
+                }
+            }
         });
         response
     }

@@ -68,10 +68,16 @@ use hyper::server::conn::{http1, http2};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
+use super::axum::SessionGauge;
 use super::{Endpoint, WebSocket, WsConfig};
 use crate::tls::{TlsError, TlsIdentity};
 
@@ -197,6 +203,39 @@ pub struct Http2Stats {
     reset_streams: AtomicU64,
     goaways: AtomicU64,
     goaway_errors: AtomicU64,
+    /// WebSocket streams of HTTP/2 connections whose session runs now (a gauge).
+    open_http2_websockets: Arc<AtomicU64>,
+    /// `RST_STREAM`s sent, by error code ([`ERROR_CODES`], the last slot any other).
+    resets_by_code: [AtomicU64; ERROR_CODES.len() + 1],
+    /// `GOAWAY`s sent, by error code (as `resets_by_code`).
+    goaways_by_code: [AtomicU64; ERROR_CODES.len() + 1],
+    /// `PING` frames answered (`PING` with `ACK`).
+    ping_acks: AtomicU64,
+    /// `SETTINGS` frames acknowledged.
+    settings_acks: AtomicU64,
+}
+
+/// The HTTP/2 error codes (RFC 9113 §7), indexed by their value.
+pub const ERROR_CODES: [&str; 14] = [
+    "NO_ERROR",
+    "PROTOCOL_ERROR",
+    "INTERNAL_ERROR",
+    "FLOW_CONTROL_ERROR",
+    "SETTINGS_TIMEOUT",
+    "STREAM_CLOSED",
+    "FRAME_SIZE_ERROR",
+    "REFUSED_STREAM",
+    "CANCEL",
+    "COMPRESSION_ERROR",
+    "CONNECT_ERROR",
+    "ENHANCE_YOUR_CALM",
+    "INADEQUATE_SECURITY",
+    "HTTP_1_1_REQUIRED",
+];
+
+/// The slot of `code` in a table sized `ERROR_CODES.len() + 1`: unknown codes share the last.
+fn code_slot(code: u32) -> usize {
+    (code as usize).min(ERROR_CODES.len())
 }
 
 impl Http2Stats {
@@ -273,8 +312,159 @@ impl Http2Stats {
         self.goaway_errors.load(Ordering::Relaxed)
     }
 
+    /// WebSocket streams of HTTP/2 connections open now.
+    pub fn open_http2_websockets(&self) -> u64 {
+        self.open_http2_websockets.load(Ordering::Relaxed)
+    }
+
+    /// `RST_STREAM` frames the server sent with error `code` (RFC 9113 §7).
+    pub fn resets_with(&self, code: u32) -> u64 {
+        self.resets_by_code[code_slot(code)].load(Ordering::Relaxed)
+    }
+
+    /// `GOAWAY` frames the server sent with error `code` (RFC 9113 §7).
+    pub fn goaways_with(&self, code: u32) -> u64 {
+        self.goaways_by_code[code_slot(code)].load(Ordering::Relaxed)
+    }
+
+    /// `PING` frames the server answered (RFC 9113 §6.7: a `PING` with `ACK` set).
+    pub fn ping_acks(&self) -> u64 {
+        self.ping_acks.load(Ordering::Relaxed)
+    }
+
+    /// `SETTINGS` frames the server acknowledged (RFC 9113 §6.5.3).
+    pub fn settings_acks(&self) -> u64 {
+        self.settings_acks.load(Ordering::Relaxed)
+    }
+
     fn add(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The HTTPS server's counts as Prometheus metrics (`freeboard_https_*` for both versions,
+/// `freeboard_http2_*` for HTTP/2's own), read at each scrape. Register it in the service's
+/// `prometheus_client` registry, which the service's `/metrics` route encodes:
+///
+/// ```no_run
+/// # fn run(server: &freeboard::tokio::http2::Http2Server) {
+/// let mut registry = prometheus_client::registry::Registry::default();
+/// registry.register_collector(Box::new(server.collector()));
+/// let mut text = String::new();
+/// prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Http2Collector(Arc<Http2Stats>);
+
+/// The label of a series counted per HTTP version.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProtocolLabel {
+    protocol: &'static str,
+}
+
+/// The label of a series counted per HTTP/2 error code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabel {
+    code: &'static str,
+}
+
+/// The label of a refusal's reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+impl Collector for Http2Collector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let s = &*self.0;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        for (name, help, value) in [
+            ("freeboard_https_accepted", "TCP connections accepted", load(&s.tcp_connections)),
+            (
+                "freeboard_https_tls_failures",
+                "TLS handshakes failed or timed out",
+                load(&s.tls_failures),
+            ),
+            (
+                "freeboard_http2_refused_connects",
+                "Extended CONNECTs answered with another status than 200",
+                load(&s.refused_connects),
+            ),
+            ("freeboard_http2_ping_acks", "PING frames answered", load(&s.ping_acks)),
+            (
+                "freeboard_http2_settings_acks",
+                "SETTINGS frames acknowledged",
+                load(&s.settings_acks),
+            ),
+        ] {
+            let e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(e)?;
+        }
+        for (name, help, value) in [
+            (
+                "freeboard_https_open_connections",
+                "TCP connections served now",
+                load(&s.open_connections),
+            ),
+            (
+                "freeboard_http2_open_websockets",
+                "WebSocket streams of HTTP/2 connections open now",
+                load(&s.open_http2_websockets),
+            ),
+            (
+                "freeboard_http2_most_websockets_per_connection",
+                "The most WebSocket streams one HTTP/2 connection has opened",
+                load(&s.most_websockets_on_a_connection),
+            ),
+        ] {
+            let e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value as i64).encode(e)?;
+        }
+        let mut e = encoder.encode_descriptor(
+            "freeboard_https_refused_connections",
+            "TCP connections closed as they were accepted, by reason",
+            None,
+            MetricType::Counter,
+        )?;
+        let refused = [("connection_limit", load(&s.refused_connections))];
+        for (reason, value) in refused {
+            ConstCounter::new(value).encode(e.encode_family(&ReasonLabel { reason })?)?;
+        }
+        for (name, help, h2, h1) in [
+            (
+                "freeboard_https_connections",
+                "Connections that agreed on a protocol, by protocol",
+                &s.http2_connections,
+                &s.http1_connections,
+            ),
+            (
+                "freeboard_https_websockets",
+                "WebSockets opened, by the protocol that carries them",
+                &s.http2_websockets,
+                &s.http1_websockets,
+            ),
+        ] {
+            let mut e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (protocol, value) in [("h2", load(h2)), ("http/1.1", load(h1))] {
+                ConstCounter::new(value).encode(e.encode_family(&ProtocolLabel { protocol })?)?;
+            }
+        }
+        for (name, help, table) in [
+            (
+                "freeboard_http2_stream_resets",
+                "RST_STREAM frames sent, by error code (REFUSED_STREAM: past the stream limit)",
+                &s.resets_by_code,
+            ),
+            ("freeboard_http2_goaways", "GOAWAY frames sent, by error code", &s.goaways_by_code),
+        ] {
+            let mut e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            let names = ERROR_CODES.iter().copied().chain(["OTHER"]);
+            for (code, value) in names.zip(table) {
+                ConstCounter::new(load(value)).encode(e.encode_family(&CodeLabel { code })?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -329,6 +519,11 @@ impl Http2Server {
         &self.stats
     }
 
+    /// The server's counts as Prometheus metrics, for the service's registry.
+    pub fn collector(&self) -> Http2Collector {
+        Http2Collector(Arc::clone(&self.stats))
+    }
+
     /// Accepts connections from `listener` and serves `router` on each, in a task of its
     /// own, until accepting fails.
     pub async fn serve(self, listener: TcpListener, router: Router) -> std::io::Result<()> {
@@ -371,9 +566,13 @@ impl Http2Server {
         let stats = Arc::clone(&self.stats);
         // WebSocket streams opened on this connection.
         let streams = Arc::new(AtomicU64::new(0));
-        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let gauge = SessionGauge(Arc::clone(&self.stats.open_http2_websockets));
+        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
             let connect = request.method() == Method::CONNECT;
             let upgrade = request.headers().contains_key(header::UPGRADE);
+            if connect {
+                request.extensions_mut().insert(gauge.clone());
+            }
             let response = hyper::service::Service::call(&inner, request);
             let (stats, streams) = (Arc::clone(&stats), Arc::clone(&streams));
             async move {
@@ -428,7 +627,10 @@ struct SentFrames<S> {
 }
 
 const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
+const ACK: u8 = 0x1;
 const REFUSED_STREAM: u32 = 0x7;
 
 impl<S> SentFrames<S> {
@@ -468,15 +670,26 @@ impl<S> SentFrames<S> {
             b.map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
         };
         let stats = &self.stats;
-        match self.head[3] {
-            RST_STREAM if code(9) == REFUSED_STREAM => Http2Stats::add(&stats.refused_streams),
-            RST_STREAM => Http2Stats::add(&stats.reset_streams),
-            GOAWAY => {
+        match (self.head[3], self.head[4] & ACK != 0) {
+            (RST_STREAM, _) => {
+                let code = code(9);
+                Http2Stats::add(&stats.resets_by_code[code_slot(code)]);
+                if code == REFUSED_STREAM {
+                    Http2Stats::add(&stats.refused_streams);
+                } else {
+                    Http2Stats::add(&stats.reset_streams);
+                }
+            }
+            (GOAWAY, _) => {
+                let code = code(13);
                 Http2Stats::add(&stats.goaways);
-                if code(13) != 0 {
+                Http2Stats::add(&stats.goaways_by_code[code_slot(code)]);
+                if code != 0 {
                     Http2Stats::add(&stats.goaway_errors);
                 }
             }
+            (PING, true) => Http2Stats::add(&stats.ping_acks),
+            (SETTINGS, true) => Http2Stats::add(&stats.settings_acks),
             _ => {}
         }
         self.have = 0;
