@@ -21,14 +21,14 @@ use axum::routing::{any, get};
 use axum::{Extension, Router};
 use freeboard::tls::TlsIdentity;
 use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
-use freeboard::tokio::http2::{Http2Client, Http2Config, Http2Server, Http2Stats};
+use freeboard::tokio::http2::{ERROR_CODES, Http2Client, Http2Config, Http2Server, Http2Stats};
 use freeboard::tokio::{Endpoint, EndpointConfig, OwnedMessage, WsConfig};
 use freeboard_test::browser::{Browser, chromium};
 use freeboard_test::tls::TestCa;
 use futures_util::{SinkExt, StreamExt};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
@@ -45,13 +45,22 @@ struct Running {
 }
 
 /// Starts the HTTPS server with `config` on loopback: `/echo` (both forms of WebSocket),
-/// and the routes of `extra`.
+/// `/metrics` (the server's collector in a Prometheus registry) and the routes of `extra`.
 async fn start(ca: &TestCa, config: Http2Config, extra: Router) -> Running {
     let identity = TlsIdentity::load(&ca.cert_pem(), &ca.key_pem()).expect("test certificate");
     let server = Http2Server::new(Arc::new(identity), config).expect("TLS configuration");
     let endpoint = Endpoint::new(EndpointConfig::default().memory(32 << 20)).expect("a budget");
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(server.collector()));
+    let registry = Arc::new(registry);
+    let metrics = get(move || async move {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    });
     let app = Router::new()
         .route("/echo", any(echo))
+        .route("/metrics", metrics)
         .merge(extra)
         .layer(Extension(Arc::clone(&endpoint)));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -254,8 +263,12 @@ const GOAWAY: u8 = 0x7;
 const WINDOW_UPDATE: u8 = 0x8;
 const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
+const PING: u8 = 0x6;
 const ACK: u8 = 0x1;
+const END_STREAM: u8 = 0x1;
 const PROTOCOL_ERROR: u32 = 0x1;
+const FLOW_CONTROL_ERROR: u32 = 0x3;
+const CANCEL: u32 = 0x8;
 const REFUSED_STREAM: u32 = 0x7;
 const ENHANCE_YOUR_CALM: u32 = 0xb;
 
@@ -273,7 +286,7 @@ fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
     out
 }
 
-async fn read_frame(io: &mut TlsStream<TcpStream>) -> (u8, u8, u32, Vec<u8>) {
+async fn read_frame<R: AsyncRead + Unpin>(io: &mut R) -> (u8, u8, u32, Vec<u8>) {
     let mut head = [0u8; 9];
     io.read_exact(&mut head).await.unwrap();
     let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
@@ -701,6 +714,334 @@ async fn connections_past_the_limit_are_closed_and_counted() {
         let client = http2_client(&ca, server.addr).await;
         let mut ws = client.websocket("/echo", &endpoint, &config).await.unwrap();
         echo_twice(&mut ws, 2).await;
+    })
+    .await
+    .expect("bounded");
+}
+
+/// An HPACK integer with an `n`-bit prefix under the bits `flags` (RFC 7541 §5.1).
+fn hpack_int(flags: u8, n: u32, value: usize) -> Vec<u8> {
+    let max = (1usize << n) - 1;
+    if value < max {
+        return vec![flags | value as u8];
+    }
+    let (mut out, mut rest) = (vec![flags | max as u8], value - max);
+    while rest >= 128 {
+        out.push(0x80 | (rest % 128) as u8);
+        rest /= 128;
+    }
+    out.push(rest as u8);
+    out
+}
+
+/// Reads frames until one satisfies `wanted` (kind, flags, stream, payload), and returns it.
+async fn next_of<R: AsyncRead + Unpin>(
+    io: &mut R,
+    wanted: impl Fn(u8, u8, u32, &[u8]) -> bool,
+) -> (u8, u8, u32, Vec<u8>) {
+    loop {
+        let (kind, flags, stream, payload) = read_frame(io).await;
+        if wanted(kind, flags, stream, &payload) {
+            return (kind, flags, stream, payload);
+        }
+    }
+}
+
+/// The code of a `GOAWAY` (its second word) or `RST_STREAM` (its only word).
+fn error_code(kind: u8, payload: &[u8]) -> u32 {
+    let at = if kind == GOAWAY { 4 } else { 0 };
+    u32::from_be_bytes(payload[at..at + 4].try_into().unwrap())
+}
+
+/// Reads frames up to the `GOAWAY` and returns its error code.
+async fn goaway(io: &mut TlsStream<TcpStream>) -> u32 {
+    let (kind, _, _, payload) = next_of(io, |kind, _, _, _| kind == GOAWAY).await;
+    error_code(kind, &payload)
+}
+
+/// Opens `streams` as extended CONNECTs to `path` and waits for each `200`.
+async fn open_streams(io: &mut TlsStream<TcpStream>, port: u16, path: &str, streams: &[u32]) {
+    let mut requests = Vec::new();
+    for &stream in streams {
+        requests.extend(frame(HEADERS, END_HEADERS, stream, &extended_connect_to(port, path)));
+    }
+    io.write_all(&requests).await.unwrap();
+    for _ in streams {
+        let (_, _, stream, payload) = next_of(io, |kind, _, _, _| {
+            assert_ne!(kind, GOAWAY);
+            kind == HEADERS
+        })
+        .await;
+        // `:status 200`, indexed (RFC 7541 Appendix A: entry 8).
+        assert_eq!(payload.first(), Some(&0x88), "stream {stream} answered 200");
+    }
+}
+
+/// GETs `/metrics` over HTTP/2, as a scraper would.
+async fn scrape(ca: &TestCa, addr: SocketAddr) -> String {
+    let io = hyper_util::rt::TokioIo::new(tls(ca, addr, b"h2").await);
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake::<_, Body>(io)
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let uri = format!("https://localhost:{}/metrics", addr.port());
+    let response = send.send_request(Request::get(uri).body(Body::empty()).unwrap()).await;
+    let response = response.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(Body::new(response.into_body()), 1 << 20).await.unwrap();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// The value of `series` (name and labels, as exposed) in a scraped `text`.
+fn sample(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_and_settings_floods_are_answered_in_order_while_the_streams_beside_them_echo() {
+    tokio::time::timeout(BOUND, async {
+        let ca = TestCa::new("h2-ping");
+        let server = start(&ca, Http2Config::default(), Router::new()).await;
+        let (client, endpoint) = (http2_client(&ca, server.addr).await, client_endpoint());
+        let innocent = client.websocket("/echo", &endpoint, &WsConfig::default()).await;
+        let mut innocent = innocent.unwrap();
+        echo_twice(&mut innocent, 0).await;
+
+        // The attacker's own WebSocket, then 20,000 PINGs and 2,000 SETTINGS (each changing
+        // every stream's send window) in one burst, and a message on its stream after them.
+        let (mut io, _) = raw_http2(&ca, server.addr).await;
+        open_streams(&mut io, server.addr.port(), "/echo", &[1]).await;
+        let settings_before = server.stats.settings_acks();
+        let (pings, settings) = (20_000u64, 2_000u64);
+        let mut burst = Vec::new();
+        for n in 0..pings {
+            burst.extend(frame(PING, 0, 0, &n.to_be_bytes()));
+            if n % 10 == 0 {
+                let window: u32 = if n % 20 == 0 { 65_535 } else { 1 << 20 };
+                burst.extend(frame(SETTINGS, 0, 0, &[&[0, 4][..], &window.to_be_bytes()].concat()));
+            }
+        }
+        burst.extend(frame(DATA, 0, 1, &[0x81, 0x82, 1, 2, 3, 4, b'h' ^ 1, b'i' ^ 2]));
+        let (mut rx, mut tx) = tokio::io::split(io);
+        // Read while writing: a peer that stops reading is not read either (h2 writes one
+        // PING's answer before it reads the next frame).
+        let reader = tokio::spawn(async move {
+            let (mut ping_acks, mut settings_acks, mut echoed) = (0u64, 0u64, false);
+            while ping_acks < pings || settings_acks < settings || !echoed {
+                let (kind, flags, stream, payload) = read_frame(&mut rx).await;
+                match kind {
+                    PING if flags & ACK != 0 => {
+                        let n = u64::from_be_bytes(payload[..8].try_into().unwrap());
+                        assert_eq!(n, ping_acks, "each PING answered once, in order");
+                        ping_acks += 1;
+                    }
+                    SETTINGS if flags & ACK != 0 => settings_acks += 1,
+                    DATA if stream == 1 => {
+                        assert_eq!(payload, [0x81, 0x02, b'h', b'i']);
+                        echoed = true;
+                    }
+                    GOAWAY => panic!("GOAWAY {}", error_code(kind, &payload)),
+                    _ => {}
+                }
+            }
+            rx
+        });
+        tx.write_all(&burst).await.unwrap();
+        let mut io = reader.await.unwrap().unsplit(tx);
+        assert_eq!(server.stats.ping_acks(), pings);
+        assert_eq!(server.stats.settings_acks() - settings_before, settings);
+        assert_eq!(server.stats.goaways(), 0);
+        echoed_hi(&mut io, 1).await;
+        echo_twice(&mut innocent, 1).await;
+
+        let text = scrape(&ca, server.addr).await;
+        assert_eq!(sample(&text, "freeboard_http2_ping_acks_total"), pings);
+        assert_eq!(sample(&text, "freeboard_http2_open_websockets"), 2, "{text}");
+        assert_eq!(sample(&text, "freeboard_https_websockets_total{protocol=\"h2\"}"), 2);
+        assert_eq!(sample(&text, "freeboard_https_connections_total{protocol=\"h2\"}"), 3);
+        assert_eq!(sample(&text, "freeboard_http2_goaways_total{code=\"NO_ERROR\"}"), 0);
+    })
+    .await
+    .expect("bounded");
+}
+
+/// A header block that adds a 4,000-byte field to the HPACK dynamic table (RFC 7541 §6.2.1)
+/// after an extended CONNECT's fields, then names it again `references` times with one
+/// byte each (§6.1: index 62, the newest entry).
+fn hpack_bomb(port: u16, references: usize) -> Vec<u8> {
+    let mut block = extended_connect(port);
+    block.push(0x40);
+    block.extend(hpack_int(0, 7, 6));
+    block.extend_from_slice(b"x-bomb");
+    block.extend(hpack_int(0, 7, 4000));
+    block.extend(std::iter::repeat_n(b'b', 4000));
+    block.extend(std::iter::repeat_n(0x80 | 62, references));
+    block
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hpack_bombs_and_a_table_past_the_advertised_size_meet_431_or_goaway() {
+    tokio::time::timeout(BOUND, async {
+        let ca = TestCa::new("h2-hpack");
+        let server = start(&ca, Http2Config::default(), Router::new()).await;
+        let port = server.addr.port();
+        let (client, endpoint) = (http2_client(&ca, server.addr).await, client_endpoint());
+        let innocent = client.websocket("/echo", &endpoint, &WsConfig::default()).await;
+        let mut innocent = innocent.unwrap();
+
+        // 4 KiB sent that decode to 20 KiB, past the 16 KiB header list size: the request is
+        // answered 431 and its stream reset; the connection and its other streams go on.
+        let (mut io, _) = raw_http2(&ca, server.addr).await;
+        open_streams(&mut io, port, "/echo", &[1]).await;
+        io.write_all(&frame(HEADERS, END_HEADERS, 3, &hpack_bomb(port, 4))).await.unwrap();
+        let (_, flags, _, status) =
+            next_of(&mut io, |kind, _, stream, _| kind == HEADERS && stream == 3).await;
+        assert_eq!(flags & END_STREAM, END_STREAM, "the answer ends the stream");
+        // `:status` (static name 8, incremental indexing: RFC 7541 §6.2.1), "431" Huffman-coded
+        // in 3 bytes (Appendix B: '4' 011010, '3' 011001, '1' 00001, then EOS padding).
+        assert_eq!(status, [0x48, 0x83, 0x69, 0x90, 0xff], ":status 431");
+        let (kind, _, _, reset) = next_of(&mut io, |kind, _, stream, _| {
+            assert_ne!(kind, GOAWAY);
+            kind == RST_STREAM && stream == 3
+        })
+        .await;
+        assert_eq!(error_code(kind, &reset), PROTOCOL_ERROR);
+        assert_eq!(server.stats.resets_with(PROTOCOL_ERROR), 1);
+        echoed_hi(&mut io, 1).await;
+
+        // 100 more bytes that would decode to 400 KB, past 4 times the list size: h2 stops
+        // decoding and ends the connection with GOAWAY ENHANCE_YOUR_CALM.
+        let references = frame(HEADERS, END_HEADERS, 5, &{
+            let mut block = extended_connect(port);
+            block.extend(std::iter::repeat_n(0x80 | 62, 100));
+            block
+        });
+        io.write_all(&references).await.unwrap();
+        assert_eq!(goaway(&mut io).await, ENHANCE_YOUR_CALM);
+        assert_eq!(server.stats.goaways_with(ENHANCE_YOUR_CALM), 1);
+
+        // A dynamic table size update past the 4,096 bytes the server advertised (RFC 7541
+        // §4.2: "MUST be treated as a decoding error"): the connection ends.
+        let (mut io, _) = raw_http2(&ca, server.addr).await;
+        let mut block = hpack_int(0x20, 5, 1 << 20);
+        block.extend(extended_connect(port));
+        io.write_all(&frame(HEADERS, END_HEADERS, 1, &block)).await.unwrap();
+        // RFC 9113 §4.3 names this COMPRESSION_ERROR; h2 0.4 sends PROTOCOL_ERROR for every
+        // HPACK decoding error (its `framed_read.rs`). Either ends the connection.
+        let code = goaway(&mut io).await;
+        assert_eq!(code, PROTOCOL_ERROR);
+        assert_eq!(server.stats.goaways_with(code), 1);
+        assert_eq!(server.stats.goaway_errors(), 2);
+
+        echo_twice(&mut innocent, 1).await;
+        let text = scrape(&ca, server.addr).await;
+        let code = ERROR_CODES[code as usize];
+        assert_eq!(sample(&text, &format!("freeboard_http2_goaways_total{{code=\"{code}\"}}")), 1);
+        assert_eq!(sample(&text, "freeboard_http2_goaways_total{code=\"ENHANCE_YOUR_CALM\"}"), 1);
+        assert_eq!(
+            sample(&text, "freeboard_http2_stream_resets_total{code=\"PROTOCOL_ERROR\"}"),
+            1
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_past_a_window_and_reset_floods_meet_their_errors_while_the_streams_beside_echo() {
+    tokio::time::timeout(BOUND, async {
+        let ca = TestCa::new("h2-window-abuse");
+        // `/sink`: a WebSocket whose handler never reads, so the stream's window never reopens.
+        let sink = Router::new().route(
+            "/sink",
+            any(|ws: WebSocketUpgrade| async move {
+                ws.on_upgrade(|socket: AxumWebSocket| async move {
+                    tokio::time::sleep(BOUND).await;
+                    drop(socket);
+                })
+            }),
+        );
+        let server = start(&ca, Http2Config::default(), sink).await;
+        let port = server.addr.port();
+        let (client, endpoint) = (http2_client(&ca, server.addr).await, client_endpoint());
+        let innocent = client.websocket("/echo", &endpoint, &WsConfig::default()).await;
+        let mut innocent = innocent.unwrap();
+
+        // 80,000 bytes on a stream whose window is 64 KiB (RFC 9113 §6.9.1: "A sender MUST
+        // NOT send a flow-controlled frame with a length that exceeds the space available"):
+        // the stream is reset with FLOW_CONTROL_ERROR, its neighbour echoes on.
+        let (mut io, _) = raw_http2(&ca, server.addr).await;
+        open_streams(&mut io, port, "/sink", &[1]).await;
+        open_streams(&mut io, port, "/echo", &[3]).await;
+        let mut data = Vec::new();
+        for _ in 0..5 {
+            data.extend(frame(DATA, 0, 1, &[0u8; 16_000]));
+        }
+        io.write_all(&data).await.unwrap();
+        let (kind, _, _, reset) = next_of(&mut io, |kind, _, stream, _| {
+            assert_ne!(kind, GOAWAY);
+            kind == RST_STREAM && stream == 1
+        })
+        .await;
+        assert_eq!(error_code(kind, &reset), FLOW_CONTROL_ERROR);
+        assert_eq!(server.stats.resets_with(FLOW_CONTROL_ERROR), 1);
+        echoed_hi(&mut io, 3).await;
+
+        // 10,000 RST_STREAMs for the stream the server reset: ignored (RFC 9113 §5.1, closed:
+        // "An endpoint MUST ignore frames that it receives on closed streams after it has
+        // sent a RST_STREAM frame").
+        let stray: Vec<u8> =
+            (0..10_000).flat_map(|_| frame(RST_STREAM, 0, 1, &CANCEL.to_be_bytes())).collect();
+        io.write_all(&stray).await.unwrap();
+        echoed_hi(&mut io, 3).await;
+
+        // Twenty WebSockets opened, then reset by the client: each session ends and gives its
+        // stream back; no GOAWAY (they were accepted, so this is not rapid reset).
+        let opened: Vec<u32> = (0..20).map(|n| 5 + 2 * n).collect();
+        open_streams(&mut io, port, "/echo", &opened).await;
+        // The innocent, stream 3 and the sink's session (still running) beside them.
+        assert_eq!(server.stats.open_http2_websockets(), 23);
+        let resets: Vec<u8> =
+            opened.iter().flat_map(|&n| frame(RST_STREAM, 0, n, &CANCEL.to_be_bytes())).collect();
+        io.write_all(&resets).await.unwrap();
+        while server.stats.open_http2_websockets() > 3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        echoed_hi(&mut io, 3).await;
+
+        // Past the connection's window (256 KiB) over five streams that are never read: the
+        // connection ends with GOAWAY FLOW_CONTROL_ERROR.
+        let sinks: Vec<u32> = (0..5).map(|n| 45 + 2 * n).collect();
+        open_streams(&mut io, port, "/sink", &sinks).await;
+        let mut data = Vec::new();
+        for &stream in &sinks {
+            for _ in 0..4 {
+                data.extend(frame(DATA, 0, stream, &[0u8; 15_000]));
+            }
+        }
+        let _ = io.write_all(&data).await;
+        assert_eq!(goaway(&mut io).await, FLOW_CONTROL_ERROR);
+
+        // A RST_STREAM for a stream never opened (RFC 9113 §6.4: "MUST treat this as a
+        // connection error ... of type PROTOCOL_ERROR").
+        let (mut io, _) = raw_http2(&ca, server.addr).await;
+        io.write_all(&frame(RST_STREAM, 0, 7, &CANCEL.to_be_bytes())).await.unwrap();
+        assert_eq!(goaway(&mut io).await, PROTOCOL_ERROR);
+
+        echo_twice(&mut innocent, 1).await;
+        let text = scrape(&ca, server.addr).await;
+        for (series, value) in [
+            ("freeboard_http2_goaways_total{code=\"FLOW_CONTROL_ERROR\"}", 1),
+            ("freeboard_http2_goaways_total{code=\"PROTOCOL_ERROR\"}", 1),
+            ("freeboard_http2_stream_resets_total{code=\"FLOW_CONTROL_ERROR\"}", 1),
+            ("freeboard_http2_stream_resets_total{code=\"CANCEL\"}", 0),
+        ] {
+            assert_eq!(sample(&text, series), value, "{series}\n{text}");
+        }
     })
     .await
     .expect("bounded");
