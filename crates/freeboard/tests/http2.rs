@@ -47,9 +47,24 @@ struct Running {
 /// Starts the HTTPS server with `config` on loopback: `/echo` (both forms of WebSocket),
 /// `/metrics` (the server's collector in a Prometheus registry) and the routes of `extra`.
 async fn start(ca: &TestCa, config: Http2Config, extra: Router) -> Running {
-    let identity = TlsIdentity::load(&ca.cert_pem(), &ca.key_pem()).expect("test certificate");
-    let server = Http2Server::new(Arc::new(identity), config).expect("TLS configuration");
     let endpoint = Endpoint::new(EndpointConfig::default().memory(32 << 20)).expect("a budget");
+    start_on(ca, config, extra, endpoint, false).await
+}
+
+/// As [`start`], on `endpoint`; `charged`: each HTTP/2 connection's buffers are charged to
+/// its budget.
+async fn start_on(
+    ca: &TestCa,
+    config: Http2Config,
+    extra: Router,
+    endpoint: Arc<Endpoint>,
+    charged: bool,
+) -> Running {
+    let identity = TlsIdentity::load(&ca.cert_pem(), &ca.key_pem()).expect("test certificate");
+    let mut server = Http2Server::new(Arc::new(identity), config).expect("TLS configuration");
+    if charged {
+        server = server.charge_to(&endpoint);
+    }
     let mut registry = prometheus_client::registry::Registry::default();
     registry.register_collector(Box::new(server.collector()));
     let registry = Arc::new(registry);
@@ -1042,6 +1057,73 @@ async fn data_past_a_window_and_reset_floods_meet_their_errors_while_the_streams
         ] {
             assert_eq!(sample(&text, series), value, "{series}\n{text}");
         }
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_that_covers_n_http2_connections_refuses_the_next_until_one_ends() {
+    tokio::time::timeout(BOUND, async {
+        let ca = TestCa::new("h2-budget");
+        let config = Http2Config::default()
+            .max_concurrent_streams(4)
+            .max_header_list_size(4 << 10)
+            .windows(16 << 10, 32 << 10)
+            .max_send_buffer(8 << 10);
+        // 32 KiB + 4 × (8 + 4 + 2) KiB + 4 KiB + 40 KiB.
+        assert_eq!(config.connection_charge(), 132 << 10);
+        let reserve = 16 << 10;
+        let endpoint_config = EndpointConfig::default().memory(1 << 20).connection_reserve(reserve);
+        let endpoint = Endpoint::new(endpoint_config).expect("a budget");
+        let counters = endpoint.counters();
+        let (chunk, free) = (counters.chunk_size, counters.chunks_total - counters.chunks_in_use);
+        let charge = config.connection_charge().div_ceil(chunk);
+        // What the budget covers, leaving a connection's reserve for the WebSockets (the
+        // endpoint admits a charge only so).
+        let n = (free - reserve / chunk) / charge;
+        assert!((2..20).contains(&n), "{n} connections from {free} chunks");
+        let server = start_on(&ca, config, Router::new(), Arc::clone(&endpoint), true).await;
+        let (client_endpoint, ws_config) = (client_endpoint(), WsConfig::default());
+        let mut admitted = Vec::new();
+        for _ in 0..n {
+            admitted.push(http2_client(&ca, server.addr).await);
+        }
+        // Each is charged before the server's SETTINGS leave, so before the handshake ends.
+        assert_eq!(endpoint.chunks_charged(), n * charge);
+        // Once admitted, a connection serves its WebSockets from what is left.
+        let mut ws = admitted[0].websocket("/echo", &client_endpoint, &ws_config).await.unwrap();
+        echo_twice(&mut ws, 0).await;
+
+        // The next one: the server's preface, then GOAWAY REFUSED_STREAM with last stream 0.
+        let (mut io, settings) = raw_http2(&ca, server.addr).await;
+        assert!(settings.is_empty(), "an empty SETTINGS: {settings:?}");
+        let (kind, _, _, payload) = next_of(&mut io, |kind, _, _, _| kind == GOAWAY).await;
+        assert_eq!(payload[..4], [0, 0, 0, 0], "no stream processed");
+        assert_eq!(error_code(kind, &payload), REFUSED_STREAM);
+        let mut rest = Vec::new();
+        let _ = io.read_to_end(&mut rest).await;
+        assert_eq!(server.stats.unaffordable_connections(), 1);
+        assert_eq!(server.stats.goaways_with(REFUSED_STREAM), 1);
+        assert_eq!(endpoint.chunks_charged(), n * charge, "a refused connection holds nothing");
+
+        // One ends: its charge comes back and the next connection is admitted.
+        admitted.pop();
+        while endpoint.chunks_charged() > (n - 1) * charge {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let text = scrape(&ca, server.addr).await;
+        assert_eq!(
+            sample(&text, "freeboard_https_refused_connections_total{reason=\"memory\"}"),
+            1
+        );
+        assert_eq!(endpoint.chunks_charged(), n * charge, "the scraper's connection is charged");
+        echo_twice(&mut ws, 1).await;
+        drop((ws, admitted));
+        while endpoint.chunks_charged() > 0 || server.stats.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(endpoint.counters().chunks_in_use, counters.chunks_in_use);
     })
     .await
     .expect("bounded");

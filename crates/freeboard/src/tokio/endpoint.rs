@@ -170,6 +170,30 @@ pub(super) struct Hub {
     /// What a server connection's partial message may take from the pool (a client's is
     /// [`Reassembly::CLIENT`]).
     server_limits: Reassembly,
+    /// Pool chunks withheld for the [`Charge`]s alive.
+    charged: usize,
+}
+
+/// Pool chunks an [`Endpoint`] withholds for memory spent outside its pool (an HTTP/2
+/// connection's buffers inside h2), until this is dropped.
+#[must_use = "the chunks come back when the charge drops"]
+pub struct Charge {
+    endpoint: Arc<Endpoint>,
+    chunks: usize,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        let mut hub = self.endpoint.lock();
+        hub.charged -= self.chunks;
+        hub.withhold_charged();
+    }
+}
+
+impl std::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Charge").field("chunks", &self.chunks).finish_non_exhaustive()
+    }
 }
 
 impl Endpoint {
@@ -203,6 +227,7 @@ impl Endpoint {
                 subscribers: Slab::new(),
                 fan_out: Vec::new(),
                 server_limits: Reassembly::server(config.connection_reserve),
+                charged: 0,
             }),
             reading: AtomicUsize::new(0),
             corking: AtomicUsize::new(0),
@@ -220,6 +245,27 @@ impl Endpoint {
     pub fn has_room(&self) -> bool {
         let hub = self.lock();
         hub.pool.chunks_free() * hub.pool.chunk_size() >= self.reserve
+    }
+
+    /// Withholds `bytes` of the pool (rounded up to chunks) for memory spent outside it, if
+    /// the pool's free chunks cover them and a connection's reserve beside (what is charged
+    /// for can then open a connection); `None` if they do not. The chunks come back when the
+    /// [`Charge`] drops. The HTTPS server charges each HTTP/2 connection's buffers so.
+    pub fn charge(self: &Arc<Self>, bytes: usize) -> Option<Charge> {
+        let mut hub = self.lock();
+        let chunk = hub.pool.chunk_size();
+        let chunks = bytes.div_ceil(chunk);
+        if hub.pool.chunks_free() < chunks + self.reserve.div_ceil(chunk) {
+            return None;
+        }
+        hub.charged += chunks;
+        hub.withhold_charged();
+        Some(Charge { endpoint: Arc::clone(self), chunks })
+    }
+
+    /// Pool chunks withheld now for the [`Charge`]s alive.
+    pub fn chunks_charged(&self) -> usize {
+        self.lock().charged
     }
 
     /// The pool's counters: budget, chunks in use and their high water, allocation failures.
@@ -311,6 +357,12 @@ impl Hub {
     /// One more connection (`1`) or one less (`-1`): the fair share of each changes.
     pub(super) fn count_open(&mut self, change: isize) {
         self.open = self.open.saturating_add_signed(change);
+        self.share = FairShare::new(&self.pool, self.open);
+    }
+
+    /// Withholds the charged chunks from the pool; each connection's fair share shrinks.
+    fn withhold_charged(&mut self) {
+        self.pool.withhold(self.charged);
         self.share = FairShare::new(&self.pool, self.open);
     }
 

@@ -183,7 +183,34 @@ impl Http2Config {
         self.max_connections = connections;
         self
     }
+
+    /// The most an HTTP/2 connection's buffers inside h2 and hyper can hold under these
+    /// limits, in bytes — what [`Http2Server::charge_to`] withholds from the budget for it:
+    ///
+    /// `initial_connection_window` (received, not yet read by any stream)
+    /// `+ max_concurrent_streams × (max_send_buffer + max_header_list_size + 2 KiB)` (each
+    /// stream's queued output, its decoded request head, h2's and hyper's state for it)
+    /// `+ max_header_list_size` (a header block being received)
+    /// `+ 40 KiB` (the HPACK tables, 4 KiB each way, and the frame read and write buffers,
+    /// 16 KiB each).
+    pub fn connection_charge(&self) -> usize {
+        let streams = self.max_concurrent_streams as usize;
+        let header_list = self.max_header_list_size as usize;
+        self.initial_connection_window as usize
+            + streams * (self.max_send_buffer + header_list + STREAM_STATE)
+            + header_list
+            + CONNECTION_STATE
+    }
 }
+
+/// h2's state for a stream and hyper's for its upgraded connection, rounded up from what
+/// `tests/http2_memory.rs` measures beside a freeboard session (1.3-2 KiB).
+const STREAM_STATE: usize = 2 << 10;
+
+/// An HTTP/2 connection's fixed buffers in h2: the HPACK decoder's table (the 4 KiB the
+/// server advertises) and encoder's (h2 caps it at 4 KiB whatever the peer allows), and the
+/// frame read and write buffers (16 KiB each: the largest frame, h2's write buffer).
+const CONNECTION_STATE: usize = 40 << 10;
 
 /// What the HTTPS server saw, counted since it started.
 #[derive(Debug, Default)]
@@ -192,6 +219,8 @@ pub struct Http2Stats {
     /// Connections open now (a gauge, unlike the others).
     open_connections: AtomicU64,
     refused_connections: AtomicU64,
+    /// HTTP/2 connections ended at once: the budget could not cover their charge.
+    unaffordable_connections: AtomicU64,
     tls_failures: AtomicU64,
     http2_connections: AtomicU64,
     http1_connections: AtomicU64,
@@ -252,6 +281,12 @@ impl Http2Stats {
     /// TCP connections closed as they were accepted: `max_connections` were open.
     pub fn refused_connections(&self) -> u64 {
         self.refused_connections.load(Ordering::Relaxed)
+    }
+
+    /// HTTP/2 connections ended as they began (`GOAWAY` `REFUSED_STREAM`): the endpoint's
+    /// budget could not cover [`Http2Config::connection_charge`].
+    pub fn unaffordable_connections(&self) -> u64 {
+        self.unaffordable_connections.load(Ordering::Relaxed)
     }
 
     /// TLS handshakes that failed or timed out.
@@ -427,7 +462,10 @@ impl Collector for Http2Collector {
             None,
             MetricType::Counter,
         )?;
-        let refused = [("connection_limit", load(&s.refused_connections))];
+        let refused = [
+            ("connection_limit", load(&s.refused_connections)),
+            ("memory", load(&s.unaffordable_connections)),
+        ];
         for (reason, value) in refused {
             ConstCounter::new(value).encode(e.encode_family(&ReasonLabel { reason })?)?;
         }
@@ -479,6 +517,10 @@ pub struct Http2Server {
     handshake_timeout: Duration,
     max_connections: u64,
     stats: Arc<Http2Stats>,
+    /// The endpoint each HTTP/2 connection's buffers are charged to, and the charge.
+    charge: Option<(Arc<Endpoint>, usize)>,
+    /// [`Http2Config::connection_charge`].
+    connection_charge: usize,
 }
 
 impl Http2Server {
@@ -511,7 +553,18 @@ impl Http2Server {
             handshake_timeout: config.handshake_timeout,
             max_connections: config.max_connections as u64,
             stats: Arc::default(),
+            charge: None,
+            connection_charge: config.connection_charge(),
         })
+    }
+
+    /// Charges each HTTP/2 connection's buffers ([`Http2Config::connection_charge`]) to
+    /// `endpoint`'s budget from the moment it agrees on `h2` until it ends: a connection the
+    /// budget cannot cover is ended at once with `GOAWAY` `REFUSED_STREAM` (last stream 0, so
+    /// a client may retry) and counted ([`Http2Stats::unaffordable_connections`]).
+    pub fn charge_to(mut self, endpoint: &Arc<Endpoint>) -> Self {
+        self.charge = Some((Arc::clone(endpoint), self.connection_charge));
+        self
     }
 
     /// What the server saw so far.
@@ -561,6 +614,17 @@ impl Http2Server {
                 }
             };
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        let _charge = match &self.charge {
+            Some((endpoint, bytes)) if h2 => match endpoint.charge(*bytes) {
+                Some(charge) => Some(charge),
+                None => {
+                    Http2Stats::add(&self.stats.unaffordable_connections);
+                    refuse(SentFrames::new(tls, Arc::clone(&self.stats))).await;
+                    return;
+                }
+            },
+            _ => None,
+        };
         let io = TokioIo::new(tls);
         let inner = TowerToHyperService::new(router);
         let stats = Arc::clone(&self.stats);
@@ -604,6 +668,28 @@ impl Http2Server {
             tracing::debug!(error = %e, "HTTPS connection ended");
         }
     }
+}
+
+/// Ends an HTTP/2 connection the budget cannot cover: the server's preface (an empty
+/// SETTINGS, RFC 9113 §3.4) and `GOAWAY` with last stream 0 and `REFUSED_STREAM` ("refused
+/// the stream prior to performing any application processing", §7: the client may retry),
+/// then TLS `close_notify`. What the client sent meanwhile is read and dropped for up to a
+/// second, so that closing with unread bytes does not reset the connection before the client
+/// reads the GOAWAY.
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(mut io: S) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut frames = [0u8; 9 + 9 + 8];
+    frames[3] = SETTINGS;
+    frames[9..18].copy_from_slice(&[0, 0, 8, GOAWAY, 0, 0, 0, 0, 0]);
+    frames[22..26].copy_from_slice(&REFUSED_STREAM.to_be_bytes());
+    let drain = async {
+        io.write_all(&frames).await?;
+        io.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while io.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    };
+    let _ = ::tokio::time::timeout(Duration::from_secs(1), drain).await;
 }
 
 impl std::fmt::Debug for Http2Server {

@@ -89,7 +89,7 @@ pub mod http2;
 mod spares;
 
 pub use crate::topics::{Reach, SubscribeError};
-pub use endpoint::{Endpoint, EndpointConfig, WsConfig};
+pub use endpoint::{Charge, Endpoint, EndpointConfig, WsConfig};
 pub use handshake::AcceptError;
 
 /// Slices gathered for one vectored write.
