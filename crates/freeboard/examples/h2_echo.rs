@@ -1,11 +1,12 @@
 //! WebSockets over HTTP/2 (RFC 8441): an HTTPS server offering `h2` and `http/1.1` by ALPN,
 //! with a page at `/` whose sockets (`?n=10` of them) echo through `/echo` — a browser opens
 //! them all as streams of the one HTTP/2 connection that loaded the page — and the server's
-//! counts at `/stats`.
+//! counts as Prometheus metrics at `/metrics`. Each HTTP/2 connection's buffers are charged
+//! to the endpoint's budget (64 MiB: 16 connections under the default limits).
 //!
 //! ```sh
 //! cargo run --release -p freeboard --features http2 --example h2_echo -- 127.0.0.1:8443 cert.pem key.pem
-//! curl --http2 -k https://127.0.0.1:8443/stats
+//! curl --http2 -k https://127.0.0.1:8443/metrics
 //! ```
 
 use std::sync::Arc;
@@ -16,9 +17,10 @@ use axum::routing::{any, get};
 use axum::{Extension, Router};
 use freeboard::tls::TlsIdentity;
 use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
-use freeboard::tokio::http2::{Http2Config, Http2Server, Http2Stats};
+use freeboard::tokio::http2::{Http2Config, Http2Server};
 use freeboard::tokio::{Endpoint, EndpointConfig, OwnedMessage};
 use futures_util::StreamExt;
+use prometheus_client::registry::Registry;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> std::io::Result<()> {
@@ -27,17 +29,20 @@ async fn main() -> std::io::Result<()> {
     let cert = args.next().unwrap_or_else(|| "cert.pem".into());
     let key = args.next().unwrap_or_else(|| "key.pem".into());
     let identity = TlsIdentity::load(cert.as_ref(), key.as_ref()).map_err(std::io::Error::other)?;
-    let server = Http2Server::new(Arc::new(identity), Http2Config::default())
-        .map_err(std::io::Error::other)?;
     let endpoint =
         Endpoint::new(EndpointConfig::default().memory(64 << 20)).map_err(std::io::Error::other)?;
+    let server = Http2Server::new(Arc::new(identity), Http2Config::default())
+        .map_err(std::io::Error::other)?
+        .charge_to(&endpoint);
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(server.collector()));
     let app = Router::new()
         .route("/", get(page))
         // `any`: an HTTP/2 WebSocket is a CONNECT, an HTTP/1.1 one a GET.
         .route("/echo", any(echo))
-        .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
         .layer(Extension(endpoint))
-        .layer(Extension(Arc::clone(server.stats())));
+        .layer(Extension(Arc::new(registry)));
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("listening on https://{}/", listener.local_addr()?);
     server.serve(listener, app).await
@@ -75,15 +80,9 @@ for (let i = 0; i < {n}; i++) {{
     ))
 }
 
-async fn stats(Extension(stats): Extension<Arc<Http2Stats>>) -> String {
-    format!(
-        "tcp_connections {}\nhttp2_connections {}\nhttp1_connections {}\nhttp2_websockets {}\nhttp1_websockets {}\nmost_websockets_on_a_connection {}\nrefused_connects {}\n",
-        stats.tcp_connections(),
-        stats.http2_connections(),
-        stats.http1_connections(),
-        stats.http2_websockets(),
-        stats.http1_websockets(),
-        stats.most_websockets_on_a_connection(),
-        stats.refused_connects(),
-    )
+async fn metrics(Extension(registry): Extension<Arc<Registry>>) -> String {
+    let mut text = String::new();
+    // NOTE(unwrap): writing to a String cannot fail.
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text
 }

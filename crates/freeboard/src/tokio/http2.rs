@@ -16,10 +16,13 @@
 //! queued per stream for sending. hyper's HTTP/2 is the `h2` crate, which also bounds what
 //! the known attacks would grow: streams reset before they are accepted (rapid reset,
 //! CVE-2023-44487), CONTINUATION frames beyond the header list size (the CONTINUATION flood),
-//! HPACK tables beyond the advertised size, resets the peer provokes; the tests drive the
-//! first two and a stream flood (`tests/http2.rs`).
-//! This state lives in the h2 crate and is not drawn from the endpoint's budget; its bound
-//! per connection is what the limits give (see `docs/library/http2.md`).
+//! HPACK tables beyond the advertised size, resets the peer provokes, PING and SETTINGS
+//! floods (one answer pending at a time, no frame read until it is written); `tests/http2.rs`
+//! drives each with the outcome and its count.
+//! This state lives in the h2 crate, on the heap; [`Http2Server::charge_to`] charges each
+//! connection its bound ([`Http2Config::connection_charge`]) to the endpoint's budget and
+//! refuses a connection the budget cannot cover. [`Http2Server::collector`] exports the counts
+//! as Prometheus metrics.
 //!
 //! ```no_run
 //! # async fn run() -> std::io::Result<()> {
