@@ -2,7 +2,7 @@
 //! with a page at `/` whose sockets (`?n=10` of them) echo through `/echo` — a browser opens
 //! them all as streams of the one HTTP/2 connection that loaded the page — and the server's
 //! counts as Prometheus metrics at `/metrics`. Each HTTP/2 connection's buffers are charged
-//! to the endpoint's budget (64 MiB: 16 connections under the default limits).
+//! to the endpoint's budget (64 MiB: about 16 connections under the default limits).
 //!
 //! ```sh
 //! cargo run --release -p freeboard --features http2 --example h2_echo -- 127.0.0.1:8443 cert.pem key.pem
