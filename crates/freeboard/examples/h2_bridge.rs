@@ -16,7 +16,9 @@
 //! ways: bytes go to the server only as the stream's send window admits them, and the window
 //! of what the server sends is opened again only once the client's socket took the bytes.
 //! The end of the stream (`END_STREAM`, or `RST_STREAM`) closes the TCP connection after the
-//! bytes before it, and the end of the TCP connection ends the stream.
+//! bytes before it, and the end of the TCP connection ends the stream — RFC 8441 §5: "The
+//! HTTP/2 stream closure is also analogous to the TCP connection closure of [RFC6455].
+//! Orderly TCP-level closures are represented as END_STREAM flags".
 //!
 //! All streams share one HTTP/2 connection, opened at start: concurrent cases are then
 //! concurrent streams, which is what RFC 8441 is for and what a browser does. If that
@@ -369,8 +371,7 @@ async fn client_to_server(mut reader: OwnedReadHalf, early: Bytes, mut stream: S
         }
     }
     if open {
-        // An empty DATA frame with END_STREAM: the client is done (RFC 8441 §4 maps TCP's
-        // FIN to the stream's end).
+        // An empty DATA frame with END_STREAM: the client's FIN (RFC 8441 §5).
         let _ = stream.send_data(Bytes::new(), true);
     }
 }
