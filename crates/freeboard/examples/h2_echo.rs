@@ -19,6 +19,7 @@ use freeboard::tls::TlsIdentity;
 use freeboard::tokio::axum::{AxumWebSocket, WebSocketUpgrade};
 use freeboard::tokio::http2::{Http2Config, Http2Server};
 use freeboard::tokio::{Endpoint, EndpointConfig, OwnedMessage};
+use freeboard::{PushOutcome, SendOutcome};
 use futures_util::StreamExt;
 use prometheus_client::registry::Registry;
 
@@ -51,10 +52,23 @@ async fn main() -> std::io::Result<()> {
 async fn echo(ws: WebSocketUpgrade) -> Response {
     ws.on_upgrade(|mut socket: AxumWebSocket| async move {
         while let Some(message) = socket.next().await {
-            if let OwnedMessage::Close(_) = message {
-                break;
+            // As examples/axum_echo.rs: wait above the high watermark (the client is then
+            // no longer read), send again what the `block` policy refused at the cap.
+            loop {
+                let outcome = match &message {
+                    OwnedMessage::Text(text) => socket.send_text(text),
+                    OwnedMessage::Binary(bytes) => socket.send_binary(bytes),
+                    OwnedMessage::Close(_) => return,
+                };
+                match outcome {
+                    SendOutcome::Queue(PushOutcome::WouldBlock { .. }) => socket.writable().await,
+                    SendOutcome::Queue(PushOutcome::QueuedAboveHigh) => {
+                        socket.writable().await;
+                        break;
+                    }
+                    _ => break,
+                }
             }
-            let _ = socket.send(message);
         }
     })
 }
