@@ -52,6 +52,19 @@ pub(crate) trait Transport: mio::event::Source + Sized {
         false
     }
 
+    /// Whether the bytes of a read that the session did not take can be given back
+    /// ([`unread`](Self::unread)): they are still in the layer's own buffers (io_uring's),
+    /// not only in the loop's read buffer.
+    fn keeps_unread(&self) -> bool {
+        false
+    }
+
+    /// Gives back the last `n` bytes the last [`read`](Self::read) returned: the next read
+    /// returns them first, as a socket keeps what is not read. Only where
+    /// [`keeps_unread`](Self::keeps_unread), after every read; `n == 0` lets the layer give
+    /// back the buffers the read emptied.
+    fn unread(&mut self, _io: &mut Io<'_>, _n: usize) {}
+
     /// Writes (one `writev`'s worth of) the session's queue and releases what was written.
     /// Returns the queue bytes written and whether the socket took all it was offered.
     fn write_queue(&mut self, session: &mut Session, io: &mut Io<'_>) -> io::Result<(usize, bool)>;
@@ -259,6 +272,22 @@ impl Transport for Stream {
             #[cfg(target_os = "linux")]
             Self::Ring(ring) => ring.more_input(),
         }
+    }
+
+    fn keeps_unread(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return matches!(self, Self::Ring(_));
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+
+    fn unread(&mut self, io: &mut Io<'_>, n: usize) {
+        #[cfg(target_os = "linux")]
+        if let Self::Ring(ring) = self {
+            ring.unread(io.pool, n);
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = (io, n);
     }
 
     fn write_queue(&mut self, session: &mut Session, io: &mut Io<'_>) -> io::Result<(usize, bool)> {

@@ -449,6 +449,15 @@ pub(crate) enum Receiving {
     Stopped,
 }
 
+/// Bytes moved out of a ring buffer into a pool chunk of their own.
+#[derive(Debug)]
+struct Spilled {
+    chunk: ChunkId,
+    len: u32,
+    /// Bytes read so far.
+    at: u32,
+}
+
 /// A send's bytes, copied from the session's queue into pool chunks, while the kernel has
 /// them.
 #[derive(Default)]
@@ -481,9 +490,9 @@ pub(crate) struct RingConn {
     /// The tag of its operations (with [`Op::Recv`]).
     tag: Tag,
     received: VecDeque<Received>,
-    /// Bytes received beyond [`HOLD`] buffers, moved out of the ring into pool chunks:
-    /// `(chunk, read so far)`; read before `received`.
-    spilled: VecDeque<(ChunkId, u32)>,
+    /// Bytes received beyond [`HOLD`] buffers, moved out of the ring into pool chunks; read
+    /// before `received`.
+    spilled: VecDeque<Spilled>,
     receiving: Receiving,
     /// The receive ended: at the stream's end (`None`) or with an error.
     ended: Option<Option<i32>>,
@@ -538,6 +547,7 @@ impl RingConn {
         bid: Option<u16>,
         more: bool,
         pool: &mut Pool<'static>,
+        wants_input: bool,
     ) -> (bool, bool) {
         if self.receiving == Receiving::Stopped {
             // What arrived before the cancellation took effect is discarded.
@@ -549,8 +559,13 @@ impl RingConn {
         }
         if let (Some(bid), true) = (bid, res > 0) {
             self.shared.take_buffer();
+            self.settle(pool);
             self.received.push_back(Received { bid, len: res as u32, at: 0 });
-            if more && self.received.len() >= HOLD && self.receiving == Receiving::Armed {
+            // A session that does not read (paused above its high watermark, held, waiting
+            // for a decision) stops receiving at once: what it has not read stays in the
+            // kernel's socket buffer, as on epoll, not in the ring's.
+            let holds = if wants_input { HOLD } else { 1 };
+            if more && self.received.len() >= holds && self.receiving == Receiving::Armed {
                 self.shared.cancel(self.tag);
                 self.receiving = Receiving::Cancelling;
             }
@@ -567,7 +582,7 @@ impl RingConn {
                     )
                 };
                 pool.append(&chunk, bytes);
-                self.spilled.push_back((chunk, 0));
+                self.spilled.push_back(Spilled { chunk, len: bytes.len() as u32, at: 0 });
                 self.shared.recycle(front.bid);
                 self.received.pop_front();
             }
@@ -583,7 +598,7 @@ impl RingConn {
             }
             e if e == -libc::ECANCELED => {
                 self.receiving = Receiving::Paused;
-                if self.received.is_empty() {
+                if wants_input && !self.holds_unread() {
                     self.arm();
                 }
             }
@@ -600,40 +615,36 @@ impl RingConn {
         self.receiving = Receiving::Done;
     }
 
-    /// Reads what the ring received, into `buf`.
+    /// Reads what the ring received, into `buf`. The buffers it empties are given back at
+    /// the next read or [`settle`](Self::settle), so that [`unread`](Self::unread) can still
+    /// return bytes to them.
     pub(crate) fn read(&mut self, pool: &mut Pool<'static>, buf: &mut [u8]) -> io::Result<usize> {
+        self.settle(pool);
         let mut n = 0;
-        while let Some((chunk, at)) = self.spilled.front_mut()
-            && n < buf.len()
-        {
-            let bytes = &pool.bytes(chunk)[*at as usize..];
+        for spilled in &mut self.spilled {
+            if n == buf.len() {
+                break;
+            }
+            let bytes = &pool.bytes(&spilled.chunk)[spilled.at as usize..];
             let take = bytes.len().min(buf.len() - n);
             buf[n..n + take].copy_from_slice(&bytes[..take]);
             n += take;
-            *at += take as u32;
-            if take == bytes.len() {
-                // NOTE(unwrap): the front just read.
-                let (chunk, _) = self.spilled.pop_front().unwrap();
-                pool.release(chunk);
-            }
+            spilled.at += take as u32;
         }
-        while let Some(front) = self.received.front_mut()
-            && n < buf.len()
-        {
-            let take = (front.len - front.at).min((buf.len() - n) as u32) as usize;
-            let from = self.shared.buffers.addrs[usize::from(front.bid)];
-            // SAFETY: the kernel wrote `front.len` bytes into buffer `front.bid` and gave it to
-            // us with the completion; it is not back in the ring until recycled below.
-            let bytes = unsafe { std::slice::from_raw_parts(from.add(front.at as usize), take) };
+        for held in &mut self.received {
+            if n == buf.len() {
+                break;
+            }
+            let take = (held.len - held.at).min((buf.len() - n) as u32) as usize;
+            let from = self.shared.buffers.addrs[usize::from(held.bid)];
+            // SAFETY: the kernel wrote `held.len` bytes into buffer `held.bid` and gave it to
+            // us with the completion; it is not back in the ring until settled.
+            let bytes = unsafe { std::slice::from_raw_parts(from.add(held.at as usize), take) };
             buf[n..n + take].copy_from_slice(bytes);
             n += take;
-            front.at += take as u32;
-            if front.at == front.len {
-                self.shared.recycle(front.bid);
-                self.received.pop_front();
-            }
+            held.at += take as u32;
         }
-        if self.received.is_empty() && self.receiving == Receiving::Paused {
+        if self.receiving == Receiving::Paused && !self.holds_unread() {
             self.arm();
         }
         match (n, self.ended) {
@@ -642,6 +653,45 @@ impl RingConn {
             (0, None) => Err(io::ErrorKind::WouldBlock.into()),
             (n, _) => Ok(n),
         }
+    }
+
+    /// Gives back the last `n` bytes the last [`read`](Self::read) returned (the session did
+    /// not take them: it stopped reading); the next read returns them first, as a socket
+    /// keeps what is not read. Then settles.
+    pub(crate) fn unread(&mut self, pool: &mut Pool<'static>, mut n: usize) {
+        // Every byte before the read position has been read, and the read returned the last
+        // `n` of them: stepping back from the position, in stream order (the spilled chunks,
+        // then the ring's buffers), finds them.
+        let ats = self.received.iter_mut().rev().map(|held| &mut held.at);
+        for at in ats.chain(self.spilled.iter_mut().rev().map(|spilled| &mut spilled.at)) {
+            if n == 0 {
+                break;
+            }
+            let back = (*at as usize).min(n);
+            *at -= back as u32;
+            n -= back;
+        }
+        self.settle(pool);
+    }
+
+    /// Gives the buffers read to the end back to the ring (and the chunks to the pool).
+    pub(crate) fn settle(&mut self, pool: &mut Pool<'static>) {
+        while self.spilled.front().is_some_and(|spilled| spilled.at == spilled.len) {
+            // NOTE(unwrap): the front just seen.
+            pool.release(self.spilled.pop_front().unwrap().chunk);
+        }
+        while let Some(held) = self.received.front()
+            && held.at == held.len
+        {
+            self.shared.recycle(held.bid);
+            self.received.pop_front();
+        }
+    }
+
+    /// Whether bytes received wait to be read.
+    fn holds_unread(&self) -> bool {
+        self.received.iter().any(|held| held.at < held.len)
+            || self.spilled.iter().any(|spilled| spilled.at < spilled.len)
     }
 
     /// Stops receiving for good (a closed connection read all it discards): the receive is
@@ -654,14 +704,14 @@ impl RingConn {
         for received in self.received.drain(..) {
             self.shared.recycle(received.bid);
         }
-        for (chunk, _) in self.spilled.drain(..) {
-            pool.release(chunk);
+        for spilled in self.spilled.drain(..) {
+            pool.release(spilled.chunk);
         }
     }
 
     /// Whether a read would return something now (bytes, the end or an error).
     pub(crate) fn more_input(&self) -> bool {
-        !self.spilled.is_empty() || !self.received.is_empty() || self.ended.is_some()
+        self.holds_unread() || self.ended.is_some()
     }
 
     /// Whether a send is in flight.
@@ -813,8 +863,8 @@ impl RingConn {
         for received in self.received.drain(..) {
             self.shared.recycle(received.bid);
         }
-        for (chunk, _) in self.spilled.drain(..) {
-            pool.release(chunk);
+        for spilled in self.spilled.drain(..) {
+            pool.release(spilled.chunk);
         }
         let staged = std::mem::take(&mut self.staged);
         if self.receiving != Receiving::Done {

@@ -51,12 +51,16 @@ impl<T: Transport> EventLoop<T> {
                 let bid = cqueue::buffer_select(cqe.flags());
                 let token = tag.token();
                 let conn = match self.conns.get_mut(token) {
-                    Some(entry) if tag.is_of(entry.serial) => entry.stream.ring_conn(),
+                    Some(entry) if tag.is_of(entry.serial) => {
+                        let wants = entry.session.wants_input() || !entry.upgraded;
+                        entry.stream.ring_conn().map(|conn| (conn, wants))
+                    }
                     _ => None,
                 };
                 match conn {
-                    Some(conn) => {
-                        let (read, starved) = conn.received(res, bid, more, &mut self.pool);
+                    Some((conn, wants)) => {
+                        let (read, starved) =
+                            conn.received(res, bid, more, &mut self.pool, wants);
                         if read && side.ready.last() != Some(&token) {
                             side.ready.push(token);
                         }

@@ -21,8 +21,16 @@ pub(super) const OUTBOX_RUN: usize = 64;
 
 impl<T: Transport> EventLoop<T> {
     /// Feeds one read to the session: whole messages go to the handler in place, assembled
-    /// ones from the loop's assembly buffer.
-    pub(super) fn receive(&mut self, token: usize, now: Instant, buf: &mut [u8]) {
+    /// ones from the loop's assembly buffer. Returns the bytes used: all of them, unless
+    /// `keeps_unread` (the transport can give the rest back) and the session stopped
+    /// wanting input on the way.
+    pub(super) fn receive(
+        &mut self,
+        token: usize,
+        now: Instant,
+        buf: &mut [u8],
+        keeps_unread: bool,
+    ) -> usize {
         let mut at = 0;
         while at < buf.len() && self.conns.contains(token) {
             let (used, assembled) = self.deliver_run(token, now, &mut buf[at..]);
@@ -42,11 +50,16 @@ impl<T: Transport> EventLoop<T> {
             }
             self.after_call(token, now);
             // A pause (send queue above its high watermark) stops reading from the socket, not
-            // the parsing of bytes already read: dropping them would tear the stream.
-            let Some(entry) = self.conns.get(token) else { return };
+            // the parsing of bytes already read: dropping them would tear the stream. A
+            // transport that keeps what was not parsed (io_uring's buffers) stops here too,
+            // as a socket does: the replies of one read then cannot pass the cap.
+            let Some(entry) = self.conns.get(token) else { return at };
             if entry.session.state() == State::Closed {
                 self.report_close(token);
-                return;
+                return at;
+            }
+            if keeps_unread && !entry.session.wants_input() {
+                return at;
             }
             if entry.session.cork_must_write(&self.cork, &buf[at..]) {
                 // The next frame's reply might not fit: write what the cork holds now.
@@ -57,6 +70,7 @@ impl<T: Transport> EventLoop<T> {
                 self.flush(token, now);
             }
         }
+        at
     }
 
     /// Parses `buf` and hands its whole messages to the handler with one handle on the

@@ -927,6 +927,15 @@ impl<T: Transport> EventLoop<T> {
             Phase::Draining { .. } | Phase::Linger { .. } => self.read_discard(token),
             Phase::Body(_) => self.read_body(token, now),
         }
+        if let Some(entry) = self.conns.get_mut(token)
+            && !matches!(entry.session.phase, Phase::Open(_))
+            && entry.stream.keeps_unread()
+        {
+            // The buffers these reads emptied go back (`read_open` gives them back itself).
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            entry.stream.unread(&mut io, 0);
+        }
         self.mark(token);
     }
 
@@ -976,6 +985,7 @@ impl<T: Transport> EventLoop<T> {
         let mut buf = std::mem::take(&mut self.read_buf);
         let plain = self.conns.get(token).is_some_and(|e| e.stream.corks());
         self.corking = plain.then_some(token);
+        let keeps = !plain && self.conns.get(token).is_some_and(|e| e.stream.keeps_unread());
         let (mut reads, mut bytes) = (0, 0);
         while let Some(entry) = self.conns.get_mut(token) {
             if !entry.session.wants_input() {
@@ -1002,8 +1012,18 @@ impl<T: Transport> EventLoop<T> {
                     bytes += n;
                     entry.session.count_read(n);
                     self.reading = Some(token);
-                    self.receive(token, now, &mut buf[..n]);
+                    let used = self.receive(token, now, &mut buf[..n], keeps);
                     self.reading = None;
+                    if keeps && let Some(entry) = self.conns.get_mut(token) {
+                        // The rest waits in the transport until the session reads again.
+                        let mut io = Io {
+                            pool: &mut self.pool,
+                            tls: &mut self.tls,
+                            metrics: &self.shared.metrics,
+                        };
+                        entry.stream.unread(&mut io, n - used);
+                        self.stats.bytes_in -= (n - used) as u64;
+                    }
                     // One write for the replies to this read, then its publishes.
                     self.write_cork(token, now);
                     self.fan_out_outbox(now);
@@ -1025,6 +1045,12 @@ impl<T: Transport> EventLoop<T> {
         self.write_cork(token, now);
         self.corking = None;
         self.read_buf = buf;
+        if keeps && let Some(entry) = self.conns.get_mut(token) {
+            // The buffers this turn's reads emptied go back to the transport's ring.
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            entry.stream.unread(&mut io, 0);
+        }
         // The end of the turn parks the connection again once nothing is in flight.
         self.mark(token);
     }

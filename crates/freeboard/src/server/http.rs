@@ -327,7 +327,7 @@ impl<T: Transport> EventLoop<T> {
                     return false;
                 }
                 if len < buf.len() {
-                    self.receive(token, now, &mut buf[len..]);
+                    self.receive(token, now, &mut buf[len..], false);
                 }
                 true
             }
