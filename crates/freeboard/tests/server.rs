@@ -235,6 +235,14 @@ fn budget_admission_answers_503_while_the_pool_is_short() {
     // sixteenth.
     cfg.memory = 9 << 18;
     cfg.read_buffer = 64 << 10;
+    if cfg.io == freeboard::IoDriver::Uring {
+        // An io_uring loop's receive buffers are pool chunks, as many as the read buffer and
+        // the cork hold (a power of two, at least 8), beside the read buffer and the cork it
+        // keeps: the same pool for the message needs them added to the budget.
+        let buffers = (2 * cfg.read_buffer / cfg.chunk_size).max(8).next_power_of_two();
+        let segments = buffers * freeboard_buf::DEFAULT_SEGMENTS_PER_CHUNK;
+        cfg.memory += freeboard_buf::Pool::footprint(cfg.chunk_size, buffers, segments);
+    }
     cfg.limits.max_message_size = 1 << 20;
     cfg.connection_reserve = 768 << 10;
     let server = start(cfg);

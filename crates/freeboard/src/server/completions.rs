@@ -59,8 +59,7 @@ impl<T: Transport> EventLoop<T> {
                 };
                 match conn {
                     Some((conn, wants)) => {
-                        let (read, starved) =
-                            conn.received(res, bid, more, &mut self.pool, wants);
+                        let (read, starved) = conn.received(res, bid, more, &mut self.pool, wants);
                         if read && side.ready.last() != Some(&token) {
                             side.ready.push(token);
                         }
