@@ -526,9 +526,14 @@ impl RingConn {
         self.receiving = Receiving::Armed;
     }
 
-    /// Re-arms a receive that ended for want of buffers; `false` if there are none yet.
-    pub(crate) fn rearm_starved(&mut self) -> bool {
+    /// Re-arms a receive that ended for want of buffers; `false` if there are none yet. One
+    /// whose session does not read now waits, paused, for its next read to re-arm it.
+    pub(crate) fn rearm_starved(&mut self, wants_input: bool) -> bool {
         if self.receiving != Receiving::Starved {
+            return true;
+        }
+        if !wants_input {
+            self.receiving = Receiving::Paused;
             return true;
         }
         if !self.shared.has_buffers() {

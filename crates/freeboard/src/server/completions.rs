@@ -53,7 +53,15 @@ impl<T: Transport> EventLoop<T> {
                 let conn = match self.conns.get_mut(token) {
                     Some(entry) if tag.is_of(entry.serial) => {
                         let wants = entry.session.wants_input() || !entry.upgraded;
-                        entry.stream.ring_conn().map(|conn| (conn, wants))
+                        let done = entry.session.reads_no_more();
+                        entry.stream.ring_conn().map(|conn| {
+                            if done {
+                                // Past what a closed connection reads: what arrives is
+                                // dropped and the receive ends, as epoll leaves it unread.
+                                conn.stop_input(&mut self.pool);
+                            }
+                            (conn, wants)
+                        })
                     }
                     _ => None,
                 };
@@ -159,7 +167,8 @@ impl<T: Transport> EventLoop<T> {
         let conns = &mut self.conns;
         side.starved.retain(|&(token, serial)| match conns.get_mut(token) {
             Some(entry) if entry.serial == serial => {
-                entry.stream.ring_conn().is_some_and(|conn| !conn.rearm_starved())
+                let wants = entry.session.wants_input() || !entry.upgraded;
+                entry.stream.ring_conn().is_some_and(|conn| !conn.rearm_starved(wants))
             }
             _ => false,
         });

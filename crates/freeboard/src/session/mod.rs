@@ -370,6 +370,14 @@ impl Session {
         })
     }
 
+    /// Whether its input will never be read again: it sent its close and has read what the
+    /// peer may still have had in flight ([`READ_AFTER_CLOSE`]). A driver that receives
+    /// without being asked stops, as a reader of a socket leaves further bytes in it.
+    pub(crate) fn reads_no_more(&self) -> bool {
+        matches!(&self.phase, Phase::Open(open)
+            if open.ws.state() == State::CloseSent && open.read_after_close >= READ_AFTER_CLOSE)
+    }
+
     /// Stops (`true`) or resumes reading this session's input for its application, whose
     /// handler cannot take more messages yet: the peer then meets TCP's flow control, as a
     /// reader above the high watermark does. Whether the session is open.
