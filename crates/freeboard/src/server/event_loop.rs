@@ -922,21 +922,33 @@ impl<T: Transport> EventLoop<T> {
             // nothing before the response); what arrives is read once it is decided.
             Phase::Request { .. }
                 if self.pending.contains_key(&token) || self.awaiting.contains_key(&token) => {}
-            Phase::Request { .. } => self.read_request(token, now),
+            Phase::Request { .. } => {
+                self.read_request(token, now);
+                self.reads_done(token);
+            }
             Phase::Open(_) => self.read_open(token, now),
-            Phase::Draining { .. } | Phase::Linger { .. } => self.read_discard(token),
-            Phase::Body(_) => self.read_body(token, now),
+            Phase::Draining { .. } | Phase::Linger { .. } => {
+                self.read_discard(token);
+                self.reads_done(token);
+            }
+            Phase::Body(_) => {
+                self.read_body(token, now);
+                self.reads_done(token);
+            }
         }
+        self.mark(token);
+    }
+
+    /// Lets a transport that keeps what it read until told ([`Transport::keeps_unread`]) give
+    /// back the buffers the turn's reads of `token` emptied (`read_open` does it itself).
+    fn reads_done(&mut self, token: usize) {
         if let Some(entry) = self.conns.get_mut(token)
-            && !matches!(entry.session.phase, Phase::Open(_))
             && entry.stream.keeps_unread()
         {
-            // The buffers these reads emptied go back (`read_open` gives them back itself).
             let mut io =
                 Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
             entry.stream.unread(&mut io, 0);
         }
-        self.mark(token);
     }
 
     /// Reads and discards what the peer sends after our final response or close frame. At
