@@ -52,7 +52,7 @@ impl<T: Transport> EventLoop<T> {
                 let token = tag.token();
                 let conn = match self.conns.get_mut(token) {
                     Some(entry) if tag.is_of(entry.serial) => {
-                        let wants = entry.session.wants_input() || !entry.upgraded;
+                        let wants = reads(&entry.session);
                         let done = entry.session.reads_no_more();
                         entry.stream.ring_conn().map(|conn| {
                             if done {
@@ -167,7 +167,7 @@ impl<T: Transport> EventLoop<T> {
         let conns = &mut self.conns;
         side.starved.retain(|&(token, serial)| match conns.get_mut(token) {
             Some(entry) if entry.serial == serial => {
-                let wants = entry.session.wants_input() || !entry.upgraded;
+                let wants = reads(&entry.session);
                 entry.stream.ring_conn().is_some_and(|conn| !conn.rearm_starved(wants))
             }
             _ => false,
@@ -195,4 +195,11 @@ impl<T: Transport> EventLoop<T> {
             }
         }
     }
+}
+
+/// Whether `session` reads its input now: an open one while it wants input (not paused, not
+/// held, not past what a closed one reads), one in any other phase (a request, a body, the
+/// discarding after a close) whenever its bytes come.
+fn reads(session: &crate::session::Session) -> bool {
+    !matches!(session.phase, crate::session::Phase::Open(_)) || session.wants_input()
 }
