@@ -151,7 +151,11 @@ async fn an_idle_websocket_costs_less_as_an_http2_stream_than_over_its_own_conne
         h1_stats.tcp_connections(),
         h2 / h1,
     );
-    assert_eq!(h2_stats.most_websockets_on_a_connection(), SOCKETS as u64 + 1, "one connection");
+    // The measured sockets share one HTTP/2 connection. The page's control socket, opened
+    // before them, may not: Chromium opens it over HTTP/1.1 when the HTTP/2 connection's
+    // SETTINGS (extended CONNECT on) have not arrived yet.
+    assert!(h2_stats.most_websockets_on_a_connection() >= SOCKETS as u64, "one connection");
+    assert_eq!(h2_stats.http2_websockets() + h2_stats.http1_websockets(), SOCKETS as u64 + 1);
     assert_eq!(h1_stats.http1_websockets(), SOCKETS as u64 + 1);
     assert!(h2 < h1, "an HTTP/2 stream ({h2:.0} B) costs less than a connection ({h1:.0} B)");
 }
