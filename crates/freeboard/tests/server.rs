@@ -407,23 +407,34 @@ fn an_exhausted_pool_still_answers_503() {
     let reserve = (cfg.connection_reserve / cfg.chunk_size) as f64;
     let server = start(cfg);
     let addr = server.local_addr();
-    let mut hog = non_reader(addr);
-    let frame = freeboard_test::frame(0x82, &[7u8; 1000], freeboard_test::TEST_MASK);
     let total = metric(addr, "freeboard_pool_chunks_capacity{event_loop=\"0\"}");
-    let short = || total - metric(addr, "freeboard_pool_chunks_in_use{event_loop=\"0\"}") < reserve;
-    // Send until the pool cannot cover a connection's reserve. Drop-newest keeps reading, so
-    // these writes never wait for long; once the pool is that short a message split across
-    // reads may be refused with 1013, so a failed write ends the sending (the connection
-    // and its queue stay until the close timeout).
-    for _ in 0..1_000 {
-        if short() || (0..100).any(|_| hog.stream.write_all(&frame).is_err()) {
-            break;
-        }
-    }
+    // Watched in process: a scrape of `/metrics` is a connection of the loop too, and while
+    // it is open the hog's fair share of a contended pool halves (a message it has in pieces
+    // may then be refused with 1013 before the pool runs short).
+    let metrics = server.metrics();
+    let short = || total - (metrics.total_chunks_in_use() as f64) < reserve;
+    // A client that reads nothing, with the usual socket buffers: the kernel takes a few MB of
+    // echoes, the pool the rest. (A receive buffer shrunk to a page, as `non_reader` sets, can
+    // stall loopback TCP for seconds under load: the acknowledgements ride on the echoes it
+    // has no room for, and the writer backs off as if they were lost.)
+    let hog = Client::open(addr);
+    // Written from a second thread until the socket fails: drop-newest keeps reading, but once
+    // the pool is that short a message split across reads may be refused with 1013, and the
+    // server then reads no more (the connection and its queue stay until the close timeout).
+    // The writes run ahead of the server by what the kernel buffers, so the pool may go from
+    // roomy to exhausted in one read: this thread watches while the other writes.
+    let mut writer = hog.stream.try_clone().unwrap();
+    let writing = std::thread::spawn(move || {
+        let frame = freeboard_test::frame(0x82, &[7u8; 1000], freeboard_test::TEST_MASK);
+        let _ = (0..100_000).try_for_each(|_| writer.write_all(&frame));
+    });
     common::wait_until("the pool to run short", short);
     let (refused, status, head) = Client::connect(addr, "/");
     assert_eq!(status, 503, "{head}");
     assert_eq!(server.metrics().refusals_for(503), 1);
+    // The writer, if still writing or blocked, fails once the socket is shut.
+    hog.stream.shutdown(std::net::Shutdown::Both).unwrap();
+    writing.join().unwrap();
     drop((hog, refused));
     common::stop_once_idle(server);
 }
