@@ -356,7 +356,7 @@ pub fn gather_then(
                         }
                         Answer::Refused { status, retry_after } => {
                             *out.refused.entry(status).or_default() += 1;
-                            out.refused_with_retry_after += usize::from(retry_after);
+                            out.refused_with_retry_after += usize::from(retry_after.is_some());
                             drop_slot(&mut streams, &mut phases, token);
                             connecting -= 1;
                             lost += 1;
@@ -416,7 +416,7 @@ pub fn gather_then(
 
 /// The upgrade request every connection sends (one key: the server's work is the same with
 /// fresh ones), or the one byte a raw echo returns.
-fn request_bytes(target: &Target) -> io::Result<Vec<u8>> {
+pub(crate) fn request_bytes(target: &Target) -> io::Result<Vec<u8>> {
     if target.raw {
         return Ok(vec![0]);
     }
@@ -437,7 +437,7 @@ fn request_bytes(target: &Target) -> io::Result<Vec<u8>> {
 
 /// A non-blocking connect from `source` (any port: the kernel picks it at connect time for the
 /// whole 4-tuple, `IP_BIND_ADDRESS_NO_PORT`).
-fn connect(source: Option<Ipv4Addr>, to: SocketAddr) -> io::Result<mio::net::TcpStream> {
+pub(crate) fn connect(source: Option<Ipv4Addr>, to: SocketAddr) -> io::Result<mio::net::TcpStream> {
     use socket2::{Domain, Protocol, Socket, Type};
     use std::os::fd::AsRawFd;
     let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
@@ -468,7 +468,7 @@ fn connect(source: Option<Ipv4Addr>, to: SocketAddr) -> io::Result<mio::net::Tcp
     Ok(mio::net::TcpStream::from_std(socket.into()))
 }
 
-enum Answer {
+pub(crate) enum Answer {
     /// Nothing read yet.
     Wait,
     /// Part of the head read; `matched` bytes of its end seen.
@@ -476,14 +476,15 @@ enum Answer {
     Open,
     Refused {
         status: u16,
-        retry_after: bool,
+        /// The `Retry-After` it carried, in seconds (`Some(0)` if not a number).
+        retry_after: Option<u64>,
     },
     Failed(String),
 }
 
 /// Reads what the server answered: the 101's head up to its blank line (`matched` bytes of
 /// `\r\n\r\n` seen before), or a refusal's status line.
-fn read_answer(
+pub(crate) fn read_answer(
     stream: &mut mio::net::TcpStream,
     buf: &mut [u8],
     matched: u8,
@@ -516,10 +517,11 @@ fn read_answer(
                 Some(101) => {}
                 Some(status) => {
                     let head = String::from_utf8_lossy(got).to_ascii_lowercase();
-                    return Answer::Refused {
-                        status,
-                        retry_after: head.contains("\nretry-after:"),
-                    };
+                    let retry_after = head.split("\nretry-after:").nth(1).map(|rest| {
+                        let value = rest.split('\r').next().unwrap_or("").trim();
+                        value.parse().unwrap_or(0)
+                    });
+                    return Answer::Refused { status, retry_after };
                 }
                 None => return Answer::Failed("not http".into()),
             }
@@ -541,7 +543,7 @@ fn read_answer(
 
 /// Reads a held connection: answers pings, counts messages; `Some(code)` when the server
 /// closed it (`Some(Some(code))` with a close frame, `Some(None)` without).
-fn hold_read(
+pub(crate) fn hold_read(
     stream: &mut mio::net::TcpStream,
     buf: &mut [u8],
     partial: &mut Vec<u8>,
@@ -618,7 +620,7 @@ fn drop_slot(streams: &mut [Option<mio::net::TcpStream>], phases: &mut [Phase], 
 }
 
 /// `EADDRNOTAVAIL` for an error with an `errno`, else its kind.
-fn errno_name(e: &io::Error) -> String {
+pub(crate) fn errno_name(e: &io::Error) -> String {
     let name = match e.raw_os_error() {
         Some(libc::EMFILE) => "EMFILE (open-file limit)",
         Some(libc::ENFILE) => "ENFILE (fs.file-max)",

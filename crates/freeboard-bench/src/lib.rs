@@ -41,6 +41,7 @@ pub mod process;
 pub mod report;
 pub mod slow_consumer;
 pub mod spread;
+pub mod storm;
 pub mod suite;
 pub mod system;
 mod target;

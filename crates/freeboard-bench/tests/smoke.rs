@@ -483,3 +483,76 @@ fn a_crowd_beyond_the_budget_is_refused_503_counted_by_cause_and_the_rest_held()
     server.handle().shutdown();
     server.join().unwrap();
 }
+
+#[test]
+fn a_reconnect_storm_brings_every_client_back_inside_the_budget() {
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    config.memory = 3 << 20;
+    config.read_buffer = 16 << 10;
+    config.limits.max_message_size = 64 << 10;
+    config.limits.send_cap = 128 << 10;
+    config.limits.idle_timeout = None;
+    config.max_connections_per_ip = 100_000;
+    let server = Server::bind(config, || Router::new().route("/", Echo)).unwrap();
+    let admissible = server.capacity().budget;
+    let server = server.spawn();
+    let target = Target::parse(&format!("ws://{}/", server.local_addr())).unwrap();
+    // Room for the handshakes in flight, whose 101s hold pool chunks.
+    let count = admissible - 64;
+    // Others hold part of the budget when the storm starts, and leave a second later: the
+    // first connect meets 503s with Retry-After, and its clients come back after it.
+    let others = {
+        let target = target.clone();
+        std::thread::spawn(move || {
+            let crowd = freeboard_bench::crowd::Crowd {
+                in_flight: 64,
+                hold: Duration::from_secs(1),
+                sources: freeboard_bench::crowd::Crowd::loopback_sources(
+                    std::net::Ipv4Addr::new(127, 0, 11, 1),
+                    1,
+                ),
+                ..freeboard_bench::crowd::Crowd::new(target, 200)
+            };
+            freeboard_bench::crowd::gather(&crowd, &mut |_| {}).unwrap()
+        })
+    };
+    let metrics = server.metrics();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while metrics.connections() < 200 {
+        assert!(std::time::Instant::now() < deadline, "{} connected", metrics.connections());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let storm = freeboard_bench::storm::Storm {
+        rounds: 2,
+        in_flight: 64,
+        sources: freeboard_bench::crowd::Crowd::loopback_sources(
+            std::net::Ipv4Addr::new(127, 0, 10, 1),
+            2,
+        ),
+        initial: Duration::from_millis(1),
+        max: Duration::from_secs(1),
+        hold: Duration::from_millis(100),
+        round_deadline: Duration::from_secs(60),
+        ..freeboard_bench::storm::Storm::new(target, count)
+    };
+    let rounds = freeboard_bench::storm::run(&storm, &mut |_, _, _, _| {}).unwrap();
+    assert_eq!(others.join().unwrap().connected, 200);
+    assert_eq!(rounds.len(), 3);
+    assert!(rounds[0].refused_with_retry_after > 0, "{:?}", rounds[0]);
+    let mut refused = 0;
+    for round in &rounds {
+        assert_eq!(round.back, count, "{round:?}");
+        let failed: u64 = round.failed.values().sum();
+        let round_refused: u64 = round.refused.values().sum();
+        assert_eq!(round.attempts, count as u64 + round_refused + failed, "{round:?}");
+        // A refusal for a passing shortage says when to come back.
+        assert_eq!(round.refused_with_retry_after, round_refused, "{round:?}");
+        assert!(round.refused.keys().all(|&status| status == 503), "{round:?}");
+        refused += round_refused;
+    }
+    assert_eq!(metrics.refusals_for(503), refused);
+    server.handle().shutdown();
+    server.join().unwrap();
+}

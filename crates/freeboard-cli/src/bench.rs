@@ -245,6 +245,58 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 37)]
         seed: u64,
     },
+    /// A reconnect storm: --clients connections to URL (a `freeboard serve` or any ws://
+    /// server), then --rounds times every one of them reset at once and each client back
+    /// after a jittered wait (--initial doubling to --max after each failure, no sooner than
+    /// a 503's Retry-After): time until all are back, attempts, refusals and failures by
+    /// cause, and with --server-pid the server's RSS and the host's socket memory at their
+    /// peak (beside --memory when given).
+    Storm {
+        /// The server: ws://host:port/path.
+        url: String,
+        /// Clients.
+        #[arg(long, default_value_t = 10_000)]
+        clients: usize,
+        /// Cuts (each resets every connection at once).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// A client's first wait after its connection is cut: 250ms, 1s.
+        #[arg(long, default_value = "250ms", value_parser = crate::duration)]
+        initial: Duration,
+        /// The longest wait between two attempts.
+        #[arg(long, default_value = "30s", value_parser = crate::duration)]
+        max: Duration,
+        /// Most clients between connect and 101 at once.
+        #[arg(long, default_value_t = 4096)]
+        in_flight: usize,
+        /// Loopback source addresses (127.0.1.1 on), used in turn; 0 picks as many as the
+        /// ephemeral ports need. A server's per-address limit (`freeboard serve
+        /// --max-connections-per-ip`, 1,000 by default) refuses the rest with 429: give one
+        /// address per that many clients.
+        #[arg(long, default_value_t = 0)]
+        sources: usize,
+        /// The first source address.
+        #[arg(long, default_value = "127.0.1.1", value_name = "IPV4")]
+        sources_from: std::net::Ipv4Addr,
+        /// How long everyone stays connected before each cut.
+        #[arg(long, default_value = "2s", value_parser = crate::duration)]
+        hold: Duration,
+        /// A round that has not brought everyone back by then ends, the rest counted.
+        #[arg(long, default_value = "5m", value_parser = crate::duration)]
+        round_deadline: Duration,
+        /// PID of the server, to sample its RSS through the storm.
+        #[arg(long, value_name = "PID")]
+        server_pid: Option<u32>,
+        /// The server's --memory, to set its peak RSS plus kernel memory beside it: 64M.
+        #[arg(long, value_parser = crate::parse_size)]
+        memory: Option<usize>,
+        /// Seeds the jitter.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Write the rounds as JSON.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
     /// One publisher, N subscribers on a topic: deliveries/s and the latency of the last
     /// subscriber (p50/p99/max), against `freeboard serve` (started with --client-publish,
     /// drop-oldest and a 4 MiB subscriber cap) and, with --peers, a raw TCP fan-out (the limit)
@@ -804,6 +856,60 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             };
             return watermarks(url, &pairs, &plan, serve_args, output, command_line)
                 .map(|()| ExitCode::SUCCESS);
+        }
+        BenchCommand::Storm {
+            url,
+            clients,
+            rounds,
+            initial,
+            max,
+            in_flight,
+            sources,
+            sources_from,
+            hold,
+            round_deadline,
+            server_pid,
+            memory,
+            seed,
+            json,
+        } => {
+            use freeboard_bench::crowd::Crowd;
+            let sources = match sources {
+                0 if clients > 20_000 => Crowd::sources_needed(clients, 1),
+                n => n,
+            };
+            let storm = freeboard_bench::storm::Storm {
+                rounds,
+                in_flight,
+                sources: Crowd::loopback_sources(sources_from, sources),
+                initial,
+                max,
+                hold,
+                round_deadline,
+                server_pid,
+                seed,
+                ..freeboard_bench::storm::Storm::new(Target::parse(&url)?, clients)
+            };
+            let mut progress = |round: usize, back: usize, connecting: usize, refused: u64| {
+                eprintln!(
+                    "round {round}: {back} of {clients} back, {connecting} connecting, \
+                     {refused} refused so far"
+                );
+            };
+            let rows =
+                freeboard_bench::storm::run(&storm, &mut progress).map_err(|e| e.to_string())?;
+            let budget_kib = memory.map(|m| m as u64 / 1024);
+            print!("{}", freeboard_bench::storm::markdown(&storm, &rows, budget_kib));
+            if let Some(path) = json {
+                std::fs::write(&path, freeboard_bench::storm::json(&rows))
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            let missing = rows.iter().any(|r| r.back < clients);
+            return Ok(if missing {
+                ExitCode::from(EXIT_CONNECTIONS_FAILED)
+            } else {
+                ExitCode::SUCCESS
+            });
         }
         BenchCommand::Drops { subscribers, rate, duration, every, outage, seed } => {
             let secs = |what: &str, s: f64| {
