@@ -346,7 +346,8 @@ class Server extends EventEmitter {
 
   /**
    * Starts connection `id`'s close handshake (1000 unless `code` says otherwise); its
-   * 'close' follows. `false` if it is closing or gone. (`close` is the server's own.)
+   * 'close' follows (a second call while it closes changes nothing). `false` once the
+   * connection has gone. (`close` is the server's own shutdown.)
    */
   end(id, code = 1000, reason = '') {
     const ws = this._conns.get(id);
