@@ -10,6 +10,13 @@
 //! `publish`, …) are plain synchronous calls between turns: the session answers at once,
 //! and nothing needs a lock, since everything runs on one thread.
 //!
+//! Connections: JavaScript names one by `(slot, serial)` (a `WebSocket` keeps both) or by its
+//! serial alone, its id (the id mode, where no JavaScript value exists per connection): the
+//! slot argument [`BY_ID`] makes the core look the slot up in the bridge's
+//! [`SlotTable`]. The engine checks the serial of the slot either way, so a stale id or key
+//! reaches nothing. The bridge records only the events JavaScript listens to
+//! ([`NativeServer::listen_to`]), so an idle connection of the id mode costs no crossing.
+//!
 //! Copies: a received payload is copied once, from the loop's read buffer into the turn's
 //! batch (the read buffer is reused by the next read of the same turn), and the batch
 //! becomes one `Buffer` without a copy (an external buffer over the batch's memory, which
