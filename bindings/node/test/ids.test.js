@@ -284,3 +284,16 @@ test('a connection listener beside the handlers gets a WebSocket per connection'
   client.close();
   await stop(server);
 });
+
+test('without handlers, a WebSocket\'s id works with the server\'s id API too', async () => {
+  const server = await listen();
+  const [[ws], client] = await Promise.all([once(server, 'connection'), connect(server)]);
+  assert.equal(server.send(ws.id, 'by id'), 'queued');
+  const [data] = await once(client, 'message');
+  assert.equal(data.toString(), 'by id');
+  assert.equal(server.connection(ws.id), ws);
+  client.close();
+  await once(ws, 'close');
+  assert.equal(server.send(ws.id, 'late'), 'closed');
+  await stop(server);
+});
