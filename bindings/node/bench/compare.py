@@ -2,6 +2,7 @@
 """freeboard for Node beside Node's ws, same machine, same run, measured by `freeboard bench`.
 
     python3 bindings/node/bench/compare.py [--rounds 3] [--duration 5] [--quick] [--json FILE]
+                                           [--only echo,broadcast,idle,slow]
 
 Builds what it needs (the `freeboard` CLI in release, the addon with `npm ci`), then runs
 --rounds rounds; each round starts every server in turn (interleaved, so a change in the
@@ -14,7 +15,9 @@ machine's load falls on all) for:
              connection, and RSS once they have closed against RSS before
   slow       `freeboard bench slow-consumer`: one client writes 1 KiB messages to the echo
              server and never reads: the server's RSS at the end against the start
-Every server is a single Node process; each is killed by its PID after its measurement.
+The servers: freeboard-node with a `WebSocket` per connection (ws's model), freeboard-node
+held by connection ids (handlers in the options, no JavaScript object per connection: the
+`-ids` modes of server.js) and ws. Every server is a single Node process; each is killed by its PID after its measurement.
 Figures are medians with [min-max] over the rounds, and freeboard/ws ratios per round.
 Loopback only (127.0.0.1).
 """
@@ -74,6 +77,8 @@ def start(server, mode):
     at = f"127.0.0.1:{port}"
     if server == "freeboard-node":
         argv = ["node", os.path.join(NODE_DIR, "bench", "server.js"), mode, at]
+    elif server == "freeboard-node-ids":
+        argv = ["node", os.path.join(NODE_DIR, "bench", "server.js"), f"{mode}-ids", at]
     elif server == "ws":
         argv = ["node", os.path.join(ROOT, "peers", "node-ws", "server.js"), at]
     else:
@@ -165,6 +170,8 @@ def main():
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true", help="1 round, 2 s runs, 1,000 idle")
     parser.add_argument("--json", help="write every figure of every round here")
+    parser.add_argument("--only", default="echo,broadcast,idle,slow",
+                        help="the measurements to run, comma-separated (default: all)")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.duration = 1, 2.0
@@ -175,7 +182,8 @@ def main():
     if not os.path.exists(os.path.join(NODE_DIR, "freeboard.node")):
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True)
 
-    servers = ["freeboard-node", "ws"]
+    servers = ["freeboard-node", "freeboard-node-ids", "ws"]
+    only = set(args.only.split(","))
     rounds = []
     for r in range(args.rounds):
         figures = {s: {} for s in servers}
@@ -183,23 +191,27 @@ def main():
                           ("broadcast", lambda s: broadcast(s, subscribers)),
                           ("idle", lambda s: idle(s, idle_count)),
                           ("slow", lambda s: slow(s, 10 if not args.quick else 4))]:
+            if name not in only:
+                continue
             for server in servers:
                 print(f"round {r + 1}/{args.rounds}: {name} on {server}", file=sys.stderr, flush=True)
                 figures[server].update(run(server))
         rounds.append(figures)
 
     keys = list(rounds[0]["freeboard-node"].keys())
+    ours = ["freeboard-node", "freeboard-node-ids"]
     print(f"\n{len(rounds)} rounds, servers interleaved; median [min–max]\n")
-    print("| figure | freeboard-node | ws | freeboard ÷ ws |")
-    print("|---|---|---|---|")
+    print("| figure | " + " | ".join(servers) + " | " + " | ".join(f"{s} ÷ ws" for s in ours) + " |")
+    print("|---" * (len(servers) + len(ours) + 1) + "|")
     for key in keys:
-        ours = [r["freeboard-node"][key] for r in rounds]
-        theirs = [r["ws"].get(key) for r in rounds]
-        if isinstance(ours[0], str):
-            print(f"| {key} | {ours[0]} | {theirs[0]} | |")
+        values = {s: [r[s].get(key) for r in rounds] for s in servers}
+        if isinstance(values["freeboard-node"][0], str):
+            print(f"| {key} | " + " | ".join(str(values[s][0]) for s in servers) + " |" + " |" * len(ours))
             continue
-        ratios = [a / b for a, b in zip(ours, theirs) if isinstance(b, (int, float)) and b]
-        print(f"| {key} | {summary(ours)} | {summary(theirs)} | {summary(ratios)} |")
+        ratios = [[a / b for a, b in zip(values[s], values["ws"])
+                   if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b] for s in ours]
+        print(f"| {key} | " + " | ".join(summary(values[s]) for s in servers) + " | "
+              + " | ".join(summary(r) for r in ratios) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rounds": rounds, "command": sys.argv}, f, indent=1)

@@ -54,9 +54,28 @@ export interface ServerOptions {
   sharePort?: boolean;
   /** Topic settings of `freeboard serve` (`history`, `historySeconds`, …). */
   topics?: Record<string, unknown>;
+  /**
+   * The id mode: handlers given here hold connections by id, with no JavaScript object per
+   * connection (`server.send(id, …)`, `server.connection(id)` for a `WebSocket` on demand).
+   * `this` is the server. A throw or a rejected promise closes the connection with 1011.
+   */
+  open?: (this: Server, id: ConnectionId, request: UpgradeRequest) => void | Promise<void>;
+  /** `data` is a view of the turn's batch, valid after the call too. */
+  message?: (this: Server, id: ConnectionId, data: Buffer, isBinary: boolean) => void | Promise<void>;
+  /** The queue of `id` is back at its low watermark. */
+  drain?: (this: Server, id: ConnectionId) => void | Promise<void>;
+  /** 1006 when the transport ended first. The id is stale from now on. */
+  close?: (this: Server, id: ConnectionId, code: number, reason: Buffer) => void | Promise<void>;
   /** Any other setting of `freeboard serve`'s configuration file, in camelCase. */
   [setting: string]: unknown;
 }
+
+/**
+ * A connection's id: its serial number on the server's loop, never reused. Once the
+ * connection has gone, every call with its id answers 'closed', `false`, 0 or throws
+ * `ERR_FREEBOARD_CLOSED`, even after its slot holds another connection.
+ */
+export type ConnectionId = number;
 
 /** The upgrade request, as far as a WebSocket server sees it. */
 export interface UpgradeRequest {
@@ -88,6 +107,8 @@ export declare class WebSocket extends EventEmitter {
   readonly readyState: 0 | 1 | 2 | 3;
   readonly remoteAddress: string;
   readonly remotePort: number;
+  /** The connection's id, for the server's id API. */
+  readonly id: ConnectionId;
   /** Unsent bytes in the connection's queue. */
   readonly bufferedAmount: number;
   send(data: string | Buffer | ArrayBuffer | ArrayBufferView, options?: { binary?: boolean },
@@ -125,13 +146,30 @@ export declare class Server extends EventEmitter {
     options?: { binary?: boolean }): Reach;
   /** The engine's metrics, as OpenMetrics text. */
   metrics(): string;
+
+  /** Sends to connection `id`: what the session decided ('closed' once it has gone). */
+  send(id: ConnectionId, data: string | Buffer | ArrayBuffer | ArrayBufferView,
+    options?: { binary?: boolean }): SendOutcome;
+  /** Starts the close handshake of `id` (1000 by default); `false` once it has gone. */
+  end(id: ConnectionId, code?: number, reason?: string): boolean;
+  /** As `ws.subscribe`; throws `ERR_FREEBOARD_CLOSED` once `id` has gone. */
+  subscribe(id: ConnectionId, topic: string, options?: { since?: string }): boolean;
+  unsubscribe(id: ConnectionId, topic: string): boolean;
+  /** Unsent bytes of `id` (0 once it has gone). */
+  bufferedAmount(id: ConnectionId): number;
+  /** Stops reading `id` until `resume(id)`; `false` once it has gone. */
+  pause(id: ConnectionId): boolean;
+  resume(id: ConnectionId): boolean;
+  /** The `WebSocket` of `id`, made at the first call and kept until it closes. */
+  connection(id: ConnectionId): WebSocket;
   /** Close 1001 to every connection, drain, then 'close'. */
   close(callback?: (error?: Error) => void): void;
 
   on(event: 'listening', listener: () => void): this;
   on(event: 'connection', listener: (ws: WebSocket, request: UpgradeRequest) => void | Promise<void>): this;
   on(event: 'upgrade', listener: (request: UpgradeRequest, decide: Decide) => void | Promise<void>): this;
-  on(event: 'handlerError', listener: (error: unknown, ws: WebSocket | null) => void): this;
+  /** `at`: the connection's `WebSocket`, or its id when an id-mode handler failed. */
+  on(event: 'handlerError', listener: (error: unknown, at: WebSocket | ConnectionId | null) => void): this;
   on(event: 'close', listener: () => void): this;
   on(event: string | symbol, listener: (...args: any[]) => void): this;
 }

@@ -1,6 +1,10 @@
 // freeboard for Node.js: a ws-like server on the freeboard engine. The engine's event loop
 // runs on this thread, turned by libuv (see src/lib.rs); each turn's events arrive here in
 // one batch, and every call back into the engine is synchronous and exact.
+//
+// Two ways to hold a connection: a `WebSocket` object each (ws's model), or its id alone
+// (uWebSockets.js's model: handlers given to the server, `server.send(id, …)`), where no
+// JavaScript value exists per connection until `server.connection(id)` asks for one.
 'use strict';
 
 const { EventEmitter } = require('node:events');
@@ -16,7 +20,22 @@ const MESSAGE = 1;
 const DRAIN = 2;
 const CLOSE = 3;
 const UPGRADE = 4;
+const OPEN_ID = 5;
 const STOPPED = -1;
+
+// What the engine records for JavaScript (src/bridge.rs `interest`).
+const WANT_OPEN = 1;
+const WANT_HEAD = 2;
+const WANT_MESSAGE = 4;
+const WANT_DRAIN = 8;
+const WANT_CLOSE = 16;
+
+/** The slot argument that makes the engine find a connection by its id (src/lib.rs). */
+const BY_ID = 0xffffffff;
+
+/** The connection handlers of the id mode, given with the options. */
+const HANDLERS = ['open', 'message', 'drain', 'close'];
+const NO_HANDLERS = { open: null, message: null, drain: null, close: null };
 
 const CONNECTING = 0;
 const OPEN_STATE = 1;
@@ -33,7 +52,7 @@ const ALIASES = {
   slowConsumer: 'slow_consumer',
 };
 /** Options the JavaScript side reads itself. */
-const OWN = new Set(['port', 'host', 'path', 'protocols', 'handleProtocols']);
+const OWN = new Set(['port', 'host', 'path', 'protocols', 'handleProtocols', ...HANDLERS]);
 
 function snake(key) {
   return key.replace(/[A-Z]/g, (c) => '_' + c.toLowerCase());
@@ -63,6 +82,44 @@ function closedError(what) {
   const error = new Error(`freeboard: ${what} is closed`);
   error.code = 'ERR_FREEBOARD_CLOSED';
   return error;
+}
+
+/** Sends `data` to `(slot, serial)` (`slot` BY_ID: by id); the outcome's number. */
+function sendTo(native, slot, serial, data, options) {
+  if (typeof data === 'string') {
+    return options && options.binary
+      ? native.send(slot, serial, Buffer.from(data), true)
+      : native.sendText(slot, serial, data);
+  }
+  const bytes = ArrayBuffer.isView(data)
+    ? (data instanceof Uint8Array ? data : new Uint8Array(data.buffer, data.byteOffset, data.byteLength))
+    : new Uint8Array(data);
+  return native.send(slot, serial, bytes, !options || options.binary !== false);
+}
+
+/**
+ * Subscribes `(slot, serial)` to `topic`, with the history's catch-up when `options.since`
+ * is given; `close(code, reason)` closes the connection when the history cannot catch it up.
+ */
+function subscribeTo(server, slot, serial, topic, options, close) {
+  topic = String(topic);
+  const answer = server._native.subscribe(slot, serial, topic);
+  if (answer === -1) throw closedError('WebSocket');
+  if (answer === -2) {
+    const error = new Error('freeboard: the memory budget for topic subscriptions is spent');
+    error.code = 'ERR_FREEBOARD_NO_MEMORY';
+    throw error;
+  }
+  if (options && options.since !== undefined) {
+    // What it missed after `since`, in order, before the live stream; if the history no
+    // longer holds all of it, 4410 and the client starts afresh (as freeboard serve).
+    if (!server._native.recover(slot, serial, topic, String(options.since))) {
+      close(4410, 'history gone');
+      return false;
+    }
+    server._scheduleFlush();
+  }
+  return answer === 1;
 }
 
 /**
@@ -127,20 +184,9 @@ class WebSocket extends EventEmitter {
       options = undefined;
     }
     const server = this._server;
-    let outcome;
-    if (this.readyState !== OPEN_STATE) {
-      outcome = 4;
-    } else if (typeof data === 'string') {
-      outcome = options && options.binary
-        ? server._native.send(this._slot, this._serial, Buffer.from(data), true)
-        : server._native.sendText(this._slot, this._serial, data);
-    } else {
-      const bytes = ArrayBuffer.isView(data)
-        ? (data instanceof Uint8Array ? data : new Uint8Array(data.buffer, data.byteOffset, data.byteLength))
-        : new Uint8Array(data);
-      const binary = !options || options.binary !== false;
-      outcome = server._native.send(this._slot, this._serial, bytes, binary);
-    }
+    const outcome = this.readyState === OPEN_STATE
+      ? sendTo(server._native, this._slot, this._serial, data, options)
+      : 4;
     server._scheduleFlush();
     const name = OUTCOMES[outcome];
     if (callback) {
@@ -174,6 +220,11 @@ class WebSocket extends EventEmitter {
     this._server._native.holdInput(this._slot, this._serial, false);
   }
 
+  /** The connection's id: the number the server's id API (`server.send(id, …)`) takes. */
+  get id() {
+    return this._serial;
+  }
+
   /** Unsent bytes in the connection's queue (0 once closed). */
   get bufferedAmount() {
     if (this.readyState === CLOSED) return 0;
@@ -189,24 +240,8 @@ class WebSocket extends EventEmitter {
    * spent (close with 1013 then), or once closed.
    */
   subscribe(topic, options) {
-    topic = String(topic);
-    const answer = this._server._native.subscribe(this._slot, this._serial, topic);
-    if (answer === -1) throw closedError('WebSocket');
-    if (answer === -2) {
-      const error = new Error('freeboard: the memory budget for topic subscriptions is spent');
-      error.code = 'ERR_FREEBOARD_NO_MEMORY';
-      throw error;
-    }
-    if (options && options.since !== undefined) {
-      // What it missed after `since`, in order, before the live stream; if the history no
-      // longer holds all of it, 4410 and the client starts afresh (as freeboard serve).
-      if (!this._server._native.recover(this._slot, this._serial, topic, String(options.since))) {
-        this.close(4410, 'history gone');
-        return false;
-      }
-      this._server._scheduleFlush();
-    }
-    return answer === 1;
+    return subscribeTo(this._server, this._slot, this._serial, topic, options,
+      (code, reason) => this.close(code, reason));
   }
 
   /** Unsubscribes from `topic`; whether it was subscribed. */
@@ -227,7 +262,11 @@ WebSocket.CLOSED = CLOSED;
  * A WebSocket server on the freeboard engine, shaped like ws's `WebSocketServer`.
  *
  * Events: 'listening', 'connection' (ws, request), 'upgrade' (request, decide) when you
- * decide upgrades yourself, 'handlerError' (error, ws), 'close'.
+ * decide upgrades yourself, 'handlerError' (error, ws or id), 'close'.
+ *
+ * With connection handlers in the options (`open`, `message`, `drain`, `close`, each taking
+ * the connection's id first), connections are held by id: no `WebSocket` is made unless a
+ * 'connection' listener or `connection(id)` asks for one.
  */
 class Server extends EventEmitter {
   constructor(options = {}, callback) {
@@ -243,8 +282,22 @@ class Server extends EventEmitter {
       this._protocols,
       (numbers, payload, strings) => this._onEvents(numbers, payload, strings),
     );
-    /** Open connections, by serial. */
+    /** The id mode's handlers, or null (a `WebSocket` per connection). */
+    this._handlers = null;
+    if (HANDLERS.some((name) => options[name] !== undefined)) {
+      this._handlers = {};
+      for (const name of HANDLERS) {
+        const handler = options[name];
+        if (handler !== undefined && typeof handler !== 'function') {
+          throw new TypeError(`freeboard: the '${name}' handler must be a function`);
+        }
+        this._handlers[name] = handler || null;
+      }
+    }
+    /** Connections that have a `WebSocket`, by id (every open one without handlers). */
     this._conns = new Map();
+    /** A `WebSocket` was made in the id mode: its events must reach JavaScript. */
+    this._watching = false;
     /** Handler errors (throws and rejections): each closed its connection with 1011. */
     this.handlerErrors = 0;
     this._flushQueued = false;
@@ -257,17 +310,20 @@ class Server extends EventEmitter {
     };
     this.on('newListener', (event) => {
       if (event === 'upgrade') this._native.decideUpgrades(true);
+      if (event === 'connection') this._listenTo(1);
     });
     this.on('removeListener', (event) => {
       if (event === 'upgrade' && this.listenerCount('upgrade') === 0) {
         this._native.decideUpgrades(false);
       }
+      if (event === 'connection') this._listenTo(0);
     });
+    this._listenTo(0);
     if (callback) this.once('listening', callback);
     process.nextTick(() => this.emit('listening'));
   }
 
-  /** The open connections (a new Set each time: ws's `clients`, without a second table). */
+  /** The connections that have a `WebSocket` (a new Set each time: ws's `clients`). */
   get clients() {
     return new Set(this._conns.values());
   }
@@ -276,6 +332,79 @@ class Server extends EventEmitter {
   address() {
     const address = this._native.address;
     return { address, family: address.includes(':') ? 'IPv6' : 'IPv4', port: this._native.port };
+  }
+
+  /**
+   * Sends `data` to connection `id` (a string as text, bytes as binary unless
+   * `{ binary: false }`); the outcome, as `ws.send`'s: 'closed' once the connection has gone.
+   */
+  send(id, data, options) {
+    const outcome = sendTo(this._native, BY_ID, id, data, options);
+    this._scheduleFlush();
+    return OUTCOMES[outcome];
+  }
+
+  /**
+   * Starts connection `id`'s close handshake (1000 unless `code` says otherwise); its
+   * 'close' follows (a second call while it closes changes nothing). `false` once the
+   * connection has gone. (`close` is the server's own shutdown.)
+   */
+  end(id, code = 1000, reason = '') {
+    const ws = this._conns.get(id);
+    if (ws !== undefined) {
+      if (ws.readyState !== OPEN_STATE) return false;
+      ws.close(code, reason);
+      return true;
+    }
+    const closing = this._native.close(BY_ID, id, code, String(reason));
+    this._scheduleFlush();
+    return closing;
+  }
+
+  /** `ws.subscribe` for connection `id`; throws `ERR_FREEBOARD_CLOSED` once it has gone. */
+  subscribe(id, topic, options) {
+    return subscribeTo(this, BY_ID, id, topic, options, (code, reason) => this.end(id, code, reason));
+  }
+
+  /** Unsubscribes connection `id` from `topic`; whether it was subscribed. */
+  unsubscribe(id, topic) {
+    return this._native.unsubscribe(BY_ID, id, String(topic));
+  }
+
+  /** Unsent bytes in connection `id`'s queue (0 once it has gone, as ws's). */
+  bufferedAmount(id) {
+    return Math.max(0, this._native.bufferedAmount(BY_ID, id));
+  }
+
+  /** Stops reading connection `id` until `resume(id)`; `false` if it has gone. */
+  pause(id) {
+    return this._native.holdInput(BY_ID, id, true);
+  }
+
+  /** Reads connection `id` again after `pause(id)`; `false` if it has gone. */
+  resume(id) {
+    return this._native.holdInput(BY_ID, id, false);
+  }
+
+  /**
+   * The `WebSocket` of connection `id`, made now if it has none (kept until it closes; its
+   * events then reach it as well as the server's handlers). Throws `ERR_FREEBOARD_CLOSED`
+   * once the connection has gone.
+   */
+  connection(id) {
+    let ws = this._conns.get(id);
+    if (ws !== undefined) return ws;
+    const peer = this._state === 'closed' ? null : this._native.peer(BY_ID, id);
+    if (peer == null) throw closedError(`connection ${id}`);
+    ws = new WebSocket(this, peer.slot, id);
+    ws.remoteAddress = peer.address;
+    ws.remotePort = peer.port;
+    this._conns.set(id, ws);
+    if (!this._watching) {
+      this._watching = true;
+      this._listenTo(0);
+    }
+    return ws;
   }
 
   /**
@@ -322,6 +451,27 @@ class Server extends EventEmitter {
     this._native.shutdown();
   }
 
+  /**
+   * Tells the engine which events to record: all of them for a `WebSocket` per connection;
+   * in the id mode, only those a handler or a `WebSocket` listens to, and the request head
+   * only for 'connection' listeners or an `open(id, request)` that declares it. `adding`:
+   * a 'connection' listener is being added (it is not counted yet).
+   */
+  _listenTo(adding) {
+    const handlers = this._handlers;
+    if (handlers === null || this._state === 'closed') return;
+    const objects = this.listenerCount('connection') + adding > 0;
+    const watched = objects || this._watching;
+    if (objects) this._watching = true;
+    let mask = 0;
+    if (handlers.open !== null || objects) mask |= WANT_OPEN;
+    if (objects || (handlers.open !== null && handlers.open.length > 1)) mask |= WANT_HEAD;
+    if (handlers.message !== null || watched) mask |= WANT_MESSAGE;
+    if (handlers.drain !== null || watched) mask |= WANT_DRAIN;
+    if (handlers.close !== null || watched) mask |= WANT_CLOSE;
+    this._native.listenTo(mask);
+  }
+
   _scheduleFlush() {
     if (!this._flushQueued && !this._dispatching) {
       this._flushQueued = true;
@@ -329,12 +479,26 @@ class Server extends EventEmitter {
     }
   }
 
-  _handlerFailed(ws, error) {
+  /** Calls an id-mode handler; a throw or a rejection closes connection `id` with 1011. */
+  _call(handler, id, a, b, c) {
+    try {
+      const result = handler.call(this, id, a, b, c);
+      if (result && typeof result.then === 'function') {
+        result.then(undefined, (error) => this._handlerFailed(id, error));
+      }
+    } catch (error) {
+      this._handlerFailed(id, error);
+    }
+  }
+
+  /** A handler of connection `target` (a `WebSocket`, an id, or null) failed. */
+  _handlerFailed(target, error) {
     this.handlerErrors += 1;
-    if (ws && ws.readyState === OPEN_STATE) ws.close(1011, 'handler error');
+    if (typeof target === 'number') this.end(target, 1011, 'handler error');
+    else if (target && target.readyState === OPEN_STATE) target.close(1011, 'handler error');
     if (this.listenerCount('handlerError') > 0) {
       try {
-        this.emit('handlerError', error, ws);
+        this.emit('handlerError', error, target);
         return;
       } catch (again) {
         error = again;
@@ -349,33 +513,46 @@ class Server extends EventEmitter {
 
   _onEvents(numbers, payload, strings) {
     this._dispatching = true;
+    const handlers = this._handlers || NO_HANDLERS;
     let s = 0;
     const n = numbers.length;
     try {
       for (let i = 0; i < n;) {
         switch (numbers[i]) {
           case MESSAGE: {
-            const ws = this._conns.get(numbers[i + 1]);
+            const id = numbers[i + 1];
             const binary = numbers[i + 2] === 1;
             const offset = numbers[i + 3];
-            const length = numbers[i + 4];
+            const data = payload.subarray(offset, offset + numbers[i + 4]);
             i += 5;
+            if (handlers.message !== null) this._call(handlers.message, id, data, binary);
+            const ws = this._conns.get(id);
             if (ws === undefined) break;
             try {
-              ws.emit('message', payload.subarray(offset, offset + length), binary);
+              ws.emit('message', data, binary);
             } catch (error) {
               this._handlerFailed(ws, error);
             }
             break;
           }
+          case OPEN_ID: {
+            const id = numbers[i + 1];
+            i += 2;
+            if (handlers.open !== null) this._call(handlers.open, id);
+            break;
+          }
           case OPEN: {
-            const ws = new WebSocket(this, numbers[i + 1], numbers[i + 2]);
+            const slot = numbers[i + 1];
+            const id = numbers[i + 2];
             const [request, next] = this._request(numbers, i + 3, strings, s);
             i += 4;
             s = next;
+            if (handlers.open !== null) this._call(handlers.open, id, request);
+            if (this._handlers !== null && this.listenerCount('connection') === 0) break;
+            const ws = new WebSocket(this, slot, id);
             ws.remoteAddress = request.socket.remoteAddress;
             ws.remotePort = request.socket.remotePort;
-            this._conns.set(ws._serial, ws);
+            this._conns.set(id, ws);
             try {
               this.emit('connection', ws, request);
             } catch (error) {
@@ -384,8 +561,10 @@ class Server extends EventEmitter {
             break;
           }
           case DRAIN: {
-            const ws = this._conns.get(numbers[i + 1]);
+            const id = numbers[i + 1];
             i += 2;
+            if (handlers.drain !== null) this._call(handlers.drain, id);
+            const ws = this._conns.get(id);
             if (ws === undefined) break;
             try {
               ws.emit('drain');
@@ -395,13 +574,15 @@ class Server extends EventEmitter {
             break;
           }
           case CLOSE: {
-            const ws = this._conns.get(numbers[i + 1]);
+            const id = numbers[i + 1];
             const code = numbers[i + 2];
             const reason = strings[s];
             i += 3;
             s += 1;
+            if (handlers.close !== null) this._call(handlers.close, id, code, Buffer.from(reason));
+            const ws = this._conns.get(id);
             if (ws === undefined) break;
-            this._conns.delete(ws._serial);
+            this._conns.delete(id);
             ws.readyState = CLOSED;
             try {
               ws.emit('close', code, Buffer.from(reason));

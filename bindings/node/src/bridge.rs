@@ -6,21 +6,41 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use freeboard::Request;
-use freeboard::{Accepted, CloseCode, Conn, ConnId, Decision, Handler, Message, MessageKind};
+use freeboard::{
+    Accepted, CloseCode, Conn, ConnId, ConnKey, Decision, Handler, Message, MessageKind,
+};
+use rustc_hash::FxHashMap;
 use slab::Slab;
 
-/// Event codes, the first number of each event in [`Batch::numbers`] (`lib/events.js` reads
+/// Event codes, the first number of each event in [`Batch::numbers`] (`lib/index.js` reads
 /// the same layout).
 pub(crate) const OPEN: f64 = 0.0;
 pub(crate) const MESSAGE: f64 = 1.0;
 pub(crate) const DRAIN: f64 = 2.0;
 pub(crate) const CLOSE: f64 = 3.0;
 pub(crate) const UPGRADE: f64 = 4.0;
+/// An open without its request (`OPEN_ID serial`): nobody asked for the head.
+pub(crate) const OPEN_ID: f64 = 5.0;
+
+/// Which events JavaScript wants recorded (bits of [`Bridge::interest`]); a connection
+/// nobody listens to costs no JavaScript work at all.
+pub(crate) mod interest {
+    /// Opens (`OPEN_ID`, or `OPEN` with the head when [`HEAD`] is set too).
+    pub(crate) const OPEN: u32 = 1;
+    /// The upgrade request's head with each open.
+    pub(crate) const HEAD: u32 = 2;
+    pub(crate) const MESSAGE: u32 = 4;
+    pub(crate) const DRAIN: u32 = 8;
+    pub(crate) const CLOSE: u32 = 16;
+    /// Everything: the ws-like mode, with a `WebSocket` per connection.
+    pub(crate) const ALL: u32 = OPEN | HEAD | MESSAGE | DRAIN | CLOSE;
+}
 
 /// What happened during a turn, in order, as JavaScript reads it: numbers (event code, then
 /// its fields), the payloads of the turn's messages back to back, and the few strings
 /// (request heads, close reasons).
 ///
+/// - `OPEN_ID serial`
 /// - `OPEN slot serial port` + strings `url address headers`, the headers one string of
 ///   names (lower case) and values, each followed by `\n` (JavaScript parses it only if the
 ///   application reads `request.headers`: an idle connection keeps one string, not an object)
@@ -70,6 +90,39 @@ impl RequestHead {
             address: peer.ip().to_string(),
             port: peer.port(),
             headers,
+        }
+    }
+}
+
+/// The slot of every open connection, by serial: JavaScript names a connection by its serial
+/// alone (its id, never reused on the loop), and the engine reaches it by `(slot, serial)`.
+/// One entry per open connection (16 bytes and a control byte, at most twice over while the
+/// table is sparse); no JavaScript value is kept per connection.
+#[derive(Default)]
+pub(crate) struct SlotTable {
+    /// Serials are numbers the loop hands out, not input a peer chooses: FxHash (one
+    /// multiplication) needs no protection against collisions chosen by an attacker.
+    slots: FxHashMap<u64, u32>,
+}
+
+impl SlotTable {
+    /// The key of open connection `serial`, if it is open.
+    pub(crate) fn key(&self, serial: u64) -> Option<ConnKey> {
+        self.slots.get(&serial).map(|&slot| ConnKey { slot: slot as usize, serial })
+    }
+
+    fn insert(&mut self, key: ConnKey) {
+        // NOTE: a loop's slots are bounded by its connections, far below u32::MAX.
+        self.slots.insert(key.serial, key.slot as u32);
+    }
+
+    fn remove(&mut self, serial: u64) {
+        self.slots.remove(&serial);
+        // Give the memory of a storm back once it has gone (amortised: a table only shrinks
+        // to twice its length after falling under a quarter of its capacity).
+        let capacity = self.slots.capacity();
+        if capacity > 64 && self.slots.len() < capacity / 4 {
+            self.slots.shrink_to(self.slots.len() * 2);
         }
     }
 }
@@ -124,12 +177,22 @@ pub(crate) struct Bridge {
     pub(crate) handshake_timeout: Duration,
     /// The head of the request accepted in `decide_upgrade`, for `on_open` right after it.
     pub(crate) accepted: Option<RequestHead>,
+    /// The events JavaScript listens to ([`interest`] bits).
+    pub(crate) interest: Rc<Cell<u32>>,
+    /// Every open connection's slot, by serial.
+    pub(crate) slots: Rc<RefCell<SlotTable>>,
+}
+
+impl Bridge {
+    fn wants(&self, bits: u32) -> bool {
+        self.interest.get() & bits == bits
+    }
 }
 
 impl Handler for Bridge {
     fn decide_upgrade(&mut self, request: &Request<'_, '_>, decision: Decision) {
-        let head = RequestHead::new(request, decision.peer());
         if self.decide_in_js.get() {
+            let head = RequestHead::new(request, decision.peer());
             let deadline = Instant::now() + self.handshake_timeout;
             let id = self.decisions.borrow_mut().waiting.insert((decision, deadline));
             let mut batch = self.batch.borrow_mut();
@@ -145,8 +208,11 @@ impl Handler for Bridge {
             // ws's default: a client that offers only protocols we do not speak is refused.
             None => return decision.reject(400),
         };
-        // Accepted now: the loop opens the connection as soon as this returns.
-        self.accepted = Some(head);
+        // Accepted now: the loop opens the connection as soon as this returns. The head is
+        // copied out only if JavaScript will read it.
+        if self.wants(interest::OPEN | interest::HEAD) {
+            self.accepted = Some(RequestHead::new(request, decision.peer()));
+        }
         decision.accept(accepted);
     }
 
@@ -156,7 +222,15 @@ impl Handler for Bridge {
             None => self.accepted.take(),
         };
         let key = conn.key();
+        self.slots.borrow_mut().insert(key);
+        if !self.wants(interest::OPEN) {
+            return;
+        }
         let mut batch = self.batch.borrow_mut();
+        if !self.wants(interest::HEAD) {
+            batch.numbers.extend([OPEN_ID, key.serial as f64]);
+            return;
+        }
         batch.numbers.extend([OPEN, key.slot as f64, key.serial as f64]);
         match head {
             Some(head) => batch.head(head),
@@ -169,6 +243,9 @@ impl Handler for Bridge {
     }
 
     fn on_message(&mut self, conn: &mut Conn<'_>, message: Message<'_>) {
+        if !self.wants(interest::MESSAGE) {
+            return;
+        }
         let mut batch = self.batch.borrow_mut();
         let offset = batch.payload.len();
         batch.payload.extend_from_slice(message.data);
@@ -183,10 +260,17 @@ impl Handler for Bridge {
     }
 
     fn on_writable(&mut self, conn: &mut Conn<'_>) {
+        if !self.wants(interest::DRAIN) {
+            return;
+        }
         self.batch.borrow_mut().numbers.extend([DRAIN, conn.id().serial as f64]);
     }
 
     fn on_close(&mut self, id: ConnId, code: CloseCode, reason: &str) {
+        self.slots.borrow_mut().remove(id.serial);
+        if !self.wants(interest::CLOSE) {
+            return;
+        }
         let mut batch = self.batch.borrow_mut();
         batch.numbers.extend([CLOSE, id.serial as f64, f64::from(code.0)]);
         batch.strings.push(reason.to_owned());

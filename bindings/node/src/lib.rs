@@ -10,6 +10,13 @@
 //! `publish`, …) are plain synchronous calls between turns: the session answers at once,
 //! and nothing needs a lock, since everything runs on one thread.
 //!
+//! Connections: JavaScript names one by `(slot, serial)` (a `WebSocket` keeps both) or by its
+//! serial alone, its id (the id mode, where no JavaScript value exists per connection): the
+//! slot argument [`BY_ID`] makes the core look the slot up in the bridge's
+//! [`SlotTable`]. The engine checks the serial of the slot either way, so a stale id or key
+//! reaches nothing. The bridge records only the events JavaScript listens to
+//! ([`NativeServer::listen_to`]), so an idle connection of the id mode costs no crossing.
+//!
 //! Copies: a received payload is copied once, from the loop's read buffer into the turn's
 //! batch (the read buffer is reused by the next read of the same turn), and the batch
 //! becomes one `Buffer` without a copy (an external buffer over the batch's memory, which
@@ -34,7 +41,7 @@ use napi::bindgen_prelude::*;
 use napi::sys;
 use napi_derive::napi;
 
-use bridge::{Batch, Bridge, Decisions};
+use bridge::{Batch, Bridge, Decisions, SlotTable, interest};
 use uv::Handle;
 
 /// What `send` answers, as a number JavaScript maps to its name (`lib/index.js`).
@@ -43,6 +50,10 @@ const ABOVE_HIGH: u32 = 1;
 const DROPPED: u32 = 2;
 const WOULD_BLOCK: u32 = 3;
 const CLOSED: u32 = 4;
+
+/// The slot argument that says "look the slot up by the serial": a connection JavaScript
+/// names by its id alone (`server.send(id, …)`).
+const BY_ID: u32 = u32::MAX;
 
 /// A freeboard server on the JavaScript thread (the native half of `Server` in
 /// `lib/index.js`).
@@ -59,6 +70,8 @@ struct Core {
     batch: Rc<RefCell<Batch>>,
     decisions: Rc<RefCell<Decisions>>,
     decide_in_js: Rc<Cell<bool>>,
+    interest: Rc<Cell<u32>>,
+    slots: Rc<RefCell<SlotTable>>,
     protocols: &'static [&'static str],
     /// The JavaScript function that takes a batch: `(numbers, payload, strings)`.
     on_events: Cell<sys::napi_ref>,
@@ -92,6 +105,8 @@ impl NativeServer {
         let batch = Rc::new(RefCell::new(Batch::default()));
         let decisions = Rc::new(RefCell::new(Decisions::default()));
         let decide_in_js = Rc::new(Cell::new(false));
+        let interest = Rc::new(Cell::new(interest::ALL));
+        let slots = Rc::new(RefCell::new(SlotTable::default()));
         let bridge = Bridge {
             batch: batch.clone(),
             decisions: decisions.clone(),
@@ -99,6 +114,8 @@ impl NativeServer {
             protocols,
             handshake_timeout: config.limits.handshake_timeout,
             accepted: None,
+            interest: interest.clone(),
+            slots: slots.clone(),
         };
         let router = match path.as_str() {
             "" => Router::new().route_with("/", bridge, RouteOptions::new().prefix()),
@@ -125,6 +142,8 @@ impl NativeServer {
             batch,
             decisions,
             decide_in_js,
+            interest,
+            slots,
             protocols,
             on_events: Cell::new(on_events_ref),
             async_context: Cell::new(async_context),
@@ -168,6 +187,22 @@ impl NativeServer {
         self.core.decide_in_js.set(yes);
     }
 
+    /// Records only the events of `mask` (bits: 1 opens, 2 their request heads, 4 messages,
+    /// 8 drains, 16 closes); the rest cost JavaScript nothing. Every event by default.
+    #[napi]
+    pub fn listen_to(&self, mask: u32) {
+        self.core.interest.set(mask & interest::ALL);
+    }
+
+    /// The slot and peer of the open connection `(slot, serial)` (the slot `BY_ID`: looked
+    /// up by the serial), or `None` once it has closed.
+    #[napi]
+    pub fn peer(&self, slot: u32, serial: f64) -> Option<Peer> {
+        let key = self.core.key(slot, serial)?;
+        let peer = self.core.server.borrow_mut().as_mut()?.with_conn(key, |conn| conn.peer())?;
+        Some(Peer { slot: key.slot as u32, address: peer.ip().to_string(), port: peer.port() })
+    }
+
     /// Completes upgrade decision `id`: status 101 accepts (with subprotocol number
     /// `protocol` of the server's list, or none when negative), else refuses with `status`.
     #[napi]
@@ -205,7 +240,7 @@ impl NativeServer {
     /// `false` if it has closed.
     #[napi]
     pub fn hold_input(&self, slot: u32, serial: f64, held: bool) -> bool {
-        let key = ConnKey { slot: slot as usize, serial: serial as u64 };
+        let Some(key) = self.core.key(slot, serial) else { return false };
         let held = match self.core.server.borrow_mut().as_mut() {
             Some(server) => server.hold_input(key, held),
             None => false,
@@ -293,6 +328,17 @@ impl NativeServer {
     }
 }
 
+/// Where an open connection is (`server.connection(id)` makes its `WebSocket` from it).
+#[napi(object)]
+pub struct Peer {
+    /// Its slot on the loop.
+    pub slot: u32,
+    /// The client's address.
+    pub address: String,
+    /// The client's port.
+    pub port: u16,
+}
+
 impl Core {
     fn send(&self, slot: u32, serial: f64, kind: MessageKind, data: &[u8]) -> u32 {
         match self.with_conn(slot, serial, |conn| conn.send(kind, data)) {
@@ -305,13 +351,24 @@ impl Core {
         }
     }
 
+    /// The key of `(slot, serial)`; with the slot [`BY_ID`], the open connection whose
+    /// serial is `serial`. A stale id finds nothing (its serial is gone from the table), and
+    /// a stale key finds nothing either (the engine checks the serial of the slot).
+    fn key(&self, slot: u32, serial: f64) -> Option<ConnKey> {
+        if slot == BY_ID {
+            self.slots.borrow().key(serial as u64)
+        } else {
+            Some(ConnKey { slot: slot as usize, serial: serial as u64 })
+        }
+    }
+
     fn with_conn<R>(
         &self,
         slot: u32,
         serial: f64,
         f: impl FnOnce(&mut freeboard::Conn<'_>) -> R,
     ) -> Option<R> {
-        let key = ConnKey { slot: slot as usize, serial: serial as u64 };
+        let key = self.key(slot, serial)?;
         self.server.borrow_mut().as_mut()?.with_conn(key, f)
     }
 
