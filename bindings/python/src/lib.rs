@@ -8,7 +8,13 @@
 //! the only copy. Python's calls back (`send`, `close`, `publish`, …) are synchronous calls
 //! between turns: the session answers at once, and nothing needs a lock.
 //!
+//! A server made with a listener (`freeboard.serve_listener`) skips the tuples: the turn's
+//! happenings call the listener's callbacks straight from Rust once the turn has returned
+//! (see [`listener`]).
+//!
 //! The client side, [`NativeClient`], is a `ClientLoop` driven the same way.
+
+mod listener;
 
 use std::cell::{Cell, RefCell};
 use std::os::fd::AsRawFd;
@@ -23,7 +29,10 @@ use freeboard::{
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
 use slab::Slab;
+
+use crate::listener::{Happened, Happenings, Listener};
 
 /// Event codes, the first item of each event tuple (`freeboard/_events.py` names them).
 const OPEN: u8 = 0;
@@ -104,9 +113,12 @@ impl RequestHead {
     }
 }
 
-/// The route's handler: every callback becomes an event tuple of the turn.
+/// The route's handler: every callback becomes an event tuple of the turn, or with a
+/// listener a [`Happened`] for its callbacks.
 struct Bridge {
     events: Events,
+    /// A listener's happenings: open, message, drain and close go there.
+    happened: Option<Happenings>,
     decisions: Rc<RefCell<Slab<(Decision, Instant)>>>,
     decide_in_py: Rc<Cell<bool>>,
     protocols: &'static [&'static str],
@@ -151,6 +163,10 @@ impl Handler for Bridge {
             headers: Vec::new(),
         });
         let key = conn.key();
+        if let Some(happened) = &self.happened {
+            happened.borrow_mut().push(Happened::Open { key, head });
+            return;
+        }
         Python::attach(|py| {
             let (path, peer, headers) = head.into_py();
             let event = (OPEN, key.slot, key.serial, path, peer, headers).into_pyobject(py);
@@ -164,6 +180,11 @@ impl Handler for Bridge {
         let serial = conn.id().serial;
         Python::attach(|py| {
             let data = message_object(py, message.kind, message.data);
+            if let Some(happened) = &self.happened {
+                let key = conn.key();
+                happened.borrow_mut().push(Happened::Message { key, data: data.unbind() });
+                return;
+            }
             if let Ok(event) = (MESSAGE, serial, data).into_pyobject(py) {
                 push(&self.events, event);
             }
@@ -171,6 +192,10 @@ impl Handler for Bridge {
     }
 
     fn on_writable(&mut self, conn: &mut Conn<'_>) {
+        if let Some(happened) = &self.happened {
+            happened.borrow_mut().push(Happened::Drain { key: conn.key() });
+            return;
+        }
         let serial = conn.id().serial;
         Python::attach(|py| {
             if let Ok(event) = (DRAIN, serial).into_pyobject(py) {
@@ -180,6 +205,11 @@ impl Handler for Bridge {
     }
 
     fn on_close(&mut self, id: ConnId, code: CloseCode, reason: &str) {
+        if let Some(happened) = &self.happened {
+            let (serial, code, reason) = (id.serial, code.0, reason.to_owned());
+            happened.borrow_mut().push(Happened::Close { serial, code, reason });
+            return;
+        }
         Python::attach(|py| {
             if let Ok(event) = (CLOSE, id.serial, code.0, reason).into_pyobject(py) {
                 push(&self.events, event);
@@ -200,16 +230,36 @@ pub struct NativeServer {
     decisions: Rc<RefCell<Slab<(Decision, Instant)>>>,
     decide_in_py: Rc<Cell<bool>>,
     protocols: &'static [&'static str],
+    /// The callbacks, for a server made with a listener.
+    listener: Option<Rc<Listener>>,
 }
 
 #[pymethods]
 impl NativeServer {
     /// Binds a server from `config` (JSON with the keys of `freeboard serve`'s TOML file),
-    /// serving upgrades on `path` (every path when empty) and speaking `protocols`.
+    /// serving upgrades on `path` (every path when empty) and speaking `protocols`. With a
+    /// `listener`, its callbacks get the connections' happenings, `on_error(name,
+    /// exception)` a callback's exception and `want_flush()` is called when a call between
+    /// turns queued something.
     #[new]
-    fn new(config: &str, path: &str, protocols: Vec<String>) -> PyResult<Self> {
+    #[pyo3(signature = (config, path, protocols, listener = None, on_error = None, want_flush = None))]
+    fn new(
+        config: &str,
+        path: &str,
+        protocols: Vec<String>,
+        listener: Option<&Bound<'_, PyAny>>,
+        on_error: Option<Py<PyAny>>,
+        want_flush: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
         let config: ServerConfig = serde_json::from_str(config)
             .map_err(|e| PyValueError::new_err(format!("invalid setting: {e}")))?;
+        let listener = match (listener, on_error, want_flush) {
+            (None, _, _) => None,
+            (Some(listener), Some(on_error), Some(want_flush)) => {
+                Some(Rc::new(Listener::new(listener, on_error, want_flush)?))
+            }
+            _ => return Err(PyValueError::new_err("a listener needs on_error and want_flush")),
+        };
         // Leaked once per server (a few bytes): `Accepted::protocol` takes a `&'static str`.
         let protocols: &'static [&'static str] =
             Box::leak(protocols.into_iter().map(|p| &*Box::leak(p.into_boxed_str())).collect());
@@ -218,6 +268,7 @@ impl NativeServer {
         let decide_in_py = Rc::new(Cell::new(false));
         let bridge = Bridge {
             events: events.clone(),
+            happened: listener.as_ref().map(|l| l.happened.clone()),
             decisions: decisions.clone(),
             decide_in_py: decide_in_py.clone(),
             protocols,
@@ -240,6 +291,7 @@ impl NativeServer {
             decisions,
             decide_in_py,
             protocols,
+            listener,
         })
     }
 
@@ -261,23 +313,33 @@ impl NativeServer {
     }
 
     /// Runs one turn without waiting; the events it produced, or `None` once the server has
-    /// stopped (then everything is released).
-    fn turn<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
-        let Some(server) = &mut self.server else { return Ok(None) };
-        let running = server.turn(Some(Duration::ZERO));
-        let now = Instant::now();
-        self.decisions.borrow_mut().retain(|_, (_, deadline)| *deadline > now);
-        let events = self.take_events(py)?;
+    /// stopped (then everything is released). With a listener, its callbacks run first and
+    /// the events are the upgrade requests only.
+    fn turn<'py>(slf: &Bound<'py, Self>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let py = slf.py();
+        let (running, listener) = {
+            let mut this = slf.borrow_mut();
+            let Some(server) = &mut this.server else { return Ok(None) };
+            let running = server.turn(Some(Duration::ZERO));
+            let now = Instant::now();
+            this.decisions.borrow_mut().retain(|_, (_, deadline)| *deadline > now);
+            if !matches!(running, Ok(true)) {
+                this.server = None; // the events are the last; the next turn answers None
+            }
+            (running, this.listener.clone())
+        };
+        if let Some(listener) = listener {
+            listener.flushing();
+            let dispatched = listener.dispatch(slf);
+            if !matches!(running, Ok(true)) {
+                listener.close_remaining(slf)?;
+            }
+            dispatched?;
+        }
+        let events = slf.borrow().take_events(py)?;
         match running {
-            Ok(true) => Ok(Some(events)),
-            Ok(false) => {
-                self.server = None;
-                Ok(Some(events)) // the last; the next turn answers None
-            }
-            Err(e) => {
-                self.server = None;
-                Err(PyOSError::new_err(format!("freeboard event loop failed: {e}")))
-            }
+            Ok(_) => Ok(Some(events)),
+            Err(e) => Err(PyOSError::new_err(format!("freeboard event loop failed: {e}"))),
         }
     }
 
@@ -293,12 +355,21 @@ impl NativeServer {
         self.server.is_none()
     }
 
-    /// Writes what Python queued since the last turn; the events that caused.
-    fn flush<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        if let Some(server) = &mut self.server {
-            server.flush();
+    /// Writes what Python queued since the last turn; the events that caused (with a
+    /// listener: its callbacks run, and the events are upgrade requests only).
+    fn flush<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
+        let listener = {
+            let mut this = slf.borrow_mut();
+            if let Some(server) = &mut this.server {
+                server.flush();
+            }
+            this.listener.clone()
+        };
+        if let Some(listener) = listener {
+            listener.flushing();
+            listener.dispatch(slf)?;
         }
-        self.take_events(py)
+        slf.borrow().take_events(slf.py())
     }
 
     /// Whether Python decides upgrades (a `process_request` hook is set).
@@ -406,6 +477,19 @@ impl NativeServer {
             Some(server) => Ok(server.metrics().encode()),
             None => Err(PyRuntimeError::new_err("freeboard: the server is closed")),
         }
+    }
+
+    /// The listener's callbacks and Python's hooks, for the cycle collector: the hooks are
+    /// bound methods of the Python server, which holds this one.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match &self.listener {
+            Some(listener) => listener.traverse(&visit),
+            None => Ok(()),
+        }
+    }
+
+    fn __clear__(&mut self) {
+        self.listener = None;
     }
 }
 
@@ -555,5 +639,7 @@ impl NativeClient {
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<NativeServer>()?;
     module.add_class::<NativeClient>()?;
+    module.add_class::<listener::Conn>()?;
+    module.add_class::<listener::Request>()?;
     Ok(())
 }

@@ -11,6 +11,10 @@ engine (``send``, ``close``, ``publish``) is synchronous and answers what the se
 
     async with freeboard.serve(handler, "127.0.0.1", 8765, memory="64M"):
         await asyncio.Future()
+
+For very many mostly idle connections, :func:`serve_listener` calls one listener's
+``on_open``, ``on_message``, ``on_drain`` and ``on_close`` instead: no task, no coroutine and
+no Python object per connection beyond what the application keeps.
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ import json
 import logging
 from typing import Any, Awaitable, Callable, Optional, Union
 
-from ._native import NativeClient, NativeServer
+from ._native import Conn, NativeClient, NativeServer, Request
 
 __all__ = [
     "serve",
+    "serve_listener",
     "connect",
     "Server",
     "ServerConnection",
+    "Listener",
+    "ListenerServer",
+    "Conn",
+    "Request",
     "ClientConnection",
     "ConnectionClosed",
     "ConnectionClosedOK",
@@ -59,10 +68,12 @@ _ALIASES = {
 
 
 class ConnectionClosed(Exception):
-    """The connection is closed: ``code`` and ``reason`` of its close."""
+    """The connection is closed: ``code`` and ``reason`` of its close. ``code`` is ``None``
+    for a :class:`Conn` used after it closed (its code went to ``on_close``)."""
 
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(f"connection closed: {code} {reason}".rstrip())
+    def __init__(self, code: Optional[int], reason: str) -> None:
+        detail = reason if code is None else f"{code} {reason}"
+        super().__init__(f"connection closed: {detail}".rstrip())
         self.code = code
         self.reason = reason
 
@@ -335,23 +346,18 @@ Handler = Callable[[ServerConnection], Awaitable[Any]]
 ProcessRequest = Callable[[str, list], Awaitable[Optional[int]]]
 
 
-class Server:
-    """A freeboard server on the running asyncio loop (made by :func:`serve`)."""
+class _ServerBase:
+    """What both servers share: the engine's drive on the running asyncio loop, upgrade
+    decisions in Python, publish, metrics and the close."""
 
-    def __init__(self, handler: Handler, host: str, port: int, *, path: str = "",
-                 subprotocols: Optional[list] = None,
-                 process_request: Optional[ProcessRequest] = None, max_queue: int = 16,
-                 **settings: Any) -> None:
+    def __init__(self, host: str, port: int, path: str, subprotocols: Optional[list],
+                 process_request: Optional[ProcessRequest], settings: dict,
+                 listener: Optional[Any] = None) -> None:
         self._loop = asyncio.get_running_loop()
         config = _settings(settings)
         config["listen"] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._protocols = list(subprotocols or [])
-        self._native: Optional[NativeServer] = NativeServer(json.dumps(config), path, self._protocols)
-        self._handler = handler
         self._process_request = process_request
-        self._max_queue = max_queue
-        self._conns: dict = {}
-        self._tasks: set = set()
         #: Upgrade decisions in progress: cancelled when the server stops.
         self._deciding: set = set()
         self._flush_queued = False
@@ -359,11 +365,18 @@ class Server:
         self._timer: Optional[asyncio.TimerHandle] = None
         self._deadline: Optional[float] = None
         self._stopped = self._loop.create_future()
-        #: Handler exceptions, each of which closed its connection with 1011.
+        #: Handler (or listener callback) exceptions, each of which closed its connection
+        #: with 1011.
         self.handler_errors = 0
+        if listener is None:
+            native = NativeServer(json.dumps(config), path, self._protocols)
+        else:
+            native = NativeServer(json.dumps(config), path, self._protocols, listener,
+                                  self._callback_failed, self._schedule_flush)
+        self._native: Optional[NativeServer] = native
         if process_request is not None:
-            self._native.decide_upgrades(True)
-        self._fd: Optional[int] = self._native.fileno()
+            native.decide_upgrades(True)
+        self._fd: Optional[int] = native.fileno()
         self._loop.add_reader(self._fd, self._turn)
         self._arm()
 
@@ -375,11 +388,6 @@ class Server:
     def sockets(self) -> list:
         """``[(host, port)]`` of the listener (websockets gives socket objects)."""
         return [(self._native.host, self._native.port)] if self._native else []
-
-    @property
-    def connections(self) -> list:
-        """The open connections."""
-        return list(self._conns.values())
 
     def publish(self, topic: str, message: Data) -> Reach:
         """Publishes ``message`` to every subscriber of ``topic``: framed once, queued by
@@ -404,15 +412,13 @@ class Server:
             self._native.shutdown()
 
     async def wait_closed(self) -> None:
-        """Waits until the server has stopped and its handlers have returned."""
+        """Waits until the server has stopped."""
         await asyncio.shield(self._stopped)
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def serve_forever(self) -> None:
         await self.wait_closed()
 
-    async def __aenter__(self) -> "Server":
+    async def __aenter__(self):
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -476,6 +482,81 @@ class Server:
         self._arm()
 
     def _dispatch(self, events: list) -> None:
+        """Upgrade requests (all the events of a listener's server; the handler's server
+        has more)."""
+        for event in events:
+            if event[0] == _UPGRADE:
+                self._on_upgrade(event)
+
+    def _on_upgrade(self, event: tuple) -> None:
+        _, decision, path, _remote, headers = event
+        task = self._loop.create_task(self._decide(decision, path, headers))
+        self._deciding.add(task)
+        task.add_done_callback(self._deciding.discard)
+
+    async def _decide(self, decision: int, path: str, raw_headers: str) -> None:
+        parts = raw_headers.split("\n")
+        headers = list(zip(parts[0:-1:2], parts[1::2]))
+        assert self._process_request is not None  # (only then are upgrades decided here)
+        try:
+            status = await self._process_request(path, headers)
+        except Exception:
+            self.handler_errors += 1
+            logger.exception("process_request failed; the upgrade is refused with 500")
+            status = 500
+        native = self._native
+        if native is not None:
+            native.decide(decision, 101 if status is None else int(status), -1)
+            self._schedule_flush()
+
+    def _callback_failed(self, name: str, error: BaseException) -> None:
+        self.handler_errors += 1
+        logger.error("listener.%s failed; its connection is closed with 1011", name,
+                     exc_info=(type(error), error, error.__traceback__))
+
+    def _stop(self) -> None:
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            self._fd = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._native = None
+        for task in self._deciding:
+            task.cancel()
+        if not self._stopped.done():
+            self._stopped.set_result(None)
+
+
+class Server(_ServerBase):
+    """A freeboard server on the running asyncio loop (made by :func:`serve`): a handler
+    task per connection."""
+
+    def __init__(self, handler: Handler, host: str, port: int, *, path: str = "",
+                 subprotocols: Optional[list] = None,
+                 process_request: Optional[ProcessRequest] = None, max_queue: int = 16,
+                 **settings: Any) -> None:
+        self._handler = handler
+        self._max_queue = max_queue
+        self._conns: dict = {}
+        self._tasks: set = set()
+        super().__init__(host, port, path, subprotocols, process_request, settings)
+
+    @property
+    def connections(self) -> list:
+        """The open connections."""
+        return list(self._conns.values())
+
+    async def wait_closed(self) -> None:
+        """Waits until the server has stopped and its handlers have returned."""
+        await super().wait_closed()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> "Server":
+        return self
+
+    def _dispatch(self, events: list) -> None:
         self._dispatching = True
         try:
             for event in events:
@@ -500,10 +581,7 @@ class Server:
                     if conn is not None:
                         conn._on_close(event[2], event[3])
                 elif code == _UPGRADE:
-                    _, decision, path, _remote, headers = event
-                    task = self._loop.create_task(self._decide(decision, path, headers))
-                    self._deciding.add(task)
-                    task.add_done_callback(self._deciding.discard)
+                    self._on_upgrade(event)
         finally:
             self._dispatching = False
         self._schedule_flush()
@@ -524,55 +602,70 @@ class Server:
             conn._close_native(1000, "")
             self._schedule_flush()
 
-    async def _decide(self, decision: int, path: str, raw_headers: str) -> None:
-        parts = raw_headers.split("\n")
-        headers = list(zip(parts[0:-1:2], parts[1::2]))
-        assert self._process_request is not None  # (only then are upgrades decided here)
-        try:
-            status = await self._process_request(path, headers)
-        except Exception:
-            self.handler_errors += 1
-            logger.exception("process_request failed; the upgrade is refused with 500")
-            status = 500
-        native = self._native
-        if native is not None:
-            native.decide(decision, 101 if status is None else int(status), -1)
-            self._schedule_flush()
-
     def _stop(self) -> None:
-        if self._fd is not None:
-            self._loop.remove_reader(self._fd)
-            self._fd = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._native = None
-        for task in self._deciding:
-            task.cancel()
+        super()._stop()
         for conn in self._conns.values():
             conn._on_close(1001, "server shutting down")
         self._conns.clear()
-        if not self._stopped.done():
-            self._stopped.set_result(None)
+
+
+class Listener:
+    """The callbacks of :func:`serve_listener`, one object for every connection (subclass
+    it, or pass any object with some of these methods: a missing one is not called). Each
+    runs on the asyncio thread, inside the turn that saw what it reports; what it sends
+    leaves at the end of that turn. An exception from one closes its connection with 1011
+    (counted in ``server.handler_errors``, logged) and the server goes on."""
+
+    def on_open(self, conn: Conn, request: Request) -> None:
+        """``conn`` has opened; ``request`` has its ``path``, ``remote_address`` and
+        ``headers`` (dropped after this call unless kept)."""
+
+    def on_message(self, conn: Conn, data: Data) -> None:
+        """A whole message: ``str`` for text, ``bytes`` for binary."""
+
+    def on_drain(self, conn: Conn) -> None:
+        """``conn``'s queue, above its high watermark after a send, has drained to the low
+        watermark: send more."""
+
+    def on_close(self, conn: Conn, code: int, reason: str) -> None:
+        """``conn`` has closed with ``code`` and ``reason``: once for every ``on_open``
+        (1001 for a connection the server's stop left open). Its calls raise
+        :class:`ConnectionClosed` from now on."""
+
+
+class ListenerServer(_ServerBase):
+    """A freeboard server whose connections are reported to one listener's callbacks (made
+    by :func:`serve_listener`): no task, coroutine or object per connection."""
+
+    def __init__(self, listener: Any, host: str, port: int, *, path: str = "",
+                 subprotocols: Optional[list] = None,
+                 process_request: Optional[ProcessRequest] = None, **settings: Any) -> None:
+        self.listener = listener
+        super().__init__(host, port, path, subprotocols, process_request, settings, listener)
+
+    async def __aenter__(self) -> "ListenerServer":
+        return self
 
 
 class _Serve:
-    """What :func:`serve` returns: awaitable (gives the :class:`Server`) and an async
-    context manager (closes it on exit), as websockets' ``serve``."""
+    """What :func:`serve` and :func:`serve_listener` return: awaitable (gives the server)
+    and an async context manager (closes it on exit), as websockets' ``serve``."""
 
-    def __init__(self, handler: Handler, host: str, port: int, **kwargs: Any) -> None:
-        self._args = (handler, host, port)
+    def __init__(self, make: Callable[..., Any], first: Any, host: str, port: int,
+                 kwargs: dict) -> None:
+        self._make = make
+        self._args = (first, host, port)
         self._kwargs = kwargs
-        self._server: Optional[Server] = None
+        self._server: Optional[Any] = None
 
     def __await__(self):
         return self._start().__await__()
 
-    async def _start(self) -> Server:
-        self._server = Server(*self._args, **self._kwargs)
+    async def _start(self):
+        self._server = self._make(*self._args, **self._kwargs)
         return self._server
 
-    async def __aenter__(self) -> Server:
+    async def __aenter__(self):
         return await self._start()
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -595,7 +688,24 @@ def serve(handler: Handler, host: str = "127.0.0.1", port: int = 0, **kwargs: An
     ``max_queue`` (16: messages waiting for the handler before the connection is no longer
     read, as websockets' ``max_queue``).
     """
-    return _Serve(handler, host, port, **kwargs)
+    return _Serve(Server, handler, host, port, kwargs)
+
+
+def serve_listener(listener: Any, host: str = "127.0.0.1", port: int = 0,
+                   **kwargs: Any) -> _Serve:
+    """Serves WebSocket connections on ``host:port``, reporting them to ``listener``'s
+    callbacks (see :class:`Listener`): ``on_open(conn, request)``, ``on_message(conn,
+    data)``, ``on_drain(conn)``, ``on_close(conn, code, reason)``. Nothing runs per
+    connection between events: an idle connection costs the engine's memory and what the
+    application keeps. A :class:`Conn` is made for each call (equal and hashable by
+    connection, so it can key the application's tables); ``conn.send(data)`` answers what
+    the session did at once, and past the high watermark ``on_drain`` says when to go on.
+
+    Awaitable, and an async context manager, as :func:`serve`; the same settings, ``path``,
+    ``subprotocols`` and ``process_request`` (no ``max_queue``: a callback has each message
+    as it is read; ``conn.pause_reading()`` stops the reads).
+    """
+    return _Serve(ListenerServer, listener, host, port, kwargs)
 
 
 class _ClientLoop:
