@@ -3,6 +3,7 @@
 `freeboard bench`.
 
     python3 bindings/python/bench/compare.py [--rounds 3] [--duration 5] [--quick] [--json FILE]
+                                             [--figures echo,broadcast,idle,slow]
 
 Builds what it needs (the `freeboard` CLI in release; a venv in bindings/python/.venv with
 this package, websockets and picows from PyPI), then runs --rounds rounds; each round starts
@@ -15,6 +16,8 @@ every server in turn (interleaved, so a change in the machine's load falls on al
              connection, and RSS once they have closed against RSS before
   slow       `freeboard bench slow-consumer`: one client writes 1 KiB messages to the echo
              server and never reads: the server's RSS at the end against the start
+The servers: freeboard-python (`serve`, a handler coroutine per connection),
+freeboard-listener (`serve_listener`, one listener's callbacks), websockets and picows.
 Every server is one asyncio process (bench/servers.py); each is killed by its PID after its
 measurement. Figures are medians with [min-max] over the rounds, and freeboard/peer ratios per
 round.
@@ -161,7 +164,10 @@ def main():
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true", help="1 round, 2 s runs, 1,000 idle")
     parser.add_argument("--json", help="write every figure of every round here")
+    parser.add_argument("--figures", default="echo,broadcast,idle,slow",
+                        help="which measurements (comma-separated), e.g. idle alone")
     args = parser.parse_args()
+    figures_wanted = args.figures.split(",")
     if args.quick:
         args.rounds, args.duration = 1, 2.0
     subscribers = [1000] if args.quick else [1000, 10000]
@@ -173,7 +179,9 @@ def main():
     subprocess.run([PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                     PY_DIR, "websockets==17.4", "picows==2.3.1"], check=True)
 
-    servers = ["freeboard-python", "websockets", "picows"]
+    ours = ["freeboard-python", "freeboard-listener"]
+    peers = ["websockets", "picows"]
+    servers = ours + peers
     rounds = []
     for r in range(args.rounds):
         figures = {s: {} for s in servers}
@@ -181,6 +189,8 @@ def main():
                           ("broadcast", lambda s: broadcast(s, subscribers)),
                           ("idle", lambda s: idle(s, idle_count)),
                           ("slow", lambda s: slow(s, 10 if not args.quick else 4))]:
+            if name not in figures_wanted:
+                continue
             for server in servers:
                 print(f"round {r + 1}/{args.rounds}: {name} on {server}", file=sys.stderr, flush=True)
                 figures[server].update(run(server))
@@ -188,19 +198,21 @@ def main():
 
     keys = list(rounds[0]["freeboard-python"].keys())
     print(f"\n{len(rounds)} rounds, servers interleaved; median [min–max]\n")
-    print("| figure | freeboard-python | websockets | picows | ÷ websockets | ÷ picows |")
-    print("|---|---|---|---|---|---|")
+    ratios = [(a, b) for a in ours for b in peers]
+    print("| figure | " + " | ".join(servers) + " | "
+          + " | ".join(f"{a} ÷ {b}" for a, b in ratios) + " |")
+    print("|---" * (1 + len(servers) + len(ratios)) + "|")
     for key in keys:
-        ours = [r["freeboard-python"][key] for r in rounds]
-        peers = {p: [r[p].get(key) for r in rounds] for p in ("websockets", "picows")}
-        if isinstance(ours[0], str):
-            print(f"| {key} | {ours[0]} | {peers['websockets'][0]} | {peers['picows'][0]} | | |")
+        values = {s: [r[s].get(key) for r in rounds] for s in servers}
+        if isinstance(values["freeboard-python"][0], str):
+            print(f"| {key} | " + " | ".join(str(values[s][0]) for s in servers)
+                  + " |" * (len(ratios) + 1))
             continue
-        ratios = {p: [a / b for a, b in zip(ours, v) if isinstance(b, (int, float)) and b]
-                  for p, v in peers.items()}
-        print(f"| {key} | {summary(ours)} | {summary(peers['websockets'])} | "
-              f"{summary(peers['picows'])} | {summary(ratios['websockets'])} | "
-              f"{summary(ratios['picows'])} |")
+        cells = [summary(values[s]) for s in servers]
+        for a, b in ratios:
+            cells.append(summary([x / y for x, y in zip(values[a], values[b])
+                                  if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y]))
+        print(f"| {key} | " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rounds": rounds, "command": sys.argv}, f, indent=1)

@@ -1,14 +1,15 @@
 """The benchmark servers of the Python comparison, one process each:
 
-    python servers.py freeboard|websockets|picows echo|idle|broadcast HOST:PORT [SETTINGS]
+    python servers.py freeboard|freeboard-listener|websockets|picows echo|idle|broadcast HOST:PORT [SETTINGS]
 
 ``echo`` sends every message back as it came; ``idle`` holds connections; ``broadcast``
 makes every connection a subscriber until it sends, and publishes what it sends to the
 others (as bindings/node/bench/server.js). Each is the library's ordinary usage: freeboard
 and websockets with a handler coroutine per connection (websockets' ``broadcast()`` for the
-fan-out), picows with its listener callbacks (it has no per-connection coroutine, nor a
-broadcast helper: a loop over the subscribers). SETTINGS, JSON, adds freeboard settings (the
-hostile suite's budget and timeouts)."""
+fan-out), freeboard-listener with ``serve_listener``'s callbacks (one listener for every
+connection), picows with its listener callbacks (one listener object per connection, no
+coroutine, no broadcast helper: a loop over the subscribers). SETTINGS, JSON, adds
+freeboard settings (the hostile suite's budget and timeouts)."""
 
 import asyncio
 import json
@@ -35,13 +36,48 @@ async def freeboard_server(mode, host, port, extra):
             server.publish("bench", message)
 
     handler = {"echo": echo, "idle": idle, "broadcast": broadcast}[mode]
+    settings = freeboard_settings(mode, extra)
+    async with freeboard.serve(handler, host, port, **settings) as server:
+        print(f"freeboard-python {mode} listening on {host}:{port}", flush=True)
+        await asyncio.Future()
+
+
+def freeboard_settings(mode, extra):
     settings = dict(memory="1G", max_connections=100000, max_connections_per_ip=100000,
                     idle_timeout=None)
     if mode == "broadcast":
         settings.update(slow_consumer="drop-oldest", max_backpressure="4M")
     settings.update(extra)
-    async with freeboard.serve(handler, host, port, **settings) as server:
-        print(f"freeboard-python {mode} listening on {host}:{port}", flush=True)
+    return settings
+
+
+async def freeboard_listener_server(mode, host, port, extra):
+    import freeboard
+
+    class Echo:
+        def on_message(self, conn, data):
+            # Past the high watermark, stop reading the peer until the queue drains.
+            if conn.send(data) == "above-high":
+                conn.pause_reading()
+
+        def on_drain(self, conn):
+            conn.resume_reading()
+
+    class Idle:
+        pass
+
+    class Broadcast:
+        def on_open(self, conn, request):
+            conn.subscribe("bench")
+
+        def on_message(self, conn, data):
+            conn.unsubscribe("bench")  # a publisher from its first message on
+            server.publish("bench", data)
+
+    listener = {"echo": Echo, "idle": Idle, "broadcast": Broadcast}[mode]()
+    settings = freeboard_settings(mode, extra)
+    async with freeboard.serve_listener(listener, host, port, **settings) as server:
+        print(f"freeboard-listener {mode} listening on {host}:{port}", flush=True)
         await asyncio.Future()
 
 
@@ -111,8 +147,8 @@ def main():
     impl, mode, at = sys.argv[1:4]
     extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     host, port = at.rsplit(":", 1)
-    run = {"freeboard": freeboard_server, "websockets": websockets_server,
-           "picows": picows_server}[impl]
+    run = {"freeboard": freeboard_server, "freeboard-listener": freeboard_listener_server,
+           "websockets": websockets_server, "picows": picows_server}[impl]
     asyncio.run(run(mode, host, int(port), extra))
 
 
