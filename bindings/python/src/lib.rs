@@ -330,7 +330,7 @@ impl NativeServer {
         };
         if let Some(listener) = listener {
             listener.flushing();
-            let dispatched = listener.dispatch(slf);
+            let dispatched = listener.dispatch(slf).map(drop);
             if !matches!(running, Ok(true)) {
                 listener.close_remaining(slf)?;
             }
@@ -358,16 +358,28 @@ impl NativeServer {
     /// Writes what Python queued since the last turn; the events that caused (with a
     /// listener: its callbacks run, and the events are upgrade requests only).
     fn flush<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-        let listener = {
-            let mut this = slf.borrow_mut();
-            if let Some(server) = &mut this.server {
-                server.flush();
-            }
-            this.listener.clone()
-        };
-        if let Some(listener) = listener {
+        // With a listener, what a flush causes (a close, a drain) calls back, and what those
+        // callbacks queue is written too: a few rounds, then at the asyncio loop's next
+        // pass.
+        let mut unwritten = None;
+        for _ in 0..4 {
+            let listener = {
+                let mut this = slf.borrow_mut();
+                if let Some(server) = &mut this.server {
+                    server.flush();
+                }
+                this.listener.clone()
+            };
+            let Some(listener) = listener else { break };
             listener.flushing();
-            listener.dispatch(slf)?;
+            unwritten = None;
+            if !listener.dispatch(slf)? {
+                break;
+            }
+            unwritten = Some(listener);
+        }
+        if let Some(listener) = unwritten {
+            listener.queued(slf.py())?;
         }
         slf.borrow().take_events(slf.py())
     }

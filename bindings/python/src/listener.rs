@@ -89,18 +89,19 @@ impl Listener {
         self.flush_wanted.set(false);
     }
 
-    /// Calls the callbacks for what the last turn did. The server must not be borrowed:
+    /// Calls the callbacks for what the last turn did; whether there was anything (then
+    /// the callbacks may have queued sends to flush). The server must not be borrowed:
     /// the callbacks call back into it. An `Exception` from `on_open`, `on_message` or
     /// `on_drain` closes its connection with 1011 (RFC 6455 7.4.1: "a server is
     /// terminating the connection because it encountered an unexpected condition"); every
     /// one is handed to `on_error`, and the other callbacks run. Any other
     /// `BaseException` (`KeyboardInterrupt`, `SystemExit`) is raised once the turn's
     /// callbacks have all run.
-    pub(crate) fn dispatch(&self, server: &Bound<'_, NativeServer>) -> PyResult<()> {
+    pub(crate) fn dispatch(&self, server: &Bound<'_, NativeServer>) -> PyResult<bool> {
         let py = server.py();
         let happened = std::mem::take(&mut *self.happened.borrow_mut());
         if happened.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let mut fatal = None;
         self.dispatching.set(true);
@@ -135,7 +136,7 @@ impl Listener {
             }
         }
         self.dispatching.set(false);
-        fatal.map_or(Ok(()), Err)
+        fatal.map_or(Ok(true), Err)
     }
 
     /// `on_close` for every connection still open when the server stopped (a shutdown's
@@ -149,7 +150,7 @@ impl Listener {
             code,
             reason: reason.into(),
         }));
-        self.dispatch(server)
+        self.dispatch(server).map(drop)
     }
 
     fn failed(
@@ -178,7 +179,7 @@ impl Listener {
 
     /// After a `Conn` call queued something: outside the callbacks nothing else would write
     /// it, so Python schedules a flush (once until it runs).
-    fn queued(&self, py: Python<'_>) -> PyResult<()> {
+    pub(crate) fn queued(&self, py: Python<'_>) -> PyResult<()> {
         if !self.dispatching.get() && !self.flush_wanted.replace(true) {
             self.want_flush.call0(py)?;
         }

@@ -98,6 +98,18 @@ def test_a_listener_need_not_have_every_callback():
     run(main())
 
 
+def test_a_coroutine_callback_is_refused_when_the_server_is_made():
+    class Async:
+        async def on_message(self, conn, data):
+            conn.send(data)
+
+    async def main():
+        with pytest.raises(TypeError, match="on_message must be a plain function"):
+            await freeboard.serve_listener(Async(), "127.0.0.1", 0, memory="64M")
+
+    run(main())
+
+
 def test_a_send_between_callbacks_leaves_without_another_event():
     conns = []
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import json
 import logging
 from typing import Any, Awaitable, Callable, Optional, Union
@@ -640,6 +641,11 @@ class ListenerServer(_ServerBase):
     def __init__(self, listener: Any, host: str, port: int, *, path: str = "",
                  subprotocols: Optional[list] = None,
                  process_request: Optional[ProcessRequest] = None, **settings: Any) -> None:
+        for name in ("on_open", "on_message", "on_drain", "on_close"):
+            if inspect.iscoroutinefunction(getattr(listener, name, None)):
+                raise TypeError(f"listener.{name} must be a plain function: the callbacks "
+                                "run inside the turn (use serve() for a coroutine per "
+                                "connection, or start a task from the callback)")
         self.listener = listener
         super().__init__(host, port, path, subprotocols, process_request, settings, listener)
 
