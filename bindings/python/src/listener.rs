@@ -92,9 +92,10 @@ impl Listener {
     /// Calls the callbacks for what the last turn did; whether there was anything (then
     /// the callbacks may have queued sends to flush). The server must not be borrowed:
     /// the callbacks call back into it. An `Exception` from `on_open`, `on_message` or
-    /// `on_drain` closes its connection with 1011 (RFC 6455 7.4.1: "a server is
-    /// terminating the connection because it encountered an unexpected condition"); every
-    /// one is handed to `on_error`, and the other callbacks run. Any other
+    /// `on_drain` closes its connection with 1011 (RFC 6455 7.4.1: "1011 indicates that a
+    /// server is terminating the connection because it encountered an unexpected condition
+    /// that prevented it from fulfilling the request"); every one is handed to `on_error`,
+    /// and the other callbacks run. Any other
     /// `BaseException` (`KeyboardInterrupt`, `SystemExit`) is raised once the turn's
     /// callbacks have all run.
     pub(crate) fn dispatch(&self, server: &Bound<'_, NativeServer>) -> PyResult<bool> {
