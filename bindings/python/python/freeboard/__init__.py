@@ -24,7 +24,7 @@ import collections
 import inspect
 import json
 import logging
-from typing import Any, Awaitable, Callable, Optional, Union
+from typing import Any, Awaitable, Callable, Generator, Generic, Optional, TypeVar, Union
 
 from ._native import Conn, NativeClient, NativeServer, Request
 
@@ -653,25 +653,28 @@ class ListenerServer(_ServerBase):
         return self
 
 
-class _Serve:
+_S = TypeVar("_S", bound=_ServerBase)
+
+
+class _Serve(Generic[_S]):
     """What :func:`serve` and :func:`serve_listener` return: awaitable (gives the server)
     and an async context manager (closes it on exit), as websockets' ``serve``."""
 
-    def __init__(self, make: Callable[..., Any], first: Any, host: str, port: int,
+    def __init__(self, make: Callable[..., _S], first: Any, host: str, port: int,
                  kwargs: dict) -> None:
         self._make = make
         self._args = (first, host, port)
         self._kwargs = kwargs
-        self._server: Optional[Any] = None
+        self._server: Optional[_S] = None
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, _S]:
         return self._start().__await__()
 
-    async def _start(self):
+    async def _start(self) -> _S:
         self._server = self._make(*self._args, **self._kwargs)
         return self._server
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> _S:
         return await self._start()
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -680,7 +683,8 @@ class _Serve:
             await self._server.wait_closed()
 
 
-def serve(handler: Handler, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> _Serve:
+def serve(handler: Handler, host: str = "127.0.0.1", port: int = 0,
+          **kwargs: Any) -> _Serve[Server]:
     """Serves WebSocket connections on ``host:port`` with ``handler(connection)``, one task
     per connection; the connection closes (1000) when the handler returns, 1011 when it
     raises (counted in ``server.handler_errors``).
@@ -698,7 +702,7 @@ def serve(handler: Handler, host: str = "127.0.0.1", port: int = 0, **kwargs: An
 
 
 def serve_listener(listener: Any, host: str = "127.0.0.1", port: int = 0,
-                   **kwargs: Any) -> _Serve:
+                   **kwargs: Any) -> _Serve[ListenerServer]:
     """Serves WebSocket connections on ``host:port``, reporting them to ``listener``'s
     callbacks (see :class:`Listener`): ``on_open(conn, request)``, ``on_message(conn,
     data)``, ``on_drain(conn)``, ``on_close(conn, code, reason)``. Nothing runs per
