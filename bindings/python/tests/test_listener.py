@@ -290,6 +290,33 @@ def test_send_above_the_high_watermark_then_on_drain():
             assert buffered > 64 << 10
 
 
+def test_pause_reading_holds_messages_until_resume_reading():
+    received = []
+    conns = []
+
+    class Paused:
+        def on_open(self, conn, request):
+            assert conn.pause_reading() is True
+            conns.append(conn)
+
+        def on_message(self, conn, data):
+            received.append(data)
+
+    async def main():
+        async with freeboard.serve_listener(Paused(), "127.0.0.1", 0, memory="64M") as server:
+            async with websockets.connect(url(server)) as client:
+                await until(lambda: conns)
+                for i in range(3):
+                    await client.send(f"m{i}")
+                await asyncio.sleep(0.2)
+                assert received == []  # not read
+                assert conns[0].resume_reading() is True  # from outside a callback
+                await until(lambda: len(received) == 3)
+                assert received == ["m0", "m1", "m2"]
+
+    run(main())
+
+
 def test_drop_newest_reports_every_drop_and_counts_it():
     outcomes = []
 
