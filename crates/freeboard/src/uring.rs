@@ -4,7 +4,7 @@
 //! The ring's descriptor is registered with the loop's mio `Poll` (readable while completions
 //! wait), so timers, the waker, the admin and TLS listeners stay on epoll; a plain-TCP
 //! connection accepted through the ring is never registered with epoll. Its bytes arrive by
-//! one multishot receive into a provided buffer ring whose buffers are chunks taken from the
+//! one receive at a time into a provided buffer ring whose buffers are chunks taken from the
 //! loop's pool at start (read memory stays inside the budget, and a connection holds a buffer
 //! only from its completion until the session has read it). Its sends are staged in pool
 //! chunks when the turn ends, all submitted at once; the session's queue is consumed at
@@ -27,11 +27,6 @@ use crate::tls::Io;
 
 /// The buffer group of the receive buffers.
 const GROUP: u16 = 0;
-/// Receive buffers a connection may hold before its multishot receive is cancelled (it is
-/// not reading: its session is paused or waits for a decision); re-armed once it has read
-/// them. What arrives beyond them before the cancellation takes effect is copied into pool
-/// chunks of its own, so one connection cannot take the ring's buffers from the others.
-const HOLD: usize = 4;
 /// Pool chunks one send stages at most (64 KiB of 4 KiB chunks); the rest leaves with the
 /// next send, once this one completes.
 const STAGE_CHUNKS: usize = 16;
@@ -434,13 +429,13 @@ struct Received {
     at: u32,
 }
 
-/// Where a connection's multishot receive stands.
+/// Where a connection's receive stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Receiving {
+    /// A receive is in flight.
     Armed,
-    /// Cancelled for holding [`HOLD`] buffers: re-armed once they are read.
-    Cancelling,
-    Paused,
+    /// None is: the next read that empties what the connection holds arms one.
+    Idle,
     /// Ended for want of buffers: the loop re-arms it when buffers come back.
     Starved,
     /// The stream ended or failed.
@@ -490,8 +485,8 @@ pub(crate) struct RingConn {
     /// The tag of its operations (with [`Op::Recv`]).
     tag: Tag,
     received: VecDeque<Received>,
-    /// Bytes received beyond [`HOLD`] buffers, moved out of the ring into pool chunks; read
-    /// before `received`.
+    /// Bytes its session did not read, moved out of the ring's buffers into pool chunks
+    /// ([`keep_out_of_ring`](Self::keep_out_of_ring)); read before `received`.
     spilled: VecDeque<Spilled>,
     receiving: Receiving,
     /// The receive ended: at the stream's end (`None`) or with an error.
@@ -520,20 +515,30 @@ impl RingConn {
         conn
     }
 
+    /// Queues one receive of at most one buffer. Not a multishot receive: that one takes
+    /// whatever arrives until it is cancelled, so a peer that writes while its session does
+    /// not read (paused above its high watermark, held, closing) would move its socket's
+    /// bytes into the ring's buffers or the pool, where epoll leaves them in the kernel. One
+    /// buffer per arming, armed again only by a read that emptied what the connection holds,
+    /// bounds what it takes to two buffers past what its session read.
     fn arm(&mut self) {
-        let sqe = opcode::RecvMulti::new(types::Fd(self.tcp.as_raw_fd()), GROUP).build();
+        let fd = types::Fd(self.tcp.as_raw_fd());
+        let sqe = opcode::Recv::new(fd, std::ptr::null_mut(), self.shared.buffers.len)
+            .buf_group(GROUP)
+            .build()
+            .flags(squeue::Flags::BUFFER_SELECT);
         self.shared.queue(sqe.user_data(self.tag.0));
         self.receiving = Receiving::Armed;
     }
 
     /// Re-arms a receive that ended for want of buffers; `false` if there are none yet. One
-    /// whose session does not read now waits, paused, for its next read to re-arm it.
+    /// whose session does not read now waits for its next read to arm it.
     pub(crate) fn rearm_starved(&mut self, wants_input: bool) -> bool {
         if self.receiving != Receiving::Starved {
             return true;
         }
         if !wants_input {
-            self.receiving = Receiving::Paused;
+            self.receiving = Receiving::Idle;
             return true;
         }
         if !self.shared.has_buffers() {
@@ -543,14 +548,14 @@ impl RingConn {
         true
     }
 
-    /// A receive completion: `bid`'s `len` bytes (`Some`), and whether the multishot goes
-    /// on (`more`), else how it ended (`res`). Returns whether the loop should read it now,
-    /// and whether it is starved (to re-arm when buffers come back).
+    /// A receive completed: `bid`'s `res` bytes (`Some`), else how it ended (`res`). Returns
+    /// whether the loop should read it now, and whether it is starved (to re-arm when
+    /// buffers come back). A session that does not read now (`!wants_input`) has the bytes
+    /// moved out of the ring's buffers at once.
     pub(crate) fn received(
         &mut self,
         res: i32,
         bid: Option<u16>,
-        more: bool,
         pool: &mut Pool<'static>,
         wants_input: bool,
     ) -> (bool, bool) {
@@ -562,37 +567,14 @@ impl RingConn {
             }
             return (false, false);
         }
+        self.receiving = Receiving::Idle;
         if let (Some(bid), true) = (bid, res > 0) {
             self.shared.take_buffer();
             self.settle(pool);
             self.received.push_back(Received { bid, len: res as u32, at: 0 });
-            // A session that does not read (paused above its high watermark, held, waiting
-            // for a decision) stops receiving at once: what it has not read stays in the
-            // kernel's socket buffer, as on epoll, not in the ring's.
-            let holds = if wants_input { HOLD } else { 1 };
-            if more && self.received.len() >= holds && self.receiving == Receiving::Armed {
-                self.shared.cancel(self.tag);
-                self.receiving = Receiving::Cancelling;
+            if !wants_input {
+                self.keep_out_of_ring(pool);
             }
-            while self.received.len() > HOLD {
-                // NOTE(unwrap): more than HOLD entries.
-                let front = *self.received.front().unwrap();
-                let Ok(chunk) = pool.alloc() else { break }; // the pool is short: kept
-                let from = self.shared.buffers.addrs[usize::from(front.bid)];
-                // SAFETY: as in `read`: the kernel's bytes of a buffer we hold.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(
-                        from.add(front.at as usize),
-                        (front.len - front.at) as usize,
-                    )
-                };
-                pool.append(&chunk, bytes);
-                self.spilled.push_back(Spilled { chunk, len: bytes.len() as u32, at: 0 });
-                self.shared.recycle(front.bid);
-                self.received.pop_front();
-            }
-        }
-        if more {
             return (true, false);
         }
         match res {
@@ -601,15 +583,8 @@ impl RingConn {
                 self.receiving = Receiving::Starved;
                 return (true, true);
             }
-            e if e == -libc::ECANCELED => {
-                self.receiving = Receiving::Paused;
-                if wants_input && !self.holds_unread() {
-                    self.arm();
-                }
-            }
-            // The last buffer of a multishot that the kernel ends (its CQ overflowed, say):
-            // armed again once it is read.
-            r if r > 0 => self.receiving = Receiving::Paused,
+            // Cancelled by `stop_input` or `release`, which say what comes next.
+            e if e == -libc::ECANCELED => {}
             e => self.end(Some(-e)),
         }
         (true, false)
@@ -649,7 +624,8 @@ impl RingConn {
             n += take;
             held.at += take as u32;
         }
-        if self.receiving == Receiving::Paused && !self.holds_unread() {
+        if self.receiving == Receiving::Idle && !self.holds_unread() {
+            // The reader asked for more than there was: the next bytes may come.
             self.arm();
         }
         match (n, self.ended) {
@@ -662,7 +638,8 @@ impl RingConn {
 
     /// Gives back the last `n` bytes the last [`read`](Self::read) returned (the session did
     /// not take them: it stopped reading); the next read returns them first, as a socket
-    /// keeps what is not read. Then settles.
+    /// keeps what is not read. Then settles, and moves what is left out of the ring's
+    /// buffers.
     pub(crate) fn unread(&mut self, pool: &mut Pool<'static>, mut n: usize) {
         // Every byte before the read position has been read, and the read returned the last
         // `n` of them: stepping back from the position, in stream order (the spilled chunks,
@@ -676,7 +653,30 @@ impl RingConn {
             *at -= back as u32;
             n -= back;
         }
+        self.keep_out_of_ring(pool);
+    }
+
+    /// Moves the bytes its session has not read out of the ring's buffers into pool chunks
+    /// of its own (at most the two buffers its receives took past the last read; kept in the
+    /// ring while the pool is short): a session that does not read, or not all, holds none of
+    /// the buffers every connection receives into.
+    pub(crate) fn keep_out_of_ring(&mut self, pool: &mut Pool<'static>) {
         self.settle(pool);
+        while let Some(&front) = self.received.front() {
+            let Ok(chunk) = pool.alloc() else { break };
+            let from = self.shared.buffers.addrs[usize::from(front.bid)];
+            // SAFETY: as in `read`: the kernel's bytes of a buffer we hold.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    from.add(front.at as usize),
+                    (front.len - front.at) as usize,
+                )
+            };
+            pool.append(&chunk, bytes);
+            self.spilled.push_back(Spilled { chunk, len: bytes.len() as u32, at: 0 });
+            self.shared.recycle(front.bid);
+            self.received.pop_front();
+        }
     }
 
     /// Gives the buffers read to the end back to the ring (and the chunks to the pool).
@@ -702,7 +702,7 @@ impl RingConn {
     /// Stops receiving for good (a closed connection read all it discards): the receive is
     /// cancelled and what it holds goes back, as epoll leaves further bytes in the socket.
     pub(crate) fn stop_input(&mut self, pool: &mut Pool<'static>) {
-        if matches!(self.receiving, Receiving::Armed | Receiving::Starved) {
+        if self.receiving == Receiving::Armed {
             self.shared.cancel(self.tag);
         }
         self.receiving = Receiving::Stopped;
@@ -872,7 +872,7 @@ impl RingConn {
             pool.release(spilled.chunk);
         }
         let staged = std::mem::take(&mut self.staged);
-        if self.receiving != Receiving::Done {
+        if self.receiving == Receiving::Armed {
             let _ = self.tcp.shutdown(std::net::Shutdown::Read);
             self.shared.cancel(self.tag);
         }

@@ -52,7 +52,9 @@ impl<T: Transport> EventLoop<T> {
                 let token = tag.token();
                 let conn = match self.conns.get_mut(token) {
                     Some(entry) if tag.is_of(entry.serial) => {
-                        let wants = reads(&entry.session);
+                        let held =
+                            self.pending.contains_key(&token) || self.awaiting.contains_key(&token);
+                        let wants = !held && reads(&entry.session);
                         let done = entry.session.reads_no_more();
                         entry.stream.ring_conn().map(|conn| {
                             if done {
@@ -67,7 +69,7 @@ impl<T: Transport> EventLoop<T> {
                 };
                 match conn {
                     Some((conn, wants)) => {
-                        let (read, starved) = conn.received(res, bid, more, &mut self.pool, wants);
+                        let (read, starved) = conn.received(res, bid, &mut self.pool, wants);
                         if read && side.ready.last() != Some(&token) {
                             side.ready.push(token);
                         }
