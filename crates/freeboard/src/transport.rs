@@ -295,7 +295,7 @@ impl Transport for Stream {
             Self::Plain(tcp) => tcp.write_queue(session, io),
             Self::Tls(tls) => tls.write_queue(session, io),
             #[cfg(target_os = "linux")]
-            Self::Ring(ring) => match ring.write_queue(session, io)? {
+            Self::Ring(ring) => match ring.write_queue() {
                 Some(written) => Ok(written),
                 None => ring.tcp().write_queue(session, io),
             },

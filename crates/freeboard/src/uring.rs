@@ -6,10 +6,11 @@
 //! connection accepted through the ring is never registered with epoll. Its bytes arrive by
 //! one receive at a time into a provided buffer ring whose buffers are chunks taken from the
 //! loop's pool at start (read memory stays inside the budget, and a connection holds a buffer
-//! only from its completion until the session has read it). Its sends are staged in pool
-//! chunks when the turn ends, all submitted at once; the session's queue is consumed at
-//! staging (as a `writev` into the socket's buffer would), so the policies never meet bytes
-//! the kernel is still reading.
+//! only from its completion until the session has read it). Its sends leave when the turn
+//! ends, all in one submission, straight from the session's queue and without waiting for
+//! room: each completes with the submission and the queue is consumed by what the socket
+//! took, as after a `writev` on epoll, so what the socket does not take stays in the queue,
+//! where the watermarks and the policies see it.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -23,13 +24,12 @@ use io_uring::{IoUring, Probe, cqueue, opcode, squeue, types};
 use mio::net::TcpStream;
 
 use crate::session::Session;
-use crate::tls::Io;
 
 /// The buffer group of the receive buffers.
 const GROUP: u16 = 0;
-/// Pool chunks one send stages at most (64 KiB of 4 KiB chunks); the rest leaves with the
-/// next send, once this one completes.
-const STAGE_CHUNKS: usize = 16;
+/// Segments of the queue one send offers at most (a `sendmsg`'s iovec); the rest leaves with
+/// the next send.
+const SEND_IOV: usize = 64;
 /// Submission queue entries; the completion queue has eight times as many (a multishot
 /// receive posts one completion per buffer).
 const ENTRIES: u32 = 1024;
@@ -41,6 +41,8 @@ pub(crate) enum Op {
     Recv = 2,
     Send = 3,
     Cancel = 4,
+    /// A poll for room in a socket that did not take all it was offered.
+    Writable = 5,
 }
 
 /// An operation's `user_data`: the connection's slot (or the listener) in the high 32 bits,
@@ -76,6 +78,7 @@ impl Tag {
             2 => Some(Op::Recv),
             3 => Some(Op::Send),
             4 => Some(Op::Cancel),
+            5 => Some(Op::Writable),
             _ => None,
         }
     }
@@ -92,26 +95,21 @@ pub(crate) struct Ring {
 }
 
 /// What a loop's ring connections share with the loop: the operations queued for the end of
-/// the turn, the receive buffers, and the sends of connections that went meanwhile.
+/// the turn, the receive buffers, and the connections whose queues wait for the turn's sends.
 pub(crate) struct RingShared {
     /// Operations to submit when the turn ends (one `io_uring_enter` for them all).
     queued: RefCell<Vec<squeue::Entry>>,
     buffers: ProvidedBuffers,
-    /// Staged sends of connections removed while the kernel still read them, with when they
-    /// were left: their chunks go back to the pool with the completion (cancelled after
-    /// [`ORPHAN_LINGER`], a peer that reads nothing cannot hold them).
-    orphans: RefCell<Vec<(Tag, Staged, std::time::Instant)>>,
-    /// Sends are written straight to the socket, not staged (a shutdown's close frames: a
-    /// million closes need one chunk, not a million).
-    pub(crate) direct: Cell<bool>,
+    /// Connections whose queues leave with the turn's sends (their receive tags).
+    sends: RefCell<Vec<Tag>>,
+    /// The end of the turn flushes: a connection's queue waits for the turn's sends. Else
+    /// (a write-through in the middle of a read) it is written straight to the socket.
+    pub(crate) batching: Cell<bool>,
     /// Sockets of connections that went this turn: an operation queued for them names their
     /// descriptor, which must not be closed (and its number taken by a new connection) before
     /// the submission; the kernel holds its own reference from then on.
     closing: RefCell<Vec<TcpStream>>,
 }
-
-/// How long a removed connection's last send may hold its chunks.
-const ORPHAN_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The provided buffer ring: `count` pool chunks the kernel picks from for each receive.
 struct ProvidedBuffers {
@@ -145,6 +143,7 @@ impl Ring {
             (opcode::Recv::CODE, "recv"),
             (opcode::Send::CODE, "send"),
             (opcode::SendMsg::CODE, "sendmsg"),
+            (opcode::PollAdd::CODE, "poll_add"),
             (opcode::AsyncCancel::CODE, "async_cancel"),
         ] {
             if !probe.is_supported(code) {
@@ -212,8 +211,8 @@ impl Ring {
         let shared = Rc::new(RingShared {
             queued: RefCell::new(Vec::with_capacity(256)),
             buffers,
-            orphans: RefCell::new(Vec::new()),
-            direct: Cell::new(false),
+            sends: RefCell::new(Vec::with_capacity(256)),
+            batching: Cell::new(false),
             closing: RefCell::new(Vec::new()),
         });
         Ok(Self { uring, shared })
@@ -253,17 +252,6 @@ impl Ring {
 
     /// Submits what the turn queued: one system call.
     pub(crate) fn submit(&mut self) -> io::Result<()> {
-        let mut orphans = self.shared.orphans.borrow_mut();
-        if !orphans.is_empty() {
-            let now = std::time::Instant::now();
-            for (tag, _, left) in orphans.iter_mut() {
-                if now.duration_since(*left) > ORPHAN_LINGER {
-                    *left = now; // cancelled once a linger
-                    self.shared.cancel(*tag);
-                }
-            }
-        }
-        drop(orphans);
         let mut queued = self.shared.queued.borrow_mut();
         if queued.is_empty() && !self.uring.submission().cq_overflow() {
             return Ok(());
@@ -273,8 +261,9 @@ impl Ring {
             let mut sq = self.uring.submission();
             let room = sq.capacity() - sq.len();
             let n = room.min(queued.len() - at);
-            // SAFETY: every entry's buffers (the staged chunks and their iovecs, the ring's
-            // receive buffers) stay alive until its completion (see `Staged`, `RingConn`).
+            // SAFETY: every entry's buffers (a send's iovecs and the queue's chunks they
+            // describe, the ring's receive buffers) stay alive until its completion (see
+            // `Output`, `RingConn`).
             unsafe { sq.push_multiple(&queued[at..at + n]) }
                 .map_err(|_| io::Error::other("submission queue full"))?;
             drop(sq);
@@ -303,11 +292,16 @@ impl Ring {
         out.extend(self.uring.completion().take(out.capacity().max(256)));
     }
 
+    /// Waits for at least one completion (a send of the turn's that has not completed yet).
+    pub(crate) fn wait_one(&mut self) -> io::Result<()> {
+        match self.uring.submit_and_wait(1) {
+            Err(e) if e.raw_os_error() != Some(libc::EINTR) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Gives the receive buffers back to the pool; the loop is over.
     pub(crate) fn close(&mut self, pool: &mut Pool<'static>) {
-        for (_, staged, _) in self.shared.orphans.borrow_mut().drain(..) {
-            staged.release(pool);
-        }
         self.shared.buffers.close(pool);
     }
 }
@@ -330,6 +324,11 @@ impl RingShared {
         self.queue(sqe);
     }
 
+    /// Whether operations wait for the submission.
+    pub(crate) fn has_queued(&self) -> bool {
+        !self.queued.borrow().is_empty()
+    }
+
     /// A receive completion's buffer: its bytes, now held by a connection.
     pub(crate) fn take_buffer(&self) {
         let available = &self.buffers.available;
@@ -341,16 +340,16 @@ impl RingShared {
         self.buffers.recycle(bid);
     }
 
-    /// Whether a receive would find a buffer.
-    pub(crate) fn has_buffers(&self) -> bool {
-        self.buffers.available.get() > 0
+    /// The buffers a receive may find (not held by a completion the loop has not read).
+    pub(crate) fn free_buffers(&self) -> usize {
+        self.buffers.available.get()
     }
 
-    /// The staged send of a connection that went, completed now: `Some` of its chunks.
-    pub(crate) fn orphan_completed(&self, tag: Tag) -> Option<Staged> {
-        let mut orphans = self.orphans.borrow_mut();
-        let at = orphans.iter().position(|(t, _, _)| *t == tag)?;
-        Some(orphans.swap_remove(at).1)
+    /// The connections whose queues wait for the turn's sends (taken: the list is empty
+    /// after).
+    pub(crate) fn take_sends(&self, into: &mut Vec<Tag>) {
+        into.clear();
+        into.append(&mut self.sends.borrow_mut());
     }
 }
 
@@ -453,28 +452,31 @@ struct Spilled {
     at: u32,
 }
 
-/// A send's bytes, copied from the session's queue into pool chunks, while the kernel has
-/// them.
-#[derive(Default)]
-pub(crate) struct Staged {
-    chunks: Vec<ChunkId>,
-    /// One per chunk, over its staged bytes; rebuilt from `sent` after a short send.
-    ///
-    /// Invariant: not touched while `in_flight` (the kernel may read it).
-    iov: Vec<libc::iovec>,
-    /// The `sendmsg` header over `iov` (boxed: a `Staged` moves when its connection goes,
-    /// while its operation may still wait for the submission).
-    msg: Option<Box<libc::msghdr>>,
-    len: usize,
-    sent: usize,
-    in_flight: bool,
+/// Where a connection's output stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Sending {
+    /// Nothing waits for the ring.
+    #[default]
+    Idle,
+    /// Its queue leaves with the turn's sends.
+    Queued,
+    /// A send is submitted (it completes with the submission).
+    InFlight,
+    /// The socket did not take all it was offered: a poll waits for room.
+    Full,
 }
 
-impl Staged {
-    /// Gives its chunks back (the kernel is done with them).
-    pub(crate) fn release(mut self, pool: &mut Pool<'static>) {
-        self.chunks.drain(..).for_each(|c| pool.release(c));
-    }
+/// A connection's send: iovecs over the first segments of its session's queue.
+#[derive(Default)]
+struct Output {
+    /// Invariant: not touched while `InFlight` (the kernel reads it, and the queue's chunks
+    /// it describes, which nothing changes before the completion: see
+    /// [`RingConn::send_queued`]).
+    iov: Vec<libc::iovec>,
+    /// The `sendmsg` header over `iov` (boxed: it stays where the kernel was told it is).
+    msg: Option<Box<libc::msghdr>>,
+    offered: usize,
+    state: Sending,
 }
 
 /// A plain-TCP connection over the loop's ring.
@@ -491,9 +493,7 @@ pub(crate) struct RingConn {
     receiving: Receiving,
     /// The receive ended: at the stream's end (`None`) or with an error.
     ended: Option<Option<i32>>,
-    staged: Staged,
-    /// Our FIN waits for the send in flight.
-    shutdown_after_send: bool,
+    output: Output,
 }
 
 impl RingConn {
@@ -508,8 +508,7 @@ impl RingConn {
             spilled: VecDeque::new(),
             receiving: Receiving::Done,
             ended: None,
-            staged: Staged::default(),
-            shutdown_after_send: false,
+            output: Output::default(),
         };
         conn.arm();
         conn
@@ -531,21 +530,14 @@ impl RingConn {
         self.receiving = Receiving::Armed;
     }
 
-    /// Re-arms a receive that ended for want of buffers; `false` if there are none yet. One
-    /// whose session does not read now waits for its next read to arm it.
-    pub(crate) fn rearm_starved(&mut self, wants_input: bool) -> bool {
-        if self.receiving != Receiving::Starved {
-            return true;
+    /// Re-arms a receive that ended for want of buffers (the caller saw one free). One whose
+    /// session does not read now waits for its next read to arm it.
+    pub(crate) fn rearm_starved(&mut self, wants_input: bool) {
+        match self.receiving {
+            Receiving::Starved if wants_input => self.arm(),
+            Receiving::Starved => self.receiving = Receiving::Idle,
+            _ => {}
         }
-        if !wants_input {
-            self.receiving = Receiving::Idle;
-            return true;
-        }
-        if !self.shared.has_buffers() {
-            return false;
-        }
-        self.arm();
-        true
     }
 
     /// A receive completed: `bid`'s `res` bytes (`Some`), else how it ended (`res`). Returns
@@ -579,12 +571,14 @@ impl RingConn {
         }
         match res {
             0 => self.end(None),
+            // Nothing to read: a read now would find nothing (and a request phase take that
+            // for a head in pieces).
             e if e == -libc::ENOBUFS => {
                 self.receiving = Receiving::Starved;
-                return (true, true);
+                return (false, true);
             }
             // Cancelled by `stop_input` or `release`, which say what comes next.
-            e if e == -libc::ECANCELED => {}
+            e if e == -libc::ECANCELED => return (false, false),
             e => self.end(Some(-e)),
         }
         (true, false)
@@ -721,149 +715,106 @@ impl RingConn {
 
     /// Whether a send is in flight.
     pub(crate) fn sending(&self) -> bool {
-        self.staged.in_flight
+        self.output.state == Sending::InFlight
     }
 
-    /// Stages what the session's queue holds (up to [`STAGE_CHUNKS`] chunks) and queues its
-    /// send; the queue is consumed by what was staged. `None` when it is to be written
-    /// straight to the socket instead ([`tcp`](Self::tcp)): the loop is shutting down, or no
-    /// chunk is there to stage into (the pool is exhausted).
-    pub(crate) fn write_queue(
-        &mut self,
-        session: &mut Session,
-        io: &mut Io<'_>,
-    ) -> io::Result<Option<(usize, bool)>> {
-        if self.staged.in_flight {
-            return Ok(Some((0, false)));
-        }
-        if self.shared.direct.get() {
-            return Ok(None);
-        }
-        let pool = &mut *io.pool;
-        let chunk = pool.chunk_size();
-        let want = session.buffered().min(STAGE_CHUNKS * chunk);
-        let staged = &mut self.staged;
-        staged.iov.clear();
-        while staged.chunks.len() * chunk < want {
-            match pool.alloc() {
-                Ok(c) => staged.chunks.push(c),
-                Err(_) => break,
+    /// Puts the session's queue on the turn's sends (`Some((0, false))`: nothing written yet),
+    /// or says it waits for room or for a send in flight. `None` when it is to be written
+    /// straight to the socket instead ([`tcp`](Self::tcp)): outside the end of the turn (a
+    /// write-through in the middle of a read, a shutdown's close frames).
+    pub(crate) fn write_queue(&mut self) -> Option<(usize, bool)> {
+        match self.output.state {
+            Sending::Queued | Sending::InFlight | Sending::Full => Some((0, false)),
+            Sending::Idle if self.shared.batching.get() => {
+                self.output.state = Sending::Queued;
+                self.shared.sends.borrow_mut().push(self.tag);
+                Some((0, false))
             }
+            Sending::Idle => None,
         }
-        if staged.chunks.is_empty() {
-            return Ok(None);
-        }
-        let room = (staged.chunks.len() * chunk).min(want);
-        let mut targets = [std::ptr::null_mut::<u8>(); STAGE_CHUNKS];
-        for (target, c) in targets.iter_mut().zip(&staged.chunks) {
-            *target = pool.spare_mut(c).as_mut_ptr();
-        }
-        let mut slices = [IoSlice::new(&[]); 64];
-        let described = session.io_slices(pool, &mut slices);
-        let mut copied = 0;
-        'copy: for slice in &slices[..described] {
-            let mut from = &slice[..];
-            while !from.is_empty() {
-                if copied == room {
-                    break 'copy;
-                }
-                let (index, at) = (copied / chunk, copied % chunk);
-                let n = from.len().min(chunk - at).min(room - copied);
-                // SAFETY: `targets[index]` is the start of a chunk we hold alone (allocated
-                // above, in no queue); `at + n <= chunk`. The source is another chunk.
-                unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), targets[index].add(at), n) };
-                copied += n;
-                from = &from[n..];
-            }
-        }
-        // Chunks a short slice list left unused go back.
-        let used = copied.div_ceil(chunk);
-        for c in staged.chunks.drain(used..) {
-            pool.release(c);
-        }
-        staged.len = copied;
-        staged.sent = 0;
-        session.consume(pool, copied);
-        self.submit_send(pool);
-        Ok(Some((copied, false)))
     }
 
-    /// Queues the send of the staged bytes from `sent` on.
-    fn submit_send(&mut self, pool: &mut Pool<'static>) {
-        let chunk = pool.chunk_size();
-        let staged = &mut self.staged;
-        staged.iov.clear();
-        let mut at = staged.sent;
-        while at < staged.len {
-            let (index, offset) = (at / chunk, at % chunk);
-            let n = (chunk - offset).min(staged.len - at);
-            let base = pool.spare_mut(&staged.chunks[index]).as_mut_ptr();
-            // SAFETY: within the chunk (`offset + n <= chunk`).
-            let base = unsafe { base.add(offset) };
-            staged.iov.push(libc::iovec { iov_base: base.cast(), iov_len: n });
-            at += n;
+    /// Queues the send of what `session`'s queue holds (its first [`SEND_IOV`] segments),
+    /// straight from the pool, with `MSG_DONTWAIT`: the socket takes what it has room for
+    /// at once and the send completes with the submission (without it, a socket send
+    /// waits for room). The loop submits it with nothing in between that could change the
+    /// queue, and handles its completion before anything does.
+    pub(crate) fn send_queued(&mut self, session: &Session, pool: &Pool<'static>) {
+        let out = &mut self.output;
+        out.state = Sending::Idle;
+        let mut slices = [IoSlice::new(&[]); SEND_IOV];
+        let n = session.io_slices(pool, &mut slices);
+        out.iov.clear();
+        out.iov.extend(slices[..n].iter().map(|slice| libc::iovec {
+            iov_base: slice.as_ptr().cast_mut().cast(),
+            iov_len: slice.len(),
+        }));
+        out.offered = slices[..n].iter().map(|slice| slice.len()).sum();
+        if out.offered == 0 {
+            return;
         }
         let fd = types::Fd(self.tcp.as_raw_fd());
-        let tag = self.tag.with(Op::Send).0;
-        // `send` and `sendmsg`, not `writev`: io_uring answers a read or write on a
-        // non-blocking descriptor with EAGAIN when the socket is full, while its socket
-        // operations wait for room.
-        let sqe = match staged.iov.as_slice() {
-            [one] => opcode::Send::new(fd, one.iov_base.cast(), one.iov_len as u32).build(),
+        let sqe = match out.iov.as_slice() {
+            [one] => opcode::Send::new(fd, one.iov_base.cast(), one.iov_len as u32)
+                .flags(libc::MSG_DONTWAIT)
+                .build(),
             iov => {
                 // SAFETY: an all-zero msghdr is valid (no name, no control data).
-                let msg = staged.msg.get_or_insert_with(|| Box::new(unsafe { std::mem::zeroed() }));
+                let msg = out.msg.get_or_insert_with(|| Box::new(unsafe { std::mem::zeroed() }));
                 msg.msg_iov = iov.as_ptr().cast_mut();
                 msg.msg_iovlen = iov.len() as _;
-                opcode::SendMsg::new(fd, &**msg as *const libc::msghdr).build()
+                opcode::SendMsg::new(fd, &**msg as *const libc::msghdr)
+                    .flags(libc::MSG_DONTWAIT as u32)
+                    .build()
             }
         };
-        staged.in_flight = true;
-        self.shared.queue(sqe.user_data(tag));
+        out.state = Sending::InFlight;
+        self.shared.queue(sqe.user_data(self.tag.with(Op::Send).0));
     }
 
-    /// A send completed with `res`: `Ok(true)` once everything staged is out (the session's
-    /// queue may go on), `Ok(false)` while the rest goes on, `Err` if the socket failed.
-    pub(crate) fn sent(&mut self, res: i32, pool: &mut Pool<'static>) -> io::Result<bool> {
-        self.staged.in_flight = false;
-        if res < 0 {
-            self.staged.chunks.drain(..).for_each(|c| pool.release(c));
+    /// A send completed with `res`: the bytes the socket took, to consume from the queue.
+    /// A socket that did not take all it was offered is polled for room (`EAGAIN` is such a
+    /// socket: the send did not wait). `Err` if the socket failed.
+    pub(crate) fn sent(&mut self, res: i32) -> io::Result<usize> {
+        let out = &mut self.output;
+        out.state = Sending::Idle;
+        if res < 0 && res != -libc::EAGAIN {
             return Err(io::Error::from_raw_os_error(-res));
         }
-        self.staged.sent += res as usize;
-        if self.staged.sent < self.staged.len && res > 0 {
-            self.submit_send(pool); // a short send continues
-            return Ok(false);
+        let taken = res.max(0) as usize;
+        if taken < out.offered {
+            let fd = types::Fd(self.tcp.as_raw_fd());
+            let sqe = opcode::PollAdd::new(fd, libc::POLLOUT as u32).build();
+            self.shared.queue(sqe.user_data(self.tag.with(Op::Writable).0));
+            out.state = Sending::Full;
         }
-        self.staged.chunks.drain(..).for_each(|c| pool.release(c));
-        if std::mem::take(&mut self.shutdown_after_send) {
-            let _ = self.tcp.shutdown(std::net::Shutdown::Write);
-        }
-        Ok(true)
+        Ok(taken)
     }
 
-    /// Writes `bufs` straight to the socket (a refusal the pool could not queue), unless a
-    /// send is in flight (its bytes must go first).
+    /// The socket has room again (its poll completed).
+    pub(crate) fn writable(&mut self) {
+        if self.output.state == Sending::Full {
+            self.output.state = Sending::Idle;
+        }
+    }
+
+    /// Writes `bufs` straight to the socket (a refusal the pool could not queue), unless
+    /// queued bytes wait (they must go first).
     pub(crate) fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        if self.staged.in_flight {
+        if self.output.state != Sending::Idle {
             return Ok(0);
         }
         io::Write::write_vectored(&mut *self.tcp, bufs)
     }
 
-    /// Our FIN, after the send in flight if there is one.
+    /// Our FIN (no send is in flight outside the turn's sends).
     pub(crate) fn shutdown_write(&mut self) -> io::Result<()> {
-        if self.staged.in_flight {
-            self.shutdown_after_send = true;
-            return Ok(());
-        }
         self.tcp.shutdown(std::net::Shutdown::Write)
     }
 
-    /// The connection goes: its buffers go back to the ring, a send in flight keeps its
-    /// chunks until it completes (the socket closes after it, as a closed socket's buffer
-    /// still drains), and the receive in flight ends (the ring holds the socket open while
-    /// an operation is on it, so its reading side is shut down rather than only closed).
+    /// The connection goes: its buffers go back to the ring, and the receive or the poll
+    /// in flight ends (the ring holds the socket open while an operation is on it, so its
+    /// reading side is shut down rather than only closed).
     pub(crate) fn release(&mut self, pool: &mut Pool<'static>) {
         for received in self.received.drain(..) {
             self.shared.recycle(received.bid);
@@ -871,17 +822,14 @@ impl RingConn {
         for spilled in self.spilled.drain(..) {
             pool.release(spilled.chunk);
         }
-        let staged = std::mem::take(&mut self.staged);
         if self.receiving == Receiving::Armed {
             let _ = self.tcp.shutdown(std::net::Shutdown::Read);
             self.shared.cancel(self.tag);
         }
-        if staged.in_flight {
-            let left = std::time::Instant::now();
-            self.shared.orphans.borrow_mut().push((self.tag.with(Op::Send), staged, left));
-        } else {
-            staged.release(pool);
+        if self.output.state == Sending::Full {
+            self.shared.cancel(self.tag.with(Op::Writable));
         }
+        self.output.state = Sending::Idle;
         self.receiving = Receiving::Done;
     }
 

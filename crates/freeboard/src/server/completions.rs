@@ -1,6 +1,6 @@
 //! A loop's io_uring completions (`--io uring`): accepted connections are opened, received
-//! bytes are read by the session exactly as after a readiness event, completed sends let the
-//! queue go on; the turn's operations leave in one submission at its end.
+//! bytes are read by the session exactly as after a readiness event, completed sends consume
+//! the queue as a `writev` would; the turn's sends leave in one submission at its end.
 
 use std::os::fd::FromRawFd;
 
@@ -12,9 +12,56 @@ use super::ring_side::ACCEPTING;
 use crate::transport::Transport;
 use crate::uring::{Op, Tag};
 
+/// Rounds of receives a turn makes ([`EventLoop::complete`]): one buffer a round per
+/// connection that reads, so a busy one is read its share of the turn.
+const RECEIVE_ROUNDS: usize = super::event_loop::READ_BYTES_PER_TURN / 4096;
+
 impl<T: Transport> EventLoop<T> {
-    /// Handles the completions waiting, then reads the connections that received.
+    /// Handles the completions waiting, then reads the connections that received; a read
+    /// that emptied what its connection held armed its next receive, submitted at once so
+    /// that what the socket holds comes with the submission and is read in the next round
+    /// (as epoll reads a socket until it is empty, at most [`RECEIVE_ROUNDS`] buffers a
+    /// turn: the loop's share, [`READ_BYTES_PER_TURN`]).
+    ///
+    /// [`READ_BYTES_PER_TURN`]: super::event_loop::READ_BYTES_PER_TURN
     pub(super) fn complete(&mut self, now: Instant) {
+        for round in 1..=RECEIVE_ROUNDS {
+            self.reap(now);
+            let Some(side) = &mut self.ring else { return };
+            let ready = std::mem::take(&mut side.ready);
+            if ready.is_empty() {
+                side.ready = ready;
+                return;
+            }
+            // Those that found no buffer first: the others' next receives must not take
+            // the buffers they wait for.
+            self.rearm_starved();
+            for &(token, serial) in &ready {
+                // (A connection that went since, its slot perhaps taken by a new one, is not.)
+                if self.conns.get(token).is_some_and(|entry| entry.serial == serial) {
+                    self.read(token, now);
+                }
+            }
+            let Some(side) = &mut self.ring else { return };
+            side.ready = ready;
+            side.ready.clear();
+            if round < RECEIVE_ROUNDS
+                && side.ring.shared().has_queued()
+                && let Err(error) = side.ring.submit()
+            {
+                tracing::error!(%error, "io_uring submission failed");
+            }
+        }
+    }
+
+    /// Whether connections received what the loop has not read yet (the turn's sends
+    /// handled their completions): the next turn reads them without waiting.
+    pub(super) fn ring_has_ready(&self) -> bool {
+        self.ring.as_ref().is_some_and(|side| !side.ready.is_empty())
+    }
+
+    /// Handles the completions waiting; the connections that received are left in `ready`.
+    fn reap(&mut self, now: Instant) {
         let Some(side) = &mut self.ring else { return };
         let mut completed = std::mem::take(&mut side.completed);
         loop {
@@ -27,18 +74,58 @@ impl<T: Transport> EventLoop<T> {
                 self.completion(&cqe, now);
             }
         }
-        let Some(side) = &mut self.ring else { return };
-        side.completed = completed;
-        let ready = std::mem::take(&mut side.ready);
-        for &token in &ready {
-            if self.conns.contains(token) {
-                self.read(token, now);
+        if let Some(side) = &mut self.ring {
+            side.completed = completed;
+        }
+    }
+
+    /// Sends what the turn's flushes put on the ring ([`RingConn::write_queue`]), all in one
+    /// submission, and consumes each queue by what its socket took; a flush of each then
+    /// does what follows a write (writability, the close's next step), and may queue more
+    /// for the next round. Whether anything was sent (the caller flushes what that marked,
+    /// then calls again).
+    ///
+    /// [`RingConn::write_queue`]: crate::uring::RingConn::write_queue
+    pub(super) fn send_ring(&mut self, now: Instant) -> bool {
+        let Some(side) = &mut self.ring else { return false };
+        let mut tags = std::mem::take(&mut side.sending);
+        side.ring.shared().take_sends(&mut tags);
+        let mut in_flight = 0;
+        for tag in &tags {
+            if let Some(entry) = self.conns.get_mut(tag.token())
+                && tag.is_of(entry.serial)
+                && let Some(conn) = entry.stream.ring_conn()
+            {
+                conn.send_queued(&entry.session, &self.pool);
+                in_flight += usize::from(conn.sending());
+            }
+        }
+        if in_flight > 0 {
+            // The sends name the queues' chunks: they complete before anything else runs.
+            if let Err(error) = side.ring.submit() {
+                tracing::error!(%error, "io_uring submission failed");
+            }
+            loop {
+                self.reap(now);
+                let Some(side) = &mut self.ring else { break };
+                let conns = &mut self.conns;
+                let left = tags.iter().any(|tag| match conns.get_mut(tag.token()) {
+                    Some(entry) if tag.is_of(entry.serial) => {
+                        entry.stream.ring_conn().is_some_and(|conn| conn.sending())
+                    }
+                    _ => false,
+                });
+                // MSG_DONTWAIT sends complete with their submission; a kernel that posts one
+                // later is waited for.
+                if !left || side.ring.wait_one().is_err() {
+                    break;
+                }
             }
         }
         if let Some(side) = &mut self.ring {
-            side.ready = ready;
-            side.ready.clear();
+            side.sending = tags;
         }
+        in_flight > 0
     }
 
     fn completion(&mut self, cqe: &cqueue::Entry, now: Instant) {
@@ -70,8 +157,9 @@ impl<T: Transport> EventLoop<T> {
                 match conn {
                     Some((conn, wants)) => {
                         let (read, starved) = conn.received(res, bid, &mut self.pool, wants);
-                        if read && side.ready.last() != Some(&token) {
-                            side.ready.push(token);
+                        let serial = self.conns[token].serial;
+                        if read && side.ready.last() != Some(&(token, serial)) {
+                            side.ready.push((token, serial));
                         }
                         if starved {
                             side.starved.push((token, self.conns[token].serial));
@@ -88,25 +176,30 @@ impl<T: Transport> EventLoop<T> {
             }
             Some(Op::Send) => {
                 let token = tag.token();
-                let conn = match self.conns.get_mut(token) {
-                    Some(entry) if tag.is_of(entry.serial) => entry.stream.ring_conn(),
-                    _ => None,
-                };
-                let Some(conn) = conn else {
-                    if let Some(staged) = side.ring.shared().orphan_completed(tag) {
-                        staged.release(&mut self.pool);
-                    }
+                let Some(entry) = self.conns.get_mut(token).filter(|e| tag.is_of(e.serial)) else {
                     return;
                 };
-                match conn.sent(res, &mut self.pool) {
-                    Ok(true) => self.mark(token), // the queue may go on
-                    Ok(false) => {}
+                let Some(conn) = entry.stream.ring_conn() else { return };
+                match conn.sent(res) {
+                    Ok(taken) => {
+                        entry.session.consume(&mut self.pool, taken);
+                        self.stats.bytes_out += taken as u64;
+                        self.mark(token); // what follows the write, and the queue's rest
+                    }
                     Err(_) => {
-                        let entry = &mut self.conns[token];
                         self.stats.closed += u64::from(entry.session.clear_queue(&mut self.pool));
                         self.end_of_input(token, now);
                         self.remove(token);
                     }
+                }
+            }
+            Some(Op::Writable) => {
+                let token = tag.token();
+                if let Some(entry) = self.conns.get_mut(token).filter(|e| tag.is_of(e.serial))
+                    && let Some(conn) = entry.stream.ring_conn()
+                {
+                    conn.writable();
+                    self.mark(token);
                 }
             }
             Some(Op::Cancel) | None => {}
@@ -165,15 +258,8 @@ impl<T: Transport> EventLoop<T> {
     /// Submits the turn's operations (one system call), after re-arming what waited: the
     /// receives that found no buffer, the accept after a failure's pause.
     pub(super) fn submit_ring(&mut self) {
+        self.rearm_starved();
         let Some(side) = &mut self.ring else { return };
-        let conns = &mut self.conns;
-        side.starved.retain(|&(token, serial)| match conns.get_mut(token) {
-            Some(entry) if entry.serial == serial => {
-                let wants = reads(&entry.session);
-                entry.stream.ring_conn().is_some_and(|conn| !conn.rearm_starved(wants))
-            }
-            _ => false,
-        });
         if side.accepts
             && !side.accept_armed
             && self.accept_retry.is_none()
@@ -187,11 +273,39 @@ impl<T: Transport> EventLoop<T> {
         }
     }
 
+    /// Whether the end of the turn flushes (`true`): a ring connection's queue then waits
+    /// for the turn's sends rather than being written straight to its socket.
+    pub(super) fn ring_batches(&mut self, batching: bool) {
+        if let Some(side) = &self.ring {
+            side.ring.shared().batching.set(batching);
+        }
+    }
+
+    /// Re-arms the receives that ended for want of buffers, in the order they ended, one per
+    /// buffer free (more would end the same way).
+    fn rearm_starved(&mut self) {
+        let Some(side) = &mut self.ring else { return };
+        let conns = &mut self.conns;
+        let mut free = side.ring.shared().free_buffers();
+        side.starved.retain(|&(token, serial)| match conns.get_mut(token) {
+            Some(entry) if entry.serial == serial => {
+                let wants = reads(&entry.session);
+                let Some(conn) = entry.stream.ring_conn() else { return false };
+                if wants && free == 0 {
+                    return true;
+                }
+                free -= usize::from(wants);
+                conn.rearm_starved(wants);
+                false
+            }
+            _ => false,
+        });
+    }
+
     /// Cancels the multishot accept: shutdown has begun.
     pub(super) fn stop_ring_accept(&mut self) {
         if let Some(side) = &mut self.ring {
             side.backlog.clear();
-            side.ring.shared().direct.set(true);
             if std::mem::take(&mut side.accept_armed) {
                 side.ring.cancel(Tag::new(ACCEPTING, 0, Op::Accept));
             }

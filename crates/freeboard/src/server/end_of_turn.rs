@@ -16,6 +16,11 @@ use crate::metrics::close_label;
 use crate::session::{FairShare, Phase};
 use crate::transport::{Io, Transport};
 
+/// Rounds of the io_uring sends one turn's end makes (each after the flushes of the last
+/// round's completions).
+#[cfg(target_os = "linux")]
+const SEND_ROUNDS: usize = 4;
+
 impl<T: Transport> EventLoop<T> {
     pub(super) fn expire_timers(&mut self, now: Instant) {
         while let Some(&Reverse((at, token, serial))) = self.expiries.peek() {
@@ -71,15 +76,31 @@ impl<T: Transport> EventLoop<T> {
             self.release_at = Some(now + RELEASE_INTERVAL);
         }
         self.reclaim(now);
+        #[cfg(target_os = "linux")]
+        self.ring_batches(true);
         let mut i = 0;
-        while i < self.dirty.len() {
-            let token = self.dirty[i];
-            i += 1;
-            if let Some(entry) = self.conns.get_mut(token) {
-                entry.dirty = false;
-                self.flush(token, now);
+        #[cfg(target_os = "linux")]
+        let mut rounds = 0;
+        loop {
+            while i < self.dirty.len() {
+                let token = self.dirty[i];
+                i += 1;
+                if let Some(entry) = self.conns.get_mut(token) {
+                    entry.dirty = false;
+                    self.flush(token, now);
+                }
             }
+            // The ring's sends leave together; what their completions marked is flushed in
+            // turn (a few rounds: the rest waits for the next turn).
+            #[cfg(target_os = "linux")]
+            if self.ring.is_some() && rounds < SEND_ROUNDS && self.send_ring(now) {
+                rounds += 1;
+                continue;
+            }
+            break;
         }
+        #[cfg(target_os = "linux")]
+        self.ring_batches(false);
         self.dirty.clear();
         self.share = FairShare::new(&self.pool, self.conns.len());
         if self.conns.is_empty() && self.conns.capacity() > INITIAL_CONNS {

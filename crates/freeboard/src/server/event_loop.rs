@@ -638,6 +638,11 @@ impl<T: Transport> EventLoop<T> {
                 }
             }
         }
+        // What the last turn's sends found received (their completions came with them).
+        #[cfg(target_os = "linux")]
+        if self.ring_has_ready() {
+            self.complete(now);
+        }
         self.drain_inbox(now);
         self.run_decisions(now);
         self.end_turn(now);
@@ -670,11 +675,16 @@ impl<T: Transport> EventLoop<T> {
     }
 
     /// How long the next turn may wait for readiness: zero while work is left over from the
-    /// last (a busy peer's next read, a backlog to accept, a drain that has ended), else
+    /// last (a busy peer's next read, a backlog to accept, a drain that has ended, bytes the
+    /// ring's sends found received), else
     /// until the next deadline.
     pub(crate) fn wait(&self, now: Instant) -> Option<Duration> {
         let drained = self.drain_deadline.is_some() && self.conns.is_empty();
-        if self.resume.is_empty() && !self.accept_more && !drained {
+        #[cfg(target_os = "linux")]
+        let received = self.ring_has_ready();
+        #[cfg(not(target_os = "linux"))]
+        let received = false;
+        if self.resume.is_empty() && !self.accept_more && !drained && !received {
             self.poll_timeout(now)
         } else {
             Some(Duration::ZERO)

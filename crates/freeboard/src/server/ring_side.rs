@@ -26,8 +26,11 @@ pub(super) struct RingSide {
     pub(super) accept_armed: bool,
     /// One batch of completions (kept for its allocation).
     pub(super) completed: Vec<cqueue::Entry>,
-    /// Connections that received something this turn, to read once the batch is handled.
-    pub(super) ready: Vec<usize>,
+    /// Connections that received something, to read once the batch is handled: `(slot,
+    /// serial)` (the turn's sends may leave some for the next turn).
+    pub(super) ready: Vec<(usize, u64)>,
+    /// The tags of the connections the turn's sends are for (kept for its allocation).
+    pub(super) sending: Vec<crate::uring::Tag>,
     /// Connections whose receive ended for want of buffers: `(slot, serial)`.
     pub(super) starved: Vec<(usize, u64)>,
     /// Connections the multishot accept took and the loop has not opened yet: a batch a
@@ -71,6 +74,7 @@ impl RingSide {
             accept_armed: accepts,
             completed: Vec::with_capacity(1024),
             ready: Vec::with_capacity(64),
+            sending: Vec::with_capacity(256),
             starved: Vec::new(),
             backlog: VecDeque::new(),
         })
