@@ -18,8 +18,8 @@ pub enum IoDriver {
     /// Readiness from epoll, then a `read` per socket and a `writev` per connection touched.
     #[default]
     Epoll,
-    /// io_uring (Linux 6.0 or later): multishot accept, multishot receive into buffers
-    /// carved from the loop's pool, and the turn's sends in one submission. TLS and admin
+    /// io_uring (Linux 6.0 or later): multishot accept, receives of one buffer carved from
+    /// the loop's pool, and the turn's sends in one submission. TLS and admin
     /// connections stay on epoll. A loop whose kernel refuses io_uring (seccomp,
     /// `kernel.io_uring_disabled`, a missing operation) runs on epoll instead.
     Uring,
