@@ -17,7 +17,7 @@ use crate::session::{FairShare, Phase};
 use crate::transport::{Io, Transport};
 
 /// Rounds of the io_uring sends one turn's end makes (each after the flushes of the last
-/// round's completions).
+/// round's completions); the flushes after the last write straight to the sockets.
 #[cfg(target_os = "linux")]
 const SEND_ROUNDS: usize = 4;
 
@@ -91,10 +91,11 @@ impl<T: Transport> EventLoop<T> {
                 }
             }
             // The ring's sends leave together; what their completions marked is flushed in
-            // turn (a few rounds: the rest waits for the next turn).
+            // turn, a few rounds, after which those flushes write straight to the sockets.
             #[cfg(target_os = "linux")]
-            if self.ring.is_some() && rounds < SEND_ROUNDS && self.send_ring(now) {
+            if self.ring.is_some() && self.send_ring(now) {
                 rounds += 1;
+                self.ring_batches(rounds < SEND_ROUNDS);
                 continue;
             }
             break;
