@@ -3,7 +3,9 @@
 //! budget, slowloris), while an innocent client's echoes come back intact.
 //!
 //! Each server is the binding's benchmark echo server (`bindings/node/bench/server.js`,
-//! `bindings/python/bench/servers.py`), started per test and killed by its PID. Ignored in
+//! `bindings/python/bench/servers.py`) in both of its styles — an object per connection
+//! (`ws`, `websockets`) and none (Node's connections by id, Python's listener) — started per
+//! test and killed by its PID. Ignored in
 //! the workspace run: they need the bindings built, and `scripts/test` runs them
 //! (`--ignored`) right after building them.
 
@@ -23,22 +25,24 @@ struct Binding {
 }
 
 impl Binding {
-    /// Starts the `name` binding's echo server ("node" or "python") with extra settings.
+    /// Starts the `name` binding's echo server (one of [`BINDINGS`]) with extra settings.
     fn start(name: &'static str, settings: &str) -> Self {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let at = format!("127.0.0.1:{port}");
         let mut command = match name {
-            "node" => {
+            "node" | "node-ids" => {
+                let mode = if name == "node" { "echo" } else { "echo-ids" };
                 let mut c = Command::new("node");
-                c.arg(root.join("bindings/node/bench/server.js")).args(["echo", &at, settings]);
+                c.arg(root.join("bindings/node/bench/server.js")).args([mode, &at, settings]);
                 c
             }
             _ => {
                 let python: PathBuf = root.join("bindings/python/.venv/bin/python");
+                let server = if name == "python" { "freeboard" } else { "freeboard-listener" };
                 let mut c = Command::new(python);
                 c.arg(root.join("bindings/python/bench/servers.py"));
-                c.args(["freeboard", "echo", &at, settings]);
+                c.args([server, "echo", &at, settings]);
                 c
             }
         };
@@ -62,7 +66,9 @@ impl Drop for Binding {
     }
 }
 
-const BINDINGS: [&str; 2] = ["node", "python"];
+/// Each binding in each style: a `WebSocket` per connection and by id (Node), a coroutine per
+/// connection and a listener (Python).
+const BINDINGS: [&str; 4] = ["node", "node-ids", "python", "python-listener"];
 
 /// The families run one at a time: each measures an innocent client beside one attack.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -131,7 +137,7 @@ fn slowloris_connections_are_dropped_at_the_handshake_timeout() {
         // A byte per second against a 3 s handshake timeout (milliseconds in JavaScript,
         // seconds in Python, as each binding takes its timeouts).
         let settings = match name {
-            "node" => r#"{"memory": "256M", "handshakeTimeout": 3000}"#,
+            "node" | "node-ids" => r#"{"memory": "256M", "handshakeTimeout": 3000}"#,
             _ => r#"{"memory": "256M", "handshake_timeout": 3}"#,
         };
         let server = Binding::start(name, settings);
