@@ -5,29 +5,7 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { once } = require('node:events');
-const WS = require('ws');
-const { Server } = require('..');
-
-/** A server held by ids, on an ephemeral loopback port, ready. */
-async function listen(options) {
-  const server = new Server({ host: '127.0.0.1', port: 0, memory: '64M', ...options });
-  await once(server, 'listening');
-  return server;
-}
-
-function url(server, path = '/') {
-  return `ws://127.0.0.1:${server.address().port}${path}`;
-}
-
-async function connect(server, path, options) {
-  const client = new WS(url(server, path), options);
-  await once(client, 'open');
-  return client;
-}
-
-async function stop(server) {
-  await new Promise((resolve) => server.close(resolve));
-}
+const { listen, connect, stop } = require('./support');
 
 async function until(condition, what) {
   for (let i = 0; i < 1000 && !condition(); i++) await new Promise((r) => setTimeout(r, 5));

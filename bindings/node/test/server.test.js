@@ -5,33 +5,12 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const { once } = require('node:events');
 const WS = require('ws');
-const { Server } = require('..');
-
-/** A server on an ephemeral loopback port, ready. */
-async function listen(options = {}) {
-  const server = new Server({ host: '127.0.0.1', port: 0, memory: '64M', ...options });
-  await once(server, 'listening');
-  return server;
-}
-
-function url(server, path = '/') {
-  return `ws://127.0.0.1:${server.address().port}${path}`;
-}
-
-async function connect(server, path, options) {
-  const client = new WS(url(server, path), options);
-  await once(client, 'open');
-  return client;
-}
+const { listen, url, connect, stop } = require('./support');
 
 /** A client and the server's side of its connection. */
 async function pair(server, path) {
   const [[ws], client] = await Promise.all([once(server, 'connection'), connect(server, path)]);
   return [client, ws];
-}
-
-async function stop(server) {
-  await new Promise((resolve) => server.close(resolve));
 }
 
 /** The next message a client receives, as [data, isBinary]. */

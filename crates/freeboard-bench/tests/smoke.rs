@@ -446,20 +446,7 @@ fn topic_service(config: &ServerConfig) -> freeboard_topics::Service {
 
 #[test]
 fn a_crowd_beyond_the_budget_is_refused_503_counted_by_cause_and_the_rest_held() {
-    let mut config = ServerConfig::default();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.threads = 1;
-    // A budget that pays for a few hundred connections' kernel memory.
-    config.memory = 3 << 20;
-    config.read_buffer = 16 << 10;
-    config.limits.max_message_size = 64 << 10;
-    config.limits.send_cap = 128 << 10;
-    config.limits.idle_timeout = None;
-    config.max_connections_per_ip = 100_000;
-    let server = Server::bind(config, || Router::new().route("/", Echo)).unwrap();
-    let admissible = server.capacity().budget;
-    let server = server.spawn();
-    let target = Target::parse(&format!("ws://{}/", server.local_addr())).unwrap();
+    let (server, admissible, target) = small_budget_server();
     let extra = 100;
     let crowd = freeboard_bench::crowd::Crowd {
         in_flight: 64,
@@ -486,19 +473,7 @@ fn a_crowd_beyond_the_budget_is_refused_503_counted_by_cause_and_the_rest_held()
 
 #[test]
 fn a_reconnect_storm_brings_every_client_back_inside_the_budget() {
-    let mut config = ServerConfig::default();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.threads = 1;
-    config.memory = 3 << 20;
-    config.read_buffer = 16 << 10;
-    config.limits.max_message_size = 64 << 10;
-    config.limits.send_cap = 128 << 10;
-    config.limits.idle_timeout = None;
-    config.max_connections_per_ip = 100_000;
-    let server = Server::bind(config, || Router::new().route("/", Echo)).unwrap();
-    let admissible = server.capacity().budget;
-    let server = server.spawn();
-    let target = Target::parse(&format!("ws://{}/", server.local_addr())).unwrap();
+    let (server, admissible, target) = small_budget_server();
     // Room for the handshakes in flight, whose 101s hold pool chunks.
     let count = admissible - 64;
     // Others hold part of the budget when the storm starts, and leave a second later: the
@@ -555,4 +530,23 @@ fn a_reconnect_storm_brings_every_client_back_inside_the_budget() {
     assert_eq!(metrics.refusals_for(503), refused);
     server.handle().shutdown();
     server.join().unwrap();
+}
+
+/// An echo server whose budget pays for a few hundred connections' kernel memory, how many
+/// it admits, and its URL.
+fn small_budget_server() -> (freeboard::RunningServer, usize, Target) {
+    let mut config = ServerConfig::default();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.threads = 1;
+    config.memory = 3 << 20;
+    config.read_buffer = 16 << 10;
+    config.limits.max_message_size = 64 << 10;
+    config.limits.send_cap = 128 << 10;
+    config.limits.idle_timeout = None;
+    config.max_connections_per_ip = 100_000;
+    let server = Server::bind(config, || Router::new().route("/", Echo)).unwrap();
+    let admissible = server.capacity().budget;
+    let server = server.spawn();
+    let target = Target::parse(&format!("ws://{}/", server.local_addr())).unwrap();
+    (server, admissible, target)
 }
