@@ -5,7 +5,7 @@
 //! until every client is back, the attempts it took, what refused or failed them, and the
 //! server's memory (its RSS and the host's socket memory) at its peak during the storm.
 //!
-//! Built on the [`crowd`](crate::crowd) generator's pieces: one thread, one `mio` poll, a
+//! Built on the [`crowd`] generator's pieces: one thread, one `mio` poll, a
 //! non-blocking socket and a few bytes of state per client.
 
 use std::cmp::Reverse;
@@ -36,7 +36,7 @@ pub struct Storm {
     pub sources: Vec<Ipv4Addr>,
     /// A client's first wait after its connection was cut; each failed attempt doubles it.
     /// The wait is drawn between half and all of the step ("equal jitter"), as
-    /// [`freeboard::client::Backoff`] does.
+    /// [`freeboard::client::resume::Backoff`] does.
     pub initial: Duration,
     /// The longest step.
     pub max: Duration,
