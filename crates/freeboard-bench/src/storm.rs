@@ -154,19 +154,21 @@ pub fn run(
     let baseline = KernelFigures::read().socket_slab_bytes;
     let mut rounds = Vec::with_capacity(storm.rounds + 1);
     for round in 0..=storm.rounds {
-        let began = run.now_ms();
-        if round == 0 {
-            // Everyone starts at once: the first connect is a storm of its own.
-            (0..storm.count).for_each(|i| run.due.push(Reverse((began, i))));
-        } else {
+        if round > 0 {
             std::thread::sleep(storm.hold);
-            let began = run.now_ms();
-            for i in 0..storm.count {
+        }
+        // Everyone at once: the first connect is a storm of its own; after a cut, each
+        // client waits its first jittered step.
+        let began = run.now_ms();
+        for i in 0..storm.count {
+            let wait = if round == 0 {
+                0
+            } else {
                 run.cut(i);
                 run.clients[i].step_ms = initial_ms;
-                let wait = run.next_wait(i);
-                run.due.push(Reverse((began + wait, i)));
-            }
+                run.next_wait(i)
+            };
+            run.due.push(Reverse((began + wait, i)));
         }
         rounds.push(run.round(storm, round, baseline, progress)?);
     }
