@@ -148,6 +148,23 @@ fn publish(
     writer.join().unwrap().unwrap();
 }
 
+/// Waits until the server queued `n` deliveries of publications (a `drop-newest` drop
+/// standing in for one): under `drop-oldest` and `conflate` every publication is queued, an
+/// older one making room.
+fn fanned_out(serve: &Serve, policy: &str, n: u64) {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut reached = metric(&serve.addr, "freeboard_topic_deliveries_total");
+        if policy == "drop-newest" {
+            reached += metric(&serve.addr, "freeboard_drops_total{reason=\"drop-newest\"");
+        }
+        if reached >= n {
+            return;
+        }
+        assert!(Instant::now() < until, "{policy}: {reached} of {n} deliveries");
+    }
+}
+
 #[test]
 fn delta_subscribers_get_every_document_and_one_that_drops_never_applies_a_wrong_base() {
     // 16 KB of each document change: deltas of about 16 KB, 500 of which (8 MB) are more than
@@ -202,6 +219,10 @@ fn delta_subscribers_get_every_document_and_one_that_drops_never_applies_a_wrong
             })
             .collect();
         publish(&serve, &mut publisher, 1..BURST, doc);
+        // Counted as published is not yet fanned out on the other loop: wait until each of
+        // the four subscribers (the publisher among them) got every publication or its drop,
+        // or the slow one would read in time to lose nothing.
+        fanned_out(&serve, policy, 4 * BURST as u64);
         // Now the slow one reads what its queue kept, until it is quiet ...
         let quiet = Duration::from_millis(500);
         let (s, i) = (&mut slow, &mut slow_inbox);
@@ -231,7 +252,11 @@ fn delta_subscribers_get_every_document_and_one_that_drops_never_applies_a_wrong
             );
         }
         let dropped = metric(&serve.addr, &format!("freeboard_drops_total{{reason=\"{}\"", policy));
-        assert!(dropped > 0 && lost > 0, "{policy}: delta subscribers lost messages");
+        assert!(
+            dropped > 0 && lost > 0,
+            "{policy}: {dropped} drops counted, {lost} documents lost, the slow subscriber \
+             decoded {slow_applied:?}"
+        );
         assert!(slow_applied.deltas > 0, "{policy}: {slow_applied:?}");
         eprintln!(
             "{policy}: the slow subscriber decoded {} documents ({} as deltas), refused {} \
