@@ -103,7 +103,7 @@ impl<T: Transport> EventLoop<T> {
         #[cfg(target_os = "linux")]
         self.ring_batches(false);
         self.dirty.clear();
-        self.share = FairShare::new(&self.pool, self.conns.len());
+        self.share = FairShare::beside(&self.pool, self.conns.len(), self.ring_chunks());
         if self.conns.is_empty() && self.conns.capacity() > INITIAL_CONNS {
             // A burst of connections is over: give its memory back rather than keep the peak.
             // The old tables go first and the new ones start empty (they grow again on
@@ -307,12 +307,10 @@ impl<T: Transport> EventLoop<T> {
         // An io_uring loop's receive buffers are its read buffer, not anyone's data: counted
         // apart (`pool_receive_buffer_chunks`), as an epoll loop's read buffer is not a chunk.
         #[cfg(target_os = "linux")]
-        let (own, taken) = self
-            .ring
-            .as_ref()
-            .map_or((0, 0), |side| (side.ring.buffer_chunks(), side.ring.buffer_count()));
+        let taken = self.ring.as_ref().map_or(0, |side| side.ring.buffer_count());
         #[cfg(not(target_os = "linux"))]
-        let (own, taken) = (0, 0);
+        let taken = 0;
+        let own = self.ring_chunks();
         let g = &mut self.gauges;
         g.chunks_in_use.set(c.chunks_in_use.saturating_sub(own) as i64);
         g.chunks_high_water.set(c.chunks_high_water.saturating_sub(taken) as i64);

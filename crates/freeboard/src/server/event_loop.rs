@@ -527,15 +527,22 @@ impl<T: Transport> EventLoop<T> {
         Ok(())
     }
 
+    /// The pool chunks the loop holds for itself: an io_uring loop's receive buffers (an
+    /// epoll loop's read buffer is not a chunk).
+    pub(super) fn ring_chunks(&self) -> usize {
+        #[cfg(target_os = "linux")]
+        let own = self.ring.as_ref().map_or(0, |side| side.ring.buffer_chunks());
+        #[cfg(not(target_os = "linux"))]
+        let own = 0;
+        own
+    }
+
     /// Publishes the loop's fixed gauges: call once before the first turn.
     pub(crate) fn start(&mut self) {
         let label = LoopLabel { event_loop: self.index };
         let m = &self.shared.metrics;
         // An io_uring loop's receive buffers are counted apart (see `publish_gauges`).
-        #[cfg(target_os = "linux")]
-        let own = self.ring.as_ref().map_or(0, |side| side.ring.buffer_chunks());
-        #[cfg(not(target_os = "linux"))]
-        let own = 0;
+        let own = self.ring_chunks();
         m.chunks_capacity.get_or_create(&label).set((self.pool.chunks_total() - own) as i64);
         m.chunk_size.set(self.pool.chunk_size() as i64);
         m.budget_bytes.get_or_create(&label).set(self.pool.budget().limit() as i64);

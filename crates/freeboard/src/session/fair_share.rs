@@ -67,8 +67,16 @@ impl FairShare {
     /// The share of a loop whose pool serves `open` connections. The chunks the pool withholds
     /// for the connections' kernel memory are not the data path's: shares are of the rest.
     pub(crate) fn new(pool: &Pool<'_>, open: usize) -> Self {
+        Self::beside(pool, open, 0)
+    }
+
+    /// [`new`](Self::new) for a loop that holds `own` of the pool's chunks for itself (an
+    /// io_uring loop's receive buffers): they are no connection's data, so shares are of the
+    /// rest, or the connections behind would be granted those chunks too and leave a reader's
+    /// reply without one.
+    pub(crate) fn beside(pool: &Pool<'_>, open: usize, own: usize) -> Self {
         let open = open.max(1);
-        let chunks = pool.chunks_total().saturating_sub(pool.chunks_withheld());
+        let chunks = pool.chunks_total().saturating_sub(pool.chunks_withheld() + own);
         let slots = pool.segments_total();
         let floor = open.min(chunks / 8);
         Self {
