@@ -69,7 +69,8 @@ fn partial_post_bodies_cannot_take_the_pool() {
 /// their replies pile up in the server. They are behind, so once the pool is contended their
 /// own policy (`close`, 1008) acts on them: when they push, and through the loop's sweep when
 /// they stopped pushing (they are not read once behind). The reading client loses nothing and
-/// is never refused for a pool they took.
+/// is never refused for a pool they took. (On io_uring they are paused before the pool is
+/// short, so none may need closing: there the pool must merely never run out.)
 #[test]
 fn clients_that_never_read_are_closed_and_the_reader_loses_nothing() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -105,8 +106,19 @@ fn clients_that_never_read_are_closed_and_the_reader_loses_nothing() {
         attacker.join().unwrap();
     }
     let closed = during.delta(&before, "slow_consumer_closes_total");
-    println!("{closed} slow consumers closed");
-    assert!(closed > 0.0, "no never-reading client was charged for the pool");
+    let (high, capacity) =
+        (during.sum("pool_chunks_high_water"), during.sum("pool_chunks_capacity"));
+    println!("{closed} slow consumers closed; pool high water {high} of {capacity} chunks");
+    if std::env::var("HOSTILE_IO").is_ok_and(|io| io == "uring") {
+        // On io_uring a client that is behind is not read, and what it sent meanwhile waits in
+        // its socket (at most two chunks of it in the pool), so the pool need not run short
+        // for the policy to have acted; it must not run out.
+        assert!(high < capacity, "the never-reading clients took the whole pool");
+    } else {
+        // On epoll a read of `read_buffer` bytes is parsed whole, so their echoes are queued
+        // past the high watermark and the pool is contended: their policy must act.
+        assert!(closed > 0.0, "no never-reading client was charged for the pool");
+    }
     println!("HOSTILE never_reading_echo_clients: {figures}");
     figures.echo.assert_intact();
 }
