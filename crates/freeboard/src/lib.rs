@@ -65,6 +65,8 @@ mod uring;
 pub use config::{IoDriver, ServerConfig, TlsConfig};
 pub use features::MissingFeature;
 pub use freeboard_buf::ConflateKey;
+/// What stopped a message the `block` policy refused ([`PushOutcome::WouldBlock`]).
+pub use freeboard_buf::Limit;
 pub use freeboard_buf::PushOutcome;
 pub use freeboard_buf::SlowConsumerPolicy;
 pub use freeboard_buf::Watermarks;

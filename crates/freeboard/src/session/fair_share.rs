@@ -122,9 +122,7 @@ impl FairShare {
     fn judge_contended(&self, pool: &Pool<'_>, queue: &SendQueue, bytes: usize) -> Room {
         let free_chunks = pool.chunks_free();
         let free_slots = pool.segments_total() - pool.segments_in_use();
-        let chunk = pool.chunk_size();
-        // A message may start a chunk and end in another: its chunks, and a slot for each.
-        let need = bytes.div_ceil(chunk) + 1;
+        let need = message_chunks(pool, bytes);
         let short = free_chunks < self.floor + need || free_slots < self.floor + need;
         if !short && free_chunks >= self.contended_chunks && free_slots >= self.contended_slots {
             return Room::Fits;
@@ -184,12 +182,28 @@ impl FairShare {
         self.fair_chunks.saturating_sub(held_chunks(pool, queue) + 1) * pool.chunk_size()
     }
 
+    /// Whether the pool is too short for a push of `bytes` onto any queue: it has less free
+    /// than the floor and the message's chunks (or slots), so [`judge`](Self::judge) cannot
+    /// say it fits. A driver whose push the pool refused waits at least until this clears.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn short(&self, pool: &Pool<'_>, bytes: usize) -> bool {
+        let need = message_chunks(pool, bytes);
+        pool.chunks_free() < self.floor + need
+            || pool.segments_total() - pool.segments_in_use() < self.floor + need
+    }
+
     /// Whether `queue` plus `need` more chunks (and slots) would pass its fair share.
     fn past_share(&self, pool: &Pool<'_>, queue: &SendQueue, need: usize) -> bool {
         let held_chunks = held_chunks(pool, queue);
         let held_slots = queue.messages() as usize + held_chunks;
         held_chunks + need > self.fair_chunks || held_slots + need > self.fair_slots
     }
+}
+
+/// The chunks (and slots) a message of `bytes` may take: it may start in one chunk and end
+/// in another.
+fn message_chunks(pool: &Pool<'_>, bytes: usize) -> usize {
+    bytes.div_ceil(pool.chunk_size()) + 1
 }
 
 /// The chunks `queue` holds: its bytes, and one more for a start or an end mid-chunk.

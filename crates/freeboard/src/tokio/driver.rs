@@ -5,11 +5,11 @@ use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
-use std::task::{self, Poll, Waker};
+use std::task::{self, Poll, Waker, ready};
 use std::time::Duration;
 
 use ::tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use freeboard_buf::Writability;
+use freeboard_buf::{Limit, PushOutcome, Writability};
 use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State, Whole};
 
 use super::endpoint::{Endpoint, Hub, HubGuard};
@@ -90,7 +90,64 @@ impl Drop for Turn<'_> {
     }
 }
 
+/// A [`send_async`](super::WsWriter::send_async) in progress: the message, until queued.
+/// Dropped before it is done, it takes its connection out of the endpoint's waiters for room.
+pub(super) struct SendWait<'a, S> {
+    shared: &'a Shared<S>,
+    kind: MessageKind,
+    /// The message's bytes; `None` once the send is done.
+    payload: Option<Vec<u8>>,
+}
+
+impl<'a, S: AsyncRead + AsyncWrite + Unpin> SendWait<'a, S> {
+    pub(super) fn new(shared: &'a Shared<S>, kind: MessageKind, payload: Vec<u8>) -> Self {
+        Self { shared, kind, payload: Some(payload) }
+    }
+
+    /// Sends what the Sink holds first, then the message; `Ready` with the final outcome.
+    pub(super) fn poll(&mut self, task: &mut task::Context<'_>) -> Poll<SendOutcome> {
+        let shared = self.shared;
+        let mut guard = shared.lock();
+        let conn = &mut *guard;
+        let mut turn = Turn::new(&shared.endpoint);
+        let outcome = match ready!(shared.poll_held_in(conn, &mut turn, task)) {
+            Err(_) => SendOutcome::Closed,
+            Ok(()) => {
+                // NOTE(unwrap): a future is not polled after it returned `Ready`.
+                let payload = self.payload.as_deref().expect("polled after completion");
+                ready!(shared.poll_offer(conn, &mut turn, task, self.kind, payload))
+            }
+        };
+        conn.schedule_write(&mut turn);
+        if let Some(payload) = self.payload.take() {
+            spares::keep_payload(payload);
+        }
+        Poll::Ready(outcome)
+    }
+}
+
+impl<S> Drop for SendWait<'_, S> {
+    fn drop(&mut self) {
+        if self.payload.is_none() {
+            return;
+        }
+        let mut conn = self.shared.lock();
+        if let Some(rare) = &mut conn.rare
+            && rare.room_slot.is_some()
+        {
+            let identity = self.shared.identity();
+            self.shared.endpoint.lock().stop_waiting_for_room(&mut rare.room_slot, identity);
+        }
+    }
+}
+
 impl<S> Shared<S> {
+    /// This connection's identity among the endpoint's waiters: the address of its state,
+    /// unique while it lives.
+    fn identity(&self) -> usize {
+        std::ptr::from_ref(self).addr()
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, Conn<S>> {
         self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -116,33 +173,135 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
             Payload::Borrowed(data) => data,
             Payload::Owned(data) => &data[..],
         };
-        // The common reply joins the cork under this connection's lock alone; anything else
-        // (a queue past the cork, a pool that is contended) takes the endpoint's.
-        let room = self.endpoint.cork_room.load(Ordering::Relaxed);
-        let corked = match (conn.role, conn.cork.as_deref_mut()) {
-            (Role::Server, Some(cork)) => conn.session.send_corked(cork, room, kind, data),
-            _ => None,
-        };
-        let outcome = match corked {
-            Some(outcome) => Some(outcome),
-            None => {
-                let cx = &mut turn.cx(conn.role, conn.read_at, conn.cork.as_deref_mut());
-                conn.session.send(cx, kind, data)
-            }
-        };
+        let outcome = conn.offer(&mut turn, kind, data);
         if let Payload::Owned(spent) = payload {
             spares::keep_payload(spent);
         }
-        conn.note_close();
-        if corked.is_none() && conn.input.is_none() && conn.cork.is_none() {
-            // A send outside the reader's turn (another task's, maybe on another worker) woke
-            // the state into this thread's boxes: it parks back into them at once, as the
-            // event loop parks at the end of a turn, so boxes do not drift from the threads
-            // that send to those that read.
-            conn.session.park(turn.lot());
+        conn.schedule_write(&mut turn);
+        outcome
+    }
+
+    /// The Sink's `start_send`: queues the message, or holds it when the `block` policy
+    /// refuses it (and behind any message held already, to keep their order).
+    pub(super) fn send_or_hold(&self, kind: MessageKind, payload: Vec<u8>) -> Result<(), Error> {
+        let mut guard = self.lock();
+        let conn = &mut *guard;
+        if conn.session.state() != State::Open {
+            return Err(Error::Closed);
+        }
+        if conn.rare.as_ref().is_some_and(|rare| !rare.held.is_empty()) {
+            conn.rare().held.push_back((kind, payload));
+            return Ok(());
+        }
+        let mut turn = Turn::new(&self.endpoint);
+        let outcome = conn.offer(&mut turn, kind, &payload);
+        match outcome {
+            SendOutcome::Queue(PushOutcome::WouldBlock { .. }) => {
+                conn.rare().held.push_back((kind, payload));
+            }
+            _ => spares::keep_payload(payload),
         }
         conn.schedule_write(&mut turn);
-        outcome.map_or(SendOutcome::Closed, SendOutcome::from)
+        match outcome {
+            SendOutcome::Closed => Err(Error::Closed),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sends the messages the Sink holds, in order, waiting for room as
+    /// [`SendWait`] does. `Err(Closed)` if the connection closed with messages held (they
+    /// are discarded: the error is how the producer hears of them).
+    pub(super) fn poll_held(&self, task: &mut task::Context<'_>) -> Poll<Result<(), Error>> {
+        let mut guard = self.lock();
+        let conn = &mut *guard;
+        if conn.rare.as_ref().is_none_or(|rare| rare.held.is_empty()) {
+            return Poll::Ready(Ok(()));
+        }
+        let mut turn = Turn::new(&self.endpoint);
+        let result = ready!(self.poll_held_in(conn, &mut turn, task));
+        // Not while waiting: this task was just registered among the writers, and a write
+        // scheduled then would wake it at once.
+        conn.schedule_write(&mut turn);
+        Poll::Ready(result)
+    }
+
+    /// [`poll_held`](Self::poll_held) with the connection locked, leaving the write of what
+    /// it queued to the caller.
+    fn poll_held_in(
+        &self,
+        conn: &mut Conn<S>,
+        turn: &mut Turn<'_>,
+        task: &mut task::Context<'_>,
+    ) -> Poll<Result<(), Error>> {
+        loop {
+            let Some((kind, payload)) = conn.rare.as_mut().and_then(|rare| rare.held.pop_front())
+            else {
+                return Poll::Ready(Ok(()));
+            };
+            match self.poll_offer(conn, turn, task, kind, &payload) {
+                Poll::Pending => {
+                    conn.rare().held.push_front((kind, payload));
+                    return Poll::Pending;
+                }
+                Poll::Ready(SendOutcome::Closed) => {
+                    conn.rare().held.clear();
+                    return Poll::Ready(Err(Error::Closed));
+                }
+                Poll::Ready(_) => spares::keep_payload(payload),
+            }
+        }
+    }
+
+    /// One turn of a send that waits for room (`conn` is this connection's, locked): queues
+    /// `data` unless the `block` policy refuses it; refused, writes what is queued (which
+    /// may make the room) and tries once more; refused again, registers `task` to be woken
+    /// by the queue's writes or the close (the writers' list) and, when the pool was short,
+    /// by the endpoint once the pool has more room. The registration is made under the
+    /// locks the refusal was judged under, so no write or release between them is missed.
+    fn poll_offer(
+        &self,
+        conn: &mut Conn<S>,
+        turn: &mut Turn<'_>,
+        task: &mut task::Context<'_>,
+        kind: MessageKind,
+        data: &[u8],
+    ) -> Poll<SendOutcome> {
+        let mut wrote = false;
+        loop {
+            let outcome = match conn.session.state() {
+                State::Open => conn.offer(turn, kind, data),
+                _ => SendOutcome::Closed,
+            };
+            let SendOutcome::Queue(PushOutcome::WouldBlock { limit }) = outcome else {
+                if let Some(rare) = &mut conn.rare
+                    && rare.room_slot.is_some()
+                {
+                    turn.hub().stop_waiting_for_room(&mut rare.room_slot, self.identity());
+                }
+                return Poll::Ready(outcome);
+            };
+            if !wrote {
+                wrote = true;
+                let _ = conn.write(turn, task);
+                continue;
+            }
+            let rare = conn.rare.get_or_insert_with(Box::default);
+            if limit == Limit::Pool {
+                // At least its 2-byte frame header (§5.2): a lower bound, so a waiter is
+                // never left asleep when its message would fit.
+                let framed = data.len() + 2;
+                turn.hub().wait_for_room(
+                    &mut rare.room_slot,
+                    self.identity(),
+                    framed,
+                    task.waker(),
+                );
+            }
+            if !rare.writers.iter().any(|w| w.will_wake(task.waker())) {
+                rare.writers.push(task.waker().clone());
+            }
+            return Poll::Pending;
+        }
     }
 
     pub(super) fn close(&self, code: CloseCode, reason: &str) -> Result<(), Error> {
@@ -295,6 +454,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Shared<S> {
 }
 
 impl<S> Conn<S> {
+    /// Queues one message of an open connection (the endpoint's lock taken only if the
+    /// cork cannot take it) and says what the queue did.
+    #[inline]
+    fn offer(&mut self, turn: &mut Turn<'_>, kind: MessageKind, data: &[u8]) -> SendOutcome {
+        // The common reply joins the cork under this connection's lock alone; anything else
+        // (a queue past the cork, a pool that is contended) takes the endpoint's.
+        let room = turn.endpoint.cork_room.load(Ordering::Relaxed);
+        let corked = match (self.role, self.cork.as_deref_mut()) {
+            (Role::Server, Some(cork)) => self.session.send_corked(cork, room, kind, data),
+            _ => None,
+        };
+        let outcome = match corked {
+            Some(outcome) => Some(outcome),
+            None => {
+                let cx = &mut turn.cx(self.role, self.read_at, self.cork.as_deref_mut());
+                self.session.send(cx, kind, data)
+            }
+        };
+        self.note_close();
+        if corked.is_none() && self.input.is_none() && self.cork.is_none() {
+            // A send outside the reader's turn (another task's, maybe on another worker) woke
+            // the state into this thread's boxes: it parks back into them at once, as the
+            // event loop parks at the end of a turn, so boxes do not drift from the threads
+            // that send to those that read.
+            self.session.park(turn.lot());
+        }
+        outcome.map_or(SendOutcome::Closed, SendOutcome::from)
+    }
+
     /// The rarely used state, boxed at its first use.
     pub(super) fn rare(&mut self) -> &mut Rare {
         self.rare.get_or_insert_with(Box::default)
@@ -352,10 +540,14 @@ impl<S> Conn<S> {
         }
     }
 
-    /// Keeps the session's close, once reported, for the reader.
+    /// Keeps the session's close, once reported, for the reader; once the session no longer
+    /// sends, wakes the tasks waiting to send (or flush) so they hear `Closed`.
     pub(super) fn note_close(&mut self) {
         if let Some(closed) = self.session.poll_close() {
             self.close = Some(close_event(&closed));
+        }
+        if self.session.state() != State::Open {
+            self.wake_writers();
         }
     }
 }
@@ -394,8 +586,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     Some(OwnedMessage::received(kind, data))
                 }
             };
+            // `note_close`, with the input borrowed.
             if let Some(closed) = self.session.poll_close() {
                 self.close = Some(close_event(&closed));
+            }
+            if self.session.state() != State::Open
+                && let Some(rare) = &mut self.rare
+            {
+                rare.writers.drain(..).for_each(Waker::wake);
             }
             if message.is_some() {
                 if input.at == input.end {
@@ -501,6 +699,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 
 impl<S> Drop for Shared<S> {
     fn drop(&mut self) {
+        let identity = self.identity();
         let conn = self.conn.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut turn = Turn::new(&self.endpoint);
         if let Some(input) = conn.input.take() {
@@ -512,9 +711,12 @@ impl<S> Drop for Shared<S> {
         }
         let hub = turn.hub();
         conn.session.release(&mut hub.pool);
-        if let Some(token) = conn.rare.as_mut().and_then(|rare| rare.token.take()) {
-            hub.subscriptions.drop_conn(&self.endpoint.topics, token);
-            hub.subscribers.remove(token);
+        if let Some(rare) = &mut conn.rare {
+            if let Some(token) = rare.token.take() {
+                hub.subscriptions.drop_conn(&self.endpoint.topics, token);
+                hub.subscribers.remove(token);
+            }
+            hub.stop_waiting_for_room(&mut rare.room_slot, identity);
         }
         hub.count_open(-1);
     }

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::Waker;
 
 use freeboard_buf::{Budget, Counters, Frame, Pool, PoolConfig, SendQueue};
 use freeboard_proto::{Instant, Role};
@@ -172,6 +173,55 @@ pub(super) struct Hub {
     server_limits: Reassembly,
     /// Pool chunks withheld for the [`Charge`]s alive.
     charged: usize,
+    /// Sends waiting for the pool to have room again.
+    room_waiters: RoomWaiters,
+}
+
+/// The tasks whose sends the `block` policy refused for want of pool room
+/// ([`Limit::Pool`](crate::Limit::Pool)), one entry per connection: the pool is
+/// shared, so no event of their own queue tells them when to retry. An entry is woken (and
+/// removed) when a lock holder leaves the pool with more room than when its send was refused.
+#[derive(Default)]
+struct RoomWaiters {
+    /// Invariant: at most one entry per connection (its key is kept in the connection's
+    /// state and reused while the entry lives), so the slab is bounded by the connections.
+    waiting: Slab<RoomWait>,
+}
+
+/// One connection's tasks waiting for pool room.
+struct RoomWait {
+    /// The connection's identity (the address of its state, unique while it lives): a key
+    /// a connection kept after its entry was woken and removed may name another's entry.
+    conn: usize,
+    /// The pool's room when the send was last refused.
+    seen: PoolRoom,
+    /// The smallest message refused (framed), which cannot fit while the pool is
+    /// [short](FairShare::short) for it.
+    bytes: usize,
+    /// The waiting tasks (more than one only when several tasks send on one connection).
+    wakers: Vec<Waker>,
+}
+
+/// What decides whether a send the pool refused may now fit: free chunks and segment slots,
+/// and the connections open (each one's fair share grows as they close).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PoolRoom {
+    chunks: usize,
+    slots: usize,
+    open: usize,
+}
+
+impl PoolRoom {
+    fn of(hub: &Hub) -> Self {
+        let pool = &hub.pool;
+        let slots = pool.segments_total() - pool.segments_in_use();
+        Self { chunks: pool.chunks_free(), slots, open: hub.open }
+    }
+
+    /// Whether a push refused at `seen` may succeed now.
+    fn grew_since(&self, seen: &PoolRoom) -> bool {
+        self.chunks > seen.chunks || self.slots > seen.slots || self.open < seen.open
+    }
 }
 
 /// Pool chunks an [`Endpoint`] withholds for memory spent outside its pool (an HTTP/2
@@ -228,6 +278,7 @@ impl Endpoint {
                 fan_out: Vec::new(),
                 server_limits: Reassembly::server(config.connection_reserve),
                 charged: 0,
+                room_waiters: RoomWaiters::default(),
             }),
             reading: AtomicUsize::new(0),
             corking: AtomicUsize::new(0),
@@ -276,6 +327,14 @@ impl Endpoint {
     /// Connections alive on this endpoint.
     pub fn connections(&self) -> usize {
         self.lock().open
+    }
+
+    /// Connections with a send waiting for pool room now
+    /// ([`WsWriter::send_async`](super::WsWriter::send_async) or the
+    /// [`Sink`](futures_sink::Sink) under the `block` policy, refused with
+    /// [`Limit::Pool`](crate::Limit::Pool)).
+    pub fn connections_waiting_for_room(&self) -> usize {
+        self.lock().room_waiters.waiting.len()
     }
 
     /// Read buffers held by connections now (each [`EndpointConfig::read_buffer`] bytes; an
@@ -350,6 +409,12 @@ impl Drop for HubGuard<'_> {
         // Still under the lock: the figure is the pool's as this holder leaves it.
         let room = self.guard.share.uncontended_room(&self.guard.pool);
         self.cork_room.store(room, Ordering::Relaxed);
+        // Every change to the pool is made under this lock, so its release is where chunks
+        // that came back are noticed; nobody waits in the common case, and the test is one
+        // load.
+        if !self.guard.room_waiters.waiting.is_empty() {
+            self.guard.wake_for_room();
+        }
     }
 }
 
@@ -358,6 +423,62 @@ impl Hub {
     pub(super) fn count_open(&mut self, change: isize) {
         self.open = self.open.saturating_add_signed(change);
         self.share = FairShare::new(&self.pool, self.open);
+    }
+
+    /// Registers `waker` to be woken once the pool has more room than now: call it under the
+    /// lock the refused push was judged under, so no release between the two is missed.
+    /// `slot` is the connection's key among the waiters (kept in its state), `conn` its
+    /// identity.
+    /// `bytes`: the refused message, framed.
+    pub(super) fn wait_for_room(
+        &mut self,
+        slot: &mut Option<usize>,
+        conn: usize,
+        bytes: usize,
+        waker: &Waker,
+    ) {
+        let seen = PoolRoom::of(self);
+        let waiting = &mut self.room_waiters.waiting;
+        match slot.and_then(|key| waiting.get_mut(key)).filter(|wait| wait.conn == conn) {
+            Some(wait) => {
+                wait.seen = seen;
+                wait.bytes = wait.bytes.min(bytes);
+                if !wait.wakers.iter().any(|w| w.will_wake(waker)) {
+                    wait.wakers.push(waker.clone());
+                }
+            }
+            None => {
+                let wait = RoomWait { conn, seen, bytes, wakers: vec![waker.clone()] };
+                *slot = Some(waiting.insert(wait));
+            }
+        }
+    }
+
+    /// Removes the connection's entry among the waiters, if it has one: its send went
+    /// through, or gave up. Other tasks of the connection waiting in it are woken to look
+    /// again for themselves.
+    pub(super) fn stop_waiting_for_room(&mut self, slot: &mut Option<usize>, conn: usize) {
+        let Some(key) = slot.take() else { return };
+        let waiting = &mut self.room_waiters.waiting;
+        if waiting.get(key).is_some_and(|wait| wait.conn == conn) {
+            waiting.remove(key).wakers.into_iter().for_each(Waker::wake);
+        }
+    }
+
+    /// Wakes (and removes) the entries that the pool has more room for than when their send
+    /// was refused, and room enough that their message may fit: a waiter is not polled for
+    /// every chunk that comes back.
+    #[cold]
+    fn wake_for_room(&mut self) {
+        let now = PoolRoom::of(self);
+        let (pool, share) = (&self.pool, &self.share);
+        self.room_waiters.waiting.retain(|_, wait| {
+            if !now.grew_since(&wait.seen) || share.short(pool, wait.bytes) {
+                return true;
+            }
+            wait.wakers.drain(..).for_each(Waker::wake);
+            false
+        });
     }
 
     /// Withholds the charged chunks from the pool; each connection's fair share shrinks.

@@ -64,10 +64,11 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{self, Poll, Waker};
+use std::task::{self, Poll, Waker, ready};
 
 use ::tokio::io::{AsyncRead, AsyncWrite};
 use ::tokio::time::Sleep;
@@ -269,6 +270,14 @@ struct Rare {
     writers: Vec<Waker>,
     /// The connection's key among the endpoint's subscribers, once it subscribed.
     token: Option<usize>,
+    /// Messages the [`Sink`](futures_sink::Sink) accepted and the `block` policy refused
+    /// (`WouldBlock`), oldest first: sent before anything else the Sink or
+    /// [`send_async`](WsWriter::send_async) sends. Invariant: at most one per writer that
+    /// passed `poll_ready` since it was last emptied (one for a single producer).
+    held: VecDeque<(MessageKind, Vec<u8>)>,
+    /// The connection's key among the endpoint's tasks waiting for pool room, while it may
+    /// have one there.
+    room_slot: Option<usize>,
 }
 
 /// Read bytes `bytes[at..end]` waiting to be parsed.
@@ -404,6 +413,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsWriter<S> {
         }
     }
 
+    /// Sends a message, waiting (without spinning) while the `block` slow-consumer policy
+    /// refuses it: for the queue to drain below its cap
+    /// ([`Limit::Cap`](crate::Limit::Cap)), or for the endpoint's pool to have room
+    /// again ([`Limit::Pool`](crate::Limit::Pool): woken when another connection's
+    /// chunks come back). Meanwhile it writes the connection's queue itself, as
+    /// [`writable`](Self::writable) does. It returns the final outcome, never `WouldBlock`:
+    /// `Queued`; `QueuedAboveHigh` (queued; the peer is behind: await
+    /// [`writable`](Self::writable) before producing more); `Dropped` under a drop policy
+    /// (counted); or `Closed` if the connection closed before the message could be queued
+    /// (a `Close` message is `Closed` too). A message the [`Sink`](futures_sink::Sink)
+    /// holds goes first. Dropping the future gives up the send; it leaves nothing
+    /// registered.
+    pub async fn send_async(&self, message: OwnedMessage) -> SendOutcome {
+        let Some((kind, payload)) = message.into_data() else { return SendOutcome::Closed };
+        let mut wait = driver::SendWait::new(&self.shared, kind, payload);
+        poll_fn(|task| wait.poll(task)).await
+    }
+
     /// Queues a text message; see [`send`](Self::send).
     pub fn send_text(&self, text: &str) -> SendOutcome {
         self.shared.send(MessageKind::Text, Payload::Borrowed(text.as_bytes()))
@@ -501,30 +528,44 @@ impl<S: AsyncRead + AsyncWrite + Unpin> futures_core::Stream for WsReader<S> {
     }
 }
 
-/// The `Sink` of the futures ecosystem, on the writer half ([`WebSocket::split`]):
-/// `poll_ready` waits for the queue to be writable, `start_send` queues (a message the policy
-/// drops is not an error: it is counted, and [`send`](WsWriter::send) reports it),
-/// `poll_flush` writes everything, `poll_close` closes with 1000.
+/// The `Sink` of the futures ecosystem, on the writer half ([`WebSocket::split`]). No message
+/// it accepts is lost silently:
+/// - `start_send` queues the message. If the `block` policy refuses it (`WouldBlock`, at the
+///   cap or for want of pool room), the connection holds it instead and `start_send` still
+///   returns `Ok`; messages held go out first, in order, before anything sent after them
+///   through the Sink or [`send_async`](WsWriter::send_async) (not before a plain
+///   [`send`](WsWriter::send), which answers at once). A message a drop policy drops is not
+///   an error: it is counted, as [`send`](WsWriter::send) reports it.
+/// - `poll_ready` sends the held messages, waiting (without spinning) for the queue to
+///   drain or the pool to have room, then waits for the queue to be writable (at or under its
+///   low watermark).
+/// - `poll_flush` sends the held messages the same way, then writes everything queued.
+/// - `poll_close` sends the held messages, closes with 1000 and writes everything.
+///
+/// Each returns `Err(Error::Closed)` if the connection closed while messages were held: they
+/// could not be sent, and that error is how the producer hears of it. A writer dropped
+/// without a flush leaves its held messages to the next `poll_ready`, `poll_flush`,
+/// `poll_close` or `send_async` on the connection.
 impl<S: AsyncRead + AsyncWrite + Unpin> futures_sink::Sink<OwnedMessage> for WsWriter<S> {
     type Error = Error;
 
     fn poll_ready(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Result<(), Error>> {
+        ready!(self.shared.poll_held(task))?;
         self.shared.poll_writable(task, false).map(|()| self.shared.open_or_closed())
     }
 
     fn start_send(self: Pin<&mut Self>, message: OwnedMessage) -> Result<(), Error> {
         let (kind, payload) = message.into_data().ok_or(Error::NotData)?;
-        match self.shared.send(kind, Payload::Owned(payload)) {
-            SendOutcome::Closed => Err(Error::Closed),
-            _ => Ok(()),
-        }
+        self.shared.send_or_hold(kind, payload)
     }
 
     fn poll_flush(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Result<(), Error>> {
+        ready!(self.shared.poll_held(task))?;
         self.shared.poll_writable(task, true).map(Ok)
     }
 
     fn poll_close(self: Pin<&mut Self>, task: &mut task::Context<'_>) -> Poll<Result<(), Error>> {
+        ready!(self.shared.poll_held(task))?;
         if self.shared.lock().session.state() == State::Open {
             self.shared.close(CloseCode::NORMAL, "")?;
         }
