@@ -32,27 +32,20 @@ async fn main() -> std::io::Result<()> {
     axum::serve(listener, app).await
 }
 
-/// freeboard's echo: each message goes back as it came. A client that stops reading is no
-/// longer read once its queue passes the high watermark (`QueuedAboveHigh`: wait until it
-/// drains); a message the `block` policy refuses at the cap (`WouldBlock`: not queued) is
-/// sent again once there is room, so no echo is lost.
+/// freeboard's echo: each message goes back as it came. `send_async` waits while the `block`
+/// policy refuses a message (at the cap, or while the pool is short), so no echo is lost; a
+/// client that stops reading is no longer read once its queue passes the high watermark
+/// (`QueuedAboveHigh`: wait until it drains).
 async fn echo(ws: WebSocketUpgrade) -> Response {
     ws.on_upgrade(|mut socket: AxumWebSocket| async move {
         while let Some(message) = socket.next().await {
-            loop {
-                let outcome = match &message {
-                    OwnedMessage::Text(text) => socket.send_text(text),
-                    OwnedMessage::Binary(bytes) => socket.send_binary(bytes),
-                    OwnedMessage::Close(_) => return,
-                };
-                match outcome {
-                    SendOutcome::Queue(PushOutcome::WouldBlock { .. }) => socket.writable().await,
-                    SendOutcome::Queue(PushOutcome::QueuedAboveHigh) => {
-                        socket.writable().await;
-                        break;
-                    }
-                    _ => break,
-                }
+            if let OwnedMessage::Close(_) = message {
+                return;
+            }
+            if let SendOutcome::Queue(PushOutcome::QueuedAboveHigh) =
+                socket.send_async(message).await
+            {
+                socket.writable().await;
             }
         }
     })

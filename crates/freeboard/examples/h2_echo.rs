@@ -52,22 +52,15 @@ async fn main() -> std::io::Result<()> {
 async fn echo(ws: WebSocketUpgrade) -> Response {
     ws.on_upgrade(|mut socket: AxumWebSocket| async move {
         while let Some(message) = socket.next().await {
-            // As examples/axum_echo.rs: wait above the high watermark (the client is then
-            // no longer read), send again what the `block` policy refused at the cap.
-            loop {
-                let outcome = match &message {
-                    OwnedMessage::Text(text) => socket.send_text(text),
-                    OwnedMessage::Binary(bytes) => socket.send_binary(bytes),
-                    OwnedMessage::Close(_) => return,
-                };
-                match outcome {
-                    SendOutcome::Queue(PushOutcome::WouldBlock { .. }) => socket.writable().await,
-                    SendOutcome::Queue(PushOutcome::QueuedAboveHigh) => {
-                        socket.writable().await;
-                        break;
-                    }
-                    _ => break,
-                }
+            // As examples/axum_echo.rs: wait while the `block` policy refuses the echo, and
+            // above the high watermark (the client is then no longer read).
+            if let OwnedMessage::Close(_) = message {
+                return;
+            }
+            if let SendOutcome::Queue(PushOutcome::QueuedAboveHigh) =
+                socket.send_async(message).await
+            {
+                socket.writable().await;
             }
         }
     })
