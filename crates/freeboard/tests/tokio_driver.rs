@@ -69,9 +69,7 @@ async fn echo(mut ws: WebSocket<TcpStream>) -> Option<CloseEvent> {
         match message {
             OwnedMessage::Close(close) => return Some(close),
             message => {
-                if let SendOutcome::Queue(PushOutcome::WouldBlock { .. }) = ws.send(message) {
-                    ws.writable().await;
-                }
+                ws.send_async(message).await;
             }
         }
     }
