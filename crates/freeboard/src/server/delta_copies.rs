@@ -11,11 +11,11 @@ use freeboard_buf::{Frame, Pool};
 use freeboard_proto::MessageKind;
 
 use super::compressed_copies::CompressedCopies;
-use super::event_copies::published_payload;
 use crate::delta::{BINARY_DELTA, TEXT_DELTA, WHOLE, write_envelope};
 use crate::fossil;
 use crate::metrics::LoopStats;
 use crate::session::deflate::Codec;
+use crate::session::event_copies::published_payload;
 use crate::topics::header;
 
 /// The last publication of each topic that has delta subscribers on this loop, and the

@@ -24,7 +24,6 @@ use slab::Slab;
 
 use super::compressed_copies::CompressedCopies;
 use super::delta_copies::{DeltaCopies, TopicDeltas};
-use super::event_copies::EventCopies;
 use super::requests::{AwaitingPublish, PlainRequest};
 use super::shared::Shared;
 use crate::config::ServerConfig;
@@ -32,6 +31,7 @@ use crate::handler::{Completion, Decisions, RouteOptions, Router};
 use crate::metrics::{LogThrottle, LoopGauges, LoopLabel, LoopStats};
 use crate::parking::ParkingLot;
 use crate::session::deflate::Codec;
+use crate::session::event_copies::EventCopies;
 use crate::session::{
     Assembly, Context, Cork, EVENT_STREAM_STATE, FairShare, Phase, Reassembly, Session,
 };

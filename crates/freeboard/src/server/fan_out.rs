@@ -5,9 +5,9 @@ use freeboard_buf::{Frame, PushOutcome, SlowConsumerPolicy};
 use freeboard_proto::{Instant, MessageKind};
 
 use super::compressed_copies::CompressedCopies;
-use super::event_copies::EventCopies;
 use super::event_loop::{EventLoop, loop_context};
 use crate::history::{Envelope, Offset, offset_in_frame};
+use crate::session::event_copies::EventCopies;
 use crate::session::events::Variant;
 use crate::topic_series::Delivered;
 use crate::topics::{Outbox, Published, Reach};

@@ -18,7 +18,6 @@ mod compression;
 mod delta_copies;
 mod dispatch;
 mod end_of_turn;
-mod event_copies;
 mod event_loop;
 mod fan_out;
 mod http;

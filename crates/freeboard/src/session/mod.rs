@@ -37,6 +37,7 @@ use crate::parking::{ParkingLot, ProtocolState};
 
 mod cork;
 pub(crate) mod deflate;
+pub(crate) mod event_copies;
 pub(crate) mod events;
 mod fair_share;
 mod framing;
@@ -311,6 +312,13 @@ impl Session {
     /// Whether this session is a Server-Sent Events response.
     pub(crate) fn is_event_stream(&self) -> bool {
         Encoding::events(&self.encoding).is_some()
+    }
+
+    /// `Some(several)` for a Server-Sent Events response (`several`: it carries several
+    /// topics, so each event names its own), `None` for a WebSocket.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn event_stream(&self) -> Option<bool> {
+        Encoding::events(&self.encoding).map(|events| events.several)
     }
 
     /// Turns permessage-deflate on for this open session (after the handshake agreed on it).

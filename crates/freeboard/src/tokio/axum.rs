@@ -220,10 +220,7 @@ impl WebSocketUpgrade {
             return (StatusCode::INTERNAL_SERVER_ERROR, why).into_response();
         };
         if !endpoint.has_room() {
-            let mut response =
-                (StatusCode::SERVICE_UNAVAILABLE, "server memory budget exhausted").into_response();
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return response;
+            return budget_refusal(&endpoint);
         }
         let protocol = self.selected_protocol().map(str::to_owned);
         let mut response = match &self.key {
@@ -287,6 +284,16 @@ impl std::fmt::Debug for WebSocketUpgrade {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
+}
+
+/// The answer to a request the budget cannot admit (a connection's reserve is not free):
+/// `503` with `Retry-After`, counted ([`Endpoint::budget_refusals`]).
+pub(super) fn budget_refusal(endpoint: &Endpoint) -> Response {
+    endpoint.budget_refusals.fetch_add(1, Ordering::Relaxed);
+    let mut response =
+        (StatusCode::SERVICE_UNAVAILABLE, "server memory budget exhausted").into_response();
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 /// Checks an HTTP/2 `CONNECT` for the extended CONNECT of a WebSocket (RFC 8441 §4).

@@ -1,7 +1,7 @@
 //! The memory every connection of a tokio service shares ([`Endpoint`]) and the settings of
 //! the endpoint and of each route.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Waker;
 
@@ -12,6 +12,7 @@ use slab::Slab;
 use crate::config::ConfigError;
 use crate::metrics::Metrics;
 use crate::parking::ParkingLot;
+use crate::session::event_copies::EventCopies;
 use crate::session::{Context, Cork, FairShare, MaskSource, Reassembly};
 use crate::topics::{self, LocalTopics};
 use crate::{Limits, SlowConsumerPolicy, Watermarks};
@@ -121,9 +122,21 @@ impl WsConfig {
 /// A connection a publication can be queued to, whatever its transport (`fan_out.rs`
 /// implements it for a connection): the endpoint's table of subscribers holds them.
 pub(super) trait Subscriber: Send + Sync {
-    /// Queues `frame` by reference: `Some(true)` if the queue took it, `Some(false)` if it
-    /// was dropped for this subscriber, `None` if the connection no longer sends.
-    fn deliver(&self, frame: &Frame) -> Option<bool>;
+    /// Queues a publication by reference — its WebSocket frame, or for an event stream its
+    /// event, made once per kind of event stream: `Some(true)` if the queue took it,
+    /// `Some(false)` if it was dropped for this subscriber, `None` if the connection no longer
+    /// sends.
+    fn deliver(&self, copies: &mut Copies<'_>) -> Option<bool>;
+}
+
+/// One publication on its way to an endpoint's subscribers: the WebSocket frame, and the
+/// Server-Sent Events copies made from it as the first event stream of each kind takes one.
+pub(super) struct Copies<'p> {
+    pub(super) topic: &'p str,
+    pub(super) frame: Frame,
+    pub(super) events: EventCopies,
+    /// The bytes of an event on their way into its copy.
+    pub(super) scratch: (Vec<u8>, Vec<u8>),
 }
 
 /// The memory every connection of a tokio service shares: one chunk pool carved from one
@@ -140,6 +153,10 @@ pub struct Endpoint {
     pub(super) reading: AtomicUsize,
     /// Corks held by connections now.
     pub(super) corking: AtomicUsize,
+    /// Server-Sent Events streams open now (counted among the connections too).
+    pub(super) event_streams: AtomicUsize,
+    /// WebSocket upgrades and event streams answered `503` for want of budget.
+    pub(super) budget_refusals: AtomicU64,
     /// What a reply may add to a cork without a look at the pool
     /// ([`FairShare::uncontended_room`]), as of the last time the lock was released.
     pub(super) cork_room: AtomicUsize,
@@ -282,6 +299,8 @@ impl Endpoint {
             }),
             reading: AtomicUsize::new(0),
             corking: AtomicUsize::new(0),
+            event_streams: AtomicUsize::new(0),
+            budget_refusals: AtomicU64::new(0),
             cork_room: AtomicUsize::new(cork_room),
             topics: topics::Hub::new(&[], 1, config.max_topics, None, metrics),
             limits: config.limits,
@@ -335,6 +354,18 @@ impl Endpoint {
     /// [`Limit::Pool`](crate::Limit::Pool)).
     pub fn connections_waiting_for_room(&self) -> usize {
         self.lock().room_waiters.waiting.len()
+    }
+
+    /// Server-Sent Events streams open now; [`connections`](Self::connections) counts them
+    /// beside the WebSockets (as `freeboard_sse_connections` among `freeboard_connections`).
+    pub fn event_streams(&self) -> usize {
+        self.event_streams.load(Ordering::Relaxed)
+    }
+
+    /// WebSocket upgrades and event streams answered `503` because the pool could not cover
+    /// a connection's reserve (`freeboard_access_refusals_total{reason="budget"}`).
+    pub fn budget_refusals(&self) -> u64 {
+        self.budget_refusals.load(Ordering::Relaxed)
     }
 
     /// Read buffers held by connections now (each [`EndpointConfig::read_buffer`] bytes; an

@@ -11,17 +11,33 @@ use freeboard_buf::{Frame, PushOutcome};
 use freeboard_proto::{MessageKind, Role};
 
 use super::driver::Turn;
-use super::endpoint::{Endpoint, Subscriber};
+use super::endpoint::{Copies, Endpoint, Subscriber};
 use super::{Shared, WsWriter};
+use crate::session::event_copies::EventCopies;
+use crate::session::events::Variant;
 use crate::topics::{self, Reach, SubscribeError};
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Subscriber for Shared<S> {
-    fn deliver(&self, frame: &Frame) -> Option<bool> {
+    fn deliver(&self, copies: &mut Copies<'_>) -> Option<bool> {
         let mut guard = self.lock();
         let conn = &mut *guard;
         let mut turn = Turn::new(&self.endpoint);
         let cx = &mut turn.cx(conn.role, conn.read_at, conn.cork.as_deref_mut());
-        let outcome = conn.session.send_frame(cx, frame)?;
+        let outcome = match conn.session.event_stream() {
+            None => conn.session.send_frame(cx, &copies.frame)?,
+            Some(several) => {
+                // The tokio driver keeps no history: no `id:`, and `event:` only when the
+                // stream carries several topics (as `freeboard serve`'s streams).
+                let variant = Variant { id: false, topic: several };
+                let Copies { topic, frame, events, scratch } = copies;
+                events.make(variant, frame, topic, false, cx.pool, scratch);
+                match events.get(variant) {
+                    Some(event) => conn.session.send_frame(cx, event)?,
+                    // The pool could not hold the event: dropped for this subscriber.
+                    None => return Some(false),
+                }
+            }
+        };
         conn.note_close();
         conn.schedule_write(&mut turn);
         Some(match outcome {
@@ -58,9 +74,11 @@ impl Endpoint {
             );
             (frame, targets)
         };
+        let mut copies =
+            Copies { topic, frame, events: EventCopies::default(), scratch: Default::default() };
         // Each delivery takes the connection's lock, then the endpoint's: not held here.
         for subscriber in &targets {
-            match subscriber.deliver(&frame) {
+            match subscriber.deliver(&mut copies) {
                 Some(true) => reach.delivered += 1,
                 Some(false) => reach.dropped += 1,
                 None => {}
@@ -69,7 +87,8 @@ impl Endpoint {
         // Dropped outside the endpoint's lock: the last reference to a connection takes it.
         targets.clear();
         let mut hub = self.lock();
-        frame.release(&mut hub.pool);
+        copies.frame.release(&mut hub.pool);
+        copies.events.release(&mut hub.pool);
         hub.fan_out = targets;
         reach
     }

@@ -88,6 +88,8 @@ mod handshake;
 #[cfg(feature = "http2")]
 pub mod http2;
 mod spares;
+#[cfg(feature = "axum")]
+pub mod sse;
 
 pub use crate::topics::{Reach, SubscribeError};
 pub use endpoint::{Charge, Endpoint, EndpointConfig, WsConfig};

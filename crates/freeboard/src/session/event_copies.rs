@@ -1,26 +1,26 @@
 //! A fan-out's Server-Sent Events copies of one publication: framed once per
 //! [`Variant`] (with or without `id:` and `event:`), however many event-stream subscribers
-//! take them, as [`CompressedCopies`](super::compressed_copies::CompressedCopies) are once per
-//! window. A leaf: the loop keeps them (for their allocation), the fan-out fills and empties
-//! them.
+//! take them, as the server's compressed copies are once per window. A leaf both drivers
+//! share: the server's loop keeps them (for their allocation) and its fan-out fills and
+//! empties them; the tokio driver's publication makes one set.
 
 use freeboard_buf::{Frame, Pool};
 use freeboard_proto::MessageKind;
 
+use super::events::{Variant, write_event};
 use crate::history::split_envelope;
-use crate::session::events::{Variant, write_event};
 
 /// One publication's event frames in one fan-out, by [`Variant::slot`]: `None` not made yet,
 /// `Some(None)` when the pool could not hold it.
 #[derive(Default)]
-pub(super) struct EventCopies([Option<Option<Frame>>; 4]);
+pub(crate) struct EventCopies([Option<Option<Frame>>; 4]);
 
 impl EventCopies {
     /// Frames the published WebSocket `frame` (a server's: unmasked, one frame) of `topic`
     /// as an event for `variant`, unless done already. `history`: the topic's payloads carry
     /// an offset envelope, which becomes the `id:` (or is dropped, for a variant without it).
     /// `scratch` holds the bytes on their way.
-    pub(super) fn make(
+    pub(crate) fn make(
         &mut self,
         variant: Variant,
         frame: &Frame,
@@ -49,11 +49,11 @@ impl EventCopies {
     }
 
     /// The event [`make`](Self::make) framed for `variant`, if the pool could hold it.
-    pub(super) fn get(&self, variant: Variant) -> Option<&Frame> {
+    pub(crate) fn get(&self, variant: Variant) -> Option<&Frame> {
         self.0[variant.slot()].as_ref()?.as_ref()
     }
 
-    pub(super) fn release(self, pool: &mut Pool<'static>) {
+    pub(crate) fn release(self, pool: &mut Pool<'static>) {
         for frame in self.0.into_iter().flatten().flatten() {
             frame.release(pool);
         }
@@ -61,7 +61,7 @@ impl EventCopies {
 }
 
 /// The kind and payload of a published frame: one unmasked frame, FIN set, text or binary.
-pub(super) fn published_payload(wire: &[u8]) -> (MessageKind, &[u8]) {
+pub(crate) fn published_payload(wire: &[u8]) -> (MessageKind, &[u8]) {
     let kind = match wire.first().map(|b| b & 0x0f) {
         Some(0x2) => MessageKind::Binary,
         _ => MessageKind::Text,
