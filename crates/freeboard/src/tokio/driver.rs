@@ -472,6 +472,11 @@ impl<S> Conn<S> {
                 self.session.send(cx, kind, data)
             }
         };
+        if let Some(outcome @ (PushOutcome::Dropped { .. } | PushOutcome::MustClose { .. })) =
+            &outcome
+        {
+            turn.endpoint.count_push(self.session.queue().policy(), outcome, false);
+        }
         self.note_close();
         if corked.is_none() && self.input.is_none() && self.cork.is_none() {
             // A send outside the reader's turn (another task's, maybe on another worker) woke

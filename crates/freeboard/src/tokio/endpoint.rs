@@ -5,8 +5,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Waker;
 
-use freeboard_buf::{Budget, Counters, Frame, Pool, PoolConfig, SendQueue};
+use freeboard_buf::{Budget, Counters, Frame, Pool, PoolConfig, PushOutcome, SendQueue};
 use freeboard_proto::{Instant, Role};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use slab::Slab;
 
 use crate::config::ConfigError;
@@ -157,6 +162,10 @@ pub struct Endpoint {
     pub(super) event_streams: AtomicUsize,
     /// WebSocket upgrades and event streams answered `503` for want of budget.
     pub(super) budget_refusals: AtomicU64,
+    /// Messages the connections' slow-consumer policies dropped, by policy (its discriminant).
+    drops: [AtomicU64; SlowConsumerPolicy::ALL.len()],
+    /// Connections the `close` policy closed.
+    slow_consumer_closes: AtomicU64,
     /// What a reply may add to a cork without a look at the pool
     /// ([`FairShare::uncontended_room`]), as of the last time the lock was released.
     pub(super) cork_room: AtomicUsize,
@@ -301,6 +310,8 @@ impl Endpoint {
             corking: AtomicUsize::new(0),
             event_streams: AtomicUsize::new(0),
             budget_refusals: AtomicU64::new(0),
+            drops: Default::default(),
+            slow_consumer_closes: AtomicU64::new(0),
             cork_room: AtomicUsize::new(cork_room),
             topics: topics::Hub::new(&[], 1, config.max_topics, None, metrics),
             limits: config.limits,
@@ -368,6 +379,48 @@ impl Endpoint {
         self.budget_refusals.load(Ordering::Relaxed)
     }
 
+    /// Messages `policy` dropped from the send queues of this endpoint's connections (a
+    /// publication a `block` queue could not take included; a message a `close` queue
+    /// refused as it closed too), as `freeboard_drops_total{reason}` counts them.
+    pub fn drops(&self, policy: SlowConsumerPolicy) -> u64 {
+        self.drops[policy as usize].load(Ordering::Relaxed)
+    }
+
+    /// Connections the `close` policy closed with 1008 (an event stream: its last event
+    /// `freeboard-close` `1008 slow consumer`).
+    pub fn slow_consumer_closes(&self) -> u64 {
+        self.slow_consumer_closes.load(Ordering::Relaxed)
+    }
+
+    /// The endpoint's counts as Prometheus metrics under `freeboard serve`'s names
+    /// (`freeboard_connections`, `freeboard_sse_connections`, `freeboard_drops_total{reason}`,
+    /// `freeboard_slow_consumer_closes_total`,
+    /// `freeboard_access_refusals_total{reason="budget"}`), read at each scrape: register it
+    /// in the service's `prometheus_client` registry.
+    pub fn collector(self: &Arc<Self>) -> EndpointCollector {
+        EndpointCollector(Arc::clone(self))
+    }
+
+    /// Counts what a slow-consumer `policy` did to a message (`outcome`); `publication`: a
+    /// fan-out's, which a `block` queue that refuses it loses.
+    pub(super) fn count_push(
+        &self,
+        policy: SlowConsumerPolicy,
+        outcome: &PushOutcome,
+        publication: bool,
+    ) {
+        let messages = match *outcome {
+            PushOutcome::Dropped { messages, .. } => messages,
+            PushOutcome::MustClose { messages, .. } => {
+                self.slow_consumer_closes.fetch_add(1, Ordering::Relaxed);
+                messages
+            }
+            PushOutcome::WouldBlock { .. } if publication => 1,
+            _ => return,
+        };
+        self.drops[policy as usize].fetch_add(u64::from(messages), Ordering::Relaxed);
+    }
+
     /// Read buffers held by connections now (each [`EndpointConfig::read_buffer`] bytes; an
     /// idle connection holds none).
     pub fn read_buffers_in_use(&self) -> usize {
@@ -411,6 +464,62 @@ impl std::fmt::Debug for Endpoint {
             .field("read_buffers_in_use", &self.read_buffers_in_use())
             .field("corks_in_use", &self.corks_in_use())
             .finish_non_exhaustive()
+    }
+}
+
+/// An [`Endpoint`]'s counts as Prometheus metrics ([`Endpoint::collector`]).
+#[derive(Debug, Clone)]
+pub struct EndpointCollector(Arc<Endpoint>);
+
+/// The label of a series counted per reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+impl Collector for EndpointCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let endpoint = &*self.0;
+        for (name, help, value) in [
+            (
+                "freeboard_connections",
+                "Open connections: WebSockets and Server-Sent Events streams",
+                endpoint.connections(),
+            ),
+            (
+                "freeboard_sse_connections",
+                "Open Server-Sent Events streams (counted in connections too)",
+                endpoint.event_streams(),
+            ),
+        ] {
+            let e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value as i64).encode(e)?;
+        }
+        let e = encoder.encode_descriptor(
+            "freeboard_slow_consumer_closes",
+            "Connections closed with 1008 because their send queue reached its cap",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(endpoint.slow_consumer_closes()).encode(e)?;
+        let mut e = encoder.encode_descriptor(
+            "freeboard_drops",
+            "Messages dropped, by the slow-consumer policy that dropped them",
+            None,
+            MetricType::Counter,
+        )?;
+        for policy in SlowConsumerPolicy::ALL {
+            let label = ReasonLabel { reason: policy.name() };
+            ConstCounter::new(endpoint.drops(policy)).encode(e.encode_family(&label)?)?;
+        }
+        let mut e = encoder.encode_descriptor(
+            "freeboard_access_refusals",
+            "Upgrades and event streams refused, by reason",
+            None,
+            MetricType::Counter,
+        )?;
+        let label = ReasonLabel { reason: "budget" };
+        ConstCounter::new(endpoint.budget_refusals()).encode(e.encode_family(&label)?)
     }
 }
 

@@ -38,6 +38,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Subscriber for Shared<S> {
                 }
             }
         };
+        self.endpoint.count_push(conn.session.queue().policy(), &outcome, true);
         conn.note_close();
         conn.schedule_write(&mut turn);
         Some(match outcome {

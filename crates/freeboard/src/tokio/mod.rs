@@ -92,7 +92,7 @@ mod spares;
 pub mod sse;
 
 pub use crate::topics::{Reach, SubscribeError};
-pub use endpoint::{Charge, Endpoint, EndpointConfig, WsConfig};
+pub use endpoint::{Charge, Endpoint, EndpointCollector, EndpointConfig, WsConfig};
 pub use handshake::AcceptError;
 
 /// Slices gathered for one vectored write.
