@@ -522,7 +522,7 @@ impl<S> Conn<S> {
 
     /// The transport failed: the connection is over (1006 unless the close handshake was
     /// done) and nothing it queued will leave.
-    fn fail(&mut self, turn: &mut Turn<'_>) {
+    pub(super) fn fail(&mut self, turn: &mut Turn<'_>) {
         self.session.handle_eof(&mut turn.cx(self.role, Instant::default(), None));
         self.session.clear_queue(&mut turn.hub().pool);
         self.note_close();

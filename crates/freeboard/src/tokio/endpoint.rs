@@ -132,6 +132,9 @@ pub(super) trait Subscriber: Send + Sync {
     /// `Some(false)` if it was dropped for this subscriber, `None` if the connection no longer
     /// sends.
     fn deliver(&self, copies: &mut Copies<'_>) -> Option<bool>;
+
+    /// Ends the connection if its queue still holds bytes: they go back to the pool unsent.
+    fn give_up(&self);
 }
 
 /// One publication on its way to an endpoint's subscribers: the WebSocket frame, and the
@@ -142,6 +145,8 @@ pub(super) struct Copies<'p> {
     pub(super) events: EventCopies,
     /// The bytes of an event on their way into its copy.
     pub(super) scratch: (Vec<u8>, Vec<u8>),
+    /// The last delivery ended an event stream by its `close` policy.
+    pub(super) ended_stream: bool,
 }
 
 /// The memory every connection of a tokio service shares: one chunk pool carved from one

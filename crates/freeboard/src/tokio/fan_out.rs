@@ -29,7 +29,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Subscriber for Shared<S> {
                 // The tokio driver keeps no history: no `id:`, and `event:` only when the
                 // stream carries several topics (as `freeboard serve`'s streams).
                 let variant = Variant { id: false, topic: several };
-                let Copies { topic, frame, events, scratch } = copies;
+                let Copies { topic, frame, events, scratch, .. } = copies;
                 events.make(variant, frame, topic, false, cx.pool, scratch);
                 match events.get(variant) {
                     Some(event) => conn.session.send_frame(cx, event)?,
@@ -39,6 +39,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Subscriber for Shared<S> {
             }
         };
         self.endpoint.count_push(conn.session.queue().policy(), &outcome, true);
+        if let PushOutcome::MustClose { .. } = outcome {
+            copies.ended_stream = conn.session.event_stream().is_some();
+        }
         conn.note_close();
         conn.schedule_write(&mut turn);
         Some(match outcome {
@@ -48,6 +51,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Subscriber for Shared<S> {
             // dropped for it; under `close` it is closing with 1008.
             PushOutcome::WouldBlock { .. } | PushOutcome::MustClose { .. } => false,
         })
+    }
+
+    fn give_up(&self) {
+        let mut conn = self.lock();
+        if conn.session.buffered() > 0 {
+            conn.fail(&mut Turn::new(&self.endpoint));
+        }
     }
 }
 
@@ -75,14 +85,22 @@ impl Endpoint {
             );
             (frame, targets)
         };
-        let mut copies =
-            Copies { topic, frame, events: EventCopies::default(), scratch: Default::default() };
+        let mut copies = Copies {
+            topic,
+            frame,
+            events: EventCopies::default(),
+            scratch: Default::default(),
+            ended_stream: false,
+        };
         // Each delivery takes the connection's lock, then the endpoint's: not held here.
         for subscriber in &targets {
             match subscriber.deliver(&mut copies) {
                 Some(true) => reach.delivered += 1,
                 Some(false) => reach.dropped += 1,
                 None => {}
+            }
+            if std::mem::take(&mut copies.ended_stream) {
+                self.give_up_unread(Arc::downgrade(subscriber));
             }
         }
         // Dropped outside the endpoint's lock: the last reference to a connection takes it.
@@ -92,6 +110,23 @@ impl Endpoint {
         copies.events.release(&mut hub.pool);
         hub.fan_out = targets;
         reach
+    }
+
+    /// After an event stream's `close` policy queued its last event: the event waits for a
+    /// reader that is behind, and hyper polls the body only once its own buffers drain, so
+    /// none of the session's timers runs meanwhile. If the queue still holds bytes after the
+    /// close timeout, they go back to the pool unsent (as `freeboard serve` drops a
+    /// connection whose last bytes do not leave in time) and the body ends when next polled.
+    /// Needs a tokio runtime: a publication from outside one leaves the queue to the reader.
+    fn give_up_unread(&self, subscriber: Weak<dyn Subscriber>) {
+        let Ok(runtime) = ::tokio::runtime::Handle::try_current() else { return };
+        let timeout = self.limits.close_timeout;
+        runtime.spawn(async move {
+            ::tokio::time::sleep(timeout).await;
+            if let Some(subscriber) = subscriber.upgrade() {
+                subscriber.give_up();
+            }
+        });
     }
 
     /// Connections of this endpoint subscribed to `topic`.

@@ -43,9 +43,11 @@
 //! and HTTP/2's flow control decide when, and a reader that falls behind fills the send queue
 //! and meets its policy there, not growth in hyper. What hyper holds beyond the queue is
 //! bounded by its own limits: over HTTP/1.1 the frames its write queue takes before it stops
-//! polling (16 buffers, three per chunk of chunked coding: at most 5 frames, 80 KiB, or
-//! hyper's `max_buf_size` if smaller); over HTTP/2 one frame beyond the stream's send buffer
-//! (`max_send_buffer`, 16 KiB in [`Http2Config`](super::http2::Http2Config)).
+//! polling the body (16 buffers, one per frame: 64 KiB, or hyper's `max_buf_size` if
+//! smaller); over HTTP/2 the stream's send buffer and one frame (h2 gives a stream capacity
+//! up to `max_send_buffer`, 16 KiB in [`Http2Config`](super::http2::Http2Config), and hyper
+//! polls the body only while it has some: 20 KiB). The kernel's socket buffers come on top,
+//! as for a WebSocket.
 
 use std::convert::Infallible;
 use std::io::{self, IoSlice};
@@ -65,8 +67,10 @@ use super::axum::budget_refusal;
 use super::driver::Turn;
 use super::{Endpoint, OwnedMessage, SubscribeError, WebSocket, WsConfig};
 
-/// The most bytes one body frame takes from the send queue (HTTP/2's default frame size).
-pub const MAX_FRAME: usize = 16 << 10;
+/// The most bytes one body frame takes from the send queue: small, since what bounds the
+/// bytes hyper holds for a stream is a count of frames (HTTP/1.1), and an event is usually
+/// far smaller (a frame carries what was queued when hyper polled, often one event).
+pub const MAX_FRAME: usize = 4 << 10;
 
 /// The extractor of a request for an event stream; answer it with
 /// [`subscribe`](Self::subscribe).
