@@ -41,36 +41,41 @@
 //! The body ([`EventStreamBody`]) takes bytes from the session's send queue only when hyper
 //! polls it for the next frame, at most [`MAX_FRAME`] at a time: hyper's HTTP/1.1 connection
 //! and HTTP/2's flow control decide when, and a reader that falls behind fills the send queue
-//! and meets its policy there, not growth in hyper. What hyper holds beyond the queue is
-//! bounded by its own limits: over HTTP/1.1 the frames its write queue takes before it stops
-//! polling the body (16 buffers, one per frame: 64 KiB, or hyper's `max_buf_size` if
-//! smaller); over HTTP/2 the stream's send buffer and one frame (h2 gives a stream capacity
-//! up to `max_send_buffer`, 16 KiB in [`Http2Config`](super::http2::Http2Config), and hyper
-//! polls the body only while it has some: 20 KiB). The kernel's socket buffers come on top,
-//! as for a WebSocket.
+//! and meets its policy there, not growth in hyper. What hyper holds of a stream beyond the
+//! queue is at most [`MAX_IN_HYPER`] (8 KiB): each frame tells the body when hyper drops it,
+//! and the body hands over no more meanwhile — tighter than hyper's own limits (over
+//! HTTP/1.1 its write queue takes 16 frames; over HTTP/2 a stream's send buffer,
+//! `max_send_buffer` in [`Http2Config`](super::http2::Http2Config), and one frame). The
+//! kernel's socket buffers come on top, as for a WebSocket.
 
 use std::convert::Infallible;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::task::{self, Poll};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{self, Poll, Waker};
 use std::time::Duration;
 
 use ::tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use axum::extract::FromRequestParts;
 use axum::http::{HeaderValue, Method, StatusCode, header, request::Parts};
 use axum::response::{IntoResponse, Response};
-use hyper::body::{Bytes, Frame};
+use bytes::Bytes;
+use hyper::body::Frame;
 
 use super::axum::budget_refusal;
 use super::driver::Turn;
 use super::{Endpoint, OwnedMessage, SubscribeError, WebSocket, WsConfig};
 
-/// The most bytes one body frame takes from the send queue: small, since what bounds the
-/// bytes hyper holds for a stream is a count of frames (HTTP/1.1), and an event is usually
-/// far smaller (a frame carries what was queued when hyper polled, often one event).
+/// The most bytes one body frame takes from the send queue. An event is usually far smaller:
+/// a frame carries what was queued when hyper polled, often one event.
 pub const MAX_FRAME: usize = 4 << 10;
+
+/// The most bytes of one stream hyper holds (frames it took and has not yet written and
+/// dropped), whatever its own buffering would allow: two frames, so one is written while the
+/// next waits. The body hands over no more until hyper drops one; the session's queue keeps
+/// the rest, under its policy.
+pub const MAX_IN_HYPER: usize = 2 * MAX_FRAME;
 
 /// The extractor of a request for an event stream; answer it with
 /// [`subscribe`](Self::subscribe).
@@ -219,12 +224,56 @@ pub struct EventStreamBody {
     socket: WebSocket<EventSink>,
     /// The session ended: what it queued before its end goes out, then the body ends.
     ended: bool,
+    /// What hyper holds of this stream.
+    in_hyper: Arc<InHyper>,
+}
+
+/// The bytes of a stream's frames hyper took and has not dropped, and the body's task to wake
+/// when it drops one.
+#[derive(Default)]
+struct InHyper {
+    bytes: AtomicUsize,
+    waker: Mutex<Option<Waker>>,
+}
+
+/// A body frame's bytes: dropping them (hyper wrote them, or gave up) tells the body.
+struct HeldFrame {
+    bytes: Vec<u8>,
+    in_hyper: Arc<InHyper>,
+}
+
+impl AsRef<[u8]> for HeldFrame {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for HeldFrame {
+    fn drop(&mut self) {
+        self.in_hyper.bytes.fetch_sub(self.bytes.len(), Ordering::AcqRel);
+        let waker = self.in_hyper.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
 }
 
 impl EventStreamBody {
     fn new(socket: WebSocket<EventSink>) -> Self {
         socket.endpoint().event_streams.fetch_add(1, Ordering::Relaxed);
-        Self { socket, ended: false }
+        Self { socket, ended: false, in_hyper: Arc::default() }
+    }
+
+    /// Whether hyper holds so much of this stream that the next frame of `len` bytes must
+    /// wait; if so, the task is woken when hyper drops a frame. One frame always may go.
+    fn hyper_is_full(&self, len: usize, task: &task::Context<'_>) -> bool {
+        let held = self.in_hyper.bytes.load(Ordering::Acquire);
+        if held == 0 || held + len <= MAX_IN_HYPER {
+            return false;
+        }
+        *self.in_hyper.waker.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.waker().clone());
+        // A frame dropped before the waker was in place woke nobody: look again.
+        self.in_hyper.bytes.load(Ordering::Acquire) == held
     }
 }
 
@@ -257,8 +306,14 @@ impl hyper::body::Body for EventStreamBody {
             let _ = conn.write(&mut Turn::new(&shared.endpoint), task);
         }
         if !conn.io.out.is_empty() {
-            let frame = Bytes::from(std::mem::take(&mut conn.io.out));
-            return Poll::Ready(Some(Ok(Frame::data(frame))));
+            if this.hyper_is_full(conn.io.out.len(), task) {
+                // The frame waits in the sink, and the queue behind it.
+                return Poll::Pending;
+            }
+            let bytes = std::mem::take(&mut conn.io.out);
+            this.in_hyper.bytes.fetch_add(bytes.len(), Ordering::AcqRel);
+            let held = HeldFrame { bytes, in_hyper: Arc::clone(&this.in_hyper) };
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from_owner(held)))));
         }
         match this.ended {
             true => Poll::Ready(None),
