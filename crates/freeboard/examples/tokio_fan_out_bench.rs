@@ -25,6 +25,9 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+/// Publications the publisher may be ahead of the readers.
+const WINDOW: usize = 128;
+
 fn main() {
     let arg = |i: usize, default: usize| {
         std::env::args().nth(i).and_then(|a| a.parse().ok()).unwrap_or(default)
@@ -65,12 +68,27 @@ fn main() {
                 let start = thread_cpu();
                 for i in 0..messages {
                     endpoint.publish("t", MessageKind::Text, &payload);
-                    if i % 16 == 0 {
-                        tokio::task::yield_now().await;
+                    // Paced: at most `WINDOW` publications ahead of the slowest reader in
+                    // all, so that neither kind meets its policy and the run measures the
+                    // deliveries alone.
+                    let ahead = (i + 1).saturating_sub(WINDOW) as u64 * subscribers as u64;
+                    while done.load(Ordering::Relaxed) < ahead {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 }
+                let mut waited = 0;
                 while done.load(Ordering::Relaxed) < expected {
                     tokio::time::sleep(Duration::from_millis(1)).await;
+                    waited += 1;
+                    if waited % 5000 == 0 {
+                        eprintln!(
+                            "{kind}: stalled at {} of {expected} deliveries: {} slow-consumer \
+                             closes, {:?}",
+                            done.load(Ordering::Relaxed),
+                            endpoint.slow_consumer_closes(),
+                            endpoint.counters()
+                        );
+                    }
                 }
                 cpu_tx.send((kind, thread_cpu() - start)).unwrap();
                 // The next round starts once this one's subscribers have gone.
@@ -96,7 +114,7 @@ fn main() {
                 clients.spawn(client(kind, addr, messages as u64, done.clone(), bytes.clone()))
             })
             .collect();
-        go_tx.send((kind, Arc::clone(&done), subscribers as u64)).unwrap();
+        go_tx.send((kind, Arc::clone(&done), (subscribers * messages) as u64)).unwrap();
         let (_, cpu) = cpu_rx.recv().unwrap();
         drop(tasks);
         clients.shutdown_background();
@@ -122,8 +140,8 @@ async fn websocket(ws: WebSocketUpgrade) -> Response {
 }
 
 /// One subscriber: reads until `messages` arrived (WebSocket frames, or events of the
-/// chunked event stream), counts its bytes past the response head, then marks itself done
-/// and waits for its runtime's end.
+/// chunked event stream), adding each to `done` and its bytes past the response head to
+/// `bytes`, then waits for its runtime's end.
 async fn client(
     kind: &'static str,
     addr: std::net::SocketAddr,
@@ -151,7 +169,7 @@ async fn client(
         }
     };
     raw.drain(..head);
-    let mut seen = 0u64;
+    let (mut seen, mut counted) = (0u64, 0u64);
     let mut body_tail = 0u8; // the last body byte, for an event end split across chunks
     let sse = kind == "sse";
     let mut first = sse; // the `retry:` line ends like an event
@@ -194,8 +212,9 @@ async fn client(
                 raw.drain(..line + 2 + size + 2);
             }
         }
+        done.fetch_add(seen - counted, Ordering::Relaxed);
+        counted = seen;
         if seen >= messages {
-            done.fetch_add(1, Ordering::Relaxed);
             std::future::pending::<()>().await;
         }
         let n = tcp.read(&mut buf).await.unwrap();

@@ -42,7 +42,7 @@
 //! polls it for the next frame, at most [`MAX_FRAME`] at a time: hyper's HTTP/1.1 connection
 //! and HTTP/2's flow control decide when, and a reader that falls behind fills the send queue
 //! and meets its policy there, not growth in hyper. What hyper holds of a stream beyond the
-//! queue is at most [`MAX_IN_HYPER`] (8 KiB): each frame tells the body when hyper drops it,
+//! queue is at most [`MAX_IN_HYPER`] (32 KiB): each frame tells the body when hyper drops it,
 //! and the body hands over no more meanwhile — tighter than hyper's own limits (over
 //! HTTP/1.1 its write queue takes 16 frames; over HTTP/2 a stream's send buffer,
 //! `max_send_buffer` in [`Http2Config`](super::http2::Http2Config), and one frame). The
@@ -69,7 +69,7 @@ use super::{Endpoint, OwnedMessage, SubscribeError, WebSocket, WsConfig};
 
 /// The most bytes one body frame takes from the send queue. An event is usually far smaller:
 /// a frame carries what was queued when hyper polled, often one event.
-pub const MAX_FRAME: usize = 4 << 10;
+pub const MAX_FRAME: usize = 16 << 10;
 
 /// The most bytes of one stream hyper holds (frames it took and has not yet written and
 /// dropped), whatever its own buffering would allow: two frames, so one is written while the
