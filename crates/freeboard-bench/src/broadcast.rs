@@ -23,6 +23,13 @@
 //! With `delta` too, subscribers ask for it (`?delta=fossil`): each message comes whole or as
 //! a Fossil delta in its envelope; the first subscriber decodes every one (it checks the
 //! sequence and reads the send time), the others count them in arrival order.
+//!
+//! More subscribers than one process may open are held by *shards*: child processes that each
+//! hold some of them and report when all of theirs have a message (see [`shard`]); the same
+//! path publishes to several servers that share nothing and leaves a share of the
+//! subscribers unread (`non_readers`).
+
+pub mod shard;
 
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -44,8 +51,10 @@ pub struct Broadcast {
     /// targets (nodes of one Redis backplane), subscriber `i` goes to target `i % len`.
     pub subscribe: Vec<Target>,
     /// Where the publisher connects (freeboard: the same topic, with `--client-publish`; the
-    /// Node peer: `/pub`).
-    pub publish: Target,
+    /// Node peer: `/pub`): one connection each, every message written to each. Servers that
+    /// share nothing (several freeboard processes without a backplane, several raw fan-outs)
+    /// each need every message; the nodes of one backplane need one target.
+    pub publish: Vec<Target>,
     /// Subscribers.
     pub subscribers: usize,
     /// Payload bytes per message, 16 to 65,535.
@@ -56,8 +65,8 @@ pub struct Broadcast {
     pub messages: u64,
     /// Subscribers offer permessage-deflate.
     pub deflate: bool,
-    /// The server's process, for its CPU time per publication.
-    pub server_pid: Option<u32>,
+    /// The servers' processes, for their CPU time per publication and their memory.
+    pub server_pids: Vec<u32>,
     /// Text payloads with a hex prefix (the WebSocket side of an SSE comparison).
     pub text: bool,
     /// Subscribers are Server-Sent Events streams (implies `text`).
@@ -66,6 +75,14 @@ pub struct Broadcast {
     pub document: bool,
     /// Subscribers ask for deltas (`?delta=fossil`; implies `document`).
     pub delta: bool,
+    /// Subscriber processes: 1 holds them all in this one; 0 starts as many as the open-file
+    /// limit needs (one when they fit). Above 1, or with several publish targets or
+    /// non-readers, the run is sharded ([`shard`]): binary payloads only.
+    pub shards: usize,
+    /// Percent of the subscribers (spread evenly over shards and targets) that never read.
+    pub non_readers: u8,
+    /// Each server's `--memory`, to set their RSS and the host's TCP buffers beside.
+    pub memory: Option<u64>,
 }
 
 /// What a run measured.
@@ -102,6 +119,32 @@ pub struct BroadcastRow {
     /// socket memory is not in it).
     #[serde(default)]
     pub server_rss_kib_per_subscriber: Option<f64>,
+    /// Subscriber processes (0: the subscribers were read in the bench's own process).
+    #[serde(default)]
+    pub shards: usize,
+    /// Servers published to (one publisher connection each).
+    #[serde(default)]
+    pub servers: usize,
+    /// Subscribers that never read; `deliveries_per_sec` counts the readers only.
+    #[serde(default)]
+    pub non_readers: usize,
+    /// Messages the readers received in all: `messages` × readers when none lost one.
+    #[serde(default)]
+    pub reader_deliveries: u64,
+    /// Messages the servers dropped, by series (`freeboard_drops_total{reason="…"}`, summed
+    /// over the servers), read from their `/metrics` at the end of a sharded run.
+    #[serde(default)]
+    pub drops: Option<Vec<(String, u64)>>,
+    /// The servers' resident memory at the end, KiB, summed.
+    #[serde(default)]
+    pub servers_rss_kib: Option<u64>,
+    /// The host's TCP buffer memory at the end (`/proc/net/sockstat` `mem`), KiB: both ends'
+    /// queues, the non-readers' unread bytes among them.
+    #[serde(default)]
+    pub tcp_buffers_kib: Option<u64>,
+    /// The servers' budgets summed (`--memory` × servers), KiB.
+    #[serde(default)]
+    pub budget_kib: Option<u64>,
 }
 
 impl BroadcastRow {
@@ -116,10 +159,24 @@ impl BroadcastRow {
 const STALL: Duration = Duration::from_secs(10);
 
 /// Runs `b`; `tick` gets the number of completed messages now and then.
+///
+/// A sharded run (see [`Broadcast::shards`]) re-executes the running program as
+/// `PROGRAM bench broadcast-shard SPEC` for each shard, which the `freeboard` binary answers
+/// ([`shard::serve`]).
 pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result<BroadcastRow> {
     if !(16..=65_535).contains(&b.size) {
         return Err(io::Error::other("broadcast payloads are 16 to 65,535 bytes"));
     }
+    let shards = match b.shards {
+        0 => shard::needed(b.subscribers)?,
+        n => n,
+    };
+    if shards > 1 || b.publish.len() > 1 || b.non_readers > 0 {
+        return shard::run(b, shards, server, tick);
+    }
+    let [publish] = b.publish.as_slice() else {
+        return Err(io::Error::other("no target to publish at"));
+    };
     let mut rng = Rng::seeded();
     let mut poll = Poll::new()?;
     let mut subs = Vec::with_capacity(b.subscribers);
@@ -127,7 +184,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
         return Err(io::Error::other("no target to subscribe at"));
     }
     let mut compressing = 0;
-    let cpu = || b.server_pid.and_then(|pid| crate::process::Sample::of(pid).ok());
+    let cpu = || servers_sample(&b.server_pids);
     let rss_before = cpu().map(|s| s.rss_kib);
     let (document, delta) = (b.document || b.delta, b.delta);
     let (text, sse) = (b.text || b.sse || document, b.sse);
@@ -152,7 +209,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     }
     std::thread::sleep(Duration::from_millis(200)); // subscriptions settle
     let rss_idle = cpu().map(|s| s.rss_kib);
-    let (mut publisher, _) = open(&b.publish, Duration::from_secs(5), &mut rng)?;
+    let (mut publisher, _) = open(publish, Duration::from_secs(5), &mut rng)?;
     let cpu_before = cpu();
     publisher.set_read_timeout(None)?;
     // A server that stops reading the publisher fails the run instead of hanging it.
@@ -161,7 +218,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     let completed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicU64::new(0));
     let (messages, window, size) = (b.messages, b.window.max(1), b.size);
-    let raw = b.publish.raw;
+    let raw = publish.raw;
     let publisher = {
         let (completed, stop) = (completed.clone(), stop.clone());
         // The thread gives the stream back rather than closing it: the publisher never reads
@@ -437,7 +494,28 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
             (Some(before), Some(idle)) => Some(idle.saturating_sub(before) as f64 / n as f64),
             _ => None,
         },
+        reader_deliveries: done * n as u64,
+        ..BroadcastRow::default()
     })
+}
+
+/// The CPU times and resident memory of `pids` summed, or `None` without a PID or when one
+/// cannot be read (a server gone).
+fn servers_sample(pids: &[u32]) -> Option<crate::process::Sample> {
+    let mut sum: Option<crate::process::Sample> = None;
+    for &pid in pids {
+        let s = crate::process::Sample::of(pid).ok()?;
+        sum = Some(match sum {
+            None => s,
+            Some(t) => crate::process::Sample {
+                cpu: t.cpu + s.cpu,
+                user: t.user + s.user,
+                system: t.system + s.system,
+                rss_kib: t.rss_kib + s.rss_kib,
+            },
+        });
+    }
+    sum
 }
 
 /// Opens a Server-Sent Events stream on `target`'s path: the request, then its response head

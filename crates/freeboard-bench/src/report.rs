@@ -516,6 +516,44 @@ impl Report {
                     l[2]
                 );
             }
+            if self.broadcasts.iter().any(|r| r.shards > 0) {
+                s.push_str(
+                    "\nSharded runs: subscribers held by child processes, every publication written \
+                     to each server; memory at the end, every subscriber still connected.\n\n\
+                     | server | subscribers | shards | servers | non-readers | reader deliveries \
+                     | drops | servers' RSS MiB | host TCP buffers MiB | budget MiB |\n\
+                     |---|---|---|---|---|---|---|---|---|---|\n",
+                );
+                let mib = |k: Option<u64>| {
+                    k.map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
+                };
+                for r in self.broadcasts.iter().filter(|r| r.shards > 0) {
+                    let drops = match &r.drops {
+                        None => "–".to_string(),
+                        Some(d) => {
+                            let nonzero: Vec<String> = d
+                                .iter()
+                                .filter(|(_, v)| *v > 0)
+                                .map(|(series, v)| format!("{series} {v}"))
+                                .collect();
+                            if nonzero.is_empty() { "0".into() } else { nonzero.join(", ") }
+                        }
+                    };
+                    let _ = writeln!(
+                        s,
+                        "| {} | {} | {} | {} | {} | {} | {drops} | {} | {} | {} |",
+                        r.server,
+                        r.subscribers,
+                        r.shards,
+                        r.servers,
+                        r.non_readers,
+                        r.reader_deliveries,
+                        mib(r.servers_rss_kib),
+                        mib(r.tcp_buffers_kib),
+                        mib(r.budget_kib)
+                    );
+                }
+            }
         }
         if let Some(first) = self.watermarks.first() {
             let _ = writeln!(

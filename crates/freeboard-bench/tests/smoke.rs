@@ -300,17 +300,20 @@ fn broadcast_reaches_event_stream_subscribers_as_websocket_ones() {
     for sse in [false, true] {
         let run = Broadcast {
             subscribe: vec![target.clone()],
-            publish: target.clone(),
+            publish: vec![target.clone()],
             subscribers: 20,
             size: 256,
             window: 4,
             messages: 200,
             deflate: false,
-            server_pid: Some(std::process::id()),
+            server_pids: vec![std::process::id()],
             text: true,
             sse,
             document: false,
             delta: false,
+            shards: 1,
+            non_readers: 0,
+            memory: None,
         };
         let name = if sse { "freeboard+sse" } else { "freeboard+ws-text" };
         let row = broadcast::run(&run, name, &mut |_| {}).unwrap();
@@ -349,17 +352,20 @@ fn broadcast_of_a_changing_document_whole_and_as_deltas() {
     for delta in [false, true] {
         let run = Broadcast {
             subscribe: vec![target.clone()],
-            publish: target.clone(),
+            publish: vec![target.clone()],
             subscribers: 20,
             size: 10_000,
             window: 4,
             messages: 100,
             deflate: false,
-            server_pid: Some(std::process::id()),
+            server_pids: vec![std::process::id()],
             text: true,
             sse: false,
             document: true,
             delta,
+            shards: 1,
+            non_readers: 0,
+            memory: None,
         };
         let name = if delta { "freeboard+delta" } else { "freeboard+whole" };
         let row = broadcast::run(&run, name, &mut |_| {}).unwrap();
@@ -393,17 +399,20 @@ fn broadcast_reaches_every_subscriber() {
     for (subscribers, size, deflate) in [(5, 64, false), (20, 1024, false), (20, 1024, true)] {
         let run = Broadcast {
             subscribe: vec![target.clone()],
-            publish: target.clone(),
+            publish: vec![target.clone()],
             subscribers,
             size,
             window: 4,
             messages: 100,
             deflate,
-            server_pid: Some(std::process::id()),
+            server_pids: vec![std::process::id()],
             text: false,
             sse: false,
             document: false,
             delta: false,
+            shards: 1,
+            non_readers: 0,
+            memory: None,
         };
         let name = if deflate { "freeboard+deflate" } else { "freeboard" };
         let row = broadcast::run(&run, name, &mut |_| {}).unwrap();

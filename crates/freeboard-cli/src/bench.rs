@@ -304,8 +304,11 @@ pub(crate) enum BenchCommand {
     #[command(mut_arg("charts", |a| a.help("Write the SVG chart (broadcast_by_subscribers.svg: deliveries/s by subscribers) into DIR")))]
     Broadcast {
         /// A topic URL to subscribe and publish to (ws://host:port/topic/NAME on a server with
-        /// --client-publish) instead of starting servers.
-        url: Option<String>,
+        /// --client-publish) instead of starting servers. Several URLs (tcp://host:port for
+        /// raw fan-outs): servers that share nothing; subscribers go to each in turn and every
+        /// publication is written to each, over one publisher connection per server.
+        #[arg(value_name = "URL")]
+        urls: Vec<String>,
         /// Servers to start one after the other: freeboard, raw-tcp-broadcast (a TCP fan-out
         /// with no WebSocket work: the limit), node-ws-broadcast (a comma-separated list;
         /// without a value all three).
@@ -361,11 +364,32 @@ pub(crate) enum BenchCommand {
         /// e.g. 0,1.
         #[arg(long, value_name = "SERVER,CLIENT")]
         pin: Option<String>,
-        /// PID of the server behind URL, to report its CPU time per delivery.
-        #[arg(long, value_name = "PID")]
-        server_pid: Option<u32>,
+        /// PIDs of the servers behind the URLs (comma-separated), to report their CPU time
+        /// per delivery and, in a sharded run, their memory at the end.
+        #[arg(long, value_name = "PID", value_delimiter = ',')]
+        server_pid: Vec<u32>,
+        /// Subscriber processes, each holding its share of the subscribers below the
+        /// open-file limit and reporting to this one [default: as many as the limit needs].
+        /// Above 1 (or with several URLs, or --non-readers) payloads are binary only.
+        #[arg(long, value_name = "N")]
+        shards: Option<usize>,
+        /// Percent of the subscribers that never read (spread over shards and servers): the
+        /// readers must still get every message; the servers' drop counters (/metrics), their
+        /// RSS and the host's TCP buffers are reported at the end.
+        #[arg(long, value_name = "PERCENT", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..100))]
+        non_readers: u8,
+        /// Each server's --memory, to set their RSS and the host's TCP buffers beside (a
+        /// sharded run's figures).
+        #[arg(long, value_parser = crate::parse_size)]
+        memory: Option<usize>,
         #[command(flatten)]
         output: Output,
+    },
+    /// One shard of a sharded `bench broadcast`: started by it, reporting on standard output.
+    #[command(hide = true)]
+    BroadcastShard {
+        /// What the shard holds (JSON).
+        spec: String,
     },
     /// Latency at a fixed rate, as users feel it (wrk2, k6's constant-arrival-rate): every
     /// connection sends --rate messages per second on a schedule that never waits for echoes,
@@ -770,8 +794,12 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             return memory(&servers, serve_args.as_deref().map(split), &plan, repeat, json)
                 .map(|()| ExitCode::SUCCESS);
         }
+        BenchCommand::BroadcastShard { spec } => {
+            freeboard_bench::broadcast::shard::serve(&spec).map_err(|e| format!("shard: {e}"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
         BenchCommand::Broadcast {
-            url,
+            urls,
             peers,
             subscribers,
             size,
@@ -785,6 +813,9 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
             repeat,
             pin,
             server_pid,
+            shards,
+            non_readers,
+            memory,
             output,
         } => {
             let redis = match (nodes, redis) {
@@ -793,7 +824,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
                 (_, Some(_)) => return Err("--redis goes with --nodes 2".into()),
                 _ => None,
             };
-            if server_pid.is_some() && url.is_none() {
+            if !server_pid.is_empty() && urls.is_empty() {
                 return Err(
                     "--server-pid goes with a topic URL (servers it starts are measured anyway)"
                         .into(),
@@ -813,9 +844,12 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
                 delta,
                 repeat: repeat.max(1),
                 pin: pin.as_deref().map(pin_load_generator).transpose()?,
-                server_pid,
+                server_pids: server_pid,
+                shards: shards.unwrap_or(0),
+                non_readers,
+                memory: memory.map(|m| m as u64),
             };
-            let report = broadcast(url, peers, &plan, command_line)?;
+            let report = broadcast(urls, peers, &plan, command_line)?;
             finish(&report, &output, Report::broadcasts_csv)?;
             if compression {
                 use std::io::Write;
@@ -1789,13 +1823,19 @@ struct BroadcastPlan {
     repeat: usize,
     /// The CPUs of the servers started and of the load generator (pinned already).
     pin: Option<(usize, usize)>,
-    /// The server behind a URL.
-    server_pid: Option<u32>,
+    /// The servers behind the URLs.
+    server_pids: Vec<u32>,
+    /// Subscriber processes (0: as many as the open-file limit needs).
+    shards: usize,
+    /// Percent of the subscribers that never read.
+    non_readers: u8,
+    /// Each server's `--memory`.
+    memory: Option<u64>,
 }
 
 /// `freeboard bench broadcast`.
 fn broadcast(
-    url: Option<String>,
+    urls: Vec<String>,
     peers: Option<String>,
     plan: &BroadcastPlan,
     command_line: String,
@@ -1820,8 +1860,8 @@ fn broadcast(
     // `Some(sse)`: one side of the SSE comparison.
     let mut measure = |name: &str,
                        subscribe: &[Target],
-                       publish: &Target,
-                       server_pid: Option<u32>,
+                       publish: &[Target],
+                       server_pids: &[u32],
                        rounds: usize,
                        sse: Option<bool>|
      -> Result<(), String> {
@@ -1846,17 +1886,20 @@ fn broadcast(
                         bar.set_message(format!("{name}: {n} subscribers × {size} B"));
                         let run = Broadcast {
                             subscribe: subscribe.to_vec(),
-                            publish: publish.clone(),
+                            publish: publish.to_vec(),
                             subscribers: n,
                             size,
                             window: plan.window,
                             messages,
                             deflate,
-                            server_pid,
+                            server_pids: server_pids.to_vec(),
                             text: sse.is_some(),
                             sse: sse == Some(true),
                             document: delta.is_some(),
                             delta: delta == Some(true),
+                            shards: plan.shards,
+                            non_readers: plan.non_readers,
+                            memory: plan.memory,
                         };
                         let row =
                             broadcast::run(&run, &name, &mut |done| bar.set_position(done))
@@ -1869,20 +1912,20 @@ fn broadcast(
         }
         Ok(())
     };
-    match (url, peers) {
-        (Some(url), None) => {
-            let target = Target::parse(&url)?;
+    match (urls.is_empty(), peers) {
+        (false, None) => {
+            let targets = urls.iter().map(|u| Target::parse(u)).collect::<Result<Vec<_>, _>>()?;
             let sides: &[Option<bool>] =
                 if plan.sse { &[Some(false), Some(true)] } else { &[None] };
+            let name = urls.join(",");
             for _ in 0..plan.repeat {
                 for &side in sides {
-                    let one = std::slice::from_ref(&target);
-                    measure(&url, one, &target, plan.server_pid, 1, side)?;
+                    measure(&name, &targets, &targets, &plan.server_pids, 1, side)?;
                 }
             }
         }
-        (Some(_), Some(_)) => return Err("give a topic URL or --peers, not both".into()),
-        (None, peers) => {
+        (false, Some(_)) => return Err("give topic URLs or --peers, not both".into()),
+        (true, peers) => {
             let list = peers.unwrap_or_else(|| "freeboard".into());
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
             let mut servers = Peers::in_repository(exe);
@@ -1939,7 +1982,7 @@ fn broadcast(
                         }
                     };
                     let at = |path: &str| Target::at(running.target.addr, path, running.target.raw);
-                    measure(name, &[at(sub)], &at(publ), Some(running.pid), 1, side)?;
+                    measure(name, &[at(sub)], &[at(publ)], &[running.pid], 1, side)?;
                     drop(running);
                 }
                 if skipped.contains(&name) {
@@ -1958,7 +2001,7 @@ fn broadcast(
                         Target::at(r.target.addr, sub, r.target.raw)
                     };
                     let both = [at(&a), at(&b)];
-                    measure("freeboard-2-nodes-redis", &both, &at(&a), None, 1, None)?;
+                    measure("freeboard-2-nodes-redis", &both, &[at(&a)], &[], 1, None)?;
                 }
             }
         }

@@ -3,6 +3,10 @@
 
 use std::process::Command;
 
+mod common;
+
+use common::Serve;
+
 #[test]
 fn the_whole_suite_runs_in_seconds() {
     let out = std::env::temp_dir().join(format!("freeboard-bench-all-{}", std::process::id()));
@@ -80,4 +84,69 @@ fn broadcast_refuses_options_it_would_ignore() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
+}
+
+/// A sharded broadcast: two subscriber processes against one `freeboard serve`, then against
+/// two that share nothing (each gets every publication from its own publisher connection).
+/// Every reader gets every message; a tenth of the subscribers never read, and the servers
+/// count what they drop for them.
+#[test]
+fn sharded_broadcast_reaches_every_reader_of_every_server() {
+    let flags = [
+        "--threads",
+        "1",
+        "--client-publish",
+        "--topic-slow-consumer",
+        "drop-oldest",
+        "--topic-send-cap",
+        "64K",
+        "--max-connections-per-ip",
+        "1000",
+    ];
+    let json = std::env::temp_dir().join(format!("freeboard-shards-{}.json", std::process::id()));
+    for count in [1, 2] {
+        // Fresh servers, so that the drops counted are this run's.
+        let servers: Vec<Serve> = (0..count).map(|_| Serve::start(&flags)).collect();
+        let urls: Vec<String> =
+            servers.iter().map(|s| format!("ws://{}/topic/shards", s.addr)).collect();
+        let pids: Vec<String> = servers.iter().map(|s| s.pid().to_string()).collect();
+        // 20 subscribers, 2 never reading. 1,000 messages of 16 KiB are 16 MiB for each
+        // non-reader: more than its socket buffers and its 64 KiB queue hold, so the server
+        // drops the oldest for it; two in flight (33 KiB) fit a reader's queue.
+        let (subscribers, messages, non_readers) = (20u64, 1000u64, 2u64);
+        let output = Command::new(env!("CARGO_BIN_EXE_freeboard"))
+            .args(["bench", "broadcast"])
+            .args(&urls)
+            .args(["--shards", "2", "--subscribers", "20", "--size", "16384"])
+            .args(["--messages", "1000", "--window", "2", "--non-readers", "10"])
+            .args(["--memory", "64M", "--server-pid", &pids.join(",")])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{count} server(s): {stderr}");
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let row = &report["broadcasts"][0];
+        assert_eq!(row["shards"], 2, "{row}");
+        assert_eq!(row["servers"], count, "{row}");
+        assert_eq!(row["messages"], messages, "{row}");
+        assert_eq!(row["non_readers"], non_readers, "{row}");
+        // Every reader counted every message, once.
+        assert_eq!(row["reader_deliveries"], messages * (subscribers - non_readers), "{row}");
+        let drops: u64 = row["drops"]
+            .as_array()
+            .expect("the servers' drop counters")
+            .iter()
+            .filter(|d| d[0].as_str().unwrap().contains("drop-oldest"))
+            .map(|d| d[1].as_u64().unwrap())
+            .sum();
+        assert!(drops > 0, "the non-readers met no policy: {row}");
+        assert!(row["servers_rss_kib"].as_u64().unwrap() > 0, "{row}");
+        assert_eq!(row["budget_kib"], 65_536 * count, "{row}");
+        let markdown = String::from_utf8_lossy(&output.stdout);
+        assert!(markdown.contains("Sharded runs"), "{markdown}");
+    }
+    let _ = std::fs::remove_file(&json);
 }
