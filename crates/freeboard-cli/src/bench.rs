@@ -300,7 +300,9 @@ pub(crate) enum BenchCommand {
     /// One publisher, N subscribers on a topic: deliveries/s and the latency of the last
     /// subscriber (p50/p99/max), against `freeboard serve` (started with --client-publish,
     /// drop-oldest and a 4 MiB subscriber cap) and, with --peers, a raw TCP fan-out (the limit)
-    /// and Node's `ws` broadcast peer side by side.
+    /// and Node's `ws` broadcast peer side by side. Past the open-file limit the subscribers
+    /// are held by --shards child processes, which report to this one (scripts/scale-broadcast
+    /// runs several servers of each peer so).
     #[command(mut_arg("charts", |a| a.help("Write the SVG chart (broadcast_by_subscribers.svg: deliveries/s by subscribers) into DIR")))]
     Broadcast {
         /// A topic URL to subscribe and publish to (ws://host:port/topic/NAME on a server with
