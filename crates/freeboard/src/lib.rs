@@ -106,6 +106,12 @@ struct ClientGuideDoctests;
 #[doc = include_str!("../../../docs/library/tokio.md")]
 struct TokioGuideDoctests;
 
+/// The book's page on Server-Sent Events, whose axum route is compiled with the `axum`
+/// feature's doctests.
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../../../docs/operating/sse.md")]
+struct SseGuideDoctests;
+
 /// The book's page on WebSockets over HTTP/2, compiled with the `http2` feature's doctests.
 #[cfg(all(doctest, feature = "http2"))]
 #[doc = include_str!("../../../docs/library/http2.md")]
