@@ -248,6 +248,9 @@ fn keyed_conflate_keeps_every_instruments_latest_event_for_a_slow_subscriber() {
 fn an_event_streams_state_is_charged_with_its_connection() {
     let serve = Serve::start(&["--threads", "1"]);
     let withheld = || {
+        // The text is built at most once per ADMIN_REFRESH: a hundred connections on a quiet
+        // host can open inside one, and would read the last scrape's figure.
+        std::thread::sleep(2 * freeboard::metrics::ADMIN_REFRESH);
         let text = common::devtools::get(&serve.addr, "/metrics");
         metric(&text, "freeboard_pool_chunks_withheld{event_loop=\"0\"}").expect("the gauge")
     };
@@ -432,6 +435,7 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 
 /// `freeboard_sse_connections` now.
 fn sse_connections(addr: &str) -> u64 {
+    std::thread::sleep(2 * freeboard::metrics::ADMIN_REFRESH); // a text built after the change
     let text = common::devtools::get(addr, "/metrics");
     metric(&text, "freeboard_sse_connections").expect("the SSE gauge") as u64
 }
