@@ -155,6 +155,33 @@ impl BroadcastRow {
     }
 }
 
+/// Appends what `stream` (non-blocking, edge-triggered) holds to `pending`, through `buf`:
+/// the bytes read, or `None` if the peer closed.
+fn read_available(
+    stream: &mut impl Read,
+    buf: &mut [u8],
+    pending: &mut Vec<u8>,
+) -> io::Result<Option<usize>> {
+    let mut read = 0;
+    loop {
+        match stream.read(buf) {
+            Ok(0) => return Ok(None),
+            Ok(k) => {
+                read += k;
+                pending.extend_from_slice(&buf[..k]);
+                // A short read emptied the socket: the next arrival raises a new edge, so
+                // the read that would say `WouldBlock` can be saved.
+                if k < buf.len() {
+                    return Ok(Some(read));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Some(read)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// How long the subscribers may go without any input before the run is abandoned.
 const STALL: Duration = Duration::from_secs(10);
 
@@ -307,27 +334,15 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
         for event in events.iter() {
             let first = event.token().0 == 0;
             let Subscriber { stream: s, pending, received } = &mut subs[event.token().0];
-            loop {
-                match s.read(&mut buf) {
-                    Ok(0) => {
-                        failure = Some("a subscriber was closed".to_string());
-                        break 'run;
-                    }
-                    Ok(k) => {
-                        wire_bytes += k as u64;
-                        pending.extend_from_slice(&buf[..k]);
-                        // A short read emptied the socket: the next arrival raises a new
-                        // edge, so the read that would say `WouldBlock` can be saved.
-                        if k < buf.len() {
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        failure = Some(e.to_string());
-                        break 'run;
-                    }
+            match read_available(s, &mut buf, pending) {
+                Ok(Some(k)) => wire_bytes += k as u64,
+                Ok(None) => {
+                    failure = Some("a subscriber was closed".to_string());
+                    break 'run;
+                }
+                Err(e) => {
+                    failure = Some(e.to_string());
+                    break 'run;
                 }
             }
             let mut at = 0;

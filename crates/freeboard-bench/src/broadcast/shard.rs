@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use freeboard_test::{RawHeader, parse_frame};
 
-use super::{Broadcast, BroadcastRow, STALL, servers_sample};
+use super::{Broadcast, BroadcastRow, STALL, read_available, servers_sample};
 use crate::Target;
 use crate::load::{Rng, open};
 
@@ -122,21 +122,9 @@ pub fn serve(spec: &str) -> io::Result<()> {
         }
         for event in events.iter() {
             let Reader { stream, pending } = &mut readers[event.token().0];
-            loop {
-                match stream.read(&mut buf) {
-                    Ok(0) => return Err(io::Error::other("a reader was closed")),
-                    Ok(k) => {
-                        wire_bytes += k as u64;
-                        pending.extend_from_slice(&buf[..k]);
-                        // A short read emptied the socket: the next arrival raises a new edge.
-                        if k < buf.len() {
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
+            match read_available(stream, &mut buf, pending)? {
+                Some(k) => wire_bytes += k as u64,
+                None => return Err(io::Error::other("a reader was closed")),
             }
             let mut at = 0;
             while let Some((_, payload)) = parse_frame(&pending[at..])
