@@ -482,17 +482,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
         return Err(io::Error::other(failure));
     }
     let _publisher = published?;
-    latencies.sort_unstable();
-    let ms = |q: f64| {
-        latencies
-            .get(((latencies.len().max(1) - 1) as f64 * q) as usize)
-            .map_or(0.0, |&ns| ns as f64 / 1e6)
-    };
-    let per_publication =
-        |f: fn(&crate::process::Sample) -> Duration| match (&cpu_before, &cpu_after) {
-            (Some(a), Some(b)) if done > 0 => Some((f(b) - f(a)).as_secs_f64() * 1e6 / done as f64),
-            _ => None,
-        };
+    let per_publication = |f| per_publication(&cpu_before, &cpu_after, done, f);
     Ok(BroadcastRow {
         server: server.into(),
         subscribers: n,
@@ -500,7 +490,7 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
         window,
         messages: done,
         deliveries_per_sec: (done * n as u64) as f64 / elapsed.as_secs_f64(),
-        latency_ms: [ms(0.5), ms(0.99), ms(1.0)],
+        latency_ms: latency_ms(&mut latencies),
         compressing,
         server_cpu_us_per_msg: per_publication(|s| s.cpu),
         server_sys_us_per_msg: per_publication(|s| s.system),
@@ -516,6 +506,31 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
 
 /// The CPU times and resident memory of `pids` summed, or `None` without a PID or when one
 /// cannot be read (a server gone).
+/// Latencies (ns) as the row's p50, p99 and max in ms.
+fn latency_ms(latencies: &mut [u64]) -> [f64; 3] {
+    latencies.sort_unstable();
+    let ms = |q: f64| {
+        latencies
+            .get(((latencies.len().max(1) - 1) as f64 * q) as usize)
+            .map_or(0.0, |&ns| ns as f64 / 1e6)
+    };
+    [ms(0.5), ms(0.99), ms(1.0)]
+}
+
+/// The servers' CPU time `f` (all, or system) per publication in µs, of `done` publications
+/// between two samples.
+fn per_publication(
+    before: &Option<crate::process::Sample>,
+    after: &Option<crate::process::Sample>,
+    done: u64,
+    f: fn(&crate::process::Sample) -> Duration,
+) -> Option<f64> {
+    match (before, after) {
+        (Some(a), Some(b)) if done > 0 => Some((f(b) - f(a)).as_secs_f64() * 1e6 / done as f64),
+        _ => None,
+    }
+}
+
 fn servers_sample(pids: &[u32]) -> Option<crate::process::Sample> {
     let mut sum: Option<crate::process::Sample> = None;
     for &pid in pids {

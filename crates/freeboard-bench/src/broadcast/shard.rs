@@ -28,7 +28,9 @@ use serde::{Deserialize, Serialize};
 
 use freeboard_test::{RawHeader, parse_frame};
 
-use super::{Broadcast, BroadcastRow, STALL, read_available, servers_sample};
+use super::{
+    Broadcast, BroadcastRow, STALL, latency_ms, per_publication, read_available, servers_sample,
+};
 use crate::Target;
 use crate::load::{Rng, open};
 
@@ -325,17 +327,7 @@ pub(super) fn run(
     for (stream, _, _) in &publishers {
         let _ = stream.shutdown(Shutdown::Both);
     }
-    latencies.sort_unstable();
-    let ms = |q: f64| {
-        latencies
-            .get(((latencies.len().max(1) - 1) as f64 * q) as usize)
-            .map_or(0.0, |&ns| ns as f64 / 1e6)
-    };
-    let per_publication =
-        |f: fn(&crate::process::Sample) -> Duration| match (&cpu_before, &cpu_after) {
-            (Some(a), Some(b)) if done > 0 => Some((f(b) - f(a)).as_secs_f64() * 1e6 / done as f64),
-            _ => None,
-        };
+    let per_publication = |f| per_publication(&cpu_before, &cpu_after, done, f);
     let (reader_deliveries, wire_bytes) = finished
         .iter()
         .flatten()
@@ -348,7 +340,7 @@ pub(super) fn run(
         window,
         messages: done,
         deliveries_per_sec: deliveries as f64 / elapsed.as_secs_f64().max(1e-9),
-        latency_ms: [ms(0.5), ms(0.99), ms(1.0)],
+        latency_ms: latency_ms(&mut latencies),
         compressing: 0,
         server_cpu_us_per_msg: per_publication(|s| s.cpu),
         server_sys_us_per_msg: per_publication(|s| s.system),
