@@ -215,8 +215,10 @@ impl<T: Transport> EventLoop<T> {
             if let Some(d) = &mut deflate {
                 d.release(&mut self.pool);
             }
-            self.remove(token);
-            return false;
+            // The pool cannot hold the response after all: a 503 (written straight to the
+            // socket if need be), never a bare EOF.
+            self.shared.metrics.access_refusal("budget");
+            return self.refuse(token, now, 503, RETRY_SOON, BUDGET_EXHAUSTED);
         }
         if let Some(d) = deflate {
             entry.session.set_deflate(*d);

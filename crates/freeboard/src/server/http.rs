@@ -403,7 +403,8 @@ impl<T: Transport> EventLoop<T> {
     /// Closes the oldest connection that has not upgraded, and gives back its socket and head
     /// now: one still waiting for its request, its body or its upgrade decision gets a 503
     /// straight away, counted in `access_refusals_total{reason="handshakes_full"}`; one
-    /// already answered (a refusal on its way out) is closed. `false` when there is none.
+    /// already answered (a refusal on its way out) is written what the socket takes of its
+    /// answer and closed. `false` when there is none.
     pub(super) fn close_oldest_untrusted(&mut self, now: Instant) -> bool {
         while let Some((token, serial)) = self.untrusted.pop_front() {
             let Some(entry) = self.conns.get_mut(token) else { continue };
@@ -411,6 +412,11 @@ impl<T: Transport> EventLoop<T> {
                 continue;
             }
             if !matches!(entry.session.phase, Phase::Request { .. } | Phase::Body(_)) {
+                // A refusal on its way out, perhaps queued this turn and not yet flushed:
+                // what the socket takes of it goes before the close, not a bare EOF.
+                let mut io =
+                    Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+                let _ = entry.stream.write_queue(&mut entry.session, &mut io);
                 self.remove(token);
                 return true;
             }
