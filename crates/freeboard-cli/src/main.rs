@@ -187,6 +187,12 @@ struct ServeArgs {
     /// leave less than half of it free gets close 1013 [default: 64K].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     connection_reserve: Option<u64>,
+    /// Unsent bytes the kernel may hold for one connection (TCP_NOTSENT_LOWAT); past them a
+    /// slow reader's backlog waits in its send queue, inside --memory, where
+    /// --slow-consumer sees it. 0: the kernel's own limit (tcp_wmem, up to 4 MiB a socket,
+    /// outside the budget) [default: 64K].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    kernel_send_queue: Option<u64>,
     /// permessage-deflate: off, shared (one compressor per event loop, no context takeover),
     /// dedicated (a context per connection, drawn from the budget; without budget the
     /// connection goes uncompressed) [default: off].
@@ -766,6 +772,7 @@ fn settings(args: &ServeArgs) -> Result<Settings, String> {
         ("send_cap", args.send_cap.map(int)),
         ("slow_consumer", args.slow_consumer.clone().map(Value::String)),
         ("connection_reserve", args.connection_reserve.map(int)),
+        ("kernel_send_queue", args.kernel_send_queue.map(int)),
         ("compression", args.compression.clone().map(Value::String)),
         ("compression_window", args.compression_window.map(|v| int(u64::from(v)))),
         ("compression_threshold", args.compression_threshold.map(int)),

@@ -97,6 +97,13 @@ pub struct ServerConfig {
     /// arrive in pieces may not take the pool below half of it (else close 1013), so the open
     /// connections keep room to send. Default 64 KiB.
     pub connection_reserve: usize,
+    /// Bytes the kernel may keep unsent for one connection (`TCP_NOTSENT_LOWAT`, Linux); a
+    /// write past them waits in the connection's send queue, inside the budget, where the
+    /// slow-consumer policy sees it. 0 leaves the kernel's own limit, which grows each socket's
+    /// send buffer up to `net.ipv4.tcp_wmem`'s maximum (4 MiB by default) outside the budget.
+    /// What a socket holds while it refuses writes is charged against `memory` (see
+    /// `kernel_memory`). Default 64 KiB.
+    pub kernel_send_queue: usize,
     /// Origins browsers may open WebSockets from (`scheme://host[:port]`,
     /// `scheme://*.domain`, `*`); any other `Origin` gets 403, counted in
     /// `freeboard_access_refusals_total{reason="origin"}` and logged at `info` (at most 5
@@ -425,6 +432,7 @@ impl Default for ServerConfig {
             retry_after: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(5),
             connection_reserve: 64 << 10,
+            kernel_send_queue: 64 << 10,
             allowed_origins: Vec::new(),
             trusted_proxies: Vec::new(),
             proxy_protocol: false,
@@ -502,6 +510,7 @@ server_keys! {
     "send_cap" => limits.send_cap as Size;
     "slow_consumer" => limits.slow_consumer as Policy;
     "connection_reserve" => connection_reserve as Size;
+    "kernel_send_queue" => kernel_send_queue as Size;
     "allowed_origins" => allowed_origins as Plain;
     "trusted_proxies" => trusted_proxies as Plain;
     "proxy_protocol" => proxy_protocol as Plain;
@@ -711,6 +720,7 @@ impl ServerConfig {
             true "send_cap" limits.send_cap;
             true "slow_consumer" limits.slow_consumer;
             true "connection_reserve" connection_reserve;
+            true "kernel_send_queue" kernel_send_queue;
             true "topics.publish_token" topics.publish_token;
             true "admin.token" admin.token;
             false "admin.listen" admin.listen;

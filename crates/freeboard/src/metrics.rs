@@ -550,8 +550,12 @@ pub struct Metrics {
     pub(crate) chunks_withheld: Family<LoopLabel, Gauge>,
     /// The kernel memory charged per connection ([`SocketCost`](crate::kernel_memory::SocketCost)).
     pub(crate) connection_kernel_bytes: Gauge,
-    /// The kernel memory charged for every open connection: open connections × the charge.
+    /// The kernel memory charged for every open connection: open connections × the charge,
+    /// plus the buffers of the sockets that hold some (`kernel_buffer_charge_bytes`).
     pub(crate) kernel_estimate_bytes: Gauge,
+    /// Of it, the buffers of the sockets that refuse writes or whose reads pause, as the
+    /// kernel reports them (`SO_MEMINFO`).
+    pub(crate) kernel_buffer_charge_bytes: Gauge,
     /// Origins, tokens, proxies and pending upgrade decisions.
     pub(crate) access: AccessMetrics,
     /// TLS handshakes completed.
@@ -691,6 +695,7 @@ impl Metrics {
             chunks_withheld: Family::default(),
             connection_kernel_bytes: Gauge::default(),
             kernel_estimate_bytes: Gauge::default(),
+            kernel_buffer_charge_bytes: Gauge::default(),
             access: AccessMetrics::default(),
             tls_handshakes: Counter::default(),
             tls_resumptions: Counter::default(),
@@ -847,9 +852,17 @@ impl Metrics {
         );
         r.register_with_unit(
             "kernel_memory_estimate",
-            "Kernel memory charged to the budget for the open connections",
+            "Kernel memory charged to the budget for the open connections: their sockets, and \
+             the buffers of those that hold some",
             bytes.clone(),
             m.kernel_estimate_bytes.clone(),
+        );
+        r.register_with_unit(
+            "kernel_buffer_charge",
+            "Of the kernel memory charged, the socket buffers of connections whose sockets refuse \
+             writes or whose reads pause (SO_MEMINFO)",
+            bytes.clone(),
+            m.kernel_buffer_charge_bytes.clone(),
         );
         r.register(
             "pool_allocation_failures",
@@ -1132,6 +1145,12 @@ impl Metrics {
     /// Pool chunks in use, summed over the loops.
     pub fn total_chunks_in_use(&self) -> i64 {
         self.sum_over_loops(&self.chunks_in_use)
+    }
+
+    /// The loops' chunks withheld for what the open connections cost outside the pool (their
+    /// kernel memory and table entries), summed.
+    pub fn total_chunks_withheld(&self) -> i64 {
+        self.sum_over_loops(&self.chunks_withheld)
     }
 
     /// The loops' chunk high-water marks, summed.

@@ -15,6 +15,7 @@
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown};
+use std::os::fd::{AsRawFd, RawFd};
 
 use freeboard_buf::{Frame, Pool};
 use mio::net::TcpStream;
@@ -59,6 +60,13 @@ pub(crate) trait Transport: mio::event::Source + Sized {
         false
     }
 
+    /// Whether [`write_queue`](Self::write_queue) only puts the queue on sends that complete
+    /// later (io_uring's, at the end of the turn): what it leaves queued says nothing of the
+    /// socket's room, which the send's completion tells.
+    fn sends_later(&self) -> bool {
+        false
+    }
+
     /// Gives back the last `n` bytes the last [`read`](Self::read) returned: the next read
     /// returns them first, as a socket keeps what is not read. Only where
     /// [`keeps_unread`](Self::keeps_unread), after every read; `n == 0` lets the layer give
@@ -90,6 +98,10 @@ pub(crate) trait Transport: mio::event::Source + Sized {
 
     /// The socket itself when the layer adds nothing (plain TCP), for [`write_frames`].
     fn plain(&mut self) -> Option<&mut TcpStream>;
+
+    /// The TCP socket under the layer, for the options and figures only the kernel has
+    /// ([`kernel_memory`](crate::kernel_memory)).
+    fn socket(&mut self) -> RawFd;
 
     /// Nothing more is read from the peer (it sent what a closed connection reads and
     /// discards): a layer that receives without being asked stops, and drops what it holds.
@@ -162,6 +174,10 @@ impl Transport for TcpStream {
 
     fn plain(&mut self) -> Option<&mut TcpStream> {
         Some(self)
+    }
+
+    fn socket(&mut self) -> RawFd {
+        self.as_raw_fd()
     }
 }
 
@@ -281,6 +297,10 @@ impl Transport for Stream {
         false
     }
 
+    fn sends_later(&self) -> bool {
+        self.keeps_unread()
+    }
+
     fn unread(&mut self, io: &mut Io<'_>, n: usize) {
         #[cfg(target_os = "linux")]
         if let Self::Ring(ring) = self {
@@ -325,6 +345,10 @@ impl Transport for Stream {
             Self::Plain(tcp) => Some(tcp),
             _ => None,
         }
+    }
+
+    fn socket(&mut self) -> RawFd {
+        self.tcp().as_raw_fd()
     }
 
     fn shutdown_write(&mut self, io: &mut Io<'_>) -> io::Result<()> {

@@ -718,6 +718,11 @@ impl RingConn {
         self.output.state == Sending::InFlight
     }
 
+    /// Whether the socket refused part of the last send, and is polled for room.
+    pub(crate) fn waits_for_room(&self) -> bool {
+        self.output.state == Sending::Full
+    }
+
     /// Puts the session's queue on the turn's sends (`Some((0, false))`: nothing written yet),
     /// or says it waits for room or for a send in flight. `None` when it is to be written
     /// straight to the socket instead ([`tcp`](Self::tcp)): outside the end of the turn (a

@@ -113,3 +113,77 @@ fn series(text: &str, name: &str) -> f64 {
         .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
         .map_or(-1.0, |v| v.trim().parse().unwrap())
 }
+
+/// On any message, queues 4 MiB in 16 KiB messages, each carrying its sequence number.
+struct Flood;
+
+const FLOOD: usize = 256;
+const PIECE: usize = 16 << 10;
+
+impl freeboard::Handler for Flood {
+    fn on_message(&mut self, conn: &mut freeboard::Conn<'_>, _message: freeboard::Message<'_>) {
+        for i in 0..FLOOD {
+            let mut payload = vec![0u8; PIECE];
+            payload[..4].copy_from_slice(&(i as u32).to_be_bytes());
+            conn.send(freeboard::MessageKind::Binary, &payload);
+        }
+    }
+}
+
+/// A client that stops reading while the server floods it, with the kernel's send limit at
+/// `kernel_send_queue`: what the server's socket holds is charged (the gauge, withheld from
+/// the pool), and when the client reads again it gets every message and the charge goes.
+/// Returns the charge while it did not read.
+fn charge_of_a_reader_that_stops(kernel_send_queue: usize) -> usize {
+    let mut config = common::config();
+    config.memory = 64 << 20;
+    config.limits.send_cap = 8 << 20;
+    config.kernel_send_queue = kernel_send_queue;
+    let server = Server::bind(config, || Router::new().route("/", Flood)).unwrap().spawn();
+    let addr = server.local_addr();
+    let metrics = server.metrics();
+    // A small receive window, so that the flood waits on the server's side.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4 << 10).unwrap();
+    socket.connect(&addr.into()).unwrap();
+    let mut client = common::Client::raw(socket.into());
+    client.stream.write_all(common::upgrade_request("/").as_bytes()).unwrap();
+    assert!(client.read_head().starts_with("HTTP/1.1 101"));
+    client.send(0x82, b"go");
+
+    let charge = || series(&metrics.encode(), "freeboard_kernel_buffer_charge_bytes");
+    // Charged when the socket refuses, and again when the queue passes its high watermark
+    // and reads pause: settled once the loop has queued the whole flood.
+    common::wait_until("the socket's buffers to be charged", || {
+        series(&metrics.encode(), "freeboard_send_queue_bytes{event_loop=\"0\"}") > 0.0
+            && charge() > 0.0
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let charged = charge();
+    let withheld = series(&metrics.encode(), "freeboard_pool_chunks_withheld{event_loop=\"0\"}");
+    assert!(withheld * 4096.0 >= charged, "{withheld} chunks withheld for {charged} bytes");
+    let estimate = series(&metrics.encode(), "freeboard_kernel_memory_estimate_bytes");
+    assert!(estimate >= charged + 1024.0, "estimate {estimate}, buffers {charged}");
+
+    for i in 0..FLOOD {
+        let (opcode, payload) = client.recv().expect("every message of the flood");
+        assert_eq!((opcode, payload.len()), (0x2, PIECE));
+        assert_eq!(payload[..4], (i as u32).to_be_bytes());
+    }
+    common::wait_until("the charge to go once the queue drained", || charge() == 0.0);
+    drop(client);
+    common::stop_once_idle(server);
+    charged as usize
+}
+
+#[test]
+fn a_reader_that_stops_leaves_its_backlog_in_the_budget_not_in_the_kernel() {
+    // With the default limit, the kernel holds 64 KiB unsent and its overhead, and the paused
+    // connection's receive buffer frozen small; the rest waits in the server's send queue.
+    let bounded = charge_of_a_reader_that_stops(64 << 10);
+    assert!(bounded <= 256 << 10, "{bounded} bytes charged");
+    // Without it the kernel grows the socket's send buffer by itself, towards `tcp_wmem`'s
+    // maximum (4 MiB by default): what it holds then is still charged.
+    let unbounded = charge_of_a_reader_that_stops(0);
+    assert!(unbounded > 2 * bounded, "{unbounded} bytes charged without the limit, {bounded} with");
+}

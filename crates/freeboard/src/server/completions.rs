@@ -182,9 +182,11 @@ impl<T: Transport> EventLoop<T> {
                 let Some(conn) = entry.stream.ring_conn() else { return };
                 match conn.sent(res) {
                     Ok(taken) => {
+                        let refused = conn.waits_for_room();
                         entry.session.consume(&mut self.pool, taken);
                         self.stats.bytes_out += taken as u64;
                         self.mark(token); // what follows the write, and the queue's rest
+                        self.wrote_to_socket(token, refused);
                     }
                     Err(_) => {
                         self.stats.closed += u64::from(entry.session.clear_queue(&mut self.pool));

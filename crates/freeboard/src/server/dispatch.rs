@@ -251,9 +251,11 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn writability_changed(&mut self, token: usize, now: Instant, change: Writability) {
         match change {
             Writability::NotWritable => {
+                self.input_paused(token);
                 self.call(token, now, |handler, conn| handler.on_not_writable(conn));
             }
             Writability::Writable => {
+                self.input_resumed(token);
                 self.resume.push(token);
                 self.call(token, now, |handler, conn| handler.on_writable(conn));
             }

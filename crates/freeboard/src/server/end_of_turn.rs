@@ -192,6 +192,9 @@ impl<T: Transport> EventLoop<T> {
         if entry.queued_at == 0 && entry.session.buffered() > 0 {
             entry.queued_at = (now.as_millis() as u32).wrapping_add(1).max(1);
         }
+        // Whether the socket refused part of what it was offered tells what it holds; through
+        // io_uring, the send's completion tells (`completions.rs`).
+        let offered = entry.session.buffered() > 0 && !entry.stream.sends_later();
         let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
         // What the transport itself holds (TLS records the socket did not take) goes first.
         let mut pending = entry.stream.write_pending(&mut io);
@@ -214,6 +217,10 @@ impl<T: Transport> EventLoop<T> {
             self.remove(token);
             return;
         }
+        if offered {
+            self.wrote_to_socket(token, self.conns[token].session.buffered() > 0);
+        }
+        let entry = &mut self.conns[token];
         if entry.queued_at != 0 && entry.session.buffered() == 0 {
             let since = entry.queued_at - 1;
             self.stats.queue_drained(u64::from((now.as_millis() as u32).wrapping_sub(since)));
@@ -259,6 +266,7 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn remove(&mut self, token: usize) {
         self.drop_subscriptions(token, self.conns[token].serial);
         self.forget_request(token);
+        self.forget_kernel_buffers(token);
         let mut entry = self.conns.remove(token);
         self.upgraded -= usize::from(entry.upgraded);
         self.event_streams -= usize::from(entry.event_stream.is_some());
@@ -320,8 +328,10 @@ impl<T: Transport> EventLoop<T> {
         g.pool_resident_bytes.set(self.pool.resident_bytes() as i64);
         g.chunks_withheld.set(self.pool.chunks_withheld() as i64);
         let open = self.shared.open.load(std::sync::atomic::Ordering::Relaxed);
-        let kernel = open * self.shared.socket_cost.bytes;
+        let buffers = self.shared.kernel_buffers.load(std::sync::atomic::Ordering::Relaxed);
+        let kernel = open * self.shared.socket_cost.bytes + buffers;
         self.shared.metrics.kernel_estimate_bytes.set(kernel as i64);
+        self.shared.metrics.kernel_buffer_charge_bytes.set(buffers as i64);
         g.allocation_failures(c.allocation_failures);
         if self.router.keeps_dashboard_samples() {
             self.shared.metrics.sample_for_dashboard();

@@ -150,6 +150,8 @@ pub(crate) struct EventLoop<T> {
     pub(super) timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     pub(super) dirty: Vec<usize>,
     pub(super) resume: Vec<usize>,
+    /// What the kernel's buffers of the loop's sockets are charged now.
+    pub(super) kernel: super::kernel_buffers::KernelBuffers,
     pub(super) serial: u64,
     /// Where idle connections' protocol state waits.
     pub(super) lot: ParkingLot,
@@ -473,6 +475,7 @@ impl<T: Transport> EventLoop<T> {
             timers: BinaryHeap::with_capacity(INITIAL_CONNS),
             dirty: Vec::with_capacity(INITIAL_CONNS),
             resume: Vec::with_capacity(64),
+            kernel: Default::default(),
             serial: 0,
             drain_deadline: None,
             accept_retry: None,
@@ -835,6 +838,13 @@ impl<T: Transport> EventLoop<T> {
             self.refuse_accepted(stream, peer, now, tls_config.is_some());
             return;
         }
+        if self.config.kernel_send_queue > 0 {
+            use std::os::fd::AsRawFd;
+            let _ = crate::kernel_memory::limit_unsent(
+                stream.as_raw_fd(),
+                self.config.kernel_send_queue,
+            );
+        }
         let token = self.conns.vacant_key();
         #[cfg(target_os = "linux")]
         let ringed = match &self.ring {
@@ -910,8 +920,9 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn charge_connections(&mut self) {
         let chunk = self.pool.chunk_size();
         let floor = self.config.connection_reserve.div_ceil(chunk) / 2;
-        let bytes =
-            self.conns.len() * self.connection_charge + self.event_streams * EVENT_STREAM_STATE;
+        let bytes = self.conns.len() * self.connection_charge
+            + self.event_streams * EVENT_STREAM_STATE
+            + self.kernel.bytes;
         let charged = bytes.div_ceil(chunk);
         self.pool.withhold(charged.min(self.pool.chunks_total().saturating_sub(floor)));
     }

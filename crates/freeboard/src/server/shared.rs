@@ -47,6 +47,9 @@ pub(crate) struct Shared {
     pub(crate) handshakes: Option<Arc<HandshakeAdmission>>,
     /// The kernel memory of one connection, charged against the budget by every loop.
     pub(crate) socket_cost: SocketCost,
+    /// What every loop charges now for its sockets' buffers
+    /// ([`kernel_buffers`](super::kernel_buffers)).
+    pub(crate) kernel_buffers: AtomicUsize,
 }
 
 impl Shared {
@@ -64,6 +67,7 @@ impl Shared {
         metrics.connection_kernel_bytes.set(socket_cost.bytes as i64);
         Self {
             socket_cost,
+            kernel_buffers: AtomicUsize::new(0),
             tls,
             handshakes,
             hub,

@@ -926,6 +926,17 @@ impl Session {
         Some(PushOutcome::Dropped { newest: false, messages: gone.messages, bytes: gone.bytes })
     }
 
+    /// Ends a connection that is behind and not read, whose socket's buffers the budget
+    /// cannot keep: its unsent messages go, and it closes with 1008 (slow consumer) whatever
+    /// its policy, since only its close gives the kernel's memory back. Returns the messages
+    /// discarded.
+    pub(crate) fn shed(&mut self, cx: &mut Context<'_>) -> u32 {
+        let gone = self.queue.discard_unsent(cx.pool);
+        self.note(gone.writability);
+        let _ = self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
+        gone.messages
+    }
+
     /// Starts the close handshake with `code` and `reason` (at most 123 bytes). Does nothing
     /// if the session is not open; the core refuses a code that may not be sent, or a second
     /// close.
