@@ -196,13 +196,11 @@ fn page_size() -> u64 {
 
 /// What the kernel holds for one socket, in its own accounting (`getsockopt(SO_MEMINFO)`):
 /// the bytes it has queued to send (`sk_wmem_queued`: unsent and unacknowledged data with
-/// its buffers' overhead), those received and not yet read (`sk_rmem_alloc`), and the limit
-/// of the latter (`sk_rcvbuf`).
+/// its buffers' overhead) and those received and not yet read (`sk_rmem_alloc`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct SocketBuffers {
     pub(crate) queued: usize,
     pub(crate) received: usize,
-    pub(crate) receive_limit: usize,
 }
 
 impl SocketBuffers {
@@ -226,7 +224,6 @@ impl SocketBuffers {
             (rc == 0).then(|| SocketBuffers {
                 queued: at(libc::SK_MEMINFO_WMEM_QUEUED),
                 received: at(libc::SK_MEMINFO_RMEM_ALLOC),
-                receive_limit: at(libc::SK_MEMINFO_RCVBUF),
             })
         }
         #[cfg(not(target_os = "linux"))]
@@ -235,55 +232,6 @@ impl SocketBuffers {
             None
         }
     }
-
-    /// What the socket may come to hold while its receive limit stays as it is: what is
-    /// queued to send, and the larger of what was received and the limit.
-    pub(crate) fn bound(&self) -> usize {
-        self.queued + self.received.max(self.receive_limit)
-    }
-}
-
-/// Bounds the bytes the kernel keeps unsent for `fd` (`TCP_NOTSENT_LOWAT`): a write past them
-/// returns `EAGAIN`, so a peer that reads nothing leaves its backlog in the server's send
-/// queue, where the slow-consumer policy sees it, rather than in up to `tcp_wmem`'s maximum
-/// of kernel memory. Without it the kernel grows a socket's send buffer to 4 MiB.
-pub(crate) fn limit_unsent(fd: RawFd, bytes: usize) -> std::io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-        setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, value)
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (fd, bytes);
-        Ok(())
-    }
-}
-
-/// Sets the limit of what the kernel receives for `fd` and keeps unread (`SO_RCVBUF`; the
-/// kernel doubles it for its overhead, and stops tuning it).
-pub(crate) fn limit_received(fd: RawFd, bytes: usize) -> std::io::Result<()> {
-    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, value)
-}
-
-fn setsockopt(
-    fd: RawFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: libc::c_int,
-) -> std::io::Result<()> {
-    // SAFETY: the kernel reads one int from `value`, which outlives the call.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
 #[cfg(test)]

@@ -838,12 +838,12 @@ impl<T: Transport> EventLoop<T> {
             self.refuse_accepted(stream, peer, now, tls_config.is_some());
             return;
         }
+        // What the kernel keeps unsent (`TCP_NOTSENT_LOWAT`): a write past it waits in the send
+        // queue, inside the budget (`kernel_buffers.rs`).
+        #[cfg(target_os = "linux")]
         if self.config.kernel_send_queue > 0 {
-            use std::os::fd::AsRawFd;
-            let _ = crate::kernel_memory::limit_unsent(
-                stream.as_raw_fd(),
-                self.config.kernel_send_queue,
-            );
+            let unsent = u32::try_from(self.config.kernel_send_queue).unwrap_or(u32::MAX);
+            let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(unsent);
         }
         let token = self.conns.vacant_key();
         #[cfg(target_os = "linux")]
@@ -1029,6 +1029,9 @@ impl<T: Transport> EventLoop<T> {
         let (mut reads, mut bytes) = (0, 0);
         while let Some(entry) = self.conns.get_mut(token) {
             if !entry.session.wants_input() {
+                if reads == 0 {
+                    self.input_waits(token);
+                }
                 break;
             }
             if reads == READS_PER_TURN || bytes >= READ_BYTES_PER_TURN {

@@ -9,31 +9,32 @@
 //!   read again at each write it does not take whole, and released at the first it takes
 //!   whole.
 //! - **Receiving.** A connection whose reads pause (its send queue above the high watermark)
-//!   would let its peer fill the socket's receive buffer, which the kernel tunes up to
-//!   `tcp_rmem`'s maximum (32 MiB on some hosts). Its limit is frozen at what it holds (at
-//!   least [`PAUSED_RECEIVE`]) and charged, and the limit it had is given back when reading
-//!   resumes. What the peer sends past it the kernel drops, and the peer sends again later.
+//!   lets its peer fill the socket's receive buffer, up to its limit (which the kernel tunes
+//!   only while the connection is read, up to `tcp_rmem`'s maximum). While it pauses it is
+//!   charged what its socket has received and queued, read when the pause begins and again at
+//!   each arrival the loop does not read. The limit stays as it is: a client that writes all
+//!   before it reads finishes as it would without the charge.
 //!
 //! The charge is withheld from the loop's pool with the connections' own
 //! ([`charge_connections`](super::event_loop::EventLoop::charge_connections)), so a host
-//! whose sockets fill answers new upgrades 503 before its memory passes `--memory`. The
-//! buffers may take a [share](KERNEL_SHARE) of the pool, not the data path of the connections
-//! that keep up: a connection that pauses past it is shed (1008, its unsent messages counted
-//! as its policy's drops), since only its close gives the kernel's memory back.
-
-/// The part of a loop's pool its sockets' buffers may be charged: 1/`KERNEL_SHARE`.
-pub(super) const KERNEL_SHARE: usize = 4;
+//! whose sockets fill answers new upgrades 503 before its memory passes `--memory`. While the
+//! pool is contended the buffers may take a [share](KERNEL_SHARE) of it, not the data path of
+//! the connections that keep up: a paused connection under the `close` policy that takes them
+//! past it is shed, as the policy sheds a queue past its share (1008, its unsent messages
+//! counted), since only its close gives the kernel's memory back. Under the other policies it
+//! stays, charged.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use super::event_loop::EventLoop;
-use crate::kernel_memory::{SocketBuffers, limit_received};
+use crate::kernel_memory::SocketBuffers;
 use crate::transport::Transport;
+use freeboard_buf::SlowConsumerPolicy;
+use freeboard_proto::State;
 
-/// The least receive buffer a paused connection keeps (the kernel doubles it): room for the
-/// segments already on their way within the window it advertised.
-pub(super) const PAUSED_RECEIVE: usize = 8 << 10;
+/// The part of a contended pool a loop's sockets' buffers may be charged: 1/`KERNEL_SHARE`.
+pub(super) const KERNEL_SHARE: usize = 4;
 
 /// The connections whose sockets hold buffers now, and what they are charged.
 #[derive(Default)]
@@ -46,8 +47,8 @@ pub(super) struct KernelBuffers {
 #[derive(Clone, Copy)]
 struct Charged {
     bytes: usize,
-    /// While its reads pause: the receive limit to give back (`SO_RCVBUF`'s argument).
-    restore: Option<usize>,
+    /// Its reads pause: what it has received counts too.
+    paused: bool,
 }
 
 impl<T: Transport> EventLoop<T> {
@@ -57,59 +58,33 @@ impl<T: Transport> EventLoop<T> {
         if !refused && self.kernel.charged.is_empty() {
             return;
         }
-        let paused = match self.kernel.charged.get(&token) {
-            None if !refused => return,
-            Some(c) if c.restore.is_none() && !refused => {
-                return self.charge_kernel(token, 0, None);
+        match self.kernel.charged.get(&token) {
+            None if !refused => {}
+            Some(c) if !c.paused && !refused => self.charge_kernel(token, 0, false),
+            charged => {
+                let paused = charged.is_some_and(|c| c.paused);
+                self.measure_kernel(token, paused);
             }
-            charged => charged.and_then(|c| c.restore),
-        };
-        let Some(held) = SocketBuffers::of(self.conns[token].stream.socket()) else { return };
-        // What a connection that is being read has received is read this turn or the next.
-        let bytes = if paused.is_some() { held.bound() } else { held.queued };
-        self.charge_kernel(token, bytes, paused);
+        }
     }
 
-    /// `token`'s reads pause: its receive limit is frozen at what it holds, and charged.
+    /// `token`'s reads pause: what its socket has received counts from now on.
     pub(super) fn input_paused(&mut self, token: usize) {
-        if self.kernel.charged.get(&token).is_some_and(|c| c.restore.is_some()) {
-            return;
-        }
-        let fd = self.conns[token].stream.socket();
-        let Some(before) = SocketBuffers::of(fd) else { return };
-        // The kernel doubles what it is given, and gives back its doubled value.
-        let frozen = before.received.max(PAUSED_RECEIVE);
-        if limit_received(fd, frozen / 2).is_err() {
-            return;
-        }
-        let held = SocketBuffers::of(fd).unwrap_or(before);
-        self.charge_kernel(token, held.bound(), Some(before.receive_limit / 2));
-        let share = self.pool.chunks_total() * self.pool.chunk_size() / KERNEL_SHARE;
-        if self.kernel.bytes > share {
-            self.shed(token);
+        self.measure_kernel(token, true);
+    }
+
+    /// Input arrived that `token` does not read now: a paused connection's charge follows it.
+    pub(super) fn input_waits(&mut self, token: usize) {
+        if self.kernel.charged.get(&token).is_some_and(|c| c.paused) {
+            self.measure_kernel(token, true);
         }
     }
 
-    /// Ends `token`, which is behind and not read, for what its socket holds
-    /// ([`Session::shed`](crate::session::Session::shed)).
-    fn shed(&mut self, token: usize) {
-        let now = self.now();
-        let policy = self.conns[token].session.queue().policy();
-        let (entry, mut cx) = self.split(token, now);
-        let messages = entry.session.shed(&mut cx);
-        self.stats.policy_drops[policy] += u64::from(messages);
-        self.shared.metrics.slow_consumer_closes.inc();
-        self.mark(token);
-    }
-
-    /// `token`'s reads resume: it gets its receive limit back, and its charge goes until a
-    /// write is refused again.
+    /// `token`'s reads resume: its charge goes until a write is refused again.
     pub(super) fn input_resumed(&mut self, token: usize) {
-        let Some(restore) = self.kernel.charged.get(&token).and_then(|c| c.restore) else {
-            return;
-        };
-        let _ = limit_received(self.conns[token].stream.socket(), restore);
-        self.charge_kernel(token, 0, None);
+        if self.kernel.charged.contains_key(&token) {
+            self.charge_kernel(token, 0, false);
+        }
     }
 
     /// `token` goes: its charge with it.
@@ -120,11 +95,38 @@ impl<T: Transport> EventLoop<T> {
         }
     }
 
-    /// Charges `token` `bytes` of kernel buffers (0: none), and withholds the change.
-    fn charge_kernel(&mut self, token: usize, bytes: usize, restore: Option<usize>) {
+    /// Charges `token` what the kernel reports its socket holds: queued to send, and (while
+    /// its reads pause) received. What a connection that is being read has received is read
+    /// this turn or the next. Sheds it if it pauses past the buffers' share of a contended pool
+    /// under the `close` policy.
+    fn measure_kernel(&mut self, token: usize, paused: bool) {
+        let entry = &mut self.conns[token];
+        let Some(held) = SocketBuffers::of(entry.stream.socket()) else { return };
+        let bytes = held.queued + if paused { held.received } else { 0 };
+        self.charge_kernel(token, bytes, paused);
+        let share = self.pool.chunks_total() * self.pool.chunk_size() / KERNEL_SHARE;
+        let session = &self.conns[token].session;
+        if paused
+            && self.kernel.bytes > share
+            && !self.share.uncontended(&self.pool, 0)
+            && session.state() == State::Open
+            && session.queue().policy() == SlowConsumerPolicy::Close
+        {
+            let now = self.now();
+            let (entry, mut cx) = self.split(token, now);
+            let messages = entry.session.shed(&mut cx);
+            self.stats.policy_drops[SlowConsumerPolicy::Close] += u64::from(messages);
+            self.shared.metrics.slow_consumer_closes.inc();
+            self.mark(token);
+        }
+    }
+
+    /// Charges `token` `bytes` of kernel buffers (none if 0 and not paused), and withholds
+    /// the change.
+    fn charge_kernel(&mut self, token: usize, bytes: usize, paused: bool) {
         self.forget_kernel_buffers(token);
-        if bytes > 0 || restore.is_some() {
-            self.kernel.charged.insert(token, Charged { bytes, restore });
+        if bytes > 0 || paused {
+            self.kernel.charged.insert(token, Charged { bytes, paused });
             self.kernel.bytes += bytes;
             self.shared.kernel_buffers.fetch_add(bytes, Ordering::Relaxed);
         }

@@ -926,10 +926,9 @@ impl Session {
         Some(PushOutcome::Dropped { newest: false, messages: gone.messages, bytes: gone.bytes })
     }
 
-    /// Ends a connection that is behind and not read, whose socket's buffers the budget
-    /// cannot keep: its unsent messages go, and it closes with 1008 (slow consumer) whatever
-    /// its policy, since only its close gives the kernel's memory back. Returns the messages
-    /// discarded.
+    /// Ends a connection that is behind and not read, whose socket's buffers a contended pool
+    /// cannot keep, as the `close` policy ends a queue past its share: its unsent messages go,
+    /// and it closes with 1008 (slow consumer). Returns the messages discarded.
     pub(crate) fn shed(&mut self, cx: &mut Context<'_>) -> u32 {
         let gone = self.queue.discard_unsent(cx.pool);
         self.note(gone.writability);
