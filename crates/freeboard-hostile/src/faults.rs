@@ -23,21 +23,29 @@ pub fn reset_mid_frame(addr: SocketAddr) {
 }
 
 /// Sends `messages`, then shuts down its write side; returns what came back before the
-/// server's EOF (it owes every echo) and whether the EOF came.
+/// server's EOF (it owes every echo) and whether the EOF came. It reads while it writes: a
+/// client that writes megabytes before it reads waits once the server stops reading it (its
+/// queue above the high watermark) and the kernel's buffers between them are full.
 pub fn half_close(addr: SocketAddr, messages: &[Vec<u8>]) -> (Vec<Frame>, bool) {
-    let mut client = WsClient::open(addr);
-    for m in messages {
-        client.send(0x82, m).expect("send");
-    }
-    client.stream.shutdown(Shutdown::Write).expect("shutdown(Write)");
-    let mut frames = Vec::new();
-    loop {
-        match client.recv() {
-            Ok(Some(frame)) => frames.push(frame),
-            Ok(None) => return (frames, true),
-            Err(_) => return (frames, false),
+    let mut writer = WsClient::open(addr);
+    let mut reader = writer.reader().expect("a reading handle");
+    let messages = messages.to_vec();
+    let writing = std::thread::spawn(move || {
+        for m in &messages {
+            writer.send(0x82, m).expect("send");
         }
-    }
+        writer.stream.shutdown(Shutdown::Write).expect("shutdown(Write)");
+    });
+    let mut frames = Vec::new();
+    let eof = loop {
+        match reader.recv() {
+            Ok(Some(frame)) => frames.push(frame),
+            Ok(None) => break true,
+            Err(_) => break false,
+        }
+    };
+    writing.join().expect("the writer");
+    (frames, eof)
 }
 
 /// Numbered binary messages of `size` bytes: message `i` is `i` (8 bytes) then a pattern.
