@@ -545,6 +545,15 @@ impl ClientHandler for ClientBridge {
         });
     }
 
+    fn on_writable(&mut self, conn: &mut LoopConn<'_>) {
+        let id = conn.id().0;
+        Python::attach(|py| {
+            if let Ok(event) = (DRAIN, id).into_pyobject(py) {
+                push(&self.events, event);
+            }
+        });
+    }
+
     fn on_close(&mut self, id: ClientId, close: CloseEvent) {
         Python::attach(|py| {
             let (code, reason) = (close.code.0, close.reason.clone());
@@ -611,9 +620,12 @@ impl NativeClient {
         self.clients.timeout().map(|t| t.as_secs_f64())
     }
 
-    /// Writes what was queued since the last turn.
-    fn flush(&mut self) {
+    /// Writes what was queued since the last turn; the events that caused (a drain to the
+    /// low watermark, a close whose output has left).
+    fn flush<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.clients.flush_all();
+        let events = std::mem::take(&mut *self.events.borrow_mut());
+        PyList::new(py, events)
     }
 
     /// Sends on connection `id`; what its session did.

@@ -51,6 +51,38 @@ def test_the_client_has_the_same_semantics():
     run(main())
 
 
+def test_the_clients_send_waits_at_the_high_watermark_until_the_server_reads():
+    received = []
+
+    async def late_reader(ws):
+        await asyncio.sleep(0.5)  # reads nothing yet: the kernel's buffers fill, then the queue
+        async for message in ws:
+            received.append(len(message))
+
+    async def main():
+        async with freeboard.serve(late_reader, "127.0.0.1", 0, memory="64M",
+                                   max_queue=4) as server:
+            settings = dict(memory="64M", low_watermark="16K", high_watermark="64K",
+                            max_backpressure="8M")
+            async with freeboard.connect(url(server), **settings) as client:
+                chunk = b"c" * (16 << 10)
+                outcomes = []
+                for _ in range(2000):
+                    outcomes.append(await client.send(chunk))
+                    if outcomes[-1] == "above-high":
+                        # It waited for the server to read, down to the low watermark.
+                        assert client.buffered_amount <= 16 << 10
+                        break
+                assert outcomes[-1] == "above-high" and set(outcomes[:-1]) == {"queued"}
+                # And it goes on: the next sends are queued, and every message arrives.
+                assert await client.send(chunk) == "queued"
+                while len(received) < len(outcomes) + 1:
+                    await asyncio.sleep(0.01)
+        assert received == [16 << 10] * (len(outcomes) + 1)
+
+    run(main())
+
+
 def test_messages_of_one_read_arrive_in_order():
     received = []
 

@@ -762,7 +762,9 @@ class _ClientLoop:
 
     def _flush(self) -> None:
         self._flush_queued = False
-        self.native.flush()
+        events = self.native.flush()
+        if events:
+            self._dispatch(events)
         self._arm()
 
     def _dispatch(self, events: list) -> None:
@@ -773,6 +775,8 @@ class _ClientLoop:
                 continue
             if code == _MESSAGE:
                 conn._on_message(event[2])
+            elif code == _DRAIN:
+                conn._on_drain()
             elif code == _OPEN:
                 conn.subprotocol = event[2]
                 if not conn._opened.done():
