@@ -138,7 +138,11 @@ export declare class Server extends EventEmitter {
   constructor(options?: ServerOptions, callback?: () => void);
   /** Open connections (a new Set at each read). */
   readonly clients: Set<WebSocket>;
-  /** Handler throws and rejections, each of which closed its connection with 1011. */
+  /**
+   * Listener and handler throws and rejections: each closed its connection with 1011 (an
+   * upgrade listener's refused the upgrade with 500; one with no connection left, as a
+   * 'close' listener's, only logged). None ends the process.
+   */
   readonly handlerErrors: number;
   address(): { address: string; family: 'IPv4' | 'IPv6'; port: number };
   /** Framed once, queued by reference to every subscriber of `topic`. */

@@ -298,7 +298,10 @@ class Server extends EventEmitter {
     this._conns = new Map();
     /** A `WebSocket` was made in the id mode: its events must reach JavaScript. */
     this._watching = false;
-    /** Handler errors (throws and rejections): each closed its connection with 1011. */
+    /**
+     * Handler errors (throws and rejections): each closed its connection with 1011, or
+     * refused its upgrade with 500; none reaches libuv (where it would end the process).
+     */
     this.handlerErrors = 0;
     this._flushQueued = false;
     this._dispatching = false;
@@ -320,7 +323,13 @@ class Server extends EventEmitter {
     });
     this._listenTo(0);
     if (callback) this.once('listening', callback);
-    process.nextTick(() => this.emit('listening'));
+    process.nextTick(() => {
+      try {
+        this.emit('listening');
+      } catch (error) {
+        this._handlerFailed(null, error);
+      }
+    });
   }
 
   /** The connections that have a `WebSocket` (a new Set each time: ws's `clients`). */
@@ -655,8 +664,20 @@ class Server extends EventEmitter {
     this._conns.clear();
     const callbacks = this._closeCallbacks;
     this._closeCallbacks = [];
-    for (const callback of callbacks) callback();
-    this.emit('close');
+    // What these throw has no connection left to close: counted and logged as a handler's
+    // error, never thrown into libuv's callback (where it would end the process).
+    for (const callback of callbacks) {
+      try {
+        callback();
+      } catch (error) {
+        this._handlerFailed(null, error);
+      }
+    }
+    try {
+      this.emit('close');
+    } catch (error) {
+      this._handlerFailed(null, error);
+    }
   }
 }
 

@@ -149,15 +149,9 @@ test('topics: publish is framed once and says what it reached', async () => {
   await stop(server);
 });
 
-test('upgrades decided in JavaScript, later: accept, refuse, and the timeout answers 503', async () => {
-  const server = await listen({ handshakeTimeout: 300 });
-  server.on('upgrade', async (request, decide) => {
-    await new Promise((r) => setTimeout(r, 20));
-    if (request.url === '/yes') decide(true);
-    else if (request.url === '/no') decide(401);
-    // '/never': no answer; the runtime's handshake timeout refuses it.
-  });
-  const status = (path) => new Promise((resolve) => {
+/** The status a ws client's upgrade to `path` gets: 101, or the refusal's. */
+function upgradeStatus(server, path) {
+  return new Promise((resolve) => {
     const client = new WS(url(server, path));
     client.on('open', () => {
       client.close();
@@ -166,42 +160,129 @@ test('upgrades decided in JavaScript, later: accept, refuse, and the timeout ans
     client.on('unexpected-response', (_, response) => resolve(response.statusCode));
     client.on('error', () => {});
   });
-  assert.equal(await status('/yes'), 101);
-  assert.equal(await status('/no'), 401);
-  assert.equal(await status('/never'), 503);
+}
+
+/** The value of the metrics line that starts with `name` (0 when absent). */
+function metric(server, name) {
+  const line = server.metrics().split('\n').find((l) => l.startsWith(name));
+  return line ? Number(line.split(' ').pop()) : 0;
+}
+
+test('upgrades decided in JavaScript, later: accept, refuse, and the timeout answers 503', async () => {
+  const server = await listen({ handshakeTimeout: 300 });
+  server.on('upgrade', async (request, decide) => {
+    await new Promise((r) => setTimeout(r, 20));
+    if (request.url === '/yes') decide(true);
+    else if (request.url === '/no') decide(401);
+    // '/never': no answer; the runtime's handshake timeout refuses it.
+  });
+  assert.equal(await upgradeStatus(server, '/yes'), 101);
+  assert.equal(await upgradeStatus(server, '/no'), 401);
+  assert.equal(await upgradeStatus(server, '/never'), 503);
+  // Counted as the Rust server counts a Decision that timed out.
+  assert.equal(metric(server, 'freeboard_access_refusals_total{reason="decision_timeout"}'), 1);
   await stop(server);
 });
 
-test('a handler that throws closes its connection with 1011, is counted, and the server goes on', async () => {
+test('past maxPendingUpgrades undecided upgrades, the next gets 503 at once; decided ones free their place', async () => {
+  const server = await listen({ maxPendingUpgrades: 2, handshakeTimeout: 20000 });
+  const waiting = new Map();
+  server.on('upgrade', (request, decide) => {
+    waiting.set(request.url, decide);
+  });
+  const first = upgradeStatus(server, '/first');
+  const second = upgradeStatus(server, '/second');
+  while (waiting.size < 2) await new Promise((r) => setTimeout(r, 5));
+  // Two wait for JavaScript: a third is refused by the engine without waiting for it.
+  assert.equal(await upgradeStatus(server, '/third'), 503);
+  assert.equal(metric(server, 'freeboard_access_refusals_total{reason="pending_full"}'), 1);
+  assert.equal(metric(server, 'freeboard_access_pending_upgrades'), 2);
+  waiting.get('/first')(true);
+  waiting.get('/second')(403);
+  assert.equal(await first, 101);
+  assert.equal(await second, 403);
+  // Their places are free again.
+  const fourth = upgradeStatus(server, '/fourth');
+  while (!waiting.has('/fourth')) await new Promise((r) => setTimeout(r, 5));
+  waiting.get('/fourth')(true);
+  assert.equal(await fourth, 101);
+  assert.equal(metric(server, 'freeboard_access_refusals_total{reason="pending_full"}'), 1);
+  await stop(server);
+});
+
+test('an upgrade listener that throws or rejects refuses with 500, is counted, and the server goes on', async () => {
   const server = await listen();
-  server.on('handlerError', () => {});
-  server.on('connection', (ws) => {
+  const logged = [];
+  const error = console.error;
+  console.error = (...args) => logged.push(args.join(' '));
+  try {
+    server.on('upgrade', (request, decide) => {
+      if (request.url === '/throw') throw new Error('boom');
+      if (request.url === '/reject') return Promise.reject(new Error('async boom'));
+      decide(true);
+      return undefined;
+    });
+    assert.equal(await upgradeStatus(server, '/throw'), 500);
+    assert.equal(await upgradeStatus(server, '/reject'), 500);
+    assert.equal(await upgradeStatus(server, '/fine'), 101);
+  } finally {
+    console.error = error;
+  }
+  assert.equal(server.handlerErrors, 2);
+  assert.equal(logged.length, 2);
+  await stop(server);
+});
+
+test('a listener that throws closes its connection with 1011, is counted, and the server goes on', async () => {
+  const server = await listen();
+  const failures = [];
+  server.on('handlerError', (error) => failures.push(error.message));
+  server.on('connection', (ws, request) => {
+    if (request.url === '/connection-throws') throw new Error('in connection');
     ws.on('message', (data) => {
       if (data.toString() === 'throw') throw new Error('boom');
       if (data.toString() === 'reject') return Promise.reject(new Error('async boom'));
       ws.send(data);
     });
     ws.on('message', async () => {});
+    if (request.url === '/close-throws') {
+      ws.on('close', () => {
+        throw new Error('in close');
+      });
+    }
   });
-  for (const poison of ['throw', 'reject']) {
-    const client = await connect(server);
-    client.send(poison);
+  for (const [path, poison] of [['/', 'throw'], ['/', 'reject'], ['/connection-throws', null]]) {
+    const client = new WS(url(server, path));
+    if (poison) client.on('open', () => client.send(poison));
     const [code] = await once(client, 'close');
-    assert.equal(code, 1011);
+    assert.equal(code, 1011, `${path} ${poison}`);
   }
-  assert.equal(server.handlerErrors, 2);
+  // A 'close' listener that throws: nothing left to close; counted, the server goes on.
+  const leaving = await connect(server, '/close-throws');
+  leaving.close();
+  await once(leaving, 'close');
+  while (failures.length < 4) await new Promise((r) => setTimeout(r, 5));
+  assert.equal(server.handlerErrors, 4);
+  assert.deepEqual(failures, ['boom', 'async boom', 'in connection', 'in close']);
   const client = await connect(server);
   client.send('still here');
   const [data] = await nextMessage(client);
   assert.equal(data.toString(), 'still here');
   client.close();
-  await stop(server);
+  // Even what the server's own 'close' throws is only counted: the process goes on.
+  server.on('close', () => {
+    throw new Error('in the server close');
+  });
+  await new Promise((resolve) => server.close(resolve));
+  assert.equal(server.handlerErrors, 5);
+  assert.equal(failures[4], 'in the server close');
 });
 
 test('close() sends 1001 to everyone, drains, and the server refuses use after it', async () => {
   const server = await listen();
   const clients = [await connect(server), await connect(server)];
   while (server.clients.size < 2) await new Promise((r) => setTimeout(r, 5));
+  const kept = [...server.clients];
   const codes = clients.map((c) => once(c, 'close'));
   const closed = once(server, 'close');
   server.close();
@@ -210,6 +291,15 @@ test('close() sends 1001 to everyone, drains, and the server refuses use after i
   assert.equal(server.clients.size, 0);
   assert.throws(() => server.publish('t', 'x'), { code: 'ERR_FREEBOARD_CLOSED' });
   assert.throws(() => server.metrics(), { code: 'ERR_FREEBOARD_CLOSED' });
+  // Its connections say so too: closed.
+  for (const ws of kept) {
+    assert.equal(ws.readyState, WS.CLOSED);
+    assert.equal(ws.send('late'), 'closed');
+    assert.throws(() => ws.subscribe('t'), { code: 'ERR_FREEBOARD_CLOSED' });
+    assert.equal(server.send(ws.id, 'late'), 'closed');
+    assert.throws(() => server.subscribe(ws.id, 't'), { code: 'ERR_FREEBOARD_CLOSED' });
+    assert.equal(ws.bufferedAmount, 0);
+  }
   await new Promise((resolve) => server.close((error) => {
     assert.equal(error.code, 'ERR_FREEBOARD_CLOSED');
     resolve();

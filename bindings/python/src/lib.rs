@@ -113,6 +113,12 @@ impl RequestHead {
     }
 }
 
+/// How long past the handshake timeout an undecided upgrade is kept. The loop answers it 503
+/// at the timeout (as any Rust `Decision`); dropping the `Decision` refuses with 500, which
+/// the loop ignores once it has timed out. The margin makes sure it has, whatever the timer's
+/// granularity: the client always gets the 503.
+const LET_GO_AFTER: Duration = Duration::from_secs(1);
+
 /// The route's handler: every callback becomes an event tuple of the turn, or with a
 /// listener a [`Happened`] for its callbacks.
 struct Bridge {
@@ -131,7 +137,7 @@ impl Handler for Bridge {
     fn decide_upgrade(&mut self, request: &Request<'_, '_>, decision: Decision) {
         let head = RequestHead::new(request, decision.peer());
         if self.decide_in_py.get() {
-            let deadline = Instant::now() + self.handshake_timeout;
+            let deadline = Instant::now() + self.handshake_timeout + LET_GO_AFTER;
             let id = self.decisions.borrow_mut().insert((decision, deadline));
             Python::attach(|py| {
                 let (path, peer, headers) = head.into_py();

@@ -219,6 +219,21 @@ def test_publish_is_framed_once_and_says_what_it_reached():
     run(main())
 
 
+async def upgrade_status(server, path):
+    """The status a websockets client's upgrade to ``path`` gets: 101, or the refusal's."""
+    try:
+        async with websockets.connect(url(server, path)):
+            return 101
+    except websockets.InvalidStatus as refused:
+        return refused.response.status_code
+
+
+def metric(server, name):
+    """The value of the metrics line that starts with ``name`` (0 when absent)."""
+    line = next((l for l in server.metrics().splitlines() if l.startswith(name)), None)
+    return 0 if line is None else float(line.split()[-1])
+
+
 def test_process_request_decides_later_and_the_timeout_answers_503():
     async def process_request(path, headers):
         await asyncio.sleep(0.02)
@@ -226,22 +241,60 @@ def test_process_request_decides_later_and_the_timeout_answers_503():
             return None
         if path == "/no":
             return 401
+        if path == "/raise":
+            raise LookupError("no such user")
         await asyncio.sleep(10)  # past the handshake timeout
-
-    async def status(server, path):
-        try:
-            async with websockets.connect(url(server, path)):
-                return 101
-        except websockets.InvalidStatus as refused:
-            return refused.response.status_code
 
     async def main():
         async with freeboard.serve(echo, "127.0.0.1", 0, memory="64M", handshake_timeout=0.3,
                                    process_request=process_request) as server:
-            assert await status(server, "/yes") == 101
-            assert await status(server, "/no") == 401
-            assert await status(server, "/never") == 503
+            assert await upgrade_status(server, "/yes") == 101
+            assert await upgrade_status(server, "/no") == 401
+            assert await upgrade_status(server, "/never") == 503
+            # Counted as the Rust server counts a Decision that timed out.
+            assert metric(server, 'freeboard_access_refusals_total{reason="decision_timeout"}') == 1
+            # A process_request that raises refuses with 500, is counted, and the server goes on.
+            assert await upgrade_status(server, "/raise") == 500
+            assert server.handler_errors == 1
+            assert await upgrade_status(server, "/yes") == 101
             server.close()
+
+    run(main())
+
+
+def test_past_max_pending_upgrades_the_next_gets_503_at_once():
+    waiting = {}
+
+    async def process_request(path, headers):
+        decided = asyncio.get_running_loop().create_future()
+        waiting[path] = decided
+        return await decided
+
+    async def main():
+        async with freeboard.serve(echo, "127.0.0.1", 0, memory="64M", handshake_timeout=20,
+                                   max_pending_upgrades=2,
+                                   process_request=process_request) as server:
+            first = asyncio.ensure_future(upgrade_status(server, "/first"))
+            second = asyncio.ensure_future(upgrade_status(server, "/second"))
+            while len(waiting) < 2:
+                await asyncio.sleep(0.005)
+            # Two wait for Python: a third is refused by the engine without waiting for it.
+            assert await upgrade_status(server, "/third") == 503
+            assert metric(server, 'freeboard_access_refusals_total{reason="pending_full"}') == 1
+            assert metric(server, "freeboard_access_pending_upgrades") == 2
+            waiting["/first"].set_result(None)
+            waiting["/second"].set_result(403)
+            assert await first == 101
+            assert await second == 403
+            # Their places are free again.
+            fourth = asyncio.ensure_future(upgrade_status(server, "/fourth"))
+            while "/fourth" not in waiting:
+                await asyncio.sleep(0.005)
+            waiting["/fourth"].set_result(None)
+            assert await fourth == 101
+            for decided in waiting.values():  # (the third's, which nobody waits for)
+                if not decided.done():
+                    decided.set_result(None)
 
     run(main())
 
@@ -270,7 +323,10 @@ def test_a_handler_that_raises_closes_1011_is_counted_and_the_server_goes_on():
 
 
 def test_close_sends_1001_drains_and_refuses_use_after_it():
+    kept = []
+
     async def handler(ws):
+        kept.append(ws)
         await ws.wait_closed()
 
     async def main():
@@ -288,6 +344,15 @@ def test_close_sends_1001_drains_and_refuses_use_after_it():
             server.publish("t", "x")
         with pytest.raises(RuntimeError, match="closed"):
             server.metrics()
+        # Its connections: closed with the server's 1001, and they say so.
+        for ws in kept:
+            with pytest.raises(freeboard.ConnectionClosedOK, match="1001"):
+                await ws.send("late")
+            with pytest.raises(freeboard.ConnectionClosed):
+                ws.subscribe("t")
+            with pytest.raises(freeboard.ConnectionClosedOK):
+                await ws.recv()
+            assert ws.send_nowait("late") == "closed" and ws.buffered_amount == 0
 
     run(main())
 
