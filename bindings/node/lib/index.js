@@ -159,6 +159,10 @@ class WebSocket extends EventEmitter {
   constructor(server, slot, serial) {
     // A rejected promise from an async listener is a handler error, as a throw is.
     super({ captureRejections: true });
+    // The listener table is made by the first `on` (EventEmitter makes it when `_events` is
+    // undefined, as for an emitter never initialised): a connection nobody listens to, such
+    // as a subscriber the server only publishes to, does not keep an empty dictionary.
+    this._events = undefined;
     this._server = server;
     this._slot = slot;
     this._serial = serial;

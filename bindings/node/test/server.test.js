@@ -39,6 +39,25 @@ test('echoes text and binary with their kind, and send says queued', async () =>
   await stop(server);
 });
 
+test('a WebSocket nobody listens to yet is an EventEmitter as any other', async () => {
+  const server = await listen();
+  const [client, ws] = await pair(server);
+  // (Its listener table is made at the first `on`.)
+  assert.deepEqual(ws.eventNames(), []);
+  assert.equal(ws.listenerCount('message'), 0);
+  assert.equal(ws.emit('message', Buffer.from('x'), false), false);
+  ws.removeAllListeners('message');
+  const heard = once(ws, 'message');
+  assert.equal(ws.listenerCount('message'), 1);
+  client.send('now');
+  assert.equal((await heard)[0].toString(), 'now');
+  assert.equal(ws.listenerCount('message'), 0);
+  const closed = once(ws, 'close');
+  client.close(4005);
+  assert.equal((await closed)[0], 4005);
+  await stop(server);
+});
+
 test('messages of one read arrive in order, each a Buffer of its own bytes', async () => {
   const server = await listen();
   const received = [];
