@@ -195,7 +195,13 @@ class WebSocket extends EventEmitter {
     const name = OUTCOMES[outcome];
     if (callback) {
       const error = outcome === 4 ? closedError('WebSocket') : null;
-      queueMicrotask(() => callback(error, name));
+      queueMicrotask(() => {
+        try {
+          callback(error, name);
+        } catch (thrown) {
+          server._handlerFailed(this, thrown);
+        }
+      });
     }
     return name;
   }
@@ -454,7 +460,13 @@ class Server extends EventEmitter {
   close(callback) {
     if (callback) {
       if (this._state === 'closed') {
-        process.nextTick(callback, closedError('server'));
+        process.nextTick(() => {
+          try {
+            callback(closedError('server'));
+          } catch (error) {
+            this._handlerFailed(null, error);
+          }
+        });
         return;
       }
       this._closeCallbacks.push(callback);

@@ -261,7 +261,14 @@ test('a listener that throws closes its connection with 1011, is counted, and th
     ws.on('message', (data) => {
       if (data.toString() === 'throw') throw new Error('boom');
       if (data.toString() === 'reject') return Promise.reject(new Error('async boom'));
+      if (data.toString() === 'callback') {
+        ws.send(data, () => {
+          throw new Error('in a send callback');
+        });
+        return undefined;
+      }
       ws.send(data);
+      return undefined;
     });
     ws.on('message', async () => {});
     if (request.url === '/close-throws') {
@@ -270,7 +277,8 @@ test('a listener that throws closes its connection with 1011, is counted, and th
       });
     }
   });
-  for (const [path, poison] of [['/', 'throw'], ['/', 'reject'], ['/connection-throws', null]]) {
+  const poisons = [['/', 'throw'], ['/', 'reject'], ['/connection-throws', null], ['/', 'callback']];
+  for (const [path, poison] of poisons) {
     const client = new WS(url(server, path));
     if (poison) client.on('open', () => client.send(poison));
     const [code] = await once(client, 'close');
@@ -280,9 +288,9 @@ test('a listener that throws closes its connection with 1011, is counted, and th
   const leaving = await connect(server, '/close-throws');
   leaving.close();
   await once(leaving, 'close');
-  while (failures.length < 4) await new Promise((r) => setTimeout(r, 5));
-  assert.equal(server.handlerErrors, 4);
-  assert.deepEqual(failures, ['boom', 'async boom', 'in connection', 'in close']);
+  while (failures.length < 5) await new Promise((r) => setTimeout(r, 5));
+  assert.equal(server.handlerErrors, 5);
+  assert.deepEqual(failures, ['boom', 'async boom', 'in connection', 'in a send callback', 'in close']);
   const client = await connect(server);
   client.send('still here');
   const [data] = await nextMessage(client);
@@ -293,8 +301,14 @@ test('a listener that throws closes its connection with 1011, is counted, and th
     throw new Error('in the server close');
   });
   await new Promise((resolve) => server.close(resolve));
-  assert.equal(server.handlerErrors, 5);
-  assert.equal(failures[4], 'in the server close');
+  assert.equal(server.handlerErrors, 6);
+  assert.equal(failures[5], 'in the server close');
+  // And a callback of a closed server's close.
+  server.close(() => {
+    throw new Error('in a late close callback');
+  });
+  while (failures.length < 7) await new Promise((r) => setTimeout(r, 5));
+  assert.equal(failures[6], 'in a late close callback');
 });
 
 test('close() sends 1001 to everyone, drains, and the server refuses use after it', async () => {
