@@ -608,10 +608,23 @@ impl NativeClient {
         self.clients.as_raw_fd()
     }
 
-    /// Starts a connection to `url`; its id. Name resolution blocks (an IP address or
-    /// `localhost` does not wait).
+    /// Starts a connection to `url`; its id. Name resolution blocks: Python resolves a name
+    /// itself (asynchronously) and calls [`connect_to`](Self::connect_to).
     fn connect(&mut self, url: &str) -> PyResult<usize> {
         self.clients.connect(url).map(|id| id.0).map_err(|e| PyOSError::new_err(e.to_string()))
+    }
+
+    /// Starts a connection to `url` at `host` (an IP address its name resolved to) and
+    /// `port`; its id. Nothing waits for name resolution.
+    fn connect_to(&mut self, url: &str, host: &str, port: u16) -> PyResult<usize> {
+        let ip: std::net::IpAddr = host
+            .parse()
+            .map_err(|_| PyValueError::new_err(format!("not an IP address: {host:?}")))?;
+        let addr = std::net::SocketAddr::new(ip, port);
+        self.clients
+            .connect_to(url, addr, &[])
+            .map(|id| id.0)
+            .map_err(|e| PyOSError::new_err(e.to_string()))
     }
 
     /// Runs one turn without waiting; its events.

@@ -47,6 +47,12 @@ def test_the_client_has_the_same_semantics():
                 await client.send("late")
             with pytest.raises(freeboard.InvalidHandshake):
                 await freeboard.connect(f"ws://127.0.0.1:{server.port + 1 or 1}/")
+            # A name is resolved by asyncio, off its thread; the engine connects to the address.
+            async with freeboard.connect(f"ws://localhost:{server.port}/named") as named:
+                assert await named.send("by name") == "queued"
+                assert await named.recv() == "by name"
+            with pytest.raises(freeboard.InvalidHandshake):
+                await freeboard.connect("ws://freeboard.invalid/")  # RFC 6761: never resolves
 
     run(main())
 

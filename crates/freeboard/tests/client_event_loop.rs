@@ -99,6 +99,27 @@ fn connection_failures_reach_the_handler() {
     assert!(clients.handler().errors[0].contains("handshake"), "{:?}", clients.handler().errors);
 }
 
+#[test]
+fn connect_to_uses_the_address_given_and_never_resolves_the_name() {
+    let server = common::start(common::config());
+    // RFC 6761 §6.4: `.invalid` names never resolve; only the address given can be used.
+    let url = format!("ws://freeboard.invalid:{}/", server.local_addr().port());
+    let mut clients = ClientLoop::new(ClientConfig::default(), PingPong::default()).unwrap();
+    assert!(matches!(clients.connect(&url), Err(ClientError::Resolve { .. })));
+    clients.connect_to(&url, server.local_addr(), &[]).unwrap();
+    let started = Instant::now();
+    clients
+        .run_until(|h| {
+            assert!(started.elapsed() < Duration::from_secs(30), "stuck");
+            h.closed.len() + h.errors.len() == 1
+        })
+        .unwrap();
+    let handler = clients.handler();
+    assert!(handler.errors.is_empty(), "{:?}", handler.errors);
+    assert_eq!(handler.echoes.values().copied().collect::<Vec<_>>(), [ROUNDS]);
+    common::stop_once_idle(server);
+}
+
 /// JSON-RPC style: every connection sends `REQUESTS` requests at once, then matches each
 /// answer to its id, then closes.
 #[derive(Default)]

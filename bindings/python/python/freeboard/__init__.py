@@ -22,8 +22,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
+import ipaddress
 import json
 import logging
+import socket
+import urllib.parse
 from typing import Any, Awaitable, Callable, Generator, Generic, Optional, TypeVar, Union
 
 from ._native import Conn, NativeClient, NativeServer, Request
@@ -843,7 +846,11 @@ class _Connect:
         loop = asyncio.get_running_loop()
         client = _ClientLoop.of(loop, _settings(self._settings))
         try:
-            id_ = client.native.connect(self._uri)
+            address = await self._resolve(loop)
+            if address is None:
+                id_ = client.native.connect(self._uri)
+            else:
+                id_ = client.native.connect_to(self._uri, *address)
         except OSError as error:
             raise InvalidHandshake(str(error)) from error
         conn = ClientConnection(client, id_, self._max_queue)
@@ -852,6 +859,30 @@ class _Connect:
         await conn._opened
         self._conn = conn
         return conn
+
+    async def _resolve(self, loop: asyncio.AbstractEventLoop) -> Optional[tuple[str, int]]:
+        """The address of the URL's host, resolved by asyncio (in its executor: the asyncio
+        thread never waits for a resolver); ``None`` for an IP address, or a URL the engine
+        refuses anyway."""
+        parts = urllib.parse.urlsplit(self._uri)
+        try:
+            host, port = parts.hostname, parts.port
+        except ValueError:
+            return None  # a bad port: the engine says so
+        if not host:
+            return None
+        try:
+            ipaddress.ip_address(host)
+            return None
+        except ValueError:
+            pass
+        if port is None:
+            port = 443 if parts.scheme.lower() == "wss" else 80
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        if not infos:
+            raise OSError(f"{host}: no address")
+        sockaddr = infos[0][4]
+        return str(sockaddr[0]), int(sockaddr[1])
 
     async def __aenter__(self) -> ClientConnection:
         return await self._open()
@@ -863,7 +894,8 @@ class _Connect:
 
 def connect(uri: str, *, max_queue: int = 4096, **settings: Any) -> _Connect:
     """Opens a client connection to ``uri`` (``ws://``; ``wss://`` with the engine's TLS
-    feature). Awaitable, or an async context manager that closes it on exit. Settings as
+    feature); a host name is resolved by asyncio's ``getaddrinfo`` (off the asyncio thread).
+    Awaitable, or an async context manager that closes it on exit. Settings as
     for :func:`serve` (the first connection of an asyncio loop sets its client's budget);
     past ``max_queue`` messages waiting for the application it is closed 1013."""
     return _Connect(uri, max_queue, settings)

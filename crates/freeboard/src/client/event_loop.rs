@@ -2,7 +2,7 @@
 //! read buffer for all of them; `ws://` and `wss://` over the clients' one [`ClientStream`].
 
 use std::io::{self, IoSlice, Read, Write};
-use std::net::ToSocketAddrs;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant as StdInstant};
 
 use freeboard_buf::{Pool, Writability};
@@ -167,6 +167,35 @@ impl<H: ClientHandler> ClientLoop<H> {
         headers: &[(String, String)],
     ) -> Result<ClientId, ClientError> {
         let target = Target::parse(url)?;
+        let addr = (target.host(), target.port())
+            .to_socket_addrs()
+            .map_err(|source| ClientError::Resolve { host: target.host().to_owned(), source })?
+            .next()
+            .ok_or_else(|| ClientError::Resolve {
+                host: target.host().to_owned(),
+                source: io::Error::other("no address"),
+            })?;
+        self.open(&target, addr, headers)
+    }
+
+    /// Starts a connection to `url` at `addr`, an address its host was resolved to elsewhere
+    /// (by a host event loop's asynchronous resolver, say): nothing here waits for name
+    /// resolution. The request's `Host` and TLS's server name are the URL's host still.
+    pub fn connect_to(
+        &mut self,
+        url: &str,
+        addr: SocketAddr,
+        headers: &[(String, String)],
+    ) -> Result<ClientId, ClientError> {
+        self.open(&Target::parse(url)?, addr, headers)
+    }
+
+    fn open(
+        &mut self,
+        target: &Target,
+        addr: SocketAddr,
+        headers: &[(String, String)],
+    ) -> Result<ClientId, ClientError> {
         let tls = match (target.is_secure(), &self.tls) {
             (false, _) => None,
             (true, Some(connector)) => Some(connector.connect(target.host())?),
@@ -177,14 +206,6 @@ impl<H: ClientHandler> ClientLoop<H> {
                 Some(conn)
             }
         };
-        let addr = (target.host(), target.port())
-            .to_socket_addrs()
-            .map_err(|source| ClientError::Resolve { host: target.host().to_owned(), source })?
-            .next()
-            .ok_or_else(|| ClientError::Resolve {
-                host: target.host().to_owned(),
-                source: io::Error::other("no address"),
-            })?;
         let tcp = TcpStream::connect(addr)
             .map_err(|source| ClientError::Connect { addr: addr.to_string(), source })?;
         let _ = tcp.set_nodelay(true);
@@ -192,11 +213,11 @@ impl<H: ClientHandler> ClientLoop<H> {
         let key = handshake::new_key()?;
         let offer = handshake::deflate_offer(&self.config, true);
         let request = match headers.is_empty() {
-            true => handshake::encode_request(&target, &self.config, &key, offer)?,
+            true => handshake::encode_request(target, &self.config, &key, offer)?,
             false => {
                 let mut config = self.config.clone();
                 config.headers.extend_from_slice(headers);
-                handshake::encode_request(&target, &config, &key, offer)?
+                handshake::encode_request(target, &config, &key, offer)?
             }
         };
         let entry = self.sessions.vacant_entry();
