@@ -58,10 +58,16 @@ test('a WebSocket nobody listens to yet is an EventEmitter as any other', async 
   await stop(server);
 });
 
-test('messages of one read arrive in order, each a Buffer of its own bytes', async () => {
+test('messages of one read arrive in order, each a Buffer of its own bytes, a turn\'s in one batch', async () => {
   const server = await listen();
   const received = [];
-  server.on('connection', (ws) => ws.on('message', (data) => received.push(data.toString())));
+  const batches = new Set();
+  server.on('connection', (ws) => ws.on('message', (data) => {
+    received.push(data.toString());
+    // Each message is a view of its turn's batch: one memory crossed for many messages.
+    assert.ok(data.buffer.byteLength >= data.length);
+    batches.add(data.buffer);
+  }));
   const client = await connect(server);
   const sent = [];
   for (let i = 0; i < 500; i++) {
@@ -70,6 +76,8 @@ test('messages of one read arrive in order, each a Buffer of its own bytes', asy
   }
   while (received.length < sent.length) await new Promise((r) => setTimeout(r, 5));
   assert.deepEqual(received, sent);
+  // The client wrote them all before this thread let the server read: a few turns at most.
+  assert.ok(batches.size <= 10, `${batches.size} batches for 500 messages`);
   client.close();
   await stop(server);
 });
