@@ -115,14 +115,17 @@ export declare class WebSocket extends EventEmitter {
     callback?: (error: Error | null, outcome: SendOutcome) => void): SendOutcome;
   send(data: string | Buffer | ArrayBuffer | ArrayBufferView,
     callback: (error: Error | null, outcome: SendOutcome) => void): SendOutcome;
+  /** Throws a RangeError (`ERR_FREEBOARD_CLOSE_CODE`) for a code no endpoint may send. */
   close(code?: number, reason?: string): void;
   /** Stops reading the connection (the peer meets TCP's flow control) until `resume()`. */
   pause(): void;
   resume(): void;
   readonly isPaused: boolean;
   /**
-   * `true` if newly subscribed; throws once closed or when the topic budget is spent. With
-   * `since` (a history topic), what was missed after that offset comes first, or 4410.
+   * `true` if newly subscribed; throws once closed (`ERR_FREEBOARD_CLOSED`), when the topic
+   * budget is spent (`ERR_FREEBOARD_NO_MEMORY`), for an invalid name (a TypeError,
+   * `ERR_FREEBOARD_TOPIC_NAME`) or past a topic limit (`ERR_FREEBOARD_TOO_MANY_TOPICS`).
+   * With `since` (a history topic), what was missed after that offset comes first, or 4410.
    */
   subscribe(topic: string, options?: { since?: string }): boolean;
   unsubscribe(topic: string): boolean;
@@ -154,7 +157,10 @@ export declare class Server extends EventEmitter {
   /** Sends to connection `id`: what the session decided ('closed' once it has gone). */
   send(id: ConnectionId, data: string | Buffer | ArrayBuffer | ArrayBufferView,
     options?: { binary?: boolean }): SendOutcome;
-  /** Starts the close handshake of `id` (1000 by default); `false` once it has gone. */
+  /**
+   * Starts the close handshake of `id` (1000 by default); `false` once it has gone. Throws
+   * as `ws.close` for a code no endpoint may send.
+   */
   end(id: ConnectionId, code?: number, reason?: string): boolean;
   /** As `ws.subscribe`; throws `ERR_FREEBOARD_CLOSED` once `id` has gone. */
   subscribe(id: ConnectionId, topic: string, options?: { since?: string }): boolean;

@@ -78,6 +78,23 @@ function settings(options) {
   return out;
 }
 
+/** What a negative answer of the native `subscribe` means (-1 first). */
+const SUBSCRIBE_REFUSALS = [
+  ['ERR_FREEBOARD_CLOSED', ''],
+  ['ERR_FREEBOARD_NO_MEMORY', 'freeboard: the memory budget for topic subscriptions is spent'],
+  ['ERR_FREEBOARD_TOPIC_NAME', 'freeboard: a topic name is 1 to 128 of A-Z a-z 0-9 - . _ ~ :'],
+  ['ERR_FREEBOARD_TOO_MANY_TOPICS', 'freeboard: too many topics for one connection'],
+  ['ERR_FREEBOARD_TOO_MANY_TOPICS', 'freeboard: too many topics on this server'],
+];
+
+/** The error of a close code no endpoint may send (the native `close` answered -1). */
+function closeCodeError(code) {
+  const error = new RangeError(
+    `freeboard: close code ${code} cannot be sent (1000-1003, 1007-1014 or 3000-4999)`);
+  error.code = 'ERR_FREEBOARD_CLOSE_CODE';
+  return error;
+}
+
 function closedError(what) {
   const error = new Error(`freeboard: ${what} is closed`);
   error.code = 'ERR_FREEBOARD_CLOSED';
@@ -104,10 +121,11 @@ function sendTo(native, slot, serial, data, options) {
 function subscribeTo(server, slot, serial, topic, options, close) {
   topic = String(topic);
   const answer = server._native.subscribe(slot, serial, topic);
-  if (answer === -1) throw closedError('WebSocket');
-  if (answer === -2) {
-    const error = new Error('freeboard: the memory budget for topic subscriptions is spent');
-    error.code = 'ERR_FREEBOARD_NO_MEMORY';
+  if (answer < 0) {
+    const [code, message] = SUBSCRIBE_REFUSALS[-answer - 1];
+    if (code === 'ERR_FREEBOARD_CLOSED') throw closedError('WebSocket');
+    const error = code === 'ERR_FREEBOARD_TOPIC_NAME' ? new TypeError(message) : new Error(message);
+    error.code = code;
     throw error;
   }
   if (options && options.since !== undefined) {
@@ -206,11 +224,16 @@ class WebSocket extends EventEmitter {
     return name;
   }
 
-  /** Starts the close handshake (1000 unless `code` says otherwise); 'close' follows. */
+  /**
+   * Starts the close handshake (1000 unless `code` says otherwise); 'close' follows. Throws
+   * a RangeError (`ERR_FREEBOARD_CLOSE_CODE`) for a code no endpoint may send.
+   */
   close(code = 1000, reason = '') {
     if (this.readyState !== OPEN_STATE) return;
+    if (this._server._native.close(this._slot, this._serial, code, String(reason)) < 0) {
+      throw closeCodeError(code);
+    }
     this.readyState = CLOSING;
-    this._server._native.close(this._slot, this._serial, code, String(reason));
     this._server._scheduleFlush();
   }
 
@@ -247,7 +270,9 @@ class WebSocket extends EventEmitter {
    * `{ since: offset }` (a topic with history: the `topics.history` setting), what it missed
    * after that offset is sent first; if the history no longer holds it all, the connection
    * is closed 4410 and `false` returned. Throws when the memory budget for topic tables is
-   * spent (close with 1013 then), or once closed.
+   * spent (`ERR_FREEBOARD_NO_MEMORY`: close with 1013 then), for an invalid name (a
+   * TypeError, `ERR_FREEBOARD_TOPIC_NAME`), past a topic limit
+   * (`ERR_FREEBOARD_TOO_MANY_TOPICS`), or once closed (`ERR_FREEBOARD_CLOSED`).
    */
   subscribe(topic, options) {
     return subscribeTo(this._server, this._slot, this._serial, topic, options,
@@ -376,8 +401,9 @@ class Server extends EventEmitter {
       return true;
     }
     const closing = this._native.close(BY_ID, id, code, String(reason));
+    if (closing < 0) throw closeCodeError(code);
     this._scheduleFlush();
-    return closing;
+    return closing === 1;
   }
 
   /** `ws.subscribe` for connection `id`; throws `ERR_FREEBOARD_CLOSED` once it has gone. */

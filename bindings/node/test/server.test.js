@@ -364,6 +364,27 @@ test('a message past maxMessageSize closes 1009; send on a closed socket says cl
   await stop(server);
 });
 
+test('misuse is a clear error: a close code no endpoint may send, a topic the server refuses', async () => {
+  const server = await listen({ topics: { maxTopicsPerConnection: 2 } });
+  const [client, ws] = await pair(server);
+  // RFC 6455 §7.4.1: 1005 and 1006 are never sent; 1004 is reserved; past 4999 is no code.
+  for (const code of [1005, 1006, 1004, 999, 5000, 70000]) {
+    assert.throws(() => ws.close(code), { name: 'RangeError', code: 'ERR_FREEBOARD_CLOSE_CODE' });
+    assert.throws(() => server.end(ws.id, code), { code: 'ERR_FREEBOARD_CLOSE_CODE' });
+  }
+  assert.equal(ws.readyState, WS.OPEN); // nothing was started
+  assert.throws(() => ws.subscribe('no spaces'), { name: 'TypeError', code: 'ERR_FREEBOARD_TOPIC_NAME' });
+  assert.throws(() => ws.subscribe('x'.repeat(129)), { code: 'ERR_FREEBOARD_TOPIC_NAME' });
+  assert.equal(ws.subscribe('a'), true);
+  assert.equal(ws.subscribe('b'), true);
+  assert.throws(() => ws.subscribe('c'), { code: 'ERR_FREEBOARD_TOO_MANY_TOPICS' });
+  // The connection is as it was: it still echoes nothing and closes with a code it may send.
+  const closed = once(client, 'close');
+  ws.close(4000, 'fine');
+  assert.equal((await closed)[0], 4000);
+  await stop(server);
+});
+
 test('pause() leaves what the client sends in the socket until resume()', async () => {
   const server = await listen();
   const [client, ws] = await pair(server);

@@ -427,10 +427,12 @@ impl NativeServer {
         Ok(outcome(server.with_conn(key, |c| c.send(MessageKind::Binary, bytes))))
     }
 
-    /// Starts the close handshake; `False` if closed or closing already.
-    fn close(&mut self, slot: usize, serial: u64, code: u16, reason: &str) -> bool {
-        let Some(server) = &mut self.server else { return false };
-        server.with_conn(ConnKey { slot, serial }, |c| c.close(CloseCode(code), reason)).is_some()
+    /// Starts the close handshake; `False` if closed or closing already, `ValueError` for a
+    /// code no endpoint may send.
+    fn close(&mut self, slot: usize, serial: u64, code: u16, reason: &str) -> PyResult<bool> {
+        let code = sendable(code)?;
+        let Some(server) = &mut self.server else { return Ok(false) };
+        Ok(server.with_conn(ConnKey { slot, serial }, |c| c.close(code, reason)).is_some())
     }
 
     /// Stops (`held`) or resumes reading `(slot, serial)`; `False` if it has closed.
@@ -445,14 +447,15 @@ impl NativeServer {
         server.with_conn(ConnKey { slot, serial }, |c| c.buffered_amount() as i64).unwrap_or(-1)
     }
 
-    /// 1 subscribed, 0 already was, -1 closed, -2 the topic tables' budget is spent.
-    fn subscribe(&mut self, slot: usize, serial: u64, topic: &str) -> i8 {
-        let Some(server) = &mut self.server else { return -1 };
+    /// 1 subscribed, 0 already was, -1 closed; `MemoryError` when the topic tables' budget
+    /// is spent, `ValueError` for another refusal (the name, the topic limits).
+    fn subscribe(&mut self, slot: usize, serial: u64, topic: &str) -> PyResult<i8> {
+        let Some(server) = &mut self.server else { return Ok(-1) };
         match server.with_conn(ConnKey { slot, serial }, |c| c.subscribe(topic)) {
-            None => -1,
-            Some(Ok(true)) => 1,
-            Some(Ok(false)) => 0,
-            Some(Err(_)) => -2,
+            None => Ok(-1),
+            Some(Ok(true)) => Ok(1),
+            Some(Ok(false)) => Ok(0),
+            Some(Err(refused)) => Err(listener::subscribe_refused(refused)),
         }
     }
 
@@ -515,6 +518,17 @@ impl NativeServer {
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = std::mem::take(&mut *self.events.borrow_mut());
         PyList::new(py, events)
+    }
+}
+
+/// `code` if an endpoint may send it in a close frame, else `ValueError`. RFC 6455 §7.4.1:
+/// 1005 and 1006 "MUST NOT be set as a status code in a Close control frame by an endpoint".
+pub(crate) fn sendable(code: u16) -> PyResult<CloseCode> {
+    match CloseCode(code) {
+        code if code.is_sendable() => Ok(code),
+        code => Err(PyValueError::new_err(format!(
+            "freeboard: close code {code} cannot be sent (1000-1003, 1007-1014 or 3000-4999)"
+        ))),
     }
 }
 
@@ -658,12 +672,14 @@ impl NativeClient {
         Ok(outcome(sent.ok()))
     }
 
-    /// Starts the close handshake of connection `id`.
-    fn close(&mut self, id: usize, code: u16, reason: &str) -> bool {
-        match self.clients.conn(ClientId(id)) {
-            Some(mut conn) => conn.close(CloseCode(code), reason).is_ok(),
+    /// Starts the close handshake of connection `id`; `ValueError` for a code no endpoint
+    /// may send.
+    fn close(&mut self, id: usize, code: u16, reason: &str) -> PyResult<bool> {
+        let code = sendable(code)?;
+        Ok(match self.clients.conn(ClientId(id)) {
+            Some(mut conn) => conn.close(code, reason).is_ok(),
             None => false,
-        }
+        })
     }
 
     /// Unsent bytes of connection `id`; -1 once closed.

@@ -363,6 +363,41 @@ def test_close_sends_1001_drains_and_refuses_use_after_it():
     run(main())
 
 
+def test_misuse_is_a_clear_error_a_close_code_or_a_topic_the_server_refuses():
+    checked = []
+
+    async def handler(ws):
+        if ws.path == "/client":
+            return await ws.wait_closed()
+        for code in (1005, 1006, 1004, 999, 5000):
+            with pytest.raises(ValueError, match="cannot be sent"):
+                await ws.close(code)
+        with pytest.raises(OverflowError):
+            await ws.close(70000)
+        with pytest.raises(ValueError, match="invalid topic name"):
+            ws.subscribe("no spaces")
+        assert ws.subscribe("a") and ws.subscribe("b")
+        with pytest.raises(ValueError, match="too many topics"):
+            ws.subscribe("c")
+        checked.append(True)
+        await ws.close(4000, "fine")
+
+    async def main():
+        async with freeboard.serve(handler, "127.0.0.1", 0, memory="64M",
+                                   topics={"max_topics_per_connection": 2}) as server:
+            async with websockets.connect(url(server)) as client:
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await client.recv()
+                assert closed.value.rcvd.code == 4000
+            # The client's close checks the code the same way.
+            async with freeboard.connect(url(server, "/client")) as mine:
+                with pytest.raises(ValueError, match="cannot be sent"):
+                    await mine.close(1006)
+        assert checked == [True]
+
+    run(main())
+
+
 def test_a_message_past_max_size_closes_1009():
     async def main():
         async with freeboard.serve(echo, "127.0.0.1", 0, memory="64M", max_size="1K") as server:

@@ -223,7 +223,8 @@ class _Connection:
         await asyncio.shield(self._drain)
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
-        """Starts the close handshake and waits for it to end."""
+        """Starts the close handshake and waits for it to end. ``ValueError`` for a code no
+        endpoint may send (1005, 1006, …: RFC 6455 §7.4)."""
         if self._close_event is None:
             self._close_native(code, reason)
             self._after_call()
@@ -325,14 +326,13 @@ class ServerConnection(_Connection):
         ``True`` if newly subscribed. With ``since`` (a topic with history: the ``topics``
         setting's ``history``), what it missed after that offset is sent first; if the
         history no longer holds it all the connection is closed 4410 and ``False``
-        returned. Raises :class:`ConnectionClosed` once closed and ``MemoryError`` when the
-        topic tables' budget is spent."""
+        returned. Raises :class:`ConnectionClosed` once closed, ``MemoryError`` when the
+        topic tables' budget is spent and ``ValueError`` for a name or a topic limit the
+        server refuses."""
         native = self._server._native
         answer = -1 if native is None else native.subscribe(self._slot, self._serial, topic)
         if answer == -1:
             raise _closed(*(self._close_event or (1006, "")))
-        if answer == -2:
-            raise MemoryError("freeboard: the memory budget for topic subscriptions is spent")
         if since is not None and native is not None:
             if not native.recover(self._slot, self._serial, topic, since):
                 self._close_native(4410, "history gone")
