@@ -99,7 +99,7 @@ def _closed(code: int, reason: str) -> ConnectionClosed:
     return kind(code, reason)
 
 
-def _settings(settings: dict) -> dict:
+def _settings(settings: dict[str, Any]) -> dict[str, Any]:
     """Keyword settings to freeboard's configuration keys; seconds become durations."""
     out = {}
     for key, value in settings.items():
@@ -126,16 +126,16 @@ class _Connection:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_queue: int) -> None:
         self._loop = loop
-        self._messages: Optional[collections.deque] = None
-        self._receiver: Optional[asyncio.Future] = None
-        self._drain: Optional[asyncio.Future] = None
-        self._closed: Optional[asyncio.Future] = None
-        self._close_event: Optional[tuple] = None
+        self._messages: Optional[collections.deque[Data]] = None
+        self._receiver: Optional[asyncio.Future[None]] = None
+        self._drain: Optional[asyncio.Future[None]] = None
+        self._closed: Optional[asyncio.Future[None]] = None
+        self._close_event: Optional[tuple[int, str]] = None
         self._max_queue = max_queue
         #: Reading is stopped: ``max_queue`` messages wait for the handler.
         self._held = False
 
-    def _closed_future(self) -> asyncio.Future:
+    def _closed_future(self) -> asyncio.Future[None]:
         if self._closed is None:
             self._closed = self._loop.create_future()
             if self._close_event is not None:
@@ -173,7 +173,7 @@ class _Connection:
             self._hold_native(False)
         return message
 
-    def __aiter__(self):
+    def __aiter__(self) -> "_Connection":
         return self
 
     async def __anext__(self) -> Data:
@@ -276,7 +276,7 @@ class ServerConnection(_Connection):
 
     __slots__ = ("_server", "_slot", "_serial", "path", "remote_address", "_headers")
 
-    def __init__(self, server: "Server", slot: int, serial: int, path: str, remote: tuple,
+    def __init__(self, server: "Server", slot: int, serial: int, path: str, remote: tuple[str, int],
                  headers: str) -> None:
         super().__init__(server._loop, server._max_queue)
         self._server = server
@@ -286,10 +286,10 @@ class ServerConnection(_Connection):
         self.path = path
         #: ``(host, port)`` of the client.
         self.remote_address = remote
-        self._headers: Union[str, list] = headers
+        self._headers: Union[str, list[tuple[str, str]]] = headers
 
     @property
-    def request_headers(self) -> list:
+    def request_headers(self) -> list[tuple[str, str]]:
         """The upgrade request's headers, as ``(name, value)`` pairs."""
         if isinstance(self._headers, str):
             parts = self._headers.split("\n")
@@ -347,15 +347,15 @@ class ServerConnection(_Connection):
 
 
 Handler = Callable[[ServerConnection], Awaitable[Any]]
-ProcessRequest = Callable[[str, list], Awaitable[Optional[int]]]
+ProcessRequest = Callable[[str, list[tuple[str, str]]], Awaitable[Optional[int]]]
 
 
 class _ServerBase:
     """What both servers share: the engine's drive on the running asyncio loop, upgrade
     decisions in Python, publish, metrics and the close."""
 
-    def __init__(self, host: str, port: int, path: str, subprotocols: Optional[list],
-                 process_request: Optional[ProcessRequest], settings: dict,
+    def __init__(self, host: str, port: int, path: str, subprotocols: Optional[list[str]],
+                 process_request: Optional[ProcessRequest], settings: dict[str, Any],
                  listener: Optional[Any] = None) -> None:
         self._loop = asyncio.get_running_loop()
         config = _settings(settings)
@@ -363,7 +363,7 @@ class _ServerBase:
         self._protocols = list(subprotocols or [])
         self._process_request = process_request
         #: Upgrade decisions in progress: cancelled when the server stops.
-        self._deciding: set = set()
+        self._deciding: set[asyncio.Task[None]] = set()
         self._flush_queued = False
         self._dispatching = False
         self._timer: Optional[asyncio.TimerHandle] = None
@@ -389,7 +389,7 @@ class _ServerBase:
         return self._native.port if self._native else 0
 
     @property
-    def sockets(self) -> list:
+    def sockets(self) -> list[tuple[str, int]]:
         """``[(host, port)]`` of the listener (websockets gives socket objects)."""
         return [(self._native.host, self._native.port)] if self._native else []
 
@@ -422,10 +422,10 @@ class _ServerBase:
     async def serve_forever(self) -> None:
         await self.wait_closed()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "_ServerBase":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: Any) -> None:
         self.close()
         await self.wait_closed()
 
@@ -485,14 +485,14 @@ class _ServerBase:
             self._dispatch(events)
         self._arm()
 
-    def _dispatch(self, events: list) -> None:
+    def _dispatch(self, events: list[Any]) -> None:
         """Upgrade requests (all the events of a listener's server; the handler's server
         has more)."""
         for event in events:
             if event[0] == _UPGRADE:
                 self._on_upgrade(event)
 
-    def _on_upgrade(self, event: tuple) -> None:
+    def _on_upgrade(self, event: tuple[Any, ...]) -> None:
         _, decision, path, _remote, headers = event
         task = self._loop.create_task(self._decide(decision, path, headers))
         self._deciding.add(task)
@@ -537,17 +537,17 @@ class Server(_ServerBase):
     task per connection."""
 
     def __init__(self, handler: Handler, host: str, port: int, *, path: str = "",
-                 subprotocols: Optional[list] = None,
+                 subprotocols: Optional[list[str]] = None,
                  process_request: Optional[ProcessRequest] = None, max_queue: int = 16,
                  **settings: Any) -> None:
         self._handler = handler
         self._max_queue = max_queue
-        self._conns: dict = {}
-        self._tasks: set = set()
+        self._conns: dict[int, ServerConnection] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         super().__init__(host, port, path, subprotocols, process_request, settings)
 
     @property
-    def connections(self) -> list:
+    def connections(self) -> list[ServerConnection]:
         """The open connections."""
         return list(self._conns.values())
 
@@ -560,7 +560,7 @@ class Server(_ServerBase):
     async def __aenter__(self) -> "Server":
         return self
 
-    def _dispatch(self, events: list) -> None:
+    def _dispatch(self, events: list[Any]) -> None:
         self._dispatching = True
         try:
             for event in events:
@@ -642,7 +642,7 @@ class ListenerServer(_ServerBase):
     by :func:`serve_listener`): no task, coroutine or object per connection."""
 
     def __init__(self, listener: Any, host: str, port: int, *, path: str = "",
-                 subprotocols: Optional[list] = None,
+                 subprotocols: Optional[list[str]] = None,
                  process_request: Optional[ProcessRequest] = None, **settings: Any) -> None:
         for name in ("on_open", "on_message", "on_drain", "on_close"):
             if inspect.iscoroutinefunction(getattr(listener, name, None)):
@@ -664,7 +664,7 @@ class _Serve(Generic[_S]):
     and an async context manager (closes it on exit), as websockets' ``serve``."""
 
     def __init__(self, make: Callable[..., _S], first: Any, host: str, port: int,
-                 kwargs: dict) -> None:
+                 kwargs: dict[str, Any]) -> None:
         self._make = make
         self._args = (first, host, port)
         self._kwargs = kwargs
@@ -724,19 +724,19 @@ def serve_listener(listener: Any, host: str = "127.0.0.1", port: int = 0,
 class _ClientLoop:
     """The one native client loop of an asyncio loop, turned like the server's."""
 
-    _by_loop: dict = {}
+    _by_loop: dict[asyncio.AbstractEventLoop, "_ClientLoop"] = {}
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, config: dict) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, config: dict[str, Any]) -> None:
         self._loop = loop
         self.native = NativeClient(json.dumps(config))
-        self.conns: dict = {}
+        self.conns: dict[int, "ClientConnection"] = {}
         self._flush_queued = False
         self._timer: Optional[asyncio.TimerHandle] = None
         self._fd = self.native.fileno()
         loop.add_reader(self._fd, self._turn)
 
     @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop, config: dict) -> "_ClientLoop":
+    def of(cls, loop: asyncio.AbstractEventLoop, config: dict[str, Any]) -> "_ClientLoop":
         client = cls._by_loop.get(loop)
         if client is None or client._loop.is_closed():
             client = cls(loop, config)
@@ -770,7 +770,7 @@ class _ClientLoop:
             self._dispatch(events)
         self._arm()
 
-    def _dispatch(self, events: list) -> None:
+    def _dispatch(self, events: list[Any]) -> None:
         for event in events:
             code, id_ = event[0], event[1]
             conn = self.conns.get(id_)
@@ -833,13 +833,13 @@ class ClientConnection(_Connection):
 
 
 class _Connect:
-    def __init__(self, uri: str, max_queue: int, settings: dict) -> None:
+    def __init__(self, uri: str, max_queue: int, settings: dict[str, Any]) -> None:
         self._uri = uri
         self._max_queue = max_queue
         self._settings = settings
         self._conn: Optional[ClientConnection] = None
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, "ClientConnection"]:
         return self._open().__await__()
 
     async def _open(self) -> ClientConnection:

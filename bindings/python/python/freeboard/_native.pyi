@@ -2,7 +2,7 @@
 # code: 0 open, 1 message, 2 drain, 3 close, 4 upgrade, 5 failed (client).
 from typing import Any, Callable, Literal, Optional, Union
 
-Event = tuple
+Event = tuple[Any, ...]
 
 class NativeServer:
     def __init__(
