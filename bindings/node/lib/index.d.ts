@@ -87,8 +87,10 @@ export interface UpgradeRequest {
 }
 
 /**
- * Completes an upgrade decision: `true` (or nothing) accepts, a number refuses with that
- * HTTP status, `false` refuses with 403. Undecided past `handshakeTimeout`: 503.
+ * Completes an upgrade decision: `true` (or nothing) accepts, a 4xx or 5xx number refuses
+ * with that HTTP status (another number throws a RangeError, `ERR_FREEBOARD_STATUS`), `false`
+ * refuses with 403. Undecided past `handshakeTimeout`: 503; past `maxPendingUpgrades`
+ * waiting at once: 503 at once.
  */
 export type Decide = (answer?: boolean | number, options?: { protocol?: string }) => void;
 

@@ -668,10 +668,17 @@ class Server extends EventEmitter {
     let decided = false;
     const decide = (answer = true, options) => {
       if (decided || this._state === 'closed') return;
-      decided = true;
       let status = 101;
       if (answer === false) status = 403;
       else if (typeof answer === 'number') status = answer;
+      if (status !== 101 && !(Number.isInteger(status) && status >= 400 && status <= 599)) {
+        // (A throw from the listener refuses with 500 and counts it, below.)
+        const error = new RangeError(
+          `freeboard: decide takes true, false or a 4xx or 5xx status, not ${answer}`);
+        error.code = 'ERR_FREEBOARD_STATUS';
+        throw error;
+      }
+      decided = true;
       let protocol = -1;
       if (status === 101 && options && options.protocol !== undefined) {
         protocol = this._protocols.indexOf(options.protocol);

@@ -246,17 +246,20 @@ test('an upgrade listener that throws or rejects refuses with 500, is counted, a
     server.on('upgrade', (request, decide) => {
       if (request.url === '/throw') throw new Error('boom');
       if (request.url === '/reject') return Promise.reject(new Error('async boom'));
+      if (request.url === '/ok-is-no-refusal') decide(200); // throws ERR_FREEBOARD_STATUS
       decide(true);
       return undefined;
     });
     assert.equal(await upgradeStatus(server, '/throw'), 500);
     assert.equal(await upgradeStatus(server, '/reject'), 500);
+    assert.equal(await upgradeStatus(server, '/ok-is-no-refusal'), 500);
     assert.equal(await upgradeStatus(server, '/fine'), 101);
   } finally {
     console.error = error;
   }
-  assert.equal(server.handlerErrors, 2);
-  assert.equal(logged.length, 2);
+  assert.equal(server.handlerErrors, 3);
+  assert.equal(logged.length, 3);
+  assert.match(logged[2], /ERR_FREEBOARD_STATUS|4xx or 5xx/);
   await stop(server);
 });
 

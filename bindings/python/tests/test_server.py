@@ -249,6 +249,8 @@ def test_process_request_decides_later_and_the_timeout_answers_503():
             return 401
         if path == "/raise":
             raise LookupError("no such user")
+        if path == "/ok-is-no-refusal":
+            return 200
         await asyncio.sleep(10)  # past the handshake timeout
 
     async def main():
@@ -261,7 +263,8 @@ def test_process_request_decides_later_and_the_timeout_answers_503():
             assert metric(server, 'freeboard_access_refusals_total{reason="decision_timeout"}') == 1
             # A process_request that raises refuses with 500, is counted, and the server goes on.
             assert await upgrade_status(server, "/raise") == 500
-            assert server.handler_errors == 1
+            assert await upgrade_status(server, "/ok-is-no-refusal") == 500
+            assert server.handler_errors == 2
             assert await upgrade_status(server, "/yes") == 101
             server.close()
 

@@ -504,6 +504,9 @@ class _ServerBase:
         assert self._process_request is not None  # (only then are upgrades decided here)
         try:
             status = await self._process_request(path, headers)
+            if status is not None and not 400 <= int(status) <= 599:
+                raise ValueError(f"process_request answers None or a 4xx or 5xx status, "
+                                 f"not {status!r}")
         except Exception:
             self.handler_errors += 1
             logger.exception("process_request failed; the upgrade is refused with 500")
