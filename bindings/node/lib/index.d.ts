@@ -87,8 +87,10 @@ export interface UpgradeRequest {
 }
 
 /**
- * Completes an upgrade decision: `true` (or nothing) accepts, a number refuses with that
- * HTTP status, `false` refuses with 403. Undecided past `handshakeTimeout`: 503.
+ * Completes an upgrade decision: `true` (or nothing) accepts, a 4xx or 5xx number refuses
+ * with that HTTP status (another number throws a RangeError, `ERR_FREEBOARD_STATUS`), `false`
+ * refuses with 403. Undecided past `handshakeTimeout`: 503; past `maxPendingUpgrades`
+ * waiting at once: 503 at once.
  */
 export type Decide = (answer?: boolean | number, options?: { protocol?: string }) => void;
 
@@ -115,14 +117,17 @@ export declare class WebSocket extends EventEmitter {
     callback?: (error: Error | null, outcome: SendOutcome) => void): SendOutcome;
   send(data: string | Buffer | ArrayBuffer | ArrayBufferView,
     callback: (error: Error | null, outcome: SendOutcome) => void): SendOutcome;
+  /** Throws a RangeError (`ERR_FREEBOARD_CLOSE_CODE`) for a code no endpoint may send. */
   close(code?: number, reason?: string): void;
   /** Stops reading the connection (the peer meets TCP's flow control) until `resume()`. */
   pause(): void;
   resume(): void;
   readonly isPaused: boolean;
   /**
-   * `true` if newly subscribed; throws once closed or when the topic budget is spent. With
-   * `since` (a history topic), what was missed after that offset comes first, or 4410.
+   * `true` if newly subscribed; throws once closed (`ERR_FREEBOARD_CLOSED`), when the topic
+   * budget is spent (`ERR_FREEBOARD_NO_MEMORY`), for an invalid name (a TypeError,
+   * `ERR_FREEBOARD_TOPIC_NAME`) or past a topic limit (`ERR_FREEBOARD_TOO_MANY_TOPICS`).
+   * With `since` (a history topic), what was missed after that offset comes first, or 4410.
    */
   subscribe(topic: string, options?: { since?: string }): boolean;
   unsubscribe(topic: string): boolean;
@@ -138,7 +143,11 @@ export declare class Server extends EventEmitter {
   constructor(options?: ServerOptions, callback?: () => void);
   /** Open connections (a new Set at each read). */
   readonly clients: Set<WebSocket>;
-  /** Handler throws and rejections, each of which closed its connection with 1011. */
+  /**
+   * Listener and handler throws and rejections: each closed its connection with 1011 (an
+   * upgrade listener's refused the upgrade with 500; one with no connection left, as a
+   * 'close' listener's, only logged). None ends the process.
+   */
   readonly handlerErrors: number;
   address(): { address: string; family: 'IPv4' | 'IPv6'; port: number };
   /** Framed once, queued by reference to every subscriber of `topic`. */
@@ -150,7 +159,10 @@ export declare class Server extends EventEmitter {
   /** Sends to connection `id`: what the session decided ('closed' once it has gone). */
   send(id: ConnectionId, data: string | Buffer | ArrayBuffer | ArrayBufferView,
     options?: { binary?: boolean }): SendOutcome;
-  /** Starts the close handshake of `id` (1000 by default); `false` once it has gone. */
+  /**
+   * Starts the close handshake of `id` (1000 by default); `false` once it has gone. Throws
+   * as `ws.close` for a code no endpoint may send.
+   */
   end(id: ConnectionId, code?: number, reason?: string): boolean;
   /** As `ws.subscribe`; throws `ERR_FREEBOARD_CLOSED` once `id` has gone. */
   subscribe(id: ConnectionId, topic: string, options?: { since?: string }): boolean;

@@ -78,6 +78,23 @@ function settings(options) {
   return out;
 }
 
+/** What a negative answer of the native `subscribe` means (-1 first). */
+const SUBSCRIBE_REFUSALS = [
+  ['ERR_FREEBOARD_CLOSED', ''],
+  ['ERR_FREEBOARD_NO_MEMORY', 'freeboard: the memory budget for topic subscriptions is spent'],
+  ['ERR_FREEBOARD_TOPIC_NAME', 'freeboard: a topic name is 1 to 128 of A-Z a-z 0-9 - . _ ~ :'],
+  ['ERR_FREEBOARD_TOO_MANY_TOPICS', 'freeboard: too many topics for one connection'],
+  ['ERR_FREEBOARD_TOO_MANY_TOPICS', 'freeboard: too many topics on this server'],
+];
+
+/** The error of a close code no endpoint may send (the native `close` answered -1). */
+function closeCodeError(code) {
+  const error = new RangeError(
+    `freeboard: close code ${code} cannot be sent (1000-1003, 1007-1014 or 3000-4999)`);
+  error.code = 'ERR_FREEBOARD_CLOSE_CODE';
+  return error;
+}
+
 function closedError(what) {
   const error = new Error(`freeboard: ${what} is closed`);
   error.code = 'ERR_FREEBOARD_CLOSED';
@@ -104,10 +121,11 @@ function sendTo(native, slot, serial, data, options) {
 function subscribeTo(server, slot, serial, topic, options, close) {
   topic = String(topic);
   const answer = server._native.subscribe(slot, serial, topic);
-  if (answer === -1) throw closedError('WebSocket');
-  if (answer === -2) {
-    const error = new Error('freeboard: the memory budget for topic subscriptions is spent');
-    error.code = 'ERR_FREEBOARD_NO_MEMORY';
+  if (answer < 0) {
+    const [code, message] = SUBSCRIBE_REFUSALS[-answer - 1];
+    if (code === 'ERR_FREEBOARD_CLOSED') throw closedError('WebSocket');
+    const error = code === 'ERR_FREEBOARD_TOPIC_NAME' ? new TypeError(message) : new Error(message);
+    error.code = code;
     throw error;
   }
   if (options && options.since !== undefined) {
@@ -159,6 +177,10 @@ class WebSocket extends EventEmitter {
   constructor(server, slot, serial) {
     // A rejected promise from an async listener is a handler error, as a throw is.
     super({ captureRejections: true });
+    // The listener table is made by the first `on` (EventEmitter makes it when `_events` is
+    // undefined, as for an emitter never initialised): a connection nobody listens to, such
+    // as a subscriber the server only publishes to, does not keep an empty dictionary.
+    this._events = undefined;
     this._server = server;
     this._slot = slot;
     this._serial = serial;
@@ -191,16 +213,27 @@ class WebSocket extends EventEmitter {
     const name = OUTCOMES[outcome];
     if (callback) {
       const error = outcome === 4 ? closedError('WebSocket') : null;
-      queueMicrotask(() => callback(error, name));
+      queueMicrotask(() => {
+        try {
+          callback(error, name);
+        } catch (thrown) {
+          server._handlerFailed(this, thrown);
+        }
+      });
     }
     return name;
   }
 
-  /** Starts the close handshake (1000 unless `code` says otherwise); 'close' follows. */
+  /**
+   * Starts the close handshake (1000 unless `code` says otherwise); 'close' follows. Throws
+   * a RangeError (`ERR_FREEBOARD_CLOSE_CODE`) for a code no endpoint may send.
+   */
   close(code = 1000, reason = '') {
     if (this.readyState !== OPEN_STATE) return;
+    if (this._server._native.close(this._slot, this._serial, code, String(reason)) < 0) {
+      throw closeCodeError(code);
+    }
     this.readyState = CLOSING;
-    this._server._native.close(this._slot, this._serial, code, String(reason));
     this._server._scheduleFlush();
   }
 
@@ -237,7 +270,9 @@ class WebSocket extends EventEmitter {
    * `{ since: offset }` (a topic with history: the `topics.history` setting), what it missed
    * after that offset is sent first; if the history no longer holds it all, the connection
    * is closed 4410 and `false` returned. Throws when the memory budget for topic tables is
-   * spent (close with 1013 then), or once closed.
+   * spent (`ERR_FREEBOARD_NO_MEMORY`: close with 1013 then), for an invalid name (a
+   * TypeError, `ERR_FREEBOARD_TOPIC_NAME`), past a topic limit
+   * (`ERR_FREEBOARD_TOO_MANY_TOPICS`), or once closed (`ERR_FREEBOARD_CLOSED`).
    */
   subscribe(topic, options) {
     return subscribeTo(this._server, this._slot, this._serial, topic, options,
@@ -298,7 +333,10 @@ class Server extends EventEmitter {
     this._conns = new Map();
     /** A `WebSocket` was made in the id mode: its events must reach JavaScript. */
     this._watching = false;
-    /** Handler errors (throws and rejections): each closed its connection with 1011. */
+    /**
+     * Handler errors (throws and rejections): each closed its connection with 1011, or
+     * refused its upgrade with 500; none reaches libuv (where it would end the process).
+     */
     this.handlerErrors = 0;
     this._flushQueued = false;
     this._dispatching = false;
@@ -320,7 +358,13 @@ class Server extends EventEmitter {
     });
     this._listenTo(0);
     if (callback) this.once('listening', callback);
-    process.nextTick(() => this.emit('listening'));
+    process.nextTick(() => {
+      try {
+        this.emit('listening');
+      } catch (error) {
+        this._handlerFailed(null, error);
+      }
+    });
   }
 
   /** The connections that have a `WebSocket` (a new Set each time: ws's `clients`). */
@@ -357,8 +401,9 @@ class Server extends EventEmitter {
       return true;
     }
     const closing = this._native.close(BY_ID, id, code, String(reason));
+    if (closing < 0) throw closeCodeError(code);
     this._scheduleFlush();
-    return closing;
+    return closing === 1;
   }
 
   /** `ws.subscribe` for connection `id`; throws `ERR_FREEBOARD_CLOSED` once it has gone. */
@@ -441,7 +486,13 @@ class Server extends EventEmitter {
   close(callback) {
     if (callback) {
       if (this._state === 'closed') {
-        process.nextTick(callback, closedError('server'));
+        process.nextTick(() => {
+          try {
+            callback(closedError('server'));
+          } catch (error) {
+            this._handlerFailed(null, error);
+          }
+        });
         return;
       }
       this._closeCallbacks.push(callback);
@@ -617,10 +668,17 @@ class Server extends EventEmitter {
     let decided = false;
     const decide = (answer = true, options) => {
       if (decided || this._state === 'closed') return;
-      decided = true;
       let status = 101;
       if (answer === false) status = 403;
       else if (typeof answer === 'number') status = answer;
+      if (status !== 101 && !(Number.isInteger(status) && status >= 400 && status <= 599)) {
+        // (A throw from the listener refuses with 500 and counts it, below.)
+        const error = new RangeError(
+          `freeboard: decide takes true, false or a 4xx or 5xx status, not ${answer}`);
+        error.code = 'ERR_FREEBOARD_STATUS';
+        throw error;
+      }
+      decided = true;
       let protocol = -1;
       if (status === 101 && options && options.protocol !== undefined) {
         protocol = this._protocols.indexOf(options.protocol);
@@ -655,8 +713,20 @@ class Server extends EventEmitter {
     this._conns.clear();
     const callbacks = this._closeCallbacks;
     this._closeCallbacks = [];
-    for (const callback of callbacks) callback();
-    this.emit('close');
+    // What these throw has no connection left to close: counted and logged as a handler's
+    // error, never thrown into libuv's callback (where it would end the process).
+    for (const callback of callbacks) {
+      try {
+        callback();
+      } catch (error) {
+        this._handlerFailed(null, error);
+      }
+    }
+    try {
+      this.emit('close');
+    } catch (error) {
+      this._handlerFailed(null, error);
+    }
   }
 }
 

@@ -128,8 +128,8 @@ impl SlotTable {
 }
 
 /// Upgrade decisions JavaScript holds, by the number its `'upgrade'` event carries; each is
-/// dropped (500, which the loop ignores past the handshake timeout) if JavaScript has not
-/// completed it by the time the loop gave up on it.
+/// let go of (dropped) if JavaScript has not completed it [`LET_GO_AFTER`] past the handshake
+/// timeout.
 #[derive(Default)]
 pub(crate) struct Decisions {
     waiting: Slab<(Decision, Instant)>,
@@ -166,6 +166,12 @@ impl Decisions {
     }
 }
 
+/// How long past the handshake timeout an undecided upgrade is kept. The loop answers it 503
+/// at the timeout (as any Rust `Decision`); dropping the `Decision` refuses with 500, which
+/// the loop ignores once it has timed out. The margin makes sure it has, whatever the timer's
+/// granularity: the client always gets the 503.
+const LET_GO_AFTER: Duration = Duration::from_secs(1);
+
 /// The route's handler: every callback becomes an event of the turn's batch.
 pub(crate) struct Bridge {
     pub(crate) batch: Rc<RefCell<Batch>>,
@@ -193,7 +199,7 @@ impl Handler for Bridge {
     fn decide_upgrade(&mut self, request: &Request<'_, '_>, decision: Decision) {
         if self.decide_in_js.get() {
             let head = RequestHead::new(request, decision.peer());
-            let deadline = Instant::now() + self.handshake_timeout;
+            let deadline = Instant::now() + self.handshake_timeout + LET_GO_AFTER;
             let id = self.decisions.borrow_mut().waiting.insert((decision, deadline));
             let mut batch = self.batch.borrow_mut();
             batch.numbers.extend([UPGRADE, id as f64]);

@@ -33,6 +33,7 @@ use std::ptr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use freeboard::topics::SubscribeError;
 use freeboard::{
     CloseCode, ConnKey, LocalServer, MessageKind, PushOutcome, RouteOptions, Router, SendOutcome,
     Server, ServerConfig,
@@ -228,12 +229,16 @@ impl NativeServer {
         Ok(self.core.send(slot, serial, MessageKind::Text, &scratch))
     }
 
-    /// Starts the close handshake of `(slot, serial)` with `code` and `reason`; `false` if
-    /// it is closed or closing already.
+    /// Starts the close handshake of `(slot, serial)` with `code` and `reason`: 1 started, 0
+    /// closed or closing already, -1 a code no endpoint may send (RFC 6455 §7.4.1: 1005 and
+    /// 1006 "MUST NOT be set as a status code in a Close control frame by an endpoint").
     #[napi]
-    pub fn close(&self, slot: u32, serial: f64, code: u32, reason: String) -> bool {
-        let code = CloseCode(u16::try_from(code).unwrap_or(1000));
-        self.core.with_conn(slot, serial, |conn| conn.close(code, &reason)).is_some()
+    pub fn close(&self, slot: u32, serial: f64, code: u32, reason: String) -> i32 {
+        let code = match u16::try_from(code).map(CloseCode) {
+            Ok(code) if code.is_sendable() => code,
+            _ => return -1,
+        };
+        i32::from(self.core.with_conn(slot, serial, |conn| conn.close(code, &reason)).is_some())
     }
 
     /// Stops (`held`) or resumes reading `(slot, serial)` (`ws.pause()`, `ws.resume()`);
@@ -256,7 +261,8 @@ impl NativeServer {
     }
 
     /// Subscribes `(slot, serial)` to `topic`: 1 subscribed, 0 already was, -1 closed, -2 no
-    /// memory for the subscription (the budget for topic tables is spent).
+    /// memory for the subscription (the budget for topic tables is spent), -3 an invalid
+    /// name, -4 the connection's topic limit, -5 the server's.
     #[napi]
     pub fn subscribe(&self, slot: u32, serial: f64, topic: String) -> i32 {
         let subscribed = self.core.with_conn(slot, serial, |conn| conn.subscribe(&topic));
@@ -264,7 +270,10 @@ impl NativeServer {
             None => -1,
             Some(Ok(true)) => 1,
             Some(Ok(false)) => 0,
-            Some(Err(_)) => -2,
+            Some(Err(SubscribeError::NoMemory)) => -2,
+            Some(Err(SubscribeError::InvalidName)) => -3,
+            Some(Err(SubscribeError::TooManyTopics)) => -4,
+            Some(Err(_)) => -5,
         }
     }
 

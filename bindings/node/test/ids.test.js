@@ -185,11 +185,17 @@ test('topics by id: subscribe, publish reaches the subscribers, unsubscribe', as
 test('a handler that throws or rejects closes 1011, is counted with its id; the server goes on', async () => {
   const failures = [];
   const { server } = await logging({
+    open(id, request) {
+      if (request.url === '/open-throws') throw new Error('in open');
+    },
     message(id, data) {
       if (data.toString() === 'throw') throw new Error('boom');
       if (data.toString() === 'reject') return Promise.reject(new Error('async boom'));
       this.send(id, data);
       return undefined;
+    },
+    close(id, code) {
+      if (code === 4321) throw new Error('in close');
     },
   });
   server.on('handlerError', (error, id) => failures.push([error.message, typeof id]));
@@ -199,8 +205,16 @@ test('a handler that throws or rejects closes 1011, is counted with its id; the 
     const [code] = await once(client, 'close');
     assert.equal(code, 1011);
   }
-  assert.equal(server.handlerErrors, 2);
-  assert.deepEqual(failures, [['boom', 'number'], ['async boom', 'number']]);
+  const opening = await connect(server, '/open-throws');
+  assert.equal((await once(opening, 'close'))[0], 1011);
+  const leaving = await connect(server);
+  leaving.close(4321);
+  await once(leaving, 'close');
+  await until(() => failures.length === 4, 'four failures');
+  assert.equal(server.handlerErrors, 4);
+  assert.deepEqual(failures, [
+    ['boom', 'number'], ['async boom', 'number'], ['in open', 'number'], ['in close', 'number'],
+  ]);
   const client = await connect(server);
   client.send('still here');
   const [data] = await once(client, 'message');

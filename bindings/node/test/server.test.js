@@ -39,10 +39,35 @@ test('echoes text and binary with their kind, and send says queued', async () =>
   await stop(server);
 });
 
-test('messages of one read arrive in order, each a Buffer of its own bytes', async () => {
+test('a WebSocket nobody listens to yet is an EventEmitter as any other', async () => {
+  const server = await listen();
+  const [client, ws] = await pair(server);
+  // (Its listener table is made at the first `on`.)
+  assert.deepEqual(ws.eventNames(), []);
+  assert.equal(ws.listenerCount('message'), 0);
+  assert.equal(ws.emit('message', Buffer.from('x'), false), false);
+  ws.removeAllListeners('message');
+  const heard = once(ws, 'message');
+  assert.equal(ws.listenerCount('message'), 1);
+  client.send('now');
+  assert.equal((await heard)[0].toString(), 'now');
+  assert.equal(ws.listenerCount('message'), 0);
+  const closed = once(ws, 'close');
+  client.close(4005);
+  assert.equal((await closed)[0], 4005);
+  await stop(server);
+});
+
+test('messages of one read arrive in order, each a Buffer of its own bytes, a turn\'s in one batch', async () => {
   const server = await listen();
   const received = [];
-  server.on('connection', (ws) => ws.on('message', (data) => received.push(data.toString())));
+  const batches = new Set();
+  server.on('connection', (ws) => ws.on('message', (data) => {
+    received.push(data.toString());
+    // Each message is a view of its turn's batch: one memory crossed for many messages.
+    assert.ok(data.buffer.byteLength >= data.length);
+    batches.add(data.buffer);
+  }));
   const client = await connect(server);
   const sent = [];
   for (let i = 0; i < 500; i++) {
@@ -51,6 +76,8 @@ test('messages of one read arrive in order, each a Buffer of its own bytes', asy
   }
   while (received.length < sent.length) await new Promise((r) => setTimeout(r, 5));
   assert.deepEqual(received, sent);
+  // The client wrote them all before this thread let the server read: a few turns at most.
+  assert.ok(batches.size <= 10, `${batches.size} batches for 500 messages`);
   client.close();
   await stop(server);
 });
@@ -149,15 +176,9 @@ test('topics: publish is framed once and says what it reached', async () => {
   await stop(server);
 });
 
-test('upgrades decided in JavaScript, later: accept, refuse, and the timeout answers 503', async () => {
-  const server = await listen({ handshakeTimeout: 300 });
-  server.on('upgrade', async (request, decide) => {
-    await new Promise((r) => setTimeout(r, 20));
-    if (request.url === '/yes') decide(true);
-    else if (request.url === '/no') decide(401);
-    // '/never': no answer; the runtime's handshake timeout refuses it.
-  });
-  const status = (path) => new Promise((resolve) => {
+/** The status a ws client's upgrade to `path` gets: 101, or the refusal's. */
+function upgradeStatus(server, path) {
+  return new Promise((resolve) => {
     const client = new WS(url(server, path));
     client.on('open', () => {
       client.close();
@@ -166,42 +187,146 @@ test('upgrades decided in JavaScript, later: accept, refuse, and the timeout ans
     client.on('unexpected-response', (_, response) => resolve(response.statusCode));
     client.on('error', () => {});
   });
-  assert.equal(await status('/yes'), 101);
-  assert.equal(await status('/no'), 401);
-  assert.equal(await status('/never'), 503);
+}
+
+/** The value of the metrics line that starts with `name` (0 when absent). */
+function metric(server, name) {
+  const line = server.metrics().split('\n').find((l) => l.startsWith(name));
+  return line ? Number(line.split(' ').pop()) : 0;
+}
+
+test('upgrades decided in JavaScript, later: accept, refuse, and the timeout answers 503', async () => {
+  const server = await listen({ handshakeTimeout: 300 });
+  server.on('upgrade', async (request, decide) => {
+    await new Promise((r) => setTimeout(r, 20));
+    if (request.url === '/yes') decide(true);
+    else if (request.url === '/no') decide(401);
+    // '/never': no answer; the runtime's handshake timeout refuses it.
+  });
+  assert.equal(await upgradeStatus(server, '/yes'), 101);
+  assert.equal(await upgradeStatus(server, '/no'), 401);
+  assert.equal(await upgradeStatus(server, '/never'), 503);
+  // Counted as the Rust server counts a Decision that timed out.
+  assert.equal(metric(server, 'freeboard_access_refusals_total{reason="decision_timeout"}'), 1);
   await stop(server);
 });
 
-test('a handler that throws closes its connection with 1011, is counted, and the server goes on', async () => {
+test('past maxPendingUpgrades undecided upgrades, the next gets 503 at once; decided ones free their place', async () => {
+  const server = await listen({ maxPendingUpgrades: 2, handshakeTimeout: 20000 });
+  const waiting = new Map();
+  server.on('upgrade', (request, decide) => {
+    waiting.set(request.url, decide);
+  });
+  const first = upgradeStatus(server, '/first');
+  const second = upgradeStatus(server, '/second');
+  while (waiting.size < 2) await new Promise((r) => setTimeout(r, 5));
+  // Two wait for JavaScript: a third is refused by the engine without waiting for it.
+  assert.equal(await upgradeStatus(server, '/third'), 503);
+  assert.equal(metric(server, 'freeboard_access_refusals_total{reason="pending_full"}'), 1);
+  assert.equal(metric(server, 'freeboard_access_pending_upgrades'), 2);
+  waiting.get('/first')(true);
+  waiting.get('/second')(403);
+  assert.equal(await first, 101);
+  assert.equal(await second, 403);
+  // Their places are free again.
+  const fourth = upgradeStatus(server, '/fourth');
+  while (!waiting.has('/fourth')) await new Promise((r) => setTimeout(r, 5));
+  waiting.get('/fourth')(true);
+  assert.equal(await fourth, 101);
+  assert.equal(metric(server, 'freeboard_access_refusals_total{reason="pending_full"}'), 1);
+  await stop(server);
+});
+
+test('an upgrade listener that throws or rejects refuses with 500, is counted, and the server goes on', async () => {
   const server = await listen();
-  server.on('handlerError', () => {});
-  server.on('connection', (ws) => {
+  const logged = [];
+  const error = console.error;
+  console.error = (...args) => logged.push(args.join(' '));
+  try {
+    server.on('upgrade', (request, decide) => {
+      if (request.url === '/throw') throw new Error('boom');
+      if (request.url === '/reject') return Promise.reject(new Error('async boom'));
+      if (request.url === '/ok-is-no-refusal') decide(200); // throws ERR_FREEBOARD_STATUS
+      decide(true);
+      return undefined;
+    });
+    assert.equal(await upgradeStatus(server, '/throw'), 500);
+    assert.equal(await upgradeStatus(server, '/reject'), 500);
+    assert.equal(await upgradeStatus(server, '/ok-is-no-refusal'), 500);
+    assert.equal(await upgradeStatus(server, '/fine'), 101);
+  } finally {
+    console.error = error;
+  }
+  assert.equal(server.handlerErrors, 3);
+  assert.equal(logged.length, 3);
+  assert.match(logged[2], /ERR_FREEBOARD_STATUS|4xx or 5xx/);
+  await stop(server);
+});
+
+test('a listener that throws closes its connection with 1011, is counted, and the server goes on', async () => {
+  const server = await listen();
+  const failures = [];
+  server.on('handlerError', (error) => failures.push(error.message));
+  server.on('connection', (ws, request) => {
+    if (request.url === '/connection-throws') throw new Error('in connection');
     ws.on('message', (data) => {
       if (data.toString() === 'throw') throw new Error('boom');
       if (data.toString() === 'reject') return Promise.reject(new Error('async boom'));
+      if (data.toString() === 'callback') {
+        ws.send(data, () => {
+          throw new Error('in a send callback');
+        });
+        return undefined;
+      }
       ws.send(data);
+      return undefined;
     });
     ws.on('message', async () => {});
+    if (request.url === '/close-throws') {
+      ws.on('close', () => {
+        throw new Error('in close');
+      });
+    }
   });
-  for (const poison of ['throw', 'reject']) {
-    const client = await connect(server);
-    client.send(poison);
+  const poisons = [['/', 'throw'], ['/', 'reject'], ['/connection-throws', null], ['/', 'callback']];
+  for (const [path, poison] of poisons) {
+    const client = new WS(url(server, path));
+    if (poison) client.on('open', () => client.send(poison));
     const [code] = await once(client, 'close');
-    assert.equal(code, 1011);
+    assert.equal(code, 1011, `${path} ${poison}`);
   }
-  assert.equal(server.handlerErrors, 2);
+  // A 'close' listener that throws: nothing left to close; counted, the server goes on.
+  const leaving = await connect(server, '/close-throws');
+  leaving.close();
+  await once(leaving, 'close');
+  while (failures.length < 5) await new Promise((r) => setTimeout(r, 5));
+  assert.equal(server.handlerErrors, 5);
+  assert.deepEqual(failures, ['boom', 'async boom', 'in connection', 'in a send callback', 'in close']);
   const client = await connect(server);
   client.send('still here');
   const [data] = await nextMessage(client);
   assert.equal(data.toString(), 'still here');
   client.close();
-  await stop(server);
+  // Even what the server's own 'close' throws is only counted: the process goes on.
+  server.on('close', () => {
+    throw new Error('in the server close');
+  });
+  await new Promise((resolve) => server.close(resolve));
+  assert.equal(server.handlerErrors, 6);
+  assert.equal(failures[5], 'in the server close');
+  // And a callback of a closed server's close.
+  server.close(() => {
+    throw new Error('in a late close callback');
+  });
+  while (failures.length < 7) await new Promise((r) => setTimeout(r, 5));
+  assert.equal(failures[6], 'in a late close callback');
 });
 
 test('close() sends 1001 to everyone, drains, and the server refuses use after it', async () => {
   const server = await listen();
   const clients = [await connect(server), await connect(server)];
   while (server.clients.size < 2) await new Promise((r) => setTimeout(r, 5));
+  const kept = [...server.clients];
   const codes = clients.map((c) => once(c, 'close'));
   const closed = once(server, 'close');
   server.close();
@@ -210,6 +335,15 @@ test('close() sends 1001 to everyone, drains, and the server refuses use after i
   assert.equal(server.clients.size, 0);
   assert.throws(() => server.publish('t', 'x'), { code: 'ERR_FREEBOARD_CLOSED' });
   assert.throws(() => server.metrics(), { code: 'ERR_FREEBOARD_CLOSED' });
+  // Its connections say so too: closed.
+  for (const ws of kept) {
+    assert.equal(ws.readyState, WS.CLOSED);
+    assert.equal(ws.send('late'), 'closed');
+    assert.throws(() => ws.subscribe('t'), { code: 'ERR_FREEBOARD_CLOSED' });
+    assert.equal(server.send(ws.id, 'late'), 'closed');
+    assert.throws(() => server.subscribe(ws.id, 't'), { code: 'ERR_FREEBOARD_CLOSED' });
+    assert.equal(ws.bufferedAmount, 0);
+  }
   await new Promise((resolve) => server.close((error) => {
     assert.equal(error.code, 'ERR_FREEBOARD_CLOSED');
     resolve();
@@ -230,6 +364,27 @@ test('a message past maxMessageSize closes 1009; send on a closed socket says cl
   while (ws.readyState !== 3) await new Promise((r) => setTimeout(r, 5));
   assert.equal(ws.send('late'), 'closed');
   assert.throws(() => ws.subscribe('t'), { code: 'ERR_FREEBOARD_CLOSED' });
+  await stop(server);
+});
+
+test('misuse is a clear error: a close code no endpoint may send, a topic the server refuses', async () => {
+  const server = await listen({ topics: { maxTopicsPerConnection: 2 } });
+  const [client, ws] = await pair(server);
+  // RFC 6455 §7.4.1: 1005 and 1006 are never sent; 1004 is reserved; past 4999 is no code.
+  for (const code of [1005, 1006, 1004, 999, 5000, 70000]) {
+    assert.throws(() => ws.close(code), { name: 'RangeError', code: 'ERR_FREEBOARD_CLOSE_CODE' });
+    assert.throws(() => server.end(ws.id, code), { code: 'ERR_FREEBOARD_CLOSE_CODE' });
+  }
+  assert.equal(ws.readyState, WS.OPEN); // nothing was started
+  assert.throws(() => ws.subscribe('no spaces'), { name: 'TypeError', code: 'ERR_FREEBOARD_TOPIC_NAME' });
+  assert.throws(() => ws.subscribe('x'.repeat(129)), { code: 'ERR_FREEBOARD_TOPIC_NAME' });
+  assert.equal(ws.subscribe('a'), true);
+  assert.equal(ws.subscribe('b'), true);
+  assert.throws(() => ws.subscribe('c'), { code: 'ERR_FREEBOARD_TOO_MANY_TOPICS' });
+  // The connection is as it was: it still echoes nothing and closes with a code it may send.
+  const closed = once(client, 'close');
+  ws.close(4000, 'fine');
+  assert.equal((await closed)[0], 4000);
   await stop(server);
 });
 

@@ -113,6 +113,12 @@ impl RequestHead {
     }
 }
 
+/// How long past the handshake timeout an undecided upgrade is kept. The loop answers it 503
+/// at the timeout (as any Rust `Decision`); dropping the `Decision` refuses with 500, which
+/// the loop ignores once it has timed out. The margin makes sure it has, whatever the timer's
+/// granularity: the client always gets the 503.
+const LET_GO_AFTER: Duration = Duration::from_secs(1);
+
 /// The route's handler: every callback becomes an event tuple of the turn, or with a
 /// listener a [`Happened`] for its callbacks.
 struct Bridge {
@@ -131,7 +137,7 @@ impl Handler for Bridge {
     fn decide_upgrade(&mut self, request: &Request<'_, '_>, decision: Decision) {
         let head = RequestHead::new(request, decision.peer());
         if self.decide_in_py.get() {
-            let deadline = Instant::now() + self.handshake_timeout;
+            let deadline = Instant::now() + self.handshake_timeout + LET_GO_AFTER;
             let id = self.decisions.borrow_mut().insert((decision, deadline));
             Python::attach(|py| {
                 let (path, peer, headers) = head.into_py();
@@ -421,10 +427,12 @@ impl NativeServer {
         Ok(outcome(server.with_conn(key, |c| c.send(MessageKind::Binary, bytes))))
     }
 
-    /// Starts the close handshake; `False` if closed or closing already.
-    fn close(&mut self, slot: usize, serial: u64, code: u16, reason: &str) -> bool {
-        let Some(server) = &mut self.server else { return false };
-        server.with_conn(ConnKey { slot, serial }, |c| c.close(CloseCode(code), reason)).is_some()
+    /// Starts the close handshake; `False` if closed or closing already, `ValueError` for a
+    /// code no endpoint may send.
+    fn close(&mut self, slot: usize, serial: u64, code: u16, reason: &str) -> PyResult<bool> {
+        let code = sendable(code)?;
+        let Some(server) = &mut self.server else { return Ok(false) };
+        Ok(server.with_conn(ConnKey { slot, serial }, |c| c.close(code, reason)).is_some())
     }
 
     /// Stops (`held`) or resumes reading `(slot, serial)`; `False` if it has closed.
@@ -439,14 +447,15 @@ impl NativeServer {
         server.with_conn(ConnKey { slot, serial }, |c| c.buffered_amount() as i64).unwrap_or(-1)
     }
 
-    /// 1 subscribed, 0 already was, -1 closed, -2 the topic tables' budget is spent.
-    fn subscribe(&mut self, slot: usize, serial: u64, topic: &str) -> i8 {
-        let Some(server) = &mut self.server else { return -1 };
+    /// 1 subscribed, 0 already was, -1 closed; `MemoryError` when the topic tables' budget
+    /// is spent, `ValueError` for another refusal (the name, the topic limits).
+    fn subscribe(&mut self, slot: usize, serial: u64, topic: &str) -> PyResult<i8> {
+        let Some(server) = &mut self.server else { return Ok(-1) };
         match server.with_conn(ConnKey { slot, serial }, |c| c.subscribe(topic)) {
-            None => -1,
-            Some(Ok(true)) => 1,
-            Some(Ok(false)) => 0,
-            Some(Err(_)) => -2,
+            None => Ok(-1),
+            Some(Ok(true)) => Ok(1),
+            Some(Ok(false)) => Ok(0),
+            Some(Err(refused)) => Err(listener::subscribe_refused(refused)),
         }
     }
 
@@ -512,6 +521,17 @@ impl NativeServer {
     }
 }
 
+/// `code` if an endpoint may send it in a close frame, else `ValueError`. RFC 6455 §7.4.1:
+/// 1005 and 1006 "MUST NOT be set as a status code in a Close control frame by an endpoint".
+pub(crate) fn sendable(code: u16) -> PyResult<CloseCode> {
+    match CloseCode(code) {
+        code if code.is_sendable() => Ok(code),
+        code => Err(PyValueError::new_err(format!(
+            "freeboard: close code {code} cannot be sent (1000-1003, 1007-1014 or 3000-4999)"
+        ))),
+    }
+}
+
 /// The bytes of a `bytes`, `bytearray` or `memoryview` (contiguous).
 fn as_bytes<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     if let Ok(bytes) = data.cast::<PyBytes>() {
@@ -540,6 +560,15 @@ impl ClientHandler for ClientBridge {
         Python::attach(|py| {
             let data = message_object(py, kind, data);
             if let Ok(event) = (MESSAGE, id, data).into_pyobject(py) {
+                push(&self.events, event);
+            }
+        });
+    }
+
+    fn on_writable(&mut self, conn: &mut LoopConn<'_>) {
+        let id = conn.id().0;
+        Python::attach(|py| {
+            if let Ok(event) = (DRAIN, id).into_pyobject(py) {
                 push(&self.events, event);
             }
         });
@@ -593,10 +622,23 @@ impl NativeClient {
         self.clients.as_raw_fd()
     }
 
-    /// Starts a connection to `url`; its id. Name resolution blocks (an IP address or
-    /// `localhost` does not wait).
+    /// Starts a connection to `url`; its id. Name resolution blocks: Python resolves a name
+    /// itself (asynchronously) and calls [`connect_to`](Self::connect_to).
     fn connect(&mut self, url: &str) -> PyResult<usize> {
         self.clients.connect(url).map(|id| id.0).map_err(|e| PyOSError::new_err(e.to_string()))
+    }
+
+    /// Starts a connection to `url` at `host` (an IP address its name resolved to) and
+    /// `port`; its id. Nothing waits for name resolution.
+    fn connect_to(&mut self, url: &str, host: &str, port: u16) -> PyResult<usize> {
+        let ip: std::net::IpAddr = host
+            .parse()
+            .map_err(|_| PyValueError::new_err(format!("not an IP address: {host:?}")))?;
+        let addr = std::net::SocketAddr::new(ip, port);
+        self.clients
+            .connect_to(url, addr, &[])
+            .map(|id| id.0)
+            .map_err(|e| PyOSError::new_err(e.to_string()))
     }
 
     /// Runs one turn without waiting; its events.
@@ -611,9 +653,12 @@ impl NativeClient {
         self.clients.timeout().map(|t| t.as_secs_f64())
     }
 
-    /// Writes what was queued since the last turn.
-    fn flush(&mut self) {
+    /// Writes what was queued since the last turn; the events that caused (a drain to the
+    /// low watermark, a close whose output has left).
+    fn flush<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.clients.flush_all();
+        let events = std::mem::take(&mut *self.events.borrow_mut());
+        PyList::new(py, events)
     }
 
     /// Sends on connection `id`; what its session did.
@@ -627,12 +672,14 @@ impl NativeClient {
         Ok(outcome(sent.ok()))
     }
 
-    /// Starts the close handshake of connection `id`.
-    fn close(&mut self, id: usize, code: u16, reason: &str) -> bool {
-        match self.clients.conn(ClientId(id)) {
-            Some(mut conn) => conn.close(CloseCode(code), reason).is_ok(),
+    /// Starts the close handshake of connection `id`; `ValueError` for a code no endpoint
+    /// may send.
+    fn close(&mut self, id: usize, code: u16, reason: &str) -> PyResult<bool> {
+        let code = sendable(code)?;
+        Ok(match self.clients.conn(ClientId(id)) {
+            Some(mut conn) => conn.close(code, reason).is_ok(),
             None => false,
-        }
+        })
     }
 
     /// Unsent bytes of connection `id`; -1 once closed.

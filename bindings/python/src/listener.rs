@@ -202,6 +202,17 @@ fn gone(serial: u64) -> ConnKey {
     ConnKey { slot: usize::MAX, serial }
 }
 
+/// The exception a refused subscription raises: `MemoryError` when the topic tables' budget
+/// is spent (try again later), `ValueError` for the name or a topic limit.
+pub(crate) fn subscribe_refused(refused: SubscribeError) -> PyErr {
+    match refused {
+        SubscribeError::NoMemory => {
+            PyMemoryError::new_err("freeboard: the memory budget for topic subscriptions is spent")
+        }
+        refused => PyValueError::new_err(format!("freeboard: {refused}")),
+    }
+}
+
 /// One connection of a server made with a listener (`freeboard.Conn`), as the callbacks
 /// get it: the server's reference and the connection's key, nothing more. Made for each
 /// call; two `Conn`s of one connection are equal and hash alike.
@@ -256,7 +267,8 @@ impl Conn {
     /// closed already.
     #[pyo3(signature = (code = 1000, reason = ""))]
     fn close(&self, py: Python<'_>, code: u16, reason: &str) -> PyResult<bool> {
-        Ok(self.with(py, |c| c.close(CloseCode(code), reason))?.is_some())
+        let code = crate::sendable(code)?;
+        Ok(self.with(py, |c| c.close(code, reason))?.is_some())
     }
 
     /// Unsent bytes in its queue; 0 once closed.
@@ -292,10 +304,7 @@ impl Conn {
         match done {
             None => Err(self.closed(py)),
             Some(Ok(answer)) => Ok(answer),
-            Some(Err(SubscribeError::NoMemory)) => Err(PyMemoryError::new_err(
-                "freeboard: the memory budget for topic subscriptions is spent",
-            )),
-            Some(Err(refused)) => Err(PyValueError::new_err(format!("freeboard: {refused}"))),
+            Some(Err(refused)) => Err(subscribe_refused(refused)),
         }
     }
 

@@ -136,6 +136,8 @@ def test_close_codes_both_ways():
 
     class Closer(Recorder):
         def on_message(self, conn, data):
+            with pytest.raises(ValueError, match="cannot be sent"):
+                conn.close(1005)  # RFC 6455 §7.4.1: never sent
             assert conn.close(4000, "done here") is True
             assert conn.close(4001, "again") is False  # closing already
             with pytest.raises(freeboard.ConnectionClosed):

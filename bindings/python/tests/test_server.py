@@ -47,6 +47,44 @@ def test_the_client_has_the_same_semantics():
                 await client.send("late")
             with pytest.raises(freeboard.InvalidHandshake):
                 await freeboard.connect(f"ws://127.0.0.1:{server.port + 1 or 1}/")
+            # A name is resolved by asyncio, off its thread; the engine connects to the address.
+            async with freeboard.connect(f"ws://localhost:{server.port}/named") as named:
+                assert await named.send("by name") == "queued"
+                assert await named.recv() == "by name"
+            with pytest.raises(freeboard.InvalidHandshake):
+                await freeboard.connect("ws://freeboard.invalid/")  # RFC 6761: never resolves
+
+    run(main())
+
+
+def test_the_clients_send_waits_at_the_high_watermark_until_the_server_reads():
+    received = []
+
+    async def late_reader(ws):
+        await asyncio.sleep(0.5)  # reads nothing yet: the kernel's buffers fill, then the queue
+        async for message in ws:
+            received.append(len(message))
+
+    async def main():
+        async with freeboard.serve(late_reader, "127.0.0.1", 0, memory="64M",
+                                   max_queue=4) as server:
+            settings = dict(memory="64M", low_watermark="16K", high_watermark="64K",
+                            max_backpressure="8M")
+            async with freeboard.connect(url(server), **settings) as client:
+                chunk = b"c" * (16 << 10)
+                outcomes = []
+                for _ in range(2000):
+                    outcomes.append(await client.send(chunk))
+                    if outcomes[-1] == "above-high":
+                        # It waited for the server to read, down to the low watermark.
+                        assert client.buffered_amount <= 16 << 10
+                        break
+                assert outcomes[-1] == "above-high" and set(outcomes[:-1]) == {"queued"}
+                # And it goes on: the next sends are queued, and every message arrives.
+                assert await client.send(chunk) == "queued"
+                while len(received) < len(outcomes) + 1:
+                    await asyncio.sleep(0.01)
+        assert received == [16 << 10] * (len(outcomes) + 1)
 
     run(main())
 
@@ -187,6 +225,21 @@ def test_publish_is_framed_once_and_says_what_it_reached():
     run(main())
 
 
+async def upgrade_status(server, path):
+    """The status a websockets client's upgrade to ``path`` gets: 101, or the refusal's."""
+    try:
+        async with websockets.connect(url(server, path)):
+            return 101
+    except websockets.InvalidStatus as refused:
+        return refused.response.status_code
+
+
+def metric(server, name):
+    """The value of the metrics line that starts with ``name`` (0 when absent)."""
+    line = next((l for l in server.metrics().splitlines() if l.startswith(name)), None)
+    return 0 if line is None else float(line.split()[-1])
+
+
 def test_process_request_decides_later_and_the_timeout_answers_503():
     async def process_request(path, headers):
         await asyncio.sleep(0.02)
@@ -194,22 +247,63 @@ def test_process_request_decides_later_and_the_timeout_answers_503():
             return None
         if path == "/no":
             return 401
+        if path == "/raise":
+            raise LookupError("no such user")
+        if path == "/ok-is-no-refusal":
+            return 200
         await asyncio.sleep(10)  # past the handshake timeout
-
-    async def status(server, path):
-        try:
-            async with websockets.connect(url(server, path)):
-                return 101
-        except websockets.InvalidStatus as refused:
-            return refused.response.status_code
 
     async def main():
         async with freeboard.serve(echo, "127.0.0.1", 0, memory="64M", handshake_timeout=0.3,
                                    process_request=process_request) as server:
-            assert await status(server, "/yes") == 101
-            assert await status(server, "/no") == 401
-            assert await status(server, "/never") == 503
+            assert await upgrade_status(server, "/yes") == 101
+            assert await upgrade_status(server, "/no") == 401
+            assert await upgrade_status(server, "/never") == 503
+            # Counted as the Rust server counts a Decision that timed out.
+            assert metric(server, 'freeboard_access_refusals_total{reason="decision_timeout"}') == 1
+            # A process_request that raises refuses with 500, is counted, and the server goes on.
+            assert await upgrade_status(server, "/raise") == 500
+            assert await upgrade_status(server, "/ok-is-no-refusal") == 500
+            assert server.handler_errors == 2
+            assert await upgrade_status(server, "/yes") == 101
             server.close()
+
+    run(main())
+
+
+def test_past_max_pending_upgrades_the_next_gets_503_at_once():
+    waiting = {}
+
+    async def process_request(path, headers):
+        decided = asyncio.get_running_loop().create_future()
+        waiting[path] = decided
+        return await decided
+
+    async def main():
+        async with freeboard.serve(echo, "127.0.0.1", 0, memory="64M", handshake_timeout=20,
+                                   max_pending_upgrades=2,
+                                   process_request=process_request) as server:
+            first = asyncio.ensure_future(upgrade_status(server, "/first"))
+            second = asyncio.ensure_future(upgrade_status(server, "/second"))
+            while len(waiting) < 2:
+                await asyncio.sleep(0.005)
+            # Two wait for Python: a third is refused by the engine without waiting for it.
+            assert await upgrade_status(server, "/third") == 503
+            assert metric(server, 'freeboard_access_refusals_total{reason="pending_full"}') == 1
+            assert metric(server, "freeboard_access_pending_upgrades") == 2
+            waiting["/first"].set_result(None)
+            waiting["/second"].set_result(403)
+            assert await first == 101
+            assert await second == 403
+            # Their places are free again.
+            fourth = asyncio.ensure_future(upgrade_status(server, "/fourth"))
+            while "/fourth" not in waiting:
+                await asyncio.sleep(0.005)
+            waiting["/fourth"].set_result(None)
+            assert await fourth == 101
+            for decided in waiting.values():  # (the third's, which nobody waits for)
+                if not decided.done():
+                    decided.set_result(None)
 
     run(main())
 
@@ -238,7 +332,10 @@ def test_a_handler_that_raises_closes_1011_is_counted_and_the_server_goes_on():
 
 
 def test_close_sends_1001_drains_and_refuses_use_after_it():
+    kept = []
+
     async def handler(ws):
+        kept.append(ws)
         await ws.wait_closed()
 
     async def main():
@@ -256,6 +353,50 @@ def test_close_sends_1001_drains_and_refuses_use_after_it():
             server.publish("t", "x")
         with pytest.raises(RuntimeError, match="closed"):
             server.metrics()
+        # Its connections: closed with the server's 1001, and they say so.
+        for ws in kept:
+            with pytest.raises(freeboard.ConnectionClosedOK, match="1001"):
+                await ws.send("late")
+            with pytest.raises(freeboard.ConnectionClosedOK):
+                ws.subscribe("t")
+            with pytest.raises(freeboard.ConnectionClosedOK):
+                await ws.recv()
+            assert ws.send_nowait("late") == "closed" and ws.buffered_amount == 0
+
+    run(main())
+
+
+def test_misuse_is_a_clear_error_a_close_code_or_a_topic_the_server_refuses():
+    checked = []
+
+    async def handler(ws):
+        if ws.path == "/client":
+            return await ws.wait_closed()
+        for code in (1005, 1006, 1004, 999, 5000):
+            with pytest.raises(ValueError, match="cannot be sent"):
+                await ws.close(code)
+        with pytest.raises(OverflowError):
+            await ws.close(70000)
+        with pytest.raises(ValueError, match="invalid topic name"):
+            ws.subscribe("no spaces")
+        assert ws.subscribe("a") and ws.subscribe("b")
+        with pytest.raises(ValueError, match="too many topics"):
+            ws.subscribe("c")
+        checked.append(True)
+        await ws.close(4000, "fine")
+
+    async def main():
+        async with freeboard.serve(handler, "127.0.0.1", 0, memory="64M",
+                                   topics={"max_topics_per_connection": 2}) as server:
+            async with websockets.connect(url(server)) as client:
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await client.recv()
+                assert closed.value.rcvd.code == 4000
+            # The client's close checks the code the same way.
+            async with freeboard.connect(url(server, "/client")) as mine:
+                with pytest.raises(ValueError, match="cannot be sent"):
+                    await mine.close(1006)
+        assert checked == [True]
 
     run(main())
 

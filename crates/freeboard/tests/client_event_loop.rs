@@ -99,6 +99,27 @@ fn connection_failures_reach_the_handler() {
     assert!(clients.handler().errors[0].contains("handshake"), "{:?}", clients.handler().errors);
 }
 
+#[test]
+fn connect_to_uses_the_address_given_and_never_resolves_the_name() {
+    let server = common::start(common::config());
+    // RFC 6761 §6.4: `.invalid` names never resolve; only the address given can be used.
+    let url = format!("ws://freeboard.invalid:{}/", server.local_addr().port());
+    let mut clients = ClientLoop::new(ClientConfig::default(), PingPong::default()).unwrap();
+    assert!(matches!(clients.connect(&url), Err(ClientError::Resolve { .. })));
+    clients.connect_to(&url, server.local_addr(), &[]).unwrap();
+    let started = Instant::now();
+    clients
+        .run_until(|h| {
+            assert!(started.elapsed() < Duration::from_secs(30), "stuck");
+            h.closed.len() + h.errors.len() == 1
+        })
+        .unwrap();
+    let handler = clients.handler();
+    assert!(handler.errors.is_empty(), "{:?}", handler.errors);
+    assert_eq!(handler.echoes.values().copied().collect::<Vec<_>>(), [ROUNDS]);
+    common::stop_once_idle(server);
+}
+
 /// JSON-RPC style: every connection sends `REQUESTS` requests at once, then matches each
 /// answer to its id, then closes.
 #[derive(Default)]
@@ -326,5 +347,108 @@ fn large_messages_leave_as_the_socket_drains_and_are_reassembled_over_wss_and_ws
         assert!(handler.closed[0].code == CloseCode::NORMAL && handler.closed[0].was_clean);
         assert_eq!(clients.pool().chunks_in_use(), 0);
     }
+    common::stop_once_idle(server);
+}
+
+/// A producer that sends until a send answers above-high, then waits for `on_writable`: the
+/// loop tells it when the queue has drained to the low watermark, every time, until all of
+/// `STREAMED` messages have left. The server only counts them (an echo would fill the
+/// client's socket while its queue is above the high watermark, where it does not read) and
+/// answers the count at the end.
+#[derive(Default)]
+struct Producer {
+    sent: usize,
+    /// `buffered_amount` at each `on_writable`.
+    drains: Vec<usize>,
+    /// The largest `buffered_amount` right after a send.
+    highest: usize,
+    /// What the server counted.
+    counted: Option<String>,
+    closed: Vec<CloseEvent>,
+    errors: Vec<ClientError>,
+}
+
+const STREAMED: usize = 256;
+const PIECE: usize = 32 << 10;
+
+impl Producer {
+    fn produce(&mut self, conn: &mut LoopConn<'_>) {
+        while self.sent < STREAMED {
+            let outcome = conn.send(MessageKind::Binary, &[self.sent as u8; PIECE]).unwrap();
+            self.sent += 1;
+            self.highest = self.highest.max(conn.buffered_amount());
+            if outcome == SendOutcome::Queue(PushOutcome::QueuedAboveHigh) {
+                return;
+            }
+            assert_eq!(outcome, SendOutcome::Queue(PushOutcome::Queued));
+        }
+    }
+}
+
+impl ClientHandler for Producer {
+    fn on_open(&mut self, conn: &mut LoopConn<'_>) {
+        self.produce(conn);
+    }
+
+    fn on_writable(&mut self, conn: &mut LoopConn<'_>) {
+        self.drains.push(conn.buffered_amount());
+        self.produce(conn);
+    }
+
+    fn on_message(&mut self, conn: &mut LoopConn<'_>, _kind: MessageKind, data: &[u8]) {
+        self.counted = Some(String::from_utf8_lossy(data).into_owned());
+        conn.close(CloseCode::NORMAL, "done").unwrap();
+    }
+
+    fn on_close(&mut self, _id: ClientId, close: CloseEvent) {
+        self.closed.push(close);
+    }
+
+    fn on_error(&mut self, _id: ClientId, error: ClientError) {
+        self.errors.push(error);
+    }
+}
+
+/// Counts the messages of a connection, checks each is the next one, and answers the count
+/// after `STREAMED`.
+#[derive(Default)]
+struct Counter {
+    seen: usize,
+}
+
+impl freeboard::Handler for Counter {
+    fn on_message(&mut self, conn: &mut freeboard::Conn<'_>, message: freeboard::Message<'_>) {
+        assert_eq!(message.data, &[self.seen as u8; PIECE][..]);
+        self.seen += 1;
+        if self.seen == STREAMED {
+            let _ = conn.send(MessageKind::Text, self.seen.to_string().as_bytes());
+        }
+    }
+}
+
+#[test]
+fn on_writable_comes_at_the_low_watermark_after_a_send_went_above_the_high() {
+    let mut config = common::config();
+    config.memory = 64 << 20;
+    let server =
+        Server::bind(config, || Router::new().route("/", Counter::default())).unwrap().spawn();
+    let marks = Watermarks::new(64 << 10, 256 << 10, 16 << 20).unwrap();
+    let config = ClientConfig::default().memory(32 << 20).limits(|limits| limits.watermarks(marks));
+    let mut clients = ClientLoop::new(config, Producer::default()).unwrap();
+    clients.connect(&format!("ws://{}/", server.local_addr())).unwrap();
+    let started = Instant::now();
+    clients
+        .run_until(|h| {
+            assert!(started.elapsed() < Duration::from_secs(30), "stuck: {} sent", h.sent);
+            h.closed.len() + h.errors.len() == 1
+        })
+        .unwrap();
+    let h = clients.handler();
+    assert!(h.errors.is_empty(), "{:?}", h.errors);
+    assert_eq!(h.counted.as_deref(), Some("256"));
+    // 8 MiB through a 256 KiB high watermark: the producer waited for the drain many times.
+    assert!(h.drains.len() >= 2, "{:?}", h.drains);
+    assert!(h.drains.iter().all(|&b| b <= 64 << 10), "{:?}", h.drains);
+    assert!(h.highest <= (256 << 10) + PIECE, "{}", h.highest);
     common::stop_once_idle(server);
 }

@@ -22,8 +22,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
+import ipaddress
 import json
 import logging
+import socket
+import urllib.parse
 from typing import Any, Awaitable, Callable, Generator, Generic, Optional, TypeVar, Union
 
 from ._native import Conn, NativeClient, NativeServer, Request
@@ -96,7 +99,7 @@ def _closed(code: int, reason: str) -> ConnectionClosed:
     return kind(code, reason)
 
 
-def _settings(settings: dict) -> dict:
+def _settings(settings: dict[str, Any]) -> dict[str, Any]:
     """Keyword settings to freeboard's configuration keys; seconds become durations."""
     out = {}
     for key, value in settings.items():
@@ -123,16 +126,16 @@ class _Connection:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_queue: int) -> None:
         self._loop = loop
-        self._messages: Optional[collections.deque] = None
-        self._receiver: Optional[asyncio.Future] = None
-        self._drain: Optional[asyncio.Future] = None
-        self._closed: Optional[asyncio.Future] = None
-        self._close_event: Optional[tuple] = None
+        self._messages: Optional[collections.deque[Data]] = None
+        self._receiver: Optional[asyncio.Future[None]] = None
+        self._drain: Optional[asyncio.Future[None]] = None
+        self._closed: Optional[asyncio.Future[None]] = None
+        self._close_event: Optional[tuple[int, str]] = None
         self._max_queue = max_queue
         #: Reading is stopped: ``max_queue`` messages wait for the handler.
         self._held = False
 
-    def _closed_future(self) -> asyncio.Future:
+    def _closed_future(self) -> asyncio.Future[None]:
         if self._closed is None:
             self._closed = self._loop.create_future()
             if self._close_event is not None:
@@ -170,7 +173,7 @@ class _Connection:
             self._hold_native(False)
         return message
 
-    def __aiter__(self):
+    def __aiter__(self) -> "_Connection":
         return self
 
     async def __anext__(self) -> Data:
@@ -220,7 +223,8 @@ class _Connection:
         await asyncio.shield(self._drain)
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
-        """Starts the close handshake and waits for it to end."""
+        """Starts the close handshake and waits for it to end. ``ValueError`` for a code no
+        endpoint may send (1005, 1006, …: RFC 6455 §7.4)."""
         if self._close_event is None:
             self._close_native(code, reason)
             self._after_call()
@@ -272,7 +276,7 @@ class ServerConnection(_Connection):
 
     __slots__ = ("_server", "_slot", "_serial", "path", "remote_address", "_headers")
 
-    def __init__(self, server: "Server", slot: int, serial: int, path: str, remote: tuple,
+    def __init__(self, server: "Server", slot: int, serial: int, path: str, remote: tuple[str, int],
                  headers: str) -> None:
         super().__init__(server._loop, server._max_queue)
         self._server = server
@@ -282,10 +286,10 @@ class ServerConnection(_Connection):
         self.path = path
         #: ``(host, port)`` of the client.
         self.remote_address = remote
-        self._headers: Union[str, list] = headers
+        self._headers: Union[str, list[tuple[str, str]]] = headers
 
     @property
-    def request_headers(self) -> list:
+    def request_headers(self) -> list[tuple[str, str]]:
         """The upgrade request's headers, as ``(name, value)`` pairs."""
         if isinstance(self._headers, str):
             parts = self._headers.split("\n")
@@ -322,14 +326,13 @@ class ServerConnection(_Connection):
         ``True`` if newly subscribed. With ``since`` (a topic with history: the ``topics``
         setting's ``history``), what it missed after that offset is sent first; if the
         history no longer holds it all the connection is closed 4410 and ``False``
-        returned. Raises :class:`ConnectionClosed` once closed and ``MemoryError`` when the
-        topic tables' budget is spent."""
+        returned. Raises :class:`ConnectionClosed` once closed, ``MemoryError`` when the
+        topic tables' budget is spent and ``ValueError`` for a name or a topic limit the
+        server refuses."""
         native = self._server._native
         answer = -1 if native is None else native.subscribe(self._slot, self._serial, topic)
         if answer == -1:
             raise _closed(*(self._close_event or (1006, "")))
-        if answer == -2:
-            raise MemoryError("freeboard: the memory budget for topic subscriptions is spent")
         if since is not None and native is not None:
             if not native.recover(self._slot, self._serial, topic, since):
                 self._close_native(4410, "history gone")
@@ -344,15 +347,15 @@ class ServerConnection(_Connection):
 
 
 Handler = Callable[[ServerConnection], Awaitable[Any]]
-ProcessRequest = Callable[[str, list], Awaitable[Optional[int]]]
+ProcessRequest = Callable[[str, list[tuple[str, str]]], Awaitable[Optional[int]]]
 
 
 class _ServerBase:
     """What both servers share: the engine's drive on the running asyncio loop, upgrade
     decisions in Python, publish, metrics and the close."""
 
-    def __init__(self, host: str, port: int, path: str, subprotocols: Optional[list],
-                 process_request: Optional[ProcessRequest], settings: dict,
+    def __init__(self, host: str, port: int, path: str, subprotocols: Optional[list[str]],
+                 process_request: Optional[ProcessRequest], settings: dict[str, Any],
                  listener: Optional[Any] = None) -> None:
         self._loop = asyncio.get_running_loop()
         config = _settings(settings)
@@ -360,7 +363,7 @@ class _ServerBase:
         self._protocols = list(subprotocols or [])
         self._process_request = process_request
         #: Upgrade decisions in progress: cancelled when the server stops.
-        self._deciding: set = set()
+        self._deciding: set[asyncio.Task[None]] = set()
         self._flush_queued = False
         self._dispatching = False
         self._timer: Optional[asyncio.TimerHandle] = None
@@ -386,7 +389,7 @@ class _ServerBase:
         return self._native.port if self._native else 0
 
     @property
-    def sockets(self) -> list:
+    def sockets(self) -> list[tuple[str, int]]:
         """``[(host, port)]`` of the listener (websockets gives socket objects)."""
         return [(self._native.host, self._native.port)] if self._native else []
 
@@ -419,10 +422,10 @@ class _ServerBase:
     async def serve_forever(self) -> None:
         await self.wait_closed()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "_ServerBase":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: Any) -> None:
         self.close()
         await self.wait_closed()
 
@@ -482,14 +485,14 @@ class _ServerBase:
             self._dispatch(events)
         self._arm()
 
-    def _dispatch(self, events: list) -> None:
+    def _dispatch(self, events: list[Any]) -> None:
         """Upgrade requests (all the events of a listener's server; the handler's server
         has more)."""
         for event in events:
             if event[0] == _UPGRADE:
                 self._on_upgrade(event)
 
-    def _on_upgrade(self, event: tuple) -> None:
+    def _on_upgrade(self, event: tuple[Any, ...]) -> None:
         _, decision, path, _remote, headers = event
         task = self._loop.create_task(self._decide(decision, path, headers))
         self._deciding.add(task)
@@ -501,6 +504,9 @@ class _ServerBase:
         assert self._process_request is not None  # (only then are upgrades decided here)
         try:
             status = await self._process_request(path, headers)
+            if status is not None and not 400 <= int(status) <= 599:
+                raise ValueError(f"process_request answers None or a 4xx or 5xx status, "
+                                 f"not {status!r}")
         except Exception:
             self.handler_errors += 1
             logger.exception("process_request failed; the upgrade is refused with 500")
@@ -534,17 +540,17 @@ class Server(_ServerBase):
     task per connection."""
 
     def __init__(self, handler: Handler, host: str, port: int, *, path: str = "",
-                 subprotocols: Optional[list] = None,
+                 subprotocols: Optional[list[str]] = None,
                  process_request: Optional[ProcessRequest] = None, max_queue: int = 16,
                  **settings: Any) -> None:
         self._handler = handler
         self._max_queue = max_queue
-        self._conns: dict = {}
-        self._tasks: set = set()
+        self._conns: dict[int, ServerConnection] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         super().__init__(host, port, path, subprotocols, process_request, settings)
 
     @property
-    def connections(self) -> list:
+    def connections(self) -> list[ServerConnection]:
         """The open connections."""
         return list(self._conns.values())
 
@@ -557,7 +563,7 @@ class Server(_ServerBase):
     async def __aenter__(self) -> "Server":
         return self
 
-    def _dispatch(self, events: list) -> None:
+    def _dispatch(self, events: list[Any]) -> None:
         self._dispatching = True
         try:
             for event in events:
@@ -639,7 +645,7 @@ class ListenerServer(_ServerBase):
     by :func:`serve_listener`): no task, coroutine or object per connection."""
 
     def __init__(self, listener: Any, host: str, port: int, *, path: str = "",
-                 subprotocols: Optional[list] = None,
+                 subprotocols: Optional[list[str]] = None,
                  process_request: Optional[ProcessRequest] = None, **settings: Any) -> None:
         for name in ("on_open", "on_message", "on_drain", "on_close"):
             if inspect.iscoroutinefunction(getattr(listener, name, None)):
@@ -661,7 +667,7 @@ class _Serve(Generic[_S]):
     and an async context manager (closes it on exit), as websockets' ``serve``."""
 
     def __init__(self, make: Callable[..., _S], first: Any, host: str, port: int,
-                 kwargs: dict) -> None:
+                 kwargs: dict[str, Any]) -> None:
         self._make = make
         self._args = (first, host, port)
         self._kwargs = kwargs
@@ -721,19 +727,19 @@ def serve_listener(listener: Any, host: str = "127.0.0.1", port: int = 0,
 class _ClientLoop:
     """The one native client loop of an asyncio loop, turned like the server's."""
 
-    _by_loop: dict = {}
+    _by_loop: dict[asyncio.AbstractEventLoop, "_ClientLoop"] = {}
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, config: dict) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, config: dict[str, Any]) -> None:
         self._loop = loop
         self.native = NativeClient(json.dumps(config))
-        self.conns: dict = {}
+        self.conns: dict[int, "ClientConnection"] = {}
         self._flush_queued = False
         self._timer: Optional[asyncio.TimerHandle] = None
         self._fd = self.native.fileno()
         loop.add_reader(self._fd, self._turn)
 
     @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop, config: dict) -> "_ClientLoop":
+    def of(cls, loop: asyncio.AbstractEventLoop, config: dict[str, Any]) -> "_ClientLoop":
         client = cls._by_loop.get(loop)
         if client is None or client._loop.is_closed():
             client = cls(loop, config)
@@ -762,10 +768,12 @@ class _ClientLoop:
 
     def _flush(self) -> None:
         self._flush_queued = False
-        self.native.flush()
+        events = self.native.flush()
+        if events:
+            self._dispatch(events)
         self._arm()
 
-    def _dispatch(self, events: list) -> None:
+    def _dispatch(self, events: list[Any]) -> None:
         for event in events:
             code, id_ = event[0], event[1]
             conn = self.conns.get(id_)
@@ -773,6 +781,8 @@ class _ClientLoop:
                 continue
             if code == _MESSAGE:
                 conn._on_message(event[2])
+            elif code == _DRAIN:
+                conn._on_drain()
             elif code == _OPEN:
                 conn.subprotocol = event[2]
                 if not conn._opened.done():
@@ -826,20 +836,24 @@ class ClientConnection(_Connection):
 
 
 class _Connect:
-    def __init__(self, uri: str, max_queue: int, settings: dict) -> None:
+    def __init__(self, uri: str, max_queue: int, settings: dict[str, Any]) -> None:
         self._uri = uri
         self._max_queue = max_queue
         self._settings = settings
         self._conn: Optional[ClientConnection] = None
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, "ClientConnection"]:
         return self._open().__await__()
 
     async def _open(self) -> ClientConnection:
         loop = asyncio.get_running_loop()
         client = _ClientLoop.of(loop, _settings(self._settings))
         try:
-            id_ = client.native.connect(self._uri)
+            address = await self._resolve(loop)
+            if address is None:
+                id_ = client.native.connect(self._uri)
+            else:
+                id_ = client.native.connect_to(self._uri, *address)
         except OSError as error:
             raise InvalidHandshake(str(error)) from error
         conn = ClientConnection(client, id_, self._max_queue)
@@ -848,6 +862,30 @@ class _Connect:
         await conn._opened
         self._conn = conn
         return conn
+
+    async def _resolve(self, loop: asyncio.AbstractEventLoop) -> Optional[tuple[str, int]]:
+        """The address of the URL's host, resolved by asyncio (in its executor: the asyncio
+        thread never waits for a resolver); ``None`` for an IP address, or a URL the engine
+        refuses anyway."""
+        parts = urllib.parse.urlsplit(self._uri)
+        try:
+            host, port = parts.hostname, parts.port
+        except ValueError:
+            return None  # a bad port: the engine says so
+        if not host:
+            return None
+        try:
+            ipaddress.ip_address(host)
+            return None
+        except ValueError:
+            pass
+        if port is None:
+            port = 443 if parts.scheme.lower() == "wss" else 80
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        if not infos:
+            raise OSError(f"{host}: no address")
+        sockaddr = infos[0][4]
+        return str(sockaddr[0]), int(sockaddr[1])
 
     async def __aenter__(self) -> ClientConnection:
         return await self._open()
@@ -859,7 +897,8 @@ class _Connect:
 
 def connect(uri: str, *, max_queue: int = 4096, **settings: Any) -> _Connect:
     """Opens a client connection to ``uri`` (``ws://``; ``wss://`` with the engine's TLS
-    feature). Awaitable, or an async context manager that closes it on exit. Settings as
+    feature); a host name is resolved by asyncio's ``getaddrinfo`` (off the asyncio thread).
+    Awaitable, or an async context manager that closes it on exit. Settings as
     for :func:`serve` (the first connection of an asyncio loop sets its client's budget);
     past ``max_queue`` messages waiting for the application it is closed 1013."""
     return _Connect(uri, max_queue, settings)

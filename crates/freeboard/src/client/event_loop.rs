@@ -2,10 +2,10 @@
 //! read buffer for all of them; `ws://` and `wss://` over the clients' one [`ClientStream`].
 
 use std::io::{self, IoSlice, Read, Write};
-use std::net::ToSocketAddrs;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant as StdInstant};
 
-use freeboard_buf::Pool;
+use freeboard_buf::{Pool, Writability};
 use freeboard_proto::handshake::{DEFAULT_MAX_HEAD_LEN, Key};
 use freeboard_proto::{CloseCode, Instant, MessageKind, Role, State};
 use mio::net::TcpStream;
@@ -37,6 +37,12 @@ pub trait ClientHandler {
     /// A whole message arrived. `data` is borrowed from the read buffer when the message came
     /// in one piece, else from a reassembly buffer; both are reused after the call.
     fn on_message(&mut self, conn: &mut LoopConn<'_>, kind: MessageKind, data: &[u8]);
+    /// The connection's send queue drained to its low watermark after a send took it above
+    /// its high watermark ([`PushOutcome::QueuedAboveHigh`](crate::PushOutcome)): producers
+    /// may resume. Called after the write that drained it.
+    fn on_writable(&mut self, conn: &mut LoopConn<'_>) {
+        let _ = conn;
+    }
     /// The connection closed (after `on_open`).
     fn on_close(&mut self, id: ClientId, close: CloseEvent) {
         let _ = (id, close);
@@ -161,6 +167,35 @@ impl<H: ClientHandler> ClientLoop<H> {
         headers: &[(String, String)],
     ) -> Result<ClientId, ClientError> {
         let target = Target::parse(url)?;
+        let addr = (target.host(), target.port())
+            .to_socket_addrs()
+            .map_err(|source| ClientError::Resolve { host: target.host().to_owned(), source })?
+            .next()
+            .ok_or_else(|| ClientError::Resolve {
+                host: target.host().to_owned(),
+                source: io::Error::other("no address"),
+            })?;
+        self.open(&target, addr, headers)
+    }
+
+    /// Starts a connection to `url` at `addr`, an address its host was resolved to elsewhere
+    /// (by a host event loop's asynchronous resolver, say): nothing here waits for name
+    /// resolution. The request's `Host` and TLS's server name are the URL's host still.
+    pub fn connect_to(
+        &mut self,
+        url: &str,
+        addr: SocketAddr,
+        headers: &[(String, String)],
+    ) -> Result<ClientId, ClientError> {
+        self.open(&Target::parse(url)?, addr, headers)
+    }
+
+    fn open(
+        &mut self,
+        target: &Target,
+        addr: SocketAddr,
+        headers: &[(String, String)],
+    ) -> Result<ClientId, ClientError> {
         let tls = match (target.is_secure(), &self.tls) {
             (false, _) => None,
             (true, Some(connector)) => Some(connector.connect(target.host())?),
@@ -171,14 +206,6 @@ impl<H: ClientHandler> ClientLoop<H> {
                 Some(conn)
             }
         };
-        let addr = (target.host(), target.port())
-            .to_socket_addrs()
-            .map_err(|source| ClientError::Resolve { host: target.host().to_owned(), source })?
-            .next()
-            .ok_or_else(|| ClientError::Resolve {
-                host: target.host().to_owned(),
-                source: io::Error::other("no address"),
-            })?;
         let tcp = TcpStream::connect(addr)
             .map_err(|source| ClientError::Connect { addr: addr.to_string(), source })?;
         let _ = tcp.set_nodelay(true);
@@ -186,11 +213,11 @@ impl<H: ClientHandler> ClientLoop<H> {
         let key = handshake::new_key()?;
         let offer = handshake::deflate_offer(&self.config, true);
         let request = match headers.is_empty() {
-            true => handshake::encode_request(&target, &self.config, &key, offer)?,
+            true => handshake::encode_request(target, &self.config, &key, offer)?,
             false => {
                 let mut config = self.config.clone();
                 config.headers.extend_from_slice(headers);
-                handshake::encode_request(&target, &config, &key, offer)?
+                handshake::encode_request(target, &config, &key, offer)?
             }
         };
         let entry = self.sessions.vacant_entry();
@@ -543,39 +570,57 @@ impl<H: ClientHandler> ClientLoop<H> {
     fn flush(&mut self, id: usize) {
         let Some(session) = self.sessions.get_mut(id) else { return };
         let Phase::Open(open) = &mut session.phase else { return };
-        while session.writable && (open.session.buffered() > 0 || session.stream.wants_write()) {
-            let written = match open.session.buffered() {
-                // TLS records of earlier writes (or that reads asked for) wait alone.
-                0 => session.stream.flush_tls().map(|()| 0),
-                _ => {
-                    let mut iov = [IoSlice::new(&[]); IOV];
-                    let n = open.session.io_slices(&self.pool, &mut iov);
-                    session.stream.write_vectored(&iov[..n])
-                }
-            };
-            match written {
-                Ok(n) => open.session.consume(&mut self.pool, n),
-                Err(e) if is_would_block(&e) => session.writable = false,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    let mut cx = Context {
-                        pool: &mut self.pool,
-                        lot: &mut self.lot,
-                        masks: Some(&mut self.masks),
-                        limits: &Reassembly::CLIENT,
-                        share: &self.share,
-                        codec: Some(&mut self.codec),
-                        cork: None,
-                        now: Instant::from_millis(self.start.elapsed().as_millis() as u64),
-                    };
-                    open.session.handle_eof(&mut cx);
-                    open.note_close();
-                    open.session.clear_queue(&mut self.pool);
+        // What `on_writable` sends leaves in the same call, a few rounds at most (a producer
+        // that refills the queue at each drain waits for the next turn after them).
+        for _ in 0..4 {
+            while session.writable && (open.session.buffered() > 0 || session.stream.wants_write())
+            {
+                let written = match open.session.buffered() {
+                    // TLS records of earlier writes (or that reads asked for) wait alone.
+                    0 => session.stream.flush_tls().map(|()| 0),
+                    _ => {
+                        let mut iov = [IoSlice::new(&[]); IOV];
+                        let n = open.session.io_slices(&self.pool, &mut iov);
+                        session.stream.write_vectored(&iov[..n])
+                    }
+                };
+                match written {
+                    Ok(n) => open.session.consume(&mut self.pool, n),
+                    Err(e) if is_would_block(&e) => session.writable = false,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        let mut cx = Context {
+                            pool: &mut self.pool,
+                            lot: &mut self.lot,
+                            masks: Some(&mut self.masks),
+                            limits: &Reassembly::CLIENT,
+                            share: &self.share,
+                            codec: Some(&mut self.codec),
+                            cork: None,
+                            now: Instant::from_millis(self.start.elapsed().as_millis() as u64),
+                        };
+                        open.session.handle_eof(&mut cx);
+                        open.note_close();
+                        open.session.clear_queue(&mut self.pool);
+                    }
                 }
             }
+            if open.session.take_writability() == Some(Writability::Writable) {
+                let mut parts = Parts {
+                    pool: &mut self.pool,
+                    lot: &mut self.lot,
+                    masks: &mut self.masks,
+                    share: &self.share,
+                    codec: &mut self.codec,
+                    now: Instant::from_millis(self.start.elapsed().as_millis() as u64),
+                };
+                let id = ClientId(id);
+                self.handler.on_writable(&mut LoopConn { id, open, cx: parts.cx() });
+                open.note_close();
+            } else {
+                break;
+            }
         }
-        // Writability is reported by `buffered_amount`; the loop has no event for it.
-        let _ = open.session.take_writability();
         open.session.park(&mut self.lot);
     }
 
