@@ -234,6 +234,53 @@ impl SocketBuffers {
     }
 }
 
+/// What the kernel's buffers of a loop's sockets are charged, by connection (the loop's
+/// slab key): only those whose sockets hold some, or whose reads pause.
+#[derive(Debug, Default)]
+pub(crate) struct BufferCharges {
+    charged: std::collections::HashMap<usize, Charge>,
+    bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Charge {
+    bytes: usize,
+    /// Its reads pause: what it has received counts too.
+    paused: bool,
+}
+
+impl BufferCharges {
+    /// The sum of the charges.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.charged.is_empty()
+    }
+
+    /// Whether `key` is charged (`None`: it is not), and whether its reads pause.
+    pub(crate) fn paused(&self, key: usize) -> Option<bool> {
+        self.charged.get(&key).map(|c| c.paused)
+    }
+
+    /// Charges `key` `bytes` (none if 0 and not paused), in place of any charge before
+    /// ([`forget`](Self::forget) it first).
+    pub(crate) fn charge(&mut self, key: usize, bytes: usize, paused: bool) {
+        if bytes > 0 || paused {
+            self.charged.insert(key, Charge { bytes, paused });
+            self.bytes += bytes;
+        }
+    }
+
+    /// Drops `key`'s charge; the bytes it was charged.
+    pub(crate) fn forget(&mut self, key: usize) -> usize {
+        let bytes = self.charged.remove(&key).map_or(0, |c| c.bytes);
+        self.bytes -= bytes;
+        bytes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -151,7 +151,7 @@ pub(crate) struct EventLoop<T> {
     pub(super) dirty: Vec<usize>,
     pub(super) resume: Vec<usize>,
     /// What the kernel's buffers of the loop's sockets are charged now.
-    pub(super) kernel: super::kernel_buffers::KernelBuffers,
+    pub(super) kernel: crate::kernel_memory::BufferCharges,
     pub(super) serial: u64,
     /// Where idle connections' protocol state waits.
     pub(super) lot: ParkingLot,
@@ -922,7 +922,7 @@ impl<T: Transport> EventLoop<T> {
         let floor = self.config.connection_reserve.div_ceil(chunk) / 2;
         let bytes = self.conns.len() * self.connection_charge
             + self.event_streams * EVENT_STREAM_STATE
-            + self.kernel.bytes;
+            + self.kernel.bytes();
         let charged = bytes.div_ceil(chunk);
         self.pool.withhold(charged.min(self.pool.chunks_total().saturating_sub(floor)));
     }

@@ -24,7 +24,6 @@
 //! counted), since only its close gives the kernel's memory back. Under the other policies it
 //! stays, charged.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use super::event_loop::EventLoop;
@@ -36,35 +35,17 @@ use freeboard_proto::State;
 /// The part of a contended pool a loop's sockets' buffers may be charged: 1/`KERNEL_SHARE`.
 pub(super) const KERNEL_SHARE: usize = 4;
 
-/// The connections whose sockets hold buffers now, and what they are charged.
-#[derive(Default)]
-pub(super) struct KernelBuffers {
-    charged: HashMap<usize, Charged>,
-    /// The sum of the charges.
-    pub(super) bytes: usize,
-}
-
-#[derive(Clone, Copy)]
-struct Charged {
-    bytes: usize,
-    /// Its reads pause: what it has received counts too.
-    paused: bool,
-}
-
 impl<T: Transport> EventLoop<T> {
     /// After a write to `token`'s socket: `refused` when it did not take all it was offered.
     /// A connection no socket refuses, with none charged, costs one test.
     pub(super) fn wrote_to_socket(&mut self, token: usize, refused: bool) {
-        if !refused && self.kernel.charged.is_empty() {
+        if !refused && self.kernel.is_empty() {
             return;
         }
-        match self.kernel.charged.get(&token) {
+        match self.kernel.paused(token) {
             None if !refused => {}
-            Some(c) if !c.paused && !refused => self.charge_kernel(token, 0, false),
-            charged => {
-                let paused = charged.is_some_and(|c| c.paused);
-                self.measure_kernel(token, paused);
-            }
+            Some(false) if !refused => self.charge_kernel(token, 0, false),
+            paused => self.measure_kernel(token, paused == Some(true)),
         }
     }
 
@@ -75,24 +56,22 @@ impl<T: Transport> EventLoop<T> {
 
     /// Input arrived that `token` does not read now: a paused connection's charge follows it.
     pub(super) fn input_waits(&mut self, token: usize) {
-        if self.kernel.charged.get(&token).is_some_and(|c| c.paused) {
+        if self.kernel.paused(token) == Some(true) {
             self.measure_kernel(token, true);
         }
     }
 
     /// `token`'s reads resume: its charge goes until a write is refused again.
     pub(super) fn input_resumed(&mut self, token: usize) {
-        if self.kernel.charged.contains_key(&token) {
+        if self.kernel.paused(token).is_some() {
             self.charge_kernel(token, 0, false);
         }
     }
 
     /// `token` goes: its charge with it.
     pub(super) fn forget_kernel_buffers(&mut self, token: usize) {
-        if let Some(charged) = self.kernel.charged.remove(&token) {
-            self.kernel.bytes -= charged.bytes;
-            self.shared.kernel_buffers.fetch_sub(charged.bytes, Ordering::Relaxed);
-        }
+        let released = self.kernel.forget(token);
+        self.shared.kernel_buffers.fetch_sub(released, Ordering::Relaxed);
     }
 
     /// Charges `token` what the kernel reports its socket holds: queued to send, and (while
@@ -107,7 +86,7 @@ impl<T: Transport> EventLoop<T> {
         let share = self.pool.chunks_total() * self.pool.chunk_size() / KERNEL_SHARE;
         let session = &self.conns[token].session;
         if paused
-            && self.kernel.bytes > share
+            && self.kernel.bytes() > share
             && !self.share.uncontended(&self.pool, 0)
             && session.state() == State::Open
             && session.queue().policy() == SlowConsumerPolicy::Close
@@ -125,11 +104,8 @@ impl<T: Transport> EventLoop<T> {
     /// the change.
     fn charge_kernel(&mut self, token: usize, bytes: usize, paused: bool) {
         self.forget_kernel_buffers(token);
-        if bytes > 0 || paused {
-            self.kernel.charged.insert(token, Charged { bytes, paused });
-            self.kernel.bytes += bytes;
-            self.shared.kernel_buffers.fetch_add(bytes, Ordering::Relaxed);
-        }
+        self.kernel.charge(token, bytes, paused);
+        self.shared.kernel_buffers.fetch_add(bytes, Ordering::Relaxed);
         self.charge_connections();
     }
 }
