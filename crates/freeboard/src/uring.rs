@@ -27,12 +27,18 @@ use crate::session::Session;
 
 /// The buffer group of the receive buffers.
 const GROUP: u16 = 0;
+/// `IORING_RECVSEND_BUNDLE` (Linux 6.10), in a receive's `ioprio`.
+const IORING_RECVSEND_BUNDLE: u16 = 16;
 /// Segments of the queue one send offers at most (a `sendmsg`'s iovec); the rest leaves with
 /// the next send.
 const SEND_IOV: usize = 64;
 /// Submission queue entries; the completion queue has eight times as many (a multishot
 /// receive posts one completion per buffer).
 const ENTRIES: u32 = 1024;
+/// Bytes one arming of a connection's receive takes at most, where the kernel bundles
+/// (Linux 6.17): a bundle fills as many buffers as that takes, so a busy connection is
+/// read a few buffers a receive rather than one.
+pub(crate) const BUNDLE_BYTES: u32 = 16 << 10;
 
 /// What an operation's completion is about, in the low four bits of its `user_data`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,13 +134,27 @@ struct ProvidedBuffers {
     chunks: RefCell<Vec<ChunkId>>,
     /// Buffers not held by a completion that was not read yet.
     available: Cell<usize>,
+    /// The buffer id at each ring position (by position `& mask`), and each buffer's last
+    /// position: a bundle's completion names its first buffer, the others follow it in the
+    /// ring.
+    order: Vec<Cell<u16>>,
+    position: Vec<Cell<u16>>,
+    /// What one receive takes at most: [`BUNDLE_BYTES`] where the kernel bounds a bundled
+    /// multishot receive's total (Linux 6.17), else one buffer.
+    receive_len: u32,
 }
 
 impl Ring {
     /// Sets up a ring with `count` receive buffers ([`receive_buffers`]) taken from `pool`.
     /// `Err` says why the kernel or the pool refused: the loop then runs on epoll.
     pub(crate) fn new(pool: &mut Pool<'static>, count: usize) -> io::Result<Self> {
-        kernel_has_multishot()?;
+        if !kernel_at_least(6, 0)? {
+            // Multishot receive (Linux 6.0): older kernels refuse it per request.
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "kernel older than 6.0"));
+        }
+        // A multishot receive bounded in total (`IORING_RECV_MSHOT_LIM`, Linux 6.17) takes
+        // bundles of buffers without taking more than its bound.
+        let bundles = kernel_at_least(6, 17)?;
         let uring = IoUring::builder().setup_cqsize(8 * ENTRIES).build(ENTRIES)?;
         let mut probe = Probe::new();
         uring.submitter().register_probe(&mut probe)?;
@@ -194,6 +214,9 @@ impl Ring {
             len: len as u32,
             chunks: RefCell::new(chunks),
             available: Cell::new(count),
+            order: (0..count).map(|_| Cell::new(0)).collect(),
+            position: (0..count).map(|_| Cell::new(0)).collect(),
+            receive_len: if bundles { BUNDLE_BYTES.max(len as u32) } else { len as u32 },
         };
         // SAFETY: the mapping stays until `Ring` drops, after the ring itself (which
         // unregisters it when it closes).
@@ -221,6 +244,11 @@ impl Ring {
     /// The pool chunks its receive buffers hold (0 once closed).
     pub(crate) fn buffer_chunks(&self) -> usize {
         self.shared.buffers.chunks.borrow().len()
+    }
+
+    /// What one receive takes at most (bytes).
+    pub(crate) fn receive_len(&self) -> usize {
+        self.shared.buffers.receive_len as usize
     }
 
     /// The pool chunks its receive buffers took at start.
@@ -329,14 +357,32 @@ impl RingShared {
         !self.queued.borrow().is_empty()
     }
 
-    /// A receive completion's buffer: its bytes, now held by a connection.
-    pub(crate) fn take_buffer(&self) {
-        let available = &self.buffers.available;
-        available.set(available.get().saturating_sub(1));
+    /// A receive completion's `res` bytes from buffer `bid` on: the buffers they fill, in
+    /// order (a bundle's follow its first in the ring), now held by a connection.
+    pub(crate) fn take_buffers(&self, bid: u16, res: u32) -> impl Iterator<Item = (u16, u32)> {
+        let buffers = &self.buffers;
+        let n = res.div_ceil(buffers.len);
+        buffers.available.set(buffers.available.get().saturating_sub(n as usize));
+        let first = buffers.position[usize::from(bid)].get();
+        (0..n).map(move |i| {
+            let at = first.wrapping_add(i as u16) & buffers.mask;
+            let bid = buffers.order[usize::from(at)].get();
+            (bid, (res - i * buffers.len).min(buffers.len))
+        })
     }
 
-    /// Gives buffer `bid` back to the kernel without reading it (its connection went).
-    pub(crate) fn recycle(&self, bid: u16) {
+    /// Gives the buffers of a completion back to the kernel without reading them (their
+    /// connection went, or reads no more).
+    pub(crate) fn recycle_received(&self, bid: u16, res: u32) {
+        // (Each is pushed at the ring's tail after its position was read: the tail reaches
+        // the positions these held no sooner than that.)
+        for (bid, _) in self.take_buffers(bid, res) {
+            self.buffers.recycle(bid);
+        }
+    }
+
+    /// Gives buffer `bid` back to the kernel.
+    fn recycle(&self, bid: u16) {
         self.buffers.recycle(bid);
     }
 
@@ -362,6 +408,8 @@ impl ProvidedBuffers {
         entry.set_addr(self.addrs[usize::from(bid)] as u64);
         entry.set_len(self.len);
         entry.set_bid(bid);
+        self.order[usize::from(tail & self.mask)].set(bid);
+        self.position[usize::from(bid)].set(tail);
         self.tail.set(tail.wrapping_add(1));
     }
 
@@ -393,8 +441,8 @@ pub(crate) fn receive_buffers(config: &crate::ServerConfig) -> usize {
     (2 * config.read_buffer / config.chunk_size).clamp(8, 1 << 15).next_power_of_two()
 }
 
-/// Whether the kernel has multishot receive (Linux 6.0); older ones refuse it per request.
-fn kernel_has_multishot() -> io::Result<()> {
+/// Whether the running kernel is at least `major.minor`.
+fn kernel_at_least(major: u32, minor: u32) -> io::Result<bool> {
     // SAFETY: `uname` fills the zeroed struct.
     let mut name: libc::utsname = unsafe { std::mem::zeroed() };
     // SAFETY: a valid pointer to a utsname.
@@ -403,20 +451,13 @@ fn kernel_has_multishot() -> io::Result<()> {
     }
     // SAFETY: `release` is NUL-terminated by the kernel.
     let release = unsafe { std::ffi::CStr::from_ptr(name.release.as_ptr()) };
-    let major: u32 = release
+    let mut numbers = release
         .to_str()
-        .ok()
-        .and_then(|r| r.split('.').next())
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(0);
-    if major >= 6 {
-        Ok(())
-    } else {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!("kernel {release:?} has no multishot receive (6.0)"),
-        ))
-    }
+        .unwrap_or("")
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let found = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    Ok(found >= (major, minor))
 }
 
 /// One receive completion's bytes, held until the session has read them.
@@ -514,18 +555,37 @@ impl RingConn {
         conn
     }
 
-    /// Queues one receive of at most one buffer. Not a multishot receive: that one takes
-    /// whatever arrives until it is cancelled, so a peer that writes while its session does
-    /// not read (paused above its high watermark, held, closing) would move its socket's
-    /// bytes into the ring's buffers or the pool, where epoll leaves them in the kernel. One
-    /// buffer per arming, armed again only by a read that emptied what the connection holds,
-    /// bounds what it takes to two buffers past what its session read.
+    /// Queues one receive of at most [`BUNDLE_BYTES`] (one buffer on a kernel that cannot
+    /// bound a bundle). Not an unbounded multishot receive: that one takes whatever arrives
+    /// until it is cancelled, so a peer that writes while its session does not read (paused
+    /// above its high watermark, held, closing) would move its socket's bytes into the
+    /// ring's buffers or the pool, where epoll leaves them in the kernel. Armed again only by
+    /// a read that emptied what the connection holds, it bounds what a connection takes to
+    /// one receive's worth past what its session read.
+    ///
+    /// The bundled receive is a multishot receive of at most `receive_len` a completion and
+    /// in total (`sqe->optlen`, Linux 6.17): the kernel fills as many buffers as that takes
+    /// from the socket, and a bundle is never retried past the bound. (A single-shot bundle
+    /// is retried once with what the socket holds, whatever its length.)
     fn arm(&mut self) {
         let fd = types::Fd(self.tcp.as_raw_fd());
-        let sqe = opcode::Recv::new(fd, std::ptr::null_mut(), self.shared.buffers.len)
-            .buf_group(GROUP)
-            .build()
-            .flags(squeue::Flags::BUFFER_SELECT);
+        let len = self.shared.buffers.receive_len;
+        let sqe = if len > self.shared.buffers.len {
+            let sqe = opcode::RecvMulti::new(fd, GROUP).len(len).build();
+            // SAFETY: `Entry` is `repr(C)` over the kernel's 64-byte `io_uring_sqe`; the
+            // bytes changed are its `ioprio` (offset 2) and `optlen` (offset 44) fields.
+            let mut raw: [u8; 64] = unsafe { std::mem::transmute(sqe) };
+            let ioprio = u16::from_ne_bytes([raw[2], raw[3]]) | IORING_RECVSEND_BUNDLE;
+            raw[2..4].copy_from_slice(&ioprio.to_ne_bytes());
+            raw[44..48].copy_from_slice(&len.to_ne_bytes());
+            // SAFETY: as above, back to the entry it was.
+            unsafe { std::mem::transmute::<[u8; 64], squeue::Entry>(raw) }
+        } else {
+            opcode::Recv::new(fd, std::ptr::null_mut(), len)
+                .buf_group(GROUP)
+                .build()
+                .flags(squeue::Flags::BUFFER_SELECT)
+        };
         self.shared.queue(sqe.user_data(self.tag.0));
         self.receiving = Receiving::Armed;
     }
@@ -540,35 +600,40 @@ impl RingConn {
         }
     }
 
-    /// A receive completed: `bid`'s `res` bytes (`Some`), else how it ended (`res`). Returns
-    /// whether the loop should read it now, and whether it is starved (to re-arm when
-    /// buffers come back). A session that does not read now (`!wants_input`) has the bytes
-    /// moved out of the ring's buffers at once.
+    /// A receive completed: the `res` bytes of buffers from `bid` on (`Some`), else how it
+    /// ended (`res`); `more`: the (multishot) receive goes on. Returns whether the loop
+    /// should read it now, and whether it is starved (to re-arm when buffers come back). A
+    /// session that does not read now (`!wants_input`) has the bytes moved out of the
+    /// ring's buffers at once.
     pub(crate) fn received(
         &mut self,
         res: i32,
         bid: Option<u16>,
+        more: bool,
         pool: &mut Pool<'static>,
         wants_input: bool,
     ) -> (bool, bool) {
         if self.receiving == Receiving::Stopped {
             // What arrived before the cancellation took effect is discarded.
             if let (Some(bid), true) = (bid, res > 0) {
-                self.shared.take_buffer();
-                self.shared.recycle(bid);
+                self.shared.recycle_received(bid, res as u32);
             }
             return (false, false);
         }
-        self.receiving = Receiving::Idle;
+        if !more {
+            self.receiving = Receiving::Idle;
+        }
         if let (Some(bid), true) = (bid, res > 0) {
-            self.shared.take_buffer();
             self.settle(pool);
-            self.received.push_back(Received { bid, len: res as u32, at: 0 });
+            for (bid, len) in self.shared.take_buffers(bid, res as u32) {
+                self.received.push_back(Received { bid, len, at: 0 });
+            }
             if !wants_input {
                 self.keep_out_of_ring(pool);
             }
             return (true, false);
         }
+        self.receiving = Receiving::Idle;
         match res {
             0 => self.end(None),
             // Nothing to read: a read now would find nothing (and a request phase take that

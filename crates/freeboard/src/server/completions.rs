@@ -12,20 +12,20 @@ use super::ring_side::ACCEPTING;
 use crate::transport::Transport;
 use crate::uring::{Op, Tag};
 
-/// Rounds of receives a turn makes ([`EventLoop::complete`]): one buffer a round per
-/// connection that reads, so a busy one is read its share of the turn.
-const RECEIVE_ROUNDS: usize = super::event_loop::READ_BYTES_PER_TURN / 4096;
-
 impl<T: Transport> EventLoop<T> {
     /// Handles the completions waiting, then reads the connections that received; a read
     /// that emptied what its connection held armed its next receive, submitted at once so
     /// that what the socket holds comes with the submission and is read in the next round
-    /// (as epoll reads a socket until it is empty, at most [`RECEIVE_ROUNDS`] buffers a
-    /// turn: the loop's share, [`READ_BYTES_PER_TURN`]).
+    /// (as epoll reads a socket until it is empty, at most a receive a round, as many rounds
+    /// as the loop's share of a turn takes, [`READ_BYTES_PER_TURN`]).
     ///
     /// [`READ_BYTES_PER_TURN`]: super::event_loop::READ_BYTES_PER_TURN
     pub(super) fn complete(&mut self, now: Instant) {
-        for round in 1..=RECEIVE_ROUNDS {
+        let Some(side) = &self.ring else { return };
+        // One receive a round per connection that reads, so a busy one is read its share of
+        // the turn.
+        let rounds = (super::event_loop::READ_BYTES_PER_TURN / side.ring.receive_len()).max(1);
+        for round in 1..=rounds {
             self.reap(now);
             let Some(side) = &mut self.ring else { return };
             let ready = std::mem::take(&mut side.ready);
@@ -45,7 +45,7 @@ impl<T: Transport> EventLoop<T> {
             let Some(side) = &mut self.ring else { return };
             side.ready = ready;
             side.ready.clear();
-            if round < RECEIVE_ROUNDS
+            if round < rounds
                 && side.ring.shared().has_queued()
                 && let Err(error) = side.ring.submit()
             {
@@ -156,7 +156,7 @@ impl<T: Transport> EventLoop<T> {
                 };
                 match conn {
                     Some((conn, wants)) => {
-                        let (read, starved) = conn.received(res, bid, &mut self.pool, wants);
+                        let (read, starved) = conn.received(res, bid, more, &mut self.pool, wants);
                         let serial = self.conns[token].serial;
                         if read && side.ready.last() != Some(&(token, serial)) {
                             side.ready.push((token, serial));
@@ -168,8 +168,7 @@ impl<T: Transport> EventLoop<T> {
                     None => {
                         // Its connection went: the buffer goes straight back.
                         if let Some(bid) = bid.filter(|_| res > 0) {
-                            side.ring.shared().take_buffer();
-                            side.ring.shared().recycle(bid);
+                            side.ring.shared().recycle_received(bid, res as u32);
                         }
                     }
                 }
