@@ -49,6 +49,8 @@ pub(crate) enum Op {
     Cancel = 4,
     /// A poll for room in a socket that did not take all it was offered.
     Writable = 5,
+    /// The loop's epoll has events (a ring the loop waits on directly watches it).
+    Epoll = 6,
 }
 
 /// An operation's `user_data`: the connection's slot (or the listener) in the high 32 bits,
@@ -85,6 +87,7 @@ impl Tag {
             3 => Some(Op::Send),
             4 => Some(Op::Cancel),
             5 => Some(Op::Writable),
+            6 => Some(Op::Epoll),
             _ => None,
         }
     }
@@ -98,6 +101,10 @@ impl Tag {
 pub(crate) struct Ring {
     uring: IoUring,
     shared: Rc<RingShared>,
+    /// Its loop waits on it directly ([`submit_and_wait`](Self::submit_and_wait)), and its
+    /// completions are posted only then (`DEFER_TASKRUN`): the kernel's receives run in a
+    /// batch when the loop asks for completions, not at each system call the loop makes.
+    direct: bool,
 }
 
 /// What a loop's ring connections share with the loop: the operations queued for the end of
@@ -145,9 +152,11 @@ struct ProvidedBuffers {
 }
 
 impl Ring {
-    /// Sets up a ring with `count` receive buffers ([`receive_buffers`]) taken from `pool`.
-    /// `Err` says why the kernel or the pool refused: the loop then runs on epoll.
-    pub(crate) fn new(pool: &mut Pool<'static>, count: usize) -> io::Result<Self> {
+    /// Sets up a ring with `count` receive buffers ([`receive_buffers`]) taken from `pool`,
+    /// waited on directly by its loop's thread (`direct`: `SINGLE_ISSUER | DEFER_TASKRUN`,
+    /// Linux 6.1; without them where the kernel refuses) or through the loop's epoll. `Err`
+    /// says why the kernel or the pool refused: the loop then runs on epoll.
+    pub(crate) fn new(pool: &mut Pool<'static>, count: usize, direct: bool) -> io::Result<Self> {
         if !kernel_at_least(6, 0)? {
             // Multishot receive (Linux 6.0): older kernels refuse it per request.
             return Err(io::Error::new(io::ErrorKind::Unsupported, "kernel older than 6.0"));
@@ -155,7 +164,22 @@ impl Ring {
         // A multishot receive bounded in total (`IORING_RECV_MSHOT_LIM`, Linux 6.17) takes
         // bundles of buffers without taking more than its bound.
         let bundles = kernel_at_least(6, 17)?;
-        let uring = IoUring::builder().setup_cqsize(8 * ENTRIES).build(ENTRIES)?;
+        let deferred = direct
+            .then(|| {
+                IoUring::builder()
+                    .setup_cqsize(8 * ENTRIES)
+                    .setup_single_issuer()
+                    .setup_defer_taskrun()
+                    .setup_taskrun_flag()
+                    .build(ENTRIES)
+                    .ok()
+            })
+            .flatten();
+        let direct = deferred.is_some();
+        let uring = match deferred {
+            Some(uring) => uring,
+            None => IoUring::builder().setup_cqsize(8 * ENTRIES).build(ENTRIES)?,
+        };
         let mut probe = Probe::new();
         uring.submitter().register_probe(&mut probe)?;
         for (code, name) in [
@@ -238,7 +262,18 @@ impl Ring {
             batching: Cell::new(false),
             closing: RefCell::new(Vec::new()),
         });
-        Ok(Self { uring, shared })
+        Ok(Self { uring, shared, direct })
+    }
+
+    /// Whether its loop waits on it directly (see [`submit_and_wait`](Self::submit_and_wait)).
+    pub(crate) fn direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Queues a multishot poll of `fd` (the loop's epoll) for readability.
+    pub(crate) fn watch(&self, fd: i32, tag: Tag) {
+        let sqe = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).multi(true).build();
+        self.shared.queue(sqe.user_data(tag.0));
     }
 
     /// The pool chunks its receive buffers hold (0 once closed).
@@ -280,10 +315,58 @@ impl Ring {
 
     /// Submits what the turn queued: one system call.
     pub(crate) fn submit(&mut self) -> io::Result<()> {
-        let mut queued = self.shared.queued.borrow_mut();
-        if queued.is_empty() && !self.uring.submission().cq_overflow() {
+        if self.shared.queued.borrow().is_empty() && !self.uring.submission().cq_overflow() {
             return Ok(());
         }
+        self.push_queued()?;
+        let submitted = loop {
+            match self.uring.submit() {
+                Ok(_) => break Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                // The completion queue is full: the next turn drains it and submits again
+                // (the sockets of gone connections stay open until then).
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        self.shared.closing.borrow_mut().clear();
+        submitted
+    }
+
+    /// Submits what the turn queued and waits at most `timeout` (`None`: no limit) for a
+    /// completion, in one system call: the wait of a loop that waits on its ring directly
+    /// (its epoll is one of the ring's polls, [`watch`](Self::watch)). The deferred
+    /// completions are posted on the way out.
+    pub(crate) fn submit_and_wait(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+    ) -> io::Result<()> {
+        self.push_queued()?;
+        let waited = match timeout {
+            // Nothing to wait for: the deferred completions are posted if there are any.
+            Some(timeout) if timeout.is_zero() => self.uring.submit(),
+            Some(timeout) => {
+                let timespec = types::Timespec::from(timeout);
+                let args = types::SubmitArgs::new().timespec(&timespec);
+                self.uring.submitter().submit_with_args(1, &args)
+            }
+            None => self.uring.submit_and_wait(1),
+        };
+        if let Err(e) = &waited
+            && e.raw_os_error() == Some(libc::EBUSY)
+        {
+            return Ok(()); // full completion queue: as in `submit`
+        }
+        self.shared.closing.borrow_mut().clear();
+        match waited {
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Moves the queued operations onto the submission queue (submitting when it is full).
+    fn push_queued(&mut self) -> io::Result<()> {
+        let mut queued = self.shared.queued.borrow_mut();
         let mut at = 0;
         while at < queued.len() {
             let mut sq = self.uring.submission();
@@ -301,22 +384,16 @@ impl Ring {
             }
         }
         queued.clear();
-        let submitted = loop {
-            match self.uring.submit() {
-                Ok(_) => break Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                // The completion queue is full: the next turn drains it and submits again.
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(()),
-                Err(e) => break Err(e),
-            }
-        };
-        self.shared.closing.borrow_mut().clear();
-        submitted
+        Ok(())
     }
 
     /// The completions waiting, in order (at most `out`'s room: call again while it fills).
     pub(crate) fn completions(&mut self, out: &mut Vec<cqueue::Entry>) {
         out.clear();
+        if self.direct && self.uring.completion().is_empty() && self.uring.submission().taskrun() {
+            // Deferred completions wait to be posted (an enter that asks for events).
+            let _ = self.uring.submit();
+        }
         out.extend(self.uring.completion().take(out.capacity().max(256)));
     }
 

@@ -2,13 +2,13 @@
 //! bytes are read by the session exactly as after a readiness event, completed sends consume
 //! the queue as a `writev` would; the turn's sends leave in one submission at its end.
 
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 
 use freeboard_proto::Instant;
 use io_uring::cqueue;
 
 use super::event_loop::{ACCEPT_BACKOFF, EventLoop, Listening};
-use super::ring_side::ACCEPTING;
+use super::ring_side::{ACCEPTING, EPOLL};
 use crate::transport::Transport;
 use crate::uring::{Op, Tag};
 
@@ -203,6 +203,10 @@ impl<T: Transport> EventLoop<T> {
                     self.mark(token);
                 }
             }
+            Some(Op::Epoll) => {
+                side.epoll_ready = true;
+                side.epoll_armed &= more;
+            }
             Some(Op::Cancel) | None => {}
         }
     }
@@ -256,10 +260,36 @@ impl<T: Transport> EventLoop<T> {
         self.accept_more = self.ring.as_ref().is_some_and(|side| !side.backlog.is_empty());
     }
 
-    /// Submits the turn's operations (one system call), after re-arming what waited: the
-    /// receives that found no buffer, the accept after a failure's pause.
+    /// Submits the turn's operations (one system call), after re-arming what waited.
     pub(super) fn submit_ring(&mut self) {
+        self.rearm();
+        let Some(side) = &mut self.ring else { return };
+        if let Err(error) = side.ring.submit() {
+            tracing::error!(%error, "io_uring submission failed");
+        }
+    }
+
+    /// The wait of a loop that waits on its ring directly ([`Ring::direct`]): submits the
+    /// turn's operations (after re-arming what waited) and waits at most `timeout` for a
+    /// completion, in one system call, then handles the completions. Whether the loop's
+    /// epoll has events (its poll through the ring completed): the caller polls it then.
+    ///
+    /// [`Ring::direct`]: crate::uring::Ring::direct
+    pub(super) fn wait_ring(&mut self, timeout: Option<std::time::Duration>) -> bool {
+        self.rearm();
+        let Some(side) = &mut self.ring else { return true };
+        if let Err(error) = side.ring.submit_and_wait(timeout) {
+            tracing::error!(%error, "io_uring submission failed");
+        }
+        self.reap(self.now());
+        self.ring.as_mut().is_some_and(|side| std::mem::take(&mut side.epoll_ready))
+    }
+
+    /// Re-arms what waited: the receives that found no buffer, the accept after a failure's
+    /// pause, the poll of the loop's epoll.
+    fn rearm(&mut self) {
         self.rearm_starved();
+        let epoll = self.poll().as_raw_fd();
         let Some(side) = &mut self.ring else { return };
         if side.accepts
             && !side.accept_armed
@@ -269,8 +299,9 @@ impl<T: Transport> EventLoop<T> {
             side.ring.accept(&listeners.plain, Tag::new(ACCEPTING, 0, Op::Accept));
             side.accept_armed = true;
         }
-        if let Err(error) = side.ring.submit() {
-            tracing::error!(%error, "io_uring submission failed");
+        if side.ring.direct() && !side.epoll_armed {
+            side.ring.watch(epoll, Tag::new(EPOLL, 0, Op::Epoll));
+            side.epoll_armed = true;
         }
     }
 

@@ -387,8 +387,12 @@ pub(super) fn connection_charge<T>(shared: &Shared) -> usize {
 }
 
 impl<T: Transport> EventLoop<T> {
+    /// A loop for `listeners`, watched by `poll`. `waits_on_ring`: the loop runs its own
+    /// turns ([`run`](Self::run)), so an io_uring loop may wait on its ring rather than on
+    /// `poll` (a host's event loop that watches `poll` needs it readable for every event).
     pub(crate) fn new(
         index: u32,
+        waits_on_ring: bool,
         poll: Poll,
         mut listeners: Listeners,
         shared: Arc<Shared>,
@@ -432,6 +436,7 @@ impl<T: Transport> EventLoop<T> {
         let ring = match config.io {
             crate::IoDriver::Uring => super::ring_side::RingSide::new(
                 index,
+                waits_on_ring,
                 &poll,
                 &mut pool,
                 &config,
@@ -596,13 +601,23 @@ impl<T: Transport> EventLoop<T> {
             (wait, max) => wait.or(max),
         };
         // What the last turn queued on the ring (its sends, re-armed receives) leaves in one
-        // submission before the wait.
+        // submission before the wait: the wait's own where the loop waits on its ring, which
+        // polls the epoll for it (read then, without waiting, only when it has events).
         #[cfg(target_os = "linux")]
-        self.submit_ring();
-        match self.poll.poll(events, timeout) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(true),
-            Err(e) => return Err(e),
+        let polled = match self.ring.as_ref().is_some_and(|side| side.ring.direct()) {
+            true => self.wait_ring(timeout).then_some(Some(Duration::ZERO)),
+            false => {
+                self.submit_ring();
+                Some(timeout)
+            }
+        };
+        #[cfg(not(target_os = "linux"))]
+        let polled = Some(timeout);
+        match polled.map(|timeout| self.poll.poll(events, timeout)) {
+            None => events.clear(),
+            Some(Ok(())) => {}
+            Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => return Ok(true),
+            Some(Err(e)) => return Err(e),
         }
         let now = self.now();
         self.expire_timers(now);

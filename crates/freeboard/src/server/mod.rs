@@ -105,7 +105,8 @@ impl Server {
         let mut server = Self::bind_inner(config, Arc::new(Router::new), None)?;
         let UnstartedLoop { poll, listeners } = server.seeds.remove(0);
         let waker = server.wakers[0].clone();
-        let event_loop = EventLoop::new(0, poll, listeners, server.shared.clone(), waker, router)?;
+        let event_loop =
+            EventLoop::new(0, false, poll, listeners, server.shared.clone(), waker, router)?;
         let handle = ServerHandle { shared: server.shared, wakers: server.wakers };
         Ok(LocalServer::new(event_loop, handle, server.local_addr, server.tls_addr))
     }
@@ -299,8 +300,10 @@ impl Server {
                     .spawn(move || {
                         let UnstartedLoop { poll, listeners } = seed;
                         let router = routes();
-                        EventLoop::<Stream>::new(i as u32, poll, listeners, shared, waker, router)?
-                            .run()
+                        EventLoop::<Stream>::new(
+                            i as u32, true, poll, listeners, shared, waker, router,
+                        )?
+                        .run()
                     })
                     .expect("the OS can start a thread")
             })
