@@ -377,6 +377,9 @@ impl Transport for Stream {
     }
 
     fn corks(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return matches!(self, Self::Plain(_) | Self::Ring(_));
+        #[cfg(not(target_os = "linux"))]
         matches!(self, Self::Plain(_))
     }
 

@@ -1038,9 +1038,11 @@ impl<T: Transport> EventLoop<T> {
         // Under contention, whoever is behind pays before this read's replies are judged.
         self.reclaim(now);
         let mut buf = std::mem::take(&mut self.read_buf);
-        let plain = self.conns.get(token).is_some_and(|e| e.stream.corks());
+        let (plain, keeps) = match self.conns.get(token) {
+            Some(entry) => (entry.stream.corks(), entry.stream.keeps_unread()),
+            None => (false, false),
+        };
         self.corking = plain.then_some(token);
-        let keeps = !plain && self.conns.get(token).is_some_and(|e| e.stream.keeps_unread());
         let (mut reads, mut bytes) = (0, 0);
         while let Some(entry) = self.conns.get_mut(token) {
             if !entry.session.wants_input() {
