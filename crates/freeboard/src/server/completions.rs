@@ -12,6 +12,10 @@ use super::ring_side::{ACCEPTING, EPOLL};
 use crate::transport::Transport;
 use crate::uring::{Op, Tag};
 
+// A bundled receive takes at most a connection's share of a turn.
+const _: () =
+    assert!(crate::uring::BUNDLE_BYTES as usize == super::event_loop::READ_BYTES_PER_TURN);
+
 impl<T: Transport> EventLoop<T> {
     /// Handles the completions waiting, then reads the connections that received; a read
     /// that emptied what its connection held armed its next receive, submitted at once so
@@ -38,7 +42,13 @@ impl<T: Transport> EventLoop<T> {
             self.rearm_starved();
             for &(token, serial) in &ready {
                 // (A connection that went since, its slot perhaps taken by a new one, is not.)
-                if self.conns.get(token).is_some_and(|entry| entry.serial == serial) {
+                if let Some(entry) = self.conns.get_mut(token)
+                    && entry.serial == serial
+                {
+                    let room = receive_room(&entry.session);
+                    if let Some(conn) = entry.stream.ring_conn() {
+                        conn.set_room(room);
+                    }
                     self.read(token, now);
                 }
             }
@@ -342,6 +352,17 @@ impl<T: Transport> EventLoop<T> {
                 side.ring.cancel(Tag::new(ACCEPTING, 0, Op::Accept));
             }
         }
+    }
+}
+
+/// What a receive of `session`'s may take: the room its queue has below its high watermark
+/// once open (a request's head is read a buffer at a time).
+fn receive_room(session: &crate::session::Session) -> usize {
+    match session.phase {
+        crate::session::Phase::Open(_) => {
+            session.queue().watermarks().high().saturating_sub(session.buffered())
+        }
+        _ => 0,
     }
 }
 
