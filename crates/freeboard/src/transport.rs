@@ -327,7 +327,11 @@ impl Transport for Stream {
             Self::Plain(tcp) => Transport::write_vectored(tcp, io, bufs),
             Self::Tls(tls) => tls.write_vectored(io, bufs),
             #[cfg(target_os = "linux")]
-            Self::Ring(ring) => ring.write_vectored(bufs),
+            // As plain TCP's, unless queued bytes wait for the ring's sends.
+            Self::Ring(ring) => match ring.writes_straight() {
+                Some(tcp) => Transport::write_vectored(tcp, io, bufs),
+                None => Ok(0),
+            },
         }
     }
 

@@ -961,13 +961,10 @@ impl RingConn {
         }
     }
 
-    /// Writes `bufs` straight to the socket (a refusal the pool could not queue), unless
-    /// queued bytes wait (they must go first).
-    pub(crate) fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        if self.output.state != Sending::Idle {
-            return Ok(0);
-        }
-        io::Write::write_vectored(&mut *self.tcp, bufs)
+    /// The socket, to write straight to (a read's corked replies, a refusal the pool could
+    /// not queue), unless queued bytes wait for the ring (they must go first).
+    pub(crate) fn writes_straight(&mut self) -> Option<&mut TcpStream> {
+        (self.output.state == Sending::Idle).then_some(&mut *self.tcp)
     }
 
     /// Our FIN (no send is in flight outside the turn's sends).
