@@ -288,11 +288,23 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn wait_ring(&mut self, timeout: Option<std::time::Duration>) -> bool {
         self.rearm();
         let Some(side) = &mut self.ring else { return true };
+        // Events the last poll of the epoll had no room for: they raise no new readiness.
+        let timeout = if side.epoll_ready { Some(std::time::Duration::ZERO) } else { timeout };
         if let Err(error) = side.ring.submit_and_wait(timeout) {
             tracing::error!(%error, "io_uring submission failed");
         }
         self.reap(self.now());
         self.ring.as_mut().is_some_and(|side| std::mem::take(&mut side.epoll_ready))
+    }
+
+    /// After a poll of the epoll that the ring reported ready: if the poll filled `events`,
+    /// more may wait, which raise no new readiness (the next turn polls again).
+    pub(super) fn epoll_polled(&mut self, events: &mio::Events) {
+        if let Some(side) = &mut self.ring
+            && events.iter().count() == events.capacity()
+        {
+            side.epoll_ready = true;
+        }
     }
 
     /// Re-arms what waited: the receives that found no buffer, the accept after a failure's

@@ -604,7 +604,9 @@ impl<T: Transport> EventLoop<T> {
         // submission before the wait: the wait's own where the loop waits on its ring, which
         // polls the epoll for it (read then, without waiting, only when it has events).
         #[cfg(target_os = "linux")]
-        let polled = match self.ring.as_ref().is_some_and(|side| side.ring.direct()) {
+        let on_ring = self.ring.as_ref().is_some_and(|side| side.ring.direct());
+        #[cfg(target_os = "linux")]
+        let polled = match on_ring {
             true => self.wait_ring(timeout).then_some(Some(Duration::ZERO)),
             false => {
                 self.submit_ring();
@@ -615,6 +617,8 @@ impl<T: Transport> EventLoop<T> {
         let polled = Some(timeout);
         match polled.map(|timeout| self.poll.poll(events, timeout)) {
             None => events.clear(),
+            #[cfg(target_os = "linux")]
+            Some(Ok(())) if on_ring => self.epoll_polled(events),
             Some(Ok(())) => {}
             Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => return Ok(true),
             Some(Err(e)) => return Err(e),
