@@ -148,3 +148,57 @@ fn a_fan_out_over_io_uring_reaches_every_subscriber_in_order() {
         }
     }
 }
+
+/// Bundled receives: two clients at once each write 5,000 messages of 1 B to 3,000 B in one
+/// go, more than the ring's buffers hold, so receives take runs of buffers, wrap the ring and
+/// interleave with the other client's; each gets every message back whole and in order.
+#[test]
+fn pipelined_messages_over_io_uring_come_back_whole_and_in_order() {
+    const MESSAGES: usize = 5_000;
+    let serve = Serve::start(&["--io", "uring", "--threads", "1"]);
+    let clients: Vec<_> = (0..2)
+        .map(|client| {
+            let addr = serve.addr.clone();
+            std::thread::spawn(move || {
+                let stream = TcpStream::connect(&addr).unwrap();
+                stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let (mut stream, mut inbox) = common::upgrade(stream, "/", "");
+                let payload = move |i: usize| vec![(i + client) as u8; 1 + (i * 7919) % 3000];
+                let mut writer = stream.try_clone().unwrap();
+                let sender = std::thread::spawn(move || {
+                    let all: Vec<u8> = (0..MESSAGES)
+                        .flat_map(|i| {
+                            freeboard_test::frame(0x82, &payload(i), freeboard_test::TEST_MASK)
+                        })
+                        .collect();
+                    writer.write_all(&all).unwrap();
+                });
+                for i in 0..MESSAGES {
+                    let echo = inbox.frame(&mut stream).unwrap().expect("an echo");
+                    assert!(echo.payload == payload(i), "client {client}: message {i} differs");
+                }
+                sender.join().unwrap();
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().unwrap();
+    }
+}
+
+/// A loop that waits on its ring (not on its epoll) still wakes for its timers: a connection
+/// that sends nothing is closed at the handshake timeout.
+#[test]
+fn a_loop_waiting_on_its_ring_wakes_for_its_timers() {
+    let serve = Serve::start(&["--io", "uring", "--threads", "1", "--handshake-timeout", "1s"]);
+    let mut silent = TcpStream::connect(&serve.addr).unwrap();
+    silent.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    // Closed (an answer, then EOF, or a reset) rather than left waiting for the read timeout.
+    let _ = silent.read_to_end(&mut rest);
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(8), "closed after {waited:?}");
+    assert!(waited >= Duration::from_millis(900), "closed after {waited:?}");
+    echoes(&serve.addr);
+}

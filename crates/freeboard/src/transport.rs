@@ -107,8 +107,8 @@ pub(crate) trait Transport: mio::event::Source + Sized {
     /// discards): a layer that receives without being asked stops, and drops what it holds.
     fn stop_input(&mut self, _io: &mut Io<'_>) {}
 
-    /// Whether the replies to a read are corked and written at once after it (plain TCP on
-    /// epoll; TLS encrypts from its queue, io_uring sends from its queue when the turn ends).
+    /// Whether the replies to a read are corked and written at once after it (plain TCP, on
+    /// epoll or io_uring; TLS encrypts from its queue).
     fn corks(&self) -> bool {
         self.tls_established().is_none()
     }

@@ -1,16 +1,19 @@
 //! The io_uring side of a server loop (`--io uring`, Linux): the ring, the buffers the kernel
 //! receives into, and a connection's transport over them ([`RingConn`]).
 //!
-//! The ring's descriptor is registered with the loop's mio `Poll` (readable while completions
-//! wait), so timers, the waker, the admin and TLS listeners stay on epoll; a plain-TCP
+//! A loop that runs its own turns waits on the ring (deferred task work: the kernel's
+//! receives run when the loop asks for completions), and the ring polls the loop's epoll, so
+//! timers, the waker, the admin and TLS listeners stay on epoll; a loop driven by a host's
+//! event loop registers the ring's descriptor with its `Poll` instead. A plain-TCP
 //! connection accepted through the ring is never registered with epoll. Its bytes arrive by
-//! one receive at a time into a provided buffer ring whose buffers are chunks taken from the
-//! loop's pool at start (read memory stays inside the budget, and a connection holds a buffer
-//! only from its completion until the session has read it). Its sends leave when the turn
-//! ends, all in one submission, straight from the session's queue and without waiting for
-//! room: each completes with the submission and the queue is consumed by what the socket
-//! took, as after a `writev` on epoll, so what the socket does not take stays in the queue,
-//! where the watermarks and the policies see it.
+//! one bounded receive at a time (a bundle of buffers, up to a turn's share) from a provided
+//! buffer ring whose buffers are chunks taken from the loop's pool at start (read memory
+//! stays inside the budget, and a connection holds buffers only from a completion until the
+//! session has read them). The replies to a read are written after it as on epoll; what its
+//! queue holds leaves when the turn ends, all in one submission, straight from the queue and
+//! without waiting for room: each send completes with the submission and the queue is
+//! consumed by what the socket took, as after a `writev` on epoll, so what the socket does
+//! not take stays in the queue, where the watermarks and the policies see it.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -809,7 +812,7 @@ impl RingConn {
     }
 
     /// Moves the bytes its session has not read out of the ring's buffers into pool chunks
-    /// of its own (at most the two buffers its receives took past the last read; kept in the
+    /// of its own (at most one receive's bound past the last read; kept in the
     /// ring while the pool is short): a session that does not read, or not all, holds none of
     /// the buffers every connection receives into.
     pub(crate) fn keep_out_of_ring(&mut self, pool: &mut Pool<'static>) {

@@ -12,7 +12,8 @@ use mio::{Interest, Poll, Token};
 use crate::config::ServerConfig;
 use crate::uring::{Op, Ring, Tag};
 
-/// The loop's token for the ring's descriptor (readable while completions wait).
+/// The loop's token for the ring's descriptor (readable while completions wait), where the
+/// loop waits on its epoll (a host's event loop drives it).
 pub(super) const RING: Token = Token(usize::MAX - 5);
 
 /// The slot in the accept's tag (no connection has it).
