@@ -70,8 +70,9 @@ pub(crate) trait Transport: mio::event::Source + Sized {
     /// Gives back the last `n` bytes the last [`read`](Self::read) returned: the next read
     /// returns them first, as a socket keeps what is not read. Only where
     /// [`keeps_unread`](Self::keeps_unread), after every read; `n == 0` lets the layer give
-    /// back the buffers the read emptied.
-    fn unread(&mut self, _io: &mut Io<'_>, _n: usize) {}
+    /// back the buffers the read emptied. A layer that receives unasked takes at most `room`
+    /// bytes (at least its smallest receive) before the next read.
+    fn unread(&mut self, _io: &mut Io<'_>, _n: usize, _room: usize) {}
 
     /// Writes (one `writev`'s worth of) the session's queue and releases what was written.
     /// Returns the queue bytes written and whether the socket took all it was offered.
@@ -301,13 +302,13 @@ impl Transport for Stream {
         self.keeps_unread()
     }
 
-    fn unread(&mut self, io: &mut Io<'_>, n: usize) {
+    fn unread(&mut self, io: &mut Io<'_>, n: usize, room: usize) {
         #[cfg(target_os = "linux")]
         if let Self::Ring(ring) = self {
-            ring.unread(io.pool, n);
+            ring.unread(io.pool, n, room);
         }
         #[cfg(not(target_os = "linux"))]
-        let _ = (io, n);
+        let _ = (io, n, room);
     }
 
     fn write_queue(&mut self, session: &mut Session, io: &mut Io<'_>) -> io::Result<(usize, bool)> {

@@ -615,7 +615,7 @@ pub(crate) struct RingConn {
     spilled: VecDeque<Spilled>,
     receiving: Receiving,
     /// What the next arming may take, beside the ring's bound: the room its session's queue
-    /// had below its high watermark when last read ([`set_room`](Self::set_room)).
+    /// had below its high watermark after its last read ([`unread`](Self::unread)).
     room: u32,
     /// The receive ended: at the stream's end (`None`) or with an error.
     ended: Option<Option<i32>>,
@@ -676,14 +676,6 @@ impl RingConn {
         };
         self.shared.queue(sqe.user_data(self.tag.0));
         self.receiving = Receiving::Armed;
-    }
-
-    /// Bounds the next arming by `room`, the bytes its session's queue takes before its high
-    /// watermark (at least a buffer): a peer that writes while it does not read fills its
-    /// queue, and its receives shrink to one buffer before its session pauses, so what it
-    /// sends then stays in its socket as on epoll.
-    pub(crate) fn set_room(&mut self, room: usize) {
-        self.room = room.min(u32::MAX as usize) as u32;
     }
 
     /// Re-arms a receive that ended for want of buffers (the caller saw one free). One whose
@@ -779,10 +771,7 @@ impl RingConn {
             n += take;
             held.at += take as u32;
         }
-        if self.receiving == Receiving::Idle && !self.holds_unread() {
-            // The reader asked for more than there was: the next bytes may come.
-            self.arm();
-        }
+
         match (n, self.ended) {
             (0, Some(None)) => Ok(0),
             (0, Some(Some(e))) => Err(io::Error::from_raw_os_error(e)),
@@ -794,8 +783,12 @@ impl RingConn {
     /// Gives back the last `n` bytes the last [`read`](Self::read) returned (the session did
     /// not take them: it stopped reading); the next read returns them first, as a socket
     /// keeps what is not read. Then settles, and moves what is left out of the ring's
-    /// buffers.
-    pub(crate) fn unread(&mut self, pool: &mut Pool<'static>, mut n: usize) {
+    /// buffers. A connection that holds nothing then receives again, at most `room` bytes:
+    /// the room its session's queue has below its high watermark now that the replies to
+    /// what it read are queued (at least a buffer). A peer that writes while it does not read
+    /// fills its queue, and its receives shrink to one buffer before its session pauses, so
+    /// what it sends then stays in its socket as on epoll.
+    pub(crate) fn unread(&mut self, pool: &mut Pool<'static>, mut n: usize, room: usize) {
         // Every byte before the read position has been read, and the read returned the last
         // `n` of them: stepping back from the position, in stream order (the spilled chunks,
         // then the ring's buffers), finds them.
@@ -809,6 +802,11 @@ impl RingConn {
             n -= back;
         }
         self.keep_out_of_ring(pool);
+        if self.receiving == Receiving::Idle && !self.holds_unread() {
+            // The reader took all there was: the next bytes may come.
+            self.room = room.min(u32::MAX as usize) as u32;
+            self.arm();
+        }
     }
 
     /// Moves the bytes its session has not read out of the ring's buffers into pool chunks

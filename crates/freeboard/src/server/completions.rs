@@ -42,13 +42,7 @@ impl<T: Transport> EventLoop<T> {
             self.rearm_starved();
             for &(token, serial) in &ready {
                 // (A connection that went since, its slot perhaps taken by a new one, is not.)
-                if let Some(entry) = self.conns.get_mut(token)
-                    && entry.serial == serial
-                {
-                    let room = receive_room(&entry.session);
-                    if let Some(conn) = entry.stream.ring_conn() {
-                        conn.set_room(room);
-                    }
+                if self.conns.get(token).is_some_and(|entry| entry.serial == serial) {
                     self.read(token, now);
                 }
             }
@@ -364,17 +358,6 @@ impl<T: Transport> EventLoop<T> {
                 side.ring.cancel(Tag::new(ACCEPTING, 0, Op::Accept));
             }
         }
-    }
-}
-
-/// What a receive of `session`'s may take: the room its queue has below its high watermark
-/// once open (a request's head is read a buffer at a time).
-fn receive_room(session: &crate::session::Session) -> usize {
-    match session.phase {
-        crate::session::Phase::Open(_) => {
-            session.queue().watermarks().high().saturating_sub(session.buffered())
-        }
-        _ => 0,
     }
 }
 

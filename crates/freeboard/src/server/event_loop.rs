@@ -974,10 +974,7 @@ impl<T: Transport> EventLoop<T> {
                 self.reads_done(token);
             }
             Phase::Open(_) => self.read_open(token, now),
-            Phase::Draining { .. } | Phase::Linger { .. } => {
-                self.read_discard(token);
-                self.reads_done(token);
-            }
+            Phase::Draining { .. } | Phase::Linger { .. } => self.read_discard(token),
             Phase::Body(_) => {
                 self.read_body(token, now);
                 self.reads_done(token);
@@ -989,12 +986,14 @@ impl<T: Transport> EventLoop<T> {
     /// Lets a transport that keeps what it read until told ([`Transport::keeps_unread`]) give
     /// back the buffers the turn's reads of `token` emptied (`read_open` does it itself).
     fn reads_done(&mut self, token: usize) {
+        let open = self.conns.len();
         if let Some(entry) = self.conns.get_mut(token)
             && entry.stream.keeps_unread()
         {
+            let room = receive_room(&entry.session, &self.share, &self.pool, open);
             let mut io =
                 Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
-            entry.stream.unread(&mut io, 0);
+            entry.stream.unread(&mut io, 0, room);
         }
     }
 
@@ -1036,6 +1035,7 @@ impl<T: Transport> EventLoop<T> {
         if eof && matches!(entry.session.phase, Phase::Linger { .. }) {
             self.remove(token);
         }
+        self.reads_done(token);
     }
 
     pub(super) fn read_open(&mut self, token: usize, now: Instant) {
@@ -1078,14 +1078,16 @@ impl<T: Transport> EventLoop<T> {
                     self.reading = Some(token);
                     let used = self.receive(token, now, &mut buf[..n], keeps);
                     self.reading = None;
+                    let open = self.conns.len();
                     if keeps && let Some(entry) = self.conns.get_mut(token) {
                         // The rest waits in the transport until the session reads again.
+                        let room = receive_room(&entry.session, &self.share, &self.pool, open);
                         let mut io = Io {
                             pool: &mut self.pool,
                             tls: &mut self.tls,
                             metrics: &self.shared.metrics,
                         };
-                        entry.stream.unread(&mut io, n - used);
+                        entry.stream.unread(&mut io, n - used, room);
                         self.stats.bytes_in -= (n - used) as u64;
                     }
                     // One write for the replies to this read, then its publishes.
@@ -1109,11 +1111,13 @@ impl<T: Transport> EventLoop<T> {
         self.write_cork(token, now);
         self.corking = None;
         self.read_buf = buf;
+        let open = self.conns.len();
         if keeps && let Some(entry) = self.conns.get_mut(token) {
             // The buffers this turn's reads emptied go back to the transport's ring.
+            let room = receive_room(&entry.session, &self.share, &self.pool, open);
             let mut io =
                 Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
-            entry.stream.unread(&mut io, 0);
+            entry.stream.unread(&mut io, 0, room);
         }
         // The end of the turn parks the connection again once nothing is in flight.
         self.mark(token);
@@ -1148,6 +1152,21 @@ impl<T: Transport> EventLoop<T> {
         let (entry, mut cx) = self.split(token, now);
         entry.session.handle_eof(&mut cx);
         self.report_close(token);
+    }
+}
+
+/// What a transport that receives unasked (io_uring) may take for `session` before its next
+/// read: the room below its high watermark once it is open, so that the replies to what it
+/// receives keep it under the watermark; a request's head, or anything while the pool is
+/// contended, a buffer at a time (its smallest receive). What such a transport holds for a
+/// session that stopped reading is not in the session's share of the pool.
+fn receive_room(session: &Session, share: &FairShare, pool: &Pool<'static>, conns: usize) -> usize {
+    match session.phase {
+        Phase::Open(_) if share.uncontended(pool, 0) => {
+            let room = session.queue().watermarks().high().saturating_sub(session.buffered());
+            room.min(pool.chunks_free() * pool.chunk_size() / conns.max(1))
+        }
+        _ => 0,
     }
 }
 
