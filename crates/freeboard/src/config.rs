@@ -18,10 +18,12 @@ pub enum IoDriver {
     /// Readiness from epoll, then a `read` per socket and a `writev` per connection touched.
     #[default]
     Epoll,
-    /// io_uring (Linux 6.0 or later): multishot accept, receives of one buffer carved from
-    /// the loop's pool, and the turn's sends in one submission. TLS and admin
-    /// connections stay on epoll. A loop whose kernel refuses io_uring (seccomp,
-    /// `kernel.io_uring_disabled`, a missing operation) runs on epoll instead.
+    /// io_uring (Linux 6.0 or later): multishot accept, receives of up to 64 KiB (bundles of
+    /// buffers carved from the loop's pool, Linux 6.17; one buffer on older kernels), the
+    /// replies to a read written after it, the turn's queued sends in one submission, and
+    /// the loop waiting on its ring. TLS and admin connections stay on epoll. A loop whose
+    /// kernel refuses io_uring (seccomp, `kernel.io_uring_disabled`, a missing operation)
+    /// runs on epoll instead.
     Uring,
 }
 
