@@ -142,6 +142,11 @@ pub struct BroadcastRow {
     /// queues, the non-readers' unread bytes among them.
     #[serde(default)]
     pub tcp_buffers_kib: Option<u64>,
+    /// The kernel memory the servers charged against their budgets at the end, KiB, summed
+    /// (`freeboard_kernel_memory_estimate_bytes`: their sockets, and the buffers of those that
+    /// hold some).
+    #[serde(default)]
+    pub kernel_charged_kib: Option<u64>,
     /// The servers' budgets summed (`--memory` × servers), KiB.
     #[serde(default)]
     pub budget_kib: Option<u64>,

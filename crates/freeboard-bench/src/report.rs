@@ -521,8 +521,9 @@ impl Report {
                     "\nSharded runs: subscribers held by child processes, every publication written \
                      to each server; memory at the end, every subscriber still connected.\n\n\
                      | server | subscribers | shards | servers | non-readers | reader deliveries \
-                     | drops | servers' RSS MiB | host TCP buffers MiB | budget MiB |\n\
-                     |---|---|---|---|---|---|---|---|---|---|\n",
+                     | drops | servers' RSS MiB | their kernel memory charged MiB \
+                     | host TCP buffers MiB | budget MiB |\n\
+                     |---|---|---|---|---|---|---|---|---|---|---|\n",
                 );
                 let mib = |k: Option<u64>| {
                     k.map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
@@ -541,7 +542,7 @@ impl Report {
                     };
                     let _ = writeln!(
                         s,
-                        "| {} | {} | {} | {} | {} | {} | {drops} | {} | {} | {} |",
+                        "| {} | {} | {} | {} | {} | {} | {drops} | {} | {} | {} | {} |",
                         r.server,
                         r.subscribers,
                         r.shards,
@@ -549,6 +550,7 @@ impl Report {
                         r.non_readers,
                         r.reader_deliveries,
                         mib(r.servers_rss_kib),
+                        mib(r.kernel_charged_kib),
                         mib(r.tcp_buffers_kib),
                         mib(r.budget_kib)
                     );

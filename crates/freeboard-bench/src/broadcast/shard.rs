@@ -317,7 +317,18 @@ pub(super) fn run(
     std::thread::sleep(Duration::from_millis(200));
     let servers_rss_kib = servers_sample(&b.server_pids).map(|s| s.rss_kib);
     let tcp_buffers_kib = tcp_buffer_kib();
-    let drops = drops(b);
+    let series = server_series(
+        b,
+        &[
+            "freeboard_drops_total",
+            "freeboard_topic_drops_total",
+            "freeboard_kernel_memory_estimate_bytes",
+        ],
+    );
+    let kernel = "freeboard_kernel_memory_estimate_bytes";
+    let kernel_charged_kib =
+        series.as_ref().and_then(|s| s.iter().find(|(n, _)| n == kernel)).map(|(_, v)| v / 1024);
+    let drops = series.map(|s| s.into_iter().filter(|(n, _)| n != kernel).collect());
     for child in &mut children.0 {
         drop(child.stdin.take());
     }
@@ -356,6 +367,7 @@ pub(super) fn run(
         drops,
         servers_rss_kib,
         tcp_buffers_kib,
+        kernel_charged_kib,
         budget_kib: b.memory.map(|m| m * distinct_servers(b).len() as u64 / 1024),
     })
 }
@@ -482,7 +494,9 @@ fn distinct_servers(b: &Broadcast) -> Vec<SocketAddr> {
 /// The servers' drop counters summed by series (`freeboard_drops_total{reason="…"}`,
 /// `freeboard_topic_drops_total{…}`), from each one's `/metrics`; `None` if a server does not
 /// answer it (a raw fan-out is never asked: it would pass the request on to its subscribers).
-fn drops(b: &Broadcast) -> Option<Vec<(String, u64)>> {
+/// The series of the servers' `/metrics` named `names`, each summed over the servers; `None`
+/// for a raw peer or a server that did not answer.
+fn server_series(b: &Broadcast, names: &[&str]) -> Option<Vec<(String, u64)>> {
     if b.subscribe.iter().chain(&b.publish).any(|t| t.raw) {
         return None;
     }
@@ -498,7 +512,7 @@ fn drops(b: &Broadcast) -> Option<Vec<(String, u64)>> {
         }
         for line in metrics.lines() {
             let name = line.split(['{', ' ']).next().unwrap_or("");
-            if name != "freeboard_drops_total" && name != "freeboard_topic_drops_total" {
+            if !names.contains(&name) {
                 continue;
             }
             let Some((series, value)) = line.rsplit_once(' ') else { continue };
