@@ -246,6 +246,10 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     publisher.set_read_timeout(None)?;
     // A server that stops reading the publisher fails the run instead of hanging it.
     publisher.set_write_timeout(Some(STALL))?;
+    // On freeboard the publisher is a subscriber too: what it is sent is read and discarded,
+    // or its queue would pass its high watermark and the server stop reading its publications.
+    let (mut sink, ender) = (publisher.try_clone()?, publisher.try_clone()?);
+    let draining = std::thread::spawn(move || io::copy(&mut sink, &mut io::sink()));
     let start = Instant::now();
     let completed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicU64::new(0));
@@ -253,9 +257,9 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     let raw = publish.raw;
     let publisher = {
         let (completed, stop) = (completed.clone(), stop.clone());
-        // The thread gives the stream back rather than closing it: the publisher never reads
-        // (on freeboard it is a subscriber too), and closing a socket with unread input sends
-        // a reset, which would make the server discard the last messages it has not read yet.
+        // The thread gives the stream back rather than closing it: closing a socket with
+        // unread input sends a reset, which would make the server discard the last messages
+        // it has not read yet.
         std::thread::spawn(move || -> io::Result<std::net::TcpStream> {
             // A raw fan-out passes frames on verbatim, so they go unmasked, as a server's. A
             // zero masking key is a valid key and leaves the payload as it is, so the frame is
@@ -480,9 +484,12 @@ pub fn run(b: &Broadcast, server: &str, tick: &mut dyn FnMut(u64)) -> io::Result
     let elapsed = start.elapsed();
     let cpu_after = cpu();
     stop.store(1, Ordering::Relaxed);
-    // The publisher's stream closes when this function returns, after every subscriber's
-    // last read.
-    let published = publisher.join().map_err(|_| io::Error::other("the publisher panicked"))?;
+    let published = publisher.join();
+    // Every subscriber has had the last message (or the run failed): the publisher's stream
+    // ends, and with it the thread that drained it.
+    let _ = ender.shutdown(std::net::Shutdown::Both);
+    let _ = draining.join();
+    let published = published.map_err(|_| io::Error::other("the publisher panicked"))?;
     if let Some(failure) = failure {
         return Err(io::Error::other(failure));
     }
