@@ -234,6 +234,10 @@ impl SocketBuffers {
     }
 }
 
+/// The part of a loop's pool its sockets' buffers may take: 1/`BUFFER_SHARE`. The rest stays
+/// the data path of the connections that keep up.
+pub(crate) const BUFFER_SHARE: usize = 4;
+
 /// What the kernel's buffers of a loop's sockets are charged, by connection (the loop's
 /// slab key): only those whose sockets hold some, or whose reads pause.
 #[derive(Debug, Default)]

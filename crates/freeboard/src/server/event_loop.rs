@@ -939,9 +939,10 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn charge_connections(&mut self) {
         let chunk = self.pool.chunk_size();
         let floor = self.config.connection_reserve.div_ceil(chunk) / 2;
+        let buffers = self.pool.chunks_total() * chunk / crate::kernel_memory::BUFFER_SHARE;
         let bytes = self.conns.len() * self.connection_charge
             + self.event_streams * EVENT_STREAM_STATE
-            + self.kernel.bytes();
+            + self.kernel.bytes().min(buffers);
         let charged = bytes.div_ceil(chunk);
         self.pool.withhold(charged.min(self.pool.chunks_total().saturating_sub(floor)));
     }

@@ -16,24 +16,22 @@
 //!   before it reads finishes as it would without the charge.
 //!
 //! The charge is withheld from the loop's pool with the connections' own
-//! ([`charge_connections`](super::event_loop::EventLoop::charge_connections)), so a host
-//! whose sockets fill answers new upgrades 503 before its memory passes `--memory`. While the
-//! pool is contended the buffers may take a [share](KERNEL_SHARE) of it, not the data path of
-//! the connections that keep up: a paused connection under the `close` policy that takes them
-//! past it is shed, as the policy sheds a queue past its share (1008, its unsent messages
-//! counted), since only its close gives the kernel's memory back. Under the other policies it
-//! stays, charged.
+//! ([`charge_connections`](super::event_loop::EventLoop::charge_connections)), up to a
+//! [share](BUFFER_SHARE) of it, so a host whose sockets fill answers new upgrades 503 before
+//! its memory passes `--memory`, and the connections that keep up keep the rest of the pool
+//! for their data. While the pool is contended, a paused connection under the `close` policy
+//! that takes the buffers past that share is shed, as the policy sheds a queue past its share
+//! (1008, its unsent messages counted), since only its close gives the kernel's memory back.
+//! Under the other policies it stays; what the buffers hold past the share is exported
+//! (`freeboard_kernel_buffer_charge_bytes`) but not withheld.
 
 use std::sync::atomic::Ordering;
 
 use super::event_loop::EventLoop;
-use crate::kernel_memory::SocketBuffers;
+use crate::kernel_memory::{BUFFER_SHARE, SocketBuffers};
 use crate::transport::Transport;
 use freeboard_buf::SlowConsumerPolicy;
 use freeboard_proto::State;
-
-/// The part of a contended pool a loop's sockets' buffers may be charged: 1/`KERNEL_SHARE`.
-pub(super) const KERNEL_SHARE: usize = 4;
 
 impl<T: Transport> EventLoop<T> {
     /// After a write to `token`'s socket: `refused` when it did not take all it was offered.
@@ -83,7 +81,7 @@ impl<T: Transport> EventLoop<T> {
         let Some(held) = SocketBuffers::of(entry.stream.socket()) else { return };
         let bytes = held.queued + if paused { held.received } else { 0 };
         self.charge_kernel(token, bytes, paused);
-        let share = self.pool.chunks_total() * self.pool.chunk_size() / KERNEL_SHARE;
+        let share = self.pool.chunks_total() * self.pool.chunk_size() / BUFFER_SHARE;
         let session = &self.conns[token].session;
         if paused
             && self.kernel.bytes() > share
