@@ -874,10 +874,7 @@ impl Session {
                 PushOutcome::WouldBlock { limit: Limit::Pool }
             }
             PushOutcome::MustClose { limit, messages } => {
-                let gone = self.queue.discard_unsent(cx.pool);
-                self.note(gone.writability);
-                let _ = self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer");
-                PushOutcome::MustClose { limit, messages: messages + gone.messages }
+                PushOutcome::MustClose { limit, messages: messages + self.shed(cx) }
             }
             outcome => outcome,
         }
@@ -926,9 +923,9 @@ impl Session {
         Some(PushOutcome::Dropped { newest: false, messages: gone.messages, bytes: gone.bytes })
     }
 
-    /// Ends a connection that is behind and not read, whose socket's buffers a contended pool
-    /// cannot keep, as the `close` policy ends a queue past its share: its unsent messages go,
-    /// and it closes with 1008 (slow consumer). Returns the messages discarded.
+    /// Ends a slow consumer as the `close` policy does: its unsent messages go, and it closes
+    /// with 1008. At its cap, and when its socket's buffers pass their share of a contended
+    /// pool (`server/kernel_buffers.rs`). Returns the messages discarded.
     pub(crate) fn shed(&mut self, cx: &mut Context<'_>) -> u32 {
         let gone = self.queue.discard_unsent(cx.pool);
         self.note(gone.writability);
