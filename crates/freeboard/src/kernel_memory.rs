@@ -268,13 +268,15 @@ impl BufferCharges {
         self.charged.get(&key).map(|c| c.paused)
     }
 
-    /// Charges `key` `bytes` (none if 0 and not paused), in place of any charge before
-    /// ([`forget`](Self::forget) it first).
-    pub(crate) fn charge(&mut self, key: usize, bytes: usize, paused: bool) {
+    /// Charges `key` `bytes` (none if 0 and not paused) in place of its charge before; the
+    /// bytes that charge was.
+    pub(crate) fn charge(&mut self, key: usize, bytes: usize, paused: bool) -> usize {
+        let before = self.forget(key);
         if bytes > 0 || paused {
             self.charged.insert(key, Charge { bytes, paused });
             self.bytes += bytes;
         }
+        before
     }
 
     /// Drops `key`'s charge; the bytes it was charged.

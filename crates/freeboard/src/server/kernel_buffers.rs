@@ -101,8 +101,8 @@ impl<T: Transport> EventLoop<T> {
     /// Charges `token` `bytes` of kernel buffers (none if 0 and not paused), and withholds
     /// the change.
     fn charge_kernel(&mut self, token: usize, bytes: usize, paused: bool) {
-        self.forget_kernel_buffers(token);
-        self.kernel.charge(token, bytes, paused);
+        let before = self.kernel.charge(token, bytes, paused);
+        self.shared.kernel_buffers.fetch_sub(before, Ordering::Relaxed);
         self.shared.kernel_buffers.fetch_add(bytes, Ordering::Relaxed);
         self.charge_connections();
     }
