@@ -17,6 +17,9 @@ pub enum Peer {
     /// `freeboard serve` over plain `ws://` in a `--tls` run: the figures beside which TLS's
     /// cost is read. Not in [`Peer::ALL`]: named with `--peers`.
     FreeboardWs,
+    /// `freeboard serve --io uring`, one event loop on io_uring, plain `ws://` only. Not in
+    /// [`Peer::ALL`]: named with `--peers`.
+    FreeboardUring,
     /// An epoll (mio) TCP echo with no WebSocket work: the physical limit of epoll.
     RawTcp,
     /// An io_uring TCP echo with no WebSocket work (multishot receive into a provided buffer
@@ -69,6 +72,7 @@ impl Peer {
         match self {
             Peer::Freeboard => "freeboard",
             Peer::FreeboardWs => "freeboard-ws",
+            Peer::FreeboardUring => "freeboard-uring",
             Peer::RawTcp => "raw-tcp-echo",
             Peer::RawUring => "raw-uring-echo",
             Peer::TokioTungstenite => "tokio-tungstenite",
@@ -88,6 +92,7 @@ impl Peer {
     pub fn parse(name: &str) -> Result<Self, String> {
         let others = [
             Peer::FreeboardWs,
+            Peer::FreeboardUring,
             Peer::NodeWsBroadcast,
             Peer::RawTcpBroadcast,
             Peer::TokioTungsteniteRustls,
@@ -162,7 +167,9 @@ impl Peers {
             }
         };
         match peer {
-            Peer::Freeboard | Peer::FreeboardWs => return Ok(self.freeboard.clone()),
+            Peer::Freeboard | Peer::FreeboardWs | Peer::FreeboardUring => {
+                return Ok(self.freeboard.clone());
+            }
             Peer::NodeWs | Peer::NodeWsBroadcast => {
                 std::fs::create_dir_all(&output)?;
                 for file in ["package.json", "package-lock.json", "server.js"] {
@@ -227,6 +234,7 @@ impl Peers {
     pub fn start(&self, peer: Peer, cpu: Option<usize>) -> io::Result<Running> {
         let tls_peer = matches!(peer, Peer::Freeboard | Peer::TokioTungsteniteRustls);
         let both = matches!(peer, Peer::Freeboard | Peer::FreeboardWs);
+        let serves = both || peer == Peer::FreeboardUring;
         if self.tls.is_some() != tls_peer && !both {
             let what = if self.tls.is_some() { "does not serve TLS" } else { "serves TLS only" };
             return Err(io::Error::other(format!("{} {what}", peer.name())));
@@ -243,8 +251,11 @@ impl Peers {
         };
         command.env("GOMAXPROCS", "1");
         let tls = self.tls.as_ref().filter(|_| peer != Peer::FreeboardWs);
-        if both {
+        if serves {
             command.args(["serve", "--threads", "1", "--no-auto-ping"]);
+            if peer == Peer::FreeboardUring {
+                command.args(["--io", "uring"]);
+            }
             command.args(["--max-connections", "1000000", "--max-connections-per-ip", "1000000"]);
             command.args(&self.serve_args);
             if let Some((cert, key)) = tls {

@@ -313,7 +313,7 @@ pub(crate) enum BenchCommand {
         urls: Vec<String>,
         /// Servers to start one after the other: freeboard, raw-tcp-broadcast (a TCP fan-out
         /// with no WebSocket work: the limit), node-ws-broadcast (a comma-separated list;
-        /// without a value all three).
+        /// without a value these three), freeboard-uring (freeboard with --io uring).
         #[arg(long, num_args = 0..=1, default_missing_value = "freeboard,raw-tcp-broadcast,node-ws-broadcast", value_name = "LIST")]
         peers: Option<String>,
         /// Subscriber counts, one run each.
@@ -415,7 +415,8 @@ pub(crate) enum BenchCommand {
         url: Option<String>,
         /// Servers to start one after the other, a comma-separated list: freeboard,
         /// raw-tcp-echo, raw-uring-echo, uwebsockets (built by peers/uwebsockets/build.sh DIR,
-        /// or set FREEBOARD_UWEBSOCKETS=DIR), tokio-tungstenite, …; without a value those four.
+        /// or set FREEBOARD_UWEBSOCKETS=DIR), freeboard-uring, tokio-tungstenite, …; without a
+        /// value freeboard and the three after it.
         #[arg(long, num_args = 0..=1, default_missing_value = LATENCY_PEERS, value_name = "LIST")]
         peers: Option<String>,
         /// Connections; a comma-separated list runs each (10,000 and more need the open-file
@@ -607,7 +608,7 @@ pub(crate) struct Common {
     url: Option<String>,
     /// Run against freeboard and the peer servers instead of URL: all of them, or a
     /// comma-separated list of freeboard, raw-tcp-echo, raw-uring-echo, tokio-tungstenite,
-    /// fastwebsockets, node-ws, gorilla (with --tls: freeboard, tokio-tungstenite-rustls, and
+    /// fastwebsockets, node-ws, gorilla, and freeboard-uring (freeboard with --io uring) (with --tls: freeboard, tokio-tungstenite-rustls, and
     /// freeboard-ws for freeboard over plain ws:// beside them). Echo, pipeline and handshake runs are
     /// interleaved: --repeat rounds, each starting every server in turn for one run. Peers are
     /// built into target/peers on first use (cargo, npm, go); one that cannot be built or
@@ -1965,7 +1966,7 @@ fn broadcast(
                 }
                 let peer = Peer::parse(name)?;
                 let (sub, publ) = match peer {
-                    Peer::Freeboard => ("/topic/bench", "/topic/bench"),
+                    Peer::Freeboard | Peer::FreeboardUring => ("/topic/bench", "/topic/bench"),
                     Peer::NodeWsBroadcast => ("/sub", "/pub"),
                     Peer::RawTcpBroadcast => ("/", "/"),
                     _ => return Err(format!("{name} has no broadcast route")),

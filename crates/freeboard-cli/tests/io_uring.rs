@@ -202,3 +202,23 @@ fn a_loop_waiting_on_its_ring_wakes_for_its_timers() {
     assert!(waited >= Duration::from_millis(900), "closed after {waited:?}");
     echoes(&serve.addr);
 }
+
+/// `freeboard bench --peers freeboard-uring` starts `freeboard serve --io uring` beside the
+/// other peers: a broadcast through it reaches every subscriber with every publication.
+#[test]
+fn the_bench_measures_freeboard_on_io_uring_as_a_peer() {
+    let json =
+        std::env::temp_dir().join(format!("freeboard-uring-peer-{}.json", std::process::id()));
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_freeboard"))
+        .args(["bench", "broadcast", "--peers", "freeboard-uring", "--subscribers", "20"])
+        .args(["--size", "64", "--messages", "50", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    let row = &report["broadcasts"][0];
+    assert_eq!(row["server"], "freeboard-uring", "{report}");
+    assert_eq!(row["reader_deliveries"], 20 * 50, "{report}");
+}
