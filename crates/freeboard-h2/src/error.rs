@@ -127,7 +127,7 @@ pub enum UsageError {
     /// The stream's send side is already ended.
     SendEnded(StreamId),
     /// More DATA than the flow-control windows or the peer's frame size allow; ask
-    /// `Connection::send_capacity` first.
+    /// [`Connection::send_capacity`](crate::Connection::send_capacity) first.
     ExceedsCapacity {
         /// The bytes asked for.
         requested: usize,
@@ -137,7 +137,7 @@ pub enum UsageError {
     /// More bytes consumed than were delivered on the stream.
     ConsumedTooMuch(StreamId),
     /// Frames the connection queued must reach the wire before DATA: drain
-    /// `Connection::poll_transmit` first.
+    /// [`Connection::poll_transmit`](crate::Connection::poll_transmit) first.
     TransmitPending,
     /// A status outside 100–999, or a header name that is not lowercase token characters,
     /// or a connection-specific header (RFC 9113 §8.2.2).

@@ -478,7 +478,8 @@ impl<'a> Frame<'a> {
         let mut fixed = [0u8; 8];
         match *self {
             Self::Data { stream: s, data, end_stream } => {
-                (kind, stream, flag_bits) = (FrameType::Data, s, flag(end_stream, flags::END_STREAM));
+                (kind, stream, flag_bits) =
+                    (FrameType::Data, s, flag(end_stream, flags::END_STREAM));
                 parts = [data, &[], &[]];
             }
             Self::Headers { stream: s, block, end_stream, end_headers, priority } => {
@@ -611,7 +612,10 @@ fn unpad<'a>(header: &FrameHeader, payload: &'a [u8]) -> Result<&'a [u8], FrameE
         return Ok(payload);
     }
     let Some((&pad, rest)) = payload.split_first() else {
-        return Err(FrameError::connection(ErrorCode::FRAME_SIZE_ERROR, "padded frame of 0 octets"));
+        return Err(FrameError::connection(
+            ErrorCode::FRAME_SIZE_ERROR,
+            "padded frame of 0 octets",
+        ));
     };
     // §6.1: "If the length of the padding is the length of the frame payload or greater, the
     // recipient MUST treat this as a connection error ... PROTOCOL_ERROR."

@@ -42,9 +42,24 @@ extern crate alloc;
 #[cfg(test)]
 extern crate std;
 
+mod config;
+mod connection;
+mod counters;
 mod error;
 pub mod frame;
 pub mod hpack;
+mod request;
+mod stream;
 
+pub use config::{Config, ConfigBuilder, DEFAULT_WINDOW};
+pub use connection::{Connection, Event, Received};
+pub use counters::Counters;
 pub use error::{ConnectionError, ErrorCode, FrameError, InsufficientSize, UsageError};
 pub use frame::StreamId;
+pub use request::Request;
+
+/// The bytes one open stream costs in the connection's table (windows, counts, flags; no
+/// buffers): the per-stream state the caller's memory budget should charge.
+pub const fn stream_state_size() -> usize {
+    core::mem::size_of::<stream::Stream>()
+}

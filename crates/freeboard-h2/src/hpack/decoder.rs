@@ -144,7 +144,9 @@ mod tests {
 
     fn hex(s: &str) -> Vec<u8> {
         let s: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
-        s.chunks(2).map(|p| u8::from_str_radix(core::str::from_utf8(p).unwrap(), 16).unwrap()).collect()
+        s.chunks(2)
+            .map(|p| u8::from_str_radix(core::str::from_utf8(p).unwrap(), 16).unwrap())
+            .collect()
     }
 
     fn decode_all(decoder: &mut Decoder, block: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
@@ -162,9 +164,26 @@ mod tests {
     /// on one connection, the dynamic table carried from one to the next.
     #[test]
     fn rfc_7541_c3_and_c4_requests() {
-        let first = [(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "www.example.com")];
-        let second = [(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "www.example.com"), ("cache-control", "no-cache")];
-        let third = [(":method", "GET"), (":scheme", "https"), (":path", "/index.html"), (":authority", "www.example.com"), ("custom-key", "custom-value")];
+        let first = [
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+            (":authority", "www.example.com"),
+        ];
+        let second = [
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+            (":authority", "www.example.com"),
+            ("cache-control", "no-cache"),
+        ];
+        let third = [
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":path", "/index.html"),
+            (":authority", "www.example.com"),
+            ("custom-key", "custom-value"),
+        ];
         let plain = [
             "8286 8441 0f77 7777 2e65 7861 6d70 6c65 2e63 6f6d",
             "8286 84be 5808 6e6f 2d63 6163 6865",
@@ -193,8 +212,18 @@ mod tests {
     fn rfc_7541_c5_and_c6_responses_with_eviction() {
         let date1 = "Mon, 21 Oct 2013 20:13:21 GMT";
         let location = "https://www.example.com";
-        let first = [(":status", "302"), ("cache-control", "private"), ("date", date1), ("location", location)];
-        let second = [(":status", "307"), ("cache-control", "private"), ("date", date1), ("location", location)];
+        let first = [
+            (":status", "302"),
+            ("cache-control", "private"),
+            ("date", date1),
+            ("location", location),
+        ];
+        let second = [
+            (":status", "307"),
+            ("cache-control", "private"),
+            ("date", date1),
+            ("location", location),
+        ];
         let third = [
             (":status", "200"),
             ("cache-control", "private"),
@@ -275,7 +304,10 @@ mod tests {
         let mut list = HeaderList::new(1 << 14);
         // 0x3f e1 1f = size update to 4096; 0x3f e2 1f = 4097.
         assert_eq!(decoder.decode(&[0x3f, 0xe1, 0x1f], &mut list), Ok(()));
-        assert_eq!(decoder.decode(&[0x3f, 0xe2, 0x1f], &mut list), Err(HpackError::TableSizeTooLarge));
+        assert_eq!(
+            decoder.decode(&[0x3f, 0xe2, 0x1f], &mut list),
+            Err(HpackError::TableSizeTooLarge)
+        );
         assert_eq!(decoder.decode(&[0x82, 0x20], &mut list), Err(HpackError::MisplacedSizeUpdate));
         assert_eq!(decoder.decode(&[0x80 | 70], &mut list), Err(HpackError::InvalidIndex));
         assert_eq!(decoder.decode(&[0x80], &mut list), Err(HpackError::InvalidIndex));
@@ -294,11 +326,14 @@ mod tests {
             Decoder::new(4096).decode(&block, &mut list).unwrap();
             let got: Vec<_> = list.iter().collect();
             let status = alloc::format!("{status}");
-            assert_eq!(got, [
-                (&b":status"[..], status.as_bytes()),
-                (b"content-type", b"text/plain"),
-                (b"sec-websocket-protocol", b"chat"),
-            ]);
+            assert_eq!(
+                got,
+                [
+                    (&b":status"[..], status.as_bytes()),
+                    (b"content-type", b"text/plain"),
+                    (b"sec-websocket-protocol", b"chat"),
+                ]
+            );
         }
     }
 }

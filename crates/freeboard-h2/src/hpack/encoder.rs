@@ -14,7 +14,8 @@ use super::table::STATIC;
 ///
 /// `status` must be 100–999 (checked by the caller).
 pub fn encode_status(status: u16, out: &mut Vec<u8>) {
-    let digits = [b'0' + (status / 100) as u8, b'0' + (status / 10 % 10) as u8, b'0' + (status % 10) as u8];
+    let digits =
+        [b'0' + (status / 100) as u8, b'0' + (status / 10 % 10) as u8, b'0' + (status % 10) as u8];
     if let Some(index) = STATIC[7..14].iter().position(|&(_, value)| value == digits) {
         integer::encode(8 + index, 7, 0x80, out);
         return;

@@ -68,7 +68,10 @@ mod tests {
     #[test]
     fn truncated_and_overlong_integers_are_errors() {
         assert_eq!(decode(&[0x1f, 0x9a], &mut 0, 5), Err(HpackError::Truncated));
-        assert_eq!(decode(&[0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01], &mut 0, 5), Err(HpackError::IntegerOverflow));
+        assert_eq!(
+            decode(&[0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01], &mut 0, 5),
+            Err(HpackError::IntegerOverflow)
+        );
         for value in [0, 30, 31, 127, 128, 4096, 1 << 20] {
             let mut out = Vec::new();
             encode(value, 5, 0xe0, &mut out);
