@@ -643,3 +643,110 @@ fn write_priority(priority: Priority, out: &mut [u8; 8]) {
 fn flag(on: bool, bit: u8) -> u8 {
     if on { bit } else { 0 }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ConnectionError;
+
+    fn round_trip(frame: Frame<'_>) {
+        let mut out = [0u8; 128];
+        let n = frame.encode(&mut out).unwrap();
+        assert_eq!(Frame::decode(&out[..n], MIN_MAX_FRAME_SIZE), Ok(Some((frame, n))));
+        // Every prefix is "need more", never an error or a different frame.
+        for end in 0..n {
+            assert_eq!(Frame::decode(&out[..end], MIN_MAX_FRAME_SIZE), Ok(None));
+        }
+        assert_eq!(frame.encode(&mut out[..n - 1]), Err(InsufficientSize { required: n }));
+    }
+
+    #[test]
+    fn every_frame_type_round_trips() {
+        let s = StreamId(3);
+        let priority = Priority { dependency: StreamId(1), exclusive: true, weight: 200 };
+        let mut settings = [0u8; 12];
+        encode_settings(
+            &[Setting { id: 8, value: 1 }, Setting { id: 0xabc, value: 7 }],
+            &mut settings,
+        )
+        .unwrap();
+        for frame in [
+            Frame::Data { stream: s, data: b"abc", end_stream: true },
+            Frame::Headers {
+                stream: s,
+                block: b"\x82",
+                end_stream: false,
+                end_headers: true,
+                priority: None,
+            },
+            Frame::Headers {
+                stream: s,
+                block: b"\x82",
+                end_stream: true,
+                end_headers: false,
+                priority: Some(priority),
+            },
+            Frame::Priority { stream: s, priority },
+            Frame::RstStream { stream: s, code: ErrorCode::CANCEL },
+            Frame::Settings { ack: false, settings: Settings(&settings) },
+            Frame::Settings { ack: true, settings: Settings::EMPTY },
+            Frame::PushPromise {
+                stream: s,
+                promised: StreamId(2),
+                block: b"\x82",
+                end_headers: true,
+            },
+            Frame::Ping { ack: true, data: *b"12345678" },
+            Frame::GoAway { last_stream: s, code: ErrorCode(0x1234), debug: b"why" },
+            Frame::WindowUpdate { stream: StreamId::CONNECTION, increment: MAX_WINDOW },
+            Frame::Continuation { stream: s, block: b"\x83", end_headers: false },
+            Frame::Unknown { kind: 0xee, stream: s },
+        ] {
+            round_trip(frame);
+        }
+        let ids: alloc::vec::Vec<u16> = Settings(&settings).iter().map(|s| s.id).collect();
+        assert_eq!(ids, [8, 0xabc]);
+    }
+
+    #[test]
+    fn malformed_frames_earn_their_codes() {
+        use ErrorCode as C;
+        let cases: [(&[u8], Result<ErrorCode, (u32, ErrorCode)>); 14] = [
+            (&[0, 0, 0, 0, 0, 0, 0, 0, 0], Ok(C::PROTOCOL_ERROR)), // DATA on stream 0
+            (&[0, 0, 1, 0, 0x8, 0, 0, 0, 1, 1], Ok(C::PROTOCOL_ERROR)), // pad = payload
+            (&[0, 0, 0, 0, 0x8, 0, 0, 0, 1], Ok(C::FRAME_SIZE_ERROR)), // PADDED, no octet
+            (&[0, 0, 0, 1, 0x20, 0, 0, 0, 1], Ok(C::FRAME_SIZE_ERROR)), // PRIORITY flag, no block
+            (&[0, 0, 4, 2, 0, 0, 0, 0, 1, 0, 0, 0, 0], Err((1, C::FRAME_SIZE_ERROR))), // PRIORITY of 4
+            (&[0, 0, 3, 3, 0, 0, 0, 0, 1, 0, 0, 0], Ok(C::FRAME_SIZE_ERROR)), // RST_STREAM of 3
+            (&[0, 0, 6, 4, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0], Ok(C::FRAME_SIZE_ERROR)), // ACK with payload
+            (&[0, 0, 5, 4, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], Ok(C::FRAME_SIZE_ERROR)),    // 5 octets
+            (&[0, 0, 0, 4, 0, 0, 0, 0, 1], Ok(C::PROTOCOL_ERROR)), // SETTINGS on a stream
+            (&[0, 0, 7, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], Ok(C::FRAME_SIZE_ERROR)), // PING of 7
+            (&[0, 0, 8, 6, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0], Ok(C::PROTOCOL_ERROR)), // PING on a stream
+            (&[0, 0, 4, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0], Ok(C::FRAME_SIZE_ERROR)), // GOAWAY of 4
+            (&[0, 0, 4, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0], Ok(C::PROTOCOL_ERROR)),   // increment 0
+            (&[0, 0, 4, 8, 0, 0, 0, 0, 5, 0, 0, 0, 0], Err((5, C::PROTOCOL_ERROR))), // on a stream
+        ];
+        for (bytes, expected) in cases {
+            let got = Frame::decode(bytes, MIN_MAX_FRAME_SIZE);
+            match expected {
+                Ok(code) => match got {
+                    Err(FrameError::Connection(error)) => assert_eq!(error.code, code, "{bytes:?}"),
+                    other => panic!("{bytes:?}: {other:?}"),
+                },
+                Err((stream, code)) => {
+                    assert_eq!(got, Err(FrameError::Stream(StreamId(stream), code)), "{bytes:?}")
+                }
+            }
+        }
+        // Past our SETTINGS_MAX_FRAME_SIZE, decided from the header alone.
+        let big = [0, 0x40, 1, 0, 0, 0, 0, 0, 1];
+        assert!(matches!(
+            Frame::decode(&big, MIN_MAX_FRAME_SIZE),
+            Err(FrameError::Connection(ConnectionError { code: ErrorCode::FRAME_SIZE_ERROR, .. }))
+        ));
+        // The reserved bit of the stream identifier is ignored.
+        let header = FrameHeader::parse(&[0, 0, 0, 0xfa, 0, 0x80, 0, 0, 7]).unwrap();
+        assert_eq!(header.stream, StreamId(7));
+    }
+}
