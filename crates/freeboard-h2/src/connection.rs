@@ -106,8 +106,9 @@ pub struct Connection {
     streams: StreamTable,
     /// The highest stream the peer opened or tried to; lower ones not in `streams` are closed.
     last_peer_stream: StreamId,
-    /// We sent GOAWAY (graceful or for an error); streams above the last are ignored.
-    going_away: bool,
+    /// The last stream our graceful GOAWAY named; streams above it are ignored (and a later
+    /// GOAWAY for an error names it again: the last stream never grows, RFC 9113 §6.8).
+    going_away: Option<StreamId>,
     peer_going_away: bool,
     /// The connection's send window (the peer's for us).
     send_window: i64,
@@ -188,7 +189,7 @@ impl Connection {
             data: None,
             streams: StreamTable::default(),
             last_peer_stream: StreamId::CONNECTION,
-            going_away: false,
+            going_away: None,
             peer_going_away: false,
             send_window: i64::from(DEFAULT_WINDOW),
             recv_window: i64::from(config.connection_window),
@@ -253,7 +254,7 @@ impl Connection {
     pub fn is_done(&self) -> bool {
         self.tx_start == self.tx.len()
             && (self.phase == Phase::Failed
-                || ((self.going_away || self.peer_going_away) && self.streams.is_empty()))
+                || ((self.going_away.is_some() || self.peer_going_away) && self.streams.is_empty()))
     }
 
     /// Reads what `buf` holds, up to the first event.
@@ -263,6 +264,11 @@ impl Connection {
     /// peer's connection error queues GOAWAY with its code and is returned; after it, input
     /// is ignored. A stream error resets the stream and goes on.
     pub fn receive<'a>(&'a mut self, buf: &'a [u8]) -> Result<Received<'a>, ConnectionError> {
+        if self.pseudo.take().is_some() {
+            // The request head lent out last time is the caller's no more: an idle
+            // connection keeps no decoded fields.
+            self.headers.clear(true);
+        }
         let mut consumed = 0;
         let step = loop {
             if self.phase == Phase::Failed {
@@ -372,10 +378,10 @@ impl Connection {
     /// Starts a graceful shutdown: GOAWAY `NO_ERROR` naming the last stream opened; streams
     /// open go on, new ones are ignored (RFC 9113 §6.8).
     pub fn go_away(&mut self) {
-        if self.phase == Phase::Failed || self.going_away {
+        if self.phase == Phase::Failed || self.going_away.is_some() {
             return;
         }
-        self.going_away = true;
+        self.going_away = Some(self.last_peer_stream);
         self.queue(frame::Frame::GoAway {
             last_stream: self.last_peer_stream,
             code: ErrorCode::NO_ERROR,
@@ -471,8 +477,8 @@ impl Connection {
         if self.tx_start == self.tx.len() {
             self.tx_start = 0;
             self.queued_control = 0;
-            if self.tx.capacity() > 4096 {
-                // A burst of response heads is over: do not keep its memory.
+            if self.tx.capacity() > 256 {
+                // A burst of response heads is over: an idle connection keeps little.
                 self.tx = Vec::new();
             } else {
                 self.tx.clear();
@@ -824,13 +830,18 @@ impl Connection {
             };
             return self.stream_error(stream, error);
         }
-        if stream <= self.last_peer_stream || self.going_away {
-            // A closed stream (its frames may cross our reset) or one opened after our
-            // GOAWAY (§6.8: ignored).
+        if stream <= self.last_peer_stream {
+            // A closed stream: its frames may cross our reset.
             self.headers.clear(true);
             return Ok(Step::Continue);
         }
         self.last_peer_stream = stream;
+        if self.going_away.is_some() {
+            // Opened after our GOAWAY: ignored (§6.8), and its DATA dropped as a closed
+            // stream's.
+            self.headers.clear(true);
+            return Ok(Step::Continue);
+        }
         if self.streams.len() >= self.config.max_concurrent_streams as usize {
             // §5.1.2: "An endpoint that receives a HEADERS frame that causes its advertised
             // concurrent stream limit to be exceeded MUST treat this as a stream error ...
@@ -1092,7 +1103,7 @@ impl Connection {
         self.continuation = None;
         self.block = Vec::new();
         self.queue(frame::Frame::GoAway {
-            last_stream: self.last_peer_stream,
+            last_stream: self.going_away.unwrap_or(self.last_peer_stream),
             code: error.code,
             debug: error.reason.as_bytes(),
         });

@@ -3,7 +3,7 @@
 
 use core::fmt;
 
-use crate::frame::StreamId;
+use crate::stream_id::StreamId;
 
 /// An HTTP/2 error code (RFC 9113 §7), as carried by `RST_STREAM` and `GOAWAY`.
 ///

@@ -5,6 +5,7 @@
 //! the connection's state (which streams exist, windows) is the connection's to check.
 
 use crate::error::{ErrorCode, FrameError, InsufficientSize};
+pub use crate::stream_id::StreamId;
 
 /// The client connection preface (RFC 9113 §3.4), before its first SETTINGS frame.
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -19,20 +20,6 @@ pub const MAX_WINDOW: u32 = (1 << 31) - 1;
 pub const MIN_MAX_FRAME_SIZE: u32 = 1 << 14;
 /// See [`MIN_MAX_FRAME_SIZE`].
 pub const MAX_MAX_FRAME_SIZE: u32 = (1 << 24) - 1;
-
-/// A stream identifier: 31 bits, 0 for the connection itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct StreamId(pub u32);
-
-impl StreamId {
-    /// The connection as a whole (SETTINGS, PING, GOAWAY, its WINDOW_UPDATEs).
-    pub const CONNECTION: Self = Self(0);
-
-    /// Whether a client opened it (odd identifiers, §5.1.1).
-    pub fn is_client_initiated(self) -> bool {
-        self.0 % 2 == 1
-    }
-}
 
 /// Frame types (§6); the numbers are the wire's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -390,7 +377,7 @@ impl<'a> Frame<'a> {
                 if ack && !payload.is_empty() {
                     return Err(size("SETTINGS ACK with a payload"));
                 }
-                if payload.len() % 6 != 0 {
+                if !payload.len().is_multiple_of(6) {
                     return Err(size("SETTINGS length not a multiple of 6"));
                 }
                 let settings = Settings(payload);
@@ -577,7 +564,7 @@ impl<'a> Settings<'a> {
     /// A view over an encoded payload (see [`encode_settings`]); its length must be a
     /// multiple of 6.
     pub fn from_payload(payload: &'a [u8]) -> Option<Self> {
-        (payload.len() % 6 == 0).then_some(Self(payload))
+        payload.len().is_multiple_of(6).then_some(Self(payload))
     }
 }
 
@@ -711,7 +698,9 @@ mod tests {
     #[test]
     fn malformed_frames_earn_their_codes() {
         use ErrorCode as C;
-        let cases: [(&[u8], Result<ErrorCode, (u32, ErrorCode)>); 14] = [
+        // `Ok(code)`: a connection error; `Err((stream, code))`: a stream error.
+        type Expected = Result<ErrorCode, (u32, ErrorCode)>;
+        let cases: [(&[u8], Expected); 14] = [
             (&[0, 0, 0, 0, 0, 0, 0, 0, 0], Ok(C::PROTOCOL_ERROR)), // DATA on stream 0
             (&[0, 0, 1, 0, 0x8, 0, 0, 0, 1, 1], Ok(C::PROTOCOL_ERROR)), // pad = payload
             (&[0, 0, 0, 0, 0x8, 0, 0, 0, 1], Ok(C::FRAME_SIZE_ERROR)), // PADDED, no octet

@@ -50,13 +50,14 @@ pub mod frame;
 pub mod hpack;
 mod request;
 mod stream;
+mod stream_id;
 
 pub use config::{Config, ConfigBuilder, DEFAULT_WINDOW};
 pub use connection::{Connection, Event, Received};
 pub use counters::Counters;
 pub use error::{ConnectionError, ErrorCode, FrameError, InsufficientSize, UsageError};
-pub use frame::StreamId;
 pub use request::Request;
+pub use stream_id::StreamId;
 
 /// The bytes one open stream costs in the connection's table (windows, counts, flags; no
 /// buffers): the per-stream state the caller's memory budget should charge.

@@ -2,7 +2,7 @@
 
 use alloc::vec::Vec;
 
-use crate::frame::StreamId;
+use crate::stream_id::StreamId;
 
 /// One open stream: its windows, the bytes in flight to the caller, and a few flags.
 ///

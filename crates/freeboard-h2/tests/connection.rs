@@ -394,6 +394,9 @@ fn graceful_goaway_lets_open_streams_finish_and_ignores_new_ones() {
     let out = drain(&mut conn, &mut decoder);
     assert!(out.contains(&Out::GoAway { last: 1, code: ErrorCode::NO_ERROR, debug: vec![] }));
     assert_eq!(feed_all(&mut conn, &get_request(3, "/")), [], "opened after GOAWAY: ignored");
+    assert_eq!(feed_all(&mut conn, &websocket_request(5, "/")), []);
+    assert_eq!(feed_all(&mut conn, &data(5, b"in flight", false)), [], "and its DATA dropped");
+    assert_eq!(drain(&mut conn, &mut decoder), []);
     assert_eq!(feed_all(&mut conn, &data(1, b"still", true)).len(), 1);
     assert!(!conn.is_done());
     conn.consume(StreamId(1), 5).unwrap();

@@ -47,11 +47,8 @@ fn serve(mut socket: TcpStream, config: Config) -> Counters {
         };
         held += n;
         let mut at = 0;
-        loop {
-            let received = match conn.receive(&buf[at..held]) {
-                Ok(received) => received,
-                Err(_) => break,
-            };
+        // A connection error queued GOAWAY; `flush` writes it and `is_done` ends the loop.
+        while let Ok(received) = conn.receive(&buf[at..held]) {
             at += received.consumed;
             let Some(event) = received.event else {
                 if received.consumed == 0 || at == held {

@@ -1,6 +1,6 @@
 //! HPACK's Huffman code (RFC 7541 §5.2, Appendix B).
 //!
-//! The code is canonical, so [`CODE_LENGTHS`] defines it and decoding needs only, per code
+//! The code is canonical, so its code lengths define it and decoding needs only, per code
 //! length, the first code and the symbols of that length in order: a header block is at most
 //! a few KiB, so a bit at a time is fast enough, and there is no 4 KiB state table to keep.
 
