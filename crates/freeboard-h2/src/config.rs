@@ -134,9 +134,10 @@ impl ConfigBuilder {
         self
     }
 
-    /// See [`Config::max_header_list_size`].
+    /// See [`Config::max_header_list_size`]; at most 1 MiB (a request head's fields are
+    /// indexed with 16 bits).
     pub const fn max_header_list_size(mut self, bytes: u32) -> Self {
-        self.0.max_header_list_size = bytes;
+        self.0.max_header_list_size = if bytes > 1 << 20 { 1 << 20 } else { bytes };
         self
     }
 

@@ -332,8 +332,9 @@ impl Connection {
         Ok(())
     }
 
-    /// Answers a request: queues its response head (`:status` and `headers`, names
-    /// lowercase), ending the stream if `end_stream`.
+    /// Answers a request: queues its final response head (`:status` and `headers`, names
+    /// lowercase), ending the stream if `end_stream`. Informational (1xx) heads before it
+    /// are not supported: the first head sent is the answer.
     ///
     /// `200` accepts a WebSocket (RFC 8441 §5: no `sec-websocket-accept`); DATA then flows
     /// both ways. A final response that ends the stream before the peer ended its side

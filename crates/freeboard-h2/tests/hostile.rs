@@ -371,3 +371,36 @@ fn unknown_frames_and_priority_are_ignored() {
         [Ev::Request { stream: 1, .. }]
     ));
 }
+
+#[test]
+fn a_stream_that_depends_on_itself_is_reset() {
+    // RFC 9113 §5.3.1: a stream error PROTOCOL_ERROR; its block is still decoded, so the
+    // dynamic table stays in step for the next request.
+    let (mut conn, mut decoder) = open(Config::default());
+    let mut block = vec![0x82, 0x87, 0x84];
+    block.extend([0x41, 0x01, b'a']); // :authority a, indexed into the dynamic table
+    let bytes = frame(Frame::Headers {
+        stream: StreamId(1),
+        block: &block,
+        end_stream: true,
+        end_headers: true,
+        priority: Some(freeboard_h2::frame::Priority {
+            dependency: StreamId(1),
+            exclusive: false,
+            weight: 0,
+        }),
+    });
+    assert_eq!(feed_all(&mut conn, &bytes), []);
+    assert_eq!(
+        drain(&mut conn, &mut decoder),
+        [Out::Rst { stream: 1, code: ErrorCode::PROTOCOL_ERROR }]
+    );
+    let next = frame(Frame::Headers {
+        stream: StreamId(3),
+        block: &[0x82, 0x87, 0x84, 0xbe],
+        end_stream: true,
+        end_headers: true,
+        priority: None,
+    });
+    assert!(matches!(feed_all(&mut conn, &next)[..], [Ev::Request { stream: 3, .. }]));
+}

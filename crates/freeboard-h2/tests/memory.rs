@@ -33,6 +33,24 @@ static ALLOCATOR: Counting = Counting;
 
 #[test]
 fn an_idle_websocket_stream_costs_its_state_and_no_buffers() {
+    // The connection's own heap, after its handshake and one WebSocket that came and went:
+    // the HPACK table holds what the request indexed (nothing, with our literal encoder).
+    let bytes = [preface(), websocket_request(1, "/"), data(1, b"", true)].concat();
+    let start = LIVE.load(Ordering::Relaxed);
+    let mut conn = freeboard_h2::Connection::new(Config::default());
+    feed_all(&mut conn, &bytes);
+    conn.respond(StreamId(1), 200, &[], true).unwrap();
+    let mut out = [0u8; 64];
+    while conn.poll_transmit(&mut out) > 0 {}
+    feed_all(&mut conn, &[]);
+    let idle_connection = LIVE.load(Ordering::Relaxed) - start;
+    assert_eq!(conn.open_streams(), 0);
+    // Only the transmit queue's capacity, kept up to 256 bytes so that small control frames
+    // do not allocate on every turn.
+    assert!((0..=256).contains(&idle_connection), "{idle_connection}");
+    println!("an idle connection: {idle_connection} bytes of heap beside its struct");
+    drop(conn);
+
     let (mut conn, mut decoder) = open(Config::builder().max_concurrent_streams(1000).build());
     // One request first, so the HPACK table and the connection's own buffers are warm.
     feed_all(&mut conn, &websocket_request(1, "/"));
