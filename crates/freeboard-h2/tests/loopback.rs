@@ -79,6 +79,10 @@ fn serve(mut socket: TcpStream, config: Config) -> Counters {
                     let app = apps.get_mut(&stream).unwrap();
                     app.echo.extend_from_slice(data);
                     app.peer_ended |= end_stream;
+                    // What is received and not consumed never passes the stream's window
+                    // (65,535 until our SETTINGS are acknowledged).
+                    let window = config.initial_stream_window.max(65_535) as usize;
+                    assert!(app.echo.len() <= window, "{} unconsumed", app.echo.len());
                 }
                 Event::Reset { stream, .. } => {
                     apps.remove(&stream);
@@ -321,4 +325,62 @@ fn curl_gets_a_page_with_prior_knowledge() {
     assert_eq!(String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&expected));
     let counters = server.join().unwrap();
     assert_eq!(counters.requests, 1);
+}
+
+#[test]
+fn a_client_that_stops_reading_is_stopped_from_sending() {
+    // The client sends 2 MiB without reading the echo: our sends stop at its windows, so we
+    // stop consuming, so its sends stop at ours. Then it reads, and everything arrives.
+    let (addr, server) = server(Config::default());
+    runtime().block_on(async {
+        let mut client = h2_client(addr).await.ready().await.unwrap();
+        let request = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri("https://localhost/echo")
+            .extension(h2::ext::Protocol::from_static("websocket"))
+            .header("sec-websocket-version", "13")
+            .body(())
+            .unwrap();
+        let (response, mut send) = client.send_request(request, false).unwrap();
+        let mut body = response.await.unwrap().into_body();
+        let payload = pattern(2 << 20, 9);
+        let (progress, mut sent) = tokio::sync::watch::channel(0usize);
+        let to_send = payload.clone();
+        let sender = tokio::spawn(async move {
+            let mut at = 0;
+            while at < to_send.len() {
+                send.reserve_capacity((to_send.len() - at).min(16 << 10));
+                let capacity =
+                    std::future::poll_fn(|cx| send.poll_capacity(cx)).await.unwrap().unwrap();
+                let n = capacity.min(to_send.len() - at);
+                send.send_data(Bytes::copy_from_slice(&to_send[at..at + n]), false).unwrap();
+                at += n;
+                progress.send_replace(at);
+            }
+            send.send_data(Bytes::new(), true).unwrap();
+        });
+        // Not reading: the sender stalls. Wait until it has made no progress for a while.
+        let mut last = 0;
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = *sent.borrow_and_update();
+            if now == last && now > 0 {
+                break;
+            }
+            last = now;
+        }
+        // Our 64 KiB stream window, the client's 64 KiB receive window, and what the
+        // server holds to echo (at most its window): far below the 2 MiB.
+        assert!(last < 3 * 65_536, "the client sent {last} bytes without reading");
+        let mut received = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            body.flow_control().release_capacity(chunk.len()).unwrap();
+            received.extend_from_slice(&chunk);
+        }
+        sender.await.unwrap();
+        assert!(received == payload);
+    });
+    let counters = server.join().unwrap();
+    assert!(counters.send_blocked > 0);
 }
