@@ -160,6 +160,27 @@ mod tests {
         pairs.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec())).collect()
     }
 
+    /// RFC 7541 C.2: one field of each representation, and what each leaves in the table.
+    #[test]
+    fn rfc_7541_c2_representations() {
+        let cases = [
+            (
+                "400a 6375 7374 6f6d 2d6b 6579 0d63 7573 746f 6d2d 6865 6164 6572",
+                ("custom-key", "custom-header"),
+                true,
+            ),
+            ("040c 2f73 616d 706c 652f 7061 7468", (":path", "/sample/path"), false),
+            ("1008 7061 7373 776f 7264 0673 6563 7265 74", ("password", "secret"), false),
+            ("82", (":method", "GET"), false),
+        ];
+        for (block, field, indexed) in cases {
+            let mut decoder = Decoder::new(4096);
+            assert_eq!(decode_all(&mut decoder, block), fields(&[field]));
+            // C.2.1 leaves 55 bytes in the table; the others leave it empty.
+            assert_eq!(decoder.table.get(62).is_some(), indexed);
+        }
+    }
+
     /// RFC 7541 C.3 (requests, no Huffman) and C.4 (the same with Huffman): three requests
     /// on one connection, the dynamic table carried from one to the next.
     #[test]
