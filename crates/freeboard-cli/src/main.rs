@@ -123,7 +123,8 @@ struct ServeArgs {
     /// accept and receive into pool buffers, one submission of sends per turn; TLS and admin
     /// connections stay on epoll). A kernel that refuses io_uring (seccomp,
     /// kernel.io_uring_disabled) gets epoll and one log line; freeboard_loop_io says which
-    /// each loop runs [default: epoll].
+    /// each loop runs. epoll answers request/reply faster; uring delivers more where a
+    /// server fans publications out to many subscribers [default: epoll].
     #[arg(long, value_name = "DRIVER", value_parser = ["epoll", "uring"])]
     io: Option<String>,
     /// Memory budget for all buffers, split between the loops: bytes or with a suffix K, M,
