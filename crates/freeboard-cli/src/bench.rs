@@ -311,6 +311,11 @@ pub(crate) enum BenchCommand {
         /// publication is written to each, over one publisher connection per server.
         #[arg(value_name = "URL")]
         urls: Vec<String>,
+        /// Where the publisher connects, when not at the URLs subscribed to: one connection
+        /// each, every publication written to each (Node's `ws` peer takes publications on
+        /// its own path: ws://host:port/pub beside ws://host:port/sub); comma-separated.
+        #[arg(long, value_name = "URL", value_delimiter = ',', requires = "urls")]
+        publish: Vec<String>,
         /// Servers to start one after the other: freeboard, raw-tcp-broadcast (a TCP fan-out
         /// with no WebSocket work: the limit), node-ws-broadcast (a comma-separated list;
         /// without a value these three), freeboard-uring (freeboard with --io uring).
@@ -803,6 +808,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
         }
         BenchCommand::Broadcast {
             urls,
+            publish,
             peers,
             subscribers,
             size,
@@ -852,7 +858,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<ExitCode, String> {
                 non_readers,
                 memory: memory.map(|m| m as u64),
             };
-            let report = broadcast(urls, peers, &plan, command_line)?;
+            let report = broadcast(urls, publish, peers, &plan, command_line)?;
             finish(&report, &output, Report::broadcasts_csv)?;
             if compression {
                 use std::io::Write;
@@ -1836,9 +1842,11 @@ struct BroadcastPlan {
     memory: Option<u64>,
 }
 
-/// `freeboard bench broadcast`.
+/// `freeboard bench broadcast`: against the servers at `urls` (publishing at `publish`, or at
+/// `urls` when it is empty), or the `peers` it starts.
 fn broadcast(
     urls: Vec<String>,
+    publish: Vec<String>,
     peers: Option<String>,
     plan: &BroadcastPlan,
     command_line: String,
@@ -1918,12 +1926,16 @@ fn broadcast(
     match (urls.is_empty(), peers) {
         (false, None) => {
             let targets = urls.iter().map(|u| Target::parse(u)).collect::<Result<Vec<_>, _>>()?;
+            let publish = match publish.is_empty() {
+                true => targets.clone(),
+                false => publish.iter().map(|u| Target::parse(u)).collect::<Result<_, _>>()?,
+            };
             let sides: &[Option<bool>] =
                 if plan.sse { &[Some(false), Some(true)] } else { &[None] };
             let name = urls.join(",");
             for _ in 0..plan.repeat {
                 for &side in sides {
-                    measure(&name, &targets, &targets, &plan.server_pids, 1, side)?;
+                    measure(&name, &targets, &publish, &plan.server_pids, 1, side)?;
                 }
             }
         }

@@ -150,3 +150,25 @@ fn sharded_broadcast_reaches_every_reader_of_every_server() {
     }
     let _ = std::fs::remove_file(&json);
 }
+
+/// A shard that fails says why in the bench's own error: what it wrote to its standard error
+/// and how it exited, so a failed run needs no other log to explain it.
+#[test]
+fn a_failed_shard_says_why_in_the_benchs_error() {
+    // A port with nothing listening: every shard's first connection is refused.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_freeboard"))
+        .args(["bench", "broadcast", &format!("ws://{addr}/topic/shards")])
+        .args(["--shards", "2", "--subscribers", "4", "--size", "64", "--messages", "10"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("freeboard bench: "), "{stderr}");
+    assert!(last.contains("failed: its output ended; it exited with status 1"), "{stderr}");
+    assert!(last.contains("its last errors: freeboard bench: shard: "), "{stderr}");
+    assert!(last.contains("refused"), "the shard's own error is missing: {stderr}");
+    // Its lines reached this process's standard error as they were written, marked as its.
+    assert!(stderr.lines().any(|l| l.starts_with("shard ") && l.contains("refused")), "{stderr}");
+}

@@ -10,17 +10,23 @@
 //! complete when every shard with readers has reported it; its latency runs to the latest of
 //! those reports.
 //!
-//! Non-readers (a percentage, spread evenly over the shards and the targets) are opened and
-//! never read: the window is completed by the readers only, and each reader must still get
+//! Non-readers (a percentage, spread evenly over the shards and the targets) are opened with
+//! a small receive buffer and never read: the window is completed by the readers only, and each reader must still get
 //! every sequence number, or the run stalls and fails. At the end, with every subscriber still
 //! connected, the parent reads the servers' drop counters (`/metrics`), their resident memory
 //! and the host's TCP buffer memory; then it closes each shard's standard input, and the shard
 //! exits.
+//!
+//! A shard's standard error is passed on to the parent's line by line, and its last lines are
+//! kept: a shard that fails is reported with them and with how it exited (its status, or the
+//! signal that ended it), so the run's error says why.
 
+use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
@@ -40,6 +46,26 @@ const MARGIN: u64 = 512;
 
 /// How long the shards may take to open their subscribers.
 const OPENING: Duration = Duration::from_secs(600);
+
+/// The receive buffer a non-reader keeps (`SO_RCVBUF`, which the kernel doubles): what it
+/// would otherwise hold is held on this host, not on a far client's. Over loopback a socket's
+/// unread queue keeps a reference to every page of the server's that its bytes were written
+/// into, and the server writes every subscriber's copy of a publication into the same few
+/// pages: with default buffers (a 128 KiB window that never closes for small messages) the
+/// non-readers of a run pinned nearly every page the servers wrote, 4.4 GiB at 20,000
+/// subscribers and 4,000 publications, and the host ran out of memory at 100,000.
+const NON_READER_RCVBUF: usize = 4096;
+
+/// How long the parent waits for a report before it gives up: longer than a shard waits for
+/// its readers ([`STALL`]), so that a shard whose readers stall says first which message they
+/// lack and how many have it.
+const PARENT_STALL: Duration = Duration::from_secs(STALL.as_secs() + 5);
+
+/// Lines of a shard's standard error kept for the report of its failure.
+const KEPT_ERRORS: usize = 8;
+
+/// How long a shard whose output ended is given to exit before it is reported as running.
+const EXITING: Duration = Duration::from_secs(5);
 
 /// What one shard holds; the parent passes it to the child as JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -92,6 +118,7 @@ pub fn serve(spec: &str) -> io::Result<()> {
             open(&targets[g % targets.len()], Duration::from_secs(30), &mut rng)?;
         // Counted per target, so that each server gets its share of them.
         if is_non_reader(g / targets.len(), spec.non_readers) {
+            socket2::SockRef::from(&stream).set_recv_buffer_size(NON_READER_RCVBUF)?;
             idle.push(stream);
             continue;
         }
@@ -208,11 +235,16 @@ pub(super) fn run(
             .arg(serde_json::to_string(&spec).map_err(io::Error::other)?)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()?;
         let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
         let (tx, shard) = (tx.clone(), children.0.len());
         std::thread::spawn(move || forward(shard, stdout, tx));
-        children.0.push(child);
+        let errors = Arc::new(Mutex::new(VecDeque::new()));
+        let kept = errors.clone();
+        std::thread::spawn(move || pass_on_errors(shard, stderr, &kept));
+        children.0.push(Shard { child, errors });
     }
     drop(tx);
     let k = children.0.len();
@@ -231,7 +263,7 @@ pub(super) fn run(
                 non_readers += idle;
             }
             Ok((shard, Line::Done(deliveries, wire))) => finished[shard] = Some((deliveries, wire)),
-            Ok((shard, line)) => return Err(shard_failed(shard, line)),
+            Ok((shard, line)) => return Err(children.failed(shard, line)),
             Err(_) => return Err(io::Error::other("the shards did not open their subscribers")),
         }
     }
@@ -285,7 +317,7 @@ pub(super) fn run(
             sent_at[seq as usize] = t;
             seq += 1;
         }
-        match rx.recv_timeout(STALL) {
+        match rx.recv_timeout(PARENT_STALL) {
             Ok((_, Line::Complete(s, at))) => {
                 let Some((count, latest)) = reported.get_mut(s as usize) else { continue };
                 *count += 1;
@@ -296,10 +328,11 @@ pub(super) fn run(
                 }
             }
             Ok((shard, Line::Done(deliveries, wire))) => finished[shard] = Some((deliveries, wire)),
-            Ok((shard, line)) => return Err(shard_failed(shard, line)),
+            Ok((shard, line)) => return Err(children.failed(shard, line)),
             Err(_) => {
                 return Err(io::Error::other(format!(
-                    "stalled after {done} of {messages} messages: no shard reported for {STALL:?}"
+                    "stalled after {done} of {messages} messages: no shard reported for \
+                     {PARENT_STALL:?}"
                 )));
             }
         }
@@ -329,11 +362,18 @@ pub(super) fn run(
     let kernel_charged_kib =
         series.as_ref().and_then(|s| s.iter().find(|(n, _)| n == kernel)).map(|(_, v)| v / 1024);
     let drops = series.map(|s| s.into_iter().filter(|(n, _)| n != kernel).collect());
-    for child in &mut children.0 {
-        drop(child.stdin.take());
+    for shard in &mut children.0 {
+        drop(shard.child.stdin.take());
     }
-    for child in &mut children.0 {
-        child.wait()?;
+    for (i, shard) in children.0.iter_mut().enumerate() {
+        let status = shard.child.wait()?;
+        if !status.success() {
+            return Err(io::Error::other(format!(
+                "shard {i} {} after the run{}",
+                exit_status(status),
+                shard.last_errors()
+            )));
+        }
     }
     for (stream, _, _) in &publishers {
         let _ = stream.shutdown(Shutdown::Both);
@@ -418,25 +458,96 @@ fn forward(shard: usize, stdout: ChildStdout, tx: mpsc::Sender<(usize, Line)>) {
     }
 }
 
-/// The error for a shard that said `line` where it should not have.
-fn shard_failed(shard: usize, line: Line) -> io::Error {
-    let what = match line {
-        Line::Ended(why) => why,
-        other => format!("it said {other:?} out of turn"),
-    };
-    io::Error::other(format!("shard {shard} failed: {what} (its errors are above)"))
+/// Passes shard `shard`'s standard error on to this process's, a line at a time, and keeps its
+/// last [`KEPT_ERRORS`] lines in `kept`.
+fn pass_on_errors(shard: usize, stderr: ChildStderr, kept: &Mutex<VecDeque<String>>) {
+    for line in BufReader::new(stderr).lines() {
+        let Ok(line) = line else { return };
+        eprintln!("shard {shard}: {line}");
+        let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() == KEPT_ERRORS {
+            kept.pop_front();
+        }
+        kept.push_back(line);
+    }
+}
+
+/// How a shard exited, in words: its exit code or the signal that ended it.
+fn exit_status(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => {
+            // SAFETY: `strsignal` returns a pointer to a static or thread-local string (or
+            // null), read at once and copied.
+            let name = unsafe { libc::strsignal(signal) };
+            let name = match name.is_null() {
+                true => String::new(),
+                // SAFETY: a non-null `strsignal` result is a NUL-terminated string.
+                false => unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned(),
+            };
+            let core = if status.core_dumped() { ", core dumped" } else { "" };
+            format!("was killed by signal {signal} ({name}{core})")
+        }
+        (None, None) => format!("ended ({status})"),
+    }
 }
 
 /// The shards started, killed and reaped if the run ends early.
-struct Shards(Vec<Child>);
+struct Shards(Vec<Shard>);
+
+impl Shards {
+    /// The error for shard `shard`, which said `line` where it should not have: what it said
+    /// or that its output ended, how it exited (waiting up to [`EXITING`] for it), and the
+    /// last lines of its standard error.
+    fn failed(&mut self, shard: usize, line: Line) -> io::Error {
+        let what = match line {
+            Line::Ended(why) => why,
+            other => format!("it said {other:?} out of turn"),
+        };
+        let Some(s) = self.0.get_mut(shard) else {
+            return io::Error::other(format!("shard {shard} failed: {what}"));
+        };
+        let deadline = Instant::now() + EXITING;
+        let exit = loop {
+            match s.child.try_wait() {
+                Ok(Some(status)) => break exit_status(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(None) => break format!("was still running {EXITING:?} later"),
+                Err(e) => break format!("could not be waited for ({e})"),
+            }
+        };
+        // The thread passing its errors on reads them to their end once it has exited.
+        std::thread::sleep(Duration::from_millis(50));
+        io::Error::other(format!("shard {shard} failed: {what}; it {exit}{}", s.last_errors()))
+    }
+}
 
 impl Drop for Shards {
     fn drop(&mut self) {
-        for child in &mut self.0 {
+        for Shard { child, .. } in &mut self.0 {
             if let Ok(None) = child.try_wait() {
                 let _ = child.kill();
                 let _ = child.wait();
             }
+        }
+    }
+}
+
+/// One shard process and the last lines of its standard error.
+struct Shard {
+    child: Child,
+    errors: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl Shard {
+    /// `; its last errors: …`, or nothing if it wrote none.
+    fn last_errors(&self) -> String {
+        let errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        match errors.is_empty() {
+            true => "; it wrote no error".into(),
+            false => format!("; its last errors: {}", Vec::from(errors.clone()).join(" | ")),
         }
     }
 }
