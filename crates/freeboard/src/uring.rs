@@ -120,6 +120,13 @@ pub(crate) struct RingShared {
     buffers: ProvidedBuffers,
     /// Connections whose queues leave with the turn's sends (their receive tags).
     sends: RefCell<Vec<Tag>>,
+    /// Connections waiting for receive buffers, in the order they began to wait (their
+    /// receive tags): one whose receive found the ring empty, and, while any waits, one
+    /// that would arm its next receive after a read. The loop arms them in this order once
+    /// buffers come back ([`take_waiting`](Self::take_waiting)), so a few connections that
+    /// always have bytes ready cannot take every buffer as it comes back and starve the
+    /// rest.
+    waiting: RefCell<VecDeque<Tag>>,
     /// The end of the turn flushes: a connection's queue waits for the turn's sends. Else
     /// (a write-through in the middle of a read) it is written straight to the socket.
     pub(crate) batching: Cell<bool>,
@@ -264,6 +271,7 @@ impl Ring {
             queued: RefCell::new(Vec::with_capacity(256)),
             buffers,
             sends: RefCell::new(Vec::with_capacity(256)),
+            waiting: RefCell::new(VecDeque::new()),
             batching: Cell::new(false),
             closing: RefCell::new(Vec::new()),
         });
@@ -473,6 +481,11 @@ impl RingShared {
         self.buffers.available.get()
     }
 
+    /// Takes the connections waiting for receive buffers, oldest first.
+    pub(crate) fn take_waiting(&self) -> VecDeque<Tag> {
+        std::mem::take(&mut *self.waiting.borrow_mut())
+    }
+
     /// The connections whose queues wait for the turn's sends (taken: the list is empty
     /// after).
     pub(crate) fn take_sends(&self, into: &mut Vec<Tag>) {
@@ -678,9 +691,24 @@ impl RingConn {
         self.receiving = Receiving::Armed;
     }
 
-    /// Re-arms a receive that ended for want of buffers (the caller saw one free). One whose
-    /// session does not read now waits for its next read to arm it.
-    pub(crate) fn rearm_starved(&mut self, wants_input: bool) {
+    /// Arms the next receive, or, while other connections wait for buffers, waits behind
+    /// them (armed in line, after them, in the same submission).
+    fn arm_or_wait(&mut self) {
+        if self.shared.waiting.borrow().is_empty() {
+            self.arm();
+        } else {
+            self.wait_for_buffers();
+        }
+    }
+
+    fn wait_for_buffers(&mut self) {
+        self.receiving = Receiving::Starved;
+        self.shared.waiting.borrow_mut().push_back(self.tag);
+    }
+
+    /// Arms the receive of a connection that waited for buffers (the caller saw some
+    /// free). One whose session does not read now waits for its next read to arm it.
+    pub(crate) fn arm_waiting(&mut self, wants_input: bool) {
         match self.receiving {
             Receiving::Starved if wants_input => self.arm(),
             Receiving::Starved => self.receiving = Receiving::Idle,
@@ -690,9 +718,9 @@ impl RingConn {
 
     /// A receive completed: the `res` bytes of buffers from `bid` on (`Some`), else how it
     /// ended (`res`); `more`: the (multishot) receive goes on. Returns whether the loop
-    /// should read it now, and whether it is starved (to re-arm when buffers come back). A
-    /// session that does not read now (`!wants_input`) has the bytes moved out of the
-    /// ring's buffers at once.
+    /// should read it now; one that found the ring empty waits for buffers. A session that
+    /// does not read now (`!wants_input`) has the bytes moved out of the ring's buffers at
+    /// once.
     pub(crate) fn received(
         &mut self,
         res: i32,
@@ -700,13 +728,13 @@ impl RingConn {
         more: bool,
         pool: &mut Pool<'static>,
         wants_input: bool,
-    ) -> (bool, bool) {
+    ) -> bool {
         if self.receiving == Receiving::Stopped {
             // What arrived before the cancellation took effect is discarded.
             if let (Some(bid), true) = (bid, res > 0) {
                 self.shared.recycle_received(bid, res as u32);
             }
-            return (false, false);
+            return false;
         }
         if !more {
             self.receiving = Receiving::Idle;
@@ -719,7 +747,7 @@ impl RingConn {
             if !wants_input {
                 self.keep_out_of_ring(pool);
             }
-            return (true, false);
+            return true;
         }
         self.receiving = Receiving::Idle;
         match res {
@@ -727,14 +755,14 @@ impl RingConn {
             // Nothing to read: a read now would find nothing (and a request phase take that
             // for a head in pieces).
             e if e == -libc::ENOBUFS => {
-                self.receiving = Receiving::Starved;
-                return (false, true);
+                self.wait_for_buffers();
+                return false;
             }
             // Cancelled by `stop_input` or `release`, which say what comes next.
-            e if e == -libc::ECANCELED => return (false, false),
+            e if e == -libc::ECANCELED => return false,
             e => self.end(Some(-e)),
         }
-        (true, false)
+        true
     }
 
     fn end(&mut self, error: Option<i32>) {
@@ -805,7 +833,7 @@ impl RingConn {
         if self.receiving == Receiving::Idle && !self.holds_unread() {
             // The reader took all there was: the next bytes may come.
             self.room = room.min(u32::MAX as usize) as u32;
-            self.arm();
+            self.arm_or_wait();
         }
     }
 

@@ -50,7 +50,7 @@ fn ten_thousand_idle_connections_hold_no_chunks() {
             assert_eq!(s.read(&mut byte).unwrap(), 1);
             head.push(byte[0]);
         }
-        assert!(head.starts_with(b"HTTP/1.1 101"));
+        assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
     }
     let metrics = server.metrics();
     assert_eq!(metrics.connections(), n as i64);

@@ -160,13 +160,10 @@ impl<T: Transport> EventLoop<T> {
                 };
                 match conn {
                     Some((conn, wants)) => {
-                        let (read, starved) = conn.received(res, bid, more, &mut self.pool, wants);
+                        let read = conn.received(res, bid, more, &mut self.pool, wants);
                         let serial = self.conns[token].serial;
                         if read && side.ready.last() != Some(&(token, serial)) {
                             side.ready.push((token, serial));
-                        }
-                        if starved {
-                            side.starved.push((token, self.conns[token].serial));
                         }
                     }
                     None => {
@@ -329,25 +326,22 @@ impl<T: Transport> EventLoop<T> {
         }
     }
 
-    /// Re-arms the receives that ended for want of buffers, in the order they ended, one per
-    /// buffer free (more would end the same way).
+    /// Arms the receives of the connections waiting for buffers, once some are free, all of
+    /// them in the order they began to wait: the submission issues them in that order, so
+    /// those first in line take the buffers first, and those that find none wait again.
     fn rearm_starved(&mut self) {
         let Some(side) = &mut self.ring else { return };
-        let conns = &mut self.conns;
-        let mut free = side.ring.shared().free_buffers();
-        side.starved.retain(|&(token, serial)| match conns.get_mut(token) {
-            Some(entry) if entry.serial == serial => {
-                let wants = reads(&entry.session);
-                let Some(conn) = entry.stream.ring_conn() else { return false };
-                if wants && free == 0 {
-                    return true;
-                }
-                free -= usize::from(wants);
-                conn.rearm_starved(wants);
-                false
+        let shared = side.ring.shared();
+        if shared.free_buffers() == 0 {
+            return;
+        }
+        for tag in shared.take_waiting() {
+            if let Some(entry) = self.conns.get_mut(tag.token()).filter(|e| tag.is_of(e.serial))
+                && let Some(conn) = entry.stream.ring_conn()
+            {
+                conn.arm_waiting(reads(&entry.session));
             }
-            _ => false,
-        });
+        }
     }
 
     /// Cancels the multishot accept: shutdown has begun.

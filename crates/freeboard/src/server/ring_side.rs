@@ -40,8 +40,6 @@ pub(super) struct RingSide {
     pub(super) ready: Vec<(usize, u64)>,
     /// The tags of the connections the turn's sends are for (kept for its allocation).
     pub(super) sending: Vec<crate::uring::Tag>,
-    /// Connections whose receive ended for want of buffers: `(slot, serial)`.
-    pub(super) starved: Vec<(usize, u64)>,
     /// Connections the multishot accept took and the loop has not opened yet: a batch a
     /// turn, as on epoll, so a storm of connects cannot hold up the connections open.
     pub(super) backlog: VecDeque<mio::net::TcpStream>,
@@ -93,7 +91,6 @@ impl RingSide {
             completed: Vec::with_capacity(1024),
             ready: Vec::with_capacity(64),
             sending: Vec::with_capacity(256),
-            starved: Vec::new(),
             backlog: VecDeque::new(),
         })
     }
