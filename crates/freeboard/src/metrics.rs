@@ -488,6 +488,19 @@ pub struct Metrics {
     pub(crate) handshake_timeouts: Counter,
     /// Connections closed with 1008 by the `close` slow-consumer policy.
     pub(crate) slow_consumer_closes: Counter,
+    /// HTTP/2 connections open (WebSockets over HTTP/2, RFC 8441).
+    pub(crate) http2_connections: Gauge,
+    /// HTTP/2 streams open with a session (WebSockets and requests being answered).
+    pub(crate) http2_streams: Gauge,
+    /// HTTP/2 streams opened with a session.
+    pub(crate) http2_streams_opened: Counter,
+    /// HTTP/2 streams refused past SETTINGS_MAX_CONCURRENT_STREAMS (`REFUSED_STREAM`).
+    pub(crate) http2_refused_streams: Counter,
+    /// HTTP/2 streams reset, by who: `client`, `server` (its session ended abnormally, or
+    /// the client's error), `connection_end` (the connection went with the stream open).
+    pub(crate) http2_resets: Family<Reason, Counter>,
+    /// GOAWAYs the server sent, by error code (`NO_ERROR` for a shutdown).
+    pub(crate) http2_goaways: Family<Reason, Counter>,
     /// Pool chunks in use, per loop.
     pub(crate) chunks_in_use: Family<LoopLabel, Gauge>,
     /// Pool chunks in total, per loop.
@@ -665,6 +678,12 @@ impl Metrics {
             drops: Family::default(),
             handshake_timeouts: Counter::default(),
             slow_consumer_closes: Counter::default(),
+            http2_connections: Gauge::default(),
+            http2_streams: Gauge::default(),
+            http2_streams_opened: Counter::default(),
+            http2_refused_streams: Counter::default(),
+            http2_resets: Family::default(),
+            http2_goaways: Family::default(),
             chunks_in_use: Family::default(),
             chunks_capacity: Family::default(),
             chunks_high_water: Family::default(),
@@ -793,6 +812,36 @@ impl Metrics {
             "slow_consumer_closes",
             "Connections closed with 1008 because their send queue reached its cap",
             m.slow_consumer_closes.clone(),
+        );
+        r.register(
+            "http2_connections",
+            "HTTP/2 connections open (WebSockets over HTTP/2)",
+            m.http2_connections.clone(),
+        );
+        r.register(
+            "http2_streams",
+            "HTTP/2 streams open with a session (WebSockets, requests being answered)",
+            m.http2_streams.clone(),
+        );
+        r.register(
+            "http2_streams_opened",
+            "HTTP/2 streams opened with a session",
+            m.http2_streams_opened.clone(),
+        );
+        r.register(
+            "http2_refused_streams",
+            "HTTP/2 streams refused past SETTINGS_MAX_CONCURRENT_STREAMS",
+            m.http2_refused_streams.clone(),
+        );
+        r.register(
+            "http2_resets",
+            "HTTP/2 streams reset, by reason: client, server, connection_end",
+            m.http2_resets.clone(),
+        );
+        r.register(
+            "http2_goaways",
+            "GOAWAY frames sent, by error code (reason label)",
+            m.http2_goaways.clone(),
         );
         r.register(
             "pool_chunks_in_use",
