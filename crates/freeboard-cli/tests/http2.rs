@@ -376,7 +376,7 @@ fn a_stream_that_never_reads_meets_its_policy_and_its_neighbours_lose_nothing() 
         }
         let (_, stalled) = connect(&client, "/topic/feed").await;
         let (_, reader) = connect(&client, "/topic/feed").await;
-        let (_stalled, mut reader) = (stalled.unwrap(), reader.unwrap());
+        let (_stalled, reader) = (stalled.unwrap(), reader.unwrap());
         let other = h2c(&serve.addr).await;
         let (_, far) = connect(&other, "/topic/feed").await;
         let far = far.unwrap();

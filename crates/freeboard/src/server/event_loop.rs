@@ -252,7 +252,7 @@ pub(crate) struct EventLoop<T> {
     pub(super) expiries: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     /// The HTTP/2 connections, by the slot of the entry that holds their socket (see
     /// [`http2`](super::http2)); each of their streams has an entry of its own.
-    pub(super) http2: HashMap<usize, Box<super::http2::Http2Connection>>,
+    pub(super) http2: HashMap<usize, Box<super::http2_connection::Http2Connection>>,
     /// Entries in `conns` that are HTTP/2 streams (charged their state, not a socket's).
     pub(super) http2_streams: usize,
 }
@@ -955,8 +955,8 @@ impl<T: Transport> EventLoop<T> {
         // connection, the bound of what the connection may hold.
         let streams = self.http2_streams;
         let bytes = (self.conns.len() - streams) * self.connection_charge
-            + streams * (std::mem::size_of::<Entry<T>>() + super::http2::stream_bound())
-            + self.http2.len() * super::http2::connection_bound()
+            + streams * (std::mem::size_of::<Entry<T>>() + super::http2_connection::stream_bound())
+            + self.http2.len() * super::http2_connection::connection_bound()
             + self.event_streams * EVENT_STREAM_STATE
             + self.kernel.bytes().min(buffers);
         let charged = bytes.div_ceil(chunk);

@@ -23,18 +23,19 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::Ordering;
 
-use freeboard_h2::{Config, Connection, Counters, ErrorCode, Event, StreamId};
+use freeboard_h2::{Connection, Counters, ErrorCode, Event, StreamId};
 use freeboard_proto::Instant;
 
 use super::event_loop::{Entry, EventLoop, READ_BYTES_PER_TURN};
+use super::http2_connection::{
+    Http2Connection, MAX_DATA, StreamSlot, connection_bound, core_config,
+};
 use crate::metrics::Reason;
 use crate::session::{Phase, Session};
 use crate::transport::{Io, Transport};
 
 /// The client connection preface (RFC 9113 §3.4).
 pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// The largest DATA frame we send (the peer's SETTINGS_MAX_FRAME_SIZE may not be less).
-const MAX_DATA: usize = 16_384;
 /// The `Sec-WebSocket-Key` of the HTTP/1.1 request an extended CONNECT stands for: RFC 8441
 /// §5 has no key (nor accept), and the 101's accept is never sent.
 const STAND_IN_KEY: &str = "AAAAAAAAAAAAAAAAAAAAAA==";
@@ -42,60 +43,11 @@ const STAND_IN_KEY: &str = "AAAAAAAAAAAAAAAAAAAAAA==";
 /// ends when its peer does, or at shutdown, not at a handshake timeout.
 const NO_DEADLINE_MS: u64 = u64::MAX / 4;
 
-/// One HTTP/2 connection of a loop.
-pub(super) struct Http2Connection {
-    core: Connection,
-    /// Its streams with a session, by id.
-    streams: HashMap<StreamId, StreamSlot>,
-    /// The rest of a DATA frame the socket took part of; written before anything else (its
-    /// payload has left its session's queue). At most one frame.
-    torn: Vec<u8>,
-    /// The core's counters as last added to the metrics.
-    exported: Counters,
-    /// A GOAWAY ends it: removed once what is owed is written.
-    ending: bool,
-}
-
-/// The loop's side of one stream: its entry, and what the core does not keep.
-struct StreamSlot {
-    token: usize,
-    serial: u64,
-    /// Its response head is sent.
-    answered: bool,
-    /// DATA its session has processed but whose window is not reopened (it paused).
-    unconsumed: usize,
-    /// The peer ended its side.
-    remote_ended: bool,
-}
-
 /// What a core event asks of the loop, once the core's borrow of the input is over.
 enum Action {
     Open { id: StreamId, head: Vec<u8>, websocket: bool, body: bool },
     Data { id: StreamId, len: usize, end_stream: bool },
     Reset { id: StreamId, remote: bool },
-}
-
-/// The limits of the loop's HTTP/2 connections.
-pub(super) fn core_config() -> Config {
-    Config::builder().build()
-}
-
-/// Budget bytes an HTTP/2 connection is charged beside its entry while it is open: its own
-/// state, the HPACK table and the decoded header list it may hold, and one torn DATA frame.
-/// (The windows it grants cost nothing: DATA is processed in the read buffer.)
-pub(super) fn connection_bound() -> usize {
-    let config = core_config();
-    size_of::<Http2Connection>()
-        + size_of::<Connection>()
-        + config.header_table_size as usize
-        + config.max_header_list_size as usize
-        + freeboard_h2::frame::HEADER_LEN
-        + MAX_DATA
-}
-
-/// Budget bytes a stream is charged beyond its entry: its state in the core and here.
-pub(super) fn stream_bound() -> usize {
-    freeboard_h2::stream_state_size() + size_of::<(StreamId, StreamSlot)>() + 8
 }
 
 impl<T: Transport> EventLoop<T> {

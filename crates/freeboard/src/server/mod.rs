@@ -22,6 +22,7 @@ mod event_loop;
 mod fan_out;
 mod http;
 mod http2;
+mod http2_connection;
 mod http_routes;
 mod kernel_buffers;
 mod lag_sweep;
