@@ -81,6 +81,30 @@ pub const ACCESS_REFUSAL_REASONS: [&str; 19] = [
     "webhook_error",
 ];
 
+/// Why an HTTP/2 stream was reset (`freeboard_http2_resets_total{reason}`): the client
+/// reset it, the server did (its session ended abnormally, or for the client's error), or the
+/// connection went with the stream open.
+pub const HTTP2_RESET_REASONS: [&str; 3] = ["client", "server", "connection_end"];
+
+/// The error codes of the GOAWAYs the server sends (`freeboard_http2_goaways_total{reason}`):
+/// every code RFC 9113 §7 names (a code it does not name is exported in hex).
+pub const HTTP2_GOAWAY_CODES: [&str; 14] = [
+    "NO_ERROR",
+    "PROTOCOL_ERROR",
+    "INTERNAL_ERROR",
+    "FLOW_CONTROL_ERROR",
+    "SETTINGS_TIMEOUT",
+    "STREAM_CLOSED",
+    "FRAME_SIZE_ERROR",
+    "REFUSED_STREAM",
+    "CANCEL",
+    "COMPRESSION_ERROR",
+    "CONNECT_ERROR",
+    "ENHANCE_YOUR_CALM",
+    "INADEQUATE_SECURITY",
+    "HTTP_1_1_REQUIRED",
+];
+
 /// Why a TLS connection was refused or failed (`freeboard_tls_refusals_total{reason}`): the
 /// server's own reasons, the kinds of TLS error, and each alert a client may send.
 pub const TLS_REFUSAL_REASONS: [&str; 37] = [
@@ -749,6 +773,8 @@ impl Metrics {
             (&m.backplane_lost, &BACKPLANE_LOST_REASONS),
             (&m.access.refusals, &ACCESS_REFUSAL_REASONS),
             (&m.tls_refusals, &TLS_REFUSAL_REASONS),
+            (&m.http2_resets, &HTTP2_RESET_REASONS),
+            (&m.http2_goaways, &HTTP2_GOAWAY_CODES),
         ] {
             for reason in reasons {
                 let _ = family.get_or_create(&Reason { reason: (*reason).into() });
@@ -1799,6 +1825,8 @@ mod tests {
             ("backplane_lost", &BACKPLANE_LOST_REASONS),
             ("topic_refusals", &TOPIC_REFUSAL_REASONS),
             ("topic_drops", &TOPIC_DROP_REASONS),
+            ("http2_resets", &HTTP2_RESET_REASONS),
+            ("http2_goaways", &HTTP2_GOAWAY_CODES),
         ] {
             for reason in reasons {
                 let series = format!("freeboard_{family}_total{{reason=\"{reason}\"}} 0");
