@@ -584,3 +584,39 @@ fn idle_memory_of_an_http2_stream_against_an_http1_tls_connection() {
     );
     assert!(stream < conn, "a stream should cost less than a TLS connection");
 }
+
+#[test]
+fn a_stream_past_the_connection_limit_is_refused_503_on_its_own() {
+    // The TCP connection is one, each WebSocket stream one more.
+    let serve = Serve::start(&["--max-connections", "2"]);
+    runtime().block_on(async {
+        let client = h2c(&serve.addr).await;
+        let (status, first) = connect(&client, "/echo").await;
+        assert_eq!(status, 200);
+        let (status, second) = connect(&client, "/echo").await;
+        assert_eq!((status, second.is_none()), (503, true));
+        let mut first = first.unwrap();
+        first.send(0x1, b"unaffected");
+        assert_eq!(first.message().await, b"unaffected");
+    });
+    assert_eq!(metric(&serve.addr, "freeboard_refusals_total{status=\"503\"}"), 1.0);
+}
+
+#[test]
+fn http2_off_speaks_http1_only() {
+    let serve = Serve::start(&["--http2", "off"]);
+    runtime().block_on(async {
+        let tcp = tokio::net::TcpStream::connect(&serve.addr).await.unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        let driver = tokio::spawn(connection);
+        // The preface is not an HTTP/1.1 request: answered 400 and closed, so the HTTP/2
+        // connection fails.
+        let failed = driver.await.unwrap();
+        assert!(failed.is_err(), "{failed:?}");
+        drop(client);
+    });
+    let (mut s, mut inbox) = common::subscribe(&serve.addr, "/echo");
+    s.write_all(&common::text(b"still HTTP/1.1")).unwrap();
+    assert_eq!(inbox.frame(&mut s).unwrap().unwrap().payload, b"still HTTP/1.1");
+    assert_eq!(metric(&serve.addr, "freeboard_http2_connections"), 0.0);
+}
