@@ -56,3 +56,24 @@ pub(super) fn connection_bound() -> usize {
 pub(super) fn stream_bound() -> usize {
     freeboard_h2::stream_state_size() + size_of::<(StreamId, StreamSlot)>() + 8
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an idle WebSocket stream is charged (its entry in the loop's table and its state
+    /// in the core and here) stays within the half KiB aimed at, beyond its connection's
+    /// own; the connection's bound is what a crowd of idle connections would withhold.
+    #[test]
+    fn a_stream_is_charged_under_half_a_kib() {
+        let entry = size_of::<super::super::event_loop::Entry<crate::transport::Stream>>();
+        let stream = entry + stream_bound();
+        println!(
+            "stream: entry {entry} B + state {} B = {stream} B; connection bound {} B",
+            stream_bound(),
+            connection_bound()
+        );
+        assert!(stream <= 512, "{stream} bytes");
+        assert!(connection_bound() < 40 << 10, "{} bytes", connection_bound());
+    }
+}
