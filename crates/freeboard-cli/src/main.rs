@@ -243,6 +243,11 @@ struct ServeArgs {
     /// Every connection starts with a PROXY protocol v1/v2 header naming the client.
     #[arg(long)]
     proxy_protocol: bool,
+    /// WebSockets over HTTP/2 (RFC 8441): `on` offers `h2` by ALPN on the TLS listener and
+    /// takes HTTP/2 with prior knowledge (h2c) on the plain one, each WebSocket a stream of
+    /// one connection; `off` speaks HTTP/1.1 only [default: on].
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    http2: Option<bool>,
     /// Upgrade decisions that may wait at once [default: 1024].
     #[arg(long, value_name = "N")]
     max_pending_upgrades: Option<usize>,
@@ -792,6 +797,7 @@ fn settings(args: &ServeArgs) -> Result<Settings, String> {
         ("allowed_origins", list(&args.allowed_origins)),
         ("trusted_proxies", list(&args.trusted_proxies)),
         ("proxy_protocol", args.proxy_protocol.then_some(Value::Boolean(true))),
+        ("http2", args.http2.map(Value::Boolean)),
         ("max_pending_upgrades", args.max_pending_upgrades.map(|v| int(v as u64))),
         ("topics.jwt_secret", args.jwt_secret.clone().map(Value::String)),
         ("topics.jwks_file", args.jwks.as_ref().map(path)),
@@ -909,6 +915,15 @@ fn parse(mut table: toml::Table) -> Result<Settings, String> {
 /// A size flag: `4096`, `64K`, `256M`, `1.5G` (powers of 1024), as in the TOML file.
 fn size(s: &str) -> Result<u64, String> {
     freeboard::config::parse_size(s)
+}
+
+/// A switch flag: `on` or `off`.
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, not {s:?}")),
+    }
 }
 
 /// A listen address flag: `HOST:PORT` (names resolve) or a port alone, as in the TOML file.

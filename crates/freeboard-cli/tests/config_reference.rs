@@ -82,7 +82,7 @@ fn the_example_file_shows_every_key() {
             prefix = format!("{table}.");
         } else if let Some((key, _)) = line.split_once(" = ")
             && !key.is_empty()
-            && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            && key.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         {
             shown.insert(format!("{prefix}{key}"));
         }

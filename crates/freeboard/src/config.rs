@@ -120,6 +120,11 @@ pub struct ServerConfig {
     /// and cloud load balancers send), whose source address is the client's. A connection
     /// without one gets 400. Default `false`.
     pub proxy_protocol: bool,
+    /// WebSockets over HTTP/2 (RFC 8441): the TLS listener offers `h2` before `http/1.1` by
+    /// ALPN, and the plain listener takes a client preface (prior knowledge, h2c). Each
+    /// extended CONNECT is a session of its own on the connection, admitted as an upgrade.
+    /// `false`: HTTP/1.1 only. Default `true`.
+    pub http2: bool,
     /// Upgrade decisions that may be pending at once across the server
     /// ([`Handler::decide_upgrade`](crate::Handler::decide_upgrade) completing later); beyond
     /// it an upgrade whose decision is not made at once gets 503. Default 1,024.
@@ -438,6 +443,7 @@ impl Default for ServerConfig {
             allowed_origins: Vec::new(),
             trusted_proxies: Vec::new(),
             proxy_protocol: false,
+            http2: true,
             max_pending_upgrades: 1024,
             compression: crate::Compression::Off,
             compression_window: 15,
@@ -516,6 +522,7 @@ server_keys! {
     "allowed_origins" => allowed_origins as Plain;
     "trusted_proxies" => trusted_proxies as Plain;
     "proxy_protocol" => proxy_protocol as Plain;
+    "http2" => http2 as Plain;
     "max_pending_upgrades" => max_pending_upgrades as Plain;
     "compression" => compression as Plain;
     "compression_window" => compression_window as Plain;
@@ -746,6 +753,7 @@ impl ServerConfig {
             false "allowed_origins" allowed_origins;
             false "trusted_proxies" trusted_proxies;
             false "proxy_protocol" proxy_protocol;
+            false "http2" http2;
             false "max_pending_upgrades" max_pending_upgrades;
             false "compression" compression;
             false "compression_window" compression_window;

@@ -81,6 +81,30 @@ pub const ACCESS_REFUSAL_REASONS: [&str; 19] = [
     "webhook_error",
 ];
 
+/// Why an HTTP/2 stream was reset (`freeboard_http2_resets_total{reason}`): the client
+/// reset it, the server did (its session ended abnormally, or for the client's error), or the
+/// connection went with the stream open.
+pub const HTTP2_RESET_REASONS: [&str; 3] = ["client", "server", "connection_end"];
+
+/// The error codes of the GOAWAYs the server sends (`freeboard_http2_goaways_total{reason}`):
+/// every code RFC 9113 §7 names (a code it does not name is exported in hex).
+pub const HTTP2_GOAWAY_CODES: [&str; 14] = [
+    "NO_ERROR",
+    "PROTOCOL_ERROR",
+    "INTERNAL_ERROR",
+    "FLOW_CONTROL_ERROR",
+    "SETTINGS_TIMEOUT",
+    "STREAM_CLOSED",
+    "FRAME_SIZE_ERROR",
+    "REFUSED_STREAM",
+    "CANCEL",
+    "COMPRESSION_ERROR",
+    "CONNECT_ERROR",
+    "ENHANCE_YOUR_CALM",
+    "INADEQUATE_SECURITY",
+    "HTTP_1_1_REQUIRED",
+];
+
 /// Why a TLS connection was refused or failed (`freeboard_tls_refusals_total{reason}`): the
 /// server's own reasons, the kinds of TLS error, and each alert a client may send.
 pub const TLS_REFUSAL_REASONS: [&str; 37] = [
@@ -488,6 +512,19 @@ pub struct Metrics {
     pub(crate) handshake_timeouts: Counter,
     /// Connections closed with 1008 by the `close` slow-consumer policy.
     pub(crate) slow_consumer_closes: Counter,
+    /// HTTP/2 connections open (WebSockets over HTTP/2, RFC 8441).
+    pub(crate) http2_connections: Gauge,
+    /// HTTP/2 streams open with a session (WebSockets and requests being answered).
+    pub(crate) http2_streams: Gauge,
+    /// HTTP/2 streams opened with a session.
+    pub(crate) http2_streams_opened: Counter,
+    /// HTTP/2 streams refused past SETTINGS_MAX_CONCURRENT_STREAMS (`REFUSED_STREAM`).
+    pub(crate) http2_refused_streams: Counter,
+    /// HTTP/2 streams reset, by who: `client`, `server` (its session ended abnormally, or
+    /// the client's error), `connection_end` (the connection went with the stream open).
+    pub(crate) http2_resets: Family<Reason, Counter>,
+    /// GOAWAYs the server sent, by error code (`NO_ERROR` for a shutdown).
+    pub(crate) http2_goaways: Family<Reason, Counter>,
     /// Pool chunks in use, per loop.
     pub(crate) chunks_in_use: Family<LoopLabel, Gauge>,
     /// Pool chunks in total, per loop.
@@ -665,6 +702,12 @@ impl Metrics {
             drops: Family::default(),
             handshake_timeouts: Counter::default(),
             slow_consumer_closes: Counter::default(),
+            http2_connections: Gauge::default(),
+            http2_streams: Gauge::default(),
+            http2_streams_opened: Counter::default(),
+            http2_refused_streams: Counter::default(),
+            http2_resets: Family::default(),
+            http2_goaways: Family::default(),
             chunks_in_use: Family::default(),
             chunks_capacity: Family::default(),
             chunks_high_water: Family::default(),
@@ -730,6 +773,8 @@ impl Metrics {
             (&m.backplane_lost, &BACKPLANE_LOST_REASONS),
             (&m.access.refusals, &ACCESS_REFUSAL_REASONS),
             (&m.tls_refusals, &TLS_REFUSAL_REASONS),
+            (&m.http2_resets, &HTTP2_RESET_REASONS),
+            (&m.http2_goaways, &HTTP2_GOAWAY_CODES),
         ] {
             for reason in reasons {
                 let _ = family.get_or_create(&Reason { reason: (*reason).into() });
@@ -793,6 +838,36 @@ impl Metrics {
             "slow_consumer_closes",
             "Connections closed with 1008 because their send queue reached its cap",
             m.slow_consumer_closes.clone(),
+        );
+        r.register(
+            "http2_connections",
+            "HTTP/2 connections open (WebSockets over HTTP/2)",
+            m.http2_connections.clone(),
+        );
+        r.register(
+            "http2_streams",
+            "HTTP/2 streams open with a session (WebSockets, requests being answered)",
+            m.http2_streams.clone(),
+        );
+        r.register(
+            "http2_streams_opened",
+            "HTTP/2 streams opened with a session",
+            m.http2_streams_opened.clone(),
+        );
+        r.register(
+            "http2_refused_streams",
+            "HTTP/2 streams refused past SETTINGS_MAX_CONCURRENT_STREAMS",
+            m.http2_refused_streams.clone(),
+        );
+        r.register(
+            "http2_resets",
+            "HTTP/2 streams reset, by reason: client, server, connection_end",
+            m.http2_resets.clone(),
+        );
+        r.register(
+            "http2_goaways",
+            "GOAWAY frames sent, by error code (reason label)",
+            m.http2_goaways.clone(),
         );
         r.register(
             "pool_chunks_in_use",
@@ -1750,6 +1825,8 @@ mod tests {
             ("backplane_lost", &BACKPLANE_LOST_REASONS),
             ("topic_refusals", &TOPIC_REFUSAL_REASONS),
             ("topic_drops", &TOPIC_DROP_REASONS),
+            ("http2_resets", &HTTP2_RESET_REASONS),
+            ("http2_goaways", &HTTP2_GOAWAY_CODES),
         ] {
             for reason in reasons {
                 let series = format!("freeboard_{family}_total{{reason=\"{reason}\"}} 0");

@@ -131,6 +131,17 @@ pub(crate) trait Transport: mio::event::Source + Sized {
     fn ring_conn(&mut self) -> Option<&mut crate::uring::RingConn> {
         None
     }
+
+    /// A stream of the HTTP/2 connection in slot `connection` (`None`: this transport has no
+    /// such variant). It has no socket: the loop reads and writes it through its connection.
+    fn http2_stream(_connection: usize, _id: freeboard_h2::StreamId) -> Option<Self> {
+        None
+    }
+
+    /// The slot of the HTTP/2 connection carrying this stream, and the stream's id.
+    fn carrier(&self) -> Option<(usize, freeboard_h2::StreamId)> {
+        None
+    }
 }
 
 impl Transport for TcpStream {
@@ -248,13 +259,20 @@ fn write_tcp(tcp: &mut TcpStream, bufs: &[IoSlice<'_>], total: usize) -> io::Res
     }
 }
 
-/// A server connection's transport: plain TCP, TLS over TCP, or plain TCP over the loop's
-/// io_uring.
+/// A server connection's transport: plain TCP, TLS over TCP, plain TCP over the loop's
+/// io_uring, or a stream of an HTTP/2 connection (RFC 8441) that another entry holds.
 pub(crate) enum Stream {
     Plain(TcpStream),
     Tls(Box<TlsStream>),
     #[cfg(target_os = "linux")]
     Ring(Box<crate::uring::RingConn>),
+    /// No socket of its own: its DATA arrives through its connection's reads, and its queue
+    /// leaves as DATA frames through its connection's socket (`server/http2.rs`), so every
+    /// call that would touch a socket here is a no-op.
+    Http2 {
+        connection: u32,
+        id: freeboard_h2::StreamId,
+    },
 }
 
 impl Transport for Stream {
@@ -279,6 +297,7 @@ impl Transport for Stream {
             Self::Tls(tls) => tls.read(io, buf),
             #[cfg(target_os = "linux")]
             Self::Ring(ring) => ring.read(io.pool, buf),
+            Self::Http2 { .. } => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
 
@@ -288,6 +307,7 @@ impl Transport for Stream {
             Self::Tls(tls) => tls.more_input(),
             #[cfg(target_os = "linux")]
             Self::Ring(ring) => ring.more_input(),
+            Self::Http2 { .. } => false,
         }
     }
 
@@ -320,6 +340,7 @@ impl Transport for Stream {
                 Some(written) => Ok(written),
                 None => ring.tcp().write_queue(session, io),
             },
+            Self::Http2 { .. } => Ok((0, false)),
         }
     }
 
@@ -333,6 +354,7 @@ impl Transport for Stream {
                 Some(tcp) => Transport::write_vectored(tcp, io, bufs),
                 None => Ok(0),
             },
+            Self::Http2 { .. } => Ok(0),
         }
     }
 
@@ -342,6 +364,7 @@ impl Transport for Stream {
             Self::Tls(tls) => tls.write_pending(io),
             #[cfg(target_os = "linux")]
             Self::Ring(ring) => Ok(!ring.sending()),
+            Self::Http2 { .. } => Ok(true),
         }
     }
 
@@ -353,7 +376,7 @@ impl Transport for Stream {
     }
 
     fn socket(&mut self) -> RawFd {
-        self.tcp().as_raw_fd()
+        self.tcp().map_or(-1, |tcp| tcp.as_raw_fd())
     }
 
     fn shutdown_write(&mut self, io: &mut Io<'_>) -> io::Result<()> {
@@ -362,6 +385,7 @@ impl Transport for Stream {
             Self::Tls(tls) => tls.shutdown_write(io),
             #[cfg(target_os = "linux")]
             Self::Ring(ring) => ring.shutdown_write(),
+            Self::Http2 { .. } => Ok(()),
         }
     }
 
@@ -371,6 +395,7 @@ impl Transport for Stream {
             Self::Tls(tls) => tls.release(io),
             #[cfg(target_os = "linux")]
             Self::Ring(ring) => ring.release(io.pool),
+            Self::Http2 { .. } => {}
         }
     }
 
@@ -413,22 +438,60 @@ impl Transport for Stream {
             _ => None,
         }
     }
-}
 
-impl Stream {
-    fn tcp(&mut self) -> &mut TcpStream {
+    fn http2_stream(connection: usize, id: freeboard_h2::StreamId) -> Option<Self> {
+        Some(Self::Http2 { connection: u32::try_from(connection).ok()?, id })
+    }
+
+    fn carrier(&self) -> Option<(usize, freeboard_h2::StreamId)> {
         match self {
-            Self::Plain(tcp) => tcp,
-            Self::Tls(tls) => tls.tcp(),
-            #[cfg(target_os = "linux")]
-            Self::Ring(ring) => ring.tcp(),
+            Self::Http2 { connection, id } => Some((*connection as usize, *id)),
+            _ => None,
         }
     }
 }
 
+impl Stream {
+    /// The socket, `None` for an HTTP/2 stream (its connection's entry holds the socket).
+    fn tcp(&mut self) -> Option<&mut TcpStream> {
+        match self {
+            Self::Plain(tcp) => Some(tcp),
+            Self::Tls(tls) => Some(tls.tcp()),
+            #[cfg(target_os = "linux")]
+            Self::Ring(ring) => Some(ring.tcp()),
+            Self::Http2 { .. } => None,
+        }
+    }
+}
+
+impl mio::event::Source for Stream {
+    fn register(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        self.tcp().map_or(Ok(()), |tcp| tcp.register(registry, token, interests))
+    }
+
+    fn reregister(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        self.tcp().map_or(Ok(()), |tcp| tcp.reregister(registry, token, interests))
+    }
+
+    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
+        self.tcp().map_or(Ok(()), |tcp| tcp.deregister(registry))
+    }
+}
+
 /// `mio::event::Source` for a stream over one socket (`$socket`: the method that lends it,
-/// TLS or not): its registration is the socket's. The server's `Stream` and the clients'
-/// `ClientStream` are such streams.
+/// TLS or not): its registration is the socket's. The clients' `ClientStream` is such a
+/// stream; the server's `Stream` is registered by hand above (its HTTP/2 streams have no
+/// socket).
 macro_rules! registered_by_socket {
     ($stream:ty, $socket:ident) => {
         impl mio::event::Source for $stream {
@@ -457,5 +520,3 @@ macro_rules! registered_by_socket {
     };
 }
 pub(crate) use registered_by_socket;
-
-registered_by_socket!(Stream, tcp);

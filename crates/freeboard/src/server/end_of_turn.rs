@@ -192,33 +192,51 @@ impl<T: Transport> EventLoop<T> {
         if entry.queued_at == 0 && entry.session.buffered() > 0 {
             entry.queued_at = (now.as_millis() as u32).wrapping_add(1).max(1);
         }
-        // Whether the socket refused part of what it was offered tells what it holds; through
-        // io_uring, the send's completion tells (`completions.rs`).
-        let offered = entry.session.buffered() > 0 && !entry.stream.sends_later();
-        let mut io = Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
-        // What the transport itself holds (TLS records the socket did not take) goes first.
-        let mut pending = entry.stream.write_pending(&mut io);
-        while matches!(pending, Ok(true)) && entry.session.buffered() > 0 {
-            match entry.stream.write_queue(&mut entry.session, &mut io) {
-                Ok((written, all)) => {
-                    self.stats.bytes_out += written as u64;
-                    if !all {
-                        break; // the socket is full: WRITABLE will bring us back
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => pending = Err(e),
+        // An HTTP/2 stream leaves as DATA through its connection's socket; the connection's
+        // own entry writes what its core owes (`http2.rs`). One test of the transport (and,
+        // for a connection not open, of its phase) on the HTTP/1.1 path.
+        let carrier = entry.stream.carrier();
+        if let Some((connection, id)) = carrier {
+            let before = entry.session.buffered();
+            if !self.write_http2_stream(token, connection, id) {
+                return;
             }
-        }
-        if pending.is_err() {
-            self.stats.closed += u64::from(entry.session.clear_queue(io.pool));
-            self.end_of_input(token, now);
-            self.remove(token);
+            self.stats.bytes_out += (before - self.conns[token].session.buffered()) as u64;
+        } else if matches!(entry.session.phase, Phase::Request { .. })
+            && self.http2.contains_key(&token)
+        {
+            self.flush_http2(token);
             return;
-        }
-        if offered {
-            self.wrote_to_socket(token, self.conns[token].session.buffered() > 0);
+        } else {
+            // Whether the socket refused part of what it was offered tells what it holds;
+            // through io_uring, the send's completion tells (`completions.rs`).
+            let offered = entry.session.buffered() > 0 && !entry.stream.sends_later();
+            let mut io =
+                Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
+            // What the transport itself holds (TLS records the socket did not take) goes first.
+            let mut pending = entry.stream.write_pending(&mut io);
+            while matches!(pending, Ok(true)) && entry.session.buffered() > 0 {
+                match entry.stream.write_queue(&mut entry.session, &mut io) {
+                    Ok((written, all)) => {
+                        self.stats.bytes_out += written as u64;
+                        if !all {
+                            break; // the socket is full: WRITABLE will bring us back
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => pending = Err(e),
+                }
+            }
+            if pending.is_err() {
+                self.stats.closed += u64::from(entry.session.clear_queue(io.pool));
+                self.end_of_input(token, now);
+                self.remove(token);
+                return;
+            }
+            if offered {
+                self.wrote_to_socket(token, self.conns[token].session.buffered() > 0);
+            }
         }
         let entry = &mut self.conns[token];
         if entry.queued_at != 0 && entry.session.buffered() == 0 {
@@ -242,7 +260,12 @@ impl<T: Transport> EventLoop<T> {
             self.left_open(event_stream);
             self.drop_subscriptions(token, serial);
         }
-        if transition.shutdown_write {
+        if transition.shutdown_write
+            && let Some((connection, id)) = carrier
+        {
+            // A stream's end is END_STREAM (or a reset), not a FIN.
+            self.end_http2_stream(token, connection, id);
+        } else if transition.shutdown_write {
             // The server closes the TCP connection first (§7.1.1).
             let mut io =
                 Io { pool: &mut self.pool, tls: &mut self.tls, metrics: &self.shared.metrics };
@@ -264,6 +287,11 @@ impl<T: Transport> EventLoop<T> {
     }
 
     pub(super) fn remove(&mut self, token: usize) {
+        if let Some((connection, id)) = self.conns[token].stream.carrier() {
+            self.forget_http2_stream(connection, id);
+        } else if !self.http2.is_empty() {
+            self.forget_http2_connection(token);
+        }
         self.drop_subscriptions(token, self.conns[token].serial);
         self.forget_request(token);
         self.forget_kernel_buffers(token);

@@ -83,7 +83,7 @@ pub(super) struct Entry<T> {
     pub(super) attributed: bool,
     /// The peer's FIN has been reported (`EPOLLRDHUP`): read to the end of the stream, since
     /// no further readiness event will come to say it is there.
-    read_closed: bool,
+    pub(super) read_closed: bool,
     /// Accepted on the admin listener: it is served the admin routes and `/healthz` only.
     pub(super) admin_listener: bool,
     /// A Server-Sent Events stream (`Some`), carrying several topics (`Some(true)`): what a
@@ -250,6 +250,11 @@ pub(crate) struct EventLoop<T> {
     pub(super) next_request: Option<usize>,
     /// When connections' authorizations lapse: `(at, slot, serial)`.
     pub(super) expiries: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    /// The HTTP/2 connections, by the slot of the entry that holds their socket (see
+    /// [`http2`](super::http2)); each of their streams has an entry of its own.
+    pub(super) http2: HashMap<usize, Box<super::http2_connection::Http2Connection>>,
+    /// Entries in `conns` that are HTTP/2 streams (charged their state, not a socket's).
+    pub(super) http2_streams: usize,
 }
 
 /// An upgrade request waiting for its decision: what the `101` and `on_open` need later.
@@ -519,6 +524,8 @@ impl<T: Transport> EventLoop<T> {
             plain: HashMap::new(),
             awaiting: HashMap::new(),
             next_request: None,
+            http2: HashMap::new(),
+            http2_streams: 0,
         })
     }
 
@@ -762,6 +769,10 @@ impl<T: Transport> EventLoop<T> {
         let spread = super::requests::RETRY_SPREAD * 1000;
         for token in tokens {
             match self.conns[token].session.phase {
+                // An HTTP/2 connection: GOAWAY; it goes once its streams have closed.
+                Phase::Request { .. } if self.http2.contains_key(&token) => {
+                    self.go_away_http2(token);
+                }
                 Phase::Request { .. } | Phase::Body(_) => {
                     self.remove(token);
                     continue;
@@ -940,7 +951,12 @@ impl<T: Transport> EventLoop<T> {
         let chunk = self.pool.chunk_size();
         let floor = self.config.connection_reserve.div_ceil(chunk) / 2;
         let buffers = self.pool.chunks_total() * chunk / crate::kernel_memory::BUFFER_SHARE;
-        let bytes = self.conns.len() * self.connection_charge
+        // An HTTP/2 stream has no socket: it is charged its entry and its state; its
+        // connection, the bound of what the connection may hold.
+        let streams = self.http2_streams;
+        let bytes = (self.conns.len() - streams) * self.connection_charge
+            + streams * (std::mem::size_of::<Entry<T>>() + super::http2_connection::stream_bound())
+            + self.http2.len() * super::http2_connection::connection_bound()
             + self.event_streams * EVENT_STREAM_STATE
             + self.kernel.bytes().min(buffers);
         let charged = bytes.div_ceil(chunk);
@@ -966,6 +982,8 @@ impl<T: Transport> EventLoop<T> {
     pub(super) fn read(&mut self, token: usize, now: Instant) {
         let Some(entry) = self.conns.get(token) else { return };
         match entry.session.phase {
+            // An HTTP/2 connection: its entry holds the socket, its streams are entries.
+            Phase::Request { .. } if self.http2.contains_key(&token) => self.read_http2(token, now),
             // Waiting for its upgrade decision: nothing is read (§4.1: the client sends
             // nothing before the response); what arrives is read once it is decided.
             Phase::Request { .. }

@@ -130,7 +130,13 @@ impl<T: Transport> EventLoop<T> {
     }
 
     /// Handles the request bytes in `buf`. Returns whether the connection is now open.
-    fn request(&mut self, token: usize, now: Instant, buf: &mut [u8], eof: bool) -> bool {
+    pub(super) fn request(
+        &mut self,
+        token: usize,
+        now: Instant,
+        buf: &mut [u8],
+        eof: bool,
+    ) -> bool {
         const MAX_HEAD: usize = handshake::DEFAULT_MAX_HEAD_LEN;
         let mut buf = buf;
         // Bytes of a PROXY header before the request.
@@ -154,6 +160,25 @@ impl<T: Transport> EventLoop<T> {
                     self.shared.metrics.access_refusal("proxy_header");
                     return self.refuse(token, now, 400, "", "a PROXY protocol header is required");
                 }
+            }
+        }
+        // HTTP/2 with prior knowledge, or after ALPN `h2`: the client preface (RFC 9113 §3.4).
+        if self.config.http2
+            && !buf.is_empty()
+            && !self.conns[token].admin_listener
+            && self.conns[token].stream.carrier().is_none()
+            && !self.conns[token].stream.keeps_unread()
+        {
+            let n = buf.len().min(super::http2::PREFACE.len());
+            if buf[..n] == super::http2::PREFACE[..n] {
+                return match n == super::http2::PREFACE.len() {
+                    true => self.start_http2(token, now, buf),
+                    false if eof => {
+                        self.remove(token);
+                        false
+                    }
+                    false => self.keep_partial(token, now, buf),
+                };
             }
         }
         let mut headers = [EMPTY_HEADER; 64];

@@ -21,6 +21,8 @@ mod end_of_turn;
 mod event_loop;
 mod fan_out;
 mod http;
+mod http2;
+mod http2_connection;
 mod http_routes;
 mod kernel_buffers;
 mod lag_sweep;
@@ -142,7 +144,10 @@ impl Server {
             Some(tls) => {
                 let identity =
                     Arc::new(TlsIdentity::load(&tls.cert, &tls.key).map_err(io::Error::other)?);
-                Some((tls::server_config(identity.clone()).map_err(io::Error::other)?, identity))
+                Some((
+                    tls::server_config(identity.clone(), config.http2).map_err(io::Error::other)?,
+                    identity,
+                ))
             }
             None => None,
         };

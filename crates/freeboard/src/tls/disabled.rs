@@ -51,7 +51,10 @@ pub(crate) struct ServerTls {
     never: Infallible,
 }
 
-pub(crate) fn server_config(identity: Arc<TlsIdentity>) -> Result<ServerTls, TlsError> {
+pub(crate) fn server_config(
+    identity: Arc<TlsIdentity>,
+    _http2: bool,
+) -> Result<ServerTls, TlsError> {
     match identity.never {}
 }
 

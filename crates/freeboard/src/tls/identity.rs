@@ -111,16 +111,22 @@ fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     Ok(CertifiedKey::from_der(chain, key, &provider())?)
 }
 
-/// The rustls server configuration: TLS 1.3 and 1.2, ALPN `http/1.1`, session tickets for
-/// resumption, the certificate from `identity`.
+/// The rustls server configuration: TLS 1.3 and 1.2, ALPN `h2` (if `http2`) and `http/1.1`,
+/// session tickets for resumption, the certificate from `identity`.
 pub(crate) fn server_config(
     identity: Arc<TlsIdentity>,
+    http2: bool,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(rustls::ALL_VERSIONS)?
         .with_no_client_auth()
         .with_cert_resolver(identity);
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // RFC 7301 §3.2: the server picks from the client's list by its own preference, so `h2`
+    // first makes a browser that offers both speak HTTP/2.
+    config.alpn_protocols = match http2 {
+        true => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        false => vec![b"http/1.1".to_vec()],
+    };
     config.ticketer = rustls::crypto::ring::Ticketer::new()?;
     // One ticket is enough for a browser's next connection and costs half the bytes.
     config.send_tls13_tickets = 1;

@@ -529,7 +529,7 @@ pub struct Http2Server {
 impl Http2Server {
     /// A server presenting `identity`, with `config`'s limits.
     pub fn new(identity: Arc<TlsIdentity>, config: Http2Config) -> Result<Self, TlsError> {
-        let mut tls = rustls::ServerConfig::clone(&*crate::tls::server_config(identity)?);
+        let mut tls = rustls::ServerConfig::clone(&*crate::tls::server_config(identity, false)?);
         tls.alpn_protocols = if config.http2 {
             vec![b"h2".to_vec(), b"http/1.1".to_vec()]
         } else {
