@@ -38,6 +38,11 @@
 //! the API is a [`UsageError`].
 #![no_std]
 
+// The README's driver sketch, compiled with the doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 extern crate alloc;
 #[cfg(test)]
 extern crate std;
