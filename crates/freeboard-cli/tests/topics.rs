@@ -295,10 +295,19 @@ fn keyed_conflate_keeps_every_instrument_for_a_slow_subscriber() {
 
 /// Subscribers resume with `since` while a publisher on another loop streams: the replay (read
 /// from the history) and the live stream (the publications already in the loop's inbox then)
-/// overlap, and each offset still arrives once, in order, none missing.
+/// overlap, and each offset still arrives once, in order, none missing. What is checked is the
+/// overlap, not a slow-consumer policy: the topics' high watermark is 2M, since a replay larger
+/// than the default 64K puts its reader behind at once, and under the default `conflate` the
+/// next live publication would then drop the replay's unsent messages (counted). The
+/// publisher never reads its copies: conflate keeps its own queue under the cap.
 #[test]
 fn a_replay_that_overlaps_the_live_stream_sends_each_offset_once() {
+    let config = std::env::temp_dir().join(format!("freeboard-replay-{}.toml", std::process::id()));
+    std::fs::write(&config, "[topics]\nsend_low = \"1M\"\nsend_high = \"2M\"\nsend_cap = \"4M\"\n")
+        .unwrap();
     let serve = Serve::start(&[
+        "--config",
+        config.to_str().unwrap(),
         "--client-publish",
         "--threads",
         "2",
@@ -307,6 +316,7 @@ fn a_replay_that_overlaps_the_live_stream_sends_each_offset_once() {
         "--history-prefix",
         "feed",
     ]);
+    std::fs::remove_file(&config).unwrap();
     let (publisher, _) = subscribe(&serve.addr, "/topic/feed");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let streamer = {
