@@ -159,13 +159,14 @@ impl FairShare {
         }
     }
 
-    /// Whether `queue` holds more than a message in flight: more than [`IN_FLIGHT_CHUNKS`]
-    /// chunks, or more messages than that. Where shares are smaller (a budget spent on
+    /// Whether `queue` holds more than one message in flight ([`IN_FLIGHT_CHUNKS`] of
+    /// chunks, or of slots): where shares are smaller than that (a budget spent on
     /// connections' kernel memory), a reader's one reply — or its 101 — is not what starves
-    /// the pool. Messages count on their own: a queue of many small publications holds few
+    /// the pool. Slots count on their own: a queue of many small publications holds few
     /// chunks (they are shared frames) and a slot for each.
     fn beyond_in_flight(&self, pool: &Pool<'_>, queue: &SendQueue) -> bool {
-        held_chunks(pool, queue) > IN_FLIGHT_CHUNKS || queue.messages() as usize > IN_FLIGHT_CHUNKS
+        let held = held_chunks(pool, queue);
+        held > IN_FLIGHT_CHUNKS || queue.messages() as usize + held > IN_FLIGHT_CHUNKS
     }
 
     /// Whether the pool has less free than the floor plus one fair share: a connection within
