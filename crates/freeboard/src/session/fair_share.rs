@@ -22,9 +22,6 @@
 //! - a message that arrives in pieces is judged the same way: under contention what it holds
 //!   and what its connection has queued may not pass the fair share
 //!   ([`FairShare::reassembly_room`]), else the connection is closed 1013;
-//! - when the pool is short, a connection not yet behind that holds more than its share and
-//!   more than a message in flight meets its policy too: a peer that does not read many small
-//!   publications holds a slot for each long before their bytes reach its high watermark;
 //! - when the pool is short for other reasons, the new work is refused
 //!   ([`PushOutcome::WouldBlock`](freeboard_buf::PushOutcome::WouldBlock) with
 //!   [`Limit::Pool`](freeboard_buf::Limit::Pool), counted as `pool_exhausted`); a connection
@@ -134,10 +131,6 @@ impl FairShare {
         let past_share = self.past_share(pool, queue, need);
         match (behind, short) {
             (true, _) if past_share || short => Room::Culprit,
-            // Below its high watermark yet holding more than its share and more than a
-            // message in flight: many small publications a peer does not read take a slot
-            // each long before their bytes reach a watermark.
-            (false, true) if past_share && self.beyond_in_flight(pool, queue) => Room::Culprit,
             (false, true) => Room::Exhausted,
             _ => Room::Fits,
         }
@@ -159,14 +152,11 @@ impl FairShare {
         }
     }
 
-    /// Whether `queue` holds more than one message in flight ([`IN_FLIGHT_CHUNKS`] of
-    /// chunks, or of slots): where shares are smaller than that (a budget spent on
-    /// connections' kernel memory), a reader's one reply — or its 101 — is not what starves
-    /// the pool. Slots count on their own: a queue of many small publications holds few
-    /// chunks (they are shared frames) and a slot for each.
+    /// Whether `queue` holds more than [`IN_FLIGHT_CHUNKS`]: where shares are smaller than
+    /// that (a budget spent on connections' kernel memory), a reader's one reply — or its 101
+    /// — is not what starves the pool.
     fn beyond_in_flight(&self, pool: &Pool<'_>, queue: &SendQueue) -> bool {
-        let held = held_chunks(pool, queue);
-        held > IN_FLIGHT_CHUNKS || queue.messages() as usize + held > IN_FLIGHT_CHUNKS
+        held_chunks(pool, queue) > IN_FLIGHT_CHUNKS
     }
 
     /// Whether the pool has less free than the floor plus one fair share: a connection within

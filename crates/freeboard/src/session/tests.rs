@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use freeboard_buf::{
-    Budget, Frame, Pool, PoolConfig, PushOutcome, SendQueue, SlowConsumerPolicy, Watermarks,
-    Writability,
+    Budget, Pool, PoolConfig, PushOutcome, SendQueue, SlowConsumerPolicy, Watermarks, Writability,
 };
 use freeboard_proto::{CloseCode, Config, Instant, MessageKind, Role, State};
 
@@ -829,29 +828,4 @@ fn a_client_that_hangs_up_leaves_an_event_stream_cleanly() {
     session.handle_eof(&mut cx);
     let closed = end.session.poll_close().expect("closed");
     assert_eq!((closed.code, closed.clean), (CloseCode::GOING_AWAY, true));
-}
-
-/// Many small publications to a peer that does not read take a slot each long before their
-/// bytes reach its high watermark: once the pool's slots are short, such a queue holding more
-/// than its share is the culprit (its policy acts), and a queue that keeps up is refused
-/// only for want of room, never charged.
-#[test]
-fn a_queue_of_small_messages_past_its_share_of_slots_pays_below_its_watermark() {
-    let chunk = 1024;
-    let config = PoolConfig::new().with_chunk_size(chunk).with_segments_per_chunk(2);
-    let mut pool = Pool::new(Budget::new(64 * 1100), config).unwrap();
-    let marks = Watermarks::new(32 * chunk, 48 * chunk, 64 * chunk).unwrap();
-    let share = FairShare::new(&pool, 8);
-    let frame = Frame::from_parts(&mut pool, &[b"publication"]).unwrap();
-    let mut hog = SendQueue::new(marks, SlowConsumerPolicy::DropOldest);
-    let keeping_up = SendQueue::new(marks, SlowConsumerPolicy::DropOldest);
-    while pool.segments_total() - pool.segments_in_use() > 4 {
-        assert!(matches!(hog.push_frame(&mut pool, &frame).outcome, PushOutcome::Queued));
-    }
-    assert!(hog.is_writable(), "its bytes are far below its high watermark");
-    assert!(pool.chunks_free() > pool.chunks_total() / 2, "chunks are plentiful");
-    assert_eq!(share.judge(&pool, &hog, 13), fair_share::Room::Culprit);
-    assert_eq!(share.judge(&pool, &keeping_up, 13), fair_share::Room::Exhausted);
-    let _ = hog.clear(&mut pool);
-    frame.release(&mut pool);
 }
