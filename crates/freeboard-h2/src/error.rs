@@ -44,23 +44,7 @@ impl ErrorCode {
 
     /// The code's name in RFC 9113 §7, or `None` for a code it does not define.
     pub fn name(self) -> Option<&'static str> {
-        const NAMES: [&str; 14] = [
-            "NO_ERROR",
-            "PROTOCOL_ERROR",
-            "INTERNAL_ERROR",
-            "FLOW_CONTROL_ERROR",
-            "SETTINGS_TIMEOUT",
-            "STREAM_CLOSED",
-            "FRAME_SIZE_ERROR",
-            "REFUSED_STREAM",
-            "CANCEL",
-            "COMPRESSION_ERROR",
-            "CONNECT_ERROR",
-            "ENHANCE_YOUR_CALM",
-            "INADEQUATE_SECURITY",
-            "HTTP_1_1_REQUIRED",
-        ];
-        NAMES.get(self.0 as usize).copied()
+        ERROR_CODE_NAMES.get(self.0 as usize).copied()
     }
 }
 
@@ -161,3 +145,21 @@ impl From<InsufficientSize> for UsageError {
         Self::InsufficientSize(error)
     }
 }
+
+/// The error codes' names in RFC 9113 §7, indexed by their value.
+pub const ERROR_CODE_NAMES: [&str; 14] = [
+    "NO_ERROR",
+    "PROTOCOL_ERROR",
+    "INTERNAL_ERROR",
+    "FLOW_CONTROL_ERROR",
+    "SETTINGS_TIMEOUT",
+    "STREAM_CLOSED",
+    "FRAME_SIZE_ERROR",
+    "REFUSED_STREAM",
+    "CANCEL",
+    "COMPRESSION_ERROR",
+    "CONNECT_ERROR",
+    "ENHANCE_YOUR_CALM",
+    "INADEQUATE_SECURITY",
+    "HTTP_1_1_REQUIRED",
+];

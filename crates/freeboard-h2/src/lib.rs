@@ -60,7 +60,9 @@ mod stream_id;
 pub use config::{Config, ConfigBuilder, DEFAULT_WINDOW};
 pub use connection::{Connection, Event, Received};
 pub use counters::Counters;
-pub use error::{ConnectionError, ErrorCode, FrameError, InsufficientSize, UsageError};
+pub use error::{
+    ConnectionError, ERROR_CODE_NAMES, ErrorCode, FrameError, InsufficientSize, UsageError,
+};
 pub use request::Request;
 pub use stream_id::StreamId;
 

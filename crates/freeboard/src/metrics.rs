@@ -88,22 +88,7 @@ pub const HTTP2_RESET_REASONS: [&str; 3] = ["client", "server", "connection_end"
 
 /// The error codes of the GOAWAYs the server sends (`freeboard_http2_goaways_total{reason}`):
 /// every code RFC 9113 §7 names (a code it does not name is exported in hex).
-pub const HTTP2_GOAWAY_CODES: [&str; 14] = [
-    "NO_ERROR",
-    "PROTOCOL_ERROR",
-    "INTERNAL_ERROR",
-    "FLOW_CONTROL_ERROR",
-    "SETTINGS_TIMEOUT",
-    "STREAM_CLOSED",
-    "FRAME_SIZE_ERROR",
-    "REFUSED_STREAM",
-    "CANCEL",
-    "COMPRESSION_ERROR",
-    "CONNECT_ERROR",
-    "ENHANCE_YOUR_CALM",
-    "INADEQUATE_SECURITY",
-    "HTTP_1_1_REQUIRED",
-];
+pub const HTTP2_GOAWAY_CODES: [&str; 14] = freeboard_h2::ERROR_CODE_NAMES;
 
 /// Why a TLS connection was refused or failed (`freeboard_tls_refusals_total{reason}`): the
 /// server's own reasons, the kinds of TLS error, and each alert a client may send.

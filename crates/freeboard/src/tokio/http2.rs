@@ -248,22 +248,7 @@ pub struct Http2Stats {
 }
 
 /// The HTTP/2 error codes (RFC 9113 §7), indexed by their value.
-pub const ERROR_CODES: [&str; 14] = [
-    "NO_ERROR",
-    "PROTOCOL_ERROR",
-    "INTERNAL_ERROR",
-    "FLOW_CONTROL_ERROR",
-    "SETTINGS_TIMEOUT",
-    "STREAM_CLOSED",
-    "FRAME_SIZE_ERROR",
-    "REFUSED_STREAM",
-    "CANCEL",
-    "COMPRESSION_ERROR",
-    "CONNECT_ERROR",
-    "ENHANCE_YOUR_CALM",
-    "INADEQUATE_SECURITY",
-    "HTTP_1_1_REQUIRED",
-];
+pub const ERROR_CODES: [&str; 14] = freeboard_h2::ERROR_CODE_NAMES;
 
 /// The slot of `code` in a table sized `ERROR_CODES.len() + 1`: unknown codes share the last.
 fn code_slot(code: u32) -> usize {
