@@ -159,6 +159,7 @@ struct Netns {
     link: String,
     host: String,
     inside: String,
+    subnet: String,
 }
 
 impl Netns {
@@ -170,9 +171,10 @@ impl Netns {
             link: format!("fbc{id}h"),
             host: format!("10.37.{net}.1"),
             inside: format!("10.37.{net}.2"),
+            subnet: format!("10.37.{net}.0/30"),
         };
         let peer = format!("fbc{id}n");
-        let steps: [&[&str]; 8] = [
+        let steps: [&[&str]; 9] = [
             &["netns", "add", &ns.name],
             &["link", "add", &ns.link, "type", "veth", "peer", "name", &peer],
             &["link", "set", &peer, "netns", &ns.name],
@@ -181,6 +183,10 @@ impl Netns {
             &["-n", &ns.name, "addr", "add", &format!("{}/30", ns.inside), "dev", &peer],
             &["-n", &ns.name, "link", "set", &peer, "up"],
             &["-n", &ns.name, "link", "set", "lo", "up"],
+            // While the link is down its own route is gone: without this one, packets to the
+            // namespace would take the default route off the machine, and a connection to it
+            // would wait for minutes instead of failing at once as a partitioned one does.
+            &["route", "add", "unreachable", &ns.subnet, "metric", "4242"],
         ];
         for step in steps {
             let ok = Command::new("ip").args(step).stderr(Stdio::null()).status();
@@ -202,6 +208,7 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        let _ = Command::new("ip").args(["route", "del", "unreachable", &self.subnet]).status();
         let _ = Command::new("ip").args(["link", "del", &self.link]).status();
         let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
@@ -858,7 +865,16 @@ fn chaos_every_acknowledged_publication_is_delivered_or_signalled() {
         let settled = all_up && last.1.elapsed() >= Duration::from_secs(3);
         if settled || settle_from.elapsed() >= Duration::from_secs(30) {
             if !settled {
-                eprintln!("chaos: not every subscriber was back and quiet within 30 s");
+                let away: Vec<String> = subscribers
+                    .iter()
+                    .filter(|(_, _, up, _)| !up.load(Ordering::Relaxed))
+                    .map(|(log, _, _, _)| log.lock().unwrap().name.clone())
+                    .collect();
+                let browser_up = browser.as_mut().map(|(_, _, page)| page.eval("up"));
+                eprintln!(
+                    "chaos: not every subscriber was back and quiet within 30 s \
+                     (away: {away:?}; the browser's up: {browser_up:?})"
+                );
             }
             break;
         }

@@ -9,6 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
+/// How long the proxy waits for its upstream to accept a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A proxy from a loopback port to `upstream`, cut on command.
 #[derive(Debug)]
 pub struct CutProxy {
@@ -50,7 +53,9 @@ impl CutProxy {
                     reset(&client);
                     continue;
                 }
-                let Ok(server) = TcpStream::connect(accept.upstream) else {
+                // Bounded, so that an upstream out of reach stalls no later client for long.
+                let Ok(server) = TcpStream::connect_timeout(&accept.upstream, CONNECT_TIMEOUT)
+                else {
                     reset(&client);
                     continue;
                 };
