@@ -110,7 +110,9 @@ fn append_consume(c: &mut Criterion) {
             })
         });
         group.bench_with_input(BenchmarkId::new("send_queue", size), &size, |b, _| {
-            let marks = Watermarks::new(usize::MAX, usize::MAX, usize::MAX).unwrap();
+            let marks =
+                Watermarks::new(Watermarks::MAX_CAP, Watermarks::MAX_CAP, Watermarks::MAX_CAP)
+                    .unwrap();
             let mut queue = SendQueue::new(marks, SlowConsumerPolicy::Close);
             b.iter(|| {
                 for _ in 0..BATCH {

@@ -25,10 +25,12 @@ use core::fmt;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Watermarks {
-    /// Invariant: `low <= high <= cap`.
-    low: usize,
-    high: usize,
-    cap: usize,
+    /// Invariant: `low <= high <= cap`. Four bytes each: a queue's level never passes
+    /// [`MAX_CAP`](Self::MAX_CAP) by more than a control frame, and every connection's queue
+    /// holds them.
+    low: u32,
+    high: u32,
+    cap: u32,
     /// Invariant: `false` iff the last observed level rose above `high` and no level observed
     /// since has been `<= low`.
     writable: bool,
@@ -39,27 +41,30 @@ impl Watermarks {
     pub const DEFAULT: Self =
         Self { low: 32 << 10, high: 64 << 10, cap: 256 << 10, writable: true };
 
-    /// Watermarks at `low <= high <= cap` bytes, starting writable.
+    /// The largest cap: 4 GiB less a byte.
+    pub const MAX_CAP: usize = u32::MAX as usize;
+
+    /// Watermarks at `low <= high <= cap <= MAX_CAP` bytes, starting writable.
     pub const fn new(low: usize, high: usize, cap: usize) -> Result<Self, WatermarkError> {
-        if low > high || high > cap {
+        if low > high || high > cap || cap > Self::MAX_CAP {
             return Err(WatermarkError { low, high, cap });
         }
-        Ok(Self { low, high, cap, writable: true })
+        Ok(Self { low: low as u32, high: high as u32, cap: cap as u32, writable: true })
     }
 
     /// The level at or below which the queue becomes writable again.
     pub const fn low(&self) -> usize {
-        self.low
+        self.low as usize
     }
 
     /// The level above which the queue becomes not writable.
     pub const fn high(&self) -> usize {
-        self.high
+        self.high as usize
     }
 
     /// The most bytes of data messages the queue holds.
     pub const fn cap(&self) -> usize {
-        self.cap
+        self.cap as usize
     }
 
     /// Whether producers may keep writing.
@@ -70,10 +75,10 @@ impl Watermarks {
     /// Records the queue's new level; returns the transition if this level crossed a mark.
     #[inline]
     pub fn observe(&mut self, level: usize) -> Option<Writability> {
-        if self.writable && level > self.high {
+        if self.writable && level > self.high() {
             self.writable = false;
             Some(Writability::NotWritable)
-        } else if !self.writable && level <= self.low {
+        } else if !self.writable && level <= self.low() {
             self.writable = true;
             Some(Writability::Writable)
         } else {
@@ -88,7 +93,8 @@ impl Default for Watermarks {
     }
 }
 
-/// Watermarks that are not ordered `low <= high <= cap`.
+/// Watermarks that are not ordered `low <= high <= cap`, or a cap past
+/// [`Watermarks::MAX_CAP`].
 ///
 /// ```
 /// use freeboard_buf::Watermarks;
@@ -110,7 +116,7 @@ impl fmt::Display for WatermarkError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "watermarks must satisfy low <= high <= cap, got {} / {} / {}",
+            "watermarks must satisfy low <= high <= cap <= 4 GiB, got {} / {} / {}",
             self.low, self.high, self.cap
         )
     }

@@ -349,11 +349,11 @@ impl ChunkChain {
         (total, completed)
     }
 
-    /// Finds the oldest message a policy may drop — not in flight, not a control message —
-    /// and returns `(segment before it or NIL, its first segment)`.
-    pub(crate) fn find_droppable(&self, view: View<'_>) -> Option<(u32, u32)> {
-        let mut prev = NIL;
-        let mut cur = self.head;
+    /// Finds the oldest message after segment `kept` (the last of those no policy drops; NIL:
+    /// none) that a policy may drop — not in flight, not a control message — and returns
+    /// `(segment before it or NIL, its first segment)`.
+    pub(crate) fn find_droppable(&self, view: View<'_>, kept: u32) -> Option<(u32, u32)> {
+        let (mut prev, mut cur) = self.after(view, kept);
         while cur != NIL {
             let seg = view.segment(cur);
             if seg.starts_message() && !seg.is_control() {
@@ -389,22 +389,32 @@ impl ChunkChain {
         bytes
     }
 
-    /// Bytes a policy may not drop: the rest of a message in flight and control messages.
-    pub(crate) fn undroppable_bytes(&self, view: View<'_>) -> usize {
-        let mut bytes = 0;
+    /// Bytes a policy may not drop: the rest of a message in flight, control messages, and
+    /// everything up to segment `kept` (see [`find_droppable`](Self::find_droppable)), which
+    /// is not walked.
+    pub(crate) fn undroppable_bytes(&self, view: View<'_>, kept: u32) -> usize {
+        let mut droppable = 0;
         let mut keep = true; // the head message is kept unless it has not started
-        let mut cur = self.head;
+        let (_, mut cur) = self.after(view, kept);
         while cur != NIL {
             let seg = view.segment(cur);
             if seg.starts_message() {
                 keep = seg.is_control();
             }
-            if keep {
-                bytes += seg.len();
+            if !keep {
+                droppable += seg.len();
             }
             cur = seg.next;
         }
-        bytes
+        self.len - droppable
+    }
+
+    /// `(kept, the segment after it)`, or `(NIL, the head)` when `kept` is NIL.
+    fn after(&self, view: View<'_>, kept: u32) -> (u32, u32) {
+        match kept {
+            NIL => (NIL, self.head),
+            kept => (kept, view.segment(kept).next),
+        }
     }
 
     pub(crate) fn head_index(&self) -> u32 {
@@ -430,7 +440,6 @@ impl ChunkChain {
         n
     }
 
-    #[cfg(test)]
     pub(crate) fn tail_index(&self) -> u32 {
         self.tail
     }

@@ -1654,7 +1654,7 @@ mod tests {
         assert_eq!(size_of::<SegmentSlot>(), 16);
         if cfg!(target_pointer_width = "64") {
             assert_eq!(size_of::<crate::ChunkChain>(), 16);
-            assert_eq!(size_of::<crate::SendQueue>(), 56);
+            assert_eq!(size_of::<crate::SendQueue>(), 48);
             assert_eq!(size_of::<crate::Frame>(), 16);
         }
     }

@@ -269,6 +269,7 @@ enum QueueOp {
     ReleaseFrame { frame: usize },
     Write { queue: usize, n: usize, iov: usize },
     Discard { queue: usize },
+    Keep { queue: usize },
 }
 
 fn queue_op() -> impl Strategy<Value = QueueOp> {
@@ -281,6 +282,7 @@ fn queue_op() -> impl Strategy<Value = QueueOp> {
         1 => (0..4usize).prop_map(|frame| QueueOp::ReleaseFrame { frame }),
         6 => (0..2usize, 0..160usize, 1..5usize).prop_map(|(queue, n, iov)| QueueOp::Write { queue, n, iov }),
         1 => (0..2usize).prop_map(|queue| QueueOp::Discard { queue }),
+        1 => (0..2usize).prop_map(|queue| QueueOp::Keep { queue }),
     ]
 }
 
@@ -301,6 +303,8 @@ struct ModelMessage {
     bytes: Vec<u8>,
     sent: usize,
     control: bool,
+    /// Queued when [`SendQueue::keep_queued`] was called.
+    kept: bool,
 }
 
 /// A send queue as plain data: whole messages and how much of each went out.
@@ -327,7 +331,7 @@ impl ModelQueue {
     }
 
     fn droppable(m: &ModelMessage) -> bool {
-        m.sent == 0 && !m.control
+        m.sent == 0 && !m.control && !m.kept
     }
 
     fn undroppable_bytes(&self) -> usize {
@@ -411,7 +415,7 @@ impl ModelQueue {
             }
         };
         if keep {
-            self.messages.push_back(ModelMessage { bytes, sent: 0, control: false });
+            self.messages.push_back(ModelMessage { bytes, sent: 0, control: false, kept: false });
         }
         Ok(())
     }
@@ -561,7 +565,7 @@ proptest! {
                         Ok(event) => {
                             prop_assert!(level + bytes.len() <= cap + MAX_CONTROL_FRAME);
                             models[q].offered.push(bytes.clone());
-                            models[q].messages.push_back(ModelMessage { bytes, sent: 0, control: true });
+                            models[q].messages.push_back(ModelMessage { bytes, sent: 0, control: true, kept: false });
                             models[q].observe(event)?;
                         }
                         Err(Limit::Cap) => prop_assert!(level + bytes.len() > cap + MAX_CONTROL_FRAME),
@@ -588,7 +592,13 @@ proptest! {
                 QueueOp::Write { queue: q, n, iov } => {
                     write(&mut queues[q], &mut models[q], &mut pool, n, iov)?;
                 }
+                QueueOp::Keep { queue: q } => {
+                    queues[q].keep_queued();
+                    models[q].messages.iter_mut().for_each(|m| m.kept = true);
+                }
                 QueueOp::Discard { queue: q } => {
+                    // A closing connection's discard takes kept messages too.
+                    models[q].messages.iter_mut().for_each(|m| m.kept = false);
                     let before = models[q].messages.len();
                     let gone = queues[q].discard_unsent(&mut pool);
                     let mut bytes = 0;
@@ -606,6 +616,7 @@ proptest! {
             for (queue, model) in queues.iter().zip(&models) {
                 prop_assert_eq!(queue.len(), model.level());
                 prop_assert_eq!(queue.messages() as usize, model.messages.len());
+                prop_assert_eq!(queue.kept() as usize, model.messages.iter().filter(|m| m.kept).count());
                 prop_assert_eq!(queue.segments(&pool).flatten().copied().collect::<Vec<u8>>(), model.unsent());
                 prop_assert!(queue.len() <= queue.watermarks().cap() + MAX_CONTROL_FRAME);
                 prop_assert_eq!(

@@ -2,7 +2,7 @@
 
 use crate::backpressure::{SlowConsumerPolicy, Watermarks, Writability};
 use crate::chain::{ChunkChain, Frame, Part, Segments};
-use crate::pool::{Pool, PoolError, Slab};
+use crate::pool::{NIL, Pool, PoolError, Slab};
 
 /// The largest control frame on the wire: 2 header bytes, a 4-byte mask and 125 payload bytes
 /// (RFC 6455 §5.5: "All control frames MUST have a payload length of 125 bytes or less").
@@ -63,6 +63,12 @@ pub struct SendQueue {
     messages: u32,
     /// Under [`SlowConsumerPolicy::Conflate`]: conflate per key rather than all at once.
     conflate_key: Option<ConflateKey>,
+    /// Invariant: `kept <= messages`; the first `kept` messages (the one in flight counted)
+    /// are dropped by no policy ([`keep_queued`](Self::keep_queued)).
+    kept: u32,
+    /// Invariant: the last segment of the last kept message while `kept > 0`, else `NIL`: the
+    /// policies look for what to drop after it, so a long replay is not walked per push.
+    kept_tail: u32,
 }
 
 /// How a keyed `conflate` queue tells a message's key: the bytes of the message's payload (an
@@ -150,7 +156,8 @@ fn is_offset(bytes: &[u8]) -> bool {
 impl SendQueue {
     /// An empty queue.
     pub const fn new(watermarks: Watermarks, policy: SlowConsumerPolicy) -> Self {
-        Self { chain: ChunkChain::new(), watermarks, policy, messages: 0, conflate_key: None }
+        let chain = ChunkChain::new();
+        Self { chain, watermarks, policy, messages: 0, conflate_key: None, kept: 0, kept_tail: NIL }
     }
 
     /// Makes a `conflate` queue conflate per key (see [`ConflateKey`]).
@@ -172,6 +179,43 @@ impl SendQueue {
     /// Messages with at least one unsent byte, including one in flight.
     pub const fn messages(&self) -> u32 {
         self.messages
+    }
+
+    /// Keeps every message queued now from the policy: no policy drops them later, and a
+    /// policy that needs room drops newer messages (or the new one) instead. For what a
+    /// peer asked for and must get whole or not at all — a resumed subscriber's replay — so
+    /// that a publication arriving behind it cannot conflate it away. They still count
+    /// against the cap. [`discard_unsent`](Self::discard_unsent) and [`clear`](Self::clear)
+    /// drop them (the connection is closing).
+    ///
+    /// ```
+    /// use freeboard_buf::{Budget, Pool, PoolConfig, PushOutcome, SendQueue, SlowConsumerPolicy, Watermarks};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut pool = Pool::new(Budget::new(1 << 20), PoolConfig::new())?;
+    /// let mut queue = SendQueue::new(Watermarks::new(2, 4, 64)?, SlowConsumerPolicy::Conflate);
+    /// for message in [b"replay1", b"replay2"] {
+    ///     let _ = queue.push_message(&mut pool, &[message]);
+    ///     queue.keep_queued(); // after each: replay2 finds the queue behind
+    /// }
+    /// let _ = queue.push_message(&mut pool, &[b"live1"]);
+    /// let pushed = queue.push_message(&mut pool, &[b"live2"]);
+    /// assert_eq!(pushed.outcome, PushOutcome::Dropped { newest: false, messages: 1, bytes: 5 });
+    /// let mut out = [0u8; 64];
+    /// let n = queue.copy_to(&pool, &mut out);
+    /// assert_eq!(&out[..n], b"replay1replay2live2");
+    /// let _ = queue.clear(&mut pool);
+    /// # Ok(()) }
+    /// ```
+    pub fn keep_queued(&mut self) {
+        self.kept = self.messages;
+        self.kept_tail = if self.kept == 0 { NIL } else { self.chain.tail_index() };
+    }
+
+    /// Messages [`keep_queued`](Self::keep_queued) keeps from the policy that are still
+    /// queued (the one in flight counted).
+    pub const fn kept(&self) -> u32 {
+        self.kept
     }
 
     /// Whether producers may keep writing (see [`Watermarks`]).
@@ -444,12 +488,18 @@ impl SendQueue {
     pub fn consume(&mut self, pool: &mut Pool<'_>, n: usize) -> Option<Writability> {
         let (_, completed) = self.chain.consume_messages(&mut pool.slab(), n);
         self.messages -= completed;
+        self.kept = self.kept.saturating_sub(completed);
+        if self.kept == 0 {
+            self.kept_tail = NIL;
+        }
         self.watermarks.observe(self.len())
     }
 
     /// Drops every message that has not started to go out, except control messages (before
-    /// queueing a close frame, say). Counted in [`Counters::discarded`](crate::Counters).
+    /// queueing a close frame, say), kept ones too. Counted in
+    /// [`Counters::discarded`](crate::Counters).
     pub fn discard_unsent(&mut self, pool: &mut Pool<'_>) -> Discarded {
+        (self.kept, self.kept_tail) = (0, NIL);
         let (messages, bytes) = self.drop_unsent(pool, usize::MAX);
         pool.record_discard(messages, bytes);
         Discarded { messages, bytes, writability: self.watermarks.observe(self.len()) }
@@ -474,6 +524,7 @@ impl SendQueue {
         let (messages, bytes) = (self.chain.data_messages(pool.view()), self.len());
         self.chain.clear(pool);
         self.messages = 0;
+        (self.kept, self.kept_tail) = (0, NIL);
         pool.record_discard(messages, bytes);
         Discarded { messages, bytes, writability: self.watermarks.observe(0) }
     }
@@ -562,7 +613,9 @@ impl SendQueue {
                 PushOutcome::MustClose { limit: Limit::Cap, messages: 1 }
             }
             SlowConsumerPolicy::DropOldest | SlowConsumerPolicy::Conflate => {
-                if self.chain.undroppable_bytes(pool.view()).saturating_add(len) > cap {
+                if self.chain.undroppable_bytes(pool.view(), self.kept_tail).saturating_add(len)
+                    > cap
+                {
                     // Even dropping every unsent message would not make room: drop the new one
                     // and keep the older ones.
                     pool.record_drop(policy, 1, len);
@@ -666,15 +719,18 @@ impl SendQueue {
         let wanted = key.of(&wanted[..n]);
         let (mut messages, mut bytes) = (0, 0);
         let mut prefix = [0u8; ConflateKey::PREFIX];
-        let (mut prev, mut cur) = (crate::pool::NIL, self.chain.head_index());
-        while cur != newest && cur != crate::pool::NIL {
+        let (mut prev, mut cur) = match self.kept_tail {
+            NIL => (NIL, self.chain.head_index()),
+            kept => (kept, slab.view().segment(kept).next),
+        };
+        while cur != newest && cur != NIL {
             let seg = slab.view().segment(cur);
             if seg.starts_message() && !seg.is_control() {
                 let n = self.chain.message_prefix(slab.view(), cur, &mut prefix);
                 if key.of(&prefix[..n]) == wanted {
                     bytes += self.chain.unlink_message(&mut slab, prev, cur);
                     messages += 1;
-                    cur = if prev == crate::pool::NIL {
+                    cur = if prev == NIL {
                         self.chain.head_index()
                     } else {
                         slab.view().segment(prev).next
@@ -695,7 +751,9 @@ impl SendQueue {
         let (mut messages, mut bytes) = (0, 0);
         let mut slab = pool.slab();
         while bytes < bytes_wanted {
-            let Some((prev, first)) = self.chain.find_droppable(slab.view()) else { break };
+            let Some((prev, first)) = self.chain.find_droppable(slab.view(), self.kept_tail) else {
+                break;
+            };
             bytes += self.chain.unlink_message(&mut slab, prev, first);
             messages += 1;
         }

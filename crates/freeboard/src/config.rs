@@ -787,7 +787,7 @@ pub fn parse_policy(name: &str) -> Result<SlowConsumerPolicy, ConfigError> {
 pub enum ConfigError {
     /// `threads` is 0.
     NoThreads,
-    /// `{prefix}send_low <= {prefix}send_high <= {prefix}send_cap` does not hold (the prefix
+    /// `{prefix}send_low <= {prefix}send_high <= {prefix}send_cap <= 4 GiB` does not hold (the prefix
     /// is `topics.` for the topic routes' queues).
     Watermarks {
         /// `""` or `"topics."`.
@@ -864,7 +864,7 @@ impl std::fmt::Display for ConfigError {
             Self::NoThreads => f.write_str("threads must be at least 1"),
             Self::Watermarks { prefix } => write!(
                 f,
-                "send watermarks must satisfy {prefix}send_low <= {prefix}send_high <= {prefix}send_cap"
+                "send watermarks must satisfy {prefix}send_low <= {prefix}send_high <= {prefix}send_cap <= 4 GiB"
             ),
             Self::AcceptRate => f.write_str(
                 "accept_rate, accept_rate_per_ip and admin.rate_per_ip must be 0 (off) or positive",

@@ -574,13 +574,19 @@ impl Conn<'_> {
     /// holds all of it, or the send queue could not take it all: close the connection with
     /// [`HISTORY_GONE`](crate::history::HISTORY_GONE). A topic without history has nothing to
     /// recover. Live publications of the topic that the replay already sent are not sent
-    /// again: each offset arrives once.
+    /// again: each offset arrives once. The replay is kept from the slow-consumer policy: a
+    /// publication arriving behind it never drops or conflates it (the policy acts on what
+    /// follows it), and a pool that needs its memory back closes the connection with 1013,
+    /// so that the client resumes from what it received.
     pub fn recover(&mut self, topic: &str, since: &str) -> bool {
         let Replay::Missed(missed, through) = self.hub.recover(topic, since) else {
             return false;
         };
         let events = self.session.is_event_stream();
         let resumes = events && self.first_topic().is_some_and(|first| *first == *topic);
+        // Into the queue, where it can be kept, behind what the cork holds.
+        self.session.spill_cork(&mut self.cx);
+        let cork = self.cx.cork.take();
         let sent = missed.iter().all(|(kind, data)| {
             let outcome = match events {
                 false => self.send(*kind, data),
@@ -597,11 +603,13 @@ impl Conn<'_> {
                     }
                 }
             };
+            self.session.keep_queued();
             matches!(
                 outcome,
                 SendOutcome::Queue(PushOutcome::Queued | PushOutcome::QueuedAboveHigh)
             )
         });
+        self.cx.cork = cork;
         // What the replay sent may be in the loop's inbox too, on its way live: each offset
         // is sent once.
         sent && through.is_none_or(|through| self.topics.resumed(self.token, topic, through))

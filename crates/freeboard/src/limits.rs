@@ -169,7 +169,7 @@ impl Limits {
         }
     }
 
-    /// The send queue's watermarks and cap; `Err` when `send_low <= send_high <= send_cap`
+    /// The send queue's watermarks and cap; `Err` when `send_low <= send_high <= send_cap <= 4 GiB`
     /// does not hold.
     pub fn send_watermarks(&self) -> Result<Watermarks, LimitsError> {
         let (low, high, cap) = (self.send_low, self.send_high, self.send_cap);
@@ -226,7 +226,7 @@ impl std::fmt::Display for LimitsError {
             Self::Zero(setting) => write!(f, "{setting} must be more than 0"),
             Self::Watermarks { low, high, cap } => write!(
                 f,
-                "send watermarks must satisfy send_low <= send_high <= send_cap, not {low} / {high} / {cap}"
+                "send watermarks must satisfy send_low <= send_high <= send_cap <= 4 GiB, not {low} / {high} / {cap}"
             ),
         }
     }

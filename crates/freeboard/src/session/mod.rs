@@ -841,6 +841,17 @@ impl Session {
             Room::Exhausted => refused(Limit::Pool),
             // Behind and past its share: its own policy acts, as at its cap.
             Room::Culprit => match self.queue.policy() {
+                // What it holds was asked for whole (a replay): rather than cut it, close, so
+                // that the client resumes from the last offset it has.
+                SlowConsumerPolicy::DropOldest | SlowConsumerPolicy::Conflate
+                    if self.queue.kept() > 0 =>
+                {
+                    let _ = self.close(cx, CloseCode::TRY_AGAIN_LATER, "server memory short");
+                    Pushed {
+                        outcome: PushOutcome::MustClose { limit: Limit::Pool, messages: 1 },
+                        writability: None,
+                    }
+                }
                 SlowConsumerPolicy::Block => refused(Limit::Pool),
                 SlowConsumerPolicy::Close => Pushed {
                     outcome: PushOutcome::MustClose { limit: Limit::Pool, messages: 1 },
@@ -899,8 +910,9 @@ impl Session {
     /// Applies this connection's policy to what it already holds when it is past its share of
     /// a contended pool ([`FairShare::over_share`]): `close` ends it — 1008 if it is behind,
     /// else 1013 (the pool is tight, it may be reading) — and `drop_oldest`/`conflate` discard
-    /// its unsent messages; `drop_newest` and `block` keep what they queued. Returns what was
-    /// done, or `None`.
+    /// its unsent messages, or close it with 1013 if some were kept from the policy (a replay,
+    /// which the client then resumes); `drop_newest` and `block` keep what they queued.
+    /// Returns what was done, or `None`.
     pub(crate) fn reclaim(&mut self, cx: &mut Context<'_>) -> Option<PushOutcome> {
         if !matches!(self.phase, Phase::Open(_)) || !cx.share.over_share(cx.pool, &self.queue) {
             return None;
@@ -910,10 +922,11 @@ impl Session {
             return None;
         }
         let behind = !self.queue.is_writable();
+        let kept = self.queue.kept() > 0;
         let gone = self.queue.discard_unsent(cx.pool);
         self.note(gone.writability);
-        if policy == SlowConsumerPolicy::Close {
-            let _ = if behind {
+        if policy == SlowConsumerPolicy::Close || kept {
+            let _ = if behind && policy == SlowConsumerPolicy::Close {
                 self.close(cx, CloseCode::POLICY_VIOLATION, "slow consumer")
             } else {
                 self.close(cx, CloseCode::TRY_AGAIN_LATER, "server memory short")
@@ -1103,7 +1116,7 @@ impl Session {
     }
 
     /// Moves what the cork holds into the queue before anything else is queued after it.
-    fn spill_cork(&mut self, cx: &mut Context<'_>) {
+    pub(crate) fn spill_cork(&mut self, cx: &mut Context<'_>) {
         let Some(cork) = cx.cork.as_deref_mut() else { return };
         if cork.is_empty() {
             return;
@@ -1120,6 +1133,11 @@ impl Session {
         if let Phase::Open(open) = &mut self.phase {
             cx.lot.wake(&mut open.ws).handle_eof();
         }
+    }
+
+    /// Keeps every message queued now from the policy ([`SendQueue::keep_queued`]).
+    pub(crate) fn keep_queued(&mut self) {
+        self.queue.keep_queued();
     }
 
     /// Releases `n` written bytes.

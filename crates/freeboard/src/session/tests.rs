@@ -493,6 +493,35 @@ fn a_queue_past_its_share_is_reclaimed_without_a_push() {
     }
 }
 
+/// A replay kept from the policy ([`SendQueue::keep_queued`]) is not cut when its queue is past
+/// its share of a contended pool: under `drop_oldest` and `conflate` the connection closes with
+/// 1013 instead, so that the client resumes from the last offset it has rather than miss the
+/// rest of what it asked for.
+#[test]
+fn a_kept_replay_past_its_share_closes_1013_rather_than_being_cut() {
+    let marks = Watermarks::new(2048, 4096, 1 << 20).unwrap();
+    for policy in [SlowConsumerPolicy::DropOldest, SlowConsumerPolicy::Conflate] {
+        let mut pair = Pair::with(SendQueue::new(marks, policy), 64 * 1100);
+        pair.server.share = FairShare::new(&pair.server.pool, 4);
+        while pair.server.share.uncontended(&pair.server.pool, 0) {
+            let outcome = pair.server.send(pair.now, MessageKind::Binary, &[7; 1000]);
+            assert!(
+                matches!(outcome, Some(PushOutcome::Queued | PushOutcome::QueuedAboveHigh)),
+                "{policy:?}: the replay is kept whole, {outcome:?}"
+            );
+            pair.server.session.keep_queued();
+        }
+        let held = pair.server.session.queue().messages();
+        let (session, mut cx) = pair.server.cx(pair.now);
+        let closed = PushOutcome::MustClose { limit: Limit::Pool, messages: held };
+        assert_eq!(session.reclaim(&mut cx), Some(closed), "{policy:?}");
+        pair.step(usize::MAX);
+        let closed = pair.client.closed.expect("the client hears why");
+        assert_eq!(closed.code, CloseCode::TRY_AGAIN_LATER, "{policy:?}");
+        assert!(pair.client.received.is_empty(), "nothing unsent is delivered late");
+    }
+}
+
 /// A queue that keeps up (under its high watermark) but holds several shares is left alone
 /// while the pool is merely contended, and charged once it is tight: closed 1013, not as a
 /// slow consumer, so the next reply to a reader that holds nothing still finds its chunks.
