@@ -88,6 +88,58 @@ fn broadcast_refuses_options_it_would_ignore() {
 
 /// A sharded broadcast: two subscriber processes against one `freeboard serve`, then against
 /// two that share nothing (each gets every publication from its own publisher connection).
+/// Many small publications to subscribers that never read take a pool slot each long before
+/// their bytes reach the high watermark: a quarter of 400 subscribers never reading 3,000
+/// publications of 64 B hold more slots than a 4 MiB pool has. The largest holders past their
+/// share pay before each fan-out (their policy acts), so every reader gets every publication
+/// and the pool never refuses one (`pool_exhausted`).
+#[test]
+fn subscribers_that_never_read_small_publications_leave_the_readers_their_slots() {
+    let json = std::env::temp_dir().join(format!("freeboard-slots-{}.json", std::process::id()));
+    for policy in ["drop-oldest", "conflate"] {
+        let serve = Serve::start(&[
+            "--threads",
+            "1",
+            "--memory",
+            "4M",
+            "--client-publish",
+            "--topic-slow-consumer",
+            policy,
+            "--topic-send-cap",
+            "64K",
+            "--no-auto-ping",
+            "--max-connections-per-ip",
+            "1000",
+        ]);
+        let (subscribers, messages, non_readers) = (400u64, 3000u64, 100u64);
+        let output = Command::new(env!("CARGO_BIN_EXE_freeboard"))
+            .args(["bench", "broadcast", &format!("ws://{}/topic/slots", serve.addr)])
+            .args(["--shards", "1", "--subscribers", "400", "--size", "64"])
+            .args(["--messages", "3000", "--non-readers", "25", "--memory", "32M"])
+            .args(["--server-pid", &serve.pid().to_string(), "--json"])
+            .arg(&json)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{policy}: {stderr}");
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let row = &report["broadcasts"][0];
+        assert_eq!(row["non_readers"], non_readers, "{row}");
+        assert_eq!(row["reader_deliveries"], messages * (subscribers - non_readers), "{row}");
+        let drops = |reason: &str| -> u64 {
+            let drops = row["drops"].as_array().expect("the server's drop counters").iter();
+            drops
+                .filter(|d| d[0].as_str().unwrap().contains(&format!("\"{reason}\"")))
+                .map(|d| d[1].as_u64().unwrap())
+                .sum()
+        };
+        assert!(drops(policy) > 0, "{policy}: the non-readers met no policy: {row}");
+        assert_eq!(drops("pool_exhausted"), 0, "{policy}: {row}");
+    }
+    let _ = std::fs::remove_file(&json);
+}
+
 /// Every reader gets every message; a tenth of the subscribers never read, and the servers
 /// count what they drop for them.
 #[test]

@@ -674,8 +674,8 @@ impl PoolHeap {
 
 /// A queue whose only limit is the pool (no cap below it), refusing what the pool cannot hold.
 fn unbounded_queue() -> SendQueue {
-    let top = usize::MAX / 2;
-    // NOTE(unwrap): low <= high <= cap.
+    let top = Watermarks::MAX_CAP;
+    // NOTE(unwrap): low <= high <= cap <= MAX_CAP.
     let marks = Watermarks::new(top, top, top).expect("ordered marks");
     SendQueue::new(marks, SlowConsumerPolicy::Block)
 }

@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
 
-use freeboard_buf::PushOutcome;
+use freeboard_buf::{PushOutcome, Writability};
 use freeboard_proto::{CloseCode, Instant, State};
 
 use slab::Slab;
@@ -150,41 +150,86 @@ impl<T: Transport> EventLoop<T> {
             return;
         }
         let mut changes = std::mem::take(&mut self.changes);
-        for (token, entry) in self.conns.iter_mut() {
-            let policy = entry.session.queue().policy();
-            let behind = !entry.session.queue().is_writable();
-            let mut cx = loop_context!(self, now, None);
-            let ended = entry.session.reclaim_reassembly(&mut cx);
-            match entry.session.reclaim(&mut cx) {
-                None if !ended => continue,
-                None => {}
-                Some(PushOutcome::Dropped { messages, .. }) => {
+        for token in 0..self.conns.capacity() {
+            self.reclaim_one(token, now, 0, &mut changes);
+        }
+        self.writability_changes(now, changes);
+        self.swept = Some(free(&self.pool));
+    }
+
+    /// Makes room for a fan-out that takes `need` slots (one per delivery of a shared frame)
+    /// when the pool would be left below its floor: the connections holding the most past
+    /// their share pay first ([`FairShare::short_of`]), until there is room. Without it, the
+    /// subscribers a publication meets first take the last slots and those after them — who
+    /// may read everything — lose it (`pool_exhausted`), while subscribers that never read
+    /// hold a slot for each of their many small messages below their high watermark.
+    pub(super) fn make_room(&mut self, now: Instant, need: usize) {
+        if !self.share.short_of(&self.pool, need) {
+            return;
+        }
+        let mut holders: Vec<(u32, usize)> = self
+            .conns
+            .iter()
+            .map(|(token, entry)| (entry.session.queue().messages(), token))
+            .filter(|(messages, _)| *messages > 0)
+            .collect();
+        holders.sort_unstable_by(|a, b| b.cmp(a));
+        let mut changes = std::mem::take(&mut self.changes);
+        for (_, token) in holders {
+            if !self.share.short_of(&self.pool, need) {
+                break;
+            }
+            self.reclaim_one(token, now, need, &mut changes);
+        }
+        self.writability_changes(now, changes);
+    }
+
+    /// [`Session::reclaim`](crate::session::Session::reclaim) of connection `token`, if it
+    /// is one, with `need` slots about to be taken; counts what it did.
+    fn reclaim_one(
+        &mut self,
+        token: usize,
+        now: Instant,
+        need: usize,
+        changes: &mut Vec<(usize, Writability)>,
+    ) {
+        let Some(entry) = self.conns.get_mut(token) else { return };
+        let policy = entry.session.queue().policy();
+        let behind = !entry.session.queue().is_writable();
+        let mut cx = loop_context!(self, now, None);
+        let ended = entry.session.reclaim_reassembly(&mut cx);
+        match entry.session.reclaim(&mut cx, need) {
+            None if !ended => return,
+            None => {}
+            Some(PushOutcome::Dropped { messages, .. }) => {
+                self.stats.policy_drops[policy] += u64::from(messages);
+            }
+            Some(outcome) => {
+                if let PushOutcome::MustClose { messages, .. } = outcome {
                     self.stats.policy_drops[policy] += u64::from(messages);
                 }
-                Some(outcome) => {
-                    if let PushOutcome::MustClose { messages, .. } = outcome {
-                        self.stats.policy_drops[policy] += u64::from(messages);
-                    }
-                    if behind {
-                        self.shared.metrics.slow_consumer_closes.inc();
-                    }
+                if behind {
+                    self.shared.metrics.slow_consumer_closes.inc();
                 }
             }
-            if let Some(change) = entry.session.take_writability() {
-                changes.push((token, change));
-            }
-            if !entry.dirty {
-                entry.dirty = true;
-                self.dirty.push(token);
-            }
         }
+        if let Some(change) = entry.session.take_writability() {
+            changes.push((token, change));
+        }
+        if !entry.dirty {
+            entry.dirty = true;
+            self.dirty.push(token);
+        }
+    }
+
+    /// Reports the writability changes a sweep caused, and keeps the list's room.
+    fn writability_changes(&mut self, now: Instant, mut changes: Vec<(usize, Writability)>) {
         for (token, change) in changes.drain(..) {
             if self.conns.contains(token) {
                 self.writability_changed(token, now, change);
             }
         }
         self.changes = changes;
-        self.swept = Some(free(&self.pool));
     }
 
     pub(super) fn flush(&mut self, token: usize, now: Instant) {

@@ -127,6 +127,11 @@ impl<T: Transport> EventLoop<T> {
         frames: impl Iterator<Item = &'f Frame> + Clone,
         from: Option<(&Outbox, usize)>,
     ) -> Reach {
+        let publications = frames.clone().count();
+        // Room for every delivery before the first: the largest holders pay, not the
+        // subscribers met last.
+        let subscribed = self.topics.subscribers(topic).map_or(0, |s| s.len());
+        self.make_room(now, subscribed * publications);
         let mut reach = Reach::default();
         let mut bytes = Delivered::default();
         let drops_before = self.stats.policy_drops;
@@ -148,7 +153,6 @@ impl<T: Transport> EventLoop<T> {
         // Filled whole for each delta subscriber; others ignore it.
         let mut plan = std::mem::take(&mut self.delta_plan);
         let history = self.shared.hub.envelope_room(topic) > 0;
-        let publications = frames.clone().count();
         plan.clear();
         plan.resize(publications, false);
         // The frames' offsets, read only if a subscriber was just sent a replay.

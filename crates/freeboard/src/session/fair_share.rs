@@ -22,6 +22,12 @@
 //! - a message that arrives in pieces is judged the same way: under contention what it holds
 //!   and what its connection has queued may not pass the fair share
 //!   ([`FairShare::reassembly_room`]), else the connection is closed 1013;
+//! - when the pool is short, a connection not yet behind that holds more than its share and
+//!   more than a message in flight meets its policy too: a peer that does not read many small
+//!   publications holds a slot for each long before their bytes reach its high watermark;
+//! - before a fan-out that would leave less than the floor ([`FairShare::short_of`]), the loop
+//!   has the connections holding the most past their share meet their policy first, until
+//!   there is room, so that the subscribers it meets last are not the ones left without;
 //! - when the pool is short for other reasons, the new work is refused
 //!   ([`PushOutcome::WouldBlock`](freeboard_buf::PushOutcome::WouldBlock) with
 //!   [`Limit::Pool`](freeboard_buf::Limit::Pool), counted as `pool_exhausted`); a connection
@@ -131,20 +137,25 @@ impl FairShare {
         let past_share = self.past_share(pool, queue, need);
         match (behind, short) {
             (true, _) if past_share || short => Room::Culprit,
+            // Below its high watermark yet holding more than its share and more than a
+            // message in flight: many small publications a peer does not read take a slot
+            // each long before their bytes reach a watermark.
+            (false, true) if past_share && self.beyond_in_flight(pool, queue) => Room::Culprit,
             (false, true) => Room::Exhausted,
             _ => Room::Fits,
         }
     }
 
     /// Whether the loop's sweep charges `queue` for a contended pool: it is behind and holds
-    /// its fair share or more; or the pool is [tight](Self::tight) and it holds more than its
-    /// share and more than one message in flight, behind or not.
-    pub(crate) fn over_share(&self, pool: &Pool<'_>, queue: &SendQueue) -> bool {
-        if self.uncontended(pool, 0) {
+    /// its fair share or more; or the pool is [tight](Self::tight) — with `need` more slots
+    /// about to be taken by a fan-out — and it holds more than its share and more than one
+    /// message in flight, behind or not.
+    pub(crate) fn over_share(&self, pool: &Pool<'_>, queue: &SendQueue, need: usize) -> bool {
+        if need == 0 && self.uncontended(pool, 0) {
             return false;
         }
         if queue.is_writable() {
-            self.tight(pool)
+            self.tight(pool, need)
                 && self.past_share(pool, queue, 0)
                 && self.beyond_in_flight(pool, queue)
         } else {
@@ -152,21 +163,31 @@ impl FairShare {
         }
     }
 
-    /// Whether `queue` holds more than [`IN_FLIGHT_CHUNKS`]: where shares are smaller than
-    /// that (a budget spent on connections' kernel memory), a reader's one reply — or its 101
-    /// — is not what starves the pool.
+    /// Whether a fan-out that takes `need` slots (a shared frame's delivery takes one each)
+    /// would leave less free than the floor: the loop then has the largest holders past
+    /// their share pay first, before the subscribers the fan-out meets first find no slot.
+    pub(crate) fn short_of(&self, pool: &Pool<'_>, need: usize) -> bool {
+        need > 0 && pool.segments_total() - pool.segments_in_use() < self.floor + need
+    }
+
+    /// Whether `queue` holds more than a message in flight: more than [`IN_FLIGHT_CHUNKS`]
+    /// chunks, or more messages than that. Where shares are smaller (a budget spent on
+    /// connections' kernel memory), a reader's one reply — or its 101 — is not what starves
+    /// the pool. Messages count on their own: a queue of many small publications holds few
+    /// chunks (they are shared frames) and a slot for each.
     fn beyond_in_flight(&self, pool: &Pool<'_>, queue: &SendQueue) -> bool {
-        held_chunks(pool, queue) > IN_FLIGHT_CHUNKS
+        held_chunks(pool, queue) > IN_FLIGHT_CHUNKS || queue.messages() as usize > IN_FLIGHT_CHUNKS
     }
 
     /// Whether the pool has less free than the floor plus one fair share: a connection within
     /// its share could not count on the rest of it. Queues that keep up may hold more than
     /// their share while the pool is merely contended (they drain); when it is tight, what
     /// they hold past it is what leaves a reader's next reply without a chunk.
-    pub(crate) fn tight(&self, pool: &Pool<'_>) -> bool {
+    /// With `need` more slots about to be taken, less than that beside.
+    pub(crate) fn tight(&self, pool: &Pool<'_>, need: usize) -> bool {
         pool.chunks_free() < self.floor + self.fair_chunks.min(self.contended_chunks)
             || pool.segments_total() - pool.segments_in_use()
-                < self.floor + self.fair_slots.min(self.contended_slots)
+                < self.floor + self.fair_slots.min(self.contended_slots) + need
     }
 
     /// How many bytes a message that `queue`'s connection is reassembling may hold in all:

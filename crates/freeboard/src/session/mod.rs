@@ -912,9 +912,11 @@ impl Session {
     /// else 1013 (the pool is tight, it may be reading) — and `drop_oldest`/`conflate` discard
     /// its unsent messages, or close it with 1013 if some were kept from the policy (a replay,
     /// which the client then resumes); `drop_newest` and `block` keep what they queued.
-    /// Returns what was done, or `None`.
-    pub(crate) fn reclaim(&mut self, cx: &mut Context<'_>) -> Option<PushOutcome> {
-        if !matches!(self.phase, Phase::Open(_)) || !cx.share.over_share(cx.pool, &self.queue) {
+    /// `need`: slots a fan-out is about to take ([`FairShare::over_share`]). Returns what was
+    /// done, or `None`.
+    pub(crate) fn reclaim(&mut self, cx: &mut Context<'_>, need: usize) -> Option<PushOutcome> {
+        if !matches!(self.phase, Phase::Open(_)) || !cx.share.over_share(cx.pool, &self.queue, need)
+        {
             return None;
         }
         let policy = self.queue.policy();

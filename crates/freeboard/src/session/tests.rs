@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use freeboard_buf::{
-    Budget, Pool, PoolConfig, PushOutcome, SendQueue, SlowConsumerPolicy, Watermarks, Writability,
+    Budget, Frame, Pool, PoolConfig, PushOutcome, SendQueue, SlowConsumerPolicy, Watermarks,
+    Writability,
 };
 use freeboard_proto::{CloseCode, Config, Instant, MessageKind, Role, State};
 
@@ -433,9 +434,9 @@ fn a_contended_pool_is_charged_to_the_queue_that_is_behind() {
     }
     assert!(!behind.is_writable());
     assert_eq!(share.judge(&pool, &behind, 100), fair_share::Room::Culprit);
-    assert!(share.over_share(&pool, &behind), "the loop's sweep charges it too");
+    assert!(share.over_share(&pool, &behind, 0), "the loop's sweep charges it too");
     assert_eq!(share.judge(&pool, &keeping_up, 100), fair_share::Room::Fits, "room for readers");
-    assert!(!share.over_share(&pool, &keeping_up));
+    assert!(!share.over_share(&pool, &keeping_up, 0));
     // Short for everyone: the reader's new message is refused, not the reader closed.
     let mut others = SendQueue::new(
         Watermarks::new(1 << 20, 1 << 20, 1 << 20).unwrap(),
@@ -466,7 +467,7 @@ fn a_queue_past_its_share_is_reclaimed_without_a_push() {
         }
         let held = pair.server.session.queue().messages();
         let (session, mut cx) = pair.server.cx(pair.now);
-        let reclaimed = session.reclaim(&mut cx);
+        let reclaimed = session.reclaim(&mut cx, 0);
         match policy {
             SlowConsumerPolicy::Close => {
                 let closed = PushOutcome::MustClose { limit: Limit::Pool, messages: held };
@@ -514,7 +515,7 @@ fn a_kept_replay_past_its_share_closes_1013_rather_than_being_cut() {
         let held = pair.server.session.queue().messages();
         let (session, mut cx) = pair.server.cx(pair.now);
         let closed = PushOutcome::MustClose { limit: Limit::Pool, messages: held };
-        assert_eq!(session.reclaim(&mut cx), Some(closed), "{policy:?}");
+        assert_eq!(session.reclaim(&mut cx, 0), Some(closed), "{policy:?}");
         pair.step(usize::MAX);
         let closed = pair.client.closed.expect("the client hears why");
         assert_eq!(closed.code, CloseCode::TRY_AGAIN_LATER, "{policy:?}");
@@ -546,16 +547,16 @@ fn a_queue_that_keeps_up_pays_for_a_tight_pool_past_its_share() {
     }
     let (session, mut cx) = pair.server.cx(pair.now);
     assert!(session.queue().is_writable());
-    assert!(!cx.share.tight(cx.pool), "contended, not tight");
-    assert_eq!(session.reclaim(&mut cx), None, "it keeps up: it may hold more while it drains");
+    assert!(!cx.share.tight(cx.pool, 0), "contended, not tight");
+    assert_eq!(session.reclaim(&mut cx, 0), None, "it keeps up: it may hold more while it drains");
     // Tight: less free than the floor and one share.
     while pair.server.pool.chunks_free() > 2 {
         let _ = others.push_message(&mut pair.server.pool, &[&[0u8; 1000]]);
     }
     let (session, mut cx) = pair.server.cx(pair.now);
-    assert!(cx.share.tight(cx.pool));
+    assert!(cx.share.tight(cx.pool, 0));
     let closed = PushOutcome::MustClose { limit: Limit::Pool, messages: 12 };
-    assert_eq!(session.reclaim(&mut cx), Some(closed));
+    assert_eq!(session.reclaim(&mut cx, 0), Some(closed));
     pair.step(usize::MAX);
     let closed = pair.client.closed.expect("the client hears why");
     assert_eq!(closed.code, CloseCode::TRY_AGAIN_LATER, "not a slow consumer: the pool is short");
@@ -857,4 +858,29 @@ fn a_client_that_hangs_up_leaves_an_event_stream_cleanly() {
     session.handle_eof(&mut cx);
     let closed = end.session.poll_close().expect("closed");
     assert_eq!((closed.code, closed.clean), (CloseCode::GOING_AWAY, true));
+}
+
+/// Many small publications to a peer that does not read take a slot each long before their
+/// bytes reach its high watermark: once the pool's slots are short, such a queue holding more
+/// than its share is the culprit (its policy acts), and a queue that keeps up is refused
+/// only for want of room, never charged.
+#[test]
+fn a_queue_of_small_messages_past_its_share_of_slots_pays_below_its_watermark() {
+    let chunk = 1024;
+    let config = PoolConfig::new().with_chunk_size(chunk).with_segments_per_chunk(2);
+    let mut pool = Pool::new(Budget::new(64 * 1100), config).unwrap();
+    let marks = Watermarks::new(32 * chunk, 48 * chunk, 64 * chunk).unwrap();
+    let share = FairShare::new(&pool, 8);
+    let frame = Frame::from_parts(&mut pool, &[b"publication"]).unwrap();
+    let mut hog = SendQueue::new(marks, SlowConsumerPolicy::DropOldest);
+    let keeping_up = SendQueue::new(marks, SlowConsumerPolicy::DropOldest);
+    while pool.segments_total() - pool.segments_in_use() > 4 {
+        assert!(matches!(hog.push_frame(&mut pool, &frame).outcome, PushOutcome::Queued));
+    }
+    assert!(hog.is_writable(), "its bytes are far below its high watermark");
+    assert!(pool.chunks_free() > pool.chunks_total() / 2, "chunks are plentiful");
+    assert_eq!(share.judge(&pool, &hog, 13), fair_share::Room::Culprit);
+    assert_eq!(share.judge(&pool, &keeping_up, 13), fair_share::Room::Exhausted);
+    let _ = hog.clear(&mut pool);
+    frame.release(&mut pool);
 }
