@@ -209,7 +209,12 @@ fn metric(addr: &str, name: &str) -> f64 {
     write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
-    out.lines()
+    sample(&out, name)
+}
+
+/// The value of the sample `name` in the metrics `text`; 0 when absent.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or(0.0)
 }
@@ -258,6 +263,56 @@ fn several_websockets_echo_on_one_cleartext_connection() {
         assert_eq!((opcode, &payload[..2]), (0x8, &[0x03, 0xe8][..]));
         await_metric(&serve.addr, "freeboard_http2_streams", 4.0);
     });
+}
+
+/// Headless Chromium loads a page from `freeboard serve` over TLS, agrees on `h2`, and opens
+/// 20 WebSockets from it: each is a stream of the page's HTTP/2 connection (RFC 8441), as the
+/// server's own counts, read by the page over the same connection, say — 20 WebSockets open,
+/// each a stream, over at most two TCP connections (the page's, and a spare Chromium may
+/// open beside it).
+#[test]
+fn chromium_opens_its_websockets_as_streams_of_the_pages_http2_connection() {
+    let Some(chromium) = freeboard_test::browser::chromium() else {
+        assert!(std::env::var_os("FREEBOARD_REQUIRE_TOOLS").is_none(), "chromium is missing");
+        eprintln!("SKIPPED: chromium is not installed");
+        return;
+    };
+    let ca = freeboard_test::tls::TestCa::new("h2-chromium");
+    let (cert, key) = (ca.cert_pem(), ca.key_pem());
+    let serve =
+        Serve::start(&["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()]);
+    let port = serve.wss.as_deref().expect("a TLS listener").rsplit(':').next().unwrap();
+    let flags = [format!("--ignore-certificate-errors-spki-list={}", ca.spki_sha256)];
+    let url = format!("https://localhost:{port}/healthz");
+    let (_browser, profile, mut page) =
+        common::devtools::open_url_with(&chromium, &url, "h2", "/healthz", &flags);
+    page.wait_for("the page over HTTP/2", |p| {
+        p.eval("document.readyState") == "complete"
+            && p.eval("performance.getEntriesByType('navigation')[0].nextHopProtocol") == "h2"
+    });
+    let echoed = page.eval_async(
+        r#"(async () => {
+            window.sockets = [];
+            const echoes = Array.from({ length: 20 }, (_, i) => new Promise((resolve) => {
+                const ws = new WebSocket(`wss://${location.host}/echo`);
+                sockets.push(ws);
+                ws.onopen = () => ws.send(`hi ${i}`);
+                ws.onmessage = (e) => resolve(e.data === `hi ${i}`);
+                ws.onerror = () => resolve(false);
+            }));
+            return (await Promise.all(echoes)).filter(Boolean).length;
+        })()"#,
+    );
+    assert_eq!(echoed, 20, "every socket echoed");
+    let metrics = page.eval_async("fetch('/metrics').then((r) => r.text())");
+    let metrics = metrics.as_str().expect("the metrics text");
+    assert_eq!(sample(metrics, "freeboard_connections"), 20.0, "{metrics}");
+    assert!(sample(metrics, "freeboard_http2_streams_opened_total") >= 20.0, "{metrics}");
+    assert!(sample(metrics, "freeboard_http2_streams") >= 20.0, "{metrics}");
+    let tcp = sample(metrics, "freeboard_accepted_total");
+    assert!((1.0..=2.0).contains(&tcp), "20 sockets over {tcp} TCP connections:\n{metrics}");
+    eprintln!("chromium: 20 WebSockets over {tcp} TCP connection(s), each an HTTP/2 stream");
+    let _ = std::fs::remove_dir_all(profile);
 }
 
 #[test]

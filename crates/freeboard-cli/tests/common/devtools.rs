@@ -105,10 +105,22 @@ pub(crate) fn open_url(
     name: &str,
     part: &str,
 ) -> (Browser, PathBuf, DevTools) {
+    open_url_with(chromium, url, name, part, &[])
+}
+
+/// [`open_url`] with more Chromium flags (`--ignore-certificate-errors-spki-list=…`, say).
+pub(crate) fn open_url_with(
+    chromium: &std::path::Path,
+    url: &str,
+    name: &str,
+    part: &str,
+    extra: &[String],
+) -> (Browser, PathBuf, DevTools) {
     let profile =
         std::env::temp_dir().join(format!("freeboard-chromium-{name}-{}", std::process::id()));
     let flags = ["--hide-scrollbars", "--window-size=1400,1250", "--remote-debugging-port=0"];
-    let flags = flags.map(String::from);
+    let flags: Vec<String> =
+        flags.into_iter().map(String::from).chain(extra.iter().cloned()).collect();
     let browser = Browser::start(chromium, &profile, &flags, url);
 
     // Chromium writes its DevTools port into the profile once it listens.
