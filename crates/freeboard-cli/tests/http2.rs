@@ -408,6 +408,59 @@ fn topics_fan_out_to_stream_and_http1_subscribers_alike() {
     });
 }
 
+/// Server-Sent Events over HTTP/2: a `GET` with `Accept: text/event-stream` on a stream is a
+/// subscriber as over HTTP/1.1 (`200`, `text/event-stream`, each publication an event, in DATA
+/// frames), beside a WebSocket on another stream of the same connection.
+#[test]
+fn an_event_stream_is_a_stream_of_an_http2_connection() {
+    let serve = Serve::start(&[]);
+    runtime().block_on(async {
+        let client = h2c(&serve.addr).await;
+        let (status, socket) = connect(&client, "/topic/news").await;
+        assert_eq!(status, 200);
+        let mut socket = socket.unwrap();
+        let mut sender = client.clone().ready().await.unwrap();
+        let request = http::Request::builder()
+            .method(http::Method::GET)
+            .uri("http://localhost/topic/news")
+            .header("accept", "text/event-stream")
+            .body(())
+            .unwrap();
+        let (response, _) = sender.send_request(request, true).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 200);
+        let kind = response.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(kind.starts_with("text/event-stream"), "{kind}");
+        let mut events = response.into_body();
+        await_metric(&serve.addr, "freeboard_sse_connections", 1.0);
+        await_metric(&serve.addr, "freeboard_http2_streams", 2.0);
+        for i in 0..5 {
+            let mut s = TcpStream::connect(&serve.addr).unwrap();
+            let body = format!("story {i}");
+            write!(
+                s,
+                "POST /topic/news HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            let mut answer = String::new();
+            let _ = s.read_to_string(&mut answer);
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        }
+        let mut text = String::new();
+        while !text.contains("data: story 4\n") {
+            let chunk = events.data().await.expect("more events").unwrap();
+            events.flow_control().release_capacity(chunk.len()).unwrap();
+            text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        let stories: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+        assert_eq!(stories, (0..5).map(|i| format!("story {i}")).collect::<Vec<_>>(), "{text}");
+        for i in 0..5 {
+            assert_eq!(socket.message().await, format!("story {i}").into_bytes());
+        }
+    });
+}
+
 #[test]
 fn a_stream_that_never_reads_meets_its_policy_and_its_neighbours_lose_nothing() {
     // A subscriber behind by 256 KiB is closed (1008); each stream's window is 64 KiB, so
