@@ -181,16 +181,25 @@ async fn connect(client: &SendRequest<Bytes>, path: &str) -> (u16, Option<Stream
     (status, (status == 200).then_some(StreamSocket { send, recv, held: Vec::new() }))
 }
 
+/// `GET path` with `headers` on a new stream: the response, its body still to read.
+async fn request(
+    client: &SendRequest<Bytes>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> http::Response<RecvStream> {
+    let mut client = client.clone().ready().await.unwrap();
+    let mut request = http::Request::builder().method(http::Method::GET);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.uri(format!("https://localhost{path}")).body(()).unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    response.await.unwrap()
+}
+
 /// `GET path` on a new stream: status and body.
 async fn get(client: &SendRequest<Bytes>, path: &str) -> (u16, Vec<u8>) {
-    let mut client = client.clone().ready().await.unwrap();
-    let request = http::Request::builder()
-        .method(http::Method::GET)
-        .uri(format!("https://localhost{path}"))
-        .body(())
-        .unwrap();
-    let (response, _) = client.send_request(request, true).unwrap();
-    let response = response.await.unwrap();
+    let response = request(client, path, &[]).await;
     let status = response.status().as_u16();
     let mut body = response.into_body();
     let mut out = Vec::new();
@@ -365,13 +374,13 @@ fn tls_with_alpn_h2_carries_websockets_and_plain_routes_and_curl_gets_metrics() 
     }
 }
 
-/// POSTs `body` to `/topic/{topic}` over HTTP/1.1; the response.
+/// POSTs `body` (as text) to `/topic/{topic}` over HTTP/1.1; the response.
 fn post(addr: &str, topic: &str, body: &[u8]) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let len = body.len();
     let head = format!(
-        "POST /topic/{topic} HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+        "POST /topic/{topic} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
     );
     s.write_all(head.as_bytes()).unwrap();
     s.write_all(body).unwrap();
@@ -419,15 +428,7 @@ fn an_event_stream_is_a_stream_of_an_http2_connection() {
         let (status, socket) = connect(&client, "/topic/news").await;
         assert_eq!(status, 200);
         let mut socket = socket.unwrap();
-        let mut sender = client.clone().ready().await.unwrap();
-        let request = http::Request::builder()
-            .method(http::Method::GET)
-            .uri("http://localhost/topic/news")
-            .header("accept", "text/event-stream")
-            .body(())
-            .unwrap();
-        let (response, _) = sender.send_request(request, true).unwrap();
-        let response = response.await.unwrap();
+        let response = request(&client, "/topic/news", &[("accept", "text/event-stream")]).await;
         assert_eq!(response.status(), 200);
         let kind = response.headers()["content-type"].to_str().unwrap().to_owned();
         assert!(kind.starts_with("text/event-stream"), "{kind}");
@@ -435,16 +436,7 @@ fn an_event_stream_is_a_stream_of_an_http2_connection() {
         await_metric(&serve.addr, "freeboard_sse_connections", 1.0);
         await_metric(&serve.addr, "freeboard_http2_streams", 2.0);
         for i in 0..5 {
-            let mut s = TcpStream::connect(&serve.addr).unwrap();
-            let body = format!("story {i}");
-            write!(
-                s,
-                "POST /topic/news HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            )
-            .unwrap();
-            let mut answer = String::new();
-            let _ = s.read_to_string(&mut answer);
+            let answer = post(&serve.addr, "news", format!("story {i}").as_bytes());
             assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         }
         let mut text = String::new();
