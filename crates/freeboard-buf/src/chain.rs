@@ -409,8 +409,9 @@ impl ChunkChain {
         self.len - droppable
     }
 
-    /// `(kept, the segment after it)`, or `(NIL, the head)` when `kept` is NIL.
-    fn after(&self, view: View<'_>, kept: u32) -> (u32, u32) {
+    /// Where a walk past the kept messages starts: `(kept, the segment after it)`, or
+    /// `(NIL, the head)` when `kept` is NIL.
+    pub(crate) fn after(&self, view: View<'_>, kept: u32) -> (u32, u32) {
         match kept {
             NIL => (NIL, self.head),
             kept => (kept, view.segment(kept).next),

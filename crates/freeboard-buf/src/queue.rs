@@ -719,10 +719,7 @@ impl SendQueue {
         let wanted = key.of(&wanted[..n]);
         let (mut messages, mut bytes) = (0, 0);
         let mut prefix = [0u8; ConflateKey::PREFIX];
-        let (mut prev, mut cur) = match self.kept_tail {
-            NIL => (NIL, self.chain.head_index()),
-            kept => (kept, slab.view().segment(kept).next),
-        };
+        let (mut prev, mut cur) = self.chain.after(slab.view(), self.kept_tail);
         while cur != newest && cur != NIL {
             let seg = slab.view().segment(cur);
             if seg.starts_message() && !seg.is_control() {
