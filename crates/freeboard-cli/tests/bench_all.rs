@@ -7,6 +7,32 @@ mod common;
 
 use common::Serve;
 
+/// Runs `freeboard bench broadcast` with `args` and `--json json`, asserting it succeeded
+/// (`what` names the run); its first broadcast row, and its Markdown.
+fn broadcast(args: &[&str], json: &std::path::Path, what: &str) -> (serde_json::Value, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_freeboard"))
+        .args(["bench", "broadcast"])
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{what}: {stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    (report["broadcasts"][0].clone(), String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The messages the servers of a broadcast row counted as dropped for `reason`.
+fn drops(row: &serde_json::Value, reason: &str) -> u64 {
+    let drops = row["drops"].as_array().expect("the servers' drop counters").iter();
+    drops
+        .filter(|d| d[0].as_str().unwrap().contains(&format!("\"{reason}\"")))
+        .map(|d| d[1].as_u64().unwrap())
+        .sum()
+}
+
 #[test]
 fn the_whole_suite_runs_in_seconds() {
     let out = std::env::temp_dir().join(format!("freeboard-bench-all-{}", std::process::id()));
@@ -112,30 +138,17 @@ fn subscribers_that_never_read_small_publications_leave_the_readers_their_slots(
             "1000",
         ]);
         let (subscribers, messages, non_readers) = (400u64, 3000u64, 100u64);
-        let output = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-            .args(["bench", "broadcast", &format!("ws://{}/topic/slots", serve.addr)])
-            .args(["--shards", "1", "--subscribers", "400", "--size", "64"])
-            .args(["--messages", "3000", "--non-readers", "25", "--memory", "32M"])
-            .args(["--server-pid", &serve.pid().to_string(), "--json"])
-            .arg(&json)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{policy}: {stderr}");
-        let report: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        let row = &report["broadcasts"][0];
+        let (url, pid) = (format!("ws://{}/topic/slots", serve.addr), serve.pid().to_string());
+        let args: Vec<&str> = [url.as_str(), "--shards", "1", "--subscribers", "400"]
+            .into_iter()
+            .chain(["--size", "64", "--messages", "3000", "--non-readers", "25"])
+            .chain(["--memory", "32M", "--server-pid", &pid])
+            .collect();
+        let (row, _) = broadcast(&args, &json, policy);
         assert_eq!(row["non_readers"], non_readers, "{row}");
         assert_eq!(row["reader_deliveries"], messages * (subscribers - non_readers), "{row}");
-        let drops = |reason: &str| -> u64 {
-            let drops = row["drops"].as_array().expect("the server's drop counters").iter();
-            drops
-                .filter(|d| d[0].as_str().unwrap().contains(&format!("\"{reason}\"")))
-                .map(|d| d[1].as_u64().unwrap())
-                .sum()
-        };
-        assert!(drops(policy) > 0, "{policy}: the non-readers met no policy: {row}");
-        assert_eq!(drops("pool_exhausted"), 0, "{policy}: {row}");
+        assert!(drops(&row, policy) > 0, "{policy}: the non-readers met no policy: {row}");
+        assert_eq!(drops(&row, "pool_exhausted"), 0, "{policy}: {row}");
     }
     let _ = std::fs::remove_file(&json);
 }
@@ -166,38 +179,24 @@ fn sharded_broadcast_reaches_every_reader_of_every_server() {
         // non-reader: more than its socket buffers and its 64 KiB queue hold, so the server
         // drops the oldest for it; two in flight (33 KiB) fit a reader's queue.
         let (subscribers, messages, non_readers) = (20u64, 1000u64, 2u64);
-        let output = Command::new(env!("CARGO_BIN_EXE_freeboard"))
-            .args(["bench", "broadcast"])
-            .args(&urls)
-            .args(["--shards", "2", "--subscribers", "20", "--size", "16384"])
-            .args(["--messages", "1000", "--window", "2", "--non-readers", "10"])
-            .args(["--memory", "64M", "--server-pid", &pids.join(",")])
-            .arg("--json")
-            .arg(&json)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{count} server(s): {stderr}");
-        let report: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        let row = &report["broadcasts"][0];
+        let pids = pids.join(",");
+        let args: Vec<&str> = urls
+            .iter()
+            .map(String::as_str)
+            .chain(["--shards", "2", "--subscribers", "20", "--size", "16384"])
+            .chain(["--messages", "1000", "--window", "2", "--non-readers", "10"])
+            .chain(["--memory", "64M", "--server-pid", &pids])
+            .collect();
+        let (row, markdown) = broadcast(&args, &json, &format!("{count} server(s)"));
         assert_eq!(row["shards"], 2, "{row}");
         assert_eq!(row["servers"], count, "{row}");
         assert_eq!(row["messages"], messages, "{row}");
         assert_eq!(row["non_readers"], non_readers, "{row}");
         // Every reader counted every message, once.
         assert_eq!(row["reader_deliveries"], messages * (subscribers - non_readers), "{row}");
-        let drops: u64 = row["drops"]
-            .as_array()
-            .expect("the servers' drop counters")
-            .iter()
-            .filter(|d| d[0].as_str().unwrap().contains("drop-oldest"))
-            .map(|d| d[1].as_u64().unwrap())
-            .sum();
-        assert!(drops > 0, "the non-readers met no policy: {row}");
+        assert!(drops(&row, "drop-oldest") > 0, "the non-readers met no policy: {row}");
         assert!(row["servers_rss_kib"].as_u64().unwrap() > 0, "{row}");
         assert_eq!(row["budget_kib"], 65_536 * count, "{row}");
-        let markdown = String::from_utf8_lossy(&output.stdout);
         assert!(markdown.contains("Sharded runs"), "{markdown}");
     }
     let _ = std::fs::remove_file(&json);
